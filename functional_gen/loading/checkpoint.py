@@ -1,0 +1,123 @@
+"""Load a Hugging Face checkpoint directory: `config.json`, `*.safetensors`, tokenizer files.
+
+The config is read with transformers' `AutoConfig`, the tokenizer with `AutoTokenizer`, the
+weights with `safetensors` (single file or sharded with `model.safetensors.index.json`).
+"""
+
+import json
+import os
+from pathlib import Path
+
+import jax.numpy as jnp
+import ml_dtypes  # noqa: F401  (registers numpy's bfloat16, which safetensors' numpy reader needs)
+import numpy as np
+
+from ..models.config import SUPPORTED_MODEL_TYPES, LlamaConfig, UnsupportedConfigError
+from ..models.llama import LlamaForCausalLM
+
+
+def read_config(path: Path) -> LlamaConfig:
+    """The `LlamaConfig` of a checkpoint directory.
+
+    EOS ids are the union of `config.json`'s and `generation_config.json`'s `eos_token_id` (as
+    transformers' `generate` uses the latter).
+
+    **Raises:** `FileNotFoundError` if `config.json` is missing; `UnsupportedConfigError` for an
+    architecture or config value the decoder does not implement.
+    """
+    config_file = path / "config.json"
+    if not config_file.is_file():
+        raise FileNotFoundError(
+            f"{path} is not a Hugging Face checkpoint directory: no config.json "
+            f"(found: {sorted(p.name for p in path.iterdir())[:12]})"
+        )
+    raw = json.loads(config_file.read_text())
+    if raw.get("model_type") not in SUPPORTED_MODEL_TYPES:
+        raise UnsupportedConfigError(
+            f"unknown architecture in {config_file}: model_type={raw.get('model_type')!r} "
+            f"(architectures={raw.get('architectures')!r}); supported model types: "
+            f"{SUPPORTED_MODEL_TYPES}"
+        )
+    from transformers import AutoConfig
+
+    hf_config = AutoConfig.from_pretrained(str(path), local_files_only=True)
+    extra_eos: list[int] = []
+    gen_file = path / "generation_config.json"
+    if gen_file.is_file():
+        eos = json.loads(gen_file.read_text()).get("eos_token_id")
+        if eos is not None:
+            extra_eos = [eos] if isinstance(eos, int) else list(eos)
+    return LlamaConfig.from_hf(hf_config, extra_eos_token_ids=extra_eos)
+
+
+def safetensors_files(path: Path) -> list[Path]:
+    """The weight files of a checkpoint directory (following a sharded index when there is one).
+
+    **Raises:** `FileNotFoundError` when there are no `.safetensors` files (naming any
+    `pytorch_model.bin` found, which is not supported) or when the index names a missing shard.
+    """
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        files = [path / s for s in shards]
+        missing = [f.name for f in files if not f.is_file()]
+        if missing:
+            raise FileNotFoundError(f"{index} names shards that are missing: {missing}")
+        return files
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        others = sorted(p.name for p in path.glob("*.bin")) + sorted(p.name for p in path.glob("*.pt"))
+        hint = f"; found {others}, but only safetensors weights are supported" if others else ""
+        raise FileNotFoundError(f"no *.safetensors weights in {path}{hint}")
+    return files
+
+
+def read_weights(files: list[Path]) -> dict[str, np.ndarray]:
+    """All tensors of the given safetensors files, by name, as numpy arrays (memory-mapped)."""
+    from safetensors import safe_open
+
+    weights: dict[str, np.ndarray] = {}
+    for f in files:
+        with safe_open(str(f), framework="numpy") as st:
+            for name in st.keys():
+                weights[name] = st.get_tensor(name)
+    if weights and not any(k.startswith("model.") for k in weights):
+        # saved from the bare `LlamaModel`: put the names under `model.`
+        weights = {k if k.startswith("lm_head.") else f"model.{k}": v for k, v in weights.items()}
+    return weights
+
+
+def load_checkpoint(path: str | os.PathLike, *, dtype=jnp.float32):
+    """Load `(model, tokenizer)` from a Hugging Face checkpoint directory.
+
+    **Arguments:**
+
+    - `path`: directory with `config.json`, `*.safetensors` (or a sharded index) and tokenizer
+      files (`tokenizer.json` or `tokenizer.model` + `tokenizer_config.json`).
+    - `dtype`: dtype of the weights and activations (`jnp.float32` or `jnp.bfloat16`).
+
+    **Returns:** `(LlamaForCausalLM, transformers tokenizer)`.
+
+    **Raises:** `FileNotFoundError` for missing files; `UnsupportedConfigError` for unsupported
+    architectures or config values; `ValueError` when the weights do not match the config.
+    """
+    path = Path(path)
+    config = read_config(path)
+    weights = read_weights(safetensors_files(path))
+    model = LlamaForCausalLM.from_weights(config, weights, dtype=dtype)
+    tokenizer = load_tokenizer(path)
+    return model, tokenizer
+
+
+def load_tokenizer(path: Path):
+    """transformers' tokenizer of a checkpoint directory.
+
+    **Raises:** `FileNotFoundError` when the directory has no tokenizer files.
+    """
+    if not any((path / f).is_file() for f in ("tokenizer.json", "tokenizer.model", "vocab.json")):
+        raise FileNotFoundError(
+            f"no tokenizer in {path}: expected tokenizer.json (or tokenizer.model / vocab.json)"
+        )
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(path), local_files_only=True)

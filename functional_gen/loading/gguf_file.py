@@ -1,0 +1,224 @@
+"""Load a GGUF file (llama.cpp's format): tensors read and dequantized with the `gguf` package,
+the tokenizer built by transformers from the same file.
+
+Any tensor type `gguf.quants.dequantize` handles is accepted (F32, F16, BF16, Q8_0, Q4_0, Q4_1,
+Q5_0, Q5_1, the K-quants Q2_K-Q6_K, ...); the weights become dense float arrays of the requested
+dtype. llama.cpp's converter permutes the rows of `attn_q`/`attn_k` of `llama` models for its
+interleaved RoPE; they are permuted back to the Hugging Face layout, which reproduces
+transformers' own GGUF loading bit for bit.
+"""
+
+import os
+import re
+from pathlib import Path
+
+import equinox as eqx
+import jax.numpy as jnp
+import numpy as np
+
+from ..models.config import LlamaConfig, UnsupportedConfigError
+from ..models.llama import LlamaForCausalLM
+
+SUPPORTED_GGUF_ARCHITECTURES = ("llama", "qwen2")
+"""`general.architecture` values accepted (llama.cpp writes Mistral models as `llama`)."""
+
+# llama.cpp's end-of-generation tokens, detected by their text (src/llama-vocab.cpp).
+EOG_TOKEN_TEXTS = (
+    "<|eot_id|>",
+    "<|im_end|>",
+    "<|end|>",
+    "<|return|>",
+    "<|call|>",
+    "<end_of_turn>",
+    "<|endoftext|>",
+    "<|eom_id|>",
+    "<EOT>",
+    "_<EOT>",
+    "<|end_of_text|>",
+    "<end_of_utterance>",
+)
+
+_LAYER_TENSORS = {
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+}
+_GLOBAL_TENSORS = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+
+
+def _field(reader, key, default=None):
+    field = reader.fields.get(key)
+    if field is None:
+        return default
+    return field.contents()
+
+
+def read_gguf_config(reader) -> LlamaConfig:
+    """The `LlamaConfig` described by a GGUF file's metadata.
+
+    EOS ids follow llama.cpp: `tokenizer.ggml.eos_token_id`, `eot_token_id`, `eom_token_id`, plus
+    the control tokens whose text llama.cpp treats as end of generation (`<|im_end|>`,
+    `<|endoftext|>`, `<|eot_id|>`, ...).
+
+    **Raises:** `UnsupportedConfigError` for an architecture outside
+    `SUPPORTED_GGUF_ARCHITECTURES` or an unsupported RoPE scaling type.
+    """
+    arch = _field(reader, "general.architecture")
+    if arch not in SUPPORTED_GGUF_ARCHITECTURES:
+        raise UnsupportedConfigError(
+            f"unknown GGUF architecture {arch!r}; supported: {SUPPORTED_GGUF_ARCHITECTURES}"
+        )
+    tensor_names = {t.name for t in reader.tensors}
+
+    def meta(key, default=None):
+        return _field(reader, f"{arch}.{key}", default)
+
+    tokens = _field(reader, "tokenizer.ggml.tokens") or []
+    hidden = int(meta("embedding_length"))
+    heads = int(meta("attention.head_count"))
+    head_dim = int(meta("attention.key_length", meta("rope.dimension_count", hidden // heads)))
+    num_layers = int(meta("block_count"))
+
+    rope: dict = {"rope_type": "default", "rope_theta": float(meta("rope.freq_base", 10000.0))}
+    scaling = meta("rope.scaling.type")
+    if scaling in ("linear",):
+        rope = {**rope, "rope_type": "linear", "factor": float(meta("rope.scaling.factor"))}
+    elif scaling not in (None, "none"):
+        raise UnsupportedConfigError(
+            f"GGUF rope.scaling.type {scaling!r} is not supported; supported: none, linear "
+            "(and llama3 scaling stored as rope_freqs.weight)"
+        )
+
+    eos = []
+    for key in ("eos_token_id", "eot_token_id", "eom_token_id"):
+        value = _field(reader, f"tokenizer.ggml.{key}")
+        if value is not None and int(value) not in eos:
+            eos.append(int(value))
+    for i, text in enumerate(tokens):
+        if text in EOG_TOKEN_TEXTS and i not in eos:
+            eos.append(i)
+
+    window = meta("attention.sliding_window")
+    d = {
+        "model_type": "qwen2" if arch == "qwen2" else "llama",
+        "vocab_size": int(meta("vocab_size", len(tokens))),
+        "hidden_size": hidden,
+        "intermediate_size": int(meta("feed_forward_length")),
+        "num_hidden_layers": num_layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": int(meta("attention.head_count_kv", heads)),
+        "head_dim": head_dim,
+        "rms_norm_eps": float(meta("attention.layer_norm_rms_epsilon", 1e-6)),
+        "rope_parameters": rope,
+        "max_position_embeddings": int(meta("context_length", 2048)),
+        "tie_word_embeddings": "output.weight" not in tensor_names,
+        "attention_bias": "blk.0.attn_q.bias" in tensor_names,
+        "bos_token_id": _field(reader, "tokenizer.ggml.bos_token_id"),
+        "eos_token_id": eos,
+        "pad_token_id": _field(reader, "tokenizer.ggml.padding_token_id"),
+    }
+    if window is not None:
+        if arch == "qwen2":
+            d.update(use_sliding_window=True, sliding_window=int(window), max_window_layers=0)
+        else:
+            d.update(model_type="mistral", sliding_window=int(window))
+    return LlamaConfig.from_hf(d)
+
+
+def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
+    """Undo llama.cpp's `permute` of q/k rows (interleaved RoPE pairs -> rotate-half halves)."""
+    return w.reshape(n_head, w.shape[0] // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def read_gguf_weights(reader, config: LlamaConfig) -> dict[str, np.ndarray]:
+    """Every tensor of a GGUF file, dequantized to float32 numpy arrays under Hugging Face names.
+
+    A `rope_freqs.weight` tensor (llama.cpp's form of Llama 3.1 RoPE scaling) is returned under
+    `rope_freqs`, the divisors of the RoPE inverse frequencies.
+
+    **Raises:** `UnsupportedConfigError` for a tensor name or a tensor type the loader does not know.
+    """
+    from gguf.quants import dequantize
+
+    permute = config.model_type in ("llama", "mistral")
+    weights: dict[str, np.ndarray] = {}
+    for t in reader.tensors:
+        try:
+            data = dequantize(t.data, t.tensor_type)
+        except NotImplementedError as e:
+            raise UnsupportedConfigError(
+                f"GGUF tensor {t.name!r} has type {t.tensor_type.name}, which gguf cannot dequantize"
+            ) from e
+        array = np.asarray(data, dtype=np.float32).reshape([int(n) for n in reversed(t.shape)])
+        if t.name == "rope_freqs.weight":
+            weights["rope_freqs"] = array
+            continue
+        if t.name in _GLOBAL_TENSORS:
+            weights[_GLOBAL_TENSORS[t.name]] = array
+            continue
+        m = re.fullmatch(r"blk\.(\d+)\.(\w+)\.(weight|bias)", t.name)
+        if m is None or m.group(2) not in _LAYER_TENSORS:
+            raise UnsupportedConfigError(f"unexpected GGUF tensor {t.name!r} for a Llama-family model")
+        layer, kind, param = m.groups()
+        if permute and kind == "attn_q":
+            array = _unpermute(array, config.num_attention_heads)
+        elif permute and kind == "attn_k":
+            array = _unpermute(array, config.num_key_value_heads)
+        weights[f"model.layers.{layer}.{_LAYER_TENSORS[kind]}.{param}"] = array
+    return weights
+
+
+def load_gguf(path: str | os.PathLike, *, dtype=jnp.float32):
+    """Load `(model, tokenizer)` from a GGUF file.
+
+    **Arguments:**
+
+    - `path`: the `.gguf` file.
+    - `dtype`: dtype of the dequantized weights and of the activations.
+
+    **Returns:** `(LlamaForCausalLM, transformers tokenizer)`; the tokenizer is built by
+    transformers from the file's `tokenizer.ggml.*` metadata (a few seconds).
+
+    **Raises:** `FileNotFoundError` if the file does not exist; `UnsupportedConfigError` for an
+    unsupported architecture, RoPE scaling or tensor type.
+    """
+    config, weights = read_gguf(path)
+    rope_freqs = weights.pop("rope_freqs", None)
+    model = LlamaForCausalLM.from_weights(config, weights, dtype=dtype)
+    if rope_freqs is not None:
+        inv_freq = jnp.asarray(config.rope_inv_freq() / rope_freqs.reshape(-1))
+        model = eqx.tree_at(lambda m: m.model.rotary_emb.inv_freq, model, inv_freq)
+    return model, gguf_tokenizer(path)
+
+
+def read_gguf(path: str | os.PathLike) -> tuple[LlamaConfig, dict[str, np.ndarray]]:
+    """`(config, float32 weights by Hugging Face name)` of a GGUF file (see `read_gguf_weights`).
+
+    **Raises:** `FileNotFoundError` if the file does not exist.
+    """
+    from gguf import GGUFReader
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"GGUF file not found: {path}")
+    reader = GGUFReader(str(path))
+    config = read_gguf_config(reader)
+    return config, read_gguf_weights(reader, config)
+
+
+def gguf_tokenizer(path: str | os.PathLike):
+    """transformers' tokenizer built from a GGUF file's metadata."""
+    from transformers import AutoTokenizer
+
+    path = Path(path)
+    return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name, local_files_only=True)

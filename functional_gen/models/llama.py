@@ -1,0 +1,492 @@
+"""A Llama-family decoder in Equinox: SmolLM2, Llama 2/3, Mistral, Qwen2.
+
+Source: Touvron et al. 2023, "LLaMA" (RMSNorm, RoPE, SwiGLU) and "Llama 2" (grouped-query
+attention); the reference implementation is transformers' `modeling_llama.py`, which the tests
+compare against logit for logit.
+
+Module attribute names are the Hugging Face weight keys (`model.embed_tokens`,
+`model.layers.{n}.self_attn.q_proj`, `model.layers.{n}.mlp.gate_proj`, `model.norm`, `lm_head`,
+...), so loading a checkpoint is matching names (see `LlamaForCausalLM.from_weights`), and every
+`Linear.weight` has torch's `(out, in)` layout: no transposes.
+
+One call path serves **prefill** (the whole prompt in one call, writing the `KVCache`) and
+**decode** (one token per row): `model(token_ids, positions, cache) -> (logits, cache)`.
+
+Note on layout: inside the model, activations are *feature-major*, `[hidden, tokens]`, where the
+tokens of all rows are flattened. Every projection is then `weight @ x`, whose output layout XLA's
+CPU backend computes about twice as fast as `x @ weight.T` for the few-token matmuls of batched
+decoding (see `benchmarks/`); the public inputs and outputs are ordinary `[batch, seq, ...]`.
+
+Words: `seq` is the number of tokens in this call, `max_len` the cache slots per row, `kv_seq`
+the slots attended over (= `max_len`).
+"""
+
+import math
+from collections.abc import Mapping
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Float, Int, PRNGKeyArray
+
+from .config import LlamaConfig
+from .kv_cache import KVCache
+
+
+_PREFILL_CHUNK = 128  # query block of prefill attention (tokens)
+
+
+class Linear(eqx.Module):
+    """`y = weight @ x + bias` on feature-major activations.
+
+    **Attributes:** `weight`: `Float[Array, "out in"]` (torch layout); `bias`: `Float[Array, " out"]`
+    or `None`.
+    """
+
+    weight: Float[Array, "out in"]
+    bias: Float[Array, " out"] | None
+
+    def __call__(self, x: Float[Array, "in tokens"]) -> Float[Array, "out tokens"]:
+        y = self.weight @ x
+        if self.bias is not None:
+            y = y + self.bias[:, None]
+        return y
+
+
+class Embedding(eqx.Module):
+    """Token embedding table. **Attributes:** `weight`: `Float[Array, "vocab hidden"]`."""
+
+    weight: Float[Array, "vocab hidden"]
+
+    def __call__(self, token_ids: Int[Array, " tokens"]) -> Float[Array, "hidden tokens"]:
+        return self.weight[token_ids].T
+
+
+class RMSNorm(eqx.Module):
+    """Root-mean-square layer norm (Zhang & Sennrich 2019), computed in float32 as transformers'
+    `LlamaRMSNorm` does, then cast back and scaled by `weight`.
+
+    **Attributes:** `weight`: `Float[Array, " hidden"]`; `eps`: the epsilon added to the mean square.
+    """
+
+    weight: Float[Array, " hidden"]
+    eps: float = eqx.field(static=True)
+
+    def __call__(self, x: Float[Array, "hidden tokens"]) -> Float[Array, "hidden tokens"]:
+        x32 = x.astype(jnp.float32)
+        x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=0, keepdims=True) + self.eps)
+        return self.weight[:, None] * x32.astype(x.dtype)
+
+
+class RotaryEmbedding(eqx.Module):
+    """Rotary position embedding (Su et al. 2021, "RoFormer"), in transformers' `rotate_half`
+    convention (the two halves of a head, not interleaved pairs).
+
+    **Attributes:** `inv_freq`: `Float[Array, " head_dim/2"]`, from `LlamaConfig.rope_inv_freq`
+    (default, linear or llama3 scaling). Not a checkpoint weight.
+    """
+
+    inv_freq: Float[Array, " half_head_dim"]
+
+    def __call__(
+        self, x: Float[Array, "heads head_dim tokens"], positions: Int[Array, " tokens"]
+    ) -> Float[Array, "heads head_dim tokens"]:
+        angles = self.inv_freq[:, None] * positions[None, :].astype(jnp.float32)
+        angles = jnp.concatenate([angles, angles], axis=0)  # [head_dim, tokens]
+        cos = jnp.cos(angles).astype(x.dtype)
+        sin = jnp.sin(angles).astype(x.dtype)
+        half = x.shape[1] // 2
+        rotated = jnp.concatenate([-x[:, half:], x[:, :half]], axis=1)
+        return x * cos + rotated * sin
+
+
+class Attention(eqx.Module):
+    """Grouped-query self-attention over the `KVCache` of one layer.
+
+    Multi-head when `num_key_value_heads == num_attention_heads`, multi-query when it is 1
+    (Ainslie et al. 2023, "GQA"). Scores are scaled by `head_dim ** -0.5`, masked by the slot
+    positions (causal, padding, optional sliding window) and softmaxed in float32.
+    """
+
+    q_proj: Linear
+    k_proj: Linear
+    v_proj: Linear
+    o_proj: Linear
+    num_heads: int = eqx.field(static=True)
+    num_kv_heads: int = eqx.field(static=True)
+    head_dim: int = eqx.field(static=True)
+    sliding_window: int | None = eqx.field(static=True)
+
+    def __call__(
+        self,
+        x: Float[Array, "hidden tokens"],
+        positions: Int[Array, "batch seq"],
+        rope: RotaryEmbedding,
+        k_cache: Float[Array, "batch kv_heads max_len head_dim"],
+        v_cache: Float[Array, "batch kv_heads max_len head_dim"],
+        cache_positions: Int[Array, "batch max_len"],
+        write_index: Int[Array, ""],
+        prefill_chunk: int | None = None,
+    ) -> tuple[
+        Float[Array, "hidden tokens"],
+        Float[Array, "batch kv_heads max_len head_dim"],
+        Float[Array, "batch kv_heads max_len head_dim"],
+    ]:
+        batch, seq = positions.shape
+        kvh, hd = self.num_kv_heads, self.head_dim
+        groups = self.num_heads // kvh
+        flat_positions = positions.reshape(-1)
+
+        q = rope(self.q_proj(x).reshape(self.num_heads, hd, -1), flat_positions)
+        k = rope(self.k_proj(x).reshape(kvh, hd, -1), flat_positions)
+        v = self.v_proj(x).reshape(kvh, hd, -1)
+
+        # Write this call's keys/values into slots [write_index, write_index + seq) of every row.
+        def to_cache(t):  # [kv_heads, head_dim, batch*seq] -> [batch, kv_heads, seq, head_dim]
+            return t.reshape(kvh, hd, batch, seq).transpose(2, 0, 3, 1).astype(k_cache.dtype)
+
+        k_cache = jax.lax.dynamic_update_slice(k_cache, to_cache(k), (0, 0, write_index, 0))
+        v_cache = jax.lax.dynamic_update_slice(v_cache, to_cache(v), (0, 0, write_index, 0))
+
+        q = q.reshape(kvh, groups, hd, batch, seq)
+        if prefill_chunk is None:
+            out = self._attend(q, k_cache, v_cache, cache_positions, positions)
+        else:
+            # The cache holds exactly this call's tokens, slot i = column i, so causality is
+            # known statically: queries [c0, c1) only need slots [0, c1).
+            out = jnp.concatenate(
+                [
+                    self._attend(
+                        q[..., c0 : c0 + prefill_chunk],
+                        k_cache[:, :, : c0 + prefill_chunk],
+                        v_cache[:, :, : c0 + prefill_chunk],
+                        cache_positions[:, : c0 + prefill_chunk],
+                        positions[:, c0 : c0 + prefill_chunk],
+                    )
+                    for c0 in range(0, seq, prefill_chunk)
+                ],
+                axis=-1,
+            )
+        out = out.reshape(self.num_heads * hd, batch * seq).astype(x.dtype)
+        return self.o_proj(out), k_cache, v_cache
+
+
+    def _attend(
+        self,
+        q: Float[Array, "kv_heads groups head_dim batch seq"],
+        k_cache: Float[Array, "batch kv_heads kv_seq head_dim"],
+        v_cache: Float[Array, "batch kv_heads kv_seq head_dim"],
+        kv_positions: Int[Array, "batch kv_seq"],
+        positions: Int[Array, "batch seq"],
+    ) -> Float[Array, "kv_heads groups head_dim batch seq"]:
+        """Masked softmax attention of queries over cache slots (scores in float32)."""
+        scores = jnp.einsum("kgdbs,bktd->bkgst", q, k_cache, preferred_element_type=jnp.float32)
+        scores = scores * (self.head_dim**-0.5)
+        kv_pos = kv_positions[:, None, :]  # [batch, 1, kv_seq]
+        q_pos = positions[:, :, None]  # [batch, seq, 1]
+        allowed = (kv_pos >= 0) & (kv_pos <= q_pos)
+        if self.sliding_window is not None:
+            allowed = allowed & (q_pos - kv_pos < self.sliding_window)
+        scores = jnp.where(allowed[:, None, None], scores, jnp.finfo(jnp.float32).min)
+        probs = jax.nn.softmax(scores, axis=-1).astype(v_cache.dtype)
+        return jnp.einsum("bkgst,bktd->kgdbs", probs, v_cache)
+
+
+class MLP(eqx.Module):
+    """SwiGLU feed-forward block (Shazeer 2020): `down_proj(silu(gate_proj(x)) * up_proj(x))`."""
+
+    gate_proj: Linear
+    up_proj: Linear
+    down_proj: Linear
+
+    def __call__(self, x: Float[Array, "hidden tokens"]) -> Float[Array, "hidden tokens"]:
+        return self.down_proj(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(eqx.Module):
+    """Pre-norm transformer block: `x + attn(norm(x))`, then `x + mlp(norm(x))`."""
+
+    self_attn: Attention
+    mlp: MLP
+    input_layernorm: RMSNorm
+    post_attention_layernorm: RMSNorm
+
+
+class LlamaModel(eqx.Module):
+    """The decoder stack without the output head (transformers' `LlamaModel`).
+
+    **Attributes:** `embed_tokens`, `layers` (a tuple, one `DecoderLayer` per layer; kept as
+    separate arrays rather than stacked, since slicing stacked weights inside XLA's loops copies
+    them), `norm`, `rotary_emb`.
+    """
+
+    embed_tokens: Embedding
+    layers: tuple[DecoderLayer, ...]
+    norm: RMSNorm
+    rotary_emb: RotaryEmbedding
+
+
+class LlamaForCausalLM(eqx.Module):
+    """A Llama-family causal language model: decoder plus output head.
+
+    Construct it with `LlamaForCausalLM.from_weights(config, weights)` (what the loaders do) or,
+    for tests, with random weights: `LlamaForCausalLM(config, key=jax.random.key(0))`.
+
+    **Attributes:**
+
+    - `config`: the `LlamaConfig` (static).
+    - `model`: the `LlamaModel`.
+    - `lm_head`: the output `Linear`, or `None` when `config.tie_word_embeddings` (the output head
+      is then `model.embed_tokens.weight`).
+    """
+
+    config: LlamaConfig = eqx.field(static=True)
+    model: LlamaModel
+    lm_head: Linear | None
+
+    def __init__(
+        self,
+        config: LlamaConfig,
+        *,
+        key: PRNGKeyArray,
+        dtype=jnp.float32,
+        std: float = 0.02,
+    ):
+        """Random weights: normal with standard deviation `std`, norm weights 1, biases normal.
+
+        **Arguments:** `config`; `key` (keyword-only PRNG key); `dtype` of the weights; `std`.
+        """
+        c = config
+        keys = iter(jax.random.split(key, 16 * c.num_hidden_layers + 4))
+
+        def normal(*shape):
+            return (std * jax.random.normal(next(keys), shape, jnp.float32)).astype(dtype)
+
+        def linear(out_features, in_features, bias):
+            return Linear(normal(out_features, in_features), normal(out_features) if bias else None)
+
+        def norm():
+            return RMSNorm(jnp.ones((c.hidden_size,), dtype), c.rms_norm_eps)
+
+        qd, kvd = c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
+        layers = tuple(
+            DecoderLayer(
+                self_attn=Attention(
+                    q_proj=linear(qd, c.hidden_size, c.attention_bias),
+                    k_proj=linear(kvd, c.hidden_size, c.attention_bias),
+                    v_proj=linear(kvd, c.hidden_size, c.attention_bias),
+                    o_proj=linear(c.hidden_size, qd, c.attention_out_bias),
+                    num_heads=c.num_attention_heads,
+                    num_kv_heads=c.num_key_value_heads,
+                    head_dim=c.head_dim,
+                    sliding_window=c.sliding_window[i],
+                ),
+                mlp=MLP(
+                    gate_proj=linear(c.intermediate_size, c.hidden_size, c.mlp_bias),
+                    up_proj=linear(c.intermediate_size, c.hidden_size, c.mlp_bias),
+                    down_proj=linear(c.hidden_size, c.intermediate_size, c.mlp_bias),
+                ),
+                input_layernorm=norm(),
+                post_attention_layernorm=norm(),
+            )
+            for i in range(c.num_hidden_layers)
+        )
+        self.config = config
+        self.model = LlamaModel(
+            embed_tokens=Embedding(normal(c.vocab_size, c.hidden_size)),
+            layers=layers,
+            norm=norm(),
+            rotary_emb=RotaryEmbedding(jnp.asarray(c.rope_inv_freq())),
+        )
+        self.lm_head = None if c.tie_word_embeddings else linear(c.vocab_size, c.hidden_size, False)
+
+    @property
+    def dtype(self):
+        """The dtype of the weights (and of the activations and the `KVCache`)."""
+        return self.model.embed_tokens.weight.dtype
+
+    def init_cache(self, batch_size: int, max_len: int) -> KVCache:
+        """An empty `KVCache` for this model: `batch_size` rows of `max_len` slots (see `KVCache.init`)."""
+        return KVCache.init(self.config, batch_size, max_len, self.dtype)
+
+    def __call__(
+        self,
+        token_ids: Int[Array, "batch seq"],
+        positions: Int[Array, "batch seq"],
+        cache: KVCache,
+        *,
+        logits_to_keep: int = 0,
+    ) -> tuple[Float[Array, "batch keep vocab"], KVCache]:
+        """Run the decoder on `seq` new tokens per row, reading and extending `cache`.
+
+        Decode passes one token per row; prefill passes the whole (left-padded) prompt (see also
+        `prefill`, which starts from an empty cache). The tokens are written to cache slots
+        `[cache.length, cache.length + seq)` of every row.
+
+        **Arguments:**
+
+        - `token_ids`: `Int[Array, "batch seq"]`, the new tokens.
+        - `positions`: `Int[Array, "batch seq"]`, their 0-based RoPE positions; `-1` marks padding
+          (never attended to).
+        - `cache`: the `KVCache` holding the earlier tokens; it must have at least `seq` free slots.
+        - `logits_to_keep`: static; `0` returns logits for every new token, `n > 0` only for the
+          last `n` per row (prefill needs just the last one).
+
+        **Returns:** `(logits, cache)`: `logits` is float32 `[batch, keep, vocab]` (unnormalised
+        next-token scores for the token after each kept position; `keep` is `seq` or
+        `logits_to_keep`), and the updated cache.
+
+        Writing past `max_len` is not checked here (shapes are static inside `jit`);
+        `functional_gen.generate` sizes the cache before it calls the model.
+        """
+        return self._forward(token_ids, positions, cache, logits_to_keep, None)
+
+    def prefill(
+        self,
+        token_ids: Int[Array, "batch seq"],
+        positions: Int[Array, "batch seq"],
+        *,
+        max_len: int,
+        logits_to_keep: int = 1,
+    ) -> tuple[Float[Array, "batch keep vocab"], KVCache]:
+        """Prefill: ONE call over whole (left-padded) prompts that fills a new `KVCache`.
+
+        Equal to `model(token_ids, positions, model.init_cache(batch, max_len))`, but faster: the
+        prompt goes into a cache of exactly `seq` slots, so attention reads no empty slots and
+        skips the blocks that causality masks out, and the cache is then extended to `max_len`.
+
+        **Arguments:** `token_ids`, `positions` as in `__call__`; `max_len` (static): slots of
+        the returned cache, at least `seq`; `logits_to_keep` (static): as in `__call__`,
+        default 1 (the next-token logits only).
+
+        **Returns:** `(logits, cache)` as in `__call__`.
+
+        **Raises:** `ValueError` if `max_len < seq`.
+        """
+        batch, seq = token_ids.shape
+        if max_len < seq:
+            raise ValueError(f"`max_len` ({max_len}) must be at least the prompt length ({seq})")
+        cache = self.init_cache(batch, seq)
+        logits, cache = self._forward(token_ids, positions, cache, logits_to_keep, _PREFILL_CHUNK)
+        return logits, cache.extend(max_len)
+
+    def _forward(self, token_ids, positions, cache, logits_to_keep, prefill_chunk):
+        batch, seq = token_ids.shape
+        write_index = cache.length[0]
+        cache_positions = jax.lax.dynamic_update_slice(
+            cache.positions, positions.astype(jnp.int32), (0, write_index)
+        )
+        m = self.model
+        x = m.embed_tokens(token_ids.reshape(-1))  # [hidden, batch*seq]
+        new_k, new_v = [], []
+        for layer, k_cache, v_cache in zip(m.layers, cache.k, cache.v):
+            h, k_cache, v_cache = layer.self_attn(
+                layer.input_layernorm(x),
+                positions,
+                m.rotary_emb,
+                k_cache,
+                v_cache,
+                cache_positions,
+                write_index,
+                prefill_chunk,
+            )
+            x = x + h
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+            new_k.append(k_cache)
+            new_v.append(v_cache)
+        x = m.norm(x)
+        keep = seq if logits_to_keep == 0 else min(logits_to_keep, seq)
+        if keep != seq:
+            x = x.reshape(-1, batch, seq)[:, :, seq - keep :].reshape(-1, batch * keep)
+        head = m.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        logits = (head @ x).astype(jnp.float32)  # [vocab, batch*keep]
+        logits = logits.T.reshape(batch, keep, -1)
+        new_cache = KVCache(
+            k=tuple(new_k),
+            v=tuple(new_v),
+            positions=cache_positions,
+            length=cache.length + seq,
+        )
+        return logits, new_cache
+
+    @classmethod
+    def from_weights(
+        cls,
+        config: LlamaConfig,
+        weights: Mapping[str, np.ndarray | Array],
+        *,
+        dtype=jnp.float32,
+    ) -> "LlamaForCausalLM":
+        """Build the model from a mapping of Hugging Face weight names to arrays.
+
+        The names are the module paths (`model.layers.0.self_attn.q_proj.weight`, ...), so the
+        mapping table is the module tree itself. `lm_head.weight` may be absent when the
+        embeddings are tied, and is ignored then.
+
+        **Arguments:**
+
+        - `config`: the `LlamaConfig`.
+        - `weights`: name -> array (numpy or JAX, any float dtype), in torch layout.
+        - `dtype`: dtype of the model's weights.
+
+        **Returns:** the `LlamaForCausalLM`.
+
+        **Raises:** `ValueError` naming the missing or unexpected weights, or the weight whose
+        shape differs from the config's.
+        """
+        skeleton = eqx.filter_eval_shape(cls, config, key=jax.random.key(0), dtype=dtype)
+        leaves, treedef = jax.tree_util.tree_flatten_with_path(skeleton)
+        names = [_path_name(path) for path, _ in leaves]
+        computed = {"model.rotary_emb.inv_freq"}
+        expected = set(names) - computed
+        ignorable = {"lm_head.weight"} if config.tie_word_embeddings else set()
+        ignorable |= {n for n in weights if n.endswith("rotary_emb.inv_freq")}
+        missing = sorted(expected - set(weights))
+        unexpected = sorted(set(weights) - expected - ignorable)
+        if missing or unexpected:
+            raise ValueError(
+                "checkpoint weights do not match the config: "
+                f"missing {missing[:8]}{' ...' if len(missing) > 8 else ''}, "
+                f"unexpected {unexpected[:8]}{' ...' if len(unexpected) > 8 else ''}"
+            )
+        arrays = []
+        for name, (_, spec) in zip(names, leaves):
+            if name in computed:
+                arrays.append(jnp.asarray(config.rope_inv_freq()))
+                continue
+            w = weights[name]
+            if tuple(w.shape) != tuple(spec.shape):
+                raise ValueError(
+                    f"weight {name!r} has shape {tuple(w.shape)}, expected {tuple(spec.shape)} "
+                    "from the config"
+                )
+            arrays.append(jnp.asarray(w, dtype=dtype))
+        return jax.tree_util.tree_unflatten(treedef, arrays)
+
+    def named_weights(self) -> dict[str, Array]:
+        """The weights under their Hugging Face names (the inverse of `from_weights`).
+
+        **Returns:** name -> array; the computed `model.rotary_emb.inv_freq` is left out.
+        """
+        leaves = jax.tree_util.tree_flatten_with_path(self)[0]
+        out = {_path_name(path): leaf for path, leaf in leaves}
+        out.pop("model.rotary_emb.inv_freq", None)
+        return out
+
+
+def _path_name(path) -> str:
+    parts = []
+    for entry in path:
+        if isinstance(entry, jax.tree_util.GetAttrKey):
+            parts.append(entry.name)
+        elif isinstance(entry, jax.tree_util.SequenceKey):
+            parts.append(str(entry.idx))
+        else:  # pragma: no cover - the module tree has only attributes and tuples
+            raise TypeError(f"unexpected path entry {entry!r}")
+    return ".".join(parts)
+
+
+def num_parameters(model: LlamaForCausalLM) -> int:
+    """Number of weights (the tied output head counted once)."""
+    return sum(math.prod(w.shape) for w in model.named_weights().values())

@@ -1,0 +1,34 @@
+"""`MinNewTokens`: forbid EOS until enough tokens were generated."""
+
+import equinox as eqx
+import jax.numpy as jnp
+from jaxtyping import Array, Float, Int
+
+from ._validation import int_param, token_ids_param
+from .base import AbstractStatelessLogitsProcessor, Context
+
+
+class MinNewTokens(AbstractStatelessLogitsProcessor):
+    """Set the EOS logits to `-inf` while fewer than `min_new_tokens` tokens were generated
+    (the prompt does not count).
+
+    Source: transformers' `MinNewTokensLengthLogitsProcessor`.
+
+    **Attributes:** `min_new_tokens`: an int array leaf (new values do not recompile);
+    `eos_token_id`: the token ids to forbid (static tuple; pass all of the model's EOS ids,
+    `model.config.eos_token_id`).
+
+    **Raises:** `ValueError` for a negative `min_new_tokens` or no/negative EOS ids.
+    """
+
+    min_new_tokens: Int[Array, ""]
+    eos_token_id: tuple[int, ...] = eqx.field(static=True)
+
+    def __init__(self, min_new_tokens: int, eos_token_id):
+        self.min_new_tokens = jnp.asarray(int_param("min_new_tokens", min_new_tokens, low=0))
+        self.eos_token_id = token_ids_param("eos_token_id", eos_token_id)
+
+    def __call__(self, logits: Float[Array, " vocab"], context: Context) -> Float[Array, " vocab"]:
+        too_short = context.num_generated < self.min_new_tokens
+        masked = logits.at[jnp.asarray(self.eos_token_id)].set(-jnp.inf, mode="drop")
+        return jnp.where(too_short, masked, logits)

@@ -1,0 +1,38 @@
+"""`MinP`: keep tokens at least `min_p` times as likely as the most likely one."""
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Float
+
+from ._validation import float_param, int_param
+from .base import AbstractStatelessLogitsProcessor, Context
+
+
+class MinP(AbstractStatelessLogitsProcessor):
+    """Remove every token whose probability is below `min_p` times the top token's probability.
+    Typical values are 0.01-0.2.
+
+    Source: Nguyen et al. 2024, "Turning Up the Heat: Min-p Sampling for Creative and Coherent
+    LLM Outputs"; transformers' `MinPLogitsWarper` (same semantics, `min_tokens_to_keep` most
+    likely tokens always kept).
+
+    **Attributes:** `min_p`: in [0, 1] (or one value per row); `min_tokens_to_keep` (static).
+
+    **Raises:** `ValueError` for `min_p` outside [0, 1] or a non-positive `min_tokens_to_keep`.
+    """
+
+    min_p: Float[Array, "*rows"]
+    min_tokens_to_keep: int = eqx.field(static=True)
+
+    def __init__(self, min_p, min_tokens_to_keep: int = 1):
+        self.min_p = float_param("min_p", min_p, low=0.0, high=1.0)
+        self.min_tokens_to_keep = int_param("min_tokens_to_keep", min_tokens_to_keep, low=1)
+
+    def __call__(self, logits: Float[Array, " vocab"], context: Context) -> Float[Array, " vocab"]:
+        probs = jax.nn.softmax(logits)
+        remove = probs < self.min_p * jnp.max(probs)
+        if self.min_tokens_to_keep > 1:
+            k = min(self.min_tokens_to_keep, logits.shape[-1])
+            remove = remove & (logits < jax.lax.top_k(logits, k)[0][-1])
+        return jnp.where(remove, -jnp.inf, logits)

@@ -1,0 +1,51 @@
+"""Samplers: turn one row's processed logits into the next token id.
+
+A sampler is an immutable `equinox.Module` called per row (vmapped over the batch by the
+generation loop) with that row's key for this step.
+"""
+
+import abc
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Float, Int, PRNGKeyArray
+
+
+class AbstractSampler(eqx.Module):
+    """Base class of samplers: `sampler(logits, key=key) -> token id` for ONE sequence."""
+
+    @abc.abstractmethod
+    def __call__(self, logits: Float[Array, " vocab"], *, key: PRNGKeyArray) -> Int[Array, ""]:
+        """The next token id, an int32 scalar, drawn from the processed `logits` of one row."""
+
+    @property
+    def needs_key(self) -> bool:
+        """Whether the sampler is random (then `generate` requires a `key`)."""
+        return True
+
+
+class Greedy(AbstractSampler):
+    """Greedy decoding: the token with the largest logit (the first one on ties, like `torch.argmax`).
+
+    Source: transformers' `generate(do_sample=False)`.
+    """
+
+    def __call__(self, logits: Float[Array, " vocab"], *, key: PRNGKeyArray) -> Int[Array, ""]:
+        return jnp.argmax(logits).astype(jnp.int32)
+
+    @property
+    def needs_key(self) -> bool:
+        return False
+
+
+class Multinomial(AbstractSampler):
+    """Ancestral sampling: draw a token with probability `softmax(logits)`.
+
+    Tokens whose logit is `-inf` are never drawn. Source: transformers' `generate(do_sample=True)`
+    (`torch.multinomial(softmax(logits))`); here `jax.random.categorical` with the row's own key,
+    so a row's draw does not depend on its batch mates.
+    """
+
+    def __call__(self, logits: Float[Array, " vocab"], *, key: PRNGKeyArray) -> Int[Array, ""]:
+        return jax.random.categorical(key, logits).astype(jnp.int32)

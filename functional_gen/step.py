@@ -1,0 +1,150 @@
+"""`make_step`: one pure generation step, `GenerationState -> GenerationState`.
+
+A step processes the pending logits (processors vmapped per row), samples one token per row,
+appends it, updates the finished flags (EOS, `max_new_tokens`), and runs the model on the new
+tokens (decode) to get the next logits. It does no host work, so `generate` runs it inside one
+jitted `jax.lax.while_loop`, and `stream` calls it from Python one token at a time.
+"""
+
+from collections.abc import Sequence
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+
+from .processors.base import AbstractLogitsProcessor, Context, as_processors, process_all
+from .samplers import AbstractSampler, Greedy
+from .state import EOS, LENGTH, GenerationState
+
+
+class Step(eqx.Module):
+    """A generation step as a pytree (build it with `make_step`).
+
+    Being a module, its arrays (model weights, float knobs of processors) are ordinary jit
+    arguments, not constants baked into the compiled program: `eqx.filter_jit(step)(state)`
+    compiles once and reuses the program for new weights or new temperatures.
+
+    **Attributes:** `model`, `processors` (a tuple), `sampler`, `eos_token_id` (static tuple:
+    every token id that ends a row), `pad_token_id` (static: written after a row ends).
+    """
+
+    model: Any
+    processors: tuple[AbstractLogitsProcessor, ...]
+    sampler: AbstractSampler
+    eos_token_id: tuple[int, ...] = eqx.field(static=True)
+    pad_token_id: int = eqx.field(static=True)
+
+    def __call__(self, state: GenerationState) -> GenerationState:
+        """Advance every unfinished row by one token; finished rows are left unchanged.
+
+        **Arguments:** `state`, a `GenerationState` (from `init_state` or a previous step).
+
+        **Returns:** the next `GenerationState`, with the same tree structure, shapes and dtypes.
+        """
+        batch = state.batch_size
+        rows = jnp.arange(batch)
+        n_generated = state.num_generated
+
+        # Per-row, per-step randomness: independent of batch mates and of the batch size.
+        step_keys = jax.vmap(jax.random.fold_in)(state.key, n_generated)
+        process_keys, sample_keys = jax.vmap(lambda k: tuple(jax.random.split(k)))(step_keys)
+        contexts = Context(
+            token_ids=state.token_ids,
+            length=state.length,
+            prompt_length=state.prompt_length,
+            key=process_keys,
+        )
+        processors = self.processors
+        processor_states, logits = jax.vmap(
+            lambda s, lg, c: process_all(processors, s, lg, c)
+        )(state.processor_states, state.logits, contexts)
+        tokens = jax.vmap(lambda lg, k: self.sampler(lg, key=k))(logits, sample_keys)
+        chosen_logprobs = jnp.take_along_axis(
+            jax.nn.log_softmax(logits, axis=-1), tokens[:, None], axis=1
+        )[:, 0]
+
+        active = ~state.done
+        tokens = jnp.where(active, tokens, self.pad_token_id).astype(jnp.int32)
+        write_col = jnp.where(active, state.length, state.token_ids.shape[1])  # done: dropped
+        token_ids = state.token_ids.at[rows, write_col].set(tokens, mode="drop")
+        logprob_col = jnp.where(active, n_generated, state.max_new_tokens)
+        logprobs = state.logprobs.at[rows, logprob_col].set(chosen_logprobs, mode="drop")
+        length = state.length + active.astype(jnp.int32)
+
+        is_eos = active & jnp.isin(tokens, jnp.asarray(self.eos_token_id, jnp.int32))
+        out_of_budget = active & (length - state.prompt_length >= state.max_new_tokens)
+        finish_reason = jnp.where(
+            is_eos, EOS, jnp.where(out_of_budget, LENGTH, state.finish_reason)
+        ).astype(jnp.int32)
+        done = state.done | is_eos | out_of_budget
+
+        # Decode: feed the new tokens. Rows that had already finished feed padding (position -1,
+        # never attended to) because all rows of the cache advance in lockstep.
+        positions = jnp.where(active, length - 1, -1)
+        next_logits, cache = self.model(tokens[:, None], positions[:, None], state.cache)
+
+        return GenerationState(
+            token_ids=token_ids,
+            length=length,
+            prompt_length=state.prompt_length,
+            done=done,
+            finish_reason=finish_reason,
+            logits=next_logits[:, -1, :],
+            logprobs=logprobs,
+            cache=cache,
+            processor_states=processor_states,
+            key=state.key,
+        )
+
+
+def make_step(
+    model,
+    processors: Sequence[Any] | None = (),
+    sampler: AbstractSampler | None = None,
+    *,
+    eos_token_id: int | Sequence[int] | None = None,
+    pad_token_id: int | None = None,
+) -> Step:
+    """Build the pure step function `step(state) -> state` of a generation.
+
+    **Arguments:**
+
+    - `model`: a model called as `model(token_ids, positions, cache) -> (logits, cache)`
+      (e.g. `functional_gen.models.LlamaForCausalLM`).
+    - `processors`: logits processors (or plain functions, wrapped in `Stateless`), applied in
+      order to each row's logits.
+    - `sampler`: picks the token from the processed logits; default `Greedy()`.
+    - `eos_token_id`: token id(s) that end a row; default: all of `model.config.eos_token_id`.
+    - `pad_token_id`: id written after a row ends; default: the model's pad id, else its first
+      EOS id, else 0.
+
+    **Returns:** a `Step` module; call it as `step(state)`.
+
+    **Raises:** `TypeError` for a processor entry that is neither a processor nor callable, or a
+    sampler that is not an `AbstractSampler`.
+    """
+    if sampler is None:
+        sampler = Greedy()
+    if not isinstance(sampler, AbstractSampler):
+        raise TypeError(
+            f"`sampler` must be a functional_gen.samplers sampler (e.g. Greedy(), Multinomial()), "
+            f"got {type(sampler).__name__}"
+        )
+    config = getattr(model, "config", None)
+    if eos_token_id is None:
+        eos_token_id = tuple(getattr(config, "eos_token_id", ()) or ())
+    elif isinstance(eos_token_id, int):
+        eos_token_id = (eos_token_id,)
+    eos_token_id = tuple(int(i) for i in eos_token_id)
+    if pad_token_id is None:
+        pad_token_id = getattr(config, "pad_token_id", None)
+        if pad_token_id is None:
+            pad_token_id = eos_token_id[0] if eos_token_id else 0
+    return Step(
+        model=model,
+        processors=as_processors(processors),
+        sampler=sampler,
+        eos_token_id=eos_token_id,
+        pad_token_id=int(pad_token_id),
+    )

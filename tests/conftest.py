@@ -1,0 +1,57 @@
+"""Shared fixtures: the real default model (ours and transformers' PyTorch one as the oracle),
+tiny random Hugging Face checkpoints, and a PyTorch import guard."""
+
+import importlib.util
+import os
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+ROMAN_TEXT = (
+    "The history of the Roman Empire spans many centuries, from the founding of the city of Rome "
+    "to the fall of Constantinople. Historians often divide it into periods, and each "
+) * 40
+# transformers' greedy continuation of the first 32 tokens of ROMAN_TEXT on SmolLM2-135M-Instruct
+# (float32), also produced by llama.cpp on the f32/f16/bf16 GGUFs (research/environment.md §2).
+ROMAN_GOLDEN_PREFIX = (
+    " the Roman Empire is divided into four eras: the Early Roman Empire, the Middle Roman Empire,"
+    " the Late Roman Empire,"
+)
+
+
+@pytest.fixture(scope="session")
+def default_model():
+    """`(model, tokenizer)` of the embedded default model, float32."""
+    import functional_gen as fg
+
+    return fg.load_model()
+
+
+@pytest.fixture(scope="session")
+def torch_default_model():
+    """transformers' PyTorch model and tokenizer built from the same GGUF file (the oracle)."""
+    torch = pytest.importorskip("torch")
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from functional_gen.loading import default_gguf_path
+
+    torch.set_num_threads(2)
+    path = default_gguf_path()
+    tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    model = AutoModelForCausalLM.from_pretrained(
+        str(path.parent), gguf_file=path.name, dtype=torch.float32
+    ).eval()
+    return model, tokenizer
+
+
+@pytest.fixture(scope="session")
+def roman_prompt_ids(default_model):
+    """The first 32 token ids of ROMAN_TEXT."""
+    _, tokenizer = default_model
+    return tokenizer(ROMAN_TEXT)["input_ids"][:32]
+
+
+def has_torch() -> bool:
+    return importlib.util.find_spec("torch") is not None

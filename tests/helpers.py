@@ -1,0 +1,70 @@
+"""Test helpers that need PyTorch: tiny random transformers models saved as checkpoints."""
+
+import numpy as np
+
+
+def tiny_hf_model(
+    model_type="llama",
+    *,
+    seed=0,
+    std=0.2,
+    **config,
+):
+    """A transformers PyTorch model with a tiny random config (weights ~ N(0, std))."""
+    import torch
+    import transformers
+
+    cls = {
+        "llama": transformers.LlamaConfig,
+        "qwen2": transformers.Qwen2Config,
+        "mistral": transformers.MistralConfig,
+    }[model_type]
+    defaults = dict(
+        vocab_size=101,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        rope_theta=10000.0,
+        bos_token_id=1,
+        eos_token_id=100,
+        pad_token_id=0,
+    )
+    defaults.update(config)
+    hf_config = cls(**defaults)
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(hf_config).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, std)
+    return model
+
+
+def save_checkpoint(model, path, tokenizer=None, **save_kwargs):
+    """`save_pretrained` plus a tokenizer (a tiny word-level one if none is given)."""
+    model.save_pretrained(str(path), **save_kwargs)
+    (tokenizer or tiny_tokenizer(model.config.vocab_size)).save_pretrained(str(path))
+    return path
+
+
+def tiny_tokenizer(vocab_size: int):
+    """A word-level tokenizer over `t0 ... t{vocab_size-1}` (transformers fast tokenizer)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {f"t{i}": i for i in range(vocab_size)}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="t0"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="t0", pad_token="t0", eos_token=f"t{vocab_size - 1}")
+
+
+def torch_logits(model, token_ids, attention_mask=None):
+    """Float32 numpy logits of a transformers model for a batch of token ids."""
+    import torch
+
+    ids = torch.as_tensor(np.asarray(token_ids), dtype=torch.long)
+    mask = None if attention_mask is None else torch.as_tensor(np.asarray(attention_mask))
+    with torch.no_grad():
+        return model(ids, attention_mask=mask).logits.float().numpy()
