@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, Int, PRNGKeyArray
 
-from .processors.base import Context, as_processors, init_states
+from .processors.base import Context, as_processors, init_states, vmap_rows
 from .samplers import AbstractSampler
 from .state import FINISH_REASONS, RUNNING, GenerationState
 from .step import Step, make_step
@@ -55,7 +55,8 @@ class GenerationResult:
       included when a row ended on one), `pad_token_id` after a row's end.
     - `logprobs`: `Float[Array, "batch max_new_tokens"]`, natural-log probability of each chosen
       token under the processed distribution it was drawn from; 0 after a row's end.
-    - `finish_reasons`: per row, `"eos"` or `"length"` (see `functional_gen.state.FINISH_REASONS`).
+    - `finish_reasons`: per row, `"eos"`, `"length"` or `"constraint"` (see
+      `functional_gen.state.FINISH_REASONS`).
     - `num_tokens`: per row, how many tokens were generated (EOS included).
     - `state`: the final `GenerationState` (cache, processor states, keys), for inspection.
     """
@@ -88,7 +89,7 @@ def _prefill(
     contexts = Context(
         token_ids=token_ids, length=prompt_length, prompt_length=prompt_length, key=init_keys
     )
-    processor_states = jax.vmap(lambda c: init_states(processors, c))(contexts)
+    processor_states = vmap_rows(init_states, processors, batch)(contexts)
     return GenerationState(
         token_ids=token_ids,
         length=prompt_length,

@@ -13,9 +13,9 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from .processors.base import AbstractLogitsProcessor, Context, as_processors, process_all
+from .processors.base import AbstractLogitsProcessor, Context, as_processors, process_all, vmap_rows
 from .samplers import AbstractSampler, Greedy
-from .state import EOS, LENGTH, GenerationState
+from .state import CONSTRAINT, EOS, LENGTH, GenerationState
 
 
 class Step(eqx.Module):
@@ -38,6 +38,11 @@ class Step(eqx.Module):
     def __call__(self, state: GenerationState) -> GenerationState:
         """Advance every unfinished row by one token; finished rows are left unchanged.
 
+        A row finishes on an EOS token (`"eos"`, the EOS kept as its last token), on reaching
+        `max_new_tokens` (`"length"`), or when the processors leave no token possible, every
+        logit `-inf` (`"constraint"`; no token is appended, so nothing is sampled from an empty
+        distribution and no NaN appears).
+
         **Arguments:** `state`, a `GenerationState` (from `init_state` or a previous step).
 
         **Returns:** the next `GenerationState`, with the same tree structure, shapes and dtypes.
@@ -55,16 +60,18 @@ class Step(eqx.Module):
             prompt_length=state.prompt_length,
             key=process_keys,
         )
-        processors = self.processors
-        processor_states, logits = jax.vmap(
-            lambda s, lg, c: process_all(processors, s, lg, c)
-        )(state.processor_states, state.logits, contexts)
+        processor_states, logits = vmap_rows(process_all, self.processors, batch)(
+            state.processor_states, state.logits, contexts
+        )
         tokens = jax.vmap(lambda lg, k: self.sampler(lg, key=k))(logits, sample_keys)
         chosen_logprobs = jnp.take_along_axis(
             jax.nn.log_softmax(logits, axis=-1), tokens[:, None], axis=1
         )[:, 0]
 
-        active = ~state.done
+        # A row whose processors left no token possible (every logit -inf, e.g. a constraint
+        # that cannot continue) ends here, with finish reason "constraint" and no token.
+        dead_end = ~state.done & jnp.all(logits == -jnp.inf, axis=-1)
+        active = ~state.done & ~dead_end
         tokens = jnp.where(active, tokens, self.pad_token_id).astype(jnp.int32)
         write_col = jnp.where(active, state.length, state.token_ids.shape[1])  # done: dropped
         token_ids = state.token_ids.at[rows, write_col].set(tokens, mode="drop")
@@ -74,10 +81,10 @@ class Step(eqx.Module):
 
         is_eos = active & jnp.isin(tokens, jnp.asarray(self.eos_token_id, jnp.int32))
         out_of_budget = active & (length - state.prompt_length >= state.max_new_tokens)
-        finish_reason = jnp.where(
-            is_eos, EOS, jnp.where(out_of_budget, LENGTH, state.finish_reason)
+        finish_reason = jnp.select(
+            [is_eos, out_of_budget, dead_end], [EOS, LENGTH, CONSTRAINT], state.finish_reason
         ).astype(jnp.int32)
-        done = state.done | is_eos | out_of_budget
+        done = state.done | is_eos | out_of_budget | dead_end
 
         # Decode: feed the new tokens. Rows that had already finished feed padding (position -1,
         # never attended to) because all rows of the cache advance in lockstep.

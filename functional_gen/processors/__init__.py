@@ -10,6 +10,7 @@ from .base import (
     apply as apply,
     as_processors as as_processors,
     init_states as init_states,
+    per_row_field as per_row_field,
     process_all as process_all,
 )
 

@@ -25,6 +25,7 @@ Filtered-out tokens get logit `-inf` (exactly zero probability), as in transform
 """
 
 import abc
+import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -36,6 +37,54 @@ from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray, PyTree
 
 State = PyTree
 """A processor's state: any pytree of arrays (`()` for stateless processors)."""
+
+
+def per_row_field(**kwargs):
+    """Declare a processor field that holds either one value for all rows or one per row.
+
+    A per-row value is an array whose leading axis is the batch; the generation loop vmaps it
+    together with the rows, so `process` always sees the row's own scalar. One compiled batch can
+    then mix temperatures, `top_p` values, penalties, ... (`eqx.field` keyword arguments pass
+    through.)
+    """
+    metadata = dict(kwargs.pop("metadata", {}) or {}, per_row=True)
+    return eqx.field(metadata=metadata, **kwargs)
+
+
+def split_rows(processors: Sequence["AbstractLogitsProcessor"], batch_size: int):
+    """Partition processors into their per-row values and everything else.
+
+    **Returns:** `(rows, shared)` for `eqx.combine(rows_of_one_row, shared)`: `rows` keeps the
+    per-row fields (see `per_row_field`) that hold one value per row, `shared` the rest.
+
+    **Raises:** `ValueError` when a per-row value's leading axis is not `batch_size`.
+    """
+    specs = []
+    for p in processors:
+        spec = jax.tree.map(lambda _: False, p)
+        for f in dataclasses.fields(p):
+            value = getattr(p, f.name, None)
+            if not f.metadata.get("per_row") or getattr(value, "ndim", 0) == 0:
+                continue
+            if value.shape[0] != batch_size:
+                raise ValueError(
+                    f"{type(p).__name__}.{f.name} has {value.shape[0]} per-row values for a batch "
+                    f"of {batch_size} rows; pass a scalar or one value per row"
+                )
+            spec = eqx.tree_at(lambda m, name=f.name: getattr(m, name), spec, True)
+        specs.append(spec)
+    return eqx.partition(tuple(processors), tuple(specs))
+
+
+def vmap_rows(fn, processors: Sequence["AbstractLogitsProcessor"], batch_size: int):
+    """`jax.vmap` of `fn(processors, *row_args)` over rows, with per-row processor values
+    vmapped and the rest shared. Returns `f(*batched_args)`."""
+    rows, shared = split_rows(processors, batch_size)
+
+    def one_row(row_values, *args):
+        return fn(eqx.combine(row_values, shared), *args)
+
+    return lambda *args: jax.vmap(one_row)(rows, *args)
 
 
 class Context(eqx.Module):
@@ -254,8 +303,8 @@ def apply(
     keys = jax.vmap(lambda i: jax.random.fold_in(key, i))(jnp.arange(batch))
     contexts = make_contexts(token_ids, jnp.full((batch,), seq, jnp.int32), prompt_length, keys)
 
-    def one_row(logits, context):
+    def one_row(processors, logits, context):
         states = init_states(processors, context)
         return process_all(processors, states, logits, context)[1]
 
-    return jax.vmap(one_row)(logits, contexts)
+    return vmap_rows(one_row, processors, batch)(logits, contexts)

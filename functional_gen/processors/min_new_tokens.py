@@ -2,10 +2,11 @@
 
 import equinox as eqx
 import jax.numpy as jnp
+import numpy as np
 from jaxtyping import Array, Float, Int
 
 from ._validation import int_param, token_ids_param
-from .base import AbstractStatelessLogitsProcessor, Context
+from .base import AbstractStatelessLogitsProcessor, Context, per_row_field
 
 
 class MinNewTokens(AbstractStatelessLogitsProcessor):
@@ -21,11 +22,18 @@ class MinNewTokens(AbstractStatelessLogitsProcessor):
     **Raises:** `ValueError` for a negative `min_new_tokens` or no/negative EOS ids.
     """
 
-    min_new_tokens: Int[Array, ""]
+    min_new_tokens: Int[Array, "*rows"] = per_row_field()
     eos_token_id: tuple[int, ...] = eqx.field(static=True)
 
     def __init__(self, min_new_tokens: int, eos_token_id):
-        self.min_new_tokens = jnp.asarray(int_param("min_new_tokens", min_new_tokens, low=0))
+        if isinstance(min_new_tokens, (int, np.integer)):
+            min_new_tokens = int_param("min_new_tokens", min_new_tokens, low=0)
+        values = np.asarray(min_new_tokens)
+        if values.ndim > 1 or values.dtype.kind not in "iu" or np.any(values < 0):
+            raise ValueError(
+                f"`min_new_tokens` must be a non-negative integer or one per row, got {min_new_tokens!r}"
+            )
+        self.min_new_tokens = jnp.asarray(values, jnp.int32)
         self.eos_token_id = token_ids_param("eos_token_id", eos_token_id)
 
     def __call__(self, logits: Float[Array, " vocab"], context: Context) -> Float[Array, " vocab"]:

@@ -4,7 +4,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float
 
 from ._validation import float_param
-from .base import AbstractStatelessLogitsProcessor, Context
+from .base import AbstractStatelessLogitsProcessor, Context, per_row_field
 
 
 def seen_tokens(context: Context, vocab: int) -> Bool[Array, " vocab"]:
@@ -25,7 +25,7 @@ class RepetitionPenalty(AbstractStatelessLogitsProcessor):
     **Raises:** `ValueError` for a non-positive penalty.
     """
 
-    repetition_penalty: Float[Array, "*rows"]
+    repetition_penalty: Float[Array, "*rows"] = per_row_field()
 
     def __init__(self, repetition_penalty):
         self.repetition_penalty = float_param(

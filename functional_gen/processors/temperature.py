@@ -3,7 +3,7 @@
 from jaxtyping import Array, Float
 
 from ._validation import float_param
-from .base import AbstractStatelessLogitsProcessor, Context
+from .base import AbstractStatelessLogitsProcessor, Context, per_row_field
 
 
 class Temperature(AbstractStatelessLogitsProcessor):
@@ -17,7 +17,7 @@ class Temperature(AbstractStatelessLogitsProcessor):
     **Raises:** `ValueError` for a temperature that is not strictly positive and finite.
     """
 
-    temperature: Float[Array, "*rows"]
+    temperature: Float[Array, "*rows"] = per_row_field()
 
     def __init__(self, temperature):
         self.temperature = float_param(

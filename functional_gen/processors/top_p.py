@@ -6,7 +6,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float
 
 from ._validation import float_param, int_param
-from .base import AbstractStatelessLogitsProcessor, Context
+from .base import AbstractStatelessLogitsProcessor, Context, per_row_field
 
 
 class TopP(AbstractStatelessLogitsProcessor):
@@ -22,7 +22,7 @@ class TopP(AbstractStatelessLogitsProcessor):
     **Raises:** `ValueError` for `top_p` outside (0, 1] or a non-positive `min_tokens_to_keep`.
     """
 
-    top_p: Float[Array, "*rows"]
+    top_p: Float[Array, "*rows"] = per_row_field()
     min_tokens_to_keep: int = eqx.field(static=True)
 
     def __init__(self, top_p, min_tokens_to_keep: int = 1):
