@@ -87,7 +87,11 @@ def _prefill(
     )
     init_keys = jax.vmap(lambda k: jax.random.fold_in(k, _INIT_KEY_SALT))(keys)
     contexts = Context(
-        token_ids=token_ids, length=prompt_length, prompt_length=prompt_length, key=init_keys
+        token_ids=token_ids,
+        length=prompt_length,
+        prompt_length=prompt_length,
+        max_new_tokens=jnp.full((batch,), max_new_tokens, jnp.int32),
+        key=init_keys,
     )
     processor_states = vmap_rows(init_states, processors, batch)(contexts)
     return GenerationState(

@@ -58,6 +58,7 @@ class Step(eqx.Module):
             token_ids=state.token_ids,
             length=state.length,
             prompt_length=state.prompt_length,
+            max_new_tokens=jnp.full((batch,), state.max_new_tokens, jnp.int32),
             key=process_keys,
         )
         processor_states, logits = vmap_rows(process_all, self.processors, batch)(

@@ -96,6 +96,8 @@ class Context(eqx.Module):
       only the first `length` entries are valid (no padding inside, padding after).
     - `length`: `Int[Array, ""]`, number of valid tokens, prompt included.
     - `prompt_length`: `Int[Array, ""]`, number of prompt tokens.
+    - `max_new_tokens`: `Int[Array, ""]`, how many tokens this row may generate in all (so the
+      last allowed step is the one where `num_generated == max_new_tokens - 1`).
     - `key`: a PRNG key for this row and this step (independent of the batch mates); processors
       that draw more than one random number should split or `fold_in` it.
     """
@@ -103,6 +105,7 @@ class Context(eqx.Module):
     token_ids: Int[Array, " max_len"]
     length: Int[Array, ""]
     prompt_length: Int[Array, ""]
+    max_new_tokens: Int[Array, ""]
     key: PRNGKeyArray
 
     @property
@@ -246,22 +249,13 @@ def process_all(
     return tuple(new_states), logits
 
 
-def make_contexts(
-    token_ids: Int[Array, "batch max_len"],
-    length: Int[Array, " batch"],
-    prompt_length: Int[Array, " batch"],
-    key: PRNGKeyArray,
-) -> Context:
-    """A batch of contexts (every field with a leading batch axis), ready to be vmapped."""
-    return Context(token_ids=token_ids, length=length, prompt_length=prompt_length, key=key)
-
-
 def apply(
     processors: Sequence[Any],
     logits: Float[Array, "batch vocab"],
     token_ids: Int[Array, "batch seq"],
     *,
     prompt_length: int | Int[Array, " batch"] | None = None,
+    max_new_tokens: int | None = None,
     key: PRNGKeyArray | None = None,
 ) -> Float[Array, "batch vocab"]:
     """Apply processors once, outside generation (for teaching and tests).
@@ -276,6 +270,8 @@ def apply(
       valid (no padding).
     - `prompt_length`: how many of `token_ids` are prompt (an int or one per row); defaults to
       `seq` (nothing generated yet).
+    - `max_new_tokens`: the generation budget the processors see (`Context.max_new_tokens`);
+      defaults to unlimited (2**31 - 1).
     - `key`: PRNG key (keyword-only) for processors that sample; row `i` gets `fold_in(key, i)`.
       Defaults to `jax.random.key(0)`.
 
@@ -301,7 +297,14 @@ def apply(
     if key is None:
         key = jax.random.key(0)
     keys = jax.vmap(lambda i: jax.random.fold_in(key, i))(jnp.arange(batch))
-    contexts = make_contexts(token_ids, jnp.full((batch,), seq, jnp.int32), prompt_length, keys)
+    budget = 2**31 - 1 if max_new_tokens is None else max_new_tokens
+    contexts = Context(
+        token_ids=token_ids,
+        length=jnp.full((batch,), seq, jnp.int32),
+        prompt_length=prompt_length,
+        max_new_tokens=jnp.full((batch,), budget, jnp.int32),
+        key=keys,
+    )
 
     def one_row(processors, logits, context):
         states = init_states(processors, context)
