@@ -306,8 +306,16 @@ def apply(
         key=keys,
     )
 
-    def one_row(processors, logits, context):
-        states = init_states(processors, context)
-        return process_all(processors, states, logits, context)[1]
+    return _apply_once(processors, logits, contexts)
 
-    return vmap_rows(one_row, processors, batch)(logits, contexts)
+
+def _init_and_process(processors, logits, context):
+    states = init_states(processors, context)
+    return process_all(processors, states, logits, context)[1]
+
+
+@eqx.filter_jit
+def _apply_once(processors, logits, contexts):
+    # One compiled program per shape and static configuration (op-by-op dispatch of a vmapped
+    # chain is slow); float knobs stay arguments, so new values do not recompile.
+    return vmap_rows(_init_and_process, processors, logits.shape[0])(logits, contexts)

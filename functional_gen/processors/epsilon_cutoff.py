@@ -1,0 +1,41 @@
+"""`EpsilonCutoff`: remove tokens below a fixed probability."""
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Float
+
+from ._common import keep_top
+from ._validation import float_param, int_param
+from .base import AbstractStatelessLogitsProcessor, Context, per_row_field
+
+
+class EpsilonCutoff(AbstractStatelessLogitsProcessor):
+    """Epsilon sampling: set to `-inf` every token whose probability is below `epsilon_cutoff`,
+    always keeping the `min_tokens_to_keep` most likely tokens.
+
+    Source: Hewitt et al. 2022, "Truncation Sampling as Language Model Desmoothing";
+    transformers' `EpsilonLogitsWarper` (same semantics). The paper suggests 3e-4 to 9e-4.
+
+    **Attributes:**
+
+    - `epsilon_cutoff`: a probability in [0, 1) (or one value per row); 0 keeps every token.
+    - `min_tokens_to_keep`: static, at least 1.
+
+    **Raises:** `ValueError` for `epsilon_cutoff` outside [0, 1) or a non-positive
+    `min_tokens_to_keep`.
+    """
+
+    epsilon_cutoff: Float[Array, "*rows"] = per_row_field()
+    min_tokens_to_keep: int = eqx.field(static=True)
+
+    def __init__(self, epsilon_cutoff, min_tokens_to_keep: int = 1):
+        self.epsilon_cutoff = float_param(
+            "epsilon_cutoff", epsilon_cutoff, low=0.0, high=1.0, high_inclusive=False
+        )
+        self.min_tokens_to_keep = int_param("min_tokens_to_keep", min_tokens_to_keep, low=1)
+
+    def __call__(self, logits: Float[Array, " vocab"], context: Context) -> Float[Array, " vocab"]:
+        remove = jax.nn.softmax(logits) < self.epsilon_cutoff
+        remove = keep_top(remove, logits, self.min_tokens_to_keep)
+        return jnp.where(remove, -jnp.inf, logits)
