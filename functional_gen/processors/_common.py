@@ -8,11 +8,15 @@ from .base import Context
 
 
 def kth_largest(logits: Float[Array, " vocab"], k: int) -> Float[Array, ""]:
-    """The `k`-th largest logit (`k` static, clipped to the vocabulary size)."""
+    """The `k`-th largest logit (`k` static, clipped to the vocabulary size).
+
+    Written as the minimum of the `k` largest, not `top_k(...)[0][-1]`: XLA on CPU turns a
+    `top_k` whose output is indexed into a full sort (10 ms instead of 0.1 ms for 49,152 logits).
+    """
     k = min(k, logits.shape[-1])
     if k == 1:
         return jnp.max(logits)
-    return jax.lax.top_k(logits, k)[0][-1]
+    return jnp.min(jax.lax.top_k(logits, k)[0])
 
 
 def keep_top(

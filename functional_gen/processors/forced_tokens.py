@@ -19,6 +19,9 @@ class ForcedTokens(AbstractLogitsProcessor):
     While forcing, every logit but the forced token's is `-inf` and the forced token's is 0 (as
     transformers' `ForcedBOSTokenLogitsProcessor` does).
 
+    Source: Bumblebee's `forced_token_ids` and transformers' former `forced_decoder_ids`, which
+    force given tokens at given steps; here the steps are the first `len(token_ids)` generated.
+
     **Attributes:** `token_ids`: the tokens to force (static tuple).
 
     **Raises:** `ValueError` for an empty sequence or negative ids.

@@ -5,6 +5,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float
 
+from ._common import keep_top
 from ._validation import float_param, int_param
 from .base import AbstractStatelessLogitsProcessor, Context, per_row_field
 
@@ -32,7 +33,5 @@ class MinP(AbstractStatelessLogitsProcessor):
     def __call__(self, logits: Float[Array, " vocab"], context: Context) -> Float[Array, " vocab"]:
         probs = jax.nn.softmax(logits)
         remove = probs < self.min_p * jnp.max(probs)
-        if self.min_tokens_to_keep > 1:
-            k = min(self.min_tokens_to_keep, logits.shape[-1])
-            remove = remove & (logits < jax.lax.top_k(logits, k)[0][-1])
+        remove = keep_top(remove, logits, self.min_tokens_to_keep)
         return jnp.where(remove, -jnp.inf, logits)

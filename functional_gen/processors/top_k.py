@@ -1,10 +1,10 @@
 """`TopK`: keep the `top_k` largest logits."""
 
 import equinox as eqx
-import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float
 
+from ._common import kth_largest
 from ._validation import int_param
 from .base import AbstractStatelessLogitsProcessor, Context
 
@@ -29,6 +29,5 @@ class TopK(AbstractStatelessLogitsProcessor):
         int_param("min_tokens_to_keep", self.min_tokens_to_keep, low=1)
 
     def __call__(self, logits: Float[Array, " vocab"], context: Context) -> Float[Array, " vocab"]:
-        k = min(max(self.top_k, self.min_tokens_to_keep), logits.shape[-1])
-        kth_largest = jax.lax.top_k(logits, k)[0][-1]
-        return jnp.where(logits < kth_largest, -jnp.inf, logits)
+        threshold = kth_largest(logits, max(self.top_k, self.min_tokens_to_keep))
+        return jnp.where(logits < threshold, -jnp.inf, logits)

@@ -48,12 +48,18 @@ class TopP(AbstractStatelessLogitsProcessor):
             threshold = self._threshold_by_sorting(logits)
         else:
             found, threshold = self._threshold_among_top_k(logits, k)
-            found, threshold = jax.lax.while_loop(
-                lambda carry: ~carry[0],
-                lambda carry: (jnp.asarray(True), self._threshold_by_sorting(logits)),
-                (found, threshold),
+            _, threshold, _ = jax.lax.while_loop(
+                lambda carry: ~carry[0], lambda carry: self._sort_once(carry), (found, threshold, logits)
             )
         return jnp.where(logits < threshold, -jnp.inf, logits)
+
+    def _sort_once(self, carry):
+        """The fallback's loop body. The logits travel in the carry, through an optimisation
+        barrier: were the sort loop-invariant, XLA would hoist it out of the loop (as it does
+        under `vmap`) and run it at every step."""
+        _, _, logits = carry
+        logits = jax.lax.optimization_barrier(logits)
+        return jnp.asarray(True), self._threshold_by_sorting(logits), logits
 
     def _threshold_by_sorting(self, logits: Float[Array, " vocab"]) -> Float[Array, ""]:
         """The smallest kept logit, from the whole vocabulary sorted ascending."""
@@ -71,8 +77,11 @@ class TopP(AbstractStatelessLogitsProcessor):
         log_norm = jax.nn.logsumexp(logits)
         # Ascending cumulative probability at each candidate: the mass below all candidates
         # plus the candidates from it downwards.
-        below = jnp.sum(jnp.where(logits < top[-1], jnp.exp(logits - log_norm), 0.0))
+        below = jnp.sum(jnp.where(logits < jnp.min(top), jnp.exp(logits - log_norm), 0.0))
         cumulative = below + jnp.cumsum(jnp.exp(top - log_norm)[::-1])[::-1]
         limit = 1 - self.top_p
         num_kept = jnp.maximum(k - jnp.sum(cumulative <= limit), self.min_tokens_to_keep)
-        return below <= limit, top[num_kept - 1]
+        # Reductions over `top`, never `top[i]`: XLA on CPU turns a top_k whose output is
+        # indexed into a full sort.
+        threshold = jnp.min(jnp.where(jnp.arange(k) < num_kept, top, jnp.inf))
+        return below <= limit, threshold
