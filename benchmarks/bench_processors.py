@@ -132,10 +132,12 @@ def main():
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--steps", type=int, default=64)
     parser.add_argument("--skip-decode", action="store_true", help="only the per-processor table")
+    parser.add_argument("--skip-table", action="store_true", help="only the decode-step table")
     args = parser.parse_args()
     model, tokenizer = fg.load_model()
     print(f"functional_gen from {Path(fg.__file__).parent}, jax {jax.__version__}, {jax.devices()}")
-    processor_table(model.config.vocab_size)
+    if not args.skip_table:
+        processor_table(model.config.vocab_size)
     if not args.skip_decode:
         decode_table(model, tokenizer, args.rounds, args.steps)
 

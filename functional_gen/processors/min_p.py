@@ -1,7 +1,6 @@
 """`MinP`: keep tokens at least `min_p` times as likely as the most likely one."""
 
 import equinox as eqx
-import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float
 
@@ -31,7 +30,9 @@ class MinP(AbstractStatelessLogitsProcessor):
         self.min_tokens_to_keep = int_param("min_tokens_to_keep", min_tokens_to_keep, low=1)
 
     def __call__(self, logits: Float[Array, " vocab"], context: Context) -> Float[Array, " vocab"]:
-        probs = jax.nn.softmax(logits)
-        remove = probs < self.min_p * jnp.max(probs)
-        remove = keep_top(remove, logits, self.min_tokens_to_keep)
+        # probs < min_p * max(probs)  <=>  logits < max(logits) + log(min_p): no softmax needed.
+        # The largest logit is never removed (min_p <= 1), so one token is always kept.
+        remove = logits < jnp.max(logits) + jnp.log(self.min_p)
+        if self.min_tokens_to_keep > 1:
+            remove = keep_top(remove, logits, self.min_tokens_to_keep)
         return jnp.where(remove, -jnp.inf, logits)

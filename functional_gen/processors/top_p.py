@@ -3,13 +3,13 @@
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Float
+from jaxtyping import Array, Bool, Float
 
 from ._validation import float_param, int_param
 from .base import AbstractStatelessLogitsProcessor, Context, per_row_field
 
-CANDIDATES = 256
-"""How many of the largest logits `TopP` examines before it falls back to sorting them all."""
+CANDIDATES = (64, 1024)
+"""How many of the largest logits `TopP` examines, in turn, before it sorts them all."""
 
 
 class TopP(AbstractStatelessLogitsProcessor):
@@ -22,12 +22,13 @@ class TopP(AbstractStatelessLogitsProcessor):
     Source: Holtzman et al. 2019, "The Curious Case of Neural Text Degeneration".
 
     **Speed.** Sorting the whole vocabulary is the slow part (about 10 ms for 49,152 logits on a
-    CPU core), so `TopP` first takes the `CANDIDATES` (256) largest logits with `lax.top_k`. If
-    the mass outside them is `<= 1 - top_p` (every one of them is removed anyway, e.g. after a
-    `TopK`, or for any peaked distribution), the cut is found among the candidates, with the
-    same formula. Only otherwise does it sort everything, inside a `lax.while_loop` that runs
-    zero or one time: under `vmap` the sort then runs only at steps where some row needs it
-    (a `lax.cond` would become a `select` and sort at every step).
+    CPU core), so `TopP` first takes the 64 largest logits with `lax.top_k` (see `CANDIDATES`).
+    If the mass outside them is `<= 1 - top_p` (every one of them is removed anyway: after a
+    `TopK` of at most 64, or for any peaked distribution), the cut is found among them with the
+    same formula. Otherwise it tries the 1,024 largest, and only then sorts everything. Each
+    later stage sits in a `lax.while_loop` that runs zero times or once: under `vmap` a stage
+    runs only at steps where some row needs it (a `lax.cond` would become a `select` and run
+    every stage at every step).
 
     **Attributes:** `top_p`: in (0, 1] (or one value per row); `min_tokens_to_keep` (static).
 
@@ -43,23 +44,19 @@ class TopP(AbstractStatelessLogitsProcessor):
 
     def __call__(self, logits: Float[Array, " vocab"], context: Context) -> Float[Array, " vocab"]:
         vocab = logits.shape[-1]
-        k = max(CANDIDATES, self.min_tokens_to_keep)
-        if k >= vocab:
+        stages = [k for k in CANDIDATES if self.min_tokens_to_keep <= k < vocab]
+        if not stages:
             threshold = self._threshold_by_sorting(logits)
         else:
-            found, threshold = self._threshold_among_top_k(logits, k)
-            _, threshold, _ = jax.lax.while_loop(
-                lambda carry: ~carry[0], lambda carry: self._sort_once(carry), (found, threshold, logits)
+            found, threshold = self._threshold_among_top_k(logits, stages[0])
+            for k in stages[1:]:
+                found, threshold = _unless_found(
+                    lambda x, k=k: self._threshold_among_top_k(x, k), found, threshold, logits
+                )
+            _, threshold = _unless_found(
+                lambda x: (jnp.asarray(True), self._threshold_by_sorting(x)), found, threshold, logits
             )
         return jnp.where(logits < threshold, -jnp.inf, logits)
-
-    def _sort_once(self, carry):
-        """The fallback's loop body. The logits travel in the carry, through an optimisation
-        barrier: were the sort loop-invariant, XLA would hoist it out of the loop (as it does
-        under `vmap`) and run it at every step."""
-        _, _, logits = carry
-        logits = jax.lax.optimization_barrier(logits)
-        return jnp.asarray(True), self._threshold_by_sorting(logits), logits
 
     def _threshold_by_sorting(self, logits: Float[Array, " vocab"]) -> Float[Array, ""]:
         """The smallest kept logit, from the whole vocabulary sorted ascending."""
@@ -71,17 +68,41 @@ class TopP(AbstractStatelessLogitsProcessor):
         num_removed = jnp.minimum(num_removed, vocab - min(self.min_tokens_to_keep, vocab))
         return ascending[num_removed]
 
-    def _threshold_among_top_k(self, logits: Float[Array, " vocab"], k: int):
-        """`(found, threshold)`: the smallest kept logit, if the cut lies among the `k` largest."""
+    def _threshold_among_top_k(
+        self, logits: Float[Array, " vocab"], k: int
+    ) -> tuple[Bool[Array, ""], Float[Array, ""]]:
+        """`(found, threshold)`: the smallest kept logit, if the cut lies among the `k` largest.
+
+        Only reductions over the `top_k` output, never `top[i]`: XLA on CPU replaces a top_k
+        whose output is indexed by a full sort.
+        """
         top = jax.lax.top_k(logits, k)[0]  # descending
-        log_norm = jax.nn.logsumexp(logits)
+        largest, smallest = jnp.max(top), jnp.min(top)
+        unnormalised = jnp.exp(logits - largest)
+        norm = jnp.sum(unnormalised)
+        below = jnp.sum(jnp.where(logits < smallest, unnormalised, 0.0)) / norm
         # Ascending cumulative probability at each candidate: the mass below all candidates
         # plus the candidates from it downwards.
-        below = jnp.sum(jnp.where(logits < jnp.min(top), jnp.exp(logits - log_norm), 0.0))
-        cumulative = below + jnp.cumsum(jnp.exp(top - log_norm)[::-1])[::-1]
+        cumulative = below + jnp.cumsum(jnp.exp(top - largest)[::-1] / norm)[::-1]
         limit = 1 - self.top_p
         num_kept = jnp.maximum(k - jnp.sum(cumulative <= limit), self.min_tokens_to_keep)
-        # Reductions over `top`, never `top[i]`: XLA on CPU turns a top_k whose output is
-        # indexed into a full sort.
         threshold = jnp.min(jnp.where(jnp.arange(k) < num_kept, top, jnp.inf))
         return below <= limit, threshold
+
+
+def _unless_found(stage, found, threshold, logits):
+    """`stage(logits)` -> `(found, threshold)` where `found` is false, in a `while_loop` that runs
+    at most once. The logits travel in the carry through an optimisation barrier: were the stage
+    loop-invariant, XLA would hoist it out of the loop (as it does under `vmap`) and run it at
+    every step."""
+
+    def body(carry):
+        _, _, _, x = carry
+        x = jax.lax.optimization_barrier(x)
+        new_found, new_threshold = stage(x)
+        return jnp.asarray(True), new_found, new_threshold, x
+
+    _, found, threshold, _ = jax.lax.while_loop(
+        lambda carry: ~carry[0], body, (found, found, threshold, logits)
+    )
+    return found, threshold
