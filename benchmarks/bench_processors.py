@@ -7,7 +7,7 @@ The decode step is timed inside `fg.generate_token_ids` (one compiled `while_loo
 (prefill and dispatch cancel out). Configurations are interleaved round by round and the fastest
 run of each is used, since the machine is shared (interference only adds time). A first table
 times each processor alone on `[batch, 49152]` random logits (jitted, vmapped as in the step;
-on such flat logits `TopP` alone must sort, while after `TopK` it never does).
+on such flat logits `TopP` alone must search the whole vocabulary; after `TopK` it never does).
 
 Speed target: the chain adds at most 10% at batch 1 and 20% at batch 8.
 """

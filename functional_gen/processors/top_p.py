@@ -5,11 +5,12 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float
 
+from ._common import kth_largest, smallest_reaching
 from ._validation import float_param, int_param
 from .base import AbstractStatelessLogitsProcessor, Context, per_row_field
 
-CANDIDATES = (64, 1024)
-"""How many of the largest logits `TopP` examines, in turn, before it sorts them all."""
+CANDIDATES = 64
+"""How many of the largest logits `TopP` examines before it searches the whole vocabulary."""
 
 
 class TopP(AbstractStatelessLogitsProcessor):
@@ -21,14 +22,15 @@ class TopP(AbstractStatelessLogitsProcessor):
     `min_tokens_to_keep` most likely ones. Tokens tied with the least likely kept token are kept.
     Source: Holtzman et al. 2019, "The Curious Case of Neural Text Degeneration".
 
-    **Speed.** Sorting the whole vocabulary is the slow part (about 10 ms for 49,152 logits on a
-    CPU core), so `TopP` first takes the 64 largest logits with `lax.top_k` (see `CANDIDATES`).
-    If the mass outside them is `<= 1 - top_p` (every one of them is removed anyway: after a
-    `TopK` of at most 64, or for any peaked distribution), the cut is found among them with the
-    same formula. Otherwise it tries the 1,024 largest, and only then sorts everything. Each
-    later stage sits in a `lax.while_loop` that runs zero times or once: under `vmap` a stage
-    runs only at steps where some row needs it (a `lax.cond` would become a `select` and run
-    every stage at every step).
+    **Speed.** transformers sorts the whole vocabulary, the slow part (about 10 ms for 49,152
+    logits on a CPU core). `TopP` first takes the 64 largest logits with `lax.top_k` (see
+    `CANDIDATES`): if the mass outside them is `<= 1 - top_p` (all of it is removed anyway:
+    after a `TopK` of at most 64, or for any peaked distribution), the cut is found among them.
+    Otherwise it finds the cut by bisection over the logit values (`smallest_reaching`, about a
+    tenth of a sort), inside a `lax.while_loop` that runs zero times or once: under `vmap` the
+    search runs only at steps where some row needs it (a `lax.cond` would become a `select` and
+    search at every step). Both ways compute the same cut as the sort, up to float rounding of
+    the cumulative sums.
 
     **Attributes:** `top_p`: in (0, 1] (or one value per row); `min_tokens_to_keep` (static).
 
@@ -44,29 +46,18 @@ class TopP(AbstractStatelessLogitsProcessor):
 
     def __call__(self, logits: Float[Array, " vocab"], context: Context) -> Float[Array, " vocab"]:
         vocab = logits.shape[-1]
-        stages = [k for k in CANDIDATES if self.min_tokens_to_keep <= k < vocab]
-        if not stages:
-            threshold = self._threshold_by_sorting(logits)
+        if self.min_tokens_to_keep <= CANDIDATES < vocab:
+            found, threshold = self._threshold_among_top_k(logits, CANDIDATES)
+            threshold = _unless_found(self._threshold_by_search, found, threshold, logits)
         else:
-            found, threshold = self._threshold_among_top_k(logits, stages[0])
-            for k in stages[1:]:
-                found, threshold = _unless_found(
-                    lambda x, k=k: self._threshold_among_top_k(x, k), found, threshold, logits
-                )
-            _, threshold = _unless_found(
-                lambda x: (jnp.asarray(True), self._threshold_by_sorting(x)), found, threshold, logits
-            )
+            threshold = self._threshold_by_search(logits)
         return jnp.where(logits < threshold, -jnp.inf, logits)
 
-    def _threshold_by_sorting(self, logits: Float[Array, " vocab"]) -> Float[Array, ""]:
-        """The smallest kept logit, from the whole vocabulary sorted ascending."""
-        vocab = logits.shape[-1]
-        ascending = jnp.sort(logits)
-        cumulative = jnp.cumsum(jax.nn.softmax(ascending))
-        # The removed tokens form a prefix of the ascending order; the first kept one sets the bar.
-        num_removed = jnp.sum(cumulative <= 1 - self.top_p)
-        num_removed = jnp.minimum(num_removed, vocab - min(self.min_tokens_to_keep, vocab))
-        return ascending[num_removed]
+    def _threshold_by_search(self, logits: Float[Array, " vocab"]) -> Float[Array, ""]:
+        """The smallest kept logit: the first in ascending order whose cumulative probability
+        exceeds `1 - top_p`, lowered to keep `min_tokens_to_keep` tokens."""
+        first_kept = smallest_reaching(logits, jax.nn.softmax(logits), 1 - self.top_p, inclusive=False)
+        return jnp.minimum(first_kept, kth_largest(logits, self.min_tokens_to_keep))
 
     def _threshold_among_top_k(
         self, logits: Float[Array, " vocab"], k: int
@@ -90,19 +81,15 @@ class TopP(AbstractStatelessLogitsProcessor):
         return below <= limit, threshold
 
 
-def _unless_found(stage, found, threshold, logits):
-    """`stage(logits)` -> `(found, threshold)` where `found` is false, in a `while_loop` that runs
-    at most once. The logits travel in the carry through an optimisation barrier: were the stage
-    loop-invariant, XLA would hoist it out of the loop (as it does under `vmap`) and run it at
-    every step."""
+def _unless_found(search, found, threshold, logits):
+    """`search(logits)` where `found` is false, in a `while_loop` that runs at most once. The
+    logits travel in the carry through an optimisation barrier: were the search loop-invariant,
+    XLA would hoist it out of the loop (as it does under `vmap`) and run it at every step."""
 
     def body(carry):
-        _, _, _, x = carry
+        _, _, x = carry
         x = jax.lax.optimization_barrier(x)
-        new_found, new_threshold = stage(x)
-        return jnp.asarray(True), new_found, new_threshold, x
+        return jnp.asarray(True), search(x), x
 
-    _, found, threshold, _ = jax.lax.while_loop(
-        lambda carry: ~carry[0], body, (found, found, threshold, logits)
-    )
-    return found, threshold
+    _, threshold, _ = jax.lax.while_loop(lambda carry: ~carry[0], body, (found, threshold, logits))
+    return threshold
