@@ -27,6 +27,7 @@ from .processors.base import Context, as_processors, init_states, vmap_rows
 from .samplers import AbstractSampler
 from .state import FINISH_REASONS, RUNNING, GenerationState
 from .step import Step, make_step
+from .stop_strings import StopStrings, truncate_at_stop
 from .tokenization import Prompt, decode, encode_prompt, normalize_prompts
 
 _MIN_BUCKET = 16
@@ -55,7 +56,7 @@ class GenerationResult:
       included when a row ended on one), `pad_token_id` after a row's end.
     - `logprobs`: `Float[Array, "batch max_new_tokens"]`, natural-log probability of each chosen
       token under the processed distribution it was drawn from; 0 after a row's end.
-    - `finish_reasons`: per row, `"eos"`, `"length"` or `"constraint"` (see
+    - `finish_reasons`: per row, `"eos"`, `"stop_string"`, `"length"` or `"constraint"` (see
       `functional_gen.state.FINISH_REASONS`).
     - `num_tokens`: per row, how many tokens were generated (EOS included).
     - `state`: the final `GenerationState` (cache, processor states, keys), for inspection.
@@ -77,6 +78,7 @@ def _prefill(
     prompt_length: Int[Array, " batch"],
     keys: PRNGKeyArray,
     max_new_tokens: int,
+    num_stop_strings: int = 0,
 ) -> GenerationState:
     batch, padded = prompt_ids.shape
     pad = padded - prompt_length
@@ -104,6 +106,7 @@ def _prefill(
         logprobs=jnp.zeros((batch, max_new_tokens), jnp.float32),
         cache=cache,
         processor_states=processor_states,
+        stop_state=jnp.zeros((batch, num_stop_strings), jnp.int32),
         key=keys,
     )
 
@@ -111,9 +114,22 @@ def _prefill(
 _prefill_jit = eqx.filter_jit(_prefill)
 
 
+def _num_stops(step: Step) -> int:
+    return 0 if step.stop_strings is None else len(step.stop_strings.stop_strings)
+
+
 @eqx.filter_jit
 def _generate_loop(step: Step, prompt_ids, token_ids, prompt_length, keys, max_new_tokens: int):
-    state = _prefill(step.model, step.processors, prompt_ids, token_ids, prompt_length, keys, max_new_tokens)
+    state = _prefill(
+        step.model,
+        step.processors,
+        prompt_ids,
+        token_ids,
+        prompt_length,
+        keys,
+        max_new_tokens,
+        _num_stops(step),
+    )
     return jax.lax.while_loop(lambda s: ~jnp.all(s.done), lambda s: step(s), state)
 
 
@@ -174,6 +190,7 @@ def init_state(
     processors: Sequence[Any] | None = (),
     key: PRNGKeyArray | None = None,
     pad_token_id: int | None = None,
+    stop_strings: StopStrings | None = None,
     bucket: bool = True,
 ) -> GenerationState:
     """Prefill: the `GenerationState` before the first generated token.
@@ -190,6 +207,7 @@ def init_state(
     - `processors`: the processors whose states to initialise (the same list the step uses).
     - `key`: PRNG key (keyword-only); row `i` uses `fold_in(key, i)`. Default `jax.random.key(0)`.
     - `pad_token_id`: the padding id; default as in `make_step`.
+    - `stop_strings`: the `StopStrings` the step will use (sizes `GenerationState.stop_state`).
     - `bucket`: pad the prompt length up to `bucket_length` (fewer compilations).
 
     **Returns:** a `GenerationState`.
@@ -204,7 +222,10 @@ def init_state(
     prompt_ids, token_ids, lengths, keys = _prepare(
         model, prompt_token_ids, max_new_tokens, key, pad_token_id, bucket
     )
-    return _prefill_jit(model, processors, prompt_ids, token_ids, lengths, keys, max_new_tokens)
+    stops = 0 if stop_strings is None else len(stop_strings.stop_strings)
+    return _prefill_jit(
+        model, processors, prompt_ids, token_ids, lengths, keys, max_new_tokens, stops
+    )
 
 
 def generate_token_ids(
@@ -217,14 +238,23 @@ def generate_token_ids(
     key: PRNGKeyArray | None = None,
     eos_token_id: int | Sequence[int] | None = None,
     pad_token_id: int | None = None,
+    stop_strings: StopStrings | None = None,
     bucket: bool = True,
 ) -> GenerationState:
     """`generate` on token ids, without a tokenizer: returns the final `GenerationState`.
 
     Prefill and the whole decode loop run as one compiled program (`jax.lax.while_loop` until
-    every row is done). Arguments as in `generate` and `init_state`.
+    every row is done). Arguments as in `generate` and `init_state` (`stop_strings` is a
+    prebuilt `StopStrings`).
     """
-    step = make_step(model, processors, sampler, eos_token_id=eos_token_id, pad_token_id=pad_token_id)
+    step = make_step(
+        model,
+        processors,
+        sampler,
+        eos_token_id=eos_token_id,
+        pad_token_id=pad_token_id,
+        stop_strings=stop_strings,
+    )
     if key is None and step.sampler.needs_key:
         raise ValueError(
             f"{type(step.sampler).__name__} sampling needs a PRNG key: pass key=jax.random.key(seed)"
@@ -247,6 +277,7 @@ def generate(
     chat_template: bool | None = None,
     eos_token_id: int | Sequence[int] | None = None,
     pad_token_id: int | None = None,
+    stop_strings: str | Sequence[str] | None = None,
 ) -> GenerationResult:
     """Generate text for a batch of prompts.
 
@@ -266,6 +297,9 @@ def generate(
     - `eos_token_id`: ids that end a row; default all of the model's EOS ids (e.g. SmolLM2's
       `<|im_end|>` and `<|endoftext|>`).
     - `pad_token_id`: id after a row's end; default the model's pad id.
+    - `stop_strings`: text that ends a row as soon as the generated text contains it (even across
+      token boundaries; matched on the device). It is left out of `texts`, with anything after
+      it; the tokens stay in `token_ids`, as vLLM does.
 
     **Returns:** a `GenerationResult`.
 
@@ -274,6 +308,7 @@ def generate(
     """
     prompts = normalize_prompts(prompts)
     ids = [encode_prompt(tokenizer, p, chat_template=chat_template) for p in prompts]
+    stops = build_stop_strings(stop_strings, tokenizer, model)
     state = generate_token_ids(
         model,
         ids,
@@ -283,24 +318,59 @@ def generate(
         key=key,
         eos_token_id=eos_token_id,
         pad_token_id=pad_token_id,
+        stop_strings=stops,
     )
     step = make_step(model, eos_token_id=eos_token_id, pad_token_id=pad_token_id)
-    return result_from_state(state, tokenizer, eos_token_id=step.eos_token_id, pad_token_id=step.pad_token_id)
+    return result_from_state(
+        state,
+        tokenizer,
+        eos_token_id=step.eos_token_id,
+        pad_token_id=step.pad_token_id,
+        stop_strings=() if stops is None else stops.stop_strings,
+    )
+
+
+_STOP_STRING_CACHE: dict = {}
+
+
+def build_stop_strings(
+    stop_strings: str | Sequence[str] | None, tokenizer, model
+) -> StopStrings | None:
+    """A `StopStrings` for the model's vocabulary (cached per tokenizer), or `None` for none."""
+    if stop_strings is None or (not isinstance(stop_strings, str) and len(stop_strings) == 0):
+        return None
+    strings = (stop_strings,) if isinstance(stop_strings, str) else tuple(stop_strings)
+    vocab = model.config.vocab_size
+    key = (strings, id(tokenizer), vocab)
+    if key not in _STOP_STRING_CACHE:
+        if len(_STOP_STRING_CACHE) > 32:
+            _STOP_STRING_CACHE.clear()
+        _STOP_STRING_CACHE[key] = (tokenizer, StopStrings.build(strings, tokenizer, vocab))
+    return _STOP_STRING_CACHE[key][1]
 
 
 def result_from_state(
-    state: GenerationState, tokenizer, *, eos_token_id: Sequence[int], pad_token_id: int
+    state: GenerationState,
+    tokenizer,
+    *,
+    eos_token_id: Sequence[int],
+    pad_token_id: int,
+    stop_strings: Sequence[str] = (),
 ) -> GenerationResult:
-    """Decode a final `GenerationState` into a `GenerationResult` (one host transfer)."""
+    """Decode a final `GenerationState` into a `GenerationResult` (one host transfer); texts
+    are cut before the first stop string."""
     token_ids = state.generated_token_ids(pad_token_id)
     host_ids, num, reasons = jax.device_get((token_ids, state.num_generated, state.finish_reason))
     eos = set(eos_token_id)
     texts = []
-    for row, n in zip(host_ids, num):
+    for row, n, reason in zip(host_ids, num, reasons):
         row = row[: int(n)].tolist()
         if row and row[-1] in eos:
             row = row[:-1]
-        texts.append(decode(tokenizer, row))
+        text = decode(tokenizer, row)
+        if FINISH_REASONS[int(reason)] == "stop_string":
+            text = truncate_at_stop(text, stop_strings)[0]
+        texts.append(text)
     return GenerationResult(
         texts=texts,
         token_ids=token_ids,

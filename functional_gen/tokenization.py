@@ -119,3 +119,74 @@ class IncrementalDecoder:
         text = decode(self.tokenizer, self.token_ids[self.prefix_offset :])
         self.prefix_offset = self.read_offset = len(self.token_ids)
         return text[len(prefix) :]
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's byte -> printable character map used by byte-level BPE vocabularies."""
+    printable = (
+        list(range(ord("!"), ord("~") + 1))
+        + list(range(ord("¡"), ord("¬") + 1))
+        + list(range(ord("®"), ord("ÿ") + 1))
+    )
+    chars = printable[:]
+    n = 0
+    for b in range(256):
+        if b not in printable:
+            printable.append(b)
+            chars.append(256 + n)
+            n += 1
+    return dict(zip(printable, map(chr, chars)))
+
+
+def _decoder_types(tokenizer) -> set[str]:
+    import json
+
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        return set()
+    decoder = json.loads(backend.to_str()).get("decoder") or {}
+    found = {decoder.get("type", "")}
+    for d in decoder.get("decoders", []) or []:
+        found.add(d.get("type", ""))
+    return found
+
+
+def token_bytes(tokenizer, vocab_size: int | None = None) -> list[bytes]:
+    """The raw bytes each token id stands for, as text (not its decoded string).
+
+    Byte-level BPE tokens map back through GPT-2's byte-to-character table; SentencePiece-style
+    tokens turn `▁` into a space and byte-fallback tokens `<0xXX>` into that byte. A token that
+    holds part of a UTF-8 character therefore gets its real bytes, not U+FFFD. Special tokens
+    (which `decode(..., skip_special_tokens=True)` drops) and ids past the tokenizer's vocabulary
+    get `b""`.
+
+    **Arguments:** `tokenizer`, a transformers tokenizer; `vocab_size`: length of the result
+    (the model's vocabulary, which may be padded past the tokenizer's); default `len(tokenizer)`.
+
+    **Returns:** a list of `bytes`, one per token id.
+    """
+    import re
+
+    size = len(tokenizer) if vocab_size is None else vocab_size
+    special = set(getattr(tokenizer, "all_special_ids", []) or [])
+    for i, added in (getattr(tokenizer, "added_tokens_decoder", {}) or {}).items():
+        if getattr(added, "special", False):
+            special.add(int(i))
+    byte_level = "ByteLevel" in _decoder_types(tokenizer)
+    byte_decoder = {c: b for b, c in _bytes_to_unicode().items()}
+    byte_token = re.compile(r"<0x([0-9A-Fa-f]{2})>")
+    tokens = tokenizer.convert_ids_to_tokens(list(range(min(size, len(tokenizer)))))
+    out: list[bytes] = []
+    for i, tok in enumerate(tokens):
+        if i in special or tok is None:
+            out.append(b"")
+        elif byte_level:
+            try:
+                out.append(bytes(byte_decoder[c] for c in tok))
+            except KeyError:  # an added (non-special) token stored as plain text
+                out.append(tok.encode("utf-8"))
+        else:
+            m = byte_token.fullmatch(tok)
+            out.append(bytes([int(m.group(1), 16)]) if m else tok.replace("▁", " ").encode("utf-8"))
+    out.extend(b"" for _ in range(size - len(out)))
+    return out
