@@ -135,6 +135,46 @@ def read_gguf_config(reader) -> LlamaConfig:
     return LlamaConfig.from_hf(d)
 
 
+# llama.cpp's general.sampling.* keys (written from generation_config.json by its converter) and
+# the GenerationConfig attributes they stand for.
+_SAMPLING_KEYS = {
+    "temp": "temperature",
+    "top_k": "top_k",
+    "top_p": "top_p",
+    "min_p": "min_p",
+    "penalty_repeat": "repetition_penalty",
+    "xtc_probability": "xtc_probability",
+    "xtc_threshold": "xtc_threshold",
+    "mirostat": "mirostat",
+    "mirostat_tau": "mirostat_tau",
+    "mirostat_eta": "mirostat_eta",
+    "penalty_last_n": "penalty_last_n",
+}
+
+
+def read_gguf_generation_config(reader, config: LlamaConfig):
+    """A `transformers.GenerationConfig` from the GGUF's token ids and `general.sampling.*` keys.
+
+    Sampling keys turn sampling on (`do_sample=True`), as the checkpoint's own
+    `generation_config.json` did when llama.cpp's converter wrote them.
+    """
+    from transformers import GenerationConfig
+
+    values = {
+        "bos_token_id": config.bos_token_id,
+        "eos_token_id": list(config.eos_token_id) or None,
+        "pad_token_id": config.pad_token_id,
+    }
+    sampling = {}
+    for key, name in _SAMPLING_KEYS.items():
+        value = _field(reader, f"general.sampling.{key}")
+        if value is not None:
+            sampling[name] = value
+    if sampling:
+        values.update(do_sample=True, **sampling)
+    return GenerationConfig(**values)
+
+
 def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
     """Undo llama.cpp's `permute` of q/k rows (interleaved RoPE pairs -> rotate-half halves)."""
     return w.reshape(n_head, w.shape[0] // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
@@ -192,17 +232,20 @@ def load_gguf(path: str | os.PathLike, *, dtype=jnp.float32):
     **Raises:** `FileNotFoundError` if the file does not exist; `UnsupportedConfigError` for an
     unsupported architecture, RoPE scaling or tensor type.
     """
-    config, weights = read_gguf(path)
+    config, weights, generation_config = read_gguf(path, with_generation_config=True)
     rope_freqs = weights.pop("rope_freqs", None)
-    model = LlamaForCausalLM.from_weights(config, weights, dtype=dtype)
+    model = LlamaForCausalLM.from_weights(
+        config, weights, dtype=dtype, generation_config=generation_config
+    )
     if rope_freqs is not None:
         inv_freq = jnp.asarray(config.rope_inv_freq() / rope_freqs.reshape(-1))
         model = eqx.tree_at(lambda m: m.model.rotary_emb.inv_freq, model, inv_freq)
     return model, gguf_tokenizer(path)
 
 
-def read_gguf(path: str | os.PathLike) -> tuple[LlamaConfig, dict[str, np.ndarray]]:
-    """`(config, float32 weights by Hugging Face name)` of a GGUF file (see `read_gguf_weights`).
+def read_gguf(path: str | os.PathLike, *, with_generation_config: bool = False):
+    """`(config, float32 weights by Hugging Face name)` of a GGUF file (see `read_gguf_weights`),
+    plus its `GenerationConfig` as a third element when `with_generation_config`.
 
     **Raises:** `FileNotFoundError` if the file does not exist.
     """
@@ -213,7 +256,10 @@ def read_gguf(path: str | os.PathLike) -> tuple[LlamaConfig, dict[str, np.ndarra
         raise FileNotFoundError(f"GGUF file not found: {path}")
     reader = GGUFReader(str(path))
     config = read_gguf_config(reader)
-    return config, read_gguf_weights(reader, config)
+    weights = read_gguf_weights(reader, config)
+    if with_generation_config:
+        return config, weights, read_gguf_generation_config(reader, config)
+    return config, weights
 
 
 def gguf_tokenizer(path: str | os.PathLike):
