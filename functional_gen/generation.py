@@ -265,19 +265,97 @@ def generate_token_ids(
     return _generate_loop(step, prompt_ids, token_ids, lengths, keys, max_new_tokens)
 
 
+DEFAULT_MAX_NEW_TOKENS = 128
+"""`max_new_tokens` when neither the call nor the generation config sets a length."""
+
+
+@dataclasses.dataclass(frozen=True)
+class _Resolved:
+    processors: tuple
+    sampler: AbstractSampler | None
+    max_new_tokens: int
+    eos_token_id: tuple[int, ...] | None
+    pad_token_id: int | None
+    stop_strings: tuple[str, ...]
+    num_return_sequences: int
+
+
+def resolve_settings(
+    model,
+    longest_prompt: int,
+    *,
+    max_new_tokens: int | None,
+    processors: Sequence[Any] | None,
+    sampler: AbstractSampler | None,
+    eos_token_id: int | Sequence[int] | None,
+    pad_token_id: int | None,
+    stop_strings: str | Sequence[str] | None,
+    generation_config: Any,
+) -> _Resolved:
+    """Merge a call's arguments with a generation config (given, or the model's own when the call
+    names no processors and no sampler). Arguments of the call win; the call's processors run
+    after the config's, as transformers runs a custom `logits_processor` list."""
+    from .generation_config import settings_from_generation_config
+
+    if generation_config is None and processors is None and sampler is None:
+        generation_config = getattr(model, "generation_config", None)
+    base: tuple = ()
+    n_return = 1
+    if generation_config is not None:
+        config = model.config
+        settings = settings_from_generation_config(
+            generation_config, eos_token_id=config.eos_token_id, vocab_size=config.vocab_size
+        )
+        base = settings.processors
+        sampler = sampler if sampler is not None else settings.sampler
+        if eos_token_id is None:
+            eos_token_id = settings.eos_token_id
+        if pad_token_id is None:
+            pad_token_id = settings.pad_token_id
+        if stop_strings is None:
+            stop_strings = settings.stop_strings
+        if max_new_tokens is None:
+            if settings.max_new_tokens is not None:
+                max_new_tokens = settings.max_new_tokens
+            elif settings.max_length is not None:
+                max_new_tokens = settings.max_length - longest_prompt
+                if max_new_tokens < 1:
+                    raise ValueError(
+                        f"the generation config's max_length={settings.max_length} leaves no room "
+                        f"after a prompt of {longest_prompt} tokens; pass max_new_tokens"
+                    )
+        n_return = settings.num_return_sequences
+    if stop_strings is None:
+        stop_strings = ()
+    elif isinstance(stop_strings, str):
+        stop_strings = (stop_strings,)
+    return _Resolved(
+        processors=base + as_processors(processors),
+        sampler=sampler,
+        max_new_tokens=DEFAULT_MAX_NEW_TOKENS if max_new_tokens is None else max_new_tokens,
+        eos_token_id=None if eos_token_id is None else tuple(
+            (eos_token_id,) if isinstance(eos_token_id, int) else eos_token_id
+        ),
+        pad_token_id=pad_token_id,
+        stop_strings=tuple(stop_strings),
+        num_return_sequences=n_return,
+    )
+
+
 def generate(
     model,
     tokenizer,
     prompts: Prompt | Sequence[Prompt],
     *,
-    max_new_tokens: int = 128,
-    processors: Sequence[Any] | None = (),
+    max_new_tokens: int | None = None,
+    processors: Sequence[Any] | None = None,
     sampler: AbstractSampler | None = None,
     key: PRNGKeyArray | None = None,
     chat_template: bool | None = None,
     eos_token_id: int | Sequence[int] | None = None,
     pad_token_id: int | None = None,
     stop_strings: str | Sequence[str] | None = None,
+    generation_config: Any = None,
 ) -> GenerationResult:
     """Generate text for a batch of prompts.
 
@@ -287,10 +365,12 @@ def generate(
     - `tokenizer`: its transformers tokenizer.
     - `prompts`: a prompt or a list of prompts; a prompt is raw text (`str`) or a chat (a list of
       `{"role", "content"}` messages, rendered with the tokenizer's chat template).
-    - `max_new_tokens`: tokens to generate per row at most, excluding the prompt.
+    - `max_new_tokens`: tokens to generate per row at most, excluding the prompt; default the
+      generation config's `max_new_tokens` (or `max_length` minus the longest prompt), else 128.
     - `processors`: logits processors (`functional_gen.processors`) or plain functions
-      `fn(logits, context) -> logits`, applied in order.
-    - `sampler`: `functional_gen.samplers.Greedy()` (default) or `Multinomial()`.
+      `fn(logits, context) -> logits`, applied in order (after the generation config's).
+    - `sampler`: `functional_gen.samplers.Greedy()` or `Multinomial()`; default from the
+      generation config (`do_sample`), else greedy.
     - `key`: PRNG key (keyword-only), required by random samplers.
     - `chat_template`: `None` applies the chat template to chat prompts only; `True` also wraps
       raw text as a user message; `False` never.
@@ -300,33 +380,51 @@ def generate(
     - `stop_strings`: text that ends a row as soon as the generated text contains it (even across
       token boundaries; matched on the device). It is left out of `texts`, with anything after
       it; the tokens stay in `token_ids`, as vLLM does.
+    - `generation_config`: a `transformers.GenerationConfig`, a dict, or a path to a
+      `generation_config.json`: its processors (in transformers' order), sampler, lengths, EOS
+      ids, stop strings and `num_return_sequences` (rows repeated, prompt-major, as in
+      transformers). When the call gives no `processors` and no `sampler`, the model's own
+      generation config (`model.generation_config`) is used.
 
-    **Returns:** a `GenerationResult`.
+    **Returns:** a `GenerationResult` (with `num_return_sequences` rows per prompt).
 
     **Raises:** `ValueError` for a random sampler without `key`, bad prompts, a non-positive
-    `max_new_tokens`, or prompts too long for the model; `TypeError` for bad processors.
+    `max_new_tokens`, prompts too long for the model, or a generation config that asks for an
+    unsupported decoding method; `TypeError` for bad processors.
     """
     prompts = normalize_prompts(prompts)
     ids = [encode_prompt(tokenizer, p, chat_template=chat_template) for p in prompts]
-    stops = build_stop_strings(stop_strings, tokenizer, model)
-    state = generate_token_ids(
+    settings = resolve_settings(
         model,
-        ids,
+        max(len(x) for x in ids),
         max_new_tokens=max_new_tokens,
         processors=processors,
         sampler=sampler,
-        key=key,
         eos_token_id=eos_token_id,
         pad_token_id=pad_token_id,
+        stop_strings=stop_strings,
+        generation_config=generation_config,
+    )
+    ids = [x for x in ids for _ in range(settings.num_return_sequences)]
+    stops = build_stop_strings(settings.stop_strings, tokenizer, model)
+    state = generate_token_ids(
+        model,
+        ids,
+        max_new_tokens=settings.max_new_tokens,
+        processors=settings.processors,
+        sampler=settings.sampler,
+        key=key,
+        eos_token_id=settings.eos_token_id,
+        pad_token_id=settings.pad_token_id,
         stop_strings=stops,
     )
-    step = make_step(model, eos_token_id=eos_token_id, pad_token_id=pad_token_id)
+    step = make_step(model, eos_token_id=settings.eos_token_id, pad_token_id=settings.pad_token_id)
     return result_from_state(
         state,
         tokenizer,
         eos_token_id=step.eos_token_id,
         pad_token_id=step.pad_token_id,
-        stop_strings=() if stops is None else stops.stop_strings,
+        stop_strings=settings.stop_strings,
     )
 
 

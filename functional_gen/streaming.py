@@ -12,7 +12,7 @@ import equinox as eqx
 import jax
 from jaxtyping import PRNGKeyArray
 
-from .generation import _prefill_jit, _prepare, build_stop_strings
+from .generation import _prefill_jit, _prepare, build_stop_strings, resolve_settings
 from .state import FINISH_REASONS
 from .stop_strings import truncate_at_stop
 from .samplers import AbstractSampler
@@ -27,14 +27,15 @@ def stream(
     tokenizer,
     prompt: Prompt,
     *,
-    max_new_tokens: int = 128,
-    processors: Sequence[Any] | None = (),
+    max_new_tokens: int | None = None,
+    processors: Sequence[Any] | None = None,
     sampler: AbstractSampler | None = None,
     key: PRNGKeyArray | None = None,
     chat_template: bool | None = None,
     eos_token_id: int | Sequence[int] | None = None,
     pad_token_id: int | None = None,
     stop_strings: str | Sequence[str] | None = None,
+    generation_config: Any = None,
 ) -> Iterator[str]:
     """Generate for ONE prompt, yielding text pieces as tokens are produced.
 
@@ -46,26 +47,41 @@ def stream(
     **Yields:** `str` pieces (non-empty).
 
     **Raises:** `TypeError` if `prompt` is a list of prompts (use `generate` for batches);
-    otherwise as `generate`.
+    `ValueError` for a generation config with `num_return_sequences > 1`; otherwise as
+    `generate`.
     """
     if not isinstance(prompt, str) and not is_chat(prompt):
         raise TypeError(
             "stream takes one prompt (a str or a list of chat messages); use generate for a batch"
         )
-    stops = build_stop_strings(stop_strings, tokenizer, model)
-    step = make_step(
+    ids = encode_prompt(tokenizer, prompt, chat_template=chat_template)
+    settings = resolve_settings(
         model,
-        processors,
-        sampler,
+        len(ids),
+        max_new_tokens=max_new_tokens,
+        processors=processors,
+        sampler=sampler,
         eos_token_id=eos_token_id,
         pad_token_id=pad_token_id,
+        stop_strings=stop_strings,
+        generation_config=generation_config,
+    )
+    if settings.num_return_sequences != 1:
+        raise ValueError("stream generates one sequence; use generate for num_return_sequences > 1")
+    max_new_tokens = settings.max_new_tokens
+    stops = build_stop_strings(settings.stop_strings, tokenizer, model)
+    step = make_step(
+        model,
+        settings.processors,
+        settings.sampler,
+        eos_token_id=settings.eos_token_id,
+        pad_token_id=settings.pad_token_id,
         stop_strings=stops,
     )
     if key is None and step.sampler.needs_key:
         raise ValueError(
             f"{type(step.sampler).__name__} sampling needs a PRNG key: pass key=jax.random.key(seed)"
         )
-    ids = encode_prompt(tokenizer, prompt, chat_template=chat_template)
     prompt_ids, token_ids, lengths, keys = _prepare(
         model, [ids], max_new_tokens, key, step.pad_token_id, True
     )
