@@ -1,0 +1,39 @@
+"""Structured generation: regexes, JSON Schemas, choices and grammars, evaluated on the device.
+
+A constraint is compiled once on the host into a token automaton (`TokenAutomaton`: a class per
+token, a `[states, classes]` transition table, each state's distance to acceptance), cached on
+disk, and run inside the jitted generation loop by a logits processor whose per-row state is one
+int32 (see `functional_gen.structured.processor`).
+
+| processor | compiled by |
+|---|---|
+| `Regex(pattern, tokenizer)` | outlines-core `Index` |
+| `JsonSchema(schema, tokenizer)` | schema checks and rewrites, then outlines-core |
+| `Choice(options, tokenizer)` | a regex of the options, outlines-core |
+| `Grammar(lark_text, tokenizer, max_depth=...)` | bounded-depth DFA construction, our token lifting |
+| `per_row([...])` | one constraint (or none) per row of a batch |
+"""
+
+from .automaton import (
+    ConstraintError as ConstraintError,
+    TokenAutomaton as TokenAutomaton,
+    automaton_cache_dir as automaton_cache_dir,
+    regex_automaton as regex_automaton,
+)
+from .byte_dfa import ByteDFA as ByteDFA, lift as lift, regex_byte_dfa as regex_byte_dfa
+from .choice import Choice as Choice, choice_regex as choice_regex
+from .grammar import DEFAULT_MAX_DEPTH as DEFAULT_MAX_DEPTH, Grammar as Grammar, grammar_automaton as grammar_automaton
+from .grammar_syntax import GrammarError as GrammarError, parse_grammar as parse_grammar
+from .json_schema import (
+    JsonSchema as JsonSchema,
+    UnsupportedSchemaError as UnsupportedSchemaError,
+    json_schema_regex as json_schema_regex,
+)
+from .options import constraint_from_options as constraint_from_options
+from .processor import AbstractConstraint as AbstractConstraint, TokenConstraint as TokenConstraint, per_row as per_row
+from .regex import Regex as Regex
+from .vocabulary import (
+    TokenVocabulary as TokenVocabulary,
+    default_eos_token_ids as default_eos_token_ids,
+    vocabulary_from_tokenizer as vocabulary_from_tokenizer,
+)
