@@ -71,7 +71,7 @@ class Choice(AbstractConstraint):
         vocabulary = vocabulary_from_tokenizer(tokenizer, eos_token_id=eos_token_id, vocab_size=vocab_size)
         if isinstance(options, str):
             raise ValueError(f"`options` must be a list of strings, got the string {options!r}")
-        groups, ids = rows_of(options, _is_options, "options")
+        groups, ids = rows_of(options, _is_options, "options", "a non-empty list of strings")
         automata = []
         for group in groups:
             pattern = choice_regex(list(group))

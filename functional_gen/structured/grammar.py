@@ -19,12 +19,13 @@ The construction:
    stack holding return states, at most `max_depth` deep. Calls push, accepting states of a
    called rule pop. Subset construction over bytes, then minimisation.
 
-`max_depth` counts open recursive calls: for JSON (cut at `value`), the values nested inside
-the top-level value, e.g. `{"a": {"b": [1]}}` needs depth 3 (the object of `a`, the array of
-`b`, the number 1); for arithmetic (cut at `expr`), the parenthesis depth. The number of DFA
-states grows with the number of distinct stacks: linearly in the depth when one rule recurses
-through one call site kind (parentheses), about 2^depth for JSON (objects and arrays nest in any
-order).
+`max_depth` counts the calls of the cut rules open at once, the top level included: for JSON
+(cut at `value`) it is the nesting depth of values, e.g. `{"a": [1]}` needs 3 (the object, the
+array, the number), and with `max_depth=2` a container inside a container must be empty; for
+the arithmetic grammar (cut at `factor`) a plain number needs 1, and every parenthesis or unary
+minus around it one more. The number of DFA states grows with the number of distinct stacks:
+linearly in the depth when one rule recurses through one kind of call site (parentheses), about
+2^depth for JSON (objects and arrays nest in any order).
 
 Source: the bounded-depth regular approximation of a CFG (cf. Pereira & Wright, "Finite-state
 approximation of phrase structure grammars", 1991; Mohri & Nederhof, 2001). The grammar syntax
@@ -422,7 +423,8 @@ class Grammar(AbstractConstraint):
       with one per row (`None`: unconstrained row).
     - `tokenizer`, `eos_token_id`, `vocab_size`: as in `Regex`.
     - `start`: the start rule (default `"start"`).
-    - `max_depth`: the bound on open recursive calls (default 4).
+    - `max_depth`: the bound on open calls of the recursive rules (default 4; for JSON, the
+      nesting depth of values; see the module docstring).
 
     **Raises:** `GrammarError` (a `ValueError`) naming the line for syntax errors, unsupported
     directives, undefined rules or terminals; or when the automaton grows beyond `MAX_STATES`.
@@ -441,7 +443,7 @@ class Grammar(AbstractConstraint):
         eos_token_id: int | Sequence[int] | None = None,
         vocab_size: int | None = None,
     ):
-        grammars, ids = rows_of(grammar, lambda g: isinstance(g, (str, Path)), "grammar")
+        grammars, ids = rows_of(grammar, lambda g: isinstance(g, (str, Path)), "grammar", "a grammar (text or a pathlib.Path)")
         texts = [_read(g) for g in grammars]
         vocabulary = vocabulary_from_tokenizer(tokenizer, eos_token_id=eos_token_id, vocab_size=vocab_size)
         self._set_automata([grammar_automaton(t, vocabulary, start=start, max_depth=max_depth) for t in texts], ids)

@@ -2,8 +2,8 @@
 
 The schema becomes a regex with outlines-core's `build_regex_from_schema` (objects, properties
 in schema order, `required`, arrays with `minItems`/`maxItems`, `enum`, `const`, `anyOf`,
-local `$ref` unrolled to a bounded depth, strings with `minLength`/`maxLength`). Where that
-regex would let invalid documents through, a pass over the schema first rewrites the node:
+strings with `minLength`/`maxLength`). Where that regex would let invalid documents through, two
+passes over the schema first rewrite it:
 
 | keyword | outlines-core alone | here |
 |---|---|---|
@@ -14,6 +14,7 @@ regex would let invalid documents through, a pass over the schema first rewrites
 | `allOf` | regexes concatenated: invalid JSON | merged into one schema |
 | `oneOf` | treated as `anyOf` | allowed when the branches are disjoint |
 | `required` without a `properties` entry | ignored | error |
+| recursive `$ref` at the depth bound | property dropped, dangling `,` | inlined here; the bottom value left out |
 
 A rewritten node is replaced by a `const` marker string; after outlines-core has built the
 regex, each marker's regex is substituted by ours. Keywords that no regex can enforce raise
@@ -72,13 +73,13 @@ _KNOWN = {
     "type", "enum", "const", "anyOf", "oneOf", "allOf", "$ref", "properties", "required",
     "additionalProperties", "items", "prefixItems", "minItems", "maxItems", "uniqueItems",
     "minLength", "maxLength", "pattern", "format", "minimum", "maximum", "exclusiveMinimum",
-    "exclusiveMaximum", "minProperties", "maxProperties",
+    "exclusiveMaximum", "minProperties", "maxProperties", "additionalItems",
 }
 _TYPE_KEYWORDS = {
     "integer": {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"},
     "number": {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"},
     "string": {"minLength", "maxLength", "pattern", "format"},
-    "array": {"items", "prefixItems", "minItems", "maxItems", "uniqueItems"},
+    "array": {"items", "prefixItems", "additionalItems", "minItems", "maxItems", "uniqueItems"},
     "object": {"properties", "required", "additionalProperties", "minProperties", "maxProperties"},
     "boolean": set(),
     "null": set(),
@@ -135,6 +136,84 @@ def _json_type(value) -> str:
     return "object"
 
 
+class _Never:
+    """The schema that no value satisfies (`false`), e.g. a recursion cut at its depth bound."""
+
+    def __repr__(self):
+        return "NEVER"
+
+
+NEVER = _Never()
+
+_SCHEMA_MAPS = ("properties", "$defs", "definitions", "dependentSchemas", "patternProperties")
+_SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
+_SCHEMA_VALUES = ("additionalProperties", "additionalItems", "not", "if", "then", "else", "contains", "propertyNames",
+                  "unevaluatedProperties", "unevaluatedItems")
+
+
+def _resolve(root, ref: str, path: str):
+    if not isinstance(ref, str) or not ref.startswith("#"):
+        raise UnsupportedSchemaError("$ref", path, f"only local references (#/...) are supported, got {ref!r}")
+    node = root
+    for part in [p for p in ref[1:].split("/") if p]:
+        part = part.replace("~1", "/").replace("~0", "~")
+        if isinstance(node, Mapping) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            raise UnsupportedSchemaError("$ref", path, f"the reference {ref!r} does not resolve")
+    return node
+
+
+def inline_references(root, max_recursion_depth: int):
+    """`root` with every local `$ref` replaced by (a copy of) its target. A reference met again
+    inside its own expansion is expanded at most `max_recursion_depth` times on one path; beyond,
+    it becomes `NEVER` (the value is then left out where the schema allows it: an optional
+    property, an empty array, another `anyOf` branch).
+
+    outlines-core unrolls recursion itself but cuts it by dropping the property, which leaves a
+    dangling comma (`{"value": 1, }`); we cut it where JSON stays valid instead.
+
+    **Raises:** `UnsupportedSchemaError` for remote or unresolvable references.
+    """
+
+    def walk(node, path: str, stack: tuple):
+        if not isinstance(node, Mapping):
+            return node
+        node = dict(node)
+        if "$ref" in node:
+            ref = node.pop("$ref")
+            if stack.count(ref) >= max_recursion_depth:
+                return NEVER
+            target = walk(_resolve(root, ref, path), f"{path}/$ref", stack + (ref,))
+            siblings = {k: v for k, v in node.items() if k not in _ANNOTATIONS}
+            if not siblings:
+                return target
+            node = {"allOf": [target, walk(siblings, path, stack)]}
+            return node
+        for key in _SCHEMA_MAPS:
+            if key in node and isinstance(node[key], Mapping) and key not in ("$defs", "definitions"):
+                node[key] = {k: walk(v, f"{path}/{key}/{k}", stack) for k, v in node[key].items()}
+        node.pop("$defs", None)
+        node.pop("definitions", None)
+        for key in _SCHEMA_LISTS:
+            if key in node and isinstance(node[key], list):
+                node[key] = [walk(v, f"{path}/{key}/{i}", stack) for i, v in enumerate(node[key])]
+        if "items" in node:
+            items = node["items"]
+            node["items"] = (
+                [walk(v, f"{path}/items/{i}", stack) for i, v in enumerate(items)]
+                if isinstance(items, list) else walk(items, f"{path}/items", stack)
+            )
+        for key in _SCHEMA_VALUES:
+            if key in node:
+                node[key] = walk(node[key], f"{path}/{key}", stack)
+        return node
+
+    return walk(root, "#", ())
+
+
 class _Rewriter:
     """One pass over a schema: checks keywords, rewrites nodes outlines-core gets wrong."""
 
@@ -148,27 +227,14 @@ class _Rewriter:
         self.substitutions[name] = regex
         return {"const": name}
 
-    def resolve(self, ref: str, path: str) -> dict:
-        if not ref.startswith("#"):
-            raise UnsupportedSchemaError("$ref", path, f"only local references (#/...) are supported, got {ref!r}")
-        node = self.root
-        for part in [p for p in ref[1:].split("/") if p]:
-            part = part.replace("~1", "/").replace("~0", "~")
-            if isinstance(node, Mapping) and part in node:
-                node = node[part]
-            elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
-                node = node[int(part)]
-            else:
-                raise UnsupportedSchemaError("$ref", path, f"the reference {ref!r} does not resolve")
-        return node
-
     # ------------------------------------------------------------------ nodes
 
     def node(self, node, path: str):
+        """The rewritten schema, or `NEVER` when no value can satisfy it."""
         if node is True or node == {}:
             return {}
-        if node is False:
-            raise UnsupportedSchemaError("false", path, "the schema `false` allows no value")
+        if node is False or node is NEVER:
+            return NEVER
         if not isinstance(node, Mapping):
             raise UnsupportedSchemaError(str(node), path, f"a schema must be an object or a boolean, got {node!r}")
         node = dict(node)
@@ -177,23 +243,18 @@ class _Rewriter:
                 raise UnsupportedSchemaError(key, path, _UNSUPPORTED[key])
             if key not in _KNOWN and key not in _ANNOTATIONS and not key.startswith("x-"):
                 raise UnsupportedSchemaError(key, path, "unknown keyword")
-        for defs in ("$defs", "definitions"):
-            if defs in node:
-                node[defs] = {k: self.node(v, f"{path}/{defs}/{k}") for k, v in node[defs].items()}
-        annotations = {k: node.pop(k) for k in list(node) if k in _ANNOTATIONS and k not in ("$defs", "definitions")}
-        del annotations
-        keep_defs = {k: node.pop(k) for k in ("$defs", "definitions") if k in node}
-        out = self.structural(node, path)
-        if keep_defs and isinstance(out, dict):
-            out = {**out, **keep_defs}
-        return out
+        for key in [k for k in node if k in _ANNOTATIONS]:
+            del node[key]
+        return self.structural(node, path)
 
     def structural(self, node: dict, path: str):
         if "allOf" in node:
             branches = node.pop("allOf")
             merged = node
             for i, branch in enumerate(branches):
-                merged = self.merge(merged, self.deref(branch, f"{path}/allOf/{i}"), f"{path}/allOf/{i}")
+                if branch is NEVER or branch is False:
+                    return NEVER
+                merged = self.merge(merged, branch, f"{path}/allOf/{i}")
             return self.node(merged, path)
         if "anyOf" in node and "oneOf" in node:
             raise UnsupportedSchemaError("oneOf", path, "`oneOf` next to `anyOf` in one schema is not supported")
@@ -205,17 +266,16 @@ class _Rewriter:
                 combined = []
                 for i, branch in enumerate(branches):
                     where = f"{path}/{combinator}/{i}"
-                    combined.append(self.node(self.merge(node, self.deref(branch, where), where) if node else branch, where))
+                    if branch is NEVER or branch is False:
+                        continue
+                    rewritten = self.node(self.merge(node, branch, where) if node else branch, where)
+                    if rewritten is not NEVER:
+                        combined.append(rewritten)
+                if not combined:
+                    return NEVER
                 if combinator == "oneOf":
                     self.check_disjoint(combined, path)
-                return {"anyOf": combined}
-        if "$ref" in node:
-            ref = node["$ref"]
-            others = {k: v for k, v in node.items() if k != "$ref"}
-            if others:  # sibling keywords apply together with the referenced schema
-                return self.node(self.merge(others, self.deref({"$ref": ref}, path), path), path)
-            self.resolve(ref, path)  # checked; outlines-core unrolls it
-            return {"$ref": ref}
+                return combined[0] if len(combined) == 1 else {"anyOf": combined}
         if "const" in node or "enum" in node:
             return self.enumeration(node, path)
         types = node.get("type")
@@ -226,7 +286,8 @@ class _Rewriter:
                 raise UnsupportedSchemaError("type", path, "an empty list of types allows no value")
             if len(types) == 1:
                 return self.typed(types[0], node, path)
-            return {"anyOf": [self.typed(t, node, f"{path}/type/{i}") for i, t in enumerate(types)]}
+            branches = [b for i, t in enumerate(types) if (b := self.typed(t, node, f"{path}/type/{i}")) is not NEVER]
+            return NEVER if not branches else branches[0] if len(branches) == 1 else {"anyOf": branches}
         return self.typed(types, node, path)
 
     def infer_types(self, node: dict):
@@ -339,18 +400,34 @@ class _Rewriter:
             raise UnsupportedSchemaError(
                 "uniqueItems", path, "unique items cannot be enforced by a regular constraint (set maxItems: 1 or drop it)"
             )
-        if "prefixItems" in node:
-            out["prefixItems"] = [self.node(s, f"{path}/prefixItems/{i}") for i, s in enumerate(node["prefixItems"])]
-        if "items" in node:
-            items = node["items"]
-            if isinstance(items, list):  # draft 4-2019 tuple form
-                out["prefixItems"] = [self.node(s, f"{path}/items/{i}") for i, s in enumerate(items)]
-            elif items is False:
-                if "prefixItems" not in out:
-                    out["maxItems"] = 0
-                out["items"] = False
+        items = node.get("items")
+        prefix = node.get("prefixItems")
+        if isinstance(items, list):  # draft 4-2019 tuple form
+            prefix, items = items, node.get("additionalItems")
+        if prefix is not None:
+            rewritten = []
+            for i, schema in enumerate(prefix):
+                r = self.node(schema, f"{path}/prefixItems/{i}")
+                if r is NEVER:  # the array stops before this position
+                    out["maxItems"] = min(out.get("maxItems", i), i)
+                    items = False
+                    break
+                rewritten.append(r)
+            if rewritten:
+                out["prefixItems"] = rewritten
+        if items is not None:
+            r = self.node(items, f"{path}/items")
+            if r is NEVER:  # no item beyond the prefix
+                out["maxItems"] = min(out.get("maxItems", len(out.get("prefixItems", []))), len(out.get("prefixItems", [])))
+                if "prefixItems" in out:
+                    out["items"] = False
             else:
-                out["items"] = self.node(items, f"{path}/items")
+                out["items"] = r
+        if out.get("minItems", 0) > out.get("maxItems", out.get("minItems", 0)):
+            return NEVER
+        if out.get("maxItems") == 0:
+            out.pop("items", None)
+            out.pop("prefixItems", None)
         return out
 
     def _object(self, node: dict, path: str):
@@ -365,8 +442,17 @@ class _Rewriter:
                     "required", path, f"required property {name!r} has no schema under `properties`"
                 )
         out = {"type": "object"}
+        rewritten = {}
+        for name, schema in properties.items():
+            r = self.node(schema, f"{path}/properties/{name}")
+            if r is NEVER:
+                if name in required:
+                    return NEVER
+                continue
+            rewritten[name] = r
+        properties = rewritten
         if properties:
-            out["properties"] = {k: self.node(v, f"{path}/properties/{k}") for k, v in properties.items()}
+            out["properties"] = properties
         if required:
             out["required"] = list(required)
         if isinstance(additional, Mapping) and properties:
@@ -374,8 +460,9 @@ class _Rewriter:
                 "additionalProperties", path, "a schema for additional properties next to `properties` is not supported"
             )
         if isinstance(additional, Mapping):
-            out["additionalProperties"] = self.node(additional, f"{path}/additionalProperties")
-        elif additional is False:
+            r = self.node(additional, f"{path}/additionalProperties")
+            out["additionalProperties"] = False if r is NEVER else r
+        elif additional is False or additional is NEVER:
             out["additionalProperties"] = False
         if "minProperties" in node and node["minProperties"] > len(required):
             raise UnsupportedSchemaError(
@@ -411,12 +498,8 @@ class _Rewriter:
 
     # ------------------------------------------------------------------ combinators
 
-    def deref(self, node, path: str, depth: int = 0):
-        while isinstance(node, Mapping) and "$ref" in node and depth < 32:
-            others = {k: v for k, v in node.items() if k != "$ref"}
-            target = self.resolve(node["$ref"], path)
-            node = {**target, **others} if isinstance(target, Mapping) else target
-            depth += 1
+    def deref(self, node, path: str):
+        """`node` itself: references are inlined before the rewrite (`inline_references`)."""
         return node
 
     def merge(self, a, b, path: str) -> dict:
@@ -541,9 +624,15 @@ def json_schema_regex(
     """
     from outlines_core.json_schema import build_regex_from_schema
 
-    root = schema_as_dict(schema)
+    if isinstance(max_recursion_depth, bool) or not isinstance(max_recursion_depth, int) or max_recursion_depth < 1:
+        raise ValueError(f"`max_recursion_depth` must be an integer >= 1, got {max_recursion_depth!r}")
+    root = inline_references(schema_as_dict(schema), max_recursion_depth)
     rewriter = _Rewriter(root)
     normalized = rewriter.node(root, "#")
+    if normalized is NEVER:
+        raise UnsupportedSchemaError(
+            "$ref", "#", f"no finite document satisfies the schema within max_recursion_depth={max_recursion_depth}"
+        )
     try:
         regex = build_regex_from_schema(json.dumps(normalized), whitespace_pattern, max_recursion_depth)
     except (ValueError, RuntimeError) as e:
@@ -608,7 +697,7 @@ class JsonSchema(AbstractConstraint):
         def is_single(s):
             return isinstance(s, (Mapping, str, bool)) or (isinstance(s, type) and hasattr(s, "model_json_schema"))
 
-        schemas, ids = rows_of(schema, is_single, "schema")
+        schemas, ids = rows_of(schema, is_single, "schema", "a JSON Schema (a dict, JSON text or a pydantic model class)")
         regexes = [
             json_schema_regex(s, whitespace_pattern=whitespace_pattern, max_recursion_depth=max_recursion_depth)
             for s in schemas

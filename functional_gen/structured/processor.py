@@ -1,29 +1,33 @@
 """`AbstractConstraint`: the logits processor that runs token automata inside the jitted step.
 
-One processor holds `K` compiled constraints (`TokenAutomaton`s) stacked into device arrays, and
-each row says which one it follows (`constraint_id`, `-1` for an unconstrained row). Per row
-the state is ONE int32: the automaton state. Everything else (the tables) is a field of the
-processor, shared by all rows and never copied into the state.
+One processor holds `K` compiled constraints (`TokenAutomaton`s) in one set of device arrays,
+and each row says which one it follows (`constraint_id`, `-1` for an unconstrained row). The
+automata share ONE state space: constraint `k` owns a block of rows of `transitions` and
+`distance` (row 0 is the shared dead state), so memory is the sum of the constraints' sizes, not
+`K` times the largest. Per row, the state is ONE int32: the current state in that space.
+Everything else (the tables) is a field of the processor, shared by all rows and never copied
+into the state.
 
-At each step, for one row in state `s` of constraint `k`, with `r` tokens left to generate
-(this one included):
+At each step, for one row of constraint `k` in state `s`, with `r` tokens left to generate (this
+one included):
 
-1. advance (lagged): `s = transitions[k, s, token_class[k, last_token]]`, but only once a token
-   has been generated (`num_generated > 0`): at the first step the last token is the prompt's,
-   and `init` already returned the initial state. A row therefore never needs the sampled token
-   at the end of the step; it reads it back from `context.token_ids` at the next one.
-2. mask: token `t` is allowed iff `distance[k, transitions[k, s, token_class[k, t]]] <= r - 1`:
-   the token is a transition of the automaton AND an accepting state is still reachable within
-   the budget. Since the accepting states have distance 0 and the end-of-generation ids loop
-   on them, EOS is allowed exactly in accepting states, and a row always ends inside the
-   language: at `r = 1` only tokens that complete it (or EOS) remain.
+1. advance (lagged): `s = transitions[s, token_class[k, last_token]]`, but only once a token has
+   been generated (`num_generated > 0`): at the first step the last token is the prompt's, and
+   `init` already returned the initial state. A row therefore never needs the sampled token at
+   the end of the step; it reads it back from `context.token_ids` at the next one.
+2. mask: token `t` is allowed iff `distance[transitions[s, token_class[k, t]]] <= r - 1`: the
+   token is a transition of the automaton AND an accepting state is still reachable within the
+   budget. Since the accepting states have distance 0 and the end-of-generation ids loop on
+   them, EOS is allowed exactly in accepting states, and a row always ends inside the language:
+   at `r = 1` only tokens that complete it (or EOS) remain.
 3. every other logit becomes `-inf`. A row with no allowed token (a dead state, reached only if a
-   later processor forced a disallowed token) gets all `-inf`, which the step turns into finish
-   reason `"constraint"` without sampling.
+   later processor forced a disallowed token, or a budget too small for the shortest text) gets
+   all `-inf`, which the step turns into finish reason `"constraint"` without sampling.
 
-The cost per row and step is two small gathers, one gather of `vocab` entries from a row of
-`classes` distances, and a `where`; no host work. Reordering rows (beam search) is one gather
-of the int32 state like any other state leaf.
+The cost per row and step is a gather of the `[vocab]` class row, one row of `transitions`
+(`[classes]`), a `[classes]` gather of distances, one `[vocab]` gather from it, and a `where`;
+no host work. Reordering rows (beam search) is one gather of the int32 state like any other
+state leaf.
 """
 
 from collections.abc import Sequence
@@ -37,7 +41,10 @@ from ..processors.base import AbstractLogitsProcessor, Context, per_row_field
 from .automaton import DEAD, INFINITE_DISTANCE, INITIAL, TokenAutomaton
 
 
-def _stack_tables(automata: Sequence[TokenAutomaton]):
+def _concatenate(automata: Sequence[TokenAutomaton]):
+    """One state space for several automata: automaton `k`'s state `s >= 1` becomes
+    `s + offset[k]`; the dead state 0 is shared. Class ids stay per automaton (columns padded
+    with "not allowed" up to the widest)."""
     vocab = {a.vocab_size for a in automata}
     if len(vocab) != 1:
         raise ValueError(
@@ -45,18 +52,20 @@ def _stack_tables(automata: Sequence[TokenAutomaton]):
         )
     eos = {a.eos_token_id for a in automata}
     if len(eos) != 1:
-        raise ValueError(
-            f"constraints with different end-of-generation ids cannot share a batch: {sorted(eos)}"
-        )
-    num_states = max(a.num_states for a in automata)
+        raise ValueError(f"constraints with different end-of-generation ids cannot share a batch: {sorted(eos)}")
     num_classes = max(a.num_classes for a in automata)
+    offsets = np.cumsum([0] + [a.num_states - 1 for a in automata[:-1]])
+    total = 1 + sum(a.num_states - 1 for a in automata)
+    transitions = np.zeros((total, num_classes), np.int32)
+    distance = np.full(total, INFINITE_DISTANCE, np.int32)
+    for a, offset in zip(automata, offsets):
+        rows = slice(1 + offset, a.num_states + offset)
+        local = a.transitions[1:]
+        transitions[rows, : a.num_classes] = np.where(local != DEAD, local + offset, DEAD)
+        distance[rows] = a.distance[1:]
     token_class = np.stack([a.token_class for a in automata]).astype(np.int32)
-    transitions = np.zeros((len(automata), num_states, num_classes), np.int32)
-    distance = np.full((len(automata), num_states), INFINITE_DISTANCE, np.int32)
-    for k, a in enumerate(automata):
-        transitions[k, : a.num_states, : a.num_classes] = a.transitions
-        distance[k, : a.num_states] = a.distance
-    return token_class, transitions, distance, next(iter(eos))
+    initial = (INITIAL + offsets).astype(np.int32)
+    return token_class, transitions, distance, initial, next(iter(eos))
 
 
 class AbstractConstraint(AbstractLogitsProcessor):
@@ -69,9 +78,11 @@ class AbstractConstraint(AbstractLogitsProcessor):
     **Attributes:**
 
     - `token_class`: `Int[Array, "constraints vocab"]`, each token's class per constraint.
-    - `transitions`: `Int[Array, "constraints states classes"]`, next state (0 = not allowed),
-      zero-padded to the largest constraint.
-    - `distance`: `Int[Array, "constraints states"]`, fewest tokens to an accepting state.
+    - `transitions`: `Int[Array, "states classes"]`, next state (0 = not allowed) in ONE state
+      space for all constraints (constraint `k` owns a block of rows; row 0 is the shared dead
+      state); classes are padded to the widest constraint.
+    - `distance`: `Int[Array, " states"]`, fewest tokens to an accepting state.
+    - `initial_state`: `Int[Array, " constraints"]`, each constraint's initial state.
     - `constraint_id`: `Int[Array, "*rows"]`, which constraint a row follows: a scalar for all
       rows, or one value per row; `-1` leaves a row unconstrained.
     - `eos_token_id`: static tuple of the end-of-generation ids the tables allow in accepting
@@ -81,17 +92,19 @@ class AbstractConstraint(AbstractLogitsProcessor):
     """
 
     token_class: Int[Array, "constraints vocab"]
-    transitions: Int[Array, "constraints states classes"]
-    distance: Int[Array, "constraints states"]
+    transitions: Int[Array, "states classes"]
+    distance: Int[Array, " states"]
+    initial_state: Int[Array, " constraints"]
     constraint_id: Int[Array, "*rows"] = per_row_field()
     eos_token_id: tuple[int, ...] = eqx.field(static=True)
     descriptions: tuple[str, ...] = eqx.field(static=True)
 
     def _set_automata(self, automata: Sequence[TokenAutomaton], constraint_id) -> None:
-        token_class, transitions, distance, eos = _stack_tables(automata)
+        token_class, transitions, distance, initial, eos = _concatenate(automata)
         self.token_class = jnp.asarray(token_class)
         self.transitions = jnp.asarray(transitions)
         self.distance = jnp.asarray(distance)
+        self.initial_state = jnp.asarray(initial)
         self.constraint_id = jnp.asarray(constraint_id, jnp.int32)
         self.eos_token_id = tuple(eos)
         self.descriptions = tuple(a.description for a in automata)
@@ -102,8 +115,8 @@ class AbstractConstraint(AbstractLogitsProcessor):
         return self.token_class.shape[0]
 
     def init(self, context: Context) -> Int[Array, ""]:
-        """The initial automaton state (an int32 scalar per row)."""
-        return jnp.asarray(INITIAL, jnp.int32)
+        """The initial automaton state of the row's constraint (an int32 scalar per row)."""
+        return self.initial_state[jnp.maximum(self.constraint_id, 0)].astype(jnp.int32)
 
     def process(
         self, state: Int[Array, ""], logits: Float[Array, " vocab"], context: Context
@@ -113,24 +126,21 @@ class AbstractConstraint(AbstractLogitsProcessor):
 
         **Returns:** `(state, logits)`, the state an int32 scalar like the one given.
         """
-        k = jnp.maximum(self.constraint_id, 0)
-        token_class = self.token_class[k]  # [vocab_tables]
-        transitions = self.transitions[k]  # [states, classes]
-        distance = self.distance[k]  # [states]
+        token_class = self.token_class[jnp.maximum(self.constraint_id, 0)]  # [vocab of the tables]
 
-        advanced = transitions[state, token_class[context.last_token_id]]
+        advanced = self.transitions[state, token_class[context.last_token_id]]
         state = jnp.where(context.num_generated > 0, advanced, state).astype(jnp.int32)
 
         remaining = context.max_new_tokens - context.num_generated  # this token included
-        after = distance[transitions[state]]  # [classes]: distance after each class
-        allowed = (after <= remaining - 1)[token_class]  # [vocab_tables]
+        after = self.distance[self.transitions[state]]  # [classes]: distance after each class
+        allowed = (after <= remaining - 1)[token_class]  # [vocab of the tables]
         vocab = logits.shape[-1]
         if allowed.shape[0] < vocab:  # logits wider than the tokenizer: extra ids never allowed
             allowed = jnp.pad(allowed, (0, vocab - allowed.shape[0]))
         allowed = allowed[:vocab]
-        masked = jnp.where(allowed, logits, -jnp.inf).astype(logits.dtype)
         constrained = self.constraint_id >= 0
-        return jnp.where(constrained, state, INITIAL).astype(jnp.int32), jnp.where(constrained, masked, logits)
+        logits = jnp.where(constrained & ~allowed, -jnp.inf, logits).astype(logits.dtype)
+        return state, logits
 
 
 class TokenConstraint(AbstractConstraint):
@@ -204,22 +214,18 @@ def per_row(constraints: Sequence[AbstractConstraint | None]) -> TokenConstraint
 
 
 def _automaton_of(c: AbstractConstraint) -> TokenAutomaton:
-    """The host tables of a single-constraint processor (trimmed of padding)."""
-    transitions = np.asarray(c.transitions[0])
-    distance = np.asarray(c.distance[0])
+    """The host tables of a single-constraint processor."""
+    transitions = np.asarray(c.transitions)
     return TokenAutomaton(
         token_class=np.asarray(c.token_class[0]),
-        transitions=transitions,
-        distance=distance,
+        transitions=transitions[:, : int(np.asarray(c.token_class[0]).max()) + 1],
+        distance=np.asarray(c.distance),
         eos_token_id=c.eos_token_id,
         description=c.descriptions[0],
     )
 
 
-
-
-
-def rows_of(value, is_single, name: str):
+def rows_of(value, is_single, name: str, expected: str = "a constraint"):
     """Split a processor input into distinct constraints and per-row ids.
 
     `value` is one constraint (`is_single(value)`) or a sequence with one entry per row (`None`:
@@ -233,7 +239,7 @@ def rows_of(value, is_single, name: str):
     if is_single(value):
         return [value], 0
     if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
-        raise TypeError(f"`{name}` must be a constraint or a list of them (one per row), got {value!r}")
+        raise TypeError(f"`{name}` must be {expected}, or a list with one per row, got {value!r}")
     if not value:
         raise ValueError(f"`{name}` is an empty list; give one constraint, or one per row")
     distinct, seen, ids = [], {}, []
@@ -242,7 +248,7 @@ def rows_of(value, is_single, name: str):
             ids.append(-1)
             continue
         if not is_single(v):
-            raise TypeError(f"each entry of `{name}` must be a single constraint or None, got {v!r}")
+            raise TypeError(f"each entry of `{name}` must be {expected} or None, got {v!r}")
         key = repr(v)
         if key not in seen:
             seen[key] = len(distinct)

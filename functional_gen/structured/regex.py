@@ -79,5 +79,5 @@ class Regex(AbstractConstraint):
         vocab_size: int | None = None,
     ):
         vocabulary = vocabulary_from_tokenizer(tokenizer, eos_token_id=eos_token_id, vocab_size=vocab_size)
-        patterns, ids = rows_of(pattern, lambda p: isinstance(p, str), "pattern")
+        patterns, ids = rows_of(pattern, lambda p: isinstance(p, str), "pattern", "a regex string")
         self._set_automata([regex_automaton(p, vocabulary) for p in patterns], ids)
