@@ -62,9 +62,9 @@ print("states:", dfa.num_states, "table:", dfa.delta.shape, dfa.delta.dtype)
 print("start state:", dfa.initial, "accepting:", np.flatnonzero(dfa.accepting).tolist())
 
 # %% [markdown]
-# Six states for `HH:MM`. From the start, the digits `0`, `1` and `2` are allowed, and `2`
-# leads somewhere else than `0`/`1` (after a `2` only `0`-`3` may follow). Let us follow a
-# few inputs byte by byte.
+# Seven states for `HH:MM`: one per position, plus a second state after the first digit,
+# because after a `2` only `0`-`3` may follow. From the start, only `0`, `1` and `2` are
+# allowed. Let us run a few inputs through it byte by byte.
 
 # %%
 start_row = dfa.delta[dfa.initial]
@@ -103,9 +103,9 @@ print("token_class:", automaton.token_class.shape, "transitions:", automaton.tra
 print("dense table would be", automaton.num_states * vocabulary.vocab_size * 4 / 2**20, "MiB")
 
 # %% [markdown]
-# A handful of states and classes instead of a quarter-million-entry table. Row 0 is the
-# dead state and row 1 the initial one. The last array, `distance`, is the fewest tokens
-# from each state to an accepting one (0 where generation may stop):
+# An `8 x 8` table instead of an `8 x 49,152` one (the extra state is the dead state 0; the
+# initial state is 1). The last array, `distance`, is the fewest tokens from each state to an
+# accepting one (0 where generation may stop):
 
 # %%
 print("distance:", automaton.distance.tolist())
@@ -143,15 +143,16 @@ def device_mask(transitions, distance, token_class, state, remaining):
 
 
 m = device_mask(jnp.asarray(automaton.transitions), jnp.asarray(automaton.distance),
-                jnp.asarray(automaton.token_class), 1, remaining=10)
+                jnp.asarray(automaton.token_class), 1, remaining=5)
 print("same as the bitmask:", bool((np.asarray(m) == mask).all()))
 tight = device_mask(jnp.asarray(automaton.transitions), jnp.asarray(automaton.distance),
                     jnp.asarray(automaton.token_class), 1, remaining=4)
-print("allowed with 10 tokens left:", int(m.sum()), "- with 4 left:", int(tight.sum()))
+print("allowed with 5 tokens left:", int(m.sum()), "- with 4 left:", int(tight.sum()))
 
 # %% [markdown]
-# With only 4 tokens left, the first token must leave a path of at most 3 more tokens to
-# `HH:MM`, so fewer tokens qualify.
+# SmolLM2 writes digits one token each, so `HH:MM` takes five tokens (`distance[1] = 5`). With
+# five left, the three possible first digits still fit; with four, nothing does, and such a
+# row ends at once with finish reason `"constraint"` instead of writing half a time.
 #
 # ## Why the state is one int32
 #
