@@ -21,13 +21,14 @@ The allowed set of state `s` with `r` tokens left is
 `distance[transitions[s, token_class]] <= r - 1`: two gathers on the device, no per-state
 bitmask. States from which no accepting state can be reached are pruned at build time.
 
-Building from outlines-core's `Index` exports its `{state: {token: next_state}}` map with
-`numpy.fromiter` over the dictionaries (no Python loop over transitions); classes come from a
-hash of each token's column, checked exactly afterwards.
+`from_transitions` builds the tables from any token-level transition list: our lifting of a
+byte DFA (`byte_dfa.lift`, what regexes, JSON Schemas, choices and grammars use), or
+outlines-core's `Index` (`from_outlines_index`, read with `numpy.fromiter`, no Python loop over
+transitions; a reference in tests and benchmarks). Classes come from a hash of each token's
+column, checked exactly afterwards.
 """
 
 import dataclasses
-import functools
 import hashlib
 import itertools
 import os
@@ -49,7 +50,7 @@ INITIAL = 1
 INFINITE_DISTANCE = int(np.iinfo(np.int32).max)
 """`distance` of states that cannot reach an accepting state (and of the dead state)."""
 
-_FORMAT_VERSION = 1  # bump when the cached layout or the compilation changes
+_FORMAT_VERSION = 2  # bump when the cached layout or the compilation changes
 
 
 class ConstraintError(ValueError):
@@ -231,7 +232,7 @@ def from_transitions(
     distance = _bfs_layers(*_csr(e_dst, e_src, num_states), accepting, num_states)
     if distance[INITIAL] >= INFINITE_DISTANCE:
         raise ConstraintError(
-            f"no sequence of tokens of this vocabulary satisfies the constraint {description!r}"
+            f"the vocabulary cannot write any text that satisfies the constraint {_short(description)}"
         )
     table[distance[table] >= INFINITE_DISTANCE] = DEAD
     useful = distance[e_dst] < INFINITE_DISTANCE
@@ -380,37 +381,26 @@ def _regex_hint(pattern: str) -> str:
     return ""
 
 
-@functools.lru_cache(maxsize=256)
-def _python_compiles(pattern: str) -> bool:
-    try:
-        re.compile(pattern)
-        return True
-    except re.error:
-        return False
-
-
 def build_regex_automaton(pattern: str, vocabulary: TokenVocabulary, description: str | None = None) -> TokenAutomaton:
-    """Compile a regex into a `TokenAutomaton` with outlines-core, without any cache.
+    """Compile a regex into a `TokenAutomaton`, without any cache: outlines-core compiles the
+    regex into a byte-level DFA (`byte_dfa.regex_byte_dfa`), we minimise it and lift it to the
+    vocabulary's tokens (`byte_dfa.lift`).
 
-    **Raises:** `ConstraintError` naming the pattern when outlines-core cannot compile it (bad
-    syntax, look-around, Unicode word boundaries) or when the vocabulary cannot write it.
+    We do not lift with outlines-core's token `Index`: it drops every token that ends one byte
+    after a complete match without being a match itself (regex-automata reports matches one
+    byte late), so that `1` `.` `5` cannot be written for `[0-9]+(\\.[0-9]+)?`, nor `cat` `e`
+    `gory` for `cat|category`; and exporting its `{state: {token: state}}` dictionaries to
+    arrays costs as much as building it. Where its `Index` has no such gap, both give the same
+    tables (tested).
+
+    **Raises:** `ConstraintError` naming the pattern when it does not compile (bad syntax,
+    look-around, Unicode word boundaries), matches nothing, or cannot be written with the
+    vocabulary.
     """
-    from outlines_core import Index
+    from .byte_dfa import lift, minimize, regex_byte_dfa
 
     description = pattern if description is None else description
-    try:
-        index = Index(pattern, vocabulary.outlines_vocabulary)
-    except (ValueError, RuntimeError) as e:
-        message = str(e).splitlines()[0] if str(e) else type(e).__name__
-        if "incompatible" in message.lower():
-            raise ConstraintError(
-                f"the vocabulary cannot write text matching {_short(description)}: {message}"
-            ) from None
-        raise ConstraintError(
-            f"invalid regex {_short(pattern)}: outlines-core (Rust `regex` syntax, no look-around "
-            f"or backreferences) cannot compile it: {message}{_regex_hint(pattern)}"
-        ) from None
-    return from_outlines_index(index, vocabulary, description)
+    return lift(minimize(regex_byte_dfa(pattern)), vocabulary, description)
 
 
 def regex_automaton(pattern: str, vocabulary: TokenVocabulary, *, cache: bool = True, description: str | None = None) -> TokenAutomaton:
@@ -423,8 +413,8 @@ def regex_automaton(pattern: str, vocabulary: TokenVocabulary, *, cache: bool = 
     **Raises:** `ConstraintError` (a `ValueError`) for a pattern that does not compile or that the
     vocabulary cannot write.
 
-    Source: outlines-core's `Index` (Willard & Louf, "Efficient Guided Generation for Large
-    Language Models", 2023).
+    Source: Willard & Louf, "Efficient Guided Generation for Large Language Models" (2023), the
+    token-level automaton of a regex; outlines-core compiles the regex itself.
     """
     if not isinstance(pattern, str):
         raise TypeError(f"a regex must be a str, got {type(pattern).__name__}: {pattern!r}")

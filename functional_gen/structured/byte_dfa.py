@@ -1,8 +1,8 @@
 """`ByteDFA`: a DFA over bytes, and its lifting to a `TokenAutomaton` over a vocabulary.
 
-Grammars are compiled by our own construction (`functional_gen.structured.grammar`) into a DFA
-over bytes; this module turns such a DFA into the token-level tables the device uses, the job
-outlines-core's `Index` does for regexes. Tokens are walked through the DFA along a trie of the
+Every constraint ends as a DFA over bytes (a regex through outlines-core, a grammar through our
+bounded-depth construction in `functional_gen.structured.grammar`); this module turns such a
+DFA into the token-level tables the device uses, the job outlines-core's `Index` does. Tokens are walked through the DFA along a trie of the
 vocabulary's byte strings, level by level and for all states at once with numpy: a (state,
 trie node) pair that dies is never extended, so a token prefix shared by thousands of tokens is
 walked once per state, and text that the state cannot continue costs nothing.
@@ -13,11 +13,21 @@ single bytes is exactly the byte-level DFA of the regex.
 
 import dataclasses
 import functools
+import itertools
 
 import numpy as np
 from jaxtyping import Bool, Int
 
-from .automaton import ConstraintError, TokenAutomaton, from_transitions
+from .automaton import (
+    INFINITE_DISTANCE,
+    ConstraintError,
+    TokenAutomaton,
+    _bfs_layers,
+    _csr,
+    _regex_hint,
+    _short,
+    from_transitions,
+)
 from .vocabulary import TokenVocabulary
 
 REJECT = -1
@@ -80,15 +90,21 @@ def regex_byte_dfa(regex: str) -> ByteDFA:
     try:
         index = Index(f"(?:{regex}){_SENTINEL}", _byte_vocabulary())
     except (ValueError, RuntimeError) as e:
-        raise ConstraintError(f"invalid regex {regex!r}: {str(e).splitlines()[0]}") from None
+        message = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise ConstraintError(
+            f"invalid regex {_short(regex)}: outlines-core (Rust `regex` syntax, no look-around "
+            f"or backreferences) cannot compile it: {message}{_regex_hint(regex)}"
+        ) from None
     table = index.get_transitions()
-    raw = sorted(set(table) | {s for d in table.values() for s in d.values()} | {index.get_initial_state()})
-    number = {s: i for i, s in enumerate(raw)}
-    delta = np.full((len(raw), 256), REJECT, np.int32)
-    for s, row in table.items():  # at most 256 entries per state: a small loop
-        for b, t in row.items():
-            if b < 256:
-                delta[number[s], b] = number[t]
+    counts = np.fromiter(map(len, table.values()), np.int64, len(table))
+    src = np.repeat(np.fromiter(table.keys(), np.int64, len(table)), counts)
+    byte = np.fromiter(itertools.chain.from_iterable(table.values()), np.int64, int(counts.sum()))
+    dst = np.fromiter(itertools.chain.from_iterable(map(dict.values, table.values())), np.int64, int(counts.sum()))
+    raw = np.unique(np.concatenate([src, dst, [index.get_initial_state()], list(index.get_final_states())]))
+    keep = byte < 256  # drop outlines-core's EOS self-loops
+    delta = np.full((raw.size, 256), REJECT, np.int32)
+    delta[np.searchsorted(raw, src[keep]), byte[keep]] = np.searchsorted(raw, dst[keep])
+    number = {int(r): i for i, r in enumerate(raw)}
     finals = np.zeros(len(raw), bool)
     finals[[number[s] for s in index.get_final_states()]] = True
     state = np.arange(len(raw))
@@ -104,58 +120,69 @@ def trim(dfa: ByteDFA) -> ByteDFA:
     **Raises:** `ConstraintError` when the language is empty.
     """
     n = dfa.num_states
-    delta = dfa.delta
-    reach = np.zeros(n, bool)
-    reach[dfa.initial] = True
-    while True:
-        nxt = delta[reach]
-        grown = reach.copy()
-        grown[nxt[nxt != REJECT]] = True
-        if np.array_equal(grown, reach):
-            break
-        reach = grown
-    alive = dfa.accepting & reach
-    while True:
-        targets_alive = np.where(delta != REJECT, alive[np.maximum(delta, 0)], False)
-        grown = alive | (reach & targets_alive.any(1))
-        if np.array_equal(grown, alive):
-            break
-        alive = grown
+    src, byte = np.nonzero(dfa.delta != REJECT)
+    edges = np.unique(src.astype(np.int64) * n + dfa.delta[src, byte])
+    e_src, e_dst = edges // n, edges % n
+    reach = _bfs_layers(*_csr(e_src, e_dst, n), [dfa.initial], n) < INFINITE_DISTANCE
+    alive = _bfs_layers(*_csr(e_dst, e_src, n), np.flatnonzero(dfa.accepting & reach), n) < INFINITE_DISTANCE
+    alive &= reach
     if not alive[dfa.initial]:
         raise ConstraintError("the language is empty: no text reaches an accepting state")
+    if alive.all():
+        return dfa
     keep = np.flatnonzero(alive)
     renumber = np.full(n, REJECT, np.int64)
     renumber[keep] = np.arange(keep.size)
-    new_delta = np.where(delta[keep] != REJECT, renumber[np.maximum(delta[keep], 0)], REJECT).astype(np.int32)
+    rows = dfa.delta[keep]
+    new_delta = np.where(rows != REJECT, renumber[np.maximum(rows, 0)], REJECT).astype(np.int32)
     return ByteDFA(new_delta, dfa.accepting[keep], int(renumber[dfa.initial]))
+
+
+def _refine(columns, accepting, hashed: bool):
+    """Moore's refinement: the coarsest partition stable under every column."""
+    blocks = accepting.astype(np.int64)
+    count = len(np.unique(blocks))
+    weights = np.random.default_rng(0).integers(1, 2**62, columns.shape[1] + 1, dtype=np.uint64)
+    while True:
+        successor = np.where(columns != REJECT, blocks[np.maximum(columns, 0)], REJECT)
+        signature = np.concatenate([blocks[:, None], successor], axis=1)
+        if hashed:
+            keys = (signature.astype(np.uint64) + np.uint64(2)) * weights  # wraps mod 2^64
+            blocks = np.unique(keys.sum(axis=1, dtype=np.uint64), return_inverse=True)[1].reshape(-1)
+        else:
+            blocks = np.unique(signature, axis=0, return_inverse=True)[1].reshape(-1)
+        new_count = int(blocks.max()) + 1
+        if new_count == count:
+            return blocks, count
+        count = new_count
 
 
 def minimize(dfa: ByteDFA) -> ByteDFA:
     """The minimal DFA of the same language (trimmed, then Moore's partition refinement).
 
-    Source: E. F. Moore, "Gedanken-experiments on sequential machines" (1956); the refinement
-    step is one `numpy.unique` over the rows `(block, blocks of the successors)`.
+    The refinement compares states by a hash of their successor blocks, then checks the final
+    partition exactly (and redoes it with exact row comparisons in the unlikely event of a
+    collision).
+
+    Source: E. F. Moore, "Gedanken-experiments on sequential machines" (1956).
     """
     dfa = trim(dfa)
     columns, byte_class = np.unique(dfa.delta, axis=1, return_inverse=True)
     byte_class = byte_class.reshape(-1)
-    blocks = dfa.accepting.astype(np.int64)
-    count = len(np.unique(blocks))
-    while True:
-        successor = np.where(columns != REJECT, blocks[np.maximum(columns, 0)], REJECT)
-        signature = np.concatenate([blocks[:, None], successor], axis=1)
-        _, blocks = np.unique(signature, axis=0, return_inverse=True)
-        blocks = blocks.reshape(-1)
-        new_count = int(blocks.max()) + 1
-        if new_count == count:
-            break
-        count = new_count
+    blocks, count = _refine(columns, dfa.accepting, hashed=True)
     representative = np.zeros(count, np.int64)
     representative[blocks] = np.arange(dfa.num_states)
+    successor = np.where(columns != REJECT, blocks[np.maximum(columns, 0)], REJECT)
+    consistent = np.array_equal(successor, successor[representative[blocks]]) and np.array_equal(
+        dfa.accepting, dfa.accepting[representative[blocks]]
+    )
+    if not consistent:  # a hash collision merged different states
+        blocks, count = _refine(columns, dfa.accepting, hashed=False)
+        representative = np.zeros(count, np.int64)
+        representative[blocks] = np.arange(dfa.num_states)
     rows = columns[representative]
     merged = np.where(rows != REJECT, blocks[np.maximum(rows, 0)], REJECT)[:, byte_class]
-    accepting = dfa.accepting[representative]
-    return ByteDFA(merged.astype(np.int32), accepting, int(blocks[dfa.initial]))
+    return ByteDFA(merged.astype(np.int32), dfa.accepting[representative], int(blocks[dfa.initial]))
 
 
 # --------------------------------------------------------------------------- token trie
@@ -226,10 +253,10 @@ def token_trie(vocabulary: TokenVocabulary) -> TokenTrie:
 
 
 def _ragged(ptr, rows):
+    """`(owner, index)`: for each row `r`, the indices `ptr[r]:ptr[r + 1]`, and which row."""
     starts, counts = ptr[rows], ptr[rows + 1] - ptr[rows]
-    total = int(counts.sum())
     owner = np.repeat(np.arange(rows.size), counts)
-    index = np.arange(total) - np.repeat(np.cumsum(counts) - counts, counts) + np.repeat(starts, counts)
+    index = np.arange(owner.size) + (starts - (np.cumsum(counts) - counts))[owner]
     return owner, index
 
 

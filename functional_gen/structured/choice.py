@@ -11,18 +11,21 @@ from .vocabulary import vocabulary_from_tokenizer
 def choice_regex(options: Sequence[str]) -> str:
     """A regex that matches exactly the strings of `options`.
 
-    Longer options come first: the regex engine's alternation is leftmost-first, so in
-    `cat|category` the second branch could never be completed.
+    Longer options come first (with leftmost-first alternation a plain `cat|category` regex
+    could never complete `category`; our compilation does not need it, but the regex stays
+    usable anywhere).
 
-    **Raises:** `ValueError` for an empty list, an option that is not a non-empty string, or
-    duplicates.
+    **Raises:** `TypeError` for something else than a list of strings; `ValueError` for an
+    empty list, an empty option, or duplicates.
     """
     if isinstance(options, str) or not isinstance(options, Sequence):
-        raise ValueError(f"`options` must be a list of strings, got {options!r}")
+        raise TypeError(f"`options` must be a list of strings, got {options!r}")
     if not options:
         raise ValueError("`options` is empty: give at least one string")
     for o in options:
-        if not isinstance(o, str) or not o:
+        if not isinstance(o, str):
+            raise TypeError(f"each option must be a string, got {o!r} in {list(options)!r}")
+        if not o:
             raise ValueError(f"each option must be a non-empty string, got {o!r} in {list(options)!r}")
     if len(set(options)) != len(options):
         duplicates = sorted({o for o in options if list(options).count(o) > 1})
@@ -54,8 +57,8 @@ class Choice(AbstractConstraint):
       row).
     - `tokenizer`, `eos_token_id`, `vocab_size`: as in `Regex`.
 
-    **Raises:** `ValueError` for an empty option list, an empty or non-string option, or
-    duplicate options.
+    **Raises:** `TypeError` for options that are not a list of strings; `ValueError` for an empty
+    list, an empty option, or duplicate options.
 
     Source: outlines' `choice` (`generate.choice`), compiled through outlines-core.
     """
@@ -70,7 +73,7 @@ class Choice(AbstractConstraint):
     ):
         vocabulary = vocabulary_from_tokenizer(tokenizer, eos_token_id=eos_token_id, vocab_size=vocab_size)
         if isinstance(options, str):
-            raise ValueError(f"`options` must be a list of strings, got the string {options!r}")
+            raise TypeError(f"`options` must be a list of strings, got the string {options!r}")
         groups, ids = rows_of(options, _is_options, "options", "a non-empty list of strings")
         automata = []
         for group in groups:

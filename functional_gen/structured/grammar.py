@@ -40,7 +40,16 @@ import numpy as np
 
 from .automaton import ConstraintError, TokenAutomaton, cached
 from .byte_dfa import REJECT, ByteDFA, lift, minimize, regex_byte_dfa
-from .grammar_syntax import Alt, GrammarError, GrammarSpec, Ref, Repeat, Seq, Terminal, parse_grammar
+from .grammar_syntax import (
+    Alt,
+    GrammarError,
+    GrammarSpec,
+    Ref,
+    Repeat,
+    Seq,
+    Terminal,
+    parse_grammar,
+)
 from .processor import AbstractConstraint, rows_of
 from .vocabulary import TokenVocabulary, vocabulary_from_tokenizer
 
@@ -127,7 +136,7 @@ def cut_rules(spec: GrammarSpec) -> list[str]:
         for component in cyclic:
             members = set(component)
 
-            def score(n):
+            def score(n, live=live, members=members):
                 inside_out = len(live[n] & members)
                 inside_in = sum(n in live[m] for m in members)
                 return (-inside_in * inside_out, order[n])

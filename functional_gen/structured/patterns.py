@@ -216,7 +216,7 @@ def json_string_pattern(pattern: str) -> str:
     pattern, look-around, backreferences, or a class that matches no character.
     """
     if not isinstance(pattern, str):
-        raise ValueError(f"`pattern` must be a string, got {pattern!r}")
+        raise TypeError(f"`pattern` must be a string, got {pattern!r}")
     try:
         parsed = sre.parse(pattern)
     except re.error as e:

@@ -32,18 +32,19 @@ class Regex(AbstractConstraint):
     """Constrain the generated text to match a regular expression, as a whole.
 
     The regex is matched against the complete generated text (as with `re.fullmatch`), without
-    the end-of-generation token. It is compiled once per (regex, tokenizer) by outlines-core into
-    a token automaton and cached on disk (see `functional_gen.structured.automaton`); the mask
-    and the state advance then run on the device inside the jitted loop (see
-    `functional_gen.structured.processor`). A row may only end (EOS, or its last allowed token)
+    the end-of-generation token. It is compiled once per (regex, tokenizer) into a token
+    automaton (outlines-core compiles the regex into a byte DFA, we lift it to tokens) and cached
+    on disk (see `functional_gen.structured.automaton`); the mask and the state advance then run
+    on the device inside the jitted loop (see `functional_gen.structured.processor`). A row may only end (EOS, or its last allowed token)
     in an accepting state: generation stops inside the language or with finish reason
     `"constraint"`, never in the middle of a match.
 
     Syntax is Rust's `regex` crate (the engine of outlines-core): the usual classes, groups,
     alternation and repetition, `\\d` and `\\w` being Unicode-aware (write `[0-9]` for ASCII
     digits, it also makes a smaller automaton). No look-around, backreferences or Unicode `\\b`.
-    Alternation is leftmost-first: in `cat|category` the second branch can never be completed;
-    write the longer alternative first.
+    Every text of the language can be written with any tokenization of it (unlike with
+    outlines-core's token `Index` alone, see `automaton.build_regex_automaton`), except text
+    containing U+10FFFF.
 
     !!! Example
         ```python
@@ -66,8 +67,9 @@ class Regex(AbstractConstraint):
     when it does not compile or cannot be written with this vocabulary; `TypeError` for a
     pattern that is not a string.
 
-    Source: outlines-core's `Index` (Willard & Louf, "Efficient Guided Generation for Large
-    Language Models", 2023) for the compilation; the in-graph tables are ours.
+    Source: the token-level automaton of Willard & Louf, "Efficient Guided Generation for Large
+    Language Models" (2023; outlines); outlines-core for the regex to DFA step; the lifting and
+    the in-graph tables are ours.
     """
 
     def __init__(

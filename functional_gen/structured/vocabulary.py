@@ -205,7 +205,7 @@ def _normalize_eos(eos_token_id, vocab_size: int) -> tuple[int, ...]:
     if isinstance(eos_token_id, (int, np.integer)):
         eos_token_id = (eos_token_id,)
     if not isinstance(eos_token_id, Sequence) and not isinstance(eos_token_id, np.ndarray):
-        raise ValueError(f"`eos_token_id` must be a token id or a sequence of ids, got {eos_token_id!r}")
+        raise TypeError(f"`eos_token_id` must be a token id or a sequence of ids, got {eos_token_id!r}")
     out = []
     for i in eos_token_id:
         if isinstance(i, bool) or not isinstance(i, (int, np.integer)) or not 0 <= i < vocab_size:

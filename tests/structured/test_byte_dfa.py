@@ -1,14 +1,17 @@
 """Byte DFAs (regex -> DFA via outlines-core, minimisation) against Python's `re`, and our token
-lifting against outlines-core's own token `Index`."""
+lifting against outlines-core's own token `Index` (exported with `from_outlines_index`) where
+that `Index` has no gap: masks, next states and distances all equal."""
 
 import itertools
 import re
 
 import numpy as np
 import pytest
+from outlines_core import Index
 
 from functional_gen.structured import json_schema_regex, regex_automaton
-from functional_gen.structured.byte_dfa import ByteDFA, lift, minimize, regex_byte_dfa
+from functional_gen.structured.automaton import from_outlines_index
+from functional_gen.structured.byte_dfa import ByteDFA, minimize, regex_byte_dfa
 
 from .cases import REGEXES, SCHEMAS
 
@@ -48,7 +51,9 @@ def test_minimize_gives_the_minimal_automaton():
         minimize(ByteDFA(np.full((2, 256), -1, np.int32), np.array([False, False]), 0))
 
 
-@pytest.mark.parametrize("name", ["date", "email", "phone", "ipv4"])
+# Constraints where no match can be continued into a longer one through a non-match, so that
+# outlines-core's Index has no gap.
+@pytest.mark.parametrize("name", ["date", "phone", "ipv4", "uuid4"])
 def test_lift_equals_outlines_token_index(vocabulary, name):
     _check_lift(vocabulary, REGEXES[name][1])
 
@@ -57,9 +62,20 @@ def test_lift_equals_outlines_token_index_on_json(vocabulary):
     _check_lift(vocabulary, json_schema_regex(SCHEMAS["person"][1]))
 
 
+def test_the_gaps_of_index_alone_are_closed(vocabulary):
+    # "12" "." "5" and "cat" "e" "gory": outlines-core's Index drops the middle token.
+    single = {c: vocabulary.byte_map[c.encode()][0] for c in "125.category"}  # one-character tokens
+    for pattern, text in [(r"[0-9]+(\.[0-9]+)?", "12.5"), ("cat|category", "category")]:
+        ours = regex_automaton(pattern, vocabulary)
+        index = from_outlines_index(Index(pattern, vocabulary.outlines_vocabulary), vocabulary)
+        ids = [single[c] for c in text]
+        assert ours.accepting[ours.walk(ids)]
+        assert index.walk(ids) == 0  # dead: the gap
+
+
 def _check_lift(vocabulary, pattern):
-    ours = lift(regex_byte_dfa(pattern), vocabulary)
-    reference = regex_automaton(pattern, vocabulary)  # outlines-core's Index, exported
+    ours = regex_automaton(pattern, vocabulary)  # our lifting
+    reference = from_outlines_index(Index(pattern, vocabulary.outlines_vocabulary), vocabulary)
     rng = np.random.default_rng(0)
     for _ in range(10):
         a = b = 1

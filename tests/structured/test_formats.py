@@ -12,8 +12,8 @@ from functional_gen.structured.formats import DATE, DATE_TIME, EMAIL, IPV4, TIME
 def test_date_accepts_exactly_the_valid_calendar_dates():
     pattern = re.compile(DATE)
     for year in (1, 4, 100, 200, 400, 1600, 1700, 1900, 2000, 2023, 2024, 9996, 9999):
-        for month in range(0, 14):
-            for day in range(0, 33):
+        for month in range(14):
+            for day in range(33):
                 text = f"{year:04d}-{month:02d}-{day:02d}"
                 try:
                     datetime.date.fromisoformat(text)

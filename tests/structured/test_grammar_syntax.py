@@ -4,7 +4,15 @@ import re
 
 import pytest
 
-from functional_gen.structured.grammar_syntax import Alt, GrammarError, Ref, Repeat, Seq, Terminal, parse_grammar
+from functional_gen.structured.grammar_syntax import (
+    Alt,
+    GrammarError,
+    Ref,
+    Repeat,
+    Seq,
+    Terminal,
+    parse_grammar,
+)
 
 from .cases import ARITHMETIC, JSON_GRAMMAR
 

@@ -18,7 +18,7 @@ PATTERNS = {r"^[a-z]+$": "abc", r"a.b": "a€b", r"[^abc]{2}": "x\\", r"\d{3}-\d
 def _json_strings():
     rng = random.Random(0)
     alphabet = 'ab"\\\n\t x-09AZ_é€😀\x01.@'
-    for length in range(0, 5):
+    for length in range(5):
         for _ in range(400):
             yield "".join(rng.choice(alphabet) for _ in range(length))
 

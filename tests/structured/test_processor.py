@@ -53,7 +53,10 @@ def test_protocol(processors, kind, vocabulary):
         states = init_states([proc], context)
         return process_all([proc], states, logits, context)
 
-    eager = [one(jax.tree.map(lambda x: x[i], rows), logits[i], jax.tree.map(lambda x: x[i], contexts)) for i in range(batch)]
+    def row(tree, i):
+        return jax.tree.map(lambda x: x[i], tree)
+
+    eager = [one(row(rows, i), logits[i], row(contexts, i)) for i in range(batch)]
     vmapped = jax.vmap(one)(rows, logits, contexts)
     jitted = jax.jit(jax.vmap(one))(rows, logits, contexts)
     for i, (state, out) in enumerate(eager):

@@ -6,7 +6,11 @@ from fractions import Fraction
 
 import pytest
 
-from functional_gen.structured.ranges import integer_range_regex, natural_range_regex, number_range_regex
+from functional_gen.structured.ranges import (
+    integer_range_regex,
+    natural_range_regex,
+    number_range_regex,
+)
 
 INTEGER_RANGES = [(0, 120), (1, 5), (-5, 5), (-100, -3), (None, 10), (10, None), (None, None), (0, None),
                   (None, 0), (-1, None), (7, 7), (0, 0), (13, 2017), (99, 1001), (None, -7), (-1000, 999), (1, 65535)]
@@ -33,7 +37,7 @@ def test_natural_range_errors():
 
 def _candidates():
     out = set()
-    for i in range(0, 61):
+    for i in range(61):
         for frac in ("", ".0", ".00", ".5", ".05", ".001", ".9", ".99"):
             out.update({f"{i}{frac}", f"-{i}{frac}"})
     return out

@@ -4,7 +4,11 @@ import json
 
 import pytest
 
-from functional_gen.structured.vocabulary import default_eos_token_ids, token_bytes_table, vocabulary_from_tokenizer
+from functional_gen.structured.vocabulary import (
+    default_eos_token_ids,
+    token_bytes_table,
+    vocabulary_from_tokenizer,
+)
 
 
 def test_byte_level_tokens_are_their_raw_bytes(tokenizer, vocabulary):
