@@ -6,7 +6,9 @@ automata share ONE state space: constraint `k` owns a block of rows of `transiti
 `distance` (row 0 is the shared dead state), so memory is the sum of the constraints' sizes, not
 `K` times the largest. Per row, the state is ONE int32: the current state in that space.
 Everything else (the tables) is a field of the processor, shared by all rows and never copied
-into the state.
+into the state. Table shapes are padded to buckets (8, 12, 16, 24, 32, ... states and classes; a
+power of two of constraints) and nothing else about a constraint is static, so a new constraint
+of a similar size reuses the compiled generation loop.
 
 At each step, for one row of constraint `k` in state `s`, with `r` tokens left to generate (this
 one included):
@@ -41,10 +43,21 @@ from ..processors.base import AbstractLogitsProcessor, Context, per_row_field
 from .automaton import DEAD, INFINITE_DISTANCE, INITIAL, TokenAutomaton
 
 
+def _bucket(n: int, smallest: int = 8) -> int:
+    """`n` rounded up to the next of 8, 12, 16, 24, 32, 48, ... (powers of two and 1.5 times
+    powers of two): table shapes in buckets, so that a new constraint of a similar size reuses the
+    compiled generation loop (as prompt lengths do)."""
+    size = smallest
+    while size < n:
+        size = size * 3 // 2 if size & (size - 1) == 0 else size * 4 // 3
+    return size
+
+
 def _concatenate(automata: Sequence[TokenAutomaton]):
     """One state space for several automata: automaton `k`'s state `s >= 1` becomes
-    `s + offset[k]`; the dead state 0 is shared. Class ids stay per automaton (columns padded
-    with "not allowed" up to the widest)."""
+    `s + offset[k]`; the dead state 0 is shared. Class ids stay per automaton. Shapes are padded
+    to buckets: states and classes with "not allowed", constraints (to a power of two) with
+    automata that allow nothing."""
     vocab = {a.vocab_size for a in automata}
     if len(vocab) != 1:
         raise ValueError(
@@ -53,9 +66,9 @@ def _concatenate(automata: Sequence[TokenAutomaton]):
     eos = {a.eos_token_id for a in automata}
     if len(eos) != 1:
         raise ValueError(f"constraints with different end-of-generation ids cannot share a batch: {sorted(eos)}")
-    num_classes = max(a.num_classes for a in automata)
+    num_classes = _bucket(max(a.num_classes for a in automata))
     offsets = np.cumsum([0] + [a.num_states - 1 for a in automata[:-1]])
-    total = 1 + sum(a.num_states - 1 for a in automata)
+    total = _bucket(1 + sum(a.num_states - 1 for a in automata), 16)
     transitions = np.zeros((total, num_classes), np.int32)
     distance = np.full(total, INFINITE_DISTANCE, np.int32)
     for a, offset in zip(automata, offsets):
@@ -63,8 +76,11 @@ def _concatenate(automata: Sequence[TokenAutomaton]):
         local = a.transitions[1:]
         transitions[rows, : a.num_classes] = np.where(local != DEAD, local + offset, DEAD)
         distance[rows] = a.distance[1:]
-    token_class = np.stack([a.token_class for a in automata]).astype(np.int32)
-    initial = (INITIAL + offsets).astype(np.int32)
+    num_constraints = 1 << (len(automata) - 1).bit_length()
+    token_class = np.zeros((num_constraints, automata[0].vocab_size), np.int32)
+    token_class[: len(automata)] = np.stack([a.token_class for a in automata])
+    initial = np.zeros(num_constraints, np.int32)
+    initial[: len(automata)] = INITIAL + offsets
     return token_class, transitions, distance, initial, next(iter(eos))
 
 
@@ -88,7 +104,6 @@ class AbstractConstraint(AbstractLogitsProcessor):
     - `eos_token_id`: static tuple of the end-of-generation ids the tables allow in accepting
       states. Generation must stop on these ids (the default of `generate` for the model's EOS
       ids; pass the model's ids to the constructor if they differ).
-    - `descriptions`: static tuple, what each constraint was compiled from.
     """
 
     token_class: Int[Array, "constraints vocab"]
@@ -97,7 +112,6 @@ class AbstractConstraint(AbstractLogitsProcessor):
     initial_state: Int[Array, " constraints"]
     constraint_id: Int[Array, "*rows"] = per_row_field()
     eos_token_id: tuple[int, ...] = eqx.field(static=True)
-    descriptions: tuple[str, ...] = eqx.field(static=True)
 
     def _set_automata(self, automata: Sequence[TokenAutomaton], constraint_id) -> None:
         token_class, transitions, distance, initial, eos = _concatenate(automata)
@@ -107,12 +121,11 @@ class AbstractConstraint(AbstractLogitsProcessor):
         self.initial_state = jnp.asarray(initial)
         self.constraint_id = jnp.asarray(constraint_id, jnp.int32)
         self.eos_token_id = tuple(eos)
-        self.descriptions = tuple(a.description for a in automata)
 
     @property
     def num_constraints(self) -> int:
-        """`K`, the number of stacked constraints."""
-        return self.token_class.shape[0]
+        """How many constraints the tables hold (not counting the padding)."""
+        return int(np.count_nonzero(np.asarray(self.token_class).max(axis=1)))
 
     def init(self, context: Context) -> Int[Array, ""]:
         """The initial automaton state of the row's constraint (an int32 scalar per row)."""
@@ -214,14 +227,15 @@ def per_row(constraints: Sequence[AbstractConstraint | None]) -> TokenConstraint
 
 
 def _automaton_of(c: AbstractConstraint) -> TokenAutomaton:
-    """The host tables of a single-constraint processor."""
-    transitions = np.asarray(c.transitions)
+    """The host tables of a single-constraint processor, without the padding."""
+    token_class = np.asarray(c.token_class[0])
+    distance = np.asarray(c.distance)
+    num_states = int(np.flatnonzero(distance < INFINITE_DISTANCE).max()) + 1  # live states come first
     return TokenAutomaton(
-        token_class=np.asarray(c.token_class[0]),
-        transitions=transitions[:, : int(np.asarray(c.token_class[0]).max()) + 1],
-        distance=np.asarray(c.distance),
+        token_class=token_class,
+        transitions=np.asarray(c.transitions)[:num_states, : int(token_class.max()) + 1],
+        distance=distance[:num_states],
         eos_token_id=c.eos_token_id,
-        description=c.descriptions[0],
     )
 
 
