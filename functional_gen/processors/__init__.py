@@ -27,3 +27,9 @@ from .min_new_tokens import MinNewTokens as MinNewTokens
 
 # Stateful
 from .forced_tokens import ForcedTokens as ForcedTokens
+
+# Structured generation
+from ..structured.choice import Choice as Choice
+from ..structured.grammar import Grammar as Grammar
+from ..structured.json_schema import JsonSchema as JsonSchema
+from ..structured.regex import Regex as Regex
