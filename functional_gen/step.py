@@ -68,6 +68,14 @@ class Step(eqx.Module):
         processor_states, logits = vmap_rows(process_all, self.processors, batch)(
             state.processor_states, state.logits, contexts
         )
+        # Finished rows keep their processor states as they were when they finished.
+        processor_states = jax.tree.map(
+            lambda new, old: jnp.where(
+                state.done.reshape((batch,) + (1,) * (new.ndim - 1)), old, new
+            ),
+            processor_states,
+            state.processor_states,
+        )
         tokens = jax.vmap(lambda lg, k: self.sampler(lg, key=k))(logits, sample_keys)
         chosen_logprobs = jnp.take_along_axis(
             jax.nn.log_softmax(logits, axis=-1), tokens[:, None], axis=1

@@ -70,6 +70,24 @@ def test_stateful_processor_forces_a_prefix_then_lets_go():
     assert np.asarray(state.processor_states[0]).tolist() == [5]
 
 
+class StepCounter(fg.processors.AbstractLogitsProcessor):
+    """Counts the steps it was applied to; leaves the logits alone."""
+
+    def init(self, context):
+        return jnp.zeros((), jnp.int32)
+
+    def process(self, state, logits, context):
+        return state + 1, logits
+
+
+def test_finished_rows_keep_their_processor_state():
+    model = CountingModel(eos_token_id=(7,))
+    state = counting_generate([[5], [1]], max_new_tokens=6, model=model, processors=[StepCounter()])
+    assert generated(state) == [[6, 7, 0, 0, 0, 0], [2, 3, 4, 5, 6, 7]]
+    # row 0 finished after 2 steps; its state is not advanced by the 4 steps row 1 still took
+    assert np.asarray(state.processor_states[0]).tolist() == [2, 6]
+
+
 def test_bare_callable_is_wrapped_as_stateless():
     def ban_five(logits, context):
         return logits.at[5].set(-jnp.inf)
