@@ -3,6 +3,7 @@
     functional-gen generate "PROMPT" [--model PATH] [--max-new-tokens N] [--temperature T]
         [--top-k K] [--top-p P] [--min-p P] [--repetition-penalty R] [--seed S] [--greedy]
         [--sample] [--stream] [--raw] [--dtype {float32,bfloat16}]
+        [--regex PATTERN | --json-schema FILE_OR_JSON | --choice A B C | --grammar FILE]
 """
 
 import argparse
@@ -30,6 +31,9 @@ examples:
   functional-gen generate "Once upon a time" --raw --greedy --max-new-tokens 64 --stream
   functional-gen generate "Hello" --model path/to/checkpoint-dir
   functional-gen generate "Hello" --model path/to/model.gguf
+  functional-gen generate "Is the sky blue?" --choice yes no
+  functional-gen generate "A date:" --regex "[0-9]{4}-[0-9]{2}-[0-9]{2}"
+  functional-gen generate "A user:" --json-schema '{"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}'
 """
 
 
@@ -119,6 +123,34 @@ def build_parser() -> argparse.ArgumentParser:
         help="send the prompt as is; by default a model with a chat template gets the prompt as "
         "a user message in its chat format",
     )
+    structured = gen.add_argument_group(
+        "structured generation",
+        "constrain the output to a language; the mask is computed on the device at every step "
+        "(at most one of these)",
+    )
+    structured.add_argument(
+        "--regex", metavar="PATTERN", help="the whole output must match this regular expression"
+    )
+    structured.add_argument(
+        "--json-schema",
+        metavar="FILE_OR_JSON",
+        help="the output is JSON valid under this JSON Schema (a file path or JSON text)",
+    )
+    structured.add_argument(
+        "--choice", nargs="+", metavar="OPTION", help="the output is exactly one of these strings"
+    )
+    structured.add_argument(
+        "--grammar",
+        metavar="FILE",
+        help="the output is a sentence of this context-free grammar (Lark syntax)",
+    )
+    structured.add_argument(
+        "--max-depth",
+        type=_positive_int,
+        default=None,
+        metavar="N",
+        help="with --grammar: how deeply recursive rules may nest (default: 4)",
+    )
     gen.add_argument(
         "--dtype",
         choices=("float32", "bfloat16"),
@@ -166,6 +198,23 @@ def build_processors(args: argparse.Namespace) -> list:
     return out
 
 
+def _constraint(args: argparse.Namespace, tokenizer, model):
+    """The structured-generation processor of --regex/--json-schema/--choice/--grammar, or None."""
+    if all(v is None for v in (args.regex, args.json_schema, args.choice, args.grammar)):
+        return None
+    from .structured import DEFAULT_MAX_DEPTH, constraint_from_options
+
+    return constraint_from_options(
+        tokenizer,
+        regex=args.regex,
+        json_schema=args.json_schema,
+        choice=args.choice,
+        grammar=args.grammar,
+        max_depth=args.max_depth or DEFAULT_MAX_DEPTH,
+        eos_token_id=model.config.eos_token_id,
+    )
+
+
 def _generate(args: argparse.Namespace) -> int:
     import jax
 
@@ -184,8 +233,13 @@ def _generate(args: argparse.Namespace) -> int:
     def progress(message: str) -> None:
         print(message, file=sys.stderr, flush=True)
 
+    if args.max_depth is not None and args.grammar is None:
+        raise ValueError("--max-depth applies to --grammar only")
     start = time.perf_counter()
     model, tokenizer = fg.load_model(args.model, dtype=args.dtype, progress=progress)
+    constraint = _constraint(args, tokenizer, model)
+    if constraint is not None:  # first: the filters after it then work on allowed tokens only
+        processors = [constraint, *processors]
     prompt = args.prompt
     if not args.raw and getattr(tokenizer, "chat_template", None):
         prompt = [{"role": "user", "content": args.prompt}]

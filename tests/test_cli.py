@@ -13,6 +13,7 @@ def test_help_explains_every_option(capsys):
     for option in [
         "--model", "--max-new-tokens", "--temperature", "--top-k", "--top-p", "--min-p",
         "--repetition-penalty", "--seed", "--greedy", "--sample", "--stream", "--raw", "--dtype",
+        "--regex", "--json-schema", "--choice", "--grammar", "--max-depth",
     ]:
         assert option in out
     assert "SmolLM2-135M-Instruct" in out
@@ -69,3 +70,29 @@ def test_stream_and_raw_print_the_same_text_as_without_stream(default_model, cap
     cli.main(common + ["--stream"])
     streamed = capsys.readouterr().out
     assert plain == streamed and len(plain.strip()) > 10
+
+
+@pytest.mark.slow
+def test_structured_options_constrain_the_output(default_model, capsys):
+    assert cli.main(["generate", "Pick a colour.", "--choice", "red", "green", "blue"]) == 0
+    assert capsys.readouterr().out.strip() in {"red", "green", "blue"}
+    assert cli.main(["generate", "A year:", "--raw", "--regex", "(19|20)[0-9]{2}"]) == 0
+    out = capsys.readouterr().out.strip()
+    assert len(out) == 4 and out[:2] in {"19", "20"} and out.isdigit()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--regex", "["], "invalid regex '['"),
+        (["--regex", "a", "--choice", "b"], "give at most one of"),
+        (["--json-schema", "{not json"], "--json-schema: not valid JSON"),
+        (["--max-depth", "3"], "--max-depth applies to --grammar only"),
+    ],
+)
+def test_bad_structured_options_exit_with_a_clear_message(default_model, args, message, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["generate", "hello", *args])
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
