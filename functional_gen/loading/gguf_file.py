@@ -18,25 +18,10 @@ import numpy as np
 
 from ..models.config import LlamaConfig, UnsupportedConfigError
 from ..models.llama import LlamaForCausalLM
+from ..tokenization import END_OF_GENERATION_TEXTS
 
 SUPPORTED_GGUF_ARCHITECTURES = ("llama", "qwen2")
 """`general.architecture` values accepted (llama.cpp writes Mistral models as `llama`)."""
-
-# llama.cpp's end-of-generation tokens, detected by their text (src/llama-vocab.cpp).
-EOG_TOKEN_TEXTS = (
-    "<|eot_id|>",
-    "<|im_end|>",
-    "<|end|>",
-    "<|return|>",
-    "<|call|>",
-    "<end_of_turn>",
-    "<|endoftext|>",
-    "<|eom_id|>",
-    "<EOT>",
-    "_<EOT>",
-    "<|end_of_text|>",
-    "<end_of_utterance>",
-)
 
 _LAYER_TENSORS = {
     "attn_q": "self_attn.q_proj",
@@ -105,7 +90,7 @@ def read_gguf_config(reader) -> LlamaConfig:
         if value is not None and int(value) not in eos:
             eos.append(int(value))
     for i, text in enumerate(tokens):
-        if text in EOG_TOKEN_TEXTS and i not in eos:
+        if text in END_OF_GENERATION_TEXTS and i not in eos:
             eos.append(i)
 
     window = meta("attention.sliding_window")

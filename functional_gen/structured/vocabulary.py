@@ -21,47 +21,12 @@ Source: the byte tables of `tokenizers`' `ByteLevel` and `ByteFallback` decoders
 import dataclasses
 import functools
 import hashlib
-import json
-import re
 import weakref
 from collections.abc import Sequence
 
 import numpy as np
 
-# llama.cpp's end-of-generation token texts (`llama_vocab::impl::load`, the `is_eog` list):
-# tokens that end a turn in common chat formats, besides the tokenizer's own EOS.
-END_OF_GENERATION_TEXTS = (
-    "<|eot_id|>",
-    "<|im_end|>",
-    "<|end|>",
-    "<end_of_turn>",
-    "<|endoftext|>",
-    "<|eom_id|>",
-    "<EOT>",
-    "_<EOT>",
-    "<｜end▁of▁sentence｜>",
-    "<|end_of_text|>",
-    "<|return|>",
-    "<|call|>",
-)
-
-_BYTE_FALLBACK = re.compile(r"<0x([0-9A-Fa-f]{2})>")
-
-
-@functools.cache
-def _unicode_to_byte() -> dict[str, int]:
-    """Inverse of GPT-2's `bytes_to_unicode`: printable bytes stand for themselves, the others
-    are shifted to U+0100 and up."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    chars = list(printable)
-    shifted = 0
-    for b in range(256):
-        if b not in printable:
-            printable.append(b)
-            chars.append(256 + shifted)
-            shifted += 1
-    return {chr(c): b for b, c in zip(printable, chars)}
-
+from ..tokenization import END_OF_GENERATION_TEXTS, token_bytes_table
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class TokenVocabulary:
@@ -119,66 +84,6 @@ class TokenVocabulary:
     def token_length(self) -> np.ndarray:
         """`Int[np.ndarray, " vocab"]`: bytes per token (0 for tokens that are never text)."""
         return np.fromiter((len(b) if b else 0 for b in self.token_bytes), np.int32, self.vocab_size)
-
-
-def _tokenizer_json(tokenizer) -> dict | None:
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is None:
-        return None
-    return json.loads(backend.to_str())
-
-
-def _decoder_types(decoder: dict | None) -> set[str]:
-    if not decoder:
-        return set()
-    if decoder.get("type") == "Sequence":
-        return {t for d in decoder.get("decoders", []) for t in _decoder_types(d)}
-    return {decoder.get("type")}
-
-
-def token_bytes_table(tokenizer, vocab_size: int | None = None) -> tuple[list[bytes | None], set[int]]:
-    """The bytes of every token of a transformers tokenizer, and its special token ids.
-
-    **Arguments:** `tokenizer`: a transformers tokenizer (fast or slow); `vocab_size`: how many
-    ids to cover (default: one past the largest id the tokenizer knows).
-
-    **Returns:** `(token_bytes, special_ids)`: `token_bytes[i]` is the bytes token `i` writes, or
-    `None` for special tokens and unused ids.
-
-    **Raises:** `ValueError` if `vocab_size` is smaller than the tokenizer's vocabulary.
-    """
-    spec = _tokenizer_json(tokenizer)
-    if spec is not None:
-        decoders = _decoder_types(spec.get("decoder"))
-        byte_fallback = bool(spec.get("model", {}).get("byte_fallback")) or "ByteFallback" in decoders
-        byte_level = "ByteLevel" in decoders
-        added = {a["id"]: a for a in spec.get("added_tokens", [])}
-    else:  # a slow (Python) tokenizer: SentencePiece conventions
-        byte_level, byte_fallback, added = False, True, {}
-    vocab = tokenizer.get_vocab()
-    special = {int(i) for i in getattr(tokenizer, "all_special_ids", [])}
-    special |= {i for i, a in added.items() if a.get("special")}
-    size = max(vocab.values(), default=-1) + 1
-    if vocab_size is not None:
-        if vocab_size < size:
-            raise ValueError(
-                f"`vocab_size` {vocab_size} is smaller than the tokenizer's vocabulary ({size} ids)"
-            )
-        size = vocab_size
-    to_byte = _unicode_to_byte()
-    table: list[bytes | None] = [None] * size
-    for text, i in vocab.items():
-        if i in special or i >= size:
-            continue
-        if i in added:  # added tokens are stored as plain text, not byte-encoded
-            table[i] = text.encode("utf-8")
-        elif byte_level and all(c in to_byte for c in text):
-            table[i] = bytes(to_byte[c] for c in text)
-        elif byte_fallback and (m := _BYTE_FALLBACK.fullmatch(text)):
-            table[i] = bytes([int(m.group(1), 16)])
-        else:
-            table[i] = text.replace("\u2581", " ").encode("utf-8")
-    return table, special
 
 
 def default_eos_token_ids(tokenizer) -> tuple[int, ...]:
