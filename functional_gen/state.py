@@ -31,6 +31,8 @@ class GenerationState(eqx.Module):
       token under the processed distribution it was drawn from; 0 after a row ends.
     - `cache`: the model's `KVCache` (left-padded: row slots are aligned, see `KVCache`).
     - `processor_states`: tuple, one state per processor, each leaf with a batch axis.
+    - `stop_state`: `Int[Array, "batch stops"]`, per row and stop string, how many bytes of it the
+      generated text currently ends with (see `functional_gen.stop_strings`); `stops` may be 0.
     - `key`: `Key[Array, " batch"]`, one PRNG key per row; step `n` of a row uses
       `fold_in(key, n)`, so rows never share randomness.
     """
@@ -44,6 +46,7 @@ class GenerationState(eqx.Module):
     logprobs: Float[Array, "batch max_new_tokens"]
     cache: KVCache
     processor_states: tuple[PyTree, ...]
+    stop_state: Int[Array, "batch stops"]
     key: PRNGKeyArray
 
     @property

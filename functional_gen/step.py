@@ -15,7 +15,8 @@ import jax.numpy as jnp
 
 from .processors.base import AbstractLogitsProcessor, Context, as_processors, process_all, vmap_rows
 from .samplers import AbstractSampler, Greedy
-from .state import CONSTRAINT, EOS, LENGTH, GenerationState
+from .state import CONSTRAINT, EOS, LENGTH, STOP_STRING, GenerationState
+from .stop_strings import StopStrings
 
 
 class Step(eqx.Module):
@@ -25,20 +26,23 @@ class Step(eqx.Module):
     arguments, not constants baked into the compiled program: `eqx.filter_jit(step)(state)`
     compiles once and reuses the program for new weights or new temperatures.
 
-    **Attributes:** `model`, `processors` (a tuple), `sampler`, `eos_token_id` (static tuple:
-    every token id that ends a row), `pad_token_id` (static: written after a row ends).
+    **Attributes:** `model`, `processors` (a tuple), `sampler`, `stop_strings` (a `StopStrings`
+    or `None`), `eos_token_id` (static tuple: every token id that ends a row), `pad_token_id`
+    (static: written after a row ends).
     """
 
     model: Any
     processors: tuple[AbstractLogitsProcessor, ...]
     sampler: AbstractSampler
+    stop_strings: StopStrings | None
     eos_token_id: tuple[int, ...] = eqx.field(static=True)
     pad_token_id: int = eqx.field(static=True)
 
     def __call__(self, state: GenerationState) -> GenerationState:
         """Advance every unfinished row by one token; finished rows are left unchanged.
 
-        A row finishes on an EOS token (`"eos"`, the EOS kept as its last token), on reaching
+        A row finishes on an EOS token (`"eos"`, the EOS kept as its last token), when its
+        generated text contains a stop string (`"stop_string"`), on reaching
         `max_new_tokens` (`"length"`), or when the processors leave no token possible, every
         logit `-inf` (`"constraint"`; no token is appended, so nothing is sampled from an empty
         distribution and no NaN appears).
@@ -64,6 +68,14 @@ class Step(eqx.Module):
         processor_states, logits = vmap_rows(process_all, self.processors, batch)(
             state.processor_states, state.logits, contexts
         )
+        # Finished rows keep their processor states as they were when they finished.
+        processor_states = jax.tree.map(
+            lambda new, old: jnp.where(
+                state.done.reshape((batch,) + (1,) * (new.ndim - 1)), old, new
+            ),
+            processor_states,
+            state.processor_states,
+        )
         tokens = jax.vmap(lambda lg, k: self.sampler(lg, key=k))(logits, sample_keys)
         chosen_logprobs = jnp.take_along_axis(
             jax.nn.log_softmax(logits, axis=-1), tokens[:, None], axis=1
@@ -81,11 +93,18 @@ class Step(eqx.Module):
         length = state.length + active.astype(jnp.int32)
 
         is_eos = active & jnp.isin(tokens, jnp.asarray(self.eos_token_id, jnp.int32))
+        stop_state, hit_stop = state.stop_state, jnp.zeros_like(active)
+        if self.stop_strings is not None:
+            advanced, matched = self.stop_strings.advance(state.stop_state, tokens)
+            stop_state = jnp.where(active[:, None], advanced, state.stop_state)
+            hit_stop = active & matched
         out_of_budget = active & (length - state.prompt_length >= state.max_new_tokens)
         finish_reason = jnp.select(
-            [is_eos, out_of_budget, dead_end], [EOS, LENGTH, CONSTRAINT], state.finish_reason
+            [is_eos, hit_stop, out_of_budget, dead_end],
+            [EOS, STOP_STRING, LENGTH, CONSTRAINT],
+            state.finish_reason,
         ).astype(jnp.int32)
-        done = state.done | is_eos | out_of_budget | dead_end
+        done = state.done | is_eos | hit_stop | out_of_budget | dead_end
 
         # Decode: feed the new tokens. Rows that had already finished feed padding (position -1,
         # never attended to) because all rows of the cache advance in lockstep.
@@ -102,6 +121,7 @@ class Step(eqx.Module):
             logprobs=logprobs,
             cache=cache,
             processor_states=processor_states,
+            stop_state=stop_state,
             key=state.key,
         )
 
@@ -113,6 +133,7 @@ def make_step(
     *,
     eos_token_id: int | Sequence[int] | None = None,
     pad_token_id: int | None = None,
+    stop_strings: StopStrings | None = None,
 ) -> Step:
     """Build the pure step function `step(state) -> state` of a generation.
 
@@ -126,6 +147,8 @@ def make_step(
     - `eos_token_id`: token id(s) that end a row; default: all of `model.config.eos_token_id`.
     - `pad_token_id`: id written after a row ends; default: the model's pad id, else its first
       EOS id, else 0.
+    - `stop_strings`: a `StopStrings` matcher (`StopStrings.build(strings, tokenizer, vocab)`),
+      or `None`.
 
     **Returns:** a `Step` module; call it as `step(state)`.
 
@@ -153,6 +176,7 @@ def make_step(
         model=model,
         processors=as_processors(processors),
         sampler=sampler,
+        stop_strings=stop_strings,
         eos_token_id=eos_token_id,
         pad_token_id=int(pad_token_id),
     )

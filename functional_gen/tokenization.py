@@ -5,6 +5,9 @@ as a BOS) or a chat (a list of `{"role", "content"}` messages, rendered with the
 chat template and the generation prompt).
 """
 
+import functools
+import json
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -119,3 +122,115 @@ class IncrementalDecoder:
         text = decode(self.tokenizer, self.token_ids[self.prefix_offset :])
         self.prefix_offset = self.read_offset = len(self.token_ids)
         return text[len(prefix) :]
+
+
+# llama.cpp's end-of-generation token texts (`llama_vocab::impl::load`, the `is_eog` list): tokens
+# that end a turn in common chat formats, besides the tokenizer's own EOS.
+END_OF_GENERATION_TEXTS = (
+    "<|eot_id|>",
+    "<|im_end|>",
+    "<|end|>",
+    "<end_of_turn>",
+    "<|endoftext|>",
+    "<|eom_id|>",
+    "<EOT>",
+    "_<EOT>",
+    "<｜end▁of▁sentence｜>",
+    "<|end_of_text|>",
+    "<|return|>",
+    "<|call|>",
+    "<end_of_utterance>",
+)
+
+_BYTE_FALLBACK = re.compile(r"<0x([0-9A-Fa-f]{2})>")
+
+
+@functools.cache
+def _unicode_to_byte() -> dict[str, int]:
+    """Inverse of GPT-2's `bytes_to_unicode`: printable bytes stand for themselves, the others
+    are shifted to U+0100 and up."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    chars = list(printable)
+    shifted = 0
+    for b in range(256):
+        if b not in printable:
+            printable.append(b)
+            chars.append(256 + shifted)
+            shifted += 1
+    return {chr(c): b for b, c in zip(printable, chars)}
+
+
+def _tokenizer_json(tokenizer) -> dict | None:
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        return None
+    return json.loads(backend.to_str())
+
+
+def _decoder_types(decoder: dict | None) -> set[str]:
+    if not decoder:
+        return set()
+    if decoder.get("type") == "Sequence":
+        return {t for d in decoder.get("decoders", []) for t in _decoder_types(d)}
+    return {decoder.get("type")}
+
+
+def token_bytes_table(tokenizer, vocab_size: int | None = None) -> tuple[list[bytes | None], set[int]]:
+    """The raw bytes each token id writes as text (not its decoded string), and the special ids.
+
+    A byte-level BPE token may hold part of a UTF-8 character, which decodes to U+FFFD on its
+    own; its bytes are exact here. Conventions, as `tokenizers`' decoders apply them:
+
+    - byte-level BPE (GPT-2, Llama-3, SmolLM2, Qwen): each character of a token string stands for
+      one byte through GPT-2's `bytes_to_unicode` table;
+    - byte fallback (Llama-2, Mistral, Gemma SentencePiece models): `<0xXX>` is the byte `0xXX`,
+      and `▁` (U+2581) is a space;
+    - added tokens and anything else: the token string's UTF-8 bytes.
+
+    **Arguments:** `tokenizer`: a transformers tokenizer (fast or slow); `vocab_size`: how many
+    ids to cover (default: one past the largest id the tokenizer knows; the model's vocabulary
+    may be padded past it).
+
+    **Returns:** `(token_bytes, special_ids)`: `token_bytes[i]` is the bytes token `i` writes, or
+    `None` for special tokens (BOS, EOS, chat markers) and unused ids.
+
+    **Raises:** `ValueError` if `vocab_size` is smaller than the tokenizer's vocabulary.
+    """
+    spec = _tokenizer_json(tokenizer)
+    if spec is not None:
+        decoders = _decoder_types(spec.get("decoder"))
+        byte_fallback = bool(spec.get("model", {}).get("byte_fallback")) or "ByteFallback" in decoders
+        byte_level = "ByteLevel" in decoders
+        added = {a["id"]: a for a in spec.get("added_tokens", [])}
+    else:  # a slow (Python) tokenizer: SentencePiece conventions
+        byte_level, byte_fallback, added = False, True, {}
+    vocab = tokenizer.get_vocab()
+    special = {int(i) for i in getattr(tokenizer, "all_special_ids", [])}
+    special |= {i for i, a in added.items() if a.get("special")}
+    size = max(vocab.values(), default=-1) + 1
+    if vocab_size is not None:
+        if vocab_size < size:
+            raise ValueError(
+                f"`vocab_size` {vocab_size} is smaller than the tokenizer's vocabulary ({size} ids)"
+            )
+        size = vocab_size
+    to_byte = _unicode_to_byte()
+    table: list[bytes | None] = [None] * size
+    for text, i in vocab.items():
+        if i in special or i >= size:
+            continue
+        if i in added:  # added tokens are stored as plain text, not byte-encoded
+            table[i] = text.encode("utf-8")
+        elif byte_level and all(c in to_byte for c in text):
+            table[i] = bytes(to_byte[c] for c in text)
+        elif byte_fallback and (m := _BYTE_FALLBACK.fullmatch(text)):
+            table[i] = bytes([int(m.group(1), 16)])
+        else:
+            table[i] = text.replace("\u2581", " ").encode("utf-8")
+    return table, special
+
+
+def token_bytes(tokenizer, vocab_size: int | None = None) -> list[bytes]:
+    """The bytes each token id writes as text (`b""` for special tokens and unused ids), as
+    `decode(..., skip_special_tokens=True)` writes them. See `token_bytes_table`."""
+    return [b or b"" for b in token_bytes_table(tokenizer, vocab_size)[0]]

@@ -104,9 +104,20 @@ def load_checkpoint(path: str | os.PathLike, *, dtype=jnp.float32):
     path = Path(path)
     config = read_config(path)
     weights = read_weights(safetensors_files(path))
-    model = LlamaForCausalLM.from_weights(config, weights, dtype=dtype)
+    model = LlamaForCausalLM.from_weights(
+        config, weights, dtype=dtype, generation_config=read_generation_config(path)
+    )
     tokenizer = load_tokenizer(path)
     return model, tokenizer
+
+
+def read_generation_config(path: Path):
+    """The checkpoint's `transformers.GenerationConfig` from `generation_config.json`, or `None`."""
+    if not (path / "generation_config.json").is_file():
+        return None
+    from transformers import GenerationConfig
+
+    return GenerationConfig.from_pretrained(str(path), local_files_only=True)
 
 
 def load_tokenizer(path: Path):

@@ -89,7 +89,7 @@ def convert_gguf_to_checkpoint(gguf_path: Path, target: Path) -> None:
 
     from .gguf_file import gguf_tokenizer, read_gguf
 
-    config, weights = read_gguf(gguf_path)
+    config, weights, generation_config = read_gguf(gguf_path, with_generation_config=True)
     if "rope_freqs" in weights:
         raise ValueError(f"{gguf_path}: RoPE frequency factors cannot be stored in a checkpoint")
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -99,12 +99,7 @@ def convert_gguf_to_checkpoint(gguf_path: Path, target: Path) -> None:
             weights.pop("lm_head.weight", None)
         save_file(weights, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         (tmp / "config.json").write_text(json.dumps(config.to_hf_dict(), indent=2))
-        generation = {
-            "bos_token_id": config.bos_token_id,
-            "eos_token_id": list(config.eos_token_id),
-            "pad_token_id": config.pad_token_id,
-        }
-        (tmp / "generation_config.json").write_text(json.dumps(generation, indent=2))
+        generation_config.save_pretrained(str(tmp))
         gguf_tokenizer(gguf_path).save_pretrained(str(tmp))
         if target.exists():
             shutil.rmtree(target)

@@ -18,25 +18,10 @@ import numpy as np
 
 from ..models.config import LlamaConfig, UnsupportedConfigError
 from ..models.llama import LlamaForCausalLM
+from ..tokenization import END_OF_GENERATION_TEXTS
 
 SUPPORTED_GGUF_ARCHITECTURES = ("llama", "qwen2")
 """`general.architecture` values accepted (llama.cpp writes Mistral models as `llama`)."""
-
-# llama.cpp's end-of-generation tokens, detected by their text (src/llama-vocab.cpp).
-EOG_TOKEN_TEXTS = (
-    "<|eot_id|>",
-    "<|im_end|>",
-    "<|end|>",
-    "<|return|>",
-    "<|call|>",
-    "<end_of_turn>",
-    "<|endoftext|>",
-    "<|eom_id|>",
-    "<EOT>",
-    "_<EOT>",
-    "<|end_of_text|>",
-    "<end_of_utterance>",
-)
 
 _LAYER_TENSORS = {
     "attn_q": "self_attn.q_proj",
@@ -105,7 +90,7 @@ def read_gguf_config(reader) -> LlamaConfig:
         if value is not None and int(value) not in eos:
             eos.append(int(value))
     for i, text in enumerate(tokens):
-        if text in EOG_TOKEN_TEXTS and i not in eos:
+        if text in END_OF_GENERATION_TEXTS and i not in eos:
             eos.append(i)
 
     window = meta("attention.sliding_window")
@@ -133,6 +118,46 @@ def read_gguf_config(reader) -> LlamaConfig:
         else:
             d.update(model_type="mistral", sliding_window=int(window))
     return LlamaConfig.from_hf(d)
+
+
+# llama.cpp's general.sampling.* keys (written from generation_config.json by its converter) and
+# the GenerationConfig attributes they stand for.
+_SAMPLING_KEYS = {
+    "temp": "temperature",
+    "top_k": "top_k",
+    "top_p": "top_p",
+    "min_p": "min_p",
+    "penalty_repeat": "repetition_penalty",
+    "xtc_probability": "xtc_probability",
+    "xtc_threshold": "xtc_threshold",
+    "mirostat": "mirostat",
+    "mirostat_tau": "mirostat_tau",
+    "mirostat_eta": "mirostat_eta",
+    "penalty_last_n": "penalty_last_n",
+}
+
+
+def read_gguf_generation_config(reader, config: LlamaConfig):
+    """A `transformers.GenerationConfig` from the GGUF's token ids and `general.sampling.*` keys.
+
+    Sampling keys turn sampling on (`do_sample=True`), as the checkpoint's own
+    `generation_config.json` did when llama.cpp's converter wrote them.
+    """
+    from transformers import GenerationConfig
+
+    values = {
+        "bos_token_id": config.bos_token_id,
+        "eos_token_id": list(config.eos_token_id) or None,
+        "pad_token_id": config.pad_token_id,
+    }
+    sampling = {}
+    for key, name in _SAMPLING_KEYS.items():
+        value = _field(reader, f"general.sampling.{key}")
+        if value is not None:
+            sampling[name] = value
+    if sampling:
+        values.update(do_sample=True, **sampling)
+    return GenerationConfig(**values)
 
 
 def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
@@ -192,17 +217,20 @@ def load_gguf(path: str | os.PathLike, *, dtype=jnp.float32):
     **Raises:** `FileNotFoundError` if the file does not exist; `UnsupportedConfigError` for an
     unsupported architecture, RoPE scaling or tensor type.
     """
-    config, weights = read_gguf(path)
+    config, weights, generation_config = read_gguf(path, with_generation_config=True)
     rope_freqs = weights.pop("rope_freqs", None)
-    model = LlamaForCausalLM.from_weights(config, weights, dtype=dtype)
+    model = LlamaForCausalLM.from_weights(
+        config, weights, dtype=dtype, generation_config=generation_config
+    )
     if rope_freqs is not None:
         inv_freq = jnp.asarray(config.rope_inv_freq() / rope_freqs.reshape(-1))
         model = eqx.tree_at(lambda m: m.model.rotary_emb.inv_freq, model, inv_freq)
     return model, gguf_tokenizer(path)
 
 
-def read_gguf(path: str | os.PathLike) -> tuple[LlamaConfig, dict[str, np.ndarray]]:
-    """`(config, float32 weights by Hugging Face name)` of a GGUF file (see `read_gguf_weights`).
+def read_gguf(path: str | os.PathLike, *, with_generation_config: bool = False):
+    """`(config, float32 weights by Hugging Face name)` of a GGUF file (see `read_gguf_weights`),
+    plus its `GenerationConfig` as a third element when `with_generation_config`.
 
     **Raises:** `FileNotFoundError` if the file does not exist.
     """
@@ -213,7 +241,10 @@ def read_gguf(path: str | os.PathLike) -> tuple[LlamaConfig, dict[str, np.ndarra
         raise FileNotFoundError(f"GGUF file not found: {path}")
     reader = GGUFReader(str(path))
     config = read_gguf_config(reader)
-    return config, read_gguf_weights(reader, config)
+    weights = read_gguf_weights(reader, config)
+    if with_generation_config:
+        return config, weights, read_gguf_generation_config(reader, config)
+    return config, weights
 
 
 def gguf_tokenizer(path: str | os.PathLike):

@@ -23,6 +23,7 @@ the slots attended over (= `max_len`).
 
 import math
 from collections.abc import Mapping
+from typing import Any
 
 import equinox as eqx
 import jax
@@ -239,11 +240,15 @@ class LlamaForCausalLM(eqx.Module):
     - `model`: the `LlamaModel`.
     - `lm_head`: the output `Linear`, or `None` when `config.tie_word_embeddings` (the output head
       is then `model.embed_tokens.weight`).
+    - `generation_config`: the checkpoint's default generation settings (a
+      `transformers.GenerationConfig`, static), or `None`; `functional_gen.generate` uses them
+      when it is given no processors or sampler.
     """
 
     config: LlamaConfig = eqx.field(static=True)
     model: LlamaModel
     lm_head: Linear | None
+    generation_config: Any = eqx.field(static=True)
 
     def __init__(
         self,
@@ -252,10 +257,12 @@ class LlamaForCausalLM(eqx.Module):
         key: PRNGKeyArray,
         dtype=jnp.float32,
         std: float = 0.02,
+        generation_config=None,
     ):
         """Random weights: normal with standard deviation `std`, norm weights 1, biases normal.
 
-        **Arguments:** `config`; `key` (keyword-only PRNG key); `dtype` of the weights; `std`.
+        **Arguments:** `config`; `key` (keyword-only PRNG key); `dtype` of the weights; `std`;
+        `generation_config` (a `transformers.GenerationConfig` or `None`).
         """
         c = config
         keys = iter(jax.random.split(key, 16 * c.num_hidden_layers + 4))
@@ -300,6 +307,7 @@ class LlamaForCausalLM(eqx.Module):
             rotary_emb=RotaryEmbedding(jnp.asarray(c.rope_inv_freq())),
         )
         self.lm_head = None if c.tie_word_embeddings else linear(c.vocab_size, c.hidden_size, False)
+        self.generation_config = generation_config
 
     @property
     def dtype(self):
@@ -417,6 +425,7 @@ class LlamaForCausalLM(eqx.Module):
         weights: Mapping[str, np.ndarray | Array],
         *,
         dtype=jnp.float32,
+        generation_config=None,
     ) -> "LlamaForCausalLM":
         """Build the model from a mapping of Hugging Face weight names to arrays.
 
@@ -429,13 +438,16 @@ class LlamaForCausalLM(eqx.Module):
         - `config`: the `LlamaConfig`.
         - `weights`: name -> array (numpy or JAX, any float dtype), in torch layout.
         - `dtype`: dtype of the model's weights.
+        - `generation_config`: the checkpoint's `transformers.GenerationConfig`, or `None`.
 
         **Returns:** the `LlamaForCausalLM`.
 
         **Raises:** `ValueError` naming the missing or unexpected weights, or the weight whose
         shape differs from the config's.
         """
-        skeleton = eqx.filter_eval_shape(cls, config, key=jax.random.key(0), dtype=dtype)
+        skeleton = eqx.filter_eval_shape(
+            cls, config, key=jax.random.key(0), dtype=dtype, generation_config=generation_config
+        )
         leaves, treedef = jax.tree_util.tree_flatten_with_path(skeleton)
         names = [_path_name(path) for path, _ in leaves]
         computed = {"model.rotary_emb.inv_freq"}

@@ -55,3 +55,9 @@ from .log_softmax import LogSoftmax as LogSoftmax
 # Stateful
 from .forced_tokens import ForcedTokens as ForcedTokens
 from .mirostat_v2 import MirostatV2 as MirostatV2, MirostatV2State as MirostatV2State
+
+# Structured generation
+from ..structured.choice import Choice as Choice
+from ..structured.grammar import Grammar as Grammar
+from ..structured.json_schema import JsonSchema as JsonSchema
+from ..structured.regex import Regex as Regex

@@ -6,6 +6,7 @@ without an entry here.
 """
 
 import dataclasses
+import functools
 import re
 
 import equinox as eqx
@@ -47,6 +48,20 @@ def per_row(a, b):
 def row_of(i):
     """Picks row `i`'s value as a scalar."""
     return lambda a, b: per_row(a, b)[i].item()
+
+
+@functools.cache
+def char_tokenizer():
+    """A character-level tokenizer of VOCAB ids (EOS `</s>` last), for the structured processors,
+    which need the bytes of every token."""
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    chars = list(dict.fromkeys('0123456789abcdefghijklmnopqrstuvwxyz{}[]:," -.ABCDEFGHIJKLMNOP'))
+    vocab = {c: i for i, c in enumerate(chars[: VOCAB - 2])}
+    vocab["<unk>"], vocab["</s>"] = VOCAB - 2, VOCAB - 1
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="<unk>", eos_token="</s>")
 
 
 # name -> (factory(v), [(invalid construction, parameter name in the message), ...])
@@ -127,6 +142,15 @@ REGISTRY = {
     "RemoveInvalidValues": (lambda v: P.RemoveInvalidValues(), []),
     "LogSoftmax": (lambda v: P.LogSoftmax(), []),
     "ForcedTokens": (lambda v: P.ForcedTokens([1, 2, 3]), [(lambda: P.ForcedTokens([]), "token_ids")]),
+    # Structured generation (one constraint for all rows here; per-row constraints and the
+    # automata themselves are tested in tests/structured).
+    "Regex": (lambda v: P.Regex("(ab|c)+d?", char_tokenizer()), [(lambda: P.Regex("(", char_tokenizer()), "(")]),
+    "Choice": (lambda v: P.Choice(["abc", "abd", "x"], char_tokenizer()), []),
+    "JsonSchema": (
+        lambda v: P.JsonSchema({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}, char_tokenizer()),
+        [],
+    ),
+    "Grammar": (lambda v: P.Grammar('start: "a" "b"* | "c"', char_tokenizer()), []),
     "MirostatV2": (
         lambda v: P.MirostatV2(v(2.0, 5.0), v(0.1, 0.5), vocab_size=VOCAB),
         [(lambda: P.MirostatV2(-1.0, vocab_size=VOCAB), "mirostat_tau"), (lambda: P.MirostatV2(5.0, 0.1, vocab_size=0), "vocab_size")],
@@ -215,7 +239,7 @@ def test_docstring_cites_source_and_documents_fields(name):
     doc = cls.__doc__ or ""
     assert "Source" in doc, f"{name} must cite its source"
     if dataclasses.fields(cls):
-        assert "**Attributes:**" in doc and "**Raises:**" in doc
+        assert ("**Attributes:**" in doc or "**Arguments:**" in doc) and "**Raises:**" in doc
 
 
 # --- state and compilation --------------------------------------------------------------------
@@ -284,11 +308,15 @@ def test_invalid_parameters_raise_at_construction(name):
             construct()
 
 
-def has_per_row_fields(name):
-    return any(f.metadata.get("per_row") for f in dataclasses.fields(exported_processor_classes()[name]))
+def has_per_row_values(name):
+    processor = build(name, per_row)
+    return any(
+        f.metadata.get("per_row") and jnp.ndim(getattr(processor, f.name)) > 0
+        for f in dataclasses.fields(processor)
+    )
 
 
-@pytest.mark.parametrize("name", [n for n in NAMES if has_per_row_fields(n)])
+@pytest.mark.parametrize("name", [n for n in NAMES if has_per_row_values(n)])
 def test_per_row_values_must_match_the_batch(name):
     processor = build(name, per_row)
     contexts, logits = random_contexts(4, batch=BATCH + 1), random_logits(4, batch=BATCH + 1)

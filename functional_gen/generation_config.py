@@ -1,0 +1,206 @@
+"""transformers' `GenerationConfig` -> functional_gen's processors, sampler and settings.
+
+`settings_from_generation_config` builds the same processor list, in the same order, that
+transformers' `GenerationMixin._get_logits_processor` (transformers 5.23) builds for a
+decoder-only model, so a checkpoint's `generation_config.json` means the same thing here:
+
+    sequence_bias, repetition_penalty, no_repeat_ngram_size, bad_words_ids, min_length,
+    min_new_tokens, forced_bos_token_id, forced_eos_token_id, remove_invalid_values,
+    exponential_decay_length_penalty, suppress_tokens, begin_suppress_tokens,
+    then, when do_sample: temperature, top_k, top_p, min_p, typical_p, epsilon_cutoff,
+    eta_cutoff, then renormalize_logits.
+
+llama.cpp's own sampling settings, which GGUF files may carry (`general.sampling.*`), add
+`XTC` (`xtc_threshold`, `xtc_probability`) and `MirostatV2` (`mirostat=2`, `mirostat_tau`,
+`mirostat_eta`) after min-p, in llama.cpp's chain order.
+
+Settings that select a decoding method this library does not have yet (beam search,
+classifier-free guidance, contrastive search, assisted decoding, watermarking, ...) raise a
+`ValueError` naming them: nothing is silently ignored. Settings that do not change the
+generated tokens (`output_scores`, `use_cache`, `return_dict_in_generate`, ...) are ignored.
+"""
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from . import processors as P
+from .samplers import AbstractSampler, Greedy, Multinomial
+
+# Non-default values of these select decoding features that are not implemented (yet).
+_UNSUPPORTED = {
+    "num_beams": 1,
+    "num_beam_groups": 1,
+    "penalty_alpha": None,
+    "guidance_scale": None,
+    "top_h": None,
+    "watermarking_config": None,
+    "assistant_model": None,
+    "prompt_lookup_num_tokens": None,
+    "dola_layers": None,
+    "constraints": None,
+    "force_words_ids": None,
+    "token_healing": False,
+    "encoder_repetition_penalty": 1.0,
+    "encoder_no_repeat_ngram_size": 0,
+    "max_time": None,
+    "use_mtp": False,
+}
+_UNSUPPORTED_LLAMA_CPP = {"mirostat": (0, 2)}
+
+
+@dataclasses.dataclass(frozen=True)
+class GenerationSettings:
+    """What a `GenerationConfig` asks `generate` to do.
+
+    **Attributes:** `processors` (tuple, in transformers' order); `sampler`; `max_new_tokens`
+    (`None`: not set); `max_length` (total length including the prompt, `None`: not set);
+    `eos_token_id` (tuple or `None`: the model's); `pad_token_id` (or `None`); `stop_strings`
+    (tuple); `num_return_sequences`.
+    """
+
+    processors: tuple
+    sampler: AbstractSampler
+    max_new_tokens: int | None
+    max_length: int | None
+    eos_token_id: tuple[int, ...] | None
+    pad_token_id: int | None
+    stop_strings: tuple[str, ...]
+    num_return_sequences: int
+
+
+def load_generation_config(generation_config: Any):
+    """A `transformers.GenerationConfig` from one, from a dict, or from a path to a
+    `generation_config.json` file or to the directory holding it.
+
+    **Raises:** `FileNotFoundError` for a path without a generation config; `TypeError` for
+    anything else.
+    """
+    from transformers import GenerationConfig
+
+    if isinstance(generation_config, GenerationConfig):
+        return generation_config
+    if isinstance(generation_config, Mapping):
+        return GenerationConfig(**dict(generation_config))
+    if isinstance(generation_config, (str, os.PathLike)):
+        path = Path(generation_config)
+        if path.is_dir():
+            path = path / "generation_config.json"
+        if not path.is_file():
+            raise FileNotFoundError(f"no generation config at {path}")
+        return GenerationConfig.from_json_file(str(path))
+    raise TypeError(
+        "generation_config must be a transformers.GenerationConfig, a dict, or a path to a "
+        f"generation_config.json, got {type(generation_config).__name__}"
+    )
+
+
+def settings_from_generation_config(
+    generation_config: Any, *, eos_token_id: tuple[int, ...], vocab_size: int
+) -> GenerationSettings:
+    """Translate a generation config into processors, a sampler and length settings.
+
+    **Arguments:**
+
+    - `generation_config`: anything `load_generation_config` accepts.
+    - `eos_token_id`: the model's EOS ids, used where the config has none (`MinLength`,
+      `MinNewTokens`, `BadWords`, ...).
+    - `vocab_size`: the model's vocabulary size (for `MirostatV2`).
+
+    **Returns:** a `GenerationSettings`.
+
+    **Raises:** `ValueError` naming settings that select unsupported decoding methods, and any
+    error of the processors for out-of-range values.
+    """
+    gc = load_generation_config(generation_config)
+    unsupported = []
+    for name, default in _UNSUPPORTED.items():
+        value = getattr(gc, name, default)
+        if value is not None and value != default and value is not False:
+            unsupported.append(f"{name}={value!r}")
+    mirostat = getattr(gc, "mirostat", 0) or 0
+    if mirostat not in _UNSUPPORTED_LLAMA_CPP["mirostat"]:
+        unsupported.append(f"mirostat={mirostat!r} (only Mirostat v2 is implemented)")
+    if unsupported:
+        raise ValueError(
+            "the generation config asks for decoding features functional_gen does not implement: "
+            + ", ".join(unsupported)
+        )
+
+    config_eos = gc.eos_token_id
+    if config_eos is not None:
+        config_eos = (config_eos,) if isinstance(config_eos, int) else tuple(config_eos)
+    eos = config_eos or eos_token_id
+
+    procs: list = []
+    if gc.sequence_bias is not None:
+        procs.append(P.SequenceBias(gc.sequence_bias))
+    if gc.repetition_penalty is not None and gc.repetition_penalty != 1.0:
+        procs.append(P.RepetitionPenalty(gc.repetition_penalty))
+    if gc.no_repeat_ngram_size is not None and gc.no_repeat_ngram_size > 0:
+        procs.append(P.NoRepeatNGram(gc.no_repeat_ngram_size))
+    if gc.bad_words_ids is not None:
+        procs.append(P.BadWords(gc.bad_words_ids, eos))
+    if gc.min_length is not None and gc.min_length > 0 and eos:
+        procs.append(P.MinLength(gc.min_length, eos))
+    if gc.min_new_tokens is not None and gc.min_new_tokens > 0 and eos:
+        procs.append(P.MinNewTokens(gc.min_new_tokens, eos))
+    if gc.forced_bos_token_id is not None:
+        procs.append(P.ForcedBOS(gc.forced_bos_token_id))
+    if gc.forced_eos_token_id is not None:
+        procs.append(P.ForcedEOS(gc.forced_eos_token_id))
+    if gc.remove_invalid_values:
+        procs.append(P.RemoveInvalidValues())
+    if gc.exponential_decay_length_penalty is not None:
+        procs.append(P.ExponentialDecayLengthPenalty(gc.exponential_decay_length_penalty, eos))
+    if gc.suppress_tokens is not None:
+        procs.append(P.SuppressTokens(gc.suppress_tokens))
+    if gc.begin_suppress_tokens is not None:
+        # transformers starts one token later after a forced BOS on a one-token prompt; here
+        # the index counts generated tokens, so a forced BOS moves it to 1.
+        begin = 1 if gc.forced_bos_token_id is not None else 0
+        procs.append(P.SuppressTokensAtBegin(gc.begin_suppress_tokens, begin))
+    if gc.do_sample:
+        if gc.temperature is not None and gc.temperature != 1.0:
+            procs.append(P.Temperature(gc.temperature))
+        if gc.top_k is not None and gc.top_k != 0:
+            procs.append(P.TopK(gc.top_k))
+        if gc.top_p is not None and gc.top_p < 1.0:
+            procs.append(P.TopP(gc.top_p))
+        if gc.min_p is not None:
+            procs.append(P.MinP(gc.min_p))
+        if gc.typical_p is not None and gc.typical_p < 1.0:
+            procs.append(P.TypicalP(gc.typical_p))
+        if gc.epsilon_cutoff is not None and 0.0 < gc.epsilon_cutoff < 1.0:
+            procs.append(P.EpsilonCutoff(gc.epsilon_cutoff))
+        if gc.eta_cutoff is not None and 0.0 < gc.eta_cutoff < 1.0:
+            procs.append(P.EtaCutoff(gc.eta_cutoff))
+        xtc_probability = getattr(gc, "xtc_probability", None)
+        if xtc_probability:
+            procs.append(P.XTC(getattr(gc, "xtc_threshold", 0.1), xtc_probability))
+        if mirostat == 2:
+            procs.append(
+                P.MirostatV2(
+                    getattr(gc, "mirostat_tau", 5.0),
+                    getattr(gc, "mirostat_eta", 0.1),
+                    vocab_size=vocab_size,
+                )
+            )
+    if gc.renormalize_logits:
+        procs.append(P.LogSoftmax())
+
+    explicit = gc.to_diff_dict()
+    stop = gc.stop_strings
+    stop = () if stop is None else ((stop,) if isinstance(stop, str) else tuple(stop))
+    return GenerationSettings(
+        processors=tuple(procs),
+        sampler=Multinomial() if gc.do_sample else Greedy(),
+        max_new_tokens=gc.max_new_tokens,
+        max_length=gc.max_length if "max_length" in explicit else None,
+        eos_token_id=config_eos,
+        pad_token_id=gc.pad_token_id,
+        stop_strings=stop,
+        num_return_sequences=gc.num_return_sequences or 1,
+    )

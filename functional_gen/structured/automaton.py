@@ -1,0 +1,427 @@
+"""`TokenAutomaton`: a constraint as a deterministic automaton over TOKENS, stored as small arrays.
+
+A regular constraint (a regex, a JSON Schema, a list of choices, a depth-bounded grammar) is a
+DFA over bytes. Lifted to the tokenizer's vocabulary it becomes a DFA over token ids: from state
+`s`, token `t` either leads to one next state or is not allowed. Stored densely that is an
+`int32[states, vocab]` table (62 MiB for a 333-state JSON Schema at 49,152 tokens); we store it
+in three small arrays instead:
+
+- `token_class: int32[vocab]`: tokens with identical columns (the same next state from every
+  state) share a class. A JSON Schema over 49,152 tokens has about 50-250 classes; class 0 holds
+  the tokens that are never allowed (special tokens, text the constraint cannot contain).
+- `transitions: int32[states, classes]`: the next state, `0` for "not allowed". State 0 is the
+  dead state (a row of zeros), state 1 the initial state.
+- `distance: int32[states]`: the fewest tokens that lead from the state to an accepting state
+  (0 when accepting, `INFINITE_DISTANCE` when none do). It marks the accepting states (where
+  the end-of-generation tokens are allowed and loop back to the same state), and it lets the
+  device mask keep only tokens after which the row can still finish within its remaining
+  `max_new_tokens` (see `functional_gen.structured.processor`).
+
+The allowed set of state `s` with `r` tokens left is
+`distance[transitions[s, token_class]] <= r - 1`: two gathers on the device, no per-state
+bitmask. States from which no accepting state can be reached are pruned at build time.
+
+`from_transitions` builds the tables from any token-level transition list: our lifting of a
+byte DFA (`byte_dfa.lift`, what regexes, JSON Schemas, choices and grammars use), or
+outlines-core's `Index` (`from_outlines_index`, read with `numpy.fromiter`, no Python loop over
+transitions; a reference in tests and benchmarks). Classes come from a hash of each token's
+column, checked exactly afterwards.
+"""
+
+import dataclasses
+import hashlib
+import itertools
+import os
+import re
+import tempfile
+import threading
+from collections.abc import Iterable
+from pathlib import Path
+
+import numpy as np
+from jaxtyping import Bool, Int
+
+from .vocabulary import TokenVocabulary
+
+DEAD = 0
+"""The dead state: nothing is allowed, every transition stays there."""
+INITIAL = 1
+"""The initial state of every `TokenAutomaton`."""
+INFINITE_DISTANCE = int(np.iinfo(np.int32).max)
+"""`distance` of states that cannot reach an accepting state (and of the dead state)."""
+
+_FORMAT_VERSION = 2  # bump when the cached layout or the compilation changes
+
+
+class ConstraintError(ValueError):
+    """A constraint that cannot be compiled (a bad regex, a vocabulary that cannot write it, ...)."""
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class TokenAutomaton:
+    """A deterministic automaton over token ids, in the compact layout of the module docstring.
+
+    **Attributes:**
+
+    - `token_class`: `Int[np.ndarray, " vocab"]`, int32, the class of each token id.
+    - `transitions`: `Int[np.ndarray, "states classes"]`, int32, next state per (state, class);
+      0 = not allowed. Row 0 is the dead state, row 1 the initial state.
+    - `distance`: `Int[np.ndarray, " states"]`, int32, fewest tokens from each state to an
+      accepting one (0: accepting; `INFINITE_DISTANCE`: never).
+    - `eos_token_id`: the end-of-generation ids, allowed exactly in accepting states.
+    - `description`: what was compiled (for messages and `repr`).
+    """
+
+    token_class: Int[np.ndarray, " vocab"]
+    transitions: Int[np.ndarray, "states classes"]
+    distance: Int[np.ndarray, " states"]
+    eos_token_id: tuple[int, ...]
+    description: str = ""
+
+    @property
+    def num_states(self) -> int:
+        """States, the dead state 0 included."""
+        return self.transitions.shape[0]
+
+    @property
+    def num_classes(self) -> int:
+        """Token classes, class 0 ("never allowed") included."""
+        return self.transitions.shape[1]
+
+    @property
+    def vocab_size(self) -> int:
+        """Token ids covered."""
+        return self.token_class.shape[0]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the three tables."""
+        return self.token_class.nbytes + self.transitions.nbytes + self.distance.nbytes
+
+    @property
+    def accepting(self) -> Bool[np.ndarray, " states"]:
+        """`True` for the states where generation may end."""
+        return self.distance == 0
+
+    def next_state(self, state: int, token_id: int) -> int:
+        """The state after `token_id` (0 when the token is not allowed)."""
+        return int(self.transitions[state, self.token_class[token_id]])
+
+    def allowed(self, state: int, remaining: int | None = None) -> Bool[np.ndarray, " vocab"]:
+        """The tokens allowed in `state`, as a boolean row over the vocabulary.
+
+        With `remaining` (tokens the row may still generate, this one included), only tokens after
+        which an accepting state is at most `remaining - 1` tokens away.
+        """
+        after = self.distance[self.transitions[state]]
+        limit = INFINITE_DISTANCE - 1 if remaining is None else remaining - 1
+        return (after <= limit)[self.token_class]
+
+    def walk(self, token_ids: Iterable[int], state: int = INITIAL) -> int:
+        """The state after a sequence of tokens (0 if one was not allowed)."""
+        for t in token_ids:
+            state = self.next_state(state, int(t))
+        return state
+
+    def __repr__(self):
+        return (
+            f"TokenAutomaton({self.description!r}, states={self.num_states}, "
+            f"classes={self.num_classes}, vocab={self.vocab_size}, {self.nbytes / 2**20:.2f} MiB)"
+        )
+
+
+def _ragged_gather(indptr, rows):
+    """Concatenated `range(indptr[r], indptr[r + 1])` for `r` in `rows` (vectorised)."""
+    starts, lengths = indptr[rows], indptr[rows + 1] - indptr[rows]
+    total = int(lengths.sum())
+    if total == 0:
+        return np.zeros(0, np.int64)
+    offsets = np.repeat(starts - (np.cumsum(lengths) - lengths), lengths)
+    return np.arange(total) + offsets
+
+
+def _csr(keys, values, num_keys: int):
+    """`values` grouped by `keys`: `(indptr, grouped_values)`."""
+    order = np.argsort(keys, kind="stable")
+    indptr = np.searchsorted(keys[order], np.arange(num_keys + 1))
+    return indptr, values[order]
+
+
+def _bfs_layers(indptr, neighbours, sources, num_states: int) -> np.ndarray:
+    """Breadth-first distance (in edges) from `sources` over a CSR graph; unreached states get
+    `INFINITE_DISTANCE`. Work is linear in the edges (one vectorised pass per layer)."""
+    dist = np.full(num_states, INFINITE_DISTANCE, np.int64)
+    frontier = np.unique(np.asarray(sources, np.int64))
+    depth = 0
+    while frontier.size:
+        dist[frontier] = depth
+        reached = np.unique(neighbours[_ragged_gather(indptr, frontier)])
+        frontier = reached[dist[reached] == INFINITE_DISTANCE]
+        depth += 1
+    return dist
+
+
+def _token_classes(src, tok, dst, vocab_size: int, num_states: int) -> np.ndarray:
+    """Class of each token: tokens whose (state -> next state) columns are equal share a class;
+    class 0 holds exactly the tokens without any transition. Exact: a random hash of each
+    column, then a check that the class table reproduces every transition and no more."""
+    per_token = np.bincount(tok, minlength=vocab_size)
+    has_transitions = per_token > 0
+    rng = np.random.default_rng(0)
+    for _ in range(4):
+        weights = rng.integers(1, 2**63, num_states, dtype=np.uint64)
+        salt = np.uint64(rng.integers(1, 2**63))
+        h = np.zeros(vocab_size, np.uint64)
+        np.add.at(h, tok, weights[src] * (dst.astype(np.uint64) + salt))
+        cls = np.zeros(vocab_size, np.int64)
+        cls[has_transitions] = np.unique(h[has_transitions], return_inverse=True)[1] + 1
+        table = np.zeros((num_states, int(cls.max()) + 1), np.int32)
+        table[src, cls[tok]] = dst
+        per_class = (table != 0).sum(0)
+        if np.array_equal(table[src, cls[tok]], dst) and np.array_equal(per_class[cls], per_token):
+            return cls, table
+    raise RuntimeError("token classes: hash collisions in 4 attempts (should not happen)")
+
+
+def from_transitions(
+    src: Int[np.ndarray, " n"],
+    tok: Int[np.ndarray, " n"],
+    dst: Int[np.ndarray, " n"],
+    *,
+    initial: int,
+    accepting: Iterable[int],
+    vocab_size: int,
+    eos_token_id: tuple[int, ...],
+    description: str = "",
+) -> TokenAutomaton:
+    """Build a `TokenAutomaton` from a token-level transition list (any state numbering).
+
+    **Arguments:** `src`, `tok`, `dst`: one entry per allowed (state, token) pair, without the
+    end-of-generation tokens; `initial`, `accepting`: state ids in the same numbering (non-
+    negative ints); `vocab_size`; `eos_token_id` (allowed exactly in accepting states);
+    `description`.
+
+    **Returns:** the automaton with states renumbered (0 dead, 1 initial), states that cannot
+    reach an accepting state (or cannot be reached) pruned, and token classes computed.
+
+    **Raises:** `ConstraintError` when no token sequence leads from the initial state to an
+    accepting state.
+    """
+    src, tok, dst = (np.asarray(a, np.int64) for a in (src, tok, dst))
+    accepting = np.fromiter(accepting, np.int64)
+    # Dense renumbering: 1 = initial, then the others; 0 = dead.
+    top = int(max(src.max(initial=0), dst.max(initial=0), accepting.max(initial=0), initial)) + 1
+    present = np.zeros(top, bool)
+    present[src] = present[dst] = present[accepting] = True
+    present[initial] = False
+    others = np.flatnonzero(present)
+    lookup = np.zeros(top, np.int64)
+    lookup[initial] = INITIAL
+    lookup[others] = np.arange(2, others.size + 2)
+    src, dst, accepting = lookup[src], lookup[dst], lookup[accepting]
+    num_states = others.size + 2
+
+    token_class, table = _token_classes(src, tok, dst, vocab_size, num_states)
+
+    # Distances to acceptance on the (small) state graph, then pruning.
+    edge_src = np.repeat(np.arange(num_states), table.shape[1])
+    edge_dst = table.ravel().astype(np.int64)
+    live = edge_dst != DEAD
+    edges = np.unique(edge_src[live] * num_states + edge_dst[live])
+    e_src, e_dst = edges // num_states, edges % num_states
+    distance = _bfs_layers(*_csr(e_dst, e_src, num_states), accepting, num_states)
+    if distance[INITIAL] >= INFINITE_DISTANCE:
+        raise ConstraintError(
+            f"the vocabulary cannot write any text that satisfies the constraint {_short(description)}"
+        )
+    table[distance[table] >= INFINITE_DISTANCE] = DEAD
+    useful = distance[e_dst] < INFINITE_DISTANCE
+    reach = _bfs_layers(*_csr(e_src[useful], e_dst[useful], num_states), [INITIAL], num_states)
+    keep = reach < INFINITE_DISTANCE
+    keep[DEAD] = True
+    renumber = np.cumsum(keep) - 1
+    table = renumber[table[keep]].astype(np.int32)
+    distance = distance[keep]
+
+    # End-of-generation tokens: a class of their own that loops on accepting states.
+    eos_column = np.where(distance == 0, np.arange(table.shape[0]), DEAD).astype(np.int32)
+    table = np.concatenate([table, eos_column[:, None]], axis=1)
+    token_class[list(eos_token_id)] = table.shape[1] - 1
+
+    # Pruning may have made columns equal: merge them (the all-zero column stays class 0).
+    table, inverse = np.unique(table, axis=1, return_inverse=True)
+    token_class = inverse.reshape(-1)[token_class]
+    return TokenAutomaton(
+        token_class=token_class.astype(np.int32),
+        transitions=np.ascontiguousarray(table, np.int32),
+        distance=distance.astype(np.int32),
+        eos_token_id=tuple(eos_token_id),
+        description=description,
+    )
+
+
+def from_outlines_index(index, vocabulary: TokenVocabulary, description: str = "") -> TokenAutomaton:
+    """Export an `outlines_core.Index` built on `vocabulary.outlines_vocabulary`.
+
+    The `{state: {token: next}}` dictionaries are read with `numpy.fromiter` (C-level iteration,
+    no Python loop over transitions); outlines-core's single EOS transition is replaced by all of
+    `vocabulary.eos_token_id`.
+    """
+    table = index.get_transitions()
+    counts = np.fromiter(map(len, table.values()), np.int64, len(table))
+    total = int(counts.sum())
+    src = np.repeat(np.fromiter(table.keys(), np.int64, len(table)), counts)
+    tok = np.fromiter(itertools.chain.from_iterable(table.values()), np.int64, total)
+    dst = np.fromiter(
+        itertools.chain.from_iterable(map(dict.values, table.values())), np.int64, total
+    )
+    text = tok != vocabulary.outlines_eos_id
+    return from_transitions(
+        src[text],
+        tok[text],
+        dst[text],
+        initial=index.get_initial_state(),
+        accepting=index.get_final_states(),
+        vocab_size=vocabulary.vocab_size,
+        eos_token_id=vocabulary.eos_token_id,
+        description=description,
+    )
+
+
+# ----------------------------------------------------------------------------- cache
+
+
+def automaton_cache_dir() -> Path:
+    """Where compiled automata are cached: `<functional_gen cache>/automata`
+    (see `functional_gen.loading.default_model.cache_dir`)."""
+    from ..loading.default_model import cache_dir
+
+    return cache_dir() / "automata"
+
+
+_memory_cache: dict[str, TokenAutomaton] = {}
+_memory_lock = threading.Lock()
+_MEMORY_CACHE_SIZE = 64
+
+
+def cache_key(kind: str, source: str, vocabulary: TokenVocabulary) -> str:
+    """The cache key of a constraint: SHA-256 of its kind, its source text and the vocabulary's
+    fingerprint (and the cache format version)."""
+    digest = hashlib.sha256(f"{_FORMAT_VERSION}\0{kind}\0{vocabulary.fingerprint}\0".encode())
+    digest.update(source.encode("utf-8"))
+    return digest.hexdigest()[:40]
+
+
+def _load(path: Path, eos_token_id) -> TokenAutomaton | None:
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            return TokenAutomaton(
+                token_class=data["token_class"],
+                transitions=data["transitions"],
+                distance=data["distance"],
+                eos_token_id=tuple(eos_token_id),
+                description=str(data["description"]),
+            )
+    except (OSError, KeyError, ValueError):
+        return None
+
+
+def _save(path: Path, automaton: TokenAutomaton) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=path.stem, suffix=".tmp.npz", dir=path.parent)
+        with os.fdopen(fd, "wb") as f:
+            np.savez(
+                f,
+                token_class=automaton.token_class,
+                transitions=automaton.transitions,
+                distance=automaton.distance,
+                description=np.asarray(automaton.description),
+            )
+        os.replace(tmp, path)
+    except OSError:  # a read-only cache is not an error
+        pass
+
+
+def cached(kind: str, source: str, vocabulary: TokenVocabulary, build, *, cache: bool = True) -> TokenAutomaton:
+    """`build()` through the memory and disk caches, keyed by `cache_key(kind, source, vocabulary)`."""
+    if not cache:
+        return build()
+    key = cache_key(kind, source, vocabulary)
+    with _memory_lock:
+        hit = _memory_cache.get(key)
+    if hit is not None:
+        return hit
+    path = automaton_cache_dir() / f"{kind}-{key}.npz"
+    automaton = _load(path, vocabulary.eos_token_id) if path.is_file() else None
+    if automaton is None:
+        automaton = build()
+        _save(path, automaton)
+    with _memory_lock:
+        if len(_memory_cache) >= _MEMORY_CACHE_SIZE:
+            _memory_cache.pop(next(iter(_memory_cache)))
+        _memory_cache[key] = automaton
+    return automaton
+
+
+def clear_memory_cache() -> None:
+    """Forget the automata cached in this process (the disk cache stays)."""
+    with _memory_lock:
+        _memory_cache.clear()
+
+
+# ----------------------------------------------------------------------------- regex
+
+
+def _regex_hint(pattern: str) -> str:
+    try:
+        re.compile(pattern)
+    except re.error as e:
+        return f" ({e})"
+    return ""
+
+
+def build_regex_automaton(pattern: str, vocabulary: TokenVocabulary, description: str | None = None) -> TokenAutomaton:
+    """Compile a regex into a `TokenAutomaton`, without any cache: outlines-core compiles the
+    regex into a byte-level DFA (`byte_dfa.regex_byte_dfa`), we minimise it and lift it to the
+    vocabulary's tokens (`byte_dfa.lift`).
+
+    We do not lift with outlines-core's token `Index`: it drops every token that ends one byte
+    after a complete match without being a match itself (regex-automata reports matches one
+    byte late), so that `1` `.` `5` cannot be written for `[0-9]+(\\.[0-9]+)?`, nor `cat` `e`
+    `gory` for `cat|category`; and exporting its `{state: {token: state}}` dictionaries to
+    arrays costs as much as building it. Where its `Index` has no such gap, both give the same
+    tables (tested).
+
+    **Raises:** `ConstraintError` naming the pattern when it does not compile (bad syntax,
+    look-around, Unicode word boundaries), matches nothing, or cannot be written with the
+    vocabulary.
+    """
+    from .byte_dfa import lift, minimize, regex_byte_dfa
+
+    description = pattern if description is None else description
+    return lift(minimize(regex_byte_dfa(pattern)), vocabulary, description)
+
+
+def regex_automaton(pattern: str, vocabulary: TokenVocabulary, *, cache: bool = True, description: str | None = None) -> TokenAutomaton:
+    """Compile a regex (Rust `regex` syntax, matched against the WHOLE generated text) into a
+    `TokenAutomaton`, through the memory and disk caches.
+
+    **Arguments:** `pattern`: the regex; `vocabulary`: from `vocabulary_from_tokenizer`;
+    `cache`: use the caches; `description`: a label for messages (default: the pattern).
+
+    **Raises:** `ConstraintError` (a `ValueError`) for a pattern that does not compile or that the
+    vocabulary cannot write.
+
+    Source: Willard & Louf, "Efficient Guided Generation for Large Language Models" (2023), the
+    token-level automaton of a regex; outlines-core compiles the regex itself.
+    """
+    if not isinstance(pattern, str):
+        raise TypeError(f"a regex must be a str, got {type(pattern).__name__}: {pattern!r}")
+    return cached(
+        "regex", pattern, vocabulary, lambda: build_regex_automaton(pattern, vocabulary, description), cache=cache
+    )
+
+
+def _short(text: str, limit: int = 120) -> str:
+    return repr(text) if len(text) <= limit else repr(text[:limit]) + f"... ({len(text)} characters)"

@@ -1,0 +1,294 @@
+"""`ByteDFA`: a DFA over bytes, and its lifting to a `TokenAutomaton` over a vocabulary.
+
+Every constraint ends as a DFA over bytes (a regex through outlines-core, a grammar through our
+bounded-depth construction in `functional_gen.structured.grammar`); this module turns such a
+DFA into the token-level tables the device uses, the job outlines-core's `Index` does. Tokens are walked through the DFA along a trie of the
+vocabulary's byte strings, level by level and for all states at once with numpy: a (state,
+trie node) pair that dies is never extended, so a token prefix shared by thousands of tokens is
+walked once per state, and text that the state cannot continue costs nothing.
+
+A regex becomes a `ByteDFA` through outlines-core too: an `Index` over a vocabulary of the 256
+single bytes is exactly the byte-level DFA of the regex.
+"""
+
+import dataclasses
+import functools
+import itertools
+
+import numpy as np
+from jaxtyping import Bool, Int
+
+from .automaton import (
+    INFINITE_DISTANCE,
+    ConstraintError,
+    TokenAutomaton,
+    _bfs_layers,
+    _csr,
+    _regex_hint,
+    _short,
+    from_transitions,
+)
+from .vocabulary import TokenVocabulary
+
+REJECT = -1
+"""`ByteDFA.delta` entry of a byte that is not allowed."""
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class ByteDFA:
+    """A deterministic automaton over bytes.
+
+    **Attributes:** `delta`: `Int[np.ndarray, "states 256"]`, next state per byte (`REJECT` = -1
+    for a rejected byte); `accepting`: `Bool[np.ndarray, " states"]`; `initial`: the start state.
+    """
+
+    delta: Int[np.ndarray, "states 256"]
+    accepting: Bool[np.ndarray, " states"]
+    initial: int = 0
+
+    @property
+    def num_states(self) -> int:
+        """Number of states."""
+        return self.delta.shape[0]
+
+    def matches(self, data: bytes) -> bool:
+        """Whether the DFA accepts `data` (a host-side check, for tests)."""
+        state = self.initial
+        for b in data:
+            state = int(self.delta[state, b])
+            if state == REJECT:
+                return False
+        return bool(self.accepting[state])
+
+
+@functools.cache
+def _byte_vocabulary():
+    from outlines_core import Vocabulary
+
+    return Vocabulary(256, {bytes([b]): [b] for b in range(256)})
+
+
+_SENTINEL = "\U0010ffff"
+_SENTINEL_BYTES = _SENTINEL.encode("utf-8")
+
+
+@functools.lru_cache(maxsize=512)
+def regex_byte_dfa(regex: str) -> ByteDFA:
+    """The byte-level DFA of a regex (Rust `regex` syntax, whole-text match), via outlines-core.
+
+    outlines-core's `Index` drops every transition into a regex-automata "match state" whose
+    end of input is not a match (the DFA reports matches one byte late): on single bytes that
+    loses `1.5` from `[0-9]+(\\.[0-9]+)?` (the `.` after `1`) and `abc` from `a(bc)?`. We
+    compile `(?:regex)` followed by a sentinel character (U+10FFFF) instead: no match can
+    happen before the sentinel, so nothing is dropped, and a state accepts the regex exactly when
+    the sentinel's bytes lead it to a match.
+
+    **Raises:** `ConstraintError` naming the regex when it does not compile or matches nothing.
+    """
+    from outlines_core import Index
+
+    try:
+        index = Index(f"(?:{regex}){_SENTINEL}", _byte_vocabulary())
+    except (ValueError, RuntimeError) as e:
+        message = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise ConstraintError(
+            f"invalid regex {_short(regex)}: outlines-core (Rust `regex` syntax, no look-around "
+            f"or backreferences) cannot compile it: {message}{_regex_hint(regex)}"
+        ) from None
+    table = index.get_transitions()
+    counts = np.fromiter(map(len, table.values()), np.int64, len(table))
+    src = np.repeat(np.fromiter(table.keys(), np.int64, len(table)), counts)
+    byte = np.fromiter(itertools.chain.from_iterable(table.values()), np.int64, int(counts.sum()))
+    dst = np.fromiter(itertools.chain.from_iterable(map(dict.values, table.values())), np.int64, int(counts.sum()))
+    raw = np.unique(np.concatenate([src, dst, [index.get_initial_state()], list(index.get_final_states())]))
+    keep = byte < 256  # drop outlines-core's EOS self-loops
+    delta = np.full((raw.size, 256), REJECT, np.int32)
+    delta[np.searchsorted(raw, src[keep]), byte[keep]] = np.searchsorted(raw, dst[keep])
+    number = {int(r): i for i, r in enumerate(raw)}
+    finals = np.zeros(len(raw), bool)
+    finals[[number[s] for s in index.get_final_states()]] = True
+    state = np.arange(len(raw))
+    for b in _SENTINEL_BYTES:
+        state = np.where(state != REJECT, delta[np.maximum(state, 0), b], REJECT)
+    accepting = np.where(state != REJECT, finals[np.maximum(state, 0)], False)
+    return trim(ByteDFA(delta, accepting, number[index.get_initial_state()]))
+
+
+def trim(dfa: ByteDFA) -> ByteDFA:
+    """Keep only the states reachable from the start that can reach an accepting state.
+
+    **Raises:** `ConstraintError` when the language is empty.
+    """
+    n = dfa.num_states
+    src, byte = np.nonzero(dfa.delta != REJECT)
+    edges = np.unique(src.astype(np.int64) * n + dfa.delta[src, byte])
+    e_src, e_dst = edges // n, edges % n
+    reach = _bfs_layers(*_csr(e_src, e_dst, n), [dfa.initial], n) < INFINITE_DISTANCE
+    alive = _bfs_layers(*_csr(e_dst, e_src, n), np.flatnonzero(dfa.accepting & reach), n) < INFINITE_DISTANCE
+    alive &= reach
+    if not alive[dfa.initial]:
+        raise ConstraintError("the language is empty: no text reaches an accepting state")
+    if alive.all():
+        return dfa
+    keep = np.flatnonzero(alive)
+    renumber = np.full(n, REJECT, np.int64)
+    renumber[keep] = np.arange(keep.size)
+    rows = dfa.delta[keep]
+    new_delta = np.where(rows != REJECT, renumber[np.maximum(rows, 0)], REJECT).astype(np.int32)
+    return ByteDFA(new_delta, dfa.accepting[keep], int(renumber[dfa.initial]))
+
+
+def _refine(columns, accepting, hashed: bool):
+    """Moore's refinement: the coarsest partition stable under every column."""
+    blocks = accepting.astype(np.int64)
+    count = len(np.unique(blocks))
+    weights = np.random.default_rng(0).integers(1, 2**62, columns.shape[1] + 1, dtype=np.uint64)
+    while True:
+        successor = np.where(columns != REJECT, blocks[np.maximum(columns, 0)], REJECT)
+        signature = np.concatenate([blocks[:, None], successor], axis=1)
+        if hashed:
+            keys = (signature.astype(np.uint64) + np.uint64(2)) * weights  # wraps mod 2^64
+            blocks = np.unique(keys.sum(axis=1, dtype=np.uint64), return_inverse=True)[1].reshape(-1)
+        else:
+            blocks = np.unique(signature, axis=0, return_inverse=True)[1].reshape(-1)
+        new_count = int(blocks.max()) + 1
+        if new_count == count:
+            return blocks, count
+        count = new_count
+
+
+def minimize(dfa: ByteDFA) -> ByteDFA:
+    """The minimal DFA of the same language (trimmed, then Moore's partition refinement).
+
+    The refinement compares states by a hash of their successor blocks, then checks the final
+    partition exactly (and redoes it with exact row comparisons in the unlikely event of a
+    collision).
+
+    Source: E. F. Moore, "Gedanken-experiments on sequential machines" (1956).
+    """
+    dfa = trim(dfa)
+    columns, byte_class = np.unique(dfa.delta, axis=1, return_inverse=True)
+    byte_class = byte_class.reshape(-1)
+    blocks, count = _refine(columns, dfa.accepting, hashed=True)
+    representative = np.zeros(count, np.int64)
+    representative[blocks] = np.arange(dfa.num_states)
+    successor = np.where(columns != REJECT, blocks[np.maximum(columns, 0)], REJECT)
+    consistent = np.array_equal(successor, successor[representative[blocks]]) and np.array_equal(
+        dfa.accepting, dfa.accepting[representative[blocks]]
+    )
+    if not consistent:  # a hash collision merged different states
+        blocks, count = _refine(columns, dfa.accepting, hashed=False)
+        representative = np.zeros(count, np.int64)
+        representative[blocks] = np.arange(dfa.num_states)
+    rows = columns[representative]
+    merged = np.where(rows != REJECT, blocks[np.maximum(rows, 0)], REJECT)[:, byte_class]
+    return ByteDFA(merged.astype(np.int32), dfa.accepting[representative], int(blocks[dfa.initial]))
+
+
+# --------------------------------------------------------------------------- token trie
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class TokenTrie:
+    """The vocabulary's byte strings as a trie, in arrays (node 0 is the root).
+
+    **Attributes:** `byte`: the byte on the edge into each node; `child_ptr`: CSR offsets of each
+    node's children (children of node `n` are `child_ptr[n]:child_ptr[n + 1]`, nodes are numbered
+    so that they are contiguous); `token_ptr`, `token_ids`: CSR of the tokens ending at each node.
+    """
+
+    byte: Int[np.ndarray, " nodes"]
+    child_ptr: Int[np.ndarray, " nodes_plus_one"]
+    token_ptr: Int[np.ndarray, " nodes_plus_one"]
+    token_ids: Int[np.ndarray, " tokens"]
+
+    @property
+    def num_nodes(self) -> int:
+        """Nodes, the root included."""
+        return self.byte.shape[0]
+
+
+_TRIES: dict[str, TokenTrie] = {}
+
+
+def token_trie(vocabulary: TokenVocabulary) -> TokenTrie:
+    """The `TokenTrie` of a vocabulary's text tokens (built level by level with numpy; memoised
+    per vocabulary fingerprint)."""
+    if vocabulary.fingerprint in _TRIES:
+        return _TRIES[vocabulary.fingerprint]
+    ids = np.array([i for i, b in enumerate(vocabulary.token_bytes) if b], np.int64)
+    lengths = np.array([len(vocabulary.token_bytes[i]) for i in ids], np.int64)
+    width = int(lengths.max(initial=1))
+    matrix = np.zeros((ids.size, width), np.uint8)
+    flat = b"".join(vocabulary.token_bytes[i] for i in ids)
+    rows = np.repeat(np.arange(ids.size), lengths)
+    cols = np.arange(lengths.sum()) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+    matrix[rows, cols] = np.frombuffer(flat, np.uint8)
+
+    node_of = np.zeros(ids.size, np.int64)  # each token's node at the current depth
+    parents, bytes_ = [np.zeros(1, np.int64)], [np.zeros(1, np.int64)]
+    next_id = 1
+    for depth in range(width):
+        active = np.flatnonzero(lengths > depth)
+        keys = node_of[active] * 256 + matrix[active, depth]
+        unique, inverse = np.unique(keys, return_inverse=True)
+        node_of[active] = next_id + inverse.reshape(-1)
+        parents.append(unique // 256)
+        bytes_.append(unique % 256)
+        next_id += unique.size
+    parent = np.concatenate(parents)
+    parent[0] = -1
+    num_nodes = next_id
+    child_ptr = np.searchsorted(parent[1:], np.arange(num_nodes + 1)) + 1
+    order = np.argsort(node_of, kind="stable")
+    token_ptr = np.searchsorted(node_of[order], np.arange(num_nodes + 1))
+    trie = TokenTrie(
+        byte=np.concatenate(bytes_).astype(np.int64),
+        child_ptr=child_ptr.astype(np.int64),
+        token_ptr=token_ptr.astype(np.int64),
+        token_ids=ids[order],
+    )
+    _TRIES[vocabulary.fingerprint] = trie
+    return trie
+
+
+def _ragged(ptr, rows):
+    """`(owner, index)`: for each row `r`, the indices `ptr[r]:ptr[r + 1]`, and which row."""
+    starts, counts = ptr[rows], ptr[rows + 1] - ptr[rows]
+    owner = np.repeat(np.arange(rows.size), counts)
+    index = np.arange(owner.size) + (starts - (np.cumsum(counts) - counts))[owner]
+    return owner, index
+
+
+def lift(dfa: ByteDFA, vocabulary: TokenVocabulary, description: str = "") -> TokenAutomaton:
+    """The `TokenAutomaton` of a byte DFA over a vocabulary: from each state, each token whose
+    bytes the DFA can read leads to the state after them (see the module docstring).
+
+    **Raises:** `ConstraintError` when no token sequence reaches an accepting state.
+    """
+    dfa = trim(dfa)
+    trie = token_trie(vocabulary)
+    delta = dfa.delta
+    states = np.arange(dfa.num_states, dtype=np.int64)
+    origin, current, node = states, states, np.zeros(states.size, np.int64)
+    src, tok, dst = [], [], []
+    while origin.size:
+        owner, child = _ragged(trie.child_ptr, node)
+        nxt = delta[current[owner], trie.byte[child]]
+        alive = nxt != REJECT
+        origin, current, node = origin[owner[alive]], nxt[alive].astype(np.int64), child[alive]
+        holder, index = _ragged(trie.token_ptr, node)
+        src.append(origin[holder])
+        tok.append(trie.token_ids[index])
+        dst.append(current[holder])
+    src, tok, dst = (np.concatenate(a) if a else np.zeros(0, np.int64) for a in (src, tok, dst))
+    return from_transitions(
+        src,
+        tok,
+        dst,
+        initial=dfa.initial,
+        accepting=np.flatnonzero(dfa.accepting),
+        vocab_size=vocabulary.vocab_size,
+        eos_token_id=vocabulary.eos_token_id,
+        description=description,
+    )

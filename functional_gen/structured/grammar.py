@@ -1,0 +1,471 @@
+"""`Grammar`: generated text in the language of a context-free grammar, up to a nesting depth.
+
+A context-free language needs a stack, and a jitted loop needs fixed shapes. We bound the
+stack: the grammar is compiled into the regular language of its derivations in which at most
+`max_depth` recursive calls are open at once, built directly as a minimal DFA (no regex text,
+which would grow exponentially with the depth), then lifted to tokens like a regex. On the
+device it is the same one-int32-per-row automaton as `Regex`; text that would open a level
+beyond `max_depth` is simply not offered, so every output parses. Deeper nesting is cut off,
+never produced invalid.
+
+The construction:
+
+1. Terminals (strings, regexes) become byte DFAs (`byte_dfa.regex_byte_dfa`).
+2. Rule references that can recurse are cut at a small set of rules (a feedback vertex set of
+   the rule graph, chosen greedily: for JSON, `value`; for arithmetic, `expr`). Every other
+   reference is inlined. Each cut rule, and the start rule, becomes a minimal DFA over bytes
+   and "call" symbols.
+3. The bounded-stack product: a state is a set of configurations `(rule, state, stack)`, the
+   stack holding return states, at most `max_depth` deep. Calls push, accepting states of a
+   called rule pop. Subset construction over bytes, then minimisation.
+
+`max_depth` counts the calls of the cut rules open at once, the top level included: for JSON
+(cut at `value`) it is the nesting depth of values, e.g. `{"a": [1]}` needs 3 (the object, the
+array, the number), and with `max_depth=2` a container inside a container must be empty; for
+the arithmetic grammar (cut at `factor`) a plain number needs 1, and every parenthesis or unary
+minus around it one more. The number of DFA states grows with the number of distinct stacks:
+linearly in the depth when one rule recurses through one kind of call site (parentheses), about
+2^depth for JSON (objects and arrays nest in any order).
+
+Source: the bounded-depth regular approximation of a CFG (cf. Pereira & Wright, "Finite-state
+approximation of phrase structure grammars", 1991; Mohri & Nederhof, 2001). The grammar syntax
+is Lark's (`grammar_syntax`); `%ignore` terminals may appear between any two items.
+"""
+
+import functools
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from .automaton import ConstraintError, TokenAutomaton, cached
+from .byte_dfa import REJECT, ByteDFA, lift, minimize, regex_byte_dfa
+from .grammar_syntax import (
+    Alt,
+    GrammarError,
+    GrammarSpec,
+    Ref,
+    Repeat,
+    Seq,
+    Terminal,
+    parse_grammar,
+)
+from .processor import AbstractConstraint, rows_of
+from .vocabulary import TokenVocabulary, vocabulary_from_tokenizer
+
+DEFAULT_MAX_DEPTH = 4
+"""Default bound on open recursive calls (see the module docstring)."""
+MAX_STATES = 200_000
+"""The construction stops with an error beyond this many byte-DFA states."""
+
+
+# --------------------------------------------------------------------------- rule graph
+
+
+def _references(node, out: set) -> set:
+    if isinstance(node, Ref):
+        out.add(node.name)
+    elif isinstance(node, Seq):
+        for i in node.items:
+            _references(i, out)
+    elif isinstance(node, Alt):
+        for o in node.options:
+            _references(o, out)
+    elif isinstance(node, Repeat):
+        _references(node.item, out)
+    return out
+
+
+def _strongly_connected(graph: dict[str, set]) -> list[list[str]]:
+    """Tarjan's strongly connected components (iterative)."""
+    index, low, on_stack, stack, out = {}, {}, set(), [], []
+    counter = 0
+    for root in graph:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = counter
+        counter += 1
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            advanced = False
+            for child in children:
+                if child not in index:
+                    index[child] = low[child] = counter
+                    counter += 1
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                    advanced = True
+                    break
+                if child in on_stack:
+                    low[node] = min(low[node], index[child])
+            if advanced:
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    w = stack.pop()
+                    on_stack.discard(w)
+                    component.append(w)
+                    if w == node:
+                        break
+                out.append(component)
+    return out
+
+
+def cut_rules(spec: GrammarSpec) -> list[str]:
+    """Rules whose references become calls: every cycle of the rule graph goes through one.
+
+    Greedy: while a cycle remains, cut the rule of each cyclic component with the most
+    (incoming x outgoing) references inside it, ties to the first defined.
+    """
+    order = {name: i for i, name in enumerate(spec.rules)}
+    graph = {name: _references(body, set()) for name, body in spec.rules.items()}
+    cut: list[str] = []
+    while True:
+        live = {n: {m for m in refs if m not in cut} for n, refs in graph.items() if n not in cut}
+        cyclic = [c for c in _strongly_connected(live) if len(c) > 1 or c[0] in live[c[0]]]
+        if not cyclic:
+            return cut
+        for component in cyclic:
+            members = set(component)
+
+            def score(n, live=live, members=members):
+                inside_out = len(live[n] & members)
+                inside_in = sum(n in live[m] for m in members)
+                return (-inside_in * inside_out, order[n])
+
+            cut.append(min(component, key=score))
+
+
+# --------------------------------------------------------------------------- rule automata
+
+
+class _NFA:
+    """Thompson-style NFA over integer symbols (byte classes, then call symbols)."""
+
+    def __init__(self):
+        self.eps: list[list[int]] = []
+        self.edges: list[list[tuple[int, int]]] = []
+
+    def state(self) -> int:
+        self.eps.append([])
+        self.edges.append([])
+        return len(self.eps) - 1
+
+
+class _Builder:
+    def __init__(self, spec: GrammarSpec, cut: list[str]):
+        self.spec = spec
+        self.cut = {name: i for i, name in enumerate(cut)}
+        # The ignored terminals, any number of them, form one terminal of their own.
+        self.ignore = Terminal("(?:" + "|".join(f"(?:{r})" for r in spec.ignore) + ")*") if spec.ignore else None
+        regexes = sorted({r for body in spec.rules.values() for r in _terminals(body, set())} | (
+            {self.ignore.regex} if self.ignore else set()))
+        self.terminals = {r: regex_byte_dfa(r) for r in regexes}
+        # Byte classes: bytes that every terminal DFA treats alike.
+        stacked = np.concatenate([d.delta for d in self.terminals.values()], axis=0) if regexes else np.zeros((1, 256), np.int32)
+        _, self.byte_class = np.unique(stacked, axis=1, return_inverse=True)
+        self.byte_class = self.byte_class.reshape(-1)
+        self.num_classes = int(self.byte_class.max()) + 1
+        self.class_byte = np.zeros(self.num_classes, np.int64)
+        self.class_byte[self.byte_class] = np.arange(256)
+
+    @property
+    def num_symbols(self) -> int:
+        return self.num_classes + len(self.cut)
+
+    def fragment(self, nfa: _NFA, node, inlining: tuple) -> tuple[int, int]:
+        if isinstance(node, Terminal):
+            dfa = self.terminals[node.regex]
+            base = len(nfa.eps)
+            for _ in range(dfa.num_states):
+                nfa.state()
+            end = nfa.state()
+            table = dfa.delta[:, self.class_byte]
+            for q in range(dfa.num_states):
+                for c in np.flatnonzero(table[q] != REJECT):
+                    nfa.edges[base + q].append((int(c), base + int(table[q, c])))
+                if dfa.accepting[q]:
+                    nfa.eps[base + q].append(end)
+            return base + dfa.initial, end
+        if isinstance(node, Ref):
+            if node.name in self.cut:
+                start, end = nfa.state(), nfa.state()
+                nfa.edges[start].append((self.num_classes + self.cut[node.name], end))
+                return start, end
+            if node.name in inlining:  # cannot happen: cycles go through cut rules
+                raise GrammarError(f"internal: rule {node.name} inlined into itself")
+            return self.fragment(nfa, self.spec.rules[node.name], inlining + (node.name,))
+        if isinstance(node, Seq):
+            start = end = nfa.state()
+            for i, item in enumerate(node.items):
+                if i:
+                    end = self.append_ignore(nfa, end, inlining)
+                end = self.append(nfa, end, item, inlining)
+            return start, end
+        if isinstance(node, Alt):
+            start, end = nfa.state(), nfa.state()
+            for option in node.options:
+                s, e = self.fragment(nfa, option, inlining)
+                nfa.eps[start].append(s)
+                nfa.eps[e].append(end)
+            return start, end
+        if isinstance(node, Repeat):
+            # Copies separated by the ignored terminals: item (ignore item){low-1} ...
+            start = end = nfa.state()
+            for k in range(node.low):
+                if k:
+                    end = self.append_ignore(nfa, end, inlining)
+                end = self.append(nfa, end, node.item, inlining)
+            if node.high is None:
+                hub = nfa.state()
+                nfa.eps[end].append(hub)
+                body_start = nfa.state()
+                body_end = self.append_ignore(nfa, body_start, inlining) if node.low else body_start
+                body_end = self.append(nfa, body_end, node.item, inlining)
+                if not node.low:  # between the optional copies
+                    body_end = self.append_ignore(nfa, body_end, inlining)
+                nfa.eps[hub].append(body_start)
+                nfa.eps[body_end].append(hub)
+                return start, hub
+            finish = nfa.state()
+            nfa.eps[end].append(finish)
+            for k in range(node.high - node.low):
+                if node.low or k:
+                    end = self.append_ignore(nfa, end, inlining)
+                end = self.append(nfa, end, node.item, inlining)
+                nfa.eps[end].append(finish)
+            return start, finish
+        raise TypeError(node)
+
+    def append(self, nfa: _NFA, end: int, node, inlining: tuple) -> int:
+        s, e = self.fragment(nfa, node, inlining)
+        nfa.eps[end].append(s)
+        return e
+
+    def append_ignore(self, nfa: _NFA, end: int, inlining: tuple) -> int:
+        return end if self.ignore is None else self.append(nfa, end, self.ignore, inlining)
+
+    def rule_dfa(self, body, *, top: bool):
+        """Minimal DFA (table over symbols, accepting, initial) of one rule body."""
+        nfa = _NFA()
+        if top and self.ignore is not None:
+            body = Seq((self.ignore, body, self.ignore))
+        start, end = self.fragment(nfa, body, ())
+        return _determinize(nfa, start, end, self.num_symbols)
+
+
+def _terminals(node, out: set) -> set:
+    if isinstance(node, Terminal):
+        out.add(node.regex)
+    elif isinstance(node, Seq):
+        for i in node.items:
+            _terminals(i, out)
+    elif isinstance(node, Alt):
+        for o in node.options:
+            _terminals(o, out)
+    elif isinstance(node, Repeat):
+        _terminals(node.item, out)
+    return out
+
+
+def _closure(nfa: _NFA, states) -> frozenset:
+    seen, work = set(states), list(states)
+    while work:
+        for t in nfa.eps[work.pop()]:
+            if t not in seen:
+                seen.add(t)
+                work.append(t)
+    return frozenset(seen)
+
+
+def _determinize(nfa: _NFA, start: int, end: int, num_symbols: int):
+    first = _closure(nfa, [start])
+    ids, order = {first: 0}, [first]
+    rows = []
+    i = 0
+    while i < len(order):
+        current = order[i]
+        moves: dict[int, set] = {}
+        for q in current:
+            for sym, t in nfa.edges[q]:
+                moves.setdefault(sym, set()).add(t)
+        row = np.full(num_symbols, REJECT, np.int64)
+        for sym, targets in moves.items():
+            nxt = _closure(nfa, targets)
+            if nxt not in ids:
+                ids[nxt] = len(order)
+                order.append(nxt)
+            row[sym] = ids[nxt]
+        rows.append(row)
+        i += 1
+    table = np.stack(rows)
+    accepting = np.array([end in s for s in order])
+    dfa = minimize(ByteDFA(table, accepting, 0))  # minimisation works on any alphabet width
+    return dfa
+
+
+# --------------------------------------------------------------------------- bounded stack
+
+
+def grammar_byte_dfa(spec: GrammarSpec, max_depth: int) -> ByteDFA:
+    """The minimal byte DFA of the grammar's derivations with at most `max_depth` open
+    recursive calls (see the module docstring).
+
+    **Raises:** `GrammarError` when the construction exceeds `MAX_STATES` states (lower
+    `max_depth`) or the language is empty.
+    """
+    cut = cut_rules(spec)
+    builder = _Builder(spec, cut)
+    top = builder.rule_dfa(spec.rules[spec.start], top=True)
+    called = [builder.rule_dfa(spec.rules[name], top=False) for name in cut]
+    automata = [top, *called]  # automaton 0 is the top level, 1 + i the cut rule i
+    num_classes = builder.num_classes
+
+    def closure(configs) -> frozenset:
+        seen, work = set(configs), list(configs)
+        while work:
+            auto, q, stack = work.pop()
+            dfa = automata[auto]
+            new = []
+            if len(stack) < max_depth:
+                for r in range(len(cut)):
+                    ret = int(dfa.delta[q, num_classes + r])
+                    if ret != REJECT:
+                        callee = automata[1 + r]
+                        new.append((1 + r, callee.initial, stack + ((auto, ret),)))
+            if stack and dfa.accepting[q]:
+                caller, ret = stack[-1]
+                new.append((caller, ret, stack[:-1]))
+            for c in new:
+                if c not in seen:
+                    seen.add(c)
+                    work.append(c)
+        return frozenset(seen)
+
+    first = closure([(0, top.initial, ())])
+    ids, order, rows = {first: 0}, [first], []
+    i = 0
+    while i < len(order):
+        current = order[i]
+        row = np.full(num_classes, REJECT, np.int64)
+        moves: dict[int, list] = {}
+        for auto, q, stack in current:
+            targets = automata[auto].delta[q, :num_classes]
+            for c in np.flatnonzero(targets != REJECT):
+                moves.setdefault(int(c), []).append((auto, int(targets[c]), stack))
+        for c, configs in moves.items():
+            nxt = closure(configs)
+            if nxt not in ids:
+                if len(order) >= MAX_STATES:
+                    raise GrammarError(
+                        f"the grammar's automaton exceeds {MAX_STATES} states at max_depth={max_depth}; "
+                        "lower max_depth"
+                    )
+                ids[nxt] = len(order)
+                order.append(nxt)
+            row[c] = ids[nxt]
+        rows.append(row)
+        i += 1
+    table = np.stack(rows)[:, builder.byte_class]
+    accepting = np.array([any(a == 0 and not s and top.accepting[q] for a, q, s in configs) for configs in order])
+    try:
+        return minimize(ByteDFA(table.astype(np.int32), accepting, 0))
+    except ConstraintError:
+        raise GrammarError(
+            f"no text of the grammar nests at most max_depth={max_depth} recursive calls "
+            f"(of the rules {cut}); raise max_depth"
+        ) from None
+
+
+def grammar_automaton(
+    grammar: str, vocabulary: TokenVocabulary, *, start: str = "start", max_depth: int = DEFAULT_MAX_DEPTH, cache: bool = True
+) -> TokenAutomaton:
+    """Compile a Lark grammar into a `TokenAutomaton` (through the memory and disk caches).
+
+    **Raises:** `GrammarError` (a `ValueError`) for grammar errors or too many states;
+    `ValueError` for a `max_depth` below 0.
+    """
+    if isinstance(max_depth, bool) or not isinstance(max_depth, int) or max_depth < 0:
+        raise ValueError(f"`max_depth` must be an integer >= 0, got {max_depth!r}")
+    spec = parse_grammar(grammar, start)  # errors before anything is built or cached
+
+    def build():
+        return lift(grammar_byte_dfa(spec, max_depth), vocabulary, f"grammar (start={start}, max_depth={max_depth})")
+
+    return cached("grammar", f"{start}\0{max_depth}\0{grammar}", vocabulary, build, cache=cache)
+
+
+class Grammar(AbstractConstraint):
+    """Constrain the generated text to a context-free grammar (Lark syntax), up to a nesting
+    depth.
+
+    The grammar is compiled into a token automaton that follows derivations with at most
+    `max_depth` open recursive calls (see the module docstring): generation of nested JSON,
+    arithmetic, s-expressions, ... is exact up to that depth, and deeper nesting is never
+    offered, so every output parses with the grammar. It runs on the device like `Regex` (one
+    int32 state per row, finish inside the language within `max_new_tokens`).
+
+    !!! Example
+        ```python
+        arithmetic = '''
+        start: expr
+        ?expr: term (("+" | "-") term)*
+        ?term: factor (("*" | "/") factor)*
+        ?factor: NUMBER | "(" expr ")"
+        NUMBER: /[0-9]+/
+        '''
+        calc = fg.processors.Grammar(arithmetic, tokenizer, max_depth=3)
+        ```
+
+    **Arguments:**
+
+    - `grammar`: the grammar text (Lark EBNF subset, see
+      `functional_gen.structured.grammar_syntax`), a `pathlib.Path` to a grammar file, or a list
+      with one per row (`None`: unconstrained row).
+    - `tokenizer`, `eos_token_id`, `vocab_size`: as in `Regex`.
+    - `start`: the start rule (default `"start"`).
+    - `max_depth`: the bound on open calls of the recursive rules (default 4; for JSON, the
+      nesting depth of values; see the module docstring).
+
+    **Raises:** `GrammarError` (a `ValueError`) naming the line for syntax errors, unsupported
+    directives, undefined rules or terminals; or when the automaton grows beyond `MAX_STATES`.
+
+    Source: bounded-depth regular approximation of context-free grammars (Pereira & Wright
+    1991); Lark's grammar format.
+    """
+
+    def __init__(
+        self,
+        grammar: str | Path | Sequence[str | Path | None],
+        tokenizer,
+        *,
+        start: str = "start",
+        max_depth: int = DEFAULT_MAX_DEPTH,
+        eos_token_id: int | Sequence[int] | None = None,
+        vocab_size: int | None = None,
+    ):
+        grammars, ids = rows_of(grammar, lambda g: isinstance(g, (str, Path)), "grammar", "a grammar (text or a pathlib.Path)")
+        texts = [_read(g) for g in grammars]
+        vocabulary = vocabulary_from_tokenizer(tokenizer, eos_token_id=eos_token_id, vocab_size=vocab_size)
+        self._set_automata([grammar_automaton(t, vocabulary, start=start, max_depth=max_depth) for t in texts], ids)
+
+
+@functools.singledispatch
+def _read(grammar) -> str:
+    return grammar
+
+
+@_read.register
+def _(grammar: Path) -> str:
+    try:
+        return grammar.read_text()
+    except OSError as e:
+        raise GrammarError(f"cannot read the grammar file {grammar}: {e}") from None

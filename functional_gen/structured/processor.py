@@ -1,0 +1,273 @@
+"""`AbstractConstraint`: the logits processor that runs token automata inside the jitted step.
+
+One processor holds `K` compiled constraints (`TokenAutomaton`s) in one set of device arrays,
+and each row says which one it follows (`constraint_id`, `-1` for an unconstrained row). The
+automata share ONE state space: constraint `k` owns a block of rows of `transitions` and
+`distance` (row 0 is the shared dead state), so memory is the sum of the constraints' sizes, not
+`K` times the largest. Per row, the state is ONE int32: the current state in that space.
+Everything else (the tables) is a field of the processor, shared by all rows and never copied
+into the state. Table shapes are padded to buckets (8, 12, 16, 24, 32, ... states and classes; a
+power of two of constraints) and nothing else about a constraint is static, so a new constraint
+of a similar size reuses the compiled generation loop.
+
+At each step, for one row of constraint `k` in state `s`, with `r` tokens left to generate (this
+one included):
+
+1. advance (lagged): `s = transitions[s, token_class[k, last_token]]`, but only once a token has
+   been generated (`num_generated > 0`): at the first step the last token is the prompt's, and
+   `init` already returned the initial state. A row therefore never needs the sampled token at
+   the end of the step; it reads it back from `context.token_ids` at the next one.
+2. mask: token `t` is allowed iff `distance[transitions[s, token_class[k, t]]] <= r - 1`: the
+   token is a transition of the automaton AND an accepting state is still reachable within the
+   budget. Since the accepting states have distance 0 and the end-of-generation ids loop on
+   them, EOS is allowed exactly in accepting states, and a row always ends inside the language:
+   at `r = 1` only tokens that complete it (or EOS) remain.
+3. every other logit becomes `-inf`. A row with no allowed token (a dead state, reached only if a
+   later processor forced a disallowed token, or a budget too small for the shortest text) gets
+   all `-inf`, which the step turns into finish reason `"constraint"` without sampling.
+
+The cost per row and step is a gather of the `[vocab]` class row, one row of `transitions`
+(`[classes]`), a `[classes]` gather of distances, one `[vocab]` gather from it, and a `where`;
+no host work. Reordering rows (beam search) is one gather of the int32 state like any other
+state leaf.
+"""
+
+from collections.abc import Sequence
+
+import equinox as eqx
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Float, Int
+
+from ..processors.base import AbstractLogitsProcessor, Context, per_row_field
+from .automaton import DEAD, INFINITE_DISTANCE, INITIAL, TokenAutomaton
+
+
+def _bucket(n: int, smallest: int = 8) -> int:
+    """`n` rounded up to the next of 8, 12, 16, 24, 32, 48, ... (powers of two and 1.5 times
+    powers of two): table shapes in buckets, so that a new constraint of a similar size reuses the
+    compiled generation loop (as prompt lengths do)."""
+    size = smallest
+    while size < n:
+        size = size * 3 // 2 if size & (size - 1) == 0 else size * 4 // 3
+    return size
+
+
+def _concatenate(automata: Sequence[TokenAutomaton]):
+    """One state space for several automata: automaton `k`'s state `s >= 1` becomes
+    `s + offset[k]`; the dead state 0 is shared. Class ids stay per automaton. Shapes are padded
+    to buckets: states and classes with "not allowed", constraints (to a power of two) with
+    automata that allow nothing."""
+    vocab = {a.vocab_size for a in automata}
+    if len(vocab) != 1:
+        raise ValueError(
+            f"constraints built for different vocabularies cannot share a batch: vocab sizes {sorted(vocab)}"
+        )
+    eos = {a.eos_token_id for a in automata}
+    if len(eos) != 1:
+        raise ValueError(f"constraints with different end-of-generation ids cannot share a batch: {sorted(eos)}")
+    num_classes = _bucket(max(a.num_classes for a in automata))
+    offsets = np.cumsum([0] + [a.num_states - 1 for a in automata[:-1]])
+    total = _bucket(1 + sum(a.num_states - 1 for a in automata), 16)
+    transitions = np.zeros((total, num_classes), np.int32)
+    distance = np.full(total, INFINITE_DISTANCE, np.int32)
+    for a, offset in zip(automata, offsets):
+        rows = slice(1 + offset, a.num_states + offset)
+        local = a.transitions[1:]
+        transitions[rows, : a.num_classes] = np.where(local != DEAD, local + offset, DEAD)
+        distance[rows] = a.distance[1:]
+    num_constraints = 1 << (len(automata) - 1).bit_length()
+    token_class = np.zeros((num_constraints, automata[0].vocab_size), np.int32)
+    token_class[: len(automata)] = np.stack([a.token_class for a in automata])
+    initial = np.zeros(num_constraints, np.int32)
+    initial[: len(automata)] = INITIAL + offsets
+    return token_class, transitions, distance, initial, next(iter(eos))
+
+
+class AbstractConstraint(AbstractLogitsProcessor):
+    """Base of the structured-generation processors (`Regex`, `JsonSchema`, `Choice`,
+    `Grammar`): a stack of token automata evaluated on the device.
+
+    Subclasses only compile their inputs to `TokenAutomaton`s and call `_set_automata`; the
+    state, the mask and the advance live here (see the module docstring).
+
+    **Attributes:**
+
+    - `token_class`: `Int[Array, "constraints vocab"]`, each token's class per constraint.
+    - `transitions`: `Int[Array, "states classes"]`, next state (0 = not allowed) in ONE state
+      space for all constraints (constraint `k` owns a block of rows; row 0 is the shared dead
+      state); classes are padded to the widest constraint.
+    - `distance`: `Int[Array, " states"]`, fewest tokens to an accepting state.
+    - `initial_state`: `Int[Array, " constraints"]`, each constraint's initial state.
+    - `constraint_id`: `Int[Array, "*rows"]`, which constraint a row follows: a scalar for all
+      rows, or one value per row; `-1` leaves a row unconstrained.
+    - `eos_token_id`: static tuple of the end-of-generation ids the tables allow in accepting
+      states. Generation must stop on these ids (the default of `generate` for the model's EOS
+      ids; pass the model's ids to the constructor if they differ).
+    """
+
+    token_class: Int[Array, "constraints vocab"]
+    transitions: Int[Array, "states classes"]
+    distance: Int[Array, " states"]
+    initial_state: Int[Array, " constraints"]
+    constraint_id: Int[Array, "*rows"] = per_row_field()
+    eos_token_id: tuple[int, ...] = eqx.field(static=True)
+
+    def _set_automata(self, automata: Sequence[TokenAutomaton], constraint_id) -> None:
+        token_class, transitions, distance, initial, eos = _concatenate(automata)
+        self.token_class = jnp.asarray(token_class)
+        self.transitions = jnp.asarray(transitions)
+        self.distance = jnp.asarray(distance)
+        self.initial_state = jnp.asarray(initial)
+        self.constraint_id = jnp.asarray(constraint_id, jnp.int32)
+        self.eos_token_id = tuple(eos)
+
+    @property
+    def num_constraints(self) -> int:
+        """How many constraints the tables hold (not counting the padding)."""
+        return int(np.count_nonzero(np.asarray(self.token_class).max(axis=1)))
+
+    def init(self, context: Context) -> Int[Array, ""]:
+        """The initial automaton state of the row's constraint (an int32 scalar per row)."""
+        return self.initial_state[jnp.maximum(self.constraint_id, 0)].astype(jnp.int32)
+
+    def process(
+        self, state: Int[Array, ""], logits: Float[Array, " vocab"], context: Context
+    ) -> tuple[Int[Array, ""], Float[Array, " vocab"]]:
+        """Advance on the previous token, then mask every token that leaves the language or the
+        budget (`-inf`). Unconstrained rows (`constraint_id < 0`) pass through unchanged.
+
+        **Returns:** `(state, logits)`, the state an int32 scalar like the one given.
+        """
+        token_class = self.token_class[jnp.maximum(self.constraint_id, 0)]  # [vocab of the tables]
+
+        advanced = self.transitions[state, token_class[context.last_token_id]]
+        state = jnp.where(context.num_generated > 0, advanced, state).astype(jnp.int32)
+
+        remaining = context.max_new_tokens - context.num_generated  # this token included
+        after = self.distance[self.transitions[state]]  # [classes]: distance after each class
+        allowed = (after <= remaining - 1)[token_class]  # [vocab of the tables]
+        vocab = logits.shape[-1]
+        if allowed.shape[0] < vocab:  # logits wider than the tokenizer: extra ids never allowed
+            allowed = jnp.pad(allowed, (0, vocab - allowed.shape[0]))
+        allowed = allowed[:vocab]
+        constrained = self.constraint_id >= 0
+        logits = jnp.where(constrained & ~allowed, -jnp.inf, logits).astype(logits.dtype)
+        return state, logits
+
+
+class TokenConstraint(AbstractConstraint):
+    """A processor from already compiled `TokenAutomaton`s (the general form of `Regex`,
+    `JsonSchema`, `Choice` and `Grammar`).
+
+    **Arguments:**
+
+    - `automata`: one `TokenAutomaton` or a sequence of them (same vocabulary and EOS ids).
+    - `constraint_id`: which automaton each row follows: an int for every row, or one per row
+      (`-1`: unconstrained). Default: 0 for a single automaton.
+
+    **Raises:** `ValueError` for automata of different vocabularies, or ids out of range.
+    """
+
+    def __init__(self, automata: TokenAutomaton | Sequence[TokenAutomaton], constraint_id=None):
+        if isinstance(automata, TokenAutomaton):
+            automata = [automata]
+        automata = list(automata)
+        if not automata:
+            raise ValueError("no automata given")
+        if constraint_id is None:
+            if len(automata) != 1:
+                raise ValueError(
+                    f"{len(automata)} automata given: pass `constraint_id` (one automaton index per row)"
+                )
+            constraint_id = 0
+        ids = np.asarray(constraint_id)
+        if ids.ndim > 1 or not np.issubdtype(ids.dtype, np.integer) or np.any(ids < -1) or np.any(ids >= len(automata)):
+            raise ValueError(
+                f"`constraint_id` must be an int or one int per row in [-1, {len(automata)}), got {constraint_id!r}"
+            )
+        self._set_automata(automata, ids)
+
+
+def per_row(constraints: Sequence[AbstractConstraint | None]) -> TokenConstraint:
+    """One processor that applies a different constraint to each row of a batch.
+
+    **Arguments:** `constraints`: one entry per row: a constraint processor that holds a single
+    constraint (e.g. `Regex("[0-9]+", tokenizer)`, `JsonSchema(schema, tokenizer)`), or `None`
+    for an unconstrained row. Equal processors share their tables.
+
+    **Returns:** a `TokenConstraint` whose tables stack the distinct constraints and whose
+    `constraint_id` holds one value per row; use it with a batch of `len(constraints)` prompts.
+
+    **Raises:** `ValueError` for an empty list, an entry that holds several constraints, or
+    constraints built for different vocabularies; `TypeError` for an entry that is not a
+    constraint.
+    """
+    constraints = list(constraints)
+    if not constraints:
+        raise ValueError("`per_row` needs one entry per row, got an empty list")
+    automata: list[TokenAutomaton] = []
+    index: dict[int, int] = {}
+    ids = []
+    for row, c in enumerate(constraints):
+        if c is None:
+            ids.append(-1)
+            continue
+        if not isinstance(c, AbstractConstraint):
+            raise TypeError(f"row {row}: expected a constraint processor or None, got {type(c).__name__}")
+        if c.num_constraints != 1 or np.ndim(c.constraint_id) != 0:
+            raise ValueError(f"row {row}: {type(c).__name__} holds several constraints; give one per row")
+        if id(c) not in index:
+            index[id(c)] = len(automata)
+            automata.append(_automaton_of(c))
+        ids.append(index[id(c)] if int(c.constraint_id) >= 0 else -1)
+    if not automata:
+        raise ValueError("`per_row` got no constraint at all (every row is None)")
+    return TokenConstraint(automata, np.asarray(ids, np.int32))
+
+
+def _automaton_of(c: AbstractConstraint) -> TokenAutomaton:
+    """The host tables of a single-constraint processor, without the padding."""
+    token_class = np.asarray(c.token_class[0])
+    distance = np.asarray(c.distance)
+    num_states = int(np.flatnonzero(distance < INFINITE_DISTANCE).max()) + 1  # live states come first
+    return TokenAutomaton(
+        token_class=token_class,
+        transitions=np.asarray(c.transitions)[:num_states, : int(token_class.max()) + 1],
+        distance=distance[:num_states],
+        eos_token_id=c.eos_token_id,
+    )
+
+
+def rows_of(value, is_single, name: str, expected: str = "a constraint"):
+    """Split a processor input into distinct constraints and per-row ids.
+
+    `value` is one constraint (`is_single(value)`) or a sequence with one entry per row (`None`:
+    unconstrained row). Equal entries (by `repr`) are compiled once.
+
+    **Returns:** `(distinct, constraint_id)`: the distinct constraints and an int (single) or one
+    int per row.
+
+    **Raises:** `ValueError` for an empty sequence or one without any constraint.
+    """
+    if is_single(value):
+        return [value], 0
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
+        raise TypeError(f"`{name}` must be {expected}, or a list with one per row, got {value!r}")
+    if not value:
+        raise ValueError(f"`{name}` is an empty list; give one constraint, or one per row")
+    distinct, seen, ids = [], {}, []
+    for v in value:
+        if v is None:
+            ids.append(-1)
+            continue
+        if not is_single(v):
+            raise TypeError(f"each entry of `{name}` must be {expected} or None, got {v!r}")
+        key = repr(v)
+        if key not in seen:
+            seen[key] = len(distinct)
+            distinct.append(v)
+        ids.append(seen[key])
+    if not distinct:
+        raise ValueError(f"`{name}` has no constraint at all (every row is None)")
+    return distinct, np.asarray(ids, np.int32)

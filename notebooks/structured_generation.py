@@ -1,0 +1,233 @@
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Structured generation on the device
+#
+# A constraint (a regex, a JSON Schema, a list of choices, a grammar) decides, at every step,
+# which tokens may come next. This notebook builds one from the ground up and runs it inside
+# the jitted generation loop of SmolLM2-135M-Instruct:
+#
+# - from a regex to a DFA over bytes;
+# - from bytes to tokens: the same DFA over the tokenizer's vocabulary, stored as a few small
+#   arrays;
+# - the mask of allowed tokens as a bitmask row, and the cheaper way we compute it;
+# - why a row's constraint state is ONE int32, and what that buys (jit, batching, beams);
+# - a JSON Schema, on the real model, with the output checked.
+
+# %%
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import functional_gen as fg
+from functional_gen.structured import (
+    json_schema_regex,
+    per_row,
+    regex_automaton,
+    vocabulary_from_tokenizer,
+)
+from functional_gen.structured.byte_dfa import minimize, regex_byte_dfa
+
+SEED = 0
+MAX_NEW_TOKENS = 64
+TIME = r"([01][0-9]|2[0-3]):[0-5][0-9]"  # a 24-hour time, our running example
+
+model, tokenizer = fg.load_model()
+
+# %% [markdown]
+# ## From a regex to a DFA
+#
+# A regex describes a set of strings. A deterministic finite automaton (DFA) recognises the
+# same set one character at a time: it has states, a start state, accepting states, and a
+# table saying where each input leads. We work on **bytes**, not characters, because that is
+# what tokens are made of. outlines-core compiles the regex (with the Rust `regex` engine);
+# we read its table into an array of shape `[states, 256]`, `-1` meaning "this byte is not
+# allowed here", and minimise it.
+
+# %%
+dfa = minimize(regex_byte_dfa(TIME))
+print("states:", dfa.num_states, "table:", dfa.delta.shape, dfa.delta.dtype)
+print("start state:", dfa.initial, "accepting:", np.flatnonzero(dfa.accepting).tolist())
+
+# %% [markdown]
+# Seven states for `HH:MM`: one per position, plus a second state after the first digit,
+# because after a `2` only `0`-`3` may follow. From the start, only `0`, `1` and `2` are
+# allowed. Let us run a few inputs through it byte by byte.
+
+# %%
+start_row = dfa.delta[dfa.initial]
+print("allowed first bytes:", [chr(b) for b in np.flatnonzero(start_row >= 0)])
+for text in ["09:30", "23:59", "24:00", "7:15"]:
+    print(f"{text!r:>8} ->", dfa.matches(text.encode()))
+
+# %% [markdown]
+# ## From bytes to tokens
+#
+# The model does not write bytes; it writes tokens, each a byte string from its vocabulary.
+# SmolLM2 uses byte-level BPE, so some tokens hold only part of a UTF-8 character: we take
+# every token's **raw bytes** (never its decoded string, which would turn half a character
+# into `U+FFFD`).
+
+# %%
+vocabulary = vocabulary_from_tokenizer(tokenizer)
+print("tokens:", vocabulary.vocab_size, "end-of-generation ids:", vocabulary.eos_token_id)
+for token_id in tokenizer("12:45 café")["input_ids"]:
+    print(f"{token_id:>6} {vocabulary.token_bytes[token_id]!r}")
+partial = next(i for i, b in enumerate(vocabulary.token_bytes) if b and b[-1] >= 0xC0)
+print("a partial character:", partial, vocabulary.token_bytes[partial])
+
+# %% [markdown]
+# Lifting the DFA to tokens means: from each state, walk each token's bytes through the DFA;
+# if no byte is rejected, the token is allowed and leads to the state after its last byte.
+# A dense `[states, vocab]` table of next states would cost `states x 49,152 x 4` bytes. But
+# most tokens behave identically: in the time regex, every token that contains a letter is
+# rejected everywhere. Tokens with the same column (the same next state from every state) form
+# a **class**, and we store a `[states, classes]` table plus one class per token.
+
+# %%
+automaton = regex_automaton(TIME, vocabulary)
+print(automaton)
+print("token_class:", automaton.token_class.shape, "transitions:", automaton.transitions.shape)
+print("dense table would be", automaton.num_states * vocabulary.vocab_size * 4 / 2**20, "MiB")
+
+# %% [markdown]
+# An `8 x 8` table instead of an `8 x 49,152` one (the extra state is the dead state 0; the
+# initial state is 1). The last array, `distance`, is the fewest tokens from each state to an
+# accepting one (0 where generation may stop):
+
+# %%
+print("distance:", automaton.distance.tolist())
+first = np.flatnonzero(automaton.allowed(1))
+print(len(first), "tokens allowed first, e.g.", [vocabulary.token_bytes[t] for t in first[:8]])
+
+# %% [markdown]
+# ## The mask as a bitmask row
+#
+# At each step the sampler needs a yes/no per token: the **mask** of the current state.
+# Packed as bits, one row is `49,152 / 32 = 1,536` 32-bit words (6 KiB); a table of such rows,
+# one per state, is the classic layout (outlines, xgrammar).
+
+# %%
+mask = automaton.allowed(1)
+bits = np.packbits(mask.reshape(-1, 32)[:, ::-1], axis=1, bitorder="big").view(">u4").reshape(-1)
+print("mask:", mask.shape, mask.dtype, "-> bitmask row:", bits.shape, bits.dtype, f"{bits.nbytes} bytes")
+print("non-zero words:", np.flatnonzero(bits)[:6], "...")
+unpacked = ((bits[:, None] >> np.arange(32, dtype=np.uint32)) & 1).astype(bool).reshape(-1)
+print("round trip:", bool((unpacked == mask).all()))
+
+# %% [markdown]
+# We do not store those rows. The device computes the mask from the class table with two
+# gathers: the state's row of next states (`classes` entries), their distances, then one
+# value per token through `token_class`. That costs about the same as unpacking a bitmask,
+# uses `[states, classes]` memory instead of `[states, 1,536]`, and it can also take the
+# **remaining budget** into account: a token is allowed only if an accepting state is at most
+# `remaining - 1` tokens away after it. Rows then always end inside the language, even when
+# `max_new_tokens` runs out.
+
+# %%
+def device_mask(transitions, distance, token_class, state, remaining):
+    after = distance[transitions[state]]  # [classes]
+    return (after <= remaining - 1)[token_class]  # [vocab]
+
+
+m = device_mask(jnp.asarray(automaton.transitions), jnp.asarray(automaton.distance),
+                jnp.asarray(automaton.token_class), 1, remaining=5)
+print("same as the bitmask:", bool((np.asarray(m) == mask).all()))
+tight = device_mask(jnp.asarray(automaton.transitions), jnp.asarray(automaton.distance),
+                    jnp.asarray(automaton.token_class), 1, remaining=4)
+print("allowed with 5 tokens left:", int(m.sum()), "- with 4 left:", int(tight.sum()))
+
+# %% [markdown]
+# SmolLM2 writes digits one token each, so `HH:MM` takes five tokens (`distance[1] = 5`). With
+# five left, the three possible first digits still fit; with four, nothing does, and such a
+# row ends at once with finish reason `"constraint"` instead of writing half a time.
+#
+# ## Why the state is one int32
+#
+# Everything large (the tables) is a field of the processor, shared by all rows. What changes
+# per row is only *where it is* in the automaton: one integer. That makes the state trivial
+# to carry through `jax.lax.while_loop` (its shape never changes), to batch (`[batch]`), and
+# to reorder for beam search (one gather). The processor advances it from the previous token
+# at the start of each step (the first step keeps the initial state: the previous token is
+# the prompt's).
+
+# %%
+time_processor = fg.processors.Regex(TIME, tokenizer)
+tokens = tokenizer("09:30")["input_ids"]
+prompt = tokenizer("The meeting is at ")["input_ids"]
+state = None
+for n in range(len(tokens) + 1):
+    context = fg.processors.Context(
+        token_ids=jnp.asarray(prompt + tokens[:n] + [0] * (8 - n)),
+        length=jnp.asarray(len(prompt) + n),
+        prompt_length=jnp.asarray(len(prompt)),
+        max_new_tokens=jnp.asarray(MAX_NEW_TOKENS),
+        key=jax.random.key(SEED),
+    )
+    if state is None:
+        state = time_processor.init(context)
+    state, logits = time_processor.process(state, jnp.zeros(vocabulary.vocab_size), context)
+    eos_allowed = bool(jnp.isfinite(logits[vocabulary.eos_token_id[0]]))
+    print(f"after {tokenizer.decode(tokens[:n])!r:9} state={int(state):2d} {state.dtype} {state.shape}"
+          f" allowed={int(jnp.isfinite(logits).sum()):5d} EOS allowed={eos_allowed}")
+
+# %% [markdown]
+# The state is a scalar `int32` at every step, and EOS becomes allowed exactly once `09:30`
+# is complete. A batch of rows can follow different constraints: `per_row` puts their
+# automata in one state space (each owns a block of rows of the table) and gives each row a
+# constraint id, so one compiled program serves them all.
+#
+# ## A JSON Schema on the real model
+#
+# `JsonSchema` turns the schema into a regex (with exact integer ranges, strict formats and
+# patterns that stay valid JSON), compiles it like any regex, and runs it on the device. We
+# generate two documents in one call, one row per schema.
+
+# %%
+person = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 24},
+        "age": {"type": "integer", "minimum": 0, "maximum": 120},
+        "languages": {"type": "array", "items": {"enum": ["English", "French", "Japanese"]}, "maxItems": 2},
+    },
+    "required": ["name", "age", "languages"],
+}
+print(json_schema_regex(person)[:160], "...")
+constraint = per_row([fg.processors.JsonSchema(person, tokenizer), time_processor])
+result = fg.generate(
+    model,
+    tokenizer,
+    [[{"role": "user", "content": "Describe a famous writer as JSON."}],
+     [{"role": "user", "content": "When does the train leave?"}]],
+    max_new_tokens=MAX_NEW_TOKENS,
+    processors=[constraint],
+    sampler=fg.samplers.Multinomial(),
+    key=jax.random.key(SEED),
+)
+for text, reason in zip(result.texts, result.finish_reasons):
+    print(reason, text)
+
+# %% [markdown]
+# The first row is a JSON document of the schema, the second an `HH:MM` time. Let us check
+# the document against the schema's constraints by hand.
+
+# %%
+document = json.loads(result.texts[0])
+assert set(document) == {"name", "age", "languages"}
+assert 0 <= document["age"] <= 120 and len(document["name"]) <= 24
+assert all(lang in ("English", "French", "Japanese") for lang in document["languages"])
+assert dfa.matches(result.texts[1].encode())
+print("valid:", document)

@@ -1,0 +1,179 @@
+"""GGUF loading: the default model against transformers' own GGUF loader, and small GGUF files
+of every tensor type against a PyTorch model built from independently decoded weights."""
+
+import gguf
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as Q
+
+import functional_gen as fg
+from functional_gen.loading.gguf_file import read_gguf
+from functional_gen.models import UnsupportedConfigError
+
+torch = pytest.importorskip("torch")
+
+HIDDEN, INTER, HEADS, KV_HEADS, VOCAB = 256, 256, 4, 2, 64
+
+
+def convert_permute(w, n_head):
+    """llama.cpp's convert_hf_to_gguf.py `LlamaModel.permute` (HF rows -> GGUF rows)."""
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def random_k_quant_blocks(rng, rows, cols, qtype):
+    """Random but well-formed Q4_K / Q6_K bytes: random quants and scales, small fp16 `d`."""
+    block_size, type_size = gguf.GGML_QUANT_SIZES[qtype]
+    raw = rng.integers(0, 256, (rows, cols // block_size, type_size), dtype=np.uint8)
+    d = np.frombuffer(np.float16(0.01).tobytes(), np.uint8)
+    if qtype == Q.Q4_K:  # d, dmin (fp16) lead the block
+        raw[:, :, 0:2] = d
+        raw[:, :, 2:4] = np.frombuffer(np.float16(0.005).tobytes(), np.uint8)
+    else:  # Q6_K: d (fp16) ends the block
+        raw[:, :, -2:] = np.frombuffer(np.float16(0.001).tobytes(), np.uint8)
+    return raw.reshape(rows, -1)
+
+
+def write_tiny_gguf(path, qtype, *, tied, seed=0):
+    """A one-layer Llama GGUF whose 2-D tensors are stored as `qtype`; returns the HF-layout
+    float32 weights the file decodes to (decoded with gguf-py, un-permuted independently)."""
+    rng = np.random.default_rng(seed)
+    shapes = {
+        "token_embd.weight": (VOCAB, HIDDEN),
+        "blk.0.attn_q.weight": (HEADS * 64, HIDDEN),
+        "blk.0.attn_k.weight": (KV_HEADS * 64, HIDDEN),
+        "blk.0.attn_v.weight": (KV_HEADS * 64, HIDDEN),
+        "blk.0.attn_output.weight": (HIDDEN, HEADS * 64),
+        "blk.0.ffn_gate.weight": (INTER, HIDDEN),
+        "blk.0.ffn_up.weight": (INTER, HIDDEN),
+        "blk.0.ffn_down.weight": (HIDDEN, INTER),
+    }
+    if not tied:
+        shapes["output.weight"] = (VOCAB, HIDDEN)
+    hf_names = {
+        "token_embd.weight": "model.embed_tokens.weight",
+        "output.weight": "lm_head.weight",
+        "blk.0.attn_q.weight": "model.layers.0.self_attn.q_proj.weight",
+        "blk.0.attn_k.weight": "model.layers.0.self_attn.k_proj.weight",
+        "blk.0.attn_v.weight": "model.layers.0.self_attn.v_proj.weight",
+        "blk.0.attn_output.weight": "model.layers.0.self_attn.o_proj.weight",
+        "blk.0.ffn_gate.weight": "model.layers.0.mlp.gate_proj.weight",
+        "blk.0.ffn_up.weight": "model.layers.0.mlp.up_proj.weight",
+        "blk.0.ffn_down.weight": "model.layers.0.mlp.down_proj.weight",
+    }
+    writer = gguf.GGUFWriter(str(path), arch="llama")
+    writer.add_block_count(1)
+    writer.add_context_length(128)
+    writer.add_embedding_length(HIDDEN)
+    writer.add_feed_forward_length(INTER)
+    writer.add_head_count(HEADS)
+    writer.add_head_count_kv(KV_HEADS)
+    writer.add_rope_freq_base(10000.0)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_vocab_size(VOCAB)
+    writer.add_eos_token_id(VOCAB - 1)
+    reference = {}
+    for name, (rows, cols) in shapes.items():
+        heads = {"blk.0.attn_q.weight": HEADS, "blk.0.attn_k.weight": KV_HEADS}.get(name)
+        if qtype in (Q.Q4_K, Q.Q6_K):
+            raw = random_k_quant_blocks(rng, rows, cols, qtype)
+        else:
+            w = (rng.standard_normal((rows, cols)) * 0.05).astype(np.float32)
+            if heads:
+                w = convert_permute(w, heads)
+            raw = w if qtype == Q.F32 else gguf.quants.quantize(w, qtype)
+        writer.add_tensor(name, raw, raw_dtype=None if qtype == Q.F32 else qtype)
+        stored = gguf.quants.dequantize(raw, qtype).astype(np.float32).reshape(rows, cols)
+        if heads:  # the inverse of convert_permute, by index arithmetic
+            order = convert_permute(np.arange(rows), heads)
+            stored = stored[np.argsort(order)]
+        reference[hf_names[name]] = stored
+    for name, hf in [
+        ("blk.0.attn_norm.weight", "model.layers.0.input_layernorm.weight"),
+        ("blk.0.ffn_norm.weight", "model.layers.0.post_attention_layernorm.weight"),
+        ("output_norm.weight", "model.norm.weight"),
+    ]:
+        w = (1 + 0.1 * rng.standard_normal(HIDDEN)).astype(np.float32)
+        writer.add_tensor(name, w)
+        reference[hf] = w
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return reference
+
+
+@pytest.mark.parametrize("qtype", [Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q4_K, Q.Q6_K])
+@pytest.mark.parametrize("tied", [True, False])
+def test_every_tensor_type_loads_and_runs_like_transformers(tmp_path, qtype, tied):
+    import transformers
+
+    path = tmp_path / f"tiny-{qtype.name}.gguf"
+    reference = write_tiny_gguf(path, qtype, tied=tied)
+    config, weights = read_gguf(path)
+    assert config.tie_word_embeddings == tied and config.num_key_value_heads == KV_HEADS
+    assert config.eos_token_id == (VOCAB - 1,)
+    model = fg.LlamaForCausalLM.from_weights(config, weights)
+
+    hf_config = transformers.LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=HIDDEN,
+        intermediate_size=INTER,
+        num_hidden_layers=1,
+        num_attention_heads=HEADS,
+        num_key_value_heads=KV_HEADS,
+        rms_norm_eps=1e-5,
+        rope_theta=10000.0,
+        tie_word_embeddings=tied,
+    )
+    hf = transformers.LlamaForCausalLM(hf_config).eval()
+    hf.load_state_dict({k: torch.from_numpy(v) for k, v in reference.items()}, strict=False)
+    if tied:
+        hf.tie_weights()
+    ids = np.random.default_rng(1).integers(0, VOCAB, (1, 9))
+    with torch.no_grad():
+        expected = hf(torch.from_numpy(ids)).logits.numpy()
+    logits, _ = model(jnp.asarray(ids), jnp.arange(9)[None], model.init_cache(1, 9))
+    scale = np.abs(expected).max()
+    np.testing.assert_allclose(np.asarray(logits), expected, atol=1e-5 * max(scale, 1.0))
+
+
+def test_unknown_architecture_is_refused(tmp_path):
+    path = tmp_path / "gpt2.gguf"
+    writer = gguf.GGUFWriter(str(path), arch="gpt2")
+    writer.add_block_count(1)
+    writer.add_tensor("token_embd.weight", np.zeros((4, 4), np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(UnsupportedConfigError, match=r"unknown GGUF architecture 'gpt2'.*llama"):
+        fg.load_model(path)
+
+
+def test_missing_gguf_file_is_reported(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no such model"):
+        fg.load_model(tmp_path / "missing.gguf")
+
+
+@pytest.mark.slow
+def test_default_gguf_weights_equal_transformers_bit_for_bit(torch_default_model):
+    """Our gguf-py dequantisation + Q/K un-permutation reproduces transformers' GGUF loading."""
+    from functional_gen.loading import default_gguf_path
+
+    hf, _ = torch_default_model
+    config, weights = read_gguf(default_gguf_path())
+    expected = {k: v.numpy() for k, v in hf.state_dict().items()}
+    assert set(weights) - {"lm_head.weight"} == set(expected) - {"lm_head.weight"}
+    for name, w in weights.items():
+        np.testing.assert_array_equal(w, expected[name], err_msg=name)
+    hc = hf.config
+    assert (config.hidden_size, config.num_hidden_layers, config.num_attention_heads) == (
+        hc.hidden_size,
+        hc.num_hidden_layers,
+        hc.num_attention_heads,
+    )
+    assert config.num_key_value_heads == hc.num_key_value_heads
+    assert config.rope_theta == hc.rope_parameters["rope_theta"]
+    assert config.rms_norm_eps == pytest.approx(hc.rms_norm_eps)
+    assert config.tie_word_embeddings and config.eos_token_id == (2, 0)

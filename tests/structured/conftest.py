@@ -1,0 +1,30 @@
+"""Fixtures of the structured-generation tests: the default model's tokenizer and vocabulary,
+and a tiny random model with the same vocabulary (fast to compile, samples near-uniformly among
+the allowed tokens: a random walk through each automaton)."""
+
+import jax
+import pytest
+
+from functional_gen.models import LlamaForCausalLM
+from functional_gen.structured import vocabulary_from_tokenizer
+from functional_gen.testing import tiny_config
+
+
+@pytest.fixture(scope="session")
+def tokenizer(default_model):
+    """SmolLM2's tokenizer (byte-level BPE, 49,152 ids, EOS ids (2, 0))."""
+    return default_model[1]
+
+
+@pytest.fixture(scope="session")
+def vocabulary(tokenizer):
+    """The `TokenVocabulary` of SmolLM2's tokenizer."""
+    return vocabulary_from_tokenizer(tokenizer)
+
+
+@pytest.fixture(scope="session")
+def random_model(tokenizer):
+    """A 1-layer random Llama over SmolLM2's vocabulary, EOS ids (2, 0)."""
+    config = tiny_config(vocab_size=len(tokenizer), num_hidden_layers=1, eos_token_id=(2, 0), pad_token_id=2,
+                         max_position_embeddings=512)
+    return LlamaForCausalLM(config, key=jax.random.key(0))

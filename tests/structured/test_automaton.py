@@ -1,0 +1,138 @@
+"""Token automata: the device mask against outlines-core's `Guide`, the disk cache, the sizes.
+
+Our tables come from our own lifting of the regex's byte DFA (see `build_regex_automaton`).
+The reference is outlines-core's token `Index` of the regex followed by a sentinel character:
+with nothing able to match before the sentinel, its `Guide` has none of the gaps of a plain
+`Index` (tokens ending one byte after a match), so on every text token it must allow exactly
+what we allow; acceptance (EOS) is checked against `re.fullmatch` of the text so far.
+"""
+
+import re
+
+import equinox as eqx
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from outlines_core import Guide, Index
+
+import functional_gen as fg
+from functional_gen.structured import ConstraintError, json_schema_regex, regex_automaton
+from functional_gen.structured import automaton as automaton_module
+from functional_gen.structured.automaton import INFINITE_DISTANCE, INITIAL, clear_memory_cache
+
+from .cases import CHOICES, REGEXES, SCHEMAS
+from .helpers import context_for
+
+_process = eqx.filter_jit(lambda p, s, logits, c: p.process(s, logits, c))
+SENTINEL = "\U0010ffff"
+
+CASES = [
+    ("regex", REGEXES["date"][1]),
+    ("regex", REGEXES["email"][1]),  # "a@b.co" then "." (a longer domain): a gap of Index alone
+    ("regex", REGEXES["unicode"][1]),
+    ("regex", REGEXES["qa"][1]),
+    ("regex", REGEXES["temperature"][1]),  # "12" then "." then "5": a gap of Index alone
+    ("choice", CHOICES["capital"][1]),  # "Paris" then ", France": a gap of Index alone
+    ("schema", SCHEMAS["person"][1]),
+    ("schema", SCHEMAS["unicode"][1]),
+    ("schema", SCHEMAS["order"][1]),
+    ("schema", SCHEMAS["weather"][1]),  # decimals
+]
+
+
+def _processor_and_pattern(kind, source, tokenizer):
+    if kind == "regex":
+        return fg.processors.Regex(source, tokenizer), source
+    if kind == "choice":
+        return fg.processors.Choice(source, tokenizer), fg.structured.choice_regex(source)
+    return fg.processors.JsonSchema(source, tokenizer), json_schema_regex(source)
+
+
+def _text(vocabulary, path):
+    try:
+        return b"".join(vocabulary.token_bytes[t] for t in path).decode("utf-8")
+    except UnicodeDecodeError:  # in the middle of a character: never a complete match
+        return None
+
+
+@pytest.mark.parametrize("kind,source", CASES, ids=[f"{k}-{i}" for i, (k, _) in enumerate(CASES)])
+def test_device_mask_equals_outlines_guide_along_sampled_paths(tokenizer, vocabulary, kind, source):
+    processor, pattern = _processor_and_pattern(kind, source, tokenizer)
+    index = Index(f"(?:{pattern}){SENTINEL}", vocabulary.outlines_vocabulary)
+    python = re.compile(pattern)
+    eos = list(vocabulary.eos_token_id)
+    # Tokens holding the sentinel's lead byte 0xF4 (code points from U+100000, unassigned) are
+    # where the two automata may differ; they are left out of the comparison.
+    comparable = np.array([b is not None and 0xF4 not in b for b in vocabulary.token_bytes])
+    rng = np.random.default_rng(0)
+    zeros = jnp.zeros(vocabulary.vocab_size, jnp.float32)
+    prompt = [1]
+    for _ in range(3):
+        guide, path = Guide(index), []
+        state = processor.init(context_for(prompt, 1, max_len=128))
+        for _step in range(60):
+            state, logits = _process(processor, state, zeros, context_for(prompt + path, 1, max_len=128))
+            mask = np.asarray(logits) == 0
+            expected = np.zeros(vocabulary.vocab_size, bool)
+            expected[guide.get_tokens()] = True
+            np.testing.assert_array_equal(mask[comparable], expected[comparable])
+            text = _text(vocabulary, path)
+            accepting = text is not None and python.fullmatch(text) is not None
+            assert (mask[eos] == accepting).all(), (text, mask[eos])
+            choices = np.flatnonzero(expected & comparable)
+            if choices.size == 0:
+                break
+            token = int(rng.choice(choices))
+            guide.advance(token)
+            path.append(token)
+
+
+def test_tables_are_small_and_never_dense(vocabulary):
+    for name in ("product", "book", "team", "recipe"):
+        a = regex_automaton(json_schema_regex(SCHEMAS[name][1]), vocabulary)
+        assert a.nbytes < 2 * 2**20, (name, a)  # a dense int32 [states, vocab] table would be 35-200 MiB
+        assert a.transitions.shape[1] < 300 and a.token_class.shape == (vocabulary.vocab_size,)
+        assert a.distance[INITIAL] < INFINITE_DISTANCE and (a.distance[1:] < INFINITE_DISTANCE).all()
+
+
+def test_disk_cache_round_trip(vocabulary, tmp_path, monkeypatch):
+    monkeypatch.setenv("FUNCTIONAL_GEN_CACHE", str(tmp_path))
+    clear_memory_cache()
+    first = regex_automaton(r"[a-f]{2}-[0-9]+", vocabulary)
+    files = list((tmp_path / "automata").glob("regex-*.npz"))
+    assert len(files) == 1
+    clear_memory_cache()
+
+    def fail(*args, **kwargs):
+        raise AssertionError("compiled again instead of loading the cache")
+
+    monkeypatch.setattr(automaton_module, "build_regex_automaton", fail)
+    second = regex_automaton(r"[a-f]{2}-[0-9]+", vocabulary)
+    for field in ("token_class", "transitions", "distance"):
+        np.testing.assert_array_equal(getattr(first, field), getattr(second, field))
+    assert second.eos_token_id == vocabulary.eos_token_id
+    # Another vocabulary (other EOS ids) is another cache entry.
+    from functional_gen.structured.vocabulary import TokenVocabulary
+
+    other = TokenVocabulary(vocabulary.token_bytes, (2,), "other-fingerprint")
+    monkeypatch.undo()
+    monkeypatch.setenv("FUNCTIONAL_GEN_CACHE", str(tmp_path))
+    regex_automaton(r"[a-f]{2}-[0-9]+", other)
+    assert len(list((tmp_path / "automata").glob("regex-*.npz"))) == 2
+    clear_memory_cache()
+
+
+@pytest.mark.parametrize("pattern", ["(", "a{3", "[z-a]", "(?=a)b", r"\bword\b"])
+def test_invalid_regex_names_the_pattern(tokenizer, pattern):
+    with pytest.raises(ConstraintError, match="invalid regex") as info:
+        fg.processors.Regex(pattern, tokenizer)
+    assert repr(pattern) in str(info.value)
+
+
+def test_unwritable_regex():
+    # A word-level vocabulary of "t0" ... "t99" cannot write an "x".
+    from tests.helpers import tiny_tokenizer
+
+    with pytest.raises(ConstraintError, match="cannot write"):
+        fg.processors.Regex("x+", tiny_tokenizer(100))
+    assert fg.processors.Regex("(t[0-9])+", tiny_tokenizer(100)).num_constraints == 1

@@ -1,0 +1,91 @@
+"""Byte DFAs (regex -> DFA via outlines-core, minimisation) against Python's `re`, and our token
+lifting against outlines-core's own token `Index` (exported with `from_outlines_index`) where
+that `Index` has no gap: masks, next states and distances all equal."""
+
+import itertools
+import re
+
+import numpy as np
+import pytest
+from outlines_core import Index
+
+from functional_gen.structured import json_schema_regex, regex_automaton
+from functional_gen.structured.automaton import from_outlines_index
+from functional_gen.structured.byte_dfa import ByteDFA, minimize, regex_byte_dfa
+
+from .cases import REGEXES, SCHEMAS
+
+
+def _strings(alphabet, max_length):
+    for n in range(max_length + 1):
+        for chars in itertools.product(alphabet, repeat=n):
+            yield "".join(chars)
+
+
+@pytest.mark.parametrize(
+    "pattern,alphabet",
+    [
+        (r"a(bc)?", "abc"),  # outlines-core's Index alone drops "abc" here
+        (r"[0-9]+(\.[0-9]+)?", "1.x"),  # ... and "1.5" here
+        (r"cat|category", "catego"),
+        (r"(a|b)*abb", "ab"),
+        (r"x[0-9]*y?", "xy1"),
+        (r"(é|ü)+[a-c]{0,2}", "éüac"),
+    ],
+)
+def test_regex_byte_dfa_is_the_regex(pattern, alphabet):
+    dfa = regex_byte_dfa(pattern)
+    small = minimize(dfa)
+    python = re.compile(pattern)
+    for text in _strings(alphabet, 7 if len(alphabet) <= 3 else 5):
+        expected = bool(python.fullmatch(text))
+        assert dfa.matches(text.encode()) == expected, text
+        assert small.matches(text.encode()) == expected, text
+
+
+def test_minimize_gives_the_minimal_automaton():
+    assert minimize(regex_byte_dfa(r"(a|b)*abb")).num_states == 4  # the textbook example
+    # Two writings of (ab)+ (start, after a, after ab) give the same three states.
+    assert minimize(regex_byte_dfa(r"(ab|ab)(ab)*")).num_states == minimize(regex_byte_dfa(r"(ab)+")).num_states == 3
+    with pytest.raises(ValueError, match="empty"):
+        minimize(ByteDFA(np.full((2, 256), -1, np.int32), np.array([False, False]), 0))
+
+
+# Constraints where no match can be continued into a longer one through a non-match, so that
+# outlines-core's Index has no gap.
+@pytest.mark.parametrize("name", ["date", "phone", "ipv4", "uuid4"])
+def test_lift_equals_outlines_token_index(vocabulary, name):
+    _check_lift(vocabulary, REGEXES[name][1])
+
+
+def test_lift_equals_outlines_token_index_on_json(vocabulary):
+    _check_lift(vocabulary, json_schema_regex(SCHEMAS["person"][1]))
+
+
+def test_the_gaps_of_index_alone_are_closed(vocabulary):
+    # "12" "." "5" and "cat" "e" "gory": outlines-core's Index drops the middle token.
+    single = {c: vocabulary.byte_map[c.encode()][0] for c in "125.category"}  # one-character tokens
+    for pattern, text in [(r"[0-9]+(\.[0-9]+)?", "12.5"), ("cat|category", "category")]:
+        ours = regex_automaton(pattern, vocabulary)
+        index = from_outlines_index(Index(pattern, vocabulary.outlines_vocabulary), vocabulary)
+        ids = [single[c] for c in text]
+        assert ours.accepting[ours.walk(ids)]
+        assert index.walk(ids) == 0  # dead: the gap
+
+
+def _check_lift(vocabulary, pattern):
+    ours = regex_automaton(pattern, vocabulary)  # our lifting
+    reference = from_outlines_index(Index(pattern, vocabulary.outlines_vocabulary), vocabulary)
+    rng = np.random.default_rng(0)
+    for _ in range(10):
+        a = b = 1
+        for _ in range(50):
+            mask = ours.allowed(a)
+            np.testing.assert_array_equal(mask, reference.allowed(b))
+            assert ours.distance[a] == reference.distance[b]
+            choices = np.flatnonzero(mask)
+            choices = choices[~np.isin(choices, vocabulary.eos_token_id)]
+            if not choices.size:
+                break
+            token = int(rng.choice(choices))
+            a, b = ours.next_state(a, token), reference.next_state(b, token)

@@ -1,0 +1,58 @@
+"""Format regexes against the standard library's parsers (`datetime`, `uuid`, `ipaddress`)."""
+
+import datetime
+import ipaddress
+import random
+import re
+import uuid
+
+from functional_gen.structured.formats import DATE, DATE_TIME, EMAIL, IPV4, TIME, UUID
+
+
+def test_date_accepts_exactly_the_valid_calendar_dates():
+    pattern = re.compile(DATE)
+    for year in (1, 4, 100, 200, 400, 1600, 1700, 1900, 2000, 2023, 2024, 9996, 9999):
+        for month in range(14):
+            for day in range(33):
+                text = f"{year:04d}-{month:02d}-{day:02d}"
+                try:
+                    datetime.date.fromisoformat(text)
+                    valid = True
+                except ValueError:
+                    valid = False
+                assert bool(pattern.fullmatch(text)) == valid, text
+    assert not pattern.fullmatch("0000-01-01")
+
+
+def test_time_and_date_time_parse_with_an_offset():
+    rng = random.Random(0)
+    time_re, dt_re = re.compile(TIME), re.compile(DATE_TIME)
+    for _ in range(500):
+        h, m, s = rng.randrange(30), rng.randrange(70), rng.randrange(70)
+        frac = rng.choice(["", ".5", ".123456"])
+        zone = rng.choice(["Z", "+05:30", "-11:00", ""])
+        text = f"{h:02d}:{m:02d}:{s:02d}{frac}{zone}"
+        valid = h < 24 and m < 60 and s < 60 and zone != ""
+        assert bool(time_re.fullmatch(text)) == valid, text
+        if valid:
+            assert datetime.time.fromisoformat(text).tzinfo is not None
+            assert datetime.datetime.fromisoformat("2024-02-29T" + text)
+            assert dt_re.fullmatch("2024-02-29T" + text)
+
+
+def test_uuid_email_ipv4():
+    for _ in range(50):
+        u = str(uuid.uuid4())
+        assert re.fullmatch(UUID, u) and re.fullmatch(UUID, u.upper())
+    assert not re.fullmatch(UUID, uuid.uuid4().hex)
+    for ok in ("a@b.co", "first.last+tag@mail.example.org"):
+        assert re.fullmatch(EMAIL, ok)
+    for bad in ("a@b", "@b.co", "a..b@c.de", 'a"b@c.de', "a@b.c"):
+        assert not re.fullmatch(EMAIL, bad)
+    for text in ("0.0.0.0", "255.255.255.255", "192.168.1.10", "256.1.1.1", "01.2.3.4", "1.2.3"):
+        try:
+            ipaddress.IPv4Address(text)
+            valid = True
+        except ValueError:
+            valid = False
+        assert bool(re.fullmatch(IPV4, text)) == valid, text

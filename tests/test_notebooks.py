@@ -1,0 +1,61 @@
+"""Every notebook runs top to bottom (so the tutorials cannot rot), and the docs build strictly
+with the executed notebooks in them."""
+
+import importlib.util
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+_spec = importlib.util.spec_from_file_location("build_docs", ROOT / "scripts" / "build_docs.py")
+build_docs = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(build_docs)
+
+pytest.importorskip("nbclient")
+pytest.importorskip("jupytext")
+
+NOTEBOOKS = build_docs.notebooks()
+
+
+@pytest.fixture(scope="session")
+def executed_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("executed-notebooks")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("source", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_notebook_runs(source, executed_dir):
+    import nbformat
+
+    target = executed_dir / f"{source.stem}.ipynb"
+    elapsed = build_docs.execute_notebook(source, target)
+    notebook = nbformat.read(target, as_version=4)
+    outputs = [o for c in notebook.cells if c.cell_type == "code" for o in c.get("outputs", [])]
+    assert outputs, "the notebook produced no output"
+    assert not [o for o in outputs if o.get("output_type") == "error"]
+    assert elapsed < 240, f"{source.name} took {elapsed:.0f} s; keep notebooks under 2 minutes"
+
+
+@pytest.mark.slow
+def test_docs_build_strictly(executed_dir, tmp_path):
+    pytest.importorskip("mkdocs")
+    missing = [p.stem for p in NOTEBOOKS if not (executed_dir / f"{p.stem}.ipynb").exists()]
+    if missing:
+        pytest.skip(f"notebooks not executed in this session: {missing}")
+    site = tmp_path / "project"
+    shutil.copytree(ROOT / "docs", site / "docs", ignore=shutil.ignore_patterns("*.ipynb"))
+    shutil.copy(ROOT / "mkdocs.yml", site / "mkdocs.yml")
+    for p in NOTEBOOKS:
+        shutil.copy(executed_dir / f"{p.stem}.ipynb", site / "docs" / "tutorials")
+    result = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
+        cwd=site,
+        capture_output=True,
+        text=True,
+        env={**__import__("os").environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert (tmp_path / "site" / "api" / "processors" / "index.html").is_file()

@@ -1,0 +1,34 @@
+"""Streaming: text pieces as tokens arrive, whole UTF-8 characters only."""
+
+import pytest
+
+import functional_gen as fg
+from functional_gen.tokenization import IncrementalDecoder, decode
+
+
+@pytest.mark.slow
+def test_pieces_never_split_a_character_and_join_to_the_full_text(default_model):
+    _, tokenizer = default_model
+    text = "Zoë paid 5€ for 🍕🍕 and said 你好世界 — ça va? 👋🏽"
+    ids = tokenizer(text)["input_ids"]
+    # the test means something only if some tokens carry part of a UTF-8 character
+    assert any("\ufffd" in tokenizer.decode([t]) for t in ids)
+    decoder = IncrementalDecoder(tokenizer)
+    pieces = [decoder.push(t) for t in ids] + [decoder.flush()]
+    assert all("\ufffd" not in p for p in pieces)
+    assert "".join(pieces) == decode(tokenizer, ids) == text
+
+
+@pytest.mark.slow
+def test_stream_equals_generate(default_model):
+    model, tokenizer = default_model
+    prompt = [{"role": "user", "content": "Name three colours."}]
+    pieces = list(fg.stream(model, tokenizer, prompt, max_new_tokens=24))
+    assert len(pieces) > 3 and all(pieces)
+    assert "".join(pieces) == fg.generate(model, tokenizer, [prompt], max_new_tokens=24).texts[0]
+
+
+def test_stream_takes_one_prompt(default_model):
+    model, tokenizer = default_model
+    with pytest.raises(TypeError, match="one prompt"):
+        next(fg.stream(model, tokenizer, ["a", "b"]))
