@@ -185,14 +185,17 @@ _ = show([P.LogitBias({banana: 3.0, apple: -100.0})], "LogitBias(+3 ' banana', -
 # %% [markdown]
 # ## Randomness inside a processor
 #
-# `XTC` (llama.cpp's "exclude top choices") sometimes removes the *most* likely tokens, to
-# push the model off its most predictable path. Whether it fires is random: it draws from the
-# row's `context.key`, which is different at every step and for every row.
+# `XTC` (llama.cpp's "exclude top choices") sometimes removes the *most* likely tokens (all
+# those above `xtc_threshold` but the least likely of them), to push the model off its most
+# predictable path. Whether it fires is random, with probability `xtc_probability`: it draws
+# from the row's `context.key`, which differs at every step and for every row.
 
 # %%
-for seed in range(3):
-    out = P.apply([P.XTC(xtc_threshold=0.05, xtc_probability=0.5)], logits, jnp.asarray([prompt_ids]), key=jax.random.key(seed))
-    print(f"key {seed}: top token now {tokenizer.decode([int(jnp.argmax(out[0]))])!r}")
+xtc = P.XTC(xtc_threshold=0.03, xtc_probability=0.5)  # tokens above 3% are "top choices"
+for seed in range(6):
+    out = P.apply([xtc], logits, jnp.asarray([prompt_ids]), key=jax.random.key(seed))
+    removed = int(jnp.isinf(out[0]).sum())
+    print(f"key {seed}: {removed} top choices removed, most likely now {tokenizer.decode([int(jnp.argmax(out[0]))])!r}")
 
 # %% [markdown]
 # ## A stateless processor from a function
