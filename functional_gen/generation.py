@@ -342,6 +342,19 @@ def resolve_settings(
     )
 
 
+def check_key(sampler: AbstractSampler | None, key, *, sampler_given: bool) -> None:
+    """Raise a clear error when a random sampler has no PRNG key (before any compilation)."""
+    if key is not None or sampler is None or not sampler.needs_key:
+        return
+    hint = "" if sampler_given else (
+        " (the generation config asks for sampling, do_sample=True; pass "
+        "sampler=functional_gen.samplers.Greedy() to decode greedily instead)"
+    )
+    raise ValueError(
+        f"{type(sampler).__name__} sampling needs a PRNG key: pass key=jax.random.key(seed){hint}"
+    )
+
+
 def generate(
     model,
     tokenizer,
@@ -405,6 +418,7 @@ def generate(
         stop_strings=stop_strings,
         generation_config=generation_config,
     )
+    check_key(settings.sampler, key, sampler_given=sampler is not None)
     ids = [x for x in ids for _ in range(settings.num_return_sequences)]
     stops = build_stop_strings(settings.stop_strings, tokenizer, model)
     state = generate_token_ids(

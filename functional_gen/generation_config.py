@@ -21,6 +21,7 @@ generated tokens (`output_scores`, `use_cache`, `return_dict_in_generate`, ...) 
 """
 
 import dataclasses
+import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -90,7 +91,7 @@ def load_generation_config(generation_config: Any):
             path = path / "generation_config.json"
         if not path.is_file():
             raise FileNotFoundError(f"no generation config at {path}")
-        return GenerationConfig.from_json_file(str(path))
+        return GenerationConfig.from_dict(json.loads(path.read_text()))
     raise TypeError(
         "generation_config must be a transformers.GenerationConfig, a dict, or a path to a "
         f"generation_config.json, got {type(generation_config).__name__}"

@@ -12,7 +12,7 @@ import equinox as eqx
 import jax
 from jaxtyping import PRNGKeyArray
 
-from .generation import _prefill_jit, _prepare, build_stop_strings, resolve_settings
+from .generation import _prefill_jit, _prepare, build_stop_strings, check_key, resolve_settings
 from .state import FINISH_REASONS
 from .stop_strings import truncate_at_stop
 from .samplers import AbstractSampler
@@ -78,10 +78,7 @@ def stream(
         pad_token_id=settings.pad_token_id,
         stop_strings=stops,
     )
-    if key is None and step.sampler.needs_key:
-        raise ValueError(
-            f"{type(step.sampler).__name__} sampling needs a PRNG key: pass key=jax.random.key(seed)"
-        )
+    check_key(step.sampler, key, sampler_given=sampler is not None)
     prompt_ids, token_ids, lengths, keys = _prepare(
         model, [ids], max_new_tokens, key, step.pad_token_id, True
     )
