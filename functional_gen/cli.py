@@ -48,6 +48,8 @@ _SAMPLING_DEFAULTS = dict(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05)  # 
 _PENALTY_OPTIONS = [
     ("--repetition-penalty", float, "R",
      "penalise tokens already in the text, prompt included (transformers); R > 1 discourages repeats"),
+    ("--penalty-last-n", int, "N",
+     "--repetition-penalty looks only at the last N tokens (llama.cpp's --repeat-last-n; -1 = all)"),
     ("--presence-penalty", float, "P",
      "subtract P from tokens already generated (OpenAI/vLLM)"),
     ("--frequency-penalty", float, "F",
@@ -243,7 +245,10 @@ def build_processors(
     a = args
     out: list = []
     if a.repetition_penalty is not None:
-        out.append(P.RepetitionPenalty(a.repetition_penalty))
+        last_n = -1 if a.penalty_last_n is None else a.penalty_last_n
+        out.append(P.RepetitionPenalty(a.repetition_penalty, last_n))
+    elif a.penalty_last_n is not None:
+        raise ValueError("--penalty-last-n needs --repetition-penalty")
     if a.presence_penalty is not None:
         out.append(P.PresencePenalty(a.presence_penalty))
     if a.frequency_penalty is not None:

@@ -12,7 +12,8 @@ decoder-only model, so a checkpoint's `generation_config.json` means the same th
 
 llama.cpp's own sampling settings, which GGUF files may carry (`general.sampling.*`), add
 `XTC` (`xtc_threshold`, `xtc_probability`) and `MirostatV2` (`mirostat=2`, `mirostat_tau`,
-`mirostat_eta`) after min-p, in llama.cpp's chain order.
+`mirostat_eta`) after min-p, in llama.cpp's chain order, and `penalty_last_n` (the window of
+`RepetitionPenalty`).
 
 Settings that select a decoding method this library does not have yet (beam search,
 classifier-free guidance, contrastive search, assisted decoding, watermarking, ...) raise a
@@ -139,7 +140,9 @@ def settings_from_generation_config(
     if gc.sequence_bias is not None:
         procs.append(P.SequenceBias(gc.sequence_bias))
     if gc.repetition_penalty is not None and gc.repetition_penalty != 1.0:
-        procs.append(P.RepetitionPenalty(gc.repetition_penalty))
+        penalty_last_n = getattr(gc, "penalty_last_n", None)
+        penalty_last_n = -1 if penalty_last_n is None else int(penalty_last_n)
+        procs.append(P.RepetitionPenalty(gc.repetition_penalty, penalty_last_n))
     if gc.no_repeat_ngram_size is not None and gc.no_repeat_ngram_size > 0:
         procs.append(P.NoRepeatNGram(gc.no_repeat_ngram_size))
     if gc.bad_words_ids is not None:

@@ -89,7 +89,10 @@ REGISTRY = {
     ),
     "RepetitionPenalty": (
         lambda v: P.RepetitionPenalty(v(1.1, 1.5)),
-        [(lambda: P.RepetitionPenalty(0.0), "repetition_penalty")],
+        [
+            (lambda: P.RepetitionPenalty(0.0), "repetition_penalty"),
+            (lambda: P.RepetitionPenalty(1.2, -2), "penalty_last_n"),
+        ],
     ),
     "PresencePenalty": (
         lambda v: P.PresencePenalty(v(0.5, 1.5)),
