@@ -90,16 +90,29 @@ class RotaryEmbedding(eqx.Module):
 
     inv_freq: Float[Array, " half_head_dim"]
 
-    def __call__(
-        self, x: Float[Array, "heads head_dim tokens"], positions: Int[Array, " tokens"]
-    ) -> Float[Array, "heads head_dim tokens"]:
+    def cos_sin(
+        self, positions: Int[Array, " tokens"]
+    ) -> tuple[Float[Array, "head_dim tokens"], Float[Array, "head_dim tokens"]]:
+        """The rotation of each position: `cos` and `sin` of `position * inv_freq`, both halves."""
         angles = self.inv_freq[:, None] * positions[None, :].astype(jnp.float32)
         angles = jnp.concatenate([angles, angles], axis=0)  # [head_dim, tokens]
-        cos = jnp.cos(angles).astype(x.dtype)
-        sin = jnp.sin(angles).astype(x.dtype)
+        return jnp.cos(angles), jnp.sin(angles)
+
+    @staticmethod
+    def rotate(
+        x: Float[Array, "heads head_dim tokens"],
+        cos_sin: tuple[Float[Array, "head_dim tokens"], Float[Array, "head_dim tokens"]],
+    ) -> Float[Array, "heads head_dim tokens"]:
+        """Rotate `x` by angles from `cos_sin` (computed once per forward, shared by all layers)."""
+        cos, sin = (t.astype(x.dtype) for t in cos_sin)
         half = x.shape[1] // 2
         rotated = jnp.concatenate([-x[:, half:], x[:, :half]], axis=1)
         return x * cos + rotated * sin
+
+    def __call__(
+        self, x: Float[Array, "heads head_dim tokens"], positions: Int[Array, " tokens"]
+    ) -> Float[Array, "heads head_dim tokens"]:
+        return self.rotate(x, self.cos_sin(positions))
 
 
 class Attention(eqx.Module):
@@ -123,7 +136,7 @@ class Attention(eqx.Module):
         self,
         x: Float[Array, "hidden tokens"],
         positions: Int[Array, "batch seq"],
-        rope: RotaryEmbedding,
+        rope: tuple[Float[Array, "head_dim tokens"], Float[Array, "head_dim tokens"]],
         k_cache: Float[Array, "batch kv_heads max_len head_dim"],
         v_cache: Float[Array, "batch kv_heads max_len head_dim"],
         cache_positions: Int[Array, "batch max_len"],
@@ -137,10 +150,9 @@ class Attention(eqx.Module):
         batch, seq = positions.shape
         kvh, hd = self.num_kv_heads, self.head_dim
         groups = self.num_heads // kvh
-        flat_positions = positions.reshape(-1)
 
-        q = rope(self.q_proj(x).reshape(self.num_heads, hd, -1), flat_positions)
-        k = rope(self.k_proj(x).reshape(kvh, hd, -1), flat_positions)
+        q = RotaryEmbedding.rotate(self.q_proj(x).reshape(self.num_heads, hd, -1), rope)
+        k = RotaryEmbedding.rotate(self.k_proj(x).reshape(kvh, hd, -1), rope)
         v = self.v_proj(x).reshape(kvh, hd, -1)
 
         # Write this call's keys/values into slots [write_index, write_index + seq) of every row.
@@ -388,11 +400,12 @@ class LlamaForCausalLM(eqx.Module):
         m = self.model
         x = m.embed_tokens(token_ids.reshape(-1))  # [hidden, batch*seq]
         new_k, new_v = [], []
+        rope = m.rotary_emb.cos_sin(positions.reshape(-1))
         for layer, k_cache, v_cache in zip(m.layers, cache.k, cache.v):
             h, k_cache, v_cache = layer.self_attn(
                 layer.input_layernorm(x),
                 positions,
-                m.rotary_emb,
+                rope,
                 k_cache,
                 v_cache,
                 cache_positions,
