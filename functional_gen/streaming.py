@@ -10,6 +10,7 @@ from typing import Any
 
 import equinox as eqx
 import jax
+import jax.numpy as jnp
 from jaxtyping import PRNGKeyArray
 
 from .generation import _prefill_jit, _prepare, build_stop_strings, check_key, resolve_settings
@@ -92,10 +93,9 @@ def stream(
     text, emitted = "", 0
     while True:
         state = _step_jit(step, state)
-        length, done, reason = jax.device_get(
-            (state.length[0], state.done[0], state.finish_reason[0])
-        )
-        token = int(jax.device_get(state.token_ids[0, max(int(length) - 1, 0)]))
+        last = state.token_ids[0, jnp.maximum(state.length[0] - 1, 0)]
+        done, reason, token = jax.device_get((state.done[0], state.finish_reason[0], last))
+        token = int(token)
         new_token = not (done and FINISH_REASONS[int(reason)] == "constraint")
         if new_token and not (done and token in eos):
             text += decoder.push(token)

@@ -63,6 +63,7 @@ class CountingModel(eqx.Module):
         )
 
     def init_cache(self, batch_size: int, max_len: int) -> KVCache:
+        """An empty one-layer `KVCache` for `batch_size` rows of `max_len` slots."""
         return KVCache.init(self.config, batch_size, max_len)
 
     def __call__(
@@ -73,6 +74,8 @@ class CountingModel(eqx.Module):
         *,
         logits_to_keep: int = 0,
     ) -> tuple[Float[Array, "batch keep vocab"], KVCache]:
+        """Logits (+10 on `(token + 1) % vocab_size`, -10 elsewhere) for the last `logits_to_keep`
+        tokens (`0`: all), and the cache with this call's positions recorded."""
         batch, seq = token_ids.shape
         positions = jax.lax.dynamic_update_slice(
             cache.positions, positions.astype(jnp.int32), (0, cache.length[0])
@@ -84,5 +87,6 @@ class CountingModel(eqx.Module):
         return logits.astype(jnp.float32), cache
 
     def prefill(self, token_ids, positions, *, max_len: int, logits_to_keep: int = 1):
+        """`__call__` on a fresh cache of `max_len` slots, as `LlamaForCausalLM.prefill`."""
         cache = self.init_cache(token_ids.shape[0], max_len)
         return self(token_ids, positions, cache, logits_to_keep=logits_to_keep)
