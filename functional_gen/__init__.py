@@ -14,18 +14,31 @@ result = fg.generate(model, tokenizer, ["Once upon a time"], max_new_tokens=32,
 ```
 """
 
-from . import models as models, processors as processors, samplers as samplers
+from . import models as models, processors as processors
 from .generation import (
+    FINISH_REASONS as FINISH_REASONS,
+    BatchMismatchError as BatchMismatchError,
     GenerationResult as GenerationResult,
+    GenerationState as GenerationState,
+    ModelMismatchError as ModelMismatchError,
+    SequenceState as SequenceState,
+    SequenceStateFormatError as SequenceStateFormatError,
+    Step as Step,
+    Stream as Stream,
     bucket_length as bucket_length,
     generate as generate,
     generate_token_ids as generate_token_ids,
     init_state as init_state,
+    make_step as make_step,
+    samplers as samplers,
+    stream as stream,
 )
 from .loading import load_model as load_model
-from .models import KVCache as KVCache, LlamaConfig as LlamaConfig, LlamaForCausalLM as LlamaForCausalLM
-from .state import FINISH_REASONS as FINISH_REASONS, GenerationState as GenerationState
-from .step import Step as Step, make_step as make_step
-from .streaming import stream as stream
+from .models import (
+    AbstractCausalLM as AbstractCausalLM,
+    KVCache as KVCache,
+    LlamaConfig as LlamaConfig,
+    LlamaForCausalLM as LlamaForCausalLM,
+)
 
 __version__ = "0.1.0"

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from . import processors as P
-from .samplers import AbstractSampler, Greedy, Multinomial
+from .generation.samplers import AbstractSampler, Greedy, Multinomial
 
 # Non-default values of these select decoding features that are not implemented (yet).
 _UNSUPPORTED = {

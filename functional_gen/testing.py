@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
+from .models.base import AbstractCausalLM, fingerprint
 from .models.config import LlamaConfig
 from .models.kv_cache import KVCache
 
@@ -42,17 +43,19 @@ def tiny_config(**overrides) -> LlamaConfig:
     return LlamaConfig(**fields)
 
 
-class CountingModel(eqx.Module):
+class CountingModel(AbstractCausalLM):
     """A model whose logits put all mass on `(last token + 1) % vocab_size`.
 
-    It has the model interface of `LlamaForCausalLM` (`__call__`, `prefill`, `init_cache`,
-    `config`) and a real `KVCache` (one layer), so it exercises the cache bookkeeping too.
+    It implements `AbstractCausalLM` (`__call__`, `prefill`, `init_cache` and the properties
+    generation reads) with a real `KVCache` (one layer), so it exercises the cache bookkeeping
+    too.
 
     **Attributes:** `config`: a `LlamaConfig` (only `vocab_size`, `eos_token_id`,
-    `pad_token_id`, `max_position_embeddings` matter).
+    `pad_token_id`, `max_position_embeddings` matter); `generation_config`: always `None`.
     """
 
     config: LlamaConfig = eqx.field(static=True)
+    generation_config: None = eqx.field(static=True, default=None)
 
     def __init__(self, vocab_size: int = 32, eos_token_id: tuple[int, ...] = (31,), pad_token_id: int = 0):
         self.config = dataclasses.replace(
@@ -61,6 +64,32 @@ class CountingModel(eqx.Module):
             eos_token_id=tuple(eos_token_id),
             pad_token_id=pad_token_id,
         )
+        self.generation_config = None
+
+    @property
+    def vocab_size(self) -> int:
+        """`config.vocab_size`."""
+        return self.config.vocab_size
+
+    @property
+    def eos_token_id(self) -> tuple[int, ...]:
+        """`config.eos_token_id`."""
+        return self.config.eos_token_id
+
+    @property
+    def pad_token_id(self) -> int | None:
+        """`config.pad_token_id`."""
+        return self.config.pad_token_id
+
+    @property
+    def max_position_embeddings(self) -> int | None:
+        """`config.max_position_embeddings`."""
+        return self.config.max_position_embeddings
+
+    @property
+    def config_fingerprint(self) -> str:
+        """Digest of the class and the config."""
+        return fingerprint(type(self).__name__, self.config)
 
     def init_cache(self, batch_size: int, max_len: int) -> KVCache:
         """An empty one-layer `KVCache` for `batch_size` rows of `max_len` slots."""
@@ -73,9 +102,11 @@ class CountingModel(eqx.Module):
         cache: KVCache,
         *,
         logits_to_keep: int = 0,
+        prefix_length: Int[Array, " batch"] | None = None,
     ) -> tuple[Float[Array, "batch keep vocab"], KVCache]:
         """Logits (+10 on `(token + 1) % vocab_size`, -10 elsewhere) for the last `logits_to_keep`
-        tokens (`0`: all), and the cache with this call's positions recorded."""
+        tokens (`0`: all), and the cache with this call's positions recorded (`prefix_length` has
+        no effect: each logit depends on one token only)."""
         batch, seq = token_ids.shape
         positions = jax.lax.dynamic_update_slice(
             cache.positions, positions.astype(jnp.int32), (0, cache.length[0])
@@ -86,7 +117,15 @@ class CountingModel(eqx.Module):
         logits = jnp.where(jax.nn.one_hot(nxt, self.config.vocab_size) > 0, 10.0, -10.0)
         return logits.astype(jnp.float32), cache
 
-    def prefill(self, token_ids, positions, *, max_len: int, logits_to_keep: int = 1):
+    def prefill(
+        self,
+        token_ids: Int[Array, "batch seq"],
+        positions: Int[Array, "batch seq"],
+        *,
+        max_len: int,
+        logits_to_keep: int = 1,
+        prefix_length: Int[Array, " batch"] | None = None,
+    ) -> tuple[Float[Array, "batch keep vocab"], KVCache]:
         """`__call__` on a fresh cache of `max_len` slots, as `LlamaForCausalLM.prefill`."""
         cache = self.init_cache(token_ids.shape[0], max_len)
         return self(token_ids, positions, cache, logits_to_keep=logits_to_keep)

@@ -13,6 +13,8 @@ from functional_gen import processors as P
 from functional_gen.generation_config import load_generation_config, settings_from_generation_config
 from functional_gen.testing import CountingModel
 
+from .helpers import tiny_tokenizer
+
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
@@ -153,16 +155,17 @@ def test_generation_config_sets_lengths_and_repeats_rows():
     from functional_gen.generation import resolve_settings
 
     settings = resolve_settings(
-        model, 5, max_new_tokens=None, processors=None, sampler=None, eos_token_id=None,
-        pad_token_id=None, stop_strings=None,
+        model, tiny_tokenizer(model.vocab_size), 5, max_new_tokens=None, processors=None, sampler=None,
+        key=jax.random.key(0), eos_token_id=None, pad_token_id=None, stop_strings=None,
         generation_config={"max_length": 12, "num_return_sequences": 3, "do_sample": True, "stop_strings": "x"},
     )
     assert settings.max_new_tokens == 7 and settings.num_return_sequences == 3
     assert settings.stop_strings == ("x",)
     with pytest.raises(ValueError, match="max_length=5 leaves no room"):
         resolve_settings(
-            model, 5, max_new_tokens=None, processors=None, sampler=None, eos_token_id=None,
-            pad_token_id=None, stop_strings=None, generation_config={"max_length": 5},
+            model, None, 5, max_new_tokens=None, processors=None, sampler=None, key=None,
+            eos_token_id=None, pad_token_id=None, stop_strings=None,
+            generation_config={"max_length": 5},
         )
 
 

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import functional_gen as fg
-from functional_gen.stop_strings import StopStrings, truncate_at_stop
+from functional_gen.generation.stop_strings import StopStrings, truncate_at_stop
 from functional_gen.tokenization import token_bytes
 
 TEXTS = [

@@ -28,7 +28,13 @@ def test_stream_equals_generate(default_model):
     assert "".join(pieces) == fg.generate(model, tokenizer, [prompt], max_new_tokens=24).texts[0]
 
 
-def test_stream_takes_one_prompt(default_model):
+@pytest.mark.slow
+def test_stream_of_a_batch_yields_rows_and_equals_generate(default_model):
     model, tokenizer = default_model
-    with pytest.raises(TypeError, match="one prompt"):
-        next(fg.stream(model, tokenizer, ["a", "b"]))
+    prompts = ["The capital of France is", [{"role": "user", "content": "Say hi."}]]
+    texts = ["", ""]
+    stream = fg.stream(model, tokenizer, prompts, max_new_tokens=12)
+    for row, piece in stream:
+        texts[row] += piece
+    expected = fg.generate(model, tokenizer, prompts, max_new_tokens=12)
+    assert texts == expected.texts == stream.result.texts

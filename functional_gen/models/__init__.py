@@ -1,4 +1,6 @@
-"""Decoder models in Equinox and their `KVCache`."""
+"""Decoder models in Equinox, the `AbstractCausalLM` interface generation relies on, and the `KVCache`."""
+
+from .base import AbstractCausalLM as AbstractCausalLM
 
 from .config import (
     SUPPORTED_MODEL_TYPES as SUPPORTED_MODEL_TYPES,

@@ -31,6 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, Int, PRNGKeyArray
 
+from .base import AbstractCausalLM, fingerprint
 from .config import LlamaConfig
 from .kv_cache import KVCache
 
@@ -115,12 +116,30 @@ class RotaryEmbedding(eqx.Module):
         return self.rotate(x, self.cos_sin(positions))
 
 
+class LayerCache(eqx.Module):
+    """One layer's view of the `KVCache` during a model call.
+
+    **Attributes:**
+
+    - `k`, `v`: `Float[Array, "batch kv_heads max_len head_dim"]`, this layer's buffers.
+    - `positions`: `Int[Array, "batch max_len"]`, the RoPE position of every slot, this call's
+      tokens already recorded (shared by all layers; `-1` = padding or empty).
+    - `write_index`: `Int[Array, ""]`, the first slot this call writes (all rows in lockstep).
+    """
+
+    k: Float[Array, "batch kv_heads max_len head_dim"]
+    v: Float[Array, "batch kv_heads max_len head_dim"]
+    positions: Int[Array, "batch max_len"]
+    write_index: Int[Array, ""]
+
+
 class Attention(eqx.Module):
     """Grouped-query self-attention over the `KVCache` of one layer.
 
     Multi-head when `num_key_value_heads == num_attention_heads`, multi-query when it is 1
     (Ainslie et al. 2023, "GQA"). Scores are scaled by `head_dim ** -0.5`, masked by the slot
-    positions (causal, padding, optional sliding window) and softmaxed in float32.
+    positions (causal, padding, optional sliding window, optional bidirectional prefix) and
+    softmaxed in float32.
     """
 
     q_proj: Linear
@@ -137,16 +156,29 @@ class Attention(eqx.Module):
         x: Float[Array, "hidden tokens"],
         positions: Int[Array, "batch seq"],
         rope: tuple[Float[Array, "head_dim tokens"], Float[Array, "head_dim tokens"]],
-        k_cache: Float[Array, "batch kv_heads max_len head_dim"],
-        v_cache: Float[Array, "batch kv_heads max_len head_dim"],
-        cache_positions: Int[Array, "batch max_len"],
-        write_index: Int[Array, ""],
+        cache: LayerCache,
+        *,
+        prefix_length: Int[Array, " batch"] | None = None,
         prefill_chunk: int | None = None,
-    ) -> tuple[
-        Float[Array, "hidden tokens"],
-        Float[Array, "batch kv_heads max_len head_dim"],
-        Float[Array, "batch kv_heads max_len head_dim"],
-    ]:
+    ) -> tuple[Float[Array, "hidden tokens"], LayerCache]:
+        """Attend from this call's tokens to every valid cache slot, this call's tokens included.
+
+        **Arguments:**
+
+        - `x`: `Float[Array, "hidden tokens"]`, the normed residual stream, feature-major, the
+          `batch * seq` tokens of all rows flattened (row-major).
+        - `positions`: `Int[Array, "batch seq"]`, RoPE positions of the tokens, `-1` for padding.
+        - `rope`: `(cos, sin)` of the positions (from `RotaryEmbedding.cos_sin`).
+        - `cache`: this layer's `LayerCache`; the new keys/values are written at `write_index`.
+        - `prefix_length`: per row, positions below it attend bidirectionally (prefix-LM);
+          `None`: causal.
+        - `prefill_chunk`: static; when set, the cache holds exactly this call's tokens (slot i =
+          column i) and queries are processed in blocks of this many tokens, each reading only the
+          slots causality allows (with `prefix_length`, all slots).
+
+        **Returns:** `(out, cache)`: `Float[Array, "hidden tokens"]` (after `o_proj`) and the
+        layer cache with this call's keys/values written.
+        """
         batch, seq = positions.shape
         kvh, hd = self.num_kv_heads, self.head_dim
         groups = self.num_heads // kvh
@@ -157,33 +189,38 @@ class Attention(eqx.Module):
 
         # Write this call's keys/values into slots [write_index, write_index + seq) of every row.
         def to_cache(t):  # [kv_heads, head_dim, batch*seq] -> [batch, kv_heads, seq, head_dim]
-            return t.reshape(kvh, hd, batch, seq).transpose(2, 0, 3, 1).astype(k_cache.dtype)
+            return t.reshape(kvh, hd, batch, seq).transpose(2, 0, 3, 1).astype(cache.k.dtype)
 
-        k_cache = jax.lax.dynamic_update_slice(k_cache, to_cache(k), (0, 0, write_index, 0))
-        v_cache = jax.lax.dynamic_update_slice(v_cache, to_cache(v), (0, 0, write_index, 0))
+        start = (0, 0, cache.write_index, 0)
+        k_cache = jax.lax.dynamic_update_slice(cache.k, to_cache(k), start)
+        v_cache = jax.lax.dynamic_update_slice(cache.v, to_cache(v), start)
 
         q = q.reshape(kvh, groups, hd, batch, seq)
         if prefill_chunk is None:
-            out = self._attend(q, k_cache, v_cache, cache_positions, positions)
+            out = self._attend(q, k_cache, v_cache, cache.positions, positions, prefix_length)
         else:
             # The cache holds exactly this call's tokens, slot i = column i, so causality is
-            # known statically: queries [c0, c1) only need slots [0, c1).
+            # known statically: queries [c0, c1) only need slots [0, c1) (all with a prefix).
+            def upto(c0):
+                return seq if prefix_length is not None else c0 + prefill_chunk
+
             out = jnp.concatenate(
                 [
                     self._attend(
                         q[..., c0 : c0 + prefill_chunk],
-                        k_cache[:, :, : c0 + prefill_chunk],
-                        v_cache[:, :, : c0 + prefill_chunk],
-                        cache_positions[:, : c0 + prefill_chunk],
+                        k_cache[:, :, : upto(c0)],
+                        v_cache[:, :, : upto(c0)],
+                        cache.positions[:, : upto(c0)],
                         positions[:, c0 : c0 + prefill_chunk],
+                        prefix_length,
                     )
                     for c0 in range(0, seq, prefill_chunk)
                 ],
                 axis=-1,
             )
         out = out.reshape(self.num_heads * hd, batch * seq).astype(x.dtype)
-        return self.o_proj(out), k_cache, v_cache
-
+        new_cache = LayerCache(k_cache, v_cache, cache.positions, cache.write_index)
+        return self.o_proj(out), new_cache
 
     def _attend(
         self,
@@ -192,13 +229,19 @@ class Attention(eqx.Module):
         v_cache: Float[Array, "batch kv_heads kv_seq head_dim"],
         kv_positions: Int[Array, "batch kv_seq"],
         positions: Int[Array, "batch seq"],
+        prefix_length: Int[Array, " batch"] | None,
     ) -> Float[Array, "kv_heads groups head_dim batch seq"]:
         """Masked softmax attention of queries over cache slots (scores in float32)."""
         scores = jnp.einsum("kgdbs,bktd->bkgst", q, k_cache, preferred_element_type=jnp.float32)
         scores = scores * (self.head_dim**-0.5)
         kv_pos = kv_positions[:, None, :]  # [batch, 1, kv_seq]
         q_pos = positions[:, :, None]  # [batch, seq, 1]
-        allowed = (kv_pos >= 0) & (kv_pos <= q_pos)
+        visible = kv_pos <= q_pos
+        if prefix_length is not None:
+            # prefix-LM: a prefix token sees the whole prefix; later tokens see it anyway.
+            in_prefix = (kv_pos < prefix_length[:, None, None]) & (q_pos >= 0)
+            visible = visible | in_prefix
+        allowed = (kv_pos >= 0) & visible
         if self.sliding_window is not None:
             allowed = allowed & (q_pos - kv_pos < self.sliding_window)
         scores = jnp.where(allowed[:, None, None], scores, jnp.finfo(jnp.float32).min)
@@ -214,6 +257,7 @@ class MLP(eqx.Module):
     down_proj: Linear
 
     def __call__(self, x: Float[Array, "hidden tokens"]) -> Float[Array, "hidden tokens"]:
+        """The block's output for feature-major tokens `x` (same shape)."""
         return self.down_proj(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
@@ -224,6 +268,32 @@ class DecoderLayer(eqx.Module):
     mlp: MLP
     input_layernorm: RMSNorm
     post_attention_layernorm: RMSNorm
+
+    def __call__(
+        self,
+        x: Float[Array, "hidden tokens"],
+        positions: Int[Array, "batch seq"],
+        rope: tuple[Float[Array, "head_dim tokens"], Float[Array, "head_dim tokens"]],
+        cache: LayerCache,
+        *,
+        prefix_length: Int[Array, " batch"] | None = None,
+        prefill_chunk: int | None = None,
+    ) -> tuple[Float[Array, "hidden tokens"], LayerCache]:
+        """One block on the feature-major residual stream `x` (`batch * seq` tokens).
+
+        **Arguments:** as `Attention.__call__`. **Returns:** `(x, cache)`: the new residual
+        stream (same shape) and the layer cache with this call's keys/values.
+        """
+        h, cache = self.self_attn(
+            self.input_layernorm(x),
+            positions,
+            rope,
+            cache,
+            prefix_length=prefix_length,
+            prefill_chunk=prefill_chunk,
+        )
+        x = x + h
+        return x + self.mlp(self.post_attention_layernorm(x)), cache
 
 
 class LlamaModel(eqx.Module):
@@ -239,8 +309,51 @@ class LlamaModel(eqx.Module):
     norm: RMSNorm
     rotary_emb: RotaryEmbedding
 
+    def __call__(
+        self,
+        token_ids: Int[Array, "batch seq"],
+        positions: Int[Array, "batch seq"],
+        cache: KVCache,
+        *,
+        prefix_length: Int[Array, " batch"] | None = None,
+        prefill_chunk: int | None = None,
+    ) -> tuple[Float[Array, "hidden tokens"], KVCache]:
+        """Embed `seq` new tokens per row, run every layer against `cache`, and norm.
 
-class LlamaForCausalLM(eqx.Module):
+        **Arguments:** `token_ids`, `positions` (`-1` = padding), `cache` (the new tokens go to
+        slots `[cache.length, cache.length + seq)`), `prefix_length` and `prefill_chunk` as in
+        `Attention.__call__`.
+
+        **Returns:** `(hidden, cache)`: the final normed hidden states, feature-major
+        `Float[Array, "hidden tokens"]` with `tokens = batch * seq` in row-major order, and the
+        updated `KVCache` (its `length` advanced by `seq`).
+        """
+        batch, seq = token_ids.shape
+        write_index = cache.length[0]
+        slot_positions = jax.lax.dynamic_update_slice(
+            cache.positions, positions.astype(jnp.int32), (0, write_index)
+        )
+        x = self.embed_tokens(token_ids.reshape(-1))  # [hidden, batch*seq]
+        rope = self.rotary_emb.cos_sin(positions.reshape(-1))
+        new_k, new_v = [], []
+        for layer, k, v in zip(self.layers, cache.k, cache.v):
+            x, view = layer(
+                x,
+                positions,
+                rope,
+                LayerCache(k, v, slot_positions, write_index),
+                prefix_length=prefix_length,
+                prefill_chunk=prefill_chunk,
+            )
+            new_k.append(view.k)
+            new_v.append(view.v)
+        new_cache = KVCache(
+            k=tuple(new_k), v=tuple(new_v), positions=slot_positions, length=cache.length + seq
+        )
+        return self.norm(x), new_cache
+
+
+class LlamaForCausalLM(AbstractCausalLM):
     """A Llama-family causal language model: decoder plus output head.
 
     Construct it with `LlamaForCausalLM.from_weights(config, weights)` (what the loaders do) or,
@@ -330,6 +443,31 @@ class LlamaForCausalLM(eqx.Module):
         """An empty `KVCache` for this model: `batch_size` rows of `max_len` slots (see `KVCache.init`)."""
         return KVCache.init(self.config, batch_size, max_len, self.dtype)
 
+    @property
+    def vocab_size(self) -> int:
+        """`config.vocab_size`."""
+        return self.config.vocab_size
+
+    @property
+    def eos_token_id(self) -> tuple[int, ...]:
+        """`config.eos_token_id`: every id that ends a row (config and generation config merged)."""
+        return self.config.eos_token_id
+
+    @property
+    def pad_token_id(self) -> int | None:
+        """`config.pad_token_id`."""
+        return self.config.pad_token_id
+
+    @property
+    def max_position_embeddings(self) -> int | None:
+        """`config.max_position_embeddings`."""
+        return self.config.max_position_embeddings
+
+    @property
+    def config_fingerprint(self) -> str:
+        """Digest of the class, the `LlamaConfig` and the weight dtype."""
+        return fingerprint(type(self).__name__, self.config, str(self.dtype))
+
     def __call__(
         self,
         token_ids: Int[Array, "batch seq"],
@@ -337,6 +475,7 @@ class LlamaForCausalLM(eqx.Module):
         cache: KVCache,
         *,
         logits_to_keep: int = 0,
+        prefix_length: Int[Array, " batch"] | None = None,
     ) -> tuple[Float[Array, "batch keep vocab"], KVCache]:
         """Run the decoder on `seq` new tokens per row, reading and extending `cache`.
 
@@ -352,6 +491,9 @@ class LlamaForCausalLM(eqx.Module):
         - `cache`: the `KVCache` holding the earlier tokens; it must have at least `seq` free slots.
         - `logits_to_keep`: static; `0` returns logits for every new token, `n > 0` only for the
           last `n` per row (prefill needs just the last one).
+        - `prefix_length`: `Int[Array, " batch"]` or `None`; tokens at positions below it attend
+          to each other bidirectionally (prefix-LM, "cache-init" mode of flax PR #1316), every
+          other token causally. `None` (default): causal everywhere.
 
         **Returns:** `(logits, cache)`: `logits` is float32 `[batch, keep, vocab]` (unnormalised
         next-token scores for the token after each kept position; `keep` is `seq` or
@@ -360,7 +502,7 @@ class LlamaForCausalLM(eqx.Module):
         Writing past `max_len` is not checked here (shapes are static inside `jit`);
         `functional_gen.generate` sizes the cache before it calls the model.
         """
-        return self._forward(token_ids, positions, cache, logits_to_keep, None)
+        return self._forward(token_ids, positions, cache, logits_to_keep, None, prefix_length)
 
     def prefill(
         self,
@@ -369,6 +511,7 @@ class LlamaForCausalLM(eqx.Module):
         *,
         max_len: int,
         logits_to_keep: int = 1,
+        prefix_length: Int[Array, " batch"] | None = None,
     ) -> tuple[Float[Array, "batch keep vocab"], KVCache]:
         """Prefill: ONE call over whole (left-padded) prompts that fills a new `KVCache`.
 
@@ -376,9 +519,9 @@ class LlamaForCausalLM(eqx.Module):
         prompt goes into a cache of exactly `seq` slots, so attention reads no empty slots and
         skips the blocks that causality masks out, and the cache is then extended to `max_len`.
 
-        **Arguments:** `token_ids`, `positions` as in `__call__`; `max_len` (static): slots of
-        the returned cache, at least `seq`; `logits_to_keep` (static): as in `__call__`,
-        default 1 (the next-token logits only).
+        **Arguments:** `token_ids`, `positions`, `prefix_length` as in `__call__`; `max_len`
+        (static): slots of the returned cache, at least `seq`; `logits_to_keep` (static): as in
+        `__call__`, default 1 (the next-token logits only).
 
         **Returns:** `(logits, cache)` as in `__call__`.
 
@@ -388,48 +531,26 @@ class LlamaForCausalLM(eqx.Module):
         if max_len < seq:
             raise ValueError(f"`max_len` ({max_len}) must be at least the prompt length ({seq})")
         cache = self.init_cache(batch, seq)
-        logits, cache = self._forward(token_ids, positions, cache, logits_to_keep, _PREFILL_CHUNK)
+        logits, cache = self._forward(
+            token_ids, positions, cache, logits_to_keep, _PREFILL_CHUNK, prefix_length
+        )
         return logits, cache.extend(max_len)
 
-    def _forward(self, token_ids, positions, cache, logits_to_keep, prefill_chunk):
+    def _forward(self, token_ids, positions, cache, logits_to_keep, prefill_chunk, prefix_length):
         batch, seq = token_ids.shape
-        write_index = cache.length[0]
-        cache_positions = jax.lax.dynamic_update_slice(
-            cache.positions, positions.astype(jnp.int32), (0, write_index)
+        x, new_cache = self.model(
+            token_ids,
+            positions,
+            cache,
+            prefix_length=prefix_length,
+            prefill_chunk=prefill_chunk,
         )
-        m = self.model
-        x = m.embed_tokens(token_ids.reshape(-1))  # [hidden, batch*seq]
-        new_k, new_v = [], []
-        rope = m.rotary_emb.cos_sin(positions.reshape(-1))
-        for layer, k_cache, v_cache in zip(m.layers, cache.k, cache.v):
-            h, k_cache, v_cache = layer.self_attn(
-                layer.input_layernorm(x),
-                positions,
-                rope,
-                k_cache,
-                v_cache,
-                cache_positions,
-                write_index,
-                prefill_chunk,
-            )
-            x = x + h
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
-            new_k.append(k_cache)
-            new_v.append(v_cache)
-        x = m.norm(x)
         keep = seq if logits_to_keep == 0 else min(logits_to_keep, seq)
         if keep != seq:
             x = x.reshape(-1, batch, seq)[:, :, seq - keep :].reshape(-1, batch * keep)
-        head = m.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        head = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
         logits = (head @ x).astype(jnp.float32)  # [vocab, batch*keep]
-        logits = logits.T.reshape(batch, keep, -1)
-        new_cache = KVCache(
-            k=tuple(new_k),
-            v=tuple(new_v),
-            positions=cache_positions,
-            length=cache.length + seq,
-        )
-        return logits, new_cache
+        return logits.T.reshape(batch, keep, -1), new_cache
 
     @classmethod
     def from_weights(

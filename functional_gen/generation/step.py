@@ -13,7 +13,14 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from .processors.base import AbstractLogitsProcessor, Context, as_processors, process_all, vmap_rows
+from ..models.base import AbstractCausalLM
+from ..processors.base import (
+    AbstractLogitsProcessor,
+    Context,
+    as_processors,
+    process_all,
+    vmap_rows,
+)
 from .samplers import AbstractSampler, Greedy
 from .state import CONSTRAINT, EOS, LENGTH, STOP_STRING, GenerationState
 from .stop_strings import StopStrings
@@ -26,12 +33,12 @@ class Step(eqx.Module):
     arguments, not constants baked into the compiled program: `eqx.filter_jit(step)(state)`
     compiles once and reuses the program for new weights or new temperatures.
 
-    **Attributes:** `model`, `processors` (a tuple), `sampler`, `stop_strings` (a `StopStrings`
-    or `None`), `eos_token_id` (static tuple: every token id that ends a row), `pad_token_id`
-    (static: written after a row ends).
+    **Attributes:** `model` (an `AbstractCausalLM`), `processors` (a tuple), `sampler`,
+    `stop_strings` (a `StopStrings` or `None`), `eos_token_id` (static tuple: every token id that
+    ends a row), `pad_token_id` (static: written after a row ends).
     """
 
-    model: Any
+    model: AbstractCausalLM
     processors: tuple[AbstractLogitsProcessor, ...]
     sampler: AbstractSampler
     stop_strings: StopStrings | None
@@ -56,13 +63,13 @@ class Step(eqx.Module):
         n_generated = state.num_generated
 
         # Per-row, per-step randomness: independent of batch mates and of the batch size.
-        step_keys = jax.vmap(jax.random.fold_in)(state.key, n_generated)
+        step_keys = jax.vmap(jax.random.fold_in)(state.key, state.key_step + n_generated)
         process_keys, sample_keys = jax.vmap(lambda k: tuple(jax.random.split(k)))(step_keys)
         contexts = Context(
             token_ids=state.token_ids,
             length=state.length,
             prompt_length=state.prompt_length,
-            max_new_tokens=jnp.full((batch,), state.max_new_tokens, jnp.int32),
+            max_new_tokens=state.start_length - state.prompt_length + state.max_new_tokens,
             key=process_keys,
         )
         processor_states, logits = vmap_rows(process_all, self.processors, batch)(
@@ -88,7 +95,7 @@ class Step(eqx.Module):
         tokens = jnp.where(active, tokens, self.pad_token_id).astype(jnp.int32)
         write_col = jnp.where(active, state.length, state.token_ids.shape[1])  # done: dropped
         token_ids = state.token_ids.at[rows, write_col].set(tokens, mode="drop")
-        logprob_col = jnp.where(active, n_generated, state.max_new_tokens)
+        logprob_col = jnp.where(active, n_generated, state.logprobs.shape[1])
         logprobs = state.logprobs.at[rows, logprob_col].set(chosen_logprobs, mode="drop")
         length = state.length + active.astype(jnp.int32)
 
@@ -98,7 +105,7 @@ class Step(eqx.Module):
             advanced, matched = self.stop_strings.advance(state.stop_state, tokens)
             stop_state = jnp.where(active[:, None], advanced, state.stop_state)
             hit_stop = active & matched
-        out_of_budget = active & (length - state.prompt_length >= state.max_new_tokens)
+        out_of_budget = active & (length - state.start_length >= state.max_new_tokens)
         finish_reason = jnp.select(
             [is_eos, hit_stop, out_of_budget, dead_end],
             [EOS, STOP_STRING, LENGTH, CONSTRAINT],
@@ -110,24 +117,30 @@ class Step(eqx.Module):
         # never attended to) because all rows of the cache advance in lockstep.
         positions = jnp.where(active, length - 1, -1)
         next_logits, cache = self.model(tokens[:, None], positions[:, None], state.cache)
+        # A row that did not take a token keeps the logits after its last token (a finished
+        # row's are then still right when a `SequenceState` continues it).
+        next_logits = jnp.where(active[:, None], next_logits[:, -1, :], state.logits)
 
         return GenerationState(
             token_ids=token_ids,
             length=length,
             prompt_length=state.prompt_length,
+            start_length=state.start_length,
+            max_new_tokens=state.max_new_tokens,
             done=done,
             finish_reason=finish_reason,
-            logits=next_logits[:, -1, :],
+            logits=next_logits,
             logprobs=logprobs,
             cache=cache,
             processor_states=processor_states,
             stop_state=stop_state,
             key=state.key,
+            key_step=state.key_step,
         )
 
 
 def make_step(
-    model,
+    model: AbstractCausalLM,
     processors: Sequence[Any] | None = (),
     sampler: AbstractSampler | None = None,
     *,
@@ -139,12 +152,11 @@ def make_step(
 
     **Arguments:**
 
-    - `model`: a model called as `model(token_ids, positions, cache) -> (logits, cache)`
-      (e.g. `functional_gen.models.LlamaForCausalLM`).
+    - `model`: an `AbstractCausalLM` (e.g. `functional_gen.models.LlamaForCausalLM`).
     - `processors`: logits processors (or plain functions, wrapped in `Stateless`), applied in
       order to each row's logits.
     - `sampler`: picks the token from the processed logits; default `Greedy()`.
-    - `eos_token_id`: token id(s) that end a row; default: all of `model.config.eos_token_id`.
+    - `eos_token_id`: token id(s) that end a row; default: all of `model.eos_token_id`.
     - `pad_token_id`: id written after a row ends; default: the model's pad id, else its first
       EOS id, else 0.
     - `stop_strings`: a `StopStrings` matcher (`StopStrings.build(strings, tokenizer, vocab)`),
@@ -152,9 +164,14 @@ def make_step(
 
     **Returns:** a `Step` module; call it as `step(state)`.
 
-    **Raises:** `TypeError` for a processor entry that is neither a processor nor callable, or a
-    sampler that is not an `AbstractSampler`.
+    **Raises:** `TypeError` for a model that is not an `AbstractCausalLM`, a processor entry
+    that is neither a processor nor callable, or a sampler that is not an `AbstractSampler`.
     """
+    if not isinstance(model, AbstractCausalLM):
+        raise TypeError(
+            "`model` must implement functional_gen.models.AbstractCausalLM (e.g. a model from "
+            f"functional_gen.load_model), got {type(model).__name__}"
+        )
     if sampler is None:
         sampler = Greedy()
     if not isinstance(sampler, AbstractSampler):
@@ -162,14 +179,13 @@ def make_step(
             f"`sampler` must be a functional_gen.samplers sampler (e.g. Greedy(), Multinomial()), "
             f"got {type(sampler).__name__}"
         )
-    config = getattr(model, "config", None)
     if eos_token_id is None:
-        eos_token_id = tuple(getattr(config, "eos_token_id", ()) or ())
+        eos_token_id = model.eos_token_id
     elif isinstance(eos_token_id, int):
         eos_token_id = (eos_token_id,)
     eos_token_id = tuple(int(i) for i in eos_token_id)
     if pad_token_id is None:
-        pad_token_id = getattr(config, "pad_token_id", None)
+        pad_token_id = model.pad_token_id
         if pad_token_id is None:
             pad_token_id = eos_token_id[0] if eos_token_id else 0
     return Step(

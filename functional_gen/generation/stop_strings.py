@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Bool, Int
 
-from .tokenization import token_bytes
+from ..tokenization import token_bytes
 
 
 def _kmp_automaton(pattern: bytes) -> np.ndarray:

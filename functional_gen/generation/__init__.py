@@ -1,0 +1,34 @@
+"""The generation loop: settings, state, step, prefill, `lax.while_loop`, streaming, samplers,
+stop strings, and the resumable `SequenceState`.
+
+Modules: `settings` (ONE resolver shared by `generate` and `stream`), `state`
+(`GenerationState`, the loop carry), `sequence_state` (`SequenceState`, what a call returns and
+the next one continues), `step` (`make_step`), `loop` (`generate`, `generate_token_ids`,
+`init_state`), `streaming` (`stream`), `samplers`, `stop_strings`.
+"""
+
+from . import samplers as samplers
+from .loop import (
+    GenerationResult as GenerationResult,
+    bucket_batch as bucket_batch,
+    bucket_length as bucket_length,
+    generate as generate,
+    generate_token_ids as generate_token_ids,
+    init_state as init_state,
+)
+from .sequence_state import (
+    BatchMismatchError as BatchMismatchError,
+    ModelMismatchError as ModelMismatchError,
+    SequenceArrays as SequenceArrays,
+    SequenceState as SequenceState,
+    SequenceStateFormatError as SequenceStateFormatError,
+)
+from .settings import (
+    DEFAULT_MAX_NEW_TOKENS as DEFAULT_MAX_NEW_TOKENS,
+    Settings as Settings,
+    resolve_settings as resolve_settings,
+)
+from .state import FINISH_REASONS as FINISH_REASONS, GenerationState as GenerationState
+from .step import Step as Step, make_step as make_step
+from .stop_strings import StopStrings as StopStrings
+from .streaming import Stream as Stream, stream as stream

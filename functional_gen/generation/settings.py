@@ -1,0 +1,245 @@
+"""ONE settings resolver, shared by `generate` and `stream`.
+
+It validates every argument where it enters (before anything compiles), merges the call with a
+generation config, settles the EOS and pad ids once, builds the stop-string matcher and the
+`Step` once.
+
+Precedence (transformers merges its generation config with `generate`'s keyword arguments key
+by key; so do we):
+
+1. The call's own arguments win, key by key: `max_new_tokens`, `eos_token_id`, `pad_token_id`,
+   `stop_strings`, `processors`, `sampler`.
+2. A `generation_config` given to the call, else the model's own (`model.generation_config`),
+   supplies what the call leaves out: its lengths (`max_new_tokens`, or `max_length` minus the
+   longest prompt), EOS and pad ids, stop strings and `num_return_sequences` always; its
+   processors and sampler (`do_sample`, `temperature`, `top_p`, ...) only when the call passes
+   neither `processors` nor `sampler` (a call that chooses its own decoding gets exactly that),
+   or when the config was passed explicitly (then the call's processors run after the
+   config's, as transformers runs a custom `logits_processor` list).
+3. A continued `SequenceState` given neither `processors` nor `sampler` continues with the
+   settings of the call that produced it (the same processors, their states carried on, the same
+   sampler, stop strings and EOS ids).
+4. Defaults: `max_new_tokens` = `DEFAULT_MAX_NEW_TOKENS`, greedy decoding, the model's EOS ids.
+"""
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from ..models.base import AbstractCausalLM
+from ..processors.base import as_processors
+from .samplers import AbstractSampler
+from .step import Step, make_step
+from .stop_strings import StopStrings
+
+DEFAULT_MAX_NEW_TOKENS = 128
+"""`max_new_tokens` when neither the call nor the generation config sets a length."""
+
+PREFILL_MODES = ("one_pass", "forced")
+"""`prefill_mode` values: one model call over the whole prompt, or the prompt teacher-forced
+token by token through the decode path (for teaching and as a test oracle)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """Everything a generation call decided before compiling.
+
+    **Attributes:** `step` (the `Step`: model, processors, sampler, stop-string matcher, EOS and
+    pad ids), `max_new_tokens` (tokens to generate per row, excluding what is already there),
+    `stop_strings` (the texts), `num_return_sequences`, `prefix_lm`, `prefill_mode`,
+    `carry_processor_states` (a continuation of the same processors).
+    """
+
+    step: Step
+    max_new_tokens: int
+    stop_strings: tuple[str, ...]
+    num_return_sequences: int
+    prefix_lm: bool
+    prefill_mode: str
+    carry_processor_states: bool
+
+    @property
+    def eos_token_id(self) -> tuple[int, ...]:
+        """Every token id that ends a row."""
+        return self.step.eos_token_id
+
+    @property
+    def pad_token_id(self) -> int:
+        """The id written after a row's end."""
+        return self.step.pad_token_id
+
+
+def check_max_new_tokens(max_new_tokens: Any) -> None:
+    """**Raises:** `ValueError` unless `max_new_tokens` is a positive integer."""
+    if (
+        isinstance(max_new_tokens, bool)
+        or not isinstance(max_new_tokens, (int, np.integer))
+        or max_new_tokens < 1
+    ):
+        raise ValueError(f"`max_new_tokens` must be a positive integer, got {max_new_tokens!r}")
+
+
+def check_key(sampler: AbstractSampler | None, key, *, sampler_given: bool) -> None:
+    """Raise a clear error when a random sampler has no PRNG key (before any compilation)."""
+    if key is not None or sampler is None or not sampler.needs_key:
+        return
+    hint = "" if sampler_given else (
+        " (the generation config asks for sampling, do_sample=True; pass "
+        "sampler=functional_gen.samplers.Greedy() to decode greedily instead)"
+    )
+    raise ValueError(
+        f"{type(sampler).__name__} sampling needs a PRNG key: pass key=jax.random.key(seed){hint}"
+    )
+
+
+_STOP_STRING_CACHE: dict = {}
+
+
+def build_stop_strings(
+    stop_strings: str | Sequence[str] | None, tokenizer, model: AbstractCausalLM
+) -> StopStrings | None:
+    """A `StopStrings` for the model's vocabulary (cached per tokenizer), or `None` for none.
+
+    **Raises:** `ValueError` for stop strings without a tokenizer (they are matched on token
+    bytes) or an empty stop string.
+    """
+    if stop_strings is None or (not isinstance(stop_strings, str) and len(stop_strings) == 0):
+        return None
+    if tokenizer is None:
+        raise ValueError("stop strings need the tokenizer (pass it to generate)")
+    strings = (stop_strings,) if isinstance(stop_strings, str) else tuple(stop_strings)
+    vocab = model.vocab_size
+    key = (strings, id(tokenizer), vocab)
+    if key not in _STOP_STRING_CACHE:
+        if len(_STOP_STRING_CACHE) > 32:
+            _STOP_STRING_CACHE.clear()
+        _STOP_STRING_CACHE[key] = (tokenizer, StopStrings.build(strings, tokenizer, vocab))
+    return _STOP_STRING_CACHE[key][1]
+
+
+def resolve_settings(
+    model: AbstractCausalLM,
+    tokenizer,
+    longest_prompt: int,
+    *,
+    max_new_tokens: int | None,
+    processors: Sequence[Any] | None,
+    sampler: AbstractSampler | None,
+    key,
+    eos_token_id: int | Sequence[int] | None,
+    pad_token_id: int | None,
+    stop_strings: str | Sequence[str] | None,
+    generation_config: Any,
+    num_return_sequences: int | None = None,
+    prefix_lm: bool = False,
+    prefill_mode: str = "one_pass",
+    previous: "Settings | None" = None,
+) -> Settings:
+    """Merge a call's arguments with a generation config (see the module docstring for the
+    precedence) and validate them.
+
+    **Arguments:** those of `functional_gen.generate`; `longest_prompt` is the longest row in
+    tokens (prompt, or everything a continued state holds), used with a config's `max_length`
+    and to check the model's context; `previous` is the `Settings` of the call that produced a
+    continued `SequenceState` (or `None`).
+
+    **Returns:** the `Settings`.
+
+    **Raises:** `ValueError` for a non-positive `max_new_tokens` or `num_return_sequences`, a
+    random sampler without `key`, rows plus `max_new_tokens` longer than the model's
+    `max_position_embeddings`, an unknown `prefill_mode`, `prefix_lm` with forced prefill, or a
+    generation config that asks for an unsupported method; `TypeError` for bad processors,
+    sampler or model.
+    """
+    from ..generation_config import settings_from_generation_config
+
+    if not isinstance(model, AbstractCausalLM):
+        raise TypeError(
+            "`model` must implement functional_gen.models.AbstractCausalLM (e.g. a model from "
+            f"functional_gen.load_model), got {type(model).__name__}"
+        )
+    if prefill_mode not in PREFILL_MODES:
+        raise ValueError(f"`prefill_mode` must be one of {PREFILL_MODES}, got {prefill_mode!r}")
+    if prefix_lm and prefill_mode == "forced":
+        raise ValueError(
+            "prefix_lm=True needs the one-pass prefill (a prompt fed token by token cannot "
+            "attend to later prompt tokens); use prefill_mode='one_pass'"
+        )
+    if max_new_tokens is not None:
+        check_max_new_tokens(max_new_tokens)
+    if num_return_sequences is not None:
+        check_max_new_tokens(num_return_sequences)  # same rule: a positive integer
+    own_decoding = processors is not None or sampler is not None
+    carry = previous is not None and not own_decoding and generation_config is None
+    if carry:
+        processors_, sampler_ = previous.step.processors, previous.step.sampler
+        eos_token_id = previous.eos_token_id if eos_token_id is None else eos_token_id
+        pad_token_id = previous.pad_token_id if pad_token_id is None else pad_token_id
+        stop_strings = previous.stop_strings if stop_strings is None else stop_strings
+    else:
+        processors_, sampler_ = as_processors(processors), sampler
+
+    config = generation_config if generation_config is not None else model.generation_config
+    n_return = 1
+    if config is not None and not carry:
+        settings = settings_from_generation_config(
+            config, eos_token_id=model.eos_token_id, vocab_size=model.vocab_size
+        )
+        if generation_config is not None or not own_decoding:
+            processors_ = settings.processors + processors_
+            sampler_ = sampler if sampler is not None else settings.sampler
+        if eos_token_id is None:
+            eos_token_id = settings.eos_token_id
+        if pad_token_id is None:
+            pad_token_id = settings.pad_token_id
+        if stop_strings is None:
+            stop_strings = settings.stop_strings
+        if max_new_tokens is None:
+            if settings.max_new_tokens is not None:
+                max_new_tokens = settings.max_new_tokens
+            elif settings.max_length is not None:
+                max_new_tokens = settings.max_length - longest_prompt
+                if max_new_tokens < 1:
+                    raise ValueError(
+                        f"the generation config's max_length={settings.max_length} leaves no room "
+                        f"after {longest_prompt} tokens; pass max_new_tokens"
+                    )
+        n_return = settings.num_return_sequences
+    if num_return_sequences is not None:
+        n_return = num_return_sequences
+    if max_new_tokens is None:
+        max_new_tokens = DEFAULT_MAX_NEW_TOKENS
+    limit = model.max_position_embeddings
+    if limit is not None and longest_prompt + max_new_tokens > limit:
+        raise ValueError(
+            f"{longest_prompt} tokens plus max_new_tokens={max_new_tokens} is longer than the "
+            f"model's context (max_position_embeddings={limit}); shorten the prompt or lower "
+            "max_new_tokens"
+        )
+    check_key(sampler_, key, sampler_given=sampler is not None or carry)
+    if stop_strings is None:
+        stop_strings = ()
+    elif isinstance(stop_strings, str):
+        stop_strings = (stop_strings,)
+    stop_strings = tuple(stop_strings)
+    if any(not isinstance(s, str) or not s for s in stop_strings):
+        raise ValueError(f"stop strings must be non-empty strings, got {stop_strings!r}")
+    step = make_step(
+        model,
+        processors_,
+        sampler_,
+        eos_token_id=eos_token_id,
+        pad_token_id=pad_token_id,
+        stop_strings=build_stop_strings(stop_strings, tokenizer, model),
+    )
+    return Settings(
+        step=step,
+        max_new_tokens=int(max_new_tokens),
+        stop_strings=stop_strings,
+        num_return_sequences=int(n_return),
+        prefix_lm=bool(prefix_lm),
+        prefill_mode=prefill_mode,
+        carry_processor_states=carry,
+    )

@@ -1,0 +1,155 @@
+"""`stream`: generate and yield the text as it is produced, for one prompt or a batch.
+
+The same settings resolver, prefill and `Step` as `generate`, but the loop runs in Python, one
+jitted step per token (the state donated, so the `KVCache` is updated in place), so each new
+piece of text can be handed out as soon as its token exists. Each step costs ONE
+device-to-host transfer: the new token, done flag and finish reason of every row together.
+"""
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import PRNGKeyArray
+
+from ..models.base import AbstractCausalLM
+from ..tokenization import IncrementalDecoder, Prompt, is_chat
+from .loop import GenerationResult, _finish_jit, _result, _start_jit, plan_call
+from .samplers import AbstractSampler
+from .sequence_state import SequenceState
+from .state import FINISH_REASONS
+from .stop_strings import truncate_at_stop
+
+_step_jit = eqx.filter_jit(lambda step, state: step(state), donate="all-except-first")
+
+
+@eqx.filter_jit
+def _last_tokens(state):
+    rows = jnp.arange(state.batch_size)
+    last = state.token_ids[rows, jnp.maximum(state.length - 1, 0)]
+    return last, state.done, state.finish_reason
+
+
+class Stream:
+    """An iterator over generated text (what `fg.stream` returns).
+
+    For one prompt (a `str` or one chat) it yields `str` pieces; for a list of prompts, or a
+    `SequenceState`, `(row, piece)` pairs. After the iteration ends, `result` holds the
+    `GenerationResult` (texts, token ids, logprobs, and the `SequenceState` to continue).
+    """
+
+    def __init__(self, pieces: Iterator, single: bool):
+        self._pieces = pieces
+        self._single = single
+        self.result: GenerationResult | None = None
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        row, piece = next(self._pieces)
+        return piece if self._single else (row, piece)
+
+
+def stream(
+    model: AbstractCausalLM,
+    tokenizer,
+    prompts: Prompt | Sequence[Prompt] | SequenceState,
+    *,
+    max_new_tokens: int | None = None,
+    processors: Sequence[Any] | None = None,
+    sampler: AbstractSampler | None = None,
+    key: PRNGKeyArray | None = None,
+    chat_template: bool | None = None,
+    eos_token_id: int | Sequence[int] | None = None,
+    pad_token_id: int | None = None,
+    stop_strings: str | Sequence[str] | None = None,
+    generation_config: Any = None,
+    num_return_sequences: int | None = None,
+    prefix_lm: bool = False,
+    prefill_mode: str = "one_pass",
+) -> Stream:
+    """Generate, yielding text pieces as tokens are produced.
+
+    Arguments are those of `functional_gen.generate` (everything is validated before the first
+    compilation, when `stream` is called). Pieces never split a UTF-8 character; a row's pieces
+    joined equal `generate(...).texts[row]` for the same arguments (no EOS, no special tokens,
+    nothing from a stop string on: with stop strings, the last few characters of a row are held
+    back until they cannot start one).
+
+    **Returns:** a `Stream`: iterate it for `str` pieces (one prompt) or `(row, piece)` pairs (a
+    list of prompts or a `SequenceState`); then `stream.result` is the `GenerationResult`.
+
+    **Raises:** as `generate`.
+    """
+    single = isinstance(prompts, str) or is_chat(prompts)
+    _, settings, prepared = plan_call(
+        model,
+        tokenizer,
+        prompts,
+        max_new_tokens=max_new_tokens,
+        processors=processors,
+        sampler=sampler,
+        key=key,
+        chat_template=chat_template,
+        eos_token_id=eos_token_id,
+        pad_token_id=pad_token_id,
+        stop_strings=stop_strings,
+        generation_config=generation_config,
+        num_return_sequences=num_return_sequences,
+        prefix_lm=prefix_lm,
+        prefill_mode=prefill_mode,
+    )
+    if tokenizer is None and isinstance(prompts, SequenceState):
+        tokenizer = prompts.tokenizer
+    out = Stream(iter(()), single)
+    out._pieces = _pieces(model, tokenizer, settings, prepared, out)
+    return out
+
+
+def _pieces(model, tokenizer, settings, prepared, out: Stream):
+    state = _start_jit(
+        settings.step,
+        prepared.plan,
+        prepared.arrays,
+        prepared.new_ids,
+        prepared.new_pos,
+        prepared.budget,
+        prepared.padding_rows,
+        prepared.keys,
+    )
+    token_logprobs = prepared.arrays.token_logprobs
+    if prepared.plan.repeat > 1:
+        token_logprobs = jnp.repeat(token_logprobs, prepared.plan.repeat, axis=0)
+    rows = prepared.rows
+    decoders = [IncrementalDecoder(tokenizer) for _ in range(rows)]
+    eos = set(settings.eos_token_id)
+    strings = settings.stop_strings
+    hold = max((len(x) for x in strings), default=1) - 1  # chars that may start a stop string
+    texts, emitted = [""] * rows, [0] * rows
+    finished = np.zeros(rows, bool)
+    while not finished.all():
+        state = _step_jit(settings.step, state)
+        last, done, reason = jax.device_get(_last_tokens(state))  # one transfer per step
+        for row in np.flatnonzero(~finished):
+            is_done = bool(done[row])
+            why = FINISH_REASONS[int(reason[row])]
+            token = int(last[row])
+            if not (is_done and (why == "constraint" or token in eos)):
+                texts[row] += decoders[row].push(token)
+            if is_done:
+                finished[row] = True
+                text = texts[row] + decoders[row].flush()
+                if strings:
+                    text = truncate_at_stop(text, strings)[0]
+                if len(text) > emitted[row]:
+                    yield row, text[emitted[row] :]
+                texts[row], emitted[row] = text, len(text)
+            elif len(texts[row]) - hold > emitted[row]:
+                yield row, texts[row][emitted[row] : len(texts[row]) - hold]
+                emitted[row] = len(texts[row]) - hold
+    arrays = _finish_jit(state, token_logprobs)
+    out.result = _result(model, tokenizer, settings, prepared, state, arrays)

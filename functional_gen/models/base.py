@@ -1,0 +1,102 @@
+"""`AbstractCausalLM`: the interface that generation relies on.
+
+Generation (`functional_gen.generation`) never reads a model through `getattr`: it calls the
+methods and reads the properties declared here, and nothing else. Any decoder-only model that
+implements them (the Equinox `LlamaForCausalLM`, the test `CountingModel`, a model of your own)
+can be generated from, continued, forked and saved. Equinox's abstract/final pattern: this class
+declares, subclasses implement, and nothing overrides a concrete method.
+"""
+
+import abc
+import hashlib
+from typing import Any
+
+import equinox as eqx
+from jaxtyping import Array, Float, Int
+
+from .kv_cache import KVCache
+
+
+class AbstractCausalLM(eqx.Module):
+    """A decoder-only language model as generation sees it.
+
+    **Calls** (all pure; shapes static under `jit`):
+
+    - `init_cache(batch_size, max_len) -> KVCache`: an empty cache.
+    - `model(token_ids, positions, cache, *, logits_to_keep=0, prefix_length=None)`: decode or
+      extend: run `seq` new tokens per row against `cache`, writing them to slots
+      `[cache.length, cache.length + seq)`.
+    - `model.prefill(token_ids, positions, *, max_len, logits_to_keep=1, prefix_length=None)`:
+      one call over whole prompts that returns a fresh cache of `max_len` slots.
+
+    `positions` are 0-based RoPE positions; `-1` marks padding (never attended to). With
+    `prefix_length` (`Int[Array, " batch"]`), tokens at positions below it attend to each other
+    bidirectionally (a prefix-LM), all other attention is causal.
+
+    **What generation reads** (properties): `vocab_size`, `eos_token_id` (a tuple, every id that
+    ends a row), `pad_token_id` (`int | None`), `max_position_embeddings`, `generation_config`
+    (a `transformers.GenerationConfig` or `None`), and `config_fingerprint` (a string that
+    changes when anything that shapes the cache or the logits changes; a `SequenceState` made
+    by one model refuses to continue with another).
+    """
+
+    generation_config: eqx.AbstractVar[Any]
+
+    @abc.abstractmethod
+    def init_cache(self, batch_size: int, max_len: int) -> KVCache:
+        """An empty `KVCache` of `batch_size` rows and `max_len` slots (positions -1)."""
+
+    @abc.abstractmethod
+    def __call__(
+        self,
+        token_ids: Int[Array, "batch seq"],
+        positions: Int[Array, "batch seq"],
+        cache: KVCache,
+        *,
+        logits_to_keep: int = 0,
+        prefix_length: Int[Array, " batch"] | None = None,
+    ) -> tuple[Float[Array, "batch keep vocab"], KVCache]:
+        """Float32 next-token logits for the last `logits_to_keep` new tokens (`0`: all), and the
+        cache with the new tokens written."""
+
+    @abc.abstractmethod
+    def prefill(
+        self,
+        token_ids: Int[Array, "batch seq"],
+        positions: Int[Array, "batch seq"],
+        *,
+        max_len: int,
+        logits_to_keep: int = 1,
+        prefix_length: Int[Array, " batch"] | None = None,
+    ) -> tuple[Float[Array, "batch keep vocab"], KVCache]:
+        """`__call__` on a fresh cache of `max_len` slots (may be faster than that)."""
+
+    @property
+    @abc.abstractmethod
+    def vocab_size(self) -> int:
+        """Number of token ids: the last axis of the logits."""
+
+    @property
+    @abc.abstractmethod
+    def eos_token_id(self) -> tuple[int, ...]:
+        """Every token id that ends a row by default (may be empty)."""
+
+    @property
+    @abc.abstractmethod
+    def pad_token_id(self) -> int | None:
+        """The model's padding id, or `None`."""
+
+    @property
+    @abc.abstractmethod
+    def max_position_embeddings(self) -> int | None:
+        """The longest sequence (prompt + generated) the model supports, or `None` for no limit."""
+
+    @property
+    @abc.abstractmethod
+    def config_fingerprint(self) -> str:
+        """A short string identifying the architecture, config and dtype (not the weights)."""
+
+
+def fingerprint(*parts: Any) -> str:
+    """A 16-hex-digit digest of the `repr`s of `parts` (for `config_fingerprint`)."""
+    return hashlib.sha256(repr(parts).encode()).hexdigest()[:16]
