@@ -78,6 +78,12 @@ class GenerationResult:
       prompt for a fresh generation; only what the cache lacked for a continuation).
     - `state`: the `SequenceState` after this call: continue it with `generate(model,
       tokenizer, result.state, ...)`, slice it, fork it, save it.
+    - `top_token_ids`, `top_logprobs`: with `top_logprobs=k`, per generated token the `k` most
+      likely tokens and their logprobs (most likely first; the distribution `logprobs_mode`
+      names), `[batch, max_new_tokens, k]`, zeros after a row's end; else `None`.
+    - `prompt_logprobs`: with `prompt_logprobs=True`, per row the logprob (natural log, the
+      model's own distribution) of every token this call prefilled given the tokens before it,
+      `None` for a fresh prompt's first token (as vLLM); else `None`.
     """
 
     texts: list[str]
@@ -87,6 +93,9 @@ class GenerationResult:
     num_tokens: list[int]
     prefill_tokens: list[int]
     state: SequenceState
+    top_token_ids: Int[Array, "batch max_new_tokens k"] | None = None
+    top_logprobs: Float[Array, "batch max_new_tokens k"] | None = None
+    prompt_logprobs: list[list[float | None]] | None = None
 
 
 # --- the compiled program ----------------------------------------------------------------------
@@ -105,6 +114,7 @@ class _Plan:
     carry: bool  # keep the processor (and stop-string) states
     repeat: int  # num_return_sequences: rows repeated after the prefill
     num_stops: int
+    prompt_logprobs: bool
 
 
 def _grow(x, size, axis, value):
@@ -117,45 +127,67 @@ def _grow(x, size, axis, value):
 
 
 def _run_prefill(model, plan, arrays, new_ids, new_pos, pending, rows_batch):
-    """Feed the pending tokens; returns (next-token logits, cache)."""
-    if plan.fresh:
-        if plan.prefill_mode == "forced":
+    """Feed the pending tokens. Returns `(next-token logits, cache, prompt_logprobs)`, the last
+    `Float[Array, "batch width"]`: the logprob of every fed token given the tokens before it
+    (0 for padding and for a fresh prompt's first token), when `plan.prompt_logprobs`."""
+    keep = 0 if plan.prompt_logprobs else 1
+    all_logits = None
+    if plan.fresh and plan.prefill_mode != "forced":
+        prefix = arrays.length if plan.prefix_lm else None
+        logits, cache = model.prefill(
+            new_ids, new_pos, max_len=plan.cache_len, logits_to_keep=keep, prefix_length=prefix
+        )
+        last, all_logits = logits[:, -1, :], logits
+    else:
+        if plan.fresh:
             cache = model.init_cache(rows_batch, plan.cache_len)
         else:
-            prefix = arrays.length if plan.prefix_lm else None
-            logits, cache = model.prefill(
-                new_ids, new_pos, max_len=plan.cache_len, logits_to_keep=1, prefix_length=prefix
-            )
-            return logits[:, -1, :], cache
-    else:
-        cache = arrays.cache.extend(plan.cache_len)
+            cache = arrays.cache.extend(plan.cache_len)
         if new_ids.shape[1] == 0:
-            return arrays.logits, cache
+            return arrays.logits, cache, jnp.zeros(new_ids.shape, jnp.float32)
         if plan.prefill_mode != "forced":
-            logits, cache = model(new_ids, new_pos, cache, logits_to_keep=1)
-            return jnp.where((pending > 0)[:, None], logits[:, -1, :], arrays.logits), cache
+            logits, cache = model(new_ids, new_pos, cache, logits_to_keep=keep)
+            last, all_logits = logits[:, -1, :], logits
+        else:
+            # Teacher forcing: the tokens one column at a time through the decode path.
+            def feed(cache, column):
+                ids, pos = column
+                logits, cache = model(ids[:, None], pos[:, None], cache, logits_to_keep=1)
+                return cache, logits[:, 0, :]
 
-    # Teacher forcing: the tokens one column at a time through the decode path.
-    def feed(cache, column):
-        ids, pos = column
-        logits, cache = model(ids[:, None], pos[:, None], cache, logits_to_keep=1)
-        return cache, logits[:, 0, :]
-
-    cache, logits = jax.lax.scan(feed, cache, (new_ids.T, new_pos.T))
-    if plan.fresh:
-        return logits[-1], cache
-    return jnp.where((pending > 0)[:, None], logits[-1], arrays.logits), cache
+            cache, stacked = jax.lax.scan(feed, cache, (new_ids.T, new_pos.T))
+            last, all_logits = stacked[-1], stacked.transpose(1, 0, 2)
+        if not plan.fresh:
+            last = jnp.where((pending > 0)[:, None], last, arrays.logits)
+    prompt_lp = jnp.zeros(new_ids.shape[:1] + (0,), jnp.float32)
+    if plan.prompt_logprobs:
+        # token c is scored by the logits after token c - 1 (after the cached text for c = first)
+        width = new_ids.shape[1]
+        first = width - pending  # the column of each row's first fed token
+        cols = jnp.arange(width)[None, :]
+        before = jnp.concatenate([arrays.logits[:, None, :], all_logits[:, :-1, :]], axis=1)
+        before = jnp.where((cols == first[:, None])[:, :, None], arrays.logits[:, None, :], before)
+        lp = jax.nn.log_softmax(before, axis=-1)
+        prompt_lp = jnp.take_along_axis(lp, new_ids[:, :, None], axis=-1)[:, :, 0]
+        scored = (cols > first[:, None]) | ((cols == first[:, None]) & (arrays.cached > 0)[:, None])
+        prompt_lp = jnp.where(scored, prompt_lp, 0.0)
+    return last, cache, prompt_lp
 
 
 def _start(step: Step, plan: _Plan, arrays: SequenceArrays, new_ids, new_pos, budget, padding_rows, keys):
-    """Prefill and initialise: the `GenerationState` before this call's first step."""
+    """Prefill and initialise: `(prompt_logprobs, state)`, the `GenerationState` before this
+    call's first step (see `_run_prefill` for the prompt logprobs)."""
     model = step.model
     pending = arrays.length - arrays.cached
-    logits, cache = _run_prefill(model, plan, arrays, new_ids, new_pos, pending, new_ids.shape[0])
+    logits, cache, prompt_lp = _run_prefill(
+        model, plan, arrays, new_ids, new_pos, pending, new_ids.shape[0]
+    )
     if plan.repeat > 1:
         # num_return_sequences: fork every prefilled row (one gather over every leaf).
         idx = jnp.repeat(jnp.arange(arrays.length.shape[0]), plan.repeat)
-        arrays, logits, cache = jax.tree.map(lambda x: x[idx], (arrays, logits, cache))
+        arrays, logits, cache, prompt_lp = jax.tree.map(
+            lambda x: x[idx], (arrays, logits, cache, prompt_lp)
+        )
         padding_rows = padding_rows[idx]
     arrays = eqx.tree_at(lambda a: a.key, arrays, keys)
     batch = arrays.length.shape[0]
@@ -179,7 +211,7 @@ def _start(step: Step, plan: _Plan, arrays: SequenceArrays, new_ids, new_pos, bu
         stop_state = arrays.stop_state
     else:
         stop_state = jnp.zeros((batch, plan.num_stops), jnp.int32)
-    return GenerationState(
+    return prompt_lp, GenerationState(
         token_ids=token_ids,
         length=length,
         prompt_length=prompt_length,
@@ -189,6 +221,8 @@ def _start(step: Step, plan: _Plan, arrays: SequenceArrays, new_ids, new_pos, bu
         finish_reason=jnp.full((batch,), RUNNING, jnp.int32),
         logits=logits,
         logprobs=jnp.zeros((batch, plan.steps), jnp.float32),
+        top_token_ids=jnp.zeros((batch, plan.steps, step.top_logprobs), jnp.int32),
+        top_logprobs=jnp.zeros((batch, plan.steps, step.top_logprobs), jnp.float32),
         cache=cache,
         processor_states=processor_states,
         stop_state=stop_state,
@@ -227,9 +261,9 @@ _start_jit = eqx.filter_jit(_start)
 
 @eqx.filter_jit
 def _generate_jit(step, plan, arrays, new_ids, new_pos, budget, padding_rows, keys):
-    state = _start(step, plan, arrays, new_ids, new_pos, budget, padding_rows, keys)
+    prompt_lp, state = _start(step, plan, arrays, new_ids, new_pos, budget, padding_rows, keys)
     state = jax.lax.while_loop(lambda s: ~jnp.all(s.done), lambda s: step(s), state)
-    return state, _finish(state, _repeat_rows(arrays.token_logprobs, plan.repeat))
+    return state, _finish(state, _repeat_rows(arrays.token_logprobs, plan.repeat)), prompt_lp
 
 
 def _repeat_rows(x, n):
@@ -246,6 +280,8 @@ def _outputs(state: GenerationState, pad_token_id: int):
         state.num_generated,
         state.finish_reason,
         state.logprobs,
+        state.top_token_ids,
+        state.top_logprobs,
     )
 
 
@@ -320,7 +356,11 @@ def _prepare(
     else:
         write_index = int(jax.device_get(a.cache.length[0]))
         needed = write_index + width + steps
-        cache_len = max(a.cache.max_len, bucket_length(needed) if bucket else needed)
+        if needed > a.cache.max_len:
+            # grow with headroom (half again), so a chat's next turns fit without a new shape
+            cache_len = bucket_length(needed + needed // 2) if bucket else needed
+        else:
+            cache_len = a.cache.max_len
     plan = _Plan(
         cache_len=cache_len,
         token_len=token_len,
@@ -331,6 +371,7 @@ def _prepare(
         carry=settings.carry_processor_states,
         repeat=n_return,
         num_stops=len(settings.stop_strings),
+        prompt_logprobs=settings.prompt_logprobs,
     )
     budget = np.full((padded_rows * n_return,), settings.max_new_tokens, np.int32)
     return _Prepared(
@@ -391,15 +432,18 @@ def plan_call(
     num_return_sequences,
     prefix_lm,
     prefill_mode,
+    top_logprobs: int = 0,
+    logprobs_mode: str = "processed",
+    prompt_logprobs: bool = False,
     bucket: bool = True,
 ) -> tuple[SequenceState, Settings, _Prepared]:
     """Everything `generate` and `stream` do before compiling: the state to run from, the
     resolved `Settings`, and the padded inputs of the compiled program."""
     state, continuing = _as_state(model, tokenizer, prompts, chat_template=chat_template, key=key)
-    if continuing and prefix_lm:
+    if prefix_lm and state.arrays.cache is not None:
         raise ValueError(
-            "prefix_lm=True applies to the prompt of a fresh generation; a continued "
-            "SequenceState's new tokens are causal"
+            "prefix_lm=True applies to a prompt that is not cached yet; the new tokens of a "
+            "continued SequenceState are causal"
         )
     longest = int(np.max(jax.device_get(state.arrays.length)))
     settings = resolve_settings(
@@ -418,17 +462,23 @@ def plan_call(
         prefix_lm=prefix_lm,
         prefill_mode=prefill_mode,
         previous=state.settings if continuing else None,
+        top_logprobs=top_logprobs,
+        logprobs_mode=logprobs_mode,
+        prompt_logprobs=prompt_logprobs,
     )
     prepared = _prepare(state, settings, key, bucket=bucket)
     return state, settings, prepared
 
 
 def _result(
-    model, tokenizer, settings: Settings, prepared: _Prepared, final: GenerationState, arrays
+    model, tokenizer, settings: Settings, prepared: _Prepared, final: GenerationState, arrays,
+    prompt_lp=None,
 ) -> GenerationResult:
     rows = prepared.rows
     n = settings.max_new_tokens
-    host_ids, num, reasons, logprobs = jax.device_get(_outputs(final, settings.pad_token_id))
+    host_ids, num, reasons, logprobs, top_ids, top_lps = jax.device_get(
+        _outputs(final, settings.pad_token_id)
+    )
     host_ids, num, reasons = host_ids[:rows, :n], num[:rows], reasons[:rows]
     eos = set(settings.eos_token_id)
     texts = []
@@ -453,7 +503,23 @@ def _result(
         num_tokens=[int(k) for k in num],
         prefill_tokens=prepared.prefill_tokens[:rows],
         state=state,
+        top_token_ids=jnp.asarray(top_ids[:rows, :n]) if top_ids.shape[-1] else None,
+        top_logprobs=jnp.asarray(top_lps[:rows, :n]) if top_ids.shape[-1] else None,
+        prompt_logprobs=_prompt_logprobs(prompt_lp, prepared, rows) if settings.prompt_logprobs else None,
     )
+
+
+def _prompt_logprobs(prompt_lp, prepared: _Prepared, rows: int) -> list[list[float | None]]:
+    """Per row, the logprob of each token fed in this call (`None` for a prompt's first token)."""
+    host = np.asarray(jax.device_get(prompt_lp))
+    out = []
+    for row in range(rows):
+        p = prepared.prefill_tokens[row]
+        values = host[row, host.shape[1] - p :].tolist() if p else []
+        if values and prepared.plan.fresh:
+            values[0] = None
+        out.append(values)
+    return out
 
 
 # --- public functions -------------------------------------------------------------------------
@@ -476,6 +542,9 @@ def generate(
     num_return_sequences: int | None = None,
     prefix_lm: bool = False,
     prefill_mode: str = "one_pass",
+    top_logprobs: int = 0,
+    logprobs_mode: str = "processed",
+    prompt_logprobs: bool = False,
 ) -> GenerationResult:
     """Generate text for a batch of prompts, or continue a `SequenceState`.
 
@@ -512,6 +581,12 @@ def generate(
       stay causal).
     - `prefill_mode`: `"one_pass"` (one model call over the prompt) or `"forced"` (the prompt
       teacher-forced token by token through the decode path: slower, for teaching and tests).
+    - `top_logprobs`: record, per generated token, the `k` most likely tokens and their
+      logprobs (`result.top_token_ids`, `result.top_logprobs`), computed on the device.
+    - `logprobs_mode`: `"processed"` (default: the distribution after the processors, which
+      the token was drawn from) or `"raw"` (the model's own), for `logprobs` and `top_logprobs`.
+    - `prompt_logprobs`: also return the logprob of every prefilled token
+      (`result.prompt_logprobs`; the prefill then keeps the logits of every position).
 
     **Returns:** a `GenerationResult` whose `state` is the `SequenceState` after this call.
 
@@ -535,8 +610,11 @@ def generate(
         num_return_sequences=num_return_sequences,
         prefix_lm=prefix_lm,
         prefill_mode=prefill_mode,
+        top_logprobs=top_logprobs,
+        logprobs_mode=logprobs_mode,
+        prompt_logprobs=prompt_logprobs,
     )
-    final, arrays = _generate_jit(
+    final, arrays, prompt_lp = _generate_jit(
         settings.step,
         prepared.plan,
         prepared.arrays,
@@ -548,7 +626,7 @@ def generate(
     )
     if tokenizer is None and isinstance(prompts, SequenceState):
         tokenizer = prompts.tokenizer
-    return _result(model, tokenizer, settings, prepared, final, arrays)
+    return _result(model, tokenizer, settings, prepared, final, arrays, prompt_lp)
 
 
 def _token_state(model, prompt_token_ids, key, bucket):
@@ -600,7 +678,7 @@ def init_state(
     )
     seq = _token_state(model, prompt_token_ids, key, bucket)
     prepared = _prepare(seq, settings, key, bucket=False, bucket_prompt=bucket)
-    state = _start_jit(
+    _, state = _start_jit(
         settings.step,
         prepared.plan,
         prepared.arrays,
@@ -685,7 +763,7 @@ def generate_token_ids(
     )
     seq = _token_state(model, prompt_token_ids, key, bucket)
     prepared = _prepare(seq, settings, key, bucket=False, bucket_prompt=bucket)
-    final, _ = _generate_jit(
+    final, _, _ = _generate_jit(
         settings.step,
         prepared.plan,
         prepared.arrays,

@@ -49,7 +49,7 @@ class Settings:
     **Attributes:** `step` (the `Step`: model, processors, sampler, stop-string matcher, EOS and
     pad ids), `max_new_tokens` (tokens to generate per row, excluding what is already there),
     `stop_strings` (the texts), `num_return_sequences`, `prefix_lm`, `prefill_mode`,
-    `carry_processor_states` (a continuation of the same processors).
+    `carry_processor_states` (a continuation of the same processors), `prompt_logprobs`.
     """
 
     step: Step
@@ -59,6 +59,7 @@ class Settings:
     prefix_lm: bool
     prefill_mode: str
     carry_processor_states: bool
+    prompt_logprobs: bool = False
 
     @property
     def eos_token_id(self) -> tuple[int, ...]:
@@ -136,6 +137,9 @@ def resolve_settings(
     prefix_lm: bool = False,
     prefill_mode: str = "one_pass",
     previous: "Settings | None" = None,
+    top_logprobs: int = 0,
+    logprobs_mode: str = "processed",
+    prompt_logprobs: bool = False,
 ) -> Settings:
     """Merge a call's arguments with a generation config (see the module docstring for the
     precedence) and validate them.
@@ -233,6 +237,8 @@ def resolve_settings(
         eos_token_id=eos_token_id,
         pad_token_id=pad_token_id,
         stop_strings=build_stop_strings(stop_strings, tokenizer, model),
+        top_logprobs=top_logprobs,
+        logprobs_mode=logprobs_mode,
     )
     return Settings(
         step=step,
@@ -242,4 +248,5 @@ def resolve_settings(
         prefix_lm=bool(prefix_lm),
         prefill_mode=prefill_mode,
         carry_processor_states=carry,
+        prompt_logprobs=bool(prompt_logprobs),
     )

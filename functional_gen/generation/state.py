@@ -37,6 +37,9 @@ class GenerationState(eqx.Module):
       token (the model's, not yet processed); a finished row keeps the ones after its last token.
     - `logprobs`: `Float[Array, "batch steps"]`, natural-log probability of each chosen token
       under the processed distribution it was drawn from; 0 after a row ends.
+    - `top_token_ids`, `top_logprobs`: `Int/Float[Array, "batch steps k"]`, per generated token
+      the `k` most likely tokens and their logprobs, most likely first (`k` is the step's
+      `top_logprobs`, may be 0); same distribution as `logprobs`.
     - `cache`: the model's `KVCache` (rows written in lockstep, see `KVCache`).
     - `processor_states`: tuple, one state per processor, each leaf with a batch axis.
     - `stop_state`: `Int[Array, "batch stops"]`, per row and stop string, how many bytes of it the
@@ -56,6 +59,8 @@ class GenerationState(eqx.Module):
     finish_reason: Int[Array, " batch"]
     logits: Float[Array, "batch vocab"]
     logprobs: Float[Array, "batch steps"]
+    top_token_ids: Int[Array, "batch steps k"]
+    top_logprobs: Float[Array, "batch steps k"]
     cache: KVCache
     processor_states: tuple[PyTree, ...]
     stop_state: Int[Array, "batch stops"]

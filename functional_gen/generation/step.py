@@ -35,7 +35,10 @@ class Step(eqx.Module):
 
     **Attributes:** `model` (an `AbstractCausalLM`), `processors` (a tuple), `sampler`,
     `stop_strings` (a `StopStrings` or `None`), `eos_token_id` (static tuple: every token id that
-    ends a row), `pad_token_id` (static: written after a row ends).
+    ends a row), `pad_token_id` (static: written after a row ends), `top_logprobs` (static:
+    how many most likely alternatives to record per token, 0 for none), `logprobs_mode` (static:
+    `"processed"`, the distribution after the processors that the token was drawn from, or
+    `"raw"`, the model's own, as vLLM's `logprobs_mode`).
     """
 
     model: AbstractCausalLM
@@ -44,6 +47,8 @@ class Step(eqx.Module):
     stop_strings: StopStrings | None
     eos_token_id: tuple[int, ...] = eqx.field(static=True)
     pad_token_id: int = eqx.field(static=True)
+    top_logprobs: int = eqx.field(static=True, default=0)
+    logprobs_mode: str = eqx.field(static=True, default="processed")
 
     def __call__(self, state: GenerationState) -> GenerationState:
         """Advance every unfinished row by one token; finished rows are left unchanged.
@@ -84,9 +89,9 @@ class Step(eqx.Module):
             state.processor_states,
         )
         tokens = jax.vmap(lambda lg, k: self.sampler(lg, key=k))(logits, sample_keys)
-        chosen_logprobs = jnp.take_along_axis(
-            jax.nn.log_softmax(logits, axis=-1), tokens[:, None], axis=1
-        )[:, 0]
+        scored = logits if self.logprobs_mode == "processed" else state.logits
+        all_logprobs = jax.nn.log_softmax(scored, axis=-1)
+        chosen_logprobs = jnp.take_along_axis(all_logprobs, tokens[:, None], axis=1)[:, 0]
 
         # A row whose processors left no token possible (every logit -inf, e.g. a constraint
         # that cannot continue) ends here, with finish reason "constraint" and no token.
@@ -97,6 +102,11 @@ class Step(eqx.Module):
         token_ids = state.token_ids.at[rows, write_col].set(tokens, mode="drop")
         logprob_col = jnp.where(active, n_generated, state.logprobs.shape[1])
         logprobs = state.logprobs.at[rows, logprob_col].set(chosen_logprobs, mode="drop")
+        top_ids, top_values = state.top_token_ids, state.top_logprobs
+        if self.top_logprobs:
+            values, ids = jax.lax.top_k(all_logprobs, self.top_logprobs)
+            top_ids = top_ids.at[rows, logprob_col].set(ids.astype(jnp.int32), mode="drop")
+            top_values = top_values.at[rows, logprob_col].set(values, mode="drop")
         length = state.length + active.astype(jnp.int32)
 
         is_eos = active & jnp.isin(tokens, jnp.asarray(self.eos_token_id, jnp.int32))
@@ -131,6 +141,8 @@ class Step(eqx.Module):
             finish_reason=finish_reason,
             logits=next_logits,
             logprobs=logprobs,
+            top_token_ids=top_ids,
+            top_logprobs=top_values,
             cache=cache,
             processor_states=processor_states,
             stop_state=stop_state,
@@ -147,6 +159,8 @@ def make_step(
     eos_token_id: int | Sequence[int] | None = None,
     pad_token_id: int | None = None,
     stop_strings: StopStrings | None = None,
+    top_logprobs: int = 0,
+    logprobs_mode: str = "processed",
 ) -> Step:
     """Build the pure step function `step(state) -> state` of a generation.
 
@@ -161,12 +175,23 @@ def make_step(
       EOS id, else 0.
     - `stop_strings`: a `StopStrings` matcher (`StopStrings.build(strings, tokenizer, vocab)`),
       or `None`.
+    - `top_logprobs`: record the `k` most likely tokens and their logprobs at every step.
+    - `logprobs_mode`: `"processed"` (default) or `"raw"` (see `Step`).
 
     **Returns:** a `Step` module; call it as `step(state)`.
 
     **Raises:** `TypeError` for a model that is not an `AbstractCausalLM`, a processor entry
-    that is neither a processor nor callable, or a sampler that is not an `AbstractSampler`.
+    that is neither a processor nor callable, or a sampler that is not an `AbstractSampler`;
+    `ValueError` for a negative `top_logprobs` or an unknown `logprobs_mode`.
     """
+    if isinstance(top_logprobs, bool) or not isinstance(top_logprobs, int) or top_logprobs < 0:
+        raise ValueError(f"`top_logprobs` must be a non-negative integer, got {top_logprobs!r}")
+    if top_logprobs > model.vocab_size:
+        raise ValueError(
+            f"`top_logprobs`={top_logprobs} exceeds the vocabulary size {model.vocab_size}"
+        )
+    if logprobs_mode not in ("processed", "raw"):
+        raise ValueError(f"`logprobs_mode` must be 'processed' or 'raw', got {logprobs_mode!r}")
     if not isinstance(model, AbstractCausalLM):
         raise TypeError(
             "`model` must implement functional_gen.models.AbstractCausalLM (e.g. a model from "
@@ -195,4 +220,6 @@ def make_step(
         stop_strings=stop_strings,
         eos_token_id=eos_token_id,
         pad_token_id=int(pad_token_id),
+        top_logprobs=top_logprobs,
+        logprobs_mode=logprobs_mode,
     )

@@ -71,6 +71,9 @@ def stream(
     num_return_sequences: int | None = None,
     prefix_lm: bool = False,
     prefill_mode: str = "one_pass",
+    top_logprobs: int = 0,
+    logprobs_mode: str = "processed",
+    prompt_logprobs: bool = False,
 ) -> Stream:
     """Generate, yielding text pieces as tokens are produced.
 
@@ -102,6 +105,9 @@ def stream(
         num_return_sequences=num_return_sequences,
         prefix_lm=prefix_lm,
         prefill_mode=prefill_mode,
+        top_logprobs=top_logprobs,
+        logprobs_mode=logprobs_mode,
+        prompt_logprobs=prompt_logprobs,
     )
     if tokenizer is None and isinstance(prompts, SequenceState):
         tokenizer = prompts.tokenizer
@@ -111,7 +117,7 @@ def stream(
 
 
 def _pieces(model, tokenizer, settings, prepared, out: Stream):
-    state = _start_jit(
+    prompt_lp, state = _start_jit(
         settings.step,
         prepared.plan,
         prepared.arrays,
@@ -152,4 +158,4 @@ def _pieces(model, tokenizer, settings, prepared, out: Stream):
                 yield row, texts[row][emitted[row] : len(texts[row]) - hold]
                 emitted[row] = len(texts[row]) - hold
     arrays = _finish_jit(state, token_logprobs)
-    out.result = _result(model, tokenizer, settings, prepared, state, arrays)
+    out.result = _result(model, tokenizer, settings, prepared, state, arrays, prompt_lp)

@@ -223,7 +223,7 @@ def test_bad_inputs_raise_clear_errors(tiny, tmp_path):
         fg.SequenceState.load(tmp_path / "v99.safetensors")
     with pytest.raises(FileNotFoundError):
         fg.SequenceState.load(tmp_path / "missing.safetensors")
-    with pytest.raises(ValueError, match="prefix_lm=True applies to the prompt"):
+    with pytest.raises(ValueError, match="prefix_lm=True applies to a prompt"):
         fg.generate(model, tok, state, max_new_tokens=2, prefix_lm=True)
     with pytest.raises(ValueError, match="prefill_mode"):
         fg.generate(model, tok, PROMPTS, max_new_tokens=2, prefill_mode="fast")

@@ -1,0 +1,224 @@
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # The KV cache, prefill, and resumable generation
+#
+# A decoder predicts the next token from every token before it. Done naively, each new token
+# re-reads the whole text; with a **KV cache** each token's keys and values are computed once
+# and kept. This notebook:
+#
+# - generates without a cache, then derives the cache step by step and checks both agree;
+# - compares the one-pass **prefill** (the whole prompt in one model call) with feeding the
+#   prompt token by token, and plots the times;
+# - draws the causal attention mask next to the **prefix-LM** one (the prompt attends to
+#   itself in both directions);
+# - uses `fg.SequenceState`, the resumable result of every generation: continue it, append a
+#   chat turn (only the new turn is prefilled), fork it, save it and resume it.
+
+# %%
+import tempfile
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import matplotlib.pyplot as plt
+import numpy as np
+
+import functional_gen as fg
+from functional_gen.testing import tiny_config
+
+# %% [markdown]
+# ## Attention without a cache
+#
+# We start with a tiny random Llama (2 layers, 101 tokens) so that every step is instant. A
+# model call takes token ids, their RoPE positions and a `KVCache`; giving it a fresh cache
+# each time means "no cache": all tokens so far are run again to predict one more.
+
+# %%
+tiny = fg.LlamaForCausalLM(tiny_config(), key=jax.random.key(0), std=0.2)
+prompt = [5, 17, 42, 8]
+
+
+def next_logits_without_cache(ids):
+    x = jnp.asarray([ids])
+    logits, _ = tiny(x, jnp.arange(len(ids))[None], tiny.init_cache(1, len(ids)))
+    return logits[0, -1]
+
+
+ids = list(prompt)
+no_cache_logits = []
+for _ in range(6):
+    logits = next_logits_without_cache(ids)
+    no_cache_logits.append(logits)
+    ids.append(int(jnp.argmax(logits)))
+print("greedy, no cache:", ids)
+
+# %% [markdown]
+# ## The cache, step by step
+#
+# Now the cache: the prompt goes in once (prefill); afterwards each step feeds only the newest
+# token, at its position, and the model appends its keys and values to the cache. The logits
+# are the same as without the cache, up to float rounding, but each step now costs one token.
+
+# %%
+logits, cache = tiny.prefill(jnp.asarray([prompt]), jnp.arange(len(prompt))[None], max_len=16)
+cached_ids, cached_logits = list(prompt), []
+for step in range(6):
+    cached_logits.append(logits[0, -1])
+    token = int(jnp.argmax(logits[0, -1]))
+    cached_ids.append(token)
+    position = jnp.asarray([[len(cached_ids) - 1]])
+    logits, cache = tiny(jnp.asarray([[token]]), position, cache)
+print("greedy, with cache:", cached_ids)
+difference = max(float(jnp.abs(a - b).max()) for a, b in zip(no_cache_logits, cached_logits))
+print(f"largest logit difference: {difference:.2e}")
+assert cached_ids == ids and difference < 1e-4
+
+# %% [markdown]
+# The cache is an ordinary pytree: per layer a key and a value buffer of shape
+# `[batch, kv_heads, max_len, head_dim]`, plus the RoPE position of every slot (`-1` marks a
+# slot that holds nothing, or padding) and how many slots are written.
+
+# %%
+print(len(cache.k), "layers; k[0]:", cache.k[0].shape, "; positions:", cache.positions[0, :12])
+
+# %% [markdown]
+# ## One-pass prefill against a teacher-forced prompt
+#
+# `fg.generate` prefills a prompt in ONE model call: every prompt token is a query at once, so
+# the matrix multiplications see many tokens and run near the machine's peak. The "fast way"
+# of the flax discussion feeds the prompt through the decode step one token at a time
+# (`prefill_mode="forced"`): the same cache, the same logits, but one weight read per token.
+# We time both on the default model, SmolLM2-135M, for two prompt lengths (the first call of
+# each compiles, so we time the second).
+
+# %%
+model, tokenizer = fg.load_model()
+text = "The history of the Roman Empire spans many centuries, from the founding of Rome. " * 20
+lengths, times = [32, 128], {"one_pass": [], "forced": []}
+for n in lengths:
+    state = fg.SequenceState.from_token_ids([tokenizer(text)["input_ids"][:n]], vocab_size=model.vocab_size)
+    for mode in times:
+        for attempt in range(2):
+            start = time.perf_counter()
+            out = fg.generate(model, tokenizer, state, max_new_tokens=1, prefill_mode=mode)
+            jax.block_until_ready(out.state.arrays)
+            elapsed = time.perf_counter() - start
+        times[mode].append(elapsed)
+        print(f"{mode:8s} prompt of {n:3d} tokens: {elapsed:.3f} s")
+
+# %%
+fig, ax = plt.subplots(figsize=(5, 3))
+width = 0.35
+x = np.arange(len(lengths))
+ax.bar(x - width / 2, times["one_pass"], width, label="one-pass prefill")
+ax.bar(x + width / 2, times["forced"], width, label="token by token")
+ax.set_xticks(x, [f"{n} tokens" for n in lengths])
+ax.set_ylabel("seconds")
+ax.set_title("Filling the cache with a prompt")
+ax.legend()
+plt.show()
+
+# %% [markdown]
+# ## The prefix-LM mask
+#
+# In a causal decoder, token `i` attends to tokens `0..i`. A **prefix-LM** (the "cache-init"
+# mode of flax PR #1316) lets the prompt attend to itself in both directions, like a small
+# encoder, while generated tokens stay causal. In the model, this is one extra term in the
+# attention mask: `kv_position < prefix_length`. `fg.generate(..., prefix_lm=True)` uses it.
+
+# %%
+seq, prefix = 10, 6
+q, k = np.arange(seq)[:, None], np.arange(seq)[None, :]
+causal = k <= q
+prefix_lm = causal | ((k < prefix) & (q < prefix))
+fig, axes = plt.subplots(1, 2, figsize=(7, 3.4))
+for ax, mask, title in [(axes[0], causal, "causal"), (axes[1], prefix_lm, f"prefix-LM (prompt of {prefix})")]:
+    ax.imshow(mask, cmap="Blues")
+    ax.set_title(title)
+    ax.set_xlabel("key position")
+    ax.set_ylabel("query position")
+plt.tight_layout()
+plt.show()
+
+# %%
+prompt_ids = tokenizer("The capital of France is")["input_ids"]
+for flag in (False, True):
+    out = fg.generate(model, tokenizer, fg.SequenceState.from_token_ids([prompt_ids], vocab_size=model.vocab_size, tokenizer=tokenizer), max_new_tokens=8, prefix_lm=flag)
+    print(f"prefix_lm={flag}: {out.texts[0]!r}")
+
+# %% [markdown]
+# SmolLM2 was trained causally, so the bidirectional prompt is out of its training
+# distribution and the continuation changes; prefix-LM models (T5-style decoders, PaliGemma)
+# are trained this way.
+#
+# ## `SequenceState`: continue, append, fork, save
+#
+# Every generation returns its state: token ids, the KV cache, per-row keys and processor
+# states. Continuing it prefills nothing, and 8 + 8 tokens equal 16 tokens in one call.
+
+# %%
+chat = [{"role": "user", "content": "Name a famous Roman emperor."}]
+first = fg.generate(model, tokenizer, [chat], max_new_tokens=8, eos_token_id=())
+more = fg.generate(model, tokenizer, first.state, max_new_tokens=8)
+whole = fg.generate(model, tokenizer, [chat], max_new_tokens=16, eos_token_id=())
+print(repr(first.texts[0]), "+", repr(more.texts[0]))
+print("prefilled on the continuation:", more.prefill_tokens)
+assert first.texts[0] + more.texts[0] == whole.texts[0]
+
+# %% [markdown]
+# A chat goes on by adding a message: `state + [{"role": "user", ...}]` appends the chat
+# template's continuation (the end of the assistant's turn, the new user turn, the start of the
+# next assistant turn). Only those tokens are prefilled.
+
+# %%
+answer = fg.generate(model, tokenizer, [chat], max_new_tokens=40)
+turn = answer.state + [{"role": "user", "content": "When did he live?"}]
+reply = fg.generate(model, tokenizer, turn, max_new_tokens=40)
+print("assistant:", answer.texts[0])
+print("assistant:", reply.texts[0])
+print("tokens in the conversation:", len(turn.row_token_ids()[0]), "- prefilled for the new turn:", reply.prefill_tokens[0])
+
+# %% [markdown]
+# Forking shares the prefill: `state.repeat(3)` copies every row (cache included) and gives
+# each copy its own key, so three samples branch from one prefix. `num_return_sequences=3` in
+# `generate` does the same.
+
+# %%
+forks = fg.generate(
+    model,
+    tokenizer,
+    answer.state[:, : len(answer.state.row_token_ids()[0]) - 30].repeat(3),
+    max_new_tokens=12,
+    processors=[fg.processors.Temperature(0.9)],
+    sampler=fg.samplers.Multinomial(),
+)
+for text in forks.texts:
+    print("->", repr(text))
+
+# %% [markdown]
+# Finally, a state is a file: `save` writes its arrays and a small header (format version,
+# the model's config fingerprint) to safetensors, and `SequenceState.load` reads it back, in
+# this process or another; a model with another config refuses it.
+
+# %%
+with tempfile.TemporaryDirectory() as folder:
+    path = Path(folder) / "chat.safetensors"
+    reply.state.save(path)
+    print(f"{path.stat().st_size / 2**20:.1f} MiB on disk")
+    restored = fg.SequenceState.load(path, tokenizer=tokenizer)
+    a = fg.generate(model, tokenizer, reply.state, max_new_tokens=6, eos_token_id=())
+    b = fg.generate(model, tokenizer, restored, max_new_tokens=6, eos_token_id=())
+    print(repr(a.texts[0]), "==", repr(b.texts[0]))
+    assert a.texts == b.texts
