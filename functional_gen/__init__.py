@@ -41,4 +41,9 @@ from .models import (
     LlamaForCausalLM as LlamaForCausalLM,
 )
 
+import sys as _sys
+
+# `functional_gen.samplers` keeps working as a module path (it lives in `generation/` now).
+_sys.modules[__name__ + ".samplers"] = samplers
+
 __version__ = "0.1.0"

@@ -101,12 +101,13 @@ print(len(cache.k), "layers; k[0]:", cache.k[0].shape, "; positions:", cache.pos
 # of the flax discussion feeds the prompt through the decode step one token at a time
 # (`prefill_mode="forced"`): the same cache, the same logits, but one weight read per token.
 # We time both on the default model, SmolLM2-135M, for two prompt lengths (the first call of
-# each compiles, so we time the second).
+# each compiles, so we time the second). Every call below asks for at most 16 new tokens, so
+# they share compiled programs (`max_new_tokens` is bucketed).
 
 # %%
 model, tokenizer = fg.load_model()
 text = "The history of the Roman Empire spans many centuries, from the founding of Rome. " * 20
-lengths, times = [32, 128], {"one_pass": [], "forced": []}
+lengths, times = [16, 64], {"one_pass": [], "forced": []}
 for n in lengths:
     state = fg.SequenceState.from_token_ids([tokenizer(text)["input_ids"][:n]], vocab_size=model.vocab_size)
     for mode in times:
@@ -183,9 +184,9 @@ assert first.texts[0] + more.texts[0] == whole.texts[0]
 # next assistant turn). Only those tokens are prefilled.
 
 # %%
-answer = fg.generate(model, tokenizer, [chat], max_new_tokens=40)
+answer = fg.generate(model, tokenizer, [chat], max_new_tokens=16)
 turn = answer.state + [{"role": "user", "content": "When did he live?"}]
-reply = fg.generate(model, tokenizer, turn, max_new_tokens=40)
+reply = fg.generate(model, tokenizer, turn, max_new_tokens=16)
 print("assistant:", answer.texts[0])
 print("assistant:", reply.texts[0])
 print("tokens in the conversation:", len(turn.row_token_ids()[0]), "- prefilled for the new turn:", reply.prefill_tokens[0])
@@ -199,8 +200,8 @@ print("tokens in the conversation:", len(turn.row_token_ids()[0]), "- prefilled 
 forks = fg.generate(
     model,
     tokenizer,
-    answer.state[:, : len(answer.state.row_token_ids()[0]) - 30].repeat(3),
-    max_new_tokens=12,
+    answer.state[:, : len(answer.state.row_token_ids()[0]) - 8].repeat(3),
+    max_new_tokens=16,
     processors=[fg.processors.Temperature(0.9)],
     sampler=fg.samplers.Multinomial(),
 )
@@ -218,7 +219,7 @@ with tempfile.TemporaryDirectory() as folder:
     reply.state.save(path)
     print(f"{path.stat().st_size / 2**20:.1f} MiB on disk")
     restored = fg.SequenceState.load(path, tokenizer=tokenizer)
-    a = fg.generate(model, tokenizer, reply.state, max_new_tokens=6, eos_token_id=())
-    b = fg.generate(model, tokenizer, restored, max_new_tokens=6, eos_token_id=())
+    a = fg.generate(model, tokenizer, reply.state, max_new_tokens=8, eos_token_id=())
+    b = fg.generate(model, tokenizer, restored, max_new_tokens=8, eos_token_id=())
     print(repr(a.texts[0]), "==", repr(b.texts[0]))
     assert a.texts == b.texts

@@ -31,6 +31,7 @@ from ..models.base import AbstractCausalLM
 from ..models.kv_cache import KVCache
 from ..processors.base import Context, as_processors, init_states, vmap_rows
 from ..tokenization import Prompt, decode, encode_prompt, normalize_prompts
+from .beam_search import BeamSearch, BeamState
 from .samplers import AbstractSampler
 from .sequence_state import ModelMismatchError, SequenceArrays, SequenceState
 from .settings import Settings, resolve_settings
@@ -84,6 +85,11 @@ class GenerationResult:
     - `prompt_logprobs`: with `prompt_logprobs=True`, per row the logprob (natural log, the
       model's own distribution) of every token this call prefilled given the tokens before it,
       `None` for a fresh prompt's first token (as vLLM); else `None`.
+    - `sequences_scores`: under beam search, each returned hypothesis's score (summed processed
+      logprobs divided by `length ** length_penalty`, as transformers); else `None`.
+    - `beam_indices`: under beam search, for each returned hypothesis and generated token, the
+      flattened beam row (`prompt * num_beams + beam`) it was chosen from, -1 after its end (as
+      transformers' `beam_indices`); else `None`.
     """
 
     texts: list[str]
@@ -96,6 +102,8 @@ class GenerationResult:
     top_token_ids: Int[Array, "batch max_new_tokens k"] | None = None
     top_logprobs: Float[Array, "batch max_new_tokens k"] | None = None
     prompt_logprobs: list[list[float | None]] | None = None
+    sequences_scores: Float[Array, " batch"] | None = None
+    beam_indices: Int[Array, "batch steps"] | None = None
 
 
 # --- the compiled program ----------------------------------------------------------------------
@@ -112,7 +120,8 @@ class _Plan:
     prefill_mode: str
     prefix_lm: bool
     carry: bool  # keep the processor (and stop-string) states
-    repeat: int  # num_return_sequences: rows repeated after the prefill
+    repeat: int  # rows repeated after the prefill (num_return_sequences, or the beams)
+    num_beams: int  # 0 unless beam search
     num_stops: int
     prompt_logprobs: bool
 
@@ -228,6 +237,9 @@ def _start(step: Step, plan: _Plan, arrays: SequenceArrays, new_ids, new_pos, bu
         stop_state=stop_state,
         key=arrays.key,
         key_step=arrays.key_step,
+        beam=BeamState.init(batch // plan.num_beams, plan.num_beams, plan.steps)
+        if plan.num_beams
+        else None,
     )
 
 
@@ -256,7 +268,9 @@ def _finish(state: GenerationState, token_logprobs) -> SequenceArrays:
     )
 
 
-_start_jit = eqx.filter_jit(_start)
+start_generation = eqx.filter_jit(_start)
+"""Jitted prefill and initialisation (`stream` runs its steps from here): `(prompt_logprobs,
+GenerationState)` from the padded inputs that `plan_call` prepared."""
 
 
 @eqx.filter_jit
@@ -270,7 +284,8 @@ def _repeat_rows(x, n):
     return x if n == 1 else jnp.repeat(x, n, axis=0)
 
 
-_finish_jit = eqx.filter_jit(_finish)
+finish_generation = eqx.filter_jit(_finish)
+"""Jitted: the `SequenceArrays` of a finished `GenerationState` (see `_finish`)."""
 
 
 @eqx.filter_jit
@@ -288,8 +303,51 @@ def _outputs(state: GenerationState, pad_token_id: int):
 # --- host-side planning -----------------------------------------------------------------------
 
 
+def _rows_of_step(step: Step, prompts: int, fork: int, padded: int, finals: int) -> Step:
+    """The step with every per-row processor value laid out like the loop's rows.
+
+    A per-row value (see `per_row_field`) has one entry per prompt (`prompts`) or per returned
+    row (`finals = prompts * num_return_sequences`); the loop has `padded * fork` rows (the
+    prompts padded to a batch bucket, each forked `fork` times). Padding rows take row 0's.
+
+    **Raises:** `ValueError` naming a per-row value of another length.
+    """
+    import dataclasses as dc
+
+    loop_rows = padded * fork
+    prompt_of = np.minimum(np.arange(loop_rows) // fork, prompts - 1)
+    prompt_of = np.where(np.arange(loop_rows) // fork < prompts, prompt_of, 0)
+    per_final = finals // prompts if prompts else 1
+    final_of = np.where(
+        (np.arange(loop_rows) // fork < prompts) & (np.arange(loop_rows) % fork < per_final),
+        (np.arange(loop_rows) // fork) * per_final + np.arange(loop_rows) % fork,
+        0,
+    )
+    new = []
+    for p in step.processors:
+        for f in dc.fields(p):
+            value = getattr(p, f.name, None)
+            if not f.metadata.get("per_row") or getattr(value, "ndim", 0) == 0:
+                continue
+            n = value.shape[0]
+            if n == prompts:
+                value = value[jnp.asarray(prompt_of)]
+            elif n == finals:
+                value = value[jnp.asarray(final_of)]
+            else:
+                raise ValueError(
+                    f"{type(p).__name__}.{f.name} has {n} per-row values for {prompts} prompts "
+                    f"({finals} returned rows); pass a scalar or one value per prompt or per row"
+                )
+            p = eqx.tree_at(lambda m, name=f.name: getattr(m, name), p, value)
+        new.append(p)
+    return eqx.tree_at(lambda s: s.processors, step, tuple(new))
+
+
 @dataclasses.dataclass
 class _Prepared:
+    step: Step  # the settings' step, per-row processor values laid out like the loop's rows
+    step_rows: int  # rows of the loop (padded, forked)
     plan: _Plan
     arrays: SequenceArrays
     new_ids: Int[Array, "batch seq"]
@@ -312,11 +370,21 @@ def _prepare(
     """Pad rows, pending tokens, steps and capacities to buckets; build the prefill inputs."""
     a = seq.arrays
     rows = seq.batch_size
-    n_return = settings.num_return_sequences
+    sampler = settings.step.sampler
+    num_beams = sampler.num_beams if isinstance(sampler, BeamSearch) else 0
+    n_return = num_beams or settings.num_return_sequences  # rows per prompt in the loop
+    returned = settings.num_return_sequences  # rows per prompt in the result
+    if num_beams and settings.stop_strings:
+        raise ValueError(
+            "stop strings are not supported with beam search yet; use eos_token_id, or "
+            "stop_strings with Greedy()/Multinomial()"
+        )
+    if num_beams and returned > num_beams:
+        raise ValueError(
+            f"num_return_sequences={returned} is more than num_beams={num_beams}: beam search "
+            "returns at most num_beams hypotheses per prompt"
+        )
     fresh = a.cache is None
-    if n_return > 1 and not fresh:
-        seq = seq.repeat(n_return)  # a continuation forks its cached rows directly
-        a, rows, n_return = seq.arrays, seq.batch_size, 1
     ids, length, cached = (np.asarray(x) for x in jax.device_get((a.token_ids, a.length, a.cached)))
     pending = length - cached
     most = int(pending.max())
@@ -372,9 +440,12 @@ def _prepare(
         repeat=n_return,
         num_stops=len(settings.stop_strings),
         prompt_logprobs=settings.prompt_logprobs,
+        num_beams=num_beams,
     )
     budget = np.full((padded_rows * n_return,), settings.max_new_tokens, np.int32)
     return _Prepared(
+        step=_rows_of_step(settings.step, rows, n_return, padded_rows, rows * returned),
+        step_rows=padded_rows * n_return,
         plan=plan,
         arrays=a,
         new_ids=jnp.asarray(new_ids),
@@ -382,8 +453,8 @@ def _prepare(
         budget=jnp.asarray(budget),
         padding_rows=jnp.asarray(padding_rows),
         keys=keys,
-        rows=rows * n_return,
-        prefill_tokens=[int(p) for p in pending for _ in range(n_return)],
+        rows=rows * returned,
+        prefill_tokens=[int(p) for p in pending for _ in range(returned)],
     )
 
 
@@ -470,10 +541,14 @@ def plan_call(
     return state, settings, prepared
 
 
-def _result(
+def build_result(
     model, tokenizer, settings: Settings, prepared: _Prepared, final: GenerationState, arrays,
     prompt_lp=None,
 ) -> GenerationResult:
+    """The `GenerationResult` of a finished call: one device-to-host transfer, texts decoded
+    (EOS dropped, cut at stop strings), the padding rows and columns of the buckets removed."""
+    if prepared.plan.num_beams:
+        return _beam_result(model, tokenizer, settings, prepared, final, prompt_lp)
     rows = prepared.rows
     n = settings.max_new_tokens
     host_ids, num, reasons, logprobs, top_ids, top_lps = jax.device_get(
@@ -492,8 +567,13 @@ def _result(
         texts.append(text)
     if arrays.length.shape[0] != rows:
         arrays = jax.tree.map(lambda x: x[:rows], arrays)
+    # the state's settings carry per-row processor values for its own rows
+    kept = _rows_of_step(prepared.step, prepared.step_rows, 1, rows, rows)
     state = SequenceState(
-        arrays, model_fingerprint=model.config_fingerprint, tokenizer=tokenizer, settings=settings
+        arrays,
+        model_fingerprint=model.config_fingerprint,
+        tokenizer=tokenizer,
+        settings=dataclasses.replace(settings, step=kept),
     )
     return GenerationResult(
         texts=texts,
@@ -506,6 +586,69 @@ def _result(
         top_token_ids=jnp.asarray(top_ids[:rows, :n]) if top_ids.shape[-1] else None,
         top_logprobs=jnp.asarray(top_lps[:rows, :n]) if top_ids.shape[-1] else None,
         prompt_logprobs=_prompt_logprobs(prompt_lp, prepared, rows) if settings.prompt_logprobs else None,
+    )
+
+
+def _beam_result(model, tokenizer, settings, prepared, final, prompt_lp) -> GenerationResult:
+    """The best `num_return_sequences` finished hypotheses of every prompt, prompt-major, and a
+    `SequenceState` of them (without a cache: continuing it prefills their text once)."""
+    nb, n = prepared.plan.num_beams, settings.max_new_tokens
+    nrs = settings.num_return_sequences
+    beam = final.beam
+    host = jax.device_get(
+        (beam.tokens, beam.lengths, beam.scores, beam.beam_indices, beam.token_logprobs,
+         final.token_ids, final.start_length)
+    )
+    tokens, lengths, scores, bidx, lps, row_ids, starts = (np.asarray(x) for x in host)
+    prompts = prepared.rows // nrs
+    eos = set(settings.eos_token_id)
+    pad = settings.pad_token_id
+    texts, reasons, nums, seq_rows, seq_lps = [], [], [], [], []
+    out_ids = np.full((prompts * nrs, n), pad, np.int32)
+    out_lps = np.zeros((prompts * nrs, n), np.float32)
+    width = max(1, int(lengths[:prompts, :nrs].max()))
+    out_bidx = np.full((prompts * nrs, width), -1, np.int32)
+    for b in range(prompts):
+        prompt = row_ids[b * nb, : int(starts[b * nb])].tolist()
+        for j in range(nrs):
+            r = b * nrs + j
+            k = int(lengths[b, j])
+            toks = tokens[b, j, :k].tolist()
+            out_ids[r, :k] = toks
+            out_lps[r, :k] = lps[b, j, :k]
+            out_bidx[r, :k] = bidx[b, j, :k]
+            ended = bool(toks) and toks[-1] in eos
+            reasons.append("eos" if ended else "length")
+            nums.append(k)
+            body = toks[:-1] if ended else toks
+            texts.append(decode(tokenizer, body) if tokenizer is not None else "")
+            seq_rows.append(prompt + toks)
+            seq_lps.append([0.0] * len(prompt) + lps[b, j, :k].tolist())
+    state = SequenceState.from_token_ids(seq_rows, vocab_size=model.vocab_size, tokenizer=tokenizer)
+    width_ids = state.arrays.token_ids.shape[1]
+    lp_arr = np.zeros((len(seq_rows), width_ids), np.float32)
+    for i, row in enumerate(seq_lps):
+        lp_arr[i, : len(row)] = row
+    keys = jnp.repeat(final.key.reshape(-1, nb)[:prompts, 0], nrs)
+    state = SequenceState(
+        eqx.tree_at(
+            lambda a: (a.token_logprobs, a.key), state.arrays, (jnp.asarray(lp_arr), keys)
+        ),
+        model_fingerprint=model.config_fingerprint,
+        tokenizer=tokenizer,
+        settings=None,
+    )
+    return GenerationResult(
+        texts=texts,
+        token_ids=jnp.asarray(out_ids),
+        logprobs=jnp.asarray(out_lps),
+        finish_reasons=reasons,
+        num_tokens=nums,
+        prefill_tokens=prepared.prefill_tokens[: prompts * nrs],
+        state=state,
+        sequences_scores=jnp.asarray(scores[:prompts, :nrs].reshape(-1)),
+        beam_indices=jnp.asarray(out_bidx),
+        prompt_logprobs=None,
     )
 
 
@@ -615,7 +758,7 @@ def generate(
         prompt_logprobs=prompt_logprobs,
     )
     final, arrays, prompt_lp = _generate_jit(
-        settings.step,
+        prepared.step,
         prepared.plan,
         prepared.arrays,
         prepared.new_ids,
@@ -626,7 +769,7 @@ def generate(
     )
     if tokenizer is None and isinstance(prompts, SequenceState):
         tokenizer = prompts.tokenizer
-    return _result(model, tokenizer, settings, prepared, final, arrays, prompt_lp)
+    return build_result(model, tokenizer, settings, prepared, final, arrays, prompt_lp)
 
 
 def _token_state(model, prompt_token_ids, key, bucket):
@@ -678,8 +821,8 @@ def init_state(
     )
     seq = _token_state(model, prompt_token_ids, key, bucket)
     prepared = _prepare(seq, settings, key, bucket=False, bucket_prompt=bucket)
-    _, state = _start_jit(
-        settings.step,
+    _, state = start_generation(
+        prepared.step,
         prepared.plan,
         prepared.arrays,
         prepared.new_ids,
@@ -764,7 +907,7 @@ def generate_token_ids(
     seq = _token_state(model, prompt_token_ids, key, bucket)
     prepared = _prepare(seq, settings, key, bucket=False, bucket_prompt=bucket)
     final, _, _ = _generate_jit(
-        settings.step,
+        prepared.step,
         prepared.plan,
         prepared.arrays,
         prepared.new_ids,

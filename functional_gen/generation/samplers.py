@@ -49,3 +49,6 @@ class Multinomial(AbstractSampler):
 
     def __call__(self, logits: Float[Array, " vocab"], *, key: PRNGKeyArray) -> Int[Array, ""]:
         return jax.random.categorical(key, logits).astype(jnp.int32)
+
+
+from .beam_search import BeamSearch as BeamSearch  # noqa: E402  (defined there, listed here)

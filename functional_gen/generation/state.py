@@ -1,5 +1,7 @@
 """`GenerationState`: everything a generation carries from one step to the next, as one pytree."""
 
+from typing import Any
+
 import equinox as eqx
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray, PyTree
@@ -48,6 +50,8 @@ class GenerationState(eqx.Module):
       over every call that continued it) uses `fold_in(key, n)`, so rows never share randomness.
     - `key_step`: `Int[Array, " batch"]`, sampling steps taken by earlier calls (the `n` of
       this call's first step).
+    - `beam`: a `functional_gen.generation.beam_search.BeamState` under beam search (the rows
+      are then `prompts * num_beams` beams), else `None`.
     """
 
     token_ids: Int[Array, "batch max_len"]
@@ -66,6 +70,7 @@ class GenerationState(eqx.Module):
     stop_state: Int[Array, "batch stops"]
     key: PRNGKeyArray
     key_step: Int[Array, " batch"]
+    beam: Any = None
 
     @property
     def num_generated(self) -> Int[Array, " batch"]:

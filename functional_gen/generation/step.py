@@ -21,6 +21,7 @@ from ..processors.base import (
     process_all,
     vmap_rows,
 )
+from .beam_search import BeamSearch, beam_step
 from .samplers import AbstractSampler, Greedy
 from .state import CONSTRAINT, EOS, LENGTH, STOP_STRING, GenerationState
 from .stop_strings import StopStrings
@@ -63,6 +64,8 @@ class Step(eqx.Module):
 
         **Returns:** the next `GenerationState`, with the same tree structure, shapes and dtypes.
         """
+        if isinstance(self.sampler, BeamSearch):
+            return beam_step(self, state)
         batch = state.batch_size
         rows = jnp.arange(batch)
         n_generated = state.num_generated
@@ -148,6 +151,7 @@ class Step(eqx.Module):
             stop_state=stop_state,
             key=state.key,
             key_step=state.key_step,
+            beam=state.beam,
         )
 
 

@@ -17,7 +17,7 @@ from jaxtyping import PRNGKeyArray
 
 from ..models.base import AbstractCausalLM
 from ..tokenization import IncrementalDecoder, Prompt, is_chat
-from .loop import GenerationResult, _finish_jit, _result, _start_jit, plan_call
+from .loop import GenerationResult, build_result, finish_generation, plan_call, start_generation
 from .samplers import AbstractSampler
 from .sequence_state import SequenceState
 from .state import FINISH_REASONS
@@ -117,8 +117,8 @@ def stream(
 
 
 def _pieces(model, tokenizer, settings, prepared, out: Stream):
-    prompt_lp, state = _start_jit(
-        settings.step,
+    prompt_lp, state = start_generation(
+        prepared.step,
         prepared.plan,
         prepared.arrays,
         prepared.new_ids,
@@ -138,7 +138,7 @@ def _pieces(model, tokenizer, settings, prepared, out: Stream):
     texts, emitted = [""] * rows, [0] * rows
     finished = np.zeros(rows, bool)
     while not finished.all():
-        state = _step_jit(settings.step, state)
+        state = _step_jit(prepared.step, state)
         last, done, reason = jax.device_get(_last_tokens(state))  # one transfer per step
         for row in np.flatnonzero(~finished):
             is_done = bool(done[row])
@@ -157,5 +157,5 @@ def _pieces(model, tokenizer, settings, prepared, out: Stream):
             elif len(texts[row]) - hold > emitted[row]:
                 yield row, texts[row][emitted[row] : len(texts[row]) - hold]
                 emitted[row] = len(texts[row]) - hold
-    arrays = _finish_jit(state, token_logprobs)
-    out.result = _result(model, tokenizer, settings, prepared, state, arrays, prompt_lp)
+    arrays = finish_generation(state, token_logprobs)
+    out.result = build_result(model, tokenizer, settings, prepared, state, arrays, prompt_lp)

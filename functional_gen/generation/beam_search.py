@@ -1,0 +1,336 @@
+"""Beam search inside the compiled loop, every row state reordered by ONE gather.
+
+Source: transformers' vectorised `GenerationMixin._beam_search` (5.x: `_get_top_k_continuations`,
+`_get_running_beams_for_next_iteration`, `_update_finished_beams`,
+`_check_early_stop_heuristic`), itself after Flax's beam search; the scoring is the same step
+for step, so the returned sequences and `sequences_scores` equal transformers'.
+
+Beams are rows of the batch: prompt `b` owns rows `b * num_beams ... b * num_beams +
+num_beams - 1`, prefilled once and forked. Each step:
+
+1. `log_softmax` of every row's logits, then the processors (per row, vmapped), as
+   transformers runs its processors on log-probabilities in beam search;
+2. the row's running score is added, and the top `K = max(2, 1 + #eos) * num_beams`
+   continuations over all beams of a prompt are taken (or sampled without replacement with
+   the Gumbel-top-k trick for beam sampling);
+3. continuations that end (an EOS, or `max_new_tokens` reached) compete for the finished list
+   (length penalty applied), the best `num_beams` others become the running beams;
+4. every per-row leaf of the `GenerationState` (tokens, KV cache, processor states,
+   stop-string states, keys, logprobs) is gathered from the source rows in ONE
+   `jax.tree.map(lambda x: x[idx], ...)`: no processor has reorder code;
+5. the new tokens are appended and run through the model (decode).
+
+The finished hypotheses live in fixed-shape arrays in `BeamState`, so nothing leaves the
+device per step.
+"""
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray
+
+from .samplers import AbstractSampler
+
+EARLY_STOPPING = (True, False, "never")
+_NEG = -1.0e9
+
+
+class BeamSearch(AbstractSampler):
+    """Beam search (`num_beams` hypotheses per prompt), with transformers' semantics.
+
+    **Arguments:**
+
+    - `num_beams`: beams per prompt (static; `>= 1`).
+    - `length_penalty`: finished hypotheses are scored `sum(logprobs) / length **
+      length_penalty` (length = generated tokens); > 0 favours longer sequences. Default 1.0.
+      An array leaf: new values do not recompile.
+    - `early_stopping`: `True` stops a prompt as soon as `num_beams` hypotheses are finished;
+      `False` (default) stops when the best running beam, at its current length, can no longer
+      beat the worst finished one; `"never"` estimates that with the longest possible length
+      when `length_penalty > 0` (the canonical beam search).
+    - `do_sample`: beam sampling: draw the `K` continuations without replacement from the
+      processed distribution (`softmax` of the accumulated scores) instead of taking the top
+      `K`.
+
+    **Raises:** `ValueError` for `num_beams < 1` or an `early_stopping` outside `(True, False,
+    "never")`.
+
+    Source: transformers `generate(num_beams=..., length_penalty=..., early_stopping=...,
+    do_sample=...)`.
+    """
+
+    num_beams: int = eqx.field(static=True)
+    length_penalty: Float[Array, ""]
+    early_stopping: bool | str = eqx.field(static=True)
+    do_sample: bool = eqx.field(static=True)
+
+    def __init__(
+        self,
+        num_beams: int,
+        length_penalty: float = 1.0,
+        early_stopping: bool | str = False,
+        do_sample: bool = False,
+    ):
+        if isinstance(num_beams, bool) or not isinstance(num_beams, int) or num_beams < 1:
+            raise ValueError(f"`num_beams` must be a positive integer, got {num_beams!r}")
+        if not any(early_stopping is e or early_stopping == e for e in EARLY_STOPPING) or (
+            isinstance(early_stopping, int) and not isinstance(early_stopping, bool)
+        ):
+            raise ValueError(
+                f"`early_stopping` must be True, False or 'never', got {early_stopping!r}"
+            )
+        self.num_beams = num_beams
+        self.length_penalty = jnp.asarray(length_penalty, jnp.float32)
+        self.early_stopping = early_stopping
+        self.do_sample = bool(do_sample)
+
+    def __call__(self, logits: Float[Array, " vocab"], *, key: PRNGKeyArray) -> Int[Array, ""]:
+        """Not used per row: beam search chooses across the beams of a prompt (see
+        `beam_step`). Returns the argmax, so a one-row call is greedy."""
+        return jnp.argmax(logits).astype(jnp.int32)
+
+    @property
+    def needs_key(self) -> bool:
+        """Only beam sampling is random."""
+        return self.do_sample
+
+
+class BeamState(eqx.Module):
+    """The beam-search bookkeeping of a batch of `prompts`, each with `num_beams` rows.
+
+    **Attributes:**
+
+    - `running_scores`: `Float[Array, "prompts num_beams"]`, cumulative processed logprobs of
+      the running beams (sorted, best first).
+    - `running_beam_indices`: `Int[Array, "rows steps"]`, for every running row, the row each
+      of its generated tokens was chosen from (transformers' `beam_indices`), -1 unused.
+    - `tokens`: `Int[Array, "prompts num_beams steps"]`, the finished hypotheses' generated
+      tokens (best first); `lengths`: their token counts; `scores`: their scores with the
+      length penalty (`-1e9` for an empty slot); `beam_indices`: as above; `token_logprobs`:
+      the processed logprob of each of their tokens; `finished`:
+      `Bool[Array, "prompts num_beams"]`, which slots hold a hypothesis.
+    - `improvable`: `Bool[Array, " prompts"]`, transformers' `is_early_stop_heuristic_unsatisfied`.
+    """
+
+    running_scores: Float[Array, "prompts num_beams"]
+    running_beam_indices: Int[Array, "rows steps"]
+    tokens: Int[Array, "prompts num_beams steps"]
+    lengths: Int[Array, "prompts num_beams"]
+    scores: Float[Array, "prompts num_beams"]
+    beam_indices: Int[Array, "prompts num_beams steps"]
+    token_logprobs: Float[Array, "prompts num_beams steps"]
+    finished: Bool[Array, "prompts num_beams"]
+    improvable: Bool[Array, " prompts"]
+
+    @classmethod
+    def init(cls, prompts: int, num_beams: int, steps: int) -> "BeamState":
+        """Before the first step: only beam 0 of a prompt is live (the others score `-1e9`, so
+        the first step does not pick the same token on every beam)."""
+        running = jnp.full((prompts, num_beams), _NEG, jnp.float32).at[:, 0].set(0.0)
+        return cls(
+            running_scores=running,
+            running_beam_indices=jnp.full((prompts * num_beams, steps), -1, jnp.int32),
+            tokens=jnp.zeros((prompts, num_beams, steps), jnp.int32),
+            lengths=jnp.zeros((prompts, num_beams), jnp.int32),
+            scores=jnp.full((prompts, num_beams), _NEG, jnp.float32),
+            beam_indices=jnp.full((prompts, num_beams, steps), -1, jnp.int32),
+            token_logprobs=jnp.zeros((prompts, num_beams, steps), jnp.float32),
+            finished=jnp.zeros((prompts, num_beams), bool),
+            improvable=jnp.ones((prompts,), bool),
+        )
+
+
+def _gather(x, idx):
+    return jnp.take_along_axis(x, idx.reshape(idx.shape + (1,) * (x.ndim - idx.ndim)), axis=1)
+
+
+def beam_step(step, state):
+    """One beam-search step of `step` (a `Step` whose sampler is a `BeamSearch`) on `state`
+    (a `GenerationState` with `beam` set): see the module docstring."""
+    from ..processors.base import Context, process_all, vmap_rows
+    from .state import LENGTH
+
+    sampler: BeamSearch = step.sampler
+    nb = sampler.num_beams
+    rows = state.batch_size
+    prompts = rows // nb
+    beam: BeamState = state.beam
+    vocab = state.logits.shape[-1]
+    steps = state.logprobs.shape[1]
+    n_gen = state.num_generated  # equal within a prompt (beams advance together)
+    prompt_done = state.done.reshape(prompts, nb)[:, 0]
+
+    step_keys = jax.vmap(jax.random.fold_in)(state.key, state.key_step + n_gen)
+    process_keys, sample_keys = jax.vmap(lambda k: tuple(jax.random.split(k)))(step_keys)
+    contexts = Context(
+        token_ids=state.token_ids,
+        length=state.length,
+        prompt_length=state.prompt_length,
+        max_new_tokens=state.start_length - state.prompt_length + state.max_new_tokens,
+        key=process_keys,
+    )
+    processor_states, logprobs = vmap_rows(process_all, step.processors, rows)(
+        state.processor_states, jax.nn.log_softmax(state.logits, axis=-1), contexts
+    )
+    logprobs = jnp.where(jnp.isnan(logprobs), -jnp.inf, logprobs)
+
+    # Top-K continuations over the beams of every prompt.
+    n_eos = len(step.eos_token_id)
+    k = max(2, 1 + n_eos) * nb
+    acc = (logprobs.reshape(prompts, nb, vocab) + beam.running_scores[:, :, None]).reshape(
+        prompts, nb * vocab
+    )
+    if sampler.do_sample:
+        prompt_keys = sample_keys.reshape(prompts, nb)[:, 0]
+        gumbel = jax.vmap(lambda key: jax.random.gumbel(key, (nb * vocab,)))(prompt_keys)
+        finite = jnp.isfinite(acc)
+        perturbed = jnp.where(finite, jax.nn.log_softmax(acc, axis=-1) + gumbel, -jnp.inf)
+        _, top_idx = jax.lax.top_k(perturbed, k)
+        top_lp = jnp.take_along_axis(acc, top_idx, axis=1)
+    else:
+        top_lp, top_idx = jax.lax.top_k(acc, k)
+    src_beam = top_idx // vocab
+    tokens = (top_idx % vocab).astype(jnp.int32)
+    base = (jnp.arange(prompts) * nb)[:, None]
+    src_row = base + src_beam  # [prompts, K]
+    gen_after = n_gen.reshape(prompts, nb)[:, 0] + 1  # generated tokens after this step
+    budget = state.max_new_tokens.reshape(prompts, nb)[:, 0]
+    is_eos = jnp.isin(tokens, jnp.asarray(step.eos_token_id, jnp.int32))
+    out_of_budget = (gen_after >= budget)[:, None]
+    hits = is_eos | out_of_budget
+    dead = ~jnp.isfinite(top_lp)
+
+    # e. the best num_beams continuations that do not end become the running beams
+    running_lp = top_lp + jnp.where(hits, _NEG, 0.0)
+    next_idx = jax.lax.top_k(running_lp, nb)[1]
+    new_scores = _gather(running_lp, next_idx)
+    new_src = _gather(src_row, next_idx)
+    new_tokens = _gather(tokens, next_idx)
+
+    # f. candidates that end compete for the finished list
+    cols = jnp.arange(steps)[None, :]
+    gen_cols = state.start_length[:, None] + cols
+    gen_tokens = jnp.take_along_axis(
+        state.token_ids, jnp.minimum(gen_cols, state.token_ids.shape[1] - 1), 1
+    )  # [rows, steps]
+    cand_tokens = gen_tokens[src_row]  # [prompts, K, steps]
+    n_before = (gen_after - 1)[:, None, None]
+    cand_tokens = jnp.where(cols[None] == n_before, tokens[:, :, None], cand_tokens)
+    cand_tokens = jnp.where(cols[None] <= n_before, cand_tokens, 0)
+    chosen_c = logprobs.reshape(prompts, nb, vocab)[
+        jnp.arange(prompts)[:, None], src_beam, tokens
+    ]  # [prompts, K]: the processed logprob of each candidate token
+    cand_lps = state.logprobs[src_row]
+    cand_lps = jnp.where(cols[None] == n_before, chosen_c[:, :, None], cand_lps)
+    cand_lps = jnp.where(cols[None] <= n_before, cand_lps, 0.0)
+    cand_bidx = beam.running_beam_indices[src_row]
+    cand_bidx = jnp.where(cols[None] == n_before, src_row[:, :, None], cand_bidx)
+    top_mask = jnp.arange(k) < nb
+    just_finished = hits & top_mask[None, :] & ~dead
+    scored = top_lp / (gen_after[:, None].astype(jnp.float32) ** sampler.length_penalty)
+    full = jnp.all(beam.finished, axis=1, keepdims=True) & (sampler.early_stopping is True)
+    scored = scored + jnp.where(full, _NEG, 0.0)
+    scored = scored + jnp.where(beam.improvable[:, None], 0.0, _NEG)
+    scored = scored + jnp.where(just_finished, 0.0, _NEG)
+    scored = jnp.where(dead, -jnp.inf, scored)
+    merged_scores = jnp.concatenate([beam.scores, scored], axis=1)
+    keep = jax.lax.top_k(merged_scores, nb)[1]
+    lengths_c = jnp.broadcast_to(gen_after[:, None], (prompts, k))
+    fin_tokens = _gather(jnp.concatenate([beam.tokens, cand_tokens], 1), keep)
+    fin_bidx = _gather(jnp.concatenate([beam.beam_indices, cand_bidx], 1), keep)
+    fin_lps = _gather(jnp.concatenate([beam.token_logprobs, cand_lps], 1), keep)
+    fin_lengths = _gather(jnp.concatenate([beam.lengths, lengths_c], 1), keep)
+    fin_scores = _gather(merged_scores, keep)
+    fin_done = _gather(jnp.concatenate([beam.finished, just_finished], 1), keep)
+
+    # g. the stopping heuristic (transformers' _check_early_stop_heuristic)
+    if sampler.early_stopping == "never":
+        best_len = jnp.where(sampler.length_penalty > 0.0, budget, gen_after)
+    else:
+        best_len = gen_after
+    best_running = new_scores[:, 0] / (best_len.astype(jnp.float32) ** sampler.length_penalty)
+    worst = jnp.where(fin_done, jnp.min(fin_scores, axis=1, keepdims=True), _NEG)
+    improvable = beam.improvable & jnp.any(best_running[:, None] > worst, axis=1)
+    all_full = jnp.all(fin_done, axis=1) & (sampler.early_stopping is True)
+    stop = ~improvable | all_full | jnp.all(hits, axis=1) | jnp.all(new_scores <= _NEG / 2, axis=1)
+
+    # A prompt already done keeps everything as it is.
+    keep_old = prompt_done
+    flat_src = jnp.where(keep_old[:, None], base + jnp.arange(nb)[None, :], new_src).reshape(rows)
+
+    # ONE gather moves every per-row leaf with its beam: tokens, cache, processor states,
+    # stop-string states, keys, logprobs.
+    carried = (
+        state.token_ids,
+        state.length,
+        state.logprobs,
+        state.top_token_ids,
+        state.top_logprobs,
+        state.cache,
+        processor_states,
+        state.stop_state,
+        state.key,
+        beam.running_beam_indices,
+    )
+    (token_ids, length, row_logprobs, top_ids, top_lps, cache, processor_states, stop_state, key,
+     running_bidx) = jax.tree.map(lambda x: x[flat_src], carried)
+    # processor states of prompts already done stay as they were
+    processor_states = jax.tree.map(
+        lambda new, old: jnp.where(state.done.reshape((rows,) + (1,) * (new.ndim - 1)), old, new),
+        processor_states,
+        state.processor_states,
+    )
+
+    active = ~jnp.repeat(keep_old, nb)
+    flat_tokens = jnp.where(active, new_tokens.reshape(rows), step.pad_token_id)
+    row_ids = jnp.arange(rows)
+    write_col = jnp.where(active, length, token_ids.shape[1])
+    token_ids = token_ids.at[row_ids, write_col].set(flat_tokens, mode="drop")
+    chosen = logprobs[flat_src, flat_tokens]
+    if step.logprobs_mode == "raw":
+        chosen = jax.nn.log_softmax(state.logits, axis=-1)[flat_src, flat_tokens]
+    lp_col = jnp.where(active, n_gen, steps)
+    row_logprobs = row_logprobs.at[row_ids, lp_col].set(chosen, mode="drop")
+    running_bidx = running_bidx.at[row_ids, lp_col].set(flat_src.astype(jnp.int32), mode="drop")
+    length = length + active.astype(jnp.int32)
+    if step.top_logprobs:
+        source = logprobs if step.logprobs_mode == "processed" else jax.nn.log_softmax(state.logits, -1)
+        values, ids = jax.lax.top_k(source[flat_src], step.top_logprobs)
+        top_ids = top_ids.at[row_ids, lp_col].set(ids.astype(jnp.int32), mode="drop")
+        top_lps = top_lps.at[row_ids, lp_col].set(values, mode="drop")
+
+    positions = jnp.where(active, length - 1, -1)
+    next_logits, cache = step.model(flat_tokens[:, None], positions[:, None], cache)
+    next_logits = jnp.where(active[:, None], next_logits[:, -1, :], state.logits[flat_src])
+
+    done_prompt = prompt_done | stop
+    done = jnp.repeat(done_prompt, nb)
+    reason = jnp.where(done_prompt & ~prompt_done, LENGTH, 0)
+    finish_reason = jnp.where(state.done, state.finish_reason, jnp.repeat(reason, nb))
+
+    def old_or(new, old):
+        return jnp.where(prompt_done.reshape((prompts,) + (1,) * (new.ndim - 1)), old, new)
+
+    new_beam = BeamState(
+        running_scores=old_or(new_scores, beam.running_scores),
+        running_beam_indices=running_bidx,
+        tokens=old_or(fin_tokens, beam.tokens),
+        lengths=old_or(fin_lengths, beam.lengths),
+        scores=old_or(fin_scores, beam.scores),
+        beam_indices=old_or(fin_bidx, beam.beam_indices),
+        token_logprobs=old_or(fin_lps, beam.token_logprobs),
+        finished=old_or(fin_done, beam.finished),
+        improvable=old_or(improvable, beam.improvable),
+    )
+    return eqx.tree_at(
+        lambda s: (
+            s.token_ids, s.length, s.done, s.finish_reason, s.logits, s.logprobs,
+            s.top_token_ids, s.top_logprobs, s.cache, s.processor_states, s.stop_state, s.key,
+            s.beam,
+        ),
+        state,
+        (
+            token_ids, length, done, finish_reason.astype(jnp.int32), next_logits, row_logprobs,
+            top_ids, top_lps, cache, processor_states, stop_state, key, new_beam,
+        ),
+    )
