@@ -855,6 +855,7 @@ def _token_settings(
         pad_token_id=pad_token_id,
         stop_strings=None,
         generation_config=None,
+        use_generation_config=False,
     )
     if stop_strings is not None:
         step = make_step(

@@ -140,6 +140,7 @@ def resolve_settings(
     top_logprobs: int = 0,
     logprobs_mode: str = "processed",
     prompt_logprobs: bool = False,
+    use_generation_config: bool = True,
 ) -> Settings:
     """Merge a call's arguments with a generation config (see the module docstring for the
     precedence) and validate them.
@@ -147,7 +148,8 @@ def resolve_settings(
     **Arguments:** those of `functional_gen.generate`; `longest_prompt` is the longest row in
     tokens (prompt, or everything a continued state holds), used with a config's `max_length`
     and to check the model's context; `previous` is the `Settings` of the call that produced a
-    continued `SequenceState` (or `None`).
+    continued `SequenceState` (or `None`); `use_generation_config=False` ignores the model's
+    generation config (the token-id functions `generate_token_ids` and `init_state`).
 
     **Returns:** the `Settings`.
 
@@ -186,6 +188,8 @@ def resolve_settings(
         processors_, sampler_ = as_processors(processors), sampler
 
     config = generation_config if generation_config is not None else model.generation_config
+    if not use_generation_config:
+        config = None
     n_return = 1
     if config is not None and not carry:
         settings = settings_from_generation_config(

@@ -111,9 +111,67 @@ def stream(
     )
     if tokenizer is None and isinstance(prompts, SequenceState):
         tokenizer = prompts.tokenizer
+    if prepared.plan.num_beams and settings.num_return_sequences > 1:
+        raise ValueError(
+            "stream with beam search yields the best hypothesis of each prompt; use generate for "
+            "num_return_sequences > 1"
+        )
     out = Stream(iter(()), single)
     out._pieces = _pieces(model, tokenizer, settings, prepared, out)
     return out
+
+
+@eqx.filter_jit
+def _beam_prefix(state, num_beams: int):
+    """Per prompt: how many generated tokens every live beam and every finished hypothesis
+    share (the settled text), beam 0's generated tokens, and the prompts' done flags."""
+    beam = state.beam
+    rows = state.batch_size
+    prompts = rows // num_beams
+    steps = state.logprobs.shape[1]
+    cols = state.start_length[:, None] + jnp.arange(steps)[None, :]
+    gen = jnp.take_along_axis(state.token_ids, jnp.minimum(cols, state.token_ids.shape[1] - 1), 1)
+    n = state.num_generated
+    live = gen.reshape(prompts, num_beams, steps)
+    live_n = n.reshape(prompts, num_beams)
+    first = live[:, :1]
+    j = jnp.arange(steps)[None, None, :]
+    # a column is settled when every live beam and every finished hypothesis has it, equal
+    same_live = jnp.all((live == first) & (j < live_n[:, :, None]), axis=1)
+    fin = beam.finished[:, :, None]
+    same_fin = jnp.all(~fin | ((beam.tokens == first) & (j < beam.lengths[:, :, None])), axis=1)
+    settled = jnp.cumprod(same_live & same_fin, axis=1).sum(axis=1)
+    return settled, first[:, 0], state.done.reshape(prompts, num_beams)[:, 0]
+
+
+def _beam_pieces(model, tokenizer, settings, prepared, out: Stream, state, prompt_lp):
+    """Streaming under beam search: the text all live beams and finished hypotheses of a prompt
+    agree on, as soon as it is settled; the rest of the best hypothesis at the end."""
+    nb = prepared.plan.num_beams
+    prompts = prepared.rows
+    eos = set(settings.eos_token_id)
+    decoders = [IncrementalDecoder(tokenizer) for _ in range(prompts)]
+    emitted_tokens, emitted = [0] * prompts, [""] * prompts
+    finished = np.zeros(prompts, bool)
+    while not finished.all():
+        state = _step_jit(prepared.step, state)
+        settled, tokens, done = jax.device_get(_beam_prefix(state, nb))  # one transfer per step
+        for b in np.flatnonzero(~finished):
+            piece = ""
+            for t in tokens[b, emitted_tokens[b] : int(settled[b])].tolist():
+                if t not in eos:
+                    piece += decoders[b].push(t)
+            emitted_tokens[b] = max(emitted_tokens[b], int(settled[b]))
+            if piece:
+                emitted[b] += piece
+                yield int(b), piece
+            finished[b] = bool(done[b])
+    out.result = build_result(model, tokenizer, settings, prepared, state, None, prompt_lp)
+    for b, text in enumerate(out.result.texts):
+        if not text.startswith(emitted[b]):  # pragma: no cover - the settled prefix is kept
+            raise AssertionError("beam search streamed text that the best hypothesis lacks")
+        if len(text) > len(emitted[b]):
+            yield b, text[len(emitted[b]) :]
 
 
 def _pieces(model, tokenizer, settings, prepared, out: Stream):
@@ -127,6 +185,9 @@ def _pieces(model, tokenizer, settings, prepared, out: Stream):
         prepared.padding_rows,
         prepared.keys,
     )
+    if prepared.plan.num_beams:
+        yield from _beam_pieces(model, tokenizer, settings, prepared, out, state, prompt_lp)
+        return
     token_logprobs = prepared.arrays.token_logprobs
     if prepared.plan.repeat > 1:
         token_logprobs = jnp.repeat(token_logprobs, prepared.plan.repeat, axis=0)

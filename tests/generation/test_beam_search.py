@@ -94,8 +94,8 @@ def test_beam_indices_and_eos_finish(tiny_pair, eos_id):
     ids = torch.as_tensor([[0] * (width - len(p)) + p for p in PROMPTS])
     mask = (ids != 0).long()
     with torch.no_grad():
-        out = hf.generate(ids, attention_mask=mask, max_new_tokens=7, num_beams=2,
-                          num_return_sequences=2, eos_token_id=28, pad_token_id=0,
+        out = hf.generate(ids, attention_mask=mask, max_new_tokens=7, num_beams=4,
+                          num_return_sequences=4, eos_token_id=eos_id, pad_token_id=0,
                           return_dict_in_generate=True, output_scores=True, do_sample=False)
     ref = out.beam_indices.numpy()
     got = np.asarray(result.beam_indices)
@@ -156,6 +156,7 @@ def test_beam_sampling_is_deterministic_and_batch_invariant(tiny_pair):
         fg.generate(model, tok, ["t5 t6"], max_new_tokens=2, sampler=BeamSearch(2, do_sample=True))
 
 
+@pytest.mark.slow
 def test_regex_constraint_with_beams_gives_valid_outputs(default_model):
     model, tokenizer = default_model
     pattern = r"[0-9]{3}-[0-9]{4}"
@@ -192,3 +193,49 @@ def test_beam_search_equals_transformers_on_the_default_model(default_model, tor
     got = [row[:k] for row, k in zip(np.asarray(result.token_ids).tolist(), result.num_tokens)]
     assert got == expected
     np.testing.assert_allclose(np.asarray(result.sequences_scores), scores, atol=1e-4)
+
+
+# --- outlines PR #998's matrix: {Regex, none} x {batch, single} x {samplers} x {stream, generate}
+
+PHONE = r"\(?[0-9]{3}\)?-[0-9]{3}-[0-9]{4}"
+
+
+@pytest.fixture(scope="module")
+def tiny_real_vocab(default_model):
+    """A random 2-layer model over the default tokenizer's vocabulary (fast to compile)."""
+    from functional_gen.testing import tiny_config
+
+    _, tokenizer = default_model
+    config = tiny_config(vocab_size=49152, eos_token_id=(2,), pad_token_id=2)
+    return fg.LlamaForCausalLM(config, key=jax.random.key(4), std=0.3), tokenizer
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("constrained", [True, False], ids=["regex", "free"])
+@pytest.mark.parametrize("batch", [True, False], ids=["batch", "single"])
+@pytest.mark.parametrize("sampler_name", ["greedy", "multinomial", "beam"])
+def test_outlines_998_matrix(tiny_real_vocab, constrained, batch, sampler_name):
+    model, tokenizer = tiny_real_vocab
+    prompts = ["Call", "My number:", "Phone"] if batch else "Call"
+    sampler = {
+        "greedy": fg.samplers.Greedy(),
+        "multinomial": fg.samplers.Multinomial(),
+        "beam": BeamSearch(3),
+    }[sampler_name]
+    kw = dict(
+        max_new_tokens=20,
+        sampler=sampler,
+        key=jax.random.key(0),
+        processors=[fg.processors.Regex(PHONE, tokenizer)] if constrained else [],
+    )
+    result = fg.generate(model, tokenizer, prompts, **kw)
+    stream = fg.stream(model, tokenizer, prompts, **kw)
+    rows = len(result.texts)
+    texts = [""] * rows
+    for item in stream:
+        row, piece = (0, item) if not batch else item
+        texts[row] += piece
+    assert texts == result.texts
+    if constrained:
+        for text, reason in zip(result.texts, result.finish_reasons):
+            assert reason == "eos" and re.fullmatch(PHONE, text), (text, reason)
