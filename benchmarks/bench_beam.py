@@ -18,11 +18,11 @@ import time
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-import jax  # noqa: E402
-import numpy as np  # noqa: E402
+import jax
+import numpy as np
+from functional_gen.samplers import BeamSearch
 
-import functional_gen as fg  # noqa: E402
-from functional_gen.samplers import BeamSearch  # noqa: E402
+import functional_gen as fg
 
 TEXT = (
     "The history of the Roman Empire spans many centuries, from the founding of the city of Rome "

@@ -24,9 +24,9 @@ import time
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-import jax  # noqa: E402
+import jax
 
-import functional_gen as fg  # noqa: E402
+import functional_gen as fg
 
 QUESTIONS = [
     "Tell me about the Roman Empire.",

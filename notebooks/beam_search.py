@@ -30,12 +30,11 @@
 # %%
 import json
 
-import jax
 import matplotlib.pyplot as plt
 import numpy as np
+from functional_gen.samplers import BeamSearch
 
 import functional_gen as fg
-from functional_gen.samplers import BeamSearch
 
 model, tokenizer = fg.load_model()
 NEW_TOKENS = 24  # every call below stays in one max_new_tokens bucket: one compiled program each
@@ -67,7 +66,7 @@ for text, score, logprobs in zip(beams.texts, beams.sequences_scores, beams.logp
 
 # %%
 num_beams, depth, fanout = 3, 4, 4
-start = tokenizer("The capital of France is")["input_ids"]
+start = tokenizer("Once upon a time, a little")["input_ids"]
 beam_rows = [(start, 0.0, 0)]  # (token ids, cumulative logprob, node id)
 nodes = {0: dict(step=0, label="<prompt>", score=0.0, parent=None, kept=True)}
 for step in range(1, depth + 1):
@@ -105,6 +104,7 @@ for n, d in nodes.items():
     ax.annotate(f"{d['label']!r} {d['score']:.2f}", (x, y), xytext=(4, 2), textcoords="offset points",
                 fontsize=7, color="black" if d["kept"] else "gray")
 ax.set_xlabel("step")
+ax.set_xticks(range(depth + 1))
 ax.set_yticks([])
 ax.set_title(f"Beam search tree ({num_beams} beams, {fanout} candidates per beam): kept in blue, pruned in grey")
 plt.show()

@@ -10,25 +10,50 @@ the next one continues), `step` (`make_step`), `loop` (`generate`, `generate_tok
 from . import samplers as samplers
 from .loop import (
     GenerationResult as GenerationResult,
+)
+from .loop import (
     bucket_batch as bucket_batch,
+)
+from .loop import (
     bucket_length as bucket_length,
+)
+from .loop import (
     generate as generate,
+)
+from .loop import (
     generate_token_ids as generate_token_ids,
+)
+from .loop import (
     init_state as init_state,
 )
 from .sequence_state import (
     BatchMismatchError as BatchMismatchError,
+)
+from .sequence_state import (
     ModelMismatchError as ModelMismatchError,
+)
+from .sequence_state import (
     SequenceArrays as SequenceArrays,
+)
+from .sequence_state import (
     SequenceState as SequenceState,
+)
+from .sequence_state import (
     SequenceStateFormatError as SequenceStateFormatError,
 )
 from .settings import (
     DEFAULT_MAX_NEW_TOKENS as DEFAULT_MAX_NEW_TOKENS,
+)
+from .settings import (
     Settings as Settings,
+)
+from .settings import (
     resolve_settings as resolve_settings,
 )
-from .state import FINISH_REASONS as FINISH_REASONS, GenerationState as GenerationState
-from .step import Step as Step, make_step as make_step
+from .state import FINISH_REASONS as FINISH_REASONS
+from .state import GenerationState as GenerationState
+from .step import Step as Step
+from .step import make_step as make_step
 from .stop_strings import StopStrings as StopStrings
-from .streaming import Stream as Stream, stream as stream
+from .streaming import Stream as Stream
+from .streaming import stream as stream

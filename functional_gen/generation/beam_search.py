@@ -147,8 +147,8 @@ def _gather(x, idx):
 def beam_step(step, state):
     """One beam-search step of `step` (a `Step` whose sampler is a `BeamSearch`) on `state`
     (a `GenerationState` with `beam` set): see the module docstring."""
-    from ..processors.base import Context, process_all, vmap_rows
     from .state import LENGTH
+    from .step import process_rows
 
     sampler: BeamSearch = step.sampler
     nb = sampler.num_beams
@@ -160,17 +160,8 @@ def beam_step(step, state):
     n_gen = state.num_generated  # equal within a prompt (beams advance together)
     prompt_done = state.done.reshape(prompts, nb)[:, 0]
 
-    step_keys = jax.vmap(jax.random.fold_in)(state.key, state.key_step + n_gen)
-    process_keys, sample_keys = jax.vmap(lambda k: tuple(jax.random.split(k)))(step_keys)
-    contexts = Context(
-        token_ids=state.token_ids,
-        length=state.length,
-        prompt_length=state.prompt_length,
-        max_new_tokens=state.start_length - state.prompt_length + state.max_new_tokens,
-        key=process_keys,
-    )
-    processor_states, logprobs = vmap_rows(process_all, step.processors, rows)(
-        state.processor_states, jax.nn.log_softmax(state.logits, axis=-1), contexts
+    processor_states, logprobs, sample_keys = process_rows(
+        step, state, jax.nn.log_softmax(state.logits, axis=-1)
     )
     logprobs = jnp.where(jnp.isnan(logprobs), -jnp.inf, logprobs)
 
@@ -274,13 +265,6 @@ def beam_step(step, state):
     )
     (token_ids, length, row_logprobs, top_ids, top_lps, cache, processor_states, stop_state, key,
      running_bidx) = jax.tree.map(lambda x: x[flat_src], carried)
-    # processor states of prompts already done stay as they were
-    processor_states = jax.tree.map(
-        lambda new, old: jnp.where(state.done.reshape((rows,) + (1,) * (new.ndim - 1)), old, new),
-        processor_states,
-        state.processor_states,
-    )
-
     active = ~jnp.repeat(keep_old, nb)
     flat_tokens = jnp.where(active, new_tokens.reshape(rows), step.pad_token_id)
     row_ids = jnp.arange(rows)

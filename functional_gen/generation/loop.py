@@ -28,7 +28,6 @@ import numpy as np
 from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray
 
 from ..models.base import AbstractCausalLM
-from ..models.kv_cache import KVCache
 from ..processors.base import Context, as_processors, init_states, vmap_rows
 from ..tokenization import Prompt, decode, encode_prompt, normalize_prompts
 from .beam_search import BeamSearch, BeamState
@@ -772,14 +771,6 @@ def generate(
     return build_result(model, tokenizer, settings, prepared, final, arrays, prompt_lp)
 
 
-def _token_state(model, prompt_token_ids, key, bucket):
-    return SequenceState.from_token_ids(prompt_token_ids, vocab_size=model.vocab_size, key=key)
-
-
-def _trim(state: GenerationState, rows: int) -> GenerationState:
-    return state if state.batch_size == rows else jax.tree.map(lambda x: x[:rows], state)
-
-
 def init_state(
     model: AbstractCausalLM,
     prompt_token_ids: Sequence[Sequence[int]],
@@ -819,7 +810,7 @@ def init_state(
         model, prompt_token_ids, max_new_tokens, processors, None, None, pad_token_id, stop_strings,
         key=key if key is not None else jax.random.key(0),
     )
-    seq = _token_state(model, prompt_token_ids, key, bucket)
+    seq = SequenceState.from_token_ids(prompt_token_ids, vocab_size=model.vocab_size, key=key)
     prepared = _prepare(seq, settings, key, bucket=False, bucket_prompt=bucket)
     _, state = start_generation(
         prepared.step,
@@ -905,7 +896,7 @@ def generate_token_ids(
         stop_strings,
         key=key,
     )
-    seq = _token_state(model, prompt_token_ids, key, bucket)
+    seq = SequenceState.from_token_ids(prompt_token_ids, vocab_size=model.vocab_size, key=key)
     prepared = _prepare(seq, settings, key, bucket=False, bucket_prompt=bucket)
     final, _, _ = _generate_jit(
         prepared.step,

@@ -51,4 +51,4 @@ class Multinomial(AbstractSampler):
         return jax.random.categorical(key, logits).astype(jnp.int32)
 
 
-from .beam_search import BeamSearch as BeamSearch  # noqa: E402  (defined there, listed here)
+from .beam_search import BeamSearch as BeamSearch

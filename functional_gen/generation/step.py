@@ -69,28 +69,7 @@ class Step(eqx.Module):
         batch = state.batch_size
         rows = jnp.arange(batch)
         n_generated = state.num_generated
-
-        # Per-row, per-step randomness: independent of batch mates and of the batch size.
-        step_keys = jax.vmap(jax.random.fold_in)(state.key, state.key_step + n_generated)
-        process_keys, sample_keys = jax.vmap(lambda k: tuple(jax.random.split(k)))(step_keys)
-        contexts = Context(
-            token_ids=state.token_ids,
-            length=state.length,
-            prompt_length=state.prompt_length,
-            max_new_tokens=state.start_length - state.prompt_length + state.max_new_tokens,
-            key=process_keys,
-        )
-        processor_states, logits = vmap_rows(process_all, self.processors, batch)(
-            state.processor_states, state.logits, contexts
-        )
-        # Finished rows keep their processor states as they were when they finished.
-        processor_states = jax.tree.map(
-            lambda new, old: jnp.where(
-                state.done.reshape((batch,) + (1,) * (new.ndim - 1)), old, new
-            ),
-            processor_states,
-            state.processor_states,
-        )
+        processor_states, logits, sample_keys = process_rows(self, state, state.logits)
         tokens = jax.vmap(lambda lg, k: self.sampler(lg, key=k))(logits, sample_keys)
         scored = logits if self.logprobs_mode == "processed" else state.logits
         all_logprobs = jax.nn.log_softmax(scored, axis=-1)
@@ -153,6 +132,36 @@ class Step(eqx.Module):
             key_step=state.key_step,
             beam=state.beam,
         )
+
+
+def process_rows(step: Step, state: GenerationState, logits):
+    """Run the step's processors on every row's `logits` (`Float[Array, "batch vocab"]`).
+
+    Each row gets its own per-step key, `fold_in(row key, key_step + generated)`, split into a
+    processor key and a sampling key, so rows never depend on their batch mates. Finished rows
+    keep their processor states as they were when they finished.
+
+    **Returns:** `(processor_states, processed logits, sampling keys)`.
+    """
+    batch = state.batch_size
+    step_keys = jax.vmap(jax.random.fold_in)(state.key, state.key_step + state.num_generated)
+    process_keys, sample_keys = jax.vmap(lambda k: tuple(jax.random.split(k)))(step_keys)
+    contexts = Context(
+        token_ids=state.token_ids,
+        length=state.length,
+        prompt_length=state.prompt_length,
+        max_new_tokens=state.start_length - state.prompt_length + state.max_new_tokens,
+        key=process_keys,
+    )
+    processor_states, logits = vmap_rows(process_all, step.processors, batch)(
+        state.processor_states, logits, contexts
+    )
+    processor_states = jax.tree.map(
+        lambda new, old: jnp.where(state.done.reshape((batch,) + (1,) * (new.ndim - 1)), old, new),
+        processor_states,
+        state.processor_states,
+    )
+    return processor_states, logits, sample_keys
 
 
 def make_step(

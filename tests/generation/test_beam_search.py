@@ -8,9 +8,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from functional_gen.samplers import BeamSearch
 
 import functional_gen as fg
-from functional_gen.samplers import BeamSearch
 
 from ..helpers import tiny_hf_model, tiny_tokenizer
 
@@ -122,7 +122,7 @@ def test_processor_states_move_with_their_beams(tiny_pair):
                   processors=[History()], num_return_sequences=1)
     # the running beams' states: their recorded history equals their own tokens
     del result  # the returned hypotheses are rebuilt without processor states; check the loop
-    from functional_gen.generation.loop import plan_call, _generate_jit
+    from functional_gen.generation.loop import _generate_jit, plan_call
 
     _, settings, prepared = plan_call(
         model, tok, fg.SequenceState.from_token_ids(PROMPTS, vocab_size=101), max_new_tokens=6,
