@@ -505,10 +505,24 @@ def plan_call(
     top_logprobs: int = 0,
     logprobs_mode: str = "processed",
     prompt_logprobs: bool = False,
+    guidance_scale: float | None = None,
+    negative_prompt: Any = None,
+    guidance_rescale: float | None = None,
+    cfg: str = "processor",
     bucket: bool = True,
-) -> tuple[SequenceState, Settings, _Prepared]:
-    """Everything `generate` and `stream` do before compiling: the state to run from, the
-    resolved `Settings`, and the padded inputs of the compiled program."""
+) -> tuple[AbstractCausalLM, Settings, _Prepared]:
+    """Everything `generate` and `stream` do before compiling: the model to run (wrapped in a
+    `GuidedModel` for batched classifier-free guidance), the resolved `Settings`, and the
+    padded inputs of the compiled program."""
+    model, first = _guidance(
+        model, tokenizer, guidance_scale, negative_prompt, guidance_rescale, cfg,
+        chat_template=chat_template, prefill_mode=prefill_mode,
+    )
+    if guidance_scale is not None and cfg == "batched" and (prefix_lm or prompt_logprobs):
+        raise ValueError(
+            "batched classifier-free guidance scores the next token only, causally: no "
+            "prefix_lm, no prompt_logprobs (use cfg='processor')"
+        )
     state, continuing = _as_state(model, tokenizer, prompts, chat_template=chat_template, key=key)
     if prefix_lm and state.arrays.cache is not None:
         raise ValueError(
@@ -535,9 +549,39 @@ def plan_call(
         top_logprobs=top_logprobs,
         logprobs_mode=logprobs_mode,
         prompt_logprobs=prompt_logprobs,
+        first_processors=first,
     )
     prepared = _prepare(state, settings, key, bucket=bucket)
-    return state, settings, prepared
+    return model, settings, prepared
+
+
+def _guidance(model, tokenizer, scale, negative_prompt, rescale, cfg, *, chat_template, prefill_mode):
+    """Classifier-free guidance settings: `(model, processors to put first)`."""
+    from .guidance import CFG_MODES, GuidedModel
+
+    if cfg not in CFG_MODES:
+        raise ValueError(f"`cfg` must be one of {CFG_MODES}, got {cfg!r}")
+    if scale is None:
+        if negative_prompt is not None or rescale is not None:
+            raise ValueError("negative_prompt and guidance_rescale need a guidance_scale")
+        return model, ()
+    if negative_prompt is None:
+        ids = None
+    elif isinstance(negative_prompt, (list, tuple)) and all(
+        isinstance(t, (int, np.integer)) for t in negative_prompt
+    ):
+        ids = [int(t) for t in negative_prompt]
+    else:
+        if tokenizer is None:
+            raise ValueError("a text negative_prompt needs the tokenizer")
+        ids = encode_prompt(tokenizer, negative_prompt, chat_template=chat_template)
+    if cfg == "batched":
+        if prefill_mode == "forced":
+            raise ValueError("batched guidance prefills both branches in one pass; use one_pass")
+        return GuidedModel(model, scale, ids, rescale), ()
+    from ..processors import ClassifierFreeGuidance
+
+    return model, (ClassifierFreeGuidance(model, scale, ids, rescale),)
 
 
 def build_result(
@@ -687,6 +731,10 @@ def generate(
     top_logprobs: int = 0,
     logprobs_mode: str = "processed",
     prompt_logprobs: bool = False,
+    guidance_scale: float | None = None,
+    negative_prompt: Any = None,
+    guidance_rescale: float | None = None,
+    cfg: str = "processor",
 ) -> GenerationResult:
     """Generate text for a batch of prompts, or continue a `SequenceState`.
 
@@ -729,6 +777,13 @@ def generate(
       the token was drawn from) or `"raw"` (the model's own), for `logprobs` and `top_logprobs`.
     - `prompt_logprobs`: also return the logprob of every prefilled token
       (`result.prompt_logprobs`; the prefill then keeps the logits of every position).
+    - `guidance_scale`: classifier-free guidance (Sanchez et al. 2023) with this scale; `None`:
+      none. `negative_prompt`: the unconditional branch's prompt (text, tokenized like the
+      prompts, or token ids); default each row's last prompt token, as transformers.
+      `guidance_rescale`: blend weight in [0, 1] of the guided distribution against the
+      conditional one. `cfg`: `"processor"` (default; `fg.processors.ClassifierFreeGuidance`
+      first in the chain, a second forward pass per row) or `"batched"` (`GuidedModel`: both
+      branches in one model call of `2 * batch` rows). Both give the same tokens.
 
     **Returns:** a `GenerationResult` whose `state` is the `SequenceState` after this call.
 
@@ -736,7 +791,7 @@ def generate(
     `max_new_tokens`, rows too long for the model, or an unsupported generation config;
     `ModelMismatchError` for a state made by another model; `TypeError` for bad processors.
     """
-    _, settings, prepared = plan_call(
+    model, settings, prepared = plan_call(
         model,
         tokenizer,
         prompts,
@@ -755,6 +810,10 @@ def generate(
         top_logprobs=top_logprobs,
         logprobs_mode=logprobs_mode,
         prompt_logprobs=prompt_logprobs,
+        guidance_scale=guidance_scale,
+        negative_prompt=negative_prompt,
+        guidance_rescale=guidance_rescale,
+        cfg=cfg,
     )
     final, arrays, prompt_lp = _generate_jit(
         prepared.step,

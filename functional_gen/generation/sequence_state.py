@@ -306,6 +306,11 @@ class SequenceState:
         cols = jnp.arange(a.token_ids.shape[1])[None, :]
         token_logprobs = jnp.where(cols < length[:, None], a.token_logprobs, 0.0)
         cache = a.cache
+        if cache is not None and cache.positions.ndim != 2:
+            raise ValueError(
+                "cropping a state of batched classifier-free guidance is not supported (its "
+                "unconditional branch has other positions); crop before guiding"
+            )
         if cache is not None:
             positions = jnp.where(cache.positions >= cached[:, None], -1, cache.positions)
             cache = KVCache(k=cache.k, v=cache.v, positions=positions, length=cache.length)

@@ -141,6 +141,7 @@ def resolve_settings(
     logprobs_mode: str = "processed",
     prompt_logprobs: bool = False,
     use_generation_config: bool = True,
+    first_processors: tuple = (),
 ) -> Settings:
     """Merge a call's arguments with a generation config (see the module docstring for the
     precedence) and validate them.
@@ -149,7 +150,8 @@ def resolve_settings(
     tokens (prompt, or everything a continued state holds), used with a config's `max_length`
     and to check the model's context; `previous` is the `Settings` of the call that produced a
     continued `SequenceState` (or `None`); `use_generation_config=False` ignores the model's
-    generation config (the token-id functions `generate_token_ids` and `init_state`).
+    generation config (the token-id functions `generate_token_ids` and `init_state`);
+    `first_processors` go before every other processor (classifier-free guidance).
 
     **Returns:** the `Settings`.
 
@@ -234,6 +236,8 @@ def resolve_settings(
     stop_strings = tuple(stop_strings)
     if any(not isinstance(s, str) or not s for s in stop_strings):
         raise ValueError(f"stop strings must be non-empty strings, got {stop_strings!r}")
+    if first_processors and not carry:
+        processors_ = tuple(first_processors) + tuple(processors_)
     step = make_step(
         model,
         processors_,

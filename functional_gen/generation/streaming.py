@@ -74,6 +74,10 @@ def stream(
     top_logprobs: int = 0,
     logprobs_mode: str = "processed",
     prompt_logprobs: bool = False,
+    guidance_scale: float | None = None,
+    negative_prompt: Any = None,
+    guidance_rescale: float | None = None,
+    cfg: str = "processor",
 ) -> Stream:
     """Generate, yielding text pieces as tokens are produced.
 
@@ -89,7 +93,7 @@ def stream(
     **Raises:** as `generate`.
     """
     single = isinstance(prompts, str) or is_chat(prompts)
-    _, settings, prepared = plan_call(
+    model, settings, prepared = plan_call(
         model,
         tokenizer,
         prompts,
@@ -108,6 +112,10 @@ def stream(
         top_logprobs=top_logprobs,
         logprobs_mode=logprobs_mode,
         prompt_logprobs=prompt_logprobs,
+        guidance_scale=guidance_scale,
+        negative_prompt=negative_prompt,
+        guidance_rescale=guidance_rescale,
+        cfg=cfg,
     )
     if tokenizer is None and isinstance(prompts, SequenceState):
         tokenizer = prompts.tokenizer

@@ -29,6 +29,11 @@ class KVCache(eqx.Module):
     - `length`: `Int[Array, " batch"]`, slots written so far in each row, padding included. Rows
       of one cache always hold the same value (they are written in lockstep); it is stored per
       row so that every leaf has a leading batch axis.
+
+    A model may add axes between the batch and the rest (the batched classifier-free guidance
+    keeps a conditional and an unconditional branch per row: `k` is then `[batch, 2, kv_heads,
+    max_len, head_dim]` and `positions` `[batch, 2, max_len]`); the slot axis is always `-2` of
+    `k`/`v` and `-1` of `positions`.
     """
 
     k: tuple[Float[Array, "batch kv_heads max_len head_dim"], ...]
@@ -79,18 +84,23 @@ class KVCache(eqx.Module):
             raise ValueError(f"cannot shrink a KVCache of {self.max_len} slots to {max_len}")
         if extra == 0:
             return self
-        grow = ((0, 0), (0, 0), (0, extra), (0, 0))
+
+        def grow(x, axis, value=0):  # the slot axis: -2 of k/v, -1 of positions
+            pad = [(0, 0)] * x.ndim
+            pad[x.ndim + axis] = (0, extra)
+            return jnp.pad(x, pad, constant_values=value)
+
         return KVCache(
-            k=tuple(jnp.pad(k, grow) for k in self.k),
-            v=tuple(jnp.pad(v, grow) for v in self.v),
-            positions=jnp.pad(self.positions, ((0, 0), (0, extra)), constant_values=-1),
+            k=tuple(grow(k, -2) for k in self.k),
+            v=tuple(grow(v, -2) for v in self.v),
+            positions=grow(self.positions, -1, -1),
             length=self.length,
         )
 
     @property
     def max_len(self) -> int:
         """Slots per row (a static shape)."""
-        return self.positions.shape[1]
+        return self.positions.shape[-1]
 
     @property
     def batch_size(self) -> int:
