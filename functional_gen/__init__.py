@@ -34,6 +34,7 @@ from .generation import (
     stream as stream,
 )
 from .loading import load_model as load_model
+from .sharding import make_mesh as make_mesh, shard as shard
 from .models import (
     AbstractCausalLM as AbstractCausalLM,
     KVCache as KVCache,

@@ -551,8 +551,31 @@ def plan_call(
         prompt_logprobs=prompt_logprobs,
         first_processors=first,
     )
-    prepared = _prepare(state, settings, key, bucket=bucket)
+    prepared = _on_mesh(_prepare(state, settings, key, bucket=bucket), model)
     return model, settings, prepared
+
+
+def _on_mesh(prepared: _Prepared, model) -> _Prepared:
+    """On a sharded model (`fg.shard`), put the per-row inputs on its mesh, split over `"data"`,
+    and replicate the processors and the sampler; GSPMD partitions the compiled loop."""
+    from ..sharding import mesh_of, place_rows, replicate
+
+    mesh = mesh_of(model)
+    if mesh is None:
+        return prepared
+    step = prepared.step
+    rest = replicate(eqx.tree_at(lambda s: s.model, step, None, is_leaf=lambda x: x is None), mesh)
+    step = eqx.tree_at(lambda s: s.model, rest, step.model, is_leaf=lambda x: x is None)
+    placed = place_rows(
+        (prepared.arrays, prepared.new_ids, prepared.new_pos, prepared.budget,
+         prepared.padding_rows, prepared.keys),
+        mesh,
+    )
+    arrays, new_ids, new_pos, budget, padding_rows, keys = placed
+    return dataclasses.replace(
+        prepared, step=step, arrays=arrays, new_ids=new_ids, new_pos=new_pos, budget=budget,
+        padding_rows=padding_rows, keys=keys,
+    )
 
 
 def _guidance(model, tokenizer, scale, negative_prompt, rescale, cfg, *, chat_template, prefill_mode):
