@@ -156,3 +156,94 @@ def _name(path) -> str:
         else:
             parts.append(str(entry))
     return ".".join(parts)
+
+
+COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
+
+
+def plan(config, mesh_shape: tuple[int, int], batch: int, max_len: int, dtype="bfloat16") -> dict:
+    """Compile one decode step of a model of `config` on a `mesh_shape` mesh without allocating
+    any weight (abstract arrays, `jax.ShapeDtypeStruct`), and report what it needs per device.
+
+    The weights are laid out as `shard` would (`DEFAULT_RULES`), the KV cache split over
+    `"data"` (rows) and `"model"` (key/value heads, when they divide), the new tokens over
+    `"data"`. Needs `mesh_shape[0] * mesh_shape[1]` devices (on a CPU, start the process with
+    `XLA_FLAGS=--xla_force_host_platform_device_count=N`).
+
+    **Arguments:** `config` (a `LlamaConfig`), `mesh_shape` `(data, model)`, `batch` (rows),
+    `max_len` (cache slots per row), `dtype` of weights and cache.
+
+    **Returns:** a dict: `weights_bytes` and `cache_bytes` per device (analytic, from the
+    shardings), `argument_bytes`, `output_bytes`, `temp_bytes` and `generated_code_bytes` per
+    device (XLA's `compiled.memory_analysis()`), and `collectives`: the count of each collective
+    op in the compiled HLO of one step.
+
+    **Raises:** `ValueError` when there are fewer devices than the mesh needs, or a weight does
+    not split evenly.
+    """
+    import equinox as eqx
+    import jax.numpy as jnp
+    from jax.sharding import AxisType
+
+    from .models.kv_cache import KVCache
+    from .models.llama import LlamaForCausalLM
+
+    data, model_axis = mesh_shape
+    devices = jax.devices()
+    if data * model_axis > len(devices):
+        raise ValueError(
+            f"a {data} x {model_axis} mesh needs {data * model_axis} devices, this process has "
+            f"{len(devices)} (set XLA_FLAGS=--xla_force_host_platform_device_count=N on a CPU)"
+        )
+    mesh = jax.make_mesh(
+        mesh_shape, MESH_AXES, axis_types=(AxisType.Auto,) * 2,
+        devices=devices[: data * model_axis],
+    )
+    dtype = jnp.dtype(dtype)
+    skeleton = eqx.filter_eval_shape(LlamaForCausalLM, config, key=jax.random.key(0), dtype=dtype)
+    is_struct = lambda x: isinstance(x, jax.ShapeDtypeStruct)  # noqa: E731
+
+    def annotate(path, leaf):
+        if not is_struct(leaf):
+            return leaf
+        spec = partition_spec(_name(path), tuple(leaf.shape), mesh)
+        return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=NamedSharding(mesh, spec))
+
+    abstract = jax.tree_util.tree_map_with_path(annotate, skeleton, is_leaf=is_struct)
+    params, static = eqx.partition(abstract, is_struct, is_leaf=is_struct)
+    heads = P("data", "model") if config.num_key_value_heads % model_axis == 0 else P("data")
+    kv = NamedSharding(mesh, heads)
+    rows = NamedSharding(mesh, P("data"))
+    shape = (batch, config.num_key_value_heads, max_len, config.head_dim)
+    cache = KVCache(
+        k=tuple(jax.ShapeDtypeStruct(shape, dtype, sharding=kv) for _ in range(config.num_hidden_layers)),
+        v=tuple(jax.ShapeDtypeStruct(shape, dtype, sharding=kv) for _ in range(config.num_hidden_layers)),
+        positions=jax.ShapeDtypeStruct((batch, max_len), jnp.int32, sharding=rows),
+        length=jax.ShapeDtypeStruct((batch,), jnp.int32, sharding=rows),
+    )
+    tokens = jax.ShapeDtypeStruct((batch, 1), jnp.int32, sharding=rows)
+
+    def decode(params, token_ids, positions, cache):
+        return eqx.combine(params, static)(token_ids, positions, cache)
+
+    compiled = jax.jit(decode, donate_argnums=3).lower(params, tokens, tokens, cache).compile()
+    memory = compiled.memory_analysis()
+    hlo = compiled.as_text()
+
+    def per_device(structs):
+        total = 0
+        for s in jax.tree.leaves(structs, is_leaf=is_struct):
+            shard = s.sharding.shard_shape(s.shape)
+            total += int(np.prod(shard)) * s.dtype.itemsize
+        return total
+
+    return {
+        "mesh": (data, model_axis),
+        "weights_bytes": per_device(params),
+        "cache_bytes": per_device((cache.k, cache.v)),
+        "argument_bytes": int(memory.argument_size_in_bytes),
+        "output_bytes": int(memory.output_size_in_bytes),
+        "temp_bytes": int(memory.temp_size_in_bytes),
+        "generated_code_bytes": int(memory.generated_code_size_in_bytes),
+        "collectives": {op: hlo.count(f" {op}(") + hlo.count(f" {op}-start(") for op in COLLECTIVES},
+    }

@@ -52,6 +52,20 @@ WORKER = textwrap.dedent(
             row["json_same"] = j.texts == ref_json.texts
             row["beam_same"] = np.asarray(b.token_ids).tolist() == np.asarray(ref_beam.token_ids).tolist()
         out[str(shape)] = row
+    from functional_gen.sharding import plan
+    from functional_gen.testing import tiny_config
+
+    config = tiny_config(vocab_size=128)
+    planned = plan(config, (2, 4), 8, 64, "float32")
+    tiny = fg.shard(fg.LlamaForCausalLM(config, key=jax.random.key(0)), fg.make_mesh(2, 4))
+    device = jax.devices()[0]
+    measured = sum(
+        s.data.nbytes for leaf in jax.tree.leaves(tiny) for s in leaf.addressable_shards
+        if s.device == device
+    )
+    out["plan"] = {"planned": planned["weights_bytes"], "measured": measured,
+                   "arguments": planned["argument_bytes"], "cache": planned["cache_bytes"],
+                   "collectives": sum(planned["collectives"].values())}
     try:
         fg.shard(model, fg.make_mesh(1, 8), rules={"model.norm.weight": P("model")})
         out["bad_rule"] = "no error"
@@ -83,3 +97,9 @@ def test_generation_on_meshes_of_8_devices():
         assert row["norm_replicated"]
     assert out["(2, 4)"]["json_same"] and out["(2, 4)"]["beam_same"]
     assert "cannot be split" in out["bad_rule"] or "not divisible" in out["bad_rule"]
+    # the plan's per-device weight bytes are what fg.shard really puts on a device, and XLA's
+    # argument size is weights + cache + the token ids/positions
+    plan = out["plan"]
+    assert plan["planned"] == plan["measured"]
+    assert plan["planned"] + plan["cache"] <= plan["arguments"] <= plan["planned"] + plan["cache"] + 4096
+    assert plan["collectives"] > 0
