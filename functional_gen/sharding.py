@@ -103,9 +103,33 @@ def shard(model, mesh: Mesh, rules: Mapping[str, P] | None = None):
             return leaf
         name = _name(path)
         spec = partition_spec(name, tuple(leaf.shape), mesh, rules)
-        return jax.device_put(leaf, NamedSharding(mesh, spec))
+        return _put(leaf, NamedSharding(mesh, spec))
 
     return jax.tree_util.tree_map_with_path(place, model)
+
+
+def _put(leaf, sharding):
+    """`device_put` through host memory, so that it also works across processes (every process
+    holds the same host value and places its own shards). PRNG key arrays go as key data."""
+    if isinstance(leaf, jax.Array) and jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key):
+        impl = jax.random.key_impl(leaf)
+        data = _put(jax.random.key_data(leaf), sharding)
+        return jax.random.wrap_key_data(data, impl=impl)
+    if isinstance(leaf, jax.Array) and not leaf.is_fully_addressable:
+        return jax.device_put(leaf, sharding)
+    return jax.device_put(np.asarray(leaf), sharding)
+
+
+def to_host(tree):
+    """`jax.device_get` that also gathers arrays spread over several processes (multi-host)."""
+    from jax.experimental import multihost_utils
+
+    def get(x):
+        if isinstance(x, jax.Array) and not x.is_fully_addressable:
+            return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+        return jax.device_get(x)
+
+    return jax.tree.map(get, tree)
 
 
 def mesh_of(tree) -> Mesh | None:
@@ -129,7 +153,7 @@ def place_rows(tree, mesh: Mesh):
             spec = P("data")
         else:
             spec = P()
-        return jax.device_put(leaf, NamedSharding(mesh, spec))
+        return _put(leaf, NamedSharding(mesh, spec))
 
     return jax.tree.map(place, tree)
 
@@ -137,9 +161,7 @@ def place_rows(tree, mesh: Mesh):
 def replicate(tree, mesh: Mesh):
     """Put every array of `tree` on every device of `mesh` (processors, constraint tables)."""
     return jax.tree.map(
-        lambda x: jax.device_put(x, NamedSharding(mesh, P()))
-        if isinstance(x, (jax.Array, np.ndarray))
-        else x,
+        lambda x: _put(x, NamedSharding(mesh, P())) if isinstance(x, (jax.Array, np.ndarray)) else x,
         tree,
     )
 

@@ -29,6 +29,7 @@ from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray
 
 from ..models.base import AbstractCausalLM
 from ..processors.base import Context, as_processors, init_states, vmap_rows
+from ..sharding import to_host
 from ..tokenization import Prompt, decode, encode_prompt, normalize_prompts
 from .beam_search import BeamSearch, BeamState
 from .samplers import AbstractSampler
@@ -384,7 +385,7 @@ def _prepare(
             "returns at most num_beams hypotheses per prompt"
         )
     fresh = a.cache is None
-    ids, length, cached = (np.asarray(x) for x in jax.device_get((a.token_ids, a.length, a.cached)))
+    ids, length, cached = (np.asarray(x) for x in to_host((a.token_ids, a.length, a.cached)))
     pending = length - cached
     most = int(pending.max())
     width = 0 if most == 0 else (bucket_length(most) if bucket_prompt else most)
@@ -421,7 +422,7 @@ def _prepare(
         cache_len = width + steps
         write_index = 0
     else:
-        write_index = int(jax.device_get(a.cache.length[0]))
+        write_index = int(to_host(a.cache.length)[0])
         needed = write_index + width + steps
         if needed > a.cache.max_len:
             # grow with headroom (half again), so a chat's next turns fit without a new shape
@@ -529,7 +530,7 @@ def plan_call(
             "prefix_lm=True applies to a prompt that is not cached yet; the new tokens of a "
             "continued SequenceState are causal"
         )
-    longest = int(np.max(jax.device_get(state.arrays.length)))
+    longest = int(np.max(to_host(state.arrays.length)))
     settings = resolve_settings(
         model,
         tokenizer if tokenizer is not None else state.tokenizer,
@@ -617,7 +618,7 @@ def build_result(
         return _beam_result(model, tokenizer, settings, prepared, final, prompt_lp)
     rows = prepared.rows
     n = settings.max_new_tokens
-    host_ids, num, reasons, logprobs, top_ids, top_lps = jax.device_get(
+    host_ids, num, reasons, logprobs, top_ids, top_lps = to_host(
         _outputs(final, settings.pad_token_id)
     )
     host_ids, num, reasons = host_ids[:rows, :n], num[:rows], reasons[:rows]
@@ -661,7 +662,7 @@ def _beam_result(model, tokenizer, settings, prepared, final, prompt_lp) -> Gene
     nb, n = prepared.plan.num_beams, settings.max_new_tokens
     nrs = settings.num_return_sequences
     beam = final.beam
-    host = jax.device_get(
+    host = to_host(
         (beam.tokens, beam.lengths, beam.scores, beam.beam_indices, beam.token_logprobs,
          final.token_ids, final.start_length)
     )
@@ -720,7 +721,7 @@ def _beam_result(model, tokenizer, settings, prepared, final, prompt_lp) -> Gene
 
 def _prompt_logprobs(prompt_lp, prepared: _Prepared, rows: int) -> list[list[float | None]]:
     """Per row, the logprob of each token fed in this call (`None` for a prompt's first token)."""
-    host = np.asarray(jax.device_get(prompt_lp))
+    host = np.asarray(to_host(prompt_lp))
     out = []
     for row in range(rows):
         p = prepared.prefill_tokens[row]

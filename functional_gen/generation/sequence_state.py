@@ -29,6 +29,7 @@ from jaxtyping import Array, Float, Int, PRNGKeyArray, PyTree
 
 from ..models.kv_cache import KVCache
 from ..processors.base import split_rows
+from ..sharding import to_host
 from ..tokenization import decode, is_chat
 
 FORMAT_NAME = "functional_gen.SequenceState"
@@ -228,7 +229,7 @@ class SequenceState:
 
     def row_token_ids(self) -> list[list[int]]:
         """Every row's valid token ids, as Python lists (one device-to-host transfer)."""
-        ids, lengths = jax.device_get((self.arrays.token_ids, self.arrays.length))
+        ids, lengths = to_host((self.arrays.token_ids, self.arrays.length))
         return [row[: int(n)].tolist() for row, n in zip(ids, lengths)]
 
     def texts(self, tokenizer: Any = None) -> list[str]:
@@ -243,8 +244,8 @@ class SequenceState:
         return iter(self.texts())
 
     def __repr__(self) -> str:
-        lengths = np.asarray(jax.device_get(self.arrays.length)).tolist()
-        cached = np.asarray(jax.device_get(self.arrays.cached)).tolist()
+        lengths = np.asarray(to_host(self.arrays.length)).tolist()
+        cached = np.asarray(to_host(self.arrays.cached)).tolist()
         return f"SequenceState(batch={self.batch_size}, lengths={lengths}, cached={cached})"
 
     def _tokenizer(self, tokenizer=None):
@@ -383,7 +384,7 @@ class SequenceState:
                 raise BatchMismatchError(
                     f"cannot add a SequenceState of {other.batch_size} rows to one of {n} rows"
                 )
-            ids, lengths, lps = jax.device_get(
+            ids, lengths, lps = to_host(
                 (other.arrays.token_ids, other.arrays.length, other.arrays.token_logprobs)
             )
             rows = [r[: int(k)].tolist() for r, k in zip(ids, lengths)]
@@ -422,7 +423,7 @@ class SequenceState:
         a = self.arrays
         vocab = a.logits.shape[-1]
         _check_ids(rows, vocab)
-        ids, lps, lengths = jax.device_get((a.token_ids, a.token_logprobs, a.length))
+        ids, lps, lengths = to_host((a.token_ids, a.token_logprobs, a.length))
         new_lengths = [int(k) + len(r) for k, r in zip(lengths, rows)]
         cap = max(ids.shape[1], bucket_length(max(new_lengths)))
         new_ids = np.zeros((len(rows), cap), np.int32)
@@ -503,7 +504,7 @@ class SequenceState:
             for i, (k, v) in enumerate(zip(a.cache.k, a.cache.v)):
                 tensors[f"cache.k.{i}"] = k.astype(jnp.float32)
                 tensors[f"cache.v.{i}"] = v.astype(jnp.float32)
-        host = {name: np.ascontiguousarray(jax.device_get(x)) for name, x in tensors.items()}
+        host = {name: np.ascontiguousarray(to_host(x)) for name, x in tensors.items()}
         save_file(host, os.fspath(path), metadata={"functional_gen": json.dumps(header)})
 
     @classmethod

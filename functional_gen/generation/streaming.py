@@ -16,6 +16,7 @@ import numpy as np
 from jaxtyping import PRNGKeyArray
 
 from ..models.base import AbstractCausalLM
+from ..sharding import to_host
 from ..tokenization import IncrementalDecoder, Prompt, is_chat
 from .loop import GenerationResult, build_result, finish_generation, plan_call, start_generation
 from .samplers import AbstractSampler
@@ -163,7 +164,7 @@ def _beam_pieces(model, tokenizer, settings, prepared, out: Stream, state, promp
     finished = np.zeros(prompts, bool)
     while not finished.all():
         state = _step_jit(prepared.step, state)
-        settled, tokens, done = jax.device_get(_beam_prefix(state, nb))  # one transfer per step
+        settled, tokens, done = to_host(_beam_prefix(state, nb))  # one transfer per step
         for b in np.flatnonzero(~finished):
             piece = ""
             for t in tokens[b, emitted_tokens[b] : int(settled[b])].tolist():
@@ -208,7 +209,7 @@ def _pieces(model, tokenizer, settings, prepared, out: Stream):
     finished = np.zeros(rows, bool)
     while not finished.all():
         state = _step_jit(prepared.step, state)
-        last, done, reason = jax.device_get(_last_tokens(state))  # one transfer per step
+        last, done, reason = to_host(_last_tokens(state))  # one transfer per step
         for row in np.flatnonzero(~finished):
             is_done = bool(done[row])
             why = FINISH_REASONS[int(reason[row])]
