@@ -72,14 +72,15 @@ class Settings:
         return self.step.pad_token_id
 
 
-def check_max_new_tokens(max_new_tokens: Any) -> None:
-    """**Raises:** `ValueError` unless `max_new_tokens` is a positive integer."""
+def check_max_new_tokens(max_new_tokens: Any, name: str = "max_new_tokens") -> None:
+    """**Raises:** `ValueError` unless `max_new_tokens` (or the argument `name`) is a positive
+    integer."""
     if (
         isinstance(max_new_tokens, bool)
         or not isinstance(max_new_tokens, (int, np.integer))
         or max_new_tokens < 1
     ):
-        raise ValueError(f"`max_new_tokens` must be a positive integer, got {max_new_tokens!r}")
+        raise ValueError(f"`{name}` must be a positive integer, got {max_new_tokens!r}")
 
 
 def check_key(sampler: AbstractSampler | None, key, *, sampler_given: bool) -> None:
@@ -178,7 +179,7 @@ def resolve_settings(
     if max_new_tokens is not None:
         check_max_new_tokens(max_new_tokens)
     if num_return_sequences is not None:
-        check_max_new_tokens(num_return_sequences)  # same rule: a positive integer
+        check_max_new_tokens(num_return_sequences, "num_return_sequences")
     own_decoding = processors is not None or sampler is not None
     carry = previous is not None and not own_decoding and generation_config is None
     if carry:
