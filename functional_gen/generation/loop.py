@@ -344,6 +344,15 @@ def _rows_of_step(step: Step, prompts: int, fork: int, padded: int, finals: int)
     return eqx.tree_at(lambda s: s.processors, step, tuple(new))
 
 
+def _grow_capacity(current: int, needed: int) -> int:
+    """A continued state's capacity (cache slots, token columns): kept while it suffices, else the
+    next power of two of twice what is needed, so the turns of a chat share few compiled shapes
+    (a cache of 2**k slots serves until the text doubles)."""
+    if needed <= current:
+        return current
+    return 1 << (2 * needed - 1).bit_length()
+
+
 @dataclasses.dataclass
 class _Prepared:
     step: Step  # the settings' step, per-row processor values laid out like the loop's rows
@@ -388,7 +397,9 @@ def _prepare(
     ids, length, cached = (np.asarray(x) for x in to_host((a.token_ids, a.length, a.cached)))
     pending = length - cached
     most = int(pending.max())
-    width = 0 if most == 0 else (bucket_length(most) if bucket_prompt else most)
+    # a continuation's new tokens (a chat turn, an appended text) share buckets from 32 up
+    minimum = _MIN_BUCKET if fresh else 2 * _MIN_BUCKET
+    width = 0 if most == 0 else (bucket_length(most, minimum) if bucket_prompt else most)
     new_ids = np.full((rows, width), settings.pad_token_id, np.int32)
     new_pos = np.full((rows, width), -1, np.int32)
     for i in range(rows):
@@ -417,18 +428,19 @@ def _prepare(
     else:
         keys = a.key
     longest = int(length.max())
-    token_len = max(int(ids.shape[1]), bucket_length(longest + steps) if bucket else longest + steps)
+    if not bucket:
+        token_len = max(int(ids.shape[1]), longest + steps)
+    elif fresh:
+        token_len = max(int(ids.shape[1]), bucket_length(longest + steps))
+    else:
+        token_len = _grow_capacity(int(ids.shape[1]), longest + steps)
     if fresh:
         cache_len = width + steps
         write_index = 0
     else:
         write_index = int(to_host(a.cache.length)[0])
         needed = write_index + width + steps
-        if needed > a.cache.max_len:
-            # grow with headroom (half again), so a chat's next turns fit without a new shape
-            cache_len = bucket_length(needed + needed // 2) if bucket else needed
-        else:
-            cache_len = a.cache.max_len
+        cache_len = _grow_capacity(a.cache.max_len, needed) if bucket else max(a.cache.max_len, needed)
     plan = _Plan(
         cache_len=cache_len,
         token_len=token_len,
