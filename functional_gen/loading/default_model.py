@@ -87,9 +87,12 @@ def convert_gguf_to_checkpoint(gguf_path: Path, target: Path) -> None:
     """
     from safetensors.numpy import save_file
 
-    from .gguf_file import gguf_tokenizer, read_gguf
+    from .gguf_file import gguf_tokenizer, open_gguf, read_gguf
 
-    config, weights, generation_config = read_gguf(gguf_path, with_generation_config=True)
+    reader = open_gguf(gguf_path)
+    config, weights, generation_config = read_gguf(
+        gguf_path, with_generation_config=True, reader=reader
+    )
     if "rope_freqs" in weights:
         raise ValueError(f"{gguf_path}: RoPE frequency factors cannot be stored in a checkpoint")
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -100,7 +103,7 @@ def convert_gguf_to_checkpoint(gguf_path: Path, target: Path) -> None:
         save_file(weights, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         (tmp / "config.json").write_text(json.dumps(config.to_hf_dict(), indent=2))
         generation_config.save_pretrained(str(tmp))
-        gguf_tokenizer(gguf_path).save_pretrained(str(tmp))
+        gguf_tokenizer(gguf_path, reader=reader).save_pretrained(str(tmp))
         if target.exists():
             shutil.rmtree(target)
         tmp.chmod(0o755)
