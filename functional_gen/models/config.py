@@ -119,11 +119,6 @@ class LlamaConfig:
                 f"got {len(self.sliding_window)}"
             )
 
-    @property
-    def num_key_value_groups(self) -> int:
-        """Query heads that share one key/value head."""
-        return self.num_attention_heads // self.num_key_value_heads
-
     @classmethod
     def from_hf(
         cls, hf_config: Any, *, extra_eos_token_ids: Sequence[int] = ()

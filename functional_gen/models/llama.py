@@ -109,11 +109,6 @@ class RotaryEmbedding(eqx.Module):
         rotated = jnp.concatenate([-x[:, half:], x[:, :half]], axis=1)
         return x * cos + rotated * sin
 
-    def __call__(
-        self, x: Float[Array, "heads head_dim tokens"], positions: Int[Array, " tokens"]
-    ) -> Float[Array, "heads head_dim tokens"]:
-        return self.rotate(x, self.cos_sin(positions))
-
 
 class Attention(eqx.Module):
     """Grouped-query self-attention over the `KVCache` of one layer.
