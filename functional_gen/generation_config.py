@@ -15,10 +15,14 @@ llama.cpp's own sampling settings, which GGUF files may carry (`general.sampling
 `mirostat_eta`) after min-p, in llama.cpp's chain order, and `penalty_last_n` (the window of
 `RepetitionPenalty`).
 
-Settings that select a decoding method this library does not have yet (beam search,
-classifier-free guidance, contrastive search, assisted decoding, watermarking, ...) raise a
-`ValueError` naming them: nothing is silently ignored. Settings that do not change the
-generated tokens (`output_scores`, `use_cache`, `return_dict_in_generate`, ...) are ignored.
+The checks are allow-lists. The decoding method comes from transformers' own
+`GenerationConfig.get_generation_mode()`, and anything but `SUPPORTED_GENERATION_MODES` (greedy
+search and multinomial sampling) is refused by name: beam search, contrastive search, assisted
+generation, DoLa, constrained beam search. Every setting the config sets to a non-default value is
+either read here (`USED_GENERATION_KEYS`), known not to change the generated tokens or read only by
+a refused mode (`IGNORED_GENERATION_KEYS`), a feature not implemented yet
+(`UNSUPPORTED_GENERATION_KEYS`: classifier-free guidance, watermarking, ...), or an error that
+names it, so a setting that a later transformers adds is never silently dropped.
 """
 
 import dataclasses
@@ -31,26 +35,126 @@ from typing import Any
 from . import processors as P
 from .samplers import AbstractSampler, Greedy, Multinomial
 
-# Non-default values of these select decoding features that are not implemented (yet).
-_UNSUPPORTED = {
-    "num_beams": 1,
-    "num_beam_groups": 1,
-    "penalty_alpha": None,
-    "guidance_scale": None,
-    "top_h": None,
-    "watermarking_config": None,
-    "assistant_model": None,
-    "prompt_lookup_num_tokens": None,
-    "dola_layers": None,
-    "constraints": None,
-    "force_words_ids": None,
-    "token_healing": False,
-    "encoder_repetition_penalty": 1.0,
-    "encoder_no_repeat_ngram_size": 0,
-    "max_time": None,
-    "use_mtp": False,
+SUPPORTED_GENERATION_MODES = ("greedy_search", "sample")
+"""`transformers.GenerationMode` values that `settings_from_generation_config` implements."""
+
+USED_GENERATION_KEYS = frozenset(
+    {
+        "do_sample",
+        "max_new_tokens",
+        "max_length",
+        "min_length",
+        "min_new_tokens",
+        "eos_token_id",
+        "pad_token_id",
+        "stop_strings",
+        "num_return_sequences",
+        "temperature",
+        "top_k",
+        "top_p",
+        "min_p",
+        "typical_p",
+        "epsilon_cutoff",
+        "eta_cutoff",
+        "repetition_penalty",
+        "no_repeat_ngram_size",
+        "bad_words_ids",
+        "sequence_bias",
+        "forced_bos_token_id",
+        "forced_eos_token_id",
+        "remove_invalid_values",
+        "exponential_decay_length_penalty",
+        "suppress_tokens",
+        "begin_suppress_tokens",
+        "renormalize_logits",
+        # llama.cpp's sampling settings (a GGUF's general.sampling.*)
+        "penalty_last_n",
+        "xtc_probability",
+        "xtc_threshold",
+        "mirostat",
+        "mirostat_tau",
+        "mirostat_eta",
+    }
+)
+"""`GenerationConfig` attributes that `settings_from_generation_config` reads."""
+
+# Settings that get_generation_mode() reads to pick a mode other than greedy/sample.
+_MODE_KEYS = frozenset(
+    {
+        "num_beams",
+        "num_beam_groups",
+        "penalty_alpha",
+        "constraints",
+        "force_words_ids",
+        "dola_layers",
+        "use_mtp",
+        "assistant_early_exit",
+        "prompt_lookup_num_tokens",
+    }
+)
+
+IGNORED_GENERATION_KEYS = frozenset(
+    {
+        # bookkeeping
+        "transformers_version",
+        "_from_model_config",
+        "bos_token_id",  # a prompt is always given
+        "decoder_start_token_id",  # encoder-decoder models only
+        # what is returned, and how the computation is organised: not which tokens come out
+        "output_scores",
+        "output_logits",
+        "output_attentions",
+        "output_hidden_states",
+        "return_dict_in_generate",
+        "use_cache",
+        "cache_implementation",
+        "cache_config",
+        "max_cache_len",
+        "compile_config",
+        "disable_compile",
+        "continuous_batching_config",
+        "prefill_chunk_size",
+        # read only by the modes get_generation_mode() reports and that are refused here (beam
+        # search, contrastive search, assisted generation, DoLa): harmless with greedy/sample
+        "num_beams",
+        "num_beam_groups",
+        "diversity_penalty",
+        "length_penalty",
+        "early_stopping",
+        "penalty_alpha",
+        "low_memory",
+        "constraints",
+        "force_words_ids",
+        "dola_layers",
+        "use_mtp",
+        "is_assistant",
+        "num_assistant_tokens",
+        "num_assistant_tokens_schedule",
+        "assistant_confidence_threshold",
+        "assistant_early_exit",
+        "assistant_lookbehind",
+        "assistant_ensemble_weight",
+        "target_lookbehind",
+        "prompt_lookup_num_tokens",
+        "max_matching_ngram_size",
+        "speculation_type",
+    }
+)
+"""`GenerationConfig` attributes that do not change the generated tokens of a greedy or sampled
+decoder-only generation (or are read only by modes refused by name)."""
+
+UNSUPPORTED_GENERATION_KEYS = {
+    "guidance_scale": "classifier-free guidance",
+    "watermarking_config": "watermarking",
+    "top_h": "top-H sampling",
+    "token_healing": "token healing",
+    "max_time": "a time limit",
+    "encoder_repetition_penalty": "an encoder repetition penalty (encoder-decoder models)",
+    "encoder_no_repeat_ngram_size": "encoder n-gram blocking (encoder-decoder models)",
 }
-_UNSUPPORTED_LLAMA_CPP = {"mirostat": (0, 2)}
+"""Settings of features not implemented (yet), refused when set to a non-default value."""
+
+_SUPPORTED_MIROSTAT = (0, 2)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,6 +203,46 @@ def load_generation_config(generation_config: Any):
     )
 
 
+def check_generation_config(gc) -> None:
+    """Refuse a `transformers.GenerationConfig` that asks for anything not implemented.
+
+    The decoding method is `gc.get_generation_mode()`; every non-default setting
+    (`gc.to_diff_dict()`) must be known (see the module docstring).
+
+    **Raises:** `ValueError` naming the generation mode and the settings that select it, the
+    unsupported features, and any unknown setting.
+    """
+    mode = gc.get_generation_mode()
+    explicit = gc.to_diff_dict()
+    problems = []
+    if mode.value not in SUPPORTED_GENERATION_MODES:
+        chosen = ", ".join(
+            f"{k}={v!r}" for k, v in sorted(explicit.items()) if k in _MODE_KEYS or k == "do_sample"
+        )
+        problems.append(
+            f"the generation mode {mode.value!r} ({chosen}) is not implemented; implemented: "
+            f"{', '.join(SUPPORTED_GENERATION_MODES)}"
+        )
+    for name, feature in UNSUPPORTED_GENERATION_KEYS.items():
+        value = explicit.get(name)
+        if value is not None and value is not False:
+            problems.append(f"{name}={value!r} ({feature}) is not implemented")
+    mirostat = getattr(gc, "mirostat", 0) or 0
+    if mirostat not in _SUPPORTED_MIROSTAT:
+        problems.append(f"mirostat={mirostat!r} is not implemented (only Mirostat v2 is)")
+    known = USED_GENERATION_KEYS | IGNORED_GENERATION_KEYS | UNSUPPORTED_GENERATION_KEYS.keys()
+    unknown = sorted(k for k in explicit if k not in known)
+    if unknown:
+        problems.append(
+            "unknown setting(s) "
+            + ", ".join(f"{k}={explicit[k]!r}" for k in unknown)
+            + " (not a transformers GenerationConfig or llama.cpp sampling setting that "
+            "functional_gen knows)"
+        )
+    if problems:
+        raise ValueError("the generation config asks for what functional_gen does not do: " + "; ".join(problems))
+
+
 def settings_from_generation_config(
     generation_config: Any, *, eos_token_id: tuple[int, ...], vocab_size: int
 ) -> GenerationSettings:
@@ -113,23 +257,13 @@ def settings_from_generation_config(
 
     **Returns:** a `GenerationSettings`.
 
-    **Raises:** `ValueError` naming settings that select unsupported decoding methods, and any
-    error of the processors for out-of-range values.
+    **Raises:** `ValueError` naming a generation mode other than greedy search or sampling,
+    unsupported or unknown settings (see `check_generation_config`), and any error of the
+    processors for out-of-range values.
     """
     gc = load_generation_config(generation_config)
-    unsupported = []
-    for name, default in _UNSUPPORTED.items():
-        value = getattr(gc, name, default)
-        if value is not None and value != default and value is not False:
-            unsupported.append(f"{name}={value!r}")
+    check_generation_config(gc)
     mirostat = getattr(gc, "mirostat", 0) or 0
-    if mirostat not in _UNSUPPORTED_LLAMA_CPP["mirostat"]:
-        unsupported.append(f"mirostat={mirostat!r} (only Mirostat v2 is implemented)")
-    if unsupported:
-        raise ValueError(
-            "the generation config asks for decoding features functional_gen does not implement: "
-            + ", ".join(unsupported)
-        )
 
     config_eos = gc.eos_token_id
     if config_eos is not None:
