@@ -13,7 +13,11 @@ decoder-only model, so a checkpoint's `generation_config.json` means the same th
 llama.cpp's own sampling settings, which GGUF files may carry (`general.sampling.*`), add
 `XTC` (`xtc_threshold`, `xtc_probability`) and `MirostatV2` (`mirostat=2`, `mirostat_tau`,
 `mirostat_eta`) after min-p, in llama.cpp's chain order, and `penalty_last_n` (the window of
-`RepetitionPenalty`).
+`RepetitionPenalty`). The settings that only vLLM / OpenAI / llama.cpp have, which the command
+line passes through the same table, add `PresencePenalty` and `FrequencyPenalty`
+(`presence_penalty`, `frequency_penalty`) after the repetition penalty, `DRY` (`dry_multiplier`,
+`dry_base`, `dry_allowed_length`, `dry_penalty_last_n`, `dry_sequence_breakers`) after the n-gram
+rule, and `TopNSigma` (`top_n_sigma`) after the eta cutoff.
 
 The checks are allow-lists. The decoding method comes from transformers' own
 `GenerationConfig.get_generation_mode()`, and anything but `SUPPORTED_GENERATION_MODES` (greedy
@@ -67,8 +71,16 @@ USED_GENERATION_KEYS = frozenset(
         "suppress_tokens",
         "begin_suppress_tokens",
         "renormalize_logits",
-        # llama.cpp's sampling settings (a GGUF's general.sampling.*)
+        # llama.cpp's sampling settings (a GGUF's general.sampling.*, the command line)
         "penalty_last_n",
+        "presence_penalty",
+        "frequency_penalty",
+        "dry_multiplier",
+        "dry_base",
+        "dry_allowed_length",
+        "dry_penalty_last_n",
+        "dry_sequence_breakers",
+        "top_n_sigma",
         "xtc_probability",
         "xtc_threshold",
         "mirostat",
@@ -155,6 +167,16 @@ UNSUPPORTED_GENERATION_KEYS = {
 """Settings of features not implemented (yet), refused when set to a non-default value."""
 
 _SUPPORTED_MIROSTAT = (0, 2)
+
+DRY_DEFAULTS = {"dry_base": 1.75, "dry_allowed_length": 2, "dry_penalty_last_n": -1}
+"""llama.cpp's defaults of the DRY settings other than `dry_multiplier`."""
+
+DRY_SEQUENCE_BREAKERS = ("\n", ":", '"', "*")
+"""llama.cpp's default DRY sequence breakers (text; tokenized with the model's tokenizer)."""
+
+XTC_DEFAULT_THRESHOLD = 0.1
+MIROSTAT_DEFAULTS = {"mirostat_tau": 5.0, "mirostat_eta": 0.1}
+"""llama.cpp's defaults of XTC's threshold and of Mirostat's target surprise and learning rate."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -243,8 +265,35 @@ def check_generation_config(gc) -> None:
         raise ValueError("the generation config asks for what functional_gen does not do: " + "; ".join(problems))
 
 
+def _with_defaults(gc, defaults: dict) -> dict:
+    """The config's values of these settings, the defaults where it has none."""
+    values = {k: getattr(gc, k, None) for k in defaults}
+    return {k: defaults[k] if v is None else v for k, v in values.items()}
+
+
+def _dry_breakers(value, tokenizer) -> tuple:
+    """DRY's sequence breakers as token-id sequences: text is tokenized (llama.cpp takes text)."""
+    if value is None:
+        value = DRY_SEQUENCE_BREAKERS if tokenizer is not None else ()
+    breakers = []
+    for b in value:
+        if isinstance(b, str):
+            if tokenizer is None:
+                raise ValueError(
+                    f"dry_sequence_breakers {b!r} is text; pass a tokenizer, or token-id sequences"
+                )
+            breakers.append(tokenizer.encode(b, add_special_tokens=False))
+        else:
+            breakers.append(b)
+    return tuple(tuple(int(i) for i in ([b] if isinstance(b, int) else b)) for b in breakers if b)
+
+
 def settings_from_generation_config(
-    generation_config: Any, *, eos_token_id: tuple[int, ...], vocab_size: int
+    generation_config: Any,
+    *,
+    eos_token_id: tuple[int, ...],
+    vocab_size: int,
+    tokenizer: Any = None,
 ) -> GenerationSettings:
     """Translate a generation config into processors, a sampler and length settings.
 
@@ -254,6 +303,8 @@ def settings_from_generation_config(
     - `eos_token_id`: the model's EOS ids, used where the config has none (`MinLength`,
       `MinNewTokens`, `BadWords`, ...).
     - `vocab_size`: the model's vocabulary size (for `MirostatV2`).
+    - `tokenizer`: tokenizes `dry_sequence_breakers` given as text (llama.cpp's form); with a
+      tokenizer, DRY without breakers gets llama.cpp's defaults (`DRY_SEQUENCE_BREAKERS`).
 
     **Returns:** a `GenerationSettings`.
 
@@ -277,8 +328,24 @@ def settings_from_generation_config(
         penalty_last_n = getattr(gc, "penalty_last_n", None)
         penalty_last_n = -1 if penalty_last_n is None else int(penalty_last_n)
         procs.append(P.RepetitionPenalty(gc.repetition_penalty, penalty_last_n))
+    if getattr(gc, "presence_penalty", None):
+        procs.append(P.PresencePenalty(gc.presence_penalty))
+    if getattr(gc, "frequency_penalty", None):
+        procs.append(P.FrequencyPenalty(gc.frequency_penalty))
     if gc.no_repeat_ngram_size is not None and gc.no_repeat_ngram_size > 0:
         procs.append(P.NoRepeatNGram(gc.no_repeat_ngram_size))
+    if getattr(gc, "dry_multiplier", None):
+        dry = _with_defaults(gc, DRY_DEFAULTS)
+        breakers = _dry_breakers(getattr(gc, "dry_sequence_breakers", None), tokenizer)
+        procs.append(
+            P.DRY(
+                gc.dry_multiplier,
+                dry["dry_base"],
+                dry["dry_allowed_length"],
+                breakers,
+                dry["dry_penalty_last_n"],
+            )
+        )
     if gc.bad_words_ids is not None:
         procs.append(P.BadWords(gc.bad_words_ids, eos))
     if gc.min_length is not None and gc.min_length > 0 and eos:
@@ -305,26 +372,30 @@ def settings_from_generation_config(
             procs.append(P.Temperature(gc.temperature))
         if gc.top_k is not None and gc.top_k != 0:
             procs.append(P.TopK(gc.top_k))
-        if gc.top_p is not None and gc.top_p < 1.0:
+        # values that switch a filter off are skipped; anything else, out of range included,
+        # builds the processor (which raises naming an out-of-range value)
+        if gc.top_p is not None and gc.top_p != 1.0:
             procs.append(P.TopP(gc.top_p))
         if gc.min_p is not None:
             procs.append(P.MinP(gc.min_p))
-        if gc.typical_p is not None and gc.typical_p < 1.0:
+        if gc.typical_p is not None and gc.typical_p != 1.0:
             procs.append(P.TypicalP(gc.typical_p))
-        if gc.epsilon_cutoff is not None and 0.0 < gc.epsilon_cutoff < 1.0:
+        if gc.epsilon_cutoff:
             procs.append(P.EpsilonCutoff(gc.epsilon_cutoff))
-        if gc.eta_cutoff is not None and 0.0 < gc.eta_cutoff < 1.0:
+        if gc.eta_cutoff:
             procs.append(P.EtaCutoff(gc.eta_cutoff))
+        if getattr(gc, "top_n_sigma", None) is not None:
+            procs.append(P.TopNSigma(gc.top_n_sigma))
         xtc_probability = getattr(gc, "xtc_probability", None)
         if xtc_probability:
-            procs.append(P.XTC(getattr(gc, "xtc_threshold", 0.1), xtc_probability))
-        if mirostat == 2:
+            threshold = getattr(gc, "xtc_threshold", None)
             procs.append(
-                P.MirostatV2(
-                    getattr(gc, "mirostat_tau", 5.0),
-                    getattr(gc, "mirostat_eta", 0.1),
-                    vocab_size=vocab_size,
-                )
+                P.XTC(XTC_DEFAULT_THRESHOLD if threshold is None else threshold, xtc_probability)
+            )
+        if mirostat == 2:
+            miro = _with_defaults(gc, MIROSTAT_DEFAULTS)
+            procs.append(
+                P.MirostatV2(miro["mirostat_tau"], miro["mirostat_eta"], vocab_size=vocab_size)
             )
     if gc.renormalize_logits:
         procs.append(P.LogSoftmax())

@@ -176,9 +176,12 @@ def read_gguf_weights(reader, config: LlamaConfig) -> dict[str, np.ndarray]:
     """
     from gguf.quants import dequantize
 
+    from ..progress import progress_bar
+
     permute = config.model_type in ("llama", "mistral")
     weights: dict[str, np.ndarray] = {}
-    for t in reader.tensors:
+    tensors = progress_bar(reader.tensors, desc="Dequantizing GGUF tensors", unit="tensor")
+    for t in tensors:
         try:
             data = dequantize(t.data, t.tensor_type)
         except NotImplementedError as e:
