@@ -15,6 +15,7 @@ result = fg.generate(model, tokenizer, ["Once upon a time"], max_new_tokens=32,
 """
 
 from . import models as models, processors as processors, samplers as samplers
+from .cache import enable_compilation_cache as enable_compilation_cache
 from .generation import (
     GenerationResult as GenerationResult,
     bucket_length as bucket_length,

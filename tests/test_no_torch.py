@@ -61,7 +61,7 @@ def test_convert_load_and_generate_without_torch(tmp_path, default_model):
         "FUNCTIONAL_GEN_CACHE": str(tmp_path / "cache"),  # empty: the default model is converted
     }
     proc = subprocess.run(
-        [sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=600
+        [sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=600, check=False
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
