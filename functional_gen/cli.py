@@ -16,6 +16,7 @@ that every subcommand can share; `functional-gen generate --help` lists every op
 
 import argparse
 import json
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -514,8 +515,10 @@ def _generate(args: argparse.Namespace) -> int:
     from .generation_config import settings_from_generation_config
 
     prompts = read_prompts(args)
-    # check the values before loading anything
-    settings_from_generation_config(generation_options(args), eos_token_id=(0,), vocab_size=1)
+    # check the values before loading anything (DRY's text breakers need the tokenizer: later)
+    options = generation_options(args)
+    options.pop("dry_sequence_breakers", None)
+    settings_from_generation_config(options, eos_token_id=(0,), vocab_size=1)
     if args.generation_config is not None:
         from .generation_config import load_generation_config
 
@@ -586,10 +589,9 @@ def _print_timings(compiled, prompts, inputs, tokenizer, result, start, loaded, 
     from .tokenization import encode_prompt
 
     prompt_tokens = sum(len(encode_prompt(tokenizer, p)) for p in inputs)
-    generated = sum(result.num_tokens) if result is not None else 0
+    generated = sum(result.num_tokens) if result is not None else None  # None: streamed
     compile_s = compiled.seconds
     run_s = max(done - loaded - compile_s, 1e-9)
-    total_tokens = prompt_tokens + generated
 
     def line(name, text):
         print(f"functional-gen: {name:>16} = {text}", file=sys.stderr)
@@ -597,6 +599,11 @@ def _print_timings(compiled, prompts, inputs, tokenizer, result, start, loaded, 
     line("load time", f"{(loaded - start) * 1e3:10.2f} ms")
     line("compile time", f"{compile_s * 1e3:10.2f} ms ({compiled.summary()})")
     line("prompt tokens", f"{prompt_tokens:10d}    ({len(prompts)} prompt(s), one batch)")
+    if generated is None:
+        line("eval time", f"{run_s * 1e3:10.2f} ms (streamed; prefill included)")
+        line("total time", f"{(done - start) * 1e3:10.2f} ms")
+        return
+    total_tokens = prompt_tokens + generated
     line(
         "eval time",
         f"{run_s * 1e3:10.2f} ms / {generated:5d} tokens ({run_s * 1e3 / max(generated, 1):8.2f} "
@@ -611,6 +618,8 @@ def _print_timings(compiled, prompts, inputs, tokenizer, result, start, loaded, 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of `functional-gen`. **Returns:** the exit status (2 for bad arguments)."""
+    # transformers advises installing PyTorch when it is absent: functional_gen never needs it
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
