@@ -7,7 +7,7 @@ PYTHON="${PYTHON:-python3}"
 # torch is only the tests' reference implementation: its CPU build, from PyTorch's CPU index (the
 # torch wheels on PyPI for Linux are CUDA builds that pull gigabytes of nvidia-* packages). Where
 # that index cannot be reached, pip falls back to its other sources (find-links, PyPI) after a few
-# retries.
+# retries. --no-deps: only torch comes from that index; its dependencies come with the package's.
 TORCH_VERSION=2.13.0
 TORCH_CPU_INDEX="${TORCH_CPU_INDEX:-https://download.pytorch.org/whl/cpu}"
 if [ ! -x .venv/bin/python ]; then
@@ -16,7 +16,7 @@ fi
 PIP=".venv/bin/python -m pip"
 $PIP install --quiet --upgrade pip
 if ! .venv/bin/python -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '$TORCH_VERSION')" 2>/dev/null; then
-    $PIP install --quiet --extra-index-url "$TORCH_CPU_INDEX" "torch==$TORCH_VERSION"
+    $PIP install --quiet --no-deps --extra-index-url "$TORCH_CPU_INDEX" "torch==$TORCH_VERSION"
 fi
 # JAX's CUDA wheels (the cuda extra) only where there is an NVIDIA GPU.
 EXTRAS=test
