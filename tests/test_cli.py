@@ -18,20 +18,86 @@ def test_help_explains_every_option(capsys):
         "--xtc-threshold", "--xtc-probability", "--mirostat-tau", "--mirostat-eta",
         "--presence-penalty", "--frequency-penalty", "--no-repeat-ngram-size", "--dry-multiplier",
         "--dry-base", "--dry-allowed-length", "--min-new-tokens",
+        # llama.cpp's and vLLM's names
+        "-m", "-n", "--n-predict", "--max-tokens", "--temp", "--repeat-penalty", "--repeat-last-n",
+        "--top-nsigma", "--typical", "--mirostat-lr", "--mirostat-ent", "-s", "-p", "-f", "-r",
+        "--reverse-prompt", "-j", "--output", "--verbose", "--quiet",
     ]:
-        assert option in out
+        assert f" {option}" in out, option
     assert "SmolLM2-135M-Instruct" in out
+
+
+ALIASES = [
+    ("--model", "-m"), ("--max-new-tokens", "-n"), ("--max-new-tokens", "--n-predict"),
+    ("--max-new-tokens", "--max-tokens"), ("--temperature", "--temp"),
+    ("--repetition-penalty", "--repeat-penalty"), ("--penalty-last-n", "--repeat-last-n"),
+    ("--top-n-sigma", "--top-nsigma"), ("--typical-p", "--typical"),
+    ("--mirostat-eta", "--mirostat-lr"), ("--mirostat-tau", "--mirostat-ent"), ("--seed", "-s"),
+    ("--stop", "-r"), ("--json-schema", "-j"),
+]
+
+
+@pytest.mark.parametrize("ours, theirs", ALIASES, ids=[a for _, a in ALIASES])
+def test_llama_cpp_and_vllm_names_are_aliases(ours, theirs):
+    value = "3"
+    parse = cli.build_parser().parse_args
+    assert vars(parse(["generate", "x", theirs, value])) == vars(parse(["generate", "x", ours, value]))
+    assert vars(parse(["generate", "x", theirs, value])) != vars(parse(["generate", "x"]))
+
+
+def test_prompt_sources(tmp_path, monkeypatch, capsys):
+    parse = cli.build_parser().parse_args
+    assert cli.read_prompts(parse(["generate", "-p", "hi there"])) == ["hi there"]
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("first prompt\n\n  \nsecond, with: punctuation\nthird 🙂\n", encoding="utf-8")
+    expected = ["first prompt", "second, with: punctuation", "third 🙂"]
+    assert cli.read_prompts(parse(["generate", "-f", str(prompts)])) == expected
+    import io
+
+    monkeypatch.setattr("sys.stdin", io.StringIO(prompts.read_text(encoding="utf-8")))
+    assert cli.read_prompts(parse(["generate", "--file", "-"])) == expected
+    for argv, message in [
+        (["-f", str(tmp_path / "missing.txt")], "no such prompt file"),
+        ([], "give exactly one prompt source"),
+    ]:
+        with pytest.raises(SystemExit):
+            cli.main(["generate", *argv])
+        assert message in capsys.readouterr().err
+    (tmp_path / "blank.txt").write_text("\n \n")
+    with pytest.raises(ValueError, match="no prompts in"):
+        cli.read_prompts(parse(["generate", "-f", str(tmp_path / "blank.txt")]))
+
+
+def test_options_become_one_generation_config_dictionary():
+    parse = cli.build_parser().parse_args
+    assert cli.generation_options(parse(["generate", "x"])) == {}
+    assert cli.generation_options(parse(["generate", "x", "--temp", "0.7", "-n", "5", "-r", "."])) == {
+        "temperature": 0.7, "do_sample": True, "max_new_tokens": 5, "stop_strings": ["."]
+    }
+    # --temperature 0 is greedy decoding, as in llama.cpp, vLLM and OpenAI
+    assert cli.generation_options(parse(["generate", "x", "--temperature", "0"])) == {"do_sample": False}
+    assert cli.generation_options(parse(["generate", "x", "--sample"])) == {
+        **cli.SAMPLING_DEFAULTS, "do_sample": True
+    }
+    assert cli.generation_options(parse(["generate", "x", "--mirostat-lr", "0.2"])) == {
+        "mirostat_eta": 0.2, "mirostat": 2, "do_sample": True
+    }
 
 
 @pytest.mark.parametrize(
     "args, message",
     [
         (["--top-p", "1.5"], "`top_p` must be in (0.0, 1.0], got 1.5"),
-        (["--temperature", "0"], "`temperature` must be in (0.0, inf), got 0.0"),
+        (["--temperature", "-1"], "`temperature` must be in (0.0, inf), got -1.0"),
         (["--greedy", "--temperature", "0.7"], "cannot be combined"),
         (["--model", "/nonexistent/model"], "no such model file or directory"),
         (["--typical-p", "0"], "`typical_p`"),
         (["--dry-base", "2"], "need --dry-multiplier"),
+        (["--repeat-last-n", "8"], "--penalty-last-n needs --repetition-penalty"),
+        (["--mirostat", "1"], "mirostat=1 is not implemented"),
+        (["-p", "again"], "give exactly one prompt source"),
+        (["--stream", "--output", "jsonl"], "--stream prints one prompt's text"),
+        (["--verbose", "--quiet"], "not allowed with argument"),
         (["--generation-config", "/nonexistent/gc.json"], "no generation config"),
     ],
 )
@@ -68,7 +134,7 @@ def test_processors_follow_the_options_in_transformers_order():
             "--presence-penalty", "0.1", "--repetition-penalty", "1.1",
         ]
     )
-    built = cli.build_processors(every, eos_token_id=(2, 0), dry_sequence_breakers=[[198]], vocab_size=50)
+    built = cli.build_processors(every, eos_token_id=(2, 0), vocab_size=50)
     assert [type(p).__name__ for p in built] == [
         "RepetitionPenalty", "PresencePenalty", "FrequencyPenalty", "NoRepeatNGram", "DRY",
         "MinNewTokens", "Temperature", "TopK", "TopP", "MinP", "TypicalP", "EpsilonCutoff",
@@ -134,3 +200,65 @@ def test_stop_option_and_generation_config_file(default_model, tmp_path, capsys)
     assert cli.main(["generate", "Count: one, two,", "--raw", "--stop", "four", "--max-new-tokens", "20"]) == 0
     captured = capsys.readouterr()
     assert "finish reason: stop_string" in captured.err and "four" not in captured.out
+
+
+@pytest.mark.slow
+def test_aliases_give_the_same_output_as_the_long_names(default_model, capsys):
+    long = ["generate", "Once upon a time", "--raw", "--max-new-tokens", "8", "--temperature", "0.7",
+            "--seed", "3", "--repetition-penalty", "1.3", "--penalty-last-n", "16"]
+    short = ["generate", "-p", "Once upon a time", "--raw", "-n", "8", "--temp", "0.7", "-s", "3",
+             "--repeat-penalty", "1.3", "--repeat-last-n", "16"]
+    assert cli.main(long) == 0
+    expected = capsys.readouterr().out
+    assert cli.main(short) == 0
+    assert capsys.readouterr().out == expected and expected.strip()
+
+
+PROMPTS = ["The capital of France is", "Two plus two equals", "My favourite colour is"]
+
+
+@pytest.mark.slow
+def test_a_file_of_prompts_is_one_batch_equal_to_separate_runs_and_jsonl_matches_the_api(
+    default_model, tmp_path, capsys
+):
+    import json
+
+    import numpy as np
+
+    import functional_gen as fg
+
+    path = tmp_path / "prompts.txt"
+    path.write_text("\n".join(PROMPTS) + "\n")
+    assert cli.main(["generate", "-f", str(path), "--raw", "-n", "8", "--output", "jsonl"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [r["prompt"] for r in rows] == PROMPTS and [r["index"] for r in rows] == [0, 1, 2]
+
+    separate = []
+    for prompt in PROMPTS:
+        assert cli.main(["generate", prompt, "--raw", "-n", "8"]) == 0
+        separate.append(capsys.readouterr().out.removesuffix("\n"))
+    assert [r["text"] for r in rows] == separate
+    # --temperature 0 is greedy: the same text as the model's own (greedy) config
+    assert cli.main(["generate", PROMPTS[0], "--raw", "-n", "8", "--temperature", "0"]) == 0
+    assert capsys.readouterr().out.removesuffix("\n") == separate[0]
+
+    model, tokenizer = default_model
+    api = fg.generate(model, tokenizer, PROMPTS, max_new_tokens=8)
+    for i, row in enumerate(rows):
+        n = api.num_tokens[i]
+        assert row["text"] == api.texts[i]
+        assert row["finish_reason"] == api.finish_reasons[i]
+        assert row["token_ids"] == np.asarray(api.token_ids)[i, :n].tolist()
+        np.testing.assert_allclose(row["logprobs"], np.asarray(api.logprobs)[i, :n], rtol=1e-6)
+
+
+@pytest.mark.slow
+def test_quiet_prints_nothing_on_stderr_and_verbose_prints_timings(default_model, capsys):
+    assert cli.main(["generate", PROMPTS[1], "--raw", "-n", "8", "--quiet"]) == 0
+    captured = capsys.readouterr()
+    assert captured.err == "" and captured.out.strip()
+    assert cli.main(["generate", PROMPTS[1], "--raw", "-n", "8", "--verbose"]) == 0
+    err = capsys.readouterr().err
+    for name in ("load time", "compile time", "prompt tokens", "eval time", "total time"):
+        assert f"functional-gen: {name:>16} = " in err, name
+    assert "tokens per second" in err and "compilation cache" in err

@@ -119,15 +119,53 @@ def test_same_processors_in_the_same_order_and_the_same_logits(name):
 @pytest.mark.parametrize(
     "config, message",
     [
-        (dict(num_beams=4), "num_beams=4"),
-        (dict(guidance_scale=1.5), "guidance_scale=1.5"),
-        (dict(penalty_alpha=0.6, top_k=4), "penalty_alpha=0.6"),
+        (dict(num_beams=4), r"mode 'beam_search' \(num_beams=4\) is not implemented"),
+        (dict(num_beams=4, do_sample=True), r"mode 'beam_sample' \(do_sample=True, num_beams=4\)"),
+        (dict(num_beams=4, num_beam_groups=2, diversity_penalty=0.5), "'group_beam_search'"),
+        (dict(penalty_alpha=0.6, top_k=4), r"mode 'contrastive_search' \(penalty_alpha=0.6\)"),
+        (dict(assistant_early_exit=4), r"mode 'assisted_generation' \(assistant_early_exit=4\)"),
+        (dict(prompt_lookup_num_tokens=3), "'assisted_generation'"),
+        (dict(dola_layers="high"), "'dola_generation'"),
+        (dict(force_words_ids=[[5]]), "'constrained_beam_search'"),
+        (dict(guidance_scale=1.5), r"guidance_scale=1.5 \(classifier-free guidance\) is not implemented"),
+        (dict(watermarking_config={"greenlist_ratio": 0.25}), "watermarking_config="),
         (dict(mirostat=1), "mirostat=1"),
+        (dict(do_sample=True, some_future_setting=3), r"unknown setting\(s\) some_future_setting=3"),
     ],
 )
 def test_unsupported_decoding_methods_are_named(config, message):
-    with pytest.raises(ValueError, match=message):
+    from transformers import GenerationConfig
+
+    expected_mode = GenerationConfig(**config).get_generation_mode().value
+    with pytest.raises(ValueError, match=message) as info:
         settings_from_generation_config(config, eos_token_id=EOS, vocab_size=VOCAB)
+    if expected_mode not in ("greedy_search", "sample"):
+        assert repr(expected_mode) in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "config, sampler",
+    [
+        (dict(), "Greedy"),
+        (dict(do_sample=True, temperature=0.7), "Multinomial"),
+        # beam-only settings are harmless when the mode is greedy or sample, as in transformers
+        (dict(length_penalty=2.0, early_stopping=True, output_scores=True, use_cache=False), "Greedy"),
+    ],
+)
+def test_greedy_and_sample_modes_are_accepted(config, sampler):
+    settings = settings_from_generation_config(config, eos_token_id=EOS, vocab_size=VOCAB)
+    assert type(settings.sampler).__name__ == sampler
+
+
+def test_every_generation_config_attribute_is_classified():
+    """Each attribute transformers' GenerationConfig has is used, known-irrelevant or refused, so
+    a transformers upgrade that adds one fails here first."""
+    from transformers import GenerationConfig
+
+    from functional_gen import generation_config as G
+
+    known = G.USED_GENERATION_KEYS | G.IGNORED_GENERATION_KEYS | G.UNSUPPORTED_GENERATION_KEYS.keys()
+    assert sorted(set(GenerationConfig().to_dict()) - known) == []
 
 
 def test_llama_cpp_sampling_keys_add_xtc_and_mirostat():

@@ -76,7 +76,11 @@ def read_weights(files: list[Path]) -> dict[str, np.ndarray]:
     """All tensors of the given safetensors files, by name, as numpy arrays (memory-mapped)."""
     from safetensors import safe_open
 
+    from ..progress import progress_bar
+
     weights: dict[str, np.ndarray] = {}
+    if len(files) > 1:
+        files = progress_bar(files, desc="Loading checkpoint shards", unit="shard")
     for f in files:
         with safe_open(str(f), framework="numpy") as st:
             for name in st.keys():

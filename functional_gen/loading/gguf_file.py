@@ -1,5 +1,6 @@
 """Load a GGUF file (llama.cpp's format): tensors read and dequantized with the `gguf` package,
-the tokenizer built by transformers from the same file.
+the tokenizer built from the same file's metadata by transformers' GGUF tokenizer conversion
+(without torch: transformers' own GGUF reader imports it).
 
 Any tensor type `gguf.quants.dequantize` handles is accepted (F32, F16, BF16, Q8_0, Q4_0, Q4_1,
 Q5_0, Q5_1, the K-quants Q2_K-Q6_K, ...); the weights become dense float arrays of the requested
@@ -175,9 +176,12 @@ def read_gguf_weights(reader, config: LlamaConfig) -> dict[str, np.ndarray]:
     """
     from gguf.quants import dequantize
 
+    from ..progress import progress_bar
+
     permute = config.model_type in ("llama", "mistral")
     weights: dict[str, np.ndarray] = {}
-    for t in reader.tensors:
+    tensors = progress_bar(reader.tensors, desc="Dequantizing GGUF tensors", unit="tensor")
+    for t in tensors:
         try:
             data = dequantize(t.data, t.tensor_type)
         except NotImplementedError as e:
@@ -217,7 +221,8 @@ def load_gguf(path: str | os.PathLike, *, dtype=jnp.float32):
     **Raises:** `FileNotFoundError` if the file does not exist; `UnsupportedConfigError` for an
     unsupported architecture, RoPE scaling or tensor type.
     """
-    config, weights, generation_config = read_gguf(path, with_generation_config=True)
+    reader = open_gguf(path)
+    config, weights, generation_config = read_gguf(path, with_generation_config=True, reader=reader)
     rope_freqs = weights.pop("rope_freqs", None)
     model = LlamaForCausalLM.from_weights(
         config, weights, dtype=dtype, generation_config=generation_config
@@ -225,12 +230,11 @@ def load_gguf(path: str | os.PathLike, *, dtype=jnp.float32):
     if rope_freqs is not None:
         inv_freq = jnp.asarray(config.rope_inv_freq() / rope_freqs.reshape(-1))
         model = eqx.tree_at(lambda m: m.model.rotary_emb.inv_freq, model, inv_freq)
-    return model, gguf_tokenizer(path)
+    return model, gguf_tokenizer(path, reader=reader)
 
 
-def read_gguf(path: str | os.PathLike, *, with_generation_config: bool = False):
-    """`(config, float32 weights by Hugging Face name)` of a GGUF file (see `read_gguf_weights`),
-    plus its `GenerationConfig` as a third element when `with_generation_config`.
+def open_gguf(path: str | os.PathLike):
+    """A `gguf.GGUFReader` of the file (memory-mapped; reads the header and metadata).
 
     **Raises:** `FileNotFoundError` if the file does not exist.
     """
@@ -239,7 +243,19 @@ def read_gguf(path: str | os.PathLike, *, with_generation_config: bool = False):
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"GGUF file not found: {path}")
-    reader = GGUFReader(str(path))
+    return GGUFReader(str(path))
+
+
+def read_gguf(path: str | os.PathLike, *, with_generation_config: bool = False, reader=None):
+    """`(config, float32 weights by Hugging Face name)` of a GGUF file (see `read_gguf_weights`),
+    plus its `GenerationConfig` as a third element when `with_generation_config`.
+
+    `reader`: an open `gguf.GGUFReader` of `path` (see `open_gguf`), to read the header once.
+
+    **Raises:** `FileNotFoundError` if the file does not exist.
+    """
+    if reader is None:
+        reader = open_gguf(path)
     config = read_gguf_config(reader)
     weights = read_gguf_weights(reader, config)
     if with_generation_config:
@@ -247,9 +263,70 @@ def read_gguf(path: str | os.PathLike, *, with_generation_config: bool = False):
     return config, weights
 
 
-def gguf_tokenizer(path: str | os.PathLike):
-    """transformers' tokenizer built from a GGUF file's metadata."""
-    from transformers import AutoTokenizer
+# GGUF token-id keys and the tokenizer attributes they name (as transformers' GGUF integration
+# reads them in `transformers.integrations.gguf.gguf_tokenizer_mapping.get_gguf_tokenizer`).
+_SPECIAL_TOKEN_KEYS = {
+    "bos_token": "bos_token_id",
+    "eos_token": "eos_token_id",
+    "unk_token": "unknown_token_id",
+    "pad_token": "padding_token_id",
+}
 
-    path = Path(path)
-    return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name, local_files_only=True)
+
+def gguf_tokenizer_metadata(reader) -> tuple[str, dict, dict]:
+    """`(architecture, tokenizer_dict, tokenizer_config)` from a GGUF file's `tokenizer.*` metadata.
+
+    The same grouping as transformers' `get_gguf_tokenizer` (driven by its public
+    `GGUF_TOKENIZER_MAPPING`), but read with `gguf.GGUFReader`: transformers' own GGUF reader
+    imports torch, this does not. `tokenizer_dict` holds the vocabulary, merges, token types and
+    special ids under transformers' names; `tokenizer_config` the chat template, the BOS/EOS flags
+    and the special tokens' texts.
+    """
+    from transformers.integrations.gguf import GGUF_TOKENIZER_MAPPING
+
+    grouped = {}
+    for group, renames in GGUF_TOKENIZER_MAPPING.items():
+        grouped[group] = {}
+        for key, name in renames.items():
+            value = _field(reader, f"tokenizer.{key}")
+            if value is not None:
+                grouped[group][name] = value
+    tokenizer, tokenizer_config = grouped["tokenizer"], grouped["tokenizer_config"]
+    if tokenizer.get("tokenizer_type") == "llama":
+        # Older files have no flag; llama.cpp adds BOS to a sentencepiece vocabulary by default.
+        tokenizer_config.setdefault("add_bos_token", True)
+    elif tokenizer.get("tokenizer_type") == "gemma4":
+        # Its chat template writes <bos> itself (transformers follows the reference tokenizer).
+        tokenizer_config["add_bos_token"] = False
+    tokens = tokenizer.get("tokens") or []
+    for name, key in _SPECIAL_TOKEN_KEYS.items():
+        token_id = _field(reader, f"tokenizer.ggml.{key}")
+        tokenizer_config[name] = tokens[int(token_id)] if token_id is not None else None
+    return _field(reader, "general.architecture"), tokenizer, tokenizer_config
+
+
+def gguf_tokenizer(path: str | os.PathLike, *, reader=None):
+    """The transformers tokenizer described by a GGUF file's metadata, built without torch.
+
+    The vocabulary, merges, special tokens and chat template are read with `gguf.GGUFReader` and
+    handed to transformers' `convert_gguf_tokenizer` (which picks the tokenizer family, e.g.
+    byte-level BPE for `tokenizer.ggml.model = gpt2`); the result is a `TokenizersBackend`, the
+    same class and the same encoding as `AutoTokenizer.from_pretrained(dir, gguf_file=name)`,
+    whose GGUF reader needs torch.
+
+    **Arguments:** `path`: the `.gguf` file; `reader`: an open `gguf.GGUFReader` of it, to avoid
+    reading the header twice.
+
+    **Raises:** `FileNotFoundError` if the file does not exist; `ValueError` (from transformers)
+    for a tokenizer family it cannot build.
+    """
+    from transformers import TokenizersBackend
+    from transformers.integrations.gguf import convert_gguf_tokenizer
+
+    if reader is None:
+        reader = open_gguf(path)
+    architecture, tokenizer_dict, tokenizer_config = gguf_tokenizer_metadata(reader)
+    backend, extra = convert_gguf_tokenizer(architecture, tokenizer_dict)
+    return TokenizersBackend(
+        tokenizer_object=backend, name_or_path=str(Path(path).parent), **tokenizer_config, **extra
+    )

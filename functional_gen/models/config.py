@@ -5,7 +5,10 @@ runs: Llama 1/2/3 (including Llama 3.1's `llama3` RoPE scaling), Mistral, Qwen2 
 field names are exactly those of `config.json` / `transformers.LlamaConfig`, so a checkpoint's
 config maps one to one. What a checkpoint asks for that the decoder cannot do (another activation,
 another RoPE type, a quantized checkpoint, ...) raises `UnsupportedConfigError` naming the key, the
-value and what is supported: nothing is silently ignored.
+value and what is supported: nothing is silently ignored. The check is an allow-list, as
+penzai's: every key of `config.json` is either read here (`USED_CONFIG_KEYS`), known not to change
+the forward pass (`IGNORED_CONFIG_KEYS`), or an error that names it, so a field that a later
+transformers adds, or that another architecture needs, cannot pass unnoticed.
 """
 
 import dataclasses
@@ -24,6 +27,133 @@ SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 
 class UnsupportedConfigError(ValueError):
     """A checkpoint asks for an architecture or a config value that the decoder does not implement."""
+
+
+USED_CONFIG_KEYS = frozenset(
+    {
+        "model_type",
+        "vocab_size",
+        "hidden_size",
+        "intermediate_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "head_dim",
+        "hidden_act",  # must be SiLU
+        "rms_norm_eps",
+        "rope_theta",
+        "rope_scaling",
+        "rope_parameters",
+        "partial_rotary_factor",  # must be 1.0
+        "max_position_embeddings",
+        "tie_word_embeddings",
+        "attention_bias",
+        "mlp_bias",
+        "sliding_window",  # Mistral, Qwen2 (with use_sliding_window); must be null for Llama
+        "use_sliding_window",
+        "max_window_layers",
+        "layer_types",
+        "bos_token_id",
+        "eos_token_id",
+        "pad_token_id",
+        "pretraining_tp",  # must be 1
+        "rope_interleaved",  # must be false (SmolLM2's config.json has it)
+        "quantization_config",  # must be absent
+        "auto_map",  # must not name custom modeling code
+    }
+)
+"""`config.json` keys that `LlamaConfig.from_hf` reads (some only to check their value)."""
+
+IGNORED_CONFIG_KEYS = frozenset(
+    {
+        # bookkeeping
+        "_name_or_path",
+        "architectures",
+        "transformers_version",
+        "transformers.js_config",  # settings of another runtime (SmolLM2)
+        "is_llama_config",  # a nanotron export flag (SmolLM2)
+        # the stored weights' dtype: the dtype is chosen at load time
+        "dtype",
+        "torch_dtype",
+        "use_bfloat16",
+        # training only
+        "initializer_range",
+        "attention_dropout",
+        "hidden_dropout",
+        "embd_pdrop",
+        "resid_pdrop",
+        # what a PyTorch forward returns or how it is run, not what it computes
+        "use_cache",
+        "output_attentions",
+        "output_hidden_states",
+        "return_dict",
+        "torchscript",
+        "chunk_size_feed_forward",
+        "pruned_heads",
+        "tie_encoder_decoder",
+        "_attn_implementation_autoset",
+        # heads and tasks other than causal LM, encoder-decoder models
+        "id2label",
+        "label2id",
+        "num_labels",
+        "problem_type",
+        "finetuning_task",
+        "task_specific_params",
+        "tokenizer_class",
+        "prefix",
+        "is_encoder_decoder",
+        "is_decoder",
+        "add_cross_attention",
+        "cross_attention_hidden_size",
+        "decoder_start_token_id",
+        "sep_token_id",
+        "tf_legacy_loss",
+        # transformers 4's generation parameters kept in config.json: generation settings come
+        # from generation_config.json (they do not change the forward pass)
+        "max_length",
+        "min_length",
+        "do_sample",
+        "early_stopping",
+        "num_beams",
+        "num_beam_groups",
+        "diversity_penalty",
+        "temperature",
+        "top_k",
+        "top_p",
+        "typical_p",
+        "repetition_penalty",
+        "length_penalty",
+        "no_repeat_ngram_size",
+        "encoder_no_repeat_ngram_size",
+        "bad_words_ids",
+        "num_return_sequences",
+        "output_scores",
+        "return_dict_in_generate",
+        "forced_bos_token_id",
+        "forced_eos_token_id",
+        "remove_invalid_values",
+        "exponential_decay_length_penalty",
+        "suppress_tokens",
+        "begin_suppress_tokens",
+    }
+)
+"""`config.json` keys known not to change the forward pass of a causal LM at inference."""
+
+
+def check_config_keys(d: Mapping[str, Any]) -> None:
+    """Refuse any `config.json` key that is neither read (`USED_CONFIG_KEYS`) nor known to be
+    irrelevant to the forward pass (`IGNORED_CONFIG_KEYS`).
+
+    **Raises:** `UnsupportedConfigError` naming every unknown key and its value.
+    """
+    unknown = sorted(k for k in d if k not in USED_CONFIG_KEYS and k not in IGNORED_CONFIG_KEYS)
+    if unknown:
+        listed = ", ".join(f"{k}={d[k]!r}" for k in unknown)
+        raise UnsupportedConfigError(
+            f"unknown config.json key(s) for model_type={d.get('model_type')!r}: {listed}. The "
+            "decoder does not know what they do, so the checkpoint may not run as intended; "
+            "known keys are functional_gen.models.config.USED_CONFIG_KEYS and IGNORED_CONFIG_KEYS"
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,11 +249,6 @@ class LlamaConfig:
                 f"got {len(self.sliding_window)}"
             )
 
-    @property
-    def num_key_value_groups(self) -> int:
-        """Query heads that share one key/value head."""
-        return self.num_attention_heads // self.num_key_value_heads
-
     @classmethod
     def from_hf(
         cls, hf_config: Any, *, extra_eos_token_ids: Sequence[int] = ()
@@ -140,8 +265,10 @@ class LlamaConfig:
         **Returns:** a `LlamaConfig`.
 
         **Raises:** `UnsupportedConfigError` for a `model_type` outside `SUPPORTED_MODEL_TYPES`, a
-        RoPE type outside `SUPPORTED_ROPE_TYPES`, an activation other than SiLU, partial rotary
-        embeddings, or a quantized checkpoint (`quantization_config`).
+        RoPE type outside `SUPPORTED_ROPE_TYPES`, an activation other than SiLU, partial or
+        interleaved rotary embeddings, a sliding window on a Llama model, custom modeling code
+        (`auto_map`), a quantized checkpoint (`quantization_config`), or any key that is
+        neither read nor known to be irrelevant (see `check_config_keys`).
         """
         d = dict(hf_config) if isinstance(hf_config, Mapping) else hf_config.to_dict()
         model_type = d.get("model_type")
@@ -150,6 +277,22 @@ class LlamaConfig:
             raise UnsupportedConfigError(
                 f"unknown architecture: model_type={model_type!r} (architectures={archs!r}); "
                 f"supported model types: {SUPPORTED_MODEL_TYPES}"
+            )
+        check_config_keys(d)
+        if d.get("rope_interleaved"):
+            raise UnsupportedConfigError(
+                "rope_interleaved=True is not supported; the decoder rotates halves (rotate_half)"
+            )
+        if model_type == "llama" and d.get("sliding_window") is not None:
+            raise UnsupportedConfigError(
+                f"sliding_window={d['sliding_window']!r} on a Llama model is not supported; "
+                "expected null (Mistral and Qwen2 models have sliding windows)"
+            )
+        custom = sorted(k for k in d.get("auto_map") or {} if k.startswith("AutoModel"))
+        if custom:
+            raise UnsupportedConfigError(
+                f"auto_map names custom modeling code for {custom}; only the standard "
+                f"{SUPPORTED_MODEL_TYPES} architectures are supported"
             )
         if d.get("quantization_config"):
             method = d["quantization_config"].get("quant_method", "?")
@@ -168,6 +311,8 @@ class LlamaConfig:
             )
 
         rope = _rope_parameters(d)
+        if d.get("partial_rotary_factor") is not None:
+            rope.setdefault("partial_rotary_factor", d["partial_rotary_factor"])
         if rope.get("partial_rotary_factor", 1.0) != 1.0:
             raise UnsupportedConfigError(
                 f"partial_rotary_factor={rope['partial_rotary_factor']!r} is not supported; "

@@ -110,11 +110,6 @@ class RotaryEmbedding(eqx.Module):
         rotated = jnp.concatenate([-x[:, half:], x[:, :half]], axis=1)
         return x * cos + rotated * sin
 
-    def __call__(
-        self, x: Float[Array, "heads head_dim tokens"], positions: Int[Array, " tokens"]
-    ) -> Float[Array, "heads head_dim tokens"]:
-        return self.rotate(x, self.cos_sin(positions))
-
 
 class LayerCache(eqx.Module):
     """One layer's view of the `KVCache` during a model call.

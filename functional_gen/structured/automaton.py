@@ -293,8 +293,8 @@ def from_outlines_index(index, vocabulary: TokenVocabulary, description: str = "
 
 def automaton_cache_dir() -> Path:
     """Where compiled automata are cached: `<functional_gen cache>/automata`
-    (see `functional_gen.loading.default_model.cache_dir`)."""
-    from ..loading.default_model import cache_dir
+    (see `functional_gen.cache.cache_dir`)."""
+    from ..cache import cache_dir
 
     return cache_dir() / "automata"
 

@@ -305,7 +305,7 @@ class _Rewriter:
         return getattr(self, "_" + kind)(keys, path)
 
     def _integer(self, node: dict, path: str):
-        lo, hi = self.bounds(node, path, integer=True)
+        lo, hi = self.integer_bounds(node, path)
         if lo is None and hi is None:
             return {"type": "integer"}
         try:
@@ -323,7 +323,8 @@ class _Rewriter:
             keyword = "minimum" if "lower" in str(e) or hi is None else "maximum"
             raise UnsupportedSchemaError(keyword, path, str(e)) from None
 
-    def bounds(self, node: dict, path: str, integer: bool):
+    def integer_bounds(self, node: dict, path: str):
+        """`(lo, hi)`: the smallest and largest integers the node's bounds allow (`None`: open)."""
         lo, lo_excl, hi, hi_excl = self.number_bounds(node, path)
         if lo is not None:
             lo = math.floor(lo) + 1 if lo_excl else math.ceil(lo)

@@ -121,6 +121,16 @@ def test_default_model_is_smollm2_from_its_cached_checkpoint(default_model):
     assert fg.models.llama.num_parameters(model) == 134_515_008
 
 
+def test_the_tests_use_a_temporary_cache(temporary_cache, tmp_path_factory):
+    from functional_gen.loading.default_model import cache_dir, converted_default_dir
+    from functional_gen.structured.automaton import automaton_cache_dir
+
+    assert cache_dir() == temporary_cache
+    assert temporary_cache.is_relative_to(tmp_path_factory.getbasetemp())
+    assert converted_default_dir().is_relative_to(temporary_cache)
+    assert automaton_cache_dir().is_relative_to(temporary_cache)
+
+
 def test_missing_default_model_package_says_how_to_install(monkeypatch):
     from functional_gen.loading import default_model
 

@@ -177,3 +177,48 @@ def test_default_gguf_weights_equal_transformers_bit_for_bit(torch_default_model
     assert config.rope_theta == hc.rope_parameters["rope_theta"]
     assert config.rms_norm_eps == pytest.approx(hc.rms_norm_eps)
     assert config.tie_word_embeddings and config.eos_token_id == (2, 0)
+
+
+TOKENIZER_TEXTS = [
+    "Hello world",
+    "  leading spaces, trailing tabs\t\t\nand\r\nnewlines  ",
+    "Ünïcödé: naïve café, 日本語のテキスト, emoji 🙂👍🏽 and a lone combining mark e\u0301",
+    "<|im_start|>user\nliteral special tokens<|im_end|><|endoftext|> inside text",
+    "def f(x):\n    return x ** 2  # code, 1234567890, 3.14159",
+    "",
+]
+
+
+@pytest.mark.slow
+def test_gguf_tokenizer_matches_transformers_gguf_tokenizer():
+    """Our torch-free tokenizer encodes, decodes and renders chats exactly as transformers' own
+    `AutoTokenizer.from_pretrained(dir, gguf_file=...)`, whose GGUF reader needs torch."""
+    from transformers import AutoTokenizer
+
+    from functional_gen.loading import default_gguf_path
+    from functional_gen.loading.gguf_file import gguf_tokenizer
+
+    path = default_gguf_path()
+    ours = gguf_tokenizer(path)
+    ref = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name, local_files_only=True)
+    assert type(ours) is type(ref)
+    assert ours.get_vocab() == ref.get_vocab()
+    assert ours.special_tokens_map == ref.special_tokens_map
+    assert ours.all_special_ids == ref.all_special_ids
+    assert ours.chat_template == ref.chat_template and ours.chat_template
+    for text in TOKENIZER_TEXTS:
+        ids = ref(text)["input_ids"]
+        assert ours(text)["input_ids"] == ids, text
+        for skip in (True, False):
+            assert ours.decode(ids, skip_special_tokens=skip) == ref.decode(ids, skip_special_tokens=skip)
+    chat = [
+        {"role": "system", "content": "You are terse."},
+        {"role": "user", "content": "Hi! 🙂"},
+        {"role": "assistant", "content": "Hello."},
+        {"role": "user", "content": "Capital of France?"},
+    ]
+    for generation_prompt in (True, False):
+        kwargs = dict(add_generation_prompt=generation_prompt, tokenize=True, return_dict=False)
+        assert ours.apply_chat_template(chat, **kwargs) == ref.apply_chat_template(chat, **kwargs)
+    batch = ours(TOKENIZER_TEXTS[:3], padding=True)
+    assert batch["input_ids"] == ref(TOKENIZER_TEXTS[:3], padding=True)["input_ids"]

@@ -85,3 +85,93 @@ def test_hf_dict_round_trip():
 def test_invalid_configs_raise(overrides, error, message):
     with pytest.raises(error, match=message):
         tiny_config(**overrides)
+
+
+SMALL = {
+    "vocab_size": 10,
+    "hidden_size": 8,
+    "intermediate_size": 16,
+    "num_hidden_layers": 1,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 2,
+}
+
+
+@pytest.mark.parametrize("cls", ["LlamaConfig", "MistralConfig", "Qwen2Config"])
+def test_every_key_transformers_writes_is_known(cls, tmp_path):
+    """`save_pretrained` of transformers' own config classes writes only keys we know, and
+    `AutoConfig` reading them back (with all of `PretrainedConfig`'s attributes) passes too."""
+    hf = getattr(transformers, cls)(**SMALL)
+    hf.save_pretrained(str(tmp_path))
+    import json
+
+    LlamaConfig.from_hf(json.loads((tmp_path / "config.json").read_text()))
+    LlamaConfig.from_hf(transformers.AutoConfig.from_pretrained(str(tmp_path)))
+    LlamaConfig.from_hf(hf.to_dict())
+
+
+def test_smollm2_hub_config_json_is_accepted():
+    """The keys of HuggingFaceTB/SmolLM2-135M-Instruct's config.json as published on the Hub
+    (nanotron leftovers and transformers.js settings included)."""
+    published = {
+        "architectures": ["LlamaForCausalLM"],
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "head_dim": 64,
+        "hidden_act": "silu",
+        "hidden_size": 576,
+        "initializer_range": 0.041666666666666664,
+        "intermediate_size": 1536,
+        "is_llama_config": True,
+        "max_position_embeddings": 8192,
+        "mlp_bias": False,
+        "model_type": "llama",
+        "num_attention_heads": 9,
+        "num_hidden_layers": 30,
+        "num_key_value_heads": 3,
+        "pad_token_id": 2,
+        "pretraining_tp": 1,
+        "rms_norm_eps": 1e-05,
+        "rope_interleaved": False,
+        "rope_scaling": None,
+        "rope_theta": 100000,
+        "tie_word_embeddings": True,
+        "torch_dtype": "bfloat16",
+        "transformers.js_config": {"kv_cache_dtype": {"q4f16": "float16", "fp16": "float16"}},
+        "transformers_version": "4.42.3",
+        "use_cache": True,
+        "vocab_size": 49152,
+    }
+    config = LlamaConfig.from_hf(published)
+    assert (config.num_key_value_heads, config.rope_theta, config.eos_token_id) == (3, 1e5, (2,))
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        ({"attn_logit_softcapping": 50.0}, r"unknown config.json key.*attn_logit_softcapping=50.0"),
+        ({"some_future_field": 1, "another": "x"}, r"another='x', some_future_field=1"),
+        ({"rope_interleaved": True}, "rope_interleaved=True is not supported"),
+        ({"sliding_window": 4096}, "sliding_window=4096 on a Llama model"),
+        ({"partial_rotary_factor": 0.5}, "partial_rotary_factor=0.5"),
+        ({"auto_map": {"AutoModelForCausalLM": "m.Model"}}, r"custom modeling code.*AutoModelForCausalLM"),
+        ({"quantization_config": {"quant_method": "gptq"}}, "quant_method='gptq'"),
+    ],
+)
+def test_unknown_or_unsupported_config_keys_raise_naming_them(extra, message):
+    with pytest.raises(UnsupportedConfigError, match=message):
+        LlamaConfig.from_hf({"model_type": "llama", **SMALL, **extra})
+
+
+def test_unknown_key_in_a_checkpoint_is_refused_before_loading_weights(tmp_path):
+    import json
+
+    import functional_gen as fg
+
+    (tmp_path / "config.json").write_text(
+        json.dumps({"model_type": "llama", **SMALL, "attn_logit_softcapping": 30.0})
+    )
+    with pytest.raises(UnsupportedConfigError, match="attn_logit_softcapping=30.0"):
+        fg.load_model(tmp_path)

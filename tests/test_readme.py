@@ -1,0 +1,58 @@
+"""The README is executed: every ```python block runs, in order, in one namespace (with the
+real default model), and the command-line synopsis of the README and of docs/index.md matches
+`functional-gen generate --help`."""
+
+import re
+from pathlib import Path
+
+import pytest
+
+from functional_gen import cli
+
+ROOT = Path(__file__).resolve().parents[1]
+FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.DOTALL | re.MULTILINE)
+
+
+def fenced(text: str, language: str | None = None) -> list[str]:
+    """The bodies of the fenced code blocks of a Markdown text (of one language, if given)."""
+    return [body for lang, body in FENCE.findall(text) if language is None or lang == language]
+
+
+@pytest.mark.slow
+def test_every_python_block_of_the_readme_runs(default_model, capsys):
+    code = fenced((ROOT / "README.md").read_text(), "python")
+    assert len(code) >= 4
+    namespace: dict = {"__name__": "readme"}
+    for i, source in enumerate(code):
+        exec(compile(source, f"README.md python block {i}", "exec"), namespace)  # noqa: S102
+    assert namespace["result"].texts and capsys.readouterr().out  # the stream printed text
+
+
+def _parser_options() -> tuple[set[str], set[str]]:
+    """`(our long names, every flag)` of `functional-gen generate`."""
+    parser = cli.build_parser()
+    generate = parser._subparsers._group_actions[0].choices["generate"]
+    ours, every = set(), set()
+    for action in generate._actions:
+        if not action.option_strings or action.dest == "help":
+            continue
+        every.update(action.option_strings)
+        ours.add(next(o for o in action.option_strings if o.startswith("--")))
+    return ours, every
+
+
+@pytest.mark.parametrize("document", ["README.md", "docs/index.md"])
+def test_the_cli_synopsis_matches_help(document, capsys):
+    text = (ROOT / document).read_text()
+    section = text[text.index("## Command line") :]
+    section = section[: section.find("\n## ", 3) if "\n## " in section[3:] else len(section)]
+    synopsis = fenced(section)[0]
+    ours, every = _parser_options()
+    listed = set(re.findall(r"(?<![\w-])--[a-z][a-z-]*", synopsis))
+    assert listed == ours, (sorted(ours - listed), sorted(listed - ours))
+    mentioned = set(re.findall(r"`(-{1,2}[a-z][a-z-]*)", section))
+    assert mentioned <= every, sorted(mentioned - every)
+    with pytest.raises(SystemExit):
+        cli.main(["generate", "--help"])
+    help_text = capsys.readouterr().out
+    assert all(flag in help_text for flag in every)
