@@ -21,11 +21,13 @@ rule, and `TopNSigma` (`top_n_sigma`) after the eta cutoff.
 
 The checks are allow-lists. The decoding method comes from transformers' own
 `GenerationConfig.get_generation_mode()`, and anything but `SUPPORTED_GENERATION_MODES` (greedy
-search and multinomial sampling) is refused by name: beam search, contrastive search, assisted
-generation, DoLa, constrained beam search. Every setting the config sets to a non-default value is
+search, multinomial sampling, beam search and beam sampling) is refused by name: group beam
+search, contrastive search, assisted generation, DoLa, constrained beam search. `num_beams`,
+`length_penalty` and `early_stopping` choose `fg.samplers.BeamSearch`; `guidance_scale` (other
+than 1) puts classifier-free guidance first in the chain (`GenerationSettings.guidance_scale`). Every setting the config sets to a non-default value is
 either read here (`USED_GENERATION_KEYS`), known not to change the generated tokens or read only by
 a refused mode (`IGNORED_GENERATION_KEYS`), a feature not implemented yet
-(`UNSUPPORTED_GENERATION_KEYS`: classifier-free guidance, watermarking, ...), or an error that
+(`UNSUPPORTED_GENERATION_KEYS`: watermarking, ...), or an error that
 names it, so a setting that a later transformers adds is never silently dropped.
 """
 
@@ -37,9 +39,9 @@ from pathlib import Path
 from typing import Any
 
 from . import processors as P
-from .generation.samplers import AbstractSampler, Greedy, Multinomial
+from .generation.samplers import AbstractSampler, BeamSearch, Greedy, Multinomial
 
-SUPPORTED_GENERATION_MODES = ("greedy_search", "sample")
+SUPPORTED_GENERATION_MODES = ("greedy_search", "sample", "beam_search", "beam_sample")
 """`transformers.GenerationMode` values that `settings_from_generation_config` implements."""
 
 USED_GENERATION_KEYS = frozenset(
@@ -71,6 +73,11 @@ USED_GENERATION_KEYS = frozenset(
         "suppress_tokens",
         "begin_suppress_tokens",
         "renormalize_logits",
+        # beam search (fg.samplers.BeamSearch) and classifier-free guidance
+        "num_beams",
+        "length_penalty",
+        "early_stopping",
+        "guidance_scale",
         # llama.cpp's sampling settings (a GGUF's general.sampling.*, the command line)
         "penalty_last_n",
         "presence_penalty",
@@ -126,13 +133,10 @@ IGNORED_GENERATION_KEYS = frozenset(
         "disable_compile",
         "continuous_batching_config",
         "prefill_chunk_size",
-        # read only by the modes get_generation_mode() reports and that are refused here (beam
-        # search, contrastive search, assisted generation, DoLa): harmless with greedy/sample
-        "num_beams",
+        # read only by the modes get_generation_mode() reports and that are refused here (group
+        # beam search, contrastive search, assisted generation, DoLa): harmless otherwise
         "num_beam_groups",
         "diversity_penalty",
-        "length_penalty",
-        "early_stopping",
         "penalty_alpha",
         "low_memory",
         "constraints",
@@ -156,7 +160,6 @@ IGNORED_GENERATION_KEYS = frozenset(
 decoder-only generation (or are read only by modes refused by name)."""
 
 UNSUPPORTED_GENERATION_KEYS = {
-    "guidance_scale": "classifier-free guidance",
     "watermarking_config": "watermarking",
     "top_h": "top-H sampling",
     "token_healing": "token healing",
@@ -186,7 +189,8 @@ class GenerationSettings:
     **Attributes:** `processors` (tuple, in transformers' order); `sampler`; `max_new_tokens`
     (`None`: not set); `max_length` (total length including the prompt, `None`: not set);
     `eos_token_id` (tuple or `None`: the model's); `pad_token_id` (or `None`); `stop_strings`
-    (tuple); `num_return_sequences`.
+    (tuple); `num_return_sequences`; `guidance_scale` (`None` unless classifier-free guidance is
+    asked for: a scale other than 1).
     """
 
     processors: tuple
@@ -197,6 +201,7 @@ class GenerationSettings:
     pad_token_id: int | None
     stop_strings: tuple[str, ...]
     num_return_sequences: int
+    guidance_scale: float | None = None
 
 
 def load_generation_config(generation_config: Any):
@@ -405,11 +410,29 @@ def settings_from_generation_config(
     stop = () if stop is None else ((stop,) if isinstance(stop, str) else tuple(stop))
     return GenerationSettings(
         processors=tuple(procs),
-        sampler=Multinomial() if gc.do_sample else Greedy(),
+        sampler=_sampler(gc),
         max_new_tokens=gc.max_new_tokens,
         max_length=gc.max_length if "max_length" in explicit else None,
         eos_token_id=config_eos,
         pad_token_id=gc.pad_token_id,
         stop_strings=stop,
         num_return_sequences=gc.num_return_sequences or 1,
+        guidance_scale=(
+            float(gc.guidance_scale)
+            if gc.guidance_scale is not None and gc.guidance_scale != 1
+            else None
+        ),
     )
+
+
+def _sampler(gc) -> AbstractSampler:
+    """The sampler of a config's generation mode: greedy, multinomial, or beam search (beam
+    sampling with `do_sample`), with transformers' `length_penalty` and `early_stopping`."""
+    if (gc.num_beams or 1) > 1:
+        return BeamSearch(
+            int(gc.num_beams),
+            length_penalty=1.0 if gc.length_penalty is None else float(gc.length_penalty),
+            early_stopping=False if gc.early_stopping is None else gc.early_stopping,
+            do_sample=bool(gc.do_sample),
+        )
+    return Multinomial() if gc.do_sample else Greedy()

@@ -119,15 +119,12 @@ def test_same_processors_in_the_same_order_and_the_same_logits(name):
 @pytest.mark.parametrize(
     "config, message",
     [
-        (dict(num_beams=4), r"mode 'beam_search' \(num_beams=4\) is not implemented"),
-        (dict(num_beams=4, do_sample=True), r"mode 'beam_sample' \(do_sample=True, num_beams=4\)"),
         (dict(num_beams=4, num_beam_groups=2, diversity_penalty=0.5), "'group_beam_search'"),
         (dict(penalty_alpha=0.6, top_k=4), r"mode 'contrastive_search' \(penalty_alpha=0.6\)"),
         (dict(assistant_early_exit=4), r"mode 'assisted_generation' \(assistant_early_exit=4\)"),
         (dict(prompt_lookup_num_tokens=3), "'assisted_generation'"),
         (dict(dola_layers="high"), "'dola_generation'"),
         (dict(force_words_ids=[[5]]), "'constrained_beam_search'"),
-        (dict(guidance_scale=1.5), r"guidance_scale=1.5 \(classifier-free guidance\) is not implemented"),
         (dict(watermarking_config={"greenlist_ratio": 0.25}), "watermarking_config="),
         (dict(mirostat=1), "mirostat=1"),
         (dict(do_sample=True, some_future_setting=3), r"unknown setting\(s\) some_future_setting=3"),
@@ -150,11 +147,28 @@ def test_unsupported_decoding_methods_are_named(config, message):
         (dict(do_sample=True, temperature=0.7), "Multinomial"),
         # beam-only settings are harmless when the mode is greedy or sample, as in transformers
         (dict(length_penalty=2.0, early_stopping=True, output_scores=True, use_cache=False), "Greedy"),
+        (dict(num_beams=4, length_penalty=0.5, early_stopping="never"), "BeamSearch"),
+        (dict(num_beams=3, do_sample=True), "BeamSearch"),
     ],
 )
-def test_greedy_and_sample_modes_are_accepted(config, sampler):
+def test_greedy_sample_and_beam_modes_are_accepted(config, sampler):
     settings = settings_from_generation_config(config, eos_token_id=EOS, vocab_size=VOCAB)
     assert type(settings.sampler).__name__ == sampler
+    if sampler == "BeamSearch":
+        beam = settings.sampler
+        assert beam.num_beams == config["num_beams"] and beam.do_sample == config.get("do_sample", False)
+        assert float(beam.length_penalty) == config.get("length_penalty", 1.0)
+        assert beam.early_stopping == config.get("early_stopping", False)
+
+
+def test_guidance_scale_asks_for_classifier_free_guidance():
+    assert settings_from_generation_config(
+        dict(guidance_scale=1.5), eos_token_id=EOS, vocab_size=VOCAB
+    ).guidance_scale == 1.5
+    # a scale of 1 is no guidance, as in transformers
+    assert settings_from_generation_config(
+        dict(guidance_scale=1.0), eos_token_id=EOS, vocab_size=VOCAB
+    ).guidance_scale is None
 
 
 def test_every_generation_config_attribute_is_classified():

@@ -218,6 +218,12 @@ def resolve_settings(
                         f"after {longest_prompt} tokens; pass max_new_tokens"
                     )
         n_return = settings.num_return_sequences
+        if settings.guidance_scale is not None and not first_processors and (
+            generation_config is not None or not own_decoding
+        ):
+            from ..processors import ClassifierFreeGuidance
+
+            first_processors = (ClassifierFreeGuidance(model, settings.guidance_scale),)
     if num_return_sequences is not None:
         n_return = num_return_sequences
     if max_new_tokens is None:
