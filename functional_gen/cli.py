@@ -223,6 +223,46 @@ def decoding_options() -> argparse.ArgumentParser:
         metavar="N",
         help="with --grammar: how deeply recursive rules may nest (default: 4)",
     )
+    beams = parent.add_argument_group("beam search")
+    beams.add_argument(
+        "--num-beams", "--beams", dest="num_beams", type=_positive_int, default=None, metavar="N",
+        help="keep the N most likely sequences at every step (beam search; with --sample: beam "
+        "sampling)",
+    )
+    beams.add_argument(
+        "--length-penalty", dest="length_penalty", type=_number(float), default=None, metavar="L",
+        help="beam search: score finished sequences by logprob / length**L (default 1.0)",
+    )
+    beams.add_argument(
+        "--early-stopping", dest="early_stopping", choices=("true", "false", "never"),
+        default=None,
+        help="beam search: stop as soon as N sequences are finished (true), when no beam can "
+        "beat them (false, default), or at the longest possible length (never)",
+    )
+    beams.add_argument(
+        "--num-return-sequences", dest="num_return_sequences", type=_positive_int, default=None,
+        metavar="K", help="print the K best sequences of each prompt, numbered, with scores",
+    )
+    guidance = parent.add_argument_group("classifier-free guidance")
+    guidance.add_argument(
+        "--guidance-scale", "--cfg-scale", dest="guidance_scale", type=_number(float),
+        default=None, metavar="S",
+        help="contrast the prompt's next-token distribution with an unconditional one "
+        "(S > 1 stays closer to the prompt; 1 is off)",
+    )
+    guidance.add_argument(
+        "--negative-prompt", "--cfg-negative-prompt", dest="negative_prompt", default=None,
+        metavar="TEXT", help="with --guidance-scale: the text to steer away from",
+    )
+    guidance.add_argument(
+        "--cfg-rescale", dest="cfg_rescale", type=_number(float), default=None, metavar="R",
+        help="with --guidance-scale: blend R of the guided with 1 - R of the plain distribution",
+    )
+    guidance.add_argument(
+        "--cfg", dest="cfg", choices=("processor", "batched"), default="processor",
+        help="with --guidance-scale: a second forward pass per row (processor) or both branches "
+        "in one batch of twice the size (batched)",
+    )
     return parent
 
 
@@ -238,6 +278,10 @@ def output_options() -> argparse.ArgumentParser:
         "logprobs and finish_reason (default: text)",
     )
     group.add_argument("--stream", action="store_true", help="print the text as it is generated")
+    group.add_argument(
+        "--top-logprobs", dest="top_logprobs", type=_positive_int, default=None, metavar="K",
+        help="with --output jsonl: the K most likely tokens and their logprobs at every step",
+    )
     group.add_argument(
         "--raw",
         action="store_true",
@@ -288,7 +332,86 @@ def build_parser() -> argparse.ArgumentParser:
         help="a file with one prompt per line (- for standard input), generated as one batch",
     )
     gen.set_defaults(run=_generate)
+    chat = sub.add_parser(
+        "chat",
+        help="an interactive chat on standard input that keeps one SequenceState",
+        description=_CHAT_DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        parents=[model_options(), decoding_options()],
+    )
+    chat.add_argument(
+        "--system", metavar="TEXT", default=None,
+        help="a system message opening the conversation (default: the chat template's own)",
+    )
+    chat.add_argument(
+        "-v", "--verbose", action="store_true",
+        help="after each answer, print on stderr how many tokens were prefilled and generated",
+    )
+    chat.add_argument("--quiet", action="store_true", help="no progress or notices on stderr")
+    chat.set_defaults(run=_chat, raw=False, top_logprobs=None, stream=True, output="text")
     return parser
+
+
+_CHAT_DESCRIPTION = """\
+Chat with the model, one line of standard input per user turn (like llama.cpp's conversation
+mode). The conversation is one SequenceState: each turn appends the user's message with the chat
+template and continues it, so only the new turn is prefilled (the KV cache is reused). Answers
+are streamed. Type /reset to start over, /exit (or end the input) to leave.
+"""
+
+
+def _chat(args: argparse.Namespace) -> int:
+    import functional_gen as fg
+
+    from . import progress
+    from .cache import enable_compilation_cache
+
+    if args.num_return_sequences not in (None, 1):
+        raise ValueError("chat answers with one sequence (no --num-return-sequences)")
+    progress.set_quiet(args.quiet)
+    enable_compilation_cache()
+    model, tokenizer = fg.load_model(args.model, dtype=args.dtype, progress=progress.notice)
+    if getattr(tokenizer, "chat_template", None) is None:
+        raise ValueError("this model's tokenizer has no chat template; use generate")
+    call = generate_call_arguments(args, model, tokenizer)
+    call.update(guidance_arguments(args, tokenizer))
+    interactive = sys.stdin.isatty()
+    state = None
+    while True:
+        if interactive:
+            print("> ", end="", file=sys.stderr, flush=True)
+        line = sys.stdin.readline()
+        if not line or line.strip() == "/exit":
+            break
+        text = line.rstrip("\n")
+        if text.strip() == "/reset":
+            state = None
+            continue
+        if not text.strip():
+            continue
+        message = [{"role": "user", "content": text}]
+        if state is None:
+            system = [{"role": "system", "content": args.system}] if args.system else []
+            prompt = [system + message]
+        else:
+            prompt = state + message
+        stream = fg.stream(model, tokenizer, prompt, **call)
+        for item in stream:
+            piece = item if isinstance(item, str) else item[1]
+            sys.stdout.write(piece)
+            sys.stdout.flush()
+        sys.stdout.write("\n")
+        sys.stdout.flush()
+        result = stream.result
+        state = result.state
+        if args.verbose:
+            print(
+                f"[prefilled {result.prefill_tokens[0]} tokens, generated {result.num_tokens[0]}, "
+                f"finish reason: {result.finish_reasons[0]}, conversation "
+                f"{len(state.row_token_ids()[0])} tokens]",
+                file=sys.stderr,
+            )
+    return 0
 
 
 def _positive_int(text: str) -> int:
@@ -369,6 +492,20 @@ def generation_options(args: argparse.Namespace) -> dict:
         options["max_new_tokens"] = args.max_new_tokens
     if args.stop:
         options["stop_strings"] = list(args.stop)
+    if args.num_beams is not None:
+        options["num_beams"] = args.num_beams
+    elif args.length_penalty is not None or args.early_stopping is not None:
+        raise ValueError("--length-penalty and --early-stopping need --num-beams")
+    if args.length_penalty is not None:
+        options["length_penalty"] = args.length_penalty
+    if args.early_stopping is not None:
+        options["early_stopping"] = {"true": True, "false": False}.get(
+            args.early_stopping, args.early_stopping
+        )
+    if args.num_return_sequences is not None:
+        options["num_return_sequences"] = args.num_return_sequences
+    if (args.negative_prompt is not None or args.cfg_rescale is not None) and args.guidance_scale is None:
+        raise ValueError("--negative-prompt and --cfg-rescale need --guidance-scale")
     return options
 
 
@@ -490,8 +627,6 @@ def generate_call_arguments(args: argparse.Namespace, model, tokenizer) -> dict:
         vocab_size=model.config.vocab_size,
         tokenizer=tokenizer,
     )
-    if settings.num_return_sequences != 1:
-        raise ValueError("the command line generates one sequence per prompt (num_return_sequences=1)")
     # the constraint first: the filters after it then work on allowed tokens only
     call.update(
         processors=[c for c in (constraint,) if c is not None] + list(settings.processors),
@@ -504,6 +639,29 @@ def generate_call_arguments(args: argparse.Namespace, model, tokenizer) -> dict:
         call["max_new_tokens"] = settings.max_new_tokens
     elif settings.max_length is not None:
         call["generation_config"] = {"max_length": settings.max_length}
+    if settings.num_return_sequences != 1:
+        call["num_return_sequences"] = settings.num_return_sequences
+    return call
+
+
+def guidance_arguments(args: argparse.Namespace, tokenizer) -> dict:
+    """`generate` keyword arguments for --guidance-scale, --negative-prompt, --cfg-rescale, --cfg
+    and --top-logprobs (a chat model gets the negative prompt as a user message, like the
+    prompt, unless --raw)."""
+    call: dict = {}
+    if getattr(args, "top_logprobs", None):
+        call["top_logprobs"] = args.top_logprobs
+    if args.guidance_scale is None:
+        return call
+    negative = args.negative_prompt
+    if negative is not None and not args.raw and getattr(tokenizer, "chat_template", None):
+        negative = [{"role": "user", "content": negative}]
+    call.update(
+        guidance_scale=args.guidance_scale,
+        negative_prompt=negative,
+        guidance_rescale=args.cfg_rescale,
+        cfg=args.cfg,
+    )
     return call
 
 
@@ -531,6 +689,7 @@ def _generate(args: argparse.Namespace) -> int:
     model, tokenizer = fg.load_model(args.model, dtype=args.dtype, progress=progress.notice)
     loaded = time.perf_counter()
     call = generate_call_arguments(args, model, tokenizer)
+    call.update(guidance_arguments(args, tokenizer))
     if not args.raw and getattr(tokenizer, "chat_template", None):
         inputs = [[{"role": "user", "content": p}] for p in prompts]
     else:
@@ -562,24 +721,44 @@ def _generate(args: argparse.Namespace) -> int:
 
 
 def _print_result(args: argparse.Namespace, prompts: list[str], result) -> None:
-    if args.output == "text":
-        for text in result.texts:
-            print(text)
-        return
     import numpy as np
 
-    token_ids = np.asarray(result.token_ids)
+    per_prompt = len(result.texts) // len(prompts)
     logprobs = np.asarray(result.logprobs)
-    for i, prompt in enumerate(prompts):
-        n = result.num_tokens[i]
+    if result.sequences_scores is not None:
+        scores = [float(x) for x in np.asarray(result.sequences_scores)]
+    else:  # the summed logprobs of each sequence
+        scores = [float(logprobs[r, : result.num_tokens[r]].sum()) for r in range(len(result.texts))]
+    if args.output == "text":
+        for r, text in enumerate(result.texts):
+            if per_prompt == 1:
+                print(text)
+            else:
+                print(f"{r % per_prompt + 1}. [score {scores[r]:.4f}] {text}")
+        return
+    token_ids = np.asarray(result.token_ids)
+    for r in range(len(result.texts)):
+        i = r // per_prompt
+        n = result.num_tokens[r]
         row = {
             "index": i,
-            "prompt": prompt,
-            "text": result.texts[i],
-            "token_ids": token_ids[i, :n].tolist(),
-            "logprobs": [float(x) for x in logprobs[i, :n]],
-            "finish_reason": result.finish_reasons[i],
+            "prompt": prompts[i],
+            "text": result.texts[r],
+            "token_ids": token_ids[r, :n].tolist(),
+            "logprobs": [float(x) for x in logprobs[r, :n]],
+            "finish_reason": result.finish_reasons[r],
         }
+        if per_prompt > 1:
+            row["sequence"] = r % per_prompt
+            row["score"] = scores[r]
+        if result.top_token_ids is not None:
+            row["top_logprobs"] = [
+                dict(zip(map(str, ids), map(float, lps)))
+                for ids, lps in zip(
+                    np.asarray(result.top_token_ids)[r, :n].tolist(),
+                    np.asarray(result.top_logprobs)[r, :n].tolist(),
+                )
+            ]
         print(json.dumps(row, ensure_ascii=False))
 
 

@@ -262,3 +262,60 @@ def test_quiet_prints_nothing_on_stderr_and_verbose_prints_timings(default_model
     for name in ("load time", "compile time", "prompt tokens", "eval time", "total time"):
         assert f"functional-gen: {name:>16} = " in err, name
     assert "tokens per second" in err and "compilation cache" in err
+
+
+@pytest.mark.slow
+def test_chat_keeps_one_state_and_prefills_only_the_new_turn(default_model, monkeypatch, capsys):
+    import io
+
+    monkeypatch.setattr("sys.stdin", io.StringIO("What is the capital of France?\nAnd of Italy?\n/exit\n"))
+    assert cli.main(["chat", "-n", "16", "-v"]) == 0
+    out, err = capsys.readouterr()
+    answers = [line for line in out.splitlines() if line.strip()]
+    assert len(answers) == 2 and "Paris" in answers[0]
+    turns = [line for line in err.splitlines() if line.startswith("[prefilled")]
+    assert len(turns) == 2
+    first, second = ([int(w) for w in t.replace(",", " ").split() if w.isdigit()] for t in turns)
+    # turn 2 prefills its own tokens only, far fewer than the conversation holds
+    assert second[0] < 30 and second[-1] > first[-1] > second[0]
+
+
+@pytest.mark.slow
+def test_beam_search_and_guidance_options(default_model, capsys):
+    import functional_gen as fg
+
+    model, tokenizer = default_model
+    assert cli.main(["generate", "The capital of France is", "--raw", "-n", "8", "--num-beams", "3",
+                     "--num-return-sequences", "2", "--length-penalty", "1.0"]) == 0
+    printed = capsys.readouterr().out
+    expected = fg.generate(model, tokenizer, "The capital of France is", max_new_tokens=8,
+                           sampler=fg.samplers.BeamSearch(3), num_return_sequences=2)
+    assert printed == "".join(
+        f"{j + 1}. [score {float(score):.4f}] {text}\n"
+        for j, (text, score) in enumerate(zip(expected.texts, expected.sequences_scores))
+    )
+    assert cli.main(["generate", "The sea", "--raw", "-n", "6", "--guidance-scale", "1.5",
+                     "--negative-prompt", "The mountain", "--cfg", "batched"]) == 0
+    guided = capsys.readouterr().out.strip()
+    same = fg.generate(model, tokenizer, "The sea", max_new_tokens=6, guidance_scale=1.5,
+                       negative_prompt="The mountain", cfg="batched")
+    assert guided == same.texts[0].strip()
+    with pytest.raises(SystemExit):
+        cli.main(["generate", "hi", "--negative-prompt", "x"])
+    assert "need --guidance-scale" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_top_logprobs_in_jsonl(default_model, capsys):
+    import json
+
+    import numpy as np
+
+    import functional_gen as fg
+
+    model, tokenizer = default_model
+    assert cli.main(["generate", "Hello", "--raw", "-n", "4", "--output", "jsonl", "--top-logprobs", "3"]) == 0
+    row = json.loads(capsys.readouterr().out.strip())
+    expected = fg.generate(model, tokenizer, "Hello", max_new_tokens=4, top_logprobs=3)
+    ids = np.asarray(expected.top_token_ids)[0]
+    assert [list(map(int, step)) for step in row["top_logprobs"]] == ids[: len(row["top_logprobs"])].tolist()

@@ -29,15 +29,16 @@ def test_every_python_block_of_the_readme_runs(default_model, capsys):
 
 
 def _parser_options() -> tuple[set[str], set[str]]:
-    """`(our long names, every flag)` of `functional-gen generate`."""
+    """`(our long names, every flag)` of `functional-gen generate` and `functional-gen chat`."""
     parser = cli.build_parser()
-    generate = parser._subparsers._group_actions[0].choices["generate"]
     ours, every = set(), set()
-    for action in generate._actions:
-        if not action.option_strings or action.dest == "help":
-            continue
-        every.update(action.option_strings)
-        ours.add(next(o for o in action.option_strings if o.startswith("--")))
+    for command in ("generate", "chat"):
+        sub = parser._subparsers._group_actions[0].choices[command]
+        for action in sub._actions:
+            if not action.option_strings or action.dest == "help":
+                continue
+            every.update(action.option_strings)
+            ours.add(next(o for o in action.option_strings if o.startswith("--")))
     return ours, every
 
 
