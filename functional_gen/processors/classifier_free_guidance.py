@@ -42,7 +42,7 @@ class ClassifierFreeGuidanceState(eqx.Module):
 
 def _negative_prompt_param(value, vocab_size: int | None):
     """A negative prompt as an int32 array: `[n]` (one for every row) or `[batch, n]` (one per
-    row, left-padded with -1). **Raises:** `ValueError` for empty prompts, ids outside the
+    row, left-padded with -1; a given array may carry -1 left padding in either form). **Raises:** `ValueError` for empty prompts, ids outside the
     vocabulary, or padding that is not on the left."""
     if value is None:
         return None
@@ -87,7 +87,7 @@ def _negative_prompt_param(value, vocab_size: int | None):
         if bad:
             raise ValueError(
                 f"`{name}`{where} holds token ids outside the vocabulary [0, {vocab_size}): "
-                f"{bad[:8]}" + (" (-1 marks padding only in one-list-per-row form)" if -1 in bad else "")
+                f"{bad[:8]}"
             )
         if allow_padding:
             first = next(i for i, t in enumerate(ids) if t != -1)
@@ -98,7 +98,7 @@ def _negative_prompt_param(value, vocab_size: int | None):
                 )
 
     if flat is not None:
-        check_ids(flat, "", allow_padding=False)
+        check_ids(flat, "", allow_padding=True)
         return jnp.asarray(np.asarray(flat, np.int32))
     if not rows:
         raise ValueError(f"`{name}` is empty: pass one list of token ids, or one list per row")
@@ -163,7 +163,8 @@ class ClassifierFreeGuidance(AbstractLogitsProcessor):
     - `negative_prompt_ids`: `None` (the prompt's last token is the unconditional input), token
       ids shared by every row (`Int[Array, " n"]`, from a list of ints), or one negative prompt
       per row (`Int[Array, "batch n"]`, from a list of lists of any lengths or a 2-D array
-      left-padded with -1; -1 marks padding, which gets position -1 and is never attended to).
+      left-padded with -1). -1 marks padding (transformers' `negative_prompt_attention_mask`
+      zeros): it must come before the tokens, gets position -1 and is never attended to.
     - `rescale`: `None` or `Float[Array, "*rows"]` in [0, 1] (one value, or one per row).
 
     **Raises:** `ValueError` (at construction, before any compilation) for a non-finite
