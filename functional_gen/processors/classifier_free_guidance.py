@@ -201,7 +201,7 @@ class ClassifierFreeGuidance(AbstractLogitsProcessor):
         neg = self.negative_prompt_ids
         if neg is None:
             # transformers' default: the unconditional input is the prompt's last token.
-            cache = self.model.init_cache(1, max_len)
+            cache = self.model.init_cache(1, _slots(self, max_len))
             pending, position = context.last_token_id, jnp.int32(0)
         else:
             n = neg.shape[-1]
@@ -211,11 +211,11 @@ class ClassifierFreeGuidance(AbstractLogitsProcessor):
                 _, cache = self.model.prefill(
                     jnp.maximum(neg[None, :-1], 0),
                     positions[None, :-1],
-                    max_len=n - 1 + max_len,
+                    max_len=_slots(self, max_len),
                     logits_to_keep=1,
                 )
             else:
-                cache = self.model.init_cache(1, max_len)
+                cache = self.model.init_cache(1, _slots(self, max_len))
             pending, position = neg[-1], positions[-1]
         return ClassifierFreeGuidanceState(
             cache=cache,
@@ -254,6 +254,26 @@ class ClassifierFreeGuidance(AbstractLogitsProcessor):
             started=jnp.asarray(True),
         )
         return state, guided
+
+    def extend_state(
+        self, state: ClassifierFreeGuidanceState, max_len: int
+    ) -> ClassifierFreeGuidanceState:
+        """The state of one row with room for a longer sequence (continuing a generation).
+
+        **Arguments:** `state` (one row, unbatched: vmap it over rows); `max_len`: the new static
+        length of `Context.token_ids`.
+
+        **Returns:** the same state with its cache grown to the size `init` gives for `max_len`
+        (new slots empty).
+
+        **Raises:** `ValueError` if that is smaller than the cache already is.
+        """
+        return eqx.tree_at(lambda s: s.cache, state, state.cache.extend(_slots(self, max_len)))
+
+
+def _slots(processor: "ClassifierFreeGuidance", max_len: int) -> int:
+    n = 1 if processor.negative_prompt_ids is None else processor.negative_prompt_ids.shape[-1]
+    return n - 1 + max_len
 
 
 def check_guidance_first(processors: Sequence[Any]) -> None:

@@ -257,6 +257,24 @@ def test_state_keeps_its_shapes_and_counts_positions(negative):
     assert written[written >= 0].tolist()[-3:] == [n_real - 1, n_real, n_real + 1]
 
 
+def test_extend_state_gives_the_shapes_of_a_longer_context_and_keeps_the_branch():
+    """Continuing with a longer context: the grown state has `init`'s shapes for that length,
+    and the next `process` sees the same unconditional logits as without growing."""
+    model = CountingModel(vocab_size=32)
+    processor = ClassifierFreeGuidance(model, 2.0, [4, 5, 6])
+    ids = [1, 2, 3, 7, 8]
+    state, _ = _process(processor, _init(processor, _context(ids, 3)), jnp.zeros(32), _context(ids, 3))
+    grown = processor.extend_state(state, 24)
+    fresh = _init(processor, _context(ids, 3, max_len=24))
+    shapes = lambda t: jax.tree.map(lambda x: (x.shape, x.dtype), t)  # noqa: E731
+    assert shapes(grown) == shapes(fresh)
+    _, out = _process(processor, state, jnp.zeros(32), _context(ids, 4))
+    _, out_grown = _process(processor, grown, jnp.zeros(32), _context(ids, 4, max_len=24))
+    np.testing.assert_array_equal(np.asarray(out), np.asarray(out_grown))
+    with pytest.raises(ValueError, match="cannot shrink"):
+        processor.extend_state(grown, 16)
+
+
 def test_a_regex_after_guidance_gives_valid_outputs(default_model):
     model, tokenizer = default_model
     pattern = r"(19|20)[0-9]{2}"
