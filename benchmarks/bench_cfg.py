@@ -58,14 +58,18 @@ def decode_table(model, tokenizer, rounds, steps):
     def per_step(batch, name):
         return (min(runs[batch, name, 1 + steps]) - min(runs[batch, name, 1])) / steps * 1e3
 
-    print(f"\nDecode step, SmolLM2-135M float32, greedy: (fastest of {rounds} runs of {1 + steps} "
-          f"tokens - fastest of {rounds} runs of 1 token) / {steps}, ms/step")
+    print(
+        f"\nDecode step, SmolLM2-135M float32, greedy: (fastest of {rounds} runs of {1 + steps} "
+        f"tokens - fastest of {rounds} runs of 1 token) / {steps}, ms/step"
+    )
     print(f"{'batch':>5} | {'plain':>8} | {'CFG (processor)':>15} | {'ratio':>6} | target")
     print("-" * 56)
     for batch in BATCHES:
         base, guided = per_step(batch, "plain"), per_step(batch, "cfg")
         verdict = "ok" if guided / base <= TARGET else "MISSED"
-        print(f"{batch:>5} | {base:>8.2f} | {guided:>15.2f} | {guided / base:>6.3f} | <= {TARGET} {verdict}")
+        print(
+            f"{batch:>5} | {base:>8.2f} | {guided:>15.2f} | {guided / base:>6.3f} | <= {TARGET} {verdict}"
+        )
 
 
 def transformers_table(tokenizer, rounds, steps):
@@ -86,11 +90,19 @@ def transformers_table(tokenizer, rounds, steps):
         ids = torch.tensor([prompt] * batch)
         kwargs = {}
         if scale != 1:
-            kwargs = dict(guidance_scale=scale, negative_prompt_ids=torch.tensor([negative] * batch))
+            kwargs = dict(
+                guidance_scale=scale, negative_prompt_ids=torch.tensor([negative] * batch)
+            )
         start = time.perf_counter()
         with torch.no_grad():
-            hf.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, min_new_tokens=n,
-                        max_new_tokens=n, **kwargs)
+            hf.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                do_sample=False,
+                min_new_tokens=n,
+                max_new_tokens=n,
+                **kwargs,
+            )
         return time.perf_counter() - start
 
     runs = {(b, s, n): [] for b in BATCHES for s in (1.0, 1.5) for n in (1, 1 + steps)}
@@ -101,7 +113,7 @@ def transformers_table(tokenizer, rounds, steps):
     def per_step(batch, scale):
         return (min(runs[batch, scale, 1 + steps]) - min(runs[batch, scale, 1])) / steps * 1e3
 
-    print(f"\nReference: transformers (PyTorch eager, float32) generate, same measure, ms/step")
+    print("\nReference: transformers (PyTorch eager, float32) generate, same measure, ms/step")
     print(f"{'batch':>5} | {'plain':>8} | {'guidance_scale=1.5':>18} | {'ratio':>6}")
     print("-" * 46)
     for batch in BATCHES:

@@ -127,7 +127,7 @@ for (label, _, _), text in zip(settings, result.texts):
 # %%
 TOPICS = [
     ("The best way to cook pasta is", ["pasta", "water", "boil", "salt", "sauce"]),
-    ("My favourite thing about winter is", ["winter", "snow", "cold", "ice"]),
+    ("My favourite thing about winter is", ["winter", "snow", "cold", "frost", "christmas"]),
     ("The main cause of ocean tides is", ["moon", "tide", "gravit"]),
     ("To keep a houseplant healthy, you should", ["water", "light", "soil", "plant"]),
     ("The history of the bicycle began", ["bicycle", "bike", "wheel", "ride", "cycl"]),

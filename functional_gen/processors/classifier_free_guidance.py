@@ -66,13 +66,15 @@ def _negative_prompt_param(value, vocab_size: int | None):
         else:
             rows, flat = None, list(value)
     else:
-        raise ValueError(
+        raise TypeError(
             f"`{name}` must be token ids (a list of ints, or one list per row), got "
             f"{type(value).__name__}: {value!r}; tokenize a text negative prompt first"
         )
 
     def check_ids(ids, where, allow_padding):
-        if any(isinstance(t, (bool, np.bool_)) or not isinstance(t, (int, np.integer)) for t in ids):
+        if any(
+            isinstance(t, (bool, np.bool_)) or not isinstance(t, (int, np.integer)) for t in ids
+        ):
             raise ValueError(f"`{name}`{where} must hold integer token ids, got {ids!r}")
         real = [t for t in ids if not (allow_padding and t == -1)]
         if not real:
@@ -125,8 +127,8 @@ class ClassifierFreeGuidance(AbstractLogitsProcessor):
 
     `guidance_scale == 1` returns `cond` (the log-softmaxed logits) exactly; `s > 1` pushes the
     text towards the prompt (away from the negative prompt); `0 <= s < 1` towards the negative
-    prompt (`s = 0` samples from the negative prompt's continuation: it acts as a positive
-    prompt, as transformers documents); any finite real is accepted, negatives included.
+    prompt (`s = 0` decodes from the unconditional branch alone, so a negative prompt acts as a
+    positive one, as transformers documents); any finite real is accepted, negatives included.
 
     With `rescale = r` (in [0, 1]) the guided distribution is blended back with the conditional
     one in log space and renormalised, as in the first implementation of the transformers issue
@@ -170,7 +172,8 @@ class ClassifierFreeGuidance(AbstractLogitsProcessor):
     **Raises:** `ValueError` (at construction, before any compilation) for a non-finite
     `guidance_scale`, a `rescale` outside [0, 1], an empty negative prompt, negative-prompt ids
     outside `[0, model.config.vocab_size)` or padding that is not on the left; `TypeError` for a
-    `model` without `prefill`/`init_cache`.
+    `model` without `prefill`/`init_cache`, or a `negative_prompt_ids` that is not token ids
+    (e.g. a text: tokenize it first).
     """
 
     model: Any

@@ -82,7 +82,10 @@ def replay(model, processor, prompt, generated, max_len=64):
         row = np.zeros(max_len, np.int32)
         row[:length] = ids[:length]  # only the tokens so far: nothing from the future leaks in
         return Context(
-            jnp.asarray(row), jnp.int32(length), jnp.int32(len(prompt)), jnp.int32(MAX_NEW),
+            jnp.asarray(row),
+            jnp.int32(length),
+            jnp.int32(len(prompt)),
+            jnp.int32(MAX_NEW),
             jax.random.key(0),
         )
 
@@ -126,9 +129,13 @@ def test_tiny_greedy_tokens_and_scores_equal_transformers(tiny, scale, negative)
         distinct.update(expected)
         assert_scores_close(replay(model, processor, prompt, expected), scores, scale)
         # the loop's chosen-token logprobs are those of transformers' processed distribution
-        chosen = [torch.log_softmax(torch.tensor(s), -1)[t].item() for s, t in zip(scores, expected)]
+        chosen = [
+            torch.log_softmax(torch.tensor(s), -1)[t].item() for s, t in zip(scores, expected)
+        ]
         row = PROMPTS.index(prompt)
-        np.testing.assert_allclose(np.asarray(state.logprobs)[row, : len(expected)], chosen, atol=1e-4)
+        np.testing.assert_allclose(
+            np.asarray(state.logprobs)[row, : len(expected)], chosen, atol=1e-4
+        )
     assert len(distinct) > 8  # the continuations are not one repeated token
 
 
@@ -142,8 +149,12 @@ def test_tiny_per_row_negative_prompts_equal_transformers(tiny):
     ids = torch.tensor(prompts)
     with torch.no_grad():
         out = hf.generate(
-            ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=MAX_NEW,
-            guidance_scale=2.0, negative_prompt_ids=torch.tensor(negatives),
+            ids,
+            attention_mask=torch.ones_like(ids),
+            do_sample=False,
+            max_new_tokens=MAX_NEW,
+            guidance_scale=2.0,
+            negative_prompt_ids=torch.tensor(negatives),
         )
     for ours, theirs in zip(generated_rows(state), out[:, 4:].tolist()):
         assert ours == theirs[: len(ours)]  # transformers pads a finished row after its EOS
@@ -158,13 +169,19 @@ def test_per_row_scales_and_ragged_negative_prompts_equal_each_row_alone(tiny):
     negatives = [[44, 19, 72, 6, 50], [9], [30]]
     scales, rescales = [0.5, 1.5, 3.0], [1.0, 0.7, 0.3]
     batched = fg.generate_token_ids(
-        model, prompts, max_new_tokens=12,
+        model,
+        prompts,
+        max_new_tokens=12,
         processors=[ClassifierFreeGuidance(model, scales, negatives, rescale=rescales)],
     )
     for i in (1, 2):  # the padded rows (one compiled program: same shapes, new float leaves)
         alone = fg.generate_token_ids(
-            model, [prompts[i]], max_new_tokens=12,
-            processors=[ClassifierFreeGuidance(model, scales[i], negatives[i], rescale=rescales[i])],
+            model,
+            [prompts[i]],
+            max_new_tokens=12,
+            processors=[
+                ClassifierFreeGuidance(model, scales[i], negatives[i], rescale=rescales[i])
+            ],
         )
         assert generated_rows(batched)[i] == generated_rows(alone)[0]
         np.testing.assert_allclose(
@@ -238,8 +255,9 @@ def test_state_keeps_its_shapes_and_counts_positions(negative):
     model = CountingModel(vocab_size=32)
     processor = ClassifierFreeGuidance(model, 2.0, negative)
     if isinstance(negative, list) and isinstance(negative[0], list):
-        processor = eqx.tree_at(lambda p: p.negative_prompt_ids, processor,
-                                processor.negative_prompt_ids[0])  # row 0: [-1, 4]
+        processor = eqx.tree_at(
+            lambda p: p.negative_prompt_ids, processor, processor.negative_prompt_ids[0]
+        )  # row 0: [-1, 4]
     ids = [1, 2, 3, 7, 8]
     state = _init(processor, _context(ids, 3))
     shapes = jax.tree.map(lambda x: (x.shape, x.dtype), state)
@@ -263,11 +281,14 @@ def test_extend_state_gives_the_shapes_of_a_longer_context_and_keeps_the_branch(
     model = CountingModel(vocab_size=32)
     processor = ClassifierFreeGuidance(model, 2.0, [4, 5, 6])
     ids = [1, 2, 3, 7, 8]
-    state, _ = _process(processor, _init(processor, _context(ids, 3)), jnp.zeros(32), _context(ids, 3))
+    state, _ = _process(
+        processor, _init(processor, _context(ids, 3)), jnp.zeros(32), _context(ids, 3)
+    )
     grown = processor.extend_state(state, 24)
     fresh = _init(processor, _context(ids, 3, max_len=24))
-    shapes = lambda t: jax.tree.map(lambda x: (x.shape, x.dtype), t)  # noqa: E731
-    assert shapes(grown) == shapes(fresh)
+    assert jax.tree.map(lambda x: (x.shape, x.dtype), grown) == jax.tree.map(
+        lambda x: (x.shape, x.dtype), fresh
+    )
     _, out = _process(processor, state, jnp.zeros(32), _context(ids, 4))
     _, out_grown = _process(processor, grown, jnp.zeros(32), _context(ids, 4, max_len=24))
     np.testing.assert_array_equal(np.asarray(out), np.asarray(out_grown))
@@ -295,7 +316,9 @@ def test_guidance_must_come_first():
     cfg = ClassifierFreeGuidance(model, 1.5)
     check_guidance_first([cfg, P.Temperature(0.7)])
     check_guidance_first([P.Temperature(0.7)])
-    with pytest.raises(ValueError, match="must be the first processor.*position 1, after Temperature"):
+    with pytest.raises(
+        ValueError, match="must be the first processor.*position 1, after Temperature"
+    ):
         check_guidance_first([P.Temperature(0.7), cfg])
     with pytest.raises(ValueError, match="2 ClassifierFreeGuidance"):
         check_guidance_first([cfg, cfg])
@@ -310,12 +333,14 @@ def test_guidance_must_come_first():
         (dict(guidance_scale=1.5, rescale=-0.1), r"`rescale` must be in \[0.0, 1.0\]"),
         (dict(guidance_scale=1.5, negative_prompt_ids=[]), "needs at least one token"),
         (dict(guidance_scale=1.5, negative_prompt_ids=[[1, 2], []]), "row 1 is empty"),
-        (dict(guidance_scale=1.5, negative_prompt_ids=[3, 32]), r"outside the vocabulary \[0, 32\): \[32\]"),
+        (
+            dict(guidance_scale=1.5, negative_prompt_ids=[3, 32]),
+            r"outside the vocabulary \[0, 32\): \[32\]",
+        ),
         (dict(guidance_scale=1.5, negative_prompt_ids=[-2, 3]), r"outside the vocabulary.*\[-2\]"),
         (dict(guidance_scale=1.5, negative_prompt_ids=[-1, -1]), "needs at least one token"),
         (dict(guidance_scale=1.5, negative_prompt_ids=np.asarray([[3, -1]])), "left-pad"),
         (dict(guidance_scale=1.5, negative_prompt_ids=[3, -1]), "left-pad"),
-        (dict(guidance_scale=1.5, negative_prompt_ids="a text"), "tokenize a text negative prompt"),
     ],
 )
 def test_bad_inputs_raise_clear_errors(kwargs, message):
@@ -323,9 +348,11 @@ def test_bad_inputs_raise_clear_errors(kwargs, message):
         ClassifierFreeGuidance(CountingModel(vocab_size=32), **kwargs)
 
 
-def test_a_model_without_prefill_is_refused():
+def test_bad_types_raise_clear_errors():
     with pytest.raises(TypeError, match="`model` must be a causal LM"):
         ClassifierFreeGuidance(lambda x: x, 1.5)
+    with pytest.raises(TypeError, match="tokenize a text negative prompt"):
+        ClassifierFreeGuidance(CountingModel(vocab_size=32), 1.5, negative_prompt_ids="a text")
 
 
 # --- parity with transformers on the default model ----------------------------------------------
