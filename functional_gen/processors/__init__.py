@@ -56,6 +56,13 @@ from .log_softmax import LogSoftmax as LogSoftmax
 from .forced_tokens import ForcedTokens as ForcedTokens
 from .mirostat_v2 import MirostatV2 as MirostatV2, MirostatV2State as MirostatV2State
 
+# Guidance (holds a model; must come first in a chain)
+from .classifier_free_guidance import (
+    ClassifierFreeGuidance as ClassifierFreeGuidance,
+    ClassifierFreeGuidanceState as ClassifierFreeGuidanceState,
+    check_guidance_first as check_guidance_first,
+)
+
 # Structured generation
 from ..structured.choice import Choice as Choice
 from ..structured.grammar import Grammar as Grammar

@@ -39,15 +39,18 @@ State = PyTree
 """A processor's state: any pytree of arrays (`()` for stateless processors)."""
 
 
-def per_row_field(**kwargs):
+def per_row_field(*, row_ndim: int = 0, **kwargs):
     """Declare a processor field that holds either one value for all rows or one per row.
 
     A per-row value is an array whose leading axis is the batch; the generation loop vmaps it
-    together with the rows, so `process` always sees the row's own scalar. One compiled batch can
+    together with the rows, so `process` always sees the row's own value. One compiled batch can
     then mix temperatures, `top_p` values, penalties, ... (`eqx.field` keyword arguments pass
     through.)
+
+    `row_ndim` is the number of dimensions of ONE row's value: 0 for scalar knobs, 1 for a
+    token-id list (e.g. a negative prompt); a value with more dimensions is one per row.
     """
-    metadata = dict(kwargs.pop("metadata", {}) or {}, per_row=True)
+    metadata = dict(kwargs.pop("metadata", {}) or {}, per_row=True, row_ndim=row_ndim)
     return eqx.field(metadata=metadata, **kwargs)
 
 
@@ -64,7 +67,8 @@ def split_rows(processors: Sequence["AbstractLogitsProcessor"], batch_size: int)
         spec = jax.tree.map(lambda _: False, p)
         for f in dataclasses.fields(p):
             value = getattr(p, f.name, None)
-            if not f.metadata.get("per_row") or getattr(value, "ndim", 0) == 0:
+            row_ndim = f.metadata.get("row_ndim", 0)
+            if not f.metadata.get("per_row") or getattr(value, "ndim", 0) <= row_ndim:
                 continue
             if value.shape[0] != batch_size:
                 raise ValueError(

@@ -64,6 +64,15 @@ def char_tokenizer():
     return PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="<unk>", eos_token="</s>")
 
 
+@functools.cache
+def tiny_model():
+    """A random 2-layer Llama over VOCAB ids, for ClassifierFreeGuidance's unconditional branch."""
+    from functional_gen.models import LlamaForCausalLM
+    from functional_gen.testing import tiny_config
+
+    return LlamaForCausalLM(tiny_config(vocab_size=VOCAB, eos_token_id=EOS), key=jax.random.key(0))
+
+
 # name -> (factory(v), [(invalid construction, parameter name in the message), ...])
 REGISTRY = {
     "Temperature": (
@@ -154,6 +163,15 @@ REGISTRY = {
         [],
     ),
     "Grammar": (lambda v: P.Grammar('start: "a" "b"* | "c"', char_tokenizer()), []),
+    "ClassifierFreeGuidance": (
+        lambda v: P.ClassifierFreeGuidance(tiny_model(), v(0.5, 3.0), [3, 4, 5], rescale=v(0.3, 0.9)),
+        [
+            (lambda: P.ClassifierFreeGuidance(tiny_model(), float("nan")), "guidance_scale"),
+            (lambda: P.ClassifierFreeGuidance(tiny_model(), 1.5, rescale=1.5), "rescale"),
+            (lambda: P.ClassifierFreeGuidance(tiny_model(), 1.5, []), "negative_prompt_ids"),
+            (lambda: P.ClassifierFreeGuidance(tiny_model(), 1.5, [VOCAB]), "negative_prompt_ids"),
+        ],
+    ),
     "MirostatV2": (
         lambda v: P.MirostatV2(v(2.0, 5.0), v(0.1, 0.5), vocab_size=VOCAB),
         [(lambda: P.MirostatV2(-1.0, vocab_size=VOCAB), "mirostat_tau"), (lambda: P.MirostatV2(5.0, 0.1, vocab_size=0), "vocab_size")],

@@ -1,0 +1,138 @@
+"""What classifier-free guidance (the processor form) costs against plain decoding.
+
+Run: `python benchmarks/bench_cfg.py [--rounds 5] [--steps 32] [--transformers]`
+
+`ClassifierFreeGuidance` runs a second decode call of the model per row and step, on the
+negative branch's own `KVCache` (in the processor state, vmapped per row). The decode step is
+timed inside `fg.generate_token_ids` (one compiled `while_loop`) as in `bench_processors.py`: a
+run of `1 + steps` new tokens minus a run of 1 new token, divided by `steps` (prefill, the
+negative prompt's prefill and dispatch cancel out). Configurations are interleaved round by
+round and the fastest run of each is used (the machine is shared; interference only adds time).
+
+`--transformers` adds the same ratio for transformers' PyTorch `generate(guidance_scale=1.5)`
+against its plain greedy decoding (eager, float32), as a reference point.
+
+Speed target (issue #10): the processor form costs at most 2.1x plain decoding at batch 1 and 4.
+"""
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import jax
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's functional_gen
+import functional_gen as fg  # noqa: E402
+
+PROMPT = "Today, a dragon flew over Paris, France,"
+NEGATIVE = "A very happy event happened,"
+TARGET = 2.1
+BATCHES = (1, 4)
+
+
+def time_generation(model, prompts, processors, max_new_tokens):
+    start = time.perf_counter()
+    state = fg.generate_token_ids(
+        model, prompts, max_new_tokens=max_new_tokens, processors=processors, eos_token_id=()
+    )
+    jax.block_until_ready(state.token_ids)
+    return time.perf_counter() - start
+
+
+def decode_table(model, tokenizer, rounds, steps):
+    prompt = tokenizer(PROMPT)["input_ids"]
+    negative = tokenizer(NEGATIVE)["input_ids"]
+    cfg = fg.processors.ClassifierFreeGuidance(model, 1.5, negative_prompt_ids=negative)
+    configs = [(b, name, procs) for b in BATCHES for name, procs in (("plain", ()), ("cfg", [cfg]))]
+    runs = {}
+    for batch, name, procs in configs:  # compile every program first
+        for n in (1, 1 + steps):
+            time_generation(model, [prompt] * batch, procs, n)
+            runs[batch, name, n] = []
+    for _ in range(rounds):
+        for batch, name, procs in configs:
+            for n in (1, 1 + steps):
+                runs[batch, name, n].append(time_generation(model, [prompt] * batch, procs, n))
+
+    def per_step(batch, name):
+        return (min(runs[batch, name, 1 + steps]) - min(runs[batch, name, 1])) / steps * 1e3
+
+    print(
+        f"\nDecode step, SmolLM2-135M float32, greedy: (fastest of {rounds} runs of {1 + steps} "
+        f"tokens - fastest of {rounds} runs of 1 token) / {steps}, ms/step"
+    )
+    print(f"{'batch':>5} | {'plain':>8} | {'CFG (processor)':>15} | {'ratio':>6} | target")
+    print("-" * 56)
+    for batch in BATCHES:
+        base, guided = per_step(batch, "plain"), per_step(batch, "cfg")
+        verdict = "ok" if guided / base <= TARGET else "MISSED"
+        print(
+            f"{batch:>5} | {base:>8.2f} | {guided:>15.2f} | {guided / base:>6.3f} | <= {TARGET} {verdict}"
+        )
+
+
+def transformers_table(tokenizer, rounds, steps):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from functional_gen.loading import default_gguf_path
+
+    torch.set_num_threads(2)
+    path = default_gguf_path()
+    hf = AutoModelForCausalLM.from_pretrained(
+        str(path.parent), gguf_file=path.name, dtype=torch.float32
+    ).eval()
+    prompt = tokenizer(PROMPT)["input_ids"]
+    negative = tokenizer(NEGATIVE)["input_ids"]
+
+    def run(batch, scale, n):
+        ids = torch.tensor([prompt] * batch)
+        kwargs = {}
+        if scale != 1:
+            kwargs = dict(
+                guidance_scale=scale, negative_prompt_ids=torch.tensor([negative] * batch)
+            )
+        start = time.perf_counter()
+        with torch.no_grad():
+            hf.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                do_sample=False,
+                min_new_tokens=n,
+                max_new_tokens=n,
+                **kwargs,
+            )
+        return time.perf_counter() - start
+
+    runs = {(b, s, n): [] for b in BATCHES for s in (1.0, 1.5) for n in (1, 1 + steps)}
+    for _ in range(rounds):
+        for key in runs:
+            runs[key].append(run(*key))
+
+    def per_step(batch, scale):
+        return (min(runs[batch, scale, 1 + steps]) - min(runs[batch, scale, 1])) / steps * 1e3
+
+    print("\nReference: transformers (PyTorch eager, float32) generate, same measure, ms/step")
+    print(f"{'batch':>5} | {'plain':>8} | {'guidance_scale=1.5':>18} | {'ratio':>6}")
+    print("-" * 46)
+    for batch in BATCHES:
+        base, guided = per_step(batch, 1.0), per_step(batch, 1.5)
+        print(f"{batch:>5} | {base:>8.2f} | {guided:>18.2f} | {guided / base:>6.3f}")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=32)
+    parser.add_argument("--transformers", action="store_true", help="add transformers' ratio")
+    args = parser.parse_args()
+    model, tokenizer = fg.load_model()
+    print(f"functional_gen from {Path(fg.__file__).parent}, jax {jax.__version__}, {jax.devices()}")
+    decode_table(model, tokenizer, args.rounds, args.steps)
+    if args.transformers:
+        transformers_table(tokenizer, max(1, args.rounds // 2), args.steps)
+
+
+if __name__ == "__main__":
+    main()
