@@ -205,7 +205,11 @@ def _start(step: Step, plan: _Plan, arrays: SequenceArrays, new_ids, new_pos, bu
     prompt_length = arrays.prompt_length if plan.carry else length
     budget = jnp.where(padding_rows, 0, budget)
     if plan.carry and arrays.processor_states is not None:
-        processor_states = arrays.processor_states
+        # the same processors go on; states sized by the text's capacity grow with it
+        processor_states = tuple(
+            jax.vmap(lambda st, p=p: p.extend_state(st, plan.token_len))(st)
+            for p, st in zip(step.processors, arrays.processor_states)
+        )
     else:
         init_keys = jax.vmap(lambda k: jax.random.fold_in(k, _INIT_KEY_SALT))(arrays.key)
         contexts = Context(
@@ -327,7 +331,8 @@ def _rows_of_step(step: Step, prompts: int, fork: int, padded: int, finals: int)
     for p in step.processors:
         for f in dc.fields(p):
             value = getattr(p, f.name, None)
-            if not f.metadata.get("per_row") or getattr(value, "ndim", 0) == 0:
+            row_ndim = f.metadata.get("row_ndim", 0)
+            if not f.metadata.get("per_row") or getattr(value, "ndim", 0) <= row_ndim:
                 continue
             n = value.shape[0]
             if n == prompts:

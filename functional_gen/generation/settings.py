@@ -245,6 +245,9 @@ def resolve_settings(
         raise ValueError(f"stop strings must be non-empty strings, got {stop_strings!r}")
     if first_processors and not carry:
         processors_ = tuple(first_processors) + tuple(processors_)
+    from ..processors.classifier_free_guidance import check_guidance_first
+
+    check_guidance_first(processors_)
     step = make_step(
         model,
         processors_,

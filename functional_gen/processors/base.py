@@ -159,6 +159,14 @@ class AbstractLogitsProcessor(eqx.Module):
         **Returns:** `(state, logits)`, the state with unchanged structure, shapes and dtypes.
         """
 
+    def extend_state(self, state: State, max_len: int) -> State:
+        """One row's state when a continued generation's `Context.token_ids` grows to `max_len`
+        columns (a `SequenceState` continued with the same processors). Most states do not
+        depend on that length and are returned as they are; a processor whose state is sized by
+        it (classifier-free guidance's cache) grows it here."""
+        del max_len
+        return state
+
 
 class AbstractStatelessLogitsProcessor(AbstractLogitsProcessor):
     """A processor without state: implement `__call__(logits, context) -> logits`.

@@ -123,3 +123,74 @@ def test_bad_guidance_arguments(tiny_pair):
     with pytest.raises(ValueError, match="causally"):
         fg.generate(model, tok, ["t1"], max_new_tokens=2, guidance_scale=2.0, cfg="batched",
                     prefix_lm=True)
+
+
+@pytest.mark.parametrize("negative", [None, [40, 41, 42]], ids=["default", "negative"])
+def test_processor_and_batched_forms_give_the_same_tokens(tiny_pair, negative):
+    _, model, tok = tiny_pair
+    prompts = [[5, 6, 7, 8, 9], [30, 31]]
+    runs = {}
+    for cfg in ("processor", "batched"):
+        runs[cfg] = fg.generate(
+            model, tok, fg.SequenceState.from_token_ids(prompts, vocab_size=101),
+            max_new_tokens=10, eos_token_id=(), guidance_scale=2.5, negative_prompt=negative,
+            guidance_rescale=0.7, cfg=cfg, top_logprobs=4,
+        )
+    assert np.asarray(runs["processor"].token_ids).tolist() == np.asarray(runs["batched"].token_ids).tolist()
+    np.testing.assert_allclose(
+        np.asarray(runs["processor"].top_logprobs), np.asarray(runs["batched"].top_logprobs), atol=1e-4
+    )
+
+
+def test_processor_form_continues_and_works_with_beams(tiny_pair):
+    _, model, tok = tiny_pair
+    prompts = [[5, 6, 7, 8, 9], [30, 31]]
+    kw = dict(eos_token_id=(), guidance_scale=2.0, negative_prompt=[40, 41])
+    whole = fg.generate(model, tok, fg.SequenceState.from_token_ids(prompts, vocab_size=101),
+                        max_new_tokens=8, **kw)
+    first = fg.generate(model, tok, fg.SequenceState.from_token_ids(prompts, vocab_size=101),
+                        max_new_tokens=4, **kw)
+    # no processors given: the guidance processor goes on with its negative branch's cache
+    second = fg.generate(model, tok, first.state, max_new_tokens=4)
+    joined = np.concatenate([np.asarray(first.token_ids), np.asarray(second.token_ids)], 1)
+    assert joined.tolist() == np.asarray(whole.token_ids).tolist()
+    # beams: the negative branch's cache (in the processor state) is gathered with the beams.
+    # (transformers' unbatched CFG does not reorder its own cache with the beams, so it is no
+    # reference here.) Reference: each returned hypothesis's score recomputed without any
+    # cache, both branches run on the whole text, guided, summed, length-penalised.
+    hf, _, _ = tiny_pair
+    beams = {
+        cfg: fg.generate(model, tok, fg.SequenceState.from_token_ids(prompts[:1], vocab_size=101),
+                         max_new_tokens=6, sampler=fg.samplers.BeamSearch(3),
+                         num_return_sequences=2, cfg=cfg, **kw)
+        for cfg in ("processor", "batched")
+    }
+    assert np.asarray(beams["processor"].token_ids).tolist() == np.asarray(beams["batched"].token_ids).tolist()
+    for row, score in zip(np.asarray(beams["processor"].token_ids), beams["processor"].sequences_scores):
+        total = 0.0
+        for t in range(len(row)):
+            with torch.no_grad():
+                cond = hf(torch.as_tensor([prompts[0] + row[:t].tolist()])).logits[0, -1]
+                uncond = hf(torch.as_tensor([[40, 41] + row[:t].tolist()])).logits[0, -1]
+            c, u = torch.log_softmax(cond, -1), torch.log_softmax(uncond, -1)
+            total += float((2.0 * (c - u) + u)[row[t]])
+        np.testing.assert_allclose(float(score), total / len(row), atol=1e-4)
+
+
+def test_cfg_must_come_first_in_a_hand_built_chain(tiny_pair):
+    _, model, tok = tiny_pair
+    cfg = fg.processors.ClassifierFreeGuidance(model, 1.5)
+    with pytest.raises(ValueError, match="first"):
+        fg.generate(model, tok, ["t1 t2"], max_new_tokens=2,
+                    processors=[fg.processors.Temperature(0.5), cfg])
+
+
+def test_a_generation_config_guidance_scale_applies_guidance(tiny_pair):
+    _, model, tok = tiny_pair
+    state = fg.SequenceState.from_token_ids([[5, 6, 7]], vocab_size=101)
+    by_config = fg.generate(model, tok, state, max_new_tokens=6, eos_token_id=(),
+                            generation_config={"guidance_scale": 3.0})
+    explicit = fg.generate(model, tok, state, max_new_tokens=6, eos_token_id=(), guidance_scale=3.0)
+    plain = fg.generate(model, tok, state, max_new_tokens=6, eos_token_id=())
+    assert np.asarray(by_config.token_ids).tolist() == np.asarray(explicit.token_ids).tolist()
+    assert np.asarray(by_config.logprobs).tolist() != np.asarray(plain.logprobs).tolist()
