@@ -1,4 +1,5 @@
-"""What classifier-free guidance (the processor form) costs against plain decoding.
+"""What classifier-free guidance (the processor form and the 2x-batch form) costs against plain
+decoding.
 
 Run: `python benchmarks/bench_cfg.py [--rounds 5] [--steps 32] [--transformers]`
 
@@ -12,7 +13,8 @@ round and the fastest run of each is used (the machine is shared; interference o
 `--transformers` adds the same ratio for transformers' PyTorch `generate(guidance_scale=1.5)`
 against its plain greedy decoding (eager, float32), as a reference point.
 
-Speed target (issue #10): the processor form costs at most 2.1x plain decoding at batch 1 and 4.
+Speed targets (issue #10): the processor form costs at most 2.1x plain decoding, the 2x-batch
+form (`GuidedModel`: both branches in one model call) at most 1.5x at batch 1.
 """
 
 import argparse
@@ -27,14 +29,14 @@ import functional_gen as fg  # noqa: E402
 
 PROMPT = "Today, a dragon flew over Paris, France,"
 NEGATIVE = "A very happy event happened,"
-TARGET = 2.1
 BATCHES = (1, 4)
 
 
-def time_generation(model, prompts, processors, max_new_tokens):
+def time_generation(model, prompts, processors, max_new_tokens, guided_model=None):
     start = time.perf_counter()
     state = fg.generate_token_ids(
-        model, prompts, max_new_tokens=max_new_tokens, processors=processors, eos_token_id=()
+        guided_model or model, prompts, max_new_tokens=max_new_tokens, processors=processors,
+        eos_token_id=(),
     )
     jax.block_until_ready(state.token_ids)
     return time.perf_counter() - start
@@ -43,17 +45,21 @@ def time_generation(model, prompts, processors, max_new_tokens):
 def decode_table(model, tokenizer, rounds, steps):
     prompt = tokenizer(PROMPT)["input_ids"]
     negative = tokenizer(NEGATIVE)["input_ids"]
+    from functional_gen.generation.guidance import GuidedModel
+
     cfg = fg.processors.ClassifierFreeGuidance(model, 1.5, negative_prompt_ids=negative)
-    configs = [(b, name, procs) for b in BATCHES for name, procs in (("plain", ()), ("cfg", [cfg]))]
+    batched = GuidedModel(model, 1.5, negative)
+    forms = (("plain", (), None), ("cfg", [cfg], None), ("batched", (), batched))
+    configs = [(b, name, procs, m) for b in BATCHES for name, procs, m in forms]
     runs = {}
-    for batch, name, procs in configs:  # compile every program first
+    for batch, name, procs, m in configs:  # compile every program first
         for n in (1, 1 + steps):
-            time_generation(model, [prompt] * batch, procs, n)
+            time_generation(model, [prompt] * batch, procs, n, m)
             runs[batch, name, n] = []
     for _ in range(rounds):
-        for batch, name, procs in configs:
+        for batch, name, procs, m in configs:
             for n in (1, 1 + steps):
-                runs[batch, name, n].append(time_generation(model, [prompt] * batch, procs, n))
+                runs[batch, name, n].append(time_generation(model, [prompt] * batch, procs, n, m))
 
     def per_step(batch, name):
         return (min(runs[batch, name, 1 + steps]) - min(runs[batch, name, 1])) / steps * 1e3
@@ -62,13 +68,22 @@ def decode_table(model, tokenizer, rounds, steps):
         f"\nDecode step, SmolLM2-135M float32, greedy: (fastest of {rounds} runs of {1 + steps} "
         f"tokens - fastest of {rounds} runs of 1 token) / {steps}, ms/step"
     )
-    print(f"{'batch':>5} | {'plain':>8} | {'CFG (processor)':>15} | {'ratio':>6} | target")
-    print("-" * 56)
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from bench_generate import measure_bandwidth
+
+    bandwidth = measure_bandwidth()
+    weight_bytes = sum(w.size * w.dtype.itemsize for w in model.named_weights().values())
+    bound_ms = weight_bytes / (bandwidth * 1e9) * 1e3
+    print(f"bandwidth {bandwidth:.1f} GB/s: one read of the weights takes {bound_ms:.1f} ms (the "
+          "bound of a decode step)")
+    print("| batch | plain | CFG processor | ratio (target <= 2.1) | CFG batched | ratio (target <= 1.5) | bound |")
+    print("|---|---|---|---|---|---|---|")
     for batch in BATCHES:
-        base, guided = per_step(batch, "plain"), per_step(batch, "cfg")
-        verdict = "ok" if guided / base <= TARGET else "MISSED"
+        base = per_step(batch, "plain")
+        proc, bat = per_step(batch, "cfg"), per_step(batch, "batched")
         print(
-            f"{batch:>5} | {base:>8.2f} | {guided:>15.2f} | {guided / base:>6.3f} | <= {TARGET} {verdict}"
+            f"| {batch} | {base:.2f} | {proc:.2f} | {proc / base:.3f} | {bat:.2f} | "
+            f"{bat / base:.3f} | {bound_ms:.1f} |"
         )
 
 
