@@ -94,7 +94,7 @@ class UnsupportedSchemaError(ConstraintError):
     """
 
     def __init__(self, keyword: str, path: str, reason: str):
-        self.keyword, self.path = keyword, path
+        self.keyword, self.path, self.reason = keyword, path, reason
         super().__init__(f"JSON Schema keyword `{keyword}` at {path} is not supported: {reason}")
 
 
@@ -643,6 +643,20 @@ def json_schema_regex(
         if name in regex:
             raise RuntimeError(f"internal error: marker {name} survived in the regex")
     return regex
+
+
+def json_schema_automaton(schema, vocabulary, *, cache: bool = True, **options):
+    """The `TokenAutomaton` of the JSON documents valid under `schema`, for `vocabulary`.
+
+    **Arguments:** `schema`: a dict, JSON text or a pydantic model class; `vocabulary`: from
+    `vocabulary_from_tokenizer`; `cache`: use the memory and disk caches; `options`: those of
+    `json_schema_regex`.
+
+    **Raises:** as `json_schema_regex`, and `ConstraintError` when the vocabulary cannot write
+    any valid document.
+    """
+    regex = json_schema_regex(schema, **options)
+    return regex_automaton(regex, vocabulary, cache=cache, description=f"json schema {_describe(schema)}")
 
 
 class JsonSchema(AbstractConstraint):
