@@ -14,7 +14,7 @@ nodes, our own regexes where outlines-core's would let invalid documents through
 | `allOf` | regexes concatenated: invalid JSON | merged into one schema |
 | `oneOf` | treated as `anyOf` | `anyOf` when the branches are provably disjoint (as llguidance) |
 | objects | closed: no property beyond `properties` | open unless `additionalProperties: false` (JSON Schema's default; `closed_objects=True` closes them); `patternProperties`, `propertyNames`, `minProperties`/`maxProperties`, `required` names without a schema (any value) |
-| free-form values (`{}`) | nested 3 levels, a 14,000-character regex that takes minutes to compile | nested `free_form_depth` levels (default 2) |
+| free-form values (`{}`) | nested 3 levels, a 14,000-character regex that takes minutes to compile | nested `free_form_depth` levels (default 1) |
 | recursive `$ref` at the depth bound | property dropped, dangling `,` | inlined here; the bottom value left out |
 
 A rewritten node is replaced by a `const` marker string; after outlines-core has built the
@@ -204,11 +204,13 @@ _KEY_UNIT = r'(?:[^"\\\x00-\x1F\x7F-\x9F]|\\["\\bfnrt])'
 escapes (no `\\/`, no `\\u`), so every key has exactly one spelling."""
 
 
-DEFAULT_FREE_FORM_DEPTH = 2
+DEFAULT_FREE_FORM_DEPTH = 1
 """How deep a free-form value (`{}`, `true`, a schema without type information, the value of an
-additional property) may nest arrays and objects: 2 allows `{"a": [1, 2]}` but not
-`{"a": {"b": [1]}}`. Each level multiplies the automaton's compile time by about 40 (the byte
-DFA of depth 3 takes over a minute); unbounded nesting needs the pushdown automaton."""
+additional property) may nest arrays and objects: 1 allows `[1, "a"]` and `{"a": null}` but not
+`{"a": [1]}` (an open object is itself a level: its additional values may be such one-level
+values). Each level multiplies the automaton's compile time by about 40 (depth 2: about 2 s,
+depth 3: over a minute, through outlines-core's byte DFA); unbounded nesting needs the pushdown
+automaton."""
 _STRING = r'"(?:[^"\\\x00-\x1F\x7F-\x9F]|\\["\\/bfnrt])*"'
 _NUMBER = r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?"
 
@@ -317,6 +319,10 @@ def _overlap(regexes: list[str]) -> bool:
     return False
 
 
+class _TooLarge(Exception):
+    """An object regex over `_MAX_OBJECT_REGEX` characters (caught by `_Rewriter._object`)."""
+
+
 def _object_regex(items, extra, ws: str, min_count: int, max_count: int | None) -> str | None:
     """The regex of an object: `items` (the regex of each listed `"key": value`, and whether it
     is required) in order, then `extra` (the regex of one additional `"key": value`, or `None`)
@@ -327,6 +333,14 @@ def _object_regex(items, extra, ws: str, min_count: int, max_count: int | None) 
     n = len(items)
     top = max(min_count, max_count if max_count is not None else 0, 1)
     memo: dict = {}
+
+    def rest_without_extra(i: int, c: int):
+        nonlocal extra
+        saved, extra = extra, None
+        try:
+            return rest(i, c)
+        finally:
+            extra = saved
 
     def rest(i: int, c: int):
         if (i, c) in memo:
@@ -345,6 +359,11 @@ def _object_regex(items, extra, ws: str, min_count: int, max_count: int | None) 
                     out = f"(?:(?:{extra}){tail})?"
         else:
             regex, required = items[i]
+            if not required and c > 0 and min(c + 1, top) == c and max_count is None:
+                # the count no longer matters: an optional member, then the same rest (linear size)
+                after = rest(i + 1, c)
+                memo[(i, c)] = None if after is None else f"(?:{sep}{regex})?{after}"
+                return memo[(i, c)]
             alternatives = []
             if max_count is None or c < max_count:
                 after = rest(i + 1, min(c + 1, top))
@@ -360,10 +379,22 @@ def _object_regex(items, extra, ws: str, min_count: int, max_count: int | None) 
                 out = alternatives[0]
             else:
                 out = "(?:" + "|".join(f"(?:{a})" for a in alternatives) + ")"
+        if out is not None and len(out) > _MAX_OBJECT_REGEX:
+            raise _TooLarge(len(out))
         memo[(i, c)] = out
         return out
 
-    body = rest(0, 0)
+    if min_count == 0 and max_count is None and extra is not None and items:
+        # the usual case, in linear size: the listed members (at least one), then the additional
+        # ones, or the additional ones alone when nothing is required
+        min_count = 1
+        listed = rest_without_extra(0, 0)
+        alternatives = [] if listed is None else [f"{listed}(?:{sep}(?:{extra}))*"]
+        if not any(required for _, required in items):
+            alternatives.append(f"(?:(?:{extra})(?:{sep}(?:{extra}))*)?")
+        body = "(?:" + "|".join(f"(?:{a})" for a in alternatives) + ")"
+    else:
+        body = rest(0, 0)
     return None if body is None else rf"\{{{ws}{body}{ws}\}}"
 
 
@@ -805,14 +836,16 @@ class _Rewriter:
         for k, v in (("minProperties", min_count), ("maxProperties", max_count)):
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
                 raise UnsupportedSchemaError(k, path, f"must be a non-negative integer, got {v!r}")
-        regex = _object_regex(items, "|".join(extras) if extras else None, self.ws, min_count, max_count)
-        if regex is None:
-            return NEVER
-        if len(regex) > _MAX_OBJECT_REGEX:
+        try:
+            regex = _object_regex(items, "|".join(extras) if extras else None, self.ws, min_count, max_count)
+        except _TooLarge as e:
             raise UnsupportedSchemaError(
                 "properties", path, f"{len(items)} properties ({sum(not r for _, r in items)} optional) make a "
-                f"{len(regex):,}-character regex, too large to compile in reasonable time; make more of them required"
-            )
+                f"regex of over {e.args[0]:,} characters, too large to compile in reasonable time; make more "
+                "of them required or bound fewer of them with minProperties/maxProperties"
+            ) from None
+        if regex is None:
+            return NEVER
         return self.marker(regex)
 
     def _boolean(self, node: dict, path: str):

@@ -123,7 +123,7 @@ def test_strict_false_drops_unenforceable_keywords_with_one_warning():
 OBJECT_CASES = {
     "open_by_default": (
         {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]},
-        [{"a": 1}, {"a": 1, "b": 2}, {"a": 1, "b": {"c": [1, "x"]}}, {"b": 2}, {"a": "x"}, {"a": 1, "ab": None}],
+        [{"a": 1}, {"a": 1, "b": 2}, {"a": 1, "b": {"c": "x"}}, {"b": 2}, {"a": "x"}, {"a": 1, "ab": None}],
     ),
     "additional_schema": (
         {"type": "object", "properties": {"a": {"type": "integer"}}, "additionalProperties": {"type": "string"}},
@@ -135,7 +135,7 @@ OBJECT_CASES = {
     ),
     "required_without_schema": (
         {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a", "b"]},
-        [{"a": 1, "b": [1, {"x": None}]}, {"a": 1, "b": "s"}, {"a": 1}, {"b": 1}],
+        [{"a": 1, "b": [1, "x", None]}, {"a": 1, "b": "s"}, {"a": 1}, {"b": 1}],
     ),
     "pattern_properties": (
         {"type": "object", "properties": {"id": {"type": "integer"}},
@@ -224,3 +224,32 @@ def test_unsatisfiable_object_is_refused():
     with pytest.raises(ValueError, match="no JSON value"):
         json_schema_regex({"type": "object", "properties": {"a": {"type": "integer"}}, "minProperties": 2,
                            "additionalProperties": False})
+
+
+def test_free_form_values_nest_free_form_depth_levels():
+    import re
+
+    shallow = re.compile(json_schema_regex({"type": "object"}))
+    deep = re.compile(json_schema_regex({"type": "object"}, free_form_depth=2))
+    for text, depth in [('{"a":1}', 1), ('{"a":[1,"x"],"b":{"c":null}}', 2), ('{"a":{"b":[1]}}', 3)]:
+        assert bool(shallow.fullmatch(text)) == (depth <= 2), text  # the open object is a level itself
+        assert bool(deep.fullmatch(text)) == (depth <= 3), text
+
+
+def test_many_optional_properties_compile_to_a_moderate_regex():
+    # outlines-core writes 100 optional properties as an 8.9-million-character regex
+    import re
+
+    schema = {"type": "object", "properties": {f"p{i}": {"type": "integer"} for i in range(100)},
+              "additionalProperties": False}
+    regex = json_schema_regex(schema)
+    assert len(regex) < 1_000_000
+    assert re.fullmatch(regex, '{"p99":1}') and re.fullmatch(regex, '{"p3":1,"p50":2}')
+    assert not re.fullmatch(regex, '{"p50":2,"p3":1}')  # properties come in schema order
+
+
+def test_one_of_overlap_is_judged_on_the_schemas_not_their_regexes():
+    # both branches become regex markers; 5 matches both, so `oneOf` cannot become `anyOf`
+    with pytest.raises(UnsupportedSchemaError, match="oneOf"):
+        json_schema_regex({"oneOf": [{"type": "integer", "minimum": 0}, {"type": "integer", "maximum": 10}]})
+    assert json_schema_regex({"oneOf": [{"type": "integer", "minimum": 0}, {"type": "string"}]})
