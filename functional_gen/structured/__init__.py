@@ -38,6 +38,9 @@ from .json_schema import (
     JsonSchema as JsonSchema,
 )
 from .json_schema import (
+    InvalidSchemaError as InvalidSchemaError,
+)
+from .json_schema import (
     UnsupportedSchemaError as UnsupportedSchemaError,
 )
 from .json_schema import (
