@@ -251,6 +251,7 @@ def main(argv=None) -> None:
     parser.add_argument("--timeout", type=float, default=30.0, help="seconds per schema")
     parser.add_argument("--json", type=Path, help="write every per-schema record here")
     parser.add_argument("--lenient", action="store_true", help="compile with strict=False")
+    parser.add_argument("--closed-objects", action="store_true", help="compile with closed_objects=True")
     parser.add_argument("--verbose", action="store_true", help="one line per schema")
     args = parser.parse_args(argv)
     splits = None if args.all else args.splits
@@ -258,6 +259,8 @@ def main(argv=None) -> None:
     if splits is None:
         splits = sorted({r["split"] for r in records})
     options = {"strict": False} if args.lenient else {}
+    if args.closed_objects:
+        options["closed_objects"] = True
     print(f"{len(records)} schemas from {args.data.name}; timeout {args.timeout:.0f} s; options {options}",
           file=sys.stderr)
     worker = Worker(options)

@@ -607,10 +607,13 @@ class _Rewriter:
         return self.typed(types, node, path)
 
     def infer_types(self, node: dict):
-        present = [t for t, keys in _TYPE_KEYWORDS.items() if keys & node.keys() and t != "number"]
+        """No `type`: every JSON type is allowed, and each type-specific keyword constrains only
+        values of its type (`{"properties": {...}}` also accepts `"text"` or `3`), as validators
+        read it. `None` when no type-specific keyword is present (any value)."""
+        present = [t for t, keys in _TYPE_KEYWORDS.items() if keys & node.keys() and t != "integer"]
         if not present:
             return None
-        return present if len(present) > 1 else present[0]
+        return present + [t for t in ("object", "array", "string", "number", "boolean", "null") if t not in present]
 
     def typed(self, kind, node: dict, path: str):
         if kind is None:  # no type information: any JSON value
@@ -735,6 +738,8 @@ class _Rewriter:
                 rewritten.append(r)
             if rewritten:
                 out["prefixItems"] = rewritten
+        if items is None and prefix is None:
+            items = True  # any items: our bounded free-form value, not outlines-core's generic one
         if items is not None:
             r = self.node(items, f"{path}/items")
             if r is NEVER:  # no item beyond the prefix

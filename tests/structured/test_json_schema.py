@@ -253,3 +253,17 @@ def test_one_of_overlap_is_judged_on_the_schemas_not_their_regexes():
     with pytest.raises(UnsupportedSchemaError, match="oneOf"):
         json_schema_regex({"oneOf": [{"type": "integer", "minimum": 0}, {"type": "integer", "maximum": 10}]})
     assert json_schema_regex({"oneOf": [{"type": "integer", "minimum": 0}, {"type": "string"}]})
+
+
+def test_keywords_without_type_constrain_only_their_type():
+    # MaskBench Github_medium o69887: `"items": {"required": [], "properties": {}}` and the
+    # strings "season1", "season2" are valid items (the object keywords do not apply to them).
+    import re
+
+    import jsonschema
+
+    schema = {"type": "array", "items": {"required": ["a"], "properties": {"a": {"type": "integer"}}, "minimum": 1}}
+    regex = re.compile(json_schema_regex(schema))
+    for document in (["season1", 2.5, None, True, [1]], [{"a": 1}], [{"b": 1}], [0.5], [{"a": "x"}], [[1, 2]]):
+        text = json.dumps(document, separators=(",", ":"))
+        assert bool(regex.fullmatch(text)) == jsonschema.Draft202012Validator(schema).is_valid(document), text
