@@ -23,6 +23,23 @@ Github_easy/medium/hard, Kubernetes; research/structured.md §5): llguidance com
 xgrammar 119, outlines-core 89; compile p50 llguidance 7 ms, xgrammar 17 ms, outlines-core
 146 ms.
 
+Recorded on 2026-11-22 (`--limit 24`, seed 0, timeout 30 s, the 2-core machine shared with three
+other developers' jobs at a load average of about 10, so compile times are inflated and noisy):
+
+| run | compiled | timeouts | compile p50 / p90 / p99 ms | valid accepted | invalid rejected |
+|---|---|---|---|---|---|
+| before issue 11 (unknown keywords refused, objects closed) | 54/120 (45%) | 0 | 44 / 595 / 6,153 | 70/77 | 132/132 |
+| after (open objects, free-form depth 1) | 85/120 (71%) | 18 | 1,153 / 13,628 / 26,524 | 117/122 | 232/232 |
+
+Of the 35 refusals after: 18 timeouts (mostly Github_hard and Kubernetes), 4 overlapping
+`oneOf`, 3 `dependencies`, 2 `pattern` + length that cannot be intersected, 2 anchors inside a
+pattern, and single others. The 5 valid instances rejected: 4 nest a free-form value deeper
+than `free_form_depth`, 1 was a bug (fixed since: untyped `properties` made the value an
+object). Where the time goes: outlines-core's regex -> byte DFA step on the whole regex (each
+open object repeats a free-form value; the sentinel-terminated regex is determinised without
+regex-automata's early match cut-off, 2 s for a depth-2 free-form value against 0.05 s for
+depth 1).
+
 Run: `python benchmarks/bench_json_schema.py --limit 24` (the five splits, 24 each), `--all`
 for every split of the file, `--limit 0` for every schema of the chosen splits. Timings come
 from a shared 2-core machine: read them as orders of magnitude.
