@@ -31,11 +31,8 @@ import jax
 
 import functional_gen as fg
 from functional_gen.structured import json_schema_regex, regex_automaton, vocabulary_from_tokenizer
-from functional_gen.structured.automaton import (
-    build_regex_automaton,
-    clear_memory_cache,
-    from_outlines_index,
-)
+from functional_gen.structured.automaton import clear_memory_cache, from_outlines_index
+from functional_gen.structured.byte_dfa import build_regex_automaton
 from functional_gen.structured.grammar import grammar_automaton
 
 FIVE_FIELDS = {  # research/structured.md's "bounded" JSON schema

@@ -193,7 +193,8 @@ for n in range(len(tokens) + 1):
 #
 # `JsonSchema` turns the schema into a regex (with exact integer ranges, strict formats and
 # patterns that stay valid JSON), compiles it like any regex, and runs it on the device. We
-# generate two documents in one call, one row per schema.
+# generate two documents in one call, one row per schema. JSON Schema objects are open unless
+# `"additionalProperties": false` (any other key may follow the listed ones); we close this one.
 
 # %%
 person = {
@@ -204,6 +205,7 @@ person = {
         "languages": {"type": "array", "items": {"enum": ["English", "French", "Japanese"]}, "maxItems": 2},
     },
     "required": ["name", "age", "languages"],
+    "additionalProperties": False,
 }
 print(json_schema_regex(person)[:160], "...")
 constraint = per_row([fg.processors.JsonSchema(person, tokenizer), time_processor])

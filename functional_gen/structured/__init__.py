@@ -23,11 +23,9 @@ from .automaton import (
 from .automaton import (
     automaton_cache_dir as automaton_cache_dir,
 )
-from .automaton import (
-    regex_automaton as regex_automaton,
-)
 from .byte_dfa import ByteDFA as ByteDFA
 from .byte_dfa import lift as lift
+from .byte_dfa import regex_automaton as regex_automaton
 from .byte_dfa import regex_byte_dfa as regex_byte_dfa
 from .choice import Choice as Choice
 from .choice import choice_regex as choice_regex
@@ -38,6 +36,9 @@ from .grammar_syntax import GrammarError as GrammarError
 from .grammar_syntax import parse_grammar as parse_grammar
 from .json_schema import (
     JsonSchema as JsonSchema,
+)
+from .json_schema import (
+    InvalidSchemaError as InvalidSchemaError,
 )
 from .json_schema import (
     UnsupportedSchemaError as UnsupportedSchemaError,

@@ -14,6 +14,7 @@ single bytes is exactly the byte-level DFA of the regex.
 import dataclasses
 import functools
 import itertools
+import re
 
 import numpy as np
 from jaxtyping import Bool, Int
@@ -24,8 +25,8 @@ from .automaton import (
     TokenAutomaton,
     _bfs_layers,
     _csr,
-    _regex_hint,
     _short,
+    cached,
     from_transitions,
 )
 from .vocabulary import TokenVocabulary
@@ -291,4 +292,55 @@ def lift(dfa: ByteDFA, vocabulary: TokenVocabulary, description: str = "") -> To
         vocab_size=vocabulary.vocab_size,
         eos_token_id=vocabulary.eos_token_id,
         description=description,
+    )
+
+
+# ----------------------------------------------------------------------------- regex
+
+
+def _regex_hint(pattern: str) -> str:
+    try:
+        re.compile(pattern)
+    except re.error as e:
+        return f" ({e})"
+    return ""
+
+
+def build_regex_automaton(pattern: str, vocabulary: TokenVocabulary, description: str | None = None) -> TokenAutomaton:
+    """Compile a regex into a `TokenAutomaton`, without any cache: outlines-core compiles the
+    regex into a byte-level DFA (`byte_dfa.regex_byte_dfa`), we minimise it and lift it to the
+    vocabulary's tokens (`byte_dfa.lift`).
+
+    We do not lift with outlines-core's token `Index`: it drops every token that ends one byte
+    after a complete match without being a match itself (regex-automata reports matches one
+    byte late), so that `1` `.` `5` cannot be written for `[0-9]+(\\.[0-9]+)?`, nor `cat` `e`
+    `gory` for `cat|category`; and exporting its `{state: {token: state}}` dictionaries to
+    arrays costs as much as building it. Where its `Index` has no such gap, both give the same
+    tables (tested).
+
+    **Raises:** `ConstraintError` naming the pattern when it does not compile (bad syntax,
+    look-around, Unicode word boundaries), matches nothing, or cannot be written with the
+    vocabulary.
+    """
+    description = pattern if description is None else description
+    return lift(minimize(regex_byte_dfa(pattern)), vocabulary, description)
+
+
+def regex_automaton(pattern: str, vocabulary: TokenVocabulary, *, cache: bool = True, description: str | None = None) -> TokenAutomaton:
+    """Compile a regex (Rust `regex` syntax, matched against the WHOLE generated text) into a
+    `TokenAutomaton`, through the memory and disk caches.
+
+    **Arguments:** `pattern`: the regex; `vocabulary`: from `vocabulary_from_tokenizer`;
+    `cache`: use the caches; `description`: a label for messages (default: the pattern).
+
+    **Raises:** `ConstraintError` (a `ValueError`) for a pattern that does not compile or that the
+    vocabulary cannot write.
+
+    Source: Willard & Louf, "Efficient Guided Generation for Large Language Models" (2023), the
+    token-level automaton of a regex; outlines-core compiles the regex itself.
+    """
+    if not isinstance(pattern, str):
+        raise TypeError(f"a regex must be a str, got {type(pattern).__name__}: {pattern!r}")
+    return cached(
+        "regex", pattern, vocabulary, lambda: build_regex_automaton(pattern, vocabulary, description), cache=cache
     )

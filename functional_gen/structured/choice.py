@@ -2,7 +2,7 @@
 
 from collections.abc import Sequence
 
-from .automaton import regex_automaton
+from .byte_dfa import regex_automaton
 from .processor import AbstractConstraint, rows_of
 from .regex import escape
 from .vocabulary import vocabulary_from_tokenizer

@@ -10,7 +10,8 @@ offset as RFC 3339's `full-time` requires, lower- or upper-case UUIDs with the d
 Each value is the body of the JSON string, without the quotes; all of them are plain ASCII that
 JSON needs no escape for.
 
-Sources: RFC 3339 §5.6 (`full-date`, `full-time`, `date-time`), RFC 4122 (UUID), the
+Sources: RFC 3986 (URI), RFC 4291 §2.2 (IPv6 text forms), RFC 1123 (hostnames), ISO 8601 /
+JSON Schema 2020-12 Appendix A (duration), RFC 4648 (base64), RFC 3339 §5.6 (`full-date`, `full-time`, `date-time`), RFC 4122 (UUID), the
 `jsonschema` package's `FormatChecker`, Python's `datetime.date.fromisoformat`.
 """
 
@@ -32,6 +33,28 @@ UUID = rf"{_HEX}{{8}}-{_HEX}{{4}}-{_HEX}{{4}}-{_HEX}{{4}}-{_HEX}{{12}}"
 _OCTET = r"(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
 IPV4 = rf"(?:{_OCTET}\.){{3}}{_OCTET}"
 
+_H16 = "[0-9a-fA-F]{1,4}"
+IPV6 = (
+    rf"(?:(?:{_H16}:){{7}}{_H16}|(?:{_H16}:){{1,7}}:|(?:{_H16}:){{1,6}}:{_H16}"
+    rf"|(?:{_H16}:){{1,5}}(?::{_H16}){{1,2}}|(?:{_H16}:){{1,4}}(?::{_H16}){{1,3}}"
+    rf"|(?:{_H16}:){{1,3}}(?::{_H16}){{1,4}}|(?:{_H16}:){{1,2}}(?::{_H16}){{1,5}}"
+    rf"|{_H16}:(?::{_H16}){{1,6}}|:(?:(?::{_H16}){{1,7}}|:))"
+)
+_HOST_LABEL = r"[a-zA-Z0-9](?:[a-zA-Z0-9-]{0,60}[a-zA-Z0-9])?"
+HOSTNAME = rf"{_HOST_LABEL}(?:\.{_HOST_LABEL}){{0,3}}"  # at most 4 labels of 62: under 253 characters
+_PCHAR = r"(?:[A-Za-z0-9._~!$&'()*+,;=:@-]|%[0-9A-Fa-f]{2})"
+_URI_TAIL = rf"(?:{_PCHAR}|/)*(?:\?(?:{_PCHAR}|[/?])*)?(?:#(?:{_PCHAR}|[/?])*)?"
+URI = rf"[a-zA-Z][a-zA-Z0-9+.-]*:{_URI_TAIL}"
+URI_REFERENCE = rf"(?:[a-zA-Z][a-zA-Z0-9+.-]*:)?{_URI_TAIL}"
+BYTE = r"(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?"
+_DURATION_TIME = r"T(?:[0-9]+H(?:[0-9]+M(?:[0-9]+S)?)?|[0-9]+M(?:[0-9]+S)?|[0-9]+S)"
+DURATION = (
+    rf"P(?:(?:[0-9]+D|[0-9]+M(?:[0-9]+D)?|[0-9]+Y(?:[0-9]+M(?:[0-9]+D)?)?)(?:{_DURATION_TIME})?"
+    rf"|{_DURATION_TIME}|[0-9]+W)"
+)
+ANY_STRING = r'(?:[^"\\\x00-\x1F\x7F-\x9F]|\\["\\/bfnrt])*'
+"""outlines-core's JSON string body (no `\\u` escapes), for formats that only name a string."""
+
 FORMATS = {
     "date": DATE,
     "time": TIME,
@@ -39,5 +62,26 @@ FORMATS = {
     "email": EMAIL,
     "uuid": UUID,
     "ipv4": IPV4,
+    "ipv6": IPV6,
+    "hostname": HOSTNAME,
+    "uri": URI,
+    "uri-reference": URI_REFERENCE,
+    "byte": BYTE,
+    "duration": DURATION,
+    "regex": ANY_STRING,
 }
-"""The supported `format` values and the regex of each (the JSON string's body)."""
+"""The supported `format` values and the regex of each (the JSON string's body). `byte` is
+OpenAPI's base64 (RFC 4648 §4, padded); `regex` is any string (not checked to be a valid
+ECMA-262 regex); `uri`/`uri-reference` follow RFC 3986's character set and component order
+(`scheme:path?query#fragment`) without checking the authority's structure; `hostname` has at
+most four labels so that it stays under 253 characters (RFC 1123); `ipv6` has no embedded IPv4
+form."""
+
+SPEC_FORMATS = frozenset({
+    "date-time", "date", "time", "duration", "email", "idn-email", "hostname", "idn-hostname",
+    "ipv4", "ipv6", "uri", "uri-reference", "iri", "iri-reference", "uuid", "uri-template",
+    "json-pointer", "relative-json-pointer", "regex",
+})
+"""The formats JSON Schema 2020-12 defines (§7.3 of the validation vocabulary). A `format` outside
+this set (`"int64"`, `"password"`, `"color"`, ...) is an annotation and is ignored, as validators
+do; one inside it that `FORMATS` lacks cannot be enforced."""

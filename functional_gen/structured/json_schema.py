@@ -1,29 +1,41 @@
 """`JsonSchema`: generated text that is a JSON document valid under a JSON Schema.
 
-The schema becomes a regex with outlines-core's `build_regex_from_schema` (objects, properties
-in schema order, `required`, arrays with `minItems`/`maxItems`, `enum`, `const`, `anyOf`,
-strings with `minLength`/`maxLength`). Where that regex would let invalid documents through, two
-passes over the schema first rewrite it:
+The schema is first checked against its dialect's metaschema (`jsonschema`'s `check_schema`),
+its `$ref`s are resolved with the `referencing` library (`$id`, `$anchor`, JSON pointers) and
+inlined, then it becomes a regex: outlines-core's `build_regex_from_schema` for the simple
+nodes, our own regexes where outlines-core's would let invalid documents through or refuse:
 
 | keyword | outlines-core alone | here |
 |---|---|---|
 | integer/number `minimum`, `maximum`, `exclusive*` | ignored | exact range regex (`ranges`) |
-| string `format` date/time/date-time/email/uuid/ipv4 | loose (`2023-02-31`, `\\d`) | strict regex (`formats`) |
-| string `pattern` | copied between quotes: `.` can write a raw `"` | JSON-escaped translation (`patterns`) |
+| string `format` | loose (`2023-02-31`, `\\d`), few formats | strict regexes (`formats`): date, time, date-time, email, uuid, ipv4, ipv6, hostname, uri, uri-reference, byte, duration, regex |
+| string `pattern` | copied between quotes: `.` can write a raw `"` | JSON-escaped translation, searched as in ECMA-262 (`patterns`), intersected with `minLength`/`maxLength` |
 | `type: [..]` with per-type keywords | keywords of the other types lost | split into `anyOf` |
 | `allOf` | regexes concatenated: invalid JSON | merged into one schema |
-| `oneOf` | treated as `anyOf` | allowed when the branches are disjoint |
-| `required` without a `properties` entry | ignored | error |
+| `oneOf` | treated as `anyOf` | `anyOf` when the branches are provably disjoint (as llguidance) |
+| objects | closed: no property beyond `properties` | open unless `additionalProperties: false` (JSON Schema's default; `closed_objects=True` closes them); `patternProperties`, `propertyNames`, `minProperties`/`maxProperties`, `required` names without a schema (any value) |
+| free-form values (`{}`) | nested 3 levels, a 14,000-character regex that takes minutes to compile | nested `free_form_depth` levels (default 1) |
 | recursive `$ref` at the depth bound | property dropped, dangling `,` | inlined here; the bottom value left out |
 
 A rewritten node is replaced by a `const` marker string; after outlines-core has built the
-regex, each marker's regex is substituted by ours. Keywords that no regex can enforce raise
-`UnsupportedSchemaError` naming the keyword and where it is, before anything is compiled:
-`not`, `if`/`then`/`else`, `dependentRequired`, `dependentSchemas`, `patternProperties`,
-`propertyNames`, `contains`, `multipleOf`, `uniqueItems: true` (for more than one item),
-`unevaluated*`, `minProperties`/`maxProperties` that the listed properties cannot guarantee,
-`pattern` together with a length, non-integer numeric bounds, unknown formats, and remote
-`$ref`s.
+regex, each marker's regex is substituted by ours.
+
+Keywords: unknown keywords are annotations and are ignored (JSON Schema 2020-12 core §4.3.1,
+as every validator does: `id`, `_format`, `javaName`, ...), and so is a `format` that JSON
+Schema does not define (`"int64"`, `"password"`). Known assertions that no regular constraint
+can enforce raise `UnsupportedSchemaError` naming the keyword and where it is, before anything
+is compiled: `not`, `if`/`then`/`else`, `dependentRequired`, `dependentSchemas`,
+`dependencies`, `contains`, `multipleOf`, `uniqueItems: true` (for more than one item),
+`unevaluated*`, overlapping `oneOf` branches, non-integer numeric bounds, the JSON Schema
+formats we lack (`idn-email`, `iri`, ...), `additionalProperties` next to `patternProperties`,
+and remote `$ref`s. With `strict=False` they are dropped instead (the output may then violate
+them), with one warning that lists them all, like llguidance's lenient mode.
+
+Where we follow llguidance (`docs/json_schema.md`): properties come in the order of
+`properties`; additional properties come after the listed ones; `format` is enforced;
+`oneOf` becomes `anyOf` only when provably equivalent. Where we differ: unanchored `pattern`s
+are searched (the spec's semantics; llguidance anchors them), and a `format` JSON Schema does
+not define is ignored rather than refused.
 
 Whitespace between tokens follows outlines-core's default (`[ ]?`: none or one space) unless a
 `whitespace_pattern` is given.
@@ -32,12 +44,15 @@ Whitespace between tokens follows outlines-core's default (`[ ]?`: none or one s
 import copy
 import json
 import math
+import re
 import uuid
+import warnings
 from collections.abc import Mapping, Sequence
 
-from .automaton import ConstraintError, regex_automaton
-from .formats import FORMATS
-from .patterns import json_string_pattern
+from .automaton import ConstraintError
+from .byte_dfa import regex_automaton
+from .formats import FORMATS, SPEC_FORMATS
+from .patterns import bounded_length, json_string_pattern
 from .processor import AbstractConstraint, rows_of
 from .ranges import integer_range_regex, number_range_regex
 from .vocabulary import vocabulary_from_tokenizer
@@ -58,8 +73,6 @@ _UNSUPPORTED = {
     "dependentRequired": "property dependencies are not supported",
     "dependentSchemas": "property dependencies are not supported",
     "dependencies": "property dependencies are not supported",
-    "patternProperties": "properties selected by pattern are not supported",
-    "propertyNames": "constraints on property names are not supported",
     "unevaluatedProperties": "unevaluated* keywords are not supported",
     "unevaluatedItems": "unevaluated* keywords are not supported",
     "contains": "array `contains` is not supported",
@@ -69,18 +82,24 @@ _UNSUPPORTED = {
     "$dynamicRef": "dynamic references are not supported",
     "$recursiveRef": "dynamic references are not supported",
 }
+"""Keywords JSON Schema defines as assertions that no regular constraint here enforces: refused
+with `strict=True`, dropped (with one warning) with `strict=False`."""
 _KNOWN = {
     "type", "enum", "const", "anyOf", "oneOf", "allOf", "$ref", "properties", "required",
     "additionalProperties", "items", "prefixItems", "minItems", "maxItems", "uniqueItems",
     "minLength", "maxLength", "pattern", "format", "minimum", "maximum", "exclusiveMinimum",
-    "exclusiveMaximum", "minProperties", "maxProperties", "additionalItems",
+    "exclusiveMaximum", "minProperties", "maxProperties", "additionalItems", "patternProperties",
+    "propertyNames",
 }
+"""Keywords that are enforced. Every other keyword that is not in `_UNSUPPORTED` is an
+annotation (JSON Schema 2020-12 core §4.3.1: unknown keywords are ignored) and is dropped."""
 _TYPE_KEYWORDS = {
     "integer": {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"},
     "number": {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"},
     "string": {"minLength", "maxLength", "pattern", "format"},
     "array": {"items", "prefixItems", "additionalItems", "minItems", "maxItems", "uniqueItems"},
-    "object": {"properties", "required", "additionalProperties", "minProperties", "maxProperties"},
+    "object": {"properties", "required", "additionalProperties", "minProperties", "maxProperties",
+               "patternProperties", "propertyNames"},
     "boolean": set(),
     "null": set(),
 }
@@ -94,8 +113,38 @@ class UnsupportedSchemaError(ConstraintError):
     """
 
     def __init__(self, keyword: str, path: str, reason: str):
-        self.keyword, self.path = keyword, path
+        self.keyword, self.path, self.reason = keyword, path, reason
         super().__init__(f"JSON Schema keyword `{keyword}` at {path} is not supported: {reason}")
+
+
+class InvalidSchemaError(ConstraintError):
+    """A schema that is not valid under its own dialect's metaschema (`jsonschema`'s
+    `check_schema`), e.g. `{"type": "strnig"}` or `{"minLength": -1}`.
+
+    **Attributes:** `path`: where, as a JSON pointer; `reason`: the metaschema's message.
+    """
+
+    def __init__(self, path: str, reason: str):
+        self.path, self.reason = path, reason
+        super().__init__(f"not a valid JSON Schema at {path}: {reason}")
+
+
+def check_schema(schema) -> None:
+    """Check `schema` against the metaschema of its dialect (`$schema`, default 2020-12) with
+    `jsonschema.validators.validator_for(schema).check_schema`.
+
+    **Raises:** `InvalidSchemaError` naming the place and the metaschema's complaint.
+    """
+    import jsonschema
+
+    cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+    try:
+        cls.check_schema(schema)
+    except jsonschema.exceptions.SchemaError as e:
+        where = "#" + "".join(f"/{p}" for p in e.absolute_path)
+        raise InvalidSchemaError(where, e.message[:300]) from None
+    except jsonschema.exceptions.UnknownType as e:  # pragma: no cover - defensive
+        raise InvalidSchemaError("#", str(e)) from None
 
 
 def schema_as_dict(schema) -> dict:
@@ -145,82 +194,345 @@ class _Never:
 
 NEVER = _Never()
 
+_DEFAULT_WHITESPACE = "[ ]?"
+"""outlines-core's default whitespace between JSON tokens: none or one space."""
+_MAX_OBJECT_REGEX = 2_000_000
+"""Longest regex an object may become (about 100 optional properties): beyond, compiling it
+would take minutes, so the schema is refused with the reason instead."""
+_KEY_UNIT = r'(?:[^"\\\x00-\x1F\x7F-\x9F]|\\["\\bfnrt])'
+"""One character of a generated additional key: a plain character or one of the short JSON
+escapes (no `\\/`, no `\\u`), so every key has exactly one spelling."""
+
+
+DEFAULT_FREE_FORM_DEPTH = 1
+"""How deep a free-form value (`{}`, `true`, a schema without type information, the value of an
+additional property) may nest arrays and objects: 1 allows `[1, "a"]` and `{"a": null}` but not
+`{"a": [1]}` (an open object is itself a level: its additional values may be such one-level
+values). Each level multiplies the automaton's compile time by about 40 (depth 2: about 2 s,
+depth 3: over a minute, through outlines-core's byte DFA); unbounded nesting needs the pushdown
+automaton."""
+_STRING = r'"(?:[^"\\\x00-\x1F\x7F-\x9F]|\\["\\/bfnrt])*"'
+_NUMBER = r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?"
+
+
+def free_value(depth: int, ws: str = _DEFAULT_WHITESPACE) -> str:
+    """The regex of any JSON value whose arrays and objects nest at most `depth` levels
+    (`depth=0`: strings, numbers, `true`, `false`, `null` only), `ws` between tokens."""
+    scalar = f"(?:{_STRING}|{_NUMBER}|true|false|null)"
+    if depth <= 0:
+        return scalar
+    inner = free_value(depth - 1, ws)
+    array = rf"\[{ws}(?:{inner}(?:{ws},{ws}{inner})*)?{ws}\]"
+    member = f"{_STRING}{ws}:{ws}{inner}"
+    obj = rf"\{{{ws}(?:{member}(?:{ws},{ws}{member})*)?{ws}\}}"
+    return f"(?:{scalar}|{array}|{obj})"
+
+
+def _literal_key(name: str) -> str:
+    """The regex of the JSON text of a literal key (quotes included)."""
+    from .regex import escape
+
+    return escape(json.dumps(name, ensure_ascii=False))
+
+
+def _key_units(name: str) -> list[str]:
+    """The JSON text of a key's body as spelled units (a character or a short escape)."""
+    body = json.dumps(name, ensure_ascii=False)[1:-1]
+    units, i = [], 0
+    while i < len(body):
+        if body[i] == "\\":
+            step = 6 if body[i + 1] == "u" else 2
+            units.append(body[i:i + step])
+            i += step
+        else:
+            units.append(body[i])
+            i += 1
+    return units
+
+
+def _key_not_in(names: list[str]) -> str:
+    """The regex of a JSON string body that is none of `names` (a trie of the names, leaving it
+    at any point), in units of `_KEY_UNIT`."""
+    from .regex import escape
+
+    trie: dict = {}
+    for name in names:
+        node = trie
+        for unit in _key_units(name):
+            node = node.setdefault(unit, {})
+        node[None] = {}
+
+    def other_than(children) -> str:
+        chars = [u for u in children if u is not None and len(u) == 1]
+        escapes = [u[1] for u in children if u is not None and len(u) == 2]
+        plain = "".join("\\" + c if c in "\\]^-[&~" else c for c in chars)
+        parts = [rf'[^"\\\x00-\x1F\x7F-\x9F{plain}]']
+        left = [e for e in '"\\bfnrt' if e not in escapes]
+        if left:
+            parts.append("\\\\[" + "".join("\\" + e if e in "\\]^-[" else e for e in left) + "]")
+        return "(?:" + "|".join(parts) + ")"
+
+    def walk(node) -> str:
+        alternatives = [other_than(node) + _KEY_UNIT + "*"]
+        for unit, child in node.items():
+            if unit is not None:
+                alternatives.append(escape(unit) + walk(child))
+        body = "(?:" + "|".join(alternatives) + ")"
+        return body if None in node else body + "?"
+
+    return walk(trie)
+
+
+def _name_checker(schema):
+    """A function telling whether a property name satisfies a (rewritten) `propertyNames` schema."""
+    if schema is NEVER:
+        return lambda name: False
+    regex = None
+    try:
+        from outlines_core.json_schema import build_regex_from_schema
+
+        regex = re.compile(build_regex_from_schema(json.dumps(schema)))
+    except (ValueError, RuntimeError, re.error):
+        pass
+    return lambda name: regex is None or bool(regex.fullmatch(json.dumps(name, ensure_ascii=False)))
+
+
+def _overlap(regexes: list[str]) -> bool:
+    """Whether two of the regexes can match one text (product of their byte DFAs)."""
+    from .byte_dfa import REJECT, regex_byte_dfa
+
+    dfas = [regex_byte_dfa(r) for r in regexes]
+    for i in range(len(dfas)):
+        for j in range(i + 1, len(dfas)):
+            a, b = dfas[i], dfas[j]
+            seen, frontier = {(a.initial, b.initial)}, [(a.initial, b.initial)]
+            while frontier:
+                x, y = frontier.pop()
+                if a.accepting[x] and b.accepting[y]:
+                    return True
+                both = (a.delta[x] != REJECT) & (b.delta[y] != REJECT)
+                for byte in map(int, both.nonzero()[0]):
+                    pair = (int(a.delta[x, byte]), int(b.delta[y, byte]))
+                    if pair not in seen:
+                        seen.add(pair)
+                        frontier.append(pair)
+    return False
+
+
+class _TooLarge(Exception):
+    """An object regex over `_MAX_OBJECT_REGEX` characters (caught by `_Rewriter._object`)."""
+
+
+def _object_regex(items, extra, ws: str, min_count: int, max_count: int | None) -> str | None:
+    """The regex of an object: `items` (the regex of each listed `"key": value`, and whether it
+    is required) in order, then `extra` (the regex of one additional `"key": value`, or `None`)
+    repeated; the number of members between `min_count` and `max_count`. `None` when no
+    object fits. A table of "rest of the object after member i, with c members written",
+    where c saturates at the largest bound that matters."""
+    sep = f"{ws},{ws}"
+    n = len(items)
+    top = max(min_count, max_count if max_count is not None else 0, 1)
+    memo: dict = {}
+
+    def rest_without_extra(i: int, c: int):
+        nonlocal extra
+        saved, extra = extra, None
+        try:
+            return rest(i, c)
+        finally:
+            extra = saved
+
+    def rest(i: int, c: int):
+        if (i, c) in memo:
+            return memo[(i, c)]
+        if i == n:
+            lo = max(0, min_count - c)
+            hi = None if max_count is None else max_count - c
+            if extra is None or hi == 0:
+                out = "" if lo == 0 else None
+            elif c > 0:
+                out = f"(?:{sep}(?:{extra})){{{lo},{'' if hi is None else hi}}}"
+            else:
+                tail = f"(?:{sep}(?:{extra})){{{max(lo - 1, 0)},{'' if hi is None else hi - 1}}}"
+                out = f"(?:{extra}){tail}" + ("?" if lo == 0 else "")
+                if lo == 0:
+                    out = f"(?:(?:{extra}){tail})?"
+        else:
+            regex, required = items[i]
+            if not required and c > 0 and min(c + 1, top) == c and max_count is None:
+                # the count no longer matters: an optional member, then the same rest (linear size)
+                after = rest(i + 1, c)
+                memo[(i, c)] = None if after is None else f"(?:{sep}{regex})?{after}"
+                return memo[(i, c)]
+            alternatives = []
+            if max_count is None or c < max_count:
+                after = rest(i + 1, min(c + 1, top))
+                if after is not None:
+                    alternatives.append((sep if c > 0 else "") + regex + after)
+            if not required:
+                skip = rest(i + 1, c)
+                if skip is not None:
+                    alternatives.append(skip)
+            if not alternatives:
+                out = None
+            elif len(alternatives) == 1:
+                out = alternatives[0]
+            else:
+                out = "(?:" + "|".join(f"(?:{a})" for a in alternatives) + ")"
+        if out is not None and len(out) > _MAX_OBJECT_REGEX:
+            raise _TooLarge(len(out))
+        memo[(i, c)] = out
+        return out
+
+    if min_count == 0 and max_count is None and extra is not None and items:
+        # the usual case, in linear size: the listed members (at least one), then the additional
+        # ones, or the additional ones alone when nothing is required
+        min_count = 1
+        listed = rest_without_extra(0, 0)
+        alternatives = [] if listed is None else [f"{listed}(?:{sep}(?:{extra}))*"]
+        if not any(required for _, required in items):
+            alternatives.append(f"(?:(?:{extra})(?:{sep}(?:{extra}))*)?")
+        body = "(?:" + "|".join(f"(?:{a})" for a in alternatives) + ")"
+    else:
+        body = rest(0, 0)
+    return None if body is None else rf"\{{{ws}{body}{ws}\}}"
+
+
 _SCHEMA_MAPS = ("properties", "$defs", "definitions", "dependentSchemas", "patternProperties")
 _SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
 _SCHEMA_VALUES = ("additionalProperties", "additionalItems", "not", "if", "then", "else", "contains", "propertyNames",
                   "unevaluatedProperties", "unevaluatedItems")
 
 
-def _resolve(root, ref: str, path: str):
-    if not isinstance(ref, str) or not ref.startswith("#"):
-        raise UnsupportedSchemaError("$ref", path, f"only local references (#/...) are supported, got {ref!r}")
-    node = root
-    for part in [p for p in ref[1:].split("/") if p]:
-        part = part.replace("~1", "/").replace("~0", "~")
-        if isinstance(node, Mapping) and part in node:
-            node = node[part]
-        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
-            node = node[int(part)]
-        else:
-            raise UnsupportedSchemaError("$ref", path, f"the reference {ref!r} does not resolve")
-    return node
+_MAX_INLINED_NODES = 100_000
+"""How many schema nodes reference inlining may produce: beyond, the schema is refused with the
+reason (mutually recursive definitions grow exponentially with `max_recursion_depth`)."""
+_ROOT_URI = "urn:functional-gen:root"
+
+
+def _root_resolver(root):
+    """A `referencing` resolver for `root`, in the dialect its `$schema` names (default 2020-12),
+    with every embedded resource (`$id`, draft-4 `id`) and `$anchor` registered."""
+    from referencing import Registry
+    from referencing.jsonschema import DRAFT202012, specification_with
+
+    dialect = root.get("$schema") if isinstance(root, Mapping) else None
+    specification = specification_with(dialect, default=DRAFT202012) if isinstance(dialect, str) else DRAFT202012
+    resource = specification.create_resource(root)
+    base = resource.id() or _ROOT_URI
+    registry = Registry().with_resource(base, resource)
+    if base != _ROOT_URI:
+        registry = registry.with_resource(_ROOT_URI, resource)
+    return registry.crawl().resolver(base_uri=base), specification
 
 
 def inline_references(root, max_recursion_depth: int):
-    """`root` with every local `$ref` replaced by (a copy of) its target. A reference met again
-    inside its own expansion is expanded at most `max_recursion_depth` times on one path; beyond,
-    it becomes `NEVER` (the value is then left out where the schema allows it: an optional
-    property, an empty array, another `anyOf` branch).
+    """`root` with every `$ref` replaced by (a copy of) its target, resolved by the
+    `referencing` library as `jsonschema` resolves it (`$id` / draft-4 `id` base URIs,
+    `$anchor`, JSON pointers, percent-encoding). A reference met again inside its own expansion
+    is expanded at most `max_recursion_depth` times on one path; beyond, it becomes `NEVER` (the
+    value is then left out where the schema allows it: an optional property, an empty array,
+    another `anyOf` branch).
 
     outlines-core unrolls recursion itself but cuts it by dropping the property, which leaves a
     dangling comma (`{"value": 1, }`); we cut it where JSON stays valid instead.
 
-    **Raises:** `UnsupportedSchemaError` for remote or unresolvable references.
+    **Raises:** `UnsupportedSchemaError` for remote (not embedded) or unresolvable references,
+    and when the expansion exceeds `_MAX_INLINED_NODES` schema nodes.
     """
+    from referencing.exceptions import Unresolvable
 
-    def walk(node, path: str, stack: tuple):
+    resolver, specification = _root_resolver(root)
+    count = [0]
+
+    def walk(node, path: str, stack: tuple, resolver):
         if not isinstance(node, Mapping):
             return node
+        count[0] += 1
+        if count[0] > _MAX_INLINED_NODES:
+            raise UnsupportedSchemaError(
+                "$ref", path, f"the references expand to more than {_MAX_INLINED_NODES:,} schema nodes "
+                f"(max_recursion_depth={max_recursion_depth}); lower max_recursion_depth"
+            )
         node = dict(node)
+        if node is not root and specification.id_of(node):
+            resolver = resolver.in_subresource(specification.create_resource(node))
         if "$ref" in node:
             ref = node.pop("$ref")
-            if stack.count(ref) >= max_recursion_depth:
+            if not isinstance(ref, str):
+                raise UnsupportedSchemaError("$ref", path, f"must be a string, got {ref!r}")
+            try:
+                resolved = resolver.lookup(ref)
+            except Unresolvable as e:
+                raise UnsupportedSchemaError(
+                    "$ref", path, f"the reference {ref!r} does not resolve within the schema "
+                    f"(remote references are not fetched): {type(e).__name__}"
+                ) from None
+            key = id(resolved.contents)
+            if stack.count(key) >= max_recursion_depth:
                 return NEVER
-            target = walk(_resolve(root, ref, path), f"{path}/$ref", stack + (ref,))
+            target = walk(resolved.contents, f"{path}/$ref", stack + (key,), resolved.resolver)
             siblings = {k: v for k, v in node.items() if k not in _ANNOTATIONS}
             if not siblings:
                 return target
-            node = {"allOf": [target, walk(siblings, path, stack)]}
-            return node
+            return {"allOf": [target, walk(siblings, path, stack, resolver)]}
         for key in _SCHEMA_MAPS:
             if key in node and isinstance(node[key], Mapping) and key not in ("$defs", "definitions"):
-                node[key] = {k: walk(v, f"{path}/{key}/{k}", stack) for k, v in node[key].items()}
+                node[key] = {k: walk(v, f"{path}/{key}/{k}", stack, resolver) for k, v in node[key].items()}
         node.pop("$defs", None)
         node.pop("definitions", None)
         for key in _SCHEMA_LISTS:
             if key in node and isinstance(node[key], list):
-                node[key] = [walk(v, f"{path}/{key}/{i}", stack) for i, v in enumerate(node[key])]
+                node[key] = [walk(v, f"{path}/{key}/{i}", stack, resolver) for i, v in enumerate(node[key])]
         if "items" in node:
             items = node["items"]
             node["items"] = (
-                [walk(v, f"{path}/items/{i}", stack) for i, v in enumerate(items)]
-                if isinstance(items, list) else walk(items, f"{path}/items", stack)
+                [walk(v, f"{path}/items/{i}", stack, resolver) for i, v in enumerate(items)]
+                if isinstance(items, list) else walk(items, f"{path}/items", stack, resolver)
             )
         for key in _SCHEMA_VALUES:
             if key in node:
-                node[key] = walk(node[key], f"{path}/{key}", stack)
+                node[key] = walk(node[key], f"{path}/{key}", stack, resolver)
         return node
 
-    return walk(root, "#", ())
+    return walk(root, "#", (), resolver)
 
 
 class _Rewriter:
     """One pass over a schema: checks keywords, rewrites nodes outlines-core gets wrong."""
 
-    def __init__(self, root: dict):
+    def __init__(self, root: dict, *, strict: bool = True, closed_objects: bool = False,
+                 whitespace_pattern: str | None = None, max_recursion_depth: int = DEFAULT_MAX_RECURSION_DEPTH,
+                 free_form_depth: int = DEFAULT_FREE_FORM_DEPTH):
         self.root = root
         self.substitutions: dict[str, str] = {}
         self.tag = uuid.uuid4().hex[:12]
+        self.strict, self.closed_objects = strict, closed_objects
+        self.whitespace_pattern, self.max_recursion_depth = whitespace_pattern, max_recursion_depth
+        self.ws = _DEFAULT_WHITESPACE if whitespace_pattern is None else f"(?:{whitespace_pattern})"
+        self.dropped: list[str] = []
+        self.free_form_depth = free_form_depth
+
+    def refuse(self, keyword: str, path: str, reason: str) -> None:
+        """A keyword that cannot be enforced: raise (`strict`), or remember it as dropped."""
+        if self.strict:
+            raise UnsupportedSchemaError(keyword, path, reason)
+        self.dropped.append(f"`{keyword}` at {path} ({reason})")
+
+    def any_value(self) -> dict:
+        """Any JSON value, nested at most `free_form_depth` levels (a marker of `free_value`)."""
+        return self.marker(free_value(self.free_form_depth, self.ws))
+
+    def regex_of(self, schema) -> str:
+        """The regex of a rewritten schema (markers left in, substituted at the end)."""
+        from outlines_core.json_schema import build_regex_from_schema
+
+        if schema is NEVER:
+            raise RuntimeError("internal error: the regex of NEVER")
+        try:
+            return "(?:" + build_regex_from_schema(json.dumps(schema), self.whitespace_pattern, self.max_recursion_depth) + ")"
+        except (ValueError, RuntimeError) as e:
+            raise ConstraintError(f"outlines-core cannot convert the JSON Schema: {str(e).splitlines()[0]}") from None
 
     def marker(self, regex: str) -> dict:
         name = f"FGSUB{len(self.substitutions)}X{self.tag}"
@@ -232,19 +544,17 @@ class _Rewriter:
     def node(self, node, path: str):
         """The rewritten schema, or `NEVER` when no value can satisfy it."""
         if node is True or node == {}:
-            return {}
+            return self.any_value()
         if node is False or node is NEVER:
             return NEVER
         if not isinstance(node, Mapping):
             raise UnsupportedSchemaError(str(node), path, f"a schema must be an object or a boolean, got {node!r}")
         node = dict(node)
-        for key in node:
+        for key in list(node):
             if key in _UNSUPPORTED:
-                raise UnsupportedSchemaError(key, path, _UNSUPPORTED[key])
-            if key not in _KNOWN and key not in _ANNOTATIONS and not key.startswith("x-"):
-                raise UnsupportedSchemaError(key, path, "unknown keyword")
-        for key in [k for k in node if k in _ANNOTATIONS]:
-            del node[key]
+                self.refuse(key, path, _UNSUPPORTED[key])
+            if key not in _KNOWN:  # an annotation or an unknown keyword: asserts nothing
+                del node[key]
         return self.structural(node, path)
 
     def structural(self, node: dict, path: str):
@@ -257,24 +567,30 @@ class _Rewriter:
                 merged = self.merge(merged, branch, f"{path}/allOf/{i}")
             return self.node(merged, path)
         if "anyOf" in node and "oneOf" in node:
-            raise UnsupportedSchemaError("oneOf", path, "`oneOf` next to `anyOf` in one schema is not supported")
+            node["allOf"] = [{"anyOf": node.pop("anyOf")}, {"oneOf": node.pop("oneOf")}]
+            return self.structural(node, path)
         for combinator in ("anyOf", "oneOf"):
             if combinator in node:
                 branches = node.pop(combinator)
                 if not isinstance(branches, list) or not branches:
                     raise UnsupportedSchemaError(combinator, path, "must be a non-empty list of schemas")
-                combined = []
+                combined, originals = [], []
                 for i, branch in enumerate(branches):
                     where = f"{path}/{combinator}/{i}"
                     if branch is NEVER or branch is False:
                         continue
-                    rewritten = self.node(self.merge(node, branch, where) if node else branch, where)
+                    original = self.merge(node, branch, where) if node else branch
+                    rewritten = self.node(original, where)
                     if rewritten is not NEVER:
                         combined.append(rewritten)
+                        originals.append(original)
                 if not combined:
                     return NEVER
                 if combinator == "oneOf":
-                    self.check_disjoint(combined, path)
+                    try:
+                        self.check_disjoint(originals, path)  # markers would all look like constants
+                    except UnsupportedSchemaError as e:
+                        self.refuse("oneOf", path, e.reason + " (kept as `anyOf`)")
                 return combined[0] if len(combined) == 1 else {"anyOf": combined}
         if "const" in node or "enum" in node:
             return self.enumeration(node, path)
@@ -291,14 +607,17 @@ class _Rewriter:
         return self.typed(types, node, path)
 
     def infer_types(self, node: dict):
-        present = [t for t, keys in _TYPE_KEYWORDS.items() if keys & node.keys() and t != "number"]
+        """No `type`: every JSON type is allowed, and each type-specific keyword constrains only
+        values of its type (`{"properties": {...}}` also accepts `"text"` or `3`), as validators
+        read it. `None` when no type-specific keyword is present (any value)."""
+        present = [t for t, keys in _TYPE_KEYWORDS.items() if keys & node.keys() and t != "integer"]
         if not present:
             return None
-        return present if len(present) > 1 else present[0]
+        return present + [t for t in ("object", "array", "string", "number", "boolean", "null") if t not in present]
 
     def typed(self, kind, node: dict, path: str):
-        if kind is None:  # no type information: any JSON value (outlines-core's generic value)
-            return {}
+        if kind is None:  # no type information: any JSON value
+            return self.any_value()
         if kind not in _JSON_TYPES:
             raise UnsupportedSchemaError("type", path, f"unknown type {kind!r}")
         keys = {k: v for k, v in node.items() if k in _TYPE_KEYWORDS[kind]}
@@ -367,26 +686,30 @@ class _Rewriter:
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise UnsupportedSchemaError(k, path, f"must be a non-negative integer, got {v!r}")
         if "minLength" in lengths and "maxLength" in lengths and lengths["maxLength"] < lengths["minLength"]:
-            raise UnsupportedSchemaError("maxLength", path, f"maxLength {lengths['maxLength']} < minLength {lengths['minLength']}")
+            return NEVER
+        if fmt is not None and fmt not in FORMATS:
+            if fmt in SPEC_FORMATS:
+                self.refuse("format", path, f"format {fmt!r} is not supported; supported: {sorted(FORMATS)}")
+            fmt = None  # not a JSON Schema format: an annotation
         if fmt is not None and pattern is not None:
-            raise UnsupportedSchemaError("pattern", path, "`pattern` together with `format` is not supported")
+            self.refuse("pattern", path, "`pattern` together with `format` is not supported (the format is kept)")
+            pattern = None
         if fmt is not None:
-            if fmt not in FORMATS:
-                raise UnsupportedSchemaError(
-                    "format", path, f"format {fmt!r} is not supported; supported: {sorted(FORMATS)}"
-                )
             if lengths:
-                raise UnsupportedSchemaError(next(iter(lengths)), path, "a length together with `format` is not supported")
+                bounded = bounded_length(FORMATS[fmt], lengths.get("minLength", 0), lengths.get("maxLength"))
+                if bounded is None:
+                    self.refuse(next(iter(lengths)), path, f"a length together with format {fmt!r} is not supported")
+                    bounded = FORMATS[fmt]
+                return self.marker('"' + bounded + '"')
             return self.marker('"' + FORMATS[fmt] + '"')
         if pattern is not None:
-            if lengths:
-                raise UnsupportedSchemaError(
-                    next(iter(lengths)), path, "`pattern` together with minLength/maxLength is not supported"
-                )
             try:
-                return self.marker('"' + json_string_pattern(pattern) + '"')
+                body = json_string_pattern(pattern, min_length=lengths.get("minLength", 0),
+                                           max_length=lengths.get("maxLength"))
             except ValueError as e:
-                raise UnsupportedSchemaError("pattern", path, str(e)) from None
+                self.refuse("pattern", path, str(e))
+                return {"type": "string", **lengths}
+            return self.marker('"' + body + '"')
         return {"type": "string", **lengths}
 
     def _array(self, node: dict, path: str):
@@ -398,7 +721,7 @@ class _Rewriter:
                     raise UnsupportedSchemaError(k, path, f"must be a non-negative integer, got {v!r}")
                 out[k] = v
         if node.get("uniqueItems") and out.get("maxItems", 2) > 1:
-            raise UnsupportedSchemaError(
+            self.refuse(
                 "uniqueItems", path, "unique items cannot be enforced by a regular constraint (set maxItems: 1 or drop it)"
             )
         items = node.get("items")
@@ -416,6 +739,8 @@ class _Rewriter:
                 rewritten.append(r)
             if rewritten:
                 out["prefixItems"] = rewritten
+        if items is None and prefix is None:
+            items = True  # any items: our bounded free-form value, not outlines-core's generic one
         if items is not None:
             r = self.node(items, f"{path}/items")
             if r is NEVER:  # no item beyond the prefix
@@ -432,48 +757,102 @@ class _Rewriter:
         return out
 
     def _object(self, node: dict, path: str):
+        """An object as a marker of our own regex: the listed properties in schema order (the
+        optional ones may be left out), then any additional properties: keys matching a
+        `patternProperties` pattern with its schema's value, or (when `additionalProperties`
+        is not `false` and there is no `patternProperties`) any other key with the
+        `additionalProperties` schema (any value by default), bounded by min/maxProperties."""
         properties = node.get("properties", {})
-        if not isinstance(properties, Mapping):
-            raise UnsupportedSchemaError("properties", path, f"must be an object, got {properties!r}")
-        required = node.get("required", [])
+        required = list(dict.fromkeys(node.get("required", [])))
         additional = node.get("additionalProperties", True)
-        for name in required:
-            if name not in properties:
-                raise UnsupportedSchemaError(
-                    "required", path, f"required property {name!r} has no schema under `properties`"
-                )
-        out = {"type": "object"}
-        rewritten = {}
-        for name, schema in properties.items():
+        patterns = node.get("patternProperties", {})
+        names_schema = node.get("propertyNames")
+        min_count = node.get("minProperties", 0)
+        max_count = node.get("maxProperties")
+        named = dict(properties)
+        closed = additional is False or additional is NEVER or self.closed_objects
+        for name in required:  # required without a listed schema: what an additional property may be
+            if name not in named:
+                if any(re.search(p, name) for p in patterns):
+                    named[name] = {}  # the pattern's schema is merged below
+                else:
+                    named[name] = False if closed else additional if isinstance(additional, Mapping) else {}
+        if names_schema is not None:
+            names_schema = self.node(names_schema, f"{path}/propertyNames")
+            check = _name_checker(names_schema)
+            for name in list(named):
+                if not check(name):
+                    if name in required:
+                        return NEVER
+                    del named[name]
+        # a listed property whose name a pattern matches must satisfy both schemas
+        for pattern, schema in patterns.items():
+            try:
+                compiled = re.compile(pattern)
+            except re.error as e:
+                raise UnsupportedSchemaError("patternProperties", path, f"pattern {pattern!r} is not a valid regex: {e}") from None
+            for name in named:
+                if compiled.search(name):
+                    named[name] = {"allOf": [named[name], schema]}
+        items = []
+        for name, schema in named.items():
             r = self.node(schema, f"{path}/properties/{name}")
             if r is NEVER:
                 if name in required:
                     return NEVER
                 continue
-            rewritten[name] = r
-        properties = rewritten
-        if properties:
-            out["properties"] = properties
-        if required:
-            out["required"] = list(required)
-        if isinstance(additional, Mapping) and properties:
+            key = _literal_key(name)
+            items.append((f"{key}{self.ws}:{self.ws}{self.regex_of(r)}", name in required))
+        extras = []
+        if patterns:
+            for i, (pattern, schema) in enumerate(patterns.items()):
+                r = self.node(schema, f"{path}/patternProperties/{pattern}")
+                if r is NEVER:
+                    continue
+                try:
+                    key = '"' + json_string_pattern(pattern) + '"'
+                except ValueError as e:
+                    self.refuse("patternProperties", path, str(e))
+                    continue
+                if any(re.fullmatch(key, _literal_key(n)) for n in named):
+                    self.refuse("patternProperties", path,
+                                f"pattern {pattern!r} also matches a listed property, which could be written twice")
+                    continue
+                extras.append((key, r, schema))
+            if len({json.dumps(s, sort_keys=True, default=str) for _, _, s in extras}) > 1 and _overlap(
+                    [k for k, _, _ in extras]):
+                self.refuse("patternProperties", path, "keys may match several patterns with different schemas")
+            extras = [f"{k}{self.ws}:{self.ws}{self.regex_of(r)}" for k, r, _ in extras]
+            if not closed and "additionalProperties" in node:
+                self.refuse("additionalProperties", path, "additional properties next to `patternProperties` "
+                            "(keys that match no pattern) are not supported; only pattern keys are generated")
+        elif not closed:
+            other = self.any_value() if additional is True else self.node(additional, f"{path}/additionalProperties")
+            if other is not NEVER:
+                if names_schema is not None:
+                    key = self.regex_of(names_schema)
+                    if named:
+                        self.refuse("propertyNames", path, "together with listed properties and open additional "
+                                    "properties; only the listed properties are generated")
+                        key = None
+                else:
+                    key = '"' + _key_not_in(list(named)) + '"'
+                if key is not None:
+                    extras.append(f"{key}{self.ws}:{self.ws}{self.regex_of(other)}")
+        for k, v in (("minProperties", min_count), ("maxProperties", max_count)):
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
+                raise UnsupportedSchemaError(k, path, f"must be a non-negative integer, got {v!r}")
+        try:
+            regex = _object_regex(items, "|".join(extras) if extras else None, self.ws, min_count, max_count)
+        except _TooLarge as e:
             raise UnsupportedSchemaError(
-                "additionalProperties", path, "a schema for additional properties next to `properties` is not supported"
-            )
-        if isinstance(additional, Mapping):
-            r = self.node(additional, f"{path}/additionalProperties")
-            out["additionalProperties"] = False if r is NEVER else r
-        elif additional is False or additional is NEVER:
-            out["additionalProperties"] = False
-        if "minProperties" in node and node["minProperties"] > len(required):
-            raise UnsupportedSchemaError(
-                "minProperties", path, f"only {len(required)} properties are required, fewer than minProperties {node['minProperties']}"
-            )
-        if "maxProperties" in node and (not properties or node["maxProperties"] < len(properties)):
-            raise UnsupportedSchemaError(
-                "maxProperties", path, "cannot bound the number of properties beyond the listed ones"
-            )
-        return out
+                "properties", path, f"{len(items)} properties ({sum(not r for _, r in items)} optional) make a "
+                f"regex of over {e.args[0]:,} characters, too large to compile in reasonable time; make more "
+                "of them required or bound fewer of them with minProperties/maxProperties"
+            ) from None
+        if regex is None:
+            return NEVER
+        return self.marker(regex)
 
     def _boolean(self, node: dict, path: str):
         return {"type": "boolean"}
@@ -611,39 +990,73 @@ def json_schema_regex(
     *,
     whitespace_pattern: str | None = None,
     max_recursion_depth: int = DEFAULT_MAX_RECURSION_DEPTH,
+    strict: bool = True,
+    closed_objects: bool = False,
+    free_form_depth: int = DEFAULT_FREE_FORM_DEPTH,
 ) -> str:
     """The regex of the JSON documents valid under `schema` (see the module docstring).
 
     **Arguments:** `schema`: a dict, a JSON string or a pydantic model class;
     `whitespace_pattern`: regex for the whitespace allowed between tokens (default `[ ]?`);
-    `max_recursion_depth`: how many times a recursive `$ref` is unrolled.
+    `max_recursion_depth`: how many times a recursive `$ref` is unrolled; `strict`: refuse
+    keywords that cannot be enforced (`False`: drop them, with one `UserWarning` listing them);
+    `closed_objects`: allow no property beyond the listed ones (and `patternProperties`), as if
+    every object had `"additionalProperties": false`; `free_form_depth`: how deep a free-form
+    value may nest (see `DEFAULT_FREE_FORM_DEPTH`).
 
-    **Raises:** `UnsupportedSchemaError` naming the keyword and its location for what a regular
-    constraint cannot enforce; `ValueError` / `TypeError` for a schema that is not a schema.
+    **Raises:** `InvalidSchemaError` for a schema its metaschema rejects;
+    `UnsupportedSchemaError` naming the keyword and its location for what a regular constraint
+    cannot enforce (with `strict=True`); `ValueError` / `TypeError` for a schema that is not a
+    schema.
 
     Source: outlines-core's `build_regex_from_schema` plus the rewrites above.
     """
-    from outlines_core.json_schema import build_regex_from_schema
-
     if isinstance(max_recursion_depth, bool) or not isinstance(max_recursion_depth, int) or max_recursion_depth < 1:
         raise ValueError(f"`max_recursion_depth` must be an integer >= 1, got {max_recursion_depth!r}")
-    root = inline_references(schema_as_dict(schema), max_recursion_depth)
-    rewriter = _Rewriter(root)
+    schema = schema_as_dict(schema)
+    check_schema(schema)
+    root = inline_references(schema, max_recursion_depth)
+    if isinstance(free_form_depth, bool) or not isinstance(free_form_depth, int) or free_form_depth < 0:
+        raise ValueError(f"`free_form_depth` must be an integer >= 0, got {free_form_depth!r}")
+    rewriter = _Rewriter(root, strict=strict, closed_objects=closed_objects, whitespace_pattern=whitespace_pattern,
+                         max_recursion_depth=max_recursion_depth, free_form_depth=free_form_depth)
     normalized = rewriter.node(root, "#")
     if normalized is NEVER:
         raise UnsupportedSchemaError(
-            "$ref", "#", f"no finite document satisfies the schema within max_recursion_depth={max_recursion_depth}"
+            "$ref", "#", "no JSON value satisfies the schema (within "
+            f"max_recursion_depth={max_recursion_depth} if it is recursive)"
         )
-    try:
-        regex = build_regex_from_schema(json.dumps(normalized), whitespace_pattern, max_recursion_depth)
-    except (ValueError, RuntimeError) as e:
-        raise ConstraintError(f"outlines-core cannot convert the JSON Schema: {str(e).splitlines()[0]}") from None
-    for name, sub in rewriter.substitutions.items():
+    regex = rewriter.regex_of(normalized)
+    from outlines_core.json_schema import build_regex_from_schema
+
+    # markers of inner nodes are created first: substitute the outer ones first
+    for name, sub in reversed(rewriter.substitutions.items()):
         marker = build_regex_from_schema(json.dumps({"const": name}))
         regex = regex.replace(marker, "(?:" + sub + ")")
         if name in regex:
             raise RuntimeError(f"internal error: marker {name} survived in the regex")
+    if rewriter.dropped:
+        warnings.warn(
+            f"JSON Schema: {len(rewriter.dropped)} keyword(s) cannot be enforced and were dropped "
+            f"(strict=False): " + "; ".join(rewriter.dropped),
+            UserWarning,
+            stacklevel=2,
+        )
     return regex
+
+
+def json_schema_automaton(schema, vocabulary, *, cache: bool = True, **options):
+    """The `TokenAutomaton` of the JSON documents valid under `schema`, for `vocabulary`.
+
+    **Arguments:** `schema`: a dict, JSON text or a pydantic model class; `vocabulary`: from
+    `vocabulary_from_tokenizer`; `cache`: use the memory and disk caches; `options`: those of
+    `json_schema_regex`.
+
+    **Raises:** as `json_schema_regex`, and `ConstraintError` when the vocabulary cannot write
+    any valid document.
+    """
+    regex = json_schema_regex(schema, **options)
+    return regex_automaton(regex, vocabulary, cache=cache, description=f"json schema {_describe(schema)}")
 
 
 class JsonSchema(AbstractConstraint):
@@ -694,13 +1107,17 @@ class JsonSchema(AbstractConstraint):
         vocab_size: int | None = None,
         whitespace_pattern: str | None = None,
         max_recursion_depth: int = DEFAULT_MAX_RECURSION_DEPTH,
+        strict: bool = True,
+        closed_objects: bool = False,
+        free_form_depth: int = DEFAULT_FREE_FORM_DEPTH,
     ):
         def is_single(s):
             return isinstance(s, (Mapping, str, bool)) or (isinstance(s, type) and hasattr(s, "model_json_schema"))
 
         schemas, ids = rows_of(schema, is_single, "schema", "a JSON Schema (a dict, JSON text or a pydantic model class)")
         regexes = [
-            json_schema_regex(s, whitespace_pattern=whitespace_pattern, max_recursion_depth=max_recursion_depth)
+            json_schema_regex(s, whitespace_pattern=whitespace_pattern, max_recursion_depth=max_recursion_depth,
+                              strict=strict, closed_objects=closed_objects, free_form_depth=free_form_depth)
             for s in schemas
         ]
         vocabulary = vocabulary_from_tokenizer(tokenizer, eos_token_id=eos_token_id, vocab_size=vocab_size)

@@ -10,8 +10,9 @@ escape (`\\"`, `\\\\`, `\\n`, `\\t`, `\\r`, `\\u00XX`).
 
 What is generated is a subset of what the pattern accepts, never more:
 
-- the pattern must match the WHOLE string (`jsonschema` only searches for it); `^`/`$` at the
-  ends are dropped;
+- the pattern is SEARCHED for, as ECMA-262 and `jsonschema` do: a side without its anchor
+  (`^` or `$`) may have any text beyond the match (`"pattern": "a"` allows `"xay"`), and
+  `^...$` makes a whole-string match;
 - `\\d`, `\\w`, `\\s` generate their ASCII members only, and a negated class that involves one
   of them (`\\D`, `[^\\w]`, ...) generates ASCII only, so that the Unicode meaning Python gives
   them can never be contradicted;
@@ -208,12 +209,59 @@ class _Translator:
         return _normalize(ranges), negated_category
 
 
-def json_string_pattern(pattern: str) -> str:
+def _strip_anchors(items):
+    items = list(items)
+    if items and items[0][0] is C.AT and items[0][1] in (C.AT_BEGINNING, C.AT_BEGINNING_STRING):
+        items = items[1:]
+    if items and items[-1][0] is C.AT and items[-1][1] in (C.AT_END, C.AT_END_STRING):
+        items = items[:-1]
+    return items
+
+
+def _width(items) -> tuple[int, int]:
+    lo, hi = sre.SubPattern(sre.State(), list(items)).getwidth()
+    return lo, hi
+
+
+def _bound_lengths(items, min_length: int, max_length: int | None, pattern: str):
+    """`items` (one top-level sequence, anchors stripped) restricted to strings of
+    `min_length..max_length` characters, by changing the bounds of its one variable-width
+    repeat of a single character; `None` when the language is empty.
+
+    **Raises:** `ValueError` when the sequence has another shape.
+    """
+    limit = C.MAXREPEAT if max_length is None else max_length
+    lo, hi = _width(items)
+    if lo >= min_length and (max_length is None or hi <= max_length):
+        return items
+    variable = [i for i, (op, av) in enumerate(items) if _width([(op, av)])[0] != _width([(op, av)])[1]]
+    if len(variable) == 1:
+        i = variable[0]
+        op, av = items[i]
+        if op in (C.MAX_REPEAT, C.MIN_REPEAT) and _width(av[2]) == (1, 1):
+            rest = lo - av[0]
+            new_lo = max(av[0], min_length - rest)
+            new_hi = av[1] if limit is C.MAXREPEAT else (
+                limit - rest if av[1] is C.MAXREPEAT else min(av[1], limit - rest))
+            if new_hi is not C.MAXREPEAT and new_hi < new_lo:
+                return None
+            return [*items[:i], (op, (new_lo, new_hi, av[2])), *items[i + 1:]]
+    raise ValueError(
+        f"`pattern` {pattern!r} together with minLength/maxLength: only a pattern with one repeated "
+        "character class (e.g. `^[a-z]+$`) can be bounded"
+    )
+
+
+def json_string_pattern(pattern: str, *, min_length: int = 0, max_length: int | None = None) -> str:
     """A regex over the JSON text between the quotes of a string whose decoded value matches
-    `pattern` as a whole (see the module docstring for what is kept out).
+    `pattern` as a whole (see the module docstring for what is kept out) and has between
+    `min_length` and `max_length` characters (JSON Schema's `minLength`/`maxLength`; the
+    intersection is exact when the pattern's own lengths lie within the bounds or when its one
+    variable-width part is a repeated single character).
 
     **Raises:** `ValueError` naming the pattern for invalid syntax, flags, anchors inside the
-    pattern, look-around, backreferences, or a class that matches no character.
+    pattern, look-around, backreferences, a class that matches no character, length bounds
+    that cannot be intersected with it, or an empty intersection.
     """
     if not isinstance(pattern, str):
         raise TypeError(f"`pattern` must be a string, got {pattern!r}")
@@ -225,6 +273,30 @@ def json_string_pattern(pattern: str) -> str:
         _Translator(pattern).fail("an inline flag (?i) or (?x)")
     translator = _Translator(pattern)
     items = list(parsed)
-    if len(items) == 1 and items[0][0] is C.BRANCH:  # top-level alternation: anchors per branch
-        return "(?:" + "|".join(translator.sequence(b, top=True) for b in items[0][1][1]) + ")"
-    return translator.sequence(items, top=True)
+    branches = [list(b) for b in items[0][1][1]] if len(items) == 1 and items[0][0] is C.BRANCH else [items]
+    out = []
+    anything = (C.MAX_REPEAT, (0, C.MAXREPEAT, [(C.ANY, None)]))
+    for branch in branches:
+        starts = bool(branch) and branch[0][0] is C.AT and branch[0][1] in (C.AT_BEGINNING, C.AT_BEGINNING_STRING)
+        ends = bool(branch) and branch[-1][0] is C.AT and branch[-1][1] in (C.AT_END, C.AT_END_STRING)
+        branch = _strip_anchors(branch)
+        # ECMA-262 / jsonschema semantics: the pattern is searched for, so an unanchored side
+        # may have any text (no control characters, see the module docstring) before or after it.
+        branch = ([] if starts else [anything]) + branch + ([] if ends else [anything])
+        if min_length or max_length is not None:
+            branch = _bound_lengths(branch, min_length, max_length, pattern)
+            if branch is None:
+                continue
+        out.append(translator.sequence(branch, top=False))
+    if not out:
+        raise ValueError(f"no string matches `pattern` {pattern!r} within the length bounds")
+    return out[0] if len(out) == 1 else "(?:" + "|".join(out) + ")"
+
+
+def bounded_length(regex: str, min_length: int, max_length: int | None) -> str | None:
+    """`regex` (a Python-compatible regex of a string body) when all its matches already have
+    `min_length..max_length` characters, else `None` (the bounds cannot be added)."""
+    lo, hi = sre.parse(regex).getwidth()
+    if lo >= min_length and (max_length is None or hi <= max_length):
+        return regex
+    return None

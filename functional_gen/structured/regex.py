@@ -2,7 +2,7 @@
 
 from collections.abc import Sequence
 
-from .automaton import regex_automaton
+from .byte_dfa import regex_automaton
 from .processor import AbstractConstraint, rows_of
 from .vocabulary import vocabulary_from_tokenizer
 
@@ -28,6 +28,56 @@ def escape(text: str) -> str:
     return "".join(out)
 
 
+_ASCII_CLASSES = {"d": "0-9", "w": "0-9A-Za-z_"}
+
+
+def ascii_classes(pattern: str) -> str:
+    """`pattern` (Rust `regex` syntax) with `\\d`, `\\D`, `\\w`, `\\W` made ASCII, as in
+    ECMA-262 (JavaScript) and in Python's `re.ASCII`: `\\d` is `[0-9]`, `\\w` is
+    `[0-9A-Za-z_]`, inside character classes too. `\\s` and `\\b` are left as they are.
+
+    Rust's `regex` (outlines-core's engine) reads them as Unicode classes: `\\d{3}` then also
+    allows `٣` or `🯸` (U+1FBF8), and its automaton is about 10 times bigger.
+    """
+    out, i, depth = [], 0, 0
+    while i < len(pattern):
+        ch = pattern[i]
+        if ch == "\\" and i + 1 < len(pattern):
+            nxt = pattern[i + 1]
+            if nxt.lower() in _ASCII_CLASSES:
+                members = _ASCII_CLASSES[nxt.lower()]
+                if nxt.islower():
+                    out.append(members if depth else f"[{members}]")
+                else:
+                    out.append(f"[^{members}]")
+            else:
+                out.append(pattern[i:i + 2])
+            i += 2
+            continue
+        if ch == "[":
+            if depth and pattern.startswith("[:", i):  # an ASCII class like [:alpha:]
+                end = pattern.find(":]", i + 2)
+                if end != -1:
+                    out.append(pattern[i:end + 2])
+                    i = end + 2
+                    continue
+            depth += 1
+            out.append(ch)
+            i += 1
+            if pattern.startswith("^", i):
+                out.append("^")
+                i += 1
+            if pattern.startswith("]", i):  # a leading ] is a literal
+                out.append("]")
+                i += 1
+            continue
+        if ch == "]" and depth:
+            depth -= 1
+        out.append(ch)
+        i += 1
+    return "".join(out)
+
+
 class Regex(AbstractConstraint):
     """Constrain the generated text to match a regular expression, as a whole.
 
@@ -40,10 +90,11 @@ class Regex(AbstractConstraint):
     `"constraint"`, never in the middle of a match.
 
     Syntax is Rust's `regex` crate (the engine of outlines-core): the usual classes, groups,
-    alternation and repetition, `\\d` and `\\w` being Unicode-aware (write `[0-9]` for ASCII
-    digits, it also makes a smaller automaton). No look-around, backreferences or Unicode `\\b`.
+    alternation and repetition. `\\d` and `\\w` are ASCII by default (`[0-9]`,
+    `[0-9A-Za-z_]`, as in JavaScript and JSON Schema; see `ascii_classes`); pass
+    `unicode=True` for Rust's Unicode classes. No look-around, backreferences or Unicode `\\b`.
     Every text of the language can be written with any tokenization of it (unlike with
-    outlines-core's token `Index` alone, see `automaton.build_regex_automaton`), except text
+    outlines-core's token `Index` alone, see `byte_dfa.build_regex_automaton`), except text
     containing U+10FFFF.
 
     !!! Example
@@ -62,6 +113,8 @@ class Regex(AbstractConstraint):
       for SmolLM2 `(2, 0)`). They must be the ids the generation loop stops on.
     - `vocab_size`: the model's vocabulary size when it exceeds the tokenizer's (extra ids are
       never allowed).
+    - `unicode`: read `\\d`, `\\w` (and their negations) as Unicode classes (default `False`:
+      ASCII).
 
     **Raises:** `functional_gen.structured.ConstraintError` (a `ValueError`) naming the pattern
     when it does not compile or cannot be written with this vocabulary; `TypeError` for a
@@ -79,7 +132,10 @@ class Regex(AbstractConstraint):
         *,
         eos_token_id: int | Sequence[int] | None = None,
         vocab_size: int | None = None,
+        unicode: bool = False,
     ):
         vocabulary = vocabulary_from_tokenizer(tokenizer, eos_token_id=eos_token_id, vocab_size=vocab_size)
         patterns, ids = rows_of(pattern, lambda p: isinstance(p, str), "pattern", "a regex string")
+        if not unicode:
+            patterns = [ascii_classes(p) for p in patterns]
         self._set_automata([regex_automaton(p, vocabulary) for p in patterns], ids)

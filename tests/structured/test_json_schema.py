@@ -8,6 +8,7 @@ import pytest
 
 import functional_gen as fg
 from functional_gen.structured import UnsupportedSchemaError, json_schema_regex, regex_automaton
+from functional_gen.structured.json_schema import InvalidSchemaError
 from functional_gen.structured.json_schema import schema_as_dict
 
 from .cases import SCHEMAS
@@ -32,19 +33,17 @@ def test_random_documents_validate(vocabulary, name):
         ({"not": {"type": "string"}}, "not"),
         ({"type": "integer", "multipleOf": 3}, "multipleOf"),
         ({"type": "array", "items": {"type": "integer"}, "uniqueItems": True}, "uniqueItems"),
-        ({"type": "string", "format": "hostname"}, "format"),
-        ({"type": "object", "patternProperties": {"^x": {"type": "integer"}}}, "patternProperties"),
+        ({"type": "string", "format": "idn-hostname"}, "format"),
+        ({"type": "object", "patternProperties": {"^x": {"type": "integer"}}, "additionalProperties": True},
+         "additionalProperties"),
         ({"if": {"type": "string"}, "then": {"minLength": 2}}, "if"),
-        ({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["b"]}, "required"),
         ({"oneOf": [{"type": "number"}, {"type": "integer"}]}, "oneOf"),
         ({"type": "number", "minimum": 0.5}, "minimum"),
-        ({"type": "string", "pattern": "^a+$", "maxLength": 3}, "maxLength"),
+        ({"type": "string", "pattern": "^(ab)+$", "maxLength": 3}, "pattern"),
         ({"type": "string", "pattern": "(?=a)"}, "pattern"),
         ({"$ref": "https://example.com/schema.json"}, "$ref"),
         ({"type": "array", "contains": {"const": 1}}, "contains"),
-        ({"type": "object", "properties": {"a": {"type": "integer"}}, "minProperties": 2}, "minProperties"),
-        ({"type": "strnig"}, "type"),
-        ({"tpye": "string"}, "tpye"),
+        ({"type": "object", "dependentRequired": {"a": ["b"]}}, "dependentRequired"),
         ({"$defs": {"n": {"type": "object", "properties": {"n": {"$ref": "#/$defs/n"}}, "required": ["n"]}},
           "$ref": "#/$defs/n"}, "$ref"),
     ],
@@ -91,3 +90,180 @@ def test_schema_inputs(tokenizer):
     a = fg.processors.JsonSchema(text_schema, tokenizer)
     b = fg.processors.JsonSchema(SCHEMAS["sentiment"][1], tokenizer)
     np.testing.assert_array_equal(np.asarray(a.transitions), np.asarray(b.transitions))
+
+
+def test_unknown_keywords_are_annotations():
+    # JSON Schema 2020-12 core §4.3.1: unknown keywords are ignored (as jsonschema does).
+    plain = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    noisy = {"type": "object", "id": "x", "_format": "y", "tpye": "string", "x-extra": 1,
+             "properties": {"a": {"type": "integer", "javaName": "A", "_uniqueItems": True}}, "required": ["a"]}
+    assert json_schema_regex(noisy) == json_schema_regex(plain)
+
+
+def test_invalid_schema_is_refused_by_its_metaschema():
+    with pytest.raises(InvalidSchemaError, match="strnig") as info:
+        json_schema_regex({"type": "object", "properties": {"a": {"type": "strnig"}}})
+    assert info.value.path == "#/properties/a/type"
+    with pytest.raises(InvalidSchemaError, match="minLength"):
+        json_schema_regex({"type": "string", "minLength": -1})
+
+
+def test_strict_false_drops_unenforceable_keywords_with_one_warning():
+    schema = {"type": "object", "properties": {"n": {"type": "integer", "multipleOf": 3}, "s": {"not": {"const": "x"}}}}
+    with pytest.raises(UnsupportedSchemaError):
+        json_schema_regex(schema)
+    with pytest.warns(UserWarning, match="2 keyword") as record:
+        regex = json_schema_regex(schema, strict=False)
+    assert len(record) == 1 and "multipleOf" in str(record[0].message) and "`not`" in str(record[0].message)
+    assert regex == json_schema_regex({"type": "object", "properties": {"n": {"type": "integer"}, "s": {}}})
+
+
+# Objects: every candidate document is accepted by the regex exactly when jsonschema accepts it
+# (documents list the properties in schema order, additional ones after them).
+OBJECT_CASES = {
+    "open_by_default": (
+        {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]},
+        [{"a": 1}, {"a": 1, "b": 2}, {"a": 1, "b": {"c": "x"}}, {"b": 2}, {"a": "x"}, {"a": 1, "ab": None}],
+    ),
+    "additional_schema": (
+        {"type": "object", "properties": {"a": {"type": "integer"}}, "additionalProperties": {"type": "string"}},
+        [{}, {"a": 1}, {"a": 1, "b": "x"}, {"a": 1, "b": 2}, {"b": "x", "c": "y"}, {"a": "x"}],
+    ),
+    "closed": (
+        {"type": "object", "properties": {"a": {"type": "integer"}}, "additionalProperties": False},
+        [{}, {"a": 1}, {"a": 1, "b": 2}],
+    ),
+    "required_without_schema": (
+        {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a", "b"]},
+        [{"a": 1, "b": [1, "x", None]}, {"a": 1, "b": "s"}, {"a": 1}, {"b": 1}],
+    ),
+    "pattern_properties": (
+        {"type": "object", "properties": {"id": {"type": "integer"}},
+         "patternProperties": {"^x_[a-z]+$": {"type": "boolean"}}, "additionalProperties": False},
+        [{"id": 1}, {"id": 1, "x_a": True}, {"x_ab": False, "x_b": True}, {"x_a": 1}, {"y": True}, {"x_1": True}],
+    ),
+    "property_names": (
+        {"type": "object", "propertyNames": {"pattern": "^[a-z]{1,3}$"}, "additionalProperties": {"type": "integer"}},
+        [{}, {"ab": 1}, {"abcd": 1}, {"A": 1}, {"a": 1, "b": 2}, {"a": "x"}],
+    ),
+    "min_max_properties": (
+        {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+         "minProperties": 1, "maxProperties": 2},
+        [{}, {"a": 1}, {"b": 1}, {"a": 1, "b": 2}, {"a": 1, "b": 2, "c": 3}, {"c": 3}, {"c": 3, "d": 4}],
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(OBJECT_CASES))
+@pytest.mark.parametrize("closed_objects", [False, True])
+def test_objects_accept_exactly_what_jsonschema_accepts(name, closed_objects):
+    import re
+
+    import jsonschema
+
+    schema, documents = OBJECT_CASES[name]
+    if closed_objects and name == "required_without_schema":  # `b` would be an additional property
+        with pytest.raises(UnsupportedSchemaError, match="no JSON value"):
+            json_schema_regex(schema, closed_objects=closed_objects)
+        return
+    regex = re.compile(json_schema_regex(schema, closed_objects=closed_objects))
+    oracle = dict(schema, additionalProperties=False) if closed_objects and "patternProperties" not in schema else schema
+    if closed_objects and "propertyNames" in schema:
+        oracle = {**schema, "maxProperties": 0}  # closed and nothing listed: only {}
+    for document in documents:
+        for text in (json.dumps(document, separators=(",", ":")), json.dumps(document)):
+            valid = jsonschema.Draft202012Validator(oracle).is_valid(document)
+            assert bool(regex.fullmatch(text)) == valid, (text, valid)
+
+
+def test_pattern_with_length_bounds_is_the_intersection():
+    import re
+
+    schema = {"type": "string", "pattern": "^[a-c]+$", "minLength": 2, "maxLength": 4}
+    regex = re.compile(json_schema_regex(schema))
+    import jsonschema
+
+    validator = jsonschema.Draft202012Validator(schema)
+    for length in range(7):
+        for text in ("abc" * 3)[:length], "x" * length, ("a" * length):
+            assert bool(regex.fullmatch(json.dumps(text))) == validator.is_valid(text), text
+
+
+def test_unanchored_pattern_is_searched():
+    import re
+
+    regex = re.compile(json_schema_regex({"type": "string", "pattern": "[0-9]{3}"}))
+    assert regex.fullmatch('"ab123cd"') and regex.fullmatch('"123"') and not regex.fullmatch('"12a"')
+
+
+@pytest.mark.parametrize("fmt,check", [
+    ("ipv6", lambda v: __import__("ipaddress").IPv6Address(v)),
+    ("byte", lambda v: __import__("base64").b64decode(v, validate=True)),
+    ("hostname", lambda v: len(v) <= 253 and all(0 < len(p) <= 63 for p in v.split("."))),
+    ("uri", lambda v: __import__("urllib.parse").parse.urlsplit(v).scheme or 1 / 0),
+    ("duration", lambda v: re_duration(v)),
+])
+def test_new_formats_generate_valid_values(vocabulary, fmt, check):
+    automaton = regex_automaton(json_schema_regex({"type": "string", "format": fmt}), vocabulary)
+    rng = np.random.default_rng(len(fmt))
+    for _ in range(20):
+        check(json.loads(random_walk(automaton, vocabulary, rng, budget=int(automaton.distance[1]) + 12)))
+
+
+def re_duration(value: str):
+    """JSON Schema 2020-12 Appendix A's ABNF for `duration`, written independently."""
+    import re
+
+    assert re.fullmatch(r"P(\d+W|(?=\d|T)(\d+Y)?(\d+M)?(\d+D)?(T(?=\d)(\d+H)?(\d+M)?(\d+S)?)?)", value), value
+    # ABNF: date parts are consecutive (no Y then D without M)
+    date = re.match(r"P((\d+)Y)?((\d+)M)?((\d+)D)?", value)
+    assert not (date.group(1) and date.group(5) and not date.group(3)), value
+
+
+def test_unsatisfiable_object_is_refused():
+    with pytest.raises(ValueError, match="no JSON value"):
+        json_schema_regex({"type": "object", "properties": {"a": {"type": "integer"}}, "minProperties": 2,
+                           "additionalProperties": False})
+
+
+def test_free_form_values_nest_free_form_depth_levels():
+    import re
+
+    shallow = re.compile(json_schema_regex({"type": "object"}))
+    deep = re.compile(json_schema_regex({"type": "object"}, free_form_depth=2))
+    for text, depth in [('{"a":1}', 1), ('{"a":[1,"x"],"b":{"c":null}}', 2), ('{"a":{"b":[1]}}', 3)]:
+        assert bool(shallow.fullmatch(text)) == (depth <= 2), text  # the open object is a level itself
+        assert bool(deep.fullmatch(text)) == (depth <= 3), text
+
+
+def test_many_optional_properties_compile_to_a_moderate_regex():
+    # outlines-core writes 100 optional properties as an 8.9-million-character regex
+    import re
+
+    schema = {"type": "object", "properties": {f"p{i}": {"type": "integer"} for i in range(100)},
+              "additionalProperties": False}
+    regex = json_schema_regex(schema)
+    assert len(regex) < 1_000_000
+    assert re.fullmatch(regex, '{"p99":1}') and re.fullmatch(regex, '{"p3":1,"p50":2}')
+    assert not re.fullmatch(regex, '{"p50":2,"p3":1}')  # properties come in schema order
+
+
+def test_one_of_overlap_is_judged_on_the_schemas_not_their_regexes():
+    # both branches become regex markers; 5 matches both, so `oneOf` cannot become `anyOf`
+    with pytest.raises(UnsupportedSchemaError, match="oneOf"):
+        json_schema_regex({"oneOf": [{"type": "integer", "minimum": 0}, {"type": "integer", "maximum": 10}]})
+    assert json_schema_regex({"oneOf": [{"type": "integer", "minimum": 0}, {"type": "string"}]})
+
+
+def test_keywords_without_type_constrain_only_their_type():
+    # MaskBench Github_medium o69887: `"items": {"required": [], "properties": {}}` and the
+    # strings "season1", "season2" are valid items (the object keywords do not apply to them).
+    import re
+
+    import jsonschema
+
+    schema = {"type": "array", "items": {"required": ["a"], "properties": {"a": {"type": "integer"}}, "minimum": 1}}
+    regex = re.compile(json_schema_regex(schema))
+    for document in (["season1", 2.5, None, True, [1]], [{"a": 1}], [{"b": 1}], [0.5], [{"a": "x"}], [[1, 2]]):
+        text = json.dumps(document, separators=(",", ":"))
+        assert bool(regex.fullmatch(text)) == jsonschema.Draft202012Validator(schema).is_valid(document), text

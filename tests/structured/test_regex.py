@@ -38,3 +38,26 @@ def test_constraints_of_similar_size_share_one_compiled_program(tokenizer):
 def test_bad_patterns(tokenizer, pattern):
     with pytest.raises((TypeError, ValueError), match="pattern"):
         fg.processors.Regex(pattern, tokenizer)
+
+
+def test_digit_and_word_classes_are_ascii_by_default(tokenizer, vocabulary):
+    # ECMA-262 / JSON Schema: \d is [0-9] and \w is [0-9A-Za-z_]; Rust's regex (outlines-core)
+    # would also allow U+1FBF8 or Arabic-Indic digits.
+    import re
+
+    from functional_gen.structured import regex_automaton
+    from functional_gen.structured.regex import ascii_classes
+
+    ascii_digits = regex_automaton(ascii_classes(r"\d{3}-\w"), vocabulary)
+    unicode_digits = regex_automaton(r"\d{3}-\w", vocabulary)
+    for text, ascii_ok in [("123-a", True), ("٣٣٣-a", False), ("\U0001fbf8\U0001fbf8\U0001fbf8-a", False),
+                           ("123-é", False), ("123-_", True)]:
+        ids = tokenizer.encode(text, add_special_tokens=False)
+        assert bool(ascii_digits.accepting[ascii_digits.walk(ids)]) == ascii_ok, text
+        assert unicode_digits.accepting[unicode_digits.walk(ids)], text  # the Unicode reading accepts all
+        assert bool(re.fullmatch(r"\d{3}-\w", text, re.ASCII)) == ascii_ok  # Python's ASCII mode agrees
+    default = fg.processors.Regex(r"[\d]{2}\D", tokenizer)
+    explicit = fg.processors.Regex(r"[0-9]{2}[^0-9]", tokenizer)
+    np.testing.assert_array_equal(np.asarray(default.transitions), np.asarray(explicit.transitions))
+    unicode = fg.processors.Regex(r"[\d]{2}\D", tokenizer, unicode=True)
+    assert not np.array_equal(np.asarray(unicode.token_class), np.asarray(default.token_class))
