@@ -2,7 +2,7 @@
 
     functional-gen generate "PROMPT" [--model PATH] [--max-new-tokens N] [--seed S]
         [--greedy | --sample] [--temperature T] [--top-k K] [--top-p P] [--min-p P] ...
-        [--stream] [--raw] [--dtype {float32,bfloat16}]
+        [--stream] [--raw] [--dtype {auto,float32,bfloat16}] [--quantization int8]
         [--regex PATTERN | --json-schema FILE_OR_JSON | --choice A B C | --grammar FILE]
 
 `functional-gen generate --help` lists every option.
@@ -150,9 +150,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     gen.add_argument(
         "--dtype",
-        choices=("float32", "bfloat16"),
+        choices=("auto", "float32", "bfloat16"),
         default="float32",
-        help="dtype of the weights and activations (default: float32)",
+        help="how the weight matrices are stored; activations stay float32 (default: float32; "
+        "auto: the checkpoint's own, bfloat16 only for a bfloat16 checkpoint or BF16 GGUF)",
+    )
+    gen.add_argument(
+        "--quantization",
+        choices=("int8",),
+        default=None,
+        help="weight-only int8 matrices, per output channel (a GGUF's quantized blocks are "
+        "requantized directly); --dtype is then unused",
     )
     sampling = gen.add_argument_group("sampling (any of these switches sampling on)")
     for option, kind, metavar, text in _SAMPLING_OPTIONS:
@@ -345,7 +353,9 @@ def _generate(args: argparse.Namespace) -> int:
         print(message, file=sys.stderr, flush=True)
 
     start = time.perf_counter()
-    model, tokenizer = fg.load_model(args.model, dtype=args.dtype, progress=progress)
+    model, tokenizer = fg.load_model(
+        args.model, dtype=args.dtype, quantization=args.quantization, progress=progress
+    )
     processors = build_processors(
         args,
         eos_token_id=model.config.eos_token_id,
