@@ -79,8 +79,8 @@ def main(argv=None) -> int:
     parser.add_argument("--megabytes", type=float, default=256.0, help="float32 MB per chain")
     args = parser.parse_args(argv)
 
-    print(f"jax {jax.__version__}, backend {jax.default_backend()}; time per matmul in ms "
-          "(best formulation of each row marked *); current choice from quantization.py in []")
+    print(f"jax {jax.__version__}, backend {jax.default_backend()}; time per matmul in ms; "
+          "(best): fastest of the row, (chosen): what quantization.FORMULATIONS picks")
     for shape_name in args.shapes:
         out, inp = SHAPES[shape_name]
         count = max(1, int(args.megabytes * 1e6 / (out * inp * 4)))
@@ -100,7 +100,8 @@ def main(argv=None) -> int:
                 best = min(results, key=results.get)
                 chosen = q.formulation_name(fmt, tokens, out)
                 cells = "  ".join(
-                    f"{n}{'*' if n == best else ''}{' []' if n == chosen else ''}: {t:.3f}"
+                    f"{n}{' (best)' if n == best else ''}{' (chosen)' if n == chosen else ''}: "
+                    f"{t:.3f}"
                     for n, t in results.items()
                 )
                 print(f"{shape_name:<15} {fmt:<8} tokens={tokens:<4} {cells}", flush=True)
