@@ -19,6 +19,7 @@ next to the bandwidth bound (weight bytes / a jitted 1 GiB sum's bandwidth).
 """
 
 import argparse
+import functools
 import os
 import sys
 import time
@@ -67,14 +68,16 @@ def main(argv=None) -> int:
     token = jnp.asarray([[42]])
     position = jnp.asarray([[length - 1]])
 
-    @eqx.filter_jit(donate="warn")
-    def step(cache, model, token, position):
-        logits, cache = model(token, position, cache)
+    params, static = eqx.partition(model, eqx.is_array)
+
+    @functools.partial(jax.jit, donate_argnums=(1,))  # the cache is donated, as in `generate`
+    def step(params, cache, token, position):
+        logits, cache = eqx.combine(params, static)(token, position, cache)
         return jnp.argmax(logits[:, -1], axis=-1), cache
 
     def whole():
         nonlocal cache
-        out, cache = step(cache, model, token, position)
+        out, cache = step(params, cache, token, position)
         return out
 
     x0 = jax.random.normal(jax.random.key(0), (c.hidden_size, 1)) * 0.1
@@ -100,7 +103,7 @@ def main(argv=None) -> int:
             out = out + layer.self_attn._attend(q, k_cache, v_cache, cache.positions, position)
         return out
 
-    @eqx.filter_jit(donate="warn")
+    @functools.partial(jax.jit, donate_argnums=(0, 1))
     def cache_writes(ks, vs, kv):
         write = cache.length[0]
         ks = tuple(jax.lax.dynamic_update_slice(k, kv, (0, 0, write, 0)) for k in ks)
