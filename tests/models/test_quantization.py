@@ -189,3 +189,19 @@ def test_default_model_int8_and_bf16_accuracy(default_model):
         stats = compare_models(reference, model, ids, chunk=128)
         assert abs(stats["perplexity_ratio"] - 1) < 0.02, (kwargs, stats)
         assert stats["top1_agreement"] >= 0.95, (kwargs, stats)
+
+
+def test_two_digit_int8_activations_are_nearly_exact():
+    """The int8 x int8 path splits activations into two int8 digits: its only error beyond the
+    weights' is at most max|x| / 64,516 per activation, far below one-digit quantization's."""
+    rng = np.random.default_rng(3)
+    w = rng.standard_normal((64, 256)).astype(np.float32)
+    x = rng.standard_normal((256, 8)).astype(np.float32)
+    x[5] *= 30  # an outlier feature, as real hidden states have
+    qw, scale = q.quantize_int8(w)
+    exact = (qw.astype(np.float64) * scale[:, None]) @ x
+    bound = (np.abs(qw) * scale[:, None]).sum(axis=1, keepdims=True) * np.abs(x).max(0) / 64516
+    two = q.run_formulation("int8 W . 2-digit int8 x -> int32", jnp.asarray(qw), jnp.asarray(scale), x)
+    one = q.run_formulation("int8 W . int8 x -> int32", jnp.asarray(qw), jnp.asarray(scale), x)
+    assert (np.abs(np.asarray(two) - exact) <= bound * 1.01 + 1e-4).all()
+    assert np.abs(np.asarray(one) - exact).max() > 20 * np.abs(np.asarray(two) - exact).max()
