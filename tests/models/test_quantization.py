@@ -129,6 +129,10 @@ def test_models_match_transformers_on_the_same_rounded_weights(fmt, tied, tmp_pa
     ours = np.concatenate(steps, axis=1)
     assert cache.k[0].dtype == jnp.float32
     scale = np.abs(expected).max()
+    # batch-1 decode (one token per call: the weights are upcast, activations stay float32)
+    one, one_cache = model.prefill(jnp.asarray(ids[:1, :8]), positions[:1, :8], max_len=9)
+    one, _ = model(jnp.asarray(ids[:1, 8:9]), positions[:1, 8:9], one_cache)
+    np.testing.assert_allclose(np.asarray(one)[0, 0], expected[0, 8], atol=5e-4 * scale)
     np.testing.assert_allclose(ours, expected, atol=0.02 * scale)
     # the rounding itself moves the logits, but only a little
     np.testing.assert_allclose(ours, unrounded, atol=0.08 * scale)
