@@ -48,8 +48,12 @@ def main(argv=None) -> int:
         "int8": fg.load_model(quantization="int8")[0],
         "bfloat16": fg.load_model(dtype="bfloat16")[0],
     }
-    print(f"SmolLM2-135M-Instruct on {args.tokens} predicted tokens of pydoc_data.topics['execmodel']")
-    print(f"{'weights':<9} {'tokens/call':>11} {'perplexity':>10} {'ratio':>7} {'top-1 agree':>11} {'s':>6}")
+    print(
+        f"SmolLM2-135M-Instruct on {args.tokens} predicted tokens of pydoc_data.topics['execmodel']"
+    )
+    print(
+        f"{'weights':<9} {'tokens/call':>11} {'perplexity':>10} {'ratio':>7} {'top-1 agree':>11} {'s':>6}"
+    )
     for chunk in args.chunks:
         scores = {}
         for name, model in models.items():

@@ -351,7 +351,9 @@ def main(argv=None) -> int:
     flops = measure_flops()
 
     def decode_rate(name, batch):
-        return batch * (n - 1) / (times[(name, batch, n)] - times[(name, batch, 1)])
+        spent = times[(name, batch, n)] - times[(name, batch, 1)]
+        # on a loaded machine T_1 can exceed T_N: no figure rather than a negative one
+        return batch * (n - 1) / spent if spent > 0 else float("nan")
 
     print(
         f"\nSmolLM2-135M-Instruct, greedy, 32-token prompt, {n} new tokens, median of "

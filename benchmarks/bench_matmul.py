@@ -79,8 +79,10 @@ def main(argv=None) -> int:
     parser.add_argument("--megabytes", type=float, default=256.0, help="float32 MB per chain")
     args = parser.parse_args(argv)
 
-    print(f"jax {jax.__version__}, backend {jax.default_backend()}; time per matmul in ms; "
-          "(best): fastest of the row, (chosen): what quantization.FORMULATIONS picks")
+    print(
+        f"jax {jax.__version__}, backend {jax.default_backend()}; time per matmul in ms; "
+        "(best): fastest of the row, (chosen): what quantization.FORMULATIONS picks"
+    )
     for shape_name in args.shapes:
         out, inp = SHAPES[shape_name]
         count = max(1, int(args.megabytes * 1e6 / (out * inp * 4)))

@@ -63,7 +63,9 @@ def main(argv=None) -> int:
     cache = model.init_cache(1, length)
     cache = eqx.tree_at(lambda k: k.length, cache, jnp.full((1,), length - 1, jnp.int32))
     cache = eqx.tree_at(
-        lambda k: k.positions, cache, jnp.where(jnp.arange(length) < length - 1, jnp.arange(length), -1)[None]
+        lambda k: k.positions,
+        cache,
+        jnp.where(jnp.arange(length) < length - 1, jnp.arange(length), -1)[None],
     )
     token = jnp.asarray([[42]])
     position = jnp.asarray([[length - 1]])
@@ -87,14 +89,19 @@ def main(argv=None) -> int:
         for layer in model.model.layers:
             a, mlp = layer.self_attn, layer.mlp
             q, k, v = a.q_proj(x), a.k_proj(x), a.v_proj(x)
-            x = x + a.o_proj(q + jnp.tile(k + v, (c.num_attention_heads // c.num_key_value_heads, 1)))
+            x = x + a.o_proj(
+                q + jnp.tile(k + v, (c.num_attention_heads // c.num_key_value_heads, 1))
+            )
             x = x + mlp.down_proj(mlp.gate_proj(x) * mlp.up_proj(x))
         head = model.model.embed_tokens if model.lm_head is None else model.lm_head
         from functional_gen.models.quantization import matmul
 
         return matmul(head.weight, head.scale, x)
 
-    q0 = jax.random.normal(jax.random.key(1), (c.num_key_value_heads, c.num_attention_heads // c.num_key_value_heads, c.head_dim, 1, 1))
+    q0 = jax.random.normal(
+        jax.random.key(1),
+        (c.num_key_value_heads, c.num_attention_heads // c.num_key_value_heads, c.head_dim, 1, 1),
+    )
 
     @eqx.filter_jit
     def attention(layers, cache, q):
@@ -111,7 +118,10 @@ def main(argv=None) -> int:
         return ks, vs
 
     kv_new = jnp.ones((1, c.num_key_value_heads, 1, c.head_dim))
-    kv_state = [tuple(jnp.zeros_like(k) for k in cache.k), tuple(jnp.zeros_like(v) for v in cache.v)]
+    kv_state = [
+        tuple(jnp.zeros_like(k) for k in cache.k),
+        tuple(jnp.zeros_like(v) for v in cache.v),
+    ]
 
     def writes():
         kv_state[:] = cache_writes(kv_state[0], kv_state[1], kv_new)
@@ -142,12 +152,16 @@ def main(argv=None) -> int:
     bandwidth = measure_bandwidth()
     weight_bytes = sum(w.nbytes for w in model.named_weights().values())
     bound = weight_bytes / (bandwidth * 1e9)
-    print(f"\ndecode step, batch 1, {model.weight_format} weights ({weight_bytes / 1e6:.0f} MB), "
-          f"{length}-slot cache; fastest of {r}; bandwidth {bandwidth:.1f} GB/s")
+    print(
+        f"\ndecode step, batch 1, {model.weight_format} weights ({weight_bytes / 1e6:.0f} MB), "
+        f"{length}-slot cache; fastest of {r}; bandwidth {bandwidth:.1f} GB/s"
+    )
     print(f"{'part':<42} {'ms':>8} {'% of step':>9}")
     for name, t in parts.items():
         print(f"{name:<42} {t * 1e3:>8.2f} {t / total:>9.0%}")
-    print(f"{'sum of the parts':<42} {sum(parts.values()) * 1e3:>8.2f} {sum(parts.values()) / total:>9.0%}")
+    print(
+        f"{'sum of the parts':<42} {sum(parts.values()) * 1e3:>8.2f} {sum(parts.values()) / total:>9.0%}"
+    )
     print(f"{'whole step (model + argmax, jitted)':<42} {total * 1e3:>8.2f} {1:>9.0%}")
     print(f"{'bandwidth bound (weight bytes / BW)':<42} {bound * 1e3:>8.2f} {bound / total:>9.0%}")
     return 0

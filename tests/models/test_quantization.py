@@ -121,7 +121,9 @@ def test_models_match_transformers_on_the_same_rounded_weights(fmt, tied, tmp_pa
     unrounded = torch_logits(hf, ids)
 
     positions = jnp.broadcast_to(jnp.arange(12), (2, 12))
-    logits, cache = model.prefill(jnp.asarray(ids[:, :8]), positions[:, :8], max_len=12, logits_to_keep=0)
+    logits, cache = model.prefill(
+        jnp.asarray(ids[:, :8]), positions[:, :8], max_len=12, logits_to_keep=0
+    )
     steps = [np.asarray(logits)]
     for i in range(8, 12):  # decode: one token per row
         step, cache = model(jnp.asarray(ids[:, i : i + 1]), positions[:, i : i + 1], cache)
@@ -205,7 +207,9 @@ def test_two_digit_int8_activations_are_nearly_exact():
     qw, scale = q.quantize_int8(w)
     exact = (qw.astype(np.float64) * scale[:, None]) @ x
     bound = (np.abs(qw) * scale[:, None]).sum(axis=1, keepdims=True) * np.abs(x).max(0) / 64516
-    two = q.run_formulation("int8 W . 2-digit int8 x -> int32", jnp.asarray(qw), jnp.asarray(scale), x)
+    two = q.run_formulation(
+        "int8 W . 2-digit int8 x -> int32", jnp.asarray(qw), jnp.asarray(scale), x
+    )
     one = q.run_formulation("int8 W . int8 x -> int32", jnp.asarray(qw), jnp.asarray(scale), x)
     assert (np.abs(np.asarray(two) - exact) <= bound * 1.01 + 1e-4).all()
     assert np.abs(np.asarray(one) - exact).max() > 20 * np.abs(np.asarray(two) - exact).max()
