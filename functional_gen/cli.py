@@ -128,9 +128,17 @@ def model_options() -> argparse.ArgumentParser:
     )
     group.add_argument(
         "--dtype",
-        choices=("float32", "bfloat16"),
+        choices=("auto", "float32", "bfloat16"),
         default="float32",
-        help="dtype of the weights and activations (default: float32)",
+        help="how the weight matrices are stored; activations stay float32 (default: float32; "
+        "auto: the checkpoint's own, bfloat16 only for a bfloat16 checkpoint or BF16 GGUF)",
+    )
+    group.add_argument(
+        "--quantization",
+        choices=("int8",),
+        default=None,
+        help="weight-only int8 matrices, per output channel (a GGUF's quantized blocks are "
+        "requantized directly); --dtype is then unused",
     )
     return parent
 
@@ -370,7 +378,9 @@ def _chat(args: argparse.Namespace) -> int:
         raise ValueError("chat answers with one sequence (no --num-return-sequences)")
     progress.set_quiet(args.quiet)
     enable_compilation_cache()
-    model, tokenizer = fg.load_model(args.model, dtype=args.dtype, progress=progress.notice)
+    model, tokenizer = fg.load_model(
+        args.model, dtype=args.dtype, quantization=args.quantization, progress=progress.notice
+    )
     if getattr(tokenizer, "chat_template", None) is None:
         raise ValueError("this model's tokenizer has no chat template; use generate")
     call = generate_call_arguments(args, model, tokenizer)
@@ -686,7 +696,9 @@ def _generate(args: argparse.Namespace) -> int:
     progress.set_quiet(args.quiet)
     enable_compilation_cache()
     start = time.perf_counter()
-    model, tokenizer = fg.load_model(args.model, dtype=args.dtype, progress=progress.notice)
+    model, tokenizer = fg.load_model(
+        args.model, dtype=args.dtype, quantization=args.quantization, progress=progress.notice
+    )
     loaded = time.perf_counter()
     call = generate_call_arguments(args, model, tokenizer)
     call.update(guidance_arguments(args, tokenizer))

@@ -6,12 +6,16 @@ from pathlib import Path
 
 import jax.numpy as jnp
 
+from ..models.quantization import check_quantization
+from .checkpoint import checkpoint_dtype, load_tokenizer
 from .checkpoint import load_checkpoint as load_checkpoint
 from .default_model import (
     DEFAULT_MODEL_NAME as DEFAULT_MODEL_NAME,
+    converted_default_dir,
     default_gguf_path as default_gguf_path,
     ensure_default_checkpoint as ensure_default_checkpoint,
 )
+from .gguf_file import gguf_file_dtype
 from .gguf_file import load_gguf as load_gguf
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
@@ -21,6 +25,7 @@ def load_model(
     path: str | os.PathLike | None = None,
     *,
     dtype=jnp.float32,
+    quantization: str | None = None,
     progress: Callable[[str], None] | None = None,
 ):
     """Load a decoder-only language model and its tokenizer.
@@ -31,8 +36,14 @@ def load_model(
       index, tokenizer files), a `.gguf` file, or `None` for the embedded default model,
       SmolLM2-135M-Instruct (converted once to a cached checkpoint; see
       `functional_gen.loading.default_model`).
-    - `dtype`: `jnp.float32` (default) or `jnp.bfloat16` (also accepted as a string): the dtype of
-      the weights, the activations and the `KVCache`. Logits are always float32.
+    - `dtype`: how the weight matrices are stored: `"float32"` (default), `"bfloat16"`, or
+      `"auto"`, the checkpoint's own (bfloat16 when `config.json` declares it or every GGUF
+      matrix is BF16, else float32); `jnp.float32`/`jnp.bfloat16` are accepted too. Activations,
+      the `KVCache` and the logits are float32 whatever the weights.
+    - `quantization`: `None`, or `"int8"`: weight-only int8, per output channel (see
+      `functional_gen.models.quantization`); `dtype` is then unused. A GGUF file's quantized
+      blocks (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K, ...) are requantized to int8 directly, one tensor at
+      a time; the default model is loaded this way from its Q4_1 file.
     - `progress`: called with a message before slow first-time work (converting the default model).
 
     **Returns:** `(model, tokenizer)`: a `functional_gen.models.LlamaForCausalLM` and a
@@ -40,29 +51,58 @@ def load_model(
 
     **Raises:** `FileNotFoundError` for a missing path, missing files, or the default model's
     package not being installed; `functional_gen.models.UnsupportedConfigError` for an unknown
-    architecture or an unsupported config value; `ValueError` for an unsupported `dtype`.
+    architecture or an unsupported config value; `ValueError` for an unsupported `dtype` or
+    `quantization`, before anything is read.
     """
-    dtype = _resolve_dtype(dtype)
+    check_quantization(quantization)
+    if not (isinstance(dtype, str) and dtype == "auto"):
+        dtype = _resolve_dtype(dtype)
     if path is None:
-        return load_checkpoint(ensure_default_checkpoint(progress), dtype=dtype)
+        if quantization is not None:
+            return _default_model_quantized(quantization, progress)
+        checkpoint = ensure_default_checkpoint(progress)
+        if dtype == "auto":
+            dtype = jnp.float32  # the default model's Q4_1 blocks decode exactly to float32
+        return load_checkpoint(checkpoint, dtype=dtype)
     p = Path(path)
     if p.is_dir():
-        return load_checkpoint(p, dtype=dtype)
+        if dtype == "auto":
+            dtype = checkpoint_dtype(p) if (p / "config.json").is_file() else jnp.float32
+        return load_checkpoint(p, dtype=dtype, quantization=quantization)
     if p.is_file():
         if p.suffix.lower() != ".gguf":
             raise ValueError(
                 f"{p} is a file but not a .gguf file; pass a GGUF file or a checkpoint directory"
             )
-        return load_gguf(p, dtype=dtype)
+        if dtype == "auto":
+            dtype = gguf_file_dtype(p)
+        return load_gguf(p, dtype=dtype, quantization=quantization)
     raise FileNotFoundError(f"no such model file or directory: {p}")
+
+
+def _default_model_quantized(quantization: str, progress):
+    """The default model requantized from its Q4_1 GGUF blocks; the tokenizer comes from the
+    converted checkpoint when it exists (fast), else from the GGUF."""
+    gguf = default_gguf_path()
+    converted = converted_default_dir()
+    tokenizer = load_tokenizer(converted) if (converted / "tokenizer.json").is_file() else None
+    if tokenizer is None and progress is not None:
+        progress(f"Building the tokenizer of {DEFAULT_MODEL_NAME} from its GGUF file...")
+    return load_gguf(gguf, quantization=quantization, tokenizer=tokenizer)
 
 
 def _resolve_dtype(dtype):
     if isinstance(dtype, str):
         if dtype not in _DTYPES:
-            raise ValueError(f"unsupported dtype {dtype!r}; expected one of {sorted(_DTYPES)}")
+            raise ValueError(
+                f"unsupported dtype {dtype!r}; expected one of {sorted(_DTYPES) + ['auto']}"
+            )
         return _DTYPES[dtype]
+    try:
+        given = jnp.dtype(dtype)
+    except TypeError:
+        given = None
     for d in _DTYPES.values():
-        if jnp.dtype(dtype) == jnp.dtype(d):
+        if given == jnp.dtype(d):
             return d
-    raise ValueError(f"unsupported dtype {dtype!r}; expected float32 or bfloat16")
+    raise ValueError(f"unsupported dtype {dtype!r}; expected 'float32', 'bfloat16' or 'auto'")

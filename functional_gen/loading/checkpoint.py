@@ -50,6 +50,15 @@ def read_config(path: Path) -> LlamaConfig:
     return LlamaConfig.from_hf(hf_config, extra_eos_token_ids=extra_eos)
 
 
+def checkpoint_dtype(path: Path):
+    """The float dtype a checkpoint directory's `config.json` declares (`dtype`, or the older
+    `torch_dtype`), for `dtype="auto"`: `jnp.bfloat16` for bfloat16 checkpoints, else
+    `jnp.float32` (float16 and float32 weights are exact in float32)."""
+    raw = json.loads((path / "config.json").read_text())
+    declared = raw.get("dtype") or raw.get("torch_dtype")
+    return jnp.bfloat16 if declared == "bfloat16" else jnp.float32
+
+
 def safetensors_files(path: Path) -> list[Path]:
     """The weight files of a checkpoint directory (following a sharded index when there is one).
 
@@ -91,14 +100,17 @@ def read_weights(files: list[Path]) -> dict[str, np.ndarray]:
     return weights
 
 
-def load_checkpoint(path: str | os.PathLike, *, dtype=jnp.float32):
+def load_checkpoint(path: str | os.PathLike, *, dtype=jnp.float32, quantization: str | None = None):
     """Load `(model, tokenizer)` from a Hugging Face checkpoint directory.
 
     **Arguments:**
 
     - `path`: directory with `config.json`, `*.safetensors` (or a sharded index) and tokenizer
       files (`tokenizer.json` or `tokenizer.model` + `tokenizer_config.json`).
-    - `dtype`: dtype of the weights and activations (`jnp.float32` or `jnp.bfloat16`).
+    - `dtype`: dtype of the matrices (`jnp.float32` or `jnp.bfloat16`); activations, the
+      `KVCache` and logits are float32.
+    - `quantization`: `None` or `"int8"` (per-output-channel int8 matrices, quantized one
+      memory-mapped tensor at a time).
 
     **Returns:** `(LlamaForCausalLM, transformers tokenizer)`.
 
@@ -109,7 +121,11 @@ def load_checkpoint(path: str | os.PathLike, *, dtype=jnp.float32):
     config = read_config(path)
     weights = read_weights(safetensors_files(path))
     model = LlamaForCausalLM.from_weights(
-        config, weights, dtype=dtype, generation_config=read_generation_config(path)
+        config,
+        weights,
+        dtype=dtype,
+        generation_config=read_generation_config(path),
+        quantization=quantization,
     )
     tokenizer = load_tokenizer(path)
     return model, tokenizer

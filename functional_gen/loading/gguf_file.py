@@ -17,6 +17,7 @@ import equinox as eqx
 import jax.numpy as jnp
 import numpy as np
 
+from ..models.quantization import check_quantization, quantize_int8
 from ..models.config import LlamaConfig, UnsupportedConfigError
 from ..models.llama import LlamaForCausalLM
 from ..tokenization import END_OF_GENERATION_TEXTS
@@ -166,22 +167,89 @@ def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, w.shape[0] // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def read_gguf_weights(reader, config: LlamaConfig) -> dict[str, np.ndarray]:
-    """Every tensor of a GGUF file, dequantized to float32 numpy arrays under Hugging Face names.
+_CHUNK_BYTES = 16 * 2**20  # float32 bytes decoded at a time when requantizing a tensor to int8
 
-    A `rope_freqs.weight` tensor (llama.cpp's form of Llama 3.1 RoPE scaling) is returned under
-    `rope_freqs`, the divisors of the RoPE inverse frequencies.
 
-    **Raises:** `UnsupportedConfigError` for a tensor name or a tensor type the loader does not know.
+def requantize_int8(tensor) -> tuple[np.ndarray, np.ndarray]:
+    """A GGUF matrix (any type `gguf.quants.dequantize` reads: Q8_0, Q4_0, Q4_1, Q4_K, Q6_K, F16,
+    ...) requantized to per-output-channel int8, a few rows of blocks at a time.
+
+    Each chunk of rows is decoded from its own blocks by `gguf.quants.dequantize` (at most
+    16 MB of float32 at once, never the whole tensor), and each row `o` is stored as
+    `round(row / s[o])` with `s[o] = max|row| / 127` (`functional_gen.models.quantization
+    .quantize_int8`), so `|decoded - q * s[o]| <= s[o] / 2`.
+
+    **Arguments:** `tensor`: a `gguf.GGUFReader` tensor with 2 dimensions.
+
+    **Returns:** `(q, scale)`: int8 `[out, in]` and float32 `[out]` (GGUF row order).
+
+    **Raises:** `UnsupportedConfigError` for a tensor type `gguf` cannot dequantize.
+    """
+    from gguf.quants import dequantize
+
+    rows, cols = (int(n) for n in reversed(tensor.shape))
+    data = tensor.data.reshape(rows, -1)
+    step = max(1, _CHUNK_BYTES // (4 * cols))
+    q = np.empty((rows, cols), np.int8)
+    scale = np.empty((rows,), np.float32)
+    for r0 in range(0, rows, step):
+        try:
+            block = dequantize(data[r0 : r0 + step], tensor.tensor_type)
+        except NotImplementedError as e:
+            raise UnsupportedConfigError(
+                f"GGUF tensor {tensor.name!r} has type {tensor.tensor_type.name}, which gguf "
+                "cannot dequantize"
+            ) from e
+        q[r0 : r0 + step], scale[r0 : r0 + step] = quantize_int8(block.reshape(-1, cols))
+    return q, scale
+
+
+def read_gguf_weights(
+    reader, config: LlamaConfig, *, dtype=np.float32, quantization: str | None = None
+) -> dict[str, np.ndarray]:
+    """Every tensor of a GGUF file under Hugging Face names, one tensor at a time.
+
+    Vectors (norms, biases) become float32. Matrices become `dtype` (float32 or bfloat16)
+    arrays, or with `quantization="int8"` an int8 `....weight` plus its float32 `....scale`
+    requantized from the file's own blocks (`requantize_int8`; no float32 copy of the model is
+    ever built). A `rope_freqs.weight` tensor (llama.cpp's form of Llama 3.1 RoPE scaling) is
+    returned under `rope_freqs`, the divisors of the RoPE inverse frequencies.
+
+    **Raises:** `UnsupportedConfigError` for a tensor name or a tensor type the loader does not
+    know; `ValueError` for an unknown `quantization`.
     """
     from gguf.quants import dequantize
 
     from ..progress import progress_bar
 
+    check_quantization(quantization)
     permute = config.model_type in ("llama", "mistral")
     weights: dict[str, np.ndarray] = {}
-    tensors = progress_bar(reader.tensors, desc="Dequantizing GGUF tensors", unit="tensor")
-    for t in tensors:
+    action = "Requantizing GGUF tensors to int8" if quantization == "int8" else "Dequantizing GGUF tensors"
+    for t in progress_bar(reader.tensors, desc=action, unit="tensor"):
+        if t.name in _GLOBAL_TENSORS:
+            name = _GLOBAL_TENSORS[t.name]
+            kind = None
+        elif t.name == "rope_freqs.weight":
+            name, kind = "rope_freqs", None
+        else:
+            m = re.fullmatch(r"blk\.(\d+)\.(\w+)\.(weight|bias)", t.name)
+            if m is None or m.group(2) not in _LAYER_TENSORS:
+                raise UnsupportedConfigError(
+                    f"unexpected GGUF tensor {t.name!r} for a Llama-family model"
+                )
+            layer, kind, param = m.groups()
+            name = f"model.layers.{layer}.{_LAYER_TENSORS[kind]}.{param}"
+        heads = {"attn_q": config.num_attention_heads, "attn_k": config.num_key_value_heads}
+        n_head = heads.get(kind) if permute else None
+        matrix = len(t.shape) == 2 and name != "rope_freqs"
+        if matrix and quantization == "int8":
+            q, scale = requantize_int8(t)
+            if n_head is not None:
+                q, scale = _unpermute(q, n_head), _unpermute(scale, n_head)
+            weights[name] = q
+            weights[name.removesuffix("weight") + "scale"] = scale
+            continue
         try:
             data = dequantize(t.data, t.tensor_type)
         except NotImplementedError as e:
@@ -189,48 +257,46 @@ def read_gguf_weights(reader, config: LlamaConfig) -> dict[str, np.ndarray]:
                 f"GGUF tensor {t.name!r} has type {t.tensor_type.name}, which gguf cannot dequantize"
             ) from e
         array = np.asarray(data, dtype=np.float32).reshape([int(n) for n in reversed(t.shape)])
-        if t.name == "rope_freqs.weight":
-            weights["rope_freqs"] = array
-            continue
-        if t.name in _GLOBAL_TENSORS:
-            weights[_GLOBAL_TENSORS[t.name]] = array
-            continue
-        m = re.fullmatch(r"blk\.(\d+)\.(\w+)\.(weight|bias)", t.name)
-        if m is None or m.group(2) not in _LAYER_TENSORS:
-            raise UnsupportedConfigError(f"unexpected GGUF tensor {t.name!r} for a Llama-family model")
-        layer, kind, param = m.groups()
-        if permute and kind == "attn_q":
-            array = _unpermute(array, config.num_attention_heads)
-        elif permute and kind == "attn_k":
-            array = _unpermute(array, config.num_key_value_heads)
-        weights[f"model.layers.{layer}.{_LAYER_TENSORS[kind]}.{param}"] = array
+        if n_head is not None:
+            array = _unpermute(array, n_head)
+        weights[name] = array.astype(dtype) if matrix else array
     return weights
 
 
-def load_gguf(path: str | os.PathLike, *, dtype=jnp.float32):
+def load_gguf(
+    path: str | os.PathLike, *, dtype=jnp.float32, quantization: str | None = None, tokenizer=None
+):
     """Load `(model, tokenizer)` from a GGUF file.
 
     **Arguments:**
 
     - `path`: the `.gguf` file.
-    - `dtype`: dtype of the dequantized weights and of the activations.
+    - `dtype`: dtype of the matrices (`jnp.float32` or `jnp.bfloat16`); activations are float32.
+    - `quantization`: `None`, or `"int8"`: every matrix requantized to per-output-channel int8
+      from the file's own blocks, one tensor at a time (see `read_gguf_weights`).
+    - `tokenizer`: a tokenizer to return instead of building one from the file.
 
     **Returns:** `(LlamaForCausalLM, transformers tokenizer)`; the tokenizer is built by
     transformers from the file's `tokenizer.ggml.*` metadata (a few seconds).
 
     **Raises:** `FileNotFoundError` if the file does not exist; `UnsupportedConfigError` for an
-    unsupported architecture, RoPE scaling or tensor type.
+    unsupported architecture, RoPE scaling or tensor type; `ValueError` for an unknown
+    `quantization`.
     """
+    check_quantization(quantization)
     reader = open_gguf(path)
-    config, weights, generation_config = read_gguf(path, with_generation_config=True, reader=reader)
+    config, weights, generation_config = read_gguf(
+        path, with_generation_config=True, dtype=dtype, quantization=quantization, reader=reader
+    )
     rope_freqs = weights.pop("rope_freqs", None)
     model = LlamaForCausalLM.from_weights(
-        config, weights, dtype=dtype, generation_config=generation_config
+        config, weights, dtype=dtype, generation_config=generation_config, quantization=quantization
     )
+    del weights
     if rope_freqs is not None:
         inv_freq = jnp.asarray(config.rope_inv_freq() / rope_freqs.reshape(-1))
         model = eqx.tree_at(lambda m: m.model.rotary_emb.inv_freq, model, inv_freq)
-    return model, gguf_tokenizer(path, reader=reader)
+    return model, (gguf_tokenizer(path, reader=reader) if tokenizer is None else tokenizer)
 
 
 def open_gguf(path: str | os.PathLike):
@@ -246,9 +312,16 @@ def open_gguf(path: str | os.PathLike):
     return GGUFReader(str(path))
 
 
-def read_gguf(path: str | os.PathLike, *, with_generation_config: bool = False, reader=None):
-    """`(config, float32 weights by Hugging Face name)` of a GGUF file (see `read_gguf_weights`),
-    plus its `GenerationConfig` as a third element when `with_generation_config`.
+def read_gguf(
+    path: str | os.PathLike,
+    *,
+    with_generation_config: bool = False,
+    dtype=np.float32,
+    quantization: str | None = None,
+    reader=None,
+):
+    """`(config, weights by Hugging Face name)` of a GGUF file (see `read_gguf_weights`; float32
+    by default), plus its `GenerationConfig` as a third element when `with_generation_config`.
 
     `reader`: an open `gguf.GGUFReader` of `path` (see `open_gguf`), to read the header once.
 
@@ -257,10 +330,21 @@ def read_gguf(path: str | os.PathLike, *, with_generation_config: bool = False, 
     if reader is None:
         reader = open_gguf(path)
     config = read_gguf_config(reader)
-    weights = read_gguf_weights(reader, config)
+    weights = read_gguf_weights(reader, config, dtype=dtype, quantization=quantization)
     if with_generation_config:
         return config, weights, read_gguf_generation_config(reader, config)
     return config, weights
+
+
+def gguf_file_dtype(path: str | os.PathLike):
+    """The float dtype a GGUF file stores its matrices in, for `dtype="auto"`: `jnp.bfloat16`
+    when every matrix is BF16, else `jnp.float32` (F32, F16 and quantized types decode
+    exactly to float32)."""
+    from gguf import GGMLQuantizationType
+
+    reader = open_gguf(path)
+    types = {t.tensor_type for t in reader.tensors if len(t.shape) == 2}
+    return jnp.bfloat16 if types == {GGMLQuantizationType.BF16} else jnp.float32
 
 
 # GGUF token-id keys and the tokenizer attributes they name (as transformers' GGUF integration

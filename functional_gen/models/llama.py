@@ -29,8 +29,9 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, Float, Int, PRNGKeyArray
+from jaxtyping import Array, Float, Int, Int8, PRNGKeyArray
 
+from . import quantization as _quantization
 from .base import AbstractCausalLM, fingerprint
 from .config import LlamaConfig
 from .kv_cache import KVCache
@@ -40,29 +41,38 @@ _PREFILL_CHUNK = 128  # query block of prefill attention (tokens)
 
 
 class Linear(eqx.Module):
-    """`y = weight @ x + bias` on feature-major activations.
+    """`y = weight @ x + bias` on feature-major activations, for float32, bfloat16 or int8 weights.
 
-    **Attributes:** `weight`: `Float[Array, "out in"]` (torch layout); `bias`: `Float[Array, " out"]`
-    or `None`.
+    The matmul formulation is chosen per weight format and token count from measurements (see
+    `functional_gen.models.quantization`); activations and outputs are float32.
+
+    **Attributes:** `weight`: `Float[Array, "out in"]` (torch layout; float32 or bfloat16) or
+    `Int8[Array, "out in"]`; `bias`: float32 `Float[Array, " out"]` or `None`; `scale`: the
+    per-row float32 `Float[Array, " out"]` of an int8 weight (`weight * scale[:, None]` is the
+    real weight), else `None`.
     """
 
-    weight: Float[Array, "out in"]
+    weight: Float[Array, "out in"] | Int8[Array, "out in"]
     bias: Float[Array, " out"] | None
+    scale: Float[Array, " out"] | None = None
 
     def __call__(self, x: Float[Array, "in tokens"]) -> Float[Array, "out tokens"]:
-        y = self.weight @ x
+        y = _quantization.matmul(self.weight, self.scale, x)
         if self.bias is not None:
             y = y + self.bias[:, None]
         return y
 
 
 class Embedding(eqx.Module):
-    """Token embedding table. **Attributes:** `weight`: `Float[Array, "vocab hidden"]`."""
+    """Token embedding table (float32, bfloat16, or int8 with a per-row `scale`); lookups are
+    float32. **Attributes:** `weight`: `Float[Array, "vocab hidden"]` or
+    `Int8[Array, "vocab hidden"]`; `scale`: `Float[Array, " vocab"]` for int8, else `None`."""
 
-    weight: Float[Array, "vocab hidden"]
+    weight: Float[Array, "vocab hidden"] | Int8[Array, "vocab hidden"]
+    scale: Float[Array, " vocab"] | None = None
 
     def __call__(self, token_ids: Int[Array, " tokens"]) -> Float[Array, "hidden tokens"]:
-        return self.weight[token_ids].T
+        return _quantization.embed(self.weight, self.scale, token_ids)
 
 
 class RMSNorm(eqx.Module):
@@ -378,23 +388,40 @@ class LlamaForCausalLM(AbstractCausalLM):
         dtype=jnp.float32,
         std: float = 0.02,
         generation_config=None,
+        quantization: str | None = None,
     ):
         """Random weights: normal with standard deviation `std`, norm weights 1, biases normal.
 
-        **Arguments:** `config`; `key` (keyword-only PRNG key); `dtype` of the weights; `std`;
-        `generation_config` (a `transformers.GenerationConfig` or `None`).
+        **Arguments:** `config`; `key` (keyword-only PRNG key); `dtype` of the matrices
+        (`jnp.float32` or `jnp.bfloat16`; norms and biases stay float32); `std`;
+        `generation_config` (a `transformers.GenerationConfig` or `None`); `quantization`:
+        `None` or `"int8"` (every matrix, embedding included, quantized per output channel with
+        `quantization.quantize_int8`; `dtype` is then unused).
+
+        **Raises:** `ValueError` for an unknown `quantization` or an unsupported `dtype`.
         """
         c = config
+        _quantization.check_quantization(quantization)
+        matrix_format = _quantization.weight_format(jnp.zeros((), dtype))
+        if matrix_format == "int8":
+            raise ValueError("`dtype` must be float32 or bfloat16; use quantization='int8' for int8")
         keys = iter(jax.random.split(key, 16 * c.num_hidden_layers + 4))
 
         def normal(*shape):
-            return (std * jax.random.normal(next(keys), shape, jnp.float32)).astype(dtype)
+            return std * jax.random.normal(next(keys), shape, jnp.float32)
+
+        def matrix(out_features, in_features):
+            w = normal(out_features, in_features)
+            if quantization == "int8":
+                return _quantization.quantize_int8(w)
+            return w.astype(dtype), None
 
         def linear(out_features, in_features, bias):
-            return Linear(normal(out_features, in_features), normal(out_features) if bias else None)
+            w, scale = matrix(out_features, in_features)
+            return Linear(w, normal(out_features) if bias else None, scale)
 
         def norm():
-            return RMSNorm(jnp.ones((c.hidden_size,), dtype), c.rms_norm_eps)
+            return RMSNorm(jnp.ones((c.hidden_size,), jnp.float32), c.rms_norm_eps)
 
         qd, kvd = c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
         layers = tuple(
@@ -421,7 +448,7 @@ class LlamaForCausalLM(AbstractCausalLM):
         )
         self.config = config
         self.model = LlamaModel(
-            embed_tokens=Embedding(normal(c.vocab_size, c.hidden_size)),
+            embed_tokens=Embedding(*matrix(c.vocab_size, c.hidden_size)),
             layers=layers,
             norm=norm(),
             rotary_emb=RotaryEmbedding(jnp.asarray(c.rope_inv_freq())),
@@ -431,8 +458,15 @@ class LlamaForCausalLM(AbstractCausalLM):
 
     @property
     def dtype(self):
-        """The dtype of the weights (and of the activations and the `KVCache`)."""
-        return self.model.embed_tokens.weight.dtype
+        """The dtype of the activations, the `KVCache` and the logits: always float32 (the
+        weights may be stored as bfloat16 or int8, see `weight_format`)."""
+        return jnp.float32
+
+    @property
+    def weight_format(self) -> str:
+        """How the matrices are stored: `"float32"`, `"bfloat16"` or `"int8"` (per-output-channel
+        int8 with float32 scales; see `functional_gen.models.quantization`)."""
+        return _quantization.weight_format(self.model.embed_tokens.weight)
 
     def init_cache(self, batch_size: int, max_len: int) -> KVCache:
         """An empty `KVCache` for this model: `batch_size` rows of `max_len` slots (see `KVCache.init`)."""
@@ -543,8 +577,8 @@ class LlamaForCausalLM(AbstractCausalLM):
         keep = seq if logits_to_keep == 0 else min(logits_to_keep, seq)
         if keep != seq:
             x = x.reshape(-1, batch, seq)[:, :, seq - keep :].reshape(-1, batch * keep)
-        head = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        logits = (head @ x).astype(jnp.float32)  # [vocab, batch*keep]
+        head = self.model.embed_tokens if self.lm_head is None else self.lm_head
+        logits = _quantization.matmul(head.weight, head.scale, x)  # [vocab, batch*keep]
         return logits.T.reshape(batch, keep, -1), new_cache
 
     @classmethod
@@ -555,6 +589,7 @@ class LlamaForCausalLM(AbstractCausalLM):
         *,
         dtype=jnp.float32,
         generation_config=None,
+        quantization: str | None = None,
     ) -> "LlamaForCausalLM":
         """Build the model from a mapping of Hugging Face weight names to arrays.
 
@@ -565,36 +600,53 @@ class LlamaForCausalLM(AbstractCausalLM):
         **Arguments:**
 
         - `config`: the `LlamaConfig`.
-        - `weights`: name -> array (numpy or JAX, any float dtype), in torch layout.
-        - `dtype`: dtype of the model's weights.
+        - `weights`: name -> array (numpy or JAX, any float dtype), in torch layout. For an int8
+          model a matrix may also come already quantized: an int8 `....weight` with its float32
+          per-row `....scale` (what the GGUF loader passes); float matrices are quantized here,
+          one at a time.
+        - `dtype`: dtype of the matrices (`jnp.float32` or `jnp.bfloat16`); norms and biases are
+          float32.
         - `generation_config`: the checkpoint's `transformers.GenerationConfig`, or `None`.
+        - `quantization`: `None` or `"int8"` (per-output-channel int8 matrices, see
+          `functional_gen.models.quantization`).
 
         **Returns:** the `LlamaForCausalLM`.
 
-        **Raises:** `ValueError` naming the missing or unexpected weights, or the weight whose
-        shape differs from the config's.
+        **Raises:** `ValueError` naming the missing or unexpected weights, the weight whose
+        shape differs from the config's, or an unknown `quantization`.
         """
+        _quantization.check_quantization(quantization)
         skeleton = eqx.filter_eval_shape(
-            cls, config, key=jax.random.key(0), dtype=dtype, generation_config=generation_config
+            cls,
+            config,
+            key=jax.random.key(0),
+            dtype=dtype,
+            generation_config=generation_config,
+            quantization=quantization,
         )
         leaves, treedef = jax.tree_util.tree_flatten_with_path(skeleton)
         names = [_path_name(path) for path, _ in leaves]
         computed = {"model.rotary_emb.inv_freq"}
-        expected = set(names) - computed
-        ignorable = {"lm_head.weight"} if config.tie_word_embeddings else set()
+        scales = {n for n in names if n.endswith(".scale")}  # int8 scales: computed if absent
+        expected = set(names) - computed - scales
+        ignorable = {"lm_head.weight", "lm_head.scale"} if config.tie_word_embeddings else set()
         ignorable |= {n for n in weights if n.endswith("rotary_emb.inv_freq")}
         missing = sorted(expected - set(weights))
-        unexpected = sorted(set(weights) - expected - ignorable)
+        unexpected = sorted(set(weights) - expected - ignorable - scales)
         if missing or unexpected:
             raise ValueError(
                 "checkpoint weights do not match the config: "
                 f"missing {missing[:8]}{' ...' if len(missing) > 8 else ''}, "
                 f"unexpected {unexpected[:8]}{' ...' if len(unexpected) > 8 else ''}"
             )
+        quantized = {}  # name of a scale -> the scale computed with its weight
         arrays = []
         for name, (_, spec) in zip(names, leaves):
             if name in computed:
                 arrays.append(jnp.asarray(config.rope_inv_freq()))
+                continue
+            if name in scales:
+                arrays.append(jnp.asarray(quantized.pop(name), dtype=jnp.float32))
                 continue
             w = weights[name]
             if tuple(w.shape) != tuple(spec.shape):
@@ -602,7 +654,18 @@ class LlamaForCausalLM(AbstractCausalLM):
                     f"weight {name!r} has shape {tuple(w.shape)}, expected {tuple(spec.shape)} "
                     "from the config"
                 )
-            arrays.append(jnp.asarray(w, dtype=dtype))
+            if spec.dtype == jnp.int8:
+                scale_name = name.removesuffix("weight") + "scale"
+                if np.dtype(w.dtype) == np.int8:
+                    if scale_name not in weights:
+                        raise ValueError(f"int8 weight {name!r} comes without {scale_name!r}")
+                    scale = weights[scale_name]
+                else:
+                    w, scale = _quantization.quantize_int8(np.asarray(w))
+                quantized[scale_name] = scale
+            elif np.dtype(w.dtype) == np.int8:
+                raise ValueError(f"weight {name!r} is int8 but the model is not quantized")
+            arrays.append(jnp.asarray(w, dtype=spec.dtype))
         return jax.tree_util.tree_unflatten(treedef, arrays)
 
     def named_weights(self) -> dict[str, Array]:

@@ -222,3 +222,53 @@ def test_gguf_tokenizer_matches_transformers_gguf_tokenizer():
         assert ours.apply_chat_template(chat, **kwargs) == ref.apply_chat_template(chat, **kwargs)
     batch = ours(TOKENIZER_TEXTS[:3], padding=True)
     assert batch["input_ids"] == ref(TOKENIZER_TEXTS[:3], padding=True)["input_ids"]
+
+
+@pytest.mark.parametrize("qtype", [Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q4_K, Q.Q6_K, Q.F16])
+def test_int8_requantization_is_within_half_a_step_of_ggufs_dequantization(
+    tmp_path, qtype, monkeypatch
+):
+    """Each matrix requantized to per-row int8 from its own blocks: the scale is the row's
+    largest |value| / 127 of gguf's own dequantization, every value is within half a step of it,
+    and no more than the chunk's rows are ever decoded at once."""
+    from functional_gen.loading import gguf_file
+
+    path = tmp_path / f"tiny-{qtype.name}.gguf"
+    reference = write_tiny_gguf(path, qtype, tied=False)
+    monkeypatch.setattr(gguf_file, "_CHUNK_BYTES", 4 * HIDDEN * 10)  # 10 rows at a time
+    decoded_rows = []
+    real = gguf.quants.dequantize
+
+    def recording(data, qt):
+        decoded_rows.append(data.shape[0] if data.ndim == 2 else 1)
+        return real(data, qt)
+
+    monkeypatch.setattr(gguf.quants, "dequantize", recording)
+    config, weights = read_gguf(path, quantization="int8")
+    assert max(decoded_rows) <= 10
+    for name, ref in reference.items():
+        if ref.ndim == 1:
+            np.testing.assert_array_equal(weights[name], ref)
+            continue
+        q, scale = weights[name], weights[name.removesuffix("weight") + "scale"]
+        assert q.dtype == np.int8 and scale.dtype == np.float32, name
+        np.testing.assert_allclose(scale, np.abs(ref).max(axis=1) / 127, rtol=1e-6, err_msg=name)
+        err = np.abs(q.astype(np.float32) * scale[:, None] - ref)
+        assert (err <= scale[:, None] * (0.5 + 1e-5)).all(), name
+
+    model = fg.LlamaForCausalLM.from_weights(config, weights, quantization="int8")
+    float_model = fg.LlamaForCausalLM.from_weights(config, read_gguf(path)[1])
+    ids, pos = jnp.asarray([[1, 5, 9, 13]]), jnp.arange(4)[None]
+    logits, _ = model(ids, pos, model.init_cache(1, 4))
+    expected, _ = float_model(ids, pos, float_model.init_cache(1, 4))
+    scale = np.abs(np.asarray(expected)).max()
+    np.testing.assert_allclose(np.asarray(logits), np.asarray(expected), atol=0.05 * scale)
+
+
+def test_gguf_dtype_auto(tmp_path):
+    from functional_gen.loading.gguf_file import gguf_file_dtype
+
+    for qtype, expected in [(Q.BF16, jnp.bfloat16), (Q.F32, jnp.float32), (Q.Q8_0, jnp.float32)]:
+        path = tmp_path / f"tiny-{qtype.name}.gguf"
+        write_tiny_gguf(path, qtype, tied=True)
+        assert gguf_file_dtype(path) == expected, qtype

@@ -1,0 +1,115 @@
+"""Which matmul formulation XLA's CPU backend runs fastest, per weight format and token count.
+
+    .venv/bin/python benchmarks/bench_matmul.py [--tokens 1 8 512] [--repeats 15]
+
+The model's projections are `y[out, tokens] = W[out, in] @ x[in, tokens]` (feature-major
+activations, see `functional_gen/models/llama.py`). XLA picks very different kernels for
+mathematically equal formulations (environment notes §6: a bfloat16 dot runs 10-20x slower than
+float32 in most layouts, and 2x faster in a few), so `functional_gen/models/quantization.py`
+chooses one per weight format and token count from the table this script prints.
+
+Every figure is the time of ONE matmul of a SmolLM2-135M shape (576->576 attention, 576->1536
+MLP, 1536->576 down, the tied 49152x576 output head), measured as a chain of as many distinct
+weights as make 256 MB of float32 (so weights stream from memory as in the model, instead of
+sitting in the 32 MB L3), divided by the chain length: the fastest of up to `--repeats` calls of
+one jitted function after a warm-up (interference from other processes only adds time). The machine may be shared: compare rows of one run.
+"""
+
+import argparse
+import functools
+import sys
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's functional_gen
+from functional_gen.models import quantization as q  # noqa: E402
+
+SHAPES = {  # name: (out, in)
+    "attn 576x576": (576, 576),
+    "mlp 1536x576": (1536, 576),
+    "down 576x1536": (576, 1536),
+    "head 49152x576": (49152, 576),
+}
+
+
+def make_weights(fmt, out, inp, count, key):
+    keys = jax.random.split(key, count)
+    ws, ss = [], []
+    for k in keys:
+        w = jax.random.normal(k, (out, inp), jnp.float32) * 0.02
+        if fmt == "int8":
+            wq, s = q.quantize_int8(w)
+            ws.append(jnp.asarray(wq))
+            ss.append(jnp.asarray(s))
+        else:
+            ws.append(w.astype(fmt))
+            ss.append(jnp.ones((out,), jnp.float32))
+    return ws, ss
+
+
+def time_formulation(fn, ws, ss, x, repeats):
+    @jax.jit
+    def chain(ws, ss, x):
+        total = jnp.zeros((), jnp.float32)
+        for w, s in zip(ws, ss):  # distinct weights: each streams from memory
+            total = total + fn(w, s, x)[0, 0]
+        return total
+
+    chain(ws, ss, x).block_until_ready()
+    samples = []
+    deadline = time.perf_counter() + 3.0
+    for i in range(repeats):
+        t = time.perf_counter()
+        chain(ws, ss, x).block_until_ready()
+        samples.append(time.perf_counter() - t)
+        if i >= 2 and time.perf_counter() > deadline:
+            break
+    return min(samples) / len(ws)  # the machine is shared: interference only adds time
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tokens", type=int, nargs="+", default=[1, 8, 512])
+    parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--formats", nargs="+", default=["float32", "bfloat16", "int8"])
+    parser.add_argument("--shapes", nargs="+", default=list(SHAPES))
+    parser.add_argument("--megabytes", type=float, default=256.0, help="float32 MB per chain")
+    args = parser.parse_args(argv)
+
+    print(
+        f"jax {jax.__version__}, backend {jax.default_backend()}; time per matmul in ms; "
+        "(best): fastest of the row, (chosen): what quantization.FORMULATIONS picks"
+    )
+    for shape_name in args.shapes:
+        out, inp = SHAPES[shape_name]
+        count = max(1, int(args.megabytes * 1e6 / (out * inp * 4)))
+        for fmt in args.formats:
+            ws, ss = make_weights(fmt, out, inp, count, jax.random.key(0))
+            for tokens in args.tokens:
+                if tokens >= 256 and out * inp * count > 30e6:
+                    ws_, ss_ = ws[:2], ss[:2]  # compute-bound: no need to stream
+                else:
+                    ws_, ss_ = ws, ss
+                x = jax.random.normal(jax.random.key(1), (inp, tokens), jnp.float32)
+                results = {}
+                for name, (f, _) in q.CANDIDATES.items():
+                    if f == fmt:
+                        fn = functools.partial(q.run_formulation, name)  # as the model runs it
+                        results[name] = time_formulation(fn, ws_, ss_, x, args.repeats) * 1e3
+                best = min(results, key=results.get)
+                chosen = q.formulation_name(fmt, tokens, out)
+                cells = "  ".join(
+                    f"{n}{' (best)' if n == best else ''}{' (chosen)' if n == chosen else ''}: "
+                    f"{t:.3f}"
+                    for n, t in results.items()
+                )
+                print(f"{shape_name:<15} {fmt:<8} tokens={tokens:<4} {cells}", flush=True)
+            del ws, ss
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,287 @@
+"""Weight formats of the linear layers and embeddings: float32, bfloat16 and weight-only int8.
+
+Activations, the `KVCache` and the logits stay float32 in every format; only the stored weights
+change, which is what decode on a CPU is bound by (it reads every weight once per step).
+
+- **bfloat16**: the weights rounded to bfloat16 (`jnp.bfloat16`), as transformers'
+  `torch_dtype=torch.bfloat16` stores them.
+- **int8** (`quantization="int8"`): symmetric per-output-channel quantization, the scheme of
+  LLM.int8()'s vector-wise weights without the outlier split (Dettmers et al. 2022) and of
+  PyTorch's `torch.ao` `per_channel_symmetric` int8 weights: row `o` of a weight `W[out, in]` is
+  stored as `q[o, :] = round(W[o, :] / s[o])` in `[-127, 127]` with `s[o] = max|W[o, :]| / 127`,
+  so `W ~= q * s[:, None]` with an error of at most `s[o] / 2` per element. A tied embedding
+  uses the same per-row scales for the lookup (row = token) and the output head (row = logit).
+
+**Formulation table.** XLA's CPU backend compiles mathematically equal matmuls into kernels
+whose speed differs 10x (environment notes §6, issue #13): a bfloat16 dot runs either much faster
+or 10-20x slower than float32 depending on the operand layout and the token count, and an int8
+weight is best upcast inside a GEMV at one token but multiplied as int8 x int8 -> int32 at a few.
+`FORMULATIONS` records, per format, which formulation to use up to how many tokens (the `tokens`
+axis of `[in, tokens]` activations: rows times new tokens per row), from
+`benchmarks/bench_matmul.py` run on the project's 2-core AVX-512 (Zen 4) machine; the choice is
+static (shapes are known at trace time), so it costs nothing at run time.
+"""
+
+from collections.abc import Callable
+
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jaxtyping import Array, Float, Int, Int8
+
+QUANTIZATIONS = ("int8",)
+"""Accepted values of `quantization=` (besides `None`, the float weights of `dtype`)."""
+
+WEIGHT_DTYPES = ("float32", "bfloat16")
+"""Accepted float weight dtypes (`dtype=`)."""
+
+
+def check_quantization(quantization: str | None) -> str | None:
+    """Validate a `quantization=` argument.
+
+    **Returns:** `quantization` unchanged (`None` or `"int8"`).
+
+    **Raises:** `ValueError` naming the bad value and the accepted ones.
+    """
+    if quantization is not None and quantization not in QUANTIZATIONS:
+        raise ValueError(
+            f"unsupported quantization {quantization!r}; expected None or one of {QUANTIZATIONS}"
+        )
+    return quantization
+
+
+def quantize_int8(
+    weight: Float[np.ndarray, "out in"] | Float[Array, "out in"],
+) -> tuple[Int8[np.ndarray, "out in"], Float[np.ndarray, " out"]]:
+    """Symmetric per-output-channel int8 quantization of a `[out, in]` weight (float32 math).
+
+    **Arguments:** `weight`: a float array of shape `[out, in]`; a numpy array gives numpy
+    results (what the loaders use, no device memory), a JAX array (or tracer) JAX results.
+
+    **Returns:** `(q, scale)`: `q` int8 in `[-127, 127]` and `scale` float32 `[out]`, with
+    `|weight - q * scale[:, None]| <= scale[:, None] / 2` (plus float32 rounding). An all-zero
+    row gets scale 1.
+
+    **Raises:** `ValueError` if `weight` is not 2-D.
+    """
+    xp = np if isinstance(weight, np.ndarray) else jnp
+    w = weight.astype(np.float32)
+    if w.ndim != 2:
+        raise ValueError(f"int8 quantization needs a 2-D [out, in] weight, got shape {w.shape}")
+    scale = xp.max(xp.abs(w), axis=1) / np.float32(127.0)
+    scale = xp.where(scale > 0, scale, np.float32(1.0)).astype(np.float32)
+    q = xp.clip(xp.rint(w / scale[:, None]), -127, 127).astype(np.int8)
+    return q, scale
+
+
+def dequantize_int8(
+    q: Int8[Array, "out in"], scale: Float[Array, " out"]
+) -> Float[Array, "out in"]:
+    """`q * scale[:, None]` in float32 (the inverse of `quantize_int8`, up to its rounding)."""
+    return q.astype(jnp.float32) * scale[:, None]
+
+
+# ---------------------------------------------------------------------------------------------
+# Formulations: f(weight[out, in], scale[out] | None, x[in, tokens] float32) -> y[out, tokens] f32
+
+
+def _dot(a, b, contract, preferred=None):
+    return lax.dot_general(a, b, (contract, ((), ())), preferred_element_type=preferred)
+
+
+def _int8_activations(x: Float[Array, "in tokens"]):
+    """Activations quantized per token (column), symmetric int8, for the int8 x int8 dot."""
+    sx = jnp.max(jnp.abs(x), axis=0) / 127.0
+    sx = jnp.where(sx > 0, sx, 1.0)
+    return jnp.round(x / sx).astype(jnp.int8), sx
+
+
+def _int8_dot(w, s, x):
+    xq, sx = _int8_activations(x)
+    acc = _dot(w, xq, ((1,), (0,)), jnp.int32)
+    return acc.astype(jnp.float32) * s[:, None] * sx[None, :]
+
+
+def _int8_dot_t(w, s, x):
+    xq, sx = _int8_activations(x)
+    acc = _dot(xq.T, w, ((1,), (1,)), jnp.int32)
+    return (acc.astype(jnp.float32) * sx[:, None] * s[None, :]).T
+
+
+def _int8_dot_two_digits(w, s, x):
+    """int8 x int8 -> int32 with the activations as two int8 "digits": `x ~= q1 * sx + q2 * sx/254`
+    (q2 quantizes the remainder, |error| <= max|x| / 64,516 per token). Per-token int8 activations alone cost SmolLM2 3% perplexity and 10% of
+    its top-1 agreement (benchmarks/accuracy_quantization.py); two digits are as exact as the
+    bfloat16 activations of the prefill path, for a second int8 dot."""
+    q1, sx = _int8_activations(x)
+    fine = sx / 254.0
+    q2 = jnp.round((x - q1.astype(jnp.float32) * sx) / fine).astype(jnp.int8)
+    # two dots of `tokens` columns, not one of 2 * tokens: XLA's kernel for 16 columns ran the
+    # output head 6x slower than two of 8 (benchmarks/bench_matmul.py)
+    coarse = _dot(w, q1, ((1,), (0,)), jnp.int32).astype(jnp.float32)
+    residual = _dot(w, q2, ((1,), (0,)), jnp.int32).astype(jnp.float32)
+    return (coarse * sx[None, :] + residual * fine[None, :]) * s[:, None]
+
+
+def _bf16(a):
+    return a.astype(jnp.bfloat16)
+
+
+CANDIDATES: dict[str, tuple[str, Callable]] = {
+    # name: (weight format, f(weight, scale, x) -> float32 y); "x.T" forms are token-major.
+    "W @ x": ("float32", lambda w, s, x: w @ x),
+    "(x.T @ W.T).T": ("float32", lambda w, s, x: (x.T @ w.T).T),
+    "bf16 W @ bf16 x": ("bfloat16", lambda w, s, x: (w @ _bf16(x)).astype(jnp.float32)),
+    "(bf16 x.T @ W.T).T": ("bfloat16", lambda w, s, x: (_bf16(x.T) @ w.T).T.astype(jnp.float32)),
+    "dot(W, bf16 x)->f32": (
+        "bfloat16",
+        lambda w, s, x: _dot(w, _bf16(x), ((1,), (0,)), jnp.float32),
+    ),
+    "dot(bf16 x.T, W)->f32 .T": (
+        "bfloat16",
+        lambda w, s, x: _dot(_bf16(x.T), w, ((1,), (1,)), jnp.float32).T,
+    ),
+    "f32(W) @ x": ("bfloat16", lambda w, s, x: w.astype(jnp.float32) @ x),
+    "(x.T @ f32(W).T).T": ("bfloat16", lambda w, s, x: (x.T @ w.astype(jnp.float32).T).T),
+    "(f32(W) @ x) * s": ("int8", lambda w, s, x: (w.astype(jnp.float32) @ x) * s[:, None]),
+    "((x.T @ f32(W).T) * s).T": (
+        "int8",
+        lambda w, s, x: ((x.T @ w.astype(jnp.float32).T) * s).T,
+    ),
+    "(f32(W) * s) @ x": ("int8", lambda w, s, x: (w.astype(jnp.float32) * s[:, None]) @ x),
+    "int8 W . int8 x -> int32": ("int8", _int8_dot),
+    "int8 x.T . W -> int32 .T": ("int8", _int8_dot_t),
+    "int8 W . 2-digit int8 x -> int32": ("int8", _int8_dot_two_digits),
+    "dot(bf16(W), bf16 x)->f32 * s": (
+        "int8",
+        lambda w, s, x: _dot(_bf16(w), _bf16(x), ((1,), (0,)), jnp.float32) * s[:, None],
+    ),
+    "dot(bf16 x.T, bf16(W))->f32 * s .T": (
+        "int8",
+        lambda w, s, x: (_dot(_bf16(x.T), _bf16(w), ((1,), (1,)), jnp.float32) * s).T,
+    ),
+}
+"""Every formulation `benchmarks/bench_matmul.py` times: name -> (weight format, function of
+`(weight[out, in], scale[out] | None, x[in, tokens] float32)` returning float32 `[out, tokens]`).
+Names say what is computed: `f32(W)`/`bf16 x` are casts, `.` a `dot_general` with the
+accumulator type after `->`, `.T` a transpose (a token-major `[tokens, in]` product).
+`bf16 W @ bf16 x` and `(bf16 x.T @ W.T).T` round their output to bfloat16: the latter is the
+fastest output head at one token (2 ms against 4.8 ms upcast), but logits rounded to bfloat16
+(steps of 0.125 near 25) tie the top two tokens and changed SmolLM2's greedy answer, so they are
+measured, never chosen."""
+
+_ANY = 2**62
+FORMULATIONS: dict[str, tuple[tuple[int, int, str], ...]] = {
+    # format: ((up to this many tokens, up to this many output rows, formulation), ...), first
+    # match wins. Measured with benchmarks/bench_matmul.py (see the module doc).
+    "float32": ((_ANY, _ANY, "W @ x"),),
+    "bfloat16": (
+        (1, _ANY, "(x.T @ f32(W).T).T"),
+        (_ANY, _ANY, "dot(W, bf16 x)->f32"),
+    ),
+    "int8": (
+        (1, _ANY, "((x.T @ f32(W).T) * s).T"),
+        (64, _ANY, "int8 W . 2-digit int8 x -> int32"),
+        (_ANY, _ANY, "dot(bf16(W), bf16 x)->f32 * s"),
+    ),
+}
+"""Per weight format, which `CANDIDATES` formulation runs a matmul of a given token count and
+output size (the first entry whose limits both hold)."""
+
+
+def weight_format(weight: Array) -> str:
+    """`"float32"`, `"bfloat16"` or `"int8"`: the format of a stored weight, by its dtype.
+
+    **Raises:** `TypeError` for any other dtype.
+    """
+    dtype = jnp.dtype(weight.dtype)
+    for name in ("float32", "bfloat16", "int8"):
+        if dtype == jnp.dtype(name):
+            return name
+    raise TypeError(f"unsupported weight dtype {dtype}; expected float32, bfloat16 or int8")
+
+
+def formulation_name(fmt: str, tokens: int, out: int = 1) -> str:
+    """The `CANDIDATES` formulation `FORMULATIONS` picks for weight format `fmt` (`"float32"`,
+    `"bfloat16"` or `"int8"`), `tokens` tokens and a weight of `out` rows."""
+    for max_tokens, max_out, name in FORMULATIONS[fmt]:
+        if tokens <= max_tokens and out <= max_out:
+            return name
+    raise AssertionError("the last FORMULATIONS entry covers every shape")  # pragma: no cover
+
+
+def matmul(
+    weight: Float[Array, "out in"] | Int8[Array, "out in"],
+    scale: Float[Array, " out"] | None,
+    x: Float[Array, "in tokens"],
+) -> Float[Array, "out tokens"]:
+    """`weight @ x` for a float32, bfloat16 or int8 (with per-row `scale`) weight, in float32.
+
+    **Arguments:**
+
+    - `weight`: `[out, in]`, float32, bfloat16, or int8 (then `scale` is required).
+    - `scale`: float32 `[out]` for int8 weights (`weight ~= q * scale[:, None]`), else `None`.
+    - `x`: float32 `[in, tokens]` activations (feature-major).
+
+    **Returns:** float32 `[out, tokens]`, computed with the formulation `FORMULATIONS` picks for
+    this format and token count.
+
+    **Raises:** `TypeError` for an unsupported weight dtype; `ValueError` for an int8 weight
+    without `scale`.
+    """
+    fmt = weight_format(weight)
+    if fmt == "int8" and scale is None:
+        raise ValueError("an int8 weight needs its per-row float32 `scale`")
+    return run_formulation(formulation_name(fmt, x.shape[-1], weight.shape[0]), weight, scale, x)
+
+
+def run_formulation(
+    name: str,
+    weight: Float[Array, "out in"] | Int8[Array, "out in"],
+    scale: Float[Array, " out"] | None,
+    x: Float[Array, "in tokens"],
+) -> Float[Array, "out tokens"]:
+    """Compute `weight @ x` with the `CANDIDATES` formulation `name` (float32 result).
+
+    For bfloat16 and int8 weights the product is fenced with `lax.optimization_barrier` on both
+    sides: without it XLA's CPU backend fuses the neighbouring ops (a transpose, the softmax
+    after the output head) into the dot and picks another kernel, measured 2-30x slower, or for
+    a bfloat16 x bfloat16 -> float32 dot one that does not exist ("UNIMPLEMENTED: Unsupported
+    element type for DotThunk::Execute: BF16 x BF16 = F32"). Fenced, the dot runs the kernel
+    `benchmarks/bench_matmul.py` timed, whatever surrounds it.
+    """
+    fmt, fn = CANDIDATES[name]
+    x = x.astype(jnp.float32)
+    if fmt == "float32":
+        return fn(weight, scale, x)
+    y = fn(weight, scale, lax.optimization_barrier(x))
+    return lax.optimization_barrier(y.astype(jnp.float32))
+
+
+def embed(
+    weight: Float[Array, "vocab hidden"] | Int8[Array, "vocab hidden"],
+    scale: Float[Array, " vocab"] | None,
+    token_ids: Int[Array, " tokens"],
+) -> Float[Array, "hidden tokens"]:
+    """Embedding lookup for any weight format: rows `token_ids` of `weight` (times their
+    `scale` for int8), float32, transposed to feature-major `[hidden, tokens]`."""
+    rows = weight[token_ids].astype(jnp.float32)
+    if scale is not None:
+        rows = rows * scale[token_ids][:, None]
+    return rows.T
+
+
+__all__ = [
+    "CANDIDATES",
+    "FORMULATIONS",
+    "QUANTIZATIONS",
+    "WEIGHT_DTYPES",
+    "check_quantization",
+    "dequantize_int8",
+    "embed",
+    "formulation_name",
+    "matmul",
+    "quantize_int8",
+    "run_formulation",
+    "weight_format",
+]
