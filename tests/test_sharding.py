@@ -47,6 +47,11 @@ WORKER = textwrap.dedent(
             "norm_replicated": bool(sharded.model.norm.weight.sharding.is_fully_replicated),
         }
         if shape == (2, 4):
+            loaded, _ = fg.load_model(mesh=mesh)  # built on the host, placed into its shards
+            lw = loaded.model.layers[0].mlp.gate_proj.weight
+            row["loaded_shard_shape"] = list(lw.addressable_shards[0].data.shape)
+            again = fg.generate(loaded, tok, prompts, max_new_tokens=8, sampler=greedy)
+            row["loaded_same"] = np.asarray(again.token_ids).tolist() == np.asarray(ref.token_ids).tolist()
             j = fg.generate(sharded, tok, prompts[:2], **json_kw)
             b = fg.generate(sharded, tok, prompts[:2], **beam_kw)
             row["json_same"] = j.texts == ref_json.texts
@@ -96,6 +101,7 @@ def test_generation_on_meshes_of_8_devices():
         assert row["gate_replicated"] == (model_axis == 1)
         assert row["norm_replicated"]
     assert out["(2, 4)"]["json_same"] and out["(2, 4)"]["beam_same"]
+    assert out["(2, 4)"]["loaded_same"] and out["(2, 4)"]["loaded_shard_shape"] == [1536 // 4, 576]
     assert "cannot be split" in out["bad_rule"] or "not divisible" in out["bad_rule"]
     # the plan's per-device weight bytes are what fg.shard really puts on a device, and XLA's
     # argument size is weights + cache + the token ids/positions

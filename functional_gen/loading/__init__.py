@@ -27,6 +27,8 @@ def load_model(
     dtype=jnp.float32,
     quantization: str | None = None,
     progress: Callable[[str], None] | None = None,
+    mesh=None,
+    rules=None,
 ):
     """Load a decoder-only language model and its tokenizer.
 
@@ -45,6 +47,9 @@ def load_model(
       blocks (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K, ...) are requantized to int8 directly, one tensor at
       a time; the default model is loaded this way from its Q4_1 file.
     - `progress`: called with a message before slow first-time work (converting the default model).
+    - `mesh`: a `jax.sharding.Mesh` with axes `("data", "model")` (`functional_gen.make_mesh`):
+      the weights are built in host memory and placed straight into their shards
+      (`functional_gen.shard`, with `rules`), never whole on one accelerator first.
 
     **Returns:** `(model, tokenizer)`: a `functional_gen.models.LlamaForCausalLM` and a
     transformers tokenizer.
@@ -57,6 +62,18 @@ def load_model(
     check_quantization(quantization)
     if not (isinstance(dtype, str) and dtype == "auto"):
         dtype = _resolve_dtype(dtype)
+    if mesh is not None:
+        import jax
+
+        from ..sharding import MESH_AXES, shard
+
+        if tuple(mesh.axis_names) != MESH_AXES:
+            raise ValueError(f"the mesh must have axes {MESH_AXES}, got {tuple(mesh.axis_names)}")
+        with jax.default_device(jax.local_devices(backend="cpu")[0]):
+            model, tokenizer = load_model(
+                path, dtype=dtype, quantization=quantization, progress=progress
+            )
+        return shard(model, mesh, rules), tokenizer
     if path is None:
         if quantization is not None:
             return _default_model_quantized(quantization, progress)

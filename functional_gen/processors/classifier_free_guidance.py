@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Bool, Float, Int
 
+from ..models.base import AbstractCausalLM
 from ..models.kv_cache import KVCache
 from ._validation import float_param
 from .base import AbstractLogitsProcessor, Context, as_processors, per_row_field
@@ -176,18 +177,18 @@ class ClassifierFreeGuidance(AbstractLogitsProcessor):
     (e.g. a text: tokenize it first).
     """
 
-    model: Any
+    model: AbstractCausalLM
     guidance_scale: Float[Array, "*rows"] = per_row_field()
     negative_prompt_ids: Int[Array, "*rows n"] | None = per_row_field(row_ndim=1)
     rescale: Float[Array, "*rows"] | None = per_row_field()
 
     def __init__(self, model, guidance_scale, negative_prompt_ids=None, rescale=None):
-        if not callable(model) or not hasattr(model, "prefill") or not hasattr(model, "init_cache"):
+        if not isinstance(model, AbstractCausalLM):
             raise TypeError(
-                "`model` must be a causal LM with `__call__`, `prefill` and `init_cache` (e.g. "
+                "`model` must implement functional_gen.models.AbstractCausalLM (e.g. "
                 f"functional_gen.models.LlamaForCausalLM), got {type(model).__name__}"
             )
-        vocab_size = getattr(getattr(model, "config", None), "vocab_size", None)
+        vocab_size = model.vocab_size
         self.model = model
         self.guidance_scale = float_param("guidance_scale", guidance_scale)
         self.negative_prompt_ids = _negative_prompt_param(negative_prompt_ids, vocab_size)
