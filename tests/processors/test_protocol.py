@@ -185,9 +185,11 @@ def build(name, pick=scalar):
 
 
 def exported_processor_classes():
+    # dir() lists the lazily aliased structured processors too (see processors/__init__.py)
+    exported = {name: getattr(P, name) for name in dir(P) if not name.startswith("_")}
     return {
         name: obj
-        for name, obj in vars(P).items()
+        for name, obj in exported.items()
         if isinstance(obj, type)
         and issubclass(obj, AbstractLogitsProcessor)
         and obj not in (AbstractLogitsProcessor, AbstractStatelessLogitsProcessor, Stateless)
