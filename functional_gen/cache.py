@@ -26,7 +26,7 @@ def compilation_cache_dir() -> Path:
 
 def enable_compilation_cache(
     directory: str | os.PathLike | None = None, *, min_compile_time_secs: float = 0.2
-) -> Path:
+) -> Path | None:
     """Turn on JAX's persistent compilation cache, so that another process compiling the same
     program (same model structure, shapes, processors and JAX version) loads it from disk instead
     of compiling it again: a repeated `functional-gen` call starts generating in seconds.
@@ -41,19 +41,23 @@ def enable_compilation_cache(
     ```
 
     A cache directory already configured for JAX (`JAX_COMPILATION_CACHE_DIR` or
-    `jax.config.update("jax_compilation_cache_dir", ...)`) is kept.
+    `jax.config.update("jax_compilation_cache_dir", ...)`) is kept. The environment variable
+    `FUNCTIONAL_GEN_COMPILATION_CACHE=0` turns it off (the test suite does: one long-lived
+    process compiling hundreds of programs gains nothing from writing them all to disk).
 
     **Arguments:** `directory`: where to keep compiled programs (default
     `compilation_cache_dir()`); `min_compile_time_secs`: programs that compile faster than this
     are not written (JAX's own default is 1 s; small programs add up at start-up).
 
-    **Returns:** the directory in use.
+    **Returns:** the directory in use, or `None` when turned off.
 
     Source: JAX's "Persistent compilation cache" (`jax_compilation_cache_dir`,
     `jax_persistent_cache_min_compile_time_secs`).
     """
     import jax
 
+    if os.environ.get("FUNCTIONAL_GEN_COMPILATION_CACHE", "").strip().lower() in ("0", "false", "no", "off"):
+        return None
     configured = jax.config.jax_compilation_cache_dir
     if configured:
         return Path(configured)

@@ -30,6 +30,9 @@ def temporary_cache(tmp_path_factory):
     cache = tmp_path_factory.mktemp("functional_gen_cache")
     patch = pytest.MonkeyPatch()
     patch.setenv("FUNCTIONAL_GEN_CACHE", str(cache))
+    # the CLI tests run in this process: keep JAX's persistent compilation cache off here (a
+    # subprocess test of the cache turns it back on for itself)
+    patch.setenv("FUNCTIONAL_GEN_COMPILATION_CACHE", "0")
     yield cache
     patch.undo()
 

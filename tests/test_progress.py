@@ -104,6 +104,7 @@ def test_compiled_programs_persist_across_processes_in_our_cache_dir():
     (The session's cache directory is temporary, see conftest.py.)"""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     env.pop("JAX_COMPILATION_CACHE_DIR", None)
+    env.pop("FUNCTIONAL_GEN_COMPILATION_CACHE", None)
     runs = []
     for _ in range(2):
         proc = subprocess.run(
