@@ -30,6 +30,9 @@ WORKER = textwrap.dedent(
     beam_kw = dict(max_new_tokens=6, sampler=fg.samplers.BeamSearch(2))
     ref_json = fg.generate(model, tok, prompts[:2], **json_kw)
     ref_beam = fg.generate(model, tok, prompts[:2], **beam_kw)
+    ref_two = fg.generate(model, tok, prompts[:2], max_new_tokens=8, sampler=greedy)
+    ref_no_eos = fg.generate(model, tok, prompts, max_new_tokens=8, sampler=greedy, eos_token_id=())
+    ref_cfg = fg.generate(model, tok, prompts[:2], max_new_tokens=6, guidance_scale=1.5)
     out = {}
     for shape in [(1, 8), (2, 4), (8, 1)]:
         mesh = fg.make_mesh(*shape)
@@ -52,6 +55,19 @@ WORKER = textwrap.dedent(
             row["loaded_shard_shape"] = list(lw.addressable_shards[0].data.shape)
             again = fg.generate(loaded, tok, prompts, max_new_tokens=8, sampler=greedy)
             row["loaded_same"] = np.asarray(again.token_ids).tolist() == np.asarray(ref.token_ids).tolist()
+            # streaming, a continued SequenceState and classifier-free guidance on the mesh
+            streamed = [""] * 2
+            for r, piece in fg.stream(sharded, tok, prompts[:2], max_new_tokens=8, sampler=greedy):
+                streamed[r] += piece
+            row["stream_same"] = streamed == ref_two.texts
+            # (no EOS: a continuation goes on after an EOS, one call would stop there)
+            half = fg.generate(sharded, tok, prompts, max_new_tokens=4, sampler=greedy, eos_token_id=())
+            rest = fg.generate(sharded, tok, half.state, max_new_tokens=4)
+            joined = np.concatenate([np.asarray(half.token_ids), np.asarray(rest.token_ids)], 1)
+            row["continue_same"] = joined.tolist() == np.asarray(ref_no_eos.token_ids).tolist()
+            for cfg in ("processor", "batched"):
+                g = fg.generate(sharded, tok, prompts[:2], max_new_tokens=6, guidance_scale=1.5, cfg=cfg)
+                row[f"cfg_{cfg}_same"] = g.texts == ref_cfg.texts
             j = fg.generate(sharded, tok, prompts[:2], **json_kw)
             b = fg.generate(sharded, tok, prompts[:2], **beam_kw)
             row["json_same"] = j.texts == ref_json.texts
@@ -72,7 +88,8 @@ WORKER = textwrap.dedent(
                    "arguments": planned["argument_bytes"], "cache": planned["cache_bytes"],
                    "collectives": sum(planned["collectives"].values())}
     try:
-        fg.shard(model, fg.make_mesh(1, 8), rules={"model.norm.weight": P("model")})
+        # a vocabulary of 101 rows cannot be split 8 ways
+        fg.shard(fg.LlamaForCausalLM(tiny_config(), key=jax.random.key(0)), fg.make_mesh(1, 8))
         out["bad_rule"] = "no error"
     except ValueError as e:
         out["bad_rule"] = str(e)
@@ -101,6 +118,8 @@ def test_generation_on_meshes_of_8_devices():
         assert row["gate_replicated"] == (model_axis == 1)
         assert row["norm_replicated"]
     assert out["(2, 4)"]["json_same"] and out["(2, 4)"]["beam_same"]
+    for check in ("stream_same", "continue_same", "cfg_processor_same", "cfg_batched_same"):
+        assert out["(2, 4)"][check], check
     assert out["(2, 4)"]["loaded_same"] and out["(2, 4)"]["loaded_shard_shape"] == [1536 // 4, 576]
     assert "cannot be split" in out["bad_rule"] or "not divisible" in out["bad_rule"]
     # the plan's per-device weight bytes are what fg.shard really puts on a device, and XLA's
