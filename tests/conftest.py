@@ -37,6 +37,21 @@ def temporary_cache(tmp_path_factory):
     patch.undo()
 
 
+@pytest.fixture(scope="module", autouse=True)
+def fresh_compilation_caches():
+    """Drop JAX's in-memory compiled programs after each test module. One long pytest process
+    otherwise keeps every program it ever compiled (hundreds), and XLA:CPU's JIT memory maps
+    add up to the kernel's limit (`vm.max_map_count`, 65530 here): the full suite then crashed
+    inside an XLA compile after ~1,000 tests, at the same test each time, never in isolation."""
+    yield
+    import gc
+
+    import jax
+
+    jax.clear_caches()
+    gc.collect()
+
+
 @pytest.fixture(scope="session")
 def default_model():
     """`(model, tokenizer)` of the embedded default model, float32."""
