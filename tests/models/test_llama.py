@@ -1,5 +1,6 @@
 """The Equinox decoder against transformers' PyTorch implementation, and its cache behaviour."""
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -65,6 +66,38 @@ def test_prefill_then_decode_equals_uncached_forward():
         steps.append(step_logits)
     np.testing.assert_allclose(np.concatenate(steps, axis=1), np.asarray(full), atol=1e-5)
     assert cache.max_len == 10 and cache.length.tolist() == [10, 10]
+
+
+def test_decode_reads_only_written_slots_and_equals_full_attention():
+    """Decode attention over a 2,048-slot cache reads 256, 512, 1,024 slots as the written part
+    grows (`attention_lengths`), and gives the logits of one uncached forward over all tokens."""
+    from functional_gen.models.llama import attention_lengths
+
+    assert attention_lengths(2048) == (256, 512, 1024, 2048)
+    assert attention_lengths(160) == (160,) and attention_lengths(600) == (256, 600)
+    model = LlamaForCausalLM(
+        tiny_config(max_position_embeddings=4096), key=jax.random.key(11), std=0.2
+    )
+    n, pad = 560, 30  # row 1 is left-padded by `pad` slots
+    token_ids = jax.random.randint(jax.random.key(12), (2, n), 0, 101)
+    positions = jnp.stack([jnp.arange(n), jnp.maximum(jnp.arange(n) - pad, -1)])
+    full, _ = model(token_ids, positions, model.init_cache(2, n))
+    call = eqx.filter_jit(lambda m, ids, pos, cache: m(ids, pos, cache))
+
+    logits, cache = model.prefill(token_ids[:, :240], positions[:, :240], max_len=2048)
+    got = {}
+    # one token at a time across slot 256, a 230-token chunk up to 500, then across 512
+    spans = [(i, i + 1) for i in range(240, 270)] + [(270, 500)]
+    spans += [(i, i + 1) for i in range(500, 530)] + [(530, n)]
+    for a, b in spans:
+        step, cache = call(model, token_ids[:, a:b], positions[:, a:b], cache)
+        for j in range(a, b):
+            got[j] = np.asarray(step[:, j - a])
+    assert cache.length.tolist() == [n, n] and cache.max_len == 2048
+    expected = np.asarray(full)
+    for j, value in got.items():
+        np.testing.assert_allclose(value[0], expected[0, j], rtol=1e-4, atol=1e-4, err_msg=f"slot {j}")
+        np.testing.assert_allclose(value[1], expected[1, j], rtol=1e-4, atol=1e-4, err_msg=f"slot {j}")
 
 
 def test_prefill_equals_call_on_empty_cache():
