@@ -212,7 +212,10 @@ class Attention(eqx.Module):
 
         # Write this call's keys/values into slots [write_index, write_index + seq) of every row.
         def to_cache(t):  # [kv_heads, head_dim, batch*seq] -> [batch, kv_heads, seq, head_dim]
-            return t.reshape(kvh, hd, batch, seq).transpose(2, 0, 3, 1).astype(cache.k.dtype)
+            t = t.reshape(kvh, hd, batch, seq).transpose(2, 0, 3, 1).astype(cache.k.dtype)
+            # Fenced: with the transpose fused in, XLA's CPU backend rewrote every slot of the
+            # cache instead of updating it in place (0.11 ms per layer and step at batch 8).
+            return jax.lax.optimization_barrier(t)
 
         start = (0, 0, cache.write_index, 0)
         k_cache = jax.lax.dynamic_update_slice(cache.k, to_cache(k), start)
