@@ -229,7 +229,7 @@ def decoding_options() -> argparse.ArgumentParser:
         type=_positive_int,
         default=None,
         metavar="N",
-        help="with --grammar: how deeply recursive rules may nest (default: 4)",
+        help="with --grammar: use the bounded-depth DFA with this nesting bound (default: a pushdown automaton with a 32-slot stack for recursive grammars)",
     )
     beams = parent.add_argument_group("beam search")
     beams.add_argument(
@@ -605,7 +605,7 @@ def _constraint(args: argparse.Namespace, tokenizer, model):
     """The structured-generation processor of --regex/--json-schema/--choice/--grammar, or None."""
     if all(v is None for v in (args.regex, args.json_schema, args.choice, args.grammar)):
         return None
-    from .structured import DEFAULT_MAX_DEPTH, constraint_from_options
+    from .structured import constraint_from_options
 
     return constraint_from_options(
         tokenizer,
@@ -613,7 +613,7 @@ def _constraint(args: argparse.Namespace, tokenizer, model):
         json_schema=args.json_schema,
         choice=args.choice,
         grammar=args.grammar,
-        max_depth=args.max_depth or DEFAULT_MAX_DEPTH,
+        max_depth=args.max_depth,
         eos_token_id=model.config.eos_token_id,
     )
 

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from .choice import Choice
-from .grammar import DEFAULT_MAX_DEPTH, Grammar
+from .grammar import Grammar
 from .json_schema import JsonSchema
 from .processor import AbstractConstraint
 from .regex import Regex
@@ -36,7 +36,7 @@ def constraint_from_options(
     json_schema: str | None = None,
     choice: Sequence[str] | None = None,
     grammar: str | os.PathLike | None = None,
-    max_depth: int = DEFAULT_MAX_DEPTH,
+    max_depth: int | None = None,
     eos_token_id: int | Sequence[int] | None = None,
 ) -> AbstractConstraint | None:
     """The processor for the CLI flags `--regex`, `--json-schema`, `--choice`, `--grammar`.
@@ -49,7 +49,8 @@ def constraint_from_options(
       JSON text.
     - `choice`: `--choice A B C`, the output is exactly one of them.
     - `grammar`: `--grammar FILE`, a Lark grammar file.
-    - `max_depth`: nesting bound for `grammar`.
+    - `max_depth`: nesting bound for `grammar` (forces the bounded-depth DFA; default: automatic,
+      see `Grammar`).
     - `eos_token_id`: the model's end-of-generation ids (default: the tokenizer's, see `Regex`).
 
     **Returns:** the processor (`Regex`, `JsonSchema`, `Choice` or `Grammar`), or `None` when no

@@ -215,6 +215,11 @@ def per_row(constraints: Sequence[AbstractConstraint | None]) -> TokenConstraint
             continue
         if not isinstance(c, AbstractConstraint):
             raise TypeError(f"row {row}: expected a constraint processor or None, got {type(c).__name__}")
+        if getattr(c, "pushdown", None) is not None:
+            raise ValueError(
+                f"row {row}: a Grammar compiled as a pushdown automaton cannot share tables with other "
+                "constraints; give it max_depth=... (the bounded-depth DFA) to use it in `per_row`"
+            )
         if c.num_constraints != 1 or np.ndim(c.constraint_id) != 0:
             raise ValueError(f"row {row}: {type(c).__name__} holds several constraints; give one per row")
         if id(c) not in index:

@@ -1,0 +1,155 @@
+"""The pushdown automaton of a grammar: accepts what lark's parser accepts (up to the stack
+depth), its precomputed token tables equal a brute-force walk of every token, the device step
+equals the host tables, and it generates parseable text inside `generate`."""
+
+import time
+
+import jax
+import jax.numpy as jnp
+import lark
+import numpy as np
+import pytest
+
+import functional_gen as fg
+from functional_gen.structured import GrammarError, NotDeterministic, parse_grammar, pushdown_automaton
+from functional_gen.structured.pda import build_pushdown, state_stack
+
+from .cases import JSON_GRAMMAR, PUSHDOWN_GRAMMARS, SPACED_FUNCTION_CALLS
+from .grammar_strings import mutate, sample
+from .helpers import context_for
+
+
+def _lark_accepts(parser, text: bytes) -> bool:
+    try:
+        parser.parse(text.decode("utf-8"))
+    except (lark.exceptions.LarkError, UnicodeDecodeError):
+        return False
+    return True
+
+
+@pytest.mark.parametrize("name", sorted(PUSHDOWN_GRAMMARS))
+def test_acceptance_equals_lark(name, vocabulary):
+    # 200 random sentences and 200 single-character mutations of them (most rejected), each
+    # judged by lark's Earley parser and by the pushdown automaton.
+    grammar = PUSHDOWN_GRAMMARS[name]
+    spec = parse_grammar(grammar)
+    pda = pushdown_automaton(grammar, vocabulary)
+    parser = lark.Lark(grammar, parser="earley")
+    alphabet = bytes(sorted(set(b"".join(sample(spec, np.random.default_rng(i)) for i in range(50))) | set(b" (),1a")))
+    rng = np.random.default_rng(0)
+    counts = {True: 0, False: 0}
+    for i in range(400):
+        text = sample(spec, rng, max_depth=10)
+        if i % 2:
+            text = mutate(text, alphabet, rng)
+        expected = _lark_accepts(parser, text)
+        assert pda.accepts(text) == expected, (name, text, expected)
+        counts[expected] += 1
+    assert counts[True] >= 150 and counts[False] >= 50, counts
+
+
+def _brute_force(pda, vocabulary, config):
+    allowed = np.zeros(vocabulary.vocab_size, bool)
+    for t, data in enumerate(vocabulary.token_bytes):
+        if data:
+            allowed[t] = pda.walk(data, config) is not None
+    allowed[list(vocabulary.eos_token_id)] = pda.can_end(config)
+    return allowed
+
+
+@pytest.mark.parametrize(
+    "name, text, stack_depth",
+    [
+        ("json", b'{"a": [1, {"b": [[null]]}], "c": "x"}', 32),
+        ("json", b"[[[[[[[1]]]]]]]", 6),  # the stack fills up: deeper tokens are masked
+        ("arithmetic", b"1 + (2 * -(3)) - ((4))", 32),
+        ("lisp", b"(a (b '(c d)) 12)", 32),
+    ],
+)
+def test_token_tables_equal_a_brute_force_walk(name, text, stack_depth, vocabulary):
+    # At every other prefix: the bitmask row + candidates give exactly the tokens whose bytes
+    # the automaton reads from the configuration (every token of the vocabulary walked).
+    pda = build_pushdown(parse_grammar(PUSHDOWN_GRAMMARS[name]), vocabulary, stack_depth=stack_depth)
+    checked = 0
+    for i in range(0, len(text) + 1, 3):
+        config = pda.walk(text[:i])
+        if config is None:
+            assert stack_depth < 32  # only the small stack runs out
+            break
+        np.testing.assert_array_equal(pda.allowed(config), _brute_force(pda, vocabulary, config), err_msg=repr(text[:i]))
+        checked += 1
+    assert checked >= 3
+
+
+def test_device_step_equals_the_host_tables(vocabulary):
+    # A random token walk: at each step the jitted `process` keeps the same position and stack
+    # as the host walk and masks exactly the tokens `allowed` gives.
+    pda = build_pushdown(parse_grammar(JSON_GRAMMAR), vocabulary, stack_depth=5)
+    processor = fg.structured.PushdownConstraint(pda)
+    step = jax.jit(lambda s, l, c: processor.process(s, l, c))
+    rng = np.random.default_rng(1)
+    ids = [1, 2, 3]
+    state = processor.init(context_for(ids, 3, max_len=64))
+    shapes = jax.tree.map(lambda x: (x.shape, x.dtype), state)
+    config = (pda.initial, ())
+    brackets = [t for t in range(vocabulary.vocab_size) if vocabulary.token_bytes[t] in (b"[", b"{", b' {"', b"[[")]
+    for k in range(30):
+        state, logits = step(state, jnp.zeros(vocabulary.vocab_size), context_for(ids, 3, max_len=64))
+        assert jax.tree.map(lambda x: (x.shape, x.dtype), state) == shapes
+        assert int(state[0]) == config[0] and state_stack(state) == list(config[1])
+        host = pda.allowed(config)
+        np.testing.assert_array_equal(np.isfinite(np.asarray(logits)), host)
+        open_ = [t for t in brackets if host[t]]
+        token = int(rng.choice(open_)) if open_ and rng.random() < 0.5 else int(rng.choice(np.flatnonzero(host)))
+        if token in vocabulary.eos_token_id:
+            break
+        ids.append(token)
+        config = pda.walk(vocabulary.token_bytes[token], config)
+    assert max(len(s) for s in [config[1]]) >= 0
+
+
+def test_json_with_stack_depth_32_builds_fast(vocabulary):
+    start = time.perf_counter()
+    pda = pushdown_automaton(JSON_GRAMMAR, vocabulary, stack_depth=32, cache=False)
+    elapsed = time.perf_counter() - start
+    assert elapsed < 3.0, elapsed  # ~0.5 s alone; generous on a shared machine
+    deep = b"[" * 30 + b"1" + b"]" * 30
+    assert pda.accepts(deep) and not pda.accepts(b"[" * 40 + b"1" + b"]" * 40)
+
+
+def test_grammar_chooses_the_pushdown_automaton(tokenizer):
+    assert fg.processors.Grammar(JSON_GRAMMAR, tokenizer).pushdown is not None
+    assert fg.processors.Grammar(JSON_GRAMMAR, tokenizer, max_depth=2).pushdown is None  # explicit bound
+    assert fg.processors.Grammar('start: "a"+ "b"', tokenizer).pushdown is None  # not recursive
+    with pytest.raises(ValueError, match="stack_depth"):
+        fg.processors.Grammar(JSON_GRAMMAR, tokenizer, stack_depth=0)
+    vocabulary = fg.structured.vocabulary_from_tokenizer(tokenizer)
+    # After `(`, `q` is both a call of `item` and the text `"(" "q" "!"`: not deterministic.
+    with pytest.raises(NotDeterministic, match="2 ways"):
+        pushdown_automaton('start: item\nitem: "(" item ")" | "(" "q" "!" | "q"\n', vocabulary)
+    with pytest.raises(NotDeterministic, match="one-byte lookahead"):
+        pushdown_automaton(SPACED_FUNCTION_CALLS, vocabulary)
+    with pytest.warns(UserWarning, match="bounded-depth DFA"):
+        fallback = fg.processors.Grammar(SPACED_FUNCTION_CALLS, tokenizer)
+    assert fallback.pushdown is None
+    with pytest.raises(ValueError, match="pushdown"):
+        fg.structured.per_row([fg.processors.Grammar(JSON_GRAMMAR, tokenizer), None])
+    with pytest.raises(GrammarError):
+        fg.processors.Grammar("start: undefined_rule", tokenizer)
+
+
+def test_generated_json_parses(random_model, tokenizer):
+    # A random model samples near-uniformly among the allowed tokens; every row that ends with
+    # EOS is parsed by lark, and the stack lets the rows nest deeper than the DFA's 4 levels.
+    grammar = fg.processors.Grammar(JSON_GRAMMAR, tokenizer, stack_depth=8)
+    result = fg.generate(
+        random_model, tokenizer, ["a", "b", "c", "d"], max_new_tokens=48, processors=[grammar],
+        sampler=fg.samplers.Multinomial(), key=jax.random.key(3),
+    )
+    parser = lark.Lark(JSON_GRAMMAR, parser="earley")
+    for text, reason in zip(result.texts, result.finish_reasons):
+        assert reason in ("eos", "length", "constraint"), reason
+        if reason == "eos":
+            parser.parse(text)
+        else:
+            assert reason != "constraint"  # the mask never leaves a row without a token
