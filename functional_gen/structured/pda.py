@@ -413,7 +413,7 @@ def _token_tables(nxt, push, byte_class, position_sites, position_slots, vocabul
     def successors(eid: int, byte: int):
         pos, pushed, below, peak, top = ext_info[eid]
         c = byte_class[byte]
-        out, death = [], False
+        out, death, returned = [], False, False
         work, seen = [(pos, pushed, below, top)], set()
         while work:
             p, stack, low, first = work.pop()
@@ -429,11 +429,13 @@ def _token_tables(nxt, push, byte_class, position_sites, position_slots, vocabul
                 if stack:
                     work.append((stack[-1], stack[:-1], low, first))
                 elif first is not None:
+                    returned = True
                     if first == _BOTTOM:
                         death = True
                     else:
                         work.append((first, (), low - 1, None))
                 else:
+                    returned = True
                     for s in position_sites[p]:
                         if s == _BOTTOM or low - 1 < -stack_depth:
                             death = True
@@ -442,67 +444,89 @@ def _token_tables(nxt, push, byte_class, position_sites, position_slots, vocabul
                             work.append((s, (), low - 1, None))
             else:
                 death = True
-        return out, death
+        return out, death, returned
 
     memo: dict = {}
+
+    def walk(start_ext):
+        """All tokens from each initial extended state: `(origin, token, sure, peak)` per
+        accepted (origin, token), and which origins returned below their start."""
+        origin = np.arange(len(start_ext), dtype=np.int64)
+        ext = np.asarray(start_ext, np.int64)
+        node = np.zeros(origin.size, np.int64)
+        poison = np.zeros(origin.size, bool)
+        returned = np.zeros(origin.size, bool)
+        found = ([], [], [], [])
+        while origin.size:
+            owner, child = _ragged(trie.child_ptr, node)
+            if not owner.size:
+                break
+            pair = ext[owner] * 256 + trie.byte[child]
+            unique, inverse = np.unique(pair, return_inverse=True)
+            inverse = inverse.reshape(-1)
+            counts = np.zeros(unique.size, np.int64)
+            deaths = np.zeros(unique.size, bool)
+            below = np.zeros(unique.size, bool)
+            flat = []
+            for i, key in enumerate(unique.tolist()):
+                hit = memo.get(key)
+                if hit is None:
+                    hit = memo[key] = successors(key // 256, key % 256)
+                flat.extend(hit[0])
+                counts[i], deaths[i], below[i] = len(hit[0]), hit[1], hit[2]
+            returned[origin[owner][below[inverse]]] = True
+            flat = np.asarray(flat, np.int64)
+            starts = np.cumsum(counts) - counts
+            died = deaths[inverse] | poison[owner]
+            key = origin[owner] * num_nodes + child
+            ukey, kinv = np.unique(key, return_inverse=True)
+            kinv = kinv.reshape(-1)
+            kpoison = np.bincount(kinv, weights=died, minlength=ukey.size) > 0
+            reps = counts[inverse]
+            sel = np.repeat(np.arange(owner.size), reps)
+            idx = np.arange(sel.size) - np.repeat(np.cumsum(reps) - reps, reps) + starts[inverse][sel]
+            new_ext = flat[idx] if flat.size else np.zeros(0, np.int64)
+            num_ext = len(ext_info)
+            triples = np.unique(key[sel] * num_ext + new_ext)
+            new_key, ext = triples // num_ext, triples % num_ext
+            origin, node = new_key // num_nodes, new_key % num_nodes
+            poison = kpoison[np.searchsorted(ukey, new_key)]
+            # Tokens ending at the reached nodes.
+            reached, first, inv2 = np.unique(new_key, return_index=True, return_inverse=True)
+            info_peak = np.array([e[3] for e in ext_info], np.int64)
+            kpeak = np.zeros(reached.size, np.int64)
+            np.maximum.at(kpeak, inv2.reshape(-1), info_peak[ext])
+            holder, tindex = _ragged(trie.token_ptr, reached % num_nodes)
+            found[0].append(reached[holder] // num_nodes)
+            found[1].append(trie.token_ids[tindex])
+            found[2].append(~poison[first][holder])
+            found[3].append(kpeak[holder])
+        out = tuple(
+            np.concatenate(a) if a else np.zeros(0, dt) for a, dt in zip(found, (np.int64, np.int64, bool, np.int64))
+        )
+        return out, returned
+
+    # Pass 1: each position, whatever is on the stack. Tokens from a position that never
+    # returns below its rule do not depend on the stack: their result holds for every slot.
+    positions = np.arange(1, num_positions)
+    (o1, t1, s1, k1), returned = walk([intern((int(p), (), 0, 0, None)) for p in positions])
+    # Pass 2: the positions that do return, once per slot (the top of the stack known).
     pairs = [(p, k, site) for p in range(1, num_positions) for k, site in enumerate(position_slots[p])]
+    pair_index = {(p, k): i for i, (p, k, _) in enumerate(pairs)}
     origin_position = np.array([p for p, _, _ in pairs], np.int64)
     origin_slot = np.array([k for _, k, _ in pairs], np.int64)
     num_origins = len(pairs)
-    origin = np.arange(num_origins, dtype=np.int64)
-    ext = np.array([intern((p, (), 0, 0, site)) for p, _, site in pairs], np.int64)
-    node = np.zeros(origin.size, np.int64)
-    poison = np.zeros(origin.size, bool)
-    found_origin, found_token, found_sure, found_peak = [], [], [], []
-    while origin.size:
-        owner, child = _ragged(trie.child_ptr, node)
-        if not owner.size:
-            break
-        pair = ext[owner] * 256 + trie.byte[child]
-        unique, inverse = np.unique(pair, return_inverse=True)
-        inverse = inverse.reshape(-1)
-        counts = np.zeros(unique.size, np.int64)
-        deaths = np.zeros(unique.size, bool)
-        flat = []
-        for i, key in enumerate(unique.tolist()):
-            hit = memo.get(key)
-            if hit is None:
-                hit = memo[key] = successors(key // 256, key % 256)
-            flat.extend(hit[0])
-            counts[i] = len(hit[0])
-            deaths[i] = hit[1]
-        flat = np.asarray(flat, np.int64)
-        starts = np.cumsum(counts) - counts
-        died = deaths[inverse] | poison[owner]
-        key = origin[owner] * num_nodes + child
-        ukey, kinv = np.unique(key, return_inverse=True)
-        kinv = kinv.reshape(-1)
-        kpoison = np.bincount(kinv, weights=died, minlength=ukey.size) > 0
-        reps = counts[inverse]
-        sel = np.repeat(np.arange(owner.size), reps)
-        idx = np.arange(sel.size) - np.repeat(np.cumsum(reps) - reps, reps) + starts[inverse][sel]
-        new_ext = flat[idx] if flat.size else np.zeros(0, np.int64)
-        num_ext = len(ext_info)
-        triples = np.unique(key[sel] * num_ext + new_ext)
-        new_key, ext = triples // num_ext, triples % num_ext
-        origin, node = new_key // num_nodes, new_key % num_nodes
-        poison = kpoison[np.searchsorted(ukey, new_key)]
-        # Tokens ending at the reached nodes.
-        reached, first, inv2 = np.unique(new_key, return_index=True, return_inverse=True)
-        inv2 = inv2.reshape(-1)
-        info_peak = np.array([e[3] for e in ext_info], np.int64)
-        kpeak = np.zeros(reached.size, np.int64)
-        np.maximum.at(kpeak, inv2, info_peak[ext])
-        holder, tindex = _ragged(trie.token_ptr, reached % num_nodes)
-        found_origin.append(reached[holder] // num_nodes)
-        found_token.append(trie.token_ids[tindex])
-        found_sure.append(~poison[first][holder])
-        found_peak.append(kpeak[holder])
-
-    f_origin, f_token, f_sure, f_peak = (
-        np.concatenate(a) if a else np.zeros(0, dt)
-        for a, dt in ((found_origin, np.int64), (found_token, np.int64), (found_sure, bool), (found_peak, np.int64))
-    )
+    again = [i for i, (p, _, _) in enumerate(pairs) if returned[p - 1]]
+    (o2, t2, s2, k2), _ = walk([intern((pairs[i][0], (), 0, 0, pairs[i][2])) for i in again])
+    keep = ~returned[o1]
+    o1, t1, s1, k1 = o1[keep], t1[keep], s1[keep], k1[keep]
+    slots_of = [np.array([pair_index[p, k] for k in range(len(position_slots[p]))], np.int64) for p in positions]
+    fan = np.array([len(position_slots[p]) for p in positions], np.int64)[o1]
+    spread = np.concatenate([slots_of[o] for o in o1]) if o1.size else np.zeros(0, np.int64)
+    f_origin = np.concatenate([spread, np.asarray(again, np.int64)[o2]])
+    f_token = np.concatenate([np.repeat(t1, fan), t2])
+    f_sure = np.concatenate([np.repeat(s1, fan), s2])
+    f_peak = np.concatenate([np.repeat(k1, fan), k2])
     sure = f_sure & (f_peak < MAX_LEVELS)
     levels = int(f_peak[sure].max(initial=0)) + 1
     words = (vocab + 31) // 32
