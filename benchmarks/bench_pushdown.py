@@ -26,8 +26,9 @@ import jax
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-import functional_gen as fg
 from bench_structured import table
+
+import functional_gen as fg
 from functional_gen.structured import pushdown_automaton, vocabulary_from_tokenizer
 from functional_gen.structured.grammar import grammar_automaton
 from tests.structured.cases import PUSHDOWN_GRAMMARS

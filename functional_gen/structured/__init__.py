@@ -36,10 +36,10 @@ from .grammar import pushdown_automaton as pushdown_automaton
 from .grammar_syntax import GrammarError as GrammarError
 from .grammar_syntax import parse_grammar as parse_grammar
 from .json_schema import (
-    JsonSchema as JsonSchema,
+    InvalidSchemaError as InvalidSchemaError,
 )
 from .json_schema import (
-    InvalidSchemaError as InvalidSchemaError,
+    JsonSchema as JsonSchema,
 )
 from .json_schema import (
     UnsupportedSchemaError as UnsupportedSchemaError,

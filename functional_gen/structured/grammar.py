@@ -42,7 +42,6 @@ import numpy as np
 from jaxtyping import Array, Float
 
 from ..processors.base import Context
-
 from .automaton import ConstraintError, TokenAutomaton, cache_key, cached
 from .byte_dfa import REJECT, ByteDFA, lift, minimize, regex_byte_dfa
 from .grammar_syntax import (
@@ -55,7 +54,13 @@ from .grammar_syntax import (
     Terminal,
     parse_grammar,
 )
-from .pda import DEFAULT_STACK_DEPTH, NotDeterministic, PushdownAutomaton, PushdownConstraint, build_pushdown
+from .pda import (
+    DEFAULT_STACK_DEPTH,
+    NotDeterministic,
+    PushdownAutomaton,
+    PushdownConstraint,
+    build_pushdown,
+)
 from .processor import AbstractConstraint, rows_of
 from .vocabulary import TokenVocabulary, vocabulary_from_tokenizer
 

@@ -697,4 +697,4 @@ def state_stack(state) -> list[int]:
     return [int(v) for v in np.asarray(stack)[: int(sp)]]
 
 
-__all__: Sequence[str] = ("PushdownAutomaton", "PushdownConstraint", "build_pushdown", "NotDeterministic")
+__all__: Sequence[str] = ("NotDeterministic", "PushdownAutomaton", "PushdownConstraint", "build_pushdown")

@@ -11,7 +11,12 @@ import numpy as np
 import pytest
 
 import functional_gen as fg
-from functional_gen.structured import GrammarError, NotDeterministic, parse_grammar, pushdown_automaton
+from functional_gen.structured import (
+    GrammarError,
+    NotDeterministic,
+    parse_grammar,
+    pushdown_automaton,
+)
 from functional_gen.structured.pda import build_pushdown, state_stack
 
 from .cases import JSON_GRAMMAR, PUSHDOWN_GRAMMARS, SPACED_FUNCTION_CALLS
