@@ -34,6 +34,7 @@ from .grammar import Grammar as Grammar
 from .grammar import grammar_automaton as grammar_automaton
 from .grammar import pushdown_automaton as pushdown_automaton
 from .grammar_syntax import GrammarError as GrammarError
+from .grammar_syntax import gbnf_to_lark as gbnf_to_lark
 from .grammar_syntax import parse_grammar as parse_grammar
 from .json_schema import (
     InvalidSchemaError as InvalidSchemaError,

@@ -52,6 +52,7 @@ from .grammar_syntax import (
     Repeat,
     Seq,
     Terminal,
+    gbnf_to_lark,
     parse_grammar,
 )
 from .pda import (
@@ -527,6 +528,26 @@ class Grammar(AbstractConstraint):
                 return
         depth = DEFAULT_MAX_DEPTH if max_depth is None else max_depth
         self._set_automata([grammar_automaton(t, vocabulary, start=start, max_depth=depth) for t in texts], ids)
+
+    @classmethod
+    def from_gbnf(cls, grammar: str | Path | Sequence[str | Path | None], tokenizer, **kwargs) -> "Grammar":
+        """A `Grammar` from llama.cpp's GBNF (text, a `pathlib.Path` to a `.gbnf` file, or a list
+        with one per row), converted to Lark by llguidance (`grammar_syntax.gbnf_to_lark`): the
+        start rule is GBNF's `root`. Keyword arguments as for `Grammar`.
+
+        !!! Example
+            ```python
+            gbnf = 'root ::= "(" [a-z]+ ("," [a-z]+)* ")"'
+            fg.processors.Grammar.from_gbnf(gbnf, tokenizer)
+            ```
+
+        **Raises:** `GrammarError` naming the line for GBNF syntax errors, and as `Grammar`.
+        """
+        if isinstance(grammar, (str, Path)):
+            return cls(gbnf_to_lark(_read(grammar)), tokenizer, **kwargs)
+        if isinstance(grammar, Sequence):
+            return cls([None if g is None else gbnf_to_lark(_read(g)) for g in grammar], tokenizer, **kwargs)
+        raise TypeError(f"`grammar` must be GBNF text, a pathlib.Path or a list of them, got {grammar!r}")
 
     def _set_placeholder(self, ids, automaton: PushdownAutomaton) -> None:
         """The token-automaton fields of the DFA form, unused by a pushdown grammar (one

@@ -288,3 +288,99 @@ def _regex_of(node) -> str:
             return inner + ("*" if node.low == 0 else "+" if node.low == 1 else f"{{{node.low},}}")
         return inner + ("?" if (node.low, node.high) == (0, 1) else f"{{{node.low},{node.high}}}")
     raise TypeError(node)
+
+
+# --------------------------------------------------------------------------- GBNF
+
+
+_BRACES = re.compile(r"\{\s*(\d+)\s*(?:(,)\s*(\d*)\s*)?\}")
+
+
+def _item_start(text: str, end: int) -> int:
+    """Where the grammar item that ends just before `end` starts (a group, string, regex or name)."""
+    i = end - 1
+    closer = text[i]
+    if closer in ")]":
+        opener, depth = "(" if closer == ")" else "[", 0
+        while i >= 0:
+            if text[i] == closer:
+                depth += 1
+            elif text[i] == opener:
+                depth -= 1
+                if depth == 0:
+                    return i
+            i -= 1
+    if closer in "\"/":
+        i -= 1
+        while i >= 0 and not (text[i] == closer and text[i - 1] != "\\"):
+            i -= 1
+        return i
+    while i >= 0 and (text[i].isalnum() or text[i] == "_"):
+        i -= 1
+    return i + 1
+
+
+def _plain_lark(text: str) -> str:
+    """llguidance's Lark dialect -> lark's: no `%llguidance` header, `x{m,n}` -> `x ~ m..n`."""
+    out, i, n = [], 0, len(text)
+    while i < n:
+        ch = text[i]
+        if text.startswith("%llguidance", i) and (i == 0 or text[i - 1] == "\n"):
+            i = text.find("\n", i)
+            i = n if i < 0 else i
+            continue
+        if text.startswith("//", i):  # a comment, to the end of the line
+            j = text.find("\n", i)
+            j = n if j < 0 else j
+            out.append(text[i:j])
+            i = j
+            continue
+        if ch in "\"/":  # a string or regex literal, copied as is
+            j = i + 1
+            while j < n and text[j] != ch:
+                j += 2 if text[j] == "\\" else 1
+            j += 1
+            while j < n and text[j] in "imsux" and ch == "/" or (ch == '"' and j < n and text[j] == "i"):
+                j += 1
+            out.append(text[i:j])
+            i = j
+            continue
+        m = _BRACES.match(text, i) if ch == "{" else None
+        if m:
+            low, comma, high = int(m.group(1)), m.group(2), m.group(3)
+            if not comma:
+                out.append(f" ~ {low}")
+            elif high:
+                out.append(f" ~ {low}..{high}")
+            else:  # x{m,}: x ~ m followed by x*
+                joined = "".join(out)
+                item = joined[_item_start(joined, len(joined)) :]
+                out.append(f" ~ {low} {item}*" if low else "*")
+                if not low:
+                    out[-1] = "*"
+            i = m.end()
+            continue
+        out.append(ch)
+        i += 1
+    return "".join(out)
+
+
+def gbnf_to_lark(text: str) -> str:
+    """Convert a llama.cpp GBNF grammar into lark's grammar syntax.
+
+    The conversion is llguidance's (`llguidance.gbnf_to_lark`, start rule `root` -> `start`,
+    character classes -> regexes, terminal-only rules -> terminals); its `%llguidance` header
+    and `{m,n}` repetitions are then rewritten into plain Lark.
+
+    **Raises:** `GrammarError` with llguidance's message (it names the line) for bad GBNF.
+    """
+    if not isinstance(text, str):
+        raise TypeError(f"a GBNF grammar must be a str, got {type(text).__name__}")
+    from llguidance.gbnf_to_lark import GbnfToLarkError
+    from llguidance.gbnf_to_lark import gbnf_to_lark as convert
+
+    try:
+        converted = convert(text)
+    except (GbnfToLarkError, ValueError, KeyError, IndexError) as e:
+        raise GrammarError(f"not a valid GBNF grammar: {e}") from None
+    return _plain_lark(converted)

@@ -158,3 +158,27 @@ def test_generated_json_parses(random_model, tokenizer):
             parser.parse(text)
         else:
             assert reason != "constraint"  # the mask never leaves a row without a token
+
+
+JSON_GBNF = r'''
+root   ::= object
+value  ::= object | array | string | number | ("true" | "false" | "null") ws
+object ::= "{" ws ( string ":" ws value ("," ws string ":" ws value)* )? "}" ws
+array  ::= "[" ws ( value ("," ws value)* )? "]" ws
+string ::= "\"" ( [^"\\\x7F\x00-\x1F] | "\\" (["\\bfnrt] | "u" [0-9a-fA-F]{4}) )* "\"" ws
+number ::= ("-"? ([0-9] | [1-9] [0-9]{0,15})) ("." [0-9]+)? ([eE] [-+]? [0-9] [1-9]{0,15})? ws
+ws ::= | " " | "\n" [ \t]{0,20}
+'''
+"""llama.cpp's `grammars/json.gbnf` (comments dropped)."""
+
+
+def test_gbnf_grammars_run_as_pushdown_automata(tokenizer, vocabulary):
+    grammar = fg.processors.Grammar.from_gbnf(JSON_GBNF, tokenizer)
+    assert grammar.pushdown is not None
+    pda = pushdown_automaton(fg.structured.gbnf_to_lark(JSON_GBNF), vocabulary)
+    for text in ['{"a": [1, {"b": "c\\n"}], "d": -2.5e3}', '{}', '{"x":[[[[true]]]]}', '{"u": "\\u00e9"}']:
+        assert pda.accepts(text.encode()), text
+    for text in ['[1]', '{"a": 01x}', '{"a" 1}', '{"a": [1,]}', '{"u": "\\u00g9"}', "{'a': 1}"]:
+        assert not pda.accepts(text.encode()), text
+    with pytest.raises(GrammarError, match="line 1"):
+        fg.processors.Grammar.from_gbnf('root ::= ("a"', tokenizer)
