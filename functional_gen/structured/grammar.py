@@ -37,11 +37,8 @@ import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
-import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, Float
 
-from ..processors.base import Context
 from .automaton import ConstraintError, TokenAutomaton, cache_key, cached
 from .byte_dfa import REJECT, ByteDFA, lift, minimize, regex_byte_dfa
 from .grammar_syntax import (
@@ -59,7 +56,6 @@ from .pda import (
     DEFAULT_STACK_DEPTH,
     NotDeterministic,
     PushdownAutomaton,
-    PushdownConstraint,
     build_pushdown,
 )
 from .processor import AbstractConstraint, rows_of
@@ -496,8 +492,6 @@ class Grammar(AbstractConstraint):
     approximation of context-free grammars (Pereira & Wright 1991); Lark's grammar format.
     """
 
-    pushdown: PushdownConstraint | None = None
-
     def __init__(
         self,
         grammar: str | Path | Sequence[str | Path | None],
@@ -512,7 +506,6 @@ class Grammar(AbstractConstraint):
         grammars, ids = rows_of(grammar, lambda g: isinstance(g, (str, Path)), "grammar", "a grammar (text or a pathlib.Path)")
         texts = [_read(g) for g in grammars]
         vocabulary = vocabulary_from_tokenizer(tokenizer, eos_token_id=eos_token_id, vocab_size=vocab_size)
-        self.pushdown = None
         if max_depth is None and len(texts) == 1 and cut_rules(parse_grammar(texts[0], start)):
             try:
                 automaton = pushdown_automaton(texts[0], vocabulary, start=start, stack_depth=stack_depth)
@@ -523,8 +516,7 @@ class Grammar(AbstractConstraint):
                     stacklevel=2,
                 )
             else:
-                self.pushdown = PushdownConstraint(automaton, ids)
-                self._set_placeholder(ids, automaton)
+                self._set_pushdown(automaton, ids)
                 return
         depth = DEFAULT_MAX_DEPTH if max_depth is None else max_depth
         self._set_automata([grammar_automaton(t, vocabulary, start=start, max_depth=depth) for t in texts], ids)
@@ -548,34 +540,6 @@ class Grammar(AbstractConstraint):
         if isinstance(grammar, Sequence):
             return cls([None if g is None else gbnf_to_lark(_read(g)) for g in grammar], tokenizer, **kwargs)
         raise TypeError(f"`grammar` must be GBNF text, a pathlib.Path or a list of them, got {grammar!r}")
-
-    def _set_placeholder(self, ids, automaton: PushdownAutomaton) -> None:
-        """The token-automaton fields of the DFA form, unused by a pushdown grammar (one
-        constraint that allows nothing)."""
-        self.token_class = jnp.zeros((1, 1), jnp.int32)
-        self.transitions = jnp.zeros((2, 1), jnp.int32)
-        self.distance = jnp.zeros(2, jnp.int32)
-        self.initial_state = jnp.ones(1, jnp.int32)
-        self.constraint_id = jnp.asarray(ids, jnp.int32)
-        self.eos_token_id = tuple(automaton.eos_token_id)
-
-    @property
-    def num_constraints(self) -> int:
-        """How many constraints the tables hold (1 for a pushdown grammar)."""
-        return 1 if self.pushdown is not None else super().num_constraints
-
-    def init(self, context: Context):
-        """The DFA state (an int32 scalar), or the pushdown state `(position, stack, stack_pointer)`."""
-        if self.pushdown is not None:
-            return self.pushdown.init(context)
-        return super().init(context)
-
-    def process(self, state, logits: Float[Array, " vocab"], context: Context):
-        """One step of the DFA form (`AbstractConstraint.process`) or of the pushdown automaton
-        (`PushdownConstraint.process`)."""
-        if self.pushdown is not None:
-            return self.pushdown.process(state, logits, context)
-        return super().process(state, logits, context)
 
 
 @functools.singledispatch

@@ -58,7 +58,7 @@ import numpy as np
 from jaxtyping import Array, Bool, Float, Int, UInt8, UInt32
 
 from ..processors.base import AbstractLogitsProcessor, Context, per_row_field
-from .byte_dfa import REJECT, _ragged, token_trie
+from .byte_dfa import REJECT, ByteDFA, _ragged, token_trie
 from .grammar_syntax import GrammarError, GrammarSpec
 from .processor import _bucket
 from .vocabulary import TokenVocabulary
@@ -208,8 +208,14 @@ def build_pushdown(
     *,
     stack_depth: int = DEFAULT_STACK_DEPTH,
     description: str = "",
+    top: tuple[ByteDFA, Int[np.ndarray, " states"], str] | None = None,
 ) -> PushdownAutomaton:
     """Compile a parsed grammar into a `PushdownAutomaton` (see the module docstring).
+
+    **Arguments:** `spec`, `vocabulary`, `stack_depth`, `description`; `top`: instead of the
+    start rule, a byte DFA for the bottom frame with call edges: `(dfa, call, rule)` where
+    `call[q]` is the state reached after a call of the recursive rule `rule` from state `q`
+    (`REJECT`: none). JSON Schemas use it: the schema's DFA calls a free-form JSON value.
 
     **Raises:** `NotDeterministic` when a byte could be read in two ways, a recursive rule
     matches the empty string or is left-recursive; `GrammarError` for an empty language.
@@ -218,10 +224,29 @@ def build_pushdown(
 
     cut = cut_rules(spec)
     builder = _Builder(spec, cut)
-    automata = [builder.rule_dfa(spec.rules[spec.start], top=True)]
-    automata += [builder.rule_dfa(spec.rules[name], top=False) for name in cut]
-    names = (spec.start, *cut)
-    nc = builder.num_classes
+    called = [builder.rule_dfa(spec.rules[name], top=False) for name in cut]
+    nc, byte_class = builder.num_classes, builder.byte_class
+    if top is None:
+        automata = [builder.rule_dfa(spec.rules[spec.start], top=True), *called]
+        names = (spec.start, *cut)
+    else:
+        dfa, call, rule = top
+        if rule not in cut:
+            raise GrammarError(f"the called rule {rule!r} is not a recursive rule of the grammar ({cut})")
+        # Byte classes that both the grammar's terminals and the top DFA respect.
+        _, byte_class = np.unique(np.concatenate([byte_class[None, :], dfa.delta]), axis=1, return_inverse=True)
+        byte_class = byte_class.reshape(-1)
+        representative = np.zeros(int(byte_class.max()) + 1, np.int64)
+        representative[byte_class] = np.arange(256)
+        old = builder.byte_class[representative]
+        called = [ByteDFA(np.concatenate([d.delta[:, old], d.delta[:, nc:]], axis=1), d.accepting, d.initial)
+                  for d in called]
+        nc = representative.size
+        calls = np.full((dfa.num_states, len(cut)), REJECT, np.int32)
+        calls[:, cut.index(rule)] = call
+        automata = [ByteDFA(np.concatenate([dfa.delta[:, representative], calls], axis=1), dfa.accepting, dfa.initial),
+                    *called]
+        names = ("schema", *cut)
     offsets = np.cumsum([1] + [a.num_states for a in automata])
     num_positions = int(offsets[-1])
     position_rule = np.zeros(num_positions, np.int32)
@@ -252,7 +277,7 @@ def build_pushdown(
                 pushed = () if tail(a, ret) else (int(offsets[a]) + ret,)
                 options.append((pushed + e[0], e[1], names[1 + r]))
         if len(options) > 1:
-            byte = bytes([int(np.flatnonzero(builder.byte_class == c)[0])])
+            byte = bytes([int(np.flatnonzero(byte_class == c)[0])])
             ways = ", ".join("itself" if o[2] is None else f"a call of {o[2]!r}" for o in options)
             raise NotDeterministic(
                 f"in rule {names[a]!r} the byte {byte!r} can be read in {len(options)} ways ({ways})"
@@ -328,7 +353,7 @@ def build_pushdown(
     for p in np.flatnonzero(final & (position_rule > 0)):
         for c in np.flatnonzero(nxt[p] > 0):
             if read_after_return(int(position_rule[p]), int(c)):
-                byte = bytes([int(np.flatnonzero(builder.byte_class == c)[0])])
+                byte = bytes([int(np.flatnonzero(byte_class == c)[0])])
                 raise NotDeterministic(
                     f"the rule {names[position_rule[p]]!r} may end before the byte {byte!r} or read "
                     "it itself (a one-byte lookahead cannot tell)"
@@ -352,11 +377,11 @@ def build_pushdown(
 
     initial = int(offsets[0]) + automata[0].initial
     masks, mask_row, candidates, candidate_bytes = _token_tables(
-        nxt, push, builder.byte_class, position_sites, position_slots, vocabulary, stack_depth
+        nxt, push, byte_class, position_sites, position_slots, vocabulary, stack_depth
     )
     token_bytes, token_length = _token_byte_matrix(vocabulary)
     return PushdownAutomaton(
-        byte_class=builder.byte_class.astype(np.int32),
+        byte_class=byte_class.astype(np.int32),
         next=nxt,
         push=push,
         final=final,
@@ -448,6 +473,51 @@ def _token_tables(nxt, push, byte_class, position_sites, position_slots, vocabul
 
     memo: dict = {}
 
+    unknown, dead, several = -3, -1, -2
+    table = np.full((64, 256), unknown, np.int64)  # (extended state, byte) -> one successor
+    table_returned = np.zeros((64, 256), bool)
+
+    def lookup(e, b):
+        """Successor of each (extended state, byte): an id, `dead` or `several` (see `memo`)."""
+        nonlocal table, table_returned
+        if len(ext_info) > table.shape[0]:
+            grow = max(len(ext_info), 2 * table.shape[0]) - table.shape[0]
+            table = np.concatenate([table, np.full((grow, 256), unknown, np.int64)])
+            table_returned = np.concatenate([table_returned, np.zeros((grow, 256), bool)])
+        vals = table[e, b]
+        missing = vals == unknown
+        if missing.any():
+            keys = np.unique(e[missing] * 256 + b[missing])
+            # Vectorised: from a configuration that pushed and returned nothing yet, a byte
+            # that is read without a call, or rejected (most pairs).
+            info = ext_info
+            me, mb = keys // 256, keys % 256
+            simple = np.fromiter((not x[1] and x[2] == 0 for x in (info[i] for i in me.tolist())), bool, me.size)
+            pos = np.fromiter((info[i][0] for i in me.tolist()), np.int64, me.size)
+            c = byte_class[mb]
+            act = nxt[pos, c]
+            plain = simple & (((act > 0) & (push[pos, c, 0] == 0)) | (act == 0))
+            table[me[plain & (act == 0)], mb[plain & (act == 0)]] = dead
+            for i in np.flatnonzero(plain & (act > 0)).tolist():
+                x = info[me[i]]
+                table[me[i], mb[i]] = intern((int(act[i]), (), 0, x[3], x[4]))
+            if len(ext_info) > table.shape[0]:
+                grow = max(len(ext_info), 2 * table.shape[0]) - table.shape[0]
+                table = np.concatenate([table, np.full((grow, 256), unknown, np.int64)])
+                table_returned = np.concatenate([table_returned, np.zeros((grow, 256), bool)])
+            keys = keys[~plain]
+            for key in keys.tolist():
+                out, death, returned = memo[key] = successors(key // 256, key % 256)
+                if len(ext_info) > table.shape[0]:
+                    grow = max(len(ext_info), 2 * table.shape[0]) - table.shape[0]
+                    table = np.concatenate([table, np.full((grow, 256), unknown, np.int64)])
+                    table_returned = np.concatenate([table_returned, np.zeros((grow, 256), bool)])
+                table[key // 256, key % 256] = (out[0] if len(out) == 1 and not death else
+                                                dead if not out else several)
+                table_returned[key // 256, key % 256] = returned
+            vals = table[e, b]
+        return vals, table_returned[e, b]
+
     def walk(start_ext):
         """All tokens from each initial extended state: `(origin, token, sure, peak)` per
         accepted (origin, token), and which origins returned below their start."""
@@ -456,46 +526,59 @@ def _token_tables(nxt, push, byte_class, position_sites, position_slots, vocabul
         node = np.zeros(origin.size, np.int64)
         poison = np.zeros(origin.size, bool)
         returned = np.zeros(origin.size, bool)
+        unique_keys = True  # one extended state per (origin, node): no merging needed
         found = ([], [], [], [])
         while origin.size:
             owner, child = _ragged(trie.child_ptr, node)
             if not owner.size:
                 break
-            pair = ext[owner] * 256 + trie.byte[child]
-            unique, inverse = np.unique(pair, return_inverse=True)
-            inverse = inverse.reshape(-1)
-            counts = np.zeros(unique.size, np.int64)
-            deaths = np.zeros(unique.size, bool)
-            below = np.zeros(unique.size, bool)
-            flat = []
-            for i, key in enumerate(unique.tolist()):
-                hit = memo.get(key)
-                if hit is None:
-                    hit = memo[key] = successors(key // 256, key % 256)
-                flat.extend(hit[0])
-                counts[i], deaths[i], below[i] = len(hit[0]), hit[1], hit[2]
-            returned[origin[owner][below[inverse]]] = True
-            flat = np.asarray(flat, np.int64)
-            starts = np.cumsum(counts) - counts
-            died = deaths[inverse] | poison[owner]
+            e, b = ext[owner], trie.byte[child]
+            vals, below = lookup(e, b)
+            returned[origin[owner][below]] = True
             key = origin[owner] * num_nodes + child
-            ukey, kinv = np.unique(key, return_inverse=True)
-            kinv = kinv.reshape(-1)
-            kpoison = np.bincount(kinv, weights=died, minlength=ukey.size) > 0
-            reps = counts[inverse]
-            sel = np.repeat(np.arange(owner.size), reps)
-            idx = np.arange(sel.size) - np.repeat(np.cumsum(reps) - reps, reps) + starts[inverse][sel]
-            new_ext = flat[idx] if flat.size else np.zeros(0, np.int64)
-            num_ext = len(ext_info)
-            triples = np.unique(key[sel] * num_ext + new_ext)
-            new_key, ext = triples // num_ext, triples % num_ext
-            origin, node = new_key // num_nodes, new_key % num_nodes
-            poison = kpoison[np.searchsorted(ukey, new_key)]
+            if unique_keys and not (vals == several).any():
+                # Fast path: at most one successor per entry and one entry per (origin, node).
+                alive = vals >= 0
+                origin, node, ext = origin[owner][alive], child[alive], vals[alive]
+                poison = poison[owner][alive]
+                reached, first, kext = key[alive], np.arange(int(alive.sum())), ext
+                inv2 = None
+            else:
+                counts = np.zeros(vals.size, np.int64)
+                deaths = vals == dead
+                counts[vals >= 0] = 1
+                multi = np.flatnonzero(vals == several)
+                hits = [memo[int(k)] for k in (e[multi] * 256 + b[multi])]
+                counts[multi] = [len(h[0]) for h in hits]
+                deaths[multi] = [h[1] for h in hits]
+                flat_parts = np.zeros(int(counts.sum()), np.int64)
+                starts = np.cumsum(counts) - counts
+                single = np.flatnonzero(vals >= 0)
+                flat_parts[starts[single]] = vals[single]
+                for i, h in zip(multi, hits):
+                    flat_parts[starts[i] : starts[i] + len(h[0])] = h[0]
+                died = deaths | poison[owner]
+                ukey, kinv = np.unique(key, return_inverse=True)
+                kinv = kinv.reshape(-1)
+                kpoison = np.bincount(kinv, weights=died, minlength=ukey.size) > 0
+                sel = np.repeat(np.arange(owner.size), counts)
+                new_ext = flat_parts
+                num_ext = len(ext_info)
+                triples = np.unique(key[sel] * num_ext + new_ext)
+                new_key, ext = triples // num_ext, triples % num_ext
+                origin, node = new_key // num_nodes, new_key % num_nodes
+                poison = kpoison[np.searchsorted(ukey, new_key)]
+                reached, first, inv2 = np.unique(new_key, return_index=True, return_inverse=True)
+                inv2 = inv2.reshape(-1)
+                unique_keys = reached.size == new_key.size
+                kext = ext
             # Tokens ending at the reached nodes.
-            reached, first, inv2 = np.unique(new_key, return_index=True, return_inverse=True)
-            info_peak = np.array([e[3] for e in ext_info], np.int64)
-            kpeak = np.zeros(reached.size, np.int64)
-            np.maximum.at(kpeak, inv2.reshape(-1), info_peak[ext])
+            info_peak = np.fromiter((x[3] for x in ext_info), np.int64, len(ext_info))
+            if inv2 is None:
+                kpeak = info_peak[kext]
+            else:
+                kpeak = np.zeros(reached.size, np.int64)
+                np.maximum.at(kpeak, inv2, info_peak[kext])
             holder, tindex = _ragged(trie.token_ptr, reached % num_nodes)
             found[0].append(reached[holder] // num_nodes)
             found[1].append(trie.token_ids[tindex])
@@ -627,7 +710,7 @@ class PushdownConstraint(AbstractLogitsProcessor):
             return (self.next[p, c] == POP) & (n > 0)
 
         def pop(s):
-            p, n = s
+            _, n = s
             return stack[n - 1], n - 1
 
         pos, sp = jax.lax.while_loop(pops, pop, (pos, sp))

@@ -182,3 +182,81 @@ def test_gbnf_grammars_run_as_pushdown_automata(tokenizer, vocabulary):
         assert not pda.accepts(text.encode()), text
     with pytest.raises(GrammarError, match="line 1"):
         fg.processors.Grammar.from_gbnf('root ::= ("a"', tokenizer)
+
+
+OPEN_SCHEMAS = {
+    "open object": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {}}, "required": ["a"]},
+    "untyped items": {"type": "array", "items": {"type": "object", "properties": {"id": {"type": "integer"}},
+                                                  "required": ["id"]}},
+    "free-form members": {"type": "object", "properties": {"name": {"type": "string"}, "meta": {"type": "object"},
+                                                           "tags": {"type": "array"}}, "required": ["name"]},
+}
+
+
+def _random_value(rng, depth: int):
+    kind = int(rng.integers(6 if depth > 0 else 4))
+    if kind == 0:
+        return int(rng.integers(-50, 50))
+    if kind == 1:
+        return ["x", "", "a b", "é"][int(rng.integers(4))]
+    if kind == 2:
+        return [True, False, None][int(rng.integers(3))]
+    if kind == 3:
+        return float(rng.integers(-9, 9)) + 0.25  # never integral: "2.0" is an integer to JSON Schema, not to our regex
+    if kind == 4:
+        return [_random_value(rng, depth - 1) for _ in range(int(rng.integers(3)))]
+    return {f"k{i}": _random_value(rng, depth - 1) for i in range(int(rng.integers(3)))}
+
+
+@pytest.mark.parametrize("name", sorted(OPEN_SCHEMAS))
+def test_json_schema_free_form_values_nest_as_deep_as_the_stack(name, vocabulary):
+    # Documents built around random values nested up to 6 levels, and mutations of their text:
+    # the pushdown automaton accepts exactly what `jsonschema` validates (compact and spaced).
+    import json
+
+    import jsonschema
+
+    from functional_gen.structured.json_schema import json_schema_pushdown
+
+    schema = OPEN_SCHEMAS[name]
+    pda = json_schema_pushdown(schema, vocabulary)
+    assert pda is not None
+    rng = np.random.default_rng(0)
+    counts = {True: 0, False: 0}
+    for i in range(120):
+        if name == "untyped items":
+            doc = [{"id": int(rng.integers(9)), "more": _random_value(rng, 6)} if rng.random() < 0.8
+                   else _random_value(rng, 5) for _ in range(int(rng.integers(3)))]
+        else:
+            # listed properties in the schema's order, then additional ones (as the grammar does)
+            keys = [*schema["properties"], "extra", "z"]
+            doc = {k: _random_value(rng, 6) for k in keys if rng.random() < 0.6}
+            for required in schema.get("required", []):
+                if rng.random() < 0.7:
+                    doc[required] = int(rng.integers(9)) if required == "a" else "n"
+            doc = {k: doc[k] for k in keys if k in doc}
+        for text in (json.dumps(doc, ensure_ascii=False), json.dumps(doc, ensure_ascii=False, separators=(",", ":"))):
+            if i % 3 == 2:  # a mutated text: often not JSON at all
+                text = mutate(text.encode(), b'{}[],:"0a ', rng).decode("utf-8", "replace")
+            try:
+                expected = jsonschema.Draft202012Validator(schema).is_valid(json.loads(text))
+            except json.JSONDecodeError:
+                expected = False
+            if expected and text not in (json.dumps(json.loads(text), ensure_ascii=False),
+                                         json.dumps(json.loads(text), ensure_ascii=False, separators=(",", ":"))):
+                continue  # a mutation that changed only whitespace or key order: not comparable
+            assert pda.accepts(text.encode()) == expected, (name, text, expected)
+            counts[expected] += 1
+    assert counts[True] >= 20 and counts[False] >= 20, counts
+
+
+def test_json_schema_processor_runs_the_pushdown_automaton(tokenizer):
+    schema = OPEN_SCHEMAS["open object"]
+    processor = fg.processors.JsonSchema(schema, tokenizer, free_form_depth=None)
+    assert processor.pushdown is not None
+    assert fg.processors.JsonSchema(schema, tokenizer).pushdown is None  # the default: a token automaton
+    closed = {"type": "object", "properties": {"a": {"type": "integer"}}, "additionalProperties": False}
+    assert fg.processors.JsonSchema(closed, tokenizer, free_form_depth=None).pushdown is None  # nothing free-form
+    ambiguous = {"anyOf": [{"type": "string"}, {}]}  # `"` starts both a string and a free value
+    with pytest.warns(UserWarning, match="no pushdown automaton"):
+        assert fg.processors.JsonSchema(ambiguous, tokenizer, free_form_depth=None).pushdown is None
