@@ -24,11 +24,13 @@ Keywords: unknown keywords are annotations and are ignored (JSON Schema 2020-12 
 as every validator does: `id`, `_format`, `javaName`, ...), and so is a `format` that JSON
 Schema does not define (`"int64"`, `"password"`). Known assertions that no regular constraint
 can enforce raise `UnsupportedSchemaError` naming the keyword and where it is, before anything
-is compiled: `not`, `if`/`then`/`else`, `dependentRequired`, `dependentSchemas`,
+is compiled: `not`, `if`/`then`/`else`, `dependentSchemas`,
 `dependencies`, `contains`, `multipleOf`, `uniqueItems: true` (for more than one item),
 `unevaluated*`, overlapping `oneOf` branches, non-integer numeric bounds, the JSON Schema
 formats we lack (`idn-email`, `iri`, ...), `additionalProperties` next to `patternProperties`,
-and remote `$ref`s. With `strict=False` they are dropped instead (the output may then violate
+more than three `dependentRequired` entries in one object (each doubles the alternatives; up to
+three become an `anyOf`: the property absent, or it and its dependencies present), and remote
+`$ref`s. With `strict=False` they are dropped instead (the output may then violate
 them), with one warning that lists them all, like llguidance's lenient mode.
 
 Where we follow llguidance (`docs/json_schema.md`): properties come in the order of
@@ -74,7 +76,6 @@ _UNSUPPORTED = {
     "if": "conditional schemas are not supported",
     "then": "conditional schemas are not supported",
     "else": "conditional schemas are not supported",
-    "dependentRequired": "property dependencies are not supported",
     "dependentSchemas": "property dependencies are not supported",
     "dependencies": "property dependencies are not supported",
     "unevaluatedProperties": "unevaluated* keywords are not supported",
@@ -93,7 +94,7 @@ _KNOWN = {
     "additionalProperties", "items", "prefixItems", "minItems", "maxItems", "uniqueItems",
     "minLength", "maxLength", "pattern", "format", "minimum", "maximum", "exclusiveMinimum",
     "exclusiveMaximum", "minProperties", "maxProperties", "additionalItems", "patternProperties",
-    "propertyNames",
+    "propertyNames", "dependentRequired",
 }
 """Keywords that are enforced. Every other keyword that is not in `_UNSUPPORTED` is an
 annotation (JSON Schema 2020-12 core §4.3.1: unknown keywords are ignored) and is dropped."""
@@ -199,6 +200,8 @@ class _Never:
 NEVER = _Never()
 
 _DEFAULT_WHITESPACE = "[ ]?"
+_MAX_DEPENDENCIES = 3
+"""Most `dependentRequired` entries one object may have (2^k alternatives)."""
 """outlines-core's default whitespace between JSON tokens: none or one space."""
 _MAX_OBJECT_REGEX = 2_000_000
 """Longest regex an object may become (about 100 optional properties): beyond, compiling it
@@ -569,7 +572,35 @@ class _Rewriter:
                 self.refuse(key, path, _UNSUPPORTED[key])
             if key not in _KNOWN:  # an annotation or an unknown keyword: asserts nothing
                 del node[key]
+        if "dependentRequired" in node:
+            return self.node(self.dependent_required(node, path), path)
         return self.structural(node, path)
+
+    def dependent_required(self, node: dict, path: str) -> dict:
+        """`dependentRequired` as an `anyOf` of objects: for each dependency `name: [needed]`,
+        either `name` is absent (its schema `false`) or it and `needed` are required. Regular:
+        at most `_MAX_DEPENDENCIES` dependencies (2^k branches)."""
+        dependencies = node.pop("dependentRequired")
+        if not isinstance(dependencies, Mapping) or not all(
+            isinstance(v, list) and all(isinstance(n, str) for n in v) for v in dependencies.values()
+        ):
+            raise UnsupportedSchemaError("dependentRequired", path,
+                                         f"must map property names to lists of names, got {dependencies!r}")
+        dependencies = {k: v for k, v in dependencies.items() if v}
+        if len(dependencies) > _MAX_DEPENDENCIES:
+            self.refuse("dependentRequired", path, f"{len(dependencies)} dependencies (at most "
+                        f"{_MAX_DEPENDENCIES}: each doubles the alternatives)")
+            return node
+        branches = [node]
+        for name, needed in dependencies.items():
+            expanded = []
+            for branch in branches:
+                required = list(branch.get("required", []))
+                if name not in required:  # `name` absent
+                    expanded.append({**branch, "properties": {**branch.get("properties", {}), name: False}})
+                expanded.append({**branch, "required": list(dict.fromkeys([*required, name, *needed]))})
+            branches = expanded
+        return branches[0] if len(branches) == 1 else {"anyOf": branches}
 
     def structural(self, node: dict, path: str):
         if "allOf" in node:
