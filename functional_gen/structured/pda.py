@@ -19,26 +19,32 @@ int32 scalars and an `int32[stack_depth]` array, so the depth costs memory, not 
    grammar in which one byte could be read in two ways (the byte itself and a call, two calls,
    a rule that matches the empty string, left recursion) is refused with `NotDeterministic`
    (`Grammar` then falls back to the bounded-depth DFA). Returning only when the rule cannot
-   continue is the longest-match rule of lexers. A call whose return position can only end
-   the rule is a tail call and pushes nothing.
+   continue is the longest-match rule of lexers; so that it never hides a text, a rule that may
+   end before a byte and also read that byte itself, where one of its return positions reads it
+   too, is refused as well (a one-byte lookahead cannot tell). A call whose return position
+   can only end the rule is a tail call and pushes nothing. (JSON Schemas use a byte DFA with
+   call edges to a JSON value rule as the bottom frame instead of a start rule: `top`.)
 3. Token masks. A token either reads its bytes inside the rules it enters (whatever is below on
    the stack), or returns from the current rule and then depends on the return positions on the
    stack. We walk every token from every position along the vocabulary's byte trie (as
-   `byte_dfa.lift` does), and at a return below the starting rule we branch over every return
-   position that rule has in the grammar (a superset of what the stack can hold). A token
-   accepted on every branch is *context-independent*: it goes into a packed bitmask per
-   position (one per number of stack slots the token pushes, so a nearly full stack drops the
-   tokens that would overflow it). A token accepted on some branches only is a *candidate*:
-   the padded list `candidates[position]` (at most `K` of them) is checked on the device.
-   Tokens rejected on every branch are never allowed. (Cf. XGrammar's context-independent and
-   context-dependent tokens, Dong et al. 2024, arXiv 2411.15100.)
+   `byte_dfa.lift` does). Positions from which no token returns are walked once; the others once
+   per *slot*, the return position on top of the stack (slot 0: the stack is empty), since the
+   first return goes there. A further return below branches over every return position its
+   rule has in the grammar (a superset of what the stack can hold). A token accepted on every
+   branch is *context-independent*: it goes into a packed bitmask per (position, slot, free
+   stack slots it needs), so a nearly full stack drops the tokens that would overflow it. A
+   token accepted on some branches only is a *candidate*: the padded list
+   `candidates[position, slot]` (at most `K` of them; 3-10 for the test grammars) is checked on
+   the device. Tokens rejected on every branch are never allowed. (Cf. XGrammar's
+   context-independent and context-dependent tokens, Dong et al. 2024, arXiv 2411.15100.)
 
 **On the device, per step and row** (`PushdownConstraint.process`):
 
 1. advance on the previous token: its bytes one by one (`token_bytes`, a `while_loop` over its
    length), each byte popping while the position says `POP`, then reading or pushing;
-2. mask: the bitmask row `masks[mask_row[position, min(room, levels - 1)]]` unpacked over the
-   vocabulary, plus the `K` candidates walked from the row's real stack (vectorised, a
+2. mask: the bitmask row `masks[mask_row[position, slot, min(room, levels - 1)]]` unpacked over
+   the vocabulary (`slot` from the top of the stack, `room` the free stack slots), plus the `K`
+   candidates walked from the row's real stack (vectorised, a
    fixed-length loop over their bytes); a token that would push beyond `stack_depth` is not
    allowed; the end-of-generation ids are allowed when the position and every return position
    on the stack may end;
