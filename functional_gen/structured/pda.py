@@ -480,6 +480,7 @@ def _token_tables(nxt, push, byte_class, position_sites, position_slots, vocabul
     memo: dict = {}
 
     unknown, dead, several = -3, -1, -2
+    dense: dict = {}  # (peak, top) -> id of (position, (), 0, peak, top) per position, -1 if new
     table = np.full((64, 256), unknown, np.int64)  # (extended state, byte) -> one successor
     table_returned = np.zeros((64, 256), bool)
 
@@ -504,9 +505,22 @@ def _token_tables(nxt, push, byte_class, position_sites, position_slots, vocabul
             act = nxt[pos, c]
             plain = simple & (((act > 0) & (push[pos, c, 0] == 0)) | (act == 0))
             table[me[plain & (act == 0)], mb[plain & (act == 0)]] = dead
-            for i in np.flatnonzero(plain & (act > 0)).tolist():
-                x = info[me[i]]
-                table[me[i], mb[i]] = intern((int(act[i]), (), 0, x[3], x[4]))
+            reads = np.flatnonzero(plain & (act > 0))
+            if reads.size:
+                # the target keeps the source's (peak, top): one dense id array per such pair
+                group = {}
+                for i, src in zip(reads.tolist(), me[reads].tolist()):
+                    x = info[src]
+                    group.setdefault((x[3], x[4]), []).append(i)
+                for (peak, top), rows in group.items():
+                    ids = dense.get((peak, top))
+                    if ids is None:
+                        ids = dense[peak, top] = np.full(num_positions, -1, np.int64)
+                    rows = np.asarray(rows)
+                    targets = act[rows]
+                    for t in np.unique(targets[ids[targets] < 0]).tolist():
+                        ids[t] = intern((t, (), 0, peak, top))
+                    table[me[rows], mb[rows]] = ids[targets]
             if len(ext_info) > table.shape[0]:
                 grow = max(len(ext_info), 2 * table.shape[0]) - table.shape[0]
                 table = np.concatenate([table, np.full((grow, 256), unknown, np.int64)])
