@@ -31,9 +31,15 @@ other developers' jobs at a load average of about 10, so compile times are infla
 | before issue 11 (unknown keywords refused, objects closed) | 54/120 (45%) | 0 | 44 / 595 / 6,153 | 70/77 | 132/132 |
 | after (open objects, free-form depth 1) | 85/120 (71%) | 18 | 1,153 / 13,628 / 26,524 | 117/122 | 232/232 |
 | after, `--closed-objects` | 86/120 (72%) | 16 | 176 / 3,054 / 13,801 | 102/124 | 235/235 |
+| `--pushdown` (free-form values through the pushdown automaton, `dependentRequired`; 2026-11-22) | 78/120 (65%) | 25 | 2,713 / 13,145 / 28,437 | 110/110 | 194/194 |
 
 (the closed run rejects valid instances that carry properties beyond `properties`, as intended;
 its compile times show that the open objects' free-form values cost most of the time.)
+
+The `--pushdown` run accepts every valid instance (free-form values nest as deep as the stack)
+but compiles fewer schemas in time: building the pushdown token tables walks the vocabulary
+trie from every position of the schema's DFA with a Python step per (configuration, byte) pair,
+about 10x slower per position than `byte_dfa.lift`; hence `free_form_depth=None` is opt-in.
 
 Of the 35 refusals after: 18 timeouts (mostly Github_hard and Kubernetes), 4 overlapping
 `oneOf`, 3 `dependencies`, 2 `pattern` + length that cannot be intersected, 2 anchors inside a
@@ -57,7 +63,6 @@ import multiprocessing
 import os
 import random
 import re
-import statistics
 import sys
 import time
 import traceback
@@ -80,7 +85,10 @@ _WORKER = {}
 def _worker_setup(options: dict) -> None:
     from transformers import AutoTokenizer
 
-    from functional_gen.loading.default_model import converted_default_dir, ensure_default_checkpoint
+    from functional_gen.loading.default_model import (
+        converted_default_dir,
+        ensure_default_checkpoint,
+    )
     from functional_gen.structured import vocabulary_from_tokenizer
 
     ensure_default_checkpoint()
@@ -91,14 +99,28 @@ def _worker_setup(options: dict) -> None:
 
 
 def _compile(schema):
-    """The token automaton of `schema`, compiled as `JsonSchema` does, without caches."""
-    from functional_gen.structured.json_schema import json_schema_automaton
+    """The token automaton of `schema`, compiled as `JsonSchema` does, without caches; with
+    `--pushdown`, as `JsonSchema(free_form_depth=None)` does: a pushdown automaton when the schema
+    has free-form values and one can be built, else the token automaton."""
+    from functional_gen.structured.json_schema import json_schema_automaton, json_schema_pushdown
+    from functional_gen.structured.pda import NotDeterministic
 
-    return json_schema_automaton(schema, _WORKER["vocabulary"], cache=False, **_WORKER["options"])
+    options = dict(_WORKER["options"])
+    if options.pop("pushdown", False):
+        try:
+            automaton = json_schema_pushdown(schema, _WORKER["vocabulary"], **options)
+        except NotDeterministic:
+            automaton = None
+        if automaton is not None:
+            return automaton
+    return json_schema_automaton(schema, _WORKER["vocabulary"], cache=False, **options)
 
 
 def _accepts(automaton, text: str) -> bool:
     token_ids = _WORKER["tokenizer"].encode(text, add_special_tokens=False)
+    if hasattr(automaton, "stack_depth"):  # a PushdownAutomaton: its tables walk the tokens' bytes
+        data = b"".join(_WORKER["vocabulary"].token_bytes[t] or b"" for t in token_ids)
+        return automaton.accepts(data)
     return bool(automaton.accepting[automaton.walk(token_ids)])
 
 
@@ -128,8 +150,12 @@ def _run_one(record: dict) -> dict:
             out["traceback"] = traceback.format_exc(limit=4)[-800:]
         return out
     out["compile_ms"] = (time.perf_counter() - start) * 1000
-    out["states"] = automaton.num_states
-    out["classes"] = automaton.num_classes
+    if hasattr(automaton, "stack_depth"):
+        out["kind"] = "pushdown"
+        out["states"] = automaton.num_positions
+    else:
+        out["states"] = automaton.num_states
+        out["classes"] = automaton.num_classes
     tests = []
     for i, test in enumerate(record["tests"]):
         data = test["data"]
@@ -273,6 +299,8 @@ def main(argv=None) -> None:
     parser.add_argument("--json", type=Path, help="write every per-schema record here")
     parser.add_argument("--lenient", action="store_true", help="compile with strict=False")
     parser.add_argument("--closed-objects", action="store_true", help="compile with closed_objects=True")
+    parser.add_argument("--pushdown", action="store_true",
+                        help="free-form values through the pushdown automaton (JsonSchema(free_form_depth=None))")
     parser.add_argument("--verbose", action="store_true", help="one line per schema")
     args = parser.parse_args(argv)
     splits = None if args.all else args.splits
@@ -282,6 +310,8 @@ def main(argv=None) -> None:
     options = {"strict": False} if args.lenient else {}
     if args.closed_objects:
         options["closed_objects"] = True
+    if args.pushdown:
+        options["pushdown"] = True
     print(f"{len(records)} schemas from {args.data.name}; timeout {args.timeout:.0f} s; options {options}",
           file=sys.stderr)
     worker = Worker(options)

@@ -221,15 +221,20 @@ def decoding_options() -> argparse.ArgumentParser:
     )
     structured.add_argument(
         "--grammar",
+        metavar="GBNF_OR_FILE",
+        help="the output is a sentence of this grammar in llama.cpp's GBNF (the text, or a .gbnf file)",
+    )
+    structured.add_argument(
+        "--lark-grammar",
         metavar="FILE",
-        help="the output is a sentence of this context-free grammar (Lark syntax)",
+        help="the output is a sentence of this context-free grammar (a Lark grammar file)",
     )
     structured.add_argument(
         "--max-depth",
         type=_positive_int,
         default=None,
         metavar="N",
-        help="with --grammar: how deeply recursive rules may nest (default: 4)",
+        help="with --grammar or --lark-grammar: use the bounded-depth DFA with this nesting bound (default: a pushdown automaton with a 32-slot stack for recursive grammars)",
     )
     beams = parent.add_argument_group("beam search")
     beams.add_argument(
@@ -488,8 +493,8 @@ def generation_options(args: argparse.Namespace) -> dict:
             "--dry-base, --dry-allowed-length, --dry-penalty-last-n and --dry-sequence-breaker "
             "need --dry-multiplier"
         )
-    if args.max_depth is not None and args.grammar is None:
-        raise ValueError("--max-depth applies to --grammar only")
+    if args.max_depth is not None and args.grammar is None and args.lark_grammar is None:
+        raise ValueError("--max-depth applies to --grammar and --lark-grammar only")
     if {"mirostat_tau", "mirostat_eta"} & options.keys():
         options.setdefault("mirostat", 2)
     if args.sample and not _SAMPLING_KEYS & options.keys():
@@ -602,18 +607,20 @@ def read_prompts(args: argparse.Namespace) -> list[str]:
 
 
 def _constraint(args: argparse.Namespace, tokenizer, model):
-    """The structured-generation processor of --regex/--json-schema/--choice/--grammar, or None."""
-    if all(v is None for v in (args.regex, args.json_schema, args.choice, args.grammar)):
+    """The structured-generation processor of --regex/--json-schema/--choice/--grammar/--lark-grammar,
+    or None."""
+    if all(v is None for v in (args.regex, args.json_schema, args.choice, args.grammar, args.lark_grammar)):
         return None
-    from .structured import DEFAULT_MAX_DEPTH, constraint_from_options
+    from .structured import constraint_from_options
 
     return constraint_from_options(
         tokenizer,
         regex=args.regex,
         json_schema=args.json_schema,
         choice=args.choice,
-        grammar=args.grammar,
-        max_depth=args.max_depth or DEFAULT_MAX_DEPTH,
+        grammar=args.lark_grammar,
+        gbnf=args.grammar,
+        max_depth=args.max_depth,
         eos_token_id=model.config.eos_token_id,
     )
 

@@ -22,7 +22,9 @@
 #   arrays;
 # - the mask of allowed tokens as a bitmask row, and the cheaper way we compute it;
 # - why a row's constraint state is ONE int32, and what that buys (jit, batching, beams);
-# - a JSON Schema, on the real model, with the output checked.
+# - a JSON Schema, on the real model, with the output checked;
+# - a pushdown automaton for recursive grammars: the stack drawn as it moves through a nested
+#   JSON value.
 
 # %%
 import json
@@ -168,14 +170,21 @@ time_processor = fg.processors.Regex(TIME, tokenizer)
 tokens = tokenizer("09:30")["input_ids"]
 prompt = tokenizer("The meeting is at ")["input_ids"]
 state = None
-for n in range(len(tokens) + 1):
-    context = fg.processors.Context(
-        token_ids=jnp.asarray(prompt + tokens[:n] + [0] * (8 - n)),
+
+
+def context_after(tokens, n: int, width: int = 8):
+    """The `Context` of a row whose prompt is `prompt` and which generated `tokens[:n]`."""
+    return fg.processors.Context(
+        token_ids=jnp.asarray(prompt + tokens[:n] + [0] * (width - n)),
         length=jnp.asarray(len(prompt) + n),
         prompt_length=jnp.asarray(len(prompt)),
         max_new_tokens=jnp.asarray(MAX_NEW_TOKENS),
         key=jax.random.key(SEED),
     )
+
+
+for n in range(len(tokens) + 1):
+    context = context_after(tokens, n)
     if state is None:
         state = time_processor.init(context)
     state, logits = time_processor.process(state, jnp.zeros(vocabulary.vocab_size), context)
@@ -233,3 +242,117 @@ assert 0 <= document["age"] <= 120 and len(document["name"]) <= 24
 assert all(lang in ("English", "French", "Japanese") for lang in document["languages"])
 assert dfa.matches(result.texts[1].encode())
 print("valid:", document)
+
+# %% [markdown]
+# ## A pushdown automaton for recursive grammars
+#
+# A regex cannot count brackets: `{"a": [1, {"b": [true]}]}` nests four levels, and a DFA that
+# accepts every nesting depth would need infinitely many states. The bounded-depth DFA that
+# `Grammar(..., max_depth=4)` builds unrolls the recursion, and its states double with every
+# level of JSON. A **pushdown automaton** keeps the recursion instead: each recursive rule (for
+# JSON, `value`) is its own small automaton, and entering it pushes the place to come back to on
+# a stack. Each row carries `(position, stack, stack_pointer)`: two int32 scalars and an
+# `int32[32]` array, whatever the depth.
+#
+# We build the pushdown automaton of Lark's JSON grammar. Its positions are the states of two
+# automata, one for the start rule and one for `value`; the tables hold, per position, a
+# bitmask of the tokens whose bytes never leave the current rule (they do not depend on the
+# stack) and a short list of *candidate* tokens that return from it and are checked against the
+# row's actual stack on the device.
+
+# %%
+from functional_gen.structured import pushdown_automaton  # noqa: E402
+
+JSON_GRAMMAR = r"""
+?start: value
+?value: object | array | string | SIGNED_NUMBER -> number | "true" -> true | "false" -> false | "null" -> null
+array  : "[" [value ("," value)*] "]"
+object : "{" [pair ("," pair)*] "}"
+pair   : string ":" value
+string : ESCAPED_STRING
+%import common.ESCAPED_STRING
+%import common.SIGNED_NUMBER
+%import common.WS
+%ignore WS
+"""
+pda = pushdown_automaton(JSON_GRAMMAR, vocabulary)
+print(pda)
+for rule, name in enumerate(pda.rule_names):
+    print(f"rule {name!r}: {int((pda.position_rule == rule).sum())} positions")
+real = (pda.candidates < pda.vocab_size).sum(-1)
+print("stack-dependent candidates per (position, top of stack): at most", int(real.max()))
+
+
+# %% [markdown]
+# Now we feed the nested value one byte at a time through the host copy of the tables
+# (`PushdownAutomaton.step` does what the device does) and draw the stack after each byte,
+# bottom on the left. A return position is written `rule:position`. An opening bracket is read
+# by a call of `value`: the place after the call is pushed. A closing bracket that the inner
+# `value` cannot read pops that place and is read there. The start rule ends with optional
+# whitespace, so even the outermost value is a call.
+
+# %%
+def label(position: int) -> str:
+    return f"{pda.rule_names[pda.position_rule[position]]}:{position}"
+
+
+nested = b'{"a": [1, {"b": [true]}]}'
+config = (pda.initial, ())
+print(f"{'':6} {'position':10} stack")
+print(f"{'start':6} {label(config[0]):10} (empty)")
+for byte in nested:
+    config = pda.step(config, byte)
+    position, stack = config
+    boxes = " ".join(f"[{label(p)}]" for p in stack) or "(empty)"
+    print(f"{chr(byte)!r:6} {label(position):10} {boxes}")
+print("may end here:", pda.can_end(config))
+
+# %% [markdown]
+# The first `{` pushes the start rule's place (the outer value is a call too), and every value
+# nested inside it pushes the place after it in its container (`value:24` after a member's
+# value, `value:16` after an array element): five boxes at the innermost `true`, four levels of
+# nesting. Each closing bracket pops one. At the end the one box left is a place where the start
+# rule may end, so end-of-generation is allowed.
+#
+# On the device the same happens per token inside `process`: the previous token's bytes are
+# applied in a `while_loop`, then the mask is the bitmask row gathered by the position (and by
+# the top of the stack and the free stack slots) plus the candidates walked from the row's
+# stack. The state keeps its shapes at every step, as the generation loop's carry must.
+
+# %%
+grammar = fg.processors.Grammar(JSON_GRAMMAR, tokenizer)  # a recursive grammar: a pushdown automaton
+tokens = tokenizer(nested.decode())["input_ids"]
+state = None
+for n in range(len(tokens) + 1):
+    context = context_after(tokens, n, width=24)
+    if state is None:
+        state = grammar.init(context)
+    state, logits = grammar.process(state, jnp.zeros(vocabulary.vocab_size), context)
+    position, stack, pointer = state
+    boxes = " ".join(f"[{label(int(p))}]" for p in np.asarray(stack)[: int(pointer)]) or "(empty)"
+    print(f"after {tokenizer.decode(tokens[:n])!r:28} allowed={int(jnp.isfinite(logits).sum()):5d} "
+          f"stack={boxes}")
+print("state shapes:", [(x.shape, str(x.dtype)) for x in state])
+
+# %% [markdown]
+# Finally the real model writes JSON under the grammar. The stack lets it nest as deep as 32
+# levels, where the bounded DFA would stop at 4; we check the output with lark's own parser
+# (when the row finished before `max_new_tokens`).
+
+# %%
+import lark  # noqa: E402
+
+result = fg.generate(
+    model,
+    tokenizer,
+    [[{"role": "user", "content": "Give a nested JSON value about a cat: an object with a list of objects."}]],
+    max_new_tokens=MAX_NEW_TOKENS,
+    processors=[grammar],
+    sampler=fg.samplers.Multinomial(),
+    key=jax.random.key(SEED),
+)
+text, reason = result.texts[0], result.finish_reasons[0]
+print(reason, text)
+if reason == "eos":
+    lark.Lark(JSON_GRAMMAR, parser="earley").parse(text)
+    print("lark parses it")

@@ -13,7 +13,7 @@ def test_help_explains_every_option(capsys):
     for option in [
         "--model", "--max-new-tokens", "--temperature", "--top-k", "--top-p", "--min-p",
         "--repetition-penalty", "--seed", "--greedy", "--sample", "--stream", "--raw", "--dtype",
-        "--regex", "--json-schema", "--choice", "--grammar", "--max-depth", "--stop",
+        "--regex", "--json-schema", "--choice", "--grammar", "--lark-grammar", "--max-depth", "--stop",
         "--generation-config", "--typical-p", "--epsilon-cutoff", "--eta-cutoff", "--top-n-sigma",
         "--xtc-threshold", "--xtc-probability", "--mirostat-tau", "--mirostat-eta",
         "--presence-penalty", "--frequency-penalty", "--no-repeat-ngram-size", "--dry-multiplier",
@@ -180,7 +180,7 @@ def test_structured_options_constrain_the_output(default_model, capsys):
         (["--regex", "["], "invalid regex '['"),
         (["--regex", "a", "--choice", "b"], "give at most one of"),
         (["--json-schema", "{not json"], "--json-schema: not valid JSON"),
-        (["--max-depth", "3"], "--max-depth applies to --grammar only"),
+        (["--max-depth", "3"], "--max-depth applies to --grammar and --lark-grammar only"),
     ],
 )
 def test_bad_structured_options_exit_with_a_clear_message(default_model, args, message, capsys):

@@ -10,7 +10,7 @@ int32 (see `functional_gen.structured.processor`).
 | `Regex(pattern, tokenizer)` | outlines-core: regex -> byte DFA; ours: DFA -> tokens |
 | `JsonSchema(schema, tokenizer)` | schema checks and rewrites, outlines-core's schema -> regex, then as `Regex` |
 | `Choice(options, tokenizer)` | a regex of the options, then as `Regex` |
-| `Grammar(lark_text, tokenizer, max_depth=...)` | bounded-depth DFA construction, then DFA -> tokens |
+| `Grammar(lark_text, tokenizer)` | a pushdown automaton (one automaton per recursive rule, a stack per row) when the grammar recurses; otherwise, or with `max_depth=`, the bounded-depth DFA -> tokens |
 | `per_row([...])` | one constraint (or none) per row of a batch |
 """
 
@@ -32,13 +32,15 @@ from .choice import choice_regex as choice_regex
 from .grammar import DEFAULT_MAX_DEPTH as DEFAULT_MAX_DEPTH
 from .grammar import Grammar as Grammar
 from .grammar import grammar_automaton as grammar_automaton
+from .grammar import pushdown_automaton as pushdown_automaton
 from .grammar_syntax import GrammarError as GrammarError
+from .grammar_syntax import gbnf_to_lark as gbnf_to_lark
 from .grammar_syntax import parse_grammar as parse_grammar
 from .json_schema import (
-    JsonSchema as JsonSchema,
+    InvalidSchemaError as InvalidSchemaError,
 )
 from .json_schema import (
-    InvalidSchemaError as InvalidSchemaError,
+    JsonSchema as JsonSchema,
 )
 from .json_schema import (
     UnsupportedSchemaError as UnsupportedSchemaError,
@@ -47,6 +49,10 @@ from .json_schema import (
     json_schema_regex as json_schema_regex,
 )
 from .options import constraint_from_options as constraint_from_options
+from .pda import DEFAULT_STACK_DEPTH as DEFAULT_STACK_DEPTH
+from .pda import NotDeterministic as NotDeterministic
+from .pda import PushdownAutomaton as PushdownAutomaton
+from .pda import PushdownConstraint as PushdownConstraint
 from .processor import AbstractConstraint as AbstractConstraint
 from .processor import TokenConstraint as TokenConstraint
 from .processor import per_row as per_row

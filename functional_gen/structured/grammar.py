@@ -33,12 +33,13 @@ is Lark's (`grammar_syntax`); `%ignore` terminals may appear between any two ite
 """
 
 import functools
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
-from .automaton import ConstraintError, TokenAutomaton, cached
+from .automaton import ConstraintError, TokenAutomaton, cache_key, cached
 from .byte_dfa import REJECT, ByteDFA, lift, minimize, regex_byte_dfa
 from .grammar_syntax import (
     Alt,
@@ -48,7 +49,14 @@ from .grammar_syntax import (
     Repeat,
     Seq,
     Terminal,
+    gbnf_to_lark,
     parse_grammar,
+)
+from .pda import (
+    DEFAULT_STACK_DEPTH,
+    NotDeterministic,
+    PushdownAutomaton,
+    build_pushdown,
 )
 from .processor import AbstractConstraint, rows_of
 from .vocabulary import TokenVocabulary, vocabulary_from_tokenizer
@@ -403,15 +411,52 @@ def grammar_automaton(
     return cached("grammar", f"{start}\0{max_depth}\0{grammar}", vocabulary, build, cache=cache)
 
 
-class Grammar(AbstractConstraint):
-    """Constrain the generated text to a context-free grammar (Lark syntax), up to a nesting
-    depth.
+def pushdown_automaton(
+    grammar: str, vocabulary: TokenVocabulary, *, start: str = "start", stack_depth: int = DEFAULT_STACK_DEPTH,
+    cache: bool = True,
+) -> PushdownAutomaton:
+    """Compile a Lark grammar into a `PushdownAutomaton` (memoised in this process).
 
-    The grammar is compiled into a token automaton that follows derivations with at most
-    `max_depth` open recursive calls (see the module docstring): generation of nested JSON,
-    arithmetic, s-expressions, ... is exact up to that depth, and deeper nesting is never
-    offered, so every output parses with the grammar. It runs on the device like `Regex` (one
-    int32 state per row, finish inside the language within `max_new_tokens`).
+    **Raises:** `GrammarError` for grammar errors; `NotDeterministic` (a `GrammarError`) when
+    the grammar cannot run as a deterministic pushdown automaton; `ValueError` for a
+    `stack_depth` below 1.
+    """
+    if isinstance(stack_depth, bool) or not isinstance(stack_depth, int) or stack_depth < 1:
+        raise ValueError(f"`stack_depth` must be an integer >= 1, got {stack_depth!r}")
+    spec = parse_grammar(grammar, start)
+    key = cache_key("pda", f"{start}\0{stack_depth}\0{grammar}", vocabulary)
+    if cache and key in _PUSHDOWN_CACHE:
+        return _PUSHDOWN_CACHE[key]
+    automaton = build_pushdown(
+        spec, vocabulary, stack_depth=stack_depth, description=f"grammar (start={start}, stack_depth={stack_depth})"
+    )
+    if cache:
+        if len(_PUSHDOWN_CACHE) >= 16:
+            _PUSHDOWN_CACHE.pop(next(iter(_PUSHDOWN_CACHE)))
+        _PUSHDOWN_CACHE[key] = automaton
+    return automaton
+
+
+_PUSHDOWN_CACHE: dict[str, PushdownAutomaton] = {}
+
+
+class Grammar(AbstractConstraint):
+    """Constrain the generated text to a context-free grammar (Lark syntax).
+
+    Two compilations, chosen automatically:
+
+    - **pushdown automaton** (the default for a recursive grammar): one automaton per recursive
+      rule, a stack of `stack_depth` return positions per row (`functional_gen.structured.pda`).
+      Exact up to `stack_depth` open calls (JSON: nesting depth ~`stack_depth`), compiled in
+      well under a second, and its size does not grow with the depth.
+    - **bounded-depth DFA** (a grammar without recursion, a list of grammars, an explicit
+      `max_depth`, or a grammar the pushdown automaton cannot run deterministically, with a
+      warning): a token automaton that follows derivations with at most `max_depth` open
+      recursive calls (see the module docstring), one int32 state per row like `Regex`, and
+      finishing inside the language within `max_new_tokens`.
+
+    Either way every output that ends with an end-of-generation token parses with the grammar;
+    deeper nesting is never offered.
 
     !!! Example
         ```python
@@ -422,7 +467,8 @@ class Grammar(AbstractConstraint):
         ?factor: NUMBER | "(" expr ")"
         NUMBER: /[0-9]+/
         '''
-        calc = fg.processors.Grammar(arithmetic, tokenizer, max_depth=3)
+        calc = fg.processors.Grammar(arithmetic, tokenizer)               # pushdown automaton
+        calc3 = fg.processors.Grammar(arithmetic, tokenizer, max_depth=3)  # bounded-depth DFA
         ```
 
     **Arguments:**
@@ -432,14 +478,18 @@ class Grammar(AbstractConstraint):
       with one per row (`None`: unconstrained row).
     - `tokenizer`, `eos_token_id`, `vocab_size`: as in `Regex`.
     - `start`: the start rule (default `"start"`).
-    - `max_depth`: the bound on open calls of the recursive rules (default 4; for JSON, the
-      nesting depth of values; see the module docstring).
+    - `max_depth`: give it to force the bounded-depth DFA with this bound on open calls of the
+      recursive rules (for JSON, the nesting depth of values). Default `None`: automatic (the
+      DFA, when used, gets `DEFAULT_MAX_DEPTH` = 4).
+    - `stack_depth`: stack slots per row of the pushdown automaton (default 32).
 
     **Raises:** `GrammarError` (a `ValueError`) naming the line for syntax errors, unsupported
-    directives, undefined rules or terminals; or when the automaton grows beyond `MAX_STATES`.
+    directives, undefined rules or terminals; or when the DFA grows beyond `MAX_STATES`;
+    `ValueError` for a negative `max_depth` or a `stack_depth` below 1.
 
-    Source: bounded-depth regular approximation of context-free grammars (Pereira & Wright
-    1991); Lark's grammar format.
+    Source: recursive transition networks (Woods 1970) with XGrammar's split of
+    context-independent and stack-dependent tokens (Dong et al. 2024); bounded-depth regular
+    approximation of context-free grammars (Pereira & Wright 1991); Lark's grammar format.
     """
 
     def __init__(
@@ -448,14 +498,48 @@ class Grammar(AbstractConstraint):
         tokenizer,
         *,
         start: str = "start",
-        max_depth: int = DEFAULT_MAX_DEPTH,
+        max_depth: int | None = None,
+        stack_depth: int = DEFAULT_STACK_DEPTH,
         eos_token_id: int | Sequence[int] | None = None,
         vocab_size: int | None = None,
     ):
         grammars, ids = rows_of(grammar, lambda g: isinstance(g, (str, Path)), "grammar", "a grammar (text or a pathlib.Path)")
         texts = [_read(g) for g in grammars]
         vocabulary = vocabulary_from_tokenizer(tokenizer, eos_token_id=eos_token_id, vocab_size=vocab_size)
-        self._set_automata([grammar_automaton(t, vocabulary, start=start, max_depth=max_depth) for t in texts], ids)
+        if max_depth is None and len(texts) == 1 and cut_rules(parse_grammar(texts[0], start)):
+            try:
+                automaton = pushdown_automaton(texts[0], vocabulary, start=start, stack_depth=stack_depth)
+            except NotDeterministic as e:
+                warnings.warn(
+                    f"this grammar cannot run as a pushdown automaton ({e}); using the bounded-depth DFA "
+                    f"with max_depth={DEFAULT_MAX_DEPTH} instead",
+                    stacklevel=2,
+                )
+            else:
+                self._set_pushdown(automaton, ids)
+                return
+        depth = DEFAULT_MAX_DEPTH if max_depth is None else max_depth
+        self._set_automata([grammar_automaton(t, vocabulary, start=start, max_depth=depth) for t in texts], ids)
+
+    @classmethod
+    def from_gbnf(cls, grammar: str | Path | Sequence[str | Path | None], tokenizer, **kwargs) -> "Grammar":
+        """A `Grammar` from llama.cpp's GBNF (text, a `pathlib.Path` to a `.gbnf` file, or a list
+        with one per row), converted to Lark by llguidance (`grammar_syntax.gbnf_to_lark`): the
+        start rule is GBNF's `root`. Keyword arguments as for `Grammar`.
+
+        !!! Example
+            ```python
+            gbnf = 'root ::= "(" [a-z]+ ("," [a-z]+)* ")"'
+            fg.processors.Grammar.from_gbnf(gbnf, tokenizer)
+            ```
+
+        **Raises:** `GrammarError` naming the line for GBNF syntax errors, and as `Grammar`.
+        """
+        if isinstance(grammar, (str, Path)):
+            return cls(gbnf_to_lark(_read(grammar)), tokenizer, **kwargs)
+        if isinstance(grammar, Sequence):
+            return cls([None if g is None else gbnf_to_lark(_read(g)) for g in grammar], tokenizer, **kwargs)
+        raise TypeError(f"`grammar` must be GBNF text, a pathlib.Path or a list of them, got {grammar!r}")
 
 
 @functools.singledispatch

@@ -14,11 +14,15 @@ NUMBER: /[0-9]+(\\.[0-9]+)?/     // terminals: UPPERCASE names, strings and /reg
 %ignore WS                      // may appear between any two items
 ```
 
-Expressions: sequences, `a | b`, `(...)`, `[...]` and `x?` (optional), `x*`, `x+`, `x ~ n`,
-`x ~ n..m`, string literals `"..."` (`"..."i` case-insensitive), character ranges `"a".."z"`,
-regexes `/.../` (flags `i`, `s`; Rust `regex` syntax, the common subset of Python's), aliases
-`-> name` (ignored: they shape trees, not the language), priorities `rule.2:` (ignored).
-Not supported: templates, `%declare`, `%override`, `%extend`, imports other than `common`.
+The grammar is read by lark's own loader (`lark.load_grammar.GrammarBuilder`), so the syntax,
+`%import` (of lark's grammars: `common`, ...), `%override`, `%extend` and the error messages are
+lark's. Expressions: sequences, `a | b`, `(...)`, `[...]` and `x?` (optional), `x*`, `x+`,
+`x ~ n`, `x ~ n..m`, string literals `"..."` (`"..."i` case-insensitive), character ranges
+`"a".."z"`, regexes `/.../` (flags `i`, `s`; Rust `regex` syntax, the common subset of
+Python's), aliases `-> name` (ignored: they shape trees, not the language), priorities
+`rule.2:` and rule modifiers `?rule`, `!rule` (ignored). Refused by name: templates
+(`rule{param}`), `%declare`, other regex flags. Terminals imported from `common` use the regexes
+below (lark writes ESCAPED_STRING with a look-behind, which outlines-core does not support).
 
 Source: Lark's grammar reference ("Grammar Reference", lark-parser.readthedocs.io) and its
 `grammars/common.lark`.
@@ -116,296 +120,267 @@ class GrammarSpec:
     start: str
 
 
-# --------------------------------------------------------------------------- lexer
-
-_TOKEN = re.compile(
-    r"""
-    (?P<ws>[ \t]+) |
-    (?P<comment>//[^\n]*) |
-    (?P<string>"(?:[^"\\\n]|\\.)*"i?) |
-    (?P<regex>/(?:[^/\\\n]|\\.)+/[imslux]*) |
-    (?P<arrow>->) |
-    (?P<range>\.\.) |
-    (?P<name>[?!]?[_A-Za-z][_A-Za-z0-9]*(?:\.[_A-Za-z][_A-Za-z0-9]*)*) |
-    (?P<number>[0-9]+) |
-    (?P<op>[:|()\[\]?*+~.,%-]) |
-    (?P<bad>.)
-    """,
-    re.VERBOSE,
-)
+# --------------------------------------------------------------------------- reading
 
 
-def _lex(line: str, lineno: int):
-    tokens = []
-    for m in _TOKEN.finditer(line):
-        kind = m.lastgroup
-        if kind in ("ws", "comment"):
-            continue
-        if kind == "bad":
-            raise GrammarError(f"line {lineno}: unexpected character {m.group()!r} in {line.strip()!r}")
-        tokens.append((kind, m.group()))
-    return tokens
-
-
-def _string_value(token: str, lineno: int) -> tuple[str, bool]:
+def _string_value(token: str) -> tuple[str, bool]:
     insensitive = token.endswith("i")
     body = token[:-1] if insensitive else token
     try:
         value = ast.literal_eval(body)
     except (ValueError, SyntaxError) as e:
-        raise GrammarError(f"line {lineno}: bad string literal {token}: {e}") from None
+        raise GrammarError(f"bad string literal {token}: {e}") from None
     return value, insensitive
 
 
-def _regex_value(token: str, lineno: int) -> str:
+def _regex_value(token: str) -> str:
     end = token.rindex("/")
     body, flags = token[1:end].replace("\\/", "/"), token[end + 1 :]
     unsupported = set(flags) - {"i", "s"}
     if unsupported:
-        raise GrammarError(f"line {lineno}: regex flags {sorted(unsupported)} are not supported in {token}")
+        raise GrammarError(f"regex flags {sorted(unsupported)} are not supported in {token}")
     return f"(?{flags}:{body})" if flags else f"(?:{body})"
 
 
-# --------------------------------------------------------------------------- parser
+def _class_char(ch: str) -> str:
+    return ch if ch.isalnum() and ch.isascii() else f"\\x{{{ord(ch):X}}}"
 
 
-class _Parser:
-    def __init__(self, tokens, lineno: int, source: str):
-        self.tokens, self.pos, self.lineno, self.source = tokens, 0, lineno, source
-
-    def error(self, message: str):
-        raise GrammarError(f"line {self.lineno}: {message} in {self.source.strip()!r}")
-
-    def peek(self, offset=0):
-        i = self.pos + offset
-        return self.tokens[i] if i < len(self.tokens) else (None, None)
-
-    def take(self, value=None):
-        kind, text = self.peek()
-        if kind is None or (value is not None and text != value):
-            self.error(f"expected {value!r}" if value else "unexpected end")
-        self.pos += 1
-        return kind, text
-
-    def expansions(self):
-        options = [self.alias()]
-        while self.peek()[1] == "|":
-            self.take("|")
-            options.append(self.alias())
-        return options[0] if len(options) == 1 else Alt(tuple(options))
-
-    def alias(self):
-        expansion = self.expansion()
-        if self.peek()[0] == "arrow":
-            self.take()
-            kind, _ = self.take()
-            if kind != "name":
-                self.error("expected a name after ->")
-        return expansion
-
-    def expansion(self):
-        items = []
-        while self.peek()[1] not in (None, "|", ")", "]") and self.peek()[0] != "arrow":
-            items.append(self.expr())
-        return items[0] if len(items) == 1 else Seq(tuple(items))
-
-    def expr(self):
-        atom = self.atom()
-        kind, text = self.peek()
-        if text in ("?", "*", "+") and kind == "op":
-            self.take()
-            return Repeat(atom, 0 if text != "+" else 1, 1 if text == "?" else None)
-        if text == "~":
-            self.take()
-            _, low = self.take()
-            if not low.isdigit():
-                self.error(f"expected a count after ~, got {low!r}")
-            high = low
-            if self.peek()[0] == "range":
-                self.take()
-                _, high = self.take()
-                if not high.isdigit():
-                    self.error(f"expected a count after .., got {high!r}")
-            if int(high) < int(low):
-                self.error(f"empty repetition ~ {low}..{high}")
-            return Repeat(atom, int(low), int(high))
-        return atom
-
-    def atom(self):
-        kind, text = self.take()
-        if text == "(":
-            inner = self.expansions()
-            self.take(")")
-            return inner
-        if text == "[":
-            inner = self.expansions()
-            self.take("]")
-            return Repeat(inner, 0, 1)
-        if kind == "string":
-            value, insensitive = _string_value(text, self.lineno)
-            if self.peek()[0] == "range":
-                self.take()
-                kind2, text2 = self.take()
-                if kind2 != "string":
-                    self.error("expected a string after ..")
-                end, _ = _string_value(text2, self.lineno)
-                if len(value) != 1 or len(end) != 1 or end < value:
-                    self.error(f"bad character range {text}..{text2}")
-                return Terminal(f"[{escape(value)}-{escape(end)}]")
-            if not value:
-                return Seq(())
-            return Terminal(f"(?i:{escape(value)})" if insensitive else escape(value))
-        if kind == "regex":
-            return Terminal(_regex_value(text, self.lineno))
-        if kind == "name":
-            if text[0] in "?!":
-                self.error(f"unexpected {text!r}")
-            return Ref(text)
-        self.error(f"unexpected {text!r}")
+_COMMON_IMPORT = re.compile(r"^\s*%import\s+common\s*(?:\.\s*(\w+)(?:\s*->\s*(\w+))?|\(([^)]*)\))", re.MULTILINE)
 
 
-def _logical_lines(text: str):
-    """(line number, tokens) of each definition or directive, joining continuation lines
-    (starting with `|`) and lines inside open brackets."""
-    out, depth = [], 0
-    for lineno, raw in enumerate(text.splitlines(), 1):
-        tokens = _lex(raw, lineno)
-        if not tokens:
-            continue
-        if out and (depth > 0 or tokens[0][1] == "|"):
-            out[-1] = (out[-1][0], out[-1][1] + " " + raw.strip(), out[-1][2] + tokens)
-        else:
-            out.append((lineno, raw.strip(), tokens))
-        for kind, tok in tokens:
-            if kind == "op" and tok in "([":
-                depth += 1
-            elif kind == "op" and tok in ")]":
-                depth -= 1
+def _common_imports(text: str) -> dict[str, str]:
+    """`{local name: regex}` of the `%import common...` lines whose terminal has a regex of ours
+    (lark's `common.lark` writes ESCAPED_STRING with a look-behind, which outlines-core lacks)."""
+    out = {}
+    for m in _COMMON_IMPORT.finditer(text):
+        pairs = [(m.group(1), m.group(2) or m.group(1))] if m.group(1) else [
+            (n.strip(), n.strip()) for n in m.group(3).split(",") if n.strip()]
+        for name, alias in pairs:
+            if name in COMMON_TERMINALS:
+                out[alias] = COMMON_TERMINALS[name]
+    for m in re.finditer(r"^\s*%(?:override|extend)\s+(\w+)", text, re.MULTILINE):
+        out.pop(m.group(1), None)  # redefined: lark's tree holds the new definition
     return out
 
 
 def parse_grammar(text: str, start: str = "start") -> GrammarSpec:
-    """Parse a Lark-style grammar (see the module docstring).
+    """Read a Lark grammar with lark's own grammar loader (see the module docstring).
+
+    lark checks the syntax, resolves `%import`, `%override` and `%extend`, and reports undefined
+    or doubly defined names; we turn its rule and terminal trees (before EBNF is lowered) into
+    `Seq`/`Alt`/`Repeat`/`Ref`/`Terminal`, with every terminal inlined as one regex.
 
     **Arguments:** `text`: the grammar; `start`: the start rule.
 
-    **Returns:** a `GrammarSpec` whose rules refer only to rules (terminals are inlined as
-    regexes).
+    **Returns:** a `GrammarSpec` whose rules refer only to rules.
 
-    **Raises:** `GrammarError` (a `ValueError`) naming the line for syntax errors, unsupported
-    directives, undefined or recursive terminals, undefined rules or a missing start rule.
+    **Raises:** `GrammarError` (a `ValueError`) with lark's message (which names the line) for
+    syntax errors and undefined names, and naming the feature for what we do not support:
+    templates, `%declare`, regex flags other than `i` and `s`, a missing start rule.
     """
     if not isinstance(text, str):
         raise TypeError(f"a grammar must be a str, got {type(text).__name__}")
-    rules: dict[str, object] = {}
-    terminals: dict[str, object] = {}
-    ignore_names: list = []
-    for lineno, line, tokens in _logical_lines(text):
-        if tokens[0][1] == "%":
-            directive = tokens[1][1] if len(tokens) > 1 else ""
-            if directive == "import":
-                _import(tokens[2:], terminals, lineno, line)
-            elif directive == "ignore":
-                parser = _Parser(tokens[2:], lineno, line)
-                ignore_names.append(parser.expansions())
-                if parser.pos != len(parser.tokens):
-                    parser.error("unexpected text after %ignore")
-            else:
-                raise GrammarError(f"line {lineno}: the directive %{directive} is not supported")
-            continue
-        kind, name = tokens[0]
-        if kind != "name":
-            raise GrammarError(f"line {lineno}: expected a rule or terminal definition, got {line!r}")
-        rest = tokens[1:]
-        if rest and rest[0][1] == "." and len(rest) > 1 and rest[1][0] == "number":
-            rest = rest[2:]  # priority
-        elif "." in name:  # the lexer glued `name.2`
-            name = name.split(".")[0]
-        if not rest or rest[0][1] != ":":
-            raise GrammarError(f"line {lineno}: expected ':' after {name!r} in {line!r}")
-        name = name.lstrip("?!")
-        parser = _Parser(rest[1:], lineno, line)
-        body = parser.expansions()
-        if parser.pos != len(parser.tokens):
-            parser.error(f"unexpected {parser.peek()[1]!r}")
-        target = terminals if name.lstrip("_")[:1].isupper() else rules
-        if name in target:
-            raise GrammarError(f"line {lineno}: {name!r} is defined twice")
-        target[name] = body
+    import lark
+    from lark.load_grammar import GrammarBuilder
 
+    builder = GrammarBuilder()
+    try:
+        builder.load_grammar(text, "<grammar>")
+        builder.validate()
+    except (lark.exceptions.LarkError, OSError) as e:
+        message = " ".join(str(e).split())
+        if isinstance(e, OSError):
+            message = f"cannot %import: {message} (only lark's own grammars, e.g. `%import common.NAME`)"
+        raise GrammarError(message) from None
+    definitions = {str(name): d for name, d in builder._definitions.items()}
+    common = _common_imports(text)
     resolved: dict[str, str] = {}
 
-    def terminal_regex(name: str, trail: tuple) -> str:
-        if name in resolved:
-            return resolved[name]
-        if name in trail:
-            raise GrammarError(f"terminal {name} is recursive ({' -> '.join(trail + (name,))}); use a rule")
-        if name not in terminals:
-            raise GrammarError(f"terminal {name} is not defined (import it with `%import common.{name}`?)")
-        regex = _regex_of(terminals[name], lambda n: terminal_regex(n, trail + (name,)))
-        resolved[name] = regex
-        return regex
+    def terminal_regex(name: str) -> str:
+        if name not in resolved:
+            if name in common:
+                resolved[name] = common[name]
+            else:
+                d = definitions[name]
+                if d.tree is None:
+                    raise GrammarError(f"terminal {name} is only declared (%declare is not supported)")
+                resolved[name] = _regex_of(convert(d.tree, terminal=True))
+        return resolved[name]
 
-    def inline_terminals(node):
-        if isinstance(node, Ref) and node.name.lstrip("_")[:1].isupper():
-            return Terminal(terminal_regex(node.name, ()))
-        if isinstance(node, Ref):
-            if node.name not in rules:
-                raise GrammarError(f"rule {node.name!r} is not defined")
-            return node
-        if isinstance(node, Seq):
-            return Seq(tuple(inline_terminals(i) for i in node.items))
-        if isinstance(node, Alt):
-            return Alt(tuple(inline_terminals(o) for o in node.options))
-        if isinstance(node, Repeat):
-            return Repeat(inline_terminals(node.item), node.low, node.high)
-        return node
+    def convert(tree, terminal: bool = False):
+        from lark import Tree
+        from lark.grammar import NonTerminal
+        from lark.grammar import Terminal as LarkTerminal
 
-    if start not in rules:
-        raise GrammarError(f"the start rule {start!r} is not defined (rules: {sorted(rules)})")
-    rules = {name: inline_terminals(body) for name, body in rules.items()}
-    ignore = []
-    for item in ignore_names:
-        node = inline_terminals(item)
-        if not isinstance(node, Terminal):
-            raise GrammarError("%ignore takes terminals, not rules")
-        ignore.append(node.regex)
+        if isinstance(tree, NonTerminal):
+            if definitions[tree.name].params:
+                raise GrammarError(f"rule {tree.name!r} is a template (templates are not supported)")
+            return Ref(tree.name)
+        if isinstance(tree, LarkTerminal):
+            return Terminal(terminal_regex(tree.name))
+        if not isinstance(tree, Tree):
+            raise GrammarError(f"unexpected item {tree!r}")
+        kind, children = tree.data, tree.children
+        if kind == "expansions":
+            options = tuple(convert(c, terminal) for c in children)
+            return options[0] if len(options) == 1 else Alt(options)
+        if kind == "expansion":
+            items = tuple(convert(c, terminal) for c in children)
+            return items[0] if len(items) == 1 else Seq(items)
+        if kind == "alias":
+            return convert(children[0], terminal)
+        if kind == "value":
+            return convert(children[0], terminal)
+        if kind == "maybe":
+            return Repeat(convert(children[0], terminal), 0, 1)
+        if kind == "expr":
+            item = convert(children[0], terminal)
+            op = children[1]
+            if op == "?":
+                return Repeat(item, 0, 1)
+            if op in ("*", "+"):
+                return Repeat(item, 0 if op == "*" else 1, None)
+            low = int(children[2])
+            high = int(children[3]) if len(children) > 3 else low
+            if high < low:
+                raise GrammarError(f"empty repetition ~ {low}..{high}")
+            return Repeat(item, low, high)
+        if kind == "literal":
+            token = children[0]
+            if token.type == "REGEXP":
+                return Terminal(_regex_value(token))
+            value, insensitive = _string_value(token)
+            return Terminal(f"(?i:{escape(value)})" if insensitive else escape(value))
+        if kind == "range":
+            low, _ = _string_value(children[0])
+            high, _ = _string_value(children[1])
+            return Terminal(f"[{_class_char(low)}-{_class_char(high)}]")
+        if kind == "template_usage":
+            raise GrammarError(f"rule {children[0].name!r} is a template (templates are not supported)")
+        raise GrammarError(f"the grammar construct {kind!r} is not supported")
+
+    rule_names = [n for n, d in definitions.items() if not d.is_term]
+    if start not in rule_names:
+        raise GrammarError(f"the start rule {start!r} is not defined (rules: {sorted(rule_names)})")
+    rules = {}
+    for name in rule_names:
+        if definitions[name].params:
+            continue  # a template: refused where it is used
+        rules[name] = convert(definitions[name].tree)
+    ignore = [terminal_regex(str(n)) for n in builder._ignore_names]
     return GrammarSpec(rules=rules, ignore=ignore, start=start)
 
 
-def _regex_of(node, terminal_regex) -> str:
+def _regex_of(node) -> str:
     """The regex of a terminal's expression (terminals only refer to terminals)."""
     if isinstance(node, Terminal):
         return node.regex
     if isinstance(node, Ref):
-        if not node.name.lstrip("_")[:1].isupper():
-            raise GrammarError(f"a terminal cannot refer to the rule {node.name!r}")
-        return f"(?:{terminal_regex(node.name)})"
+        raise GrammarError(f"a terminal cannot refer to the rule {node.name!r}")
     if isinstance(node, Seq):
-        return "".join(f"(?:{_regex_of(i, terminal_regex)})" for i in node.items)
+        return "".join(f"(?:{_regex_of(i)})" for i in node.items)
     if isinstance(node, Alt):
-        return "(?:" + "|".join(_regex_of(o, terminal_regex) for o in node.options) + ")"
+        return "(?:" + "|".join(_regex_of(o) for o in node.options) + ")"
     if isinstance(node, Repeat):
-        inner = f"(?:{_regex_of(node.item, terminal_regex)})"
+        inner = f"(?:{_regex_of(node.item)})"
         if node.high is None:
             return inner + ("*" if node.low == 0 else "+" if node.low == 1 else f"{{{node.low},}}")
         return inner + ("?" if (node.low, node.high) == (0, 1) else f"{{{node.low},{node.high}}}")
     raise TypeError(node)
 
 
-def _import(tokens, terminals: dict, lineno: int, line: str) -> None:
-    names = [t[1] for t in tokens if t[0] == "name"]
-    if not names or not names[0].startswith("common"):
-        raise GrammarError(f"line {lineno}: only `%import common.NAME` is supported, got {line!r}")
-    if names[0] == "common":  # %import common (A, B)
-        imported = [(n, n) for n in names[1:]]
-    else:
-        target = names[0].split(".", 1)[1]
-        alias = names[1] if len(names) > 1 and any(t[0] == "arrow" for t in tokens) else target
-        imported = [(target, alias)]
-    for target, alias in imported:
-        if target not in COMMON_TERMINALS:
-            raise GrammarError(
-                f"line {lineno}: common.{target} is not available; available: {sorted(COMMON_TERMINALS)}"
-            )
-        terminals[alias] = Terminal(COMMON_TERMINALS[target])
+# --------------------------------------------------------------------------- GBNF
+
+
+_BRACES = re.compile(r"\{\s*(\d+)\s*(?:(,)\s*(\d*)\s*)?\}")
+
+
+def _item_start(text: str, end: int) -> int:
+    """Where the grammar item that ends just before `end` starts (a group, string, regex or name)."""
+    i = end - 1
+    closer = text[i]
+    if closer in ")]":
+        opener, depth = "(" if closer == ")" else "[", 0
+        while i >= 0:
+            if text[i] == closer:
+                depth += 1
+            elif text[i] == opener:
+                depth -= 1
+                if depth == 0:
+                    return i
+            i -= 1
+    if closer in "\"/":
+        i -= 1
+        while i >= 0 and not (text[i] == closer and text[i - 1] != "\\"):
+            i -= 1
+        return i
+    while i >= 0 and (text[i].isalnum() or text[i] == "_"):
+        i -= 1
+    return i + 1
+
+
+def _plain_lark(text: str) -> str:
+    """llguidance's Lark dialect -> lark's: no `%llguidance` header, `x{m,n}` -> `x ~ m..n`."""
+    out, i, n = [], 0, len(text)
+    while i < n:
+        ch = text[i]
+        if text.startswith("%llguidance", i) and (i == 0 or text[i - 1] == "\n"):
+            i = text.find("\n", i)
+            i = n if i < 0 else i
+            continue
+        if text.startswith("//", i):  # a comment, to the end of the line
+            j = text.find("\n", i)
+            j = n if j < 0 else j
+            out.append(text[i:j])
+            i = j
+            continue
+        if ch in "\"/":  # a string or regex literal, copied as is
+            j = i + 1
+            while j < n and text[j] != ch:
+                j += 2 if text[j] == "\\" else 1
+            j += 1
+            while j < n and text[j] in "imsux" and ch == "/" or (ch == '"' and j < n and text[j] == "i"):
+                j += 1
+            out.append(text[i:j])
+            i = j
+            continue
+        m = _BRACES.match(text, i) if ch == "{" else None
+        if m:
+            low, comma, high = int(m.group(1)), m.group(2), m.group(3)
+            if not comma:
+                out.append(f" ~ {low}")
+            elif high:
+                out.append(f" ~ {low}..{high}")
+            else:  # x{m,}: x ~ m followed by x*
+                joined = "".join(out)
+                item = joined[_item_start(joined, len(joined)) :]
+                out.append(f" ~ {low} {item}*" if low else "*")
+                if not low:
+                    out[-1] = "*"
+            i = m.end()
+            continue
+        out.append(ch)
+        i += 1
+    return "".join(out)
+
+
+def gbnf_to_lark(text: str) -> str:
+    """Convert a llama.cpp GBNF grammar into lark's grammar syntax.
+
+    The conversion is llguidance's (`llguidance.gbnf_to_lark`, start rule `root` -> `start`,
+    character classes -> regexes, terminal-only rules -> terminals); its `%llguidance` header
+    and `{m,n}` repetitions are then rewritten into plain Lark.
+
+    **Raises:** `GrammarError` with llguidance's message (it names the line) for bad GBNF.
+    """
+    if not isinstance(text, str):
+        raise TypeError(f"a GBNF grammar must be a str, got {type(text).__name__}")
+    from llguidance.gbnf_to_lark import GbnfToLarkError
+    from llguidance.gbnf_to_lark import gbnf_to_lark as convert
+
+    try:
+        converted = convert(text)
+    except (GbnfToLarkError, ValueError, KeyError, IndexError) as e:
+        raise GrammarError(f"not a valid GBNF grammar: {e}") from None
+    return _plain_lark(converted)

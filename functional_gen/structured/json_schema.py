@@ -24,11 +24,13 @@ Keywords: unknown keywords are annotations and are ignored (JSON Schema 2020-12 
 as every validator does: `id`, `_format`, `javaName`, ...), and so is a `format` that JSON
 Schema does not define (`"int64"`, `"password"`). Known assertions that no regular constraint
 can enforce raise `UnsupportedSchemaError` naming the keyword and where it is, before anything
-is compiled: `not`, `if`/`then`/`else`, `dependentRequired`, `dependentSchemas`,
+is compiled: `not`, `if`/`then`/`else`, `dependentSchemas`,
 `dependencies`, `contains`, `multipleOf`, `uniqueItems: true` (for more than one item),
 `unevaluated*`, overlapping `oneOf` branches, non-integer numeric bounds, the JSON Schema
 formats we lack (`idn-email`, `iri`, ...), `additionalProperties` next to `patternProperties`,
-and remote `$ref`s. With `strict=False` they are dropped instead (the output may then violate
+more than three `dependentRequired` entries in one object (each doubles the alternatives; up to
+three become an `anyOf`: the property absent, or it and its dependencies present), and remote
+`$ref`s. With `strict=False` they are dropped instead (the output may then violate
 them), with one warning that lists them all, like llguidance's lenient mode.
 
 Where we follow llguidance (`docs/json_schema.md`): properties come in the order of
@@ -49,13 +51,17 @@ import uuid
 import warnings
 from collections.abc import Mapping, Sequence
 
-from .automaton import ConstraintError
-from .byte_dfa import regex_automaton
+import numpy as np
+
+from .automaton import ConstraintError, cache_key
+from .byte_dfa import REJECT, ByteDFA, minimize, regex_automaton, regex_byte_dfa
 from .formats import FORMATS, SPEC_FORMATS
+from .grammar_syntax import Alt, GrammarSpec, Ref, Repeat, Seq, Terminal
 from .patterns import bounded_length, json_string_pattern
+from .pda import DEFAULT_STACK_DEPTH, NotDeterministic, PushdownAutomaton, build_pushdown
 from .processor import AbstractConstraint, rows_of
 from .ranges import integer_range_regex, number_range_regex
-from .vocabulary import vocabulary_from_tokenizer
+from .vocabulary import TokenVocabulary, vocabulary_from_tokenizer
 
 DEFAULT_MAX_RECURSION_DEPTH = 3
 """How many times a recursive `$ref` is unrolled (outlines-core's default)."""
@@ -70,7 +76,6 @@ _UNSUPPORTED = {
     "if": "conditional schemas are not supported",
     "then": "conditional schemas are not supported",
     "else": "conditional schemas are not supported",
-    "dependentRequired": "property dependencies are not supported",
     "dependentSchemas": "property dependencies are not supported",
     "dependencies": "property dependencies are not supported",
     "unevaluatedProperties": "unevaluated* keywords are not supported",
@@ -89,7 +94,7 @@ _KNOWN = {
     "additionalProperties", "items", "prefixItems", "minItems", "maxItems", "uniqueItems",
     "minLength", "maxLength", "pattern", "format", "minimum", "maximum", "exclusiveMinimum",
     "exclusiveMaximum", "minProperties", "maxProperties", "additionalItems", "patternProperties",
-    "propertyNames",
+    "propertyNames", "dependentRequired",
 }
 """Keywords that are enforced. Every other keyword that is not in `_UNSUPPORTED` is an
 annotation (JSON Schema 2020-12 core §4.3.1: unknown keywords are ignored) and is dropped."""
@@ -195,6 +200,8 @@ class _Never:
 NEVER = _Never()
 
 _DEFAULT_WHITESPACE = "[ ]?"
+_MAX_DEPENDENCIES = 3
+"""Most `dependentRequired` entries one object may have (2^k alternatives)."""
 """outlines-core's default whitespace between JSON tokens: none or one space."""
 _MAX_OBJECT_REGEX = 2_000_000
 """Longest regex an object may become (about 100 optional properties): beyond, compiling it
@@ -211,6 +218,10 @@ additional property) may nest arrays and objects: 1 allows `[1, "a"]` and `{"a":
 values). Each level multiplies the automaton's compile time by about 40 (depth 2: about 2 s,
 depth 3: over a minute, through outlines-core's byte DFA); unbounded nesting needs the pushdown
 automaton."""
+FREE_VALUE_CALL = "\x01"
+"""Stands for a free-form value in a schema's regex on the pushdown path: a control character,
+which JSON text never holds raw (strings escape it; whitespace is space, tab, CR, LF)."""
+_CALL = object()  # json_schema_regex(free_form_depth=_CALL): free-form values as FREE_VALUE_CALL
 _STRING = r'"(?:[^"\\\x00-\x1F\x7F-\x9F]|\\["\\/bfnrt])*"'
 _NUMBER = r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?"
 
@@ -520,7 +531,13 @@ class _Rewriter:
         self.dropped.append(f"`{keyword}` at {path} ({reason})")
 
     def any_value(self) -> dict:
-        """Any JSON value, nested at most `free_form_depth` levels (a marker of `free_value`)."""
+        """Any JSON value, nested at most `free_form_depth` levels (a marker of `free_value`),
+        or, with `free_form_depth=None`, the character `FREE_VALUE_CALL` that the pushdown
+        automaton turns into a call of its recursive JSON value rule."""
+        if self.free_form_depth is None:
+            from .regex import escape
+
+            return self.marker(escape(FREE_VALUE_CALL))
         return self.marker(free_value(self.free_form_depth, self.ws))
 
     def regex_of(self, schema) -> str:
@@ -555,7 +572,35 @@ class _Rewriter:
                 self.refuse(key, path, _UNSUPPORTED[key])
             if key not in _KNOWN:  # an annotation or an unknown keyword: asserts nothing
                 del node[key]
+        if "dependentRequired" in node:
+            return self.node(self.dependent_required(node, path), path)
         return self.structural(node, path)
+
+    def dependent_required(self, node: dict, path: str) -> dict:
+        """`dependentRequired` as an `anyOf` of objects: for each dependency `name: [needed]`,
+        either `name` is absent (its schema `false`) or it and `needed` are required. Regular:
+        at most `_MAX_DEPENDENCIES` dependencies (2^k branches)."""
+        dependencies = node.pop("dependentRequired")
+        if not isinstance(dependencies, Mapping) or not all(
+            isinstance(v, list) and all(isinstance(n, str) for n in v) for v in dependencies.values()
+        ):
+            raise UnsupportedSchemaError("dependentRequired", path,
+                                         f"must map property names to lists of names, got {dependencies!r}")
+        dependencies = {k: v for k, v in dependencies.items() if v}
+        if len(dependencies) > _MAX_DEPENDENCIES:
+            self.refuse("dependentRequired", path, f"{len(dependencies)} dependencies (at most "
+                        f"{_MAX_DEPENDENCIES}: each doubles the alternatives)")
+            return node
+        branches = [node]
+        for name, needed in dependencies.items():
+            expanded = []
+            for branch in branches:
+                required = list(branch.get("required", []))
+                if name not in required:  # `name` absent
+                    expanded.append({**branch, "properties": {**branch.get("properties", {}), name: False}})
+                expanded.append({**branch, "required": list(dict.fromkeys([*required, name, *needed]))})
+            branches = expanded
+        return branches[0] if len(branches) == 1 else {"anyOf": branches}
 
     def structural(self, node: dict, path: str):
         if "allOf" in node:
@@ -1016,8 +1061,12 @@ def json_schema_regex(
     schema = schema_as_dict(schema)
     check_schema(schema)
     root = inline_references(schema, max_recursion_depth)
-    if isinstance(free_form_depth, bool) or not isinstance(free_form_depth, int) or free_form_depth < 0:
+    if free_form_depth is not _CALL and (
+        isinstance(free_form_depth, bool) or not isinstance(free_form_depth, int) or free_form_depth < 0
+    ):
         raise ValueError(f"`free_form_depth` must be an integer >= 0, got {free_form_depth!r}")
+    if free_form_depth is _CALL:
+        free_form_depth = None
     rewriter = _Rewriter(root, strict=strict, closed_objects=closed_objects, whitespace_pattern=whitespace_pattern,
                          max_recursion_depth=max_recursion_depth, free_form_depth=free_form_depth)
     normalized = rewriter.node(root, "#")
@@ -1059,6 +1108,82 @@ def json_schema_automaton(schema, vocabulary, *, cache: bool = True, **options):
     return regex_automaton(regex, vocabulary, cache=cache, description=f"json schema {_describe(schema)}")
 
 
+def _free_value_grammar(ws: str) -> GrammarSpec:
+    """Any JSON value with `ws` between tokens, as a grammar whose rule `value` recurses."""
+    space, string, number = Terminal(ws), Terminal(_STRING), Terminal(_NUMBER)
+    member = Seq((string, space, Terminal(":"), space, Ref("value")))
+
+    def listing(opener: str, item, closer: str):
+        more = Repeat(Seq((space, Terminal(","), space, item)), 0, None)
+        return Seq((Terminal(opener), space, Repeat(Seq((item, more)), 0, 1), space, Terminal(closer)))
+
+    value = Alt((listing(r"\{", member, r"\}"), listing(r"\[", Ref("value"), r"\]"), string, number,
+                 Terminal("true"), Terminal("false"), Terminal("null")))
+    return GrammarSpec(rules={"start": Ref("value"), "value": value}, ignore=[], start="start")
+
+
+def _call_edges(regex: str) -> tuple[ByteDFA, np.ndarray]:
+    """The minimal byte DFA of a schema regex whose free-form values are `FREE_VALUE_CALL`, with
+    each path over that character's bytes replaced by a call edge: `(dfa, call)`, `call[q]` the
+    state after a value read from `q` (`REJECT`: none). JSON text never holds the raw control
+    character, so every edge on it is a value."""
+    dfa = minimize(regex_byte_dfa(regex))
+    byte = FREE_VALUE_CALL.encode("utf-8")[0]
+    call = dfa.delta[:, byte].copy()
+    delta = dfa.delta.copy()
+    delta[:, byte] = REJECT
+    joined = minimize(ByteDFA(np.concatenate([delta, call[:, None]], axis=1), dfa.accepting, dfa.initial))
+    return ByteDFA(joined.delta[:, :256], joined.accepting, joined.initial), joined.delta[:, 256]
+
+
+def json_schema_pushdown(
+    schema,
+    vocabulary: TokenVocabulary,
+    *,
+    stack_depth: int = DEFAULT_STACK_DEPTH,
+    whitespace_pattern: str | None = None,
+    **options,
+) -> PushdownAutomaton | None:
+    """The `PushdownAutomaton` of a JSON Schema whose free-form values (`{}`, `true`, the values
+    of open objects' additional properties, arrays without `items`) nest as deep as the stack
+    allows: the schema's regex is built as by `json_schema_regex`, each free-form value written
+    as one `FREE_VALUE_CALL` character; the regex's byte DFA, with those characters turned into
+    calls, is the bottom frame of a pushdown automaton whose recursive rule is any JSON value.
+    Memoised in this process.
+
+    **Arguments:** `schema`, `vocabulary`; `stack_depth`: stack slots (nesting depth of the
+    free-form values); `whitespace_pattern` and `options`: as for `json_schema_regex`
+    (`free_form_depth` excluded).
+
+    **Returns:** the automaton, or `None` when the schema has no free-form value (the token
+    automaton of `json_schema_automaton` is then exact and smaller).
+
+    **Raises:** as `json_schema_regex`; `NotDeterministic` when a position can start both a
+    free-form value and other text (e.g. `anyOf` of a string and `{}`).
+    """
+    regex = json_schema_regex(schema, whitespace_pattern=whitespace_pattern, free_form_depth=_CALL, **options)
+    from .regex import escape
+
+    if escape(FREE_VALUE_CALL) not in regex:
+        return None
+    key = cache_key("json-pda", f"{stack_depth}\0{regex}", vocabulary)
+    if key in _PUSHDOWN_CACHE:
+        return _PUSHDOWN_CACHE[key]
+    dfa, call = _call_edges(regex)
+    ws = _DEFAULT_WHITESPACE if whitespace_pattern is None else f"(?:{whitespace_pattern})"
+    automaton = build_pushdown(
+        _free_value_grammar(ws), vocabulary, stack_depth=stack_depth, top=(dfa, call, "value"),
+        description=f"json schema {_describe(schema)} (pushdown)",
+    )
+    if len(_PUSHDOWN_CACHE) >= 16:
+        _PUSHDOWN_CACHE.pop(next(iter(_PUSHDOWN_CACHE)))
+    _PUSHDOWN_CACHE[key] = automaton
+    return automaton
+
+
+_PUSHDOWN_CACHE: dict = {}
+
+
 class JsonSchema(AbstractConstraint):
     """Constrain the generated text to be a JSON document valid under a JSON Schema.
 
@@ -1090,6 +1215,12 @@ class JsonSchema(AbstractConstraint):
     - `whitespace_pattern`: regex of the whitespace allowed between JSON tokens (default
       `[ ]?`). Pass `""` for compact JSON.
     - `max_recursion_depth`: unrolling depth of recursive references (default 3).
+    - `free_form_depth`: how deep free-form values (`{}`, additional properties of open
+      objects, arrays without `items`) nest (default 1, in the token automaton). `None`: as
+      deep as the stack of a pushdown automaton allows (`json_schema_pushdown`), when the schema
+      has such values and one can be built (otherwise depth 1, with a warning). The pushdown
+      form does not look at `max_new_tokens`: a row may end with `"length"` inside a value.
+    - `stack_depth`: stack slots of the pushdown automaton (default 32).
 
     **Raises:** `UnsupportedSchemaError` (a `ValueError`) naming the keyword and its location
     (e.g. `not`, `uniqueItems`, `multipleOf`, an unknown `format`) before any compilation;
@@ -1109,12 +1240,28 @@ class JsonSchema(AbstractConstraint):
         max_recursion_depth: int = DEFAULT_MAX_RECURSION_DEPTH,
         strict: bool = True,
         closed_objects: bool = False,
-        free_form_depth: int = DEFAULT_FREE_FORM_DEPTH,
+        free_form_depth: int | None = DEFAULT_FREE_FORM_DEPTH,
+        stack_depth: int = DEFAULT_STACK_DEPTH,
     ):
         def is_single(s):
             return isinstance(s, (Mapping, str, bool)) or (isinstance(s, type) and hasattr(s, "model_json_schema"))
 
         schemas, ids = rows_of(schema, is_single, "schema", "a JSON Schema (a dict, JSON text or a pydantic model class)")
+        if free_form_depth is None:
+            options = {"whitespace_pattern": whitespace_pattern, "max_recursion_depth": max_recursion_depth,
+                       "strict": strict, "closed_objects": closed_objects}
+            free_form_depth = DEFAULT_FREE_FORM_DEPTH  # for the token automaton, if one is needed
+            if len(schemas) == 1:
+                vocabulary = vocabulary_from_tokenizer(tokenizer, eos_token_id=eos_token_id, vocab_size=vocab_size)
+                try:
+                    automaton = json_schema_pushdown(schemas[0], vocabulary, stack_depth=stack_depth, **options)
+                except NotDeterministic as e:
+                    warnings.warn(f"JSON Schema: no pushdown automaton ({e}); free-form values nest at most "
+                                  f"{DEFAULT_FREE_FORM_DEPTH} level(s)", UserWarning, stacklevel=2)
+                    automaton = None
+                if automaton is not None:
+                    self._set_pushdown(automaton, ids)
+                    return
         regexes = [
             json_schema_regex(s, whitespace_pattern=whitespace_pattern, max_recursion_depth=max_recursion_depth,
                               strict=strict, closed_objects=closed_objects, free_form_depth=free_form_depth)

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from .choice import Choice
-from .grammar import DEFAULT_MAX_DEPTH, Grammar
+from .grammar import Grammar
 from .json_schema import JsonSchema
 from .processor import AbstractConstraint
 from .regex import Regex
@@ -36,10 +36,12 @@ def constraint_from_options(
     json_schema: str | None = None,
     choice: Sequence[str] | None = None,
     grammar: str | os.PathLike | None = None,
-    max_depth: int = DEFAULT_MAX_DEPTH,
+    gbnf: str | None = None,
+    max_depth: int | None = None,
     eos_token_id: int | Sequence[int] | None = None,
 ) -> AbstractConstraint | None:
-    """The processor for the CLI flags `--regex`, `--json-schema`, `--choice`, `--grammar`.
+    """The processor for the CLI flags `--regex`, `--json-schema`, `--choice`, `--grammar`,
+    `--lark-grammar`.
 
     **Arguments:**
 
@@ -48,8 +50,11 @@ def constraint_from_options(
     - `json_schema`: `--json-schema FILE_OR_JSON`, a path to a JSON Schema file or the schema as
       JSON text.
     - `choice`: `--choice A B C`, the output is exactly one of them.
-    - `grammar`: `--grammar FILE`, a Lark grammar file.
-    - `max_depth`: nesting bound for `grammar`.
+    - `grammar`: `--lark-grammar FILE`, a Lark grammar file.
+    - `gbnf`: `--grammar GBNF_OR_FILE`, a GBNF grammar (llama.cpp's format): its text, or a path
+      to a file.
+    - `max_depth`: nesting bound for `grammar` (forces the bounded-depth DFA; default: automatic,
+      see `Grammar`).
     - `eos_token_id`: the model's end-of-generation ids (default: the tokenizer's, see `Regex`).
 
     **Returns:** the processor (`Regex`, `JsonSchema`, `Choice` or `Grammar`), or `None` when no
@@ -61,11 +66,14 @@ def constraint_from_options(
     """
     given = {
         name: value
-        for name, value in (("--regex", regex), ("--json-schema", json_schema), ("--choice", choice), ("--grammar", grammar))
+        for name, value in (("--regex", regex), ("--json-schema", json_schema), ("--choice", choice),
+                            ("--lark-grammar", grammar), ("--grammar", gbnf))
         if value is not None
     }
     if len(given) > 1:
-        raise ValueError(f"give at most one of --regex, --json-schema, --choice, --grammar; got {sorted(given)}")
+        raise ValueError(
+            f"give at most one of --regex, --json-schema, --choice, --grammar, --lark-grammar; got {sorted(given)}"
+        )
     kwargs = {"eos_token_id": eos_token_id}
     if regex is not None:
         return Regex(regex, tokenizer, **kwargs)
@@ -76,6 +84,11 @@ def constraint_from_options(
     if grammar is not None:
         path = Path(os.path.expanduser(os.fspath(grammar)))
         if not path.is_file():
-            raise ValueError(f"--grammar: {os.fspath(grammar)!r} is not an existing file")
+            raise ValueError(f"--lark-grammar: {os.fspath(grammar)!r} is not an existing file")
         return Grammar(path, tokenizer, max_depth=max_depth, **kwargs)
+    if gbnf is not None:
+        path = Path(os.path.expanduser(gbnf)) if "::=" not in gbnf else None
+        if path is not None and not path.is_file():
+            raise ValueError(f"--grammar: {gbnf!r} is neither GBNF text (rules `name ::= ...`) nor an existing file")
+        return Grammar.from_gbnf(path if path is not None else gbnf, tokenizer, max_depth=max_depth, **kwargs)
     return None

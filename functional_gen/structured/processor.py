@@ -112,8 +112,10 @@ class AbstractConstraint(AbstractLogitsProcessor):
     initial_state: Int[Array, " constraints"]
     constraint_id: Int[Array, "*rows"] = per_row_field()
     eos_token_id: tuple[int, ...] = eqx.field(static=True)
+    pushdown: "PushdownConstraint | None" = None  # noqa: F821 (structured.pda imports this module)
 
     def _set_automata(self, automata: Sequence[TokenAutomaton], constraint_id) -> None:
+        self.pushdown = None
         token_class, transitions, distance, initial, eos = _concatenate(automata)
         self.token_class = jnp.asarray(token_class)
         self.transitions = jnp.asarray(transitions)
@@ -122,13 +124,32 @@ class AbstractConstraint(AbstractLogitsProcessor):
         self.constraint_id = jnp.asarray(constraint_id, jnp.int32)
         self.eos_token_id = tuple(eos)
 
+    def _set_pushdown(self, automaton, constraint_id) -> None:
+        """Run a `PushdownAutomaton` instead of token automata (`structured.pda`); the token
+        automaton fields then hold one constraint that allows nothing and are not used."""
+        from .pda import PushdownConstraint
+
+        self.pushdown = PushdownConstraint(automaton, constraint_id)
+        self.token_class = jnp.zeros((1, 1), jnp.int32)
+        self.transitions = jnp.zeros((2, 1), jnp.int32)
+        self.distance = jnp.zeros(2, jnp.int32)
+        self.initial_state = jnp.ones(1, jnp.int32)
+        self.constraint_id = jnp.asarray(constraint_id, jnp.int32)
+        self.eos_token_id = tuple(automaton.eos_token_id)
+
     @property
     def num_constraints(self) -> int:
-        """How many constraints the tables hold (not counting the padding)."""
+        """How many constraints the tables hold (not counting the padding; 1 for a pushdown
+        automaton)."""
+        if self.pushdown is not None:
+            return 1
         return int(np.count_nonzero(np.asarray(self.token_class).max(axis=1)))
 
-    def init(self, context: Context) -> Int[Array, ""]:
-        """The initial automaton state of the row's constraint (an int32 scalar per row)."""
+    def init(self, context: Context):
+        """The initial automaton state of the row's constraint (an int32 scalar per row), or
+        the pushdown automaton's `(position, stack, stack_pointer)`."""
+        if self.pushdown is not None:
+            return self.pushdown.init(context)
         return self.initial_state[jnp.maximum(self.constraint_id, 0)].astype(jnp.int32)
 
     def process(
@@ -139,6 +160,8 @@ class AbstractConstraint(AbstractLogitsProcessor):
 
         **Returns:** `(state, logits)`, the state an int32 scalar like the one given.
         """
+        if self.pushdown is not None:
+            return self.pushdown.process(state, logits, context)
         token_class = self.token_class[jnp.maximum(self.constraint_id, 0)]  # [vocab of the tables]
 
         advanced = self.transitions[state, token_class[context.last_token_id]]
@@ -215,6 +238,12 @@ def per_row(constraints: Sequence[AbstractConstraint | None]) -> TokenConstraint
             continue
         if not isinstance(c, AbstractConstraint):
             raise TypeError(f"row {row}: expected a constraint processor or None, got {type(c).__name__}")
+        if getattr(c, "pushdown", None) is not None:
+            raise ValueError(
+                f"row {row}: a {type(c).__name__} compiled as a pushdown automaton cannot share tables with "
+                "other constraints; build it as a token automaton (Grammar: max_depth=...; JsonSchema: an "
+                "integer free_form_depth) to use it in `per_row`"
+            )
         if c.num_constraints != 1 or np.ndim(c.constraint_id) != 0:
             raise ValueError(f"row {row}: {type(c).__name__} holds several constraints; give one per row")
         if id(c) not in index:

@@ -482,3 +482,54 @@ GRAMMARS = {
     "json": ("Write a JSON object about a cat", JSON_GRAMMAR, 3),
     "sexpr": ("Write a Lisp expression", SEXPR, 3),
 }
+
+SQL = r"""
+start: select
+select: "SELECT " columns " FROM " NAME [" WHERE " condition]
+columns: "*" | NAME (", " NAME)*
+condition: comparison ((" AND " | " OR ") comparison)*
+comparison: NAME OP value | "(" condition ")" | "NOT " comparison
+OP: "=" | "<" | ">"
+value: NUMBER | STRING | "(" select ")"
+NAME: /[a-z_]+/
+NUMBER: /[0-9]+/
+STRING: /'[^']*'/
+"""
+
+LISP = r"""
+start: sexpr
+sexpr: atom | list | "'" sexpr
+list: "(" [sexpr (" " sexpr)*] ")"
+atom: SYMBOL | NUMBER
+SYMBOL: /[a-z+*\/<>=-][a-z0-9+*\/<>=-]*/
+NUMBER: /[0-9]+/
+"""
+
+FUNCTION_CALLS = r"""
+start: call
+call: NAME "(" [arg ("," " "? arg)*] ")"
+?arg: call | NAME | NAME "=" arg | NUMBER | STRING | "[" [arg ("," " "? arg)*] "]"
+NAME: /[a-z_][a-z0-9_]*/
+NUMBER: /-?[0-9]+/
+STRING: /"[^"]*"/
+"""
+
+SPACED_FUNCTION_CALLS = r"""
+start: call
+call: NAME "(" [arg ("," arg)*] ")"
+?arg: call | NAME | NUMBER | "[" [arg ("," arg)*] "]"
+NAME: /[a-z_][a-z0-9_]*/
+NUMBER: /-?[0-9]+/
+%ignore " "
+"""
+"""Not deterministic byte by byte: after `f (x ` the space may precede `(` (a call `x (...)`)
+or `)` (the end of `f`'s arguments)."""
+
+PUSHDOWN_GRAMMARS = {
+    "json": JSON_GRAMMAR,
+    "arithmetic": ARITHMETIC,
+    "sql": SQL,
+    "lisp": LISP,
+    "function_calls": FUNCTION_CALLS,
+}
+"""Five recursive grammars the pushdown automaton runs (compared with lark's parser)."""

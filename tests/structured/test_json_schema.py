@@ -43,7 +43,7 @@ def test_random_documents_validate(vocabulary, name):
         ({"type": "string", "pattern": "(?=a)"}, "pattern"),
         ({"$ref": "https://example.com/schema.json"}, "$ref"),
         ({"type": "array", "contains": {"const": 1}}, "contains"),
-        ({"type": "object", "dependentRequired": {"a": ["b"]}}, "dependentRequired"),
+        ({"type": "object", "dependentRequired": {k: ["z"] for k in "abcd"}}, "dependentRequired"),  # > 3
         ({"$defs": {"n": {"type": "object", "properties": {"n": {"$ref": "#/$defs/n"}}, "required": ["n"]}},
           "$ref": "#/$defs/n"}, "$ref"),
     ],
@@ -224,6 +224,29 @@ def test_unsatisfiable_object_is_refused():
     with pytest.raises(ValueError, match="no JSON value"):
         json_schema_regex({"type": "object", "properties": {"a": {"type": "integer"}}, "minProperties": 2,
                            "additionalProperties": False})
+
+
+def test_dependent_required_matches_jsonschema():
+    # Every subset of {a, b, c, d} (listed order), compact: accepted iff jsonschema validates it.
+    import itertools
+    import re
+
+    import jsonschema
+
+    schema = {"type": "object",
+              "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}, "c": {"type": "integer"}},
+              "dependentRequired": {"a": ["b"], "c": ["a", "d"]}}
+    for closed in (False, True):
+        regex = re.compile(json_schema_regex(schema, closed_objects=closed))
+        validator = jsonschema.Draft202012Validator({**schema, **({"additionalProperties": False} if closed else {})})
+        accepted = 0
+        for n in range(5):
+            for keys in itertools.combinations("abcd", n):
+                doc = {k: 1 for k in keys}
+                text = json.dumps(doc, separators=(",", ":"))
+                assert bool(regex.fullmatch(text)) == validator.is_valid(doc), (closed, text)
+                accepted += validator.is_valid(doc)
+        assert accepted >= 3
 
 
 def test_free_form_values_nest_free_form_depth_levels():

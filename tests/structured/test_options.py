@@ -25,6 +25,14 @@ def test_each_option_gives_its_processor(tokenizer, tmp_path):
     grammar = tmp_path / "calc.lark"
     grammar.write_text(ARITHMETIC)
     assert isinstance(constraint_from_options(tokenizer, grammar=str(grammar), max_depth=2), fg.processors.Grammar)
+    # --grammar takes GBNF (llama.cpp's format), as text or as a file
+    gbnf = 'root ::= "(" [a-z]+ ("," [a-z]+)* ")"'
+    from_gbnf = constraint_from_options(tokenizer, gbnf=gbnf)
+    path = tmp_path / "list.gbnf"
+    path.write_text(gbnf)
+    from_gbnf_file = constraint_from_options(tokenizer, gbnf=str(path))
+    assert isinstance(from_gbnf, fg.processors.Grammar) and from_gbnf.pushdown is None  # not recursive: a DFA
+    np.testing.assert_array_equal(np.asarray(from_gbnf.transitions), np.asarray(from_gbnf_file.transitions))
 
 
 def test_option_errors(tokenizer, tmp_path):
@@ -36,5 +44,7 @@ def test_option_errors(tokenizer, tmp_path):
         constraint_from_options(tokenizer, json_schema="{oops")
     with pytest.raises(ValueError, match="not an existing file"):
         constraint_from_options(tokenizer, grammar=str(tmp_path / "missing.lark"))
+    with pytest.raises(ValueError, match="neither GBNF text"):
+        constraint_from_options(tokenizer, gbnf=str(tmp_path / "missing.gbnf"))
     with pytest.raises(UnsupportedSchemaError, match="`not`"):
         constraint_from_options(tokenizer, json_schema='{"not": {}}')

@@ -1,0 +1,803 @@
+"""`PushdownAutomaton`: a context-free grammar run on the device with a bounded stack.
+
+The bounded-depth DFA of `functional_gen.structured.grammar` unrolls recursion, and its states
+double with every level of JSON nesting. Here the grammar keeps its recursion: it becomes a
+*recursive transition network*, one minimal automaton per recursive rule, whose "call" edges
+push a return position on a stack. Each row's state is `(position, stack, stack_pointer)`:
+int32 scalars and an `int32[stack_depth]` array, so the depth costs memory, not states.
+
+**Compilation (host, numpy).**
+
+1. The rules that break every cycle of the rule graph are cut (`grammar.cut_rules`: `value` for
+   JSON); every other reference is inlined. The start rule and each cut rule become minimal
+   automata over byte classes and call symbols (`grammar._Builder`). Their states, numbered in
+   one space, are the *positions* (position 0 is dead).
+2. Each (position, byte) gets ONE action: read the byte in the current rule (`next > 0`),
+   possibly after calls into rules that start with it (the return positions to push, at most
+   `pushes` of them, in `push`); or return (`next == POP`) when the rule may end here and cannot
+   read the byte, so the byte is retried at the position popped from the stack; or reject. A
+   grammar in which one byte could be read in two ways (the byte itself and a call, two calls,
+   a rule that matches the empty string, left recursion) is refused with `NotDeterministic`
+   (`Grammar` then falls back to the bounded-depth DFA). Returning only when the rule cannot
+   continue is the longest-match rule of lexers; so that it never hides a text, a rule that may
+   end before a byte and also read that byte itself, where one of its return positions reads it
+   too, is refused as well (a one-byte lookahead cannot tell). A call whose return position
+   can only end the rule is a tail call and pushes nothing. (JSON Schemas use a byte DFA with
+   call edges to a JSON value rule as the bottom frame instead of a start rule: `top`.)
+3. Token masks. A token either reads its bytes inside the rules it enters (whatever is below on
+   the stack), or returns from the current rule and then depends on the return positions on the
+   stack. We walk every token from every position along the vocabulary's byte trie (as
+   `byte_dfa.lift` does). Positions from which no token returns are walked once; the others once
+   per *slot*, the return position on top of the stack (slot 0: the stack is empty), since the
+   first return goes there. A further return below branches over every return position its
+   rule has in the grammar (a superset of what the stack can hold). A token accepted on every
+   branch is *context-independent*: it goes into a packed bitmask per (position, slot, free
+   stack slots it needs), so a nearly full stack drops the tokens that would overflow it. A
+   token accepted on some branches only is a *candidate*: the padded list
+   `candidates[position, slot]` (at most `K` of them; 3-10 for the test grammars) is checked on
+   the device. Tokens rejected on every branch are never allowed. (Cf. XGrammar's
+   context-independent and context-dependent tokens, Dong et al. 2024, arXiv 2411.15100.)
+
+**On the device, per step and row** (`PushdownConstraint.process`):
+
+1. advance on the previous token: its bytes one by one (`token_bytes`, a `while_loop` over its
+   length), each byte popping while the position says `POP`, then reading or pushing;
+2. mask: the bitmask row `masks[mask_row[position, slot, min(room, levels - 1)]]` unpacked over
+   the vocabulary (`slot` from the top of the stack, `room` the free stack slots), plus the `K`
+   candidates walked from the row's real stack (vectorised, a
+   fixed-length loop over their bytes); a token that would push beyond `stack_depth` is not
+   allowed; the end-of-generation ids are allowed when the position and every return position
+   on the stack may end;
+3. every other logit becomes `-inf`; a row left with nothing ends with `"constraint"`.
+
+Unlike the DFA processors, the mask does not look at the remaining `max_new_tokens`: a row
+that runs out of budget inside an open bracket ends with `"length"`.
+"""
+
+import dataclasses
+from collections.abc import Sequence
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Bool, Float, Int, UInt8, UInt32
+
+from ..processors.base import AbstractLogitsProcessor, Context, per_row_field
+from .byte_dfa import REJECT, ByteDFA, _ragged, token_trie
+from .grammar_syntax import GrammarError, GrammarSpec
+from .processor import _bucket
+from .vocabulary import TokenVocabulary
+
+DEAD = 0
+"""The dead position: nothing is read there."""
+POP = -1
+"""`next` entry: the current rule ends here; return and retry the byte."""
+DEFAULT_STACK_DEPTH = 32
+"""Default number of stack slots (return positions) per row."""
+MAX_LEVELS = 8
+"""Tokens that push more than `MAX_LEVELS - 1` return positions are candidates, not bitmask
+entries."""
+_BOTTOM = -1  # a "return site" meaning: the rule may be the bottom frame (a return fails)
+
+
+class NotDeterministic(GrammarError):
+    """The grammar cannot run as a deterministic pushdown automaton (the message says why)."""
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class PushdownAutomaton:
+    """The host tables of a grammar's pushdown automaton (see the module docstring).
+
+    **Attributes:**
+
+    - `byte_class`: `Int[np.ndarray, " 256"]`, the class of each byte.
+    - `next`: `Int[np.ndarray, "positions classes"]`, the action per position and byte class:
+      `> 0` the next position, `POP` (-1) return, `DEAD` (0) reject.
+    - `push`: `Int[np.ndarray, "positions classes pushes"]`, return positions pushed (in order,
+      0-padded) before moving to `next`.
+    - `final`: `Bool[np.ndarray, " positions"]`, where the current rule may end.
+    - `initial`: the start position.
+    - `mask_row`: `Int[np.ndarray, "positions levels"]`, the row of `masks` per position and
+      free stack slots (clamped to `levels - 1`).
+    - `masks`: `UInt32[np.ndarray, "rows words"]`, packed bitmasks (token `t` is bit `t % 32` of
+      word `t // 32`) of the context-independent tokens.
+    - `candidates`: `Int[np.ndarray, "positions candidates"]`, the stack-dependent tokens,
+      padded with `vocab_size`.
+    - `token_bytes`: `UInt8[np.ndarray, "vocab max_bytes"]`, `token_length`:
+      `Int[np.ndarray, " vocab"]`, each token's bytes (length 0: never text).
+    - `candidate_bytes`: the longest candidate, in bytes.
+    - `stack_depth`, `eos_token_id`, `description`.
+    - `position_rule`: `Int[np.ndarray, " positions"]` and `rule_names`: which rule each
+      position belongs to (for messages and drawings).
+    """
+
+    byte_class: Int[np.ndarray, " 256"]
+    next: Int[np.ndarray, "positions classes"]
+    push: Int[np.ndarray, "positions classes pushes"]
+    final: Bool[np.ndarray, " positions"]
+    initial: int
+    mask_row: Int[np.ndarray, "positions slots levels"]
+    slot_of: Int[np.ndarray, "rules positions"]
+    masks: UInt32[np.ndarray, "rows words"]
+    candidates: Int[np.ndarray, "positions slots candidates"]
+    token_bytes: UInt8[np.ndarray, "vocab max_bytes"]
+    token_length: Int[np.ndarray, " vocab"]
+    candidate_bytes: int
+    stack_depth: int
+    eos_token_id: tuple[int, ...]
+    position_rule: Int[np.ndarray, " positions"]
+    rule_names: tuple[str, ...]
+    description: str = ""
+
+    @property
+    def num_positions(self) -> int:
+        """Positions, the dead position 0 included."""
+        return self.next.shape[0]
+
+    @property
+    def vocab_size(self) -> int:
+        """Token ids covered."""
+        return self.token_length.shape[0]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the device tables."""
+        return sum(a.nbytes for a in (self.next, self.push, self.final, self.mask_row, self.slot_of, self.masks,
+                                      self.candidates, self.token_bytes, self.token_length))
+
+    # ------------------------------------------------------------------ host reference
+
+    def step(self, config, byte: int):
+        """One byte from `config = (position, stack)` (stack a tuple, top last): the next
+        configuration, or `None` when the byte is not allowed (or the stack overflows)."""
+        pos, stack = config
+        c = self.byte_class[byte]
+        while self.next[pos, c] == POP and stack:
+            pos, stack = stack[-1], stack[:-1]
+        target = int(self.next[pos, c])
+        if target <= 0:
+            return None
+        pushed = tuple(int(p) for p in self.push[pos, c] if p)
+        if len(stack) + len(pushed) > self.stack_depth:
+            return None
+        return target, stack + pushed
+
+    def walk(self, data: bytes, config=None):
+        """The configuration after `data` (from the initial one), or `None`."""
+        config = (self.initial, ()) if config is None else config
+        for b in data:
+            config = self.step(config, b)
+            if config is None:
+                return None
+        return config
+
+    def can_end(self, config) -> bool:
+        """Whether generation may end in `config` (the position and every return position final)."""
+        pos, stack = config
+        return bool(self.final[pos]) and all(self.final[p] for p in stack)
+
+    def accepts(self, data: bytes) -> bool:
+        """Whether the automaton accepts `data` as a whole text."""
+        config = self.walk(data)
+        return config is not None and self.can_end(config)
+
+    def allowed(self, config) -> Bool[np.ndarray, " vocab"]:
+        """The tokens the device allows in `config`, computed from the tables as the device
+        does (bitmask row + candidates walked exactly), EOS included."""
+        pos, stack = config
+        room = self.stack_depth - len(stack)
+        slot = self.slot_of[self.position_rule[pos], stack[-1] if stack else 0]
+        row = self.masks[self.mask_row[pos, slot, min(room, self.mask_row.shape[2] - 1)]]
+        bits = np.unpackbits(row.view(np.uint8), bitorder="little")[: self.vocab_size].astype(bool)
+        for t in self.candidates[pos, slot]:
+            if t < self.vocab_size:
+                data = bytes(self.token_bytes[t, : self.token_length[t]])
+                bits[t] = self.walk(data, config) is not None
+        bits[list(self.eos_token_id)] = self.can_end(config)
+        return bits
+
+    def __repr__(self):
+        return (
+            f"PushdownAutomaton({self.description!r}, positions={self.num_positions}, "
+            f"slots={self.candidates.shape[1]}, candidates={self.candidates.shape[2]}, stack_depth={self.stack_depth}, "
+            f"{self.nbytes / 2**20:.2f} MiB)"
+        )
+
+
+# ------------------------------------------------------------------------------ build
+
+
+def build_pushdown(
+    spec: GrammarSpec,
+    vocabulary: TokenVocabulary,
+    *,
+    stack_depth: int = DEFAULT_STACK_DEPTH,
+    description: str = "",
+    top: tuple[ByteDFA, Int[np.ndarray, " states"], str] | None = None,
+) -> PushdownAutomaton:
+    """Compile a parsed grammar into a `PushdownAutomaton` (see the module docstring).
+
+    **Arguments:** `spec`, `vocabulary`, `stack_depth`, `description`; `top`: instead of the
+    start rule, a byte DFA for the bottom frame with call edges: `(dfa, call, rule)` where
+    `call[q]` is the state reached after a call of the recursive rule `rule` from state `q`
+    (`REJECT`: none). JSON Schemas use it: the schema's DFA calls a free-form JSON value.
+
+    **Raises:** `NotDeterministic` when a byte could be read in two ways, a recursive rule
+    matches the empty string or is left-recursive; `GrammarError` for an empty language.
+    """
+    from .grammar import _Builder, cut_rules  # here: grammar.py imports this module
+
+    cut = cut_rules(spec)
+    builder = _Builder(spec, cut)
+    called = [builder.rule_dfa(spec.rules[name], top=False) for name in cut]
+    nc, byte_class = builder.num_classes, builder.byte_class
+    if top is None:
+        automata = [builder.rule_dfa(spec.rules[spec.start], top=True), *called]
+        names = (spec.start, *cut)
+    else:
+        dfa, call, rule = top
+        if rule not in cut:
+            raise GrammarError(f"the called rule {rule!r} is not a recursive rule of the grammar ({cut})")
+        # Byte classes that both the grammar's terminals and the top DFA respect.
+        _, byte_class = np.unique(np.concatenate([byte_class[None, :], dfa.delta]), axis=1, return_inverse=True)
+        byte_class = byte_class.reshape(-1)
+        representative = np.zeros(int(byte_class.max()) + 1, np.int64)
+        representative[byte_class] = np.arange(256)
+        old = builder.byte_class[representative]
+        called = [ByteDFA(np.concatenate([d.delta[:, old], d.delta[:, nc:]], axis=1), d.accepting, d.initial)
+                  for d in called]
+        nc = representative.size
+        calls = np.full((dfa.num_states, len(cut)), REJECT, np.int32)
+        calls[:, cut.index(rule)] = call
+        automata = [ByteDFA(np.concatenate([dfa.delta[:, representative], calls], axis=1), dfa.accepting, dfa.initial),
+                    *called]
+        names = ("schema", *cut)
+    offsets = np.cumsum([1] + [a.num_states for a in automata])
+    num_positions = int(offsets[-1])
+    position_rule = np.zeros(num_positions, np.int32)
+    final = np.zeros(num_positions, bool)
+    for a, dfa in enumerate(automata):
+        position_rule[offsets[a] : offsets[a + 1]] = a
+        final[offsets[a] : offsets[a + 1]] = dfa.accepting
+        if a and dfa.accepting[dfa.initial]:
+            raise NotDeterministic(f"the recursive rule {names[a]!r} matches the empty string")
+
+    def tail(a: int, ret: int) -> bool:
+        dfa = automata[a]
+        return bool(dfa.accepting[ret]) and bool((dfa.delta[ret] == REJECT).all())
+
+    memo: dict = {}
+    busy: set = set()
+
+    def action(a: int, q: int, c: int):
+        dfa = automata[a]
+        options = []
+        t = int(dfa.delta[q, c])
+        if t != REJECT:
+            options.append(((), int(offsets[a]) + t, None))
+        for r in np.flatnonzero(dfa.delta[q, nc:] != REJECT):
+            ret = int(dfa.delta[q, nc + r])
+            e = entry(int(r), c)
+            if e is not None:
+                pushed = () if tail(a, ret) else (int(offsets[a]) + ret,)
+                options.append((pushed + e[0], e[1], names[1 + r]))
+        if len(options) > 1:
+            byte = bytes([int(np.flatnonzero(byte_class == c)[0])])
+            ways = ", ".join("itself" if o[2] is None else f"a call of {o[2]!r}" for o in options)
+            raise NotDeterministic(
+                f"in rule {names[a]!r} the byte {byte!r} can be read in {len(options)} ways ({ways})"
+            )
+        return options[0][:2] if options else None
+
+    def entry(r: int, c: int):
+        key = (r, c)
+        if key in memo:
+            return memo[key]
+        if key in busy:
+            raise NotDeterministic(f"the rule {names[1 + r]!r} is left-recursive")
+        busy.add(key)
+        memo[key] = action(1 + r, automata[1 + r].initial, c)
+        busy.discard(key)
+        return memo[key]
+
+    nxt = np.zeros((num_positions, nc), np.int32)
+    pushes: dict = {}
+    for a, dfa in enumerate(automata):
+        for q in range(dfa.num_states):
+            pos = int(offsets[a]) + q
+            for c in range(nc):
+                act = action(a, q, c)
+                if act is not None:
+                    nxt[pos, c] = act[1]
+                    if act[0]:
+                        pushes[pos, c] = act[0]
+                elif a and dfa.accepting[q]:
+                    nxt[pos, c] = POP
+    width = max((len(p) for p in pushes.values()), default=0)
+    push = np.zeros((num_positions, nc, max(width, 1)), np.int32)
+    for (pos, c), p in pushes.items():
+        push[pos, c, : len(p)] = p
+
+    # Return sites of each recursive rule (tail calls inherit their caller's sites).
+    sites = [set() for _ in cut]
+    tails = [set() for _ in cut]
+    for a, dfa in enumerate(automata):
+        for q in range(dfa.num_states):
+            for r in np.flatnonzero(dfa.delta[q, nc:] != REJECT):
+                ret = int(dfa.delta[q, nc + r])
+                (tails[r].add(a) if tail(a, ret) else sites[r].add(int(offsets[a]) + ret))
+    changed = True
+    while changed:
+        changed = False
+        for r in range(len(cut)):
+            for a in tails[r]:
+                extra = {_BOTTOM} if a == 0 else sites[a - 1]
+                if not extra <= sites[r]:
+                    sites[r] |= extra
+                    changed = True
+    # Returning only when the rule cannot read the byte must not hide a text that returns and
+    # reads it in the caller: refuse a rule that may end and also read a byte that one of its
+    # return positions (after any further returns) reads.
+    memo_after: dict = {}
+
+    def read_after_return(rule: int, c: int, busy: frozenset = frozenset()) -> bool:
+        if (rule, c) in memo_after:
+            return memo_after[rule, c]
+        found = False
+        for s in sites[rule - 1]:
+            if s == _BOTTOM:
+                continue
+            act = nxt[s, c]
+            if act > 0 or (act == POP and position_rule[s] not in busy
+                           and read_after_return(int(position_rule[s]), c, busy | {rule})):
+                found = True
+                break
+        memo_after[rule, c] = found
+        return found
+
+    for p in np.flatnonzero(final & (position_rule > 0)):
+        for c in np.flatnonzero(nxt[p] > 0):
+            if read_after_return(int(position_rule[p]), int(c)):
+                byte = bytes([int(np.flatnonzero(byte_class == c)[0])])
+                raise NotDeterministic(
+                    f"the rule {names[position_rule[p]]!r} may end before the byte {byte!r} or read "
+                    "it itself (a one-byte lookahead cannot tell)"
+                )
+
+    # Slots: slot 0 is the empty stack; slot k >= 1 the k-th return site of the rule.
+    rule_sites = [(_BOTTOM,)] + [tuple(sorted(sites[r] - {_BOTTOM})) for r in range(len(cut))]
+    slot_of = np.zeros((len(automata), num_positions), np.int32)
+    for rule, listed in enumerate(rule_sites):
+        for k, site in enumerate(listed):
+            if site != _BOTTOM:
+                slot_of[rule, site] = k + 1
+    position_sites = [()] + [
+        (_BOTTOM,) if position_rule[p] == 0 else tuple(sorted(sites[position_rule[p] - 1]))
+        for p in range(1, num_positions)
+    ]
+    position_slots = [()] + [
+        (_BOTTOM,) + (() if position_rule[p] == 0 else rule_sites[position_rule[p]])
+        for p in range(1, num_positions)
+    ]
+
+    initial = int(offsets[0]) + automata[0].initial
+    masks, mask_row, candidates, candidate_bytes = _token_tables(
+        nxt, push, byte_class, position_sites, position_slots, vocabulary, stack_depth
+    )
+    token_bytes, token_length = _token_byte_matrix(vocabulary)
+    return PushdownAutomaton(
+        byte_class=byte_class.astype(np.int32),
+        next=nxt,
+        push=push,
+        final=final,
+        initial=initial,
+        mask_row=mask_row,
+        slot_of=slot_of,
+        masks=masks,
+        candidates=candidates,
+        token_bytes=token_bytes,
+        token_length=token_length,
+        candidate_bytes=candidate_bytes,
+        stack_depth=stack_depth,
+        eos_token_id=tuple(vocabulary.eos_token_id),
+        position_rule=position_rule,
+        rule_names=names,
+        description=description,
+    )
+
+
+def _token_byte_matrix(vocabulary: TokenVocabulary):
+    lengths = vocabulary.token_length.astype(np.int32)
+    width = int(lengths.max(initial=1))
+    matrix = np.zeros((vocabulary.vocab_size, width), np.uint8)
+    ids = np.flatnonzero(lengths)
+    flat = np.frombuffer(b"".join(vocabulary.token_bytes[i] for i in ids), np.uint8)
+    rows = np.repeat(ids, lengths[ids])
+    cols = np.arange(flat.size) - np.repeat(np.cumsum(lengths[ids]) - lengths[ids], lengths[ids])
+    matrix[rows, cols] = flat
+    return matrix, lengths
+
+
+def _token_tables(nxt, push, byte_class, position_sites, position_slots, vocabulary: TokenVocabulary, stack_depth: int):
+    """Walk every token from every (position, top of stack) over the vocabulary's trie (see the
+    module docstring, step 3). Returns `(masks, mask_row, candidates, candidate_bytes)`."""
+    num_positions = nxt.shape[0]
+    vocab = vocabulary.vocab_size
+    trie = token_trie(vocabulary)
+    num_nodes = trie.num_nodes
+    num_slots = max(len(s) for s in position_slots)
+
+    # Extended states: (position, return positions pushed since the start or since the last
+    # return below it, returns below the start (<= 0, minus their count), most slots above the
+    # start in use, the return position on top of the stack below the start or None once used).
+    ext_ids: dict = {}
+    ext_info: list = []
+
+    def intern(key) -> int:
+        i = ext_ids.get(key)
+        if i is None:
+            i = ext_ids[key] = len(ext_info)
+            ext_info.append(key)
+        return i
+
+    def successors(eid: int, byte: int):
+        pos, pushed, below, peak, top = ext_info[eid]
+        c = byte_class[byte]
+        out, death, returned = [], False, False
+        work, seen = [(pos, pushed, below, top)], set()
+        while work:
+            p, stack, low, first = work.pop()
+            act = nxt[p, c]
+            if act > 0:
+                stack = stack + tuple(int(v) for v in push[p, c] if v)
+                height = low + len(stack)
+                if height > stack_depth:
+                    death = True
+                else:
+                    out.append(intern((int(act), stack, low, max(peak, height), first)))
+            elif act == POP:
+                if stack:
+                    work.append((stack[-1], stack[:-1], low, first))
+                elif first is not None:
+                    returned = True
+                    if first == _BOTTOM:
+                        death = True
+                    else:
+                        work.append((first, (), low - 1, None))
+                else:
+                    returned = True
+                    for s in position_sites[p]:
+                        if s == _BOTTOM or low - 1 < -stack_depth:
+                            death = True
+                        elif s not in seen:
+                            seen.add(s)
+                            work.append((s, (), low - 1, None))
+            else:
+                death = True
+        return out, death, returned
+
+    memo: dict = {}
+
+    unknown, dead, several = -3, -1, -2
+    dense: dict = {}  # (peak, top) -> id of (position, (), 0, peak, top) per position, -1 if new
+    table = np.full((64, 256), unknown, np.int64)  # (extended state, byte) -> one successor
+    table_returned = np.zeros((64, 256), bool)
+
+    def lookup(e, b):
+        """Successor of each (extended state, byte): an id, `dead` or `several` (see `memo`)."""
+        nonlocal table, table_returned
+        if len(ext_info) > table.shape[0]:
+            grow = max(len(ext_info), 2 * table.shape[0]) - table.shape[0]
+            table = np.concatenate([table, np.full((grow, 256), unknown, np.int64)])
+            table_returned = np.concatenate([table_returned, np.zeros((grow, 256), bool)])
+        vals = table[e, b]
+        missing = vals == unknown
+        if missing.any():
+            keys = np.unique(e[missing] * 256 + b[missing])
+            # Vectorised: from a configuration that pushed and returned nothing yet, a byte
+            # that is read without a call, or rejected (most pairs).
+            info = ext_info
+            me, mb = keys // 256, keys % 256
+            simple = np.fromiter((not x[1] and x[2] == 0 for x in (info[i] for i in me.tolist())), bool, me.size)
+            pos = np.fromiter((info[i][0] for i in me.tolist()), np.int64, me.size)
+            c = byte_class[mb]
+            act = nxt[pos, c]
+            plain = simple & (((act > 0) & (push[pos, c, 0] == 0)) | (act == 0))
+            table[me[plain & (act == 0)], mb[plain & (act == 0)]] = dead
+            reads = np.flatnonzero(plain & (act > 0))
+            if reads.size:
+                # the target keeps the source's (peak, top): one dense id array per such pair
+                group = {}
+                for i, src in zip(reads.tolist(), me[reads].tolist()):
+                    x = info[src]
+                    group.setdefault((x[3], x[4]), []).append(i)
+                for (peak, top), rows in group.items():
+                    ids = dense.get((peak, top))
+                    if ids is None:
+                        ids = dense[peak, top] = np.full(num_positions, -1, np.int64)
+                    rows = np.asarray(rows)
+                    targets = act[rows]
+                    for t in np.unique(targets[ids[targets] < 0]).tolist():
+                        ids[t] = intern((t, (), 0, peak, top))
+                    table[me[rows], mb[rows]] = ids[targets]
+            if len(ext_info) > table.shape[0]:
+                grow = max(len(ext_info), 2 * table.shape[0]) - table.shape[0]
+                table = np.concatenate([table, np.full((grow, 256), unknown, np.int64)])
+                table_returned = np.concatenate([table_returned, np.zeros((grow, 256), bool)])
+            keys = keys[~plain]
+            for key in keys.tolist():
+                out, death, returned = memo[key] = successors(key // 256, key % 256)
+                if len(ext_info) > table.shape[0]:
+                    grow = max(len(ext_info), 2 * table.shape[0]) - table.shape[0]
+                    table = np.concatenate([table, np.full((grow, 256), unknown, np.int64)])
+                    table_returned = np.concatenate([table_returned, np.zeros((grow, 256), bool)])
+                table[key // 256, key % 256] = (out[0] if len(out) == 1 and not death else
+                                                dead if not out else several)
+                table_returned[key // 256, key % 256] = returned
+            vals = table[e, b]
+        return vals, table_returned[e, b]
+
+    def walk(start_ext):
+        """All tokens from each initial extended state: `(origin, token, sure, peak)` per
+        accepted (origin, token), and which origins returned below their start."""
+        origin = np.arange(len(start_ext), dtype=np.int64)
+        ext = np.asarray(start_ext, np.int64)
+        node = np.zeros(origin.size, np.int64)
+        poison = np.zeros(origin.size, bool)
+        returned = np.zeros(origin.size, bool)
+        unique_keys = True  # one extended state per (origin, node): no merging needed
+        found = ([], [], [], [])
+        while origin.size:
+            owner, child = _ragged(trie.child_ptr, node)
+            if not owner.size:
+                break
+            e, b = ext[owner], trie.byte[child]
+            vals, below = lookup(e, b)
+            returned[origin[owner][below]] = True
+            key = origin[owner] * num_nodes + child
+            if unique_keys and not (vals == several).any():
+                # Fast path: at most one successor per entry and one entry per (origin, node).
+                alive = vals >= 0
+                origin, node, ext = origin[owner][alive], child[alive], vals[alive]
+                poison = poison[owner][alive]
+                reached, first, kext = key[alive], np.arange(int(alive.sum())), ext
+                inv2 = None
+            else:
+                counts = np.zeros(vals.size, np.int64)
+                deaths = vals == dead
+                counts[vals >= 0] = 1
+                multi = np.flatnonzero(vals == several)
+                hits = [memo[int(k)] for k in (e[multi] * 256 + b[multi])]
+                counts[multi] = [len(h[0]) for h in hits]
+                deaths[multi] = [h[1] for h in hits]
+                flat_parts = np.zeros(int(counts.sum()), np.int64)
+                starts = np.cumsum(counts) - counts
+                single = np.flatnonzero(vals >= 0)
+                flat_parts[starts[single]] = vals[single]
+                for i, h in zip(multi, hits):
+                    flat_parts[starts[i] : starts[i] + len(h[0])] = h[0]
+                died = deaths | poison[owner]
+                ukey, kinv = np.unique(key, return_inverse=True)
+                kinv = kinv.reshape(-1)
+                kpoison = np.bincount(kinv, weights=died, minlength=ukey.size) > 0
+                sel = np.repeat(np.arange(owner.size), counts)
+                new_ext = flat_parts
+                num_ext = len(ext_info)
+                triples = np.unique(key[sel] * num_ext + new_ext)
+                new_key, ext = triples // num_ext, triples % num_ext
+                origin, node = new_key // num_nodes, new_key % num_nodes
+                poison = kpoison[np.searchsorted(ukey, new_key)]
+                reached, first, inv2 = np.unique(new_key, return_index=True, return_inverse=True)
+                inv2 = inv2.reshape(-1)
+                unique_keys = reached.size == new_key.size
+                kext = ext
+            # Tokens ending at the reached nodes.
+            info_peak = np.fromiter((x[3] for x in ext_info), np.int64, len(ext_info))
+            if inv2 is None:
+                kpeak = info_peak[kext]
+            else:
+                kpeak = np.zeros(reached.size, np.int64)
+                np.maximum.at(kpeak, inv2, info_peak[kext])
+            holder, tindex = _ragged(trie.token_ptr, reached % num_nodes)
+            found[0].append(reached[holder] // num_nodes)
+            found[1].append(trie.token_ids[tindex])
+            found[2].append(~poison[first][holder])
+            found[3].append(kpeak[holder])
+        out = tuple(
+            np.concatenate(a) if a else np.zeros(0, dt) for a, dt in zip(found, (np.int64, np.int64, bool, np.int64))
+        )
+        return out, returned
+
+    # Pass 1: each position, whatever is on the stack. Tokens from a position that never
+    # returns below its rule do not depend on the stack: their result holds for every slot.
+    positions = np.arange(1, num_positions)
+    (o1, t1, s1, k1), returned = walk([intern((int(p), (), 0, 0, None)) for p in positions])
+    # Pass 2: the positions that do return, once per slot (the top of the stack known).
+    pairs = [(p, k, site) for p in range(1, num_positions) for k, site in enumerate(position_slots[p])]
+    pair_index = {(p, k): i for i, (p, k, _) in enumerate(pairs)}
+    origin_position = np.array([p for p, _, _ in pairs], np.int64)
+    origin_slot = np.array([k for _, k, _ in pairs], np.int64)
+    num_origins = len(pairs)
+    again = [i for i, (p, _, _) in enumerate(pairs) if returned[p - 1]]
+    (o2, t2, s2, k2), _ = walk([intern((pairs[i][0], (), 0, 0, pairs[i][2])) for i in again])
+    keep = ~returned[o1]
+    o1, t1, s1, k1 = o1[keep], t1[keep], s1[keep], k1[keep]
+    slots_of = [np.array([pair_index[p, k] for k in range(len(position_slots[p]))], np.int64) for p in positions]
+    fan = np.array([len(position_slots[p]) for p in positions], np.int64)[o1]
+    spread = np.concatenate([slots_of[o] for o in o1]) if o1.size else np.zeros(0, np.int64)
+    f_origin = np.concatenate([spread, np.asarray(again, np.int64)[o2]])
+    f_token = np.concatenate([np.repeat(t1, fan), t2])
+    f_sure = np.concatenate([np.repeat(s1, fan), s2])
+    f_peak = np.concatenate([np.repeat(k1, fan), k2])
+    sure = f_sure & (f_peak < MAX_LEVELS)
+    levels = int(f_peak[sure].max(initial=0)) + 1
+    words = (vocab + 31) // 32
+    packed = np.zeros((num_origins, levels, words), np.uint32)
+    for level in range(levels):
+        bits = np.zeros((num_origins, words * 32), bool)
+        chosen = sure & (f_peak <= level)
+        bits[f_origin[chosen], f_token[chosen]] = True
+        packed[:, level] = np.packbits(bits, axis=1, bitorder="little").view(np.uint32)
+    masks, rows = np.unique(packed.reshape(-1, words), axis=0, return_inverse=True)
+    rows = rows.reshape(num_origins, levels)
+    empty = np.flatnonzero(~masks.any(axis=1))
+    mask_row = np.full((num_positions, num_slots, levels), empty[0] if empty.size else 0, np.int64)
+    if not empty.size:  # no all-zero row yet: add one for the dead position and unused slots
+        masks = np.concatenate([masks, np.zeros((1, words), masks.dtype)])
+        mask_row[:] = masks.shape[0] - 1
+    mask_row[origin_position, origin_slot] = rows
+
+    cand_origin, cand_token = f_origin[~sure], f_token[~sure]
+    per_origin = np.bincount(cand_origin, minlength=num_origins)
+    width = _bucket(int(per_origin.max(initial=0)), 8)
+    candidates = np.full((num_positions, num_slots, width), vocab, np.int32)
+    order = np.argsort(cand_origin, kind="stable")
+    cand_origin, cand_token = cand_origin[order], cand_token[order]
+    slot = np.arange(cand_origin.size) - (np.cumsum(per_origin) - per_origin)[cand_origin]
+    candidates[origin_position[cand_origin], origin_slot[cand_origin], slot] = cand_token
+    lengths = vocabulary.token_length
+    candidate_bytes = int(lengths[cand_token].max(initial=1))
+    return (np.ascontiguousarray(masks.astype(np.uint32)), mask_row.astype(np.int32), candidates,
+            candidate_bytes)
+
+
+# ----------------------------------------------------------------------------- device
+
+
+class PushdownConstraint(AbstractLogitsProcessor):
+    """The logits processor that runs a `PushdownAutomaton` inside the jitted step.
+
+    Per row the state is `(position, stack, stack_pointer)`: `Int[Array, ""]`,
+    `Int[Array, " stack_depth"]`, `Int[Array, ""]` (see the module docstring for the step).
+    The tables are fields, shared by all rows; `constraint_id` is 0 for constrained rows and -1
+    for unconstrained ones (a scalar, or one per row).
+
+    **Arguments:** `automaton`: a `PushdownAutomaton`; `constraint_id`: 0 (default) or -1, or
+    one per row.
+    """
+
+    byte_class: Int[Array, " 256"]
+    next: Int[Array, "positions classes"]
+    push: Int[Array, "positions classes pushes"]
+    final: Bool[Array, " positions"]
+    initial: Int[Array, ""]
+    position_rule: Int[Array, " positions"]
+    slot_of: Int[Array, "rules positions"]
+    mask_row: Int[Array, "positions slots levels"]
+    masks: UInt32[Array, "rows words"]
+    candidates: Int[Array, "positions slots candidates"]
+    token_bytes: UInt8[Array, "vocab max_bytes"]
+    token_length: Int[Array, " vocab"]
+    constraint_id: Int[Array, "*rows"] = per_row_field()
+    candidate_bytes: int = eqx.field(static=True)
+    stack_depth: int = eqx.field(static=True)
+    eos_token_id: tuple[int, ...] = eqx.field(static=True)
+
+    def __init__(self, automaton: PushdownAutomaton, constraint_id=0):
+        a = automaton
+        self.byte_class = jnp.asarray(a.byte_class, jnp.int32)
+        self.next = jnp.asarray(a.next)
+        self.push = jnp.asarray(a.push)
+        self.final = jnp.asarray(a.final)
+        self.initial = jnp.asarray(a.initial, jnp.int32)
+        self.position_rule = jnp.asarray(a.position_rule)
+        self.slot_of = jnp.asarray(a.slot_of)
+        self.mask_row = jnp.asarray(a.mask_row)
+        self.masks = jnp.asarray(a.masks)
+        self.candidates = jnp.asarray(a.candidates)
+        self.token_bytes = jnp.asarray(a.token_bytes)
+        self.token_length = jnp.asarray(a.token_length)
+        ids = np.asarray(constraint_id)
+        if ids.ndim > 1 or not np.issubdtype(ids.dtype, np.integer) or np.any((ids != 0) & (ids != -1)):
+            raise ValueError(f"`constraint_id` must be 0 or -1, or one of them per row, got {constraint_id!r}")
+        self.constraint_id = jnp.asarray(ids, jnp.int32)
+        self.candidate_bytes = int(a.candidate_bytes)
+        self.stack_depth = int(a.stack_depth)
+        self.eos_token_id = tuple(a.eos_token_id)
+
+    def init(self, context: Context):
+        """`(initial position, empty stack, 0)`."""
+        return (self.initial, jnp.zeros(self.stack_depth, jnp.int32), jnp.zeros((), jnp.int32))
+
+    def _byte(self, config, byte):
+        """One byte from `(position, stack, stack_pointer)`; position 0 when not allowed."""
+        pos, stack, sp = config
+        c = self.byte_class[byte]
+
+        def pops(s):
+            p, n = s
+            return (self.next[p, c] == POP) & (n > 0)
+
+        def pop(s):
+            _, n = s
+            return stack[n - 1], n - 1
+
+        pos, sp = jax.lax.while_loop(pops, pop, (pos, sp))
+        target = self.next[pos, c]
+        alive = target > 0
+        for i in range(self.push.shape[-1]):
+            value = self.push[pos, c, i]
+            do = alive & (value > 0)
+            overflow = do & (sp >= self.stack_depth)
+            stack = jnp.where(do & ~overflow, stack.at[jnp.minimum(sp, self.stack_depth - 1)].set(value), stack)
+            sp = sp + (do & ~overflow).astype(jnp.int32)
+            alive = alive & ~overflow
+        return jnp.where(alive, target, DEAD).astype(jnp.int32), stack, sp
+
+    def _token(self, config, token_id, num_bytes: int | None = None):
+        """The configuration after all bytes of `token_id` (a `while_loop` over its length, or a
+        fixed loop of `num_bytes` when given)."""
+        length = self.token_length[token_id]
+        row = self.token_bytes[token_id]
+
+        def body(j, config):
+            stepped = self._byte(config, row[j])
+            return jax.tree.map(lambda new, old: jnp.where(j < length, new, old), stepped, config)
+
+        if num_bytes is None:
+            def cond(s):
+                j, config = s
+                return (j < length) & (config[0] != DEAD)
+
+            return jax.lax.while_loop(cond, lambda s: (s[0] + 1, self._byte(s[1], row[s[0]])), (0, config))[1]
+        return jax.lax.fori_loop(0, num_bytes, body, config)
+
+    def process(self, state, logits: Float[Array, " vocab"], context: Context):
+        """Advance on the previous token, then mask (see the module docstring).
+
+        **Returns:** `(state, logits)` with the state's shapes unchanged.
+        """
+        advanced = self._token(state, jnp.minimum(context.last_token_id, self.token_length.shape[0] - 1))
+        state = jax.tree.map(lambda new, old: jnp.where(context.num_generated > 0, new, old), advanced, state)
+        pos, stack, sp = state
+        vocab = self.token_length.shape[0]
+        room = self.stack_depth - sp
+        top = jnp.where(sp > 0, stack[jnp.maximum(sp - 1, 0)], 0)
+        slot = self.slot_of[self.position_rule[pos], top]
+        words = self.masks[self.mask_row[pos, slot, jnp.minimum(room, self.mask_row.shape[2] - 1)]]
+        iota = jnp.arange(vocab)
+        allowed = ((words[iota >> 5] >> (iota & 31).astype(jnp.uint32)) & 1).astype(bool)
+        candidates = self.candidates[pos, slot]
+        safe = jnp.minimum(candidates, vocab - 1)
+        walked = jax.vmap(lambda t: self._token(state, t, self.candidate_bytes)[0])(safe)
+        allowed = allowed.at[candidates].set(walked != DEAD, mode="drop")
+        on_stack = jnp.arange(self.stack_depth) < sp
+        can_end = self.final[pos] & jnp.all(jnp.where(on_stack, self.final[stack], True))
+        allowed = allowed.at[jnp.asarray(self.eos_token_id, jnp.int32)].set(can_end)
+        width = logits.shape[-1]
+        if vocab < width:
+            allowed = jnp.pad(allowed, (0, width - vocab))
+        allowed = allowed[:width]
+        constrained = self.constraint_id >= 0
+        logits = jnp.where(constrained & ~allowed, -jnp.inf, logits).astype(logits.dtype)
+        return state, logits
+
+
+def state_stack(state) -> list[int]:
+    """The return positions on a row's stack, bottom first (host helper for drawings)."""
+    _, stack, sp = state
+    return [int(v) for v in np.asarray(stack)[: int(sp)]]
+
+
+__all__: Sequence[str] = ("NotDeterministic", "PushdownAutomaton", "PushdownConstraint", "build_pushdown")

@@ -1,0 +1,262 @@
+"""The pushdown automaton of a grammar: accepts what lark's parser accepts (up to the stack
+depth), its precomputed token tables equal a brute-force walk of every token, the device step
+equals the host tables, and it generates parseable text inside `generate`."""
+
+import time
+
+import jax
+import jax.numpy as jnp
+import lark
+import numpy as np
+import pytest
+
+import functional_gen as fg
+from functional_gen.structured import (
+    GrammarError,
+    NotDeterministic,
+    parse_grammar,
+    pushdown_automaton,
+)
+from functional_gen.structured.pda import build_pushdown, state_stack
+
+from .cases import JSON_GRAMMAR, PUSHDOWN_GRAMMARS, SPACED_FUNCTION_CALLS
+from .grammar_strings import mutate, sample
+from .helpers import context_for
+
+
+def _lark_accepts(parser, text: bytes) -> bool:
+    try:
+        parser.parse(text.decode("utf-8"))
+    except (lark.exceptions.LarkError, UnicodeDecodeError):
+        return False
+    return True
+
+
+@pytest.mark.parametrize("name", sorted(PUSHDOWN_GRAMMARS))
+def test_acceptance_equals_lark(name, vocabulary):
+    # 200 random sentences and 200 single-character mutations of them (most rejected), each
+    # judged by lark's Earley parser and by the pushdown automaton.
+    grammar = PUSHDOWN_GRAMMARS[name]
+    spec = parse_grammar(grammar)
+    pda = pushdown_automaton(grammar, vocabulary)
+    parser = lark.Lark(grammar, parser="earley")
+    alphabet = bytes(sorted(set(b"".join(sample(spec, np.random.default_rng(i)) for i in range(50))) | set(b" (),1a")))
+    rng = np.random.default_rng(0)
+    counts = {True: 0, False: 0}
+    for i in range(400):
+        text = sample(spec, rng, max_depth=10)
+        if i % 2:
+            text = mutate(text, alphabet, rng)
+        expected = _lark_accepts(parser, text)
+        assert pda.accepts(text) == expected, (name, text, expected)
+        counts[expected] += 1
+    assert counts[True] >= 150 and counts[False] >= 50, counts
+
+
+def _brute_force(pda, vocabulary, config):
+    allowed = np.zeros(vocabulary.vocab_size, bool)
+    for t, data in enumerate(vocabulary.token_bytes):
+        if data:
+            allowed[t] = pda.walk(data, config) is not None
+    allowed[list(vocabulary.eos_token_id)] = pda.can_end(config)
+    return allowed
+
+
+@pytest.mark.parametrize(
+    "name, text, stack_depth",
+    [
+        ("json", b'{"a": [1, {"b": [[null]]}], "c": "x"}', 32),
+        ("json", b"[[[[[[[1]]]]]]]", 6),  # the stack fills up: deeper tokens are masked
+        ("arithmetic", b"1 + (2 * -(3)) - ((4))", 32),
+        ("lisp", b"(a (b '(c d)) 12)", 32),
+    ],
+)
+def test_token_tables_equal_a_brute_force_walk(name, text, stack_depth, vocabulary):
+    # At every other prefix: the bitmask row + candidates give exactly the tokens whose bytes
+    # the automaton reads from the configuration (every token of the vocabulary walked).
+    pda = build_pushdown(parse_grammar(PUSHDOWN_GRAMMARS[name]), vocabulary, stack_depth=stack_depth)
+    checked = 0
+    for i in range(0, len(text) + 1, 3):
+        config = pda.walk(text[:i])
+        if config is None:
+            assert stack_depth < 32  # only the small stack runs out
+            break
+        np.testing.assert_array_equal(pda.allowed(config), _brute_force(pda, vocabulary, config), err_msg=repr(text[:i]))
+        checked += 1
+    assert checked >= 3
+
+
+def test_device_step_equals_the_host_tables(vocabulary):
+    # A random token walk: at each step the jitted `process` keeps the same position and stack
+    # as the host walk and masks exactly the tokens `allowed` gives.
+    pda = build_pushdown(parse_grammar(JSON_GRAMMAR), vocabulary, stack_depth=5)
+    processor = fg.structured.PushdownConstraint(pda)
+    step = jax.jit(lambda s, l, c: processor.process(s, l, c))
+    rng = np.random.default_rng(1)
+    ids = [1, 2, 3]
+    state = processor.init(context_for(ids, 3, max_len=64))
+    shapes = jax.tree.map(lambda x: (x.shape, x.dtype), state)
+    config = (pda.initial, ())
+    brackets = [t for t in range(vocabulary.vocab_size) if vocabulary.token_bytes[t] in (b"[", b"{", b' {"', b"[[")]
+    for k in range(30):
+        state, logits = step(state, jnp.zeros(vocabulary.vocab_size), context_for(ids, 3, max_len=64))
+        assert jax.tree.map(lambda x: (x.shape, x.dtype), state) == shapes
+        assert int(state[0]) == config[0] and state_stack(state) == list(config[1])
+        host = pda.allowed(config)
+        np.testing.assert_array_equal(np.isfinite(np.asarray(logits)), host)
+        open_ = [t for t in brackets if host[t]]
+        token = int(rng.choice(open_)) if open_ and rng.random() < 0.5 else int(rng.choice(np.flatnonzero(host)))
+        if token in vocabulary.eos_token_id:
+            break
+        ids.append(token)
+        config = pda.walk(vocabulary.token_bytes[token], config)
+    assert max(len(s) for s in [config[1]]) >= 0
+
+
+def test_json_with_stack_depth_32_builds_fast(vocabulary):
+    start = time.perf_counter()
+    pda = pushdown_automaton(JSON_GRAMMAR, vocabulary, stack_depth=32, cache=False)
+    elapsed = time.perf_counter() - start
+    assert elapsed < 3.0, elapsed  # ~0.5 s alone; generous on a shared machine
+    deep = b"[" * 30 + b"1" + b"]" * 30
+    assert pda.accepts(deep) and not pda.accepts(b"[" * 40 + b"1" + b"]" * 40)
+
+
+def test_grammar_chooses_the_pushdown_automaton(tokenizer):
+    assert fg.processors.Grammar(JSON_GRAMMAR, tokenizer).pushdown is not None
+    assert fg.processors.Grammar(JSON_GRAMMAR, tokenizer, max_depth=2).pushdown is None  # explicit bound
+    assert fg.processors.Grammar('start: "a"+ "b"', tokenizer).pushdown is None  # not recursive
+    with pytest.raises(ValueError, match="stack_depth"):
+        fg.processors.Grammar(JSON_GRAMMAR, tokenizer, stack_depth=0)
+    vocabulary = fg.structured.vocabulary_from_tokenizer(tokenizer)
+    # After `(`, `q` is both a call of `item` and the text `"(" "q" "!"`: not deterministic.
+    with pytest.raises(NotDeterministic, match="2 ways"):
+        pushdown_automaton('start: item\nitem: "(" item ")" | "(" "q" "!" | "q"\n', vocabulary)
+    with pytest.raises(NotDeterministic, match="one-byte lookahead"):
+        pushdown_automaton(SPACED_FUNCTION_CALLS, vocabulary)
+    with pytest.warns(UserWarning, match="bounded-depth DFA"):
+        fallback = fg.processors.Grammar(SPACED_FUNCTION_CALLS, tokenizer)
+    assert fallback.pushdown is None
+    with pytest.raises(ValueError, match="pushdown"):
+        fg.structured.per_row([fg.processors.Grammar(JSON_GRAMMAR, tokenizer), None])
+    with pytest.raises(GrammarError):
+        fg.processors.Grammar("start: undefined_rule", tokenizer)
+
+
+def test_generated_json_parses(random_model, tokenizer):
+    # A random model samples near-uniformly among the allowed tokens; every row that ends with
+    # EOS is parsed by lark, and the stack lets the rows nest deeper than the DFA's 4 levels.
+    grammar = fg.processors.Grammar(JSON_GRAMMAR, tokenizer, stack_depth=8)
+    result = fg.generate(
+        random_model, tokenizer, ["a", "b", "c", "d"], max_new_tokens=48, processors=[grammar],
+        sampler=fg.samplers.Multinomial(), key=jax.random.key(3),
+    )
+    parser = lark.Lark(JSON_GRAMMAR, parser="earley")
+    for text, reason in zip(result.texts, result.finish_reasons):
+        assert reason in ("eos", "length", "constraint"), reason
+        if reason == "eos":
+            parser.parse(text)
+        else:
+            assert reason != "constraint"  # the mask never leaves a row without a token
+
+
+JSON_GBNF = r'''
+root   ::= object
+value  ::= object | array | string | number | ("true" | "false" | "null") ws
+object ::= "{" ws ( string ":" ws value ("," ws string ":" ws value)* )? "}" ws
+array  ::= "[" ws ( value ("," ws value)* )? "]" ws
+string ::= "\"" ( [^"\\\x7F\x00-\x1F] | "\\" (["\\bfnrt] | "u" [0-9a-fA-F]{4}) )* "\"" ws
+number ::= ("-"? ([0-9] | [1-9] [0-9]{0,15})) ("." [0-9]+)? ([eE] [-+]? [0-9] [1-9]{0,15})? ws
+ws ::= | " " | "\n" [ \t]{0,20}
+'''
+"""llama.cpp's `grammars/json.gbnf` (comments dropped)."""
+
+
+def test_gbnf_grammars_run_as_pushdown_automata(tokenizer, vocabulary):
+    grammar = fg.processors.Grammar.from_gbnf(JSON_GBNF, tokenizer)
+    assert grammar.pushdown is not None
+    pda = pushdown_automaton(fg.structured.gbnf_to_lark(JSON_GBNF), vocabulary)
+    for text in ['{"a": [1, {"b": "c\\n"}], "d": -2.5e3}', '{}', '{"x":[[[[true]]]]}', '{"u": "\\u00e9"}']:
+        assert pda.accepts(text.encode()), text
+    for text in ['[1]', '{"a": 01x}', '{"a" 1}', '{"a": [1,]}', '{"u": "\\u00g9"}', "{'a': 1}"]:
+        assert not pda.accepts(text.encode()), text
+    with pytest.raises(GrammarError, match="line 1"):
+        fg.processors.Grammar.from_gbnf('root ::= ("a"', tokenizer)
+
+
+OPEN_SCHEMAS = {
+    "open object": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {}}, "required": ["a"]},
+    "untyped items": {"type": "array", "items": {"type": "object", "properties": {"id": {"type": "integer"}},
+                                                  "required": ["id"]}},
+    "free-form members": {"type": "object", "properties": {"name": {"type": "string"}, "meta": {"type": "object"},
+                                                           "tags": {"type": "array"}}, "required": ["name"]},
+}
+
+
+def _random_value(rng, depth: int):
+    kind = int(rng.integers(6 if depth > 0 else 4))
+    if kind == 0:
+        return int(rng.integers(-50, 50))
+    if kind == 1:
+        return ["x", "", "a b", "é"][int(rng.integers(4))]
+    if kind == 2:
+        return [True, False, None][int(rng.integers(3))]
+    if kind == 3:
+        return float(rng.integers(-9, 9)) + 0.25  # never integral: "2.0" is an integer to JSON Schema, not to our regex
+    if kind == 4:
+        return [_random_value(rng, depth - 1) for _ in range(int(rng.integers(3)))]
+    return {f"k{i}": _random_value(rng, depth - 1) for i in range(int(rng.integers(3)))}
+
+
+@pytest.mark.parametrize("name", sorted(OPEN_SCHEMAS))
+def test_json_schema_free_form_values_nest_as_deep_as_the_stack(name, vocabulary):
+    # Documents built around random values nested up to 6 levels, and mutations of their text:
+    # the pushdown automaton accepts exactly what `jsonschema` validates (compact and spaced).
+    import json
+
+    import jsonschema
+
+    from functional_gen.structured.json_schema import json_schema_pushdown
+
+    schema = OPEN_SCHEMAS[name]
+    pda = json_schema_pushdown(schema, vocabulary)
+    assert pda is not None
+    rng = np.random.default_rng(0)
+    counts = {True: 0, False: 0}
+    for i in range(120):
+        if name == "untyped items":
+            doc = [{"id": int(rng.integers(9)), "more": _random_value(rng, 6)} if rng.random() < 0.8
+                   else _random_value(rng, 5) for _ in range(int(rng.integers(3)))]
+        else:
+            # listed properties in the schema's order, then additional ones (as the grammar does)
+            keys = [*schema["properties"], "extra", "z"]
+            doc = {k: _random_value(rng, 6) for k in keys if rng.random() < 0.6}
+            for required in schema.get("required", []):
+                if rng.random() < 0.7:
+                    doc[required] = int(rng.integers(9)) if required == "a" else "n"
+            doc = {k: doc[k] for k in keys if k in doc}
+        for text in (json.dumps(doc, ensure_ascii=False), json.dumps(doc, ensure_ascii=False, separators=(",", ":"))):
+            if i % 3 == 2:  # a mutated text: often not JSON at all
+                text = mutate(text.encode(), b'{}[],:"0a ', rng).decode("utf-8", "replace")
+            try:
+                expected = jsonschema.Draft202012Validator(schema).is_valid(json.loads(text))
+            except json.JSONDecodeError:
+                expected = False
+            if expected and text not in (json.dumps(json.loads(text), ensure_ascii=False),
+                                         json.dumps(json.loads(text), ensure_ascii=False, separators=(",", ":"))):
+                continue  # a mutation that changed only whitespace or key order: not comparable
+            assert pda.accepts(text.encode()) == expected, (name, text, expected)
+            counts[expected] += 1
+    assert counts[True] >= 20 and counts[False] >= 20, counts
+
+
+def test_json_schema_processor_runs_the_pushdown_automaton(tokenizer):
+    schema = OPEN_SCHEMAS["open object"]
+    processor = fg.processors.JsonSchema(schema, tokenizer, free_form_depth=None)
+    assert processor.pushdown is not None
+    assert fg.processors.JsonSchema(schema, tokenizer).pushdown is None  # the default: a token automaton
+    closed = {"type": "object", "properties": {"a": {"type": "integer"}}, "additionalProperties": False}
+    assert fg.processors.JsonSchema(closed, tokenizer, free_form_depth=None).pushdown is None  # nothing free-form
+    ambiguous = {"anyOf": [{"type": "string"}, {}]}  # `"` starts both a string and a free value
+    with pytest.warns(UserWarning, match="no pushdown automaton"):
+        assert fg.processors.JsonSchema(ambiguous, tokenizer, free_form_depth=None).pushdown is None
