@@ -51,13 +51,13 @@ from a shared 2-core machine: read them as orders of magnitude.
 
 import argparse
 import collections
+import contextlib
 import gzip
 import json
 import multiprocessing
 import os
 import random
 import re
-import statistics
 import sys
 import time
 import traceback
@@ -80,7 +80,10 @@ _WORKER = {}
 def _worker_setup(options: dict) -> None:
     from transformers import AutoTokenizer
 
-    from functional_gen.loading.default_model import converted_default_dir, ensure_default_checkpoint
+    from functional_gen.loading.default_model import (
+        converted_default_dir,
+        ensure_default_checkpoint,
+    )
     from functional_gen.structured import vocabulary_from_tokenizer
 
     ensure_default_checkpoint()
@@ -121,7 +124,7 @@ def _run_one(record: dict) -> dict:
     start = time.perf_counter()
     try:
         automaton = _compile(record["schema"])
-    except Exception as e:  # noqa: BLE001 - every failure is a counted cause
+    except Exception as e:
         out["error"] = _cause(e)
         out["message"] = str(e)[:300]
         if not isinstance(e, ValueError):
@@ -181,10 +184,8 @@ class Worker:
         return None
 
     def close(self) -> None:
-        try:
+        with contextlib.suppress(BrokenPipeError, OSError):
             self.connection.send(None)
-        except (BrokenPipeError, OSError):
-            pass
         self.process.join(5)
         if self.process.is_alive():
             self.process.kill()

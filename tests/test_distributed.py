@@ -41,8 +41,9 @@ def free_port() -> int:
 
 @pytest.mark.slow
 def test_two_processes_generate_what_one_does(default_model):
-    import functional_gen as fg
     import numpy as np
+
+    import functional_gen as fg
 
     model, tokenizer = default_model
     expected = np.asarray(

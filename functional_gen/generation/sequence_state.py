@@ -522,7 +522,7 @@ class SequenceState:
         try:
             with safe_open(path, framework="numpy") as f:
                 meta = f.metadata() or {}
-                arrays = {name: f.get_tensor(name) for name in f.keys()}
+                arrays = {name: f.get_tensor(name) for name in f.keys()}  # noqa: SIM118 (safe_open is not iterable)
         except (SafetensorError, OSError, ValueError) as e:
             raise SequenceStateFormatError(f"{path!r} is not a saved SequenceState: {e}") from e
         try:

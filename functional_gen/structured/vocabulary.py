@@ -28,6 +28,7 @@ import numpy as np
 
 from ..tokenization import END_OF_GENERATION_TEXTS, token_bytes_table
 
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class TokenVocabulary:
     """Every token id's bytes, the end-of-generation ids and a fingerprint (host-side, numpy).

@@ -8,8 +8,7 @@ import numpy as np
 import pytest
 
 import functional_gen as fg
-from functional_gen.models import LlamaForCausalLM
-from functional_gen.models import quantization as q
+from functional_gen.models import LlamaForCausalLM, quantization as q
 from functional_gen.testing import tiny_config
 
 from ..helpers import save_checkpoint, tiny_hf_model, torch_logits
@@ -163,7 +162,7 @@ def test_bad_arguments_raise_clear_errors(tmp_path):
     with pytest.raises(ValueError, match="is int8 but the model is not quantized"):
         LlamaForCausalLM.from_weights(config, {k: v for k, v in int8.items() if "scale" not in k})
     no_scale = {k: v for k, v in int8.items() if k != "lm_head.scale"}
-    with pytest.raises(ValueError, match="comes without 'lm_head.scale'"):
+    with pytest.raises(ValueError, match=r"comes without 'lm_head\.scale'"):
         LlamaForCausalLM.from_weights(config, no_scale, quantization="int8")
     assert float_model.weight_format == "float32"
 
