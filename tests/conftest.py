@@ -8,6 +8,10 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# JAX's strict dtype promotion (as in Equinox's tests): mixing dtypes without an explicit cast,
+# e.g. int32 + float32 or float32 + bfloat16, raises instead of promoting silently. Set in the
+# environment so that the tests' subprocesses inherit it too.
+os.environ["JAX_NUMPY_DTYPE_PROMOTION"] = "strict"
 
 ROMAN_TEXT = (
     "The history of the Roman Empire spans many centuries, from the founding of the city of Rome "

@@ -1,6 +1,25 @@
-"""Test helpers that need PyTorch: tiny random transformers models saved as checkpoints."""
+"""Test helpers that need PyTorch: tiny random transformers models saved as checkpoints; a switch
+for the runtime type checks."""
+
+import contextlib
 
 import numpy as np
+
+
+@contextlib.contextmanager
+def without_runtime_type_checks():
+    """Turn off jaxtyping's runtime checks (the suite runs with `--jaxtyping-packages`) for a test
+    of a function's OWN argument errors: a value that contradicts the annotation (2.5 for an
+    `int`, a 1-D array for `"out in"`) otherwise fails the annotation check first, with a
+    `TypeCheckError` instead of the function's `ValueError`."""
+    import jaxtyping
+
+    before = jaxtyping.config.jaxtyping_disable
+    jaxtyping.config.update("jaxtyping_disable", True)
+    try:
+        yield
+    finally:
+        jaxtyping.config.update("jaxtyping_disable", before)
 
 
 def tiny_hf_model(
