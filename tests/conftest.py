@@ -82,6 +82,20 @@ def torch_default_model():
 
 
 @pytest.fixture(scope="session")
+def two_layer_default_model(default_model, tmp_path_factory):
+    """A checkpoint directory of the default model cut to its first 2 of 30 decoder layers (real
+    weights, vocabulary, tokenizer and matrix shapes), for the multi-device subprocess tests:
+    what they check is per layer, and 2 layers compile many times faster than 30."""
+    from functional_gen.loading.default_model import converted_default_dir
+
+    from .helpers import first_layers_checkpoint
+
+    return first_layers_checkpoint(
+        converted_default_dir(), tmp_path_factory.mktemp("checkpoints") / "two-layers", 2
+    )
+
+
+@pytest.fixture(scope="session")
 def roman_prompt_ids(default_model):
     """The first 32 token ids of ROMAN_TEXT."""
     _, tokenizer = default_model
