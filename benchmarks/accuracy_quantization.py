@@ -27,8 +27,8 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's functional_gen
 
-import functional_gen as fg  # noqa: E402
-from functional_gen.models.evaluation import next_token_scores, perplexity  # noqa: E402
+import functional_gen as fg
+from functional_gen.models.evaluation import next_token_scores, perplexity
 
 
 def main(argv=None) -> int:

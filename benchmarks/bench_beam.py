@@ -20,9 +20,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import jax
 import numpy as np
-from functional_gen.samplers import BeamSearch
 
 import functional_gen as fg
+from functional_gen.samplers import BeamSearch
 
 TEXT = (
     "The history of the Roman Empire spans many centuries, from the founding of the city of Rome "

@@ -25,7 +25,7 @@ from pathlib import Path
 import jax
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's functional_gen
-import functional_gen as fg  # noqa: E402
+import functional_gen as fg
 
 PROMPT = "Today, a dragon flew over Paris, France,"
 NEGATIVE = "A very happy event happened,"

@@ -43,11 +43,11 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's functional_gen
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
+import jax
+import jax.numpy as jnp
+import numpy as np
 
-import functional_gen as fg  # noqa: E402
+import functional_gen as fg
 
 TEXT = (
     "The history of the Roman Empire spans many centuries, from the founding of the city of Rome "
@@ -334,7 +334,7 @@ def main(argv=None) -> int:
             for _ in range(args.repeats):
                 for system in systems:
                     samples[system.name].append(
-                        timed(lambda s=system: s.generate([prompt] * batch, count))
+                        timed(lambda s=system, b=batch, n=count: s.generate([prompt] * b, n))
                     )
             for name, xs in samples.items():
                 times[(name, batch, count)] = statistics.median(xs)

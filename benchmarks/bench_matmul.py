@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's functional_gen
-from functional_gen.models import quantization as q  # noqa: E402
+from functional_gen.models import quantization as q
 
 SHAPES = {  # name: (out, in)
     "attn 576x576": (576, 576),

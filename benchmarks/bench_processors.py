@@ -24,8 +24,8 @@ import jax.numpy as jnp
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's functional_gen
-import functional_gen as fg  # noqa: E402
-from functional_gen.processors.base import Context, init_states, process_all, vmap_rows  # noqa: E402
+import functional_gen as fg
+from functional_gen.processors.base import Context, init_states, process_all, vmap_rows
 
 P = fg.processors
 PROMPT = (

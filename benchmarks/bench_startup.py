@@ -26,7 +26,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # this checkout's functional_gen
 
-from functional_gen.loading.default_model import converted_default_dir, ensure_default_checkpoint
+from functional_gen.loading.default_model import (  # noqa: E402 (after the sys.path line)
+    converted_default_dir,
+    ensure_default_checkpoint,
+)
 
 PROMPT = "What is the capital of France?"
 

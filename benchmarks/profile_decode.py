@@ -28,15 +28,15 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's functional_gen
 
-import equinox as eqx  # noqa: E402
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
+import equinox as eqx
+import jax
+import jax.numpy as jnp
 
-import functional_gen as fg  # noqa: E402
-from functional_gen.models.llama import RotaryEmbedding  # noqa: E402
+import functional_gen as fg
+from functional_gen.models.llama import RotaryEmbedding
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_generate import measure_bandwidth  # noqa: E402
+from bench_generate import measure_bandwidth
 
 
 def fastest(fn, *args, repeats):
@@ -138,7 +138,7 @@ def main(argv=None) -> int:
         return model.model.norm(x)
 
     logits0 = jax.random.normal(jax.random.key(2), (1, c.vocab_size))
-    tail = jax.jit(lambda l: jnp.argmax(l, axis=-1))
+    tail = jax.jit(lambda logits: jnp.argmax(logits, axis=-1))
 
     r = args.repeats
     parts = {

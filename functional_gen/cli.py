@@ -827,5 +827,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 1
 
 
+def console_main() -> int:
+    """The `functional-gen` program (`main` in a process of its own).
+
+    Hides PyTorch from transformers first: functional_gen never uses it, but where it is
+    installed, transformers' config and generation-config modules import it (2-6 s of a repeated
+    call that otherwise finds its compiled programs in the cache). `main` alone, as the tests call
+    it in a process that uses torch, leaves it alone."""
+    if "torch" not in sys.modules:
+        sys.modules["torch"] = None  # import torch fails; importlib.util.find_spec says absent
+    return main()
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(console_main())

@@ -149,10 +149,7 @@ def place_rows(tree, mesh: Mesh):
     def place(leaf):
         if not isinstance(leaf, (jax.Array, np.ndarray)):
             return leaf
-        if leaf.ndim and leaf.shape[0] % data == 0 and data > 1:
-            spec = P("data")
-        else:
-            spec = P()
+        spec = P("data") if leaf.ndim and leaf.shape[0] % data == 0 and data > 1 else P()
         return _put(leaf, NamedSharding(mesh, spec))
 
     return jax.tree.map(place, tree)

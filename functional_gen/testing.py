@@ -107,7 +107,7 @@ class CountingModel(AbstractCausalLM):
         """Logits (+10 on `(token + 1) % vocab_size`, -10 elsewhere) for the last `logits_to_keep`
         tokens (`0`: all), and the cache with this call's positions recorded (`prefix_length` has
         no effect: each logit depends on one token only)."""
-        batch, seq = token_ids.shape
+        _, seq = token_ids.shape
         positions = jax.lax.dynamic_update_slice(
             cache.positions, positions.astype(jnp.int32), (0, cache.length[0])
         )

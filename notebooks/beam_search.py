@@ -32,9 +32,9 @@ import json
 
 import matplotlib.pyplot as plt
 import numpy as np
-from functional_gen.samplers import BeamSearch
 
 import functional_gen as fg
+from functional_gen.samplers import BeamSearch
 
 model, tokenizer = fg.load_model()
 NEW_TOKENS = 24  # every call below stays in one max_new_tokens bucket: one compiled program each

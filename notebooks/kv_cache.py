@@ -74,7 +74,7 @@ print("greedy, no cache:", ids)
 # %%
 logits, cache = tiny.prefill(jnp.asarray([prompt]), jnp.arange(len(prompt))[None], max_len=16)
 cached_ids, cached_logits = list(prompt), []
-for step in range(6):
+for _ in range(6):
     cached_logits.append(logits[0, -1])
     token = int(jnp.argmax(logits[0, -1]))
     cached_ids.append(token)
@@ -111,7 +111,7 @@ lengths, times = [16, 64], {"one_pass": [], "forced": []}
 for n in lengths:
     state = fg.SequenceState.from_token_ids([tokenizer(text)["input_ids"][:n]], vocab_size=model.vocab_size)
     for mode in times:
-        for attempt in range(2):
+        for _ in range(2):
             start = time.perf_counter()
             out = fg.generate(model, tokenizer, state, max_new_tokens=1, prefill_mode=mode)
             jax.block_until_ready(out.state.arrays)

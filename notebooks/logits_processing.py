@@ -92,7 +92,7 @@ def show(processors, title, logits=logits, token_ids=None, prompt_length=None, k
     ids, labels, before_p = top_tokens(logits[0])
     after_p = np.asarray(jax.nn.softmax(after[0]))[ids]
     kept = int(np.isfinite(np.asarray(after[0])).sum())
-    fig, ax = plt.subplots(figsize=(9, 2.6))
+    _, ax = plt.subplots(figsize=(9, 2.6))
     x = np.arange(len(ids))
     ax.bar(x - 0.2, before_p, 0.4, label="before")
     ax.bar(x + 0.2, after_p, 0.4, label="after")

@@ -8,6 +8,10 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# JAX's strict dtype promotion (as in Equinox's tests): mixing dtypes without an explicit cast,
+# e.g. int32 + float32 or float32 + bfloat16, raises instead of promoting silently. Set in the
+# environment so that the tests' subprocesses inherit it too.
+os.environ["JAX_NUMPY_DTYPE_PROMOTION"] = "strict"
 
 ROMAN_TEXT = (
     "The history of the Roman Empire spans many centuries, from the founding of the city of Rome "
@@ -75,6 +79,20 @@ def torch_default_model():
         str(path.parent), gguf_file=path.name, dtype=torch.float32
     ).eval()
     return model, tokenizer
+
+
+@pytest.fixture(scope="session")
+def two_layer_default_model(default_model, tmp_path_factory):
+    """A checkpoint directory of the default model cut to its first 2 of 30 decoder layers (real
+    weights, vocabulary, tokenizer and matrix shapes), for the multi-device subprocess tests:
+    what they check is per layer, and 2 layers compile many times faster than 30."""
+    from functional_gen.loading.default_model import converted_default_dir
+
+    from .helpers import first_layers_checkpoint
+
+    return first_layers_checkpoint(
+        converted_default_dir(), tmp_path_factory.mktemp("checkpoints") / "two-layers", 2
+    )
 
 
 @pytest.fixture(scope="session")

@@ -1,6 +1,27 @@
-"""Test helpers that need PyTorch: tiny random transformers models saved as checkpoints."""
+"""Test helpers: tiny random transformers models saved as checkpoints (PyTorch), a checkpoint cut
+to its first layers, and a switch for the runtime type checks."""
+
+import contextlib
+import json
+import shutil
 
 import numpy as np
+
+
+@contextlib.contextmanager
+def without_runtime_type_checks():
+    """Turn off jaxtyping's runtime checks (the suite runs with `--jaxtyping-packages`) for a test
+    of a function's OWN argument errors: a value that contradicts the annotation (2.5 for an
+    `int`, a 1-D array for `"out in"`) otherwise fails the annotation check first, with a
+    `TypeCheckError` instead of the function's `ValueError`."""
+    import jaxtyping
+
+    before = jaxtyping.config.jaxtyping_disable
+    jaxtyping.config.update("jaxtyping_disable", True)
+    try:
+        yield
+    finally:
+        jaxtyping.config.update("jaxtyping_disable", before)
 
 
 def tiny_hf_model(
@@ -68,3 +89,23 @@ def torch_logits(model, token_ids, attention_mask=None):
     mask = None if attention_mask is None else torch.as_tensor(np.asarray(attention_mask))
     with torch.no_grad():
         return model(ids, attention_mask=mask).logits.float().numpy()
+
+
+def first_layers_checkpoint(source, target, layers):
+    """A copy of the checkpoint directory `source` with only its first `layers` decoder layers."""
+    from safetensors.numpy import load_file, save_file
+
+    target.mkdir(parents=True)
+    for f in source.iterdir():
+        if f.name not in ("config.json", "model.safetensors"):
+            shutil.copy(f, target / f.name)
+    config = json.loads((source / "config.json").read_text())
+    config["num_hidden_layers"] = layers
+    (target / "config.json").write_text(json.dumps(config))
+    weights = load_file(source / "model.safetensors")
+    kept = {
+        k: v for k, v in weights.items()
+        if not k.startswith("model.layers.") or int(k.split(".")[2]) < layers
+    }
+    save_file(kept, target / "model.safetensors")
+    return target

@@ -1,8 +1,38 @@
 """The `functional-gen` command line."""
 
+import importlib.util
+import sys
+
 import pytest
 
 from functional_gen import cli
+
+
+@pytest.mark.parametrize("torch_imported", [False, True])
+def test_the_program_hides_torch_unless_it_is_imported(monkeypatch, torch_imported):
+    # `functional-gen` (console_main) runs `main` with torch hidden from transformers, whose config
+    # modules would otherwise import it (seconds of every call); a process that already imported
+    # torch keeps it.
+    sentinel = object()
+    # setitem first, so that undoing restores sys.modules["torch"] as it was, whatever we did
+    monkeypatch.setitem(sys.modules, "torch", sentinel)
+    if not torch_imported:
+        monkeypatch.delitem(sys.modules, "torch")
+    seen = {}
+
+    def main():
+        seen["torch"] = sys.modules.get("torch", "absent")
+        seen["spec"] = importlib.util.find_spec("torch") if seen["torch"] is None else "kept"
+        return 0
+
+    monkeypatch.setattr(cli, "main", main)
+    assert cli.console_main() == 0
+    if torch_imported:
+        assert seen == {"torch": sentinel, "spec": "kept"}
+    else:
+        assert seen == {"torch": None, "spec": None}
+        with pytest.raises(ImportError):
+            import torch  # noqa: F401
 
 
 def test_help_explains_every_option(capsys):

@@ -1,5 +1,6 @@
 """Generation across processes: two local processes (CPU, 4 devices each, the loopback address)
-with `jax.distributed` generate the same tokens as one process."""
+with `jax.distributed` generate the same tokens as one process (the default model cut to 2 of
+its 30 layers, `two_layer_default_model`: the collectives are per layer)."""
 
 import json
 import os
@@ -22,7 +23,7 @@ WORKER = textwrap.dedent(
     import numpy as np
     import functional_gen as fg
 
-    model, tok = fg.load_model()
+    model, tok = fg.load_model(sys.argv[4])
     sharded = fg.shard(model, fg.make_mesh(2, 4))  # 8 devices over 2 processes
     prompts = json.loads(sys.argv[3])
     out = fg.generate(sharded, tok, prompts, max_new_tokens=8, sampler=fg.samplers.Greedy())
@@ -40,11 +41,12 @@ def free_port() -> int:
 
 
 @pytest.mark.slow
-def test_two_processes_generate_what_one_does(default_model):
-    import functional_gen as fg
+def test_two_processes_generate_what_one_does(two_layer_default_model):
     import numpy as np
 
-    model, tokenizer = default_model
+    import functional_gen as fg
+
+    model, tokenizer = fg.load_model(two_layer_default_model)
     expected = np.asarray(
         fg.generate(model, tokenizer, PROMPTS, max_new_tokens=8, sampler=fg.samplers.Greedy()).token_ids
     ).tolist()
@@ -52,7 +54,7 @@ def test_two_processes_generate_what_one_does(default_model):
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     procs = [
         subprocess.Popen(
-            [sys.executable, "-c", WORKER, str(i), address, json.dumps(PROMPTS)],
+            [sys.executable, "-c", WORKER, str(i), address, json.dumps(PROMPTS), str(two_layer_default_model)],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
         )
         for i in range(2)

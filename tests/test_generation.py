@@ -175,7 +175,7 @@ def test_bucket_length(n, bucket):
 
 def test_bad_inputs_raise_clear_errors_before_compiling():
     model = CountingModel()
-    with pytest.raises(ValueError, match="max_new_tokens.*positive integer, got 0"):
+    with pytest.raises(ValueError, match=r"max_new_tokens.*positive integer, got 0"):
         counting_generate([[1]], max_new_tokens=0)
     with pytest.raises(ValueError, match="prompt 1 has no tokens"):
         counting_generate([[1], []])

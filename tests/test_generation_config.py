@@ -143,7 +143,7 @@ def test_unsupported_decoding_methods_are_named(config, message):
 @pytest.mark.parametrize(
     "config, sampler",
     [
-        (dict(), "Greedy"),
+        ({}, "Greedy"),
         (dict(do_sample=True, temperature=0.7), "Multinomial"),
         # beam-only settings are harmless when the mode is greedy or sample, as in transformers
         (dict(length_penalty=2.0, early_stopping=True, output_scores=True, use_cache=False), "Greedy"),
@@ -229,7 +229,7 @@ def test_the_models_own_generation_config_is_the_default(default_model):
     )
     sampling_model = copy.copy(model)  # the same weights, another generation_config
     object.__setattr__(sampling_model, "generation_config", sampling)
-    with pytest.raises(ValueError, match="needs a PRNG key.*do_sample=True"):
+    with pytest.raises(ValueError, match=r"needs a PRNG key.*do_sample=True"):
         fg.generate(sampling_model, tokenizer, "Once upon a time")
     key = jax.random.key(1)
     by_default = fg.generate(sampling_model, tokenizer, ["Once upon a time"] * 2, key=key)

@@ -24,7 +24,7 @@ def test_every_python_block_of_the_readme_runs(default_model, capsys):
     assert len(code) >= 4
     namespace: dict = {"__name__": "readme"}
     for i, source in enumerate(code):
-        exec(compile(source, f"README.md python block {i}", "exec"), namespace)  # noqa: S102
+        exec(compile(source, f"README.md python block {i}", "exec"), namespace)
     assert namespace["result"].texts and capsys.readouterr().out  # the stream printed text
 
 

@@ -1,5 +1,9 @@
 """Tensor- and data-parallel generation on 8 CPU devices (a subprocess, since the device count
-is fixed when JAX starts): the same tokens as one device, and weights really split."""
+is fixed when JAX starts): the same tokens as one device, and weights really split.
+
+The model is the default model cut to its first 2 of 30 layers (`two_layer_default_model`: real
+weights, vocabulary, tokenizer and every matrix shape): the sharding rules and the collectives are
+per layer, and each of the ~20 programs compiles many times faster than with 30 layers."""
 
 import json
 import os
@@ -11,13 +15,14 @@ import pytest
 
 WORKER = textwrap.dedent(
     """
-    import json, os
+    import json, os, sys
     os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
     import jax, jax.numpy as jnp, numpy as np
     import functional_gen as fg
     from jax.sharding import PartitionSpec as P
 
-    model, tok = fg.load_model()
+    checkpoint = sys.argv[1]
+    model, tok = fg.load_model(checkpoint)
     prompts = ["The capital of France is", "Once upon a time", "1, 2, 3,", "Hello there",
                "The sea is", "Why is the sky blue?", "A, B, C,", "def add(x, y):"]
     greedy = fg.samplers.Greedy()
@@ -50,7 +55,7 @@ WORKER = textwrap.dedent(
             "norm_replicated": bool(sharded.model.norm.weight.sharding.is_fully_replicated),
         }
         if shape == (2, 4):
-            loaded, _ = fg.load_model(mesh=mesh)  # built on the host, placed into its shards
+            loaded, _ = fg.load_model(checkpoint, mesh=mesh)  # built on the host, placed into its shards
             lw = loaded.model.layers[0].mlp.gate_proj.weight
             row["loaded_shard_shape"] = list(lw.addressable_shards[0].data.shape)
             again = fg.generate(loaded, tok, prompts, max_new_tokens=8, sampler=greedy)
@@ -99,9 +104,10 @@ WORKER = textwrap.dedent(
 
 
 @pytest.mark.slow
-def test_generation_on_meshes_of_8_devices():
+def test_generation_on_meshes_of_8_devices(two_layer_default_model):
+    checkpoint = two_layer_default_model
     run = subprocess.run(
-        [sys.executable, "-c", WORKER], capture_output=True, text=True, timeout=1500,
+        [sys.executable, "-c", WORKER, str(checkpoint)], capture_output=True, text=True, timeout=1500,
         env={**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8"},
     )
     assert run.returncode == 0, run.stderr[-4000:]

@@ -25,7 +25,7 @@ from typing import Any
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Float, Int
+from jaxtyping import Array, ArrayLike, Float, Int
 
 from ..models.base import AbstractCausalLM, fingerprint
 from ..models.kv_cache import KVCache
@@ -38,8 +38,8 @@ the processor state) or the 2x-batch form (`GuidedModel`)."""
 def guide(
     cond_logits: Float[Array, "*batch vocab"],
     uncond_logits: Float[Array, "*batch vocab"],
-    guidance_scale: Float[Array, "*batch"],
-    rescale: Float[Array, "*batch"] | None = None,
+    guidance_scale: float | Float[ArrayLike, "*#batch"],
+    rescale: float | Float[ArrayLike, "*#batch"] | None = None,
 ) -> Float[Array, "*batch vocab"]:
     """The guided log-probabilities from conditional and unconditional logits.
 

@@ -25,7 +25,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray
+from jaxtyping import Array, Bool, Float, Int, Key, PRNGKeyArray
 
 from ..models.base import AbstractCausalLM
 from ..processors.base import Context, as_processors, init_states, vmap_rows
@@ -366,9 +366,10 @@ class _Prepared:
     arrays: SequenceArrays
     new_ids: Int[Array, "batch seq"]
     new_pos: Int[Array, "batch seq"]
-    budget: Int[Array, " batch"]
     padding_rows: Bool[Array, " batch"]
-    keys: PRNGKeyArray  # per row after the fork
+    # `rows`: the loop's rows after the fork, batch * num_return_sequences
+    budget: Int[Array, " rows"]
+    keys: Key[Array, " rows"]
     rows: int  # real rows of the result (after repeat)
     prefill_tokens: list[int]
 

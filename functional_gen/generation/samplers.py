@@ -51,4 +51,5 @@ class Multinomial(AbstractSampler):
         return jax.random.categorical(key, logits).astype(jnp.int32)
 
 
-from .beam_search import BeamSearch as BeamSearch
+# after the samplers above: beam_search imports them
+from .beam_search import BeamSearch as BeamSearch  # noqa: E402

@@ -25,7 +25,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, Float, Int, PRNGKeyArray, PyTree
+from jaxtyping import Array, Float, Int, Key, PRNGKeyArray, PyTree
 
 from ..models.kv_cache import KVCache
 from ..processors.base import split_rows
@@ -78,7 +78,7 @@ class SequenceArrays(eqx.Module):
     cached: Int[Array, " batch"]
     prompt_length: Int[Array, " batch"]
     logits: Float[Array, "batch vocab"]
-    key: PRNGKeyArray
+    key: Key[Array, " batch"]
     key_step: Int[Array, " batch"]
     cache: KVCache | None
     processor_states: tuple[PyTree, ...] | None
@@ -223,7 +223,7 @@ class SequenceState:
         return self.arrays.processor_states
 
     @property
-    def key(self) -> PRNGKeyArray:
+    def key(self) -> Key[Array, " batch"]:
         """Per-row PRNG keys, `Key[Array, " batch"]`."""
         return self.arrays.key
 
@@ -522,7 +522,7 @@ class SequenceState:
         try:
             with safe_open(path, framework="numpy") as f:
                 meta = f.metadata() or {}
-                arrays = {name: f.get_tensor(name) for name in f.keys()}
+                arrays = {name: f.get_tensor(name) for name in f.keys()}  # noqa: SIM118 (safe_open is not iterable)
         except (SafetensorError, OSError, ValueError) as e:
             raise SequenceStateFormatError(f"{path!r} is not a saved SequenceState: {e}") from e
         try:

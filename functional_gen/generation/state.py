@@ -4,7 +4,7 @@ from typing import Any
 
 import equinox as eqx
 import jax.numpy as jnp
-from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray, PyTree
+from jaxtyping import Array, Bool, Float, Int, Key, PyTree
 
 from ..models.kv_cache import KVCache
 
@@ -68,7 +68,7 @@ class GenerationState(eqx.Module):
     cache: KVCache
     processor_states: tuple[PyTree, ...]
     stop_state: Int[Array, "batch stops"]
-    key: PRNGKeyArray
+    key: Key[Array, " batch"]
     key_step: Int[Array, " batch"]
     beam: Any = None
 

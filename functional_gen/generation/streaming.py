@@ -10,7 +10,6 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import equinox as eqx
-import jax
 import jax.numpy as jnp
 import numpy as np
 from jaxtyping import PRNGKeyArray

@@ -92,7 +92,7 @@ def read_weights(files: list[Path]) -> dict[str, np.ndarray]:
         files = progress_bar(files, desc="Loading checkpoint shards", unit="shard")
     for f in files:
         with safe_open(str(f), framework="numpy") as st:
-            for name in st.keys():
+            for name in st.keys():  # noqa: SIM118 (safe_open is not iterable)
                 weights[name] = st.get_tensor(name)
     if weights and not any(k.startswith("model.") for k in weights):
         # saved from the bare `LlamaModel`: put the names under `model.`

@@ -17,9 +17,9 @@ import equinox as eqx
 import jax.numpy as jnp
 import numpy as np
 
-from ..models.quantization import check_quantization, quantize_int8
 from ..models.config import LlamaConfig, UnsupportedConfigError
 from ..models.llama import LlamaForCausalLM
+from ..models.quantization import check_quantization, quantize_int8
 from ..tokenization import END_OF_GENERATION_TEXTS
 
 SUPPORTED_GGUF_ARCHITECTURES = ("llama", "qwen2")

@@ -7,6 +7,8 @@ perplexity guide (fixed-length model, here with the whole text as context: the t
 chunks that extend one `KVCache`, so every token sees all earlier ones).
 """
 
+from collections.abc import Sequence
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -26,8 +28,8 @@ def _stats(model, ids, positions, cache, targets):
 
 
 def next_token_scores(
-    model, token_ids: Int[np.ndarray, " seq"], *, chunk: int = 512
-) -> tuple[Float[np.ndarray, " seq-1"], Int[np.ndarray, " seq-1"]]:
+    model, token_ids: Sequence[int] | Int[np.ndarray, " seq"], *, chunk: int = 512
+) -> tuple[Float[np.ndarray, " n"], Int[np.ndarray, " n"]]:  # n = seq - 1 (a list has no shape)
     """Log-probability of every actual next token, and the model's top-1 prediction.
 
     **Arguments:**

@@ -36,9 +36,10 @@ class KVCache(eqx.Module):
     `k`/`v` and `-1` of `positions`.
     """
 
-    k: tuple[Float[Array, "batch kv_heads max_len head_dim"], ...]
-    v: tuple[Float[Array, "batch kv_heads max_len head_dim"], ...]
-    positions: Int[Array, "batch max_len"]
+    # `*branch`: the axes a model may add after the batch (none, or (2,) for guidance pairs)
+    k: tuple[Float[Array, "batch *branch kv_heads max_len head_dim"], ...]
+    v: tuple[Float[Array, "batch *branch kv_heads max_len head_dim"], ...]
+    positions: Int[Array, "batch *branch max_len"]
     length: Int[Array, " batch"]
 
     @classmethod

@@ -36,7 +36,6 @@ from .base import AbstractCausalLM, fingerprint
 from .config import LlamaConfig
 from .kv_cache import KVCache
 
-
 _PREFILL_CHUNK = 128  # query block of prefill attention (tokens)
 
 
@@ -388,7 +387,7 @@ class LlamaModel(eqx.Module):
         `Float[Array, "hidden tokens"]` with `tokens = batch * seq` in row-major order, and the
         updated `KVCache` (its `length` advanced by `seq`).
         """
-        batch, seq = token_ids.shape
+        _, seq = token_ids.shape
         write_index = cache.length[0]
         slot_positions = jax.lax.dynamic_update_slice(
             cache.positions, positions.astype(jnp.int32), (0, write_index)

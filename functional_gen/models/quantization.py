@@ -27,7 +27,7 @@ from collections.abc import Callable
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
-from jaxtyping import Array, Float, Int, Int8
+from jaxtyping import Array, Float, Float32, Int, Int8
 
 QUANTIZATIONS = ("int8",)
 """Accepted values of `quantization=` (besides `None`, the float weights of `dtype`)."""
@@ -52,7 +52,10 @@ def check_quantization(quantization: str | None) -> str | None:
 
 def quantize_int8(
     weight: Float[np.ndarray, "out in"] | Float[Array, "out in"],
-) -> tuple[Int8[np.ndarray, "out in"], Float[np.ndarray, " out"]]:
+) -> (
+    tuple[Int8[np.ndarray, "out in"], Float32[np.ndarray, " out"]]
+    | tuple[Int8[Array, "out in"], Float32[Array, " out"]]
+):
     """Symmetric per-output-channel int8 quantization of a `[out, in]` weight (float32 math).
 
     **Arguments:** `weight`: a float array of shape `[out, in]`; a numpy array gives numpy

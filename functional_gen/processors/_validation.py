@@ -70,7 +70,7 @@ def int_array_param(name: str, value, *, low: int) -> jax.Array:
     """
     if isinstance(value, jax.core.Tracer):
         return jnp.asarray(value, jnp.int32)
-    if isinstance(value, bool) or isinstance(value, (float, np.floating)):
+    if isinstance(value, (bool, float, np.floating)):
         raise ValueError(f"`{name}` must be an integer >= {low} (or one per row), got {value!r}")
     array = np.asarray(value)
     if array.ndim > 1 or array.dtype.kind not in "iu" or np.any(array < low):

@@ -33,7 +33,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray, PyTree
+from jaxtyping import Array, ArrayLike, Bool, Float, Int, Key, PRNGKeyArray, PyTree
 
 State = PyTree
 """A processor's state: any pytree of arrays (`()` for stateless processors)."""
@@ -106,11 +106,13 @@ class Context(eqx.Module):
       that draw more than one random number should split or `fold_in` it.
     """
 
-    token_ids: Int[Array, " max_len"]
-    length: Int[Array, ""]
-    prompt_length: Int[Array, ""]
-    max_new_tokens: Int[Array, ""]
-    key: PRNGKeyArray
+    # `*batch`: the generation loop builds the contexts of all rows at once and vmaps over them,
+    # so a Context holds either one row (what processors see) or a leading batch axis.
+    token_ids: Int[Array, "*batch max_len"]
+    length: Int[Array, "*batch"]
+    prompt_length: Int[Array, "*batch"]
+    max_new_tokens: Int[Array, "*batch"]
+    key: Key[Array, "*batch"]
 
     @property
     def num_generated(self) -> Int[Array, ""]:
@@ -263,10 +265,10 @@ def process_all(
 
 def apply(
     processors: Sequence[Any],
-    logits: Float[Array, "batch vocab"],
-    token_ids: Int[Array, "batch seq"],
+    logits: Float[ArrayLike, "batch vocab"],
+    token_ids: Int[ArrayLike, "batch seq"],
     *,
-    prompt_length: int | Int[Array, " batch"] | None = None,
+    prompt_length: int | Int[ArrayLike, " batch"] | None = None,
     max_new_tokens: int | None = None,
     key: PRNGKeyArray | None = None,
 ) -> Float[Array, "batch vocab"]:

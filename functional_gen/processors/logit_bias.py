@@ -50,7 +50,9 @@ class LogitBias(AbstractStatelessLogitsProcessor):
         try:
             values = np.asarray(list(logit_bias.values()), np.float64).reshape(len(ids))
         except (TypeError, ValueError):
-            raise ValueError(f"`logit_bias` values must be floats, got {list(logit_bias.values())!r}")
+            raise ValueError(
+                f"`logit_bias` values must be floats, got {list(logit_bias.values())!r}"
+            ) from None
         bad = ~np.isfinite(values) | (np.abs(values) > 100)
         if np.any(bad):
             raise ValueError(f"`logit_bias` values must be in [-100, 100], got {values[bad].tolist()}")

@@ -3,7 +3,7 @@
 import equinox as eqx
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, Float, Int
+from jaxtyping import Array, ArrayLike, Float, Int
 
 from ._validation import int_param, token_ids_param
 from .base import AbstractStatelessLogitsProcessor, Context, per_row_field
@@ -25,7 +25,7 @@ class MinNewTokens(AbstractStatelessLogitsProcessor):
     min_new_tokens: Int[Array, "*rows"] = per_row_field()
     eos_token_id: tuple[int, ...] = eqx.field(static=True)
 
-    def __init__(self, min_new_tokens: int, eos_token_id):
+    def __init__(self, min_new_tokens: int | Int[ArrayLike, " rows"], eos_token_id):
         if isinstance(min_new_tokens, (int, np.integer)):
             min_new_tokens = int_param("min_new_tokens", min_new_tokens, low=0)
         values = np.asarray(min_new_tokens)

@@ -91,7 +91,9 @@ class SequenceBias(AbstractStatelessLogitsProcessor):
         try:
             values = np.asarray(list(merged.values()), np.float64)
         except (TypeError, ValueError):
-            raise ValueError(f"`sequence_bias` biases must be floats, got {list(merged.values())!r}")
+            raise ValueError(
+                f"`sequence_bias` biases must be floats, got {list(merged.values())!r}"
+            ) from None
         if values.ndim != 1 or np.any(np.isnan(values)) or np.any(values == np.inf):
             raise ValueError(
                 f"`sequence_bias` biases must be floats in [-inf, inf), got {values.tolist()}"

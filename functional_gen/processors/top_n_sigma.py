@@ -29,7 +29,7 @@ class TopNSigma(AbstractStatelessLogitsProcessor):
 
     def __call__(self, logits: Float[Array, " vocab"], context: Context) -> Float[Array, " vocab"]:
         finite = logits != -jnp.inf
-        count = jnp.sum(finite)
+        count = jnp.sum(finite, dtype=logits.dtype)  # a float: divides float sums below
         values = jnp.where(finite, logits, 0.0)
         mean = jnp.sum(values) / jnp.maximum(count, 1)
         sigma = jnp.sqrt(jnp.sum(jnp.where(finite, (logits - mean) ** 2, 0.0)) / jnp.maximum(count, 1))

@@ -161,8 +161,11 @@ def _bfs_layers(indptr, neighbours, sources, num_states: int) -> np.ndarray:
     return dist
 
 
-def _token_classes(src, tok, dst, vocab_size: int, num_states: int) -> np.ndarray:
-    """Class of each token: tokens whose (state -> next state) columns are equal share a class;
+def _token_classes(
+    src, tok, dst, vocab_size: int, num_states: int
+) -> tuple[Int[np.ndarray, " vocab"], Int[np.ndarray, "states classes"]]:
+    """`(token_class, table)`: the class of each token, and the next state per (state, class)
+    (0: none). Tokens whose (state -> next state) columns are equal share a class;
     class 0 holds exactly the tokens without any transition. Exact: a random hash of each
     column, then a check that the class table reproduces every transition and no more."""
     per_token = np.bincount(tok, minlength=vocab_size)
@@ -189,7 +192,7 @@ def from_transitions(
     dst: Int[np.ndarray, " n"],
     *,
     initial: int,
-    accepting: Iterable[int],
+    accepting: Iterable[int] | Int[np.ndarray, " k"],
     vocab_size: int,
     eos_token_id: tuple[int, ...],
     description: str = "",

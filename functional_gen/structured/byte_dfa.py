@@ -39,11 +39,13 @@ REJECT = -1
 class ByteDFA:
     """A deterministic automaton over bytes.
 
-    **Attributes:** `delta`: `Int[np.ndarray, "states 256"]`, next state per byte (`REJECT` = -1
-    for a rejected byte); `accepting`: `Bool[np.ndarray, " states"]`; `initial`: the start state.
+    **Attributes:** `delta`: `Int[np.ndarray, "states symbols"]`, next state per byte (`REJECT` =
+    -1 for a rejected byte; 256 symbols for bytes, the grammar compiler also minimises automata
+    over its own alphabets); `accepting`: `Bool[np.ndarray, " states"]`; `initial`: the start
+    state.
     """
 
-    delta: Int[np.ndarray, "states 256"]
+    delta: Int[np.ndarray, "states symbols"]
     accepting: Bool[np.ndarray, " states"]
     initial: int = 0
 

@@ -850,7 +850,7 @@ class _Rewriter:
             items.append((f"{key}{self.ws}:{self.ws}{self.regex_of(r)}", name in required))
         extras = []
         if patterns:
-            for i, (pattern, schema) in enumerate(patterns.items()):
+            for pattern, schema in patterns.items():
                 r = self.node(schema, f"{path}/patternProperties/{pattern}")
                 if r is NEVER:
                     continue

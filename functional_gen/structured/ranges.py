@@ -114,7 +114,7 @@ def _magnitude_regex(lo: int, lo_exclusive: bool, hi: int | None, hi_exclusive: 
 
 
 def number_range_regex(
-    lo: float | None, hi: float | None, *, lo_exclusive: bool = False, hi_exclusive: bool = False
+    lo: int | float | None, hi: int | float | None, *, lo_exclusive: bool = False, hi_exclusive: bool = False
 ) -> str:
     """Regex of the JSON numbers (decimal notation, no exponent) in the interval from `lo` to
     `hi` (`None`: unbounded), each bound inclusive unless said exclusive.

@@ -8,9 +8,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from functional_gen.samplers import BeamSearch
 
 import functional_gen as fg
+from functional_gen.samplers import BeamSearch
 
 from ..helpers import tiny_hf_model, tiny_tokenizer
 

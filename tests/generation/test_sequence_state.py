@@ -215,7 +215,7 @@ def test_bad_inputs_raise_clear_errors(tiny, tmp_path):
     from safetensors import safe_open
 
     with safe_open(str(tmp_path / "s.safetensors"), framework="numpy") as f:
-        tensors = {k: f.get_tensor(k) for k in f.keys()}
+        tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (safe_open is not iterable)
         meta = json.loads(f.metadata()["functional_gen"])
     meta["version"] = 99
     save_file(tensors, str(tmp_path / "v99.safetensors"), metadata={"functional_gen": json.dumps(meta)})

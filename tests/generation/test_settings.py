@@ -1,8 +1,8 @@
 """The settings resolver's precedence (written down in `functional_gen.generation.settings`):
 the call wins key by key; the model's generation config fills in what the call leaves out."""
 
-import transformers
 import pytest
+import transformers
 
 import functional_gen as fg
 from functional_gen.generation import resolve_settings

@@ -50,7 +50,7 @@ def test_generation_config_eos_ids_are_merged(checkpoint):
 def test_missing_files_are_named(checkpoint, tmp_path):
     empty = tmp_path / "empty"
     empty.mkdir()
-    with pytest.raises(FileNotFoundError, match="no config.json"):
+    with pytest.raises(FileNotFoundError, match=r"no config\.json"):
         fg.load_model(empty)
     weights_gone = tmp_path / "no-weights"
     shutil.copytree(checkpoint, weights_gone)
@@ -66,7 +66,7 @@ def test_missing_files_are_named(checkpoint, tmp_path):
         fg.load_model(tmp_path / "nothing-here")
     text_file = tmp_path / "model.txt"
     text_file.write_text("hello")
-    with pytest.raises(ValueError, match="not a .gguf file"):
+    with pytest.raises(ValueError, match=r"not a \.gguf file"):
         fg.load_model(text_file)
 
 

@@ -173,5 +173,5 @@ def test_unknown_key_in_a_checkpoint_is_refused_before_loading_weights(tmp_path)
     (tmp_path / "config.json").write_text(
         json.dumps({"model_type": "llama", **SMALL, "attn_logit_softcapping": 30.0})
     )
-    with pytest.raises(UnsupportedConfigError, match="attn_logit_softcapping=30.0"):
+    with pytest.raises(UnsupportedConfigError, match=r"attn_logit_softcapping=30\.0"):
         fg.load_model(tmp_path)

@@ -219,9 +219,9 @@ def test_from_weights_reports_missing_unexpected_and_bad_shapes():
     names = {k: np.asarray(v) for k, v in model.named_weights().items()}
     missing = dict(names)
     del missing["model.norm.weight"]
-    with pytest.raises(ValueError, match="missing.*model.norm.weight"):
+    with pytest.raises(ValueError, match=r"missing.*model\.norm\.weight"):
         LlamaForCausalLM.from_weights(model.config, missing)
-    with pytest.raises(ValueError, match="unexpected.*extra.weight"):
+    with pytest.raises(ValueError, match=r"unexpected.*extra\.weight"):
         LlamaForCausalLM.from_weights(model.config, {**names, "extra.weight": np.zeros(3)})
     bad = dict(names)
     bad["model.norm.weight"] = np.zeros(7)

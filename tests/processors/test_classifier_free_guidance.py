@@ -317,7 +317,7 @@ def test_guidance_must_come_first():
     check_guidance_first([cfg, P.Temperature(0.7)])
     check_guidance_first([P.Temperature(0.7)])
     with pytest.raises(
-        ValueError, match="must be the first processor.*position 1, after Temperature"
+        ValueError, match=r"must be the first processor.*position 1, after Temperature"
     ):
         check_guidance_first([P.Temperature(0.7), cfg])
     with pytest.raises(ValueError, match="2 ClassifierFreeGuidance"):

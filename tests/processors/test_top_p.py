@@ -10,11 +10,14 @@ import pytest
 
 import functional_gen.processors as P
 from functional_gen.processors._common import smallest_reaching
+from functional_gen.processors.base import Context
 from functional_gen.processors.top_p import CANDIDATES
 
 VOCAB = 2000
 # Normal logits times these scales keep ~5, ~170 and ~1570 of 2,000 tokens at top_p=0.9.
 PEAKED, MEDIUM, FLAT = 8.0, 3.0, 0.5
+# These processors ignore the context; one row's context, for their signature.
+CONTEXT = Context(jnp.zeros((4,), jnp.int32), jnp.int32(1), jnp.int32(1), jnp.int32(8), jax.random.key(0))
 
 
 @eqx.filter_jit
@@ -29,7 +32,7 @@ def by_sorting(processor, logits):
 
 @eqx.filter_jit
 def filtered(processor, logits):
-    return processor(logits, None)
+    return processor(logits, CONTEXT)
 
 
 @eqx.filter_jit
@@ -87,8 +90,8 @@ def test_smallest_reaching_is_the_cut_of_a_sorted_cumulative_sum():
         (1.5, np.inf, np.inf),
     ]
     for target, strict, inclusive in cases:
-        assert float(smallest_reaching(values, weights, target, inclusive=False)) == strict
-        assert float(smallest_reaching(values, weights, target, inclusive=True)) == inclusive
+        assert float(smallest_reaching(values, weights, jnp.float32(target), inclusive=False)) == strict
+        assert float(smallest_reaching(values, weights, jnp.float32(target), inclusive=True)) == inclusive
 
 
 def computations_with(hlo_text, *needles):
@@ -105,7 +108,7 @@ def computations_with(hlo_text, *needles):
 def test_under_vmap_the_search_stays_inside_its_loop():
     # XLA hoists loop-invariant work out of while loops; were the bisection (the while loop over
     # uint32 float keys) hoisted, it would run at every step even when no row needs it.
-    step = jax.vmap(lambda x: P.TopP(0.9)(P.TopK(50)(x, None), None))
+    step = jax.vmap(lambda x: P.TopP(0.9)(P.TopK(50)(x, CONTEXT), CONTEXT))
     hlo = jax.jit(step).lower(jnp.zeros((2, 4096))).compile().as_text()
     search = computations_with(hlo, " while(", "u32[")
     assert search and "ENTRY" not in search
@@ -118,5 +121,5 @@ def test_under_vmap_the_search_stays_inside_its_loop():
 )
 def test_no_processor_sorts(processor):
     # Indexing the output of lax.top_k (top_k(x, k)[0][-1]) makes XLA on CPU sort everything.
-    hlo = jax.jit(jax.vmap(lambda x: processor(x, None))).lower(jnp.zeros((2, 4096))).compile().as_text()
+    hlo = jax.jit(jax.vmap(lambda x: processor(x, CONTEXT))).lower(jnp.zeros((2, 4096))).compile().as_text()
     assert not computations_with(hlo, " sort(")

@@ -16,8 +16,12 @@ import pytest
 from outlines_core import Guide, Index
 
 import functional_gen as fg
-from functional_gen.structured import ConstraintError, json_schema_regex, regex_automaton
-from functional_gen.structured import byte_dfa as byte_dfa_module
+from functional_gen.structured import (
+    ConstraintError,
+    byte_dfa as byte_dfa_module,
+    json_schema_regex,
+    regex_automaton,
+)
 from functional_gen.structured.automaton import INFINITE_DISTANCE, INITIAL, clear_memory_cache
 
 from .cases import CHOICES, REGEXES, SCHEMAS

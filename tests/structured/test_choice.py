@@ -8,6 +8,8 @@ import pytest
 import functional_gen as fg
 from functional_gen.structured import choice_regex, regex_automaton
 
+from ..helpers import without_runtime_type_checks
+
 
 def test_every_option_and_nothing_else(vocabulary):
     options = ["cat", "category", "dog", "日本", "a|b", "x.y"]
@@ -31,7 +33,7 @@ def test_every_option_and_nothing_else(vocabulary):
      (["a", 3], TypeError, "`options`"), ("abc", TypeError, "list of strings")],
 )
 def test_bad_options(tokenizer, options, error, message):
-    with pytest.raises(error, match=message):
+    with pytest.raises(error, match=message), without_runtime_type_checks():
         fg.processors.Choice(options, tokenizer)
 
 

@@ -8,8 +8,7 @@ import pytest
 
 import functional_gen as fg
 from functional_gen.structured import UnsupportedSchemaError, json_schema_regex, regex_automaton
-from functional_gen.structured.json_schema import InvalidSchemaError
-from functional_gen.structured.json_schema import schema_as_dict
+from functional_gen.structured.json_schema import InvalidSchemaError, schema_as_dict
 
 from .cases import SCHEMAS
 from .helpers import random_walk, validate_document
