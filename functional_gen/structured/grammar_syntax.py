@@ -210,8 +210,7 @@ def parse_grammar(text: str, start: str = "start") -> GrammarSpec:
 
     def convert(tree, terminal: bool = False):
         from lark import Tree
-        from lark.grammar import NonTerminal
-        from lark.grammar import Terminal as LarkTerminal
+        from lark.grammar import NonTerminal, Terminal as LarkTerminal
 
         if isinstance(tree, NonTerminal):
             if definitions[tree.name].params:
@@ -340,7 +339,7 @@ def _plain_lark(text: str) -> str:
             while j < n and text[j] != ch:
                 j += 2 if text[j] == "\\" else 1
             j += 1
-            while j < n and text[j] in "imsux" and ch == "/" or (ch == '"' and j < n and text[j] == "i"):
+            while (j < n and text[j] in "imsux" and ch == "/") or (ch == '"' and j < n and text[j] == "i"):
                 j += 1
             out.append(text[i:j])
             i = j
@@ -376,8 +375,7 @@ def gbnf_to_lark(text: str) -> str:
     """
     if not isinstance(text, str):
         raise TypeError(f"a GBNF grammar must be a str, got {type(text).__name__}")
-    from llguidance.gbnf_to_lark import GbnfToLarkError
-    from llguidance.gbnf_to_lark import gbnf_to_lark as convert
+    from llguidance.gbnf_to_lark import GbnfToLarkError, gbnf_to_lark as convert
 
     try:
         converted = convert(text)

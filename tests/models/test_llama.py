@@ -84,7 +84,7 @@ def test_decode_reads_only_written_slots_and_equals_full_attention():
     full, _ = model(token_ids, positions, model.init_cache(2, n))
     call = eqx.filter_jit(lambda m, ids, pos, cache: m(ids, pos, cache))
 
-    logits, cache = model.prefill(token_ids[:, :240], positions[:, :240], max_len=2048)
+    _logits, cache = model.prefill(token_ids[:, :240], positions[:, :240], max_len=2048)
     got = {}
     # one token at a time across slot 256, a 230-token chunk up to 500, then across 512
     spans = [(i, i + 1) for i in range(240, 270)] + [(270, 500)]

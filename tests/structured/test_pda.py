@@ -91,14 +91,14 @@ def test_device_step_equals_the_host_tables(vocabulary):
     # as the host walk and masks exactly the tokens `allowed` gives.
     pda = build_pushdown(parse_grammar(JSON_GRAMMAR), vocabulary, stack_depth=5)
     processor = fg.structured.PushdownConstraint(pda)
-    step = jax.jit(lambda s, l, c: processor.process(s, l, c))
+    step = jax.jit(lambda s, logits, c: processor.process(s, logits, c))
     rng = np.random.default_rng(1)
     ids = [1, 2, 3]
     state = processor.init(context_for(ids, 3, max_len=64))
     shapes = jax.tree.map(lambda x: (x.shape, x.dtype), state)
     config = (pda.initial, ())
     brackets = [t for t in range(vocabulary.vocab_size) if vocabulary.token_bytes[t] in (b"[", b"{", b' {"', b"[[")]
-    for k in range(30):
+    for _k in range(30):
         state, logits = step(state, jnp.zeros(vocabulary.vocab_size), context_for(ids, 3, max_len=64))
         assert jax.tree.map(lambda x: (x.shape, x.dtype), state) == shapes
         assert int(state[0]) == config[0] and state_stack(state) == list(config[1])
