@@ -61,7 +61,12 @@ def main():
     def ours(batch):
         state = fg.SequenceState.from_token_ids([prompt] * batch, vocab_size=model.vocab_size)
         out = fg.generate(
-            model, tokenizer, state, max_new_tokens=n, eos_token_id=(), sampler=BeamSearch(args.beams)
+            model,
+            tokenizer,
+            state,
+            max_new_tokens=n,
+            eos_token_id=(),
+            sampler=BeamSearch(args.beams),
         )
         jax.block_until_ready(out.token_ids)
         return np.asarray(out.token_ids)
@@ -70,8 +75,14 @@ def main():
         ids = torch.as_tensor([prompt] * batch)
         with torch.no_grad():
             out = hf.generate(
-                ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
-                num_beams=args.beams, do_sample=False, early_stopping=False, pad_token_id=2,
+                ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=n,
+                min_new_tokens=n,
+                num_beams=args.beams,
+                do_sample=False,
+                early_stopping=False,
+                pad_token_id=2,
             )
         return out[:, 32:].numpy()
 
@@ -88,9 +99,19 @@ def main():
         med = {k: statistics.median(v) for k, v in times.items()}
         tps = {k: batch * n / v for k, v in med.items()}
         steps_per_s = n / med["ours"]
-        rows.append((batch, tps["ours"], tps["transformers"], tps["ours"] / tps["transformers"],
-                     steps_per_s / bound, same))
-    print(f"\nbeam search, {args.beams} beams, {n} new tokens, float32 (tokens/s of returned text):")
+        rows.append(
+            (
+                batch,
+                tps["ours"],
+                tps["transformers"],
+                tps["ours"] / tps["transformers"],
+                steps_per_s / bound,
+                same,
+            )
+        )
+    print(
+        f"\nbeam search, {args.beams} beams, {n} new tokens, float32 (tokens/s of returned text):"
+    )
     print("| batch | functional_gen | transformers | ratio | our steps/s vs bound | same tokens |")
     print("|---|---|---|---|---|---|")
     for batch, ours_tps, hf_tps, ratio, frac, same in rows:

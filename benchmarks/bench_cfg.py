@@ -35,7 +35,10 @@ BATCHES = (1, 4)
 def time_generation(model, prompts, processors, max_new_tokens, guided_model=None):
     start = time.perf_counter()
     state = fg.generate_token_ids(
-        guided_model or model, prompts, max_new_tokens=max_new_tokens, processors=processors,
+        guided_model or model,
+        prompts,
+        max_new_tokens=max_new_tokens,
+        processors=processors,
         eos_token_id=(),
     )
     jax.block_until_ready(state.token_ids)
@@ -74,9 +77,13 @@ def decode_table(model, tokenizer, rounds, steps):
     bandwidth = measure_bandwidth()
     weight_bytes = sum(w.size * w.dtype.itemsize for w in model.named_weights().values())
     bound_ms = weight_bytes / (bandwidth * 1e9) * 1e3
-    print(f"bandwidth {bandwidth:.1f} GB/s: one read of the weights takes {bound_ms:.1f} ms (the "
-          "bound of a decode step)")
-    print("| batch | plain | CFG processor | ratio (target <= 2.1) | CFG batched | ratio (target <= 1.5) | bound |")
+    print(
+        f"bandwidth {bandwidth:.1f} GB/s: one read of the weights takes {bound_ms:.1f} ms (the "
+        "bound of a decode step)"
+    )
+    print(
+        "| batch | plain | CFG processor | ratio (target <= 2.1) | CFG batched | ratio (target <= 1.5) | bound |"
+    )
     print("|---|---|---|---|---|---|---|")
     for batch in BATCHES:
         base = per_step(batch, "plain")

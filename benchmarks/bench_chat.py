@@ -126,7 +126,9 @@ def main():
         hf = AutoModelForCausalLM.from_pretrained(
             str(path.parent), gguf_file=path.name, dtype=torch.float32
         ).eval()
-        systems["transformers"] = lambda: transformers_chat(hf, tokenizer, args.turns, args.new_tokens)
+        systems["transformers"] = lambda: transformers_chat(
+            hf, tokenizer, args.turns, args.new_tokens
+        )
     runs = {name: [] for name in systems}
     tokens = {}
     for r in range(args.repeats):
@@ -140,23 +142,32 @@ def main():
         name: [statistics.median(p[i] for p in passes) for i in range(args.turns)]
         for name, passes in later.items()
     }
-    print(f"\nseconds per turn ({args.new_tokens} new tokens, greedy, float32), median of passes 2+:")
+    print(
+        f"\nseconds per turn ({args.new_tokens} new tokens, greedy, float32), median of passes 2+:"
+    )
     header = "| turn | " + " | ".join(systems) + " | reuse vs transformers |"
     print(header)
     print("|" + "---|" * (len(systems) + 2))
     for i in range(args.turns):
         row = [f"{median[name][i]:.2f}" for name in systems]
         ratio = (
-            f"{median['transformers'][i] / median['reuse'][i]:.2f}x" if "transformers" in median else "-"
+            f"{median['transformers'][i] / median['reuse'][i]:.2f}x"
+            if "transformers" in median
+            else "-"
         )
         print(f"| {i + 1} | " + " | ".join(row) + f" | {ratio} |")
     flat = median["reuse"][-1] / median["reuse"][0]
     print(f"\nreuse: turn {args.turns} / turn 1 = {flat:.2f} (target within 1.2)")
-    print("first pass (compiles included): " + ", ".join(f"{n} {sum(p[0]):.1f} s" for n, p in runs.items()))
+    print(
+        "first pass (compiles included): "
+        + ", ".join(f"{n} {sum(p[0]):.1f} s" for n, p in runs.items())
+    )
     if "transformers" in tokens:
         same = tokens["reuse"] == tokens["transformers"]
         print(f"reuse and transformers produced the same tokens: {same}")
-    print(f"reuse and re-prefill produced the same tokens: {tokens['reuse'] == tokens['re-prefill']}")
+    print(
+        f"reuse and re-prefill produced the same tokens: {tokens['reuse'] == tokens['re-prefill']}"
+    )
 
 
 if __name__ == "__main__":

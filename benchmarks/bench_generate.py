@@ -180,8 +180,18 @@ def bench_gguf(outtype: str) -> Path:
     if not converter.is_file():
         print(f"fetching llama-cpp-python {version}'s source for its GGUF converter...", flush=True)
         subprocess.run(
-            [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
-             f"llama-cpp-python=={version}", "-d", str(folder)],
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--no-deps",
+                "--no-binary",
+                ":all:",
+                f"llama-cpp-python=={version}",
+                "-d",
+                str(folder),
+            ],
             check=True,
         )
         with tarfile.open(folder / f"llama_cpp_python-{version}.tar.gz") as tar:
@@ -189,8 +199,15 @@ def bench_gguf(outtype: str) -> Path:
     print(f"converting the default model to {target.name}...", flush=True)
     tmp = target.with_suffix(".tmp")
     subprocess.run(
-        [sys.executable, str(converter), str(ensure_default_checkpoint()), "--outtype", outtype,
-         "--outfile", str(tmp)],
+        [
+            sys.executable,
+            str(converter),
+            str(ensure_default_checkpoint()),
+            "--outtype",
+            outtype,
+            "--outfile",
+            str(tmp),
+        ],
         check=True,
         stdout=subprocess.DEVNULL,
     )
@@ -377,7 +394,9 @@ def main(argv=None) -> int:
         row += f" {first[s.name]:>12.2f}"
         print(row)
     present = {s.name: s for s in systems}
-    print("\nspeed-ups of ours over the same precision elsewhere (decode tok/s ratio; prefill time ratio):")
+    print(
+        "\nspeed-ups of ours over the same precision elsewhere (decode tok/s ratio; prefill time ratio):"
+    )
     for ours, peers in PEERS.items():
         for peer in peers:
             if ours in present and peer in present:

@@ -162,8 +162,14 @@ def _run_one(record: dict) -> dict:
         data = test["data"]
         compact = json.dumps(data, separators=(",", ":"), ensure_ascii=False)
         spaced = json.dumps(data, ensure_ascii=False)
-        tests.append({"index": i, "valid": bool(test["valid"]), "compact": _accepts(automaton, compact),
-                      "spaced": _accepts(automaton, spaced)})
+        tests.append(
+            {
+                "index": i,
+                "valid": bool(test["valid"]),
+                "compact": _accepts(automaton, compact),
+                "spaced": _accepts(automaton, spaced),
+            }
+        )
     out["tests"] = tests
     return out
 
@@ -189,7 +195,9 @@ class Worker:
 
     def start(self) -> None:
         self.connection, child = self.context.Pipe()
-        self.process = self.context.Process(target=_worker_loop, args=(child, self.options), daemon=True)
+        self.process = self.context.Process(
+            target=_worker_loop, args=(child, self.options), daemon=True
+        )
         self.process.start()
         if not self.connection.poll(300) or self.connection.recv() != "ready":
             raise RuntimeError("the benchmark worker did not start")
@@ -247,8 +255,18 @@ def _percentile(values, q: float) -> float:
 
 def summarize(results: list[dict], splits) -> str:
     rows = []
-    header = ("split", "schemas", "compiled", "timeouts", "p50 ms", "p90 ms", "p99 ms",
-              "valid ok compact", "valid ok spaced", "invalid rejected")
+    header = (
+        "split",
+        "schemas",
+        "compiled",
+        "timeouts",
+        "p50 ms",
+        "p90 ms",
+        "p99 ms",
+        "valid ok compact",
+        "valid ok spaced",
+        "invalid rejected",
+    )
     groups = collections.defaultdict(list)
     for r in results:
         groups[r["split"]].append(r)
@@ -261,45 +279,69 @@ def summarize(results: list[dict], splits) -> str:
         tests = [t for r in compiled for t in r["tests"]]
         valid = [t for t in tests if t["valid"]]
         invalid = [t for t in tests if not t["valid"]]
-        rows.append((
-            name, str(len(rs)), f"{len(compiled)} ({100 * len(compiled) / max(len(rs), 1):.0f}%)",
-            str(sum(1 for r in rs if r.get("timeout"))),
-            f"{_percentile(times, 0.5):.0f}", f"{_percentile(times, 0.9):.0f}", f"{_percentile(times, 0.99):.0f}",
-            f"{sum(t['compact'] for t in valid)}/{len(valid)}", f"{sum(t['spaced'] for t in valid)}/{len(valid)}",
-            f"{sum(not t['compact'] and not t['spaced'] for t in invalid)}/{len(invalid)}",
-        ))
+        rows.append(
+            (
+                name,
+                str(len(rs)),
+                f"{len(compiled)} ({100 * len(compiled) / max(len(rs), 1):.0f}%)",
+                str(sum(1 for r in rs if r.get("timeout"))),
+                f"{_percentile(times, 0.5):.0f}",
+                f"{_percentile(times, 0.9):.0f}",
+                f"{_percentile(times, 0.99):.0f}",
+                f"{sum(t['compact'] for t in valid)}/{len(valid)}",
+                f"{sum(t['spaced'] for t in valid)}/{len(valid)}",
+                f"{sum(not t['compact'] and not t['spaced'] for t in invalid)}/{len(invalid)}",
+            )
+        )
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
-    lines = ["| " + " | ".join(h.ljust(w) for h, w in zip(header, widths)) + " |",
-             "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
+    lines = [
+        "| " + " | ".join(h.ljust(w) for h, w in zip(header, widths)) + " |",
+        "|" + "|".join("-" * (w + 2) for w in widths) + "|",
+    ]
     lines += ["| " + " | ".join(c.ljust(w) for c, w in zip(r, widths)) + " |" for r in rows]
     causes = collections.Counter(r["error"] for r in results if "error" in r)
     if causes:
         lines += ["", "| compile-error cause | schemas |", "|---|---|"]
         lines += [f"| {cause} | {n} |" for cause, n in causes.most_common()]
     mismatches = [
-        (r["file"], t) for r in results if "tests" in r for t in r["tests"]
-        if (t["valid"] and not (t["compact"] and t["spaced"])) or (not t["valid"] and (t["compact"] or t["spaced"]))
+        (r["file"], t)
+        for r in results
+        if "tests" in r
+        for t in r["tests"]
+        if (t["valid"] and not (t["compact"] and t["spaced"]))
+        or (not t["valid"] and (t["compact"] or t["spaced"]))
     ]
     if mismatches:
         lines += ["", f"mismatches ({len(mismatches)}):"]
-        lines += [f"  {f} test {t['index']}: valid={t['valid']} compact={t['compact']} spaced={t['spaced']}"
-                  for f, t in mismatches[:60]]
+        lines += [
+            f"  {f} test {t['index']}: valid={t['valid']} compact={t['compact']} spaced={t['spaced']}"
+            for f, t in mismatches[:60]
+        ]
     return "\n".join(lines)
 
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA)
-    parser.add_argument("--splits", nargs="+", default=list(FIVE_SPLITS), help="splits to run (default: the five)")
+    parser.add_argument(
+        "--splits", nargs="+", default=list(FIVE_SPLITS), help="splits to run (default: the five)"
+    )
     parser.add_argument("--all", action="store_true", help="every split of the file")
-    parser.add_argument("--limit", type=int, default=24, help="schemas per split, a seeded sample (0: all)")
+    parser.add_argument(
+        "--limit", type=int, default=24, help="schemas per split, a seeded sample (0: all)"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--timeout", type=float, default=30.0, help="seconds per schema")
     parser.add_argument("--json", type=Path, help="write every per-schema record here")
     parser.add_argument("--lenient", action="store_true", help="compile with strict=False")
-    parser.add_argument("--closed-objects", action="store_true", help="compile with closed_objects=True")
-    parser.add_argument("--pushdown", action="store_true",
-                        help="free-form values through the pushdown automaton (JsonSchema(free_form_depth=None))")
+    parser.add_argument(
+        "--closed-objects", action="store_true", help="compile with closed_objects=True"
+    )
+    parser.add_argument(
+        "--pushdown",
+        action="store_true",
+        help="free-form values through the pushdown automaton (JsonSchema(free_form_depth=None))",
+    )
     parser.add_argument("--verbose", action="store_true", help="one line per schema")
     args = parser.parse_args(argv)
     splits = None if args.all else args.splits
@@ -311,8 +353,10 @@ def main(argv=None) -> None:
         options["closed_objects"] = True
     if args.pushdown:
         options["pushdown"] = True
-    print(f"{len(records)} schemas from {args.data.name}; timeout {args.timeout:.0f} s; options {options}",
-          file=sys.stderr)
+    print(
+        f"{len(records)} schemas from {args.data.name}; timeout {args.timeout:.0f} s; options {options}",
+        file=sys.stderr,
+    )
     worker = Worker(options)
     results = []
     started = time.perf_counter()
@@ -320,15 +364,27 @@ def main(argv=None) -> None:
         for i, record in enumerate(records):
             result = worker.run(record, args.timeout)
             if result is None:
-                result = {"split": record["split"], "file": record["file"], "timeout": True,
-                          "error": f"timeout over {args.timeout:.0f} s"}
+                result = {
+                    "split": record["split"],
+                    "file": record["file"],
+                    "timeout": True,
+                    "error": f"timeout over {args.timeout:.0f} s",
+                }
             results.append(result)
             if args.verbose:
-                status = f"{result['compile_ms']:.0f} ms" if "compile_ms" in result else result["error"]
-                print(f"[{i + 1}/{len(records)}] {record['split']} {record['file']}: {status}", file=sys.stderr)
+                status = (
+                    f"{result['compile_ms']:.0f} ms" if "compile_ms" in result else result["error"]
+                )
+                print(
+                    f"[{i + 1}/{len(records)}] {record['split']} {record['file']}: {status}",
+                    file=sys.stderr,
+                )
     finally:
         worker.close()
-    print(f"total wall time {time.perf_counter() - started:.0f} s (shared 2-core machine)", file=sys.stderr)
+    print(
+        f"total wall time {time.perf_counter() - started:.0f} s (shared 2-core machine)",
+        file=sys.stderr,
+    )
     print(summarize(results, splits))
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))

@@ -65,7 +65,9 @@ def time_generation(model, prompts, processors, max_new_tokens, key):
 def decode_table(model, tokenizer, rounds, steps):
     prompt = tokenizer(PROMPT)["input_ids"][:32]
     key = jax.random.key(0)
-    configs = [(b, name, procs) for b in (1, 8) for name, procs in (("none", ()), ("chain", chain()))]
+    configs = [
+        (b, name, procs) for b in (1, 8) for name, procs in (("none", ()), ("chain", chain()))
+    ]
     runs = {}
     for batch, name, procs in configs:  # compile every program first
         for n in (1, 1 + steps):
@@ -79,20 +81,28 @@ def decode_table(model, tokenizer, rounds, steps):
     def per_step(batch, name):  # the fastest run of each length: interference only adds time
         return (min(runs[batch, name, 1 + steps]) - min(runs[batch, name, 1])) / steps * 1e3
 
-    print(f"\nDecode step, SmolLM2-135M float32: (fastest of {rounds} runs of {1 + steps} tokens - "
-          f"fastest of {rounds} runs of 1 token) / {steps}, ms/step")
-    print(f"{'batch':>5} | {'no processors':>13} | {'6-processor chain':>17} | {'ratio':>6} | target")
+    print(
+        f"\nDecode step, SmolLM2-135M float32: (fastest of {rounds} runs of {1 + steps} tokens - "
+        f"fastest of {rounds} runs of 1 token) / {steps}, ms/step"
+    )
+    print(
+        f"{'batch':>5} | {'no processors':>13} | {'6-processor chain':>17} | {'ratio':>6} | target"
+    )
     print("-" * 62)
     for batch in (1, 8):
         base, with_chain = per_step(batch, "none"), per_step(batch, "chain")
         target = 1.10 if batch == 1 else 1.20
         verdict = "ok" if with_chain / base <= target else "MISSED"
-        print(f"{batch:>5} | {base:>13.2f} | {with_chain:>17.2f} | {with_chain / base:>6.3f} | <= {target:.2f} {verdict}")
+        print(
+            f"{batch:>5} | {base:>13.2f} | {with_chain:>17.2f} | {with_chain / base:>6.3f} | <= {target:.2f} {verdict}"
+        )
 
 
 def processor_table(vocab, max_len=160, repeats=30):
     rng = np.random.default_rng(0)
-    print(f"\nEach processor alone on [batch, {vocab}] logits, context of {max_len} tokens (median ms/call)")
+    print(
+        f"\nEach processor alone on [batch, {vocab}] logits, context of {max_len} tokens (median ms/call)"
+    )
     print(f"{'processor':>18} | {'batch 1':>8} | {'batch 8':>8}")
     print("-" * 42)
     others = [P.TypicalP(0.9), P.DRY(0.8, dry_penalty_last_n=64), P.XTC(0.1, 0.5)]

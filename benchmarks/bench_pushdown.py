@@ -53,12 +53,34 @@ def builds(vocabulary, repeat: int):
         dfa = grammar_automaton(grammar, vocabulary, max_depth=4, cache=False)
         dfa_time = time.perf_counter() - start
         real = (pda.candidates < pda.vocab_size).sum(-1).max()
-        rows.append([name, f"{min(times) * 1e3:.0f}", pda.num_positions, f"{real} (padded {pda.candidates.shape[-1]})",
-                     pda.masks.shape[0], f"{pda.nbytes / 2**20:.2f}", f"{dfa_time * 1e3:.0f}", dfa.num_states,
-                     f"{dfa.nbytes / 2**20:.2f}"])
+        rows.append(
+            [
+                name,
+                f"{min(times) * 1e3:.0f}",
+                pda.num_positions,
+                f"{real} (padded {pda.candidates.shape[-1]})",
+                pda.masks.shape[0],
+                f"{pda.nbytes / 2**20:.2f}",
+                f"{dfa_time * 1e3:.0f}",
+                dfa.num_states,
+                f"{dfa.nbytes / 2**20:.2f}",
+            ]
+        )
     print("## 1. Build: pushdown automaton (stack depth 32) vs bounded-depth DFA (max_depth 4)\n")
-    table(["grammar", "PDA build ms (best)", "positions", "candidates per (position, top)", "bitmask rows",
-           "PDA MiB", "DFA build ms", "DFA states", "DFA MiB"], rows)
+    table(
+        [
+            "grammar",
+            "PDA build ms (best)",
+            "positions",
+            "candidates per (position, top)",
+            "bitmask rows",
+            "PDA MiB",
+            "DFA build ms",
+            "DFA states",
+            "DFA MiB",
+        ],
+        rows,
+    )
 
 
 def decode_step(model, tokenizer, rounds: int, steps: int = 16):
@@ -67,13 +89,17 @@ def decode_step(model, tokenizer, rounds: int, steps: int = 16):
     bounded = fg.processors.Grammar(json_grammar, tokenizer, max_depth=4)
     assert pushdown.pushdown is not None and bounded.pushdown is None
     prompt = tokenizer.apply_chat_template(
-        [{"role": "user", "content": "Describe a cat as a nested JSON value."}], add_generation_prompt=True,
-        tokenize=True, return_dict=False,
+        [{"role": "user", "content": "Describe a cat as a nested JSON value."}],
+        add_generation_prompt=True,
+        tokenize=True,
+        return_dict=False,
     )
 
     def runner(processors, batch):
         step = fg.make_step(model, processors)
-        state = fg.init_state(model, [prompt] * batch, max_new_tokens=steps + 1, processors=processors)
+        state = fg.init_state(
+            model, [prompt] * batch, max_new_tokens=steps + 1, processors=processors
+        )
 
         @eqx.filter_jit
         def run(step, state):
@@ -90,24 +116,48 @@ def decode_step(model, tokenizer, rounds: int, steps: int = 16):
 
     rows = []
     for batch in (1, 8):
-        runs = {"none": runner([], batch), "pda": runner([pushdown], batch), "dfa": runner([bounded], batch)}
+        runs = {
+            "none": runner([], batch),
+            "pda": runner([pushdown], batch),
+            "dfa": runner([bounded], batch),
+        }
         samples = {k: [] for k in runs}
         for _ in range(rounds):
             for k, f in runs.items():
                 samples[k].append(f())
         plain = min(samples["none"])
         ratio = min(samples["pda"]) / plain
-        rows.append([batch, f"{plain * 1e3:.1f}", f"{min(samples['pda']) * 1e3:.1f}", f"{ratio:.3f}",
-                     "yes" if ratio < 1.10 else "NO",
-                     f"{statistics.median(samples['pda']) / statistics.median(samples['none']):.3f}",
-                     f"{min(samples['dfa']) / plain:.3f}"])
+        rows.append(
+            [
+                batch,
+                f"{plain * 1e3:.1f}",
+                f"{min(samples['pda']) * 1e3:.1f}",
+                f"{ratio:.3f}",
+                "yes" if ratio < 1.10 else "NO",
+                f"{statistics.median(samples['pda']) / statistics.median(samples['none']):.3f}",
+                f"{min(samples['dfa']) / plain:.3f}",
+            ]
+        )
     print("## 2. Decode step (ms per step; JSON grammar vs no processor)\n")
-    table(["batch", "unconstrained", "pushdown", "ratio (best)", "< 1.10", "ratio (median)", "DFA depth 4 ratio (best)"], rows)
+    table(
+        [
+            "batch",
+            "unconstrained",
+            "pushdown",
+            "ratio (best)",
+            "< 1.10",
+            "ratio (median)",
+            "DFA depth 4 ratio (best)",
+        ],
+        rows,
+    )
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds of the decode-step timing")
+    parser.add_argument(
+        "--rounds", type=int, default=5, help="interleaved rounds of the decode-step timing"
+    )
     parser.add_argument("--repeat", type=int, default=3, help="repetitions of each build timing")
     parser.add_argument("--skip-decode", action="store_true")
     args = parser.parse_args()

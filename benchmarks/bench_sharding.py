@@ -22,13 +22,25 @@ import sys
 
 LLAMA3 = {
     "Llama-3-8B": dict(
-        vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
-        num_attention_heads=32, num_key_value_heads=8, head_dim=128, max_position_embeddings=8192,
+        vocab_size=128256,
+        hidden_size=4096,
+        intermediate_size=14336,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=128,
+        max_position_embeddings=8192,
         rope_theta=500000.0,
     ),
     "Llama-3-70B": dict(
-        vocab_size=128256, hidden_size=8192, intermediate_size=28672, num_hidden_layers=80,
-        num_attention_heads=64, num_key_value_heads=8, head_dim=128, max_position_embeddings=8192,
+        vocab_size=128256,
+        hidden_size=8192,
+        intermediate_size=28672,
+        num_hidden_layers=80,
+        num_attention_heads=64,
+        num_key_value_heads=8,
+        head_dim=128,
+        max_position_embeddings=8192,
         rope_theta=500000.0,
     ),
 }
@@ -74,8 +86,10 @@ def main():
     args = parser.parse_args()
 
     print(f"plan: one decode step, batch {args.batch}, {args.max_len} cache slots, bfloat16")
-    print("| model | mesh (data, model) | weights/device GiB | KV cache/device GiB | analytic total "
-          "| XLA arguments GiB | XLA temp GiB | collectives per step |")
+    print(
+        "| model | mesh (data, model) | weights/device GiB | KV cache/device GiB | analytic total "
+        "| XLA arguments GiB | XLA temp GiB | collectives per step |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     for name, fields in LLAMA3.items():
         if name == "Llama-3-70B" and args.skip_70b:
@@ -83,9 +97,12 @@ def main():
         for mesh in [(1, 8), (8, 8)]:
             r = run(name, fields, list(mesh), args.batch, args.max_len)
             coll = ", ".join(f"{k} {v}" for k, v in r["collectives"].items() if v)
-            print(f"| {name} | {mesh} | {gib(r['weights_bytes'])} | {gib(r['cache_bytes'])} | "
-                  f"{gib(r['weights_bytes'] + r['cache_bytes'])} | {gib(r['argument_bytes'])} | "
-                  f"{gib(r['temp_bytes'])} | {coll} |", flush=True)
+            print(
+                f"| {name} | {mesh} | {gib(r['weights_bytes'])} | {gib(r['cache_bytes'])} | "
+                f"{gib(r['weights_bytes'] + r['cache_bytes'])} | {gib(r['argument_bytes'])} | "
+                f"{gib(r['temp_bytes'])} | {coll} |",
+                flush=True,
+            )
 
     print("\nSmolLM2-135M (float32), one decode step, batch 8, 256 slots:")
     print("| mesh | weights/device MiB | collectives per step |")

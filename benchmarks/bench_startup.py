@@ -40,7 +40,16 @@ def run_cli(cache: Path, new_tokens: int) -> tuple[float, float]:
     env.pop("JAX_COMPILATION_CACHE_DIR", None)
     start = time.perf_counter()
     proc = subprocess.run(
-        [sys.executable, "-m", "functional_gen.cli", "generate", PROMPT, "-n", str(new_tokens), "--verbose"],
+        [
+            sys.executable,
+            "-m",
+            "functional_gen.cli",
+            "generate",
+            PROMPT,
+            "-n",
+            str(new_tokens),
+            "--verbose",
+        ],
         env=env,
         capture_output=True,
         text=True,
@@ -66,7 +75,9 @@ def main(argv=None) -> int:
         repeats = [run_cli(cache, args.new_tokens) for _ in range(args.repeats)]
     wall = statistics.median(r[0] for r in repeats)
     comp = statistics.median(r[1] for r in repeats)
-    print(f"functional-gen generate {PROMPT!r} -n {args.new_tokens} (default model, CPU, shared machine)\n")
+    print(
+        f"functional-gen generate {PROMPT!r} -n {args.new_tokens} (default model, CPU, shared machine)\n"
+    )
     print("| call | process wall time (s) | compile time (s) |")
     print("|---|---|---|")
     print(f"| first (empty compilation cache) | {first[0]:.1f} | {first[1]:.1f} |")

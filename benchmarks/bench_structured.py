@@ -78,7 +78,10 @@ ORDER = {
 }
 PERSON = {
     "type": "object",
-    "properties": {"name": {"type": "string", "maxLength": 20}, "age": {"type": "integer", "minimum": 0, "maximum": 120}},
+    "properties": {
+        "name": {"type": "string", "maxLength": 20},
+        "age": {"type": "integer", "minimum": 0, "maximum": 120},
+    },
     "required": ["name", "age"],
 }
 REGEXES = {
@@ -86,7 +89,11 @@ REGEXES = {
     "email": r"[a-z0-9._%+-]+@[a-z0-9.-]+\.[a-z]{2,4}",
     "choice (3)": r"(?:banana|cherry|apple)",
 }
-SCHEMAS = {"JSON 5 fields (bounded)": FIVE_FIELDS, "event (formats)": EVENT, "order (nested)": ORDER}
+SCHEMAS = {
+    "JSON 5 fields (bounded)": FIVE_FIELDS,
+    "event (formats)": EVENT,
+    "order (nested)": ORDER,
+}
 JSON_GRAMMAR = r"""
 ?start: value
 ?value: object | array | string | SIGNED_NUMBER | "true" | "false" | "null"
@@ -134,12 +141,17 @@ def table(headers, rows):
 def decode_step(model, tokenizer, rounds: int, steps: int = 16):
     constraint = fg.processors.JsonSchema(FIVE_FIELDS, tokenizer)
     prompt = tokenizer.apply_chat_template(
-        [{"role": "user", "content": "Give a user record as JSON."}], add_generation_prompt=True, tokenize=True, return_dict=False
+        [{"role": "user", "content": "Give a user record as JSON."}],
+        add_generation_prompt=True,
+        tokenize=True,
+        return_dict=False,
     )
 
     def runner(processors, batch):
         step = fg.make_step(model, processors)
-        state = fg.init_state(model, [prompt] * batch, max_new_tokens=steps + 1, processors=processors)
+        state = fg.init_state(
+            model, [prompt] * batch, max_new_tokens=steps + 1, processors=processors
+        )
 
         @eqx.filter_jit
         def run(step, state):
@@ -163,11 +175,30 @@ def decode_step(model, tokenizer, rounds: int, steps: int = 16):
                 samples[k].append(f())
         plain, constrained = min(samples["none"]), min(samples["json"])
         ratio = constrained / plain
-        rows.append([batch, f"{plain * 1e3:.1f}", f"{constrained * 1e3:.1f}", f"{ratio:.3f}",
-                     f"<= {target}", "yes" if ratio <= target else "NO",
-                     f"{statistics.median(samples['json']) / statistics.median(samples['none']):.3f}"])
+        rows.append(
+            [
+                batch,
+                f"{plain * 1e3:.1f}",
+                f"{constrained * 1e3:.1f}",
+                f"{ratio:.3f}",
+                f"<= {target}",
+                "yes" if ratio <= target else "NO",
+                f"{statistics.median(samples['json']) / statistics.median(samples['none']):.3f}",
+            ]
+        )
     print("## 1. Decode step (ms per step; JSON Schema with 5 fields vs no processor)\n")
-    table(["batch", "unconstrained", "constrained", "ratio (best)", "target", "met", "ratio (median)"], rows)
+    table(
+        [
+            "batch",
+            "unconstrained",
+            "constrained",
+            "ratio (best)",
+            "target",
+            "met",
+            "ratio (median)",
+        ],
+        rows,
+    )
 
 
 # --------------------------------------------------------------------------- 2. compilation
@@ -185,18 +216,52 @@ def compilation(vocabulary, repeat: int):
     for name, rx, convert in cases:
         bare = best(lambda rx=rx: Index(rx, vocabulary.outlines_vocabulary), repeat)
         ours = best(lambda rx=rx: build_regex_automaton(rx, vocabulary), repeat)
-        exported = best(lambda rx=rx: from_outlines_index(Index(rx, vocabulary.outlines_vocabulary), vocabulary), repeat)
+        exported = best(
+            lambda rx=rx: from_outlines_index(
+                Index(rx, vocabulary.outlines_vocabulary), vocabulary
+            ),
+            repeat,
+        )
         a = build_regex_automaton(rx, vocabulary)
         ratio = ours / bare
-        rows.append([name, f"{bare * 1e3:.0f}", f"{ours * 1e3:.0f}", f"{ratio:.2f}", "yes" if ratio <= 1.5 else "NO",
-                     f"{exported * 1e3:.0f} ({exported / bare:.2f}x)", "-" if convert is None else f"{convert * 1e3:.1f}"])
-        sizes.append([name, a.num_states, a.num_classes, f"{a.nbytes / 2**20:.2f}",
-                      f"{a.num_states * vocabulary.vocab_size * 4 / 2**20:.1f}"])
+        rows.append(
+            [
+                name,
+                f"{bare * 1e3:.0f}",
+                f"{ours * 1e3:.0f}",
+                f"{ratio:.2f}",
+                "yes" if ratio <= 1.5 else "NO",
+                f"{exported * 1e3:.0f} ({exported / bare:.2f}x)",
+                "-" if convert is None else f"{convert * 1e3:.1f}",
+            ]
+        )
+        sizes.append(
+            [
+                name,
+                a.num_states,
+                a.num_classes,
+                f"{a.nbytes / 2**20:.2f}",
+                f"{a.num_states * vocabulary.vocab_size * 4 / 2**20:.1f}",
+            ]
+        )
     print(f"## 2. Compilation (ms, best of {repeat}): outlines-core's bare `Index` vs our build\n")
     print("Ours: regex -> byte DFA (outlines-core, 256 one-byte tokens) -> minimise -> lift to the")
     print("vocabulary -> device tables. Target <= 1.5x the bare `Index`. Last but one column: the")
-    print("alternative of exporting outlines-core's token `Index` itself (`get_transitions` + fromiter).\n")
-    table(["constraint", "bare Index", "ours, build + export", "ratio", "<= 1.5x", "Index + export", "schema -> regex"], rows)
+    print(
+        "alternative of exporting outlines-core's token `Index` itself (`get_transitions` + fromiter).\n"
+    )
+    table(
+        [
+            "constraint",
+            "bare Index",
+            "ours, build + export",
+            "ratio",
+            "<= 1.5x",
+            "Index + export",
+            "schema -> regex",
+        ],
+        rows,
+    )
     print("Device tables per constraint (MiB) vs a dense int32 [states, vocab] table:\n")
     table(["constraint", "states", "classes", "tables MiB", "dense MiB"], sizes)
 
@@ -221,8 +286,22 @@ def compilation(vocabulary, repeat: int):
                 os.environ["FUNCTIONAL_GEN_CACHE"] = old
             clear_memory_cache()
     print("Cache (JSON 5 fields), target < 50 ms for a second build:\n")
-    table(["first build", "memory hit", "disk hit", "JsonSchema(...) again (schema check + regex + hit)"],
-          [[f"{first * 1e3:.0f} ms", f"{memory * 1e3:.2f} ms", f"{min(disk) * 1e3:.1f} ms", f"{processor * 1e3:.1f} ms"]])
+    table(
+        [
+            "first build",
+            "memory hit",
+            "disk hit",
+            "JsonSchema(...) again (schema check + regex + hit)",
+        ],
+        [
+            [
+                f"{first * 1e3:.0f} ms",
+                f"{memory * 1e3:.2f} ms",
+                f"{min(disk) * 1e3:.1f} ms",
+                f"{processor * 1e3:.1f} ms",
+            ]
+        ],
+    )
 
 
 # --------------------------------------------------------------------------- 3. grammars
@@ -230,11 +309,23 @@ def compilation(vocabulary, repeat: int):
 
 def grammars(vocabulary):
     rows = []
-    for name, grammar, depths in (("JSON", JSON_GRAMMAR, (2, 3, 4, 5)), ("arithmetic", ARITHMETIC, (2, 4, 8))):
+    for name, grammar, depths in (
+        ("JSON", JSON_GRAMMAR, (2, 3, 4, 5)),
+        ("arithmetic", ARITHMETIC, (2, 4, 8)),
+    ):
         for depth in depths:
             start = time.perf_counter()
             a = grammar_automaton(grammar, vocabulary, max_depth=depth, cache=False)
-            rows.append([name, depth, f"{(time.perf_counter() - start) * 1e3:.0f}", a.num_states, a.num_classes, f"{a.nbytes / 2**20:.2f}"])
+            rows.append(
+                [
+                    name,
+                    depth,
+                    f"{(time.perf_counter() - start) * 1e3:.0f}",
+                    a.num_states,
+                    a.num_classes,
+                    f"{a.nbytes / 2**20:.2f}",
+                ]
+            )
     print("## 3. Grammars: bounded-depth construction + token lifting\n")
     table(["grammar", "max_depth", "build ms", "states", "classes", "MiB"], rows)
 
@@ -257,31 +348,71 @@ def versus_outlines(model, tokenizer, max_new_tokens: int):
     checkpoint = str(ensure_default_checkpoint())
     hf_model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).eval()
     messages = [{"role": "user", "content": "Give a person as JSON."}]
-    prompt_text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    prompt_text = tokenizer.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=True
+    )
 
     def count(text):
         return len(tokenizer(text, add_special_tokens=False)["input_ids"]) + 1  # + EOS
 
-    generator = outlines.Generator(outlines.from_transformers(hf_model, tokenizer), OutlinesJsonSchema(json.dumps(PERSON)))
+    generator = outlines.Generator(
+        outlines.from_transformers(hf_model, tokenizer), OutlinesJsonSchema(json.dumps(PERSON))
+    )
     start = time.perf_counter()
     generator(prompt_text, max_new_tokens=max_new_tokens, do_sample=False)
     outlines_first = time.perf_counter() - start
     outlines_text = generator(prompt_text, max_new_tokens=max_new_tokens, do_sample=False)
-    outlines_time = best(lambda: generator(prompt_text, max_new_tokens=max_new_tokens, do_sample=False), 2)
+    outlines_time = best(
+        lambda: generator(prompt_text, max_new_tokens=max_new_tokens, do_sample=False), 2
+    )
 
     ours_processor = fg.processors.JsonSchema(PERSON, tokenizer)
-    result = fg.generate(model, tokenizer, [messages], max_new_tokens=max_new_tokens, processors=[ours_processor])
-    ours_time = best(lambda: fg.generate(model, tokenizer, [messages], max_new_tokens=max_new_tokens, processors=[ours_processor]), 2)
+    result = fg.generate(
+        model, tokenizer, [messages], max_new_tokens=max_new_tokens, processors=[ours_processor]
+    )
+    ours_time = best(
+        lambda: fg.generate(
+            model, tokenizer, [messages], max_new_tokens=max_new_tokens, processors=[ours_processor]
+        ),
+        2,
+    )
     plain_ids = tokenizer(prompt_text, return_tensors="pt", add_special_tokens=False)
     with torch.no_grad():
-        hf_time = best(lambda: hf_model.generate(**plain_ids, max_new_tokens=max_new_tokens, do_sample=False,
-                                                 min_new_tokens=max_new_tokens), 1)
+        hf_time = best(
+            lambda: hf_model.generate(
+                **plain_ids,
+                max_new_tokens=max_new_tokens,
+                do_sample=False,
+                min_new_tokens=max_new_tokens,
+            ),
+            1,
+        )
     ours_tokens = result.num_tokens[0]
     rows = [
-        ["outlines 1.x + transformers (JSON)", count(outlines_text), f"{outlines_time:.2f}",
-         f"{count(outlines_text) / outlines_time:.1f}", f"first call {outlines_first:.1f} s", repr(outlines_text)],
-        ["functional_gen (JSON, on device)", ours_tokens, f"{ours_time:.2f}", f"{ours_tokens / ours_time:.1f}", "", repr(result.texts[0])],
-        ["transformers, unconstrained", max_new_tokens, f"{hf_time:.2f}", f"{max_new_tokens / hf_time:.1f}", "", ""],
+        [
+            "outlines 1.x + transformers (JSON)",
+            count(outlines_text),
+            f"{outlines_time:.2f}",
+            f"{count(outlines_text) / outlines_time:.1f}",
+            f"first call {outlines_first:.1f} s",
+            repr(outlines_text),
+        ],
+        [
+            "functional_gen (JSON, on device)",
+            ours_tokens,
+            f"{ours_time:.2f}",
+            f"{ours_tokens / ours_time:.1f}",
+            "",
+            repr(result.texts[0]),
+        ],
+        [
+            "transformers, unconstrained",
+            max_new_tokens,
+            f"{hf_time:.2f}",
+            f"{max_new_tokens / hf_time:.1f}",
+            "",
+            "",
+        ],
     ]
     print("## 4. JSON generation end to end (greedy, batch 1, PERSON schema, prompt included)\n")
     table(["system", "tokens", "seconds", "tokens/s", "note", "output"], rows)
@@ -293,15 +424,21 @@ tokenizer_for_cache = None
 def main():
     global tokenizer_for_cache
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds of the decode-step timing")
-    parser.add_argument("--repeat", type=int, default=3, help="repetitions of each compilation timing")
+    parser.add_argument(
+        "--rounds", type=int, default=5, help="interleaved rounds of the decode-step timing"
+    )
+    parser.add_argument(
+        "--repeat", type=int, default=3, help="repetitions of each compilation timing"
+    )
     parser.add_argument("--skip-outlines", action="store_true")
     args = parser.parse_args()
 
     model, tokenizer = fg.load_model()
     tokenizer_for_cache = tokenizer
     vocabulary = vocabulary_from_tokenizer(tokenizer)
-    print(f"# Structured generation benchmark ({jax.devices()[0].platform}, {os.cpu_count()} CPUs)\n")
+    print(
+        f"# Structured generation benchmark ({jax.devices()[0].platform}, {os.cpu_count()} CPUs)\n"
+    )
     decode_step(model, tokenizer, args.rounds)
     compilation(vocabulary, args.repeat)
     grammars(vocabulary)

@@ -56,7 +56,12 @@ def enable_compilation_cache(
     """
     import jax
 
-    if os.environ.get("FUNCTIONAL_GEN_COMPILATION_CACHE", "").strip().lower() in ("0", "false", "no", "off"):
+    if os.environ.get("FUNCTIONAL_GEN_COMPILATION_CACHE", "").strip().lower() in (
+        "0",
+        "false",
+        "no",
+        "off",
+    ):
         return None
     configured = jax.config.jax_compilation_cache_dir
     if configured:

@@ -64,52 +64,157 @@ SAMPLING_DEFAULTS = {"temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.
 # (flags, generation-config key, type, metavar, help); the first flag is our name, the others
 # are llama.cpp's / vLLM's names for the same setting.
 SAMPLING_OPTIONS = [
-    (("--temperature", "--temp"), "temperature", float, "T",
-     "divide the logits by T: below 1 is more focused, above 1 more random; 0 = greedy"),
+    (
+        ("--temperature", "--temp"),
+        "temperature",
+        float,
+        "T",
+        "divide the logits by T: below 1 is more focused, above 1 more random; 0 = greedy",
+    ),
     (("--top-k",), "top_k", int, "K", "sample only among the K most likely tokens (0 = off)"),
-    (("--top-p",), "top_p", float, "P",
-     "nucleus sampling: among the most likely tokens whose probabilities add up to P, in (0, 1]"),
-    (("--min-p",), "min_p", float, "P",
-     "drop tokens less likely than P times the most likely one, in [0, 1]"),
-    (("--typical-p", "--typical"), "typical_p", float, "P",
-     "locally typical sampling with mass P, in (0, 1]"),
+    (
+        ("--top-p",),
+        "top_p",
+        float,
+        "P",
+        "nucleus sampling: among the most likely tokens whose probabilities add up to P, in (0, 1]",
+    ),
+    (
+        ("--min-p",),
+        "min_p",
+        float,
+        "P",
+        "drop tokens less likely than P times the most likely one, in [0, 1]",
+    ),
+    (
+        ("--typical-p", "--typical"),
+        "typical_p",
+        float,
+        "P",
+        "locally typical sampling with mass P, in (0, 1]",
+    ),
     (("--epsilon-cutoff",), "epsilon_cutoff", float, "E", "drop tokens with probability below E"),
-    (("--eta-cutoff",), "eta_cutoff", float, "E",
-     "eta sampling: an entropy-dependent probability floor"),
-    (("--top-n-sigma", "--top-nsigma"), "top_n_sigma", float, "N",
-     "keep tokens within N standard deviations of the largest logit (llama.cpp)"),
-    (("--xtc-probability",), "xtc_probability", float, "P",
-     "llama.cpp's XTC: remove the 'top choices' with probability P"),
-    (("--xtc-threshold",), "xtc_threshold", float, "T",
-     "XTC: tokens above probability T are 'top choices' (default 0.1)"),
-    (("--mirostat",), "mirostat", int, "N",
-     "llama.cpp's Mirostat: 0 = off, 2 = Mirostat v2 (v1 is not implemented)"),
-    (("--mirostat-tau", "--mirostat-ent"), "mirostat_tau", float, "TAU",
-     "Mirostat v2: target surprise in bits (default 5.0); implies --mirostat 2"),
-    (("--mirostat-eta", "--mirostat-lr"), "mirostat_eta", float, "ETA",
-     "Mirostat v2: learning rate (default 0.1); implies --mirostat 2"),
+    (
+        ("--eta-cutoff",),
+        "eta_cutoff",
+        float,
+        "E",
+        "eta sampling: an entropy-dependent probability floor",
+    ),
+    (
+        ("--top-n-sigma", "--top-nsigma"),
+        "top_n_sigma",
+        float,
+        "N",
+        "keep tokens within N standard deviations of the largest logit (llama.cpp)",
+    ),
+    (
+        ("--xtc-probability",),
+        "xtc_probability",
+        float,
+        "P",
+        "llama.cpp's XTC: remove the 'top choices' with probability P",
+    ),
+    (
+        ("--xtc-threshold",),
+        "xtc_threshold",
+        float,
+        "T",
+        "XTC: tokens above probability T are 'top choices' (default 0.1)",
+    ),
+    (
+        ("--mirostat",),
+        "mirostat",
+        int,
+        "N",
+        "llama.cpp's Mirostat: 0 = off, 2 = Mirostat v2 (v1 is not implemented)",
+    ),
+    (
+        ("--mirostat-tau", "--mirostat-ent"),
+        "mirostat_tau",
+        float,
+        "TAU",
+        "Mirostat v2: target surprise in bits (default 5.0); implies --mirostat 2",
+    ),
+    (
+        ("--mirostat-eta", "--mirostat-lr"),
+        "mirostat_eta",
+        float,
+        "ETA",
+        "Mirostat v2: learning rate (default 0.1); implies --mirostat 2",
+    ),
 ]
 PENALTY_OPTIONS = [
-    (("--repetition-penalty", "--repeat-penalty"), "repetition_penalty", float, "R",
-     "penalise tokens already in the text, prompt included (transformers); R > 1 discourages"),
-    (("--penalty-last-n", "--repeat-last-n"), "penalty_last_n", int, "N",
-     "--repetition-penalty looks only at the last N tokens (-1 = all)"),
-    (("--presence-penalty",), "presence_penalty", float, "P",
-     "subtract P from tokens already generated (OpenAI/vLLM)"),
-    (("--frequency-penalty",), "frequency_penalty", float, "F",
-     "subtract F per earlier occurrence of a generated token (OpenAI/vLLM)"),
-    (("--no-repeat-ngram-size",), "no_repeat_ngram_size", int, "N",
-     "never repeat an n-gram of N tokens"),
-    (("--dry-multiplier",), "dry_multiplier", float, "M",
-     "llama.cpp's DRY: penalise tokens that extend a repeated sequence (0.8 is typical)"),
-    (("--dry-base",), "dry_base", float, "B",
-     "DRY: growth of the penalty with the repeat length (default 1.75)"),
-    (("--dry-allowed-length",), "dry_allowed_length", int, "N",
-     "DRY: repeats this long are free (default 2)"),
-    (("--dry-penalty-last-n",), "dry_penalty_last_n", int, "N",
-     "DRY: scan only the last N tokens (default -1: all)"),
-    (("--min-new-tokens",), "min_new_tokens", int, "N",
-     "forbid the end-of-generation tokens before N tokens"),
+    (
+        ("--repetition-penalty", "--repeat-penalty"),
+        "repetition_penalty",
+        float,
+        "R",
+        "penalise tokens already in the text, prompt included (transformers); R > 1 discourages",
+    ),
+    (
+        ("--penalty-last-n", "--repeat-last-n"),
+        "penalty_last_n",
+        int,
+        "N",
+        "--repetition-penalty looks only at the last N tokens (-1 = all)",
+    ),
+    (
+        ("--presence-penalty",),
+        "presence_penalty",
+        float,
+        "P",
+        "subtract P from tokens already generated (OpenAI/vLLM)",
+    ),
+    (
+        ("--frequency-penalty",),
+        "frequency_penalty",
+        float,
+        "F",
+        "subtract F per earlier occurrence of a generated token (OpenAI/vLLM)",
+    ),
+    (
+        ("--no-repeat-ngram-size",),
+        "no_repeat_ngram_size",
+        int,
+        "N",
+        "never repeat an n-gram of N tokens",
+    ),
+    (
+        ("--dry-multiplier",),
+        "dry_multiplier",
+        float,
+        "M",
+        "llama.cpp's DRY: penalise tokens that extend a repeated sequence (0.8 is typical)",
+    ),
+    (
+        ("--dry-base",),
+        "dry_base",
+        float,
+        "B",
+        "DRY: growth of the penalty with the repeat length (default 1.75)",
+    ),
+    (
+        ("--dry-allowed-length",),
+        "dry_allowed_length",
+        int,
+        "N",
+        "DRY: repeats this long are free (default 2)",
+    ),
+    (
+        ("--dry-penalty-last-n",),
+        "dry_penalty_last_n",
+        int,
+        "N",
+        "DRY: scan only the last N tokens (default -1: all)",
+    ),
+    (
+        ("--min-new-tokens",),
+        "min_new_tokens",
+        int,
+        "N",
+        "forbid the end-of-generation tokens before N tokens",
+    ),
 ]
 _SAMPLING_KEYS = {key for _, key, *_ in SAMPLING_OPTIONS}
 
@@ -171,7 +276,12 @@ def decoding_options() -> argparse.ArgumentParser:
         help="end the text where it contains TEXT (left out of the output); repeatable",
     )
     group.add_argument(
-        "-s", "--seed", type=int, default=0, metavar="S", help="random seed for sampling (default: 0)"
+        "-s",
+        "--seed",
+        type=int,
+        default=0,
+        metavar="S",
+        help="random seed for sampling (default: 0)",
     )
     method = group.add_mutually_exclusive_group()
     method.add_argument(
@@ -238,41 +348,71 @@ def decoding_options() -> argparse.ArgumentParser:
     )
     beams = parent.add_argument_group("beam search")
     beams.add_argument(
-        "--num-beams", "--beams", dest="num_beams", type=_positive_int, default=None, metavar="N",
+        "--num-beams",
+        "--beams",
+        dest="num_beams",
+        type=_positive_int,
+        default=None,
+        metavar="N",
         help="keep the N most likely sequences at every step (beam search; with --sample: beam "
         "sampling)",
     )
     beams.add_argument(
-        "--length-penalty", dest="length_penalty", type=_number(float), default=None, metavar="L",
+        "--length-penalty",
+        dest="length_penalty",
+        type=_number(float),
+        default=None,
+        metavar="L",
         help="beam search: score finished sequences by logprob / length**L (default 1.0)",
     )
     beams.add_argument(
-        "--early-stopping", dest="early_stopping", choices=("true", "false", "never"),
+        "--early-stopping",
+        dest="early_stopping",
+        choices=("true", "false", "never"),
         default=None,
         help="beam search: stop as soon as N sequences are finished (true), when no beam can "
         "beat them (false, default), or at the longest possible length (never)",
     )
     beams.add_argument(
-        "--num-return-sequences", dest="num_return_sequences", type=_positive_int, default=None,
-        metavar="K", help="print the K best sequences of each prompt, numbered, with scores",
+        "--num-return-sequences",
+        dest="num_return_sequences",
+        type=_positive_int,
+        default=None,
+        metavar="K",
+        help="print the K best sequences of each prompt, numbered, with scores",
     )
     guidance = parent.add_argument_group("classifier-free guidance")
     guidance.add_argument(
-        "--guidance-scale", "--cfg-scale", dest="guidance_scale", type=_number(float),
-        default=None, metavar="S",
+        "--guidance-scale",
+        "--cfg-scale",
+        dest="guidance_scale",
+        type=_number(float),
+        default=None,
+        metavar="S",
         help="contrast the prompt's next-token distribution with an unconditional one "
         "(S > 1 stays closer to the prompt; 1 is off)",
     )
     guidance.add_argument(
-        "--negative-prompt", "--cfg-negative-prompt", dest="negative_prompt", default=None,
-        metavar="TEXT", help="with --guidance-scale: the text to steer away from",
+        "--negative-prompt",
+        "--cfg-negative-prompt",
+        dest="negative_prompt",
+        default=None,
+        metavar="TEXT",
+        help="with --guidance-scale: the text to steer away from",
     )
     guidance.add_argument(
-        "--cfg-rescale", dest="cfg_rescale", type=_number(float), default=None, metavar="R",
+        "--cfg-rescale",
+        dest="cfg_rescale",
+        type=_number(float),
+        default=None,
+        metavar="R",
         help="with --guidance-scale: blend R of the guided with 1 - R of the plain distribution",
     )
     guidance.add_argument(
-        "--cfg", dest="cfg", choices=("processor", "batched"), default="processor",
+        "--cfg",
+        dest="cfg",
+        choices=("processor", "batched"),
+        default="processor",
         help="with --guidance-scale: a second forward pass per row (processor) or both branches "
         "in one batch of twice the size (batched)",
     )
@@ -292,7 +432,11 @@ def output_options() -> argparse.ArgumentParser:
     )
     group.add_argument("--stream", action="store_true", help="print the text as it is generated")
     group.add_argument(
-        "--top-logprobs", dest="top_logprobs", type=_positive_int, default=None, metavar="K",
+        "--top-logprobs",
+        dest="top_logprobs",
+        type=_positive_int,
+        default=None,
+        metavar="K",
         help="with --output jsonl: the K most likely tokens and their logprobs at every step",
     )
     group.add_argument(
@@ -353,11 +497,15 @@ def build_parser() -> argparse.ArgumentParser:
         parents=[model_options(), decoding_options()],
     )
     chat.add_argument(
-        "--system", metavar="TEXT", default=None,
+        "--system",
+        metavar="TEXT",
+        default=None,
         help="a system message opening the conversation (default: the chat template's own)",
     )
     chat.add_argument(
-        "-v", "--verbose", action="store_true",
+        "-v",
+        "--verbose",
+        action="store_true",
         help="after each answer, print on stderr how many tokens were prefilled and generated",
     )
     chat.add_argument("--quiet", action="store_true", help="no progress or notices on stderr")
@@ -519,12 +667,16 @@ def generation_options(args: argparse.Namespace) -> dict:
         )
     if args.num_return_sequences is not None:
         options["num_return_sequences"] = args.num_return_sequences
-    if (args.negative_prompt is not None or args.cfg_rescale is not None) and args.guidance_scale is None:
+    if (
+        args.negative_prompt is not None or args.cfg_rescale is not None
+    ) and args.guidance_scale is None:
         raise ValueError("--negative-prompt and --cfg-rescale need --guidance-scale")
     return options
 
 
-def merged_generation_config(args: argparse.Namespace, model, *, always: bool = False) -> dict | None:
+def merged_generation_config(
+    args: argparse.Namespace, model, *, always: bool = False
+) -> dict | None:
     """The options' dictionary laid over the base config (`--generation-config FILE`, else the
     model's own), key by key. `None` when no option and no file were given (unless `always`):
     the model's config then decides, exactly as `functional_gen.generate` with no arguments."""
@@ -586,8 +738,7 @@ def read_prompts(args: argparse.Namespace) -> list[str]:
     sources = [s for s in (args.prompt, args.prompt_option, args.file) if s is not None]
     if len(sources) != 1:
         raise ValueError(
-            "give exactly one prompt source: PROMPT, -p PROMPT or -f FILE "
-            f"(got {len(sources)})"
+            f"give exactly one prompt source: PROMPT, -p PROMPT or -f FILE (got {len(sources)})"
         )
     if args.file is None:
         return [sources[0]]
@@ -609,7 +760,10 @@ def read_prompts(args: argparse.Namespace) -> list[str]:
 def _constraint(args: argparse.Namespace, tokenizer, model):
     """The structured-generation processor of --regex/--json-schema/--choice/--grammar/--lark-grammar,
     or None."""
-    if all(v is None for v in (args.regex, args.json_schema, args.choice, args.grammar, args.lark_grammar)):
+    if all(
+        v is None
+        for v in (args.regex, args.json_schema, args.choice, args.grammar, args.lark_grammar)
+    ):
         return None
     from .structured import constraint_from_options
 
@@ -699,7 +853,9 @@ def _generate(args: argparse.Namespace) -> int:
 
         load_generation_config(args.generation_config)
     if args.stream and (len(prompts) > 1 or args.output != "text"):
-        raise ValueError("--stream prints one prompt's text; it cannot be used with -f or --output jsonl")
+        raise ValueError(
+            "--stream prints one prompt's text; it cannot be used with -f or --output jsonl"
+        )
     progress.set_quiet(args.quiet)
     enable_compilation_cache()
     start = time.perf_counter()
@@ -747,7 +903,9 @@ def _print_result(args: argparse.Namespace, prompts: list[str], result) -> None:
     if result.sequences_scores is not None:
         scores = [float(x) for x in np.asarray(result.sequences_scores)]
     else:  # the summed logprobs of each sequence
-        scores = [float(logprobs[r, : result.num_tokens[r]].sum()) for r in range(len(result.texts))]
+        scores = [
+            float(logprobs[r, : result.num_tokens[r]].sum()) for r in range(len(result.texts))
+        ]
     if args.output == "text":
         for r, text in enumerate(result.texts):
             if per_prompt == 1:

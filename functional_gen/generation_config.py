@@ -267,7 +267,9 @@ def check_generation_config(gc) -> None:
             "functional_gen knows)"
         )
     if problems:
-        raise ValueError("the generation config asks for what functional_gen does not do: " + "; ".join(problems))
+        raise ValueError(
+            "the generation config asks for what functional_gen does not do: " + "; ".join(problems)
+        )
 
 
 def _with_defaults(gc, defaults: dict) -> dict:

@@ -74,7 +74,9 @@ class CompileReport:
         if event == _TRACE_EVENTS[2]:
             self.programs += 1
         if not self._line_open and not is_quiet():
-            sys.stderr.write(f"functional-gen: compiling {self.label} (first call of this shape)...")
+            sys.stderr.write(
+                f"functional-gen: compiling {self.label} (first call of this shape)..."
+            )
             sys.stderr.flush()
             self._line_open = True
 
@@ -88,7 +90,9 @@ class CompileReport:
         """Finish the notice with the compile time (call before writing anything else, e.g. the
         first streamed text)."""
         if self._line_open:
-            cached = " (from the compilation cache)" if self.cache_hits and not self.cache_misses else ""
+            cached = (
+                " (from the compilation cache)" if self.cache_hits and not self.cache_misses else ""
+            )
             sys.stderr.write(f" {self.seconds:.1f} s{cached}\n")
             sys.stderr.flush()
             self._line_open = False

@@ -158,7 +158,9 @@ def place_rows(tree, mesh: Mesh):
 def replicate(tree, mesh: Mesh):
     """Put every array of `tree` on every device of `mesh` (processors, constraint tables)."""
     return jax.tree.map(
-        lambda x: _put(x, NamedSharding(mesh, P())) if isinstance(x, (jax.Array, np.ndarray)) else x,
+        lambda x: (
+            _put(x, NamedSharding(mesh, P())) if isinstance(x, (jax.Array, np.ndarray)) else x
+        ),
         tree,
     )
 
@@ -215,7 +217,9 @@ def plan(config, mesh_shape: tuple[int, int], batch: int, max_len: int, dtype="b
             f"{len(devices)} (set XLA_FLAGS=--xla_force_host_platform_device_count=N on a CPU)"
         )
     mesh = jax.make_mesh(
-        mesh_shape, MESH_AXES, axis_types=(AxisType.Auto,) * 2,
+        mesh_shape,
+        MESH_AXES,
+        axis_types=(AxisType.Auto,) * 2,
         devices=devices[: data * model_axis],
     )
     dtype = jnp.dtype(dtype)
@@ -235,8 +239,12 @@ def plan(config, mesh_shape: tuple[int, int], batch: int, max_len: int, dtype="b
     rows = NamedSharding(mesh, P("data"))
     shape = (batch, config.num_key_value_heads, max_len, config.head_dim)
     cache = KVCache(
-        k=tuple(jax.ShapeDtypeStruct(shape, dtype, sharding=kv) for _ in range(config.num_hidden_layers)),
-        v=tuple(jax.ShapeDtypeStruct(shape, dtype, sharding=kv) for _ in range(config.num_hidden_layers)),
+        k=tuple(
+            jax.ShapeDtypeStruct(shape, dtype, sharding=kv) for _ in range(config.num_hidden_layers)
+        ),
+        v=tuple(
+            jax.ShapeDtypeStruct(shape, dtype, sharding=kv) for _ in range(config.num_hidden_layers)
+        ),
         positions=jax.ShapeDtypeStruct((batch, max_len), jnp.int32, sharding=rows),
         length=jax.ShapeDtypeStruct((batch,), jnp.int32, sharding=rows),
     )
@@ -264,5 +272,7 @@ def plan(config, mesh_shape: tuple[int, int], batch: int, max_len: int, dtype="b
         "output_bytes": int(memory.output_size_in_bytes),
         "temp_bytes": int(memory.temp_size_in_bytes),
         "generated_code_bytes": int(memory.generated_code_size_in_bytes),
-        "collectives": {op: hlo.count(f" {op}(") + hlo.count(f" {op}-start(") for op in COLLECTIVES},
+        "collectives": {
+            op: hlo.count(f" {op}(") + hlo.count(f" {op}-start(") for op in COLLECTIVES
+        },
     }

@@ -57,7 +57,9 @@ class CountingModel(AbstractCausalLM):
     config: LlamaConfig = eqx.field(static=True)
     generation_config: None = eqx.field(static=True, default=None)
 
-    def __init__(self, vocab_size: int = 32, eos_token_id: tuple[int, ...] = (31,), pad_token_id: int = 0):
+    def __init__(
+        self, vocab_size: int = 32, eos_token_id: tuple[int, ...] = (31,), pad_token_id: int = 0
+    ):
         self.config = dataclasses.replace(
             tiny_config(num_hidden_layers=1),
             vocab_size=vocab_size,

@@ -34,15 +34,16 @@ def normalize_prompts(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:
     if isinstance(prompts, str) or is_chat(prompts):
         return [prompts]
     if not isinstance(prompts, Sequence):
-        raise TypeError(f"prompts must be a str, a chat or a list of them, got {type(prompts).__name__}")
+        raise TypeError(
+            f"prompts must be a str, a chat or a list of them, got {type(prompts).__name__}"
+        )
     prompts = list(prompts)
     if not prompts:
         raise ValueError("no prompts given")
     for p in prompts:
         if not (isinstance(p, str) or is_chat(p)):
             raise TypeError(
-                "each prompt must be a str or a list of {'role', 'content'} messages, "
-                f"got {p!r}"
+                f"each prompt must be a str or a list of {{'role', 'content'}} messages, got {p!r}"
             )
     return prompts
 
@@ -149,7 +150,11 @@ _BYTE_FALLBACK = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 def _unicode_to_byte() -> dict[str, int]:
     """Inverse of GPT-2's `bytes_to_unicode`: printable bytes stand for themselves, the others
     are shifted to U+0100 and up."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    printable = [
+        *range(ord("!"), ord("~") + 1),
+        *range(ord("¡"), ord("¬") + 1),
+        *range(ord("®"), ord("ÿ") + 1),
+    ]
     chars = list(printable)
     shifted = 0
     for b in range(256):
@@ -175,7 +180,9 @@ def _decoder_types(decoder: dict | None) -> set[str]:
     return {decoder.get("type")}
 
 
-def token_bytes_table(tokenizer, vocab_size: int | None = None) -> tuple[list[bytes | None], set[int]]:
+def token_bytes_table(
+    tokenizer, vocab_size: int | None = None
+) -> tuple[list[bytes | None], set[int]]:
     """The raw bytes each token id writes as text (not its decoded string), and the special ids.
 
     A byte-level BPE token may hold part of a UTF-8 character, which decodes to U+FFFD on its
@@ -199,7 +206,9 @@ def token_bytes_table(tokenizer, vocab_size: int | None = None) -> tuple[list[by
     spec = _tokenizer_json(tokenizer)
     if spec is not None:
         decoders = _decoder_types(spec.get("decoder"))
-        byte_fallback = bool(spec.get("model", {}).get("byte_fallback")) or "ByteFallback" in decoders
+        byte_fallback = (
+            bool(spec.get("model", {}).get("byte_fallback")) or "ByteFallback" in decoders
+        )
         byte_level = "ByteLevel" in decoders
         added = {a["id"]: a for a in spec.get("added_tokens", [])}
     else:  # a slow (Python) tokenizer: SentencePiece conventions

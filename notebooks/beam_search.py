@@ -48,13 +48,22 @@ NEW_TOKENS = 24  # every call below stays in one max_new_tokens bucket: one comp
 
 # %%
 prompt = "The three most important inventions in history are"
-greedy = fg.generate(model, tokenizer, prompt, max_new_tokens=NEW_TOKENS, sampler=fg.samplers.Greedy())
+greedy = fg.generate(
+    model, tokenizer, prompt, max_new_tokens=NEW_TOKENS, sampler=fg.samplers.Greedy()
+)
 beams = fg.generate(
-    model, tokenizer, prompt, max_new_tokens=NEW_TOKENS, sampler=BeamSearch(4), num_return_sequences=2
+    model,
+    tokenizer,
+    prompt,
+    max_new_tokens=NEW_TOKENS,
+    sampler=BeamSearch(4),
+    num_return_sequences=2,
 )
 print("greedy:", repr(greedy.texts[0]), f"(sum of logprobs {float(greedy.logprobs.sum()):.2f})")
 for text, score, logprobs in zip(beams.texts, beams.sequences_scores, beams.logprobs):
-    print(f"beam:   {text!r} (score {float(score):.3f}, sum of logprobs {float(logprobs.sum()):.2f})")
+    print(
+        f"beam:   {text!r} (score {float(score):.3f}, sum of logprobs {float(logprobs.sum()):.2f})"
+    )
 
 # %% [markdown]
 # ## The search tree
@@ -70,43 +79,75 @@ start = tokenizer("Once upon a time, a little")["input_ids"]
 beam_rows = [(start, 0.0, 0)]  # (token ids, cumulative logprob, node id)
 nodes = {0: dict(step=0, label="<prompt>", score=0.0, parent=None, kept=True)}
 for step in range(1, depth + 1):
-    state = fg.SequenceState.from_token_ids([ids for ids, _, _ in beam_rows], vocab_size=model.vocab_size)
-    out = fg.generate(model, tokenizer, state, max_new_tokens=1, top_logprobs=fanout,
-                      logprobs_mode="raw", eos_token_id=())
+    state = fg.SequenceState.from_token_ids(
+        [ids for ids, _, _ in beam_rows], vocab_size=model.vocab_size
+    )
+    out = fg.generate(
+        model,
+        tokenizer,
+        state,
+        max_new_tokens=1,
+        top_logprobs=fanout,
+        logprobs_mode="raw",
+        eos_token_id=(),
+    )
     candidates = []
-    for (ids, score, node), top_ids, top_lps in zip(beam_rows, np.asarray(out.top_token_ids), np.asarray(out.top_logprobs)):
+    for (ids, score, node), top_ids, top_lps in zip(
+        beam_rows, np.asarray(out.top_token_ids), np.asarray(out.top_logprobs)
+    ):
         for token, lp in zip(top_ids[0].tolist(), top_lps[0].tolist()):
             candidates.append((ids + [token], score + lp, node, token))
     candidates.sort(key=lambda c: -c[1])
     beam_rows = []
     for rank, (ids, score, parent, token) in enumerate(candidates):
         node = len(nodes)
-        nodes[node] = dict(step=step, label=tokenizer.decode([token]), score=score, parent=parent,
-                           kept=rank < num_beams)
+        nodes[node] = dict(
+            step=step,
+            label=tokenizer.decode([token]),
+            score=score,
+            parent=parent,
+            kept=rank < num_beams,
+        )
         if rank < num_beams:
             beam_rows.append((ids, score, node))
-best = tokenizer.decode(beam_rows[0][0][len(start):])
+best = tokenizer.decode(beam_rows[0][0][len(start) :])
 print("best after", depth, "steps:", repr(best))
 
 # %%
 fig, ax = plt.subplots(figsize=(11, 6))
 order = {}
 for step in range(depth + 1):
-    at_step = sorted((n for n, d in nodes.items() if d["step"] == step), key=lambda n: -nodes[n]["score"])
+    at_step = sorted(
+        (n for n, d in nodes.items() if d["step"] == step), key=lambda n: -nodes[n]["score"]
+    )
     for i, n in enumerate(at_step):
         order[n] = (step, -i)
 for n, d in nodes.items():
     x, y = order[n]
     if d["parent"] is not None:
         px, py = order[d["parent"]]
-        ax.plot([px, x], [py, y], color="tab:blue" if d["kept"] else "lightgray", lw=1.5 if d["kept"] else 0.8, zorder=1)
+        ax.plot(
+            [px, x],
+            [py, y],
+            color="tab:blue" if d["kept"] else "lightgray",
+            lw=1.5 if d["kept"] else 0.8,
+            zorder=1,
+        )
     ax.scatter([x], [y], color="tab:blue" if d["kept"] else "lightgray", s=25, zorder=2)
-    ax.annotate(f"{d['label']!r} {d['score']:.2f}", (x, y), xytext=(4, 2), textcoords="offset points",
-                fontsize=7, color="black" if d["kept"] else "gray")
+    ax.annotate(
+        f"{d['label']!r} {d['score']:.2f}",
+        (x, y),
+        xytext=(4, 2),
+        textcoords="offset points",
+        fontsize=7,
+        color="black" if d["kept"] else "gray",
+    )
 ax.set_xlabel("step")
 ax.set_xticks(range(depth + 1))
 ax.set_yticks([])
-ax.set_title(f"Beam search tree ({num_beams} beams, {fanout} candidates per beam): kept in blue, pruned in grey")
+ax.set_title(
+    f"Beam search tree ({num_beams} beams, {fanout} candidates per beam): kept in blue, pruned in grey"
+)
 plt.show()
 
 # %% [markdown]
@@ -115,8 +156,14 @@ plt.show()
 # hypothesis:
 
 # %%
-library = fg.generate(model, tokenizer, fg.SequenceState.from_token_ids([start], vocab_size=model.vocab_size),
-                      max_new_tokens=depth, sampler=BeamSearch(num_beams), eos_token_id=())
+library = fg.generate(
+    model,
+    tokenizer,
+    fg.SequenceState.from_token_ids([start], vocab_size=model.vocab_size),
+    max_new_tokens=depth,
+    sampler=BeamSearch(num_beams),
+    eos_token_id=(),
+)
 print(repr(library.texts[0]), "==", repr(best))
 assert library.texts[0] == best
 
@@ -132,8 +179,13 @@ assert library.texts[0] == best
 chat = [{"role": "user", "content": "Describe the sea in a few words."}]
 rows = []
 for penalty in (0.0, 1.0, 3.0):
-    out = fg.generate(model, tokenizer, [chat], max_new_tokens=NEW_TOKENS,
-                      sampler=BeamSearch(4, length_penalty=penalty))
+    out = fg.generate(
+        model,
+        tokenizer,
+        [chat],
+        max_new_tokens=NEW_TOKENS,
+        sampler=BeamSearch(4, length_penalty=penalty),
+    )
     rows.append((penalty, out.num_tokens[0], float(out.sequences_scores[0]), out.texts[0]))
 print(f"{'penalty':>8} {'tokens':>6} {'score':>8}  text")
 for penalty, n, score, text in rows:
@@ -149,14 +201,21 @@ for penalty, n, score, text in rows:
 # %%
 schema = {
     "type": "object",
-    "properties": {"city": {"type": "string", "maxLength": 12}, "country": {"type": "string", "maxLength": 12}},
+    "properties": {
+        "city": {"type": "string", "maxLength": 12},
+        "country": {"type": "string", "maxLength": 12},
+    },
     "required": ["city", "country"],
     "additionalProperties": False,
 }
 out = fg.generate(
-    model, tokenizer, [[{"role": "user", "content": "Give a famous city and its country as JSON."}]],
-    max_new_tokens=32, processors=[fg.processors.JsonSchema(schema, tokenizer)],
-    sampler=BeamSearch(3), num_return_sequences=3,
+    model,
+    tokenizer,
+    [[{"role": "user", "content": "Give a famous city and its country as JSON."}]],
+    max_new_tokens=32,
+    processors=[fg.processors.JsonSchema(schema, tokenizer)],
+    sampler=BeamSearch(3),
+    num_return_sequences=3,
 )
 for text, score in zip(out.texts, out.sequences_scores):
     print(f"{float(score):7.3f}  {json.loads(text)}")

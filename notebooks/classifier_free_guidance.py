@@ -165,9 +165,9 @@ def on_topic(text, keywords):
     return any(k in text.lower() for k in keywords)
 
 
-hits = np.asarray(
-    [on_topic(t, kw) for t, (_, kw) in zip(result.texts, TOPICS * 2)]
-).reshape(2, len(TOPICS))
+hits = np.asarray([on_topic(t, kw) for t, (_, kw) in zip(result.texts, TOPICS * 2)]).reshape(
+    2, len(TOPICS)
+)
 print(f"\n{'decoding':>24} | on-topic continuations")
 print("-" * 50)
 for label, row in zip(["plain (s = 1)", f"CFG (s = {GUIDED})"], hits):
@@ -179,7 +179,9 @@ for label, row in zip(["plain (s = 1)", f"CFG (s = {GUIDED})"], hits):
 # %%
 for i, (p, _) in enumerate(TOPICS):
     if hits[0, i] != hits[1, i]:
-        print(f"{p}\n   s = 1  : {result.texts[i]!r}\n   s = {GUIDED}: {result.texts[len(TOPICS) + i]!r}\n")
+        print(
+            f"{p}\n   s = 1  : {result.texts[i]!r}\n   s = {GUIDED}: {result.texts[len(TOPICS) + i]!r}\n"
+        )
 
 # %% [markdown]
 # ## Cost and caveats

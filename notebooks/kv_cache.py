@@ -109,7 +109,9 @@ model, tokenizer = fg.load_model()
 text = "The history of the Roman Empire spans many centuries, from the founding of Rome. " * 20
 lengths, times = [16, 64], {"one_pass": [], "forced": []}
 for n in lengths:
-    state = fg.SequenceState.from_token_ids([tokenizer(text)["input_ids"][:n]], vocab_size=model.vocab_size)
+    state = fg.SequenceState.from_token_ids(
+        [tokenizer(text)["input_ids"][:n]], vocab_size=model.vocab_size
+    )
     for mode in times:
         for _ in range(2):
             start = time.perf_counter()
@@ -145,7 +147,10 @@ q, k = np.arange(seq)[:, None], np.arange(seq)[None, :]
 causal = k <= q
 prefix_lm = causal | ((k < prefix) & (q < prefix))
 fig, axes = plt.subplots(1, 2, figsize=(7, 3.4))
-for ax, mask, title in [(axes[0], causal, "causal"), (axes[1], prefix_lm, f"prefix-LM (prompt of {prefix})")]:
+for ax, mask, title in [
+    (axes[0], causal, "causal"),
+    (axes[1], prefix_lm, f"prefix-LM (prompt of {prefix})"),
+]:
     ax.imshow(mask, cmap="Blues")
     ax.set_title(title)
     ax.set_xlabel("key position")
@@ -156,7 +161,15 @@ plt.show()
 # %%
 prompt_ids = tokenizer("The capital of France is")["input_ids"]
 for flag in (False, True):
-    out = fg.generate(model, tokenizer, fg.SequenceState.from_token_ids([prompt_ids], vocab_size=model.vocab_size, tokenizer=tokenizer), max_new_tokens=8, prefix_lm=flag)
+    out = fg.generate(
+        model,
+        tokenizer,
+        fg.SequenceState.from_token_ids(
+            [prompt_ids], vocab_size=model.vocab_size, tokenizer=tokenizer
+        ),
+        max_new_tokens=8,
+        prefix_lm=flag,
+    )
     print(f"prefix_lm={flag}: {out.texts[0]!r}")
 
 # %% [markdown]
@@ -189,7 +202,12 @@ turn = answer.state + [{"role": "user", "content": "When did he live?"}]
 reply = fg.generate(model, tokenizer, turn, max_new_tokens=16)
 print("assistant:", answer.texts[0])
 print("assistant:", reply.texts[0])
-print("tokens in the conversation:", len(turn.row_token_ids()[0]), "- prefilled for the new turn:", reply.prefill_tokens[0])
+print(
+    "tokens in the conversation:",
+    len(turn.row_token_ids()[0]),
+    "- prefilled for the new turn:",
+    reply.prefill_tokens[0],
+)
 
 # %% [markdown]
 # Forking shares the prefill: `state.repeat(3)` copies every row (cache included) and gives

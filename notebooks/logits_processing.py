@@ -135,7 +135,15 @@ _ = show([P.MinP(0.2)], "MinP(0.2)")
 # How many tokens each rule keeps on this distribution:
 
 # %%
-for proc in [P.TopK(5), P.TopP(0.9), P.MinP(0.05), P.TypicalP(0.9), P.EpsilonCutoff(3e-4), P.EtaCutoff(3e-4), P.TopNSigma(1.0)]:
+for proc in [
+    P.TopK(5),
+    P.TopP(0.9),
+    P.MinP(0.05),
+    P.TypicalP(0.9),
+    P.EpsilonCutoff(3e-4),
+    P.EtaCutoff(3e-4),
+    P.TopNSigma(1.0),
+]:
     out = P.apply([proc], logits, jnp.asarray([prompt_ids]))
     print(f"{type(proc).__name__:>14}: {int(np.isfinite(np.asarray(out)).sum()):>6} tokens kept")
 
@@ -195,7 +203,9 @@ xtc = P.XTC(xtc_threshold=0.03, xtc_probability=0.5)  # tokens above 3% are "top
 for seed in range(6):
     out = P.apply([xtc], logits, jnp.asarray([prompt_ids]), key=jax.random.key(seed))
     removed = int(jnp.isinf(out[0]).sum())
-    print(f"key {seed}: {removed} top choices removed, most likely now {tokenizer.decode([int(jnp.argmax(out[0]))])!r}")
+    print(
+        f"key {seed}: {removed} top choices removed, most likely now {tokenizer.decode([int(jnp.argmax(out[0]))])!r}"
+    )
 
 # %% [markdown]
 # ## A stateless processor from a function
@@ -213,7 +223,9 @@ def no_letter_e(logits, context):
 
 
 _ = show([P.Stateless(no_letter_e)], "Stateless(no_letter_e)")
-result = fg.generate(model, tokenizer, ["A short story about a cat:"], processors=[no_letter_e], max_new_tokens=30)
+result = fg.generate(
+    model, tokenizer, ["A short story about a cat:"], processors=[no_letter_e], max_new_tokens=30
+)
 print(result.texts[0])
 
 # %% [markdown]
@@ -293,8 +305,12 @@ class DateFormat(P.AbstractLogitsProcessor):
         return state, jnp.where(allowed, logits, -jnp.inf)
 
 
-date_format = DateFormat(jnp.asarray(token_class), jnp.asarray(next_state), model.config.eos_token_id)
-question = [{"role": "user", "content": "When did the first person walk on the Moon? Give the date."}]
+date_format = DateFormat(
+    jnp.asarray(token_class), jnp.asarray(next_state), model.config.eos_token_id
+)
+question = [
+    {"role": "user", "content": "When did the first person walk on the Moon? Give the date."}
+]
 result = fg.generate(model, tokenizer, [question], processors=[date_format], max_new_tokens=16)
 print(repr(result.texts[0]), result.finish_reasons[0])
 
@@ -309,6 +325,7 @@ print(repr(result.texts[0]), result.finish_reasons[0])
 # state, processor states included) must have the same structure, shapes and dtypes at every
 # iteration: the loop is compiled once, for those shapes. A state that changes (a Python list
 # that grows, an int that becomes a float) cannot be a carry:
+
 
 # %%
 def grows(carry):

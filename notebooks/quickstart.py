@@ -45,7 +45,9 @@ SEED = 0
 start = time.perf_counter()
 model, tokenizer = fg.load_model()
 print(f"loaded in {time.perf_counter() - start:.1f} s")
-print(model.config.num_hidden_layers, "layers,", model.config.vocab_size, "tokens in the vocabulary")
+print(
+    model.config.num_hidden_layers, "layers,", model.config.vocab_size, "tokens in the vocabulary"
+)
 
 # %% [markdown]
 # The model is an `equinox.Module`: a pytree of arrays whose attribute names are the Hugging
@@ -67,7 +69,9 @@ print(model.config.eos_token_id, tokenizer.convert_ids_to_tokens(list(model.conf
 # %%
 chat = [{"role": "user", "content": "What is the capital of France? Answer in one sentence."}]
 start = time.perf_counter()
-result = fg.generate(model, tokenizer, [chat, "The three primary colours are"], max_new_tokens=MAX_NEW_TOKENS)
+result = fg.generate(
+    model, tokenizer, [chat, "The three primary colours are"], max_new_tokens=MAX_NEW_TOKENS
+)
 print(f"{time.perf_counter() - start:.1f} s (compilation included)")
 for text, reason in zip(result.texts, result.finish_reasons):
     print(repr(text), "->", reason)
@@ -113,7 +117,9 @@ for text in sampled.texts:
 
 # %%
 pieces = []
-for piece in fg.stream(model, tokenizer, [{"role": "user", "content": "Name three planets."}], max_new_tokens=30):
+for piece in fg.stream(
+    model, tokenizer, [{"role": "user", "content": "Name three planets."}], max_new_tokens=30
+):
     pieces.append(piece)
 print(pieces)
 print("".join(pieces))

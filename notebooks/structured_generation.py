@@ -124,7 +124,15 @@ print(len(first), "tokens allowed first, e.g.", [vocabulary.token_bytes[t] for t
 # %%
 mask = automaton.allowed(1)
 bits = np.packbits(mask.reshape(-1, 32)[:, ::-1], axis=1, bitorder="big").view(">u4").reshape(-1)
-print("mask:", mask.shape, mask.dtype, "-> bitmask row:", bits.shape, bits.dtype, f"{bits.nbytes} bytes")
+print(
+    "mask:",
+    mask.shape,
+    mask.dtype,
+    "-> bitmask row:",
+    bits.shape,
+    bits.dtype,
+    f"{bits.nbytes} bytes",
+)
 print("non-zero words:", np.flatnonzero(bits)[:6], "...")
 unpacked = ((bits[:, None] >> np.arange(32, dtype=np.uint32)) & 1).astype(bool).reshape(-1)
 print("round trip:", bool((unpacked == mask).all()))
@@ -138,17 +146,28 @@ print("round trip:", bool((unpacked == mask).all()))
 # `remaining - 1` tokens away after it. Rows then always end inside the language, even when
 # `max_new_tokens` runs out.
 
+
 # %%
 def device_mask(transitions, distance, token_class, state, remaining):
     after = distance[transitions[state]]  # [classes]
     return (after <= remaining - 1)[token_class]  # [vocab]
 
 
-m = device_mask(jnp.asarray(automaton.transitions), jnp.asarray(automaton.distance),
-                jnp.asarray(automaton.token_class), 1, remaining=5)
+m = device_mask(
+    jnp.asarray(automaton.transitions),
+    jnp.asarray(automaton.distance),
+    jnp.asarray(automaton.token_class),
+    1,
+    remaining=5,
+)
 print("same as the bitmask:", bool((np.asarray(m) == mask).all()))
-tight = device_mask(jnp.asarray(automaton.transitions), jnp.asarray(automaton.distance),
-                    jnp.asarray(automaton.token_class), 1, remaining=4)
+tight = device_mask(
+    jnp.asarray(automaton.transitions),
+    jnp.asarray(automaton.distance),
+    jnp.asarray(automaton.token_class),
+    1,
+    remaining=4,
+)
 print("allowed with 5 tokens left:", int(m.sum()), "- with 4 left:", int(tight.sum()))
 
 # %% [markdown]
@@ -189,8 +208,10 @@ for n in range(len(tokens) + 1):
         state = time_processor.init(context)
     state, logits = time_processor.process(state, jnp.zeros(vocabulary.vocab_size), context)
     eos_allowed = bool(jnp.isfinite(logits[vocabulary.eos_token_id[0]]))
-    print(f"after {tokenizer.decode(tokens[:n])!r:9} state={int(state):2d} {state.dtype} {state.shape}"
-          f" allowed={int(jnp.isfinite(logits).sum()):5d} EOS allowed={eos_allowed}")
+    print(
+        f"after {tokenizer.decode(tokens[:n])!r:9} state={int(state):2d} {state.dtype} {state.shape}"
+        f" allowed={int(jnp.isfinite(logits).sum()):5d} EOS allowed={eos_allowed}"
+    )
 
 # %% [markdown]
 # The state is a scalar `int32` at every step, and EOS becomes allowed exactly once `09:30`
@@ -211,7 +232,11 @@ person = {
     "properties": {
         "name": {"type": "string", "maxLength": 24},
         "age": {"type": "integer", "minimum": 0, "maximum": 120},
-        "languages": {"type": "array", "items": {"enum": ["English", "French", "Japanese"]}, "maxItems": 2},
+        "languages": {
+            "type": "array",
+            "items": {"enum": ["English", "French", "Japanese"]},
+            "maxItems": 2,
+        },
     },
     "required": ["name", "age", "languages"],
     "additionalProperties": False,
@@ -221,8 +246,10 @@ constraint = per_row([fg.processors.JsonSchema(person, tokenizer), time_processo
 result = fg.generate(
     model,
     tokenizer,
-    [[{"role": "user", "content": "Describe a famous writer as JSON."}],
-     [{"role": "user", "content": "When does the train leave?"}]],
+    [
+        [{"role": "user", "content": "Describe a famous writer as JSON."}],
+        [{"role": "user", "content": "When does the train leave?"}],
+    ],
     max_new_tokens=MAX_NEW_TOKENS,
     processors=[constraint],
     sampler=fg.samplers.Multinomial(),
@@ -291,6 +318,7 @@ print("stack-dependent candidates per (position, top of stack): at most", int(re
 # `value` cannot read pops that place and is read there. The start rule ends with optional
 # whitespace, so even the outermost value is a call.
 
+
 # %%
 def label(position: int) -> str:
     return f"{pda.rule_names[pda.position_rule[position]]}:{position}"
@@ -320,7 +348,9 @@ print("may end here:", pda.can_end(config))
 # stack. The state keeps its shapes at every step, as the generation loop's carry must.
 
 # %%
-grammar = fg.processors.Grammar(JSON_GRAMMAR, tokenizer)  # a recursive grammar: a pushdown automaton
+grammar = fg.processors.Grammar(
+    JSON_GRAMMAR, tokenizer
+)  # a recursive grammar: a pushdown automaton
 tokens = tokenizer(nested.decode())["input_ids"]
 state = None
 for n in range(len(tokens) + 1):
@@ -330,8 +360,10 @@ for n in range(len(tokens) + 1):
     state, logits = grammar.process(state, jnp.zeros(vocabulary.vocab_size), context)
     position, stack, pointer = state
     boxes = " ".join(f"[{label(int(p))}]" for p in np.asarray(stack)[: int(pointer)]) or "(empty)"
-    print(f"after {tokenizer.decode(tokens[:n])!r:28} allowed={int(jnp.isfinite(logits).sum()):5d} "
-          f"stack={boxes}")
+    print(
+        f"after {tokenizer.decode(tokens[:n])!r:28} allowed={int(jnp.isfinite(logits).sum()):5d} "
+        f"stack={boxes}"
+    )
 print("state shapes:", [(x.shape, str(x.dtype)) for x in state])
 
 # %% [markdown]
@@ -345,7 +377,14 @@ import lark  # noqa: E402
 result = fg.generate(
     model,
     tokenizer,
-    [[{"role": "user", "content": "Give a nested JSON value about a cat: an object with a list of objects."}]],
+    [
+        [
+            {
+                "role": "user",
+                "content": "Give a nested JSON value about a cat: an object with a list of objects.",
+            }
+        ]
+    ],
     max_new_tokens=MAX_NEW_TOKENS,
     processors=[grammar],
     sampler=fg.samplers.Multinomial(),

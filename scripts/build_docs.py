@@ -29,7 +29,10 @@ def execute_notebook(source: Path, target: Path, timeout: int = 600) -> float:
     notebook = jupytext.read(source)
     start = time.perf_counter()
     nbclient.NotebookClient(
-        notebook, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(ROOT)}}
+        notebook,
+        timeout=timeout,
+        kernel_name="python3",
+        resources={"metadata": {"path": str(ROOT)}},
     ).execute()
     elapsed = time.perf_counter() - start
     target.parent.mkdir(parents=True, exist_ok=True)

@@ -78,7 +78,9 @@ def tiny_tokenizer(vocab_size: int):
     vocab = {f"t{i}": i for i in range(vocab_size)}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="t0"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="t0", pad_token="t0", eos_token=f"t{vocab_size - 1}")
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, unk_token="t0", pad_token="t0", eos_token=f"t{vocab_size - 1}"
+    )
 
 
 def torch_logits(model, token_ids, attention_mask=None):
@@ -104,7 +106,8 @@ def first_layers_checkpoint(source, target, layers):
     (target / "config.json").write_text(json.dumps(config))
     weights = load_file(source / "model.safetensors")
     kept = {
-        k: v for k, v in weights.items()
+        k: v
+        for k, v in weights.items()
         if not k.startswith("model.layers.") or int(k.split(".")[2]) < layers
     }
     save_file(kept, target / "model.safetensors")

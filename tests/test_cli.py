@@ -41,29 +41,83 @@ def test_help_explains_every_option(capsys):
     assert exit_info.value.code == 0
     out = capsys.readouterr().out
     for option in [
-        "--model", "--max-new-tokens", "--temperature", "--top-k", "--top-p", "--min-p",
-        "--repetition-penalty", "--seed", "--greedy", "--sample", "--stream", "--raw", "--dtype",
-        "--regex", "--json-schema", "--choice", "--grammar", "--lark-grammar", "--max-depth", "--stop",
-        "--generation-config", "--typical-p", "--epsilon-cutoff", "--eta-cutoff", "--top-n-sigma",
-        "--xtc-threshold", "--xtc-probability", "--mirostat-tau", "--mirostat-eta",
-        "--presence-penalty", "--frequency-penalty", "--no-repeat-ngram-size", "--dry-multiplier",
-        "--dry-base", "--dry-allowed-length", "--min-new-tokens",
+        "--model",
+        "--max-new-tokens",
+        "--temperature",
+        "--top-k",
+        "--top-p",
+        "--min-p",
+        "--repetition-penalty",
+        "--seed",
+        "--greedy",
+        "--sample",
+        "--stream",
+        "--raw",
+        "--dtype",
+        "--regex",
+        "--json-schema",
+        "--choice",
+        "--grammar",
+        "--lark-grammar",
+        "--max-depth",
+        "--stop",
+        "--generation-config",
+        "--typical-p",
+        "--epsilon-cutoff",
+        "--eta-cutoff",
+        "--top-n-sigma",
+        "--xtc-threshold",
+        "--xtc-probability",
+        "--mirostat-tau",
+        "--mirostat-eta",
+        "--presence-penalty",
+        "--frequency-penalty",
+        "--no-repeat-ngram-size",
+        "--dry-multiplier",
+        "--dry-base",
+        "--dry-allowed-length",
+        "--min-new-tokens",
         # llama.cpp's and vLLM's names
-        "-m", "-n", "--n-predict", "--max-tokens", "--temp", "--repeat-penalty", "--repeat-last-n",
-        "--top-nsigma", "--typical", "--mirostat-lr", "--mirostat-ent", "-s", "-p", "-f", "-r",
-        "--reverse-prompt", "-j", "--output", "--verbose", "--quiet",
+        "-m",
+        "-n",
+        "--n-predict",
+        "--max-tokens",
+        "--temp",
+        "--repeat-penalty",
+        "--repeat-last-n",
+        "--top-nsigma",
+        "--typical",
+        "--mirostat-lr",
+        "--mirostat-ent",
+        "-s",
+        "-p",
+        "-f",
+        "-r",
+        "--reverse-prompt",
+        "-j",
+        "--output",
+        "--verbose",
+        "--quiet",
     ]:
         assert f" {option}" in out, option
     assert "SmolLM2-135M-Instruct" in out
 
 
 ALIASES = [
-    ("--model", "-m"), ("--max-new-tokens", "-n"), ("--max-new-tokens", "--n-predict"),
-    ("--max-new-tokens", "--max-tokens"), ("--temperature", "--temp"),
-    ("--repetition-penalty", "--repeat-penalty"), ("--penalty-last-n", "--repeat-last-n"),
-    ("--top-n-sigma", "--top-nsigma"), ("--typical-p", "--typical"),
-    ("--mirostat-eta", "--mirostat-lr"), ("--mirostat-tau", "--mirostat-ent"), ("--seed", "-s"),
-    ("--stop", "-r"), ("--json-schema", "-j"),
+    ("--model", "-m"),
+    ("--max-new-tokens", "-n"),
+    ("--max-new-tokens", "--n-predict"),
+    ("--max-new-tokens", "--max-tokens"),
+    ("--temperature", "--temp"),
+    ("--repetition-penalty", "--repeat-penalty"),
+    ("--penalty-last-n", "--repeat-last-n"),
+    ("--top-n-sigma", "--top-nsigma"),
+    ("--typical-p", "--typical"),
+    ("--mirostat-eta", "--mirostat-lr"),
+    ("--mirostat-tau", "--mirostat-ent"),
+    ("--seed", "-s"),
+    ("--stop", "-r"),
+    ("--json-schema", "-j"),
 ]
 
 
@@ -71,7 +125,9 @@ ALIASES = [
 def test_llama_cpp_and_vllm_names_are_aliases(ours, theirs):
     value = "3"
     parse = cli.build_parser().parse_args
-    assert vars(parse(["generate", "x", theirs, value])) == vars(parse(["generate", "x", ours, value]))
+    assert vars(parse(["generate", "x", theirs, value])) == vars(
+        parse(["generate", "x", ours, value])
+    )
     assert vars(parse(["generate", "x", theirs, value])) != vars(parse(["generate", "x"]))
 
 
@@ -79,7 +135,9 @@ def test_prompt_sources(tmp_path, monkeypatch, capsys):
     parse = cli.build_parser().parse_args
     assert cli.read_prompts(parse(["generate", "-p", "hi there"])) == ["hi there"]
     prompts = tmp_path / "prompts.txt"
-    prompts.write_text("first prompt\n\n  \nsecond, with: punctuation\nthird 🙂\n", encoding="utf-8")
+    prompts.write_text(
+        "first prompt\n\n  \nsecond, with: punctuation\nthird 🙂\n", encoding="utf-8"
+    )
     expected = ["first prompt", "second, with: punctuation", "third 🙂"]
     assert cli.read_prompts(parse(["generate", "-f", str(prompts)])) == expected
     import io
@@ -101,16 +159,21 @@ def test_prompt_sources(tmp_path, monkeypatch, capsys):
 def test_options_become_one_generation_config_dictionary():
     parse = cli.build_parser().parse_args
     assert cli.generation_options(parse(["generate", "x"])) == {}
-    assert cli.generation_options(parse(["generate", "x", "--temp", "0.7", "-n", "5", "-r", "."])) == {
-        "temperature": 0.7, "do_sample": True, "max_new_tokens": 5, "stop_strings": ["."]
-    }
+    assert cli.generation_options(
+        parse(["generate", "x", "--temp", "0.7", "-n", "5", "-r", "."])
+    ) == {"temperature": 0.7, "do_sample": True, "max_new_tokens": 5, "stop_strings": ["."]}
     # --temperature 0 is greedy decoding, as in llama.cpp, vLLM and OpenAI
-    assert cli.generation_options(parse(["generate", "x", "--temperature", "0"])) == {"do_sample": False}
+    assert cli.generation_options(parse(["generate", "x", "--temperature", "0"])) == {
+        "do_sample": False
+    }
     assert cli.generation_options(parse(["generate", "x", "--sample"])) == {
-        **cli.SAMPLING_DEFAULTS, "do_sample": True
+        **cli.SAMPLING_DEFAULTS,
+        "do_sample": True,
     }
     assert cli.generation_options(parse(["generate", "x", "--mirostat-lr", "0.2"])) == {
-        "mirostat_eta": 0.2, "mirostat": 2, "do_sample": True
+        "mirostat_eta": 0.2,
+        "mirostat": 2,
+        "do_sample": True,
     }
 
 
@@ -153,22 +216,67 @@ def test_processors_follow_the_options_in_transformers_order():
     assert names == ["RepetitionPenalty", "Temperature", "MinP"]
     sample = cli.build_parser().parse_args(["generate", "x", "--sample"])
     assert [type(p).__name__ for p in cli.build_processors(sample)] == [
-        "Temperature", "TopK", "TopP", "MinP"
+        "Temperature",
+        "TopK",
+        "TopP",
+        "MinP",
     ]
     every = cli.build_parser().parse_args(
         [
-            "generate", "x", "--mirostat-tau", "4", "--xtc-probability", "0.3", "--top-n-sigma", "1",
-            "--eta-cutoff", "0.001", "--epsilon-cutoff", "0.001", "--typical-p", "0.9", "--top-k", "5",
-            "--top-p", "0.9", "--min-p", "0.1", "--temperature", "0.7", "--min-new-tokens", "2",
-            "--dry-multiplier", "0.8", "--no-repeat-ngram-size", "3", "--frequency-penalty", "0.2",
-            "--presence-penalty", "0.1", "--repetition-penalty", "1.1",
+            "generate",
+            "x",
+            "--mirostat-tau",
+            "4",
+            "--xtc-probability",
+            "0.3",
+            "--top-n-sigma",
+            "1",
+            "--eta-cutoff",
+            "0.001",
+            "--epsilon-cutoff",
+            "0.001",
+            "--typical-p",
+            "0.9",
+            "--top-k",
+            "5",
+            "--top-p",
+            "0.9",
+            "--min-p",
+            "0.1",
+            "--temperature",
+            "0.7",
+            "--min-new-tokens",
+            "2",
+            "--dry-multiplier",
+            "0.8",
+            "--no-repeat-ngram-size",
+            "3",
+            "--frequency-penalty",
+            "0.2",
+            "--presence-penalty",
+            "0.1",
+            "--repetition-penalty",
+            "1.1",
         ]
     )
     built = cli.build_processors(every, eos_token_id=(2, 0), vocab_size=50)
     assert [type(p).__name__ for p in built] == [
-        "RepetitionPenalty", "PresencePenalty", "FrequencyPenalty", "NoRepeatNGram", "DRY",
-        "MinNewTokens", "Temperature", "TopK", "TopP", "MinP", "TypicalP", "EpsilonCutoff",
-        "EtaCutoff", "TopNSigma", "XTC", "MirostatV2",
+        "RepetitionPenalty",
+        "PresencePenalty",
+        "FrequencyPenalty",
+        "NoRepeatNGram",
+        "DRY",
+        "MinNewTokens",
+        "Temperature",
+        "TopK",
+        "TopP",
+        "MinP",
+        "TypicalP",
+        "EpsilonCutoff",
+        "EtaCutoff",
+        "TopNSigma",
+        "XTC",
+        "MirostatV2",
     ]
     assert built[5].eos_token_id == (2, 0) and cli.sampling_requested(every)
     assert not cli.sampling_requested(
@@ -224,20 +332,54 @@ def test_bad_structured_options_exit_with_a_clear_message(default_model, args, m
 def test_stop_option_and_generation_config_file(default_model, tmp_path, capsys):
     config = tmp_path / "generation_config.json"
     config.write_text('{"max_new_tokens": 6, "repetition_penalty": 1.3}')
-    assert cli.main(["generate", "Count: one, two,", "--raw", "--generation-config", str(config)]) == 0
+    assert (
+        cli.main(["generate", "Count: one, two,", "--raw", "--generation-config", str(config)]) == 0
+    )
     captured = capsys.readouterr()
     assert "[6 tokens, finish reason: length" in captured.err
-    assert cli.main(["generate", "Count: one, two,", "--raw", "--stop", "four", "--max-new-tokens", "20"]) == 0
+    assert (
+        cli.main(
+            ["generate", "Count: one, two,", "--raw", "--stop", "four", "--max-new-tokens", "20"]
+        )
+        == 0
+    )
     captured = capsys.readouterr()
     assert "finish reason: stop_string" in captured.err and "four" not in captured.out
 
 
 @pytest.mark.slow
 def test_aliases_give_the_same_output_as_the_long_names(default_model, capsys):
-    long = ["generate", "Once upon a time", "--raw", "--max-new-tokens", "8", "--temperature", "0.7",
-            "--seed", "3", "--repetition-penalty", "1.3", "--penalty-last-n", "16"]
-    short = ["generate", "-p", "Once upon a time", "--raw", "-n", "8", "--temp", "0.7", "-s", "3",
-             "--repeat-penalty", "1.3", "--repeat-last-n", "16"]
+    long = [
+        "generate",
+        "Once upon a time",
+        "--raw",
+        "--max-new-tokens",
+        "8",
+        "--temperature",
+        "0.7",
+        "--seed",
+        "3",
+        "--repetition-penalty",
+        "1.3",
+        "--penalty-last-n",
+        "16",
+    ]
+    short = [
+        "generate",
+        "-p",
+        "Once upon a time",
+        "--raw",
+        "-n",
+        "8",
+        "--temp",
+        "0.7",
+        "-s",
+        "3",
+        "--repeat-penalty",
+        "1.3",
+        "--repeat-last-n",
+        "16",
+    ]
     assert cli.main(long) == 0
     expected = capsys.readouterr().out
     assert cli.main(short) == 0
@@ -298,7 +440,9 @@ def test_quiet_prints_nothing_on_stderr_and_verbose_prints_timings(default_model
 def test_chat_keeps_one_state_and_prefills_only_the_new_turn(default_model, monkeypatch, capsys):
     import io
 
-    monkeypatch.setattr("sys.stdin", io.StringIO("What is the capital of France?\nAnd of Italy?\n/exit\n"))
+    monkeypatch.setattr(
+        "sys.stdin", io.StringIO("What is the capital of France?\nAnd of Italy?\n/exit\n")
+    )
     assert cli.main(["chat", "-n", "16", "-v"]) == 0
     out, err = capsys.readouterr()
     answers = [line for line in out.splitlines() if line.strip()]
@@ -315,20 +459,65 @@ def test_beam_search_and_guidance_options(default_model, capsys):
     import functional_gen as fg
 
     model, tokenizer = default_model
-    assert cli.main(["generate", "The capital of France is", "--raw", "-n", "8", "--num-beams", "3",
-                     "--num-return-sequences", "2", "--length-penalty", "1.0"]) == 0
+    assert (
+        cli.main(
+            [
+                "generate",
+                "The capital of France is",
+                "--raw",
+                "-n",
+                "8",
+                "--num-beams",
+                "3",
+                "--num-return-sequences",
+                "2",
+                "--length-penalty",
+                "1.0",
+            ]
+        )
+        == 0
+    )
     printed = capsys.readouterr().out
-    expected = fg.generate(model, tokenizer, "The capital of France is", max_new_tokens=8,
-                           sampler=fg.samplers.BeamSearch(3), num_return_sequences=2)
+    expected = fg.generate(
+        model,
+        tokenizer,
+        "The capital of France is",
+        max_new_tokens=8,
+        sampler=fg.samplers.BeamSearch(3),
+        num_return_sequences=2,
+    )
     assert printed == "".join(
         f"{j + 1}. [score {float(score):.4f}] {text}\n"
         for j, (text, score) in enumerate(zip(expected.texts, expected.sequences_scores))
     )
-    assert cli.main(["generate", "The sea", "--raw", "-n", "6", "--guidance-scale", "1.5",
-                     "--negative-prompt", "The mountain", "--cfg", "batched"]) == 0
+    assert (
+        cli.main(
+            [
+                "generate",
+                "The sea",
+                "--raw",
+                "-n",
+                "6",
+                "--guidance-scale",
+                "1.5",
+                "--negative-prompt",
+                "The mountain",
+                "--cfg",
+                "batched",
+            ]
+        )
+        == 0
+    )
     guided = capsys.readouterr().out.strip()
-    same = fg.generate(model, tokenizer, "The sea", max_new_tokens=6, guidance_scale=1.5,
-                       negative_prompt="The mountain", cfg="batched")
+    same = fg.generate(
+        model,
+        tokenizer,
+        "The sea",
+        max_new_tokens=6,
+        guidance_scale=1.5,
+        negative_prompt="The mountain",
+        cfg="batched",
+    )
     assert guided == same.texts[0].strip()
     with pytest.raises(SystemExit):
         cli.main(["generate", "hi", "--negative-prompt", "x"])
@@ -344,8 +533,15 @@ def test_top_logprobs_in_jsonl(default_model, capsys):
     import functional_gen as fg
 
     model, tokenizer = default_model
-    assert cli.main(["generate", "Hello", "--raw", "-n", "4", "--output", "jsonl", "--top-logprobs", "3"]) == 0
+    assert (
+        cli.main(
+            ["generate", "Hello", "--raw", "-n", "4", "--output", "jsonl", "--top-logprobs", "3"]
+        )
+        == 0
+    )
     row = json.loads(capsys.readouterr().out.strip())
     expected = fg.generate(model, tokenizer, "Hello", max_new_tokens=4, top_logprobs=3)
     ids = np.asarray(expected.top_token_ids)[0]
-    assert [list(map(int, step)) for step in row["top_logprobs"]] == ids[: len(row["top_logprobs"])].tolist()
+    assert [list(map(int, step)) for step in row["top_logprobs"]] == ids[
+        : len(row["top_logprobs"])
+    ].tolist()

@@ -48,14 +48,27 @@ def test_two_processes_generate_what_one_does(two_layer_default_model):
 
     model, tokenizer = fg.load_model(two_layer_default_model)
     expected = np.asarray(
-        fg.generate(model, tokenizer, PROMPTS, max_new_tokens=8, sampler=fg.samplers.Greedy()).token_ids
+        fg.generate(
+            model, tokenizer, PROMPTS, max_new_tokens=8, sampler=fg.samplers.Greedy()
+        ).token_ids
     ).tolist()
     address = f"127.0.0.1:{free_port()}"
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     procs = [
         subprocess.Popen(
-            [sys.executable, "-c", WORKER, str(i), address, json.dumps(PROMPTS), str(two_layer_default_model)],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+            [
+                sys.executable,
+                "-c",
+                WORKER,
+                str(i),
+                address,
+                json.dumps(PROMPTS),
+                str(two_layer_default_model),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
         )
         for i in range(2)
     ]

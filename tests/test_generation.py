@@ -127,7 +127,9 @@ def test_python_loop_of_steps_equals_generate():
     state = fg.init_state(model, [[3], [1, 2]], max_new_tokens=6)
     while not bool(state.done.all()):
         state = step(state)
-    assert generated(state) == generated(counting_generate([[3], [1, 2]], max_new_tokens=6, model=model))
+    assert generated(state) == generated(
+        counting_generate([[3], [1, 2]], max_new_tokens=6, model=model)
+    )
 
 
 def test_multinomial_rows_do_not_depend_on_batch_mates():
@@ -137,7 +139,9 @@ def test_multinomial_rows_do_not_depend_on_batch_mates():
         return jnp.zeros_like(logits)
 
     kwargs = dict(processors=[uniform], sampler=fg.samplers.Multinomial(), key=jax.random.key(3))
-    together = generated(counting_generate([[1], [2], [3]], max_new_tokens=8, model=model, **kwargs))
+    together = generated(
+        counting_generate([[1], [2], [3]], max_new_tokens=8, model=model, **kwargs)
+    )
     first_alone = generated(counting_generate([[1]], max_new_tokens=8, model=model, **kwargs))
     assert together[0] == first_alone[0]
     assert together[0] != together[1]  # rows draw independently
@@ -157,9 +161,13 @@ def test_new_prompt_in_the_same_bucket_does_not_recompile():
         counting_generate([[1, 2, 3, 4, 5]], max_new_tokens=3)
         compiles.clear()
         counting_generate([[7, 8, 9, 10, 11, 12, 13]], max_new_tokens=3)  # 5 and 7 -> bucket 16
-        counting_generate([[4, 5, 6]], max_new_tokens=3, processors=[fg.processors.Temperature(0.5)])
+        counting_generate(
+            [[4, 5, 6]], max_new_tokens=3, processors=[fg.processors.Temperature(0.5)]
+        )
         compiles_before_new_temperature = len(compiles)
-        counting_generate([[4, 5, 6]], max_new_tokens=3, processors=[fg.processors.Temperature(0.9)])
+        counting_generate(
+            [[4, 5, 6]], max_new_tokens=3, processors=[fg.processors.Temperature(0.9)]
+        )
     finally:
         jax.monitoring.unregister_event_duration_listener(listener)
     assert compiles_before_new_temperature == 1  # only the new processor list compiled
@@ -195,7 +203,9 @@ def test_bad_inputs_raise_clear_errors_before_compiling():
 
 
 @pytest.mark.slow
-def test_greedy_generation_equals_transformers(default_model, torch_default_model, roman_prompt_ids):
+def test_greedy_generation_equals_transformers(
+    default_model, torch_default_model, roman_prompt_ids
+):
     """32 greedy tokens on SmolLM2-135M-Instruct, identical to transformers' `generate`."""
     import torch
 
@@ -221,7 +231,9 @@ def test_greedy_generation_equals_transformers(default_model, torch_default_mode
         torch.log_softmax(step_logits[0].float(), -1)[t].item()
         for step_logits, t in zip(out.logits, expected)
     ]
-    np.testing.assert_allclose(np.asarray(state.logprobs)[0, : len(expected)], hf_logprobs, atol=2e-3)
+    np.testing.assert_allclose(
+        np.asarray(state.logprobs)[0, : len(expected)], hf_logprobs, atol=2e-3
+    )
 
 
 @pytest.mark.slow
@@ -232,13 +244,17 @@ def test_padded_batch_generates_what_each_prompt_generates_alone(default_model):
     for i, p in enumerate(prompts):
         alone = fg.generate(model, tokenizer, [p], max_new_tokens=12)
         assert alone.texts[0] == batch.texts[i]
-        np.testing.assert_array_equal(np.asarray(alone.token_ids[0]), np.asarray(batch.token_ids[i]))
+        np.testing.assert_array_equal(
+            np.asarray(alone.token_ids[0]), np.asarray(batch.token_ids[i])
+        )
 
 
 @pytest.mark.slow
 def test_chat_prompt_uses_the_template_and_stops_at_eos(default_model):
     model, tokenizer = default_model
-    messages = [{"role": "user", "content": "What is the capital of France? Answer in one sentence."}]
+    messages = [
+        {"role": "user", "content": "What is the capital of France? Answer in one sentence."}
+    ]
     result = fg.generate(model, tokenizer, [messages], max_new_tokens=12)
     assert result.texts == ["The capital of France is Paris."]
     assert result.finish_reasons == ["eos"]

@@ -80,8 +80,12 @@ def hf_processors(config: dict):
     """transformers' own processor list for a decoder-only model and this config."""
     hf_model = transformers.LlamaForCausalLM(
         transformers.LlamaConfig(
-            vocab_size=VOCAB, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-            num_attention_heads=2, num_key_value_heads=1,
+            vocab_size=VOCAB,
+            hidden_size=16,
+            intermediate_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=1,
         )
     )
     gc = transformers.GenerationConfig(eos_token_id=list(EOS), max_length=PROMPT + NEW, **config)
@@ -109,7 +113,13 @@ def test_same_processors_in_the_same_order_and_the_same_logits(name):
         logits = rng.normal(size=(3, VOCAB)).astype(np.float32) * 3
         expected = hf(torch.tensor(ids), torch.tensor(logits)).numpy()
         got = np.asarray(
-            P.apply(ours.processors, jnp.asarray(logits), jnp.asarray(ids), prompt_length=PROMPT, max_new_tokens=NEW)
+            P.apply(
+                ours.processors,
+                jnp.asarray(logits),
+                jnp.asarray(ids),
+                prompt_length=PROMPT,
+                max_new_tokens=NEW,
+            )
         )
         np.testing.assert_array_equal(np.isneginf(got), np.isneginf(expected))
         finite = np.isfinite(expected)
@@ -127,7 +137,10 @@ def test_same_processors_in_the_same_order_and_the_same_logits(name):
         (dict(force_words_ids=[[5]]), "'constrained_beam_search'"),
         (dict(watermarking_config={"greenlist_ratio": 0.25}), "watermarking_config="),
         (dict(mirostat=1), "mirostat=1"),
-        (dict(do_sample=True, some_future_setting=3), r"unknown setting\(s\) some_future_setting=3"),
+        (
+            dict(do_sample=True, some_future_setting=3),
+            r"unknown setting\(s\) some_future_setting=3",
+        ),
     ],
 )
 def test_unsupported_decoding_methods_are_named(config, message):
@@ -146,7 +159,10 @@ def test_unsupported_decoding_methods_are_named(config, message):
         ({}, "Greedy"),
         (dict(do_sample=True, temperature=0.7), "Multinomial"),
         # beam-only settings are harmless when the mode is greedy or sample, as in transformers
-        (dict(length_penalty=2.0, early_stopping=True, output_scores=True, use_cache=False), "Greedy"),
+        (
+            dict(length_penalty=2.0, early_stopping=True, output_scores=True, use_cache=False),
+            "Greedy",
+        ),
         (dict(num_beams=4, length_penalty=0.5, early_stopping="never"), "BeamSearch"),
         (dict(num_beams=3, do_sample=True), "BeamSearch"),
     ],
@@ -156,19 +172,27 @@ def test_greedy_sample_and_beam_modes_are_accepted(config, sampler):
     assert type(settings.sampler).__name__ == sampler
     if sampler == "BeamSearch":
         beam = settings.sampler
-        assert beam.num_beams == config["num_beams"] and beam.do_sample == config.get("do_sample", False)
+        assert beam.num_beams == config["num_beams"] and beam.do_sample == config.get(
+            "do_sample", False
+        )
         assert float(beam.length_penalty) == config.get("length_penalty", 1.0)
         assert beam.early_stopping == config.get("early_stopping", False)
 
 
 def test_guidance_scale_asks_for_classifier_free_guidance():
-    assert settings_from_generation_config(
-        dict(guidance_scale=1.5), eos_token_id=EOS, vocab_size=VOCAB
-    ).guidance_scale == 1.5
+    assert (
+        settings_from_generation_config(
+            dict(guidance_scale=1.5), eos_token_id=EOS, vocab_size=VOCAB
+        ).guidance_scale
+        == 1.5
+    )
     # a scale of 1 is no guidance, as in transformers
-    assert settings_from_generation_config(
-        dict(guidance_scale=1.0), eos_token_id=EOS, vocab_size=VOCAB
-    ).guidance_scale is None
+    assert (
+        settings_from_generation_config(
+            dict(guidance_scale=1.0), eos_token_id=EOS, vocab_size=VOCAB
+        ).guidance_scale
+        is None
+    )
 
 
 def test_every_generation_config_attribute_is_classified():
@@ -178,22 +202,40 @@ def test_every_generation_config_attribute_is_classified():
 
     from functional_gen import generation_config as G
 
-    known = G.USED_GENERATION_KEYS | G.IGNORED_GENERATION_KEYS | G.UNSUPPORTED_GENERATION_KEYS.keys()
+    known = (
+        G.USED_GENERATION_KEYS | G.IGNORED_GENERATION_KEYS | G.UNSUPPORTED_GENERATION_KEYS.keys()
+    )
     assert sorted(set(GenerationConfig().to_dict()) - known) == []
 
 
 def test_llama_cpp_sampling_keys_add_xtc_and_mirostat():
     settings = settings_from_generation_config(
-        dict(do_sample=True, temperature=0.8, min_p=0.05, xtc_probability=0.5, xtc_threshold=0.1, mirostat=2),
+        dict(
+            do_sample=True,
+            temperature=0.8,
+            min_p=0.05,
+            xtc_probability=0.5,
+            xtc_threshold=0.1,
+            mirostat=2,
+        ),
         eos_token_id=EOS,
         vocab_size=VOCAB,
     )
-    assert [type(p).__name__ for p in settings.processors] == ["Temperature", "MinP", "XTC", "MirostatV2"]
+    assert [type(p).__name__ for p in settings.processors] == [
+        "Temperature",
+        "MinP",
+        "XTC",
+        "MirostatV2",
+    ]
 
 
 def test_load_generation_config_from_files_and_dicts(tmp_path):
     (tmp_path / "generation_config.json").write_text(json.dumps({"do_sample": True, "top_p": 0.8}))
-    for source in (tmp_path, tmp_path / "generation_config.json", {"do_sample": True, "top_p": 0.8}):
+    for source in (
+        tmp_path,
+        tmp_path / "generation_config.json",
+        {"do_sample": True, "top_p": 0.8},
+    ):
         gc = load_generation_config(source)
         assert gc.do_sample and gc.top_p == 0.8
     with pytest.raises(FileNotFoundError, match="no generation config"):
@@ -207,16 +249,37 @@ def test_generation_config_sets_lengths_and_repeats_rows():
     from functional_gen.generation import resolve_settings
 
     settings = resolve_settings(
-        model, tiny_tokenizer(model.vocab_size), 5, max_new_tokens=None, processors=None, sampler=None,
-        key=jax.random.key(0), eos_token_id=None, pad_token_id=None, stop_strings=None,
-        generation_config={"max_length": 12, "num_return_sequences": 3, "do_sample": True, "stop_strings": "x"},
+        model,
+        tiny_tokenizer(model.vocab_size),
+        5,
+        max_new_tokens=None,
+        processors=None,
+        sampler=None,
+        key=jax.random.key(0),
+        eos_token_id=None,
+        pad_token_id=None,
+        stop_strings=None,
+        generation_config={
+            "max_length": 12,
+            "num_return_sequences": 3,
+            "do_sample": True,
+            "stop_strings": "x",
+        },
     )
     assert settings.max_new_tokens == 7 and settings.num_return_sequences == 3
     assert settings.stop_strings == ("x",)
     with pytest.raises(ValueError, match="max_length=5 leaves no room"):
         resolve_settings(
-            model, None, 5, max_new_tokens=None, processors=None, sampler=None, key=None,
-            eos_token_id=None, pad_token_id=None, stop_strings=None,
+            model,
+            None,
+            5,
+            max_new_tokens=None,
+            processors=None,
+            sampler=None,
+            key=None,
+            eos_token_id=None,
+            pad_token_id=None,
+            stop_strings=None,
             generation_config={"max_length": 5},
         )
 
@@ -225,7 +288,11 @@ def test_generation_config_sets_lengths_and_repeats_rows():
 def test_the_models_own_generation_config_is_the_default(default_model):
     model, tokenizer = default_model
     sampling = transformers.GenerationConfig(
-        do_sample=True, temperature=0.7, top_k=20, eos_token_id=list(model.config.eos_token_id), max_new_tokens=10
+        do_sample=True,
+        temperature=0.7,
+        top_k=20,
+        eos_token_id=list(model.config.eos_token_id),
+        max_new_tokens=10,
     )
     sampling_model = copy.copy(model)  # the same weights, another generation_config
     object.__setattr__(sampling_model, "generation_config", sampling)
@@ -244,6 +311,13 @@ def test_the_models_own_generation_config_is_the_default(default_model):
     )
     assert by_default.texts == explicit.texts and by_default.num_tokens[0] <= 10
     # SmolLM2's own generation config does not sample: greedy, like transformers
-    assert fg.generate(model, tokenizer, "The capital of France is", max_new_tokens=8).texts == fg.generate(
-        model, tokenizer, "The capital of France is", max_new_tokens=8, sampler=fg.samplers.Greedy()
-    ).texts
+    assert (
+        fg.generate(model, tokenizer, "The capital of France is", max_new_tokens=8).texts
+        == fg.generate(
+            model,
+            tokenizer,
+            "The capital of France is",
+            max_new_tokens=8,
+            sampler=fg.samplers.Greedy(),
+        ).texts
+    )

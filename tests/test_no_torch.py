@@ -61,7 +61,12 @@ def test_convert_load_and_generate_without_torch(tmp_path, default_model):
         "FUNCTIONAL_GEN_CACHE": str(tmp_path / "cache"),  # empty: the default model is converted
     }
     proc = subprocess.run(
-        [sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=600, check=False
+        [sys.executable, "-c", SCRIPT],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -74,7 +79,9 @@ def test_convert_load_and_generate_without_torch(tmp_path, default_model):
 
     model, tokenizer = default_model
     prompts = ["The capital of France is", [{"role": "user", "content": "Hi!"}]]
-    expected = fg.generate(model, tokenizer, prompts, max_new_tokens=6, sampler=fg.samplers.Greedy())
+    expected = fg.generate(
+        model, tokenizer, prompts, max_new_tokens=6, sampler=fg.samplers.Greedy()
+    )
     chat_ids = tokenizer.apply_chat_template(
         prompts[1], add_generation_prompt=True, tokenize=True, return_dict=False
     )

@@ -102,17 +102,28 @@ CACHE_SCRIPT = textwrap.dedent(
 def test_compiled_programs_persist_across_processes_in_our_cache_dir():
     """A second process loads the program from `cache_dir() / "jax"` instead of compiling it.
     (The session's cache directory is temporary, see conftest.py.)"""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+    }
     env.pop("JAX_COMPILATION_CACHE_DIR", None)
     env.pop("FUNCTIONAL_GEN_COMPILATION_CACHE", None)
     runs = []
     for _ in range(2):
         proc = subprocess.run(
-            [sys.executable, "-c", CACHE_SCRIPT], env=env, capture_output=True, text=True, timeout=300, check=False
+            [sys.executable, "-c", CACHE_SCRIPT],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
         )
         assert proc.returncode == 0, proc.stderr[-3000:]
         runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
-    assert runs[0]["dir"] == str(compilation_cache_dir()) and compilation_cache_dir().parent == cache_dir()
+    assert (
+        runs[0]["dir"] == str(compilation_cache_dir())
+        and compilation_cache_dir().parent == cache_dir()
+    )
     assert runs[0]["misses"] >= 1 and runs[0]["hits"] == 0
     assert runs[1]["hits"] >= 1 and runs[1]["misses"] == 0
     assert any(compilation_cache_dir().iterdir())

@@ -107,7 +107,10 @@ WORKER = textwrap.dedent(
 def test_generation_on_meshes_of_8_devices(two_layer_default_model):
     checkpoint = two_layer_default_model
     run = subprocess.run(
-        [sys.executable, "-c", WORKER, str(checkpoint)], capture_output=True, text=True, timeout=1500,
+        [sys.executable, "-c", WORKER, str(checkpoint)],
+        capture_output=True,
+        text=True,
+        timeout=1500,
         env={**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8"},
     )
     assert run.returncode == 0, run.stderr[-4000:]
@@ -132,5 +135,9 @@ def test_generation_on_meshes_of_8_devices(two_layer_default_model):
     # argument size is weights + cache + the token ids/positions
     plan = out["plan"]
     assert plan["planned"] == plan["measured"]
-    assert plan["planned"] + plan["cache"] <= plan["arguments"] <= plan["planned"] + plan["cache"] + 4096
+    assert (
+        plan["planned"] + plan["cache"]
+        <= plan["arguments"]
+        <= plan["planned"] + plan["cache"] + 4096
+    )
     assert plan["collectives"] > 0

@@ -75,7 +75,9 @@ def test_generation_stops_at_the_string_and_leaves_it_out(default_model):
     model, tokenizer = default_model
     prompts = ["Count from one to ten: one, two,", "Write a list of fruits:\n1."]
     free = fg.generate(model, tokenizer, prompts, max_new_tokens=40)
-    stopped = fg.generate(model, tokenizer, prompts, max_new_tokens=40, stop_strings=["seven", "\n3"])
+    stopped = fg.generate(
+        model, tokenizer, prompts, max_new_tokens=40, stop_strings=["seven", "\n3"]
+    )
     for full, cut, reason in zip(free.texts, stopped.texts, stopped.finish_reasons):
         stop = "seven" if "seven" in full else "\n3"
         assert stop in full
@@ -87,5 +89,7 @@ def test_generation_stops_at_the_string_and_leaves_it_out(default_model):
         before = tokenizer.decode(np.asarray(stopped.token_ids[i, : n - 1]).tolist())
         stop = "seven" if i == 0 else "\n3"
         assert stop in generated and stop not in before
-    pieces = list(fg.stream(model, tokenizer, prompts[0], max_new_tokens=40, stop_strings=["seven"]))
+    pieces = list(
+        fg.stream(model, tokenizer, prompts[0], max_new_tokens=40, stop_strings=["seven"])
+    )
     assert "".join(pieces) == stopped.texts[0]

@@ -263,8 +263,18 @@ def beam_step(step, state):
         state.key,
         beam.running_beam_indices,
     )
-    (token_ids, length, row_logprobs, top_ids, top_lps, cache, processor_states, stop_state, key,
-     running_bidx) = jax.tree.map(lambda x: x[flat_src], carried)
+    (
+        token_ids,
+        length,
+        row_logprobs,
+        top_ids,
+        top_lps,
+        cache,
+        processor_states,
+        stop_state,
+        key,
+        running_bidx,
+    ) = jax.tree.map(lambda x: x[flat_src], carried)
     active = ~jnp.repeat(keep_old, nb)
     flat_tokens = jnp.where(active, new_tokens.reshape(rows), step.pad_token_id)
     row_ids = jnp.arange(rows)
@@ -278,7 +288,9 @@ def beam_step(step, state):
     running_bidx = running_bidx.at[row_ids, lp_col].set(flat_src.astype(jnp.int32), mode="drop")
     length = length + active.astype(jnp.int32)
     if step.top_logprobs:
-        source = logprobs if step.logprobs_mode == "processed" else jax.nn.log_softmax(state.logits, -1)
+        source = (
+            logprobs if step.logprobs_mode == "processed" else jax.nn.log_softmax(state.logits, -1)
+        )
         values, ids = jax.lax.top_k(source[flat_src], step.top_logprobs)
         top_ids = top_ids.at[row_ids, lp_col].set(ids.astype(jnp.int32), mode="drop")
         top_lps = top_lps.at[row_ids, lp_col].set(values, mode="drop")
@@ -308,13 +320,34 @@ def beam_step(step, state):
     )
     return eqx.tree_at(
         lambda s: (
-            s.token_ids, s.length, s.done, s.finish_reason, s.logits, s.logprobs,
-            s.top_token_ids, s.top_logprobs, s.cache, s.processor_states, s.stop_state, s.key,
+            s.token_ids,
+            s.length,
+            s.done,
+            s.finish_reason,
+            s.logits,
+            s.logprobs,
+            s.top_token_ids,
+            s.top_logprobs,
+            s.cache,
+            s.processor_states,
+            s.stop_state,
+            s.key,
             s.beam,
         ),
         state,
         (
-            token_ids, length, done, finish_reason.astype(jnp.int32), next_logits, row_logprobs,
-            top_ids, top_lps, cache, processor_states, stop_state, key, new_beam,
+            token_ids,
+            length,
+            done,
+            finish_reason.astype(jnp.int32),
+            next_logits,
+            row_logprobs,
+            top_ids,
+            top_lps,
+            cache,
+            processor_states,
+            stop_state,
+            key,
+            new_beam,
         ),
     )

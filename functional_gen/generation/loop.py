@@ -183,7 +183,9 @@ def _run_prefill(model, plan, arrays, new_ids, new_pos, pending, rows_batch):
     return last, cache, prompt_lp
 
 
-def _start(step: Step, plan: _Plan, arrays: SequenceArrays, new_ids, new_pos, budget, padding_rows, keys):
+def _start(
+    step: Step, plan: _Plan, arrays: SequenceArrays, new_ids, new_pos, budget, padding_rows, keys
+):
     """Prefill and initialise: `(prompt_logprobs, state)`, the `GenerationState` before this
     call's first step (see `_run_prefill` for the prompt logprobs)."""
     model = step.model
@@ -446,7 +448,9 @@ def _prepare(
     else:
         write_index = int(to_host(a.cache.length)[0])
         needed = write_index + width + steps
-        cache_len = _grow_capacity(a.cache.max_len, needed) if bucket else max(a.cache.max_len, needed)
+        cache_len = (
+            _grow_capacity(a.cache.max_len, needed) if bucket else max(a.cache.max_len, needed)
+        )
     plan = _Plan(
         cache_len=cache_len,
         token_len=token_len,
@@ -483,7 +487,10 @@ def _as_state(
     for prompts. Returns `(state, is_continuation)`."""
     if isinstance(prompts, SequenceState):
         state = prompts
-        if state.model_fingerprint is not None and state.model_fingerprint != model.config_fingerprint:
+        if (
+            state.model_fingerprint is not None
+            and state.model_fingerprint != model.config_fingerprint
+        ):
             raise ModelMismatchError(
                 "this SequenceState was made by another model (config fingerprint "
                 f"{state.model_fingerprint}, this model's is {model.config_fingerprint}); a KV "
@@ -534,8 +541,14 @@ def plan_call(
     `GuidedModel` for batched classifier-free guidance), the resolved `Settings`, and the
     padded inputs of the compiled program."""
     model, first = _guidance(
-        model, tokenizer, guidance_scale, negative_prompt, guidance_rescale, cfg,
-        chat_template=chat_template, prefill_mode=prefill_mode,
+        model,
+        tokenizer,
+        guidance_scale,
+        negative_prompt,
+        guidance_rescale,
+        cfg,
+        chat_template=chat_template,
+        prefill_mode=prefill_mode,
     )
     if guidance_scale is not None and cfg == "batched" and (prefix_lm or prompt_logprobs):
         raise ValueError(
@@ -586,18 +599,32 @@ def _on_mesh(prepared: _Prepared, model) -> _Prepared:
     rest = replicate(eqx.tree_at(lambda s: s.model, step, None, is_leaf=lambda x: x is None), mesh)
     step = eqx.tree_at(lambda s: s.model, rest, step.model, is_leaf=lambda x: x is None)
     placed = place_rows(
-        (prepared.arrays, prepared.new_ids, prepared.new_pos, prepared.budget,
-         prepared.padding_rows, prepared.keys),
+        (
+            prepared.arrays,
+            prepared.new_ids,
+            prepared.new_pos,
+            prepared.budget,
+            prepared.padding_rows,
+            prepared.keys,
+        ),
         mesh,
     )
     arrays, new_ids, new_pos, budget, padding_rows, keys = placed
     return dataclasses.replace(
-        prepared, step=step, arrays=arrays, new_ids=new_ids, new_pos=new_pos, budget=budget,
-        padding_rows=padding_rows, keys=keys,
+        prepared,
+        step=step,
+        arrays=arrays,
+        new_ids=new_ids,
+        new_pos=new_pos,
+        budget=budget,
+        padding_rows=padding_rows,
+        keys=keys,
     )
 
 
-def _guidance(model, tokenizer, scale, negative_prompt, rescale, cfg, *, chat_template, prefill_mode):
+def _guidance(
+    model, tokenizer, scale, negative_prompt, rescale, cfg, *, chat_template, prefill_mode
+):
     """Classifier-free guidance settings: `(model, processors to put first)`."""
     from .guidance import CFG_MODES, GuidedModel
 
@@ -627,7 +654,12 @@ def _guidance(model, tokenizer, scale, negative_prompt, rescale, cfg, *, chat_te
 
 
 def build_result(
-    model, tokenizer, settings: Settings, prepared: _Prepared, final: GenerationState, arrays,
+    model,
+    tokenizer,
+    settings: Settings,
+    prepared: _Prepared,
+    final: GenerationState,
+    arrays,
     prompt_lp=None,
 ) -> GenerationResult:
     """The `GenerationResult` of a finished call: one device-to-host transfer, texts decoded
@@ -670,7 +702,9 @@ def build_result(
         state=state,
         top_token_ids=jnp.asarray(top_ids[:rows, :n]) if top_ids.shape[-1] else None,
         top_logprobs=jnp.asarray(top_lps[:rows, :n]) if top_ids.shape[-1] else None,
-        prompt_logprobs=_prompt_logprobs(prompt_lp, prepared, rows) if settings.prompt_logprobs else None,
+        prompt_logprobs=_prompt_logprobs(prompt_lp, prepared, rows)
+        if settings.prompt_logprobs
+        else None,
     )
 
 
@@ -681,8 +715,15 @@ def _beam_result(model, tokenizer, settings, prepared, final, prompt_lp) -> Gene
     nrs = settings.num_return_sequences
     beam = final.beam
     host = to_host(
-        (beam.tokens, beam.lengths, beam.scores, beam.beam_indices, beam.token_logprobs,
-         final.token_ids, final.start_length)
+        (
+            beam.tokens,
+            beam.lengths,
+            beam.scores,
+            beam.beam_indices,
+            beam.token_logprobs,
+            final.token_ids,
+            final.start_length,
+        )
     )
     tokens, lengths, scores, bidx, lps, row_ids, starts = (np.asarray(x) for x in host)
     prompts = prepared.rows // nrs
@@ -716,9 +757,7 @@ def _beam_result(model, tokenizer, settings, prepared, final, prompt_lp) -> Gene
         lp_arr[i, : len(row)] = row
     keys = jnp.repeat(final.key.reshape(-1, nb)[:prompts, 0], nrs)
     state = SequenceState(
-        eqx.tree_at(
-            lambda a: (a.token_logprobs, a.key), state.arrays, (jnp.asarray(lp_arr), keys)
-        ),
+        eqx.tree_at(lambda a: (a.token_logprobs, a.key), state.arrays, (jnp.asarray(lp_arr), keys)),
         model_fingerprint=model.config_fingerprint,
         tokenizer=tokenizer,
         settings=None,
@@ -908,7 +947,14 @@ def init_state(
     `max_position_embeddings`.
     """
     settings = _token_settings(
-        model, prompt_token_ids, max_new_tokens, processors, None, None, pad_token_id, stop_strings,
+        model,
+        prompt_token_ids,
+        max_new_tokens,
+        processors,
+        None,
+        None,
+        pad_token_id,
+        stop_strings,
         key=key if key is not None else jax.random.key(0),
     )
     seq = SequenceState.from_token_ids(prompt_token_ids, vocab_size=model.vocab_size, key=key)
@@ -927,7 +973,16 @@ def init_state(
 
 
 def _token_settings(
-    model, prompt_token_ids, max_new_tokens, processors, sampler, eos_token_id, pad_token_id, stop_strings, *, key
+    model,
+    prompt_token_ids,
+    max_new_tokens,
+    processors,
+    sampler,
+    eos_token_id,
+    pad_token_id,
+    stop_strings,
+    *,
+    key,
 ) -> Settings:
     from .settings import check_max_new_tokens
     from .step import make_step

@@ -180,7 +180,9 @@ class SequenceState:
 
     def _replace(self, arrays: SequenceArrays | None = None, **kwargs) -> "SequenceState":
         fields = dict(
-            model_fingerprint=self.model_fingerprint, tokenizer=self.tokenizer, settings=self.settings
+            model_fingerprint=self.model_fingerprint,
+            tokenizer=self.tokenizer,
+            settings=self.settings,
         )
         fields.update(kwargs)
         return SequenceState(self.arrays if arrays is None else arrays, **fields)
@@ -359,7 +361,11 @@ class SequenceState:
                 raise TypeError(f"rows must be indexed by ints, slices or int lists, got {index!r}")
         out = self if (isinstance(index, slice) and index == slice(None)) else self.take_rows(rows)
         if tokens is not None:
-            if not isinstance(tokens, slice) or tokens.start not in (None, 0) or tokens.step not in (None, 1):
+            if (
+                not isinstance(tokens, slice)
+                or tokens.start not in (None, 0)
+                or tokens.step not in (None, 1)
+            ):
                 raise TypeError(f"tokens can only be cropped as [:, :n], got {tokens!r}")
             if tokens.stop is None:
                 return out

@@ -87,9 +87,13 @@ def check_key(sampler: AbstractSampler | None, key, *, sampler_given: bool) -> N
     """Raise a clear error when a random sampler has no PRNG key (before any compilation)."""
     if key is not None or sampler is None or not sampler.needs_key:
         return
-    hint = "" if sampler_given else (
-        " (the generation config asks for sampling, do_sample=True; pass "
-        "sampler=functional_gen.samplers.Greedy() to decode greedily instead)"
+    hint = (
+        ""
+        if sampler_given
+        else (
+            " (the generation config asks for sampling, do_sample=True; pass "
+            "sampler=functional_gen.samplers.Greedy() to decode greedily instead)"
+        )
     )
     raise ValueError(
         f"{type(sampler).__name__} sampling needs a PRNG key: pass key=jax.random.key(seed){hint}"
@@ -218,8 +222,10 @@ def resolve_settings(
                         f"after {longest_prompt} tokens; pass max_new_tokens"
                     )
         n_return = settings.num_return_sequences
-        if settings.guidance_scale is not None and not first_processors and (
-            generation_config is not None or not own_decoding
+        if (
+            settings.guidance_scale is not None
+            and not first_processors
+            and (generation_config is not None or not own_decoding)
         ):
             from ..processors import ClassifierFreeGuidance
 

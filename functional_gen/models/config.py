@@ -250,9 +250,7 @@ class LlamaConfig:
             )
 
     @classmethod
-    def from_hf(
-        cls, hf_config: Any, *, extra_eos_token_ids: Sequence[int] = ()
-    ) -> "LlamaConfig":
+    def from_hf(cls, hf_config: Any, *, extra_eos_token_ids: Sequence[int] = ()) -> "LlamaConfig":
         """Build a config from a Hugging Face config.
 
         **Arguments:**
@@ -426,8 +424,7 @@ class LlamaConfig:
             d["use_sliding_window"] = bool(windows)
             d["sliding_window"] = windows.pop() if windows else None
             d["layer_types"] = [
-                "full_attention" if w is None else "sliding_attention"
-                for w in self.sliding_window
+                "full_attention" if w is None else "sliding_attention" for w in self.sliding_window
             ]
         else:
             d["attention_bias"] = self.attention_bias

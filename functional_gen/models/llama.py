@@ -223,7 +223,12 @@ class Attention(eqx.Module):
         q = q.reshape(kvh, groups, hd, batch, seq)
         if prefill_chunk is None:
             out = self._attend_written(
-                q, k_cache, v_cache, cache.positions, positions, prefix_length,
+                q,
+                k_cache,
+                v_cache,
+                cache.positions,
+                positions,
+                prefix_length,
                 cache.write_index + seq,
             )
         else:
@@ -267,8 +272,12 @@ class Attention(eqx.Module):
         def upto(n):
             def attend(q, k_cache, v_cache, kv_positions, positions, prefix_length):
                 return self._attend(
-                    q, k_cache[..., :n, :], v_cache[..., :n, :], kv_positions[..., :n],
-                    positions, prefix_length,
+                    q,
+                    k_cache[..., :n, :],
+                    v_cache[..., :n, :],
+                    kv_positions[..., :n],
+                    positions,
+                    prefix_length,
                 )
 
             return attend
@@ -278,7 +287,12 @@ class Attention(eqx.Module):
         return jax.lax.switch(
             index,
             [upto(n) for n in lengths],
-            q, k_cache, v_cache, kv_positions, positions, prefix_length,
+            q,
+            k_cache,
+            v_cache,
+            kv_positions,
+            positions,
+            prefix_length,
         )
 
     def _attend(
@@ -458,7 +472,9 @@ class LlamaForCausalLM(AbstractCausalLM):
         _quantization.check_quantization(quantization)
         matrix_format = _quantization.weight_format(jnp.zeros((), dtype))
         if matrix_format == "int8":
-            raise ValueError("`dtype` must be float32 or bfloat16; use quantization='int8' for int8")
+            raise ValueError(
+                "`dtype` must be float32 or bfloat16; use quantization='int8' for int8"
+            )
         keys = iter(jax.random.split(key, 16 * c.num_hidden_layers + 4))
 
         def normal(*shape):

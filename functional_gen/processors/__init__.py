@@ -65,14 +65,21 @@ from .classifier_free_guidance import (
 
 # Structured generation lives in `functional_gen.structured`, which imports this package's
 # `base`; its processors are reachable here by a lazy alias, so that nothing below imports it.
-_STRUCTURED = {"Choice": "choice", "Grammar": "grammar", "JsonSchema": "json_schema", "Regex": "regex"}
+_STRUCTURED = {
+    "Choice": "choice",
+    "Grammar": "grammar",
+    "JsonSchema": "json_schema",
+    "Regex": "regex",
+}
 
 
 def __getattr__(name: str):
     if name in _STRUCTURED:
         import importlib
 
-        return getattr(importlib.import_module(f"functional_gen.structured.{_STRUCTURED[name]}"), name)
+        return getattr(
+            importlib.import_module(f"functional_gen.structured.{_STRUCTURED[name]}"), name
+        )
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

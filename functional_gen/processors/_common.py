@@ -26,9 +26,7 @@ def keep_top(
     return remove & (logits < kth_largest(logits, min_tokens_to_keep))
 
 
-def token_counts(
-    context: Context, vocab: int, *, generated_only: bool
-) -> Int[Array, " vocab"]:
+def token_counts(context: Context, vocab: int, *, generated_only: bool) -> Int[Array, " vocab"]:
     """How often each token id occurs in the valid (or only the generated) part of the row."""
     mask = context.generated_mask if generated_only else context.valid_mask
     ids = jnp.where(mask, context.token_ids, vocab)  # out of range -> dropped

@@ -83,12 +83,22 @@ def token_sequences_param(name: str, value) -> tuple[tuple[int, ...], ...]:
 
     **Raises:** `ValueError` naming `name` and the bad value.
     """
-    message = f"`{name}` must be a non-empty list of non-empty lists of token ids >= 0, got {value!r}"
-    if isinstance(value, (str, bytes)) or not isinstance(value, (Sequence, np.ndarray)) or len(value) == 0:
+    message = (
+        f"`{name}` must be a non-empty list of non-empty lists of token ids >= 0, got {value!r}"
+    )
+    if (
+        isinstance(value, (str, bytes))
+        or not isinstance(value, (Sequence, np.ndarray))
+        or len(value) == 0
+    ):
         raise ValueError(message)
     out = []
     for seq in value:
-        if isinstance(seq, (int, np.integer)) or not isinstance(seq, (Sequence, np.ndarray)) or len(seq) == 0:
+        if (
+            isinstance(seq, (int, np.integer))
+            or not isinstance(seq, (Sequence, np.ndarray))
+            or len(seq) == 0
+        ):
             raise ValueError(message)
         if any(isinstance(t, bool) or not isinstance(t, (int, np.integer)) or t < 0 for t in seq):
             raise ValueError(message)
@@ -103,4 +113,6 @@ def check_token_ids_in_vocab(name: str, token_ids, vocab: int) -> None:
     """
     bad = sorted({int(t) for t in token_ids if int(t) >= vocab})
     if bad:
-        raise ValueError(f"`{name}` has token ids outside the vocabulary of {vocab} tokens: {bad[:8]}")
+        raise ValueError(
+            f"`{name}` has token ids outside the vocabulary of {vocab} tokens: {bad[:8]}"
+        )

@@ -46,4 +46,6 @@ class BadWords(AbstractStatelessLogitsProcessor):
         vocab = logits.shape[-1]
         check_token_ids_in_vocab("bad_words_ids", [t for s in self.bad_words_ids for t in s], vocab)
         biases = jnp.full((len(self.bad_words_ids),), -jnp.inf, jnp.float32)
-        return logits + sequence_bias(vocab, context, self.bad_words_ids, biases).astype(logits.dtype)
+        return logits + sequence_bias(vocab, context, self.bad_words_ids, biases).astype(
+            logits.dtype
+        )

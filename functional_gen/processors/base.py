@@ -201,9 +201,7 @@ class Stateless(AbstractStatelessLogitsProcessor):
     **Attributes:** `fn`: the function, written for one sequence (`logits: Float[Array, " vocab"]`).
     """
 
-    fn: Callable[[Float[Array, " vocab"], Context], Float[Array, " vocab"]] = eqx.field(
-        static=True
-    )
+    fn: Callable[[Float[Array, " vocab"], Context], Float[Array, " vocab"]] = eqx.field(static=True)
 
     def __call__(self, logits: Float[Array, " vocab"], context: Context) -> Float[Array, " vocab"]:
         return self.fn(logits, context)

@@ -30,7 +30,9 @@ class EtaCutoff(AbstractStatelessLogitsProcessor):
     min_tokens_to_keep: int = eqx.field(static=True)
 
     def __init__(self, eta_cutoff, min_tokens_to_keep: int = 1):
-        self.eta_cutoff = float_param("eta_cutoff", eta_cutoff, low=0.0, high=1.0, high_inclusive=False)
+        self.eta_cutoff = float_param(
+            "eta_cutoff", eta_cutoff, low=0.0, high=1.0, high_inclusive=False
+        )
         self.min_tokens_to_keep = int_param("min_tokens_to_keep", min_tokens_to_keep, low=1)
 
     def __call__(self, logits: Float[Array, " vocab"], context: Context) -> Float[Array, " vocab"]:

@@ -24,7 +24,9 @@ class FrequencyPenalty(AbstractStatelessLogitsProcessor):
     frequency_penalty: Float[Array, "*rows"] = per_row_field()
 
     def __init__(self, frequency_penalty):
-        self.frequency_penalty = float_param("frequency_penalty", frequency_penalty, low=-2.0, high=2.0)
+        self.frequency_penalty = float_param(
+            "frequency_penalty", frequency_penalty, low=-2.0, high=2.0
+        )
 
     def __call__(self, logits: Float[Array, " vocab"], context: Context) -> Float[Array, " vocab"]:
         counts = token_counts(context, logits.shape[-1], generated_only=True)

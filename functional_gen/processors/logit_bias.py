@@ -55,7 +55,9 @@ class LogitBias(AbstractStatelessLogitsProcessor):
             ) from None
         bad = ~np.isfinite(values) | (np.abs(values) > 100)
         if np.any(bad):
-            raise ValueError(f"`logit_bias` values must be in [-100, 100], got {values[bad].tolist()}")
+            raise ValueError(
+                f"`logit_bias` values must be in [-100, 100], got {values[bad].tolist()}"
+            )
         self.token_ids = tuple(ids)
         self.biases = jnp.asarray(values, jnp.float32)
 

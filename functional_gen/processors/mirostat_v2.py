@@ -85,7 +85,9 @@ class MirostatV2(AbstractLogitsProcessor):
         # Lagged update from the token sampled after the previous step.
         surprise = -state.logprobs[context.last_token_id] / math.log(2)
         update = state.has_previous & jnp.isfinite(surprise)
-        mu = jnp.where(update, state.mu - self.mirostat_eta * (surprise - self.mirostat_tau), state.mu)
+        mu = jnp.where(
+            update, state.mu - self.mirostat_eta * (surprise - self.mirostat_tau), state.mu
+        )
 
         # Truncate: keep tokens with surprise <= mu, at least the most likely one.
         surprises = -jax.nn.log_softmax(logits) / math.log(2)

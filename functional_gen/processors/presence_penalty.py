@@ -24,7 +24,9 @@ class PresencePenalty(AbstractStatelessLogitsProcessor):
     presence_penalty: Float[Array, "*rows"] = per_row_field()
 
     def __init__(self, presence_penalty):
-        self.presence_penalty = float_param("presence_penalty", presence_penalty, low=-2.0, high=2.0)
+        self.presence_penalty = float_param(
+            "presence_penalty", presence_penalty, low=-2.0, high=2.0
+        )
 
     def __call__(self, logits: Float[Array, " vocab"], context: Context) -> Float[Array, " vocab"]:
         counts = token_counts(context, logits.shape[-1], generated_only=True)

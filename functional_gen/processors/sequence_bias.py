@@ -34,7 +34,9 @@ def sequence_bias(
                 continue
             prefixes = jnp.asarray([sequences[i][:-1] for i in members], jnp.int32)
             start = context.length - prefix_length
-            window = jax.lax.dynamic_slice(context.token_ids, (jnp.maximum(start, 0),), (prefix_length,))
+            window = jax.lax.dynamic_slice(
+                context.token_ids, (jnp.maximum(start, 0),), (prefix_length,)
+            )
             matches = (start >= 0) & jnp.all(prefixes == window, axis=-1)
             values = jnp.where(matches, values, 0.0)
         bias = bias.at[last_tokens].add(values)
@@ -75,7 +77,11 @@ class SequenceBias(AbstractStatelessLogitsProcessor):
         elif isinstance(sequence_bias, Sequence) and not isinstance(sequence_bias, (str, bytes)):
             pairs = []
             for item in sequence_bias:
-                if not isinstance(item, Sequence) or isinstance(item, (str, bytes)) or len(item) != 2:
+                if (
+                    not isinstance(item, Sequence)
+                    or isinstance(item, (str, bytes))
+                    or len(item) != 2
+                ):
                     raise ValueError(
                         "`sequence_bias` must be a list of [token_ids, bias] pairs or a dict "
                         f"{{tuple(token_ids): bias}}, got {sequence_bias!r}"
@@ -104,4 +110,6 @@ class SequenceBias(AbstractStatelessLogitsProcessor):
     def __call__(self, logits: Float[Array, " vocab"], context: Context) -> Float[Array, " vocab"]:
         vocab = logits.shape[-1]
         check_token_ids_in_vocab("sequence_bias", [t for s in self.sequences for t in s], vocab)
-        return logits + sequence_bias(vocab, context, self.sequences, self.biases).astype(logits.dtype)
+        return logits + sequence_bias(vocab, context, self.sequences, self.biases).astype(
+            logits.dtype
+        )

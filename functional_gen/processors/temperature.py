@@ -30,5 +30,3 @@ class Temperature(AbstractStatelessLogitsProcessor):
 
     def __call__(self, logits: Float[Array, " vocab"], context: Context) -> Float[Array, " vocab"]:
         return logits / self.temperature
-
-

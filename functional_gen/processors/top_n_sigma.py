@@ -32,7 +32,9 @@ class TopNSigma(AbstractStatelessLogitsProcessor):
         count = jnp.sum(finite, dtype=logits.dtype)  # a float: divides float sums below
         values = jnp.where(finite, logits, 0.0)
         mean = jnp.sum(values) / jnp.maximum(count, 1)
-        sigma = jnp.sqrt(jnp.sum(jnp.where(finite, (logits - mean) ** 2, 0.0)) / jnp.maximum(count, 1))
+        sigma = jnp.sqrt(
+            jnp.sum(jnp.where(finite, (logits - mean) ** 2, 0.0)) / jnp.maximum(count, 1)
+        )
         filtered = jnp.where(logits < jnp.max(logits) - self.top_n_sigma * sigma, -jnp.inf, logits)
         active = (self.top_n_sigma > 0) & (count > 1)
         return jnp.where(active, filtered, logits)

@@ -56,7 +56,9 @@ class TopP(AbstractStatelessLogitsProcessor):
     def _threshold_by_search(self, logits: Float[Array, " vocab"]) -> Float[Array, ""]:
         """The smallest kept logit: the first in ascending order whose cumulative probability
         exceeds `1 - top_p`, lowered to keep `min_tokens_to_keep` tokens."""
-        first_kept = smallest_reaching(logits, jax.nn.softmax(logits), 1 - self.top_p, inclusive=False)
+        first_kept = smallest_reaching(
+            logits, jax.nn.softmax(logits), 1 - self.top_p, inclusive=False
+        )
         return jnp.minimum(first_kept, kth_largest(logits, self.min_tokens_to_keep))
 
     def _threshold_among_top_k(

@@ -263,7 +263,9 @@ def from_transitions(
     )
 
 
-def from_outlines_index(index, vocabulary: TokenVocabulary, description: str = "") -> TokenAutomaton:
+def from_outlines_index(
+    index, vocabulary: TokenVocabulary, description: str = ""
+) -> TokenAutomaton:
     """Export an `outlines_core.Index` built on `vocabulary.outlines_vocabulary`.
 
     The `{state: {token: next}}` dictionaries are read with `numpy.fromiter` (C-level iteration,
@@ -344,7 +346,9 @@ def _save(path: Path, automaton: TokenAutomaton) -> None:
         pass
 
 
-def cached(kind: str, source: str, vocabulary: TokenVocabulary, build, *, cache: bool = True) -> TokenAutomaton:
+def cached(
+    kind: str, source: str, vocabulary: TokenVocabulary, build, *, cache: bool = True
+) -> TokenAutomaton:
     """`build()` through the memory and disk caches, keyed by `cache_key(kind, source, vocabulary)`."""
     if not cache:
         return build()
@@ -372,4 +376,6 @@ def clear_memory_cache() -> None:
 
 
 def _short(text: str, limit: int = 120) -> str:
-    return repr(text) if len(text) <= limit else repr(text[:limit]) + f"... ({len(text)} characters)"
+    return (
+        repr(text) if len(text) <= limit else repr(text[:limit]) + f"... ({len(text)} characters)"
+    )

@@ -102,8 +102,12 @@ def regex_byte_dfa(regex: str) -> ByteDFA:
     counts = np.fromiter(map(len, table.values()), np.int64, len(table))
     src = np.repeat(np.fromiter(table.keys(), np.int64, len(table)), counts)
     byte = np.fromiter(itertools.chain.from_iterable(table.values()), np.int64, int(counts.sum()))
-    dst = np.fromiter(itertools.chain.from_iterable(map(dict.values, table.values())), np.int64, int(counts.sum()))
-    raw = np.unique(np.concatenate([src, dst, [index.get_initial_state()], list(index.get_final_states())]))
+    dst = np.fromiter(
+        itertools.chain.from_iterable(map(dict.values, table.values())), np.int64, int(counts.sum())
+    )
+    raw = np.unique(
+        np.concatenate([src, dst, [index.get_initial_state()], list(index.get_final_states())])
+    )
     keep = byte < 256  # drop outlines-core's EOS self-loops
     delta = np.full((raw.size, 256), REJECT, np.int32)
     delta[np.searchsorted(raw, src[keep]), byte[keep]] = np.searchsorted(raw, dst[keep])
@@ -127,7 +131,10 @@ def trim(dfa: ByteDFA) -> ByteDFA:
     edges = np.unique(src.astype(np.int64) * n + dfa.delta[src, byte])
     e_src, e_dst = edges // n, edges % n
     reach = _bfs_layers(*_csr(e_src, e_dst, n), [dfa.initial], n) < INFINITE_DISTANCE
-    alive = _bfs_layers(*_csr(e_dst, e_src, n), np.flatnonzero(dfa.accepting & reach), n) < INFINITE_DISTANCE
+    alive = (
+        _bfs_layers(*_csr(e_dst, e_src, n), np.flatnonzero(dfa.accepting & reach), n)
+        < INFINITE_DISTANCE
+    )
     alive &= reach
     if not alive[dfa.initial]:
         raise ConstraintError("the language is empty: no text reaches an accepting state")
@@ -151,7 +158,9 @@ def _refine(columns, accepting, hashed: bool):
         signature = np.concatenate([blocks[:, None], successor], axis=1)
         if hashed:
             keys = (signature.astype(np.uint64) + np.uint64(2)) * weights  # wraps mod 2^64
-            blocks = np.unique(keys.sum(axis=1, dtype=np.uint64), return_inverse=True)[1].reshape(-1)
+            blocks = np.unique(keys.sum(axis=1, dtype=np.uint64), return_inverse=True)[1].reshape(
+                -1
+            )
         else:
             blocks = np.unique(signature, axis=0, return_inverse=True)[1].reshape(-1)
         new_count = int(blocks.max()) + 1
@@ -308,7 +317,9 @@ def _regex_hint(pattern: str) -> str:
     return ""
 
 
-def build_regex_automaton(pattern: str, vocabulary: TokenVocabulary, description: str | None = None) -> TokenAutomaton:
+def build_regex_automaton(
+    pattern: str, vocabulary: TokenVocabulary, description: str | None = None
+) -> TokenAutomaton:
     """Compile a regex into a `TokenAutomaton`, without any cache: outlines-core compiles the
     regex into a byte-level DFA (`byte_dfa.regex_byte_dfa`), we minimise it and lift it to the
     vocabulary's tokens (`byte_dfa.lift`).
@@ -328,7 +339,9 @@ def build_regex_automaton(pattern: str, vocabulary: TokenVocabulary, description
     return lift(minimize(regex_byte_dfa(pattern)), vocabulary, description)
 
 
-def regex_automaton(pattern: str, vocabulary: TokenVocabulary, *, cache: bool = True, description: str | None = None) -> TokenAutomaton:
+def regex_automaton(
+    pattern: str, vocabulary: TokenVocabulary, *, cache: bool = True, description: str | None = None
+) -> TokenAutomaton:
     """Compile a regex (Rust `regex` syntax, matched against the WHOLE generated text) into a
     `TokenAutomaton`, through the memory and disk caches.
 
@@ -344,5 +357,9 @@ def regex_automaton(pattern: str, vocabulary: TokenVocabulary, *, cache: bool = 
     if not isinstance(pattern, str):
         raise TypeError(f"a regex must be a str, got {type(pattern).__name__}: {pattern!r}")
     return cached(
-        "regex", pattern, vocabulary, lambda: build_regex_automaton(pattern, vocabulary, description), cache=cache
+        "regex",
+        pattern,
+        vocabulary,
+        lambda: build_regex_automaton(pattern, vocabulary, description),
+        cache=cache,
     )

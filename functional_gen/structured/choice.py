@@ -26,7 +26,9 @@ def choice_regex(options: Sequence[str]) -> str:
         if not isinstance(o, str):
             raise TypeError(f"each option must be a string, got {o!r} in {list(options)!r}")
         if not o:
-            raise ValueError(f"each option must be a non-empty string, got {o!r} in {list(options)!r}")
+            raise ValueError(
+                f"each option must be a non-empty string, got {o!r} in {list(options)!r}"
+            )
     if len(set(options)) != len(options):
         duplicates = sorted({o for o in options if list(options).count(o) > 1})
         raise ValueError(f"`options` has duplicates: {duplicates}")
@@ -35,7 +37,12 @@ def choice_regex(options: Sequence[str]) -> str:
 
 
 def _is_options(value) -> bool:
-    return isinstance(value, Sequence) and not isinstance(value, str) and all(isinstance(o, str) for o in value) and len(value) > 0
+    return (
+        isinstance(value, Sequence)
+        and not isinstance(value, str)
+        and all(isinstance(o, str) for o in value)
+        and len(value) > 0
+    )
 
 
 class Choice(AbstractConstraint):
@@ -71,12 +78,16 @@ class Choice(AbstractConstraint):
         eos_token_id: int | Sequence[int] | None = None,
         vocab_size: int | None = None,
     ):
-        vocabulary = vocabulary_from_tokenizer(tokenizer, eos_token_id=eos_token_id, vocab_size=vocab_size)
+        vocabulary = vocabulary_from_tokenizer(
+            tokenizer, eos_token_id=eos_token_id, vocab_size=vocab_size
+        )
         if isinstance(options, str):
             raise TypeError(f"`options` must be a list of strings, got the string {options!r}")
         groups, ids = rows_of(options, _is_options, "options", "a non-empty list of strings")
         automata = []
         for group in groups:
             pattern = choice_regex(list(group))
-            automata.append(regex_automaton(pattern, vocabulary, description=f"choice {list(group)!r}"))
+            automata.append(
+                regex_automaton(pattern, vocabulary, description=f"choice {list(group)!r}")
+            )
         self._set_automata(automata, ids)

@@ -41,7 +41,9 @@ IPV6 = (
     rf"|{_H16}:(?::{_H16}){{1,6}}|:(?:(?::{_H16}){{1,7}}|:))"
 )
 _HOST_LABEL = r"[a-zA-Z0-9](?:[a-zA-Z0-9-]{0,60}[a-zA-Z0-9])?"
-HOSTNAME = rf"{_HOST_LABEL}(?:\.{_HOST_LABEL}){{0,3}}"  # at most 4 labels of 62: under 253 characters
+HOSTNAME = (
+    rf"{_HOST_LABEL}(?:\.{_HOST_LABEL}){{0,3}}"  # at most 4 labels of 62: under 253 characters
+)
 _PCHAR = r"(?:[A-Za-z0-9._~!$&'()*+,;=:@-]|%[0-9A-Fa-f]{2})"
 _URI_TAIL = rf"(?:{_PCHAR}|/)*(?:\?(?:{_PCHAR}|[/?])*)?(?:#(?:{_PCHAR}|[/?])*)?"
 URI = rf"[a-zA-Z][a-zA-Z0-9+.-]*:{_URI_TAIL}"
@@ -77,11 +79,29 @@ ECMA-262 regex); `uri`/`uri-reference` follow RFC 3986's character set and compo
 most four labels so that it stays under 253 characters (RFC 1123); `ipv6` has no embedded IPv4
 form."""
 
-SPEC_FORMATS = frozenset({
-    "date-time", "date", "time", "duration", "email", "idn-email", "hostname", "idn-hostname",
-    "ipv4", "ipv6", "uri", "uri-reference", "iri", "iri-reference", "uuid", "uri-template",
-    "json-pointer", "relative-json-pointer", "regex",
-})
+SPEC_FORMATS = frozenset(
+    {
+        "date-time",
+        "date",
+        "time",
+        "duration",
+        "email",
+        "idn-email",
+        "hostname",
+        "idn-hostname",
+        "ipv4",
+        "ipv6",
+        "uri",
+        "uri-reference",
+        "iri",
+        "iri-reference",
+        "uuid",
+        "uri-template",
+        "json-pointer",
+        "relative-json-pointer",
+        "regex",
+    }
+)
 """The formats JSON Schema 2020-12 defines (§7.3 of the validation vocabulary). A `format` outside
 this set (`"int64"`, `"password"`, `"color"`, ...) is an annotation and is ignored, as validators
 do; one inside it that `FORMATS` lacks cannot be enforced."""

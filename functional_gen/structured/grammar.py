@@ -173,12 +173,22 @@ class _Builder:
         self.spec = spec
         self.cut = {name: i for i, name in enumerate(cut)}
         # The ignored terminals, any number of them, form one terminal of their own.
-        self.ignore = Terminal("(?:" + "|".join(f"(?:{r})" for r in spec.ignore) + ")*") if spec.ignore else None
-        regexes = sorted({r for body in spec.rules.values() for r in _terminals(body, set())} | (
-            {self.ignore.regex} if self.ignore else set()))
+        self.ignore = (
+            Terminal("(?:" + "|".join(f"(?:{r})" for r in spec.ignore) + ")*")
+            if spec.ignore
+            else None
+        )
+        regexes = sorted(
+            {r for body in spec.rules.values() for r in _terminals(body, set())}
+            | ({self.ignore.regex} if self.ignore else set())
+        )
         self.terminals = {r: regex_byte_dfa(r) for r in regexes}
         # Byte classes: bytes that every terminal DFA treats alike.
-        stacked = np.concatenate([d.delta for d in self.terminals.values()], axis=0) if regexes else np.zeros((1, 256), np.int32)
+        stacked = (
+            np.concatenate([d.delta for d in self.terminals.values()], axis=0)
+            if regexes
+            else np.zeros((1, 256), np.int32)
+        )
         _, self.byte_class = np.unique(stacked, axis=1, return_inverse=True)
         self.byte_class = self.byte_class.reshape(-1)
         self.num_classes = int(self.byte_class.max()) + 1
@@ -383,7 +393,9 @@ def grammar_byte_dfa(spec: GrammarSpec, max_depth: int) -> ByteDFA:
         rows.append(row)
         i += 1
     table = np.stack(rows)[:, builder.byte_class]
-    accepting = np.array([any(a == 0 and not s and top.accepting[q] for a, q, s in configs) for configs in order])
+    accepting = np.array(
+        [any(a == 0 and not s and top.accepting[q] for a, q, s in configs) for configs in order]
+    )
     try:
         return minimize(ByteDFA(table.astype(np.int32), accepting, 0))
     except ConstraintError:
@@ -394,7 +406,12 @@ def grammar_byte_dfa(spec: GrammarSpec, max_depth: int) -> ByteDFA:
 
 
 def grammar_automaton(
-    grammar: str, vocabulary: TokenVocabulary, *, start: str = "start", max_depth: int = DEFAULT_MAX_DEPTH, cache: bool = True
+    grammar: str,
+    vocabulary: TokenVocabulary,
+    *,
+    start: str = "start",
+    max_depth: int = DEFAULT_MAX_DEPTH,
+    cache: bool = True,
 ) -> TokenAutomaton:
     """Compile a Lark grammar into a `TokenAutomaton` (through the memory and disk caches).
 
@@ -406,13 +423,21 @@ def grammar_automaton(
     spec = parse_grammar(grammar, start)  # errors before anything is built or cached
 
     def build():
-        return lift(grammar_byte_dfa(spec, max_depth), vocabulary, f"grammar (start={start}, max_depth={max_depth})")
+        return lift(
+            grammar_byte_dfa(spec, max_depth),
+            vocabulary,
+            f"grammar (start={start}, max_depth={max_depth})",
+        )
 
     return cached("grammar", f"{start}\0{max_depth}\0{grammar}", vocabulary, build, cache=cache)
 
 
 def pushdown_automaton(
-    grammar: str, vocabulary: TokenVocabulary, *, start: str = "start", stack_depth: int = DEFAULT_STACK_DEPTH,
+    grammar: str,
+    vocabulary: TokenVocabulary,
+    *,
+    start: str = "start",
+    stack_depth: int = DEFAULT_STACK_DEPTH,
     cache: bool = True,
 ) -> PushdownAutomaton:
     """Compile a Lark grammar into a `PushdownAutomaton` (memoised in this process).
@@ -428,7 +453,10 @@ def pushdown_automaton(
     if cache and key in _PUSHDOWN_CACHE:
         return _PUSHDOWN_CACHE[key]
     automaton = build_pushdown(
-        spec, vocabulary, stack_depth=stack_depth, description=f"grammar (start={start}, stack_depth={stack_depth})"
+        spec,
+        vocabulary,
+        stack_depth=stack_depth,
+        description=f"grammar (start={start}, stack_depth={stack_depth})",
     )
     if cache:
         if len(_PUSHDOWN_CACHE) >= 16:
@@ -503,12 +531,21 @@ class Grammar(AbstractConstraint):
         eos_token_id: int | Sequence[int] | None = None,
         vocab_size: int | None = None,
     ):
-        grammars, ids = rows_of(grammar, lambda g: isinstance(g, (str, Path)), "grammar", "a grammar (text or a pathlib.Path)")
+        grammars, ids = rows_of(
+            grammar,
+            lambda g: isinstance(g, (str, Path)),
+            "grammar",
+            "a grammar (text or a pathlib.Path)",
+        )
         texts = [_read(g) for g in grammars]
-        vocabulary = vocabulary_from_tokenizer(tokenizer, eos_token_id=eos_token_id, vocab_size=vocab_size)
+        vocabulary = vocabulary_from_tokenizer(
+            tokenizer, eos_token_id=eos_token_id, vocab_size=vocab_size
+        )
         if max_depth is None and len(texts) == 1 and cut_rules(parse_grammar(texts[0], start)):
             try:
-                automaton = pushdown_automaton(texts[0], vocabulary, start=start, stack_depth=stack_depth)
+                automaton = pushdown_automaton(
+                    texts[0], vocabulary, start=start, stack_depth=stack_depth
+                )
             except NotDeterministic as e:
                 warnings.warn(
                     f"this grammar cannot run as a pushdown automaton ({e}); using the bounded-depth DFA "
@@ -519,10 +556,14 @@ class Grammar(AbstractConstraint):
                 self._set_pushdown(automaton, ids)
                 return
         depth = DEFAULT_MAX_DEPTH if max_depth is None else max_depth
-        self._set_automata([grammar_automaton(t, vocabulary, start=start, max_depth=depth) for t in texts], ids)
+        self._set_automata(
+            [grammar_automaton(t, vocabulary, start=start, max_depth=depth) for t in texts], ids
+        )
 
     @classmethod
-    def from_gbnf(cls, grammar: str | Path | Sequence[str | Path | None], tokenizer, **kwargs) -> "Grammar":
+    def from_gbnf(
+        cls, grammar: str | Path | Sequence[str | Path | None], tokenizer, **kwargs
+    ) -> "Grammar":
         """A `Grammar` from llama.cpp's GBNF (text, a `pathlib.Path` to a `.gbnf` file, or a list
         with one per row), converted to Lark by llguidance (`grammar_syntax.gbnf_to_lark`): the
         start rule is GBNF's `root`. Keyword arguments as for `Grammar`.
@@ -538,8 +579,14 @@ class Grammar(AbstractConstraint):
         if isinstance(grammar, (str, Path)):
             return cls(gbnf_to_lark(_read(grammar)), tokenizer, **kwargs)
         if isinstance(grammar, Sequence):
-            return cls([None if g is None else gbnf_to_lark(_read(g)) for g in grammar], tokenizer, **kwargs)
-        raise TypeError(f"`grammar` must be GBNF text, a pathlib.Path or a list of them, got {grammar!r}")
+            return cls(
+                [None if g is None else gbnf_to_lark(_read(g)) for g in grammar],
+                tokenizer,
+                **kwargs,
+            )
+        raise TypeError(
+            f"`grammar` must be GBNF text, a pathlib.Path or a list of them, got {grammar!r}"
+        )
 
 
 @functools.singledispatch

@@ -146,7 +146,9 @@ def _class_char(ch: str) -> str:
     return ch if ch.isalnum() and ch.isascii() else f"\\x{{{ord(ch):X}}}"
 
 
-_COMMON_IMPORT = re.compile(r"^\s*%import\s+common\s*(?:\.\s*(\w+)(?:\s*->\s*(\w+))?|\(([^)]*)\))", re.MULTILINE)
+_COMMON_IMPORT = re.compile(
+    r"^\s*%import\s+common\s*(?:\.\s*(\w+)(?:\s*->\s*(\w+))?|\(([^)]*)\))", re.MULTILINE
+)
 
 
 def _common_imports(text: str) -> dict[str, str]:
@@ -154,8 +156,11 @@ def _common_imports(text: str) -> dict[str, str]:
     (lark's `common.lark` writes ESCAPED_STRING with a look-behind, which outlines-core lacks)."""
     out = {}
     for m in _COMMON_IMPORT.finditer(text):
-        pairs = [(m.group(1), m.group(2) or m.group(1))] if m.group(1) else [
-            (n.strip(), n.strip()) for n in m.group(3).split(",") if n.strip()]
+        pairs = (
+            [(m.group(1), m.group(2) or m.group(1))]
+            if m.group(1)
+            else [(n.strip(), n.strip()) for n in m.group(3).split(",") if n.strip()]
+        )
         for name, alias in pairs:
             if name in COMMON_TERMINALS:
                 out[alias] = COMMON_TERMINALS[name]
@@ -191,7 +196,9 @@ def parse_grammar(text: str, start: str = "start") -> GrammarSpec:
     except (lark.exceptions.LarkError, OSError) as e:
         message = " ".join(str(e).split())
         if isinstance(e, OSError):
-            message = f"cannot %import: {message} (only lark's own grammars, e.g. `%import common.NAME`)"
+            message = (
+                f"cannot %import: {message} (only lark's own grammars, e.g. `%import common.NAME`)"
+            )
         raise GrammarError(message) from None
     definitions = {str(name): d for name, d in builder._definitions.items()}
     common = _common_imports(text)
@@ -204,7 +211,9 @@ def parse_grammar(text: str, start: str = "start") -> GrammarSpec:
             else:
                 d = definitions[name]
                 if d.tree is None:
-                    raise GrammarError(f"terminal {name} is only declared (%declare is not supported)")
+                    raise GrammarError(
+                        f"terminal {name} is only declared (%declare is not supported)"
+                    )
                 resolved[name] = _regex_of(convert(d.tree, terminal=True))
         return resolved[name]
 
@@ -214,7 +223,9 @@ def parse_grammar(text: str, start: str = "start") -> GrammarSpec:
 
         if isinstance(tree, NonTerminal):
             if definitions[tree.name].params:
-                raise GrammarError(f"rule {tree.name!r} is a template (templates are not supported)")
+                raise GrammarError(
+                    f"rule {tree.name!r} is a template (templates are not supported)"
+                )
             return Ref(tree.name)
         if isinstance(tree, LarkTerminal):
             return Terminal(terminal_regex(tree.name))
@@ -256,7 +267,9 @@ def parse_grammar(text: str, start: str = "start") -> GrammarSpec:
             high, _ = _string_value(children[1])
             return Terminal(f"[{_class_char(low)}-{_class_char(high)}]")
         if kind == "template_usage":
-            raise GrammarError(f"rule {children[0].name!r} is a template (templates are not supported)")
+            raise GrammarError(
+                f"rule {children[0].name!r} is a template (templates are not supported)"
+            )
         raise GrammarError(f"the grammar construct {kind!r} is not supported")
 
     rule_names = [n for n, d in definitions.items() if not d.is_term]
@@ -309,7 +322,7 @@ def _item_start(text: str, end: int) -> int:
                 if depth == 0:
                     return i
             i -= 1
-    if closer in "\"/":
+    if closer in '"/':
         i -= 1
         while i >= 0 and not (text[i] == closer and text[i - 1] != "\\"):
             i -= 1
@@ -334,12 +347,14 @@ def _plain_lark(text: str) -> str:
             out.append(text[i:j])
             i = j
             continue
-        if ch in "\"/":  # a string or regex literal, copied as is
+        if ch in '"/':  # a string or regex literal, copied as is
             j = i + 1
             while j < n and text[j] != ch:
                 j += 2 if text[j] == "\\" else 1
             j += 1
-            while (j < n and text[j] in "imsux" and ch == "/") or (ch == '"' and j < n and text[j] == "i"):
+            while (j < n and text[j] in "imsux" and ch == "/") or (
+                ch == '"' and j < n and text[j] == "i"
+            ):
                 j += 1
             out.append(text[i:j])
             i = j

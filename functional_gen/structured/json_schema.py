@@ -67,9 +67,24 @@ DEFAULT_MAX_RECURSION_DEPTH = 3
 """How many times a recursive `$ref` is unrolled (outlines-core's default)."""
 
 _ANNOTATIONS = {
-    "title", "description", "default", "examples", "$comment", "$schema", "$id", "$anchor",
-    "deprecated", "readOnly", "writeOnly", "contentMediaType", "contentEncoding", "discriminator",
-    "$defs", "definitions", "format_hint", "nullable_hint",
+    "title",
+    "description",
+    "default",
+    "examples",
+    "$comment",
+    "$schema",
+    "$id",
+    "$anchor",
+    "deprecated",
+    "readOnly",
+    "writeOnly",
+    "contentMediaType",
+    "contentEncoding",
+    "discriminator",
+    "$defs",
+    "definitions",
+    "format_hint",
+    "nullable_hint",
 }
 _UNSUPPORTED = {
     "not": "negation is not regular in general",
@@ -90,11 +105,35 @@ _UNSUPPORTED = {
 """Keywords JSON Schema defines as assertions that no regular constraint here enforces: refused
 with `strict=True`, dropped (with one warning) with `strict=False`."""
 _KNOWN = {
-    "type", "enum", "const", "anyOf", "oneOf", "allOf", "$ref", "properties", "required",
-    "additionalProperties", "items", "prefixItems", "minItems", "maxItems", "uniqueItems",
-    "minLength", "maxLength", "pattern", "format", "minimum", "maximum", "exclusiveMinimum",
-    "exclusiveMaximum", "minProperties", "maxProperties", "additionalItems", "patternProperties",
-    "propertyNames", "dependentRequired",
+    "type",
+    "enum",
+    "const",
+    "anyOf",
+    "oneOf",
+    "allOf",
+    "$ref",
+    "properties",
+    "required",
+    "additionalProperties",
+    "items",
+    "prefixItems",
+    "minItems",
+    "maxItems",
+    "uniqueItems",
+    "minLength",
+    "maxLength",
+    "pattern",
+    "format",
+    "minimum",
+    "maximum",
+    "exclusiveMinimum",
+    "exclusiveMaximum",
+    "minProperties",
+    "maxProperties",
+    "additionalItems",
+    "patternProperties",
+    "propertyNames",
+    "dependentRequired",
 }
 """Keywords that are enforced. Every other keyword that is not in `_UNSUPPORTED` is an
 annotation (JSON Schema 2020-12 core §4.3.1: unknown keywords are ignored) and is dropped."""
@@ -103,8 +142,15 @@ _TYPE_KEYWORDS = {
     "number": {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"},
     "string": {"minLength", "maxLength", "pattern", "format"},
     "array": {"items", "prefixItems", "additionalItems", "minItems", "maxItems", "uniqueItems"},
-    "object": {"properties", "required", "additionalProperties", "minProperties", "maxProperties",
-               "patternProperties", "propertyNames"},
+    "object": {
+        "properties",
+        "required",
+        "additionalProperties",
+        "minProperties",
+        "maxProperties",
+        "patternProperties",
+        "propertyNames",
+    },
     "boolean": set(),
     "null": set(),
 }
@@ -253,7 +299,7 @@ def _key_units(name: str) -> list[str]:
     while i < len(body):
         if body[i] == "\\":
             step = 6 if body[i + 1] == "u" else 2
-            units.append(body[i:i + step])
+            units.append(body[i : i + step])
             i += step
         else:
             units.append(body[i])
@@ -411,8 +457,18 @@ def _object_regex(items, extra, ws: str, min_count: int, max_count: int | None) 
 
 _SCHEMA_MAPS = ("properties", "$defs", "definitions", "dependentSchemas", "patternProperties")
 _SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
-_SCHEMA_VALUES = ("additionalProperties", "additionalItems", "not", "if", "then", "else", "contains", "propertyNames",
-                  "unevaluatedProperties", "unevaluatedItems")
+_SCHEMA_VALUES = (
+    "additionalProperties",
+    "additionalItems",
+    "not",
+    "if",
+    "then",
+    "else",
+    "contains",
+    "propertyNames",
+    "unevaluatedProperties",
+    "unevaluatedItems",
+)
 
 
 _MAX_INLINED_NODES = 100_000
@@ -428,7 +484,11 @@ def _root_resolver(root):
     from referencing.jsonschema import DRAFT202012, specification_with
 
     dialect = root.get("$schema") if isinstance(root, Mapping) else None
-    specification = specification_with(dialect, default=DRAFT202012) if isinstance(dialect, str) else DRAFT202012
+    specification = (
+        specification_with(dialect, default=DRAFT202012)
+        if isinstance(dialect, str)
+        else DRAFT202012
+    )
     resource = specification.create_resource(root)
     base = resource.id() or _ROOT_URI
     registry = Registry().with_resource(base, resource)
@@ -462,8 +522,10 @@ def inline_references(root, max_recursion_depth: int):
         count[0] += 1
         if count[0] > _MAX_INLINED_NODES:
             raise UnsupportedSchemaError(
-                "$ref", path, f"the references expand to more than {_MAX_INLINED_NODES:,} schema nodes "
-                f"(max_recursion_depth={max_recursion_depth}); lower max_recursion_depth"
+                "$ref",
+                path,
+                f"the references expand to more than {_MAX_INLINED_NODES:,} schema nodes "
+                f"(max_recursion_depth={max_recursion_depth}); lower max_recursion_depth",
             )
         node = dict(node)
         if node is not root and specification.id_of(node):
@@ -476,8 +538,10 @@ def inline_references(root, max_recursion_depth: int):
                 resolved = resolver.lookup(ref)
             except Unresolvable as e:
                 raise UnsupportedSchemaError(
-                    "$ref", path, f"the reference {ref!r} does not resolve within the schema "
-                    f"(remote references are not fetched): {type(e).__name__}"
+                    "$ref",
+                    path,
+                    f"the reference {ref!r} does not resolve within the schema "
+                    f"(remote references are not fetched): {type(e).__name__}",
                 ) from None
             key = id(resolved.contents)
             if stack.count(key) >= max_recursion_depth:
@@ -488,18 +552,27 @@ def inline_references(root, max_recursion_depth: int):
                 return target
             return {"allOf": [target, walk(siblings, path, stack, resolver)]}
         for key in _SCHEMA_MAPS:
-            if key in node and isinstance(node[key], Mapping) and key not in ("$defs", "definitions"):
-                node[key] = {k: walk(v, f"{path}/{key}/{k}", stack, resolver) for k, v in node[key].items()}
+            if (
+                key in node
+                and isinstance(node[key], Mapping)
+                and key not in ("$defs", "definitions")
+            ):
+                node[key] = {
+                    k: walk(v, f"{path}/{key}/{k}", stack, resolver) for k, v in node[key].items()
+                }
         node.pop("$defs", None)
         node.pop("definitions", None)
         for key in _SCHEMA_LISTS:
             if key in node and isinstance(node[key], list):
-                node[key] = [walk(v, f"{path}/{key}/{i}", stack, resolver) for i, v in enumerate(node[key])]
+                node[key] = [
+                    walk(v, f"{path}/{key}/{i}", stack, resolver) for i, v in enumerate(node[key])
+                ]
         if "items" in node:
             items = node["items"]
             node["items"] = (
                 [walk(v, f"{path}/items/{i}", stack, resolver) for i, v in enumerate(items)]
-                if isinstance(items, list) else walk(items, f"{path}/items", stack, resolver)
+                if isinstance(items, list)
+                else walk(items, f"{path}/items", stack, resolver)
             )
         for key in _SCHEMA_VALUES:
             if key in node:
@@ -512,9 +585,16 @@ def inline_references(root, max_recursion_depth: int):
 class _Rewriter:
     """One pass over a schema: checks keywords, rewrites nodes outlines-core gets wrong."""
 
-    def __init__(self, root: dict, *, strict: bool = True, closed_objects: bool = False,
-                 whitespace_pattern: str | None = None, max_recursion_depth: int = DEFAULT_MAX_RECURSION_DEPTH,
-                 free_form_depth: int = DEFAULT_FREE_FORM_DEPTH):
+    def __init__(
+        self,
+        root: dict,
+        *,
+        strict: bool = True,
+        closed_objects: bool = False,
+        whitespace_pattern: str | None = None,
+        max_recursion_depth: int = DEFAULT_MAX_RECURSION_DEPTH,
+        free_form_depth: int = DEFAULT_FREE_FORM_DEPTH,
+    ):
         self.root = root
         self.substitutions: dict[str, str] = {}
         self.tag = uuid.uuid4().hex[:12]
@@ -547,9 +627,17 @@ class _Rewriter:
         if schema is NEVER:
             raise RuntimeError("internal error: the regex of NEVER")
         try:
-            return "(?:" + build_regex_from_schema(json.dumps(schema), self.whitespace_pattern, self.max_recursion_depth) + ")"
+            return (
+                "(?:"
+                + build_regex_from_schema(
+                    json.dumps(schema), self.whitespace_pattern, self.max_recursion_depth
+                )
+                + ")"
+            )
         except (ValueError, RuntimeError) as e:
-            raise ConstraintError(f"outlines-core cannot convert the JSON Schema: {str(e).splitlines()[0]}") from None
+            raise ConstraintError(
+                f"outlines-core cannot convert the JSON Schema: {str(e).splitlines()[0]}"
+            ) from None
 
     def marker(self, regex: str) -> dict:
         name = f"FGSUB{len(self.substitutions)}X{self.tag}"
@@ -565,7 +653,9 @@ class _Rewriter:
         if node is False or node is NEVER:
             return NEVER
         if not isinstance(node, Mapping):
-            raise UnsupportedSchemaError(str(node), path, f"a schema must be an object or a boolean, got {node!r}")
+            raise UnsupportedSchemaError(
+                str(node), path, f"a schema must be an object or a boolean, got {node!r}"
+            )
         node = dict(node)
         for key in list(node):
             if key in _UNSUPPORTED:
@@ -582,14 +672,22 @@ class _Rewriter:
         at most `_MAX_DEPENDENCIES` dependencies (2^k branches)."""
         dependencies = node.pop("dependentRequired")
         if not isinstance(dependencies, Mapping) or not all(
-            isinstance(v, list) and all(isinstance(n, str) for n in v) for v in dependencies.values()
+            isinstance(v, list) and all(isinstance(n, str) for n in v)
+            for v in dependencies.values()
         ):
-            raise UnsupportedSchemaError("dependentRequired", path,
-                                         f"must map property names to lists of names, got {dependencies!r}")
+            raise UnsupportedSchemaError(
+                "dependentRequired",
+                path,
+                f"must map property names to lists of names, got {dependencies!r}",
+            )
         dependencies = {k: v for k, v in dependencies.items() if v}
         if len(dependencies) > _MAX_DEPENDENCIES:
-            self.refuse("dependentRequired", path, f"{len(dependencies)} dependencies (at most "
-                        f"{_MAX_DEPENDENCIES}: each doubles the alternatives)")
+            self.refuse(
+                "dependentRequired",
+                path,
+                f"{len(dependencies)} dependencies (at most "
+                f"{_MAX_DEPENDENCIES}: each doubles the alternatives)",
+            )
             return node
         branches = [node]
         for name, needed in dependencies.items():
@@ -597,8 +695,12 @@ class _Rewriter:
             for branch in branches:
                 required = list(branch.get("required", []))
                 if name not in required:  # `name` absent
-                    expanded.append({**branch, "properties": {**branch.get("properties", {}), name: False}})
-                expanded.append({**branch, "required": list(dict.fromkeys([*required, name, *needed]))})
+                    expanded.append(
+                        {**branch, "properties": {**branch.get("properties", {}), name: False}}
+                    )
+                expanded.append(
+                    {**branch, "required": list(dict.fromkeys([*required, name, *needed]))}
+                )
             branches = expanded
         return branches[0] if len(branches) == 1 else {"anyOf": branches}
 
@@ -618,7 +720,9 @@ class _Rewriter:
             if combinator in node:
                 branches = node.pop(combinator)
                 if not isinstance(branches, list) or not branches:
-                    raise UnsupportedSchemaError(combinator, path, "must be a non-empty list of schemas")
+                    raise UnsupportedSchemaError(
+                        combinator, path, "must be a non-empty list of schemas"
+                    )
                 combined, originals = [], []
                 for i, branch in enumerate(branches):
                     where = f"{path}/{combinator}/{i}"
@@ -633,7 +737,9 @@ class _Rewriter:
                     return NEVER
                 if combinator == "oneOf":
                     try:
-                        self.check_disjoint(originals, path)  # markers would all look like constants
+                        self.check_disjoint(
+                            originals, path
+                        )  # markers would all look like constants
                     except UnsupportedSchemaError as e:
                         self.refuse("oneOf", path, e.reason + " (kept as `anyOf`)")
                 return combined[0] if len(combined) == 1 else {"anyOf": combined}
@@ -647,8 +753,18 @@ class _Rewriter:
                 raise UnsupportedSchemaError("type", path, "an empty list of types allows no value")
             if len(types) == 1:
                 return self.typed(types[0], node, path)
-            branches = [b for i, t in enumerate(types) if (b := self.typed(t, node, f"{path}/type/{i}")) is not NEVER]
-            return NEVER if not branches else branches[0] if len(branches) == 1 else {"anyOf": branches}
+            branches = [
+                b
+                for i, t in enumerate(types)
+                if (b := self.typed(t, node, f"{path}/type/{i}")) is not NEVER
+            ]
+            return (
+                NEVER
+                if not branches
+                else branches[0]
+                if len(branches) == 1
+                else {"anyOf": branches}
+            )
         return self.typed(types, node, path)
 
     def infer_types(self, node: dict):
@@ -658,7 +774,11 @@ class _Rewriter:
         present = [t for t, keys in _TYPE_KEYWORDS.items() if keys & node.keys() and t != "integer"]
         if not present:
             return None
-        return present + [t for t in ("object", "array", "string", "number", "boolean", "null") if t not in present]
+        return present + [
+            t
+            for t in ("object", "array", "string", "number", "boolean", "null")
+            if t not in present
+        ]
 
     def typed(self, kind, node: dict, path: str):
         if kind is None:  # no type information: any JSON value
@@ -682,7 +802,9 @@ class _Rewriter:
             return {"type": "number"}
         lo, lo_excl, hi, hi_excl = self.number_bounds(node, path)
         try:
-            return self.marker(number_range_regex(lo, hi, lo_exclusive=lo_excl, hi_exclusive=hi_excl))
+            return self.marker(
+                number_range_regex(lo, hi, lo_exclusive=lo_excl, hi_exclusive=hi_excl)
+            )
         except ValueError as e:
             keyword = "minimum" if "lower" in str(e) or hi is None else "maximum"
             raise UnsupportedSchemaError(keyword, path, str(e)) from None
@@ -695,7 +817,9 @@ class _Rewriter:
         if hi is not None:
             hi = math.ceil(hi) - 1 if hi_excl else math.floor(hi)
         if lo is not None and hi is not None and hi < lo:
-            raise UnsupportedSchemaError("maximum", path, f"no integer lies between the bounds of {node}")
+            raise UnsupportedSchemaError(
+                "maximum", path, f"no integer lies between the bounds of {node}"
+            )
         return lo, hi
 
     def number_bounds(self, node: dict, path: str):
@@ -730,27 +854,46 @@ class _Rewriter:
         for k, v in lengths.items():
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise UnsupportedSchemaError(k, path, f"must be a non-negative integer, got {v!r}")
-        if "minLength" in lengths and "maxLength" in lengths and lengths["maxLength"] < lengths["minLength"]:
+        if (
+            "minLength" in lengths
+            and "maxLength" in lengths
+            and lengths["maxLength"] < lengths["minLength"]
+        ):
             return NEVER
         if fmt is not None and fmt not in FORMATS:
             if fmt in SPEC_FORMATS:
-                self.refuse("format", path, f"format {fmt!r} is not supported; supported: {sorted(FORMATS)}")
+                self.refuse(
+                    "format", path, f"format {fmt!r} is not supported; supported: {sorted(FORMATS)}"
+                )
             fmt = None  # not a JSON Schema format: an annotation
         if fmt is not None and pattern is not None:
-            self.refuse("pattern", path, "`pattern` together with `format` is not supported (the format is kept)")
+            self.refuse(
+                "pattern",
+                path,
+                "`pattern` together with `format` is not supported (the format is kept)",
+            )
             pattern = None
         if fmt is not None:
             if lengths:
-                bounded = bounded_length(FORMATS[fmt], lengths.get("minLength", 0), lengths.get("maxLength"))
+                bounded = bounded_length(
+                    FORMATS[fmt], lengths.get("minLength", 0), lengths.get("maxLength")
+                )
                 if bounded is None:
-                    self.refuse(next(iter(lengths)), path, f"a length together with format {fmt!r} is not supported")
+                    self.refuse(
+                        next(iter(lengths)),
+                        path,
+                        f"a length together with format {fmt!r} is not supported",
+                    )
                     bounded = FORMATS[fmt]
                 return self.marker('"' + bounded + '"')
             return self.marker('"' + FORMATS[fmt] + '"')
         if pattern is not None:
             try:
-                body = json_string_pattern(pattern, min_length=lengths.get("minLength", 0),
-                                           max_length=lengths.get("maxLength"))
+                body = json_string_pattern(
+                    pattern,
+                    min_length=lengths.get("minLength", 0),
+                    max_length=lengths.get("maxLength"),
+                )
             except ValueError as e:
                 self.refuse("pattern", path, str(e))
                 return {"type": "string", **lengths}
@@ -763,11 +906,15 @@ class _Rewriter:
             if k in node:
                 v = node[k]
                 if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-                    raise UnsupportedSchemaError(k, path, f"must be a non-negative integer, got {v!r}")
+                    raise UnsupportedSchemaError(
+                        k, path, f"must be a non-negative integer, got {v!r}"
+                    )
                 out[k] = v
         if node.get("uniqueItems") and out.get("maxItems", 2) > 1:
             self.refuse(
-                "uniqueItems", path, "unique items cannot be enforced by a regular constraint (set maxItems: 1 or drop it)"
+                "uniqueItems",
+                path,
+                "unique items cannot be enforced by a regular constraint (set maxItems: 1 or drop it)",
             )
         items = node.get("items")
         prefix = node.get("prefixItems")
@@ -789,7 +936,10 @@ class _Rewriter:
         if items is not None:
             r = self.node(items, f"{path}/items")
             if r is NEVER:  # no item beyond the prefix
-                out["maxItems"] = min(out.get("maxItems", len(out.get("prefixItems", []))), len(out.get("prefixItems", [])))
+                out["maxItems"] = min(
+                    out.get("maxItems", len(out.get("prefixItems", []))),
+                    len(out.get("prefixItems", [])),
+                )
                 if "prefixItems" in out:
                     out["items"] = False
             else:
@@ -816,12 +966,16 @@ class _Rewriter:
         max_count = node.get("maxProperties")
         named = dict(properties)
         closed = additional is False or additional is NEVER or self.closed_objects
-        for name in required:  # required without a listed schema: what an additional property may be
+        for (
+            name
+        ) in required:  # required without a listed schema: what an additional property may be
             if name not in named:
                 if any(re.search(p, name) for p in patterns):
                     named[name] = {}  # the pattern's schema is merged below
                 else:
-                    named[name] = False if closed else additional if isinstance(additional, Mapping) else {}
+                    named[name] = (
+                        False if closed else additional if isinstance(additional, Mapping) else {}
+                    )
         if names_schema is not None:
             names_schema = self.node(names_schema, f"{path}/propertyNames")
             check = _name_checker(names_schema)
@@ -835,7 +989,9 @@ class _Rewriter:
             try:
                 compiled = re.compile(pattern)
             except re.error as e:
-                raise UnsupportedSchemaError("patternProperties", path, f"pattern {pattern!r} is not a valid regex: {e}") from None
+                raise UnsupportedSchemaError(
+                    "patternProperties", path, f"pattern {pattern!r} is not a valid regex: {e}"
+                ) from None
             for name in named:
                 if compiled.search(name):
                     named[name] = {"allOf": [named[name], schema]}
@@ -860,25 +1016,45 @@ class _Rewriter:
                     self.refuse("patternProperties", path, str(e))
                     continue
                 if any(re.fullmatch(key, _literal_key(n)) for n in named):
-                    self.refuse("patternProperties", path,
-                                f"pattern {pattern!r} also matches a listed property, which could be written twice")
+                    self.refuse(
+                        "patternProperties",
+                        path,
+                        f"pattern {pattern!r} also matches a listed property, which could be written twice",
+                    )
                     continue
                 extras.append((key, r, schema))
-            if len({json.dumps(s, sort_keys=True, default=str) for _, _, s in extras}) > 1 and _overlap(
-                    [k for k, _, _ in extras]):
-                self.refuse("patternProperties", path, "keys may match several patterns with different schemas")
+            if len(
+                {json.dumps(s, sort_keys=True, default=str) for _, _, s in extras}
+            ) > 1 and _overlap([k for k, _, _ in extras]):
+                self.refuse(
+                    "patternProperties",
+                    path,
+                    "keys may match several patterns with different schemas",
+                )
             extras = [f"{k}{self.ws}:{self.ws}{self.regex_of(r)}" for k, r, _ in extras]
             if not closed and "additionalProperties" in node:
-                self.refuse("additionalProperties", path, "additional properties next to `patternProperties` "
-                            "(keys that match no pattern) are not supported; only pattern keys are generated")
+                self.refuse(
+                    "additionalProperties",
+                    path,
+                    "additional properties next to `patternProperties` "
+                    "(keys that match no pattern) are not supported; only pattern keys are generated",
+                )
         elif not closed:
-            other = self.any_value() if additional is True else self.node(additional, f"{path}/additionalProperties")
+            other = (
+                self.any_value()
+                if additional is True
+                else self.node(additional, f"{path}/additionalProperties")
+            )
             if other is not NEVER:
                 if names_schema is not None:
                     key = self.regex_of(names_schema)
                     if named:
-                        self.refuse("propertyNames", path, "together with listed properties and open additional "
-                                    "properties; only the listed properties are generated")
+                        self.refuse(
+                            "propertyNames",
+                            path,
+                            "together with listed properties and open additional "
+                            "properties; only the listed properties are generated",
+                        )
                         key = None
                 else:
                     key = '"' + _key_not_in(list(named)) + '"'
@@ -888,12 +1064,16 @@ class _Rewriter:
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
                 raise UnsupportedSchemaError(k, path, f"must be a non-negative integer, got {v!r}")
         try:
-            regex = _object_regex(items, "|".join(extras) if extras else None, self.ws, min_count, max_count)
+            regex = _object_regex(
+                items, "|".join(extras) if extras else None, self.ws, min_count, max_count
+            )
         except _TooLarge as e:
             raise UnsupportedSchemaError(
-                "properties", path, f"{len(items)} properties ({sum(not r for _, r in items)} optional) make a "
+                "properties",
+                path,
+                f"{len(items)} properties ({sum(not r for _, r in items)} optional) make a "
                 f"regex of over {e.args[0]:,} characters, too large to compile in reasonable time; make more "
-                "of them required or bound fewer of them with minProperties/maxProperties"
+                "of them required or bound fewer of them with minProperties/maxProperties",
             ) from None
         if regex is None:
             return NEVER
@@ -916,7 +1096,9 @@ class _Rewriter:
                 allowed.add("integer")
             values = [v for v in values if _json_type(v) in allowed]
             if not values:
-                raise UnsupportedSchemaError("enum", path, f"no value of the enum has type {types!r}")
+                raise UnsupportedSchemaError(
+                    "enum", path, f"no value of the enum has type {types!r}"
+                )
         if "enum" in node and "const" in node and node["const"] not in node["enum"]:
             raise UnsupportedSchemaError("const", path, "the const value is not in the enum")
         return {"enum": values} if len(values) > 1 else {"const": values[0]}
@@ -962,13 +1144,17 @@ class _Rewriter:
                     right.add("integer")
                 both = sorted(left & right)
                 if not both:
-                    raise UnsupportedSchemaError("allOf", path, f"types {out[key]!r} and {value!r} have no value in common")
+                    raise UnsupportedSchemaError(
+                        "allOf", path, f"types {out[key]!r} and {value!r} have no value in common"
+                    )
                 out[key] = both[0] if len(both) == 1 else both
             elif key == "allOf":
                 out[key] = [*out[key], *value]
             elif out[key] != value:
                 raise UnsupportedSchemaError(
-                    key, path, f"cannot combine two different `{key}` ({out[key]!r} and {value!r}) in allOf"
+                    key,
+                    path,
+                    f"cannot combine two different `{key}` ({out[key]!r} and {value!r}) in allOf",
                 )
         return out
 
@@ -981,7 +1167,8 @@ class _Rewriter:
             for j in range(i + 1, len(branches)):
                 if not self.disjoint(signatures[i], signatures[j]):
                     raise UnsupportedSchemaError(
-                        "oneOf", path,
+                        "oneOf",
+                        path,
                         f"branches {i} and {j} may both match one value, so `oneOf` cannot be enforced; "
                         "use `anyOf` or make them disjoint (different types or a const discriminator)",
                     )
@@ -995,7 +1182,11 @@ class _Rewriter:
             return None if any(p is None for p in parts) else ("union", parts)
         if "const" in node or "enum" in node:
             values = [node["const"]] if "const" in node else node["enum"]
-            return ("values", [json.dumps(v, sort_keys=True) for v in values], {_json_type(v) for v in values})
+            return (
+                "values",
+                [json.dumps(v, sort_keys=True) for v in values],
+                {_json_type(v) for v in values},
+            )
         t = node.get("type")
         if t is None:
             return None
@@ -1056,24 +1247,40 @@ def json_schema_regex(
 
     Source: outlines-core's `build_regex_from_schema` plus the rewrites above.
     """
-    if isinstance(max_recursion_depth, bool) or not isinstance(max_recursion_depth, int) or max_recursion_depth < 1:
-        raise ValueError(f"`max_recursion_depth` must be an integer >= 1, got {max_recursion_depth!r}")
+    if (
+        isinstance(max_recursion_depth, bool)
+        or not isinstance(max_recursion_depth, int)
+        or max_recursion_depth < 1
+    ):
+        raise ValueError(
+            f"`max_recursion_depth` must be an integer >= 1, got {max_recursion_depth!r}"
+        )
     schema = schema_as_dict(schema)
     check_schema(schema)
     root = inline_references(schema, max_recursion_depth)
     if free_form_depth is not _CALL and (
-        isinstance(free_form_depth, bool) or not isinstance(free_form_depth, int) or free_form_depth < 0
+        isinstance(free_form_depth, bool)
+        or not isinstance(free_form_depth, int)
+        or free_form_depth < 0
     ):
         raise ValueError(f"`free_form_depth` must be an integer >= 0, got {free_form_depth!r}")
     if free_form_depth is _CALL:
         free_form_depth = None
-    rewriter = _Rewriter(root, strict=strict, closed_objects=closed_objects, whitespace_pattern=whitespace_pattern,
-                         max_recursion_depth=max_recursion_depth, free_form_depth=free_form_depth)
+    rewriter = _Rewriter(
+        root,
+        strict=strict,
+        closed_objects=closed_objects,
+        whitespace_pattern=whitespace_pattern,
+        max_recursion_depth=max_recursion_depth,
+        free_form_depth=free_form_depth,
+    )
     normalized = rewriter.node(root, "#")
     if normalized is NEVER:
         raise UnsupportedSchemaError(
-            "$ref", "#", "no JSON value satisfies the schema (within "
-            f"max_recursion_depth={max_recursion_depth} if it is recursive)"
+            "$ref",
+            "#",
+            "no JSON value satisfies the schema (within "
+            f"max_recursion_depth={max_recursion_depth} if it is recursive)",
         )
     regex = rewriter.regex_of(normalized)
     from outlines_core.json_schema import build_regex_from_schema
@@ -1105,7 +1312,9 @@ def json_schema_automaton(schema, vocabulary, *, cache: bool = True, **options):
     any valid document.
     """
     regex = json_schema_regex(schema, **options)
-    return regex_automaton(regex, vocabulary, cache=cache, description=f"json schema {_describe(schema)}")
+    return regex_automaton(
+        regex, vocabulary, cache=cache, description=f"json schema {_describe(schema)}"
+    )
 
 
 def _free_value_grammar(ws: str) -> GrammarSpec:
@@ -1115,10 +1324,21 @@ def _free_value_grammar(ws: str) -> GrammarSpec:
 
     def listing(opener: str, item, closer: str):
         more = Repeat(Seq((space, Terminal(","), space, item)), 0, None)
-        return Seq((Terminal(opener), space, Repeat(Seq((item, more)), 0, 1), space, Terminal(closer)))
+        return Seq(
+            (Terminal(opener), space, Repeat(Seq((item, more)), 0, 1), space, Terminal(closer))
+        )
 
-    value = Alt((listing(r"\{", member, r"\}"), listing(r"\[", Ref("value"), r"\]"), string, number,
-                 Terminal("true"), Terminal("false"), Terminal("null")))
+    value = Alt(
+        (
+            listing(r"\{", member, r"\}"),
+            listing(r"\[", Ref("value"), r"\]"),
+            string,
+            number,
+            Terminal("true"),
+            Terminal("false"),
+            Terminal("null"),
+        )
+    )
     return GrammarSpec(rules={"start": Ref("value"), "value": value}, ignore=[], start="start")
 
 
@@ -1132,7 +1352,9 @@ def _call_edges(regex: str) -> tuple[ByteDFA, np.ndarray]:
     call = dfa.delta[:, byte].copy()
     delta = dfa.delta.copy()
     delta[:, byte] = REJECT
-    joined = minimize(ByteDFA(np.concatenate([delta, call[:, None]], axis=1), dfa.accepting, dfa.initial))
+    joined = minimize(
+        ByteDFA(np.concatenate([delta, call[:, None]], axis=1), dfa.accepting, dfa.initial)
+    )
     return ByteDFA(joined.delta[:, :256], joined.accepting, joined.initial), joined.delta[:, 256]
 
 
@@ -1161,7 +1383,9 @@ def json_schema_pushdown(
     **Raises:** as `json_schema_regex`; `NotDeterministic` when a position can start both a
     free-form value and other text (e.g. `anyOf` of a string and `{}`).
     """
-    regex = json_schema_regex(schema, whitespace_pattern=whitespace_pattern, free_form_depth=_CALL, **options)
+    regex = json_schema_regex(
+        schema, whitespace_pattern=whitespace_pattern, free_form_depth=_CALL, **options
+    )
     from .regex import escape
 
     if escape(FREE_VALUE_CALL) not in regex:
@@ -1172,7 +1396,10 @@ def json_schema_pushdown(
     dfa, call = _call_edges(regex)
     ws = _DEFAULT_WHITESPACE if whitespace_pattern is None else f"(?:{whitespace_pattern})"
     automaton = build_pushdown(
-        _free_value_grammar(ws), vocabulary, stack_depth=stack_depth, top=(dfa, call, "value"),
+        _free_value_grammar(ws),
+        vocabulary,
+        stack_depth=stack_depth,
+        top=(dfa, call, "value"),
         description=f"json schema {_describe(schema)} (pushdown)",
     )
     if len(_PUSHDOWN_CACHE) >= 16:
@@ -1244,32 +1471,60 @@ class JsonSchema(AbstractConstraint):
         stack_depth: int = DEFAULT_STACK_DEPTH,
     ):
         def is_single(s):
-            return isinstance(s, (Mapping, str, bool)) or (isinstance(s, type) and hasattr(s, "model_json_schema"))
+            return isinstance(s, (Mapping, str, bool)) or (
+                isinstance(s, type) and hasattr(s, "model_json_schema")
+            )
 
-        schemas, ids = rows_of(schema, is_single, "schema", "a JSON Schema (a dict, JSON text or a pydantic model class)")
+        schemas, ids = rows_of(
+            schema,
+            is_single,
+            "schema",
+            "a JSON Schema (a dict, JSON text or a pydantic model class)",
+        )
         if free_form_depth is None:
-            options = {"whitespace_pattern": whitespace_pattern, "max_recursion_depth": max_recursion_depth,
-                       "strict": strict, "closed_objects": closed_objects}
+            options = {
+                "whitespace_pattern": whitespace_pattern,
+                "max_recursion_depth": max_recursion_depth,
+                "strict": strict,
+                "closed_objects": closed_objects,
+            }
             free_form_depth = DEFAULT_FREE_FORM_DEPTH  # for the token automaton, if one is needed
             if len(schemas) == 1:
-                vocabulary = vocabulary_from_tokenizer(tokenizer, eos_token_id=eos_token_id, vocab_size=vocab_size)
+                vocabulary = vocabulary_from_tokenizer(
+                    tokenizer, eos_token_id=eos_token_id, vocab_size=vocab_size
+                )
                 try:
-                    automaton = json_schema_pushdown(schemas[0], vocabulary, stack_depth=stack_depth, **options)
+                    automaton = json_schema_pushdown(
+                        schemas[0], vocabulary, stack_depth=stack_depth, **options
+                    )
                 except NotDeterministic as e:
-                    warnings.warn(f"JSON Schema: no pushdown automaton ({e}); free-form values nest at most "
-                                  f"{DEFAULT_FREE_FORM_DEPTH} level(s)", UserWarning, stacklevel=2)
+                    warnings.warn(
+                        f"JSON Schema: no pushdown automaton ({e}); free-form values nest at most "
+                        f"{DEFAULT_FREE_FORM_DEPTH} level(s)",
+                        UserWarning,
+                        stacklevel=2,
+                    )
                     automaton = None
                 if automaton is not None:
                     self._set_pushdown(automaton, ids)
                     return
         regexes = [
-            json_schema_regex(s, whitespace_pattern=whitespace_pattern, max_recursion_depth=max_recursion_depth,
-                              strict=strict, closed_objects=closed_objects, free_form_depth=free_form_depth)
+            json_schema_regex(
+                s,
+                whitespace_pattern=whitespace_pattern,
+                max_recursion_depth=max_recursion_depth,
+                strict=strict,
+                closed_objects=closed_objects,
+                free_form_depth=free_form_depth,
+            )
             for s in schemas
         ]
-        vocabulary = vocabulary_from_tokenizer(tokenizer, eos_token_id=eos_token_id, vocab_size=vocab_size)
+        vocabulary = vocabulary_from_tokenizer(
+            tokenizer, eos_token_id=eos_token_id, vocab_size=vocab_size
+        )
         automata = [
-            regex_automaton(r, vocabulary, description=f"json schema {_describe(s)}") for s, r in zip(schemas, regexes)
+            regex_automaton(r, vocabulary, description=f"json schema {_describe(s)}")
+            for s, r in zip(schemas, regexes)
         ]
         self._set_automata(automata, ids)
 

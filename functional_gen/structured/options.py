@@ -19,7 +19,9 @@ def _json_schema_value(value: str):
         try:
             return json.loads(text)
         except json.JSONDecodeError as e:
-            raise ValueError(f"--json-schema: not valid JSON ({e}); pass JSON text or a file path") from None
+            raise ValueError(
+                f"--json-schema: not valid JSON ({e}); pass JSON text or a file path"
+            ) from None
     path = Path(os.path.expanduser(value))
     if not path.is_file():
         raise ValueError(f"--json-schema: {value!r} is neither JSON text nor an existing file")
@@ -66,8 +68,13 @@ def constraint_from_options(
     """
     given = {
         name: value
-        for name, value in (("--regex", regex), ("--json-schema", json_schema), ("--choice", choice),
-                            ("--lark-grammar", grammar), ("--grammar", gbnf))
+        for name, value in (
+            ("--regex", regex),
+            ("--json-schema", json_schema),
+            ("--choice", choice),
+            ("--lark-grammar", grammar),
+            ("--grammar", gbnf),
+        )
         if value is not None
     }
     if len(given) > 1:
@@ -89,6 +96,10 @@ def constraint_from_options(
     if gbnf is not None:
         path = Path(os.path.expanduser(gbnf)) if "::=" not in gbnf else None
         if path is not None and not path.is_file():
-            raise ValueError(f"--grammar: {gbnf!r} is neither GBNF text (rules `name ::= ...`) nor an existing file")
-        return Grammar.from_gbnf(path if path is not None else gbnf, tokenizer, max_depth=max_depth, **kwargs)
+            raise ValueError(
+                f"--grammar: {gbnf!r} is neither GBNF text (rules `name ::= ...`) nor an existing file"
+            )
+        return Grammar.from_gbnf(
+            path if path is not None else gbnf, tokenizer, max_depth=max_depth, **kwargs
+        )
     return None

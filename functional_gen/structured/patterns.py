@@ -32,7 +32,15 @@ import re._parser as sre
 _MAX_CODE_POINT = 0x10FFFF
 _SURROGATES = [(0xD800, 0xDFFF)]
 _ASCII = [(0x00, 0x7F)]
-_JSON_ESCAPES = {ord('"'): r"\\\"", ord("\\"): r"\\\\", ord("\n"): r"\\n", ord("\t"): r"\\t", ord("\r"): r"\\r", 0x08: r"\\b", 0x0C: r"\\f"}
+_JSON_ESCAPES = {
+    ord('"'): r"\\\"",
+    ord("\\"): r"\\\\",
+    ord("\n"): r"\\n",
+    ord("\t"): r"\\t",
+    ord("\r"): r"\\r",
+    0x08: r"\\b",
+    0x0C: r"\\f",
+}
 _CATEGORY_SETS = {
     C.CATEGORY_DIGIT: [(0x30, 0x39)],
     C.CATEGORY_WORD: [(0x30, 0x39), (0x41, 0x5A), (0x5F, 0x5F), (0x61, 0x7A)],
@@ -114,7 +122,8 @@ def _emit_set(ranges, *, broad: bool = False) -> str:
             alternatives.append(_literal(plain[0][0]))
         else:
             body = "".join(
-                _class_char(lo) if lo == hi else f"{_class_char(lo)}-{_class_char(hi)}" for lo, hi in plain
+                _class_char(lo) if lo == hi else f"{_class_char(lo)}-{_class_char(hi)}"
+                for lo, hi in plain
             )
             alternatives.append(f"[{body}]")
     for cp in special:
@@ -133,12 +142,18 @@ class _Translator:
         self.pattern = pattern
 
     def fail(self, what: str):
-        raise ValueError(f"`pattern` {self.pattern!r}: {what} is not supported in generated strings")
+        raise ValueError(
+            f"`pattern` {self.pattern!r}: {what} is not supported in generated strings"
+        )
 
     def sequence(self, items, *, top: bool) -> str:
         items = list(items)
         if top:
-            if items and items[0][0] is C.AT and items[0][1] in (C.AT_BEGINNING, C.AT_BEGINNING_STRING):
+            if (
+                items
+                and items[0][0] is C.AT
+                and items[0][1] in (C.AT_BEGINNING, C.AT_BEGINNING_STRING)
+            ):
                 items = items[1:]
             if items and items[-1][0] is C.AT and items[-1][1] in (C.AT_END, C.AT_END_STRING):
                 items = items[:-1]
@@ -234,18 +249,23 @@ def _bound_lengths(items, min_length: int, max_length: int | None, pattern: str)
     lo, hi = _width(items)
     if lo >= min_length and (max_length is None or hi <= max_length):
         return items
-    variable = [i for i, (op, av) in enumerate(items) if _width([(op, av)])[0] != _width([(op, av)])[1]]
+    variable = [
+        i for i, (op, av) in enumerate(items) if _width([(op, av)])[0] != _width([(op, av)])[1]
+    ]
     if len(variable) == 1:
         i = variable[0]
         op, av = items[i]
         if op in (C.MAX_REPEAT, C.MIN_REPEAT) and _width(av[2]) == (1, 1):
             rest = lo - av[0]
             new_lo = max(av[0], min_length - rest)
-            new_hi = av[1] if limit is C.MAXREPEAT else (
-                limit - rest if av[1] is C.MAXREPEAT else min(av[1], limit - rest))
+            new_hi = (
+                av[1]
+                if limit is C.MAXREPEAT
+                else (limit - rest if av[1] is C.MAXREPEAT else min(av[1], limit - rest))
+            )
             if new_hi is not C.MAXREPEAT and new_hi < new_lo:
                 return None
-            return [*items[:i], (op, (new_lo, new_hi, av[2])), *items[i + 1:]]
+            return [*items[:i], (op, (new_lo, new_hi, av[2])), *items[i + 1 :]]
     raise ValueError(
         f"`pattern` {pattern!r} together with minLength/maxLength: only a pattern with one repeated "
         "character class (e.g. `^[a-z]+$`) can be bounded"
@@ -273,12 +293,22 @@ def json_string_pattern(pattern: str, *, min_length: int = 0, max_length: int | 
         _Translator(pattern).fail("an inline flag (?i) or (?x)")
     translator = _Translator(pattern)
     items = list(parsed)
-    branches = [list(b) for b in items[0][1][1]] if len(items) == 1 and items[0][0] is C.BRANCH else [items]
+    branches = (
+        [list(b) for b in items[0][1][1]]
+        if len(items) == 1 and items[0][0] is C.BRANCH
+        else [items]
+    )
     out = []
     anything = (C.MAX_REPEAT, (0, C.MAXREPEAT, [(C.ANY, None)]))
     for branch in branches:
-        starts = bool(branch) and branch[0][0] is C.AT and branch[0][1] in (C.AT_BEGINNING, C.AT_BEGINNING_STRING)
-        ends = bool(branch) and branch[-1][0] is C.AT and branch[-1][1] in (C.AT_END, C.AT_END_STRING)
+        starts = (
+            bool(branch)
+            and branch[0][0] is C.AT
+            and branch[0][1] in (C.AT_BEGINNING, C.AT_BEGINNING_STRING)
+        )
+        ends = (
+            bool(branch) and branch[-1][0] is C.AT and branch[-1][1] in (C.AT_END, C.AT_END_STRING)
+        )
         branch = _strip_anchors(branch)
         # ECMA-262 / jsonschema semantics: the pattern is searched for, so an unanchored side
         # may have any text (no control characters, see the module docstring) before or after it.

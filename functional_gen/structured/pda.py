@@ -143,8 +143,20 @@ class PushdownAutomaton:
     @property
     def nbytes(self) -> int:
         """Bytes of the device tables."""
-        return sum(a.nbytes for a in (self.next, self.push, self.final, self.mask_row, self.slot_of, self.masks,
-                                      self.candidates, self.token_bytes, self.token_length))
+        return sum(
+            a.nbytes
+            for a in (
+                self.next,
+                self.push,
+                self.final,
+                self.mask_row,
+                self.slot_of,
+                self.masks,
+                self.candidates,
+                self.token_bytes,
+                self.token_length,
+            )
+        )
 
     # ------------------------------------------------------------------ host reference
 
@@ -238,20 +250,34 @@ def build_pushdown(
     else:
         dfa, call, rule = top
         if rule not in cut:
-            raise GrammarError(f"the called rule {rule!r} is not a recursive rule of the grammar ({cut})")
+            raise GrammarError(
+                f"the called rule {rule!r} is not a recursive rule of the grammar ({cut})"
+            )
         # Byte classes that both the grammar's terminals and the top DFA respect.
-        _, byte_class = np.unique(np.concatenate([byte_class[None, :], dfa.delta]), axis=1, return_inverse=True)
+        _, byte_class = np.unique(
+            np.concatenate([byte_class[None, :], dfa.delta]), axis=1, return_inverse=True
+        )
         byte_class = byte_class.reshape(-1)
         representative = np.zeros(int(byte_class.max()) + 1, np.int64)
         representative[byte_class] = np.arange(256)
         old = builder.byte_class[representative]
-        called = [ByteDFA(np.concatenate([d.delta[:, old], d.delta[:, nc:]], axis=1), d.accepting, d.initial)
-                  for d in called]
+        called = [
+            ByteDFA(
+                np.concatenate([d.delta[:, old], d.delta[:, nc:]], axis=1), d.accepting, d.initial
+            )
+            for d in called
+        ]
         nc = representative.size
         calls = np.full((dfa.num_states, len(cut)), REJECT, np.int32)
         calls[:, cut.index(rule)] = call
-        automata = [ByteDFA(np.concatenate([dfa.delta[:, representative], calls], axis=1), dfa.accepting, dfa.initial),
-                    *called]
+        automata = [
+            ByteDFA(
+                np.concatenate([dfa.delta[:, representative], calls], axis=1),
+                dfa.accepting,
+                dfa.initial,
+            ),
+            *called,
+        ]
         names = ("schema", *cut)
     offsets = np.cumsum([1] + [a.num_states for a in automata])
     num_positions = int(offsets[-1])
@@ -349,8 +375,11 @@ def build_pushdown(
             if s == _BOTTOM:
                 continue
             act = nxt[s, c]
-            if act > 0 or (act == POP and position_rule[s] not in busy
-                           and read_after_return(int(position_rule[s]), c, busy | {rule})):
+            if act > 0 or (
+                act == POP
+                and position_rule[s] not in busy
+                and read_after_return(int(position_rule[s]), c, busy | {rule})
+            ):
                 found = True
                 break
         memo_after[rule, c] = found
@@ -419,7 +448,15 @@ def _token_byte_matrix(vocabulary: TokenVocabulary):
     return matrix, lengths
 
 
-def _token_tables(nxt, push, byte_class, position_sites, position_slots, vocabulary: TokenVocabulary, stack_depth: int):
+def _token_tables(
+    nxt,
+    push,
+    byte_class,
+    position_sites,
+    position_slots,
+    vocabulary: TokenVocabulary,
+    stack_depth: int,
+):
     """Walk every token from every (position, top of stack) over the vocabulary's trie (see the
     module docstring, step 3). Returns `(masks, mask_row, candidates, candidate_bytes)`."""
     num_positions = nxt.shape[0]
@@ -499,7 +536,9 @@ def _token_tables(nxt, push, byte_class, position_sites, position_slots, vocabul
             # that is read without a call, or rejected (most pairs).
             info = ext_info
             me, mb = keys // 256, keys % 256
-            simple = np.fromiter((not x[1] and x[2] == 0 for x in (info[i] for i in me.tolist())), bool, me.size)
+            simple = np.fromiter(
+                (not x[1] and x[2] == 0 for x in (info[i] for i in me.tolist())), bool, me.size
+            )
             pos = np.fromiter((info[i][0] for i in me.tolist()), np.int64, me.size)
             c = byte_class[mb]
             act = nxt[pos, c]
@@ -532,8 +571,9 @@ def _token_tables(nxt, push, byte_class, position_sites, position_slots, vocabul
                     grow = max(len(ext_info), 2 * table.shape[0]) - table.shape[0]
                     table = np.concatenate([table, np.full((grow, 256), unknown, np.int64)])
                     table_returned = np.concatenate([table_returned, np.zeros((grow, 256), bool)])
-                table[key // 256, key % 256] = (out[0] if len(out) == 1 and not death else
-                                                dead if not out else several)
+                table[key // 256, key % 256] = (
+                    out[0] if len(out) == 1 and not death else dead if not out else several
+                )
                 table_returned[key // 256, key % 256] = returned
             vals = table[e, b]
         return vals, table_returned[e, b]
@@ -605,7 +645,8 @@ def _token_tables(nxt, push, byte_class, position_sites, position_slots, vocabul
             found[2].append(~poison[first][holder])
             found[3].append(kpeak[holder])
         out = tuple(
-            np.concatenate(a) if a else np.zeros(0, dt) for a, dt in zip(found, (np.int64, np.int64, bool, np.int64))
+            np.concatenate(a) if a else np.zeros(0, dt)
+            for a, dt in zip(found, (np.int64, np.int64, bool, np.int64))
         )
         return out, returned
 
@@ -614,7 +655,9 @@ def _token_tables(nxt, push, byte_class, position_sites, position_slots, vocabul
     positions = np.arange(1, num_positions)
     (o1, t1, s1, k1), returned = walk([intern((int(p), (), 0, 0, None)) for p in positions])
     # Pass 2: the positions that do return, once per slot (the top of the stack known).
-    pairs = [(p, k, site) for p in range(1, num_positions) for k, site in enumerate(position_slots[p])]
+    pairs = [
+        (p, k, site) for p in range(1, num_positions) for k, site in enumerate(position_slots[p])
+    ]
     pair_index = {(p, k): i for i, (p, k, _) in enumerate(pairs)}
     origin_position = np.array([p for p, _, _ in pairs], np.int64)
     origin_slot = np.array([k for _, k, _ in pairs], np.int64)
@@ -623,7 +666,10 @@ def _token_tables(nxt, push, byte_class, position_sites, position_slots, vocabul
     (o2, t2, s2, k2), _ = walk([intern((pairs[i][0], (), 0, 0, pairs[i][2])) for i in again])
     keep = ~returned[o1]
     o1, t1, s1, k1 = o1[keep], t1[keep], s1[keep], k1[keep]
-    slots_of = [np.array([pair_index[p, k] for k in range(len(position_slots[p]))], np.int64) for p in positions]
+    slots_of = [
+        np.array([pair_index[p, k] for k in range(len(position_slots[p]))], np.int64)
+        for p in positions
+    ]
     fan = np.array([len(position_slots[p]) for p in positions], np.int64)[o1]
     spread = np.concatenate([slots_of[o] for o in o1]) if o1.size else np.zeros(0, np.int64)
     f_origin = np.concatenate([spread, np.asarray(again, np.int64)[o2]])
@@ -658,8 +704,12 @@ def _token_tables(nxt, push, byte_class, position_sites, position_slots, vocabul
     candidates[origin_position[cand_origin], origin_slot[cand_origin], slot] = cand_token
     lengths = vocabulary.token_length
     candidate_bytes = int(lengths[cand_token].max(initial=1))
-    return (np.ascontiguousarray(masks.astype(np.uint32)), mask_row.astype(np.int32), candidates,
-            candidate_bytes)
+    return (
+        np.ascontiguousarray(masks.astype(np.uint32)),
+        mask_row.astype(np.int32),
+        candidates,
+        candidate_bytes,
+    )
 
 
 # ----------------------------------------------------------------------------- device
@@ -709,8 +759,14 @@ class PushdownConstraint(AbstractLogitsProcessor):
         self.token_bytes = jnp.asarray(a.token_bytes)
         self.token_length = jnp.asarray(a.token_length)
         ids = np.asarray(constraint_id)
-        if ids.ndim > 1 or not np.issubdtype(ids.dtype, np.integer) or np.any((ids != 0) & (ids != -1)):
-            raise ValueError(f"`constraint_id` must be 0 or -1, or one of them per row, got {constraint_id!r}")
+        if (
+            ids.ndim > 1
+            or not np.issubdtype(ids.dtype, np.integer)
+            or np.any((ids != 0) & (ids != -1))
+        ):
+            raise ValueError(
+                f"`constraint_id` must be 0 or -1, or one of them per row, got {constraint_id!r}"
+            )
         self.constraint_id = jnp.asarray(ids, jnp.int32)
         self.candidate_bytes = int(a.candidate_bytes)
         self.stack_depth = int(a.stack_depth)
@@ -740,7 +796,9 @@ class PushdownConstraint(AbstractLogitsProcessor):
             value = self.push[pos, c, i]
             do = alive & (value > 0)
             overflow = do & (sp >= self.stack_depth)
-            stack = jnp.where(do & ~overflow, stack.at[jnp.minimum(sp, self.stack_depth - 1)].set(value), stack)
+            stack = jnp.where(
+                do & ~overflow, stack.at[jnp.minimum(sp, self.stack_depth - 1)].set(value), stack
+            )
             sp = sp + (do & ~overflow).astype(jnp.int32)
             alive = alive & ~overflow
         return jnp.where(alive, target, DEAD).astype(jnp.int32), stack, sp
@@ -756,11 +814,14 @@ class PushdownConstraint(AbstractLogitsProcessor):
             return jax.tree.map(lambda new, old: jnp.where(j < length, new, old), stepped, config)
 
         if num_bytes is None:
+
             def cond(s):
                 j, config = s
                 return (j < length) & (config[0] != DEAD)
 
-            return jax.lax.while_loop(cond, lambda s: (s[0] + 1, self._byte(s[1], row[s[0]])), (0, config))[1]
+            return jax.lax.while_loop(
+                cond, lambda s: (s[0] + 1, self._byte(s[1], row[s[0]])), (0, config)
+            )[1]
         return jax.lax.fori_loop(0, num_bytes, body, config)
 
     def process(self, state, logits: Float[Array, " vocab"], context: Context):
@@ -768,8 +829,12 @@ class PushdownConstraint(AbstractLogitsProcessor):
 
         **Returns:** `(state, logits)` with the state's shapes unchanged.
         """
-        advanced = self._token(state, jnp.minimum(context.last_token_id, self.token_length.shape[0] - 1))
-        state = jax.tree.map(lambda new, old: jnp.where(context.num_generated > 0, new, old), advanced, state)
+        advanced = self._token(
+            state, jnp.minimum(context.last_token_id, self.token_length.shape[0] - 1)
+        )
+        state = jax.tree.map(
+            lambda new, old: jnp.where(context.num_generated > 0, new, old), advanced, state
+        )
         pos, stack, sp = state
         vocab = self.token_length.shape[0]
         room = self.stack_depth - sp
@@ -800,4 +865,9 @@ def state_stack(state) -> list[int]:
     return [int(v) for v in np.asarray(stack)[: int(sp)]]
 
 
-__all__: Sequence[str] = ("NotDeterministic", "PushdownAutomaton", "PushdownConstraint", "build_pushdown")
+__all__: Sequence[str] = (
+    "NotDeterministic",
+    "PushdownAutomaton",
+    "PushdownConstraint",
+    "build_pushdown",
+)

@@ -65,7 +65,9 @@ def _concatenate(automata: Sequence[TokenAutomaton]):
         )
     eos = {a.eos_token_id for a in automata}
     if len(eos) != 1:
-        raise ValueError(f"constraints with different end-of-generation ids cannot share a batch: {sorted(eos)}")
+        raise ValueError(
+            f"constraints with different end-of-generation ids cannot share a batch: {sorted(eos)}"
+        )
     num_classes = _bucket(max(a.num_classes for a in automata))
     offsets = np.cumsum([0] + [a.num_states - 1 for a in automata[:-1]])
     total = _bucket(1 + sum(a.num_states - 1 for a in automata), 16)
@@ -205,7 +207,12 @@ class TokenConstraint(AbstractConstraint):
                 )
             constraint_id = 0
         ids = np.asarray(constraint_id)
-        if ids.ndim > 1 or not np.issubdtype(ids.dtype, np.integer) or np.any(ids < -1) or np.any(ids >= len(automata)):
+        if (
+            ids.ndim > 1
+            or not np.issubdtype(ids.dtype, np.integer)
+            or np.any(ids < -1)
+            or np.any(ids >= len(automata))
+        ):
             raise ValueError(
                 f"`constraint_id` must be an int or one int per row in [-1, {len(automata)}), got {constraint_id!r}"
             )
@@ -237,7 +244,9 @@ def per_row(constraints: Sequence[AbstractConstraint | None]) -> TokenConstraint
             ids.append(-1)
             continue
         if not isinstance(c, AbstractConstraint):
-            raise TypeError(f"row {row}: expected a constraint processor or None, got {type(c).__name__}")
+            raise TypeError(
+                f"row {row}: expected a constraint processor or None, got {type(c).__name__}"
+            )
         if getattr(c, "pushdown", None) is not None:
             raise ValueError(
                 f"row {row}: a {type(c).__name__} compiled as a pushdown automaton cannot share tables with "
@@ -245,7 +254,9 @@ def per_row(constraints: Sequence[AbstractConstraint | None]) -> TokenConstraint
                 "integer free_form_depth) to use it in `per_row`"
             )
         if c.num_constraints != 1 or np.ndim(c.constraint_id) != 0:
-            raise ValueError(f"row {row}: {type(c).__name__} holds several constraints; give one per row")
+            raise ValueError(
+                f"row {row}: {type(c).__name__} holds several constraints; give one per row"
+            )
         if id(c) not in index:
             index[id(c)] = len(automata)
             automata.append(_automaton_of(c))
@@ -259,7 +270,9 @@ def _automaton_of(c: AbstractConstraint) -> TokenAutomaton:
     """The host tables of a single-constraint processor, without the padding."""
     token_class = np.asarray(c.token_class[0])
     distance = np.asarray(c.distance)
-    num_states = int(np.flatnonzero(distance < INFINITE_DISTANCE).max()) + 1  # live states come first
+    num_states = (
+        int(np.flatnonzero(distance < INFINITE_DISTANCE).max()) + 1
+    )  # live states come first
     return TokenAutomaton(
         token_class=token_class,
         transitions=np.asarray(c.transitions)[:num_states, : int(token_class.max()) + 1],

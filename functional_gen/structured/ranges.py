@@ -114,7 +114,11 @@ def _magnitude_regex(lo: int, lo_exclusive: bool, hi: int | None, hi_exclusive: 
 
 
 def number_range_regex(
-    lo: int | float | None, hi: int | float | None, *, lo_exclusive: bool = False, hi_exclusive: bool = False
+    lo: int | float | None,
+    hi: int | float | None,
+    *,
+    lo_exclusive: bool = False,
+    hi_exclusive: bool = False,
 ) -> str:
     """Regex of the JSON numbers (decimal notation, no exponent) in the interval from `lo` to
     `hi` (`None`: unbounded), each bound inclusive unless said exclusive.
@@ -127,7 +131,11 @@ def number_range_regex(
             raise ValueError(f"the {name} bound {bound!r} of a number is not an integer value")
     lo = None if lo is None else int(lo)
     hi = None if hi is None else int(hi)
-    if lo is not None and hi is not None and (hi < lo or (hi == lo and (lo_exclusive or hi_exclusive))):
+    if (
+        lo is not None
+        and hi is not None
+        and (hi < lo or (hi == lo and (lo_exclusive or hi_exclusive)))
+    ):
         raise ValueError(f"empty number interval from {lo} to {hi}")
     parts = []
     # Negative numbers: x = -y with y > 0 and -hi <= y <= -lo.

@@ -51,14 +51,14 @@ def ascii_classes(pattern: str) -> str:
                 else:
                     out.append(f"[^{members}]")
             else:
-                out.append(pattern[i:i + 2])
+                out.append(pattern[i : i + 2])
             i += 2
             continue
         if ch == "[":
             if depth and pattern.startswith("[:", i):  # an ASCII class like [:alpha:]
                 end = pattern.find(":]", i + 2)
                 if end != -1:
-                    out.append(pattern[i:end + 2])
+                    out.append(pattern[i : end + 2])
                     i = end + 2
                     continue
             depth += 1
@@ -134,7 +134,9 @@ class Regex(AbstractConstraint):
         vocab_size: int | None = None,
         unicode: bool = False,
     ):
-        vocabulary = vocabulary_from_tokenizer(tokenizer, eos_token_id=eos_token_id, vocab_size=vocab_size)
+        vocabulary = vocabulary_from_tokenizer(
+            tokenizer, eos_token_id=eos_token_id, vocab_size=vocab_size
+        )
         patterns, ids = rows_of(pattern, lambda p: isinstance(p, str), "pattern", "a regex string")
         if not unicode:
             patterns = [ascii_classes(p) for p in patterns]

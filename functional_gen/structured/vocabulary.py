@@ -84,7 +84,9 @@ class TokenVocabulary:
     @functools.cached_property
     def token_length(self) -> np.ndarray:
         """`Int[np.ndarray, " vocab"]`: bytes per token (0 for tokens that are never text)."""
-        return np.fromiter((len(b) if b else 0 for b in self.token_bytes), np.int32, self.vocab_size)
+        return np.fromiter(
+            (len(b) if b else 0 for b in self.token_bytes), np.int32, self.vocab_size
+        )
 
 
 def default_eos_token_ids(tokenizer) -> tuple[int, ...]:
@@ -111,7 +113,9 @@ def _normalize_eos(eos_token_id, vocab_size: int) -> tuple[int, ...]:
     if isinstance(eos_token_id, (int, np.integer)):
         eos_token_id = (eos_token_id,)
     if not isinstance(eos_token_id, Sequence) and not isinstance(eos_token_id, np.ndarray):
-        raise TypeError(f"`eos_token_id` must be a token id or a sequence of ids, got {eos_token_id!r}")
+        raise TypeError(
+            f"`eos_token_id` must be a token id or a sequence of ids, got {eos_token_id!r}"
+        )
     out = []
     for i in eos_token_id:
         if isinstance(i, bool) or not isinstance(i, (int, np.integer)) or not 0 <= i < vocab_size:
@@ -149,7 +153,10 @@ def vocabulary_from_tokenizer(
         memo = _MEMO.setdefault(tokenizer, {})
     except TypeError:  # not weak-referenceable: no memo
         memo = {}
-    key = (None if eos_token_id is None else tuple(np.atleast_1d(eos_token_id).tolist()), vocab_size)
+    key = (
+        None if eos_token_id is None else tuple(np.atleast_1d(eos_token_id).tolist()),
+        vocab_size,
+    )
     if key in memo:
         return memo[key]
     table, _ = token_bytes_table(tokenizer, vocab_size)

@@ -24,8 +24,15 @@ def hf_beam(hf, prompts, *, pad_id, eos, n, **kwargs):
     mask = torch.as_tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
     with torch.no_grad():
         out = hf.generate(
-            ids, attention_mask=mask, max_new_tokens=n, do_sample=False, eos_token_id=eos,
-            pad_token_id=pad_id, return_dict_in_generate=True, output_scores=True, **kwargs,
+            ids,
+            attention_mask=mask,
+            max_new_tokens=n,
+            do_sample=False,
+            eos_token_id=eos,
+            pad_token_id=pad_id,
+            return_dict_in_generate=True,
+            output_scores=True,
+            **kwargs,
         )
     rows = []
     for seq in out.sequences[:, width:].tolist():
@@ -70,15 +77,28 @@ CASES = [
 
 
 @pytest.mark.parametrize("num_beams,num_return,length_penalty,early_stopping", CASES)
-def test_beam_search_equals_transformers_on_a_tiny_model(tiny_pair, eos_id, num_beams, num_return, length_penalty, early_stopping):
+def test_beam_search_equals_transformers_on_a_tiny_model(
+    tiny_pair, eos_id, num_beams, num_return, length_penalty, early_stopping
+):
     hf, model, tok = tiny_pair
     expected, scores = hf_beam(
-        hf, PROMPTS, pad_id=0, eos=eos_id, n=7, num_beams=num_beams,
-        num_return_sequences=num_return, length_penalty=length_penalty,
+        hf,
+        PROMPTS,
+        pad_id=0,
+        eos=eos_id,
+        n=7,
+        num_beams=num_beams,
+        num_return_sequences=num_return,
+        length_penalty=length_penalty,
         early_stopping=early_stopping,
     )
     result = ours(
-        model, tok, PROMPTS, max_new_tokens=7, eos_token_id=eos_id, num_return_sequences=num_return,
+        model,
+        tok,
+        PROMPTS,
+        max_new_tokens=7,
+        eos_token_id=eos_id,
+        num_return_sequences=num_return,
         sampler=BeamSearch(num_beams, length_penalty=length_penalty, early_stopping=early_stopping),
     )
     got = [row[:k] for row, k in zip(np.asarray(result.token_ids).tolist(), result.num_tokens)]
@@ -88,15 +108,31 @@ def test_beam_search_equals_transformers_on_a_tiny_model(tiny_pair, eos_id, num_
 
 def test_beam_indices_and_eos_finish(tiny_pair, eos_id):
     hf, model, tok = tiny_pair
-    result = ours(model, tok, PROMPTS, max_new_tokens=7, eos_token_id=eos_id,
-                  sampler=BeamSearch(4), num_return_sequences=4)
+    result = ours(
+        model,
+        tok,
+        PROMPTS,
+        max_new_tokens=7,
+        eos_token_id=eos_id,
+        sampler=BeamSearch(4),
+        num_return_sequences=4,
+    )
     width = max(map(len, PROMPTS))
     ids = torch.as_tensor([[0] * (width - len(p)) + p for p in PROMPTS])
     mask = (ids != 0).long()
     with torch.no_grad():
-        out = hf.generate(ids, attention_mask=mask, max_new_tokens=7, num_beams=4,
-                          num_return_sequences=4, eos_token_id=eos_id, pad_token_id=0,
-                          return_dict_in_generate=True, output_scores=True, do_sample=False)
+        out = hf.generate(
+            ids,
+            attention_mask=mask,
+            max_new_tokens=7,
+            num_beams=4,
+            num_return_sequences=4,
+            eos_token_id=eos_id,
+            pad_token_id=0,
+            return_dict_in_generate=True,
+            output_scores=True,
+            do_sample=False,
+        )
     ref = out.beam_indices.numpy()
     got = np.asarray(result.beam_indices)
     assert got[:, : ref.shape[1]].tolist() == ref.tolist()
@@ -118,21 +154,46 @@ def test_processor_states_move_with_their_beams(tiny_pair):
             state = state.at[jnp.maximum(n - 1, 0)].set(jnp.where(n > 0, seen, state[0]))
             return state, logits
 
-    result = ours(model, tok, PROMPTS, max_new_tokens=6, eos_token_id=(), sampler=BeamSearch(3),
-                  processors=[History()], num_return_sequences=1)
+    result = ours(
+        model,
+        tok,
+        PROMPTS,
+        max_new_tokens=6,
+        eos_token_id=(),
+        sampler=BeamSearch(3),
+        processors=[History()],
+        num_return_sequences=1,
+    )
     # the running beams' states: their recorded history equals their own tokens
     del result  # the returned hypotheses are rebuilt without processor states; check the loop
     from functional_gen.generation.loop import _generate_jit, plan_call
 
     _, settings, prepared = plan_call(
-        model, tok, fg.SequenceState.from_token_ids(PROMPTS, vocab_size=101), max_new_tokens=6,
-        processors=[History()], sampler=BeamSearch(3), key=None, chat_template=None,
-        eos_token_id=(), pad_token_id=None, stop_strings=None, generation_config=None,
-        num_return_sequences=None, prefix_lm=False, prefill_mode="one_pass",
+        model,
+        tok,
+        fg.SequenceState.from_token_ids(PROMPTS, vocab_size=101),
+        max_new_tokens=6,
+        processors=[History()],
+        sampler=BeamSearch(3),
+        key=None,
+        chat_template=None,
+        eos_token_id=(),
+        pad_token_id=None,
+        stop_strings=None,
+        generation_config=None,
+        num_return_sequences=None,
+        prefix_lm=False,
+        prefill_mode="one_pass",
     )
     final, _, _ = _generate_jit(
-        settings.step, prepared.plan, prepared.arrays, prepared.new_ids, prepared.new_pos,
-        prepared.budget, prepared.padding_rows, prepared.keys,
+        settings.step,
+        prepared.plan,
+        prepared.arrays,
+        prepared.new_ids,
+        prepared.new_pos,
+        prepared.budget,
+        prepared.padding_rows,
+        prepared.keys,
     )
     history = np.asarray(final.processor_states[0])
     gen = np.asarray(final.generated_token_ids(0))
@@ -144,8 +205,12 @@ def test_processor_states_move_with_their_beams(tiny_pair):
 
 def test_beam_sampling_is_deterministic_and_batch_invariant(tiny_pair):
     _, model, tok = tiny_pair
-    kw = dict(max_new_tokens=6, eos_token_id=(), sampler=BeamSearch(2, do_sample=True),
-              key=jax.random.key(3))
+    kw = dict(
+        max_new_tokens=6,
+        eos_token_id=(),
+        sampler=BeamSearch(2, do_sample=True),
+        key=jax.random.key(3),
+    )
     a = ours(model, tok, PROMPTS, **kw)
     b = ours(model, tok, PROMPTS, **kw)
     assert np.asarray(a.token_ids).tolist() == np.asarray(b.token_ids).tolist()
@@ -161,8 +226,12 @@ def test_regex_constraint_with_beams_gives_valid_outputs(default_model):
     model, tokenizer = default_model
     pattern = r"[0-9]{3}-[0-9]{4}"
     result = fg.generate(
-        model, tokenizer, ["My phone number is", "Call me at"], max_new_tokens=12,
-        processors=[fg.processors.Regex(pattern, tokenizer)], sampler=BeamSearch(3),
+        model,
+        tokenizer,
+        ["My phone number is", "Call me at"],
+        max_new_tokens=12,
+        processors=[fg.processors.Regex(pattern, tokenizer)],
+        sampler=BeamSearch(3),
         num_return_sequences=2,
     )
     for text, reason in zip(result.texts, result.finish_reasons):
@@ -178,16 +247,31 @@ def test_bad_beam_arguments():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("num_beams,num_return", [(2, 1), (4, 2)])
-def test_beam_search_equals_transformers_on_the_default_model(default_model, torch_default_model, num_beams, num_return):
+def test_beam_search_equals_transformers_on_the_default_model(
+    default_model, torch_default_model, num_beams, num_return
+):
     model, tokenizer = default_model
     hf, _ = torch_default_model
-    prompts = [tokenizer(t)["input_ids"] for t in ["The capital of France is", "Once upon a time, in a land far"]]
+    prompts = [
+        tokenizer(t)["input_ids"]
+        for t in ["The capital of France is", "Once upon a time, in a land far"]
+    ]
     expected, scores = hf_beam(
-        hf, prompts, pad_id=2, eos=[2], n=12, num_beams=num_beams, num_return_sequences=num_return,
+        hf,
+        prompts,
+        pad_id=2,
+        eos=[2],
+        n=12,
+        num_beams=num_beams,
+        num_return_sequences=num_return,
     )
     result = fg.generate(
-        model, tokenizer, fg.SequenceState.from_token_ids(prompts, vocab_size=model.vocab_size),
-        max_new_tokens=12, eos_token_id=[2], sampler=BeamSearch(num_beams),
+        model,
+        tokenizer,
+        fg.SequenceState.from_token_ids(prompts, vocab_size=model.vocab_size),
+        max_new_tokens=12,
+        eos_token_id=[2],
+        sampler=BeamSearch(num_beams),
         num_return_sequences=num_return,
     )
     got = [row[:k] for row, k in zip(np.asarray(result.token_ids).tolist(), result.num_tokens)]

@@ -33,11 +33,18 @@ def hf_cfg(hf, prompt, n, scale, negative=None):
         )
     with torch.no_grad():
         out = hf.generate(
-            ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, do_sample=False,
-            guidance_scale=scale, eos_token_id=None, pad_token_id=0, output_scores=True,
-            return_dict_in_generate=True, **kwargs,
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=n,
+            do_sample=False,
+            guidance_scale=scale,
+            eos_token_id=None,
+            pad_token_id=0,
+            output_scores=True,
+            return_dict_in_generate=True,
+            **kwargs,
         )
-    return out.sequences[0, len(prompt):].tolist(), torch.stack(out.scores)[:, 0].numpy()
+    return out.sequences[0, len(prompt) :].tolist(), torch.stack(out.scores)[:, 0].numpy()
 
 
 @pytest.mark.parametrize("scale", [0.0, 1.5, 3.0])
@@ -47,9 +54,16 @@ def test_batched_guidance_equals_transformers(tiny_pair, scale, negative):
     prompt = [5, 6, 7, 8, 9]
     expected, scores = hf_cfg(hf, prompt, 8, scale, negative)
     result = fg.generate(
-        model, tok, fg.SequenceState.from_token_ids([prompt], vocab_size=101), max_new_tokens=8,
-        eos_token_id=(), guidance_scale=scale, negative_prompt=negative, cfg="batched",
-        top_logprobs=5, logprobs_mode="raw",
+        model,
+        tok,
+        fg.SequenceState.from_token_ids([prompt], vocab_size=101),
+        max_new_tokens=8,
+        eos_token_id=(),
+        guidance_scale=scale,
+        negative_prompt=negative,
+        cfg="batched",
+        top_logprobs=5,
+        logprobs_mode="raw",
     )
     assert np.asarray(result.token_ids)[0].tolist() == expected
     # the guided distribution, as transformers' output_scores (renormalised; top 5 per step)
@@ -62,15 +76,22 @@ def test_batched_guidance_rows_are_independent_and_continue(tiny_pair):
     _, model, tok = tiny_pair
     prompts = [[5, 6, 7, 8, 9], [30, 31]]
     kw = dict(eos_token_id=(), guidance_scale=2.0, negative_prompt=[40, 41], cfg="batched")
-    both = fg.generate(model, tok, fg.SequenceState.from_token_ids(prompts, vocab_size=101),
-                       max_new_tokens=8, **kw)
+    both = fg.generate(
+        model, tok, fg.SequenceState.from_token_ids(prompts, vocab_size=101), max_new_tokens=8, **kw
+    )
     for row, prompt in enumerate(prompts):
-        alone = fg.generate(model, tok, fg.SequenceState.from_token_ids([prompt], vocab_size=101),
-                            max_new_tokens=8, **kw)
+        alone = fg.generate(
+            model,
+            tok,
+            fg.SequenceState.from_token_ids([prompt], vocab_size=101),
+            max_new_tokens=8,
+            **kw,
+        )
         assert np.asarray(alone.token_ids)[0].tolist() == np.asarray(both.token_ids)[row].tolist()
     # continuing: the negative branch goes on from its cache (4 + 4 = 8 tokens)
-    first = fg.generate(model, tok, fg.SequenceState.from_token_ids(prompts, vocab_size=101),
-                        max_new_tokens=4, **kw)
+    first = fg.generate(
+        model, tok, fg.SequenceState.from_token_ids(prompts, vocab_size=101), max_new_tokens=4, **kw
+    )
     second = fg.generate(model, tok, first.state, max_new_tokens=4, **kw)
     joined = np.concatenate([np.asarray(first.token_ids), np.asarray(second.token_ids)], 1)
     assert joined.tolist() == np.asarray(both.token_ids).tolist()
@@ -84,8 +105,13 @@ def test_batched_guidance_with_beams_and_a_regex(default_model):
 
     model, tokenizer = default_model
     result = fg.generate(
-        model, tokenizer, ["My phone number is"], max_new_tokens=14, guidance_scale=1.5,
-        cfg="batched", sampler=fg.samplers.BeamSearch(2),
+        model,
+        tokenizer,
+        ["My phone number is"],
+        max_new_tokens=14,
+        guidance_scale=1.5,
+        cfg="batched",
+        sampler=fg.samplers.BeamSearch(2),
         processors=[fg.processors.Regex(r"[0-9]{3}-[0-9]{4}", tokenizer)],
     )
     assert re.fullmatch(r"[0-9]{3}-[0-9]{4}", result.texts[0]), result.texts
@@ -105,7 +131,9 @@ def test_guide_rescale_against_a_hand_computed_blend():
     expected = log_softmax(r * log_softmax(cfg) + (1 - r) * c)
     got = guide(jnp.asarray(cond), jnp.asarray(uncond), s, r)
     np.testing.assert_allclose(np.asarray(got), expected, atol=1e-5)
-    np.testing.assert_allclose(np.asarray(guide(jnp.asarray(cond), jnp.asarray(uncond), 1.0)), c, atol=1e-6)
+    np.testing.assert_allclose(
+        np.asarray(guide(jnp.asarray(cond), jnp.asarray(uncond), 1.0)), c, atol=1e-6
+    )
 
 
 def test_bad_guidance_arguments(tiny_pair):
@@ -121,8 +149,9 @@ def test_bad_guidance_arguments(tiny_pair):
     with pytest.raises(ValueError, match="need a guidance_scale"):
         fg.generate(model, tok, ["t1"], max_new_tokens=2, negative_prompt="t3")
     with pytest.raises(ValueError, match="causally"):
-        fg.generate(model, tok, ["t1"], max_new_tokens=2, guidance_scale=2.0, cfg="batched",
-                    prefix_lm=True)
+        fg.generate(
+            model, tok, ["t1"], max_new_tokens=2, guidance_scale=2.0, cfg="batched", prefix_lm=True
+        )
 
 
 @pytest.mark.parametrize("negative", [None, [40, 41, 42]], ids=["default", "negative"])
@@ -132,13 +161,25 @@ def test_processor_and_batched_forms_give_the_same_tokens(tiny_pair, negative):
     runs = {}
     for cfg in ("processor", "batched"):
         runs[cfg] = fg.generate(
-            model, tok, fg.SequenceState.from_token_ids(prompts, vocab_size=101),
-            max_new_tokens=10, eos_token_id=(), guidance_scale=2.5, negative_prompt=negative,
-            guidance_rescale=0.7, cfg=cfg, top_logprobs=4,
+            model,
+            tok,
+            fg.SequenceState.from_token_ids(prompts, vocab_size=101),
+            max_new_tokens=10,
+            eos_token_id=(),
+            guidance_scale=2.5,
+            negative_prompt=negative,
+            guidance_rescale=0.7,
+            cfg=cfg,
+            top_logprobs=4,
         )
-    assert np.asarray(runs["processor"].token_ids).tolist() == np.asarray(runs["batched"].token_ids).tolist()
+    assert (
+        np.asarray(runs["processor"].token_ids).tolist()
+        == np.asarray(runs["batched"].token_ids).tolist()
+    )
     np.testing.assert_allclose(
-        np.asarray(runs["processor"].top_logprobs), np.asarray(runs["batched"].top_logprobs), atol=1e-4
+        np.asarray(runs["processor"].top_logprobs),
+        np.asarray(runs["batched"].top_logprobs),
+        atol=1e-4,
     )
 
 
@@ -146,10 +187,12 @@ def test_processor_form_continues_and_works_with_beams(tiny_pair):
     _, model, tok = tiny_pair
     prompts = [[5, 6, 7, 8, 9], [30, 31]]
     kw = dict(eos_token_id=(), guidance_scale=2.0, negative_prompt=[40, 41])
-    whole = fg.generate(model, tok, fg.SequenceState.from_token_ids(prompts, vocab_size=101),
-                        max_new_tokens=8, **kw)
-    first = fg.generate(model, tok, fg.SequenceState.from_token_ids(prompts, vocab_size=101),
-                        max_new_tokens=4, **kw)
+    whole = fg.generate(
+        model, tok, fg.SequenceState.from_token_ids(prompts, vocab_size=101), max_new_tokens=8, **kw
+    )
+    first = fg.generate(
+        model, tok, fg.SequenceState.from_token_ids(prompts, vocab_size=101), max_new_tokens=4, **kw
+    )
     # no processors given: the guidance processor goes on with its negative branch's cache
     second = fg.generate(model, tok, first.state, max_new_tokens=4)
     joined = np.concatenate([np.asarray(first.token_ids), np.asarray(second.token_ids)], 1)
@@ -160,13 +203,25 @@ def test_processor_form_continues_and_works_with_beams(tiny_pair):
     # cache, both branches run on the whole text, guided, summed, length-penalised.
     hf, _, _ = tiny_pair
     beams = {
-        cfg: fg.generate(model, tok, fg.SequenceState.from_token_ids(prompts[:1], vocab_size=101),
-                         max_new_tokens=6, sampler=fg.samplers.BeamSearch(3),
-                         num_return_sequences=2, cfg=cfg, **kw)
+        cfg: fg.generate(
+            model,
+            tok,
+            fg.SequenceState.from_token_ids(prompts[:1], vocab_size=101),
+            max_new_tokens=6,
+            sampler=fg.samplers.BeamSearch(3),
+            num_return_sequences=2,
+            cfg=cfg,
+            **kw,
+        )
         for cfg in ("processor", "batched")
     }
-    assert np.asarray(beams["processor"].token_ids).tolist() == np.asarray(beams["batched"].token_ids).tolist()
-    for row, score in zip(np.asarray(beams["processor"].token_ids), beams["processor"].sequences_scores):
+    assert (
+        np.asarray(beams["processor"].token_ids).tolist()
+        == np.asarray(beams["batched"].token_ids).tolist()
+    )
+    for row, score in zip(
+        np.asarray(beams["processor"].token_ids), beams["processor"].sequences_scores
+    ):
         total = 0.0
         for t in range(len(row)):
             with torch.no_grad():
@@ -181,15 +236,26 @@ def test_cfg_must_come_first_in_a_hand_built_chain(tiny_pair):
     _, model, tok = tiny_pair
     cfg = fg.processors.ClassifierFreeGuidance(model, 1.5)
     with pytest.raises(ValueError, match="first"):
-        fg.generate(model, tok, ["t1 t2"], max_new_tokens=2,
-                    processors=[fg.processors.Temperature(0.5), cfg])
+        fg.generate(
+            model,
+            tok,
+            ["t1 t2"],
+            max_new_tokens=2,
+            processors=[fg.processors.Temperature(0.5), cfg],
+        )
 
 
 def test_a_generation_config_guidance_scale_applies_guidance(tiny_pair):
     _, model, tok = tiny_pair
     state = fg.SequenceState.from_token_ids([[5, 6, 7]], vocab_size=101)
-    by_config = fg.generate(model, tok, state, max_new_tokens=6, eos_token_id=(),
-                            generation_config={"guidance_scale": 3.0})
+    by_config = fg.generate(
+        model,
+        tok,
+        state,
+        max_new_tokens=6,
+        eos_token_id=(),
+        generation_config={"guidance_scale": 3.0},
+    )
     explicit = fg.generate(model, tok, state, max_new_tokens=6, eos_token_id=(), guidance_scale=3.0)
     plain = fg.generate(model, tok, state, max_new_tokens=6, eos_token_id=())
     assert np.asarray(by_config.token_ids).tolist() == np.asarray(explicit.token_ids).tolist()

@@ -77,7 +77,9 @@ def test_forced_prefill_equals_one_pass():
     tok = tiny_tokenizer(101)
     prompts = ["t1 t2 t3 t4 t5 t6 t7", "t9 t8"]
     one = fg.generate(model, tok, prompts, max_new_tokens=8, eos_token_id=())
-    forced = fg.generate(model, tok, prompts, max_new_tokens=8, eos_token_id=(), prefill_mode="forced")
+    forced = fg.generate(
+        model, tok, prompts, max_new_tokens=8, eos_token_id=(), prefill_mode="forced"
+    )
     assert np.asarray(one.token_ids).tolist() == np.asarray(forced.token_ids).tolist()
     np.testing.assert_allclose(np.asarray(one.logprobs), np.asarray(forced.logprobs), atol=1e-5)
     np.testing.assert_allclose(
@@ -121,7 +123,11 @@ def test_top_logprobs_and_logprobs_mode_on_a_counting_model():
     assert np.asarray(raw.top_token_ids).tolist() == [[[4, 0], [5, 0], [6, 0]]]
     np.testing.assert_allclose(np.asarray(raw.top_logprobs)[0, :, 1], [-20 - z] * 3, atol=1e-4)
     processed = fg.generate(
-        model, tok, ["t3"], max_new_tokens=3, top_logprobs=2,
+        model,
+        tok,
+        ["t3"],
+        max_new_tokens=3,
+        top_logprobs=2,
         processors=[fg.processors.Temperature(10.0)],
     )
     z10 = np.log1p(31 * np.exp(-2.0))
@@ -143,7 +149,9 @@ def test_prompt_logprobs_equal_transformers():
     state = fg.SequenceState.from_token_ids(prompts, vocab_size=101)
     out = fg.generate(model, tok, state, max_new_tokens=3, prompt_logprobs=True, eos_token_id=())
     for row, prompt in enumerate(prompts):
-        logits = hf_logits_with_mask(hf, np.asarray([prompt]), np.ones((1, len(prompt)), np.int64))[0]
+        logits = hf_logits_with_mask(hf, np.asarray([prompt]), np.ones((1, len(prompt)), np.int64))[
+            0
+        ]
         lp = np.asarray(jax.nn.log_softmax(jnp.asarray(logits), -1))
         expected = [None] + [float(lp[i - 1, prompt[i]]) for i in range(1, len(prompt))]
         got = out.prompt_logprobs[row]
@@ -169,11 +177,19 @@ def test_top_logprobs_equal_transformers_output_scores(default_model, torch_defa
     ids = torch.as_tensor([tokenizer(prompt)["input_ids"]])
     with torch.no_grad():
         out = hf.generate(
-            ids, attention_mask=torch.ones_like(ids), max_new_tokens=6, do_sample=False,
-            output_scores=True, return_dict_in_generate=True, pad_token_id=2, eos_token_id=None,
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=6,
+            do_sample=False,
+            output_scores=True,
+            return_dict_in_generate=True,
+            pad_token_id=2,
+            eos_token_id=None,
         )
     for step, scores in enumerate(out.scores):
         lp = torch.log_softmax(scores[0].float(), -1)
         values, indices = torch.topk(lp, 5)
         assert np.asarray(ours.top_token_ids)[0, step].tolist() == indices.tolist()
-        np.testing.assert_allclose(np.asarray(ours.top_logprobs)[0, step], values.numpy(), atol=2e-3)
+        np.testing.assert_allclose(
+            np.asarray(ours.top_logprobs)[0, step], values.numpy(), atol=2e-3
+        )

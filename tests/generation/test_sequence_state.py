@@ -77,7 +77,9 @@ def test_save_load_in_a_fresh_process_and_continue(tiny, tmp_path):
         print(json.dumps(np.asarray(out.token_ids).tolist()))
         """
     )
-    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
+    run = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=600
+    )
     assert run.returncode == 0, run.stderr
     assert json.loads(run.stdout.strip().splitlines()[-1]) == expected
 
@@ -91,7 +93,10 @@ def test_appending_text_prefills_exactly_the_appended_tokens(tiny):
     # the same as generating from the full token sequence in one fresh call
     rows = more.row_token_ids()
     fresh = fg.generate(
-        model, tok, fg.SequenceState.from_token_ids(rows, vocab_size=101), max_new_tokens=5,
+        model,
+        tok,
+        fg.SequenceState.from_token_ids(rows, vocab_size=101),
+        max_new_tokens=5,
         eos_token_id=(),
     )
     assert fresh.prefill_tokens == [len(r) for r in rows]
@@ -102,7 +107,10 @@ def test_counting_model_continues_from_every_rows_last_token():
     model, tok = CountingModel(eos_token_id=(31,)), tiny_tokenizer(32)
     first = fg.generate(model, tok, ["t3", "t10 t11"], max_new_tokens=3)
     assert ids(first) == [[4, 5, 6], [12, 13, 14]]
-    assert ids(fg.generate(model, tok, first.state + [20], max_new_tokens=2)) == [[21, 22], [21, 22]]
+    assert ids(fg.generate(model, tok, first.state + [20], max_new_tokens=2)) == [
+        [21, 22],
+        [21, 22],
+    ]
     # a row that ended on EOS goes on after it when continued
     eos = fg.generate(model, tok, ["t29"], max_new_tokens=5)
     assert ids(eos) == [[30, 31, 0, 0, 0]] and eos.finish_reasons == ["eos"]
@@ -114,7 +122,9 @@ def test_slicing_rows_and_forking_equal_fresh_generations(tiny):
     first = fg.generate(model, tok, PROMPTS, max_new_tokens=8, eos_token_id=())
     both = fg.generate(model, tok, first.state[[0, 2]], max_new_tokens=8)
     fresh = fg.generate(model, tok, [PROMPTS[0], PROMPTS[2]], max_new_tokens=16, eos_token_id=())
-    assert [a + b for a, b in zip(np.asarray(first.token_ids)[[0, 2]].tolist(), ids(both))] == ids(fresh)
+    assert [a + b for a, b in zip(np.asarray(first.token_ids)[[0, 2]].tolist(), ids(both))] == ids(
+        fresh
+    )
     one = fg.generate(model, tok, first.state[1], max_new_tokens=8)
     assert len(one.texts) == 1
     forked = fg.generate(model, tok, first.state[1:].repeat(2), max_new_tokens=8)
@@ -144,7 +154,10 @@ def test_crop_then_continue_equals_generating_from_the_prefix(tiny):
     again = fg.generate(model, tok, cropped, max_new_tokens=6, eos_token_id=())
     prefixes = [row[:n] for row in first.state.row_token_ids()]
     fresh = fg.generate(
-        model, tok, fg.SequenceState.from_token_ids(prefixes, vocab_size=101), max_new_tokens=6,
+        model,
+        tok,
+        fg.SequenceState.from_token_ids(prefixes, vocab_size=101),
+        max_new_tokens=6,
         eos_token_id=(),
     )
     assert ids(again) == ids(fresh)
@@ -218,7 +231,9 @@ def test_bad_inputs_raise_clear_errors(tiny, tmp_path):
         tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (safe_open is not iterable)
         meta = json.loads(f.metadata()["functional_gen"])
     meta["version"] = 99
-    save_file(tensors, str(tmp_path / "v99.safetensors"), metadata={"functional_gen": json.dumps(meta)})
+    save_file(
+        tensors, str(tmp_path / "v99.safetensors"), metadata={"functional_gen": json.dumps(meta)}
+    )
     with pytest.raises(fg.SequenceStateFormatError, match="version 99"):
         fg.SequenceState.load(tmp_path / "v99.safetensors")
     with pytest.raises(FileNotFoundError):

@@ -17,15 +17,25 @@ def model_with(config):
 
 def resolve(model, **kwargs):
     base = dict(
-        max_new_tokens=None, processors=None, sampler=None, key=None, eos_token_id=None,
-        pad_token_id=None, stop_strings=None, generation_config=None,
+        max_new_tokens=None,
+        processors=None,
+        sampler=None,
+        key=None,
+        eos_token_id=None,
+        pad_token_id=None,
+        stop_strings=None,
+        generation_config=None,
     )
     base.update(kwargs)
     return resolve_settings(model, None, 4, **base)
 
 
 def test_the_model_config_fills_in_what_the_call_leaves_out():
-    model = model_with(transformers.GenerationConfig(max_new_tokens=9, eos_token_id=[30, 31], temperature=0.5, do_sample=True))
+    model = model_with(
+        transformers.GenerationConfig(
+            max_new_tokens=9, eos_token_id=[30, 31], temperature=0.5, do_sample=True
+        )
+    )
     import jax
 
     s = resolve(model, key=jax.random.key(0))
@@ -59,6 +69,16 @@ def test_bad_arguments_are_refused_before_compiling():
     with pytest.raises(ValueError, match="max_position_embeddings"):
         resolve(model, max_new_tokens=10_000)
     with pytest.raises(TypeError, match="AbstractCausalLM"):
-        resolve_settings(object(), None, 4, max_new_tokens=2, processors=None, sampler=None,
-                         key=None, eos_token_id=None, pad_token_id=None, stop_strings=None,
-                         generation_config=None)
+        resolve_settings(
+            object(),
+            None,
+            4,
+            max_new_tokens=2,
+            processors=None,
+            sampler=None,
+            key=None,
+            eos_token_id=None,
+            pad_token_id=None,
+            stop_strings=None,
+            generation_config=None,
+        )

@@ -55,7 +55,9 @@ def test_missing_files_are_named(checkpoint, tmp_path):
     weights_gone = tmp_path / "no-weights"
     shutil.copytree(checkpoint, weights_gone)
     (weights_gone / "model.safetensors").rename(weights_gone / "pytorch_model.bin")
-    with pytest.raises(FileNotFoundError, match=r"no \*.safetensors.*pytorch_model.bin.*only safetensors"):
+    with pytest.raises(
+        FileNotFoundError, match=r"no \*.safetensors.*pytorch_model.bin.*only safetensors"
+    ):
         fg.load_model(weights_gone)
     no_tokenizer = tmp_path / "no-tokenizer"
     shutil.copytree(checkpoint, no_tokenizer)
@@ -81,10 +83,19 @@ def test_missing_shard_is_named(hf_model, tmp_path):
 @pytest.mark.parametrize(
     "change, message",
     [
-        ({"model_type": "gpt2"}, r"unknown architecture.*'gpt2'.*supported model types: \('llama', 'mistral', 'qwen2'\)"),
-        ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 2.0}}, r"rope_scaling type 'yarn' is not supported"),
+        (
+            {"model_type": "gpt2"},
+            r"unknown architecture.*'gpt2'.*supported model types: \('llama', 'mistral', 'qwen2'\)",
+        ),
+        (
+            {"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 2.0}},
+            r"rope_scaling type 'yarn' is not supported",
+        ),
         ({"hidden_act": "gelu"}, r"hidden_act='gelu' is not supported"),
-        ({"quantization_config": {"quant_method": "gptq"}}, r"quantized checkpoints are not supported.*'gptq'"),
+        (
+            {"quantization_config": {"quant_method": "gptq"}},
+            r"quantized checkpoints are not supported.*'gptq'",
+        ),
     ],
 )
 def test_unsupported_configs_are_refused(checkpoint, change, message):
@@ -114,7 +125,12 @@ def test_default_model_is_smollm2_from_its_cached_checkpoint(default_model):
 
     model, tokenizer = default_model
     c = model.config
-    assert (c.vocab_size, c.hidden_size, c.num_hidden_layers, c.num_attention_heads) == (49152, 576, 30, 9)
+    assert (c.vocab_size, c.hidden_size, c.num_hidden_layers, c.num_attention_heads) == (
+        49152,
+        576,
+        30,
+        9,
+    )
     assert c.num_key_value_heads == 3 and c.tie_word_embeddings and model.lm_head is None
     assert (converted_default_dir() / "model.safetensors").is_file()
     assert tokenizer("Hello world")["input_ids"] == [19556, 905]

@@ -18,7 +18,11 @@ HIDDEN, INTER, HEADS, KV_HEADS, VOCAB = 256, 256, 4, 2, 64
 
 def convert_permute(w, n_head):
     """llama.cpp's convert_hf_to_gguf.py `LlamaModel.permute` (HF rows -> GGUF rows)."""
-    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+    return (
+        w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(w.shape)
+    )
 
 
 def random_k_quant_blocks(rng, rows, cols, qtype):
@@ -200,7 +204,9 @@ def test_gguf_tokenizer_matches_transformers_gguf_tokenizer():
 
     path = default_gguf_path()
     ours = gguf_tokenizer(path)
-    ref = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name, local_files_only=True)
+    ref = AutoTokenizer.from_pretrained(
+        str(path.parent), gguf_file=path.name, local_files_only=True
+    )
     assert type(ours) is type(ref)
     assert ours.get_vocab() == ref.get_vocab()
     assert ours.special_tokens_map == ref.special_tokens_map
@@ -210,7 +216,9 @@ def test_gguf_tokenizer_matches_transformers_gguf_tokenizer():
         ids = ref(text)["input_ids"]
         assert ours(text)["input_ids"] == ids, text
         for skip in (True, False):
-            assert ours.decode(ids, skip_special_tokens=skip) == ref.decode(ids, skip_special_tokens=skip)
+            assert ours.decode(ids, skip_special_tokens=skip) == ref.decode(
+                ids, skip_special_tokens=skip
+            )
     chat = [
         {"role": "system", "content": "You are terse."},
         {"role": "user", "content": "Hi! 🙂"},

@@ -30,7 +30,10 @@ def test_rope_inverse_frequencies_equal_transformers(rope):
     from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
     hf = transformers.LlamaConfig(
-        hidden_size=512, num_attention_heads=4, rope_parameters=dict(rope), max_position_embeddings=131072
+        hidden_size=512,
+        num_attention_heads=4,
+        rope_parameters=dict(rope),
+        max_position_embeddings=131072,
     )
     if rope["rope_type"] == "default":
         expected, _ = LlamaRotaryEmbedding.compute_default_rope_parameters(hf)
@@ -55,7 +58,9 @@ def test_old_style_rope_scaling_keys_are_read():
         }
     )
     assert (config.rope_type, config.rope_factor, config.rope_theta) == ("linear", 2.0, 5e5)
-    assert config.eos_token_id == (3, 4) and config.num_key_value_heads == 2 and config.head_dim == 4
+    assert (
+        config.eos_token_id == (3, 4) and config.num_key_value_heads == 2 and config.head_dim == 4
+    )
 
 
 def test_qwen2_has_qkv_bias_but_no_output_bias():
@@ -67,7 +72,10 @@ def test_qwen2_has_qkv_bias_but_no_output_bias():
 
 def test_hf_dict_round_trip():
     config = tiny_config(
-        rope_type="llama3", rope_factor=8.0, rope_original_max_position_embeddings=64, eos_token_id=(5, 6)
+        rope_type="llama3",
+        rope_factor=8.0,
+        rope_original_max_position_embeddings=64,
+        eos_token_id=(5, 6),
     )
     again = LlamaConfig.from_hf(config.to_hf_dict())
     assert again == config
@@ -156,7 +164,10 @@ def test_smollm2_hub_config_json_is_accepted():
         ({"rope_interleaved": True}, "rope_interleaved=True is not supported"),
         ({"sliding_window": 4096}, "sliding_window=4096 on a Llama model"),
         ({"partial_rotary_factor": 0.5}, "partial_rotary_factor=0.5"),
-        ({"auto_map": {"AutoModelForCausalLM": "m.Model"}}, r"custom modeling code.*AutoModelForCausalLM"),
+        (
+            {"auto_map": {"AutoModelForCausalLM": "m.Model"}},
+            r"custom modeling code.*AutoModelForCausalLM",
+        ),
         ({"quantization_config": {"quant_method": "gptq"}}, "quant_method='gptq'"),
     ],
 )

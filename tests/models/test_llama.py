@@ -96,8 +96,12 @@ def test_decode_reads_only_written_slots_and_equals_full_attention():
     assert cache.length.tolist() == [n, n] and cache.max_len == 2048
     expected = np.asarray(full)
     for j, value in got.items():
-        np.testing.assert_allclose(value[0], expected[0, j], rtol=1e-4, atol=1e-4, err_msg=f"slot {j}")
-        np.testing.assert_allclose(value[1], expected[1, j], rtol=1e-4, atol=1e-4, err_msg=f"slot {j}")
+        np.testing.assert_allclose(
+            value[0], expected[0, j], rtol=1e-4, atol=1e-4, err_msg=f"slot {j}"
+        )
+        np.testing.assert_allclose(
+            value[1], expected[1, j], rtol=1e-4, atol=1e-4, err_msg=f"slot {j}"
+        )
 
 
 def test_prefill_equals_call_on_empty_cache():
@@ -113,7 +117,9 @@ def test_prefill_equals_call_on_empty_cache():
     np.testing.assert_array_equal(np.asarray(cache_a.positions), np.asarray(cache_b.positions))
     np.testing.assert_array_equal(np.asarray(cache_a.length), np.asarray(cache_b.length))
     for x, y in zip(cache_a.k + cache_a.v, cache_b.k + cache_b.v):  # padding slots may differ
-        np.testing.assert_allclose(np.asarray(x)[:, :, 20:], np.asarray(y)[:, :, 20:], rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(
+            np.asarray(x)[:, :, 20:], np.asarray(y)[:, :, 20:], rtol=1e-5, atol=1e-5
+        )
 
 
 def test_left_padded_batch_equals_each_prompt_alone():
@@ -161,7 +167,9 @@ def test_sliding_window_decode_matches_full_forward():
     )
     ids = np.random.default_rng(1).integers(0, 101, (1, 9))
     expected = torch_logits(hf, ids)
-    logits, cache = model.prefill(jnp.asarray(ids[:, :5]), jnp.arange(5)[None], max_len=9, logits_to_keep=0)
+    logits, cache = model.prefill(
+        jnp.asarray(ids[:, :5]), jnp.arange(5)[None], max_len=9, logits_to_keep=0
+    )
     out = [np.asarray(logits)]
     for i in range(5, 9):
         step, cache = model(jnp.asarray(ids[:, i : i + 1]), jnp.asarray([[i]]), cache)
@@ -198,7 +206,9 @@ def test_cache_extend_and_shapes():
 def test_reordering_rows_is_one_tree_map():
     """Every cache leaf has the batch axis first: one gather reorders all rows."""
     cache = KVCache.init(tiny_config(), 3, 4)
-    cache = jax.tree.map(lambda x: x + jnp.arange(3).reshape((3,) + (1,) * (x.ndim - 1)).astype(x.dtype), cache)
+    cache = jax.tree.map(
+        lambda x: x + jnp.arange(3).reshape((3,) + (1,) * (x.ndim - 1)).astype(x.dtype), cache
+    )
     idx = jnp.array([2, 0, 0])
     reordered = jax.tree.map(lambda x: x[idx], cache)
     assert reordered.k[1][:, 0, 0, 0].tolist() == [2.0, 0.0, 0.0]
@@ -230,7 +240,9 @@ def test_from_weights_reports_missing_unexpected_and_bad_shapes():
 
 
 @pytest.mark.slow
-def test_default_model_logits_match_transformers(default_model, torch_default_model, roman_prompt_ids):
+def test_default_model_logits_match_transformers(
+    default_model, torch_default_model, roman_prompt_ids
+):
     """SmolLM2-135M-Instruct: our logits on a 32-token prompt equal transformers' to 1e-3."""
     model, _ = default_model
     hf, _ = torch_default_model

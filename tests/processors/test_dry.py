@@ -26,12 +26,23 @@ def dry_probs(probs, last_tokens, multiplier, base, allowed_length, last_n, brea
         ([0.25] * 4, [0, 1, 2, 0, 1], [0.296923, 0.296923, 0.109232, 0.296923], 1.0, 1.1, 2, 5, ()),
         # The breaker 3 bounds the match; and 3 itself, a single-token breaker, is never penalised.
         ([0.2] * 5, [0, 1, 3, 4, 0, 1], [0.2] * 5, 1.0, 1.1, 2, 6, ((3,),)),
-        ([0.2] * 5, [0, 1, 2, 0, 1], [0.241818, 0.241818, 0.032727, 0.241818, 0.241818], 2.0, 1.1, 2, 5, ()),
+        (
+            [0.2] * 5,
+            [0, 1, 2, 0, 1],
+            [0.241818, 0.241818, 0.032727, 0.241818, 0.241818],
+            2.0,
+            1.1,
+            2,
+            5,
+            (),
+        ),
         # A repeat of 2 tokens is allowed when dry_allowed_length is 4.
         ([0.2] * 5, [0, 1, 2, 3, 4, 0, 1], [0.2] * 5, 1.0, 1.1, 4, 7, ()),
     ],
 )
-def test_llama_cpp_cases(probs, last_tokens, expected, multiplier, base, allowed_length, last_n, breakers):
+def test_llama_cpp_cases(
+    probs, last_tokens, expected, multiplier, base, allowed_length, last_n, breakers
+):
     actual = dry_probs(probs, last_tokens, multiplier, base, allowed_length, last_n, breakers)
     np.testing.assert_allclose(actual, expected, atol=1e-5)
 

@@ -12,7 +12,13 @@ from functional_gen.testing import CountingModel
 
 def test_forces_each_token_in_turn_then_stops():
     processor = P.ForcedTokens([3, 1])
-    context = Context(jnp.zeros((4,), jnp.int32), jnp.asarray(1), jnp.asarray(1), jnp.asarray(5), jax.random.key(0))
+    context = Context(
+        jnp.zeros((4,), jnp.int32),
+        jnp.asarray(1),
+        jnp.asarray(1),
+        jnp.asarray(5),
+        jax.random.key(0),
+    )
     logits = jnp.arange(5, dtype=jnp.float32)
     state = processor.init(context)
     outs = []

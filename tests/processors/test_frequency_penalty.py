@@ -26,7 +26,9 @@ def test_together_they_give_openais_formula():
     out = run([P.PresencePenalty(1.5), P.FrequencyPenalty(0.5)])
     np.testing.assert_allclose(out, [-3.0, -2.0, -2.0, 0.0, 0.0])
     expected = np.exp([-3.0, -2.0, -2.0, 0.0, 0.0])
-    np.testing.assert_allclose(np.asarray(jax.nn.softmax(out)), expected / expected.sum(), rtol=1e-6)
+    np.testing.assert_allclose(
+        np.asarray(jax.nn.softmax(out)), expected / expected.sum(), rtol=1e-6
+    )
 
 
 def test_prompt_tokens_do_not_count():
@@ -35,7 +37,10 @@ def test_prompt_tokens_do_not_count():
     np.testing.assert_array_equal(np.asarray(out), logits)
 
 
-@pytest.mark.parametrize("cls, name", [(P.PresencePenalty, "presence_penalty"), (P.FrequencyPenalty, "frequency_penalty")])
+@pytest.mark.parametrize(
+    "cls, name",
+    [(P.PresencePenalty, "presence_penalty"), (P.FrequencyPenalty, "frequency_penalty")],
+)
 def test_range(cls, name):
     cls(2.0), cls(-2.0)
     for outside in (2.01, -2.01):

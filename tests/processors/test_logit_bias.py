@@ -21,7 +21,9 @@ def test_out_of_vocabulary_ids_raise_when_first_run():
         P.apply([processor], np.zeros((1, 6), np.float32), np.zeros((1, 1), int))
 
 
-@pytest.mark.parametrize("bad", [{1: 101.0}, {1: float("nan")}, {-2: 1.0}, {1.5: 1.0}, {"x": 1.0}, [1, 2]])
+@pytest.mark.parametrize(
+    "bad", [{1: 101.0}, {1: float("nan")}, {-2: 1.0}, {1.5: 1.0}, {"x": 1.0}, [1, 2]]
+)
 def test_invalid(bad):
     with pytest.raises(ValueError, match="logit_bias"):
         P.LogitBias(bad)

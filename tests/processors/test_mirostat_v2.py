@@ -30,7 +30,9 @@ def test_truncation_and_lagged_update():
 
     # Step 1: keep surprises <= 3 bits -> probabilities 4/7, 2/7, 1/7 after renormalising.
     state, out = processor.process(state, LOGITS, context([0], 1))
-    np.testing.assert_allclose(np.asarray(jax.nn.softmax(out)), [4 / 7, 2 / 7, 1 / 7, 0, 0], rtol=1e-6)
+    np.testing.assert_allclose(
+        np.asarray(jax.nn.softmax(out)), [4 / 7, 2 / 7, 1 / 7, 0, 0], rtol=1e-6
+    )
     assert float(state.mu) == 3.0  # nothing sampled yet
 
     # Token 2 was sampled (probability 1/7, surprise log2 7): mu -= eta * (log2 7 - tau).

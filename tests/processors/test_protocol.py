@@ -79,20 +79,39 @@ def tiny_model():
 REGISTRY = {
     "Temperature": (
         lambda v: P.Temperature(v(0.7, 1.5)),
-        [(lambda: P.Temperature(0.0), "temperature"), (lambda: P.Temperature(float("nan")), "temperature")],
+        [
+            (lambda: P.Temperature(0.0), "temperature"),
+            (lambda: P.Temperature(float("nan")), "temperature"),
+        ],
     ),
     "TopK": (lambda v: P.TopK(5), [(lambda: P.TopK(0), "top_k"), (lambda: P.TopK(2.5), "top_k")]),
     "TopP": (
         lambda v: P.TopP(v(0.5, 0.95)),
-        [(lambda: P.TopP(0.0), "top_p"), (lambda: P.TopP(1.5), "top_p"), (lambda: P.TopP(0.9, 0), "min_tokens_to_keep")],
+        [
+            (lambda: P.TopP(0.0), "top_p"),
+            (lambda: P.TopP(1.5), "top_p"),
+            (lambda: P.TopP(0.9, 0), "min_tokens_to_keep"),
+        ],
     ),
-    "MinP": (lambda v: P.MinP(v(0.05, 0.2)), [(lambda: P.MinP(-0.1), "min_p"), (lambda: P.MinP([0.1, 2.0]), "min_p")]),
-    "TypicalP": (lambda v: P.TypicalP(v(0.5, 0.95)), [(lambda: P.TypicalP(0.0), "typical_p"), (lambda: P.TypicalP(1.1), "typical_p")]),
+    "MinP": (
+        lambda v: P.MinP(v(0.05, 0.2)),
+        [(lambda: P.MinP(-0.1), "min_p"), (lambda: P.MinP([0.1, 2.0]), "min_p")],
+    ),
+    "TypicalP": (
+        lambda v: P.TypicalP(v(0.5, 0.95)),
+        [(lambda: P.TypicalP(0.0), "typical_p"), (lambda: P.TypicalP(1.1), "typical_p")],
+    ),
     "EpsilonCutoff": (
         lambda v: P.EpsilonCutoff(v(0.005, 0.02)),
-        [(lambda: P.EpsilonCutoff(1.0), "epsilon_cutoff"), (lambda: P.EpsilonCutoff(-1e-3), "epsilon_cutoff")],
+        [
+            (lambda: P.EpsilonCutoff(1.0), "epsilon_cutoff"),
+            (lambda: P.EpsilonCutoff(-1e-3), "epsilon_cutoff"),
+        ],
     ),
-    "EtaCutoff": (lambda v: P.EtaCutoff(v(0.005, 0.02)), [(lambda: P.EtaCutoff(1.0), "eta_cutoff")]),
+    "EtaCutoff": (
+        lambda v: P.EtaCutoff(v(0.005, 0.02)),
+        [(lambda: P.EtaCutoff(1.0), "eta_cutoff")],
+    ),
     "TopNSigma": (lambda v: P.TopNSigma(v(0.5, 2.0)), [(lambda: P.TopNSigma(-1.0), "top_n_sigma")]),
     "XTC": (
         lambda v: P.XTC(v(0.02, 0.1), v(0.5, 1.0)),
@@ -115,34 +134,62 @@ REGISTRY = {
     ),
     "NoRepeatNGram": (
         lambda v: P.NoRepeatNGram(2),
-        [(lambda: P.NoRepeatNGram(0), "no_repeat_ngram_size"), (lambda: P.NoRepeatNGram(2.0), "no_repeat_ngram_size")],
+        [
+            (lambda: P.NoRepeatNGram(0), "no_repeat_ngram_size"),
+            (lambda: P.NoRepeatNGram(2.0), "no_repeat_ngram_size"),
+        ],
     ),
     "DRY": (
         lambda v: P.DRY(v(0.5, 1.0), v(1.5, 2.0), 1, [[5]]),
         [(lambda: P.DRY(-1.0), "dry_multiplier"), (lambda: P.DRY(1.0, 0.5), "dry_base")],
     ),
-    "SuppressTokens": (lambda v: P.SuppressTokens([1, 2]), [(lambda: P.SuppressTokens([-1]), "suppress_tokens")]),
+    "SuppressTokens": (
+        lambda v: P.SuppressTokens([1, 2]),
+        [(lambda: P.SuppressTokens([-1]), "suppress_tokens")],
+    ),
     "SuppressTokensAtBegin": (
         lambda v: P.SuppressTokensAtBegin([3, 4], begin_index=1),
-        [(lambda: P.SuppressTokensAtBegin([-3]), "begin_suppress_tokens"), (lambda: P.SuppressTokensAtBegin([3], -1), "begin_index")],
+        [
+            (lambda: P.SuppressTokensAtBegin([-3]), "begin_suppress_tokens"),
+            (lambda: P.SuppressTokensAtBegin([3], -1), "begin_index"),
+        ],
     ),
     "BadWords": (
         lambda v: P.BadWords([[6], [7, 8], list(EOS)], EOS),
-        [(lambda: P.BadWords([]), "bad_words_ids"), (lambda: P.BadWords([[1, -2]]), "bad_words_ids"), (lambda: P.BadWords([5]), "bad_words_ids")],
+        [
+            (lambda: P.BadWords([]), "bad_words_ids"),
+            (lambda: P.BadWords([[1, -2]]), "bad_words_ids"),
+            (lambda: P.BadWords([5]), "bad_words_ids"),
+        ],
     ),
     "SequenceBias": (
         lambda v: P.SequenceBias([[[9], 1.5], [[10, 11], -2.0]]),
-        [(lambda: P.SequenceBias([]), "sequence_bias"), (lambda: P.SequenceBias([[[9], float("nan")]]), "sequence_bias"), (lambda: P.SequenceBias({(): 1.0}), "sequence_bias")],
+        [
+            (lambda: P.SequenceBias([]), "sequence_bias"),
+            (lambda: P.SequenceBias([[[9], float("nan")]]), "sequence_bias"),
+            (lambda: P.SequenceBias({(): 1.0}), "sequence_bias"),
+        ],
     ),
     "LogitBias": (
         lambda v: P.LogitBias({12: 3.0, "13": -4.0}),
-        [(lambda: P.LogitBias({1: 200.0}), "logit_bias"), (lambda: P.LogitBias({-1: 1.0}), "logit_bias"), (lambda: P.LogitBias([1.0]), "logit_bias")],
+        [
+            (lambda: P.LogitBias({1: 200.0}), "logit_bias"),
+            (lambda: P.LogitBias({-1: 1.0}), "logit_bias"),
+            (lambda: P.LogitBias([1.0]), "logit_bias"),
+        ],
     ),
     "MinLength": (
         lambda v: P.MinLength(v(10, 14), EOS),
-        [(lambda: P.MinLength(-1, EOS), "min_length"), (lambda: P.MinLength(1.5, EOS), "min_length"), (lambda: P.MinLength(3, []), "eos_token_id")],
+        [
+            (lambda: P.MinLength(-1, EOS), "min_length"),
+            (lambda: P.MinLength(1.5, EOS), "min_length"),
+            (lambda: P.MinLength(3, []), "eos_token_id"),
+        ],
     ),
-    "MinNewTokens": (lambda v: P.MinNewTokens(v(2, 4), EOS), [(lambda: P.MinNewTokens(-1, EOS), "min_new_tokens")]),
+    "MinNewTokens": (
+        lambda v: P.MinNewTokens(v(2, 4), EOS),
+        [(lambda: P.MinNewTokens(-1, EOS), "min_new_tokens")],
+    ),
     "ForcedBOS": (lambda v: P.ForcedBOS(5), [(lambda: P.ForcedBOS(-5), "forced_bos_token_id")]),
     "ForcedEOS": (lambda v: P.ForcedEOS(EOS), [(lambda: P.ForcedEOS([]), "forced_eos_token_id")]),
     "ExponentialDecayLengthPenalty": (
@@ -155,18 +202,29 @@ REGISTRY = {
     ),
     "RemoveInvalidValues": (lambda v: P.RemoveInvalidValues(), []),
     "LogSoftmax": (lambda v: P.LogSoftmax(), []),
-    "ForcedTokens": (lambda v: P.ForcedTokens([1, 2, 3]), [(lambda: P.ForcedTokens([]), "token_ids")]),
+    "ForcedTokens": (
+        lambda v: P.ForcedTokens([1, 2, 3]),
+        [(lambda: P.ForcedTokens([]), "token_ids")],
+    ),
     # Structured generation (one constraint for all rows here; per-row constraints and the
     # automata themselves are tested in tests/structured).
-    "Regex": (lambda v: P.Regex("(ab|c)+d?", char_tokenizer()), [(lambda: P.Regex("(", char_tokenizer()), "(")]),
+    "Regex": (
+        lambda v: P.Regex("(ab|c)+d?", char_tokenizer()),
+        [(lambda: P.Regex("(", char_tokenizer()), "(")],
+    ),
     "Choice": (lambda v: P.Choice(["abc", "abd", "x"], char_tokenizer()), []),
     "JsonSchema": (
-        lambda v: P.JsonSchema({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}, char_tokenizer()),
+        lambda v: P.JsonSchema(
+            {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]},
+            char_tokenizer(),
+        ),
         [],
     ),
     "Grammar": (lambda v: P.Grammar('start: "a" "b"* | "c"', char_tokenizer()), []),
     "ClassifierFreeGuidance": (
-        lambda v: P.ClassifierFreeGuidance(tiny_model(), v(0.5, 3.0), [3, 4, 5], rescale=v(0.3, 0.9)),
+        lambda v: P.ClassifierFreeGuidance(
+            tiny_model(), v(0.5, 3.0), [3, 4, 5], rescale=v(0.3, 0.9)
+        ),
         [
             (lambda: P.ClassifierFreeGuidance(tiny_model(), float("nan")), "guidance_scale"),
             (lambda: P.ClassifierFreeGuidance(tiny_model(), 1.5, rescale=1.5), "rescale"),
@@ -176,7 +234,10 @@ REGISTRY = {
     ),
     "MirostatV2": (
         lambda v: P.MirostatV2(v(2.0, 5.0), v(0.1, 0.5), vocab_size=VOCAB),
-        [(lambda: P.MirostatV2(-1.0, vocab_size=VOCAB), "mirostat_tau"), (lambda: P.MirostatV2(5.0, 0.1, vocab_size=0), "vocab_size")],
+        [
+            (lambda: P.MirostatV2(-1.0, vocab_size=VOCAB), "mirostat_tau"),
+            (lambda: P.MirostatV2(5.0, 0.1, vocab_size=0), "vocab_size"),
+        ],
     ),
 }
 NAMES = sorted(REGISTRY)
@@ -229,7 +290,9 @@ def one_step(processor, logits, context):
 process_jit = eqx.filter_jit(lambda p, state, logits, context: p.process(state, logits, context))
 one_step_jit = eqx.filter_jit(one_step)
 rows_jit = eqx.filter_jit(
-    lambda p, logits, contexts: vmap_rows(lambda q, x, c: one_step(q[0], x, c), [p], logits.shape[0])(logits, contexts)
+    lambda p, logits, contexts: vmap_rows(
+        lambda q, x, c: one_step(q[0], x, c), [p], logits.shape[0]
+    )(logits, contexts)
 )
 
 
@@ -248,7 +311,9 @@ def assert_same_tree(actual, expected):
 
 
 def signature(tree):
-    return jax.tree.structure(tree), [(jnp.shape(x), jnp.result_type(x)) for x in jax.tree.leaves(tree)]
+    return jax.tree.structure(tree), [
+        (jnp.shape(x), jnp.result_type(x)) for x in jax.tree.leaves(tree)
+    ]
 
 
 # --- the registry -----------------------------------------------------------------------------
@@ -280,7 +345,13 @@ def test_state_keeps_its_shape_under_scan(name):
 
     def step(carry, logits):
         state, token_ids, length = carry
-        ctx = Context(token_ids, length, context.prompt_length, context.max_new_tokens, jax.random.fold_in(context.key, length))
+        ctx = Context(
+            token_ids,
+            length,
+            context.prompt_length,
+            context.max_new_tokens,
+            jax.random.fold_in(context.key, length),
+        )
         new_state, out = processor.process(state, logits, ctx)
         token = jnp.argmax(out).astype(jnp.int32)
         return (new_state, token_ids.at[length].set(token), length + 1), out
@@ -292,7 +363,13 @@ def test_state_keeps_its_shape_under_scan(name):
     # The same steps one by one, each `process` compiled alone.
     state, token_ids, length = init
     for t, logits in enumerate(logits_steps):
-        ctx = Context(token_ids, length, context.prompt_length, context.max_new_tokens, jax.random.fold_in(context.key, length))
+        ctx = Context(
+            token_ids,
+            length,
+            context.prompt_length,
+            context.max_new_tokens,
+            jax.random.fold_in(context.key, length),
+        )
         new_state, out = process_jit(processor, state, logits, ctx)
         assert signature(new_state) == signature(state)
         assert_same(out, scanned[t])
@@ -353,7 +430,12 @@ def test_per_row_values_must_match_the_batch(name):
 
 
 @pytest.mark.parametrize(
-    "name", [n for n in NAMES if issubclass(exported_processor_classes()[n], AbstractStatelessLogitsProcessor)]
+    "name",
+    [
+        n
+        for n in NAMES
+        if issubclass(exported_processor_classes()[n], AbstractStatelessLogitsProcessor)
+    ],
 )
 def test_stateless_wrapper_equals_function(name):
     processor = build(name)
@@ -376,7 +458,10 @@ def test_process_all_with_no_processors_is_the_identity():
     states, out = process_all((), init_states((), context), logits, context)
     assert states == ()
     np.testing.assert_array_equal(np.asarray(out), np.asarray(logits))
-    np.testing.assert_array_equal(np.asarray(P.apply([], random_logits(6), random_contexts(6).token_ids)), np.asarray(random_logits(6)))
+    np.testing.assert_array_equal(
+        np.asarray(P.apply([], random_logits(6), random_contexts(6).token_ids)),
+        np.asarray(random_logits(6)),
+    )
 
 
 def test_process_all_needs_one_state_per_processor():
@@ -390,6 +475,10 @@ def test_bare_callables_in_a_list_are_wrapped():
     assert isinstance(processors[0], Stateless) and processors[0].fn is halve
     assert isinstance(processors[1], P.Temperature)
     logits, token_ids = random_logits(7), random_contexts(7).token_ids
-    np.testing.assert_allclose(np.asarray(P.apply([halve, P.Temperature(0.5)], logits, token_ids)), np.asarray(logits), rtol=1e-6)
+    np.testing.assert_allclose(
+        np.asarray(P.apply([halve, P.Temperature(0.5)], logits, token_ids)),
+        np.asarray(logits),
+        rtol=1e-6,
+    )
     with pytest.raises(TypeError, match="processor"):
         as_processors([3])

@@ -17,7 +17,9 @@ VOCAB = 2000
 # Normal logits times these scales keep ~5, ~170 and ~1570 of 2,000 tokens at top_p=0.9.
 PEAKED, MEDIUM, FLAT = 8.0, 3.0, 0.5
 # These processors ignore the context; one row's context, for their signature.
-CONTEXT = Context(jnp.zeros((4,), jnp.int32), jnp.int32(1), jnp.int32(1), jnp.int32(8), jax.random.key(0))
+CONTEXT = Context(
+    jnp.zeros((4,), jnp.int32), jnp.int32(1), jnp.int32(1), jnp.int32(8), jax.random.key(0)
+)
 
 
 @eqx.filter_jit
@@ -49,7 +51,9 @@ def logits_of(scale, seed=0):
     return jnp.asarray(np.random.default_rng(seed).normal(size=(1, VOCAB)) * scale, jnp.float32)
 
 
-@pytest.mark.parametrize("scale, among_candidates", [(PEAKED, True), (MEDIUM, False), (FLAT, False)])
+@pytest.mark.parametrize(
+    "scale, among_candidates", [(PEAKED, True), (MEDIUM, False), (FLAT, False)]
+)
 @pytest.mark.parametrize("top_p", [0.5, 0.9, 1.0])
 def test_both_ways_equal_sorting(scale, among_candidates, top_p):
     processor = P.TopP(top_p)
@@ -68,7 +72,9 @@ def test_a_batch_mixing_both_ways():
     logits = jnp.concatenate([logits_of(s, i) for i, s in enumerate(scales)])
     out = P.apply([P.TopP(top_p)], logits, np.zeros((5, 1), int))
     for i in range(5):
-        np.testing.assert_array_equal(np.asarray(out[i]), np.asarray(by_sorting(P.TopP(top_p[i]), logits[i])))
+        np.testing.assert_array_equal(
+            np.asarray(out[i]), np.asarray(by_sorting(P.TopP(top_p[i]), logits[i]))
+        )
 
 
 @pytest.mark.parametrize("min_keep", [3, CANDIDATES + 5])
@@ -90,8 +96,14 @@ def test_smallest_reaching_is_the_cut_of_a_sorted_cumulative_sum():
         (1.5, np.inf, np.inf),
     ]
     for target, strict, inclusive in cases:
-        assert float(smallest_reaching(values, weights, jnp.float32(target), inclusive=False)) == strict
-        assert float(smallest_reaching(values, weights, jnp.float32(target), inclusive=True)) == inclusive
+        assert (
+            float(smallest_reaching(values, weights, jnp.float32(target), inclusive=False))
+            == strict
+        )
+        assert (
+            float(smallest_reaching(values, weights, jnp.float32(target), inclusive=True))
+            == inclusive
+        )
 
 
 def computations_with(hlo_text, *needles):
@@ -117,9 +129,20 @@ def test_under_vmap_the_search_stays_inside_its_loop():
 
 @pytest.mark.parametrize(
     "processor",
-    [P.TopK(50), P.TopP(0.9), P.MinP(0.1, min_tokens_to_keep=5), P.EpsilonCutoff(0.01, 3), P.TypicalP(0.9, 2)],
+    [
+        P.TopK(50),
+        P.TopP(0.9),
+        P.MinP(0.1, min_tokens_to_keep=5),
+        P.EpsilonCutoff(0.01, 3),
+        P.TypicalP(0.9, 2),
+    ],
 )
 def test_no_processor_sorts(processor):
     # Indexing the output of lax.top_k (top_k(x, k)[0][-1]) makes XLA on CPU sort everything.
-    hlo = jax.jit(jax.vmap(lambda x: processor(x, CONTEXT))).lower(jnp.zeros((2, 4096))).compile().as_text()
+    hlo = (
+        jax.jit(jax.vmap(lambda x: processor(x, CONTEXT)))
+        .lower(jnp.zeros((2, 4096)))
+        .compile()
+        .as_text()
+    )
     assert not computations_with(hlo, " sort(")

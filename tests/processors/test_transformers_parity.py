@@ -132,7 +132,12 @@ def test_epsilon_cutoff(seed, epsilon, min_keep):
 @pytest.mark.parametrize("scale", [1.0, 3.0])
 @pytest.mark.parametrize("eta, min_keep", [(3e-4, 1), (4e-3, 1), (0.2, 1), (0.9, 5)])
 def test_eta_cutoff(seed, scale, eta, min_keep):
-    check([P.EtaCutoff(eta, min_keep)], tlp.EtaLogitsWarper(eta, min_tokens_to_keep=min_keep), seed, scale=scale)
+    check(
+        [P.EtaCutoff(eta, min_keep)],
+        tlp.EtaLogitsWarper(eta, min_tokens_to_keep=min_keep),
+        seed,
+        scale=scale,
+    )
 
 
 # --- penalties --------------------------------------------------------------------------------
@@ -141,7 +146,12 @@ def test_eta_cutoff(seed, scale, eta, min_keep):
 @pytest.mark.parametrize("seed", SEEDS)
 @pytest.mark.parametrize("penalty", [0.7, 1.0, 1.3])
 def test_repetition_penalty(seed, penalty):
-    check([P.RepetitionPenalty(penalty)], tlp.RepetitionPenaltyLogitsProcessor(penalty), seed, id_range=40)
+    check(
+        [P.RepetitionPenalty(penalty)],
+        tlp.RepetitionPenaltyLogitsProcessor(penalty),
+        seed,
+        id_range=40,
+    )
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -176,7 +186,9 @@ def suffix_sequences(token_ids, seed):
 def test_bad_words(seed):
     logits, token_ids = random_inputs(seed, id_range=20)
     bad_words = [list(s) for s in suffix_sequences(token_ids, seed)]
-    expected = reference(tlp.NoBadWordsLogitsProcessor(bad_words, eos_token_id=list(EOS)), logits, token_ids)
+    expected = reference(
+        tlp.NoBadWordsLogitsProcessor(bad_words, eos_token_id=list(EOS)), logits, token_ids
+    )
     actual = ours([P.BadWords(bad_words, eos_token_id=EOS)], logits, token_ids)
     assert_same(actual, expected)
     assert np.isneginf(actual[:, 7]).any() and not np.isneginf(actual[:, EOS[0]]).any()
@@ -237,7 +249,13 @@ def test_min_length(seed, min_length):
 def test_forced_bos(seed, seq, prompt_length):
     # transformers forces at length 1 (the decoder start token of an encoder-decoder model):
     # the first generated token in both conventions.
-    check([P.ForcedBOS(7)], tlp.ForcedBOSTokenLogitsProcessor(7), seed, seq=seq, prompt_length=prompt_length)
+    check(
+        [P.ForcedBOS(7)],
+        tlp.ForcedBOSTokenLogitsProcessor(7),
+        seed,
+        seq=seq,
+        prompt_length=prompt_length,
+    )
 
 
 @pytest.mark.parametrize("seed", SEEDS)

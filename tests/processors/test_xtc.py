@@ -12,7 +12,12 @@ PROBS = [0.4, 0.3, 0.2, 0.1]
 def kept(probs, threshold, probability=1.0, key=0, min_tokens_to_keep=1):
     with np.errstate(divide="ignore"):
         logits = np.log(np.asarray([probs], np.float32))
-    out = P.apply([P.XTC(threshold, probability, min_tokens_to_keep)], logits, np.zeros((1, 1), int), key=jax.random.key(key))
+    out = P.apply(
+        [P.XTC(threshold, probability, min_tokens_to_keep)],
+        logits,
+        np.zeros((1, 1), int),
+        key=jax.random.key(key),
+    )
     return np.flatnonzero(np.isfinite(np.asarray(out[0]))).tolist()
 
 
@@ -59,5 +64,7 @@ def test_applies_with_the_given_probability():
         applied = np.isneginf(out[:, 0]).mean()
         assert abs(applied - probability) < 0.07
     # Per-row probabilities: each row keeps its own chance.
-    out = np.asarray(P.apply([P.XTC(0.19, np.repeat([0.0, 1.0], 200))], logits, ids, key=jax.random.key(1)))
+    out = np.asarray(
+        P.apply([P.XTC(0.19, np.repeat([0.0, 1.0], 200))], logits, ids, key=jax.random.key(1))
+    )
     assert not np.isneginf(out[:200]).any() and np.isneginf(out[200:, 0]).all()

@@ -47,7 +47,11 @@ SCHEMAS = {
                 "name": {"type": "string", "maxLength": 40},
                 "price": {"type": "number", "minimum": 0},
                 "in_stock": {"type": "boolean"},
-                "tags": {"type": "array", "items": {"type": "string", "maxLength": 12}, "maxItems": 3},
+                "tags": {
+                    "type": "array",
+                    "items": {"type": "string", "maxLength": 12},
+                    "maxItems": 3,
+                },
             },
             "required": ["id", "name", "price", "in_stock", "tags"],
         },
@@ -224,7 +228,12 @@ SCHEMAS = {
         "a 2x2 matrix of integers",
         {
             "type": "array",
-            "items": {"type": "array", "items": {"type": "integer", "minimum": -99, "maximum": 99}, "minItems": 2, "maxItems": 2},
+            "items": {
+                "type": "array",
+                "items": {"type": "integer", "minimum": -99, "maximum": 99},
+                "minItems": 2,
+                "maxItems": 2,
+            },
             "minItems": 2,
             "maxItems": 2,
         },
@@ -248,7 +257,9 @@ SCHEMAS = {
                 },
                 {
                     "type": "object",
-                    "properties": {"iban": {"type": "string", "pattern": "^[A-Z]{2}[0-9]{2}[A-Z0-9]{8,16}$"}},
+                    "properties": {
+                        "iban": {"type": "string", "pattern": "^[A-Z]{2}[0-9]{2}[A-Z0-9]{8,16}$"}
+                    },
                     "required": ["iban"],
                 },
             ]
@@ -260,12 +271,18 @@ SCHEMAS = {
             "oneOf": [
                 {
                     "type": "object",
-                    "properties": {"kind": {"const": "circle"}, "radius": {"type": "number", "minimum": 0, "maximum": 100}},
+                    "properties": {
+                        "kind": {"const": "circle"},
+                        "radius": {"type": "number", "minimum": 0, "maximum": 100},
+                    },
                     "required": ["kind", "radius"],
                 },
                 {
                     "type": "object",
-                    "properties": {"kind": {"const": "square"}, "side": {"type": "number", "minimum": 0, "maximum": 100}},
+                    "properties": {
+                        "kind": {"const": "square"},
+                        "side": {"type": "number", "minimum": 0, "maximum": 100},
+                    },
                     "required": ["kind", "side"],
                 },
             ]
@@ -304,7 +321,11 @@ SCHEMAS = {
                     "type": "object",
                     "properties": {
                         "value": {"type": "integer", "minimum": 0, "maximum": 9},
-                        "children": {"type": "array", "items": {"$ref": "#/$defs/node"}, "maxItems": 2},
+                        "children": {
+                            "type": "array",
+                            "items": {"$ref": "#/$defs/node"},
+                            "maxItems": 2,
+                        },
                     },
                     "required": ["value", "children"],
                 }
@@ -318,17 +339,29 @@ SCHEMAS = {
         "three feature flags",
         {
             "type": "object",
-            "properties": {"dark_mode": {"type": "boolean"}, "beta": {"type": "boolean"}, "notifications": {"type": "boolean"}},
+            "properties": {
+                "dark_mode": {"type": "boolean"},
+                "beta": {"type": "boolean"},
+                "notifications": {"type": "boolean"},
+            },
             "required": ["dark_mode", "beta", "notifications"],
             "additionalProperties": False,
         },
     ),
     "fruits": (
         "a list of fruits",
-        {"type": "array", "items": {"type": "string", "maxLength": 10}, "minItems": 2, "maxItems": 4},
+        {
+            "type": "array",
+            "items": {"type": "string", "maxLength": 10},
+            "minItems": 2,
+            "maxItems": 4,
+        },
     ),
     "uuid": ("a random UUID", {"type": "string", "format": "uuid"}),
-    "integer": ("a temperature in Kelvin between -1000 and 1000", {"type": "integer", "minimum": -1000, "maximum": 1000}),
+    "integer": (
+        "a temperature in Kelvin between -1000 and 1000",
+        {"type": "integer", "minimum": -1000, "maximum": 1000},
+    ),
     "network": (
         "a network service",
         {
@@ -388,7 +421,11 @@ SCHEMAS = {
                         "type": "object",
                         "properties": {
                             "count": {"type": "integer", "minimum": 0},
-                            "items": {"type": "array", "items": {"type": "string", "maxLength": 15}, "maxItems": 2},
+                            "items": {
+                                "type": "array",
+                                "items": {"type": "string", "maxLength": 15},
+                                "maxItems": 2,
+                            },
                         },
                         "required": ["count", "items"],
                     },
@@ -402,7 +439,11 @@ SCHEMAS = {
         "a row: a name, an age and whether they are a student",
         {
             "type": "array",
-            "prefixItems": [{"type": "string", "maxLength": 15}, {"type": "integer", "minimum": 0, "maximum": 99}, {"type": "boolean"}],
+            "prefixItems": [
+                {"type": "string", "maxLength": 15},
+                {"type": "integer", "minimum": 0, "maximum": 99},
+                {"type": "boolean"},
+            ],
             "items": False,
         },
     ),
@@ -410,7 +451,9 @@ SCHEMAS = {
         "a score strictly between 0 and 10",
         {
             "type": "object",
-            "properties": {"score": {"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 10}},
+            "properties": {
+                "score": {"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 10}
+            },
             "required": ["score"],
         },
     ),
@@ -420,24 +463,36 @@ REGEXES = {
     "date": ("Today's date", r"[0-9]{4}-[0-9]{2}-[0-9]{2}"),
     "phone": ("A US phone number", r"\([0-9]{3}\) [0-9]{3}-[0-9]{4}"),
     "email": ("The email of a support team", r"[a-z0-9._]+@[a-z0-9]+\.(com|org|net)"),
-    "ipv4": ("The IP address of a home router", r"((25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])\.){3}(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"),
+    "ipv4": (
+        "The IP address of a home router",
+        r"((25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])\.){3}(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])",
+    ),
     "hex_color": ("The hex code of the color red", r"#[0-9a-fA-F]{6}"),
     "zip": ("A US zip code", r"[0-9]{5}(-[0-9]{4})?"),
     "time": ("The time of lunch", r"([01][0-9]|2[0-3]):[0-5][0-9]"),
     "semver": ("The version of a library", r"(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)"),
     "url": ("The URL of a search engine", r"https://(www\.)?[a-z]+\.(com|org|io)(/[a-z]+){0,2}"),
-    "uuid4": ("A version-4 UUID", r"[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}"),
+    "uuid4": (
+        "A version-4 UUID",
+        r"[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}",
+    ),
     "price": ("The price of a car in dollars", r"\$[0-9]{1,3}(,[0-9]{3})*\.[0-9]{2}"),
     "answer": ("Is the sky blue? Answer and explain", r"(Yes|No), because [a-z ]{5,40}\."),
     "full_name": ("The name of a famous scientist", r"[A-Z][a-z]+ [A-Z][a-z]+"),
-    "unicode": ("A French or Japanese word", r"(café|naïve|résumé|日本語|Ελληνικά)( [a-zé]{1,10})?"),
+    "unicode": (
+        "A French or Japanese word",
+        r"(café|naïve|résumé|日本語|Ελληνικά)( [a-zé]{1,10})?",
+    ),
     "csv": ("Three fruits, comma separated", r"[a-z]+(,[a-z]+){2}"),
     "temperature": ("The temperature outside", r"-?[0-9]{1,2}(\.[0-9])? ?°[CF]"),
     "qa": ("A question and its answer", r"Q: [A-Za-z ?]{5,30}\nA: [A-Za-z ]{1,30}"),
 }
 
 CHOICES = {
-    "sentiment": ("Is 'I hate waiting' positive, negative or neutral?", ["positive", "negative", "neutral"]),
+    "sentiment": (
+        "Is 'I hate waiting' positive, negative or neutral?",
+        ["positive", "negative", "neutral"],
+    ),
     "capital": ("What is the capital of France?", ["Paris", "London", "Berlin", "Paris, France"]),
     "unicode": ("Say thank you", ["merci", "danke", "ありがとう", "спасибо"]),
 }

@@ -25,6 +25,11 @@ def vocabulary(tokenizer):
 @pytest.fixture(scope="session")
 def random_model(tokenizer):
     """A 1-layer random Llama over SmolLM2's vocabulary, EOS ids (2, 0)."""
-    config = tiny_config(vocab_size=len(tokenizer), num_hidden_layers=1, eos_token_id=(2, 0), pad_token_id=2,
-                         max_position_embeddings=512)
+    config = tiny_config(
+        vocab_size=len(tokenizer),
+        num_hidden_layers=1,
+        eos_token_id=(2, 0),
+        pad_token_id=2,
+        max_position_embeddings=512,
+    )
     return LlamaForCausalLM(config, key=jax.random.key(0))

@@ -18,7 +18,9 @@ def generated_text(vocabulary, token_ids) -> str:
     return b"".join(out).decode("utf-8")
 
 
-def context_for(token_ids, prompt_length: int, *, max_len: int, max_new_tokens: int = 2**31 - 1) -> Context:
+def context_for(
+    token_ids, prompt_length: int, *, max_len: int, max_new_tokens: int = 2**31 - 1
+) -> Context:
     """The `Context` of one row whose `token_ids` (prompt + generated) are all valid."""
     ids = np.zeros(max_len, np.int32)
     ids[: len(token_ids)] = token_ids

@@ -75,7 +75,9 @@ def test_device_mask_equals_outlines_guide_along_sampled_paths(tokenizer, vocabu
         guide, path = Guide(index), []
         state = processor.init(context_for(prompt, 1, max_len=128))
         for _step in range(60):
-            state, logits = _process(processor, state, zeros, context_for(prompt + path, 1, max_len=128))
+            state, logits = _process(
+                processor, state, zeros, context_for(prompt + path, 1, max_len=128)
+            )
             mask = np.asarray(logits) == 0
             expected = np.zeros(vocabulary.vocab_size, bool)
             expected[guide.get_tokens()] = True
@@ -95,9 +97,14 @@ def test_tables_are_small_and_never_dense(vocabulary):
     for name in ("product", "book", "team", "recipe"):
         # closed objects: an open one adds a free-form value per object (team: 2,210 states, 2.2 MiB)
         a = regex_automaton(json_schema_regex(SCHEMAS[name][1], closed_objects=True), vocabulary)
-        assert a.nbytes < 2 * 2**20, (name, a)  # a dense int32 [states, vocab] table would be 35-200 MiB
+        assert a.nbytes < 2 * 2**20, (
+            name,
+            a,
+        )  # a dense int32 [states, vocab] table would be 35-200 MiB
         assert a.transitions.shape[1] < 300 and a.token_class.shape == (vocabulary.vocab_size,)
-        assert a.distance[INITIAL] < INFINITE_DISTANCE and (a.distance[1:] < INFINITE_DISTANCE).all()
+        assert (
+            a.distance[INITIAL] < INFINITE_DISTANCE and (a.distance[1:] < INFINITE_DISTANCE).all()
+        )
 
 
 def test_disk_cache_round_trip(vocabulary, tmp_path, monkeypatch):

@@ -46,7 +46,11 @@ def test_regex_byte_dfa_is_the_regex(pattern, alphabet):
 def test_minimize_gives_the_minimal_automaton():
     assert minimize(regex_byte_dfa(r"(a|b)*abb")).num_states == 4  # the textbook example
     # Two writings of (ab)+ (start, after a, after ab) give the same three states.
-    assert minimize(regex_byte_dfa(r"(ab|ab)(ab)*")).num_states == minimize(regex_byte_dfa(r"(ab)+")).num_states == 3
+    assert (
+        minimize(regex_byte_dfa(r"(ab|ab)(ab)*")).num_states
+        == minimize(regex_byte_dfa(r"(ab)+")).num_states
+        == 3
+    )
     with pytest.raises(ValueError, match="empty"):
         minimize(ByteDFA(np.full((2, 256), -1, np.int32), np.array([False, False]), 0))
 

@@ -29,8 +29,13 @@ def test_every_option_and_nothing_else(vocabulary):
 
 @pytest.mark.parametrize(
     "options,error,message",
-    [([], ValueError, "empty"), (["a", "a"], ValueError, "duplicates"), (["a", ""], ValueError, "non-empty"),
-     (["a", 3], TypeError, "`options`"), ("abc", TypeError, "list of strings")],
+    [
+        ([], ValueError, "empty"),
+        (["a", "a"], ValueError, "duplicates"),
+        (["a", ""], ValueError, "non-empty"),
+        (["a", 3], TypeError, "`options`"),
+        ("abc", TypeError, "list of strings"),
+    ],
 )
 def test_bad_options(tokenizer, options, error, message):
     with pytest.raises(error, match=message), without_runtime_type_checks():

@@ -21,13 +21,29 @@ pytestmark = pytest.mark.slow
 def _rows(tokenizer):
     rows = []
     for name, (what, schema) in SCHEMAS.items():
-        rows.append(("schema", name, schema, f"Give {what} as JSON.", fg.processors.JsonSchema(schema, tokenizer)))
+        rows.append(
+            (
+                "schema",
+                name,
+                schema,
+                f"Give {what} as JSON.",
+                fg.processors.JsonSchema(schema, tokenizer),
+            )
+        )
     for name, (prompt, pattern) in REGEXES.items():
         rows.append(("regex", name, pattern, prompt, fg.processors.Regex(pattern, tokenizer)))
     for name, (prompt, options) in CHOICES.items():
         rows.append(("choice", name, options, prompt, fg.processors.Choice(options, tokenizer)))
     for name, (prompt, grammar, depth) in GRAMMARS.items():
-        rows.append(("grammar", name, grammar, prompt, fg.processors.Grammar(grammar, tokenizer, max_depth=depth)))
+        rows.append(
+            (
+                "grammar",
+                name,
+                grammar,
+                prompt,
+                fg.processors.Grammar(grammar, tokenizer, max_depth=depth),
+            )
+        )
     return rows
 
 
@@ -63,13 +79,19 @@ def test_every_constrained_output_is_valid(default_model, rows):
             assert reason in ("eos", "length"), reason
             _check(kind, source, text)
         except Exception as e:
-            failures.append(f"{kind} {name}: {text!r} ({reason}): {type(e).__name__}: {str(e)[:200]}")
+            failures.append(
+                f"{kind} {name}: {text!r} ({reason}): {type(e).__name__}: {str(e)[:200]}"
+            )
     assert not failures, "\n".join(failures)
 
 
 def test_multinomial_outputs_are_valid(default_model, rows):
     model, tokenizer = default_model
-    chosen = [r for r in rows if r[1] in ("person", "event", "unicode", "movie", "ipv4", "price", "unicode", "arithmetic")]
+    chosen = [
+        r
+        for r in rows
+        if r[1] in ("person", "event", "unicode", "movie", "ipv4", "price", "unicode", "arithmetic")
+    ]
     result = fg.generate(
         model,
         tokenizer,

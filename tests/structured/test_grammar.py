@@ -72,8 +72,16 @@ def test_deeper_nesting_is_cut_off(vocabulary):
     # container inside a container must be empty.
     parser = lark.Lark(JSON_GRAMMAR, parser="earley", lexer="dynamic_complete")
     dfa = grammar_byte_dfa(parse_grammar(JSON_GRAMMAR), 2)
-    for text, inside in [(b'{"a": []}', True), (b"[1, {}, [ ]]", True), (b"[[]]", True), (b'{"a": [1]}', False),
-                         (b"[[1]]", False), (b"[[[]]]", False), (b'{"a": {"b": 1}}', False), (b"7", True)]:
+    for text, inside in [
+        (b'{"a": []}', True),
+        (b"[1, {}, [ ]]", True),
+        (b"[[]]", True),
+        (b'{"a": [1]}', False),
+        (b"[[1]]", False),
+        (b"[[[]]]", False),
+        (b'{"a": {"b": 1}}', False),
+        (b"7", True),
+    ]:
         assert dfa.matches(text) == inside, text
         parser.parse(text.decode())  # all of them are JSON: only the depth differs
     automaton = grammar_automaton(JSON_GRAMMAR, vocabulary, max_depth=2)
@@ -88,7 +96,9 @@ def test_processor_arguments(tokenizer, tmp_path):
     path.write_text(ARITHMETIC)
     from_file = fg.processors.Grammar(path, tokenizer, max_depth=2)
     from_text = fg.processors.Grammar(ARITHMETIC, tokenizer, max_depth=2)
-    np.testing.assert_array_equal(np.asarray(from_file.transitions), np.asarray(from_text.transitions))
+    np.testing.assert_array_equal(
+        np.asarray(from_file.transitions), np.asarray(from_text.transitions)
+    )
     with pytest.raises(ValueError, match="max_depth"):
         fg.processors.Grammar(ARITHMETIC, tokenizer, max_depth=-1)
     with pytest.raises(GrammarError, match="raise max_depth"):

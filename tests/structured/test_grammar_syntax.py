@@ -24,15 +24,21 @@ def test_parses_the_test_grammars():
     spec = parse_grammar(JSON_GRAMMAR)
     assert spec.start == "start" and "pair" in spec.rules
     # terminals are inlined as regexes
-    assert isinstance(spec.rules["string"], Terminal) and re.fullmatch(spec.rules["string"].regex, r'"a\"b"')
+    assert isinstance(spec.rules["string"], Terminal) and re.fullmatch(
+        spec.rules["string"].regex, r'"a\"b"'
+    )
 
 
 def test_operators_ranges_and_flags():
-    spec = parse_grammar('start: "a".."c" ~ 2..3 ["x"] "y"? "z"+ ("u" | "v")* "k"i WORD\n%import common.WORD')
+    spec = parse_grammar(
+        'start: "a".."c" ~ 2..3 ["x"] "y"? "z"+ ("u" | "v")* "k"i WORD\n%import common.WORD'
+    )
     body = spec.rules["start"]
     assert isinstance(body, Seq) and len(body.items) == 7
     assert body.items[0] == Repeat(Terminal("[a-c]"), 2, 3)
-    assert body.items[1] == Repeat(Terminal("x"), 0, 1) and body.items[2] == Repeat(Terminal("y"), 0, 1)
+    assert body.items[1] == Repeat(Terminal("x"), 0, 1) and body.items[2] == Repeat(
+        Terminal("y"), 0, 1
+    )
     assert body.items[3] == Repeat(Terminal("z"), 1, None)
     assert body.items[4] == Repeat(Alt((Terminal("u"), Terminal("v"))), 0, None)
     assert body.items[5] == Terminal("(?i:k)")
@@ -62,10 +68,10 @@ def test_multiline_alternatives_aliases_priorities_and_comments():
         ('start: "a"\nstart: "b"', "defined more than once"),
         ('start: "a" $', "Unexpected input at line 1"),
         ('rule: "x"', "start rule"),  # ours: what we do not support, by name
-        ('start: X\n%declare X', "%declare is not supported"),
+        ("start: X\n%declare X", "%declare is not supported"),
         ('start: "a"\n%import foo.BAR', "cannot %import"),
         ('start: "a" ~ 3..2', "empty repetition"),
-        ('start: /x/m', "regex flags ['m']"),
+        ("start: /x/m", "regex flags ['m']"),
         ('start: x{"a"}\nx{p}: p p', "templates are not supported"),
     ],
 )
@@ -82,7 +88,9 @@ def test_error_names_the_line():
 def test_lark_features_override_extend_and_imports():
     # lark's loader resolves %override / %extend and imports of its own grammars.
     spec = parse_grammar('start: WORD\n%import common.WORD\n%override WORD: "z"+')
-    assert re.fullmatch(spec.rules["start"].regex, "zzz") and not re.fullmatch(spec.rules["start"].regex, "ab")
+    assert re.fullmatch(spec.rules["start"].regex, "zzz") and not re.fullmatch(
+        spec.rules["start"].regex, "ab"
+    )
     spec = parse_grammar('start: NUM\nNUM: "1"\n%extend NUM: "2"')
     assert all(re.fullmatch(spec.rules["start"].regex, t) for t in ("1", "2"))
     spec = parse_grammar("start: CNAME\n%import common (CNAME, WS)\n%ignore WS")

@@ -33,8 +33,14 @@ def test_random_documents_validate(vocabulary, name):
         ({"type": "integer", "multipleOf": 3}, "multipleOf"),
         ({"type": "array", "items": {"type": "integer"}, "uniqueItems": True}, "uniqueItems"),
         ({"type": "string", "format": "idn-hostname"}, "format"),
-        ({"type": "object", "patternProperties": {"^x": {"type": "integer"}}, "additionalProperties": True},
-         "additionalProperties"),
+        (
+            {
+                "type": "object",
+                "patternProperties": {"^x": {"type": "integer"}},
+                "additionalProperties": True,
+            },
+            "additionalProperties",
+        ),
         ({"if": {"type": "string"}, "then": {"minLength": 2}}, "if"),
         ({"oneOf": [{"type": "number"}, {"type": "integer"}]}, "oneOf"),
         ({"type": "number", "minimum": 0.5}, "minimum"),
@@ -42,13 +48,29 @@ def test_random_documents_validate(vocabulary, name):
         ({"type": "string", "pattern": "(?=a)"}, "pattern"),
         ({"$ref": "https://example.com/schema.json"}, "$ref"),
         ({"type": "array", "contains": {"const": 1}}, "contains"),
-        ({"type": "object", "dependentRequired": {k: ["z"] for k in "abcd"}}, "dependentRequired"),  # > 3
-        ({"$defs": {"n": {"type": "object", "properties": {"n": {"$ref": "#/$defs/n"}}, "required": ["n"]}},
-          "$ref": "#/$defs/n"}, "$ref"),
+        (
+            {"type": "object", "dependentRequired": {k: ["z"] for k in "abcd"}},
+            "dependentRequired",
+        ),  # > 3
+        (
+            {
+                "$defs": {
+                    "n": {
+                        "type": "object",
+                        "properties": {"n": {"$ref": "#/$defs/n"}},
+                        "required": ["n"],
+                    }
+                },
+                "$ref": "#/$defs/n",
+            },
+            "$ref",
+        ),
     ],
 )
 def test_unsupported_keywords_are_named(tokenizer, schema, keyword):
-    with pytest.raises(UnsupportedSchemaError, match=f"keyword `{keyword.replace('$', '[$]')}`") as info:
+    with pytest.raises(
+        UnsupportedSchemaError, match=f"keyword `{keyword.replace('$', '[$]')}`"
+    ) as info:
         fg.processors.JsonSchema(schema, tokenizer)
     assert info.value.keyword == keyword
 
@@ -66,18 +88,30 @@ def test_outlines_core_gaps_are_closed():
     regex = json_schema_regex({"type": "integer", "minimum": 0, "maximum": 120})
     import re
 
-    assert re.fullmatch(regex, "120") and not re.fullmatch(regex, "121") and not re.fullmatch(regex, "-1")
+    assert (
+        re.fullmatch(regex, "120")
+        and not re.fullmatch(regex, "121")
+        and not re.fullmatch(regex, "-1")
+    )
     merged = json_schema_regex(SCHEMAS["all_of"][1])
-    assert re.fullmatch(merged, '{"name":"A","age":3,"title":"B"}') and "}{" not in merged.replace("\\}\\{", "}{")
+    assert re.fullmatch(merged, '{"name":"A","age":3,"title":"B"}') and "}{" not in merged.replace(
+        "\\}\\{", "}{"
+    )
     tree = json_schema_regex(SCHEMAS["tree"][1], max_recursion_depth=1)
-    assert re.fullmatch(tree, '{"value":1,"children":[]}') and not re.fullmatch(tree, '{"value":1,}')
+    assert re.fullmatch(tree, '{"value":1,"children":[]}') and not re.fullmatch(
+        tree, '{"value":1,}'
+    )
 
 
 def test_enum_values_of_other_types_are_dropped():
     import re
 
     regex = json_schema_regex({"type": "string", "enum": ["a", 1, None, "b"]})
-    assert re.fullmatch(regex, '"a"') and not re.fullmatch(regex, "1") and not re.fullmatch(regex, "null")
+    assert (
+        re.fullmatch(regex, '"a"')
+        and not re.fullmatch(regex, "1")
+        and not re.fullmatch(regex, "null")
+    )
 
 
 def test_schema_inputs(tokenizer):
@@ -94,8 +128,15 @@ def test_schema_inputs(tokenizer):
 def test_unknown_keywords_are_annotations():
     # JSON Schema 2020-12 core §4.3.1: unknown keywords are ignored (as jsonschema does).
     plain = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
-    noisy = {"type": "object", "id": "x", "_format": "y", "tpye": "string", "x-extra": 1,
-             "properties": {"a": {"type": "integer", "javaName": "A", "_uniqueItems": True}}, "required": ["a"]}
+    noisy = {
+        "type": "object",
+        "id": "x",
+        "_format": "y",
+        "tpye": "string",
+        "x-extra": 1,
+        "properties": {"a": {"type": "integer", "javaName": "A", "_uniqueItems": True}},
+        "required": ["a"],
+    }
     assert json_schema_regex(noisy) == json_schema_regex(plain)
 
 
@@ -108,13 +149,22 @@ def test_invalid_schema_is_refused_by_its_metaschema():
 
 
 def test_strict_false_drops_unenforceable_keywords_with_one_warning():
-    schema = {"type": "object", "properties": {"n": {"type": "integer", "multipleOf": 3}, "s": {"not": {"const": "x"}}}}
+    schema = {
+        "type": "object",
+        "properties": {"n": {"type": "integer", "multipleOf": 3}, "s": {"not": {"const": "x"}}},
+    }
     with pytest.raises(UnsupportedSchemaError):
         json_schema_regex(schema)
     with pytest.warns(UserWarning, match="2 keyword") as record:
         regex = json_schema_regex(schema, strict=False)
-    assert len(record) == 1 and "multipleOf" in str(record[0].message) and "`not`" in str(record[0].message)
-    assert regex == json_schema_regex({"type": "object", "properties": {"n": {"type": "integer"}, "s": {}}})
+    assert (
+        len(record) == 1
+        and "multipleOf" in str(record[0].message)
+        and "`not`" in str(record[0].message)
+    )
+    assert regex == json_schema_regex(
+        {"type": "object", "properties": {"n": {"type": "integer"}, "s": {}}}
+    )
 
 
 # Objects: every candidate document is accepted by the regex exactly when jsonschema accepts it
@@ -122,10 +172,21 @@ def test_strict_false_drops_unenforceable_keywords_with_one_warning():
 OBJECT_CASES = {
     "open_by_default": (
         {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]},
-        [{"a": 1}, {"a": 1, "b": 2}, {"a": 1, "b": {"c": "x"}}, {"b": 2}, {"a": "x"}, {"a": 1, "ab": None}],
+        [
+            {"a": 1},
+            {"a": 1, "b": 2},
+            {"a": 1, "b": {"c": "x"}},
+            {"b": 2},
+            {"a": "x"},
+            {"a": 1, "ab": None},
+        ],
     ),
     "additional_schema": (
-        {"type": "object", "properties": {"a": {"type": "integer"}}, "additionalProperties": {"type": "string"}},
+        {
+            "type": "object",
+            "properties": {"a": {"type": "integer"}},
+            "additionalProperties": {"type": "string"},
+        },
         [{}, {"a": 1}, {"a": 1, "b": "x"}, {"a": 1, "b": 2}, {"b": "x", "c": "y"}, {"a": "x"}],
     ),
     "closed": (
@@ -137,18 +198,45 @@ OBJECT_CASES = {
         [{"a": 1, "b": [1, "x", None]}, {"a": 1, "b": "s"}, {"a": 1}, {"b": 1}],
     ),
     "pattern_properties": (
-        {"type": "object", "properties": {"id": {"type": "integer"}},
-         "patternProperties": {"^x_[a-z]+$": {"type": "boolean"}}, "additionalProperties": False},
-        [{"id": 1}, {"id": 1, "x_a": True}, {"x_ab": False, "x_b": True}, {"x_a": 1}, {"y": True}, {"x_1": True}],
+        {
+            "type": "object",
+            "properties": {"id": {"type": "integer"}},
+            "patternProperties": {"^x_[a-z]+$": {"type": "boolean"}},
+            "additionalProperties": False,
+        },
+        [
+            {"id": 1},
+            {"id": 1, "x_a": True},
+            {"x_ab": False, "x_b": True},
+            {"x_a": 1},
+            {"y": True},
+            {"x_1": True},
+        ],
     ),
     "property_names": (
-        {"type": "object", "propertyNames": {"pattern": "^[a-z]{1,3}$"}, "additionalProperties": {"type": "integer"}},
+        {
+            "type": "object",
+            "propertyNames": {"pattern": "^[a-z]{1,3}$"},
+            "additionalProperties": {"type": "integer"},
+        },
         [{}, {"ab": 1}, {"abcd": 1}, {"A": 1}, {"a": 1, "b": 2}, {"a": "x"}],
     ),
     "min_max_properties": (
-        {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
-         "minProperties": 1, "maxProperties": 2},
-        [{}, {"a": 1}, {"b": 1}, {"a": 1, "b": 2}, {"a": 1, "b": 2, "c": 3}, {"c": 3}, {"c": 3, "d": 4}],
+        {
+            "type": "object",
+            "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+            "minProperties": 1,
+            "maxProperties": 2,
+        },
+        [
+            {},
+            {"a": 1},
+            {"b": 1},
+            {"a": 1, "b": 2},
+            {"a": 1, "b": 2, "c": 3},
+            {"c": 3},
+            {"c": 3, "d": 4},
+        ],
     ),
 }
 
@@ -166,7 +254,11 @@ def test_objects_accept_exactly_what_jsonschema_accepts(name, closed_objects):
             json_schema_regex(schema, closed_objects=closed_objects)
         return
     regex = re.compile(json_schema_regex(schema, closed_objects=closed_objects))
-    oracle = dict(schema, additionalProperties=False) if closed_objects and "patternProperties" not in schema else schema
+    oracle = (
+        dict(schema, additionalProperties=False)
+        if closed_objects and "patternProperties" not in schema
+        else schema
+    )
     if closed_objects and "propertyNames" in schema:
         oracle = {**schema, "maxProperties": 0}  # closed and nothing listed: only {}
     for document in documents:
@@ -192,28 +284,39 @@ def test_unanchored_pattern_is_searched():
     import re
 
     regex = re.compile(json_schema_regex({"type": "string", "pattern": "[0-9]{3}"}))
-    assert regex.fullmatch('"ab123cd"') and regex.fullmatch('"123"') and not regex.fullmatch('"12a"')
+    assert (
+        regex.fullmatch('"ab123cd"') and regex.fullmatch('"123"') and not regex.fullmatch('"12a"')
+    )
 
 
-@pytest.mark.parametrize("fmt,check", [
-    ("ipv6", lambda v: __import__("ipaddress").IPv6Address(v)),
-    ("byte", lambda v: __import__("base64").b64decode(v, validate=True)),
-    ("hostname", lambda v: len(v) <= 253 and all(0 < len(p) <= 63 for p in v.split("."))),
-    ("uri", lambda v: __import__("urllib.parse").parse.urlsplit(v).scheme or 1 / 0),
-    ("duration", lambda v: re_duration(v)),
-])
+@pytest.mark.parametrize(
+    "fmt,check",
+    [
+        ("ipv6", lambda v: __import__("ipaddress").IPv6Address(v)),
+        ("byte", lambda v: __import__("base64").b64decode(v, validate=True)),
+        ("hostname", lambda v: len(v) <= 253 and all(0 < len(p) <= 63 for p in v.split("."))),
+        ("uri", lambda v: __import__("urllib.parse").parse.urlsplit(v).scheme or 1 / 0),
+        ("duration", lambda v: re_duration(v)),
+    ],
+)
 def test_new_formats_generate_valid_values(vocabulary, fmt, check):
     automaton = regex_automaton(json_schema_regex({"type": "string", "format": fmt}), vocabulary)
     rng = np.random.default_rng(len(fmt))
     for _ in range(20):
-        check(json.loads(random_walk(automaton, vocabulary, rng, budget=int(automaton.distance[1]) + 12)))
+        check(
+            json.loads(
+                random_walk(automaton, vocabulary, rng, budget=int(automaton.distance[1]) + 12)
+            )
+        )
 
 
 def re_duration(value: str):
     """JSON Schema 2020-12 Appendix A's ABNF for `duration`, written independently."""
     import re
 
-    assert re.fullmatch(r"P(\d+W|(?=\d|T)(\d+Y)?(\d+M)?(\d+D)?(T(?=\d)(\d+H)?(\d+M)?(\d+S)?)?)", value), value
+    assert re.fullmatch(
+        r"P(\d+W|(?=\d|T)(\d+Y)?(\d+M)?(\d+D)?(T(?=\d)(\d+H)?(\d+M)?(\d+S)?)?)", value
+    ), value
     # ABNF: date parts are consecutive (no Y then D without M)
     date = re.match(r"P((\d+)Y)?((\d+)M)?((\d+)D)?", value)
     assert not (date.group(1) and date.group(5) and not date.group(3)), value
@@ -221,8 +324,14 @@ def re_duration(value: str):
 
 def test_unsatisfiable_object_is_refused():
     with pytest.raises(ValueError, match="no JSON value"):
-        json_schema_regex({"type": "object", "properties": {"a": {"type": "integer"}}, "minProperties": 2,
-                           "additionalProperties": False})
+        json_schema_regex(
+            {
+                "type": "object",
+                "properties": {"a": {"type": "integer"}},
+                "minProperties": 2,
+                "additionalProperties": False,
+            }
+        )
 
 
 def test_dependent_required_matches_jsonschema():
@@ -232,12 +341,20 @@ def test_dependent_required_matches_jsonschema():
 
     import jsonschema
 
-    schema = {"type": "object",
-              "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}, "c": {"type": "integer"}},
-              "dependentRequired": {"a": ["b"], "c": ["a", "d"]}}
+    schema = {
+        "type": "object",
+        "properties": {
+            "a": {"type": "integer"},
+            "b": {"type": "integer"},
+            "c": {"type": "integer"},
+        },
+        "dependentRequired": {"a": ["b"], "c": ["a", "d"]},
+    }
     for closed in (False, True):
         regex = re.compile(json_schema_regex(schema, closed_objects=closed))
-        validator = jsonschema.Draft202012Validator({**schema, **({"additionalProperties": False} if closed else {})})
+        validator = jsonschema.Draft202012Validator(
+            {**schema, **({"additionalProperties": False} if closed else {})}
+        )
         accepted = 0
         for n in range(5):
             for keys in itertools.combinations("abcd", n):
@@ -253,8 +370,14 @@ def test_free_form_values_nest_free_form_depth_levels():
 
     shallow = re.compile(json_schema_regex({"type": "object"}))
     deep = re.compile(json_schema_regex({"type": "object"}, free_form_depth=2))
-    for text, depth in [('{"a":1}', 1), ('{"a":[1,"x"],"b":{"c":null}}', 2), ('{"a":{"b":[1]}}', 3)]:
-        assert bool(shallow.fullmatch(text)) == (depth <= 2), text  # the open object is a level itself
+    for text, depth in [
+        ('{"a":1}', 1),
+        ('{"a":[1,"x"],"b":{"c":null}}', 2),
+        ('{"a":{"b":[1]}}', 3),
+    ]:
+        assert bool(shallow.fullmatch(text)) == (depth <= 2), (
+            text
+        )  # the open object is a level itself
         assert bool(deep.fullmatch(text)) == (depth <= 3), text
 
 
@@ -262,8 +385,11 @@ def test_many_optional_properties_compile_to_a_moderate_regex():
     # outlines-core writes 100 optional properties as an 8.9-million-character regex
     import re
 
-    schema = {"type": "object", "properties": {f"p{i}": {"type": "integer"} for i in range(100)},
-              "additionalProperties": False}
+    schema = {
+        "type": "object",
+        "properties": {f"p{i}": {"type": "integer"} for i in range(100)},
+        "additionalProperties": False,
+    }
     regex = json_schema_regex(schema)
     assert len(regex) < 1_000_000
     assert re.fullmatch(regex, '{"p99":1}') and re.fullmatch(regex, '{"p3":1,"p50":2}')
@@ -273,7 +399,9 @@ def test_many_optional_properties_compile_to_a_moderate_regex():
 def test_one_of_overlap_is_judged_on_the_schemas_not_their_regexes():
     # both branches become regex markers; 5 matches both, so `oneOf` cannot become `anyOf`
     with pytest.raises(UnsupportedSchemaError, match="oneOf"):
-        json_schema_regex({"oneOf": [{"type": "integer", "minimum": 0}, {"type": "integer", "maximum": 10}]})
+        json_schema_regex(
+            {"oneOf": [{"type": "integer", "minimum": 0}, {"type": "integer", "maximum": 10}]}
+        )
     assert json_schema_regex({"oneOf": [{"type": "integer", "minimum": 0}, {"type": "string"}]})
 
 
@@ -284,8 +412,20 @@ def test_keywords_without_type_constrain_only_their_type():
 
     import jsonschema
 
-    schema = {"type": "array", "items": {"required": ["a"], "properties": {"a": {"type": "integer"}}, "minimum": 1}}
+    schema = {
+        "type": "array",
+        "items": {"required": ["a"], "properties": {"a": {"type": "integer"}}, "minimum": 1},
+    }
     regex = re.compile(json_schema_regex(schema))
-    for document in (["season1", 2.5, None, True, [1]], [{"a": 1}], [{"b": 1}], [0.5], [{"a": "x"}], [[1, 2]]):
+    for document in (
+        ["season1", 2.5, None, True, [1]],
+        [{"a": 1}],
+        [{"b": 1}],
+        [0.5],
+        [{"a": "x"}],
+        [[1, 2]],
+    ):
         text = json.dumps(document, separators=(",", ":"))
-        assert bool(regex.fullmatch(text)) == jsonschema.Draft202012Validator(schema).is_valid(document), text
+        assert bool(regex.fullmatch(text)) == jsonschema.Draft202012Validator(schema).is_valid(
+            document
+        ), text

@@ -32,8 +32,18 @@ def _imports(path: Path) -> set[str]:
 
 def test_structured_does_not_import_loading_or_generation():
     for path in (PACKAGE / "structured").glob("*.py"):
-        bad = {m for m in _imports(path) if m.startswith(("functional_gen.loading", "functional_gen.generation",
-                                                          "functional_gen.step", "functional_gen.cli"))}
+        bad = {
+            m
+            for m in _imports(path)
+            if m.startswith(
+                (
+                    "functional_gen.loading",
+                    "functional_gen.generation",
+                    "functional_gen.step",
+                    "functional_gen.cli",
+                )
+            )
+        }
         assert not bad, (path.name, bad)
 
 

@@ -21,18 +21,26 @@ def test_each_option_gives_its_processor(tokenizer, tmp_path):
     path.write_text(json.dumps(schema))
     from_file = constraint_from_options(tokenizer, json_schema=str(path))
     assert isinstance(from_file, fg.processors.JsonSchema)
-    np.testing.assert_array_equal(np.asarray(from_text.transitions), np.asarray(from_file.transitions))
+    np.testing.assert_array_equal(
+        np.asarray(from_text.transitions), np.asarray(from_file.transitions)
+    )
     grammar = tmp_path / "calc.lark"
     grammar.write_text(ARITHMETIC)
-    assert isinstance(constraint_from_options(tokenizer, grammar=str(grammar), max_depth=2), fg.processors.Grammar)
+    assert isinstance(
+        constraint_from_options(tokenizer, grammar=str(grammar), max_depth=2), fg.processors.Grammar
+    )
     # --grammar takes GBNF (llama.cpp's format), as text or as a file
     gbnf = 'root ::= "(" [a-z]+ ("," [a-z]+)* ")"'
     from_gbnf = constraint_from_options(tokenizer, gbnf=gbnf)
     path = tmp_path / "list.gbnf"
     path.write_text(gbnf)
     from_gbnf_file = constraint_from_options(tokenizer, gbnf=str(path))
-    assert isinstance(from_gbnf, fg.processors.Grammar) and from_gbnf.pushdown is None  # not recursive: a DFA
-    np.testing.assert_array_equal(np.asarray(from_gbnf.transitions), np.asarray(from_gbnf_file.transitions))
+    assert (
+        isinstance(from_gbnf, fg.processors.Grammar) and from_gbnf.pushdown is None
+    )  # not recursive: a DFA
+    np.testing.assert_array_equal(
+        np.asarray(from_gbnf.transitions), np.asarray(from_gbnf_file.transitions)
+    )
 
 
 def test_option_errors(tokenizer, tmp_path):

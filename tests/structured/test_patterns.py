@@ -10,9 +10,22 @@ import pytest
 from functional_gen.structured.patterns import json_string_pattern
 
 # pattern -> a value it matches that the translation must still offer
-PATTERNS = {r"^[a-z]+$": "abc", r"a.b": "a€b", r"[^abc]{2}": "x\\", r"\d{3}-\d{4}": "123-4567",
-            r"^(foo|bar)$": "bar", r'["\\]x': '"x', r"\w+@\w+": "a_1@b", r"[^\d]": "-", r"\D\S\W": "a\\.",
-            "x\n": "x\n", r"^[A-Z]{2}[0-9]{4}$": "AB1234", r"\s": "\t", r"[é-ü]+": "éü", r"^a|b$": "b"}
+PATTERNS = {
+    r"^[a-z]+$": "abc",
+    r"a.b": "a€b",
+    r"[^abc]{2}": "x\\",
+    r"\d{3}-\d{4}": "123-4567",
+    r"^(foo|bar)$": "bar",
+    r'["\\]x': '"x',
+    r"\w+@\w+": "a_1@b",
+    r"[^\d]": "-",
+    r"\D\S\W": "a\\.",
+    "x\n": "x\n",
+    r"^[A-Z]{2}[0-9]{4}$": "AB1234",
+    r"\s": "\t",
+    r"[é-ü]+": "éü",
+    r"^a|b$": "b",
+}
 
 
 def _json_strings():
@@ -31,24 +44,34 @@ def test_translation_matches_json_text_of_matching_strings(pattern):
     for value in _json_strings():
         text = json.dumps(value, ensure_ascii=False)
         if translated.fullmatch(text):
-
             assert python.search(value), (pattern, value)  # sound: only valid strings
     example = PATTERNS[pattern]
-    assert python.search(example) and translated.fullmatch(json.dumps(example, ensure_ascii=False)), example
+    assert python.search(example) and translated.fullmatch(
+        json.dumps(example, ensure_ascii=False)
+    ), example
     # JSON-escape forms of quote and backslash are the only way to write them
     assert not translated.fullmatch('"a"b"')
 
 
 def test_translation_keeps_plain_matches():
     assert re.fullmatch(json_string_pattern(r"^[A-Z]{2}[0-9]{4}$"), "AB1234")
-    assert re.fullmatch(json_string_pattern(r'["\\]x'), r'\"x')
+    assert re.fullmatch(json_string_pattern(r'["\\]x'), r"\"x")
     assert re.fullmatch(json_string_pattern(r"a.b"), "a€b")
     assert not re.fullmatch(json_string_pattern(r"a.b"), 'a"b')  # a raw quote would end the string
     assert re.fullmatch(json_string_pattern("x\n"), r"x\n")
 
 
-@pytest.mark.parametrize("pattern,what", [("(?i)abc", "flag"), ("a(?=b)", "look-around"), (r"(a)\1", "backreference"),
-                                          ("a^b", "anchor"), (r"\bx", "boundary"), ("[", "not a valid regex")])
+@pytest.mark.parametrize(
+    "pattern,what",
+    [
+        ("(?i)abc", "flag"),
+        ("a(?=b)", "look-around"),
+        (r"(a)\1", "backreference"),
+        ("a^b", "anchor"),
+        (r"\bx", "boundary"),
+        ("[", "not a valid regex"),
+    ],
+)
 def test_unsupported_patterns_raise(pattern, what):
     with pytest.raises(ValueError, match=re.escape(repr(pattern))) as info:
         json_string_pattern(pattern)

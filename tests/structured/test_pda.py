@@ -40,7 +40,12 @@ def test_acceptance_equals_lark(name, vocabulary):
     spec = parse_grammar(grammar)
     pda = pushdown_automaton(grammar, vocabulary)
     parser = lark.Lark(grammar, parser="earley")
-    alphabet = bytes(sorted(set(b"".join(sample(spec, np.random.default_rng(i)) for i in range(50))) | set(b" (),1a")))
+    alphabet = bytes(
+        sorted(
+            set(b"".join(sample(spec, np.random.default_rng(i)) for i in range(50)))
+            | set(b" (),1a")
+        )
+    )
     rng = np.random.default_rng(0)
     counts = {True: 0, False: 0}
     for i in range(400):
@@ -74,14 +79,18 @@ def _brute_force(pda, vocabulary, config):
 def test_token_tables_equal_a_brute_force_walk(name, text, stack_depth, vocabulary):
     # At every other prefix: the bitmask row + candidates give exactly the tokens whose bytes
     # the automaton reads from the configuration (every token of the vocabulary walked).
-    pda = build_pushdown(parse_grammar(PUSHDOWN_GRAMMARS[name]), vocabulary, stack_depth=stack_depth)
+    pda = build_pushdown(
+        parse_grammar(PUSHDOWN_GRAMMARS[name]), vocabulary, stack_depth=stack_depth
+    )
     checked = 0
     for i in range(0, len(text) + 1, 3):
         config = pda.walk(text[:i])
         if config is None:
             assert stack_depth < 32  # only the small stack runs out
             break
-        np.testing.assert_array_equal(pda.allowed(config), _brute_force(pda, vocabulary, config), err_msg=repr(text[:i]))
+        np.testing.assert_array_equal(
+            pda.allowed(config), _brute_force(pda, vocabulary, config), err_msg=repr(text[:i])
+        )
         checked += 1
     assert checked >= 3
 
@@ -97,15 +106,25 @@ def test_device_step_equals_the_host_tables(vocabulary):
     state = processor.init(context_for(ids, 3, max_len=64))
     shapes = jax.tree.map(lambda x: (x.shape, x.dtype), state)
     config = (pda.initial, ())
-    brackets = [t for t in range(vocabulary.vocab_size) if vocabulary.token_bytes[t] in (b"[", b"{", b' {"', b"[[")]
+    brackets = [
+        t
+        for t in range(vocabulary.vocab_size)
+        if vocabulary.token_bytes[t] in (b"[", b"{", b' {"', b"[[")
+    ]
     for _k in range(30):
-        state, logits = step(state, jnp.zeros(vocabulary.vocab_size), context_for(ids, 3, max_len=64))
+        state, logits = step(
+            state, jnp.zeros(vocabulary.vocab_size), context_for(ids, 3, max_len=64)
+        )
         assert jax.tree.map(lambda x: (x.shape, x.dtype), state) == shapes
         assert int(state[0]) == config[0] and state_stack(state) == list(config[1])
         host = pda.allowed(config)
         np.testing.assert_array_equal(np.isfinite(np.asarray(logits)), host)
         open_ = [t for t in brackets if host[t]]
-        token = int(rng.choice(open_)) if open_ and rng.random() < 0.5 else int(rng.choice(np.flatnonzero(host)))
+        token = (
+            int(rng.choice(open_))
+            if open_ and rng.random() < 0.5
+            else int(rng.choice(np.flatnonzero(host)))
+        )
         if token in vocabulary.eos_token_id:
             break
         ids.append(token)
@@ -124,7 +143,9 @@ def test_json_with_stack_depth_32_builds_fast(vocabulary):
 
 def test_grammar_chooses_the_pushdown_automaton(tokenizer):
     assert fg.processors.Grammar(JSON_GRAMMAR, tokenizer).pushdown is not None
-    assert fg.processors.Grammar(JSON_GRAMMAR, tokenizer, max_depth=2).pushdown is None  # explicit bound
+    assert (
+        fg.processors.Grammar(JSON_GRAMMAR, tokenizer, max_depth=2).pushdown is None
+    )  # explicit bound
     assert fg.processors.Grammar('start: "a"+ "b"', tokenizer).pushdown is None  # not recursive
     with pytest.raises(ValueError, match="stack_depth"):
         fg.processors.Grammar(JSON_GRAMMAR, tokenizer, stack_depth=0)
@@ -148,8 +169,13 @@ def test_generated_json_parses(random_model, tokenizer):
     # EOS is parsed by lark, and the stack lets the rows nest deeper than the DFA's 4 levels.
     grammar = fg.processors.Grammar(JSON_GRAMMAR, tokenizer, stack_depth=8)
     result = fg.generate(
-        random_model, tokenizer, ["a", "b", "c", "d"], max_new_tokens=48, processors=[grammar],
-        sampler=fg.samplers.Multinomial(), key=jax.random.key(3),
+        random_model,
+        tokenizer,
+        ["a", "b", "c", "d"],
+        max_new_tokens=48,
+        processors=[grammar],
+        sampler=fg.samplers.Multinomial(),
+        key=jax.random.key(3),
     )
     parser = lark.Lark(JSON_GRAMMAR, parser="earley")
     for text, reason in zip(result.texts, result.finish_reasons):
@@ -160,7 +186,7 @@ def test_generated_json_parses(random_model, tokenizer):
             assert reason != "constraint"  # the mask never leaves a row without a token
 
 
-JSON_GBNF = r'''
+JSON_GBNF = r"""
 root   ::= object
 value  ::= object | array | string | number | ("true" | "false" | "null") ws
 object ::= "{" ws ( string ":" ws value ("," ws string ":" ws value)* )? "}" ws
@@ -168,7 +194,7 @@ array  ::= "[" ws ( value ("," ws value)* )? "]" ws
 string ::= "\"" ( [^"\\\x7F\x00-\x1F] | "\\" (["\\bfnrt] | "u" [0-9a-fA-F]{4}) )* "\"" ws
 number ::= ("-"? ([0-9] | [1-9] [0-9]{0,15})) ("." [0-9]+)? ([eE] [-+]? [0-9] [1-9]{0,15})? ws
 ws ::= | " " | "\n" [ \t]{0,20}
-'''
+"""
 """llama.cpp's `grammars/json.gbnf` (comments dropped)."""
 
 
@@ -176,20 +202,38 @@ def test_gbnf_grammars_run_as_pushdown_automata(tokenizer, vocabulary):
     grammar = fg.processors.Grammar.from_gbnf(JSON_GBNF, tokenizer)
     assert grammar.pushdown is not None
     pda = pushdown_automaton(fg.structured.gbnf_to_lark(JSON_GBNF), vocabulary)
-    for text in ['{"a": [1, {"b": "c\\n"}], "d": -2.5e3}', '{}', '{"x":[[[[true]]]]}', '{"u": "\\u00e9"}']:
+    for text in [
+        '{"a": [1, {"b": "c\\n"}], "d": -2.5e3}',
+        "{}",
+        '{"x":[[[[true]]]]}',
+        '{"u": "\\u00e9"}',
+    ]:
         assert pda.accepts(text.encode()), text
-    for text in ['[1]', '{"a": 01x}', '{"a" 1}', '{"a": [1,]}', '{"u": "\\u00g9"}', "{'a': 1}"]:
+    for text in ["[1]", '{"a": 01x}', '{"a" 1}', '{"a": [1,]}', '{"u": "\\u00g9"}', "{'a': 1}"]:
         assert not pda.accepts(text.encode()), text
     with pytest.raises(GrammarError, match="line 1"):
         fg.processors.Grammar.from_gbnf('root ::= ("a"', tokenizer)
 
 
 OPEN_SCHEMAS = {
-    "open object": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {}}, "required": ["a"]},
-    "untyped items": {"type": "array", "items": {"type": "object", "properties": {"id": {"type": "integer"}},
-                                                  "required": ["id"]}},
-    "free-form members": {"type": "object", "properties": {"name": {"type": "string"}, "meta": {"type": "object"},
-                                                           "tags": {"type": "array"}}, "required": ["name"]},
+    "open object": {
+        "type": "object",
+        "properties": {"a": {"type": "integer"}, "b": {}},
+        "required": ["a"],
+    },
+    "untyped items": {
+        "type": "array",
+        "items": {"type": "object", "properties": {"id": {"type": "integer"}}, "required": ["id"]},
+    },
+    "free-form members": {
+        "type": "object",
+        "properties": {
+            "name": {"type": "string"},
+            "meta": {"type": "object"},
+            "tags": {"type": "array"},
+        },
+        "required": ["name"],
+    },
 }
 
 
@@ -202,7 +246,9 @@ def _random_value(rng, depth: int):
     if kind == 2:
         return [True, False, None][int(rng.integers(3))]
     if kind == 3:
-        return float(rng.integers(-9, 9)) + 0.25  # never integral: "2.0" is an integer to JSON Schema, not to our regex
+        return (
+            float(rng.integers(-9, 9)) + 0.25
+        )  # never integral: "2.0" is an integer to JSON Schema, not to our regex
     if kind == 4:
         return [_random_value(rng, depth - 1) for _ in range(int(rng.integers(3)))]
     return {f"k{i}": _random_value(rng, depth - 1) for i in range(int(rng.integers(3)))}
@@ -225,8 +271,12 @@ def test_json_schema_free_form_values_nest_as_deep_as_the_stack(name, vocabulary
     counts = {True: 0, False: 0}
     for i in range(120):
         if name == "untyped items":
-            doc = [{"id": int(rng.integers(9)), "more": _random_value(rng, 6)} if rng.random() < 0.8
-                   else _random_value(rng, 5) for _ in range(int(rng.integers(3)))]
+            doc = [
+                {"id": int(rng.integers(9)), "more": _random_value(rng, 6)}
+                if rng.random() < 0.8
+                else _random_value(rng, 5)
+                for _ in range(int(rng.integers(3)))
+            ]
         else:
             # listed properties in the schema's order, then additional ones (as the grammar does)
             keys = [*schema["properties"], "extra", "z"]
@@ -235,15 +285,20 @@ def test_json_schema_free_form_values_nest_as_deep_as_the_stack(name, vocabulary
                 if rng.random() < 0.7:
                     doc[required] = int(rng.integers(9)) if required == "a" else "n"
             doc = {k: doc[k] for k in keys if k in doc}
-        for text in (json.dumps(doc, ensure_ascii=False), json.dumps(doc, ensure_ascii=False, separators=(",", ":"))):
+        for text in (
+            json.dumps(doc, ensure_ascii=False),
+            json.dumps(doc, ensure_ascii=False, separators=(",", ":")),
+        ):
             if i % 3 == 2:  # a mutated text: often not JSON at all
                 text = mutate(text.encode(), b'{}[],:"0a ', rng).decode("utf-8", "replace")
             try:
                 expected = jsonschema.Draft202012Validator(schema).is_valid(json.loads(text))
             except json.JSONDecodeError:
                 expected = False
-            if expected and text not in (json.dumps(json.loads(text), ensure_ascii=False),
-                                         json.dumps(json.loads(text), ensure_ascii=False, separators=(",", ":"))):
+            if expected and text not in (
+                json.dumps(json.loads(text), ensure_ascii=False),
+                json.dumps(json.loads(text), ensure_ascii=False, separators=(",", ":")),
+            ):
                 continue  # a mutation that changed only whitespace or key order: not comparable
             assert pda.accepts(text.encode()) == expected, (name, text, expected)
             counts[expected] += 1
@@ -254,9 +309,17 @@ def test_json_schema_processor_runs_the_pushdown_automaton(tokenizer):
     schema = OPEN_SCHEMAS["open object"]
     processor = fg.processors.JsonSchema(schema, tokenizer, free_form_depth=None)
     assert processor.pushdown is not None
-    assert fg.processors.JsonSchema(schema, tokenizer).pushdown is None  # the default: a token automaton
-    closed = {"type": "object", "properties": {"a": {"type": "integer"}}, "additionalProperties": False}
-    assert fg.processors.JsonSchema(closed, tokenizer, free_form_depth=None).pushdown is None  # nothing free-form
+    assert (
+        fg.processors.JsonSchema(schema, tokenizer).pushdown is None
+    )  # the default: a token automaton
+    closed = {
+        "type": "object",
+        "properties": {"a": {"type": "integer"}},
+        "additionalProperties": False,
+    }
+    assert (
+        fg.processors.JsonSchema(closed, tokenizer, free_form_depth=None).pushdown is None
+    )  # nothing free-form
     ambiguous = {"anyOf": [{"type": "string"}, {}]}  # `"` starts both a string and a free value
     with pytest.warns(UserWarning, match="no pushdown automaton"):
         assert fg.processors.JsonSchema(ambiguous, tokenizer, free_form_depth=None).pushdown is None

@@ -27,8 +27,13 @@ def processors(tokenizer):
     schema = fg.processors.JsonSchema(SCHEMAS["sentiment"][1], tokenizer)
     choice = fg.processors.Choice(["yes", "no", "maybe"], tokenizer)
     grammar = fg.processors.Grammar(ARITHMETIC, tokenizer, max_depth=2)
-    return {"regex": regex, "schema": schema, "choice": choice, "grammar": grammar,
-            "mixed": per_row([regex, None, schema, grammar])}
+    return {
+        "regex": regex,
+        "schema": schema,
+        "choice": choice,
+        "grammar": grammar,
+        "mixed": per_row([regex, None, schema, grammar]),
+    }
 
 
 def _contexts(batch, vocab, rng):
@@ -67,10 +72,16 @@ def test_protocol(processors, kind, vocabulary):
     # process keeps the state's structure, shapes and dtypes (a while_loop carry)
     init = jax.vmap(lambda r, c: init_states(eqx.combine(r, shared), c))(rows, contexts)
     assert jax.tree.structure(init) == jax.tree.structure(jitted[0])
-    assert [(x.shape, x.dtype) for x in jax.tree.leaves(init)] == [(x.shape, x.dtype) for x in jax.tree.leaves(jitted[0])]
+    assert [(x.shape, x.dtype) for x in jax.tree.leaves(init)] == [
+        (x.shape, x.dtype) for x in jax.tree.leaves(jitted[0])
+    ]
     # every state leaf has the batch axis first: reordering rows is one gather
     order = jnp.asarray([2, 0, 3, 1])
-    reordered = jax.vmap(one)(jax.tree.map(lambda x: x[order], rows), logits[order], jax.tree.map(lambda x: x[order], contexts))
+    reordered = jax.vmap(one)(
+        jax.tree.map(lambda x: x[order], rows),
+        logits[order],
+        jax.tree.map(lambda x: x[order], contexts),
+    )
     np.testing.assert_array_equal(reordered[1], vmapped[1][order])
     np.testing.assert_array_equal(reordered[0][0], vmapped[0][0][order])
 
@@ -84,12 +95,16 @@ def test_first_step_does_not_advance_on_the_prompt(processors, vocabulary):
     state, logits = p.process(p.init(ctx), jnp.zeros(vocabulary.vocab_size), ctx)
     assert int(state) == int(p.initial_state[0])
     allowed = np.flatnonzero(np.asarray(logits) == 0)
-    assert allowed.size and all(re.fullmatch(r"[0-9]{1,4}", vocabulary.token_bytes[t].decode()) for t in allowed)
+    assert allowed.size and all(
+        re.fullmatch(r"[0-9]{1,4}", vocabulary.token_bytes[t].decode()) for t in allowed
+    )
 
 
 def test_eos_only_when_accepting_and_special_tokens_never(processors, vocabulary, tokenizer):
     p = processors["grammar"]
-    special = [i for i in tokenizer.all_special_ids if i not in vocabulary.eos_token_id] + list(range(3, 17))
+    special = [i for i in tokenizer.all_special_ids if i not in vocabulary.eos_token_id] + list(
+        range(3, 17)
+    )
     transitions, distance = np.asarray(p.transitions), np.asarray(p.distance)
     cls = np.asarray(p.token_class[0])
     for state in range(1, transitions.shape[0]):
@@ -102,19 +117,30 @@ def test_logits_wider_than_the_tokenizer(tokenizer):
     p = fg.processors.Regex("[0-9]+", tokenizer, vocab_size=49_200)
     ctx = context_for([1], 1, max_len=4)
     _, logits = p.process(p.init(ctx), jnp.zeros(49_200), ctx)
-    assert np.isneginf(np.asarray(logits)[49_152:]).all() and (np.asarray(logits) == 0).sum() == 10  # the ten digits
+    assert (
+        np.isneginf(np.asarray(logits)[49_152:]).all() and (np.asarray(logits) == 0).sum() == 10
+    )  # the ten digits
 
 
 def _ids(tokenizer, prompts):
     return [tokenizer(p)["input_ids"] for p in prompts]
 
 
-@pytest.mark.parametrize("sampler", [fg.samplers.Greedy(), fg.samplers.Multinomial()], ids=["greedy", "multinomial"])
+@pytest.mark.parametrize(
+    "sampler", [fg.samplers.Greedy(), fg.samplers.Multinomial()], ids=["greedy", "multinomial"]
+)
 def test_outputs_match_on_a_random_model(random_model, tokenizer, vocabulary, processors, sampler):
     prompts = ["Date:", "Anything:", "JSON:", "Sum:"] * 2
-    state = fg.generate_token_ids(random_model, _ids(tokenizer, prompts), max_new_tokens=24,
-                                  processors=[per_row([processors["regex"], None, processors["schema"], processors["grammar"]] * 2)],
-                                  sampler=sampler, key=jax.random.key(3))
+    state = fg.generate_token_ids(
+        random_model,
+        _ids(tokenizer, prompts),
+        max_new_tokens=24,
+        processors=[
+            per_row([processors["regex"], None, processors["schema"], processors["grammar"]] * 2)
+        ],
+        sampler=sampler,
+        key=jax.random.key(3),
+    )
     import lark
 
     parser = lark.Lark(ARITHMETIC, parser="earley", lexer="dynamic_complete")
@@ -141,18 +167,34 @@ def test_per_row_constraints_equal_each_alone(random_model, tokenizer, processor
     prompts = ["Date:", "Free:", "JSON:", "Sum:"]
     ids = _ids(tokenizer, prompts)
     mixed_processor = processors["mixed"]
-    mixed = fg.generate_token_ids(random_model, ids, max_new_tokens=16, processors=[mixed_processor])
+    mixed = fg.generate_token_ids(
+        random_model, ids, max_new_tokens=16, processors=[mixed_processor]
+    )
     for row in range(4):
-        alone = eqx.tree_at(lambda p: p.constraint_id, mixed_processor, mixed_processor.constraint_id[row])
-        single = fg.generate_token_ids(random_model, [ids[row]], max_new_tokens=16, processors=[alone])
+        alone = eqx.tree_at(
+            lambda p: p.constraint_id, mixed_processor, mixed_processor.constraint_id[row]
+        )
+        single = fg.generate_token_ids(
+            random_model, [ids[row]], max_new_tokens=16, processors=[alone]
+        )
         _assert_same_row(mixed, row, single)
-    _assert_same_row(mixed, 0, fg.generate_token_ids(random_model, [ids[0]], max_new_tokens=16, processors=[processors["regex"]]))
+    _assert_same_row(
+        mixed,
+        0,
+        fg.generate_token_ids(
+            random_model, [ids[0]], max_new_tokens=16, processors=[processors["regex"]]
+        ),
+    )
 
 
 def _assert_same_row(batch, row, single):
     n = int(single.num_generated[0])
-    assert int(batch.num_generated[row]) == n and int(batch.finish_reason[row]) == int(single.finish_reason[0])
-    np.testing.assert_array_equal(batch.generated_token_ids(2)[row, :n], single.generated_token_ids(2)[0, :n])
+    assert int(batch.num_generated[row]) == n and int(batch.finish_reason[row]) == int(
+        single.finish_reason[0]
+    )
+    np.testing.assert_array_equal(
+        batch.generated_token_ids(2)[row, :n], single.generated_token_ids(2)[0, :n]
+    )
 
 
 def test_budget_keeps_rows_inside_the_language(random_model, tokenizer, vocabulary):
@@ -164,8 +206,14 @@ def test_budget_keeps_rows_inside_the_language(random_model, tokenizer, vocabula
     shortest = int(p.distance[int(p.initial_state[0])])  # fewest tokens of a match
     assert int(p.distance[int(p.initial_state[1])]) == 8 > shortest
     for budget in (shortest, shortest + 5):
-        state = fg.generate_token_ids(random_model, _ids(tokenizer, ["x", "y", "z"]), max_new_tokens=budget,
-                                      processors=[p], sampler=fg.samplers.Multinomial(), key=jax.random.key(budget))
+        state = fg.generate_token_ids(
+            random_model,
+            _ids(tokenizer, ["x", "y", "z"]),
+            max_new_tokens=budget,
+            processors=[p],
+            sampler=fg.samplers.Multinomial(),
+            key=jax.random.key(budget),
+        )
         tokens = np.asarray(state.generated_token_ids(2))
         for row, regex in enumerate([pattern, pattern, digits]):
             n = int(state.num_generated[row])
@@ -180,7 +228,9 @@ def test_dead_end_ends_with_constraint_and_no_nan(random_model, tokenizer, vocab
     # mask is empty and the row ends with finish reason "constraint".
     x = vocabulary.byte_map[b"x"][0]
     procs = [fg.processors.Regex("[0-9]+", tokenizer), fg.processors.ForcedTokens([x])]
-    state = fg.generate_token_ids(random_model, _ids(tokenizer, ["n"]), max_new_tokens=8, processors=procs)
+    state = fg.generate_token_ids(
+        random_model, _ids(tokenizer, ["n"]), max_new_tokens=8, processors=procs
+    )
     assert fg.FINISH_REASONS[int(state.finish_reason[0])] == "constraint"
     assert int(state.num_generated[0]) == 1
     assert np.isfinite(np.asarray(state.logprobs)).all()

@@ -57,14 +57,33 @@ def test_byte_fallback_tokenizer():
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, "▁caf": 3, "é": 4, "<0xC3>": 5, "<0xB1>": 6, "▁": 7, "a": 8}
+    vocab = {
+        "<unk>": 0,
+        "<s>": 1,
+        "</s>": 2,
+        "▁caf": 3,
+        "é": 4,
+        "<0xC3>": 5,
+        "<0xB1>": 6,
+        "▁": 7,
+        "a": 8,
+    }
     model = models.BPE(vocab=vocab, merges=[], unk_token="<unk>", byte_fallback=True)
     backend = Tokenizer(model)
     backend.pre_tokenizer = pre_tokenizers.Metaspace()
-    backend.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()])
-    tok = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
+    backend.decoder = decoders.Sequence(
+        [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()]
+    )
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=backend, unk_token="<unk>", bos_token="<s>", eos_token="</s>"
+    )
     table, special = token_bytes_table(tok)
-    assert table[3] == b" caf" and table[4] == "é".encode() and table[5] == b"\xc3" and table[6] == b"\xb1"
+    assert (
+        table[3] == b" caf"
+        and table[4] == "é".encode()
+        and table[5] == b"\xc3"
+        and table[6] == b"\xb1"
+    )
     assert table[7] == b" " and {0, 1, 2} <= special
     assert json.loads(tok.backend_tokenizer.to_str())["model"]["byte_fallback"]
     # The bytes of a byte-fallback sequence are what the decoder writes.
