@@ -267,7 +267,14 @@ automaton."""
 FREE_VALUE_CALL = "\x01"
 """Stands for a free-form value in a schema's regex on the pushdown path: a control character,
 which JSON text never holds raw (strings escape it; whitespace is space, tab, CR, LF)."""
-_CALL = object()  # json_schema_regex(free_form_depth=_CALL): free-form values as FREE_VALUE_CALL
+
+
+class _FreeValueCall:
+    """The type of `_CALL`: `json_schema_regex(free_form_depth=_CALL)` writes free-form values as
+    `FREE_VALUE_CALL`."""
+
+
+_CALL = _FreeValueCall()
 _STRING = r'"(?:[^"\\\x00-\x1F\x7F-\x9F]|\\["\\/bfnrt])*"'
 _NUMBER = r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?"
 
@@ -593,7 +600,7 @@ class _Rewriter:
         closed_objects: bool = False,
         whitespace_pattern: str | None = None,
         max_recursion_depth: int = DEFAULT_MAX_RECURSION_DEPTH,
-        free_form_depth: int = DEFAULT_FREE_FORM_DEPTH,
+        free_form_depth: "int | _FreeValueCall | None" = DEFAULT_FREE_FORM_DEPTH,
     ):
         self.root = root
         self.substitutions: dict[str, str] = {}
@@ -1228,7 +1235,7 @@ def json_schema_regex(
     max_recursion_depth: int = DEFAULT_MAX_RECURSION_DEPTH,
     strict: bool = True,
     closed_objects: bool = False,
-    free_form_depth: int = DEFAULT_FREE_FORM_DEPTH,
+    free_form_depth: int | _FreeValueCall | None = DEFAULT_FREE_FORM_DEPTH,
 ) -> str:
     """The regex of the JSON documents valid under `schema` (see the module docstring).
 

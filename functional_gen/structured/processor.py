@@ -155,12 +155,19 @@ class AbstractConstraint(AbstractLogitsProcessor):
         return self.initial_state[jnp.maximum(self.constraint_id, 0)].astype(jnp.int32)
 
     def process(
-        self, state: Int[Array, ""], logits: Float[Array, " vocab"], context: Context
-    ) -> tuple[Int[Array, ""], Float[Array, " vocab"]]:
+        self,
+        state: Int[Array, ""] | tuple[Int[Array, ""], Int[Array, " depth"], Int[Array, ""]],
+        logits: Float[Array, " vocab"],
+        context: Context,
+    ) -> tuple[
+        Int[Array, ""] | tuple[Int[Array, ""], Int[Array, " depth"], Int[Array, ""]],
+        Float[Array, " vocab"],
+    ]:
         """Advance on the previous token, then mask every token that leaves the language or the
         budget (`-inf`). Unconstrained rows (`constraint_id < 0`) pass through unchanged.
 
-        **Returns:** `(state, logits)`, the state an int32 scalar like the one given.
+        **Returns:** `(state, logits)`, the state like the one given: an int32 scalar, or for a
+        pushdown automaton `(position, stack[depth], stack_pointer)`.
         """
         if self.pushdown is not None:
             return self.pushdown.process(state, logits, context)
