@@ -27,13 +27,12 @@ import time
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-import equinox as eqx
 import jax
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from bench_structured import table
+from bench_structured import step_timer, table
 
 import functional_gen as fg
 from functional_gen.structured import pushdown_automaton, vocabulary_from_tokenizer
@@ -96,23 +95,7 @@ def decode_step(model, tokenizer, rounds: int, steps: int = 16):
     )
 
     def runner(processors, batch):
-        step = fg.make_step(model, processors)
-        state = fg.init_state(
-            model, [prompt] * batch, max_new_tokens=steps + 1, processors=processors
-        )
-
-        @eqx.filter_jit
-        def run(step, state):
-            return jax.lax.fori_loop(0, steps, lambda i, s: step(s), state)
-
-        jax.block_until_ready(run(step, state).token_ids)  # compile
-
-        def once():
-            start = time.perf_counter()
-            jax.block_until_ready(run(step, state).token_ids)
-            return (time.perf_counter() - start) / steps
-
-        return once
+        return step_timer(model, prompt, processors, batch, steps)
 
     rows = []
     for batch in (1, 8):

@@ -138,6 +138,27 @@ def table(headers, rows):
 # --------------------------------------------------------------------------- 1. decode step
 
 
+def step_timer(model, prompt, processors, batch: int, steps: int):
+    """A function timing one decode step (seconds) of `batch` copies of `prompt` with
+    `processors`: `steps` steps of a compiled `fori_loop` over `make_step`, divided by `steps`
+    (compiled here, before the first timing)."""
+    step = fg.make_step(model, processors)
+    state = fg.init_state(model, [prompt] * batch, max_new_tokens=steps + 1, processors=processors)
+
+    @eqx.filter_jit
+    def run(step, state):
+        return jax.lax.fori_loop(0, steps, lambda i, s: step(s), state)
+
+    jax.block_until_ready(run(step, state).token_ids)  # compile
+
+    def once():
+        start = time.perf_counter()
+        jax.block_until_ready(run(step, state).token_ids)
+        return (time.perf_counter() - start) / steps
+
+    return once
+
+
 def decode_step(model, tokenizer, rounds: int, steps: int = 16):
     constraint = fg.processors.JsonSchema(FIVE_FIELDS, tokenizer)
     prompt = tokenizer.apply_chat_template(
@@ -148,23 +169,7 @@ def decode_step(model, tokenizer, rounds: int, steps: int = 16):
     )
 
     def runner(processors, batch):
-        step = fg.make_step(model, processors)
-        state = fg.init_state(
-            model, [prompt] * batch, max_new_tokens=steps + 1, processors=processors
-        )
-
-        @eqx.filter_jit
-        def run(step, state):
-            return jax.lax.fori_loop(0, steps, lambda i, s: step(s), state)
-
-        jax.block_until_ready(run(step, state).token_ids)  # compile
-
-        def once():
-            start = time.perf_counter()
-            jax.block_until_ready(run(step, state).token_ids)
-            return (time.perf_counter() - start) / steps
-
-        return once
+        return step_timer(model, prompt, processors, batch, steps)
 
     rows = []
     for batch, target in ((1, 1.05), (8, 1.15)):
