@@ -677,8 +677,8 @@ class LlamaForCausalLM(AbstractCausalLM):
         - `config`: the `LlamaConfig`.
         - `weights`: name -> array (numpy or JAX, any float dtype), in torch layout. For an int8
           model a matrix may also come already quantized: an int8 `....weight` with its float32
-          per-block `....scale` (`[out, blocks]`) (what the GGUF loader passes); float matrices are quantized here,
-          one at a time.
+          `[out, blocks]` `....scale` (what the GGUF loader passes); float matrices are quantized
+          here, one at a time.
         - `dtype`: dtype of the matrices (`jnp.float32` or `jnp.bfloat16`); norms and biases are
           float32.
         - `generation_config`: the checkpoint's `transformers.GenerationConfig`, or `None`.

@@ -261,6 +261,10 @@ FORMULATIONS: dict[str, tuple[tuple[int, int, str], ...]] = {
         (64, _ANY, "int8 W . 2-digit int8 x -> int32"),
         (_ANY, _ANY, "dot(bf16(W), bf16 x)->f32 * s"),
     ),
+    # ms per matmul, float32 `W @ x` vs the best int8-block candidate (bench_matmul's method, load
+    # 2.5-4.7): 1 token: MLP 0.096 vs 0.046, head 3.9 vs 1.4 (the dequantization fuses into the
+    # GEMV); 8 tokens: MLP 0.24 vs 1.05, head 7.9 vs 31-52 (nothing fuses; every candidate is
+    # 4-7x slower than float32 there, see docs/concepts/weights.md).
     "int8-block": (
         (1, _ANY, "(x.T @ deq(W).T).T"),
         (_ANY, _ANY, "dot([bf16(deq(W))], bf16 x)->f32"),
