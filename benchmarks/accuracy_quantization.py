@@ -3,8 +3,8 @@
     .venv/bin/python benchmarks/accuracy_quantization.py [--tokens 2048] [--chunks 512 64 1]
 
 Model: SmolLM2-135M-Instruct (the embedded default). Reference: its float32 model (the Q4_1
-GGUF's blocks decoded exactly). Candidates: `quantization="int8"` (requantized per output
-channel from the Q4_1 blocks) and `dtype="bfloat16"` (the float32 weights rounded).
+GGUF's blocks decoded exactly). Candidates: `quantization="int8"` (requantized to int8 blocks of
+32 with a scale each from the Q4_1 blocks) and `dtype="bfloat16"` (the float32 weights rounded).
 
 Text: the chapter "Execution model" of the Python Language Reference, as shipped with every
 CPython in `pydoc_data.topics.topics["execmodel"]` (English prose, about 2,100 tokens; no
@@ -12,9 +12,9 @@ network needed), cut to its first `--tokens` + 1 tokens. Each token is predicted
 ones (the text goes through the model in chunks that extend one `KVCache`).
 
 The chunk size decides which matmul formulation runs (see `functional_gen/models/quantization.py`):
-1 token per call is batch-1 decode (weights upcast inside a GEMV; activations exact), up to 64
-tokens the int8 model quantizes activations per token too (int8 x int8 -> int32, as at batch 8),
-and 512 tokens is prefill (bfloat16 products). Targets (issue #13): perplexity within 1% of
+1 token per call is batch-1 decode (weights dequantized inside a GEMV; activations exact); from 2
+tokens (batch 8, prefill) the int8 blocks are dequantized to bfloat16 and multiplied with
+bfloat16 activations, as the bfloat16 model's prefill does. Targets (issue #13): perplexity within 1% of
 float32 and top-1 agreement of at least 97%, for int8 and bfloat16.
 """
 

@@ -40,13 +40,13 @@ def make_weights(fmt, out, inp, count, key):
     ws, ss = [], []
     for k in keys:
         w = jax.random.normal(k, (out, inp), jnp.float32) * 0.02
-        if fmt == "int8":
-            wq, s = q.quantize_int8(w)
+        if fmt in ("int8", "int8-block"):
+            wq, s = q.quantize_int8(w, block=q.BLOCK if fmt == "int8-block" else None)
             ws.append(jnp.asarray(wq))
             ss.append(jnp.asarray(s))
         else:
             ws.append(w.astype(fmt))
-            ss.append(jnp.ones((out,), jnp.float32))
+            ss.append(None)
     return ws, ss
 
 
@@ -74,7 +74,9 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tokens", type=int, nargs="+", default=[1, 8, 512])
     parser.add_argument("--repeats", type=int, default=15)
-    parser.add_argument("--formats", nargs="+", default=["float32", "bfloat16", "int8"])
+    parser.add_argument(
+        "--formats", nargs="+", default=["float32", "bfloat16", "int8", "int8-block"]
+    )
     parser.add_argument("--shapes", nargs="+", default=list(SHAPES))
     parser.add_argument("--megabytes", type=float, default=256.0, help="float32 MB per chain")
     args = parser.parse_args(argv)

@@ -242,8 +242,8 @@ def model_options() -> argparse.ArgumentParser:
         "--quantization",
         choices=("int8",),
         default=None,
-        help="weight-only int8 matrices, per output channel (a GGUF's quantized blocks are "
-        "requantized directly); --dtype is then unused",
+        help="weight-only int8 matrices, a scale per block of 32 inputs (a GGUF's Q8_0 blocks "
+        "are copied, other types requantized directly); --dtype is then unused",
     )
     return parent
 

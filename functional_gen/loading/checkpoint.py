@@ -111,7 +111,7 @@ def load_checkpoint(path: str | os.PathLike, *, dtype=jnp.float32, quantization:
       files (`tokenizer.json` or `tokenizer.model` + `tokenizer_config.json`).
     - `dtype`: dtype of the matrices (`jnp.float32` or `jnp.bfloat16`); activations, the
       `KVCache` and logits are float32.
-    - `quantization`: `None` or `"int8"` (per-output-channel int8 matrices, quantized one
+    - `quantization`: `None` or `"int8"` (int8 matrices with a scale per block of 32 inputs, quantized one
       memory-mapped tensor at a time).
 
     **Returns:** `(LlamaForCausalLM, transformers tokenizer)`.

@@ -19,7 +19,7 @@ import numpy as np
 
 from ..models.config import LlamaConfig, UnsupportedConfigError
 from ..models.llama import LlamaForCausalLM
-from ..models.quantization import check_quantization, quantize_int8
+from ..models.quantization import blocks_of, check_quantization, quantize_int8
 from ..tokenization import END_OF_GENERATION_TEXTS
 
 SUPPORTED_GGUF_ARCHITECTURES = ("llama", "qwen2")
@@ -176,26 +176,35 @@ _CHUNK_BYTES = 16 * 2**20  # float32 bytes decoded at a time when requantizing a
 
 def requantize_int8(tensor) -> tuple[np.ndarray, np.ndarray]:
     """A GGUF matrix (any type `gguf.quants.dequantize` reads: Q8_0, Q4_0, Q4_1, Q4_K, Q6_K, F16,
-    ...) requantized to per-output-channel int8, a few rows of blocks at a time.
+    ...) as int8 with one float32 scale per block of 32 inputs (`functional_gen.models
+    .quantization.quantize_int8`), a few rows of blocks at a time.
 
-    Each chunk of rows is decoded from its own blocks by `gguf.quants.dequantize` (at most
-    16 MB of float32 at once, never the whole tensor), and each row `o` is stored as
-    `round(row / s[o])` with `s[o] = max|row| / 127` (`functional_gen.models.quantization
-    .quantize_int8`), so `|decoded - q * s[o]| <= s[o] / 2`.
+    Q8_0 is that format already (32 int8 values and a float16 scale per block): its values and
+    scales are copied, without rounding. Any other type is decoded from its own blocks by
+    `gguf.quants.dequantize` (at most 16 MB of float32 at once, never the whole tensor) and each
+    block of 32 is stored as `round(block / s)` with `s = max|block| / 127`, so
+    `|decoded - q * s| <= s / 2` (a Q4_0 block's 16 levels land on int8 values exactly, up to
+    float32 rounding; Q4_1's nearly).
 
     **Arguments:** `tensor`: a `gguf.GGUFReader` tensor with 2 dimensions.
 
-    **Returns:** `(q, scale)`: int8 `[out, in]` and float32 `[out]` (GGUF row order).
+    **Returns:** `(q, scale)`: int8 `[out, in]` and float32 `[out, blocks]` (GGUF row order).
 
     **Raises:** `UnsupportedConfigError` for a tensor type `gguf` cannot dequantize.
     """
+    from gguf import GGMLQuantizationType
     from gguf.quants import dequantize
 
     rows, cols = (int(n) for n in reversed(tensor.shape))
     data = tensor.data.reshape(rows, -1)
+    if tensor.tensor_type == GGMLQuantizationType.Q8_0 and blocks_of(cols) == cols // 32:
+        raw = np.ascontiguousarray(data).view(np.uint8).reshape(rows, cols // 32, 34)
+        scale = raw[..., :2].copy().view(np.float16)[..., 0].astype(np.float32)
+        q = raw[..., 2:].copy().view(np.int8).reshape(rows, cols)
+        return q, scale
     step = max(1, _CHUNK_BYTES // (4 * cols))
     q = np.empty((rows, cols), np.int8)
-    scale = np.empty((rows,), np.float32)
+    scale = np.empty((rows, blocks_of(cols)), np.float32)
     for r0 in range(0, rows, step):
         try:
             block = dequantize(data[r0 : r0 + step], tensor.tensor_type)
@@ -280,7 +289,7 @@ def load_gguf(
 
     - `path`: the `.gguf` file.
     - `dtype`: dtype of the matrices (`jnp.float32` or `jnp.bfloat16`); activations are float32.
-    - `quantization`: `None`, or `"int8"`: every matrix requantized to per-output-channel int8
+    - `quantization`: `None`, or `"int8"`: every matrix requantized to per-block (32) int8
       from the file's own blocks, one tensor at a time (see `read_gguf_weights`).
     - `tokenizer`: a tokenizer to return instead of building one from the file.
 

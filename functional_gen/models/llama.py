@@ -47,13 +47,13 @@ class Linear(eqx.Module):
 
     **Attributes:** `weight`: `Float[Array, "out in"]` (torch layout; float32 or bfloat16) or
     `Int8[Array, "out in"]`; `bias`: float32 `Float[Array, " out"]` or `None`; `scale`: the
-    per-row float32 `Float[Array, " out"]` of an int8 weight (`weight * scale[:, None]` is the
-    real weight), else `None`.
+    float32 `Float[Array, "out blocks"]` of an int8 weight, one per block of `in / blocks` inputs
+    (`quantization.dequantize_int8(weight, scale)` is the real weight), else `None`.
     """
 
     weight: Float[Array, "out in"] | Int8[Array, "out in"]
     bias: Float[Array, " out"] | None
-    scale: Float[Array, " out"] | None = None
+    scale: Float[Array, "out blocks"] | None = None
 
     def __call__(self, x: Float[Array, "in tokens"]) -> Float[Array, "out tokens"]:
         y = _quantization.matmul(self.weight, self.scale, x)
@@ -63,12 +63,13 @@ class Linear(eqx.Module):
 
 
 class Embedding(eqx.Module):
-    """Token embedding table (float32, bfloat16, or int8 with a per-row `scale`); lookups are
+    """Token embedding table (float32, bfloat16, or int8 with per-block scales); lookups are
     float32. **Attributes:** `weight`: `Float[Array, "vocab hidden"]` or
-    `Int8[Array, "vocab hidden"]`; `scale`: `Float[Array, " vocab"]` for int8, else `None`."""
+    `Int8[Array, "vocab hidden"]`; `scale`: `Float[Array, "vocab blocks"]` for int8, else
+    `None`."""
 
     weight: Float[Array, "vocab hidden"] | Int8[Array, "vocab hidden"]
-    scale: Float[Array, " vocab"] | None = None
+    scale: Float[Array, "vocab blocks"] | None = None
 
     def __call__(self, token_ids: Int[Array, " tokens"]) -> Float[Array, "hidden tokens"]:
         return _quantization.embed(self.weight, self.scale, token_ids)
@@ -691,8 +692,8 @@ class LlamaForCausalLM(AbstractCausalLM):
         - `config`: the `LlamaConfig`.
         - `weights`: name -> array (numpy or JAX, any float dtype), in torch layout. For an int8
           model a matrix may also come already quantized: an int8 `....weight` with its float32
-          per-row `....scale` (what the GGUF loader passes); float matrices are quantized here,
-          one at a time.
+          `[out, blocks]` `....scale` (what the GGUF loader passes); float matrices are quantized
+          here, one at a time.
         - `dtype`: dtype of the matrices (`jnp.float32` or `jnp.bfloat16`); norms and biases are
           float32.
         - `generation_config`: the checkpoint's `transformers.GenerationConfig`, or `None`.

@@ -5,12 +5,22 @@ change, which is what decode on a CPU is bound by (it reads every weight once pe
 
 - **bfloat16**: the weights rounded to bfloat16 (`jnp.bfloat16`), as transformers'
   `torch_dtype=torch.bfloat16` stores them.
-- **int8** (`quantization="int8"`): symmetric per-output-channel quantization, the scheme of
-  LLM.int8()'s vector-wise weights without the outlier split (Dettmers et al. 2022) and of
-  PyTorch's `torch.ao` `per_channel_symmetric` int8 weights: row `o` of a weight `W[out, in]` is
-  stored as `q[o, :] = round(W[o, :] / s[o])` in `[-127, 127]` with `s[o] = max|W[o, :]| / 127`,
-  so `W ~= q * s[:, None]` with an error of at most `s[o] / 2` per element. A tied embedding
-  uses the same per-row scales for the lookup (row = token) and the output head (row = logit).
+- **int8** (`quantization="int8"`): symmetric per-block quantization along the input dimension,
+  blocks of `BLOCK = 32` weights with one float32 scale each: exactly the layout of llama.cpp's
+  Q8_0 (`ggml-quants.c`, `quantize_row_q8_0`), so a Q8_0 GGUF loads without any rounding and
+  4-bit blocks (Q4_0, Q4_1) keep their 16 levels almost exactly. Block `b` of row `o` of a weight
+  `W[out, in]` is stored as `q[o, 32b:32b+32] = round(W[o, 32b:32b+32] / s[o, b])` in
+  `[-127, 127]` with `s[o, b] = max|W[o, 32b:32b+32]| / 127`, so `W ~= q * s` (each scale
+  repeated over its block) with an error of at most `s[o, b] / 2` per element. A weight whose
+  input size is not a multiple of 32 gets one block per row (per-output-channel, the scheme of
+  LLM.int8()'s vector-wise weights, Dettmers et al. 2022). A tied embedding uses the same scales
+  for the lookup (row = token) and the output head (row = logit).
+
+  Why blocks: one scale per row cost SmolLM2 3% of its top-1 agreement with float32 (96.97%,
+  under the 97% target of issue #13), blocks of 32 cost 1.8% (98.24%), in a float32 simulation
+  of the weights alone (`benchmarks/accuracy_quantization.py` measures the real paths). Scales
+  fitted to minimise each row's squared error, input-column scales folded into the activations,
+  or float32 outlier columns did not reach 97.5% (notes of issue #13).
 
 **Formulation table.** XLA's CPU backend compiles mathematically equal matmuls into kernels
 whose speed differs 10x (environment notes §6, issue #13): a bfloat16 dot runs either much faster
@@ -50,20 +60,33 @@ def check_quantization(quantization: str | None) -> str | None:
     return quantization
 
 
+BLOCK = 32
+"""Weights per int8 scale along the input dimension (llama.cpp's `QK8_0`)."""
+
+
+def blocks_of(in_features: int, block: int | None = BLOCK) -> int:
+    """How many int8 scales a row of `in_features` weights gets: `in_features / block` when that
+    divides, else (or for `block=None`) 1, one scale per row."""
+    return in_features // block if block and in_features % block == 0 else 1
+
+
 def quantize_int8(
     weight: Float[np.ndarray, "out in"] | Float[Array, "out in"],
+    block: int | None = BLOCK,
 ) -> (
-    tuple[Int8[np.ndarray, "out in"], Float32[np.ndarray, " out"]]
-    | tuple[Int8[Array, "out in"], Float32[Array, " out"]]
+    tuple[Int8[np.ndarray, "out in"], Float32[np.ndarray, "out blocks"]]
+    | tuple[Int8[Array, "out in"], Float32[Array, "out blocks"]]
 ):
-    """Symmetric per-output-channel int8 quantization of a `[out, in]` weight (float32 math).
+    """Symmetric per-block int8 quantization of a `[out, in]` weight (float32 math), blocks of
+    `BLOCK` along `in` (one block per row when `in` is not a multiple of `BLOCK`).
 
     **Arguments:** `weight`: a float array of shape `[out, in]`; a numpy array gives numpy
     results (what the loaders use, no device memory), a JAX array (or tracer) JAX results.
+    `block`: weights per scale; `None` for one scale per row (per-output-channel).
 
-    **Returns:** `(q, scale)`: `q` int8 in `[-127, 127]` and `scale` float32 `[out]`, with
-    `|weight - q * scale[:, None]| <= scale[:, None] / 2` (plus float32 rounding). An all-zero
-    row gets scale 1.
+    **Returns:** `(q, scale)`: `q` int8 in `[-127, 127]` and `scale` float32
+    `[out, blocks_of(in, block)]`, with `|weight - dequantize_int8(q, scale)| <= scale / 2` per block
+    (plus float32 rounding). An all-zero block gets scale 1.
 
     **Raises:** `ValueError` if `weight` is not 2-D.
     """
@@ -71,17 +94,24 @@ def quantize_int8(
     w = weight.astype(np.float32)
     if w.ndim != 2:
         raise ValueError(f"int8 quantization needs a 2-D [out, in] weight, got shape {w.shape}")
-    scale = xp.max(xp.abs(w), axis=1) / np.float32(127.0)
+    out, inp = w.shape
+    blocks = w.reshape(out, blocks_of(inp, block), -1)
+    scale = xp.max(xp.abs(blocks), axis=2) / np.float32(127.0)
     scale = xp.where(scale > 0, scale, np.float32(1.0)).astype(np.float32)
-    q = xp.clip(xp.rint(w / scale[:, None]), -127, 127).astype(np.int8)
-    return q, scale
+    q = xp.clip(xp.rint(blocks / scale[..., None]), -127, 127).astype(np.int8)
+    return q.reshape(out, inp), scale
 
 
 def dequantize_int8(
-    q: Int8[Array, "out in"], scale: Float[Array, " out"]
+    q: Int8[Array, "out in"], scale: Float[Array, "out blocks"]
 ) -> Float[Array, "out in"]:
-    """`q * scale[:, None]` in float32 (the inverse of `quantize_int8`, up to its rounding)."""
-    return q.astype(jnp.float32) * scale[:, None]
+    """`q` times its block's scale, in float32 (the inverse of `quantize_int8`, up to its
+    rounding); `scale` has one column per block of `in / blocks` weights."""
+    out, inp = q.shape
+    blocks = scale.shape[-1]
+    return (q.astype(jnp.float32).reshape(out, blocks, inp // blocks) * scale[..., None]).reshape(
+        out, inp
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -89,7 +119,8 @@ def dequantize_int8(
 
 
 def _dot(a, b, contract, preferred=None):
-    return lax.dot_general(a, b, (contract, ((), ())), preferred_element_type=preferred)
+    batch = ((1,), (0,)) if a.ndim == 3 else ((), ())  # [out, blocks, k] . [blocks, k, tokens]
+    return lax.dot_general(a, b, (contract, batch), preferred_element_type=preferred)
 
 
 def _int8_activations(x: Float[Array, "in tokens"]):
@@ -130,6 +161,33 @@ def _bf16(a):
     return a.astype(jnp.bfloat16)
 
 
+def _blockwise_dot(w, s, x):
+    """Per-block partial products `[blocks, out, tokens]` (a batched dot over the blocks), then
+    scaled and summed."""
+    out, inp = w.shape
+    blocks, tokens = s.shape[1], x.shape[1]
+    w3 = w.astype(jnp.float32).reshape(out, blocks, inp // blocks)
+    part = _dot(w3, x.reshape(blocks, inp // blocks, tokens), ((2,), (1,)), None)
+    return jnp.einsum("bot,ob->ot", part, s)
+
+
+def _blockwise_int8_dot(w, s, x):
+    """`_blockwise_dot` as int8 x int8 -> int32 dots with two-digit activations (see
+    `_int8_dot_two_digits`)."""
+    out, inp = w.shape
+    blocks, tokens = s.shape[1], x.shape[1]
+    q1, sx = _int8_activations(x)
+    fine = sx / 254.0
+    q2 = jnp.round((x - q1.astype(jnp.float32) * sx) / fine).astype(jnp.int8)
+    w3 = w.reshape(out, blocks, inp // blocks)
+
+    def part(xq):
+        return _dot(w3, xq.reshape(blocks, inp // blocks, tokens), ((2,), (1,)), jnp.int32)
+
+    p = part(q1).astype(jnp.float32) * sx + part(q2).astype(jnp.float32) * fine
+    return jnp.einsum("bot,ob->ot", p, s)
+
+
 CANDIDATES: dict[str, tuple[str, Callable]] = {
     # name: (weight format, f(weight, scale, x) -> float32 y); "x.T" forms are token-major.
     "W @ x": ("float32", lambda w, s, x: w @ x),
@@ -163,11 +221,27 @@ CANDIDATES: dict[str, tuple[str, Callable]] = {
         "int8",
         lambda w, s, x: (_dot(_bf16(x.T), _bf16(w), ((1,), (1,)), jnp.float32) * s).T,
     ),
+    # int8 with per-block scales (`s` is [out, blocks]); `deq(W)` = `dequantize_int8(W, s)`
+    "(x.T @ deq(W).T).T": ("int8-block", lambda w, s, x: (x.T @ dequantize_int8(w, s).T).T),
+    "deq(W) @ x": ("int8-block", lambda w, s, x: dequantize_int8(w, s) @ x),
+    "dot([bf16(deq(W))], bf16 x)->f32": (
+        "int8-block",
+        lambda w, s, x: _dot(
+            lax.optimization_barrier(_bf16(dequantize_int8(w, s))),
+            _bf16(x),
+            ((1,), (0,)),
+            jnp.float32,
+        ),
+    ),
+    "sum_b (W_b @ x_b) * s_b": ("int8-block", _blockwise_dot),
+    "sum_b (int8 W_b . 2-digit int8 x_b -> int32) * s_b": ("int8-block", _blockwise_int8_dot),
 }
 """Every formulation `benchmarks/bench_matmul.py` times: name -> (weight format, function of
 `(weight[out, in], scale[out] | None, x[in, tokens] float32)` returning float32 `[out, tokens]`).
 Names say what is computed: `f32(W)`/`bf16 x` are casts, `.` a `dot_general` with the
 accumulator type after `->`, `.T` a transpose (a token-major `[tokens, in]` product).
+`[...]` is fenced with `lax.optimization_barrier` (materialized). Formats: `"int8"` is int8 with one
+scale per row (`s` is `[out]`), `"int8-block"` int8 with `[out, blocks]` scales.
 `bf16 W @ bf16 x` and `(bf16 x.T @ W.T).T` round their output to bfloat16: the latter is the
 fastest output head at one token (2 ms against 4.8 ms upcast), but logits rounded to bfloat16
 (steps of 0.125 near 25) tie the top two tokens and changed SmolLM2's greedy answer, so they are
@@ -187,26 +261,37 @@ FORMULATIONS: dict[str, tuple[tuple[int, int, str], ...]] = {
         (64, _ANY, "int8 W . 2-digit int8 x -> int32"),
         (_ANY, _ANY, "dot(bf16(W), bf16 x)->f32 * s"),
     ),
+    # ms per matmul, float32 `W @ x` vs the best int8-block candidate (bench_matmul's method, load
+    # 2.5-4.7): 1 token: MLP 0.096 vs 0.046, head 3.9 vs 1.4 (the dequantization fuses into the
+    # GEMV); 8 tokens: MLP 0.24 vs 1.05, head 7.9 vs 31-52 (nothing fuses; every candidate is
+    # 4-7x slower than float32 there, see docs/concepts/weights.md).
+    "int8-block": (
+        (1, _ANY, "(x.T @ deq(W).T).T"),
+        (_ANY, _ANY, "dot([bf16(deq(W))], bf16 x)->f32"),
+    ),
 }
 """Per weight format, which `CANDIDATES` formulation runs a matmul of a given token count and
 output size (the first entry whose limits both hold)."""
 
 
-def weight_format(weight: Array) -> str:
-    """`"float32"`, `"bfloat16"` or `"int8"`: the format of a stored weight, by its dtype.
+def weight_format(weight: Array, scale: Array | None = None) -> str:
+    """`"float32"`, `"bfloat16"`, `"int8"` (one scale per row) or `"int8-block"` (several): the
+    format of a stored weight, by its dtype and its scale's shape.
 
     **Raises:** `TypeError` for any other dtype.
     """
     dtype = jnp.dtype(weight.dtype)
     for name in ("float32", "bfloat16", "int8"):
         if dtype == jnp.dtype(name):
+            if name == "int8" and scale is not None and scale.shape[-1] > 1:
+                return "int8-block"
             return name
     raise TypeError(f"unsupported weight dtype {dtype}; expected float32, bfloat16 or int8")
 
 
 def formulation_name(fmt: str, tokens: int, out: int = 1) -> str:
     """The `CANDIDATES` formulation `FORMULATIONS` picks for weight format `fmt` (`"float32"`,
-    `"bfloat16"` or `"int8"`), `tokens` tokens and a weight of `out` rows."""
+    `"bfloat16"`, `"int8"` or `"int8-block"`), `tokens` tokens and a weight of `out` rows."""
     for max_tokens, max_out, name in FORMULATIONS[fmt]:
         if tokens <= max_tokens and out <= max_out:
             return name
@@ -215,15 +300,16 @@ def formulation_name(fmt: str, tokens: int, out: int = 1) -> str:
 
 def matmul(
     weight: Float[Array, "out in"] | Int8[Array, "out in"],
-    scale: Float[Array, " out"] | None,
+    scale: Float[Array, "out blocks"] | None,
     x: Float[Array, "in tokens"],
 ) -> Float[Array, "out tokens"]:
-    """`weight @ x` for a float32, bfloat16 or int8 (with per-row `scale`) weight, in float32.
+    """`weight @ x` for a float32, bfloat16 or int8 (with its `scale`) weight, in float32.
 
     **Arguments:**
 
     - `weight`: `[out, in]`, float32, bfloat16, or int8 (then `scale` is required).
-    - `scale`: float32 `[out]` for int8 weights (`weight ~= q * scale[:, None]`), else `None`.
+    - `scale`: float32 `[out, blocks]` for int8 weights (`dequantize_int8(weight, scale)` is the
+      real weight; `blocks` is 1 for one scale per row), else `None`.
     - `x`: float32 `[in, tokens]` activations (feature-major).
 
     **Returns:** float32 `[out, tokens]`, computed with the formulation `FORMULATIONS` picks for
@@ -232,16 +318,16 @@ def matmul(
     **Raises:** `TypeError` for an unsupported weight dtype; `ValueError` for an int8 weight
     without `scale`.
     """
-    fmt = weight_format(weight)
+    fmt = weight_format(weight, scale)
     if fmt == "int8" and scale is None:
-        raise ValueError("an int8 weight needs its per-row float32 `scale`")
+        raise ValueError("an int8 weight needs its float32 `scale`")
     return run_formulation(formulation_name(fmt, x.shape[-1], weight.shape[0]), weight, scale, x)
 
 
 def run_formulation(
     name: str,
     weight: Float[Array, "out in"] | Int8[Array, "out in"],
-    scale: Float[Array, " out"] | None,
+    scale: Float[Array, "out blocks"] | None,
     x: Float[Array, "in tokens"],
 ) -> Float[Array, "out tokens"]:
     """Compute `weight @ x` with the `CANDIDATES` formulation `name` (float32 result).
@@ -257,28 +343,37 @@ def run_formulation(
     x = x.astype(jnp.float32)
     if fmt == "float32":
         return fn(weight, scale, x)
-    y = fn(weight, scale, lax.optimization_barrier(x))
+    if fmt == "int8":
+        scale = scale.reshape(-1)  # [out, 1] -> [out]: the per-row formulations
+    # the weight goes through the fence with `x`: inside `generate`'s while loop the weight is
+    # loop-invariant, and XLA hoisted its upcast out of the loop, which made the loop carry a
+    # float32 copy of every matrix (a 4x larger copy per step: int8 decode ran 63 ms/step
+    # against 23 ms for the same step outside the loop). Fenced with `x` it is not invariant.
+    weight, scale, x = lax.optimization_barrier((weight, scale, x))
+    y = fn(weight, scale, x)
     return lax.optimization_barrier(y.astype(jnp.float32))
 
 
 def embed(
     weight: Float[Array, "vocab hidden"] | Int8[Array, "vocab hidden"],
-    scale: Float[Array, " vocab"] | None,
+    scale: Float[Array, "vocab blocks"] | None,
     token_ids: Int[Array, " tokens"],
 ) -> Float[Array, "hidden tokens"]:
-    """Embedding lookup for any weight format: rows `token_ids` of `weight` (times their
-    `scale` for int8), float32, transposed to feature-major `[hidden, tokens]`."""
-    rows = weight[token_ids].astype(jnp.float32)
+    """Embedding lookup for any weight format: rows `token_ids` of `weight` (dequantized with
+    their `scale` for int8), float32, transposed to feature-major `[hidden, tokens]`."""
+    rows = weight[token_ids]
     if scale is not None:
-        rows = rows * scale[token_ids][:, None]
-    return rows.T
+        return dequantize_int8(rows, scale[token_ids]).T
+    return rows.astype(jnp.float32).T
 
 
 __all__ = [
+    "BLOCK",
     "CANDIDATES",
     "FORMULATIONS",
     "QUANTIZATIONS",
     "WEIGHT_DTYPES",
+    "blocks_of",
     "check_quantization",
     "dequantize_int8",
     "embed",

@@ -21,7 +21,8 @@ def test_quantize_int8_by_hand():
     qw, scale = q.quantize_int8(w)
     # row 0: scale 2/127; 1 -> 63.5 -> 64 (round half to even), -2 -> -127, 0.5 -> 31.75 -> 32
     # row 1: all zero -> scale 1; row 2: scale 0.3/127; 0.1 -> 42.33 -> 42, -0.127 -> -53.76 -> -54
-    np.testing.assert_allclose(scale, [2 / 127, 1.0, 0.3 / 127], rtol=1e-7)
+    # 3 inputs are not a multiple of 32: one block (scale) per row
+    np.testing.assert_allclose(scale, [[2 / 127], [1.0], [0.3 / 127]], rtol=1e-7)
     np.testing.assert_array_equal(qw, [[64, -127, 32], [0, 0, 0], [127, 42, -54]])
     assert qw.dtype == np.int8 and scale.dtype == np.float32
     # the JAX path (used inside `LlamaForCausalLM.__init__`) gives the same
@@ -30,25 +31,50 @@ def test_quantize_int8_by_hand():
     np.testing.assert_allclose(np.asarray(sj), scale, rtol=1e-7)
 
 
-def test_quantize_int8_error_is_at_most_half_a_step():
-    w = np.random.default_rng(0).standard_normal((64, 200)).astype(np.float32)
+def test_quantize_int8_by_hand_in_blocks_of_32():
+    """64 inputs make two blocks of 32 per row, each with its own scale (llama.cpp's Q8_0)."""
+    w = np.zeros((2, 64), np.float32)
+    w[0, 0], w[0, 1], w[0, 40] = 1.0, 0.5, -0.01  # block 0: scale 1/127; block 1: 0.01/127
+    w[1, 33], w[1, 34] = 3.0, 1.0  # block 0 all zero: scale 1; block 1: 3/127, 1 -> 42.33 -> 42
     qw, scale = q.quantize_int8(w)
-    err = np.abs(qw * scale[:, None] - w)
-    assert (err <= scale[:, None] / 2 * (1 + 1e-5)).all()
-    assert (np.abs(qw).max(axis=1) == 127).all()  # each row's largest weight uses the full range
+    np.testing.assert_allclose(scale, [[1 / 127, 0.01 / 127], [1.0, 3 / 127]], rtol=1e-7)
+    expected = np.zeros((2, 64), np.int8)
+    expected[0, 0], expected[0, 1], expected[0, 40] = 127, 64, -127  # 63.5 -> 64 (half to even)
+    expected[1, 33], expected[1, 34] = 127, 42
+    np.testing.assert_array_equal(qw, expected)
+    per_row, row_scale = q.quantize_int8(w, block=None)  # one scale per row: 0.01 rounds to 1
+    assert row_scale.shape == (2, 1) and per_row[0, 40] == -1
+    deq = np.asarray(q.dequantize_int8(jnp.asarray(qw), jnp.asarray(scale)))
+    np.testing.assert_allclose(deq[0, [0, 1, 40]], [1.0, 64 / 127, -0.01], rtol=1e-6)
+    np.testing.assert_allclose(deq[1, [32, 33, 34]], [0.0, 3.0, 42 * 3 / 127], rtol=1e-6)
+
+
+@pytest.mark.parametrize("block", [32, None])
+def test_quantize_int8_error_is_at_most_half_a_step(block):
+    w = np.random.default_rng(0).standard_normal((64, 256)).astype(np.float32)
+    qw, scale = q.quantize_int8(w, block=block)
+    per = 256 // scale.shape[1]
+    assert scale.shape == (64, 256 // (block or 256))
+    err = np.abs(qw.reshape(64, -1, per) * scale[..., None] - w.reshape(64, -1, per))
+    assert (err <= scale[..., None] / 2 * (1 + 1e-5)).all()
+    # each block's largest weight uses the full range
+    assert (np.abs(qw.reshape(64, -1, per)).max(axis=2) == 127).all()
 
 
 @pytest.mark.parametrize("tokens", [1, 2, 8, 40])
-@pytest.mark.parametrize("fmt", ["float32", "bfloat16", "int8"])
+@pytest.mark.parametrize("fmt", ["float32", "bfloat16", "int8", "int8-block"])
 def test_every_formulation_computes_the_same_product(fmt, tokens):
     """Each candidate formulation of a format equals the float64 product of the stored weight,
     within the rounding its formulation implies (bfloat16 or int8 activations where it uses them)."""
     rng = np.random.default_rng(1)
     w = rng.standard_normal((48, 96)).astype(np.float32) * 0.1
     x = rng.standard_normal((96, tokens)).astype(np.float32)
-    if fmt == "int8":
-        weight, scale = q.quantize_int8(w)
-        exact = (weight.astype(np.float64) * scale[:, None]) @ x
+    if fmt.startswith("int8"):
+        weight, scale = q.quantize_int8(w, block=32 if fmt == "int8-block" else None)
+        assert scale.shape == (48, 3 if fmt == "int8-block" else 1)
+        per = 96 // scale.shape[1]  # dequantized by hand, block by block
+        real = weight.reshape(48, -1, per).astype(np.float64) * scale[..., None]
+        exact = real.reshape(48, 96) @ x
         weight, scale = jnp.asarray(weight), jnp.asarray(scale)
     else:
         weight, scale = jnp.asarray(w, jnp.dtype(fmt)), None
@@ -72,7 +98,7 @@ def test_formulation_table_is_complete():
 
 
 def test_matmul_argument_errors():
-    with pytest.raises(ValueError, match="int8 weight needs its per-row"):
+    with pytest.raises(ValueError, match="int8 weight needs its float32 `scale`"):
         q.matmul(jnp.zeros((3, 4), jnp.int8), None, jnp.zeros((4, 1)))
     with pytest.raises(TypeError, match="unsupported weight dtype float16"):
         q.matmul(jnp.zeros((3, 4), jnp.float16), None, jnp.zeros((4, 1)))
@@ -93,8 +119,11 @@ def _hf_with_weights(hf, transform):
 
 
 def _int8_roundtrip(w):
+    """`w` rounded as `quantize_int8` stores it, dequantized by hand (one scale per 32 inputs,
+    or per row when the inputs are not a multiple of 32)."""
     qw, scale = q.quantize_int8(w)
-    return (qw.astype(np.float32) * scale[:, None]).astype(np.float32)
+    rows, cols = w.shape
+    return (qw.reshape(rows, scale.shape[1], -1) * scale[..., None]).reshape(rows, cols)
 
 
 def _bf16_roundtrip(w):
@@ -143,7 +172,8 @@ def test_random_int8_model_and_named_weights_round_trip():
     model = LlamaForCausalLM(tiny_config(), key=jax.random.key(0), quantization="int8")
     names = model.named_weights()
     assert names["model.layers.0.mlp.up_proj.weight"].dtype == jnp.int8
-    assert names["model.layers.0.mlp.up_proj.scale"].shape == (96,)
+    hidden = model.config.hidden_size
+    assert names["model.layers.0.mlp.up_proj.scale"].shape == (96, q.blocks_of(hidden))
     rebuilt = LlamaForCausalLM.from_weights(model.config, names, quantization="int8")
     for a, b in zip(jax.tree.leaves(model), jax.tree.leaves(rebuilt)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
@@ -203,14 +233,14 @@ def test_two_digit_int8_activations_are_nearly_exact():
     w = rng.standard_normal((64, 256)).astype(np.float32)
     x = rng.standard_normal((256, 8)).astype(np.float32)
     x[5] *= 30  # an outlier feature, as real hidden states have
-    qw, scale = q.quantize_int8(w)
+    qw, scale = q.quantize_int8(w, block=None)
+    scale = scale[:, 0]
     exact = (qw.astype(np.float64) * scale[:, None]) @ x
     bound = (np.abs(qw) * scale[:, None]).sum(axis=1, keepdims=True) * np.abs(x).max(0) / 64516
+    stored = jnp.asarray(scale[:, None])  # [out, 1]: one scale per row
     two = q.run_formulation(
-        "int8 W . 2-digit int8 x -> int32", jnp.asarray(qw), jnp.asarray(scale), jnp.asarray(x)
+        "int8 W . 2-digit int8 x -> int32", jnp.asarray(qw), stored, jnp.asarray(x)
     )
-    one = q.run_formulation(
-        "int8 W . int8 x -> int32", jnp.asarray(qw), jnp.asarray(scale), jnp.asarray(x)
-    )
+    one = q.run_formulation("int8 W . int8 x -> int32", jnp.asarray(qw), stored, jnp.asarray(x))
     assert (np.abs(np.asarray(two) - exact) <= bound * 1.01 + 1e-4).all()
     assert np.abs(np.asarray(one) - exact).max() > 20 * np.abs(np.asarray(two) - exact).max()
