@@ -95,15 +95,18 @@ def test_token_tables_equal_a_brute_force_walk(name, text, stack_depth, vocabula
     assert checked >= 3
 
 
-def test_device_step_equals_the_host_tables(vocabulary):
+@pytest.mark.parametrize("budget", [None, 14])
+def test_device_step_equals_the_host_tables(budget, vocabulary):
     # A random token walk: at each step the jitted `process` keeps the same position and stack
-    # as the host walk and masks exactly the tokens `allowed` gives.
+    # as the host walk and masks exactly the tokens `allowed` gives (with a budget of
+    # `max_new_tokens`, too: the walk then ends inside the language).
     pda = build_pushdown(parse_grammar(JSON_GRAMMAR), vocabulary, stack_depth=5)
     processor = fg.structured.PushdownConstraint(pda)
     step = jax.jit(lambda s, logits, c: processor.process(s, logits, c))
     rng = np.random.default_rng(1)
     ids = [1, 2, 3]
-    state = processor.init(context_for(ids, 3, max_len=64))
+    limit = {} if budget is None else {"max_new_tokens": budget}
+    state = processor.init(context_for(ids, 3, max_len=64, **limit))
     shapes = jax.tree.map(lambda x: (x.shape, x.dtype), state)
     config = (pda.initial, ())
     brackets = [
@@ -111,13 +114,13 @@ def test_device_step_equals_the_host_tables(vocabulary):
         for t in range(vocabulary.vocab_size)
         if vocabulary.token_bytes[t] in (b"[", b"{", b' {"', b"[[")
     ]
-    for _k in range(30):
+    for k in range(30 if budget is None else budget):
         state, logits = step(
-            state, jnp.zeros(vocabulary.vocab_size), context_for(ids, 3, max_len=64)
+            state, jnp.zeros(vocabulary.vocab_size), context_for(ids, 3, max_len=64, **limit)
         )
         assert jax.tree.map(lambda x: (x.shape, x.dtype), state) == shapes
         assert int(state[0]) == config[0] and state_stack(state) == list(config[1])
-        host = pda.allowed(config)
+        host = pda.allowed(config, None if budget is None else budget - k)
         np.testing.assert_array_equal(np.isfinite(np.asarray(logits)), host)
         open_ = [t for t in brackets if host[t]]
         token = (
@@ -130,6 +133,8 @@ def test_device_step_equals_the_host_tables(vocabulary):
         ids.append(token)
         config = pda.walk(vocabulary.token_bytes[token], config)
     assert max(len(s) for s in [config[1]]) >= 0
+    if budget is not None:
+        assert pda.can_end(config), config  # the budget ran out inside the language
 
 
 def test_json_with_stack_depth_32_builds_fast(vocabulary):
@@ -184,6 +189,29 @@ def test_generated_json_parses(random_model, tokenizer):
             parser.parse(text)
         else:
             assert reason != "constraint"  # the mask never leaves a row without a token
+
+
+@pytest.mark.parametrize("name", ["json", "arithmetic", "lisp"])
+def test_rows_end_inside_the_language_within_max_new_tokens(name, random_model, tokenizer):
+    # A budget too small for what a random walk opens: the mask steers every row to close its
+    # brackets in time, so each text (EOS or "length") is a whole sentence that lark parses.
+    grammar = PUSHDOWN_GRAMMARS[name]
+    processor = fg.processors.Grammar(grammar, tokenizer)
+    assert processor.pushdown is not None
+    parser = lark.Lark(grammar, parser="earley")
+    for max_new_tokens, seed in ((6, 0), (12, 1)):
+        result = fg.generate(
+            random_model,
+            tokenizer,
+            ["a", "b", "c", "d", "e", "f"],
+            max_new_tokens=max_new_tokens,
+            processors=[processor],
+            sampler=fg.samplers.Multinomial(),
+            key=jax.random.key(seed),
+        )
+        for text, reason in zip(result.texts, result.finish_reasons):
+            assert reason in ("eos", "length"), (text, reason)
+            assert _lark_accepts(parser, text.encode()), (max_new_tokens, text, reason)
 
 
 JSON_GBNF = r"""
