@@ -383,6 +383,11 @@ def _overlap(regexes: list[str]) -> bool:
     return False
 
 
+_MAX_REGEX = 1_000_000
+"""Characters of a schema's whole regex beyond which it is refused at once: the regex -> byte
+DFA step then takes tens of seconds to minutes (measured on the MaskBench sample)."""
+
+
 class _TooLarge(Exception):
     """An object regex over `_MAX_OBJECT_REGEX` characters (caught by `_Rewriter._object`)."""
 
@@ -650,6 +655,41 @@ class _Rewriter:
         name = f"FGSUB{len(self.substitutions)}X{self.tag}"
         self.substitutions[name] = regex
         return {"const": name}
+
+    def substitute(self, regex: str) -> str:
+        """`regex` with every marker (outlines-core's regex of the marker's `const`, the name
+        between quotes) replaced by its regex, markers inside those expanded too: one pass per
+        distinct marker, each expanded once (replacing them one at a time over the whole regex
+        is quadratic: 9 s for a schema with 17,000 markers)."""
+        found = re.compile(f'"(FGSUB[0-9]+X{self.tag})"')
+        sizes: dict[str, int] = {}
+
+        def size(text: str) -> int:
+            total = len(text)
+            for match in found.finditer(text):
+                name = match.group(1)
+                if name not in sizes:
+                    sizes[name] = 4 + size(self.substitutions[name])
+                total += sizes[name] - len(match.group(0))
+            return total
+
+        if (total := size(regex)) > _MAX_REGEX:
+            raise ConstraintError(
+                f"the schema's regex would have {total:,} characters (the limit is {_MAX_REGEX:,}): "
+                "too large to compile into an automaton in reasonable time"
+            )
+        expanded: dict[str, str] = {}
+
+        def expand(match) -> str:
+            name = match.group(1)
+            if name not in expanded:
+                expanded[name] = "(?:" + found.sub(expand, self.substitutions[name]) + ")"
+            return expanded[name]
+
+        regex = found.sub(expand, regex)
+        if f"X{self.tag}" in regex:
+            raise RuntimeError("internal error: a marker survived in the regex")
+        return regex
 
     # ------------------------------------------------------------------ nodes
 
@@ -1289,15 +1329,7 @@ def json_schema_regex(
             "no JSON value satisfies the schema (within "
             f"max_recursion_depth={max_recursion_depth} if it is recursive)",
         )
-    regex = rewriter.regex_of(normalized)
-    from outlines_core.json_schema import build_regex_from_schema
-
-    # markers of inner nodes are created first: substitute the outer ones first
-    for name, sub in reversed(rewriter.substitutions.items()):
-        marker = build_regex_from_schema(json.dumps({"const": name}))
-        regex = regex.replace(marker, "(?:" + sub + ")")
-        if name in regex:
-            raise RuntimeError(f"internal error: marker {name} survived in the regex")
+    regex = rewriter.substitute(rewriter.regex_of(normalized))
     if rewriter.dropped:
         warnings.warn(
             f"JSON Schema: {len(rewriter.dropped)} keyword(s) cannot be enforced and were dropped "
