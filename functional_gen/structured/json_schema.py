@@ -25,11 +25,12 @@ as every validator does: `id`, `_format`, `javaName`, ...), and so is a `format`
 Schema does not define (`"int64"`, `"password"`). Known assertions that no regular constraint
 can enforce raise `UnsupportedSchemaError` naming the keyword and where it is, before anything
 is compiled: `not`, `if`/`then`/`else`, `dependentSchemas`,
-`dependencies`, `contains`, `multipleOf`, `uniqueItems: true` (for more than one item),
+`dependencies` whose value is a schema, `contains`, `multipleOf`, `uniqueItems: true` (for more than one item),
 `unevaluated*`, overlapping `oneOf` branches, non-integer numeric bounds, the JSON Schema
 formats we lack (`idn-email`, `iri`, ...), `additionalProperties` next to `patternProperties`,
 more than three `dependentRequired` entries in one object (each doubles the alternatives; up to
-three become an `anyOf`: the property absent, or it and its dependencies present), and remote
+three become an `anyOf`: the property absent, or it and its dependencies present; draft 4-7's
+`dependencies` with a list of names is `dependentRequired`), and remote
 `$ref`s. With `strict=False` they are dropped instead (the output may then violate
 them), with one warning that lists them all, like llguidance's lenient mode.
 
@@ -92,7 +93,7 @@ _UNSUPPORTED = {
     "then": "conditional schemas are not supported",
     "else": "conditional schemas are not supported",
     "dependentSchemas": "property dependencies are not supported",
-    "dependencies": "property dependencies are not supported",
+    "dependencies": "property dependencies are not supported",  # (lists become dependentRequired)
     "unevaluatedProperties": "unevaluated* keywords are not supported",
     "unevaluatedItems": "unevaluated* keywords are not supported",
     "contains": "array `contains` is not supported",
@@ -234,6 +235,14 @@ def _json_type(value) -> str:
     if isinstance(value, list):
         return "array"
     return "object"
+
+
+def _canonical(value) -> str:
+    """A key equal for equal JSON values (`1` and `1.0` alike, `true` apart from `1`)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        value = float(value)
+        return repr(int(value)) if value.is_integer() else repr(value)
+    return json.dumps(value, sort_keys=True)
 
 
 class _Never:
@@ -704,6 +713,12 @@ class _Rewriter:
                 str(node), path, f"a schema must be an object or a boolean, got {node!r}"
             )
         node = dict(node)
+        if isinstance(node.get("dependencies"), Mapping):
+            # draft 4-7: a list of names is `dependentRequired`, a schema `dependentSchemas`
+            dependencies = node.pop("dependencies")
+            for key, value in dependencies.items():
+                kind = "dependentRequired" if isinstance(value, list) else "dependentSchemas"
+                node[kind] = {**node.get(kind, {}), key: value}
         for key in list(node):
             if key in _UNSUPPORTED:
                 self.refuse(key, path, _UNSUPPORTED[key])
@@ -1134,20 +1149,19 @@ class _Rewriter:
 
     def enumeration(self, node: dict, path: str):
         values = [node["const"]] if "const" in node else node["enum"]
-        if not isinstance(values, list) or not values:
-            raise UnsupportedSchemaError("enum", path, "must be a non-empty list")
+        if not isinstance(values, list):
+            raise UnsupportedSchemaError("enum", path, "must be a list")
+        if "enum" in node and "const" in node:
+            listed = {_canonical(v) for v in node["enum"]}
+            values = [v for v in values if _canonical(v) in listed]
         types = node.get("type")
         if types is not None:
             allowed = set([types] if isinstance(types, str) else types)
             if "number" in allowed:
                 allowed.add("integer")
             values = [v for v in values if _json_type(v) in allowed]
-            if not values:
-                raise UnsupportedSchemaError(
-                    "enum", path, f"no value of the enum has type {types!r}"
-                )
-        if "enum" in node and "const" in node and node["const"] not in node["enum"]:
-            raise UnsupportedSchemaError("const", path, "the const value is not in the enum")
+        if not values:  # an empty enum, or no value of the type / in both: nothing matches
+            return NEVER
         return {"enum": values} if len(values) > 1 else {"const": values[0]}
 
     # ------------------------------------------------------------------ combinators
@@ -1197,6 +1211,11 @@ class _Rewriter:
                 out[key] = both[0] if len(both) == 1 else both
             elif key == "allOf":
                 out[key] = [*out[key], *value]
+            elif key == "enum" and isinstance(out[key], list) and isinstance(value, list):
+                right = {_canonical(v) for v in value}
+                out[key] = [v for v in out[key] if _canonical(v) in right]  # [] matches nothing
+            elif key == "const" and _canonical(out[key]) != _canonical(value):
+                out["enum"] = []  # two different constants: no value
             elif out[key] != value:
                 raise UnsupportedSchemaError(
                     key,
