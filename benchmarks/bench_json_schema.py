@@ -97,6 +97,11 @@ def _worker_setup(options: dict) -> None:
     _WORKER["tokenizer"] = tokenizer
     _WORKER["vocabulary"] = vocabulary_from_tokenizer(tokenizer)
     _WORKER["options"] = options
+    # Once per process, not per schema: `import jsonschema` takes seconds where the optional
+    # `rfc3987-syntax` is installed (it builds lark grammars on import; jupyter pulls it in).
+    from functional_gen.structured.json_schema import check_schema
+
+    check_schema({"type": "string"})
 
 
 def _compile(schema):
