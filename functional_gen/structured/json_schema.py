@@ -32,7 +32,9 @@ more than three `dependentRequired` entries in one object (each doubles the alte
 three become an `anyOf`: the property absent, or it and its dependencies present; draft 4-7's
 `dependencies` with a list of names is `dependentRequired`), and remote
 `$ref`s. With `strict=False` they are dropped instead (the output may then violate
-them), with one warning that lists them all, like llguidance's lenient mode.
+them), with one warning that lists them all, like llguidance's lenient mode. A schema whose
+whole regex would exceed `_MAX_REGEX` (a million characters: many optional properties, or
+definitions used many times) raises `ConstraintError` at once, before the regex is built.
 
 Where we follow llguidance (`docs/json_schema.md`): properties come in the order of
 `properties`; additional properties come after the listed ones; `format` is enforced;
