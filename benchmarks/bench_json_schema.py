@@ -32,6 +32,15 @@ other developers' jobs at a load average of about 10, so compile times are infla
 | after (open objects, free-form depth 1) | 85/120 (71%) | 18 | 1,153 / 13,628 / 26,524 | 117/122 | 232/232 |
 | after, `--closed-objects` | 86/120 (72%) | 16 | 176 / 3,054 / 13,801 | 102/124 | 235/235 |
 | `--pushdown` (free-form values through the pushdown automaton, `dependentRequired`; 2026-11-22) | 78/120 (65%) | 25 | 2,713 / 13,145 / 28,437 | 110/110 | 194/194 |
+| before the regex-size limit (load average 3-5) | 80/120 (67%) | 19 | 482 / 7,891 / 28,866 | 111/115 | 213/213 |
+| regex-size limit, one-pass markers, `dependencies`, empty enums, anchors in groups (load 2-2.5) | 91/120 (76%) | 3 | 470 / 7,654 / 16,055 | 123/127 | 235/235 |
+
+The last run's 29 refusals: 16 regexes over `_MAX_REGEX` (a million characters; refused in
+well under a second instead of timing out: these need the schema -> grammar compilation), 4
+overlapping `oneOf`, 3 timeouts (o82710: a pattern whose DFA has 219,515 states; o81133 and
+o32921: 0.4-0.8 million-character regexes), 3 `pattern` + length bounds, and one each of `not`,
+`format` + `maxLength`, a non-integer `minimum`. Its 4 valid instances rejected nest a
+free-form value deeper than `free_form_depth=1` (o13687 is accepted at depth 3).
 
 (the closed run rejects valid instances that carry properties beyond `properties`, as intended;
 its compile times show that the open objects' free-form values cost most of the time.)
@@ -97,6 +106,11 @@ def _worker_setup(options: dict) -> None:
     _WORKER["tokenizer"] = tokenizer
     _WORKER["vocabulary"] = vocabulary_from_tokenizer(tokenizer)
     _WORKER["options"] = options
+    # Once per process, not per schema: `import jsonschema` takes seconds where the optional
+    # `rfc3987-syntax` is installed (it builds lark grammars on import; jupyter pulls it in).
+    from functional_gen.structured.json_schema import check_schema
+
+    check_schema({"type": "string"})
 
 
 def _compile(schema):

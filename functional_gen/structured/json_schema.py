@@ -25,13 +25,16 @@ as every validator does: `id`, `_format`, `javaName`, ...), and so is a `format`
 Schema does not define (`"int64"`, `"password"`). Known assertions that no regular constraint
 can enforce raise `UnsupportedSchemaError` naming the keyword and where it is, before anything
 is compiled: `not`, `if`/`then`/`else`, `dependentSchemas`,
-`dependencies`, `contains`, `multipleOf`, `uniqueItems: true` (for more than one item),
+`dependencies` whose value is a schema, `contains`, `multipleOf`, `uniqueItems: true` (for more than one item),
 `unevaluated*`, overlapping `oneOf` branches, non-integer numeric bounds, the JSON Schema
 formats we lack (`idn-email`, `iri`, ...), `additionalProperties` next to `patternProperties`,
 more than three `dependentRequired` entries in one object (each doubles the alternatives; up to
-three become an `anyOf`: the property absent, or it and its dependencies present), and remote
+three become an `anyOf`: the property absent, or it and its dependencies present; draft 4-7's
+`dependencies` with a list of names is `dependentRequired`), and remote
 `$ref`s. With `strict=False` they are dropped instead (the output may then violate
-them), with one warning that lists them all, like llguidance's lenient mode.
+them), with one warning that lists them all, like llguidance's lenient mode. A schema whose
+whole regex would exceed `_MAX_REGEX` (a million characters: many optional properties, or
+definitions used many times) raises `ConstraintError` at once, before the regex is built.
 
 Where we follow llguidance (`docs/json_schema.md`): properties come in the order of
 `properties`; additional properties come after the listed ones; `format` is enforced;
@@ -92,7 +95,7 @@ _UNSUPPORTED = {
     "then": "conditional schemas are not supported",
     "else": "conditional schemas are not supported",
     "dependentSchemas": "property dependencies are not supported",
-    "dependencies": "property dependencies are not supported",
+    "dependencies": "property dependencies are not supported",  # (lists become dependentRequired)
     "unevaluatedProperties": "unevaluated* keywords are not supported",
     "unevaluatedItems": "unevaluated* keywords are not supported",
     "contains": "array `contains` is not supported",
@@ -234,6 +237,14 @@ def _json_type(value) -> str:
     if isinstance(value, list):
         return "array"
     return "object"
+
+
+def _canonical(value) -> str:
+    """A key equal for equal JSON values (`1` and `1.0` alike, `true` apart from `1`)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        value = float(value)
+        return repr(int(value)) if value.is_integer() else repr(value)
+    return json.dumps(value, sort_keys=True)
 
 
 class _Never:
@@ -381,6 +392,11 @@ def _overlap(regexes: list[str]) -> bool:
                         seen.add(pair)
                         frontier.append(pair)
     return False
+
+
+_MAX_REGEX = 1_000_000
+"""Characters of a schema's whole regex beyond which it is refused at once: the regex -> byte
+DFA step then takes tens of seconds to minutes (measured on the MaskBench sample)."""
 
 
 class _TooLarge(Exception):
@@ -651,6 +667,41 @@ class _Rewriter:
         self.substitutions[name] = regex
         return {"const": name}
 
+    def substitute(self, regex: str) -> str:
+        """`regex` with every marker (outlines-core's regex of the marker's `const`, the name
+        between quotes) replaced by its regex, markers inside those expanded too: one pass per
+        distinct marker, each expanded once (replacing them one at a time over the whole regex
+        is quadratic: 9 s for a schema with 17,000 markers)."""
+        found = re.compile(f'"(FGSUB[0-9]+X{self.tag})"')
+        sizes: dict[str, int] = {}
+
+        def size(text: str) -> int:
+            total = len(text)
+            for match in found.finditer(text):
+                name = match.group(1)
+                if name not in sizes:
+                    sizes[name] = 4 + size(self.substitutions[name])
+                total += sizes[name] - len(match.group(0))
+            return total
+
+        if (total := size(regex)) > _MAX_REGEX:
+            raise ConstraintError(
+                f"the schema's regex would have {total:,} characters (the limit is {_MAX_REGEX:,}): "
+                "too large to compile into an automaton in reasonable time"
+            )
+        expanded: dict[str, str] = {}
+
+        def expand(match) -> str:
+            name = match.group(1)
+            if name not in expanded:
+                expanded[name] = "(?:" + found.sub(expand, self.substitutions[name]) + ")"
+            return expanded[name]
+
+        regex = found.sub(expand, regex)
+        if f"X{self.tag}" in regex:
+            raise RuntimeError("internal error: a marker survived in the regex")
+        return regex
+
     # ------------------------------------------------------------------ nodes
 
     def node(self, node, path: str):
@@ -664,6 +715,12 @@ class _Rewriter:
                 str(node), path, f"a schema must be an object or a boolean, got {node!r}"
             )
         node = dict(node)
+        if isinstance(node.get("dependencies"), Mapping):
+            # draft 4-7: a list of names is `dependentRequired`, a schema `dependentSchemas`
+            dependencies = node.pop("dependencies")
+            for key, value in dependencies.items():
+                kind = "dependentRequired" if isinstance(value, list) else "dependentSchemas"
+                node[kind] = {**node.get(kind, {}), key: value}
         for key in list(node):
             if key in _UNSUPPORTED:
                 self.refuse(key, path, _UNSUPPORTED[key])
@@ -1094,20 +1151,19 @@ class _Rewriter:
 
     def enumeration(self, node: dict, path: str):
         values = [node["const"]] if "const" in node else node["enum"]
-        if not isinstance(values, list) or not values:
-            raise UnsupportedSchemaError("enum", path, "must be a non-empty list")
+        if not isinstance(values, list):
+            raise UnsupportedSchemaError("enum", path, "must be a list")
+        if "enum" in node and "const" in node:
+            listed = {_canonical(v) for v in node["enum"]}
+            values = [v for v in values if _canonical(v) in listed]
         types = node.get("type")
         if types is not None:
             allowed = set([types] if isinstance(types, str) else types)
             if "number" in allowed:
                 allowed.add("integer")
             values = [v for v in values if _json_type(v) in allowed]
-            if not values:
-                raise UnsupportedSchemaError(
-                    "enum", path, f"no value of the enum has type {types!r}"
-                )
-        if "enum" in node and "const" in node and node["const"] not in node["enum"]:
-            raise UnsupportedSchemaError("const", path, "the const value is not in the enum")
+        if not values:  # an empty enum, or no value of the type / in both: nothing matches
+            return NEVER
         return {"enum": values} if len(values) > 1 else {"const": values[0]}
 
     # ------------------------------------------------------------------ combinators
@@ -1157,6 +1213,11 @@ class _Rewriter:
                 out[key] = both[0] if len(both) == 1 else both
             elif key == "allOf":
                 out[key] = [*out[key], *value]
+            elif key == "enum" and isinstance(out[key], list) and isinstance(value, list):
+                right = {_canonical(v) for v in value}
+                out[key] = [v for v in out[key] if _canonical(v) in right]  # [] matches nothing
+            elif key == "const" and _canonical(out[key]) != _canonical(value):
+                out["enum"] = []  # two different constants: no value
             elif out[key] != value:
                 raise UnsupportedSchemaError(
                     key,
@@ -1289,15 +1350,7 @@ def json_schema_regex(
             "no JSON value satisfies the schema (within "
             f"max_recursion_depth={max_recursion_depth} if it is recursive)",
         )
-    regex = rewriter.regex_of(normalized)
-    from outlines_core.json_schema import build_regex_from_schema
-
-    # markers of inner nodes are created first: substitute the outer ones first
-    for name, sub in reversed(rewriter.substitutions.items()):
-        marker = build_regex_from_schema(json.dumps({"const": name}))
-        regex = regex.replace(marker, "(?:" + sub + ")")
-        if name in regex:
-            raise RuntimeError(f"internal error: marker {name} survived in the regex")
+    regex = rewriter.substitute(rewriter.regex_of(normalized))
     if rewriter.dropped:
         warnings.warn(
             f"JSON Schema: {len(rewriter.dropped)} keyword(s) cannot be enforced and were dropped "

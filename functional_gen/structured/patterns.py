@@ -224,13 +224,58 @@ class _Translator:
         return _normalize(ranges), negated_category
 
 
+def _starts(items) -> bool:
+    return (
+        bool(items)
+        and items[0][0] is C.AT
+        and items[0][1] in (C.AT_BEGINNING, C.AT_BEGINNING_STRING)
+    )
+
+
+def _ends(items) -> bool:
+    return bool(items) and items[-1][0] is C.AT and items[-1][1] in (C.AT_END, C.AT_END_STRING)
+
+
 def _strip_anchors(items):
     items = list(items)
-    if items and items[0][0] is C.AT and items[0][1] in (C.AT_BEGINNING, C.AT_BEGINNING_STRING):
+    while _starts(items):
         items = items[1:]
-    if items and items[-1][0] is C.AT and items[-1][1] in (C.AT_END, C.AT_END_STRING):
+    while _ends(items):
         items = items[:-1]
     return items
+
+
+def _has_anchor(items) -> bool:
+    for op, av in items:
+        if op is C.AT:
+            return True
+        if op is C.BRANCH and any(_has_anchor(b) for b in av[1]):
+            return True
+        if op is C.SUBPATTERN and _has_anchor(av[3]):
+            return True
+        if op in (C.MAX_REPEAT, C.MIN_REPEAT) and _has_anchor(av[2]):
+            return True
+    return False
+
+
+def _alternatives(items) -> list[list]:
+    """`items` as alternatives whose anchors, where they can be, stand at their ends: a
+    branch or a plain group that holds an anchor is distributed over its sequence
+    (`^(a$|b)` is `^a$|^b`, `^$|(^a$)` is `^$|^a$`), as MaskBench's patterns write them."""
+    items = list(items)
+    for i, (op, av) in enumerate(items):
+        if op is C.BRANCH and _has_anchor([(op, av)]):
+            options = [list(b) for b in av[1]]
+        elif op is C.SUBPATTERN and not av[1] and not av[2] and _has_anchor(av[3]):
+            options = [list(av[3])]
+        else:
+            continue
+        return [
+            alternative
+            for option in options
+            for alternative in _alternatives(items[:i] + option + items[i + 1 :])
+        ]
+    return [items]
 
 
 def _width(items) -> tuple[int, int]:
@@ -298,17 +343,11 @@ def json_string_pattern(pattern: str, *, min_length: int = 0, max_length: int | 
         if len(items) == 1 and items[0][0] is C.BRANCH
         else [items]
     )
+    branches = [a for b in branches for a in _alternatives(b)]
     out = []
     anything = (C.MAX_REPEAT, (0, C.MAXREPEAT, [(C.ANY, None)]))
     for branch in branches:
-        starts = (
-            bool(branch)
-            and branch[0][0] is C.AT
-            and branch[0][1] in (C.AT_BEGINNING, C.AT_BEGINNING_STRING)
-        )
-        ends = (
-            bool(branch) and branch[-1][0] is C.AT and branch[-1][1] in (C.AT_END, C.AT_END_STRING)
-        )
+        starts, ends = _starts(branch), _ends(branch)
         branch = _strip_anchors(branch)
         # ECMA-262 / jsonschema semantics: the pattern is searched for, so an unanchored side
         # may have any text (no control characters, see the module docstring) before or after it.

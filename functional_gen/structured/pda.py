@@ -48,10 +48,19 @@ int32 scalars and an `int32[stack_depth]` array, so the depth costs memory, not 
    fixed-length loop over their bytes); a token that would push beyond `stack_depth` is not
    allowed; the end-of-generation ids are allowed when the position and every return position
    on the stack may end;
-3. every other logit becomes `-inf`; a row left with nothing ends with `"constraint"`.
-
-Unlike the DFA processors, the mask does not look at the remaining `max_new_tokens`: a row
-that runs out of budget inside an open bracket ends with `"length"`.
+3. the budget, as the DFA processors keep it: with `r` tokens left (this one included), a
+   token is allowed only if the configuration after it can end within `r - 1` tokens. The
+   bound is `need = distance[position] + sum(distance[stack])`, where `distance` is the fewest
+   *one-byte tokens* that finish a rule (a fixed point over `next`/`push` at build time, over
+   the bytes that are tokens by themselves): the vocabulary can always achieve it, so a row
+   that keeps `need <= r` always has a token left and ends inside the language, and at
+   `r = 1` only tokens that complete the text (or EOS) remain. The bitmask row is used whole
+   while `sum(distance[stack]) + budget_cost[position, slot] <= r - 1` (`budget_cost`: the
+   largest `need` a bitmask token leaves above the stack); closer to the end it is dropped and
+   only the one-byte tokens and the candidates, walked exactly with their `need`, are allowed.
+   (The bound ignores `stack_depth`: a completion that would overflow a full stack is not
+   available, and such a row may end with `"constraint"`.)
+4. every other logit becomes `-inf`; a row left with nothing ends with `"constraint"`.
 """
 
 import dataclasses
@@ -78,6 +87,9 @@ DEFAULT_STACK_DEPTH = 32
 MAX_LEVELS = 8
 """Tokens that push more than `MAX_LEVELS - 1` return positions are candidates, not bitmask
 entries."""
+UNREACHABLE = 1 << 20
+"""`distance` of positions from which no end of the rule is reachable (small enough that a
+stack's worth of them sums without overflow in int32)."""
 _BOTTOM = -1  # a "return site" meaning: the rule may be the bottom frame (a return fails)
 
 
@@ -110,6 +122,14 @@ class PushdownAutomaton:
     - `stack_depth`, `eos_token_id`, `description`.
     - `position_rule`: `Int[np.ndarray, " positions"]` and `rule_names`: which rule each
       position belongs to (for messages and drawings).
+    - `distance`: `Int[np.ndarray, " positions"]`, the fewest single-byte tokens from each
+      position to one where its rule may end (`UNREACHABLE` if none); a configuration needs at
+      most `distance[position] + sum(distance[stack])` tokens to end (see `need`).
+    - `budget_cost`: `Int[np.ndarray, "positions slots"]`, per (position, slot) the largest
+      `distance[position'] + sum(distance[pushed])` after a bitmask token: the bitmask row
+      holds within the budget when the stack's distances plus this fit in it.
+    - `byte_tokens`: `Int[np.ndarray, " byte_tokens"]`, the one-byte tokens (padded with
+      `vocab_size`), checked exactly near the end of the budget.
     """
 
     byte_class: Int[np.ndarray, " 256"]
@@ -128,6 +148,9 @@ class PushdownAutomaton:
     eos_token_id: tuple[int, ...]
     position_rule: Int[np.ndarray, " positions"]
     rule_names: tuple[str, ...]
+    distance: Int[np.ndarray, " positions"]
+    budget_cost: Int[np.ndarray, "positions slots"]
+    byte_tokens: Int[np.ndarray, " byte_tokens"]
     description: str = ""
 
     @property
@@ -155,6 +178,9 @@ class PushdownAutomaton:
                 self.candidates,
                 self.token_bytes,
                 self.token_length,
+                self.distance,
+                self.budget_cost,
+                self.byte_tokens,
             )
         )
 
@@ -194,18 +220,33 @@ class PushdownAutomaton:
         config = self.walk(data)
         return config is not None and self.can_end(config)
 
-    def allowed(self, config) -> Bool[np.ndarray, " vocab"]:
-        """The tokens the device allows in `config`, computed from the tables as the device
-        does (bitmask row + candidates walked exactly), EOS included."""
+    def need(self, config) -> int:
+        """An upper bound on the tokens that end the text from `config`: the fewest one-byte
+        tokens that finish the current rule and then each rule on the stack."""
+        pos, stack = config
+        return int(self.distance[pos]) + sum(int(self.distance[p]) for p in stack)
+
+    def allowed(self, config, remaining: int | None = None) -> Bool[np.ndarray, " vocab"]:
+        """The tokens the device allows in `config` with `remaining` tokens left to generate
+        (this one included; `None`: no budget), computed from the tables as the device does
+        (bitmask row + candidates and one-byte tokens walked exactly), EOS included."""
         pos, stack = config
         room = self.stack_depth - len(stack)
         slot = self.slot_of[self.position_rule[pos], stack[-1] if stack else 0]
         row = self.masks[self.mask_row[pos, slot, min(room, self.mask_row.shape[2] - 1)]]
         bits = np.unpackbits(row.view(np.uint8), bitorder="little")[: self.vocab_size].astype(bool)
-        for t in self.candidates[pos, slot]:
+        below = self.need(config) - int(self.distance[pos])
+        if remaining is not None and below + int(self.budget_cost[pos, slot]) > remaining - 1:
+            bits[:] = False  # near the end of the budget: exact checks only
+
+        def exact(t) -> bool:
+            data = bytes(self.token_bytes[t, : self.token_length[t]])
+            after = self.walk(data, config)
+            return after is not None and (remaining is None or self.need(after) <= remaining - 1)
+
+        for t in (*self.byte_tokens, *self.candidates[pos, slot]):
             if t < self.vocab_size:
-                data = bytes(self.token_bytes[t, : self.token_length[t]])
-                bits[t] = self.walk(data, config) is not None
+                bits[t] = exact(t)
         bits[list(self.eos_token_id)] = self.can_end(config)
         return bits
 
@@ -411,10 +452,18 @@ def build_pushdown(
     ]
 
     initial = int(offsets[0]) + automata[0].initial
-    masks, mask_row, candidates, candidate_bytes = _token_tables(
-        nxt, push, byte_class, position_sites, position_slots, vocabulary, stack_depth
+    distance = _distances(nxt, push, final, byte_class, vocabulary)
+    masks, mask_row, candidates, candidate_bytes, budget_cost = _token_tables(
+        nxt, push, byte_class, position_sites, position_slots, vocabulary, stack_depth, distance
     )
     token_bytes, token_length = _token_byte_matrix(vocabulary)
+    byte_tokens = np.flatnonzero(vocabulary.token_length == 1)
+    byte_tokens = np.concatenate(
+        [
+            byte_tokens,
+            np.full(_bucket(byte_tokens.size, 8) - byte_tokens.size, vocabulary.vocab_size),
+        ]
+    ).astype(np.int32)
     return PushdownAutomaton(
         byte_class=byte_class.astype(np.int32),
         next=nxt,
@@ -432,8 +481,34 @@ def build_pushdown(
         eos_token_id=tuple(vocabulary.eos_token_id),
         position_rule=position_rule,
         rule_names=names,
+        distance=distance,
+        budget_cost=budget_cost,
+        byte_tokens=byte_tokens,
         description=description,
     )
+
+
+def _distances(nxt, push, final, byte_class, vocabulary: TokenVocabulary):
+    """The fewest one-byte tokens from each position to one where its rule may end: 0 where
+    it may, else `1 + distance[next] + sum(distance[pushed])` minimised over the bytes that are
+    tokens by themselves (a shortest-path fixed point over the tables). Summed over a
+    configuration's position and stack it bounds the tokens that end the text: the one-byte
+    token of the first byte of that shortest completion exists and lowers the sum by one (a
+    rule that may end never reads a byte that a return position below reads, so the byte
+    returns as the sum assumes)."""
+    single = vocabulary.token_length == 1
+    readable = np.zeros(int(byte_class.max()) + 1, bool)
+    readable[byte_class[[vocabulary.token_bytes[t][0] for t in np.flatnonzero(single)]]] = True
+    edge = (nxt > 0) & readable[None, : nxt.shape[1]]
+    distance = np.where(final, 0, UNREACHABLE).astype(np.int64)
+    distance[DEAD] = UNREACHABLE
+    while True:
+        pushed = np.where(push > 0, distance[push], 0).sum(axis=-1)
+        step = np.where(edge, 1 + distance[np.maximum(nxt, 0)] + pushed, UNREACHABLE)
+        new = np.minimum(distance, np.minimum(step.min(axis=1), UNREACHABLE))
+        if (new == distance).all():
+            return distance.astype(np.int32)
+        distance = new
 
 
 def _token_byte_matrix(vocabulary: TokenVocabulary):
@@ -456,9 +531,11 @@ def _token_tables(
     position_slots,
     vocabulary: TokenVocabulary,
     stack_depth: int,
+    distance,
 ):
     """Walk every token from every (position, top of stack) over the vocabulary's trie (see the
-    module docstring, step 3). Returns `(masks, mask_row, candidates, candidate_bytes)`."""
+    module docstring, step 3). Returns `(masks, mask_row, candidates, candidate_bytes,
+    budget_cost)`."""
     num_positions = nxt.shape[0]
     vocab = vocabulary.vocab_size
     trie = token_trie(vocabulary)
@@ -515,6 +592,7 @@ def _token_tables(
         return out, death, returned
 
     memo: dict = {}
+    info_cost: list = []  # distance[position] + sum(distance[pushed]) per extended state
 
     unknown, dead, several = -3, -1, -2
     dense: dict = {}  # (peak, top) -> id of (position, (), 0, peak, top) per position, -1 if new
@@ -587,7 +665,7 @@ def _token_tables(
         poison = np.zeros(origin.size, bool)
         returned = np.zeros(origin.size, bool)
         unique_keys = True  # one extended state per (origin, node): no merging needed
-        found = ([], [], [], [])
+        found = ([], [], [], [], [])
         while origin.size:
             owner, child = _ragged(trie.child_ptr, node)
             if not owner.size:
@@ -634,26 +712,33 @@ def _token_tables(
                 kext = ext
             # Tokens ending at the reached nodes.
             info_peak = np.fromiter((x[3] for x in ext_info), np.int64, len(ext_info))
+            while len(info_cost) < len(ext_info):
+                x = ext_info[len(info_cost)]
+                info_cost.append(int(distance[x[0]]) + sum(int(distance[v]) for v in x[1]))
+            cost = np.asarray(info_cost, np.int64)
             if inv2 is None:
-                kpeak = info_peak[kext]
+                kpeak, kcost = info_peak[kext], cost[kext]
             else:
                 kpeak = np.zeros(reached.size, np.int64)
                 np.maximum.at(kpeak, inv2, info_peak[kext])
+                kcost = np.zeros(reached.size, np.int64)
+                np.maximum.at(kcost, inv2, cost[kext])
             holder, tindex = _ragged(trie.token_ptr, reached % num_nodes)
             found[0].append(reached[holder] // num_nodes)
             found[1].append(trie.token_ids[tindex])
             found[2].append(~poison[first][holder])
             found[3].append(kpeak[holder])
+            found[4].append(kcost[holder])
         out = tuple(
             np.concatenate(a) if a else np.zeros(0, dt)
-            for a, dt in zip(found, (np.int64, np.int64, bool, np.int64))
+            for a, dt in zip(found, (np.int64, np.int64, bool, np.int64, np.int64))
         )
         return out, returned
 
     # Pass 1: each position, whatever is on the stack. Tokens from a position that never
     # returns below its rule do not depend on the stack: their result holds for every slot.
     positions = np.arange(1, num_positions)
-    (o1, t1, s1, k1), returned = walk([intern((int(p), (), 0, 0, None)) for p in positions])
+    (o1, t1, s1, k1, c1), returned = walk([intern((int(p), (), 0, 0, None)) for p in positions])
     # Pass 2: the positions that do return, once per slot (the top of the stack known).
     pairs = [
         (p, k, site) for p in range(1, num_positions) for k, site in enumerate(position_slots[p])
@@ -663,9 +748,9 @@ def _token_tables(
     origin_slot = np.array([k for _, k, _ in pairs], np.int64)
     num_origins = len(pairs)
     again = [i for i, (p, _, _) in enumerate(pairs) if returned[p - 1]]
-    (o2, t2, s2, k2), _ = walk([intern((pairs[i][0], (), 0, 0, pairs[i][2])) for i in again])
+    (o2, t2, s2, k2, c2), _ = walk([intern((pairs[i][0], (), 0, 0, pairs[i][2])) for i in again])
     keep = ~returned[o1]
-    o1, t1, s1, k1 = o1[keep], t1[keep], s1[keep], k1[keep]
+    o1, t1, s1, k1, c1 = o1[keep], t1[keep], s1[keep], k1[keep], c1[keep]
     slots_of = [
         np.array([pair_index[p, k] for k in range(len(position_slots[p]))], np.int64)
         for p in positions
@@ -676,7 +761,12 @@ def _token_tables(
     f_token = np.concatenate([np.repeat(t1, fan), t2])
     f_sure = np.concatenate([np.repeat(s1, fan), s2])
     f_peak = np.concatenate([np.repeat(k1, fan), k2])
+    f_cost = np.concatenate([np.repeat(c1, fan), c2])
     sure = f_sure & (f_peak < MAX_LEVELS)
+    costliest = np.zeros(num_origins, np.int64)
+    np.maximum.at(costliest, f_origin[sure], f_cost[sure])
+    budget_cost = np.zeros((num_positions, num_slots), np.int32)
+    budget_cost[origin_position, origin_slot] = costliest
     levels = int(f_peak[sure].max(initial=0)) + 1
     words = (vocab + 31) // 32
     packed = np.zeros((num_origins, levels, words), np.uint32)
@@ -709,6 +799,7 @@ def _token_tables(
         mask_row.astype(np.int32),
         candidates,
         candidate_bytes,
+        budget_cost,
     )
 
 
@@ -739,6 +830,9 @@ class PushdownConstraint(AbstractLogitsProcessor):
     candidates: Int[Array, "positions slots candidates"]
     token_bytes: UInt8[Array, "vocab max_bytes"]
     token_length: Int[Array, " vocab"]
+    distance: Int[Array, " positions"]
+    budget_cost: Int[Array, "positions slots"]
+    byte_tokens: Int[Array, " byte_tokens"]
     constraint_id: Int[Array, "*rows"] = per_row_field()
     candidate_bytes: int = eqx.field(static=True)
     stack_depth: int = eqx.field(static=True)
@@ -758,6 +852,9 @@ class PushdownConstraint(AbstractLogitsProcessor):
         self.candidates = jnp.asarray(a.candidates)
         self.token_bytes = jnp.asarray(a.token_bytes)
         self.token_length = jnp.asarray(a.token_length)
+        self.distance = jnp.asarray(a.distance)
+        self.budget_cost = jnp.asarray(a.budget_cost)
+        self.byte_tokens = jnp.asarray(a.byte_tokens)
         ids = np.asarray(constraint_id)
         if (
             ids.ndim > 1
@@ -824,6 +921,12 @@ class PushdownConstraint(AbstractLogitsProcessor):
             )[1]
         return jax.lax.fori_loop(0, num_bytes, body, config)
 
+    def _need(self, config) -> Int[Array, ""]:
+        """`PushdownAutomaton.need`: the distance of the position plus those on the stack."""
+        pos, stack, sp = config
+        on_stack = jnp.arange(self.stack_depth) < sp
+        return self.distance[pos] + jnp.where(on_stack, self.distance[stack], 0).sum()
+
     def process(self, state, logits: Float[Array, " vocab"], context: Context):
         """Advance on the previous token, then mask (see the module docstring).
 
@@ -843,10 +946,20 @@ class PushdownConstraint(AbstractLogitsProcessor):
         words = self.masks[self.mask_row[pos, slot, jnp.minimum(room, self.mask_row.shape[2] - 1)]]
         iota = jnp.arange(vocab)
         allowed = ((words[iota >> 5] >> (iota & 31).astype(jnp.uint32)) & 1).astype(bool)
-        candidates = self.candidates[pos, slot]
-        safe = jnp.minimum(candidates, vocab - 1)
-        walked = jax.vmap(lambda t: self._token(state, t, self.candidate_bytes)[0])(safe)
-        allowed = allowed.at[candidates].set(walked != DEAD, mode="drop")
+        # The budget: a token may leave at most `remaining - 1` tokens to end the text. The
+        # bitmask row holds when its costliest token does; otherwise only the exact checks below.
+        remaining = context.max_new_tokens - context.num_generated  # this token included
+        below = self._need(state) - self.distance[pos]
+        allowed = allowed & (below + self.budget_cost[pos, slot] <= remaining - 1)
+
+        def exact(allowed, tokens, num_bytes):
+            safe = jnp.minimum(tokens, vocab - 1)
+            after = jax.vmap(lambda t: self._token(state, t, num_bytes))(safe)
+            ok = (after[0] != DEAD) & (jax.vmap(self._need)(after) <= remaining - 1)
+            return allowed.at[tokens].set(ok, mode="drop")
+
+        allowed = exact(allowed, self.byte_tokens, 1)
+        allowed = exact(allowed, self.candidates[pos, slot], self.candidate_bytes)
         on_stack = jnp.arange(self.stack_depth) < sp
         can_end = self.final[pos] & jnp.all(jnp.where(on_stack, self.final[stack], True))
         allowed = allowed.at[jnp.asarray(self.eos_token_id, jnp.int32)].set(can_end)

@@ -334,8 +334,10 @@ def test_unsatisfiable_object_is_refused():
         )
 
 
-def test_dependent_required_matches_jsonschema():
+@pytest.mark.parametrize("draft", ["2020-12", "draft-07"])
+def test_dependent_required_matches_jsonschema(draft):
     # Every subset of {a, b, c, d} (listed order), compact: accepted iff jsonschema validates it.
+    # Draft 7's `dependencies` with lists of names is the same keyword (MaskBench has it).
     import itertools
     import re
 
@@ -348,13 +350,16 @@ def test_dependent_required_matches_jsonschema():
             "b": {"type": "integer"},
             "c": {"type": "integer"},
         },
-        "dependentRequired": {"a": ["b"], "c": ["a", "d"]},
     }
+    if draft == "2020-12":
+        schema["dependentRequired"] = {"a": ["b"], "c": ["a", "d"]}
+    else:
+        schema["$schema"] = "http://json-schema.org/draft-07/schema#"
+        schema["dependencies"] = {"a": ["b"], "c": ["a", "d"]}
     for closed in (False, True):
         regex = re.compile(json_schema_regex(schema, closed_objects=closed))
-        validator = jsonschema.Draft202012Validator(
-            {**schema, **({"additionalProperties": False} if closed else {})}
-        )
+        full = {**schema, **({"additionalProperties": False} if closed else {})}
+        validator = jsonschema.validators.validator_for(full)(full)
         accepted = 0
         for n in range(5):
             for keys in itertools.combinations("abcd", n):
@@ -429,3 +434,61 @@ def test_keywords_without_type_constrain_only_their_type():
         assert bool(regex.fullmatch(text)) == jsonschema.Draft202012Validator(schema).is_valid(
             document
         ), text
+
+
+def test_a_schema_whose_regex_explodes_is_refused_at_once():
+    # Ten definitions that each use the one below twice: 1,024 copies of a date-time regex,
+    # over a million characters. Refused before the regex is built (the markers' sizes are
+    # summed first), not after minutes of regex -> DFA compilation.
+    import time
+
+    defs = {"a0": {"type": "string", "format": "date-time"}}
+    for i in range(1, 11):
+        below = {"$ref": f"#/$defs/a{i - 1}"}
+        defs[f"a{i}"] = {
+            "type": "object",
+            "properties": {"x": below, "y": below},
+            "required": ["x", "y"],
+        }
+    start = time.perf_counter()
+    with pytest.raises(fg.structured.ConstraintError, match="too large"):
+        json_schema_regex({"$defs": defs, "$ref": "#/$defs/a10"})
+    assert time.perf_counter() - start < 20  # 0.5 s alone, 4 s under the runtime type checks
+
+
+def test_enums_without_a_common_value_match_nothing():
+    # An enum none of whose values has the node's type, or two enums / consts in `allOf` with
+    # nothing in common, allow no value: an optional property with such a schema is left out
+    # (MaskBench: `{"enum": ["MODIFIABLE", ...], "type": "object"}`); enums in `allOf` intersect.
+    import re
+
+    import jsonschema
+
+    schema = {
+        "type": "object",
+        "properties": {
+            "a": {"enum": ["x", "y"], "type": "object"},
+            "b": {"allOf": [{"enum": ["x", "y", 1]}, {"enum": ["y", 1.0, "z"]}]},
+            "c": {"allOf": [{"const": "x"}, {"const": "y"}]},
+            "d": {"const": 2, "enum": [1, 2]},
+        },
+        "additionalProperties": False,
+    }
+    regex = re.compile(json_schema_regex(schema))
+    validator = jsonschema.Draft202012Validator(schema)
+    for doc in (
+        {},
+        {"a": "x"},
+        {"a": {}},
+        {"b": "y"},
+        {"b": 1},
+        {"b": "x"},
+        {"b": "z"},
+        {"c": "x"},
+        {"d": 2},
+        {"d": 1},
+    ):
+        text = json.dumps(doc, separators=(",", ":"))
+        assert bool(regex.fullmatch(text)) == validator.is_valid(doc), text
+    with pytest.raises(UnsupportedSchemaError, match="no JSON value"):
+        json_schema_regex({"enum": ["x"], "type": "integer"})

@@ -25,6 +25,9 @@ PATTERNS = {
     r"\s": "\t",
     r"[é-ü]+": "éü",
     r"^a|b$": "b",
+    r"^$|(^(?:\S+\s+){0,3}\S+$)": "ab cd",  # anchors inside a group (MaskBench)
+    r"^([0-9x]+\.[0-9x]+$|\%VERSION\%)": "%VERSION% 1",
+    r"(a|^b)c": "bc",
 }
 
 
@@ -51,6 +54,19 @@ def test_translation_matches_json_text_of_matching_strings(pattern):
     ), example
     # JSON-escape forms of quote and backslash are the only way to write them
     assert not translated.fullmatch('"a"b"')
+
+
+@pytest.mark.parametrize("pattern", [r"^$|(^a+ b$)", r"^(ab$|x)", r"(a|^b)c", r"((^a))$"])
+def test_anchors_inside_groups_are_distributed_exactly(pattern):
+    # `^(A$|B)` is `^A$|^B`: the translation accepts exactly the strings Python's `re` finds
+    # the pattern in (no class here has a Unicode meaning the translation would narrow).
+    translated = re.compile('"' + json_string_pattern(pattern) + '"')
+    python = re.compile(pattern)
+    for value in _json_strings():
+        if any(c in value for c in "\n\t\x01"):
+            continue  # no control character is generated (module docstring)
+        text = json.dumps(value, ensure_ascii=False)
+        assert bool(translated.fullmatch(text)) == bool(python.search(value)), (pattern, value)
 
 
 def test_translation_keeps_plain_matches():

@@ -24,22 +24,38 @@ from .grammar_strings import mutate, sample
 from .helpers import context_for
 
 
-def _lark_accepts(parser, text: bytes) -> bool:
+def _lark_accepts(parser, text: bytes, fast=None) -> bool:
+    """Whether lark's `parser` (Earley) parses `text`. `fast`: an LALR parser of the same
+    grammar, tried first: what it parses is in the language; what it refuses (its contextual
+    lexer may split differently) is judged by Earley, 10-100x slower on long texts."""
     try:
-        parser.parse(text.decode("utf-8"))
-    except (lark.exceptions.LarkError, UnicodeDecodeError):
+        text = text.decode("utf-8")
+    except UnicodeDecodeError:
         return False
-    return True
+    for p in (fast, parser) if fast is not None else (parser,):
+        try:
+            p.parse(text)
+        except lark.exceptions.LarkError:
+            continue
+        return True
+    return False
+
+
+def _lalr_or_none(grammar: str):
+    try:
+        return lark.Lark(grammar, parser="lalr")
+    except lark.exceptions.GrammarError:
+        return None
 
 
 @pytest.mark.parametrize("name", sorted(PUSHDOWN_GRAMMARS))
 def test_acceptance_equals_lark(name, vocabulary):
-    # 200 random sentences and 200 single-character mutations of them (most rejected), each
-    # judged by lark's Earley parser and by the pushdown automaton.
+    # 500 random sentences and 500 single-character mutations of them (most rejected), each
+    # judged by lark's parser and by the pushdown automaton.
     grammar = PUSHDOWN_GRAMMARS[name]
     spec = parse_grammar(grammar)
     pda = pushdown_automaton(grammar, vocabulary)
-    parser = lark.Lark(grammar, parser="earley")
+    parser, fast = lark.Lark(grammar, parser="earley"), _lalr_or_none(grammar)
     alphabet = bytes(
         sorted(
             set(b"".join(sample(spec, np.random.default_rng(i)) for i in range(50)))
@@ -48,14 +64,14 @@ def test_acceptance_equals_lark(name, vocabulary):
     )
     rng = np.random.default_rng(0)
     counts = {True: 0, False: 0}
-    for i in range(400):
+    for i in range(1000):
         text = sample(spec, rng, max_depth=10)
         if i % 2:
             text = mutate(text, alphabet, rng)
-        expected = _lark_accepts(parser, text)
+        expected = _lark_accepts(parser, text, fast)
         assert pda.accepts(text) == expected, (name, text, expected)
         counts[expected] += 1
-    assert counts[True] >= 150 and counts[False] >= 50, counts
+    assert counts[True] >= 375 and counts[False] >= 125, counts
 
 
 def _brute_force(pda, vocabulary, config):
@@ -95,15 +111,18 @@ def test_token_tables_equal_a_brute_force_walk(name, text, stack_depth, vocabula
     assert checked >= 3
 
 
-def test_device_step_equals_the_host_tables(vocabulary):
+@pytest.mark.parametrize("budget", [None, 14])
+def test_device_step_equals_the_host_tables(budget, vocabulary):
     # A random token walk: at each step the jitted `process` keeps the same position and stack
-    # as the host walk and masks exactly the tokens `allowed` gives.
+    # as the host walk and masks exactly the tokens `allowed` gives (with a budget of
+    # `max_new_tokens`, too: the walk then ends inside the language).
     pda = build_pushdown(parse_grammar(JSON_GRAMMAR), vocabulary, stack_depth=5)
     processor = fg.structured.PushdownConstraint(pda)
     step = jax.jit(lambda s, logits, c: processor.process(s, logits, c))
     rng = np.random.default_rng(1)
     ids = [1, 2, 3]
-    state = processor.init(context_for(ids, 3, max_len=64))
+    limit = {} if budget is None else {"max_new_tokens": budget}
+    state = processor.init(context_for(ids, 3, max_len=64, **limit))
     shapes = jax.tree.map(lambda x: (x.shape, x.dtype), state)
     config = (pda.initial, ())
     brackets = [
@@ -111,13 +130,13 @@ def test_device_step_equals_the_host_tables(vocabulary):
         for t in range(vocabulary.vocab_size)
         if vocabulary.token_bytes[t] in (b"[", b"{", b' {"', b"[[")
     ]
-    for _k in range(30):
+    for k in range(30 if budget is None else budget):
         state, logits = step(
-            state, jnp.zeros(vocabulary.vocab_size), context_for(ids, 3, max_len=64)
+            state, jnp.zeros(vocabulary.vocab_size), context_for(ids, 3, max_len=64, **limit)
         )
         assert jax.tree.map(lambda x: (x.shape, x.dtype), state) == shapes
         assert int(state[0]) == config[0] and state_stack(state) == list(config[1])
-        host = pda.allowed(config)
+        host = pda.allowed(config, None if budget is None else budget - k)
         np.testing.assert_array_equal(np.isfinite(np.asarray(logits)), host)
         open_ = [t for t in brackets if host[t]]
         token = (
@@ -130,6 +149,8 @@ def test_device_step_equals_the_host_tables(vocabulary):
         ids.append(token)
         config = pda.walk(vocabulary.token_bytes[token], config)
     assert max(len(s) for s in [config[1]]) >= 0
+    if budget is not None:
+        assert pda.can_end(config), config  # the budget ran out inside the language
 
 
 def test_json_with_stack_depth_32_builds_fast(vocabulary):
@@ -184,6 +205,29 @@ def test_generated_json_parses(random_model, tokenizer):
             parser.parse(text)
         else:
             assert reason != "constraint"  # the mask never leaves a row without a token
+
+
+@pytest.mark.parametrize("name", ["json", "arithmetic", "lisp"])
+def test_rows_end_inside_the_language_within_max_new_tokens(name, random_model, tokenizer):
+    # A budget too small for what a random walk opens: the mask steers every row to close its
+    # brackets in time, so each text (EOS or "length") is a whole sentence that lark parses.
+    grammar = PUSHDOWN_GRAMMARS[name]
+    processor = fg.processors.Grammar(grammar, tokenizer)
+    assert processor.pushdown is not None
+    parser = lark.Lark(grammar, parser="earley")
+    for max_new_tokens, seed in ((6, 0), (12, 1)):
+        result = fg.generate(
+            random_model,
+            tokenizer,
+            ["a", "b", "c", "d", "e", "f"],
+            max_new_tokens=max_new_tokens,
+            processors=[processor],
+            sampler=fg.samplers.Multinomial(),
+            key=jax.random.key(seed),
+        )
+        for text, reason in zip(result.texts, result.finish_reasons):
+            assert reason in ("eos", "length"), (text, reason)
+            assert _lark_accepts(parser, text.encode()), (max_new_tokens, text, reason)
 
 
 JSON_GBNF = r"""
