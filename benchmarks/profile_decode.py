@@ -107,7 +107,9 @@ def main(argv=None) -> int:
     def attention(layers, cache, q):
         out = 0.0
         for layer, k_cache, v_cache in zip(layers, cache.k, cache.v):
-            out = out + layer.self_attn._attend(q, k_cache, v_cache, cache.positions, position)
+            out = out + layer.self_attn._attend(
+                q, k_cache, v_cache, cache.positions, position, None
+            )
         return out
 
     @functools.partial(jax.jit, donate_argnums=(0, 1))
