@@ -3,8 +3,9 @@ and against transformers with `past_key_values` reuse, in one run.
 
     .venv/bin/python benchmarks/bench_chat.py [--turns 6] [--new-tokens 60] [--repeats 4]
 
-SmolLM2-135M-Instruct (the embedded default model), float32, greedy, EOS disabled so that every
-turn generates exactly `--new-tokens` tokens. Each turn appends a user message with the chat
+SmolLM2-135M-Instruct (the embedded default model), float32, greedy, EOS suppressed (ours:
+`MinNewTokens`, transformers: `min_new_tokens`) so that every turn generates exactly
+`--new-tokens` tokens and both write the same tokens. Each turn appends a user message with the chat
 template's continuation and generates the assistant's answer:
 
 - `reuse`: `fg.generate(model, tokenizer, state + [message])`: only the new turn is prefilled.
@@ -41,19 +42,25 @@ QUESTIONS = [
 
 
 def ours(model, tokenizer, turns, n, reuse):
+    # EOS suppressed as transformers' `min_new_tokens` does, so both write the same tokens
+    keep = [fg.processors.MinNewTokens(n, model.eos_token_id)]
     state, times = None, []
     for q in QUESTIONS[:turns]:
         message = [{"role": "user", "content": q}]
         t = time.perf_counter()
         if state is None:
-            result = fg.generate(model, tokenizer, [message], max_new_tokens=n, eos_token_id=())
+            result = fg.generate(
+                model, tokenizer, [message], max_new_tokens=n, eos_token_id=(), processors=keep
+            )
         else:
             nxt = state + message
             if not reuse:
                 nxt = fg.SequenceState.from_token_ids(
                     nxt.row_token_ids(), vocab_size=model.vocab_size, tokenizer=tokenizer
                 )
-            result = fg.generate(model, tokenizer, nxt, max_new_tokens=n, eos_token_id=())
+            result = fg.generate(
+                model, tokenizer, nxt, max_new_tokens=n, eos_token_id=(), processors=keep
+            )
         jax.block_until_ready(result.state.arrays)
         times.append(time.perf_counter() - t)
         state = result.state
