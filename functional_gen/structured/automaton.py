@@ -196,13 +196,16 @@ def from_transitions(
     vocab_size: int,
     eos_token_id: tuple[int, ...],
     description: str = "",
+    token_map: Int[np.ndarray, " vocab"] | None = None,
 ) -> TokenAutomaton:
     """Build a `TokenAutomaton` from a token-level transition list (any state numbering).
 
     **Arguments:** `src`, `tok`, `dst`: one entry per allowed (state, token) pair, without the
     end-of-generation tokens; `initial`, `accepting`: state ids in the same numbering (non-
     negative ints); `vocab_size`; `eos_token_id` (allowed exactly in accepting states);
-    `description`.
+    `description`; `token_map`: when given, `tok` numbers representatives of groups of tokens
+    with equal transitions and `token_map[t]` is token `t`'s representative (the tables are the
+    same as with every token listed).
 
     **Returns:** the automaton with states renumbered (0 dead, 1 initial), states that cannot
     reach an accepting state (or cannot be reached) pruned, and token classes computed.
@@ -224,7 +227,13 @@ def from_transitions(
     src, dst, accepting = lookup[src], lookup[dst], lookup[accepting]
     num_states = others.size + 2
 
-    token_class, table = _token_classes(src, tok, dst, vocab_size, num_states)
+    if token_map is None:
+        token_class, table = _token_classes(src, tok, dst, vocab_size, num_states)
+    else:
+        token_map = np.asarray(token_map, np.int64)
+        num_groups = int(max(token_map.max(initial=-1), tok.max(initial=-1))) + 1
+        group_class, table = _token_classes(src, tok, dst, num_groups, num_states)
+        token_class = group_class[token_map]
 
     # Distances to acceptance on the (small) state graph, then pruning.
     edge_src = np.repeat(np.arange(num_states), table.shape[1])
