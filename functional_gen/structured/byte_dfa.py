@@ -31,6 +31,7 @@ from .automaton import (
     _short,
     cached,
     from_transitions,
+    unique_columns,
 )
 from .vocabulary import TokenVocabulary
 
@@ -182,8 +183,7 @@ def minimize(dfa: ByteDFA) -> ByteDFA:
     Source: E. F. Moore, "Gedanken-experiments on sequential machines" (1956).
     """
     dfa = trim(dfa)
-    columns, byte_class = np.unique(dfa.delta, axis=1, return_inverse=True)
-    byte_class = byte_class.reshape(-1)
+    columns, byte_class = unique_columns(dfa.delta)
     blocks, count = _refine(columns, dfa.accepting, hashed=True)
     representative = np.zeros(count, np.int64)
     representative[blocks] = np.arange(dfa.num_states)
@@ -306,8 +306,7 @@ def _token_functions(delta, trie: TokenTrie):
     passes) plus distinct (map, byte class) pairs times states -- not (state, token) pairs.
     """
     num_states = delta.shape[0]
-    columns, byte_class = np.unique(delta, axis=1, return_inverse=True)
-    byte_class = byte_class.reshape(-1)
+    columns, byte_class = unique_columns(delta)
     num_classes = columns.shape[1]
     step = np.full((num_states + 1, num_classes), num_states, np.int32)  # row `states`: dead
     step[:num_states] = np.where(columns == REJECT, num_states, columns)
