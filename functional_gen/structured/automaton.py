@@ -140,6 +140,31 @@ def _ragged_gather(indptr, rows):
     return np.arange(total) + offsets
 
 
+def unique_columns(matrix: Int[np.ndarray, "rows cols"]) -> tuple[np.ndarray, np.ndarray]:
+    """`np.unique(matrix, axis=1, return_inverse=True)` of an integer matrix, inverse flattened:
+    the distinct columns in lexicographic order (row 0 first) and each column's index among them.
+
+    The same result, faster for tall matrices: columns are grouped by a random hash, the grouping
+    is checked exactly (`np.unique` itself on a mismatch), and only the distinct columns are
+    sorted (`np.lexsort`) instead of every column compared as a structured record.
+    """
+    rows, cols = matrix.shape
+    if rows == 0 or cols == 0:
+        distinct, inverse = np.unique(matrix, axis=1, return_inverse=True)
+        return distinct, inverse.reshape(-1)
+    weights = np.random.default_rng(0).integers(1, 2**63, rows, dtype=np.uint64)
+    keys = weights @ matrix.astype(np.uint64)  # wraps mod 2**64
+    _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
+    distinct = matrix[:, first]
+    if not np.array_equal(distinct[:, inverse], matrix):  # a hash collision
+        distinct, inverse = np.unique(matrix, axis=1, return_inverse=True)
+        return distinct, inverse.reshape(-1)
+    order = np.lexsort(distinct[::-1])
+    rank = np.empty(order.size, np.int64)
+    rank[order] = np.arange(order.size)
+    return distinct[:, order], rank[inverse.reshape(-1)]
+
+
 def _csr(keys, values, num_keys: int):
     """`values` grouped by `keys`: `(indptr, grouped_values)`."""
     order = np.argsort(keys, kind="stable")
@@ -196,13 +221,16 @@ def from_transitions(
     vocab_size: int,
     eos_token_id: tuple[int, ...],
     description: str = "",
+    token_map: Int[np.ndarray, " vocab"] | None = None,
 ) -> TokenAutomaton:
     """Build a `TokenAutomaton` from a token-level transition list (any state numbering).
 
     **Arguments:** `src`, `tok`, `dst`: one entry per allowed (state, token) pair, without the
     end-of-generation tokens; `initial`, `accepting`: state ids in the same numbering (non-
     negative ints); `vocab_size`; `eos_token_id` (allowed exactly in accepting states);
-    `description`.
+    `description`; `token_map`: when given, `tok` numbers representatives of groups of tokens
+    with equal transitions and `token_map[t]` is token `t`'s representative (the tables are the
+    same as with every token listed).
 
     **Returns:** the automaton with states renumbered (0 dead, 1 initial), states that cannot
     reach an accepting state (or cannot be reached) pruned, and token classes computed.
@@ -224,7 +252,13 @@ def from_transitions(
     src, dst, accepting = lookup[src], lookup[dst], lookup[accepting]
     num_states = others.size + 2
 
-    token_class, table = _token_classes(src, tok, dst, vocab_size, num_states)
+    if token_map is None:
+        token_class, table = _token_classes(src, tok, dst, vocab_size, num_states)
+    else:
+        token_map = np.asarray(token_map, np.int64)
+        num_groups = int(max(token_map.max(initial=-1), tok.max(initial=-1))) + 1
+        group_class, table = _token_classes(src, tok, dst, num_groups, num_states)
+        token_class = group_class[token_map]
 
     # Distances to acceptance on the (small) state graph, then pruning.
     edge_src = np.repeat(np.arange(num_states), table.shape[1])
@@ -252,8 +286,8 @@ def from_transitions(
     token_class[list(eos_token_id)] = table.shape[1] - 1
 
     # Pruning may have made columns equal: merge them (the all-zero column stays class 0).
-    table, inverse = np.unique(table, axis=1, return_inverse=True)
-    token_class = inverse.reshape(-1)[token_class]
+    table, inverse = unique_columns(table)
+    token_class = inverse[token_class]
     return TokenAutomaton(
         token_class=token_class.astype(np.int32),
         transitions=np.ascontiguousarray(table, np.int32),

@@ -93,3 +93,59 @@ def _check_lift(vocabulary, pattern):
                 break
             token = int(rng.choice(choices))
             a, b = ours.next_state(a, token), reference.next_state(b, token)
+
+
+def _walk_lift(dfa, vocabulary):
+    """The reference lifting: walk every (state, trie node) pair along the trie, level by level
+    (what `lift` did before it composed per-node state maps)."""
+    from functional_gen.structured.automaton import from_transitions
+    from functional_gen.structured.byte_dfa import REJECT, _ragged, token_trie, trim
+
+    dfa = trim(dfa)
+    trie = token_trie(vocabulary)
+    states = np.arange(dfa.num_states, dtype=np.int64)
+    origin, current, node = states, states, np.zeros(states.size, np.int64)
+    src, tok, dst = [], [], []
+    while origin.size:
+        owner, child = _ragged(trie.child_ptr, node)
+        nxt = dfa.delta[current[owner], trie.byte[child]]
+        alive = nxt != REJECT
+        origin, current, node = origin[owner[alive]], nxt[alive].astype(np.int64), child[alive]
+        holder, index = _ragged(trie.token_ptr, node)
+        src.append(origin[holder])
+        tok.append(trie.token_ids[index])
+        dst.append(current[holder])
+    return from_transitions(
+        np.concatenate(src),
+        np.concatenate(tok),
+        np.concatenate(dst),
+        initial=dfa.initial,
+        accepting=np.flatnonzero(dfa.accepting),
+        vocab_size=vocabulary.vocab_size,
+        eos_token_id=vocabulary.eos_token_id,
+    )
+
+
+@pytest.mark.parametrize("name", ["date", "phone", "ipv4", "uuid4", "person", "order", "unicode"])
+def test_lift_tables_equal_the_state_by_state_walk(vocabulary, name):
+    from functional_gen.structured.byte_dfa import lift
+
+    pattern = REGEXES[name][1] if name in REGEXES else json_schema_regex(SCHEMAS[name][1])
+    dfa = minimize(regex_byte_dfa(pattern))
+    ours, reference = lift(dfa, vocabulary), _walk_lift(dfa, vocabulary)
+    for field in ("token_class", "transitions", "distance"):
+        np.testing.assert_array_equal(getattr(ours, field), getattr(reference, field))
+        assert getattr(ours, field).dtype == getattr(reference, field).dtype
+
+
+def test_lift_tables_equal_the_state_by_state_walk_on_random_dfas(vocabulary):
+    from functional_gen.structured.byte_dfa import lift
+
+    rng = np.random.default_rng(0)
+    for states in (5, 40):
+        delta = rng.integers(0, states, (states, 256)).astype(np.int32)
+        delta[rng.random((states, 256)) < 0.7] = -1
+        dfa = ByteDFA(delta, rng.random(states) < 0.3, 0)
+        ours, reference = lift(dfa, vocabulary), _walk_lift(dfa, vocabulary)
+        for field in ("token_class", "transitions", "distance"):
+            np.testing.assert_array_equal(getattr(ours, field), getattr(reference, field))
