@@ -114,21 +114,19 @@ def _worker_setup(options: dict) -> None:
 
 
 def _compile(schema):
-    """The token automaton of `schema`, compiled as `JsonSchema` does, without caches; with
-    `--pushdown`, as `JsonSchema(free_form_depth=None)` does: a pushdown automaton when the schema
-    has free-form values and one can be built, else the token automaton."""
-    from functional_gen.structured.json_schema import json_schema_automaton, json_schema_pushdown
-    from functional_gen.structured.pda import NotDeterministic
+    """The automaton `JsonSchema` runs for `schema`, compiled without caches
+    (`json_schema_compile`: the token automaton of the schema's regex, or the grammar form, a
+    pushdown automaton, when that regex would be too large); with `--pushdown`, as
+    `JsonSchema(free_form_depth=None)` does: free-form values through the pushdown automaton;
+    with `--single-regex`, the token automaton only (the shape before the grammar form)."""
+    from functional_gen.structured.json_schema import json_schema_automaton, json_schema_compile
 
     options = dict(_WORKER["options"])
+    if options.pop("single_regex", False):
+        return json_schema_automaton(schema, _WORKER["vocabulary"], cache=False, **options)
     if options.pop("pushdown", False):
-        try:
-            automaton = json_schema_pushdown(schema, _WORKER["vocabulary"], **options)
-        except NotDeterministic:
-            automaton = None
-        if automaton is not None:
-            return automaton
-    return json_schema_automaton(schema, _WORKER["vocabulary"], cache=False, **options)
+        options["free_form_depth"] = None
+    return json_schema_compile(schema, _WORKER["vocabulary"], cache=False, **options)
 
 
 def _accepts(automaton, text: str) -> bool:
@@ -356,10 +354,20 @@ def main(argv=None) -> None:
         action="store_true",
         help="free-form values through the pushdown automaton (JsonSchema(free_form_depth=None))",
     )
+    parser.add_argument(
+        "--single-regex",
+        action="store_true",
+        help="one regex per schema, never the grammar form (json_schema_automaton)",
+    )
+    parser.add_argument(
+        "--files", nargs="+", help="only the schemas whose file name ends with one of these"
+    )
     parser.add_argument("--verbose", action="store_true", help="one line per schema")
     args = parser.parse_args(argv)
     splits = None if args.all else args.splits
     records = load_records(args.data, splits, args.limit, args.seed)
+    if args.files:
+        records = [r for r in records if r["file"].endswith(tuple(args.files))]
     if splits is None:
         splits = sorted({r["split"] for r in records})
     options = {"strict": False} if args.lenient else {}
@@ -367,6 +375,8 @@ def main(argv=None) -> None:
         options["closed_objects"] = True
     if args.pushdown:
         options["pushdown"] = True
+    if args.single_regex:
+        options["single_regex"] = True
     print(
         f"{len(records)} schemas from {args.data.name}; timeout {args.timeout:.0f} s; options {options}",
         file=sys.stderr,
