@@ -1786,7 +1786,8 @@ def json_schema_compile(
     automaton of `json_schema_pushdown` when the schema has free-form values.
 
     **Arguments:** `schema`, `vocabulary`; `cache`: use the caches (the token automaton's
-    memory and disk caches; the grammar form is memoised in memory only); `stack_depth`: of a
+    memory and disk caches; the grammar form is memoised in memory only, and `False` empties
+    that memo first); `stack_depth`: of a
     pushdown automaton; `options`: those of `json_schema_regex`.
 
     **Returns:** a `TokenAutomaton` or a `PushdownAutomaton`.
