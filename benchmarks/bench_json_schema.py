@@ -55,7 +55,7 @@ regex (370,000 characters, about 80 properties) outlines-core cannot turn into a
 (kb_737, kb_209, kb_765) time out. Faster token tables are what the rest needs.
 On the 21 schemas alone, back to back (`--files` the 16 too-large and 5 timed-out ones, then
 the same with `--single-regex`): 3 compiled against 2 (o32921 16 s, new; o41296 20 s as a
-grammar against 13 s as its 0.3-million-character single regex; kb_522 21 s / 20 s).
+grammar against 13 s as its single regex of 0.25 to 1 million characters; kb_522 21 s / 20 s).
 
 (the closed run rejects valid instances that carry properties beyond `properties`, as intended;
 its compile times show that the open objects' free-form values cost most of the time.)
