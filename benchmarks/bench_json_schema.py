@@ -34,6 +34,8 @@ other developers' jobs at a load average of about 10, so compile times are infla
 | `--pushdown` (free-form values through the pushdown automaton, `dependentRequired`; 2026-11-22) | 78/120 (65%) | 25 | 2,713 / 13,145 / 28,437 | 110/110 | 194/194 |
 | before the regex-size limit (load average 3-5) | 80/120 (67%) | 19 | 482 / 7,891 / 28,866 | 111/115 | 213/213 |
 | regex-size limit, one-pass markers, `dependencies`, empty enums, anchors in groups (load 2-2.5) | 91/120 (76%) | 3 | 470 / 7,654 / 16,055 | 123/127 | 235/235 |
+| same code, 22:12 UTC, as the baseline of the grammar form (load 1-3) | 89/120 (74%) | 5 | 222 / 5,508 / 19,565 | 120/124 | 234/234 |
+| grammar form for regexes over 250,000 characters (`json_schema_compile`, 23:02 UTC, load 2-3) | 92/120 (77%) | 5 | 323 / 6,220 / 23,800 | 125/129 | 240/240 |
 
 The last run's 29 refusals: 16 regexes over `_MAX_REGEX` (a million characters; refused in
 well under a second instead of timing out: these need the schema -> grammar compilation), 4
@@ -41,6 +43,19 @@ overlapping `oneOf`, 3 timeouts (o82710: a pattern whose DFA has 219,515 states;
 o32921: 0.4-0.8 million-character regexes), 3 `pattern` + length bounds, and one each of `not`,
 `format` + `maxLength`, a non-integer `minimum`. Its 4 valid instances rejected nest a
 free-form value deeper than `free_form_depth=1` (o13687 is accepted at depth 3).
+
+The grammar form (`json_schema_grammar`: large or shared subschemas become pushdown rules)
+compiled two of the 16 former "regex too large" refusals and timeouts within 30 s (Github_hard
+o32921: 21 s, 1,081 positions; o41296: 24 s, 1,947 positions), every test instance right. Of
+the others, 11 are refused at once because their rules' automata have over
+`_MAX_GRAMMAR_POSITIONS` (2,000) states in all (2,050 to 16,200): the pushdown token tables
+walk the vocabulary from every position at 20-80 ms each (o21316, 8,218 positions: 664 s of a
+688 s compile in `_token_tables`, 10 s in the rules' DFAs); 2 have one object rule whose
+regex (370,000 characters, about 80 properties) outlines-core cannot turn into an NFA; 3
+(kb_737, kb_209, kb_765) time out. Faster token tables are what the rest needs.
+On the 21 schemas alone, back to back (`--files` the 16 too-large and 5 timed-out ones, then
+the same with `--single-regex`): 3 compiled against 2 (o32921 16 s, new; o41296 20 s as a
+grammar against 13 s as its single regex of 0.25 to 1 million characters; kb_522 21 s / 20 s).
 
 (the closed run rejects valid instances that carry properties beyond `properties`, as intended;
 its compile times show that the open objects' free-form values cost most of the time.)
@@ -114,21 +129,19 @@ def _worker_setup(options: dict) -> None:
 
 
 def _compile(schema):
-    """The token automaton of `schema`, compiled as `JsonSchema` does, without caches; with
-    `--pushdown`, as `JsonSchema(free_form_depth=None)` does: a pushdown automaton when the schema
-    has free-form values and one can be built, else the token automaton."""
-    from functional_gen.structured.json_schema import json_schema_automaton, json_schema_pushdown
-    from functional_gen.structured.pda import NotDeterministic
+    """The automaton `JsonSchema` runs for `schema`, compiled without caches
+    (`json_schema_compile`: the token automaton of the schema's regex, or the grammar form, a
+    pushdown automaton, when that regex would be too large); with `--pushdown`, as
+    `JsonSchema(free_form_depth=None)` does: free-form values through the pushdown automaton;
+    with `--single-regex`, the token automaton only (the shape before the grammar form)."""
+    from functional_gen.structured.json_schema import json_schema_automaton, json_schema_compile
 
     options = dict(_WORKER["options"])
+    if options.pop("single_regex", False):
+        return json_schema_automaton(schema, _WORKER["vocabulary"], cache=False, **options)
     if options.pop("pushdown", False):
-        try:
-            automaton = json_schema_pushdown(schema, _WORKER["vocabulary"], **options)
-        except NotDeterministic:
-            automaton = None
-        if automaton is not None:
-            return automaton
-    return json_schema_automaton(schema, _WORKER["vocabulary"], cache=False, **options)
+        options["free_form_depth"] = None
+    return json_schema_compile(schema, _WORKER["vocabulary"], cache=False, **options)
 
 
 def _accepts(automaton, text: str) -> bool:
@@ -356,10 +369,20 @@ def main(argv=None) -> None:
         action="store_true",
         help="free-form values through the pushdown automaton (JsonSchema(free_form_depth=None))",
     )
+    parser.add_argument(
+        "--single-regex",
+        action="store_true",
+        help="one regex per schema, never the grammar form (json_schema_automaton)",
+    )
+    parser.add_argument(
+        "--files", nargs="+", help="only the schemas whose file name ends with one of these"
+    )
     parser.add_argument("--verbose", action="store_true", help="one line per schema")
     args = parser.parse_args(argv)
     splits = None if args.all else args.splits
     records = load_records(args.data, splits, args.limit, args.seed)
+    if args.files:
+        records = [r for r in records if r["file"].endswith(tuple(args.files))]
     if splits is None:
         splits = sorted({r["split"] for r in records})
     options = {"strict": False} if args.lenient else {}
@@ -367,6 +390,8 @@ def main(argv=None) -> None:
         options["closed_objects"] = True
     if args.pushdown:
         options["pushdown"] = True
+    if args.single_regex:
+        options["single_regex"] = True
     print(
         f"{len(records)} schemas from {args.data.name}; timeout {args.timeout:.0f} s; options {options}",
         file=sys.stderr,

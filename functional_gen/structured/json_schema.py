@@ -34,7 +34,20 @@ three become an `anyOf`: the property absent, or it and its dependencies present
 `$ref`s. With `strict=False` they are dropped instead (the output may then violate
 them), with one warning that lists them all, like llguidance's lenient mode. A schema whose
 whole regex would exceed `_MAX_REGEX` (a million characters: many optional properties, or
-definitions used many times) raises `ConstraintError` at once, before the regex is built.
+definitions used many times) makes `json_schema_regex` raise `ConstraintError` at once, before
+the regex is built.
+
+**Grammar form.** `JsonSchema` (through `json_schema_compile`) uses the single regex's token
+automaton while that regex has at most `_GRAMMAR_REGEX` characters (250,000); beyond, it
+compiles the schema's *grammar form* (`json_schema_grammar`): each large subschema (its regex
+over `_RULE_REGEX` characters, or over `_SHARED_RULE_REGEX` when used in several places: a
+definition referenced many times) becomes a rule of a pushdown automaton, called from its
+users' regexes instead of copied into them; only terminals (strings with patterns, formats and
+lengths, number ranges, keys) and small subschemas stay inlined regexes. A call site where one
+byte cannot choose between two rules (an `anyOf` of two objects) inlines them there. The
+grammar form is refused (`ConstraintError`, at once) when its rules' automata have more than
+`_MAX_GRAMMAR_POSITIONS` states in all: the pushdown token tables would take minutes. Recursive
+`$ref`s are still unrolled `max_recursion_depth` times before the rules are chosen.
 
 Where we follow llguidance (`docs/json_schema.md`): properties come in the order of
 `properties`; additional properties come after the listed ones; `format` is enforced;
@@ -399,6 +412,18 @@ _MAX_REGEX = 1_000_000
 DFA step then takes tens of seconds to minutes (measured on the MaskBench sample)."""
 
 
+class _RegexTooLarge(ConstraintError):
+    """A schema's single regex would exceed a size limit (`_MAX_REGEX`, or `_GRAMMAR_REGEX`
+    where the grammar form is tried): `JsonSchema` then compiles the grammar form."""
+
+    def __init__(self, size: int, limit: int):
+        self.size, self.limit = size, limit
+        super().__init__(
+            f"the schema's regex would have {size:,} characters (the limit is {limit:,}): "
+            "too large to compile into an automaton in reasonable time"
+        )
+
+
 class _TooLarge(Exception):
     """An object regex over `_MAX_OBJECT_REGEX` characters (caught by `_Rewriter._object`)."""
 
@@ -620,6 +645,7 @@ class _Rewriter:
     ):
         self.root = root
         self.substitutions: dict[str, str] = {}
+        self.names: dict[str, str] = {}
         self.tag = uuid.uuid4().hex[:12]
         self.strict, self.closed_objects = strict, closed_objects
         self.whitespace_pattern, self.max_recursion_depth = whitespace_pattern, max_recursion_depth
@@ -663,15 +689,22 @@ class _Rewriter:
             ) from None
 
     def marker(self, regex: str) -> dict:
-        name = f"FGSUB{len(self.substitutions)}X{self.tag}"
-        self.substitutions[name] = regex
+        """A `const` standing for `regex` (one name per distinct regex, so that a definition
+        used in many places is one marker: one rule of the grammar form)."""
+        name = self.names.get(regex)
+        if name is None:
+            name = self.names[regex] = f"FGSUB{len(self.substitutions)}X{self.tag}"
+            self.substitutions[name] = regex
         return {"const": name}
 
-    def substitute(self, regex: str) -> str:
+    def substitute(self, regex: str, limit: int = _MAX_REGEX) -> str:
         """`regex` with every marker (outlines-core's regex of the marker's `const`, the name
         between quotes) replaced by its regex, markers inside those expanded too: one pass per
         distinct marker, each expanded once (replacing them one at a time over the whole regex
-        is quadratic: 9 s for a schema with 17,000 markers)."""
+        is quadratic: 9 s for a schema with 17,000 markers).
+
+        **Raises:** `_RegexTooLarge` (a `ConstraintError`) when the result would have more than
+        `limit` characters (checked before it is built)."""
         found = re.compile(f'"(FGSUB[0-9]+X{self.tag})"')
         sizes: dict[str, int] = {}
 
@@ -684,11 +717,8 @@ class _Rewriter:
                 total += sizes[name] - len(match.group(0))
             return total
 
-        if (total := size(regex)) > _MAX_REGEX:
-            raise ConstraintError(
-                f"the schema's regex would have {total:,} characters (the limit is {_MAX_REGEX:,}): "
-                "too large to compile into an automaton in reasonable time"
-            )
+        if (total := size(regex)) > limit:
+            raise _RegexTooLarge(total, limit)
         expanded: dict[str, str] = {}
 
         def expand(match) -> str:
@@ -1315,6 +1345,31 @@ def json_schema_regex(
 
     Source: outlines-core's `build_regex_from_schema` plus the rewrites above.
     """
+    rewriter, regex = _rewrite(
+        schema,
+        whitespace_pattern=whitespace_pattern,
+        max_recursion_depth=max_recursion_depth,
+        strict=strict,
+        closed_objects=closed_objects,
+        free_form_depth=free_form_depth,
+    )
+    regex = rewriter.substitute(regex)
+    _warn_dropped(rewriter)
+    return regex
+
+
+def _rewrite(
+    schema,
+    *,
+    whitespace_pattern: str | None = None,
+    max_recursion_depth: int = DEFAULT_MAX_RECURSION_DEPTH,
+    strict: bool = True,
+    closed_objects: bool = False,
+    free_form_depth: int | _FreeValueCall | None = DEFAULT_FREE_FORM_DEPTH,
+) -> tuple[_Rewriter, str]:
+    """The rewriter after its pass over `schema` and the schema's regex with the markers left
+    in (`_Rewriter.substitute` expands them; the grammar form makes rules of some). Arguments and
+    errors as `json_schema_regex`."""
     if (
         isinstance(max_recursion_depth, bool)
         or not isinstance(max_recursion_depth, int)
@@ -1350,15 +1405,18 @@ def json_schema_regex(
             "no JSON value satisfies the schema (within "
             f"max_recursion_depth={max_recursion_depth} if it is recursive)",
         )
-    regex = rewriter.substitute(rewriter.regex_of(normalized))
+    return rewriter, rewriter.regex_of(normalized)
+
+
+def _warn_dropped(rewriter: _Rewriter) -> None:
+    """One `UserWarning` listing the keywords a `strict=False` rewrite dropped."""
     if rewriter.dropped:
         warnings.warn(
             f"JSON Schema: {len(rewriter.dropped)} keyword(s) cannot be enforced and were dropped "
             f"(strict=False): " + "; ".join(rewriter.dropped),
             UserWarning,
-            stacklevel=2,
+            stacklevel=3,
         )
-    return regex
 
 
 def json_schema_automaton(schema, vocabulary, *, cache: bool = True, **options):
@@ -1468,6 +1526,308 @@ def json_schema_pushdown(
     return automaton
 
 
+# ------------------------------------------------------------------ grammar form
+
+_GRAMMAR_REGEX = 250_000
+"""Characters of a schema's whole regex beyond which `JsonSchema` compiles the grammar form
+(`json_schema_grammar`) instead of one regex: the MaskBench schemas whose single regex timed out
+at 30 s had 0.4-8.9 million characters."""
+_RULE_REGEX = 20_000
+"""A subschema whose regex (its own rules called, not expanded) is longer becomes a rule."""
+_SHARED_RULE_REGEX = 2_000
+"""A subschema used in more than one place becomes a rule from this many characters."""
+_MAX_GRAMMAR_POSITIONS = 2_000
+"""Most positions (states of all the rules' byte DFAs) of a grammar form: its token tables walk
+the vocabulary from every position, about 20-80 ms each on the 2-core development machine
+(MaskBench Github_hard o21316: 8,219 positions, 11 minutes), so beyond this the schema is
+refused with the reason rather than compiled for minutes."""
+_MIN_RULE_REGEX = 300
+"""The smallest subschema regex that becomes a rule so that a larger one fits `_RULE_REGEX`."""
+_RULE_CALL = 0x02
+"""The byte that starts a rule call in a grammar-form regex, followed by two digit bytes
+`0x10 + i // 16`, `0x10 + i % 16` (rule `i`): control characters, which JSON text never holds
+raw (strings escape them, whitespace is space, tab, CR and LF)."""
+_MAX_RULES = 256
+_VALUE_FIRST = np.zeros(256, bool)
+_VALUE_FIRST[list(b'{["-0123456789tfn')] = True  # the first bytes of any JSON value
+
+
+def _rule_call(i: int) -> str:
+    """The regex of the call of schema rule `i` (three control characters)."""
+    return f"\\x{_RULE_CALL:02x}\\x{0x10 + i // 16:02x}\\x{0x10 + i % 16:02x}"
+
+
+def _plan_rules(rewriter: _Rewriter, regex: str, banned: set) -> tuple[str, list[str], list[str]]:
+    """Which markers of `rewriter` become rules, and every regex with them called.
+
+    Bottom-up over the markers (a DAG: one marker per distinct regex): a marker's size is its
+    regex with its non-rule markers expanded and its rules called; it becomes a rule when that
+    size exceeds `_RULE_REGEX`, or `_SHARED_RULE_REGEX` when it is used in more than one place,
+    unless it is `banned` (a call that would not be deterministic). A marker over `_RULE_REGEX`
+    first calls its largest subschemas (down to `_MIN_RULE_REGEX` characters) until it fits.
+    Returns `(root regex, rule
+    names, rule regexes)`, the regexes with each rule's marker replaced by `_rule_call`."""
+    found = re.compile(f'"(FGSUB[0-9]+X{rewriter.tag})"')
+    uses: dict[str, int] = {}
+    order: list[str] = []
+    seen: set = set()
+
+    def visit(text: str) -> None:
+        for match in found.finditer(text):
+            name = match.group(1)
+            uses[name] = uses.get(name, 0) + 1
+            if name not in seen:
+                seen.add(name)
+                visit(rewriter.substitutions[name])
+                order.append(name)  # after its children
+
+    visit(regex)
+    size: dict[str, int] = {}
+    index: dict[str, int] = {}
+    call_size = len(_rule_call(0))
+
+    def measured(text: str) -> int:
+        total = len(text)
+        for match in found.finditer(text):
+            name = match.group(1)
+            total += (call_size if name in index else size[name] + 4) - len(match.group(0))
+        return total
+
+    for name in order:
+        text = rewriter.substitutions[name]
+        size[name] = measured(text)
+        if size[name] > _RULE_REGEX:
+            # too large to be one regex: call its largest subschemas instead, until it fits
+            children = sorted(
+                {m.group(1) for m in found.finditer(text)} - index.keys() - banned,
+                key=lambda child: -size[child],
+            )
+            for child in children:
+                if size[name] <= _RULE_REGEX or size[child] < _MIN_RULE_REGEX:
+                    break
+                if len(index) < _MAX_RULES:
+                    index[child] = len(index)
+                    size[name] = measured(text)
+        limit = _SHARED_RULE_REGEX if uses[name] > 1 else _RULE_REGEX
+        if size[name] > limit and name not in banned and len(index) < _MAX_RULES:
+            index[name] = len(index)
+    expanded: dict[str, str] = {}
+
+    def expand(match) -> str:
+        name = match.group(1)
+        if name in index:
+            return _rule_call(index[name])
+        if name not in expanded:
+            expanded[name] = "(?:" + found.sub(expand, rewriter.substitutions[name]) + ")"
+        return expanded[name]
+
+    rules = list(index)
+    texts = [found.sub(expand, regex)] + [
+        "(?:" + found.sub(expand, rewriter.substitutions[name]) + ")" for name in rules
+    ]
+    for text in texts:
+        if len(text) > _MAX_REGEX:
+            raise _RegexTooLarge(len(text), _MAX_REGEX)
+    return texts[0], rules, texts[1:]
+
+
+def _rule_edges(regex: str, rules: int, free_value: bool) -> tuple[ByteDFA, np.ndarray]:
+    """The minimal byte DFA of a grammar-form regex with its calls as call columns: `(dfa,
+    calls)`, `calls[q, r]` the state after a call of rule `r` from `q` (`REJECT`: none); the
+    callables are the `rules` schema rules, then the free-form JSON value when `free_value`."""
+    dfa = minimize(regex_byte_dfa(regex))
+    delta = dfa.delta.copy()
+    calls = np.full((dfa.num_states, rules + free_value), REJECT, np.int32)
+    for q in np.flatnonzero(delta[:, _RULE_CALL] != REJECT):
+        first = delta[q, _RULE_CALL]
+        for high in np.flatnonzero(delta[first, 0x10:0x20] != REJECT):
+            second = delta[first, 0x10 + high]
+            for low in np.flatnonzero(delta[second, 0x10:0x20] != REJECT):
+                calls[q, 16 * high + low] = delta[second, 0x10 + low]
+    delta[:, _RULE_CALL] = REJECT
+    if free_value:
+        byte = FREE_VALUE_CALL.encode("utf-8")[0]
+        calls[:, rules] = delta[:, byte]
+        delta[:, byte] = REJECT
+    joined = minimize(ByteDFA(np.concatenate([delta, calls], axis=1), dfa.accepting, dfa.initial))
+    return ByteDFA(joined.delta[:, :256], joined.accepting, joined.initial), joined.delta[:, 256:]
+
+
+def _nondeterministic_calls(automata: list, rules: int) -> set[int]:
+    """The schema rules called where a one-byte lookahead cannot choose: a call whose first
+    bytes another call or a byte edge of the same state also reads, or a rule that matches the
+    empty string. `automata`: `(dfa, calls)` per regex (the root first, then rule `i` at
+    `1 + i`)."""
+    first: dict[int, np.ndarray] = {}
+
+    def first_bytes(r: int, busy: frozenset = frozenset()) -> np.ndarray:
+        if r == rules:
+            return _VALUE_FIRST
+        if r not in first:
+            dfa, calls = automata[1 + r]
+            out = dfa.delta[dfa.initial] != REJECT
+            for c in np.flatnonzero(calls[dfa.initial] != REJECT):
+                if int(c) not in busy and int(c) != r:
+                    out = out | first_bytes(int(c), busy | {r})
+            first[r] = out
+        return first[r]
+
+    bad = {r for r in range(rules) if automata[1 + r][0].accepting[automata[1 + r][0].initial]}
+    for dfa, calls in automata:
+        for q in np.flatnonzero((calls != REJECT).any(axis=1)):
+            called = [int(c) for c in np.flatnonzero(calls[q] != REJECT)]
+            reads = dfa.delta[q] != REJECT
+            for c in called:
+                mine = first_bytes(c)
+                others = reads.copy()
+                for d in called:
+                    if d != c:
+                        others |= first_bytes(d)
+                if (mine & others).any() and c < rules:
+                    bad.add(c)
+    return bad
+
+
+def json_schema_grammar(
+    schema,
+    vocabulary: TokenVocabulary,
+    *,
+    stack_depth: int = DEFAULT_STACK_DEPTH,
+    _rewritten: tuple | None = None,
+    **options,
+) -> PushdownAutomaton:
+    """The grammar form of a JSON Schema: a `PushdownAutomaton` whose rules are its large
+    subschemas, so that a definition used in many places, or the values of an object with many
+    optional properties, are compiled once instead of copied into one regex.
+
+    The schema is rewritten as for `json_schema_regex` (one marker per distinct subschema
+    regex); a marker whose regex (its own rules called) exceeds `_RULE_REGEX` characters, or
+    `_SHARED_RULE_REGEX` when it is used more than once, becomes a rule: in its callers' regexes
+    it is a call (three control characters, `_rule_call`), and its own regex becomes a byte DFA
+    with call edges (`_rule_edges`), as the free-form value's call does in
+    `json_schema_pushdown`. Only terminals stay regexes: strings with patterns and formats,
+    number ranges, keys. A call that a one-byte lookahead cannot choose (an `anyOf` of two
+    objects, both starting with `{`) is inlined instead (the rule is banned and the rules are
+    planned again). This is how llguidance and XGrammar scale to large schemas (a lexer of
+    regex terminals under a grammar of rules). Memoised in this process.
+
+    **Arguments:** `schema`, `vocabulary`; `stack_depth`: stack slots (nested rule calls,
+    free-form values included); `options`: those of `json_schema_regex` (`free_form_depth=None`
+    calls a free-form JSON value rule, as `json_schema_pushdown`).
+
+    **Raises:** as `json_schema_regex`; `ConstraintError` (`_RegexTooLarge`) when a single rule
+    would still exceed `_MAX_REGEX` characters, or when the rules' automata have more than
+    `_MAX_GRAMMAR_POSITIONS` states in all (too slow to build the token tables); `NotDeterministic` when the rules cannot run
+    deterministically even with the conflicting calls inlined.
+
+    Source: the rule/terminal split of llguidance (github.com/guidance-ai/llguidance,
+    `docs/json_schema.md`) and XGrammar (Dong et al. 2024, arXiv 2411.15100).
+    """
+    free = options.get("free_form_depth", DEFAULT_FREE_FORM_DEPTH)
+    if free is None:
+        options["free_form_depth"] = _CALL
+    rewriter, regex = _rewritten if _rewritten is not None else _rewrite(schema, **options)
+    _warn_dropped(rewriter)
+    ws = rewriter.ws
+    banned: set = set()
+    dfas: dict[tuple[str, int, bool], tuple] = {}
+    from .regex import escape
+
+    for _ in range(8):
+        root, rules, texts = _plan_rules(rewriter, regex, banned)
+        value = any(escape(FREE_VALUE_CALL) in t for t in [root, *texts])
+        key = cache_key("json-grammar", f"{stack_depth}\0" + "\0".join([root, *texts]), vocabulary)
+        if key in _PUSHDOWN_CACHE:
+            return _PUSHDOWN_CACHE[key]
+        automata = []
+        for text in [root, *texts]:
+            if (text, len(rules), value) not in dfas:
+                dfas[text, len(rules), value] = _rule_edges(text, len(rules), value)
+            automata.append(dfas[text, len(rules), value])
+        bad = _nondeterministic_calls(automata, len(rules))
+        if not bad:
+            break
+        banned |= {rules[r] for r in bad}
+    else:
+        raise NotDeterministic("the schema's rules cannot be called deterministically")
+    positions = sum(dfa.num_states for dfa, _ in automata)
+    if positions > _MAX_GRAMMAR_POSITIONS:
+        raise ConstraintError(
+            f"the schema's grammar form has {positions:,} automaton positions in {len(rules)} "
+            f"rules (the limit is {_MAX_GRAMMAR_POSITIONS:,}): its token tables would take "
+            "minutes to build"
+        )
+    names = ["schema"] + [f"rule{i}" for i in range(len(rules))]
+    automaton = build_pushdown(
+        _free_value_grammar(ws) if value else None,
+        vocabulary,
+        stack_depth=stack_depth,
+        rules=[(name, dfa, calls) for name, (dfa, calls) in zip(names, automata)],
+        description=f"json schema {_describe(schema)} (grammar, {len(rules)} rules)",
+    )
+    if len(_PUSHDOWN_CACHE) >= 16:
+        _PUSHDOWN_CACHE.pop(next(iter(_PUSHDOWN_CACHE)))
+    _PUSHDOWN_CACHE[key] = automaton
+    return automaton
+
+
+def json_schema_compile(
+    schema,
+    vocabulary: TokenVocabulary,
+    *,
+    cache: bool = True,
+    stack_depth: int = DEFAULT_STACK_DEPTH,
+    **options,
+):
+    """The automaton `JsonSchema` runs for one schema, chosen automatically: the token
+    automaton of the schema's single regex (`json_schema_automaton`: smaller and faster) while
+    that regex has at most `_GRAMMAR_REGEX` characters, else the grammar form
+    (`json_schema_grammar`, a `PushdownAutomaton`). With `free_form_depth=None`, the pushdown
+    automaton of `json_schema_pushdown` when the schema has free-form values.
+
+    **Arguments:** `schema`, `vocabulary`; `cache`: use the caches (the token automaton's
+    memory and disk caches; the grammar form is memoised in memory only, and `False` empties
+    that memo first); `stack_depth`: of a
+    pushdown automaton; `options`: those of `json_schema_regex`.
+
+    **Returns:** a `TokenAutomaton` or a `PushdownAutomaton`.
+
+    **Raises:** as `json_schema_regex` and `json_schema_grammar`. (With `free_form_depth=None`,
+    a schema whose free-form value cannot be called deterministically falls back to depth
+    `DEFAULT_FREE_FORM_DEPTH` with a `UserWarning`, as `JsonSchema` does.)
+    """
+    free = options.get("free_form_depth", DEFAULT_FREE_FORM_DEPTH)
+    rewriter, regex = _rewrite(
+        schema, **{**options, "free_form_depth": _CALL if free is None else free}
+    )
+    try:
+        full = rewriter.substitute(regex, limit=_GRAMMAR_REGEX)
+    except _RegexTooLarge:
+        if not cache:
+            _PUSHDOWN_CACHE.clear()
+        return json_schema_grammar(
+            schema, vocabulary, stack_depth=stack_depth, _rewritten=(rewriter, regex), **options
+        )
+    _warn_dropped(rewriter)
+    from .regex import escape
+
+    if free is None and escape(FREE_VALUE_CALL) in full:
+        options.pop("free_form_depth")
+        try:
+            return json_schema_pushdown(schema, vocabulary, stack_depth=stack_depth, **options)
+        except NotDeterministic as e:
+            warnings.warn(
+                f"JSON Schema: no pushdown automaton ({e}); free-form values nest at most "
+                f"{DEFAULT_FREE_FORM_DEPTH} level(s)",
+                UserWarning,
+                stacklevel=2,
+            )
+            full = json_schema_regex(schema, **options)
+    return regex_automaton(
+        full, vocabulary, cache=cache, description=f"json schema {_describe(schema)}"
+    )
+
+
 _PUSHDOWN_CACHE: dict = {}
 
 
@@ -1509,8 +1869,14 @@ class JsonSchema(AbstractConstraint):
       form does not look at `max_new_tokens`: a row may end with `"length"` inside a value.
     - `stack_depth`: stack slots of the pushdown automaton (default 32).
 
+    The automaton is chosen automatically (`json_schema_compile`): a single schema whose regex
+    would exceed `_GRAMMAR_REGEX` characters compiles to its grammar form, a pushdown
+    automaton whose rules are its large subschemas (`json_schema_grammar`); a list of schemas
+    (one per row) always uses token automata.
+
     **Raises:** `UnsupportedSchemaError` (a `ValueError`) naming the keyword and its location
     (e.g. `not`, `uniqueItems`, `multipleOf`, an unknown `format`) before any compilation;
+    `ConstraintError` for a schema too large even for the grammar form;
     `ValueError` for invalid JSON text; `TypeError` for a schema of another type.
 
     Source: outlines-core `json_schema.build_regex_from_schema`; JSON Schema 2020-12.
@@ -1541,33 +1907,27 @@ class JsonSchema(AbstractConstraint):
             "schema",
             "a JSON Schema (a dict, JSON text or a pydantic model class)",
         )
+        if len(schemas) == 1:
+            vocabulary = vocabulary_from_tokenizer(
+                tokenizer, eos_token_id=eos_token_id, vocab_size=vocab_size
+            )
+            automaton = json_schema_compile(
+                schemas[0],
+                vocabulary,
+                stack_depth=stack_depth,
+                whitespace_pattern=whitespace_pattern,
+                max_recursion_depth=max_recursion_depth,
+                strict=strict,
+                closed_objects=closed_objects,
+                free_form_depth=free_form_depth,
+            )
+            if isinstance(automaton, PushdownAutomaton):
+                self._set_pushdown(automaton, ids)
+            else:
+                self._set_automata([automaton], ids)
+            return
         if free_form_depth is None:
-            options = {
-                "whitespace_pattern": whitespace_pattern,
-                "max_recursion_depth": max_recursion_depth,
-                "strict": strict,
-                "closed_objects": closed_objects,
-            }
-            free_form_depth = DEFAULT_FREE_FORM_DEPTH  # for the token automaton, if one is needed
-            if len(schemas) == 1:
-                vocabulary = vocabulary_from_tokenizer(
-                    tokenizer, eos_token_id=eos_token_id, vocab_size=vocab_size
-                )
-                try:
-                    automaton = json_schema_pushdown(
-                        schemas[0], vocabulary, stack_depth=stack_depth, **options
-                    )
-                except NotDeterministic as e:
-                    warnings.warn(
-                        f"JSON Schema: no pushdown automaton ({e}); free-form values nest at most "
-                        f"{DEFAULT_FREE_FORM_DEPTH} level(s)",
-                        UserWarning,
-                        stacklevel=2,
-                    )
-                    automaton = None
-                if automaton is not None:
-                    self._set_pushdown(automaton, ids)
-                    return
+            free_form_depth = DEFAULT_FREE_FORM_DEPTH  # one token automaton per row
         regexes = [
             json_schema_regex(
                 s,

@@ -262,12 +262,13 @@ class PushdownAutomaton:
 
 
 def build_pushdown(
-    spec: GrammarSpec,
+    spec: GrammarSpec | None,
     vocabulary: TokenVocabulary,
     *,
     stack_depth: int = DEFAULT_STACK_DEPTH,
     description: str = "",
     top: tuple[ByteDFA, Int[np.ndarray, " states"], str] | None = None,
+    rules: Sequence[tuple[str, ByteDFA, np.ndarray]] | None = None,
 ) -> PushdownAutomaton:
     """Compile a parsed grammar into a `PushdownAutomaton` (see the module docstring).
 
@@ -275,51 +276,40 @@ def build_pushdown(
     start rule, a byte DFA for the bottom frame with call edges: `(dfa, call, rule)` where
     `call[q]` is the state reached after a call of the recursive rule `rule` from state `q`
     (`REJECT`: none). JSON Schemas use it: the schema's DFA calls a free-form JSON value.
+    `rules`: the general form of `top`, rules given as byte DFAs: `(name, dfa, calls)` each,
+    the first one the bottom frame; the *callable* rules are `rules[1:]` followed by the
+    grammar's recursive rules (`grammar.cut_rules(spec)`), and `calls[q, r]` (`states x
+    callables`) is the state of `dfa` reached from `q` after a call of callable `r` (`REJECT`:
+    none). `spec` may then be `None` (no grammar rules). JSON Schemas compiled to a grammar use
+    it: one rule per large subschema (`json_schema.json_schema_grammar`).
 
     **Raises:** `NotDeterministic` when a byte could be read in two ways, a recursive rule
-    matches the empty string or is left-recursive; `GrammarError` for an empty language.
+    matches the empty string or is left-recursive; `GrammarError` for an empty language;
+    `ValueError` for `top` and `rules` together or a `calls` table of the wrong width.
     """
     from .grammar import _Builder, cut_rules  # here: grammar.py imports this module
 
-    cut = cut_rules(spec)
-    builder = _Builder(spec, cut)
-    called = [builder.rule_dfa(spec.rules[name], top=False) for name in cut]
-    nc, byte_class = builder.num_classes, builder.byte_class
-    if top is None:
-        automata = [builder.rule_dfa(spec.rules[spec.start], top=True), *called]
-        names = (spec.start, *cut)
-    else:
+    if top is not None:
+        if rules is not None:
+            raise ValueError("build_pushdown: give `top` or `rules`, not both")
         dfa, call, rule = top
+        cut = cut_rules(spec)
         if rule not in cut:
             raise GrammarError(
                 f"the called rule {rule!r} is not a recursive rule of the grammar ({cut})"
             )
-        # Byte classes that both the grammar's terminals and the top DFA respect.
-        _, byte_class = np.unique(
-            np.concatenate([byte_class[None, :], dfa.delta]), axis=1, return_inverse=True
-        )
-        byte_class = byte_class.reshape(-1)
-        representative = np.zeros(int(byte_class.max()) + 1, np.int64)
-        representative[byte_class] = np.arange(256)
-        old = builder.byte_class[representative]
-        called = [
-            ByteDFA(
-                np.concatenate([d.delta[:, old], d.delta[:, nc:]], axis=1), d.accepting, d.initial
-            )
-            for d in called
-        ]
-        nc = representative.size
         calls = np.full((dfa.num_states, len(cut)), REJECT, np.int32)
         calls[:, cut.index(rule)] = call
-        automata = [
-            ByteDFA(
-                np.concatenate([dfa.delta[:, representative], calls], axis=1),
-                dfa.accepting,
-                dfa.initial,
-            ),
-            *called,
-        ]
-        names = ("schema", *cut)
+        rules = [("schema", dfa, calls)]
+    if rules is None:
+        cut = cut_rules(spec)
+        builder = _Builder(spec, cut)
+        called = [builder.rule_dfa(spec.rules[name], top=False) for name in cut]
+        nc, byte_class = builder.num_classes, builder.byte_class
+        automata = [builder.rule_dfa(spec.rules[spec.start], top=True), *called]
+        names = (spec.start, *cut)
+    else:
+        automata, names, nc, byte_class = _byte_rule_automata(spec, rules)
     offsets = np.cumsum([1] + [a.num_states for a in automata])
     num_positions = int(offsets[-1])
     position_rule = np.zeros(num_positions, np.int32)
@@ -387,8 +377,9 @@ def build_pushdown(
         push[pos, c, : len(p)] = p
 
     # Return sites of each recursive rule (tail calls inherit their caller's sites).
-    sites = [set() for _ in cut]
-    tails = [set() for _ in cut]
+    callables = len(automata) - 1
+    sites = [set() for _ in range(callables)]
+    tails = [set() for _ in range(callables)]
     for a, dfa in enumerate(automata):
         for q in range(dfa.num_states):
             for r in np.flatnonzero(dfa.delta[q, nc:] != REJECT):
@@ -397,7 +388,7 @@ def build_pushdown(
     changed = True
     while changed:
         changed = False
-        for r in range(len(cut)):
+        for r in range(callables):
             for a in tails[r]:
                 extra = {_BOTTOM} if a == 0 else sites[a - 1]
                 if not extra <= sites[r]:
@@ -436,7 +427,7 @@ def build_pushdown(
                 )
 
     # Slots: slot 0 is the empty stack; slot k >= 1 the k-th return site of the rule.
-    rule_sites = [(_BOTTOM,)] + [tuple(sorted(sites[r] - {_BOTTOM})) for r in range(len(cut))]
+    rule_sites = [(_BOTTOM,)] + [tuple(sorted(sites[r] - {_BOTTOM})) for r in range(callables)]
     slot_of = np.zeros((len(automata), num_positions), np.int32)
     for rule, listed in enumerate(rule_sites):
         for k, site in enumerate(listed):
@@ -486,6 +477,63 @@ def build_pushdown(
         byte_tokens=byte_tokens,
         description=description,
     )
+
+
+def _byte_rule_automata(spec: GrammarSpec | None, rules):
+    """The automata of `build_pushdown(rules=...)`: the byte rules' DFAs and the grammar's
+    recursive rules over common byte classes (bytes every DFA and terminal treats alike), each
+    with one call column per callable rule. Returns `(automata, names, classes, byte_class)`."""
+    from .grammar import _Builder, cut_rules
+
+    cut = cut_rules(spec) if spec is not None else []
+    if spec is not None:
+        builder = _Builder(spec, cut)
+        called = [builder.rule_dfa(spec.rules[name], top=False) for name in cut]
+        grammar_class, grammar_nc = builder.byte_class, builder.num_classes
+    else:
+        called, grammar_class, grammar_nc = [], np.zeros(256, np.int64), 1
+    width = len(rules) - 1 + len(cut)
+    for name, dfa, calls in rules:
+        if calls.shape != (dfa.num_states, width):
+            raise ValueError(
+                f"build_pushdown: the calls of rule {name!r} have shape {calls.shape}, expected "
+                f"{(dfa.num_states, width)} (states x callable rules)"
+            )
+    _, byte_class = np.unique(
+        np.concatenate([grammar_class[None, :], *[dfa.delta for _, dfa, _ in rules]]),
+        axis=1,
+        return_inverse=True,
+    )
+    byte_class = byte_class.reshape(-1)
+    representative = np.zeros(int(byte_class.max()) + 1, np.int64)
+    representative[byte_class] = np.arange(256)
+    old = grammar_class[representative]
+    none = len(rules) - 1  # grammar rules call no byte rule
+    called = [
+        ByteDFA(
+            np.concatenate(
+                [
+                    d.delta[:, old],
+                    np.full((d.num_states, none), REJECT, d.delta.dtype),
+                    d.delta[:, grammar_nc:],
+                ],
+                axis=1,
+            ),
+            d.accepting,
+            d.initial,
+        )
+        for d in called
+    ]
+    automata = [
+        ByteDFA(
+            np.concatenate([dfa.delta[:, representative], calls.astype(dfa.delta.dtype)], axis=1),
+            dfa.accepting,
+            dfa.initial,
+        )
+        for _, dfa, calls in rules
+    ] + called
+    names = tuple(name for name, _, _ in rules) + tuple(cut)
+    return automata, names, representative.size, byte_class
 
 
 def _distances(nxt, push, final, byte_class, vocabulary: TokenVocabulary):

@@ -1,0 +1,217 @@
+"""The grammar form of JSON Schemas (`json_schema_grammar`): large subschemas become rules of a
+pushdown automaton instead of being copied into one regex. Checked against `jsonschema`."""
+
+import json
+
+import jsonschema
+import numpy as np
+import pytest
+
+import functional_gen as fg
+from functional_gen.structured import json_schema as js
+from functional_gen.structured.pda import PushdownAutomaton
+from functional_gen.structured.vocabulary import TokenVocabulary
+
+from .helpers import format_checker
+
+BYTES = TokenVocabulary(tuple(bytes([b]) for b in range(256)) + (None,), (256,), "bytes-only")
+"""A vocabulary of the 256 single bytes (and EOS 256): the grammar's byte-level language is what
+these tests compare; its token tables are small."""
+
+ADDRESS = {
+    "type": "object",
+    "properties": {
+        "street": {"type": "string", "maxLength": 12},
+        "zip": {"type": "string", "pattern": "^[0-9]{5}$"},
+        "floor": {"type": "integer", "minimum": -2, "maximum": 40},
+    },
+    "required": ["street"],
+    "additionalProperties": False,
+}
+PEOPLE = {
+    "$defs": {"address": ADDRESS},
+    "type": "object",
+    "properties": {
+        "home": {"$ref": "#/$defs/address"},
+        "work": {"anyOf": [{"$ref": "#/$defs/address"}, {"type": "null"}]},
+        "others": {"type": "array", "items": {"$ref": "#/$defs/address"}, "maxItems": 3},
+        "kind": {"enum": ["a", "b"]},
+    },
+    "required": ["home"],
+    "additionalProperties": False,
+}
+"""A definition used in three places (one of them inside `anyOf` with `null`)."""
+TWO_OBJECTS = {
+    "$defs": {
+        "cat": {
+            "type": "object",
+            "properties": {"meow": {"type": "integer", "minimum": 0, "maximum": 99}},
+            "required": ["meow"],
+            "additionalProperties": False,
+        },
+        "dog": {
+            "type": "object",
+            "properties": {"woof": {"type": "string", "maxLength": 5}},
+            "required": ["woof"],
+            "additionalProperties": False,
+        },
+    },
+    "type": "array",
+    "items": {"anyOf": [{"$ref": "#/$defs/cat"}, {"$ref": "#/$defs/dog"}]},
+}
+"""`anyOf` of two objects: both start with `{`, so calls of two rules there could not be told
+apart by one byte; they must be inlined at that site."""
+
+
+def _explode(levels: int) -> dict:
+    """Definitions that each use the one below twice: 2^levels copies of a date-time regex."""
+    defs = {"a0": {"type": "string", "format": "date-time"}}
+    for i in range(1, levels + 1):
+        below = {"$ref": f"#/$defs/a{i - 1}"}
+        defs[f"a{i}"] = {
+            "type": "object",
+            "properties": {"x": below, "y": below},
+            "required": ["x", "y"],
+            "additionalProperties": False,
+        }
+    return {"$defs": defs, "$ref": f"#/$defs/a{levels}"}
+
+
+@pytest.fixture
+def small_rules(monkeypatch):
+    """Every schema compiles to the grammar form, and subschemas of 200 characters are rules."""
+    monkeypatch.setattr(js, "_GRAMMAR_REGEX", 0)
+    monkeypatch.setattr(js, "_RULE_REGEX", 200)
+    monkeypatch.setattr(js, "_SHARED_RULE_REGEX", 200)
+    js._PUSHDOWN_CACHE.clear()
+    yield
+    js._PUSHDOWN_CACHE.clear()
+
+
+def _address(rng):
+    out = {"street": ["Main", "", "a b é", "x" * 12, "x" * 13][int(rng.integers(5))]}
+    if rng.random() < 0.5:
+        out["zip"] = ["12345", "1234", "abcde"][int(rng.integers(3))]
+    if rng.random() < 0.5:
+        out["floor"] = int(rng.integers(-4, 43))
+    if rng.random() < 0.1:
+        out["extra"] = 1
+    return out
+
+
+def _person(rng):
+    doc = {}
+    if rng.random() < 0.9:
+        doc["home"] = _address(rng)
+    if rng.random() < 0.6:
+        doc["work"] = None if rng.random() < 0.3 else _address(rng)
+    if rng.random() < 0.6:
+        doc["others"] = [_address(rng) for _ in range(int(rng.integers(5)))]
+    if rng.random() < 0.4:
+        doc["kind"] = ["a", "b", "c"][int(rng.integers(3))]
+    return doc
+
+
+def _check_against_jsonschema(automaton, schema, documents, rng):
+    """Each document (compact and spaced) and a byte-mutated copy: accepted exactly when
+    `jsonschema` validates it (formats checked). Returns how many were valid / invalid."""
+    validator = jsonschema.Draft202012Validator(schema, format_checker=format_checker())
+    counts = {True: 0, False: 0}
+    for document in documents:
+        for separators in ((",", ":"), (", ", ": ")):
+            text = json.dumps(document, separators=separators, ensure_ascii=False).encode()
+            texts = [text]
+            if rng.random() < 0.5:
+                mutated = bytearray(text)
+                mutated[int(rng.integers(len(text)))] = rng.choice(list(b'{}[],:"0a '))
+                texts.append(bytes(mutated))
+            for data in texts:
+                try:
+                    expected = validator.is_valid(json.loads(data))
+                except (json.JSONDecodeError, UnicodeDecodeError):
+                    expected = False
+                assert automaton.accepts(data) == expected, data
+                counts[expected] += 1
+    return counts
+
+
+def test_definitions_become_rules_and_accept_what_jsonschema_accepts(small_rules):
+    automaton = js.json_schema_compile(PEOPLE, BYTES)
+    assert isinstance(automaton, PushdownAutomaton)
+    assert len(automaton.rule_names) >= 2  # the bottom frame and at least the address rule
+    rng = np.random.default_rng(0)
+    counts = _check_against_jsonschema(automaton, PEOPLE, [_person(rng) for _ in range(300)], rng)
+    assert counts[True] > 50 and counts[False] > 50, counts
+
+
+def test_calls_one_byte_cannot_choose_are_inlined(small_rules):
+    # Without the ban, build_pushdown would refuse: `{` starts both rules at the `anyOf`.
+    automaton = js.json_schema_compile(TWO_OBJECTS, BYTES)
+    assert isinstance(automaton, PushdownAutomaton)
+    rng = np.random.default_rng(1)
+    documents = [
+        [
+            {"meow": int(rng.integers(-3, 103))}
+            if rng.random() < 0.5
+            else {"woof": "abcdefg"[: int(rng.integers(8))]}
+            for _ in range(int(rng.integers(4)))
+        ]
+        for _ in range(150)
+    ]
+    counts = _check_against_jsonschema(automaton, TWO_OBJECTS, documents, rng)
+    assert counts[True] > 30 and counts[False] > 30, counts
+
+
+def test_rule_planning_calls_shared_and_large_subschemas():
+    rewriter, regex = js._rewrite(_explode(12))
+    root, rules, texts = js._plan_rules(rewriter, regex, banned=set())
+    assert rules and max(map(len, [root, *texts])) <= js._RULE_REGEX
+    # a call is three control characters, never JSON text
+    assert any(js._rule_call(i) in root for i in range(len(rules)))
+    assert js._rule_call(17) == "\\x02\\x11\\x11"
+    # a banned subschema is expanded where it is used instead
+    _, fewer, _ = js._plan_rules(rewriter, regex, banned={rules[0]})
+    assert rules[0] not in fewer
+
+
+def test_a_schema_whose_regex_is_over_the_limit_compiles_as_a_grammar():
+    # 4,096 copies of a date-time regex in one regex: over `_MAX_REGEX`, refused by
+    # `json_schema_regex`; the grammar form has one rule per level and compiles.
+    schema = _explode(12)
+    with pytest.raises(fg.structured.ConstraintError, match="too large"):
+        js.json_schema_regex(schema)
+    automaton = js.json_schema_compile(schema, BYTES)
+    assert isinstance(automaton, PushdownAutomaton)
+    assert automaton.num_positions < 5_000
+
+    def document(level, rng):
+        if level == 0:
+            return ["2024-02-29T12:00:00Z", "2024-01-01T00:00:00+01:00"][int(rng.integers(2))]
+        return {"x": document(level - 1, rng), "y": document(level - 1, rng)}
+
+    def spoiled(doc, rng):  # one leaf, at a random path, becomes a date that does not exist
+        node = doc
+        for _ in range(11):
+            node = node["x" if rng.random() < 0.5 else "y"]
+        node["x" if rng.random() < 0.5 else "y"] = "2023-02-29T12:00:00Z"
+        return doc
+
+    rng = np.random.default_rng(2)
+    documents = [document(12, rng) for _ in range(3)] + [spoiled(document(12, rng), rng)]
+    counts = _check_against_jsonschema(automaton, schema, documents, rng)
+    assert counts[True] and counts[False], counts
+    too_shallow = json.dumps(document(11, rng), separators=(",", ":")).encode()
+    assert not automaton.accepts(too_shallow)
+
+
+def test_json_schema_chooses_the_grammar_form_for_large_schemas(tokenizer, monkeypatch):
+    # PEOPLE's regex has about 3,000 characters: a token automaton below `_GRAMMAR_REGEX`, the
+    # grammar form (a pushdown automaton) above it.
+    small = fg.processors.JsonSchema(PEOPLE, tokenizer)
+    assert small.pushdown is None
+    monkeypatch.setattr(js, "_GRAMMAR_REGEX", 1_000)
+    monkeypatch.setattr(js, "_RULE_REGEX", 200)
+    js._PUSHDOWN_CACHE.clear()
+    large = fg.processors.JsonSchema(PEOPLE, tokenizer)
+    assert large.pushdown is not None
+    js._PUSHDOWN_CACHE.clear()
