@@ -138,23 +138,44 @@ def _index_dfa(table, initial: int, final_states) -> ByteDFA:
     from its transitions `table` (`{state: {byte: next}}`), the start state `initial` and its
     final states (see `regex_byte_dfa`)."""
     counts = np.fromiter(map(len, table.values()), np.int64, len(table))
-    src = np.repeat(np.fromiter(table.keys(), np.int64, len(table)), counts)
+    keys = np.fromiter(table.keys(), np.int64, len(table))
+    src = np.repeat(keys, counts)
     byte = np.fromiter(itertools.chain.from_iterable(table.values()), np.int64, int(counts.sum()))
     dst = np.fromiter(
         itertools.chain.from_iterable(map(dict.values, table.values())), np.int64, int(counts.sum())
     )
-    raw = np.unique(np.concatenate([src, dst, [initial], list(final_states)]))
+    finals = np.fromiter(final_states, np.int64)
+    # Dense numbering in the order of outlines-core's ids. The ids are regex-automata's
+    # premultiplied state ids (index times a power-of-two stride): divided by their common
+    # divisor they index a lookup table about as long as the DFA, so no sort of the edges.
+    ids = np.concatenate([keys, dst, finals, [initial]])
+    unit = max(int(np.gcd.reduce(ids)), 1)
+    top = int(ids.max()) // unit + 1
+    if top > 64 * (len(table) + 16):  # not as expected: sort instead
+        raw = np.unique(ids)
+        unit, top = 1, 0
+    if top:
+        present = np.zeros(top, bool)
+        present[src // unit] = present[dst // unit] = present[finals // unit] = True
+        present[initial // unit] = True
+        lookup = np.cumsum(present) - 1
+        num_states = int(lookup[-1]) + 1
+    else:
+        lookup, num_states = None, raw.size
+
+    def number(x):
+        return lookup[x // unit] if lookup is not None else np.searchsorted(raw, x)
+
     keep = byte < 256  # drop outlines-core's EOS self-loops
-    delta = np.full((raw.size, 256), REJECT, np.int32)
-    delta[np.searchsorted(raw, src[keep]), byte[keep]] = np.searchsorted(raw, dst[keep])
-    number = {int(r): i for i, r in enumerate(raw)}
-    finals = np.zeros(len(raw), bool)
-    finals[[number[s] for s in final_states]] = True
-    state = np.arange(len(raw))
+    delta = np.full((num_states, 256), REJECT, np.int32)
+    delta[number(src[keep]), byte[keep]] = number(dst[keep])
+    final = np.zeros(num_states, bool)
+    final[number(finals)] = True
+    state = np.arange(num_states)
     for b in _SENTINEL_BYTES:
         state = np.where(state != REJECT, delta[np.maximum(state, 0), b], REJECT)
-    accepting = np.where(state != REJECT, finals[np.maximum(state, 0)], False)
-    return trim(ByteDFA(delta, accepting, number[initial]))
+    accepting = np.where(state != REJECT, final[np.maximum(state, 0)], False)
+    return trim(ByteDFA(delta, accepting, int(number(np.int64(initial)))))
 
 
 _TRIMMED: "weakref.WeakSet[ByteDFA]" = weakref.WeakSet()
@@ -194,11 +215,11 @@ def trim(dfa: ByteDFA) -> ByteDFA:
     indptr = np.concatenate([[0], np.cumsum(live.sum(axis=1))])
     successors = dfa.delta[live].astype(np.int64)  # row by row: a CSR of the edges
     reach = _reachable(indptr, successors, [dfa.initial], n)
-    # The reversed edges, grouped by their (old) target.
-    source = np.repeat(np.arange(n), np.diff(indptr))
-    order = np.argsort(successors, kind="stable")
-    back_ptr = np.searchsorted(successors[order], np.arange(n + 1))
-    alive = reach & _reachable(back_ptr, source[order], np.flatnonzero(dfa.accepting & reach), n)
+    # The reversed edges, grouped by their target: the CSC layout of the same matrix.
+    from scipy.sparse import csr_array
+
+    back = csr_array((np.ones(successors.size, np.int8), successors, indptr), shape=(n, n)).tocsc()
+    alive = reach & _reachable(back.indptr, back.indices, np.flatnonzero(dfa.accepting & reach), n)
     if not alive[dfa.initial]:
         raise ConstraintError("the language is empty: no text reaches an accepting state")
     if alive.all():
