@@ -129,7 +129,9 @@ def regex_byte_dfa(regex: str) -> ByteDFA:
     table = index.get_transitions()
     initial = index.get_initial_state()
     if prefixed:
-        initial = table[initial][_PREFIX_BYTE]
+        initial = table.get(initial, {}).get(_PREFIX_BYTE)
+        if initial is None:  # nothing follows the prefix
+            raise ConstraintError(f"the language of the regex {_short(regex)} is empty")
     return _index_dfa(table, initial, index.get_final_states())
 
 
