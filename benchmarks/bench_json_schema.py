@@ -41,7 +41,10 @@ On the 91 schemas both of the last two runs compiled: p50 / p90 / p99 153 / 4,16
 before, 75 / 948 / 5,813 after (median per-schema ratio 0.62); every automaton is the same up to
 state and class renaming (`tests/structured/test_byte_dfa.py` compares the minimal DFAs with and
 without the prefix; an in-process A/B against main compared the token tables of the 72 schemas
-under 1.5 s, canonically renumbered: all equal). Most of
+under 1.5 s, canonically renumbered: all equal; `benchmarks/compare_compile.py /work/main --records
+MAIN.json --max-ms 30000`, interleaved in one process on all 91 schemas main compiled, load 3-4:
+p50 / p90 / p99 193 / 5,950 / 11,868 ms main, 103 / 902 / 6,139 ms after, median per-schema ratio
+0.70, 0 of 91 automata different beyond renaming). Most of
 the gain is outlines-core's regex -> DFA step: it also determinised the unanchored search that
 its `Index` never uses, up to 100 times the anchored DFA (see `byte_dfa.regex_byte_dfa`).
 Where the time goes after (cProfile over the 68 schemas under 1 s, 8.4 s in all): outlines-core's
