@@ -36,8 +36,28 @@ other developers' jobs at a load average of about 10, so compile times are infla
 | regex-size limit, one-pass markers, `dependencies`, empty enums, anchors in groups (load 2-2.5) | 91/120 (76%) | 3 | 470 / 7,654 / 16,055 | 123/127 | 235/235 |
 | same code, 22:12 UTC, as the baseline of the grammar form (load 1-3) | 89/120 (74%) | 5 | 222 / 5,508 / 19,565 | 120/124 | 234/234 |
 | grammar form for regexes over 250,000 characters (`json_schema_compile`, 23:02 UTC, load 2-3) | 92/120 (77%) | 5 | 323 / 6,220 / 23,800 | 125/129 | 240/240 |
+| main at cb403d5, then the compile speed-ups right after it (load 3-4.7; 2026-11-22) | 91/120 (76%) | 3 | 153 / 4,164 / 12,335 | 123/127 | 235/235 |
+| compile speed-ups: `\\x01` prefix for outlines-core, one scipy `trim`, one-gather Moore rounds | 93/120 (78%) | 1 | 77 / 968 / 7,904 | 125/129 | 240/240 |
+| both (merged): see the closing note's run |  |  |  |  |  |
 
-The last run's 29 refusals: 16 regexes over `_MAX_REGEX` (a million characters; refused in
+On the 91 schemas both of the last two runs compiled: p50 / p90 / p99 153 / 4,164 / 12,335 ms
+before, 75 / 948 / 5,813 after (median per-schema ratio 0.62); every automaton is the same up to
+state and class renaming (`tests/structured/test_byte_dfa.py` compares the minimal DFAs with and
+without the prefix; an in-process A/B against main compared the token tables of the 72 schemas
+under 1.5 s, canonically renumbered: all equal; `benchmarks/compare_compile.py /work/main --records
+MAIN.json --max-ms 30000`, interleaved in one process on all 91 schemas main compiled, load 3-4:
+p50 / p90 / p99 193 / 5,950 / 11,868 ms main, 103 / 902 / 6,139 ms after, median per-schema ratio
+0.70, 0 of 91 automata different beyond renaming). Most of
+the gain is outlines-core's regex -> DFA step: it also determinised the unanchored search that
+its `Index` never uses, up to 100 times the anchored DFA (see `byte_dfa.regex_byte_dfa`).
+Where the time goes after (cProfile over the 68 schemas under 1 s, 8.4 s in all): outlines-core's
+`Index` build 2.7 s (own time of `regex_byte_dfa`), reading its dictionaries into arrays 0.8 s
+(`get_transitions`, `numpy.fromiter`), the trie walk of `byte_dfa._token_functions` 1.2 s, the one
+real `trim` 1.0 s, `automaton.unique_columns` 0.7 s, Moore's refinement 0.5 s. Before (same
+schemas, main): 17.0 s, of which the `Index` build 7.5 s, `trim` (three per schema) 2.9 s,
+`_token_functions` 1.4 s, `_refine` 1.3 s.
+
+The regex-size-limit run's 29 refusals: 16 regexes over `_MAX_REGEX` (a million characters; refused in
 well under a second instead of timing out: these need the schema -> grammar compilation), 4
 overlapping `oneOf`, 3 timeouts (o82710: a pattern whose DFA has 219,515 states; o81133 and
 o32921: 0.4-0.8 million-character regexes), 3 `pattern` + length bounds, and one each of `not`,

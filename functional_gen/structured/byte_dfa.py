@@ -18,16 +18,14 @@ import dataclasses
 import functools
 import itertools
 import re
+import weakref
 
 import numpy as np
 from jaxtyping import Bool, Int
 
 from .automaton import (
-    INFINITE_DISTANCE,
     ConstraintError,
     TokenAutomaton,
-    _bfs_layers,
-    _csr,
     _short,
     cached,
     from_transitions,
@@ -77,6 +75,19 @@ def _byte_vocabulary():
 
 _SENTINEL = "\U0010ffff"
 _SENTINEL_BYTES = _SENTINEL.encode("utf-8")
+_PREFIX = "\x01"
+_PREFIX_BYTE = 1
+
+
+def _anchored_at_start(regex: str) -> bool:
+    """Whether `regex` may hold a start-of-text assertion (`^` outside a class negation `[^`,
+    or `\\A`), whose meaning a character in front of it would change. Conservative: escapes
+    other than `\\A` are dropped, then any `^` left counts (a literal `[a^]` too)."""
+    bare = _ESCAPES_AND_NEGATIONS.sub("", regex)
+    return "^" in bare or "\\A" in bare
+
+
+_ESCAPES_AND_NEGATIONS = re.compile(r"\\[^A]|\[\^", re.DOTALL)
 
 
 @functools.lru_cache(maxsize=512)
@@ -90,12 +101,25 @@ def regex_byte_dfa(regex: str) -> ByteDFA:
     happen before the sentinel, so nothing is dropped, and a state accepts the regex exactly when
     the sentinel's bytes lead it to a match.
 
+    We also put a `\\x01` in front (unless the regex asserts the start of the text, `^` or
+    `\\A`) and start after it. outlines-core builds regex-automata's dense DFA with its default
+    configuration, which determinises the UNANCHORED search too (`(?s:.)*?` in front of the
+    regex), a part the `Index` never uses: there every position of the text may start a match,
+    and a JSON regex (whose `{`, `"` and digits recur inside it) gives sets of overlapping
+    partial matches, up to 100 times the anchored DFA's build time (2.5 s against 18 ms for one
+    Github_easy schema). JSON text never holds a raw `\\x01`, so the unanchored search of the
+    prefixed regex has one partial match at a time. The anchored DFA after the prefix is the
+    regex's own, so the language is the same (the state numbering may differ; tested against
+    the unprefixed build up to renaming in `tests/structured/test_byte_dfa.py`).
+
     **Raises:** `ConstraintError` naming the regex when it does not compile or matches nothing.
     """
     from outlines_core import Index
 
+    prefixed = not _anchored_at_start(regex)
+    source = f"{_PREFIX if prefixed else ''}(?:{regex}){_SENTINEL}"
     try:
-        index = Index(f"(?:{regex}){_SENTINEL}", _byte_vocabulary())
+        index = Index(source, _byte_vocabulary())
     except (ValueError, RuntimeError) as e:
         message = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise ConstraintError(
@@ -103,69 +127,140 @@ def regex_byte_dfa(regex: str) -> ByteDFA:
             f"or backreferences) cannot compile it: {message}{_regex_hint(regex)}"
         ) from None
     table = index.get_transitions()
+    initial = index.get_initial_state()
+    if prefixed:
+        initial = table.get(initial, {}).get(_PREFIX_BYTE)
+        if initial is None:  # nothing follows the prefix
+            raise ConstraintError(f"the language of the regex {_short(regex)} is empty")
+    return _index_dfa(table, initial, index.get_final_states())
+
+
+def _index_dfa(table, initial: int, final_states) -> ByteDFA:
+    """The trimmed `ByteDFA` of an outlines-core byte `Index` of `(?:regex)` + sentinel, read
+    from its transitions `table` (`{state: {byte: next}}`), the start state `initial` and its
+    final states (see `regex_byte_dfa`)."""
     counts = np.fromiter(map(len, table.values()), np.int64, len(table))
-    src = np.repeat(np.fromiter(table.keys(), np.int64, len(table)), counts)
+    keys = np.fromiter(table.keys(), np.int64, len(table))
+    src = np.repeat(keys, counts)
     byte = np.fromiter(itertools.chain.from_iterable(table.values()), np.int64, int(counts.sum()))
     dst = np.fromiter(
         itertools.chain.from_iterable(map(dict.values, table.values())), np.int64, int(counts.sum())
     )
-    raw = np.unique(
-        np.concatenate([src, dst, [index.get_initial_state()], list(index.get_final_states())])
-    )
+    finals = np.fromiter(final_states, np.int64)
+    # Dense numbering in the order of outlines-core's ids. The ids are regex-automata's
+    # premultiplied state ids (index times a power-of-two stride): divided by their common
+    # divisor they index a lookup table about as long as the DFA, so no sort of the edges.
+    ids = np.concatenate([keys, dst, finals, [initial]])
+    unit = max(int(np.gcd.reduce(ids)), 1)
+    top = int(ids.max()) // unit + 1
+    if top > 64 * (len(table) + 16):  # not as expected: sort instead
+        raw = np.unique(ids)
+        unit, top = 1, 0
+    if top:
+        present = np.zeros(top, bool)
+        present[src // unit] = present[dst // unit] = present[finals // unit] = True
+        present[initial // unit] = True
+        lookup = np.cumsum(present) - 1
+        num_states = int(lookup[-1]) + 1
+    else:
+        lookup, num_states = None, raw.size
+
+    def number(x):
+        return lookup[x // unit] if lookup is not None else np.searchsorted(raw, x)
+
     keep = byte < 256  # drop outlines-core's EOS self-loops
-    delta = np.full((raw.size, 256), REJECT, np.int32)
-    delta[np.searchsorted(raw, src[keep]), byte[keep]] = np.searchsorted(raw, dst[keep])
-    number = {int(r): i for i, r in enumerate(raw)}
-    finals = np.zeros(len(raw), bool)
-    finals[[number[s] for s in index.get_final_states()]] = True
-    state = np.arange(len(raw))
+    delta = np.full((num_states, 256), REJECT, np.int32)
+    delta[number(src[keep]), byte[keep]] = number(dst[keep])
+    final = np.zeros(num_states, bool)
+    final[number(finals)] = True
+    state = np.arange(num_states)
     for b in _SENTINEL_BYTES:
         state = np.where(state != REJECT, delta[np.maximum(state, 0), b], REJECT)
-    accepting = np.where(state != REJECT, finals[np.maximum(state, 0)], False)
-    return trim(ByteDFA(delta, accepting, number[index.get_initial_state()]))
+    accepting = np.where(state != REJECT, final[np.maximum(state, 0)], False)
+    return trim(ByteDFA(delta, accepting, int(number(np.int64(initial)))))
+
+
+_TRIMMED: "weakref.WeakSet[ByteDFA]" = weakref.WeakSet()
+"""DFAs that `trim` returned or `minimize` built (already trimmed: `trim` returns them as they
+are instead of searching them again)."""
+
+
+def _reachable(indptr, indices, sources, num_states: int) -> Bool[np.ndarray, " states"]:
+    """The states reachable from any of `sources` over the CSR graph `(indptr, indices)` (rows
+    may repeat a successor): scipy's breadth-first search, run from an extra node whose
+    successors are the sources."""
+    from scipy.sparse import csr_array
+    from scipy.sparse.csgraph import breadth_first_order
+
+    sources = np.asarray(sources, np.int64)
+    indptr = np.concatenate([indptr, [indptr[-1] + sources.size]])
+    indices = np.concatenate([indices, sources])
+    graph = csr_array(
+        (np.ones(indices.size, np.int8), indices, indptr), shape=(num_states + 1, num_states + 1)
+    )
+    order = breadth_first_order(graph, num_states, directed=True, return_predecessors=False)
+    reached = np.zeros(num_states + 1, bool)
+    reached[order] = True
+    return reached[:num_states]
 
 
 def trim(dfa: ByteDFA) -> ByteDFA:
-    """Keep only the states reachable from the start that can reach an accepting state.
+    """Keep only the states reachable from the start that can reach an accepting state (state
+    order kept). A DFA that `trim` or `minimize` returned is returned as it is.
 
     **Raises:** `ConstraintError` when the language is empty.
     """
+    if dfa in _TRIMMED:
+        return dfa
     n = dfa.num_states
-    src, byte = np.nonzero(dfa.delta != REJECT)
-    edges = np.unique(src.astype(np.int64) * n + dfa.delta[src, byte])
-    e_src, e_dst = edges // n, edges % n
-    reach = _bfs_layers(*_csr(e_src, e_dst, n), [dfa.initial], n) < INFINITE_DISTANCE
-    alive = (
-        _bfs_layers(*_csr(e_dst, e_src, n), np.flatnonzero(dfa.accepting & reach), n)
-        < INFINITE_DISTANCE
-    )
-    alive &= reach
+    live = dfa.delta != REJECT
+    indptr = np.concatenate([[0], np.cumsum(live.sum(axis=1))])
+    successors = dfa.delta[live].astype(np.int64)  # row by row: a CSR of the edges
+    reach = _reachable(indptr, successors, [dfa.initial], n)
+    # The reversed edges, grouped by their target: the CSC layout of the same matrix.
+    from scipy.sparse import csr_array
+
+    back = csr_array((np.ones(successors.size, np.int8), successors, indptr), shape=(n, n)).tocsc()
+    alive = reach & _reachable(back.indptr, back.indices, np.flatnonzero(dfa.accepting & reach), n)
     if not alive[dfa.initial]:
         raise ConstraintError("the language is empty: no text reaches an accepting state")
     if alive.all():
+        _TRIMMED.add(dfa)
         return dfa
     keep = np.flatnonzero(alive)
     renumber = np.full(n, REJECT, np.int64)
     renumber[keep] = np.arange(keep.size)
     rows = dfa.delta[keep]
     new_delta = np.where(rows != REJECT, renumber[np.maximum(rows, 0)], REJECT).astype(np.int32)
-    return ByteDFA(new_delta, dfa.accepting[keep], int(renumber[dfa.initial]))
+    trimmed = ByteDFA(new_delta, dfa.accepting[keep], int(renumber[dfa.initial]))
+    _TRIMMED.add(trimmed)
+    return trimmed
 
 
 def _refine(columns, accepting, hashed: bool):
-    """Moore's refinement: the coarsest partition stable under every column."""
+    """Moore's refinement: the coarsest partition stable under every column.
+
+    With `hashed`, a state's signature (its block and its successors' blocks, `REJECT` for none)
+    is compared through the hash `sum((signature + 2) * weights)` mod 2**64: one gather through
+    a block table with an extra entry for `REJECT`, one product with the weights per round (the
+    caller checks the result exactly). Otherwise the signatures are compared as rows.
+    """
+    n = columns.shape[0]
     blocks = accepting.astype(np.int64)
     count = len(np.unique(blocks))
     weights = np.random.default_rng(0).integers(1, 2**62, columns.shape[1] + 1, dtype=np.uint64)
+    if hashed:
+        index = np.where(columns != REJECT, columns, n).astype(np.intp)  # n: the REJECT entry
+        shifted = np.empty(n + 1, np.uint64)  # block + 2 per state, then REJECT + 2
+        shifted[n] = np.uint64(REJECT + 2)
     while True:
-        successor = np.where(columns != REJECT, blocks[np.maximum(columns, 0)], REJECT)
-        signature = np.concatenate([blocks[:, None], successor], axis=1)
         if hashed:
-            keys = (signature.astype(np.uint64) + np.uint64(2)) * weights  # wraps mod 2^64
-            blocks = np.unique(keys.sum(axis=1, dtype=np.uint64), return_inverse=True)[1].reshape(
-                -1
-            )
+            shifted[:n] = blocks.astype(np.uint64) + np.uint64(2)
+            keys = shifted[index] @ weights[1:] + shifted[:n] * weights[0]  # wraps mod 2**64
+            blocks = np.unique(keys, return_inverse=True)[1].reshape(-1)
         else:
+            successor = np.where(columns != REJECT, blocks[np.maximum(columns, 0)], REJECT)
+            signature = np.concatenate([blocks[:, None], successor], axis=1)
             blocks = np.unique(signature, axis=0, return_inverse=True)[1].reshape(-1)
         new_count = int(blocks.max()) + 1
         if new_count == count:
@@ -197,7 +292,11 @@ def minimize(dfa: ByteDFA) -> ByteDFA:
         representative[blocks] = np.arange(dfa.num_states)
     rows = columns[representative]
     merged = np.where(rows != REJECT, blocks[np.maximum(rows, 0)], REJECT)[:, byte_class]
-    return ByteDFA(merged.astype(np.int32), dfa.accepting[representative], int(blocks[dfa.initial]))
+    minimal = ByteDFA(
+        merged.astype(np.int32), dfa.accepting[representative], int(blocks[dfa.initial])
+    )
+    _TRIMMED.add(minimal)  # the blocks of a trimmed DFA's states are reachable and live
+    return minimal
 
 
 # --------------------------------------------------------------------------- token trie

@@ -2,6 +2,7 @@
 lifting against outlines-core's own token `Index` (exported with `from_outlines_index`) where
 that `Index` has no gap: masks, next states and distances all equal."""
 
+import contextlib
 import itertools
 import re
 
@@ -149,3 +150,144 @@ def test_lift_tables_equal_the_state_by_state_walk_on_random_dfas(vocabulary):
         ours, reference = lift(dfa, vocabulary), _walk_lift(dfa, vocabulary)
         for field in ("token_class", "transitions", "distance"):
             np.testing.assert_array_equal(getattr(ours, field), getattr(reference, field))
+
+
+# ----------------------------------------------------------------------------- compile speed-ups
+
+
+def _canonical(dfa):
+    """`(delta, accepting)` with states renumbered in breadth-first order from the start (bytes
+    in order): equal for two DFAs exactly when they are the same automaton up to renaming."""
+    order, queue = {dfa.initial: 0}, [dfa.initial]
+    for state in queue:
+        for target in map(int, dfa.delta[state]):
+            if target >= 0 and target not in order:
+                order[target] = len(queue)
+                queue.append(target)
+    lookup = np.full(dfa.num_states + 1, -1, np.int64)  # index -1 (REJECT) stays -1
+    for old, new in order.items():
+        lookup[old] = new
+    rows = np.asarray(queue)
+    return lookup[dfa.delta[rows]], dfa.accepting[rows]
+
+
+def _unprefixed_regex_byte_dfa(pattern):
+    """`regex_byte_dfa` as it was before the `\\x01` prefix: outlines-core's `Index` of
+    `(?:pattern)` + sentinel, started at the `Index`'s own start state."""
+    from functional_gen.structured.byte_dfa import _SENTINEL, _byte_vocabulary, _index_dfa
+
+    index = Index(f"(?:{pattern}){_SENTINEL}", _byte_vocabulary())
+    return _index_dfa(index.get_transitions(), index.get_initial_state(), index.get_final_states())
+
+
+@pytest.mark.parametrize(
+    "name", ["date", "phone", "ipv4", "uuid4", "person", "order", "unicode", "tree", "movie"]
+)
+def test_prefixed_regex_byte_dfa_has_the_minimal_dfa_of_the_unprefixed_one(name):
+    from functional_gen.structured.byte_dfa import _anchored_at_start
+
+    pattern = REGEXES[name][1] if name in REGEXES else json_schema_regex(SCHEMAS[name][1])
+    assert not _anchored_at_start(pattern)  # so the prefix is used
+    ours, before = minimize(regex_byte_dfa(pattern)), minimize(_unprefixed_regex_byte_dfa(pattern))
+    for a, b in zip(_canonical(ours), _canonical(before)):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize(
+    "pattern,anchored",
+    [
+        (r"[^a]b", False),
+        (r"a\^b", False),
+        (r"[\^x]", False),
+        (r"\x5e", False),
+        (r"^ab", True),
+        (r"(?:x|^y)", True),
+        (r"\\^a", True),  # an escaped backslash, then the anchor
+        (r"\Aab", True),
+        (r"[a^]", True),  # a literal caret, counted (conservative)
+    ],
+)
+def test_start_anchors_are_detected(pattern, anchored):
+    from functional_gen.structured.byte_dfa import _anchored_at_start
+
+    assert _anchored_at_start(pattern) == anchored
+
+
+@pytest.mark.parametrize("pattern", [r"^ab|cd", r"(?:^x)?y", r"\Aa+", r"[a^]b"])
+def test_regexes_asserting_the_start_are_compiled_without_the_prefix(pattern):
+    # outlines-core refuses start assertions (no "universal" start state); the prefix must not
+    # turn that refusal into a different language, and `[a^]b` still compiles.
+    try:
+        before = _unprefixed_regex_byte_dfa(pattern)
+    except (ValueError, RuntimeError):
+        with pytest.raises(ValueError, match="invalid regex"):
+            regex_byte_dfa(pattern)
+        return
+    python = re.compile(pattern)
+    dfa = regex_byte_dfa(pattern)
+    for a, b in zip(_canonical(dfa), _canonical(before)):
+        np.testing.assert_array_equal(a, b)
+    for text in _strings("abcdxy^", 3):
+        assert dfa.matches(text.encode()) == bool(python.fullmatch(text)), text
+
+
+def _random_dfa(rng, states, density, accepting=0.2):
+    delta = rng.integers(0, states, (states, 256)).astype(np.int32)
+    delta[rng.random((states, 256)) > density] = -1
+    return ByteDFA(delta, rng.random(states) < accepting, int(rng.integers(states)))
+
+
+def test_trim_equals_a_python_reachability_search():
+    from functional_gen.structured.byte_dfa import ConstraintError, trim
+
+    rng = np.random.default_rng(1)
+    checked = 0
+    for states, density in [(1, 0.5), (6, 0.005), (30, 0.003), (200, 0.002), (50, 0.05)]:
+        for _ in range(20):
+            dfa = _random_dfa(rng, states, density)
+            edges = {s: {int(t) for t in dfa.delta[s] if t >= 0} for s in range(states)}
+            reach, todo = {dfa.initial}, [dfa.initial]
+            while todo:
+                for t in edges[todo.pop()] - reach:
+                    reach.add(t)
+                    todo.append(t)
+            live = {s for s in range(states) if dfa.accepting[s]}
+            grew = True
+            while grew:
+                grown = live | {s for s in range(states) if edges[s] & live}
+                grew, live = grown != live, grown
+            keep = sorted(reach & live)
+            if dfa.initial not in keep:
+                with pytest.raises(ConstraintError, match="empty"):
+                    trim(dfa)
+                continue
+            out = trim(dfa)
+            renumber = {s: i for i, s in enumerate(keep)}
+            expected = np.array(
+                [[renumber.get(int(t), -1) for t in dfa.delta[s]] for s in keep], np.int32
+            ).reshape(len(keep), 256)
+            np.testing.assert_array_equal(out.delta, expected)
+            np.testing.assert_array_equal(out.accepting, dfa.accepting[keep])
+            assert out.initial == renumber[dfa.initial]
+            assert trim(out) is out  # marked as trimmed
+            checked += 1
+    assert checked >= 20
+
+
+def test_hashed_refinement_equals_the_exact_one():
+    from functional_gen.structured.automaton import unique_columns
+    from functional_gen.structured.byte_dfa import _refine, trim
+
+    rng = np.random.default_rng(2)
+    dfas = [regex_byte_dfa(json_schema_regex(SCHEMAS[n][1])) for n in ("person", "order", "tree")]
+    dfas += [_random_dfa(rng, s, 0.02, 0.4) for s in (5, 50, 300)]
+    for dfa in dfas:
+        with contextlib.suppress(ValueError):  # a random DFA with an empty language
+            dfa = trim(dfa)
+            columns, _ = unique_columns(dfa.delta)
+            hashed, count = _refine(columns, dfa.accepting, hashed=True)
+            exact, exact_count = _refine(columns, dfa.accepting, hashed=False)
+            assert count == exact_count
+            # the same partition (block ids may differ)
+            pairs = np.unique(np.stack([hashed, exact]), axis=1)
+            assert pairs.shape[1] == count
