@@ -276,13 +276,18 @@ def test_split_int8_product_equals_its_dequantized_weight(parts):
         q.split_int8(w, 5)
 
 
-def test_with_batched_int8_uses_the_copy_for_few_tokens_only():
-    model = LlamaForCausalLM(tiny_config(), key=jax.random.key(0), quantization="int8")
+@pytest.mark.parametrize("tied", [False, True])
+def test_with_batched_int8_uses_the_copy_for_few_tokens_only(tied):
+    config = tiny_config(tie_word_embeddings=tied)
+    model = LlamaForCausalLM(config, key=jax.random.key(0), quantization="int8")
     copied = q.with_batched_int8(model, head_parts=2, layer_parts=1, max_tokens=4)
     assert model.model.layers[0].mlp.down_proj.batched is None  # the original is unchanged
     copy = copied.model.layers[0].mlp.down_proj.batched
     assert len(copy.blocks) == 1 and copy.scale.shape[1] == 1
-    assert len(copied.model.embed_tokens.batched.blocks) == 2
+    if tied:  # the embedding is the head
+        assert copied.lm_head is None and len(copied.model.embed_tokens.batched.blocks) == 2
+    else:  # the head gets the copy, the lookup table none
+        assert len(copied.lm_head.batched.blocks) == 2 and copied.model.embed_tokens.batched is None
 
     def logits(m, rows, seq):
         ids = jnp.arange(rows * seq).reshape(rows, seq) % 50 + 3
