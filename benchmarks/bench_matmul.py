@@ -42,7 +42,7 @@ def make_weights(fmt, out, inp, count, key):
     for k in keys:
         w = jax.random.normal(k, (out, inp), jnp.float32) * 0.02
         if fmt == "int8-split":  # the BatchedInt8 copy's layout, `with_batched_int8`'s parts
-            parts = q.HEAD_PARTS if out > 10_000 else q.LAYER_PARTS
+            parts = 6 if out > 10_000 else q.LAYER_PARTS  # the head's best int8 copy
             blocks, s = q.split_int8(np.asarray(w), parts)
             ws.append(tuple(jnp.asarray(b) for b in blocks))
             ss.append(jnp.asarray(s))

@@ -355,41 +355,50 @@ class BatchedInt8(eqx.Module):
     scale per row (`split_int8`), so a product is `2 * len(blocks)` plain int8 dots (two-digit
     activations). Built by `with_batched_int8`.
 
-    **Attributes:** `blocks`: int8 `[out, in / parts]` arrays; `scale`: float32 `[out, parts]`;
-    `max_tokens` (static): the largest token count that uses the copy.
+    With `scale=None` the copy is one bfloat16 `[out, in]` array instead, multiplied as
+    `dot(W, bf16 x)->f32` (`with_batched_int8(head_parts=None)`).
+
+    **Attributes:** `blocks`: int8 `[out, in / parts]` arrays (or one bfloat16 `[out, in]`);
+    `scale`: float32 `[out, parts]` (or `None`); `max_tokens` (static): the largest token count
+    that uses the copy.
     """
 
-    blocks: tuple[Int8[Array, "out part"], ...]
-    scale: Float32[Array, "out parts"]
+    blocks: tuple[Int8[Array, "out part"] | Float[Array, "out in"], ...]
+    scale: Float32[Array, "out parts"] | None
     max_tokens: int = eqx.field(static=True, default=64)
 
 
-HEAD_PARTS = 6
-"""Column blocks of the output head's `BatchedInt8` copy (576 inputs: blocks of 96; 2, 3 and 6
-parts measured, 6 was the fastest and the most accurate)."""
+HEAD_PARTS = None
+"""The output head's `BatchedInt8` copy: `None`, bfloat16 (the int8 head copies in 2, 3 or 6
+column blocks all cost top-1 agreement below 97%, and were slower in the whole model)."""
 LAYER_PARTS = 1
 """Column blocks of every other matrix's `BatchedInt8` copy (1: one scale per row)."""
 
 
 def with_batched_int8(
-    model, head_parts: int = HEAD_PARTS, layer_parts: int = LAYER_PARTS, max_tokens: int = 64
+    model,
+    head_parts: int | None = HEAD_PARTS,
+    layer_parts: int | None = LAYER_PARTS,
+    max_tokens: int = 64,
 ):
     """`model` with a `BatchedInt8` copy next to every int8-block matrix: opt-in, more memory
     and less accuracy for faster batched decode (the issue #13 trade-off, not the default).
 
     **Arguments:** `model`: a model whose `Linear` / `Embedding` modules hold int8-block weights
     (`quantization="int8"`); `head_parts`: column blocks of the output head's copy (`lm_head`,
-    or the tied embedding); `layer_parts`: of every other matrix's copy; `max_tokens`: the
+    or the tied embedding), `None` for a bfloat16 copy; `layer_parts`: the same for every other
+    matrix; `max_tokens`: the
     largest token count per product (rows times new tokens per row) that uses the copies; one
     token (batch-1 decode) and larger products (prefill) keep the int8 blocks.
 
     The copies are requantized from the dequantized blocks (a second rounding). Measured on
-    SmolLM2-135M-Instruct with `benchmarks/accuracy_quantization.py`'s text at 64 tokens per
-    call, against float32 (the int8 blocks alone: perplexity x1.0016, top-1 agreement 98.05%):
-    the defaults (head in 6 blocks, layers one scale per row) x1.0042 and 96.53%, *below* issue
-    #13's 97% target; one scale per row everywhere 95.85%, the layers alone (head exact)
-    97.31%, the head alone 96.68%. Decode at batch 8 inside `generate`: 1.21x float32 and 1.53x
-    the int8 blocks (see `docs/concepts/weights.md`). Memory: one more byte per weight.
+    SmolLM2-135M-Instruct with `benchmarks/accuracy_quantization.py --copy`'s text at 64 tokens
+    per call, against float32 (the int8 blocks alone: perplexity x1.0016, top-1 agreement
+    98.05%): the defaults (head bfloat16, layers one scale per row) x1.0029 and 97.31%, within
+    issue #13's targets; int8 head copies miss them (6 column blocks 96.53%, one scale per row
+    everywhere 95.85%). Decode at batch 8 inside `generate`, one run: 1.26x float32 and 1.8x the
+    int8 blocks (see `docs/concepts/weights.md`). Memory: one more byte per layer weight and two
+    per head weight (SmolLM2-135M: 151 -> 314 MB).
 
     **Returns:** the new model (the original is unchanged). Its `named_weights()` also lists the
     copies (`....batched.blocks.N`, `....batched.scale`), which `from_weights` does not accept.
@@ -408,9 +417,13 @@ def with_batched_int8(
             return module
         parts = head_parts if ("embed_tokens" in name or "lm_head" in name) else layer_parts
         w = np.asarray(dequantize_int8(module.weight, module.scale))
-        blocks, scale = split_int8(w, parts)
         found.append(name)
-        copy = BatchedInt8(tuple(jnp.asarray(b) for b in blocks), jnp.asarray(scale), max_tokens)
+        if parts is None:  # a bfloat16 copy
+            copy = BatchedInt8((jnp.asarray(w, jnp.bfloat16),), None, max_tokens)
+        else:
+            blocks, scale = split_int8(w, parts)
+            blocks = tuple(jnp.asarray(b) for b in blocks)
+            copy = BatchedInt8(blocks, jnp.asarray(scale), max_tokens)
         return eqx.tree_at(lambda m: m.batched, module, copy, is_leaf=lambda x: x is None)
 
     def is_module(x):
@@ -446,6 +459,8 @@ def matmul(
     without `scale`.
     """
     if batched is not None and 1 < x.shape[-1] <= batched.max_tokens:
+        if batched.scale is None:  # a bfloat16 copy
+            return run_formulation("dot(W, bf16 x)->f32", batched.blocks[0], None, x)
         return run_formulation(_SPLIT, batched.blocks, batched.scale, x)  # see BatchedInt8
     fmt = weight_format(weight, scale)
     if fmt == "int8" and scale is None:

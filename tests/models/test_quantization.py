@@ -301,5 +301,11 @@ def test_with_batched_int8_uses_the_copy_for_few_tokens_only(tied):
     near, ref = logits(copied, 2, 2), logits(model, 2, 2)
     assert not np.array_equal(near, ref)
     np.testing.assert_allclose(near, ref, atol=0.05 * np.abs(ref).max())
+    # the default: a bfloat16 copy of the head, one int8 scale per row for the layers
+    default = q.with_batched_int8(model, max_tokens=4)
+    head = default.model.embed_tokens if tied else default.lm_head
+    assert head.batched.scale is None and head.batched.blocks[0].dtype == jnp.bfloat16
+    near = logits(default, 2, 2)
+    np.testing.assert_allclose(near, ref, atol=0.05 * np.abs(ref).max())
     with pytest.raises(ValueError, match="needs a model with int8 weights"):
         q.with_batched_int8(LlamaForCausalLM(tiny_config(), key=jax.random.key(0)))
