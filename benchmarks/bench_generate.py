@@ -11,7 +11,7 @@ All systems run SmolLM2-135M-Instruct (the embedded default model) on the CPU, g
 - `ours-*`: functional_gen with float32, bfloat16 (`dtype="bfloat16"`) or int8
   (`quantization="int8"`, requantized from the shipped Q4_1 GGUF) weights; activations float32.
   `ours-int8-copy` is that int8 model with `quantization.with_batched_int8`'s second copy for
-  batched decode (more memory, less accurate at 2-64 tokens; see docs/concepts/weights.md).
+  batched decode (twice the memory; see docs/concepts/weights.md).
 - `hf-*`: transformers' PyTorch `generate` in float32 and bfloat16 (2 threads, eager).
 - `llama-*`: llama.cpp through `llama-cpp-python` (the optional `bench` extra, which compiles
   for ~14 minutes; skipped with a message when it is not installed) on GGUF files of the same
