@@ -1,6 +1,6 @@
 """What int8 and bfloat16 weights cost in accuracy: perplexity and top-1 agreement against float32.
 
-    .venv/bin/python benchmarks/accuracy_quantization.py [--tokens 2048] [--chunks 512 64 1]
+    .venv/bin/python benchmarks/accuracy_quantization.py [--tokens 2048] [--chunks 512 64 1] [--copy]
 
 Model: SmolLM2-135M-Instruct (the embedded default). Reference: its float32 model (the Q4_1
 GGUF's blocks decoded exactly). Candidates: `quantization="int8"` (requantized to int8 blocks of
@@ -35,6 +35,11 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tokens", type=int, default=2048)
     parser.add_argument("--chunks", type=int, nargs="+", default=[512, 64, 1])
+    parser.add_argument(
+        "--copy",
+        action="store_true",
+        help="also int8 with quantization.with_batched_int8's copy (used at 2-64 tokens per call)",
+    )
     args = parser.parse_args(argv)
     from pydoc_data.topics import topics
 
@@ -48,6 +53,10 @@ def main(argv=None) -> int:
         "int8": fg.load_model(quantization="int8")[0],
         "bfloat16": fg.load_model(dtype="bfloat16")[0],
     }
+    if args.copy:
+        from functional_gen.models.quantization import with_batched_int8
+
+        models["int8-copy"] = with_batched_int8(models["int8"])
     print(
         f"SmolLM2-135M-Instruct on {args.tokens} predicted tokens of pydoc_data.topics['execmodel']"
     )

@@ -2,13 +2,16 @@
 llama.cpp at the same precision, in one run.
 
     .venv/bin/python benchmarks/bench_generate.py [--repeats 3] [--new-tokens 128]
-        [--systems ours-f32 ours-bf16 ours-int8 hf-f32 hf-bf16 llama-f32 llama-bf16 llama-q8_0]
+        [--systems ours-f32 ours-bf16 ours-int8 ours-int8-copy hf-f32 hf-bf16 llama-f32
+                   llama-bf16 llama-q8_0]
 
 All systems run SmolLM2-135M-Instruct (the embedded default model) on the CPU, greedy, with a
 32-token prompt (the same token ids for all):
 
 - `ours-*`: functional_gen with float32, bfloat16 (`dtype="bfloat16"`) or int8
   (`quantization="int8"`, requantized from the shipped Q4_1 GGUF) weights; activations float32.
+  `ours-int8-copy` is that int8 model with `quantization.with_batched_int8`'s second copy for
+  batched decode (twice the memory; see docs/concepts/weights.md).
 - `hf-*`: transformers' PyTorch `generate` in float32 and bfloat16 (2 threads, eager).
 - `llama-*`: llama.cpp through `llama-cpp-python` (the optional `bench` extra, which compiles
   for ~14 minutes; skipped with a message when it is not installed) on GGUF files of the same
@@ -48,6 +51,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import functional_gen as fg
+from functional_gen.models import quantization
 
 TEXT = (
     "The history of the Roman Empire spans many centuries, from the founding of the city of Rome "
@@ -89,14 +93,18 @@ def timed(fn) -> float:
 
 
 class Ours:
-    def __init__(self, name, **load_kwargs):
+    def __init__(self, name, transform=None, **load_kwargs):
         import equinox as eqx
 
         self.name = name
         self.model, self.tokenizer = fg.load_model(**load_kwargs)
+        if transform is not None:
+            self.model = transform(self.model)
         self.weight_bytes = sum(w.nbytes for w in self.model.named_weights().values())
         self.parameters = sum(
-            w.size for k, w in self.model.named_weights().items() if not k.endswith(".scale")
+            w.size
+            for k, w in self.model.named_weights().items()
+            if not k.endswith(".scale") and ".batched." not in k
         )
         self._prefill = eqx.filter_jit(lambda m, x, p: m.prefill(x, p, max_len=x.shape[1] + 1)[0])
 
@@ -295,6 +303,10 @@ SYSTEMS = {
     "ours-f32": lambda: Ours("ours-f32"),
     "ours-bf16": lambda: Ours("ours-bf16", dtype="bfloat16"),
     "ours-int8": lambda: Ours("ours-int8", quantization="int8"),
+    # int8 blocks plus a BatchedInt8 copy for batched decode (quantization.with_batched_int8)
+    "ours-int8-copy": lambda: Ours(
+        "ours-int8-copy", transform=quantization.with_batched_int8, quantization="int8"
+    ),
     "hf-f32": lambda: Transformers("hf-f32", "float32"),
     "hf-bf16": lambda: Transformers("hf-bf16", "bfloat16"),
     "llama-f32": lambda: LlamaCpp("llama-f32", "f32"),
@@ -306,6 +318,7 @@ PEERS = {  # each of ours against the others at the same (or the nearest) precis
     "ours-f32": ("hf-f32", "llama-f32"),
     "ours-bf16": ("hf-bf16", "llama-bf16", "ours-f32"),
     "ours-int8": ("llama-q8_0", "ours-f32", "hf-f32"),
+    "ours-int8-copy": ("llama-q8_0", "ours-int8", "ours-f32"),
 }
 
 

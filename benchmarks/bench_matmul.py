@@ -23,6 +23,7 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's functional_gen
 from functional_gen.models import quantization as q
@@ -40,7 +41,12 @@ def make_weights(fmt, out, inp, count, key):
     ws, ss = [], []
     for k in keys:
         w = jax.random.normal(k, (out, inp), jnp.float32) * 0.02
-        if fmt in ("int8", "int8-block"):
+        if fmt == "int8-split":  # the BatchedInt8 copy's layout, `with_batched_int8`'s parts
+            parts = 6 if out > 10_000 else q.LAYER_PARTS  # the head's best int8 copy
+            blocks, s = q.split_int8(np.asarray(w), parts)
+            ws.append(tuple(jnp.asarray(b) for b in blocks))
+            ss.append(jnp.asarray(s))
+        elif fmt in ("int8", "int8-block"):
             wq, s = q.quantize_int8(w, block=q.BLOCK if fmt == "int8-block" else None)
             ws.append(jnp.asarray(wq))
             ss.append(jnp.asarray(s))
@@ -75,7 +81,9 @@ def main(argv=None) -> int:
     parser.add_argument("--tokens", type=int, nargs="+", default=[1, 8, 512])
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument(
-        "--formats", nargs="+", default=["float32", "bfloat16", "int8", "int8-block"]
+        "--formats",
+        nargs="+",
+        default=["float32", "bfloat16", "int8", "int8-block", "int8-split"],
     )
     parser.add_argument("--shapes", nargs="+", default=list(SHAPES))
     parser.add_argument("--megabytes", type=float, default=256.0, help="float32 MB per chain")

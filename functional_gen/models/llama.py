@@ -48,15 +48,18 @@ class Linear(eqx.Module):
     **Attributes:** `weight`: `Float[Array, "out in"]` (torch layout; float32 or bfloat16) or
     `Int8[Array, "out in"]`; `bias`: float32 `Float[Array, " out"]` or `None`; `scale`: the
     float32 `Float[Array, "out blocks"]` of an int8 weight, one per block of `in / blocks` inputs
-    (`quantization.dequantize_int8(weight, scale)` is the real weight), else `None`.
+    (`quantization.dequantize_int8(weight, scale)` is the real weight), else `None`; `batched`:
+    `None`, or an opt-in second int8 copy for products of a few tokens
+    (`quantization.with_batched_int8`).
     """
 
     weight: Float[Array, "out in"] | Int8[Array, "out in"]
     bias: Float[Array, " out"] | None
     scale: Float[Array, "out blocks"] | None = None
+    batched: "_quantization.BatchedInt8 | None" = None
 
     def __call__(self, x: Float[Array, "in tokens"]) -> Float[Array, "out tokens"]:
-        y = _quantization.matmul(self.weight, self.scale, x)
+        y = _quantization.matmul(self.weight, self.scale, x, self.batched)
         if self.bias is not None:
             y = y + self.bias[:, None]
         return y
@@ -66,10 +69,12 @@ class Embedding(eqx.Module):
     """Token embedding table (float32, bfloat16, or int8 with per-block scales); lookups are
     float32. **Attributes:** `weight`: `Float[Array, "vocab hidden"]` or
     `Int8[Array, "vocab hidden"]`; `scale`: `Float[Array, "vocab blocks"]` for int8, else
-    `None`."""
+    `None`; `batched`: `None` or the tied output head's second int8 copy
+    (`quantization.with_batched_int8`)."""
 
     weight: Float[Array, "vocab hidden"] | Int8[Array, "vocab hidden"]
     scale: Float[Array, "vocab blocks"] | None = None
+    batched: "_quantization.BatchedInt8 | None" = None
 
     def __call__(self, token_ids: Int[Array, " tokens"]) -> Float[Array, "hidden tokens"]:
         return _quantization.embed(self.weight, self.scale, token_ids)
@@ -684,7 +689,7 @@ class LlamaForCausalLM(AbstractCausalLM):
         if keep != seq:
             x = x.reshape(-1, batch, seq)[:, :, seq - keep :].reshape(-1, batch * keep)
         head = self.model.embed_tokens if self.lm_head is None else self.lm_head
-        logits = _quantization.matmul(head.weight, head.scale, x)  # [vocab, batch*keep]
+        logits = _quantization.matmul(head.weight, head.scale, x, head.batched)  # [vocab, b*keep]
         # Fenced: otherwise XLA folds the transpose below into the dot and computes the
         # token-major [batch*keep, vocab] product, whose CPU kernel took 43 ms at 2-4 tokens
         # (3 ms fenced; profile of a decode step with jax.profiler, 2026-11-22).

@@ -34,6 +34,8 @@ static (shapes are known at trace time), so it costs nothing at run time.
 
 from collections.abc import Callable
 
+import equinox as eqx
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
@@ -114,6 +116,24 @@ def dequantize_int8(
     )
 
 
+def split_int8(
+    weight: Float[np.ndarray, "out in"], parts: int
+) -> tuple[tuple[Int8[np.ndarray, "out part"], ...], Float32[np.ndarray, "out parts"]]:
+    """`quantize_int8` with blocks of `in / parts` inputs, each column block returned as an array
+    of its own (the layout of `"sum_b int8 [W_b] . 2-digit int8 x_b -> int32 * s_b"`).
+
+    **Returns:** `(blocks, scale)`: `parts` int8 `[out, in / parts]` arrays and float32
+    `[out, parts]`.
+
+    **Raises:** `ValueError` if `in` is not a multiple of `parts` or `weight` is not 2-D.
+    """
+    w = np.asarray(weight, np.float32)
+    if w.ndim != 2 or w.shape[1] % parts:
+        raise ValueError(f"cannot split a weight of shape {w.shape} into {parts} column blocks")
+    q, scale = quantize_int8(w, block=w.shape[1] // parts)
+    return tuple(np.ascontiguousarray(b) for b in np.split(q, parts, axis=1)), scale
+
+
 # ---------------------------------------------------------------------------------------------
 # Formulations: f(weight[out, in], scale[out] | None, x[in, tokens] float32) -> y[out, tokens] f32
 
@@ -155,6 +175,24 @@ def _int8_dot_two_digits(w, s, x):
     coarse = _dot(w, q1, ((1,), (0,)), jnp.int32).astype(jnp.float32)
     residual = _dot(w, q2, ((1,), (0,)), jnp.int32).astype(jnp.float32)
     return (coarse * sx[None, :] + residual * fine[None, :]) * s[:, None]
+
+
+def _int8_split_dot(w, s, x):
+    """int8 x int8 -> int32 over column blocks stored as separate arrays (`split_int8`: `w` a
+    tuple of `n` int8 `[out, in / n]`, `s` `[out, n]`), activations in two int8 digits: `2 n`
+    plain dots, each block's partial sums scaled by its own per-row scale."""
+    q1, sx = _int8_activations(x)
+    fine = sx / 254.0
+    q2 = jnp.round((x - q1.astype(jnp.float32) * sx) / fine).astype(jnp.int8)
+    width = w[0].shape[1]
+    y = None
+    for i, wi in enumerate(w):
+        cols = slice(i * width, (i + 1) * width)
+        coarse = _dot(wi, q1[cols], ((1,), (0,)), jnp.int32).astype(jnp.float32)
+        residual = _dot(wi, q2[cols], ((1,), (0,)), jnp.int32).astype(jnp.float32)
+        part = (coarse * sx[None, :] + residual * fine[None, :]) * s[:, i : i + 1]
+        y = part if y is None else y + part
+    return y
 
 
 def _bf16(a):
@@ -235,6 +273,8 @@ CANDIDATES: dict[str, tuple[str, Callable]] = {
     ),
     "sum_b (W_b @ x_b) * s_b": ("int8-block", _blockwise_dot),
     "sum_b (int8 W_b . 2-digit int8 x_b -> int32) * s_b": ("int8-block", _blockwise_int8_dot),
+    # int8 column blocks as separate arrays, a scale per row and block (`split_int8`)
+    "sum_b int8 [W_b] . 2-digit int8 x_b -> int32 * s_b": ("int8-split", _int8_split_dot),
 }
 """Every formulation `benchmarks/bench_matmul.py` times: name -> (weight format, function of
 `(weight[out, in], scale[out] | None, x[in, tokens] float32)` returning float32 `[out, tokens]`).
@@ -247,6 +287,7 @@ fastest output head at one token (2 ms against 4.8 ms upcast), but logits rounde
 (steps of 0.125 near 25) tie the top two tokens and changed SmolLM2's greedy answer, so they are
 measured, never chosen."""
 
+_SPLIT = "sum_b int8 [W_b] . 2-digit int8 x_b -> int32 * s_b"
 _ANY = 2**62
 FORMULATIONS: dict[str, tuple[tuple[int, int, str], ...]] = {
     # format: ((up to this many tokens, up to this many output rows, formulation), ...), first
@@ -269,6 +310,12 @@ FORMULATIONS: dict[str, tuple[tuple[int, int, str], ...]] = {
         (1, _ANY, "(x.T @ deq(W).T).T"),
         (_ANY, _ANY, "dot([bf16(deq(W))], bf16 x)->f32"),
     ),
+    # the layout of `BatchedInt8` (used for 2 to 64 tokens when `with_batched_int8` made one).
+    # ms at 8 tokens, float32 `W @ x` / int8-block chosen / split (parts), one run, load 3-4:
+    # head 10.9 / 51.5 / 5.18 (6 parts; 18 parts, the blocks of 32 exactly: 37.5); MLP 0.33 /
+    # 1.47 / 0.19 (1 part); down 0.165 / 0.94 / 0.19 (1 part; 48 parts: 2.35). K = 32 dots are
+    # too small for XLA's int8 kernel, so the copy is requantized to coarser blocks.
+    "int8-split": ((_ANY, _ANY, "sum_b int8 [W_b] . 2-digit int8 x_b -> int32 * s_b"),),
 }
 """Per weight format, which `CANDIDATES` formulation runs a matmul of a given token count and
 output size (the first entry whose limits both hold)."""
@@ -298,10 +345,101 @@ def formulation_name(fmt: str, tokens: int, out: int = 1) -> str:
     raise AssertionError("the last FORMULATIONS entry covers every shape")  # pragma: no cover
 
 
+class BatchedInt8(eqx.Module):
+    """A second int8 copy of an int8-block weight, for products of 2 to `max_tokens` tokens.
+
+    XLA's CPU backend has a fast int8 x int8 -> int32 kernel only for a plain
+    `[out, in] @ [in, tokens]` dot; the per-block scales of the stored weight need a batched dot
+    over blocks, which it runs 5-6x slower than float32 at 8 tokens (`benchmarks/bench_matmul.py`).
+    This copy stores the weight as `len(blocks)` column blocks, each an array of its own with a
+    scale per row (`split_int8`), so a product is `2 * len(blocks)` plain int8 dots (two-digit
+    activations). Built by `with_batched_int8`.
+
+    With `scale=None` the copy is one bfloat16 `[out, in]` array instead, multiplied as
+    `dot(W, bf16 x)->f32` (`with_batched_int8(head_parts=None)`).
+
+    **Attributes:** `blocks`: int8 `[out, in / parts]` arrays (or one bfloat16 `[out, in]`);
+    `scale`: float32 `[out, parts]` (or `None`); `max_tokens` (static): the largest token count
+    that uses the copy.
+    """
+
+    blocks: tuple[Int8[Array, "out part"] | Float[Array, "out in"], ...]
+    scale: Float32[Array, "out parts"] | None
+    max_tokens: int = eqx.field(static=True, default=64)
+
+
+HEAD_PARTS = None
+"""The output head's `BatchedInt8` copy: `None`, bfloat16 (the int8 head copies in 2, 3 or 6
+column blocks all cost top-1 agreement below 97%, and were slower in the whole model)."""
+LAYER_PARTS = 1
+"""Column blocks of every other matrix's `BatchedInt8` copy (1: one scale per row)."""
+
+
+def with_batched_int8(
+    model,
+    head_parts: int | None = HEAD_PARTS,
+    layer_parts: int | None = LAYER_PARTS,
+    max_tokens: int = 64,
+):
+    """`model` with a `BatchedInt8` copy next to every int8-block matrix: opt-in, more memory
+    and less accuracy for faster batched decode (the issue #13 trade-off, not the default).
+
+    **Arguments:** `model`: a model whose `Linear` / `Embedding` modules hold int8-block weights
+    (`quantization="int8"`); `head_parts`: column blocks of the output head's copy (`lm_head`,
+    or the tied embedding), `None` for a bfloat16 copy; `layer_parts`: the same for every other
+    matrix; `max_tokens`: the
+    largest token count per product (rows times new tokens per row) that uses the copies; one
+    token (batch-1 decode) and larger products (prefill) keep the int8 blocks.
+
+    The copies are requantized from the dequantized blocks (a second rounding). Measured on
+    SmolLM2-135M-Instruct with `benchmarks/accuracy_quantization.py --copy`'s text at 64 tokens
+    per call, against float32 (the int8 blocks alone: perplexity x1.0016, top-1 agreement
+    98.05%): the defaults (head bfloat16, layers one scale per row) x1.0029 and 97.31%, within
+    issue #13's targets; int8 head copies miss them (6 column blocks 96.53%, one scale per row
+    everywhere 95.85%). Decode at batch 8 inside `generate`, one run: 1.26x float32 and 1.8x the
+    int8 blocks (see `docs/concepts/weights.md`). Memory: one more byte per layer weight and two
+    per head weight (SmolLM2-135M: 151 -> 314 MB).
+
+    **Returns:** the new model (the original is unchanged). Its `named_weights()` also lists the
+    copies (`....batched.blocks.N`, `....batched.scale`), which `from_weights` does not accept.
+
+    **Raises:** `ValueError` if a part count does not divide a matrix's input size, or if the
+    model holds no int8-block matrix.
+    """
+    found = []
+    untied = getattr(model, "lm_head", None) is not None  # then the embedding is a lookup only
+
+    def convert(path, module):
+        if getattr(module, "scale", None) is None or not hasattr(module, "batched"):
+            return module
+        name = jax.tree_util.keystr(path)
+        if untied and "embed_tokens" in name:
+            return module
+        parts = head_parts if ("embed_tokens" in name or "lm_head" in name) else layer_parts
+        w = np.asarray(dequantize_int8(module.weight, module.scale))
+        found.append(name)
+        if parts is None:  # a bfloat16 copy
+            copy = BatchedInt8((jnp.asarray(w, jnp.bfloat16),), None, max_tokens)
+        else:
+            blocks, scale = split_int8(w, parts)
+            blocks = tuple(jnp.asarray(b) for b in blocks)
+            copy = BatchedInt8(blocks, jnp.asarray(scale), max_tokens)
+        return eqx.tree_at(lambda m: m.batched, module, copy, is_leaf=lambda x: x is None)
+
+    def is_module(x):
+        return isinstance(x, eqx.Module) and hasattr(x, "batched")
+
+    new = jax.tree_util.tree_map_with_path(convert, model, is_leaf=is_module)
+    if not found:
+        raise ValueError("with_batched_int8 needs a model with int8 weights (quantization='int8')")
+    return new
+
+
 def matmul(
     weight: Float[Array, "out in"] | Int8[Array, "out in"],
     scale: Float[Array, "out blocks"] | None,
     x: Float[Array, "in tokens"],
+    batched: BatchedInt8 | None = None,
 ) -> Float[Array, "out tokens"]:
     """`weight @ x` for a float32, bfloat16 or int8 (with its `scale`) weight, in float32.
 
@@ -311,6 +449,8 @@ def matmul(
     - `scale`: float32 `[out, blocks]` for int8 weights (`dequantize_int8(weight, scale)` is the
       real weight; `blocks` is 1 for one scale per row), else `None`.
     - `x`: float32 `[in, tokens]` activations (feature-major).
+    - `batched`: an optional `BatchedInt8` copy of the weight; used instead of it for 2 to
+      `batched.max_tokens` tokens.
 
     **Returns:** float32 `[out, tokens]`, computed with the formulation `FORMULATIONS` picks for
     this format and token count.
@@ -318,6 +458,10 @@ def matmul(
     **Raises:** `TypeError` for an unsupported weight dtype; `ValueError` for an int8 weight
     without `scale`.
     """
+    if batched is not None and 1 < x.shape[-1] <= batched.max_tokens:
+        if batched.scale is None:  # a bfloat16 copy
+            return run_formulation("dot(W, bf16 x)->f32", batched.blocks[0], None, x)
+        return run_formulation(_SPLIT, batched.blocks, batched.scale, x)  # see BatchedInt8
     fmt = weight_format(weight, scale)
     if fmt == "int8" and scale is None:
         raise ValueError("an int8 weight needs its float32 `scale`")
@@ -346,7 +490,7 @@ def _materialized(x: Float[Array, "in tokens"]) -> Float[Array, "in tokens"]:
 
 def run_formulation(
     name: str,
-    weight: Float[Array, "out in"] | Int8[Array, "out in"],
+    weight: Float[Array, "out in"] | Int8[Array, "out in"] | tuple[Int8[Array, "out _"], ...],
     scale: Float[Array, "out blocks"] | None,
     x: Float[Array, "in tokens"],
 ) -> Float[Array, "out tokens"]:

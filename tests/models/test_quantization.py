@@ -244,3 +244,68 @@ def test_two_digit_int8_activations_are_nearly_exact():
     one = q.run_formulation("int8 W . int8 x -> int32", jnp.asarray(qw), stored, jnp.asarray(x))
     assert (np.abs(np.asarray(two) - exact) <= bound * 1.01 + 1e-4).all()
     assert np.abs(np.asarray(one) - exact).max() > 20 * np.abs(np.asarray(two) - exact).max()
+
+
+@pytest.mark.parametrize("parts", [1, 3, 6])
+def test_split_int8_product_equals_its_dequantized_weight(parts):
+    """`split_int8` is `quantize_int8` with blocks of `in / parts` stored as separate arrays, and
+    its formulation equals the float64 product of those dequantized blocks within the two-digit
+    activation bound (max|x| / 64,516 per activation)."""
+    rng = np.random.default_rng(5)
+    w = rng.standard_normal((40, 96)).astype(np.float32) * 0.1
+    w[:, :16] *= 20  # a large first block: per-row scales suffer, per-block ones do not
+    x = rng.standard_normal((96, 8)).astype(np.float32)
+    blocks, scale = q.split_int8(w, parts)
+    assert len(blocks) == parts and scale.shape == (40, parts)
+    ref_q, ref_s = q.quantize_int8(w, block=96 // parts)  # same values, one array
+    np.testing.assert_array_equal(np.concatenate(blocks, axis=1), ref_q)
+    np.testing.assert_array_equal(scale, ref_s)
+    real = np.concatenate(blocks, axis=1).reshape(40, parts, -1).astype(np.float64)
+    real = (real * scale[..., None]).reshape(40, 96)
+    exact = real @ x
+    y = jax.jit(lambda b, s, x: q.run_formulation(q._SPLIT, b, s, x))(
+        tuple(map(jnp.asarray, blocks)), jnp.asarray(scale), jnp.asarray(x)
+    )
+    bound = np.abs(real).sum(axis=1, keepdims=True) * np.abs(x).max(0) / 64516
+    assert (np.abs(np.asarray(y) - exact) <= bound * 1.01 + 1e-5).all()
+    # and finer blocks are closer to the float weight (the reason for `parts`)
+    if parts > 1:
+        row = q.dequantize_int8(*map(jnp.asarray, q.quantize_int8(w, block=None)))
+        assert np.abs(real - w).mean() < 0.5 * np.abs(np.asarray(row) - w).mean()
+    with pytest.raises(ValueError, match="cannot split a weight of shape \\(40, 96\\) into 5"):
+        q.split_int8(w, 5)
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_with_batched_int8_uses_the_copy_for_few_tokens_only(tied):
+    config = tiny_config(tie_word_embeddings=tied)
+    model = LlamaForCausalLM(config, key=jax.random.key(0), quantization="int8")
+    copied = q.with_batched_int8(model, head_parts=2, layer_parts=1, max_tokens=4)
+    assert model.model.layers[0].mlp.down_proj.batched is None  # the original is unchanged
+    copy = copied.model.layers[0].mlp.down_proj.batched
+    assert len(copy.blocks) == 1 and copy.scale.shape[1] == 1
+    if tied:  # the embedding is the head
+        assert copied.lm_head is None and len(copied.model.embed_tokens.batched.blocks) == 2
+    else:  # the head gets the copy, the lookup table none
+        assert len(copied.lm_head.batched.blocks) == 2 and copied.model.embed_tokens.batched is None
+
+    def logits(m, rows, seq):
+        ids = jnp.arange(rows * seq).reshape(rows, seq) % 50 + 3
+        pos = jnp.broadcast_to(jnp.arange(seq), (rows, seq))
+        return np.asarray(m(ids, pos, m.init_cache(rows, seq))[0])
+
+    # 1 token and more than max_tokens (2 rows x 3 = 6 > 4) run the block weights, bit for bit
+    np.testing.assert_array_equal(logits(copied, 1, 1), logits(model, 1, 1))
+    np.testing.assert_array_equal(logits(copied, 2, 3), logits(model, 2, 3))
+    # 2 rows x 2 = 4 tokens use the copy: the same product up to its coarser rounding
+    near, ref = logits(copied, 2, 2), logits(model, 2, 2)
+    assert not np.array_equal(near, ref)
+    np.testing.assert_allclose(near, ref, atol=0.05 * np.abs(ref).max())
+    # the default: a bfloat16 copy of the head, one int8 scale per row for the layers
+    default = q.with_batched_int8(model, max_tokens=4)
+    head = default.model.embed_tokens if tied else default.lm_head
+    assert head.batched.scale is None and head.batched.blocks[0].dtype == jnp.bfloat16
+    near = logits(default, 2, 2)
+    np.testing.assert_allclose(near, ref, atol=0.05 * np.abs(ref).max())
+    with pytest.raises(ValueError, match="needs a model with int8 weights"):
+        q.with_batched_int8(LlamaForCausalLM(tiny_config(), key=jax.random.key(0)))
