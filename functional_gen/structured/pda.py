@@ -705,28 +705,41 @@ def _token_tables(
         return vals, table_returned[e, b]
 
     info_peak: list = []  # the most slots in use above the start, per extended state
+    info_arrays = [np.zeros(0, np.int64), np.zeros(0, np.int64)]  # the two lists, as arrays
+    token_count = np.diff(trie.token_ptr)
+    node_token = None  # the token ending at each node (-1: none), when no node has two
+    if token_count.max(initial=0) <= 1:
+        node_token = np.full(num_nodes, -1, np.int32)
+        node_token[token_count > 0] = trie.token_ids
 
-    def ends(reached, ext, inv2, poisoned, found):
-        """Record the tokens ending at the `reached` (origin * num_nodes + node) keys."""
-        while len(info_cost) < len(ext_info):
-            x = ext_info[len(info_cost)]
-            info_cost.append(int(distance[x[0]]) + sum(int(distance[v]) for v in x[1]))
-            info_peak.append(x[3])
-        cost = np.asarray(info_cost, np.int64)
-        peak = np.asarray(info_peak, np.int64)
+    def ends(origin, node, ext, inv2, poisoned, found):
+        """Record the tokens ending at the reached `(origin, node)` pairs."""
+        if len(info_cost) < len(ext_info):
+            while len(info_cost) < len(ext_info):
+                x = ext_info[len(info_cost)]
+                info_cost.append(int(distance[x[0]]) + sum(int(distance[v]) for v in x[1]))
+                info_peak.append(x[3])
+            info_arrays[:] = [np.asarray(info_cost, np.int64), np.asarray(info_peak, np.int64)]
+        cost, peak = info_arrays
         if inv2 is None:
             kpeak, kcost = peak[ext], cost[ext]
         else:
-            kpeak = np.zeros(reached.size, np.int64)
+            kpeak = np.zeros(origin.size, np.int64)
             np.maximum.at(kpeak, inv2, peak[ext])
-            kcost = np.zeros(reached.size, np.int64)
+            kcost = np.zeros(origin.size, np.int64)
             np.maximum.at(kcost, inv2, cost[ext])
-        holder, tindex = _ragged(trie.token_ptr, reached % num_nodes)
-        found[0].append(reached[holder] // num_nodes)
-        found[1].append(trie.token_ids[tindex])
+        if node_token is not None:
+            tokens = node_token[node]
+            holder = np.flatnonzero(tokens >= 0)
+            tokens = tokens[holder]
+        else:
+            holder, tindex = _ragged(trie.token_ptr, node)
+            tokens = trie.token_ids[tindex].astype(np.int32)
+        found[0].append(origin[holder].astype(np.int32))
+        found[1].append(tokens)
         found[2].append(~poisoned[holder])
-        found[3].append(kpeak[holder])
-        found[4].append(kcost[holder])
+        found[3].append(kpeak[holder].astype(np.int32))
+        found[4].append(kcost[holder].astype(np.int32))
 
     def merge(owner, child, key, e, b, vals, poisoned):
         """The successors of entries whose origins branch (a successor set of several
@@ -798,11 +811,11 @@ def _token_tables(
                 fast = ~slow if slow.any() else slice(None)
                 f_owner, f_child, f_vals = owner[fast], child[fast], vals[fast]
                 alive = f_vals >= 0
-                f_ext = f_vals[alive]
-                reached = source[fast][alive] * num_nodes + f_child[alive]
+                f_ext, f_node = f_vals[alive], f_child[alive]
+                f_origin = source[fast][alive]
                 f_poison = poison[f_owner][alive]
-                ends(reached, f_ext, None, f_poison, found)
-                parts.append((reached // num_nodes, f_child[alive], f_ext, f_poison))
+                ends(f_origin, f_node, f_ext, None, f_poison, found)
+                parts.append((f_origin, f_node, f_ext, f_poison))
             if slow.any():
                 s_owner = owner[slow]
                 s_origin, s_node, s_ext, s_poison, reached, first, inv2, dups = merge(
@@ -814,7 +827,7 @@ def _token_tables(
                     vals[slow],
                     poison[s_owner],
                 )
-                ends(reached, s_ext, inv2, s_poison[first], found)
+                ends(reached // num_nodes, reached % num_nodes, s_ext, inv2, s_poison[first], found)
                 duplicated[messy] = False
                 duplicated[dups] = True
                 parts.append((s_origin, s_node, s_ext, s_poison))
@@ -826,7 +839,7 @@ def _token_tables(
                 origin, node, ext, poison = (np.concatenate(x) for x in zip(*parts))
         out = tuple(
             np.concatenate(a) if a else np.zeros(0, dt)
-            for a, dt in zip(found, (np.int64, np.int64, bool, np.int64, np.int64))
+            for a, dt in zip(found, (np.int32, np.int32, bool, np.int32, np.int32))
         )
         return out, returned
 
@@ -863,7 +876,7 @@ def _token_tables(
     f_peak = np.concatenate([k1[keep], k2])
     f_cost = np.concatenate([c1[keep], c2])
     sure = f_sure & (f_peak < MAX_LEVELS)
-    costliest = np.zeros(num_sources, np.int64)
+    costliest = np.zeros(num_sources, np.int32)  # the found arrays' dtype: ufunc.at's fast path
     np.maximum.at(costliest, f_origin[sure], f_cost[sure])
     budget_cost = np.zeros((num_positions, num_slots), np.int32)
     budget_cost[origin_position, origin_slot] = costliest[source_of]
@@ -873,6 +886,9 @@ def _token_tables(
     # is reached once per source, so plain assignment is exact.
     level_of = np.full((num_sources, words * 32), levels, np.uint8)
     level_of[f_origin[sure], f_token[sure]] = f_peak[sure]
+    changes = np.zeros((num_sources, levels), bool)  # a token joins the bitmask at this level
+    changes[f_origin[sure], f_peak[sure]] = True
+    changes[:, 0] = True
     distinct: dict = {}  # packed row bytes -> index among distinct rows
     distinct_rows = []
     source_rows = np.empty((num_sources, levels), np.int64)
@@ -880,8 +896,13 @@ def _token_tables(
     for start in range(0, num_sources, chunk):
         block = level_of[start : start + chunk]
         for level in range(levels):
-            packed = np.packbits(block <= level, axis=1, bitorder="little").view(np.uint32)
-            for i, row in enumerate(packed):
+            if level:  # unchanged rows repeat the level below
+                source_rows[start : start + block.shape[0], level] = source_rows[
+                    start : start + block.shape[0], level - 1
+                ]
+            pick = np.flatnonzero(changes[start : start + block.shape[0], level])
+            packed = np.packbits(block[pick] <= level, axis=1, bitorder="little").view(np.uint32)
+            for i, row in zip(pick.tolist(), packed):
                 key = row.tobytes()
                 j = distinct.get(key)
                 if j is None:
