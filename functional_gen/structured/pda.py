@@ -29,11 +29,12 @@ int32 scalars and an `int32[stack_depth]` array, so the depth costs memory, not 
    stack. We walk every token from every position along the vocabulary's byte trie (as
    `byte_dfa.lift` does). Positions from which no token returns are walked once; the others once
    per *slot*, the return position on top of the stack (slot 0: the stack is empty), since the
-   first return goes there. A further return below branches over every return position its
-   rule has in the grammar (a superset of what the stack can hold). A token accepted on every
-   branch is *context-independent*: it goes into a packed bitmask per (position, slot, free
-   stack slots it needs), so a nearly full stack drops the tokens that would overflow it. A
-   token accepted on some branches only is a *candidate*: the padded list
+   first return goes there (the once-walk of a position stops at its first return, and a
+   position's slots share one walk's tables). A further return below branches over every
+   return position its rule has in the grammar (a superset of what the stack can hold). A
+   token accepted on every branch is *context-independent*: it goes into a packed bitmask per
+   (position, slot, free stack slots it needs), so a nearly full stack drops the tokens that
+   would overflow it. A token accepted on some branches only is a *candidate*: the padded list
    `candidates[position, slot]` (at most `K` of them; 3-10 for the test grammars) is checked on
    the device. Tokens rejected on every branch are never allowed. (Cf. XGrammar's
    context-independent and context-dependent tokens, Dong et al. 2024, arXiv 2411.15100.)
