@@ -38,6 +38,7 @@ other developers' jobs at a load average of about 10, so compile times are infla
 | grammar form for regexes over 250,000 characters (`json_schema_compile`, 23:02 UTC, load 2-3) | 92/120 (77%) | 5 | 323 / 6,220 / 23,800 | 125/129 | 240/240 |
 | main at cb403d5, then the compile speed-ups right after it (load 3-4.7; 2026-11-22) | 91/120 (76%) | 3 | 153 / 4,164 / 12,335 | 123/127 | 235/235 |
 | compile speed-ups: `\\x01` prefix for outlines-core, one scipy `trim`, one-gather Moore rounds | 93/120 (78%) | 1 | 77 / 968 / 7,904 | 125/129 | 240/240 |
+| faster pushdown token tables, `_MAX_GRAMMAR_POSITIONS` 3,000 (00:07 UTC 2026-11-23; 10 still over the limit) | 97/120 (81%) | 1 | 102 / 1,543 / 19,364 | 132/137 | 257/257 |
 | both (merged): see the closing note's run |  |  |  |  |  |
 
 On the 91 schemas both of the last two runs compiled: p50 / p90 / p99 153 / 4,164 / 12,335 ms
@@ -68,9 +69,10 @@ The grammar form (`json_schema_grammar`: large or shared subschemas become pushd
 compiled two of the 16 former "regex too large" refusals and timeouts within 30 s (Github_hard
 o32921: 21 s, 1,081 positions; o41296: 24 s, 1,947 positions), every test instance right. Of
 the others, 11 are refused at once because their rules' automata have over
-`_MAX_GRAMMAR_POSITIONS` (2,000) states in all (2,050 to 16,200): the pushdown token tables
-walk the vocabulary from every position at 20-80 ms each (o21316, 8,218 positions: 664 s of a
-688 s compile in `_token_tables`, 10 s in the rules' DFAs); 2 have one object rule whose
+`_MAX_GRAMMAR_POSITIONS` (then 2,000) states in all (2,050 to 16,200): the pushdown token
+tables walked the vocabulary from every position at 20-80 ms each (o21316, 8,218 positions:
+664 s of a 688 s compile in `_token_tables`, 10 s in the rules' DFAs; since the walk shares
+work, 1-3.5 ms per position, o21316's tables 13-18 s, and the limit is 3,000); 2 have one object rule whose
 regex (370,000 characters, about 80 properties) outlines-core cannot turn into an NFA; 3
 (kb_737, kb_209, kb_765) time out. Faster token tables are what the rest needs.
 On the 21 schemas alone, back to back (`--files` the 16 too-large and 5 timed-out ones, then

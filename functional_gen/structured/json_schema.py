@@ -46,7 +46,7 @@ users' regexes instead of copied into them; only terminals (strings with pattern
 lengths, number ranges, keys) and small subschemas stay inlined regexes. A call site where one
 byte cannot choose between two rules (an `anyOf` of two objects) inlines them there. The
 grammar form is refused (`ConstraintError`, at once) when its rules' automata have more than
-`_MAX_GRAMMAR_POSITIONS` states in all: the pushdown token tables would take minutes. Recursive
+`_MAX_GRAMMAR_POSITIONS` states in all: the pushdown token tables would take too long. Recursive
 `$ref`s are still unrolled `max_recursion_depth` times before the rules are chosen.
 
 Where we follow llguidance (`docs/json_schema.md`): properties come in the order of
@@ -1536,11 +1536,12 @@ _RULE_REGEX = 20_000
 """A subschema whose regex (its own rules called, not expanded) is longer becomes a rule."""
 _SHARED_RULE_REGEX = 2_000
 """A subschema used in more than one place becomes a rule from this many characters."""
-_MAX_GRAMMAR_POSITIONS = 2_000
+_MAX_GRAMMAR_POSITIONS = 3_000
 """Most positions (states of all the rules' byte DFAs) of a grammar form: its token tables walk
-the vocabulary from every position, about 20-80 ms each on the 2-core development machine
-(MaskBench Github_hard o21316: 8,219 positions, 11 minutes), so beyond this the schema is
-refused with the reason rather than compiled for minutes."""
+the vocabulary from every position, about 1-3.5 ms each on the 2-core development machine
+since the walk shares work (20-80 ms before; MaskBench Github_hard o21316, 8,219 positions:
+664 s, now 13-18 s for the tables plus 12 s for the rules' DFAs), so beyond this the schema is
+refused with the reason rather than compiled for more than about 10 s."""
 _MIN_RULE_REGEX = 300
 """The smallest subschema regex that becomes a rule so that a larger one fits `_RULE_REGEX`."""
 _RULE_CALL = 0x02
@@ -1755,7 +1756,7 @@ def json_schema_grammar(
         raise ConstraintError(
             f"the schema's grammar form has {positions:,} automaton positions in {len(rules)} "
             f"rules (the limit is {_MAX_GRAMMAR_POSITIONS:,}): its token tables would take "
-            "minutes to build"
+            "too long to build"
         )
     names = ["schema"] + [f"rule{i}" for i in range(len(rules))]
     automaton = build_pushdown(

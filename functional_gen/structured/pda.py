@@ -29,11 +29,12 @@ int32 scalars and an `int32[stack_depth]` array, so the depth costs memory, not 
    stack. We walk every token from every position along the vocabulary's byte trie (as
    `byte_dfa.lift` does). Positions from which no token returns are walked once; the others once
    per *slot*, the return position on top of the stack (slot 0: the stack is empty), since the
-   first return goes there. A further return below branches over every return position its
-   rule has in the grammar (a superset of what the stack can hold). A token accepted on every
-   branch is *context-independent*: it goes into a packed bitmask per (position, slot, free
-   stack slots it needs), so a nearly full stack drops the tokens that would overflow it. A
-   token accepted on some branches only is a *candidate*: the padded list
+   first return goes there (the once-walk of a position stops at its first return, and a
+   position's slots share one walk's tables). A further return below branches over every
+   return position its rule has in the grammar (a superset of what the stack can hold). A
+   token accepted on every branch is *context-independent*: it goes into a packed bitmask per
+   (position, slot, free stack slots it needs), so a nearly full stack drops the tokens that
+   would overflow it. A token accepted on some branches only is a *candidate*: the padded list
    `candidates[position, slot]` (at most `K` of them; 3-10 for the test grammars) is checked on
    the device. Tokens rejected on every branch are never allowed. (Cf. XGrammar's
    context-independent and context-dependent tokens, Dong et al. 2024, arXiv 2411.15100.)
@@ -704,15 +705,91 @@ def _token_tables(
             vals = table[e, b]
         return vals, table_returned[e, b]
 
-    def walk(start_ext):
-        """All tokens from each initial extended state: `(origin, token, sure, peak)` per
-        accepted (origin, token), and which origins returned below their start."""
-        origin = np.arange(len(start_ext), dtype=np.int64)
+    info_peak: list = []  # the most slots in use above the start, per extended state
+    info_arrays = [np.zeros(0, np.int64), np.zeros(0, np.int64)]  # the two lists, as arrays
+    token_count = np.diff(trie.token_ptr)
+    node_token = None  # the token ending at each node (-1: none), when no node has two
+    if token_count.max(initial=0) <= 1:
+        node_token = np.full(num_nodes, -1, np.int32)
+        node_token[token_count > 0] = trie.token_ids
+
+    def ends(origin, node, ext, inv2, poisoned, found):
+        """Record the tokens ending at the reached `(origin, node)` pairs."""
+        if len(info_cost) < len(ext_info):
+            while len(info_cost) < len(ext_info):
+                x = ext_info[len(info_cost)]
+                info_cost.append(int(distance[x[0]]) + sum(int(distance[v]) for v in x[1]))
+                info_peak.append(x[3])
+            info_arrays[:] = [np.asarray(info_cost, np.int64), np.asarray(info_peak, np.int64)]
+        cost, peak = info_arrays
+        if inv2 is None:
+            kpeak, kcost = peak[ext], cost[ext]
+        else:
+            kpeak = np.zeros(origin.size, np.int64)
+            np.maximum.at(kpeak, inv2, peak[ext])
+            kcost = np.zeros(origin.size, np.int64)
+            np.maximum.at(kcost, inv2, cost[ext])
+        if node_token is not None:
+            tokens = node_token[node]
+            holder = np.flatnonzero(tokens >= 0)
+            tokens = tokens[holder]
+        else:
+            holder, tindex = _ragged(trie.token_ptr, node)
+            tokens = trie.token_ids[tindex].astype(np.int32)
+        found[0].append(origin[holder].astype(np.int32))
+        found[1].append(tokens)
+        found[2].append(~poisoned[holder])
+        found[3].append(kpeak[holder].astype(np.int32))
+        found[4].append(kcost[holder].astype(np.int32))
+
+    def merge(owner, child, key, e, b, vals, poisoned):
+        """The successors of entries whose origins branch (a successor set of several
+        extended states) or hold several entries per node: merged per (origin, node).
+        Returns `(origin, node, ext, poison, reached, first, inv2, duplicated origins)`."""
+        counts = np.zeros(vals.size, np.int64)
+        deaths = vals == dead
+        counts[vals >= 0] = 1
+        multi = np.flatnonzero(vals == several)
+        hits = [memo[int(k)] for k in (e[multi] * 256 + b[multi])]
+        counts[multi] = [len(h[0]) for h in hits]
+        deaths[multi] = [h[1] for h in hits]
+        flat_parts = np.zeros(int(counts.sum()), np.int64)
+        starts = np.cumsum(counts) - counts
+        single = np.flatnonzero(vals >= 0)
+        flat_parts[starts[single]] = vals[single]
+        for i, h in zip(multi, hits):
+            flat_parts[starts[i] : starts[i] + len(h[0])] = h[0]
+        died = deaths | poisoned
+        ukey, kinv = np.unique(key, return_inverse=True)
+        kinv = kinv.reshape(-1)
+        kpoison = np.bincount(kinv, weights=died, minlength=ukey.size) > 0
+        sel = np.repeat(np.arange(owner.size), counts)
+        num_ext = len(ext_info)
+        triples = np.unique(key[sel] * num_ext + flat_parts)
+        new_key, ext = triples // num_ext, triples % num_ext
+        origin, node = new_key // num_nodes, new_key % num_nodes
+        poison = kpoison[np.searchsorted(ukey, new_key)]
+        reached, first, inv2 = np.unique(new_key, return_index=True, return_inverse=True)
+        inv2 = inv2.reshape(-1)
+        repeated = np.zeros(new_key.size, bool)
+        repeated[1:] = new_key[1:] == new_key[:-1]
+        return origin, node, ext, poison, reached, first, inv2, origin[repeated]
+
+    def walk(start_ext, prune: bool = False):
+        """All tokens from each initial extended state: `(origin, token, sure, peak, cost)` per
+        accepted (origin, token), and which origins returned below their start. With `prune`,
+        an origin is no longer walked once it has returned (the caller drops its tokens).
+
+        Per origin, the tokens come in the order of the walk (depth, then trie node): the
+        candidates keep it. Origins whose entries all have one successor and one entry per
+        node (almost all) take a fast path; the others are merged per (origin, node)."""
+        num_origins = len(start_ext)
+        origin = np.arange(num_origins, dtype=np.int64)
         ext = np.asarray(start_ext, np.int64)
         node = np.zeros(origin.size, np.int64)
         poison = np.zeros(origin.size, bool)
-        returned = np.zeros(origin.size, bool)
-        unique_keys = True  # one extended state per (origin, node): no merging needed
+        returned = np.zeros(num_origins, bool)
+        duplicated = np.zeros(num_origins, bool)  # several entries per (origin, node)
         found = ([], [], [], [], [])
         while origin.size:
             owner, child = _ragged(trie.child_ptr, node)
@@ -720,111 +797,123 @@ def _token_tables(
                 break
             e, b = ext[owner], trie.byte[child]
             vals, below = lookup(e, b)
-            returned[origin[owner][below]] = True
-            key = origin[owner] * num_nodes + child
-            if unique_keys and not (vals == several).any():
-                # Fast path: at most one successor per entry and one entry per (origin, node).
-                alive = vals >= 0
-                origin, node, ext = origin[owner][alive], child[alive], vals[alive]
-                poison = poison[owner][alive]
-                reached, first, kext = key[alive], np.arange(int(alive.sum())), ext
-                inv2 = None
+            source = origin[owner]
+            returned[source[below]] = True
+            if prune:
+                live = ~returned[source]
+                if not live.all():
+                    owner, child, e, b = owner[live], child[live], e[live], b[live]
+                    vals, source = vals[live], source[live]
+            messy = duplicated.copy()
+            messy[source[vals == several]] = True
+            slow = messy[source]
+            parts = []
+            if not slow.all():
+                fast = ~slow if slow.any() else slice(None)
+                f_owner, f_child, f_vals = owner[fast], child[fast], vals[fast]
+                alive = f_vals >= 0
+                f_ext, f_node = f_vals[alive], f_child[alive]
+                f_origin = source[fast][alive]
+                f_poison = poison[f_owner][alive]
+                ends(f_origin, f_node, f_ext, None, f_poison, found)
+                parts.append((f_origin, f_node, f_ext, f_poison))
+            if slow.any():
+                s_owner = owner[slow]
+                s_origin, s_node, s_ext, s_poison, reached, first, inv2, dups = merge(
+                    s_owner,
+                    child[slow],
+                    source[slow] * num_nodes + child[slow],
+                    e[slow],
+                    b[slow],
+                    vals[slow],
+                    poison[s_owner],
+                )
+                ends(reached // num_nodes, reached % num_nodes, s_ext, inv2, s_poison[first], found)
+                duplicated[messy] = False
+                duplicated[dups] = True
+                parts.append((s_origin, s_node, s_ext, s_poison))
+            if not parts:  # every origin left returned (pruned)
+                break
+            if len(parts) == 1:
+                origin, node, ext, poison = parts[0]
             else:
-                counts = np.zeros(vals.size, np.int64)
-                deaths = vals == dead
-                counts[vals >= 0] = 1
-                multi = np.flatnonzero(vals == several)
-                hits = [memo[int(k)] for k in (e[multi] * 256 + b[multi])]
-                counts[multi] = [len(h[0]) for h in hits]
-                deaths[multi] = [h[1] for h in hits]
-                flat_parts = np.zeros(int(counts.sum()), np.int64)
-                starts = np.cumsum(counts) - counts
-                single = np.flatnonzero(vals >= 0)
-                flat_parts[starts[single]] = vals[single]
-                for i, h in zip(multi, hits):
-                    flat_parts[starts[i] : starts[i] + len(h[0])] = h[0]
-                died = deaths | poison[owner]
-                ukey, kinv = np.unique(key, return_inverse=True)
-                kinv = kinv.reshape(-1)
-                kpoison = np.bincount(kinv, weights=died, minlength=ukey.size) > 0
-                sel = np.repeat(np.arange(owner.size), counts)
-                new_ext = flat_parts
-                num_ext = len(ext_info)
-                triples = np.unique(key[sel] * num_ext + new_ext)
-                new_key, ext = triples // num_ext, triples % num_ext
-                origin, node = new_key // num_nodes, new_key % num_nodes
-                poison = kpoison[np.searchsorted(ukey, new_key)]
-                reached, first, inv2 = np.unique(new_key, return_index=True, return_inverse=True)
-                inv2 = inv2.reshape(-1)
-                unique_keys = reached.size == new_key.size
-                kext = ext
-            # Tokens ending at the reached nodes.
-            info_peak = np.fromiter((x[3] for x in ext_info), np.int64, len(ext_info))
-            while len(info_cost) < len(ext_info):
-                x = ext_info[len(info_cost)]
-                info_cost.append(int(distance[x[0]]) + sum(int(distance[v]) for v in x[1]))
-            cost = np.asarray(info_cost, np.int64)
-            if inv2 is None:
-                kpeak, kcost = info_peak[kext], cost[kext]
-            else:
-                kpeak = np.zeros(reached.size, np.int64)
-                np.maximum.at(kpeak, inv2, info_peak[kext])
-                kcost = np.zeros(reached.size, np.int64)
-                np.maximum.at(kcost, inv2, cost[kext])
-            holder, tindex = _ragged(trie.token_ptr, reached % num_nodes)
-            found[0].append(reached[holder] // num_nodes)
-            found[1].append(trie.token_ids[tindex])
-            found[2].append(~poison[first][holder])
-            found[3].append(kpeak[holder])
-            found[4].append(kcost[holder])
+                origin, node, ext, poison = (np.concatenate(x) for x in zip(*parts))
         out = tuple(
             np.concatenate(a) if a else np.zeros(0, dt)
-            for a, dt in zip(found, (np.int64, np.int64, bool, np.int64, np.int64))
+            for a, dt in zip(found, (np.int32, np.int32, bool, np.int32, np.int32))
         )
         return out, returned
 
     # Pass 1: each position, whatever is on the stack. Tokens from a position that never
     # returns below its rule do not depend on the stack: their result holds for every slot.
     positions = np.arange(1, num_positions)
-    (o1, t1, s1, k1, c1), returned = walk([intern((int(p), (), 0, 0, None)) for p in positions])
+    (o1, t1, s1, k1, c1), returned = walk(
+        [intern((int(p), (), 0, 0, None)) for p in positions], prune=True
+    )
     # Pass 2: the positions that do return, once per slot (the top of the stack known).
     pairs = [
         (p, k, site) for p in range(1, num_positions) for k, site in enumerate(position_slots[p])
     ]
-    pair_index = {(p, k): i for i, (p, k, _) in enumerate(pairs)}
     origin_position = np.array([p for p, _, _ in pairs], np.int64)
     origin_slot = np.array([k for _, k, _ in pairs], np.int64)
     num_origins = len(pairs)
     again = [i for i, (p, _, _) in enumerate(pairs) if returned[p - 1]]
     (o2, t2, s2, k2, c2), _ = walk([intern((pairs[i][0], (), 0, 0, pairs[i][2])) for i in again])
+    # Each origin's tokens come from one *source*: its position's pass-1 walk when that never
+    # returned (shared by all its slots), else its own pass-2 walk. Tables are built per source
+    # and spread over the origins at the end.
+    kept = np.flatnonzero(~returned)  # pass-1 sources (index into `positions`)
+    first_source = np.full(positions.size, -1, np.int64)
+    first_source[kept] = np.arange(kept.size)
+    num_sources = kept.size + len(again)
+    source_of = np.empty(num_origins, np.int64)
+    fixed = ~returned[origin_position - 1]
+    source_of[fixed] = first_source[origin_position[fixed] - 1]
+    source_of[np.asarray(again, np.int64)] = kept.size + np.arange(len(again))
     keep = ~returned[o1]
-    o1, t1, s1, k1, c1 = o1[keep], t1[keep], s1[keep], k1[keep], c1[keep]
-    slots_of = [
-        np.array([pair_index[p, k] for k in range(len(position_slots[p]))], np.int64)
-        for p in positions
-    ]
-    fan = np.array([len(position_slots[p]) for p in positions], np.int64)[o1]
-    spread = np.concatenate([slots_of[o] for o in o1]) if o1.size else np.zeros(0, np.int64)
-    f_origin = np.concatenate([spread, np.asarray(again, np.int64)[o2]])
-    f_token = np.concatenate([np.repeat(t1, fan), t2])
-    f_sure = np.concatenate([np.repeat(s1, fan), s2])
-    f_peak = np.concatenate([np.repeat(k1, fan), k2])
-    f_cost = np.concatenate([np.repeat(c1, fan), c2])
+    f_origin = np.concatenate([first_source[o1[keep]], kept.size + o2])
+    f_token = np.concatenate([t1[keep], t2])
+    f_sure = np.concatenate([s1[keep], s2])
+    f_peak = np.concatenate([k1[keep], k2])
+    f_cost = np.concatenate([c1[keep], c2])
     sure = f_sure & (f_peak < MAX_LEVELS)
-    costliest = np.zeros(num_origins, np.int64)
+    costliest = np.zeros(num_sources, np.int32)  # the found arrays' dtype: ufunc.at's fast path
     np.maximum.at(costliest, f_origin[sure], f_cost[sure])
     budget_cost = np.zeros((num_positions, num_slots), np.int32)
-    budget_cost[origin_position, origin_slot] = costliest
+    budget_cost[origin_position, origin_slot] = costliest[source_of]
     levels = int(f_peak[sure].max(initial=0)) + 1
     words = (vocab + 31) // 32
-    packed = np.zeros((num_origins, levels, words), np.uint32)
-    for level in range(levels):
-        bits = np.zeros((num_origins, words * 32), bool)
-        chosen = sure & (f_peak <= level)
-        bits[f_origin[chosen], f_token[chosen]] = True
-        packed[:, level] = np.packbits(bits, axis=1, bitorder="little").view(np.uint32)
-    masks, rows = np.unique(packed.reshape(-1, words), axis=0, return_inverse=True)
-    rows = rows.reshape(num_origins, levels)
+    # The level from which each (source, token) is in the bitmask (`levels`: never); a token
+    # is reached once per source, so plain assignment is exact.
+    level_of = np.full((num_sources, words * 32), levels, np.uint8)
+    level_of[f_origin[sure], f_token[sure]] = f_peak[sure]
+    changes = np.zeros((num_sources, levels), bool)  # a token joins the bitmask at this level
+    changes[f_origin[sure], f_peak[sure]] = True
+    changes[:, 0] = True
+    distinct: dict = {}  # packed row bytes -> index among distinct rows
+    distinct_rows = []
+    source_rows = np.empty((num_sources, levels), np.int64)
+    chunk = max(1, (1 << 26) // (words * 32))  # bounded temporaries
+    for start in range(0, num_sources, chunk):
+        block = level_of[start : start + chunk]
+        for level in range(levels):
+            if level:  # unchanged rows repeat the level below
+                source_rows[start : start + block.shape[0], level] = source_rows[
+                    start : start + block.shape[0], level - 1
+                ]
+            pick = np.flatnonzero(changes[start : start + block.shape[0], level])
+            packed = np.packbits(block[pick] <= level, axis=1, bitorder="little").view(np.uint32)
+            for i, row in zip(pick.tolist(), packed):
+                key = row.tobytes()
+                j = distinct.get(key)
+                if j is None:
+                    j = distinct[key] = len(distinct_rows)
+                    distinct_rows.append(row)
+                source_rows[start + i, level] = j
+    masks, order_rows = np.unique(
+        np.stack(distinct_rows).reshape(-1, words), axis=0, return_inverse=True
+    )
+    rows = order_rows.reshape(-1)[source_rows][source_of]
     empty = np.flatnonzero(~masks.any(axis=1))
     mask_row = np.full((num_positions, num_slots, levels), empty[0] if empty.size else 0, np.int64)
     if not empty.size:  # no all-zero row yet: add one for the dead position and unused slots
@@ -832,14 +921,16 @@ def _token_tables(
         mask_row[:] = masks.shape[0] - 1
     mask_row[origin_position, origin_slot] = rows
 
-    cand_origin, cand_token = f_origin[~sure], f_token[~sure]
-    per_origin = np.bincount(cand_origin, minlength=num_origins)
-    width = _bucket(int(per_origin.max(initial=0)), 8)
+    cand_source, cand_token = f_origin[~sure], f_token[~sure]
+    per_source = np.bincount(cand_source, minlength=num_sources)
+    width = _bucket(int(per_source.max(initial=0)), 8)
+    source_candidates = np.full((num_sources, width), vocab, np.int32)
+    order = np.argsort(cand_source, kind="stable")
+    cand_source, cand_token = cand_source[order], cand_token[order]
+    slot = np.arange(cand_source.size) - (np.cumsum(per_source) - per_source)[cand_source]
+    source_candidates[cand_source, slot] = cand_token
     candidates = np.full((num_positions, num_slots, width), vocab, np.int32)
-    order = np.argsort(cand_origin, kind="stable")
-    cand_origin, cand_token = cand_origin[order], cand_token[order]
-    slot = np.arange(cand_origin.size) - (np.cumsum(per_origin) - per_origin)[cand_origin]
-    candidates[origin_position[cand_origin], origin_slot[cand_origin], slot] = cand_token
+    candidates[origin_position, origin_slot] = source_candidates[source_of]
     lengths = vocabulary.token_length
     candidate_bytes = int(lengths[cand_token].max(initial=1))
     return (
