@@ -39,7 +39,7 @@ other developers' jobs at a load average of about 10, so compile times are infla
 | main at cb403d5, then the compile speed-ups right after it (load 3-4.7; 2026-11-22) | 91/120 (76%) | 3 | 153 / 4,164 / 12,335 | 123/127 | 235/235 |
 | compile speed-ups: `\\x01` prefix for outlines-core, one scipy `trim`, one-gather Moore rounds | 93/120 (78%) | 1 | 77 / 968 / 7,904 | 125/129 | 240/240 |
 | faster pushdown token tables, `_MAX_GRAMMAR_POSITIONS` 3,000 (00:07 UTC 2026-11-23; 10 still over the limit) | 97/120 (81%) | 1 | 102 / 1,543 / 19,364 | 132/137 | 257/257 |
-| both (merged): see the closing note's run |  |  |  |  |  |
+| all of this session's branches merged (329f68e, other jobs paused, 00:12 UTC 2026-11-23) | 97/120 (81%) | 1 | 86 / 1,302 / 13,943 | 132/137 | 257/257 |
 
 On the 91 schemas both of the last two runs compiled: p50 / p90 / p99 153 / 4,164 / 12,335 ms
 before, 75 / 948 / 5,813 after (median per-schema ratio 0.62); every automaton is the same up to
