@@ -403,14 +403,18 @@ def with_batched_int8(
     **Returns:** the new model (the original is unchanged). Its `named_weights()` also lists the
     copies (`....batched.blocks.N`, `....batched.scale`), which `from_weights` does not accept.
 
-    **Raises:** `ValueError` if a part count does not divide a matrix's input size, or if the
-    model holds no int8-block matrix.
+    **Raises:** `TypeError` for a model that is not a `LlamaForCausalLM`; `ValueError` if a part
+    count does not divide a matrix's input size, or if the model holds no int8-block matrix.
     """
+    from .llama import Embedding, Linear, LlamaForCausalLM  # llama.py imports this module
+
+    if not isinstance(model, LlamaForCausalLM):
+        raise TypeError(f"with_batched_int8 needs a LlamaForCausalLM, got {type(model).__name__}")
     found = []
-    untied = getattr(model, "lm_head", None) is not None  # then the embedding is a lookup only
+    untied = model.lm_head is not None  # then the embedding is a lookup only
 
     def convert(path, module):
-        if getattr(module, "scale", None) is None or not hasattr(module, "batched"):
+        if not isinstance(module, (Linear, Embedding)) or module.scale is None:
             return module
         name = jax.tree_util.keystr(path)
         if untied and "embed_tokens" in name:
@@ -427,7 +431,7 @@ def with_batched_int8(
         return eqx.tree_at(lambda m: m.batched, module, copy, is_leaf=lambda x: x is None)
 
     def is_module(x):
-        return isinstance(x, eqx.Module) and hasattr(x, "batched")
+        return isinstance(x, (Linear, Embedding))
 
     new = jax.tree_util.tree_map_with_path(convert, model, is_leaf=is_module)
     if not found:

@@ -3,6 +3,7 @@ and a tiny random model with the same vocabulary (fast to compile, samples near-
 the allowed tokens: a random walk through each automaton)."""
 
 import jax
+import numpy as np
 import pytest
 
 from functional_gen.models import LlamaForCausalLM
@@ -33,3 +34,34 @@ def random_model(tokenizer):
         max_position_embeddings=512,
     )
     return LlamaForCausalLM(config, key=jax.random.key(0))
+
+
+def _assert_tables_equal(new, old):
+    """Two `pda._token_tables` results are identical: arrays in dtype, shape and value."""
+    assert len(new) == len(old)
+    for a, b in zip(new, old):
+        if isinstance(b, np.ndarray):
+            assert a.dtype == b.dtype and a.shape == b.shape
+            np.testing.assert_array_equal(a, b)
+        else:
+            assert a == b
+
+
+@pytest.fixture
+def checked_token_tables(monkeypatch):
+    """`pda._token_tables` checked, table for table, against the old walk
+    (`tests/structured/pda_reference.py`) on every build; yields the list of checked builds."""
+    from functional_gen.structured import pda as pda_module
+
+    from .pda_reference import token_tables_reference
+
+    fast, checked = pda_module._token_tables, []
+
+    def both(*args):
+        new = fast(*args)
+        _assert_tables_equal(new, token_tables_reference(*args))
+        checked.append(args[0].shape[0])
+        return new
+
+    monkeypatch.setattr(pda_module, "_token_tables", both)
+    return checked

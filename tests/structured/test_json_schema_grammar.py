@@ -219,26 +219,12 @@ def test_json_schema_chooses_the_grammar_form_for_large_schemas(tokenizer, monke
 
 @pytest.mark.parametrize("name", ["people", "two_objects", "explode"])
 def test_grammar_form_token_tables_equal_the_reference_walk(
-    name, small_rules, vocabulary, monkeypatch
+    name, small_rules, vocabulary, checked_token_tables
 ):
     # The fast `pda._token_tables` gives exactly the old walk's tables on schema grammar forms
     # (rules with call edges and a free-form value rule), real and byte vocabularies.
-    from functional_gen.structured import pda
-
-    from .pda_reference import token_tables_reference
-    from .test_pda import _assert_tables_equal
-
-    fast, checked = pda._token_tables, []
-
-    def both(*args):
-        new = fast(*args)
-        _assert_tables_equal(new, token_tables_reference(*args))
-        checked.append(args[0].shape[0])
-        return new
-
-    monkeypatch.setattr(pda, "_token_tables", both)
     schema = {"people": PEOPLE, "two_objects": TWO_OBJECTS, "explode": _explode(3)}[name]
     for vocab in (vocabulary, BYTES):
         js._PUSHDOWN_CACHE.clear()
         assert isinstance(js.json_schema_grammar(schema, vocab), PushdownAutomaton)
-    assert len(checked) == 2, checked
+    assert len(checked_token_tables) == 2, checked_token_tables

@@ -369,36 +369,6 @@ def test_json_schema_processor_runs_the_pushdown_automaton(tokenizer):
         assert fg.processors.JsonSchema(ambiguous, tokenizer, free_form_depth=None).pushdown is None
 
 
-def _assert_tables_equal(new, old):
-    assert len(new) == len(old)
-    for a, b in zip(new, old):
-        if isinstance(b, np.ndarray):
-            assert a.dtype == b.dtype and a.shape == b.shape
-            np.testing.assert_array_equal(a, b)
-        else:
-            assert a == b
-
-
-@pytest.fixture
-def checked_token_tables(monkeypatch):
-    """`pda._token_tables` checked, table for table, against the old walk
-    (`tests/structured/pda_reference.py`) on every build; yields the list of checked builds."""
-    from functional_gen.structured import pda as pda_module
-
-    from .pda_reference import token_tables_reference
-
-    fast, checked = pda_module._token_tables, []
-
-    def both(*args):
-        new = fast(*args)
-        _assert_tables_equal(new, token_tables_reference(*args))
-        checked.append(args[0].shape[0])
-        return new
-
-    monkeypatch.setattr(pda_module, "_token_tables", both)
-    return checked
-
-
 BYTES_ONLY = fg.structured.TokenVocabulary(
     tuple(bytes([b]) for b in range(256)) + (b'{"', b'":', b"null", b"]]", b"((", None),
     (262,),
