@@ -7,9 +7,9 @@ nodes, our own regexes where outlines-core's would let invalid documents through
 
 | keyword | outlines-core alone | here |
 |---|---|---|
-| integer/number `minimum`, `maximum`, `exclusive*` | ignored | exact range regex (`ranges`) |
+| integer/number `minimum`, `maximum`, `exclusive*` | ignored | exact range regex (`ranges`), decimal bounds too (`minimum: 0.5`) |
 | string `format` | loose (`2023-02-31`, `\\d`), few formats | strict regexes (`formats`): date, time, date-time, email, uuid, ipv4, ipv6, hostname, uri, uri-reference, byte, duration, regex |
-| string `pattern` | copied between quotes: `.` can write a raw `"` | JSON-escaped translation, searched as in ECMA-262 (`patterns`), intersected with `minLength`/`maxLength` |
+| string `pattern` | copied between quotes: `.` can write a raw `"` | JSON-escaped translation, searched as in ECMA-262 (`patterns`), intersected exactly with `minLength`/`maxLength` (below) |
 | `type: [..]` with per-type keywords | keywords of the other types lost | split into `anyOf` |
 | `allOf` | regexes concatenated: invalid JSON | merged into one schema |
 | `oneOf` | treated as `anyOf` | `anyOf` when the branches are provably disjoint (as llguidance) |
@@ -20,13 +20,28 @@ nodes, our own regexes where outlines-core's would let invalid documents through
 A rewritten node is replaced by a `const` marker string; after outlines-core has built the
 regex, each marker's regex is substituted by ours.
 
+**Lengths of strings with a `pattern` or `format`.** `minLength`/`maxLength` count decoded
+characters (a `\\n` or `\\u00e9` escape, a multi-byte UTF-8 character: one each). Where it is
+exact and compact, the bounds go into the string's regex (`patterns.json_string_pattern`: the
+pattern's own lengths already within them, or one repeated character per alternative after
+distributing fixed-width alternations, `^(png|jpeg):[a-z]*$`); otherwise the string's byte DFA
+is intersected with a character counter (`patterns.length_bounded_dfa`, up to
+`_MAX_STRING_STATES` states and counts up to `patterns.MAX_COUNTED_REPEAT`). Such a string has
+no compact regex: `json_schema_compile` splices its automaton into the schema's byte DFA
+(`_spliced_dfa`, a token automaton), or, in the grammar form, calls it as a rule; the regex
+interface (`json_schema_regex`, `JsonSchema` with one schema per row) refuses it. MaskBench:
+`^[a-zA-Z0-9\\-]+(\\s[a-zA-Z0-9\\-]+)*$` with maxLength 64 is 437 states, `format: email` with
+maxLength 1,024 is 18,309 (the schema compiles in about 6 s); refused with the sizes: a
+`{0,29}`-word pattern with maxLength 300 (63,212 states), a repeat to 32,745 characters.
+
 Keywords: unknown keywords are annotations and are ignored (JSON Schema 2020-12 core §4.3.1,
 as every validator does: `id`, `_format`, `javaName`, ...), and so is a `format` that JSON
 Schema does not define (`"int64"`, `"password"`). Known assertions that no regular constraint
 can enforce raise `UnsupportedSchemaError` naming the keyword and where it is, before anything
 is compiled: `not`, `if`/`then`/`else`, `dependentSchemas`,
 `dependencies` whose value is a schema, `contains`, `multipleOf`, `uniqueItems: true` (for more than one item),
-`unevaluated*`, overlapping `oneOf` branches, non-integer numeric bounds, the JSON Schema
+`unevaluated*`, overlapping `oneOf` branches, string lengths whose automaton would be too
+large (named with its size), the JSON Schema
 formats we lack (`idn-email`, `iri`, ...), `additionalProperties` next to `patternProperties`,
 more than three `dependentRequired` entries in one object (each doubles the alternatives; up to
 three become an `anyOf`: the property absent, or it and its dependencies present; draft 4-7's
@@ -1383,8 +1398,10 @@ def json_schema_regex(
 
     **Raises:** `InvalidSchemaError` for a schema its metaschema rejects;
     `UnsupportedSchemaError` naming the keyword and its location for what a regular constraint
-    cannot enforce (with `strict=True`); `ValueError` / `TypeError` for a schema that is not a
-    schema.
+    cannot enforce (with `strict=True`), and for a string whose length bounds need an
+    automaton that no compact regex writes (`pattern` with `maxLength` where the pattern has
+    several variable parts: `json_schema_compile` compiles those); `ValueError` /
+    `TypeError` for a schema that is not a schema.
 
     Source: outlines-core's `build_regex_from_schema` plus the rewrites above.
     """
@@ -1997,7 +2014,8 @@ def json_schema_compile(
 ):
     """The automaton `JsonSchema` runs for one schema, chosen automatically: the token
     automaton of the schema's single regex (`json_schema_automaton`: smaller and faster) while
-    that regex has at most `_GRAMMAR_REGEX` characters, else the grammar form
+    that regex has at most `_GRAMMAR_REGEX` characters (with the automata of length-bounded
+    strings that no compact regex writes spliced in, `_spliced_dfa`), else the grammar form
     (`json_schema_grammar`, a `PushdownAutomaton`). With `free_form_depth=None`, the pushdown
     automaton of `json_schema_pushdown` when the schema has free-form values.
 
@@ -2099,7 +2117,11 @@ class JsonSchema(AbstractConstraint):
     The automaton is chosen automatically (`json_schema_compile`): a single schema whose regex
     would exceed `_GRAMMAR_REGEX` characters compiles to its grammar form, a pushdown
     automaton whose rules are its large subschemas (`json_schema_grammar`); a list of schemas
-    (one per row) always uses token automata.
+    (one per row) always uses token automata. A `pattern` or `format` with
+    `minLength`/`maxLength` is exact (lengths in decoded characters): when no compact regex
+    writes it, its automaton (the string's DFA times a character counter) is spliced into the
+    schema's, which a list of schemas cannot do (refused there with the reason). Numbers with
+    decimal bounds (`minimum: 0.5`) are exact too, written without exponents.
 
     **Raises:** `UnsupportedSchemaError` (a `ValueError`) naming the keyword and its location
     (e.g. `not`, `uniqueItems`, `multipleOf`, an unknown `format`) before any compilation;

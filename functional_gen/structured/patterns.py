@@ -424,7 +424,7 @@ def json_string_pattern(pattern: str, *, min_length: int = 0, max_length: int | 
     )
     branches = [a for b in branches for a in _alternatives(b)]
     out = []
-    anything = (C.MAX_REPEAT, (0, C.MAXREPEAT, [(C.ANY, None)]))
+    anything = (C.MAX_REPEAT, (0, C.MAXREPEAT, sre.SubPattern(sre.State(), [(C.ANY, None)])))
     for branch in branches:
         starts, ends = _starts(branch), _ends(branch)
         branch = _strip_anchors(branch)
