@@ -1021,7 +1021,12 @@ class _Rewriter:
                     max_length=lengths.get("maxLength"),
                 )
             except LengthBoundError:  # the pattern's automaton times a character counter
-                terminal = self.bounded_string(json_string_pattern(pattern), lengths, path)
+                try:
+                    body = json_string_pattern(pattern)
+                except ValueError as e:
+                    self.refuse("pattern", path, str(e))
+                    return {"type": "string", **lengths}
+                terminal = self.bounded_string(body, lengths, path)
                 return {"type": "string", **lengths} if terminal is None else terminal
             except ValueError as e:
                 self.refuse("pattern", path, str(e))

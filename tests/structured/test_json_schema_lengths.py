@@ -209,3 +209,19 @@ def test_decimal_number_bounds_are_exact(schema):
         assert bool(regex.fullmatch(text)) == valid, text
     for exponent in ("5e-1", "5E-1", "1e0"):
         assert not regex.fullmatch(exponent)  # bounded numbers are written without exponents
+
+
+def test_free_form_values_and_string_automata_go_through_the_grammar_form():
+    schema = {"type": "object", "properties": {"w": WORDS}, "required": ["w"]}
+    automaton = js.json_schema_compile(schema, BYTES, cache=False, free_form_depth=None)
+    assert isinstance(automaton, PushdownAutomaton)
+    for document in (
+        {"w": "ab c"},
+        {"w": "ab cd"},
+        {"w": "a"},
+        {"w": "ab", "x": [[[1]]]},
+        {"w": "ab-c", "x": {"y": [{"z": None}]}},
+        {"w": "a  b"},
+    ):
+        text = json.dumps(document, ensure_ascii=False, separators=(",", ":"))
+        assert automaton.accepts(text.encode()) == _valid(document, schema), text
