@@ -128,7 +128,8 @@ def _as_decimal(bound, name: str) -> Decimal:
     shortest `repr` (`0.1` is one tenth, the number the schema's author wrote, not the nearest
     binary double), a `Decimal` as it is.
 
-    **Raises:** `ValueError` for an infinite or NaN bound or another type."""
+    **Raises:** `ValueError` for an infinite or NaN bound, another type, or more than
+    `MAX_FRACTION_DIGITS` fraction digits."""
     if isinstance(bound, bool) or not isinstance(bound, (int, float, Decimal)):
         raise ValueError(f"the {name} bound {bound!r} of a number must be an int, float or Decimal")
     if isinstance(bound, int):
@@ -136,7 +137,18 @@ def _as_decimal(bound, name: str) -> Decimal:
     value = Decimal(repr(bound)) if isinstance(bound, float) else bound
     if not value.is_finite():
         raise ValueError(f"the {name} bound {bound!r} of a number is not a finite number")
+    fraction = _split(abs(value))[1]
+    if len(fraction) > MAX_FRACTION_DIGITS:
+        raise ValueError(
+            f"the {name} bound {bound!r} of a number has {len(fraction)} fraction digits (at most "
+            f"{MAX_FRACTION_DIGITS}: each nests the range's regex one level deeper)"
+        )
     return value
+
+
+MAX_FRACTION_DIGITS = 80
+"""Most digits after the decimal point of a number bound (`1e-300` has 300): the fraction
+comparison nests two groups per digit, and outlines-core's regex parser stops at 250 levels."""
 
 
 def _split(value: Decimal) -> tuple[int, str]:
@@ -300,7 +312,8 @@ def number_range_regex(
     finite decimals (a float is read as its shortest `repr`, see `_as_decimal`); the comparison
     is exact on the decimal values (`0.50` and `0.5` are equal; `0.4999` is below `0.5`).
 
-    **Raises:** `ValueError` for an infinite or NaN bound, or an empty interval.
+    **Raises:** `ValueError` for an infinite or NaN bound, a bound with more than
+    `MAX_FRACTION_DIGITS` fraction digits, or an empty interval.
     """
     lo_d = None if lo is None else _as_decimal(lo, "lower")
     hi_d = None if hi is None else _as_decimal(hi, "upper")

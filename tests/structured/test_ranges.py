@@ -159,6 +159,14 @@ def test_tiny_and_huge_decimal_bounds():
     assert not huge.fullmatch("15" + "0" * 19 + ".01")
 
 
+def test_bound_with_too_many_fraction_digits_is_refused():
+    from functional_gen.structured.byte_dfa import regex_byte_dfa
+
+    regex_byte_dfa(number_range_regex(1e-80, None))  # within outlines-core's nesting limit
+    with pytest.raises(ValueError, match="300 fraction digits"):
+        number_range_regex(1e-300, None)
+
+
 @pytest.mark.parametrize("bound", [float("inf"), float("nan"), True])
 def test_bad_bounds_are_refused(bound):
     with pytest.raises(ValueError, match="bound"):
