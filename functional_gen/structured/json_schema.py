@@ -7,9 +7,9 @@ nodes, our own regexes where outlines-core's would let invalid documents through
 
 | keyword | outlines-core alone | here |
 |---|---|---|
-| integer/number `minimum`, `maximum`, `exclusive*` | ignored | exact range regex (`ranges`) |
+| integer/number `minimum`, `maximum`, `exclusive*` | ignored | exact range regex (`ranges`), decimal bounds too (`minimum: 0.5`) |
 | string `format` | loose (`2023-02-31`, `\\d`), few formats | strict regexes (`formats`): date, time, date-time, email, uuid, ipv4, ipv6, hostname, uri, uri-reference, byte, duration, regex |
-| string `pattern` | copied between quotes: `.` can write a raw `"` | JSON-escaped translation, searched as in ECMA-262 (`patterns`), intersected with `minLength`/`maxLength` |
+| string `pattern` | copied between quotes: `.` can write a raw `"` | JSON-escaped translation, searched as in ECMA-262 (`patterns`), intersected exactly with `minLength`/`maxLength` (below) |
 | `type: [..]` with per-type keywords | keywords of the other types lost | split into `anyOf` |
 | `allOf` | regexes concatenated: invalid JSON | merged into one schema |
 | `oneOf` | treated as `anyOf` | `anyOf` when the branches are provably disjoint (as llguidance) |
@@ -20,13 +20,28 @@ nodes, our own regexes where outlines-core's would let invalid documents through
 A rewritten node is replaced by a `const` marker string; after outlines-core has built the
 regex, each marker's regex is substituted by ours.
 
+**Lengths of strings with a `pattern` or `format`.** `minLength`/`maxLength` count decoded
+characters (a `\\n` or `\\u00e9` escape, a multi-byte UTF-8 character: one each). Where it is
+exact and compact, the bounds go into the string's regex (`patterns.json_string_pattern`: the
+pattern's own lengths already within them, or one repeated character per alternative after
+distributing fixed-width alternations, `^(png|jpeg):[a-z]*$`); otherwise the string's byte DFA
+is intersected with a character counter (`patterns.length_bounded_dfa`, up to
+`_MAX_STRING_STATES` states and counts up to `patterns.MAX_COUNTED_REPEAT`). Such a string has
+no compact regex: `json_schema_compile` splices its automaton into the schema's byte DFA
+(`_spliced_dfa`, a token automaton), or, in the grammar form, calls it as a rule; the regex
+interface (`json_schema_regex`, `JsonSchema` with one schema per row) refuses it. MaskBench:
+`^[a-zA-Z0-9\\-]+(\\s[a-zA-Z0-9\\-]+)*$` with maxLength 64 is 437 states, `format: email` with
+maxLength 1,024 is 18,309 (the schema compiles in about 6 s); refused with the sizes: a
+`{0,29}`-word pattern with maxLength 300 (63,212 states), a repeat to 32,745 characters.
+
 Keywords: unknown keywords are annotations and are ignored (JSON Schema 2020-12 core §4.3.1,
 as every validator does: `id`, `_format`, `javaName`, ...), and so is a `format` that JSON
 Schema does not define (`"int64"`, `"password"`). Known assertions that no regular constraint
 can enforce raise `UnsupportedSchemaError` naming the keyword and where it is, before anything
 is compiled: `not`, `if`/`then`/`else`, `dependentSchemas`,
 `dependencies` whose value is a schema, `contains`, `multipleOf`, `uniqueItems: true` (for more than one item),
-`unevaluated*`, overlapping `oneOf` branches, non-integer numeric bounds, the JSON Schema
+`unevaluated*`, overlapping `oneOf` branches, string lengths whose automaton would be too
+large (named with its size), the JSON Schema
 formats we lack (`idn-email`, `iri`, ...), `additionalProperties` next to `patternProperties`,
 more than three `dependentRequired` entries in one object (each doubles the alternatives; up to
 three become an `anyOf`: the property absent, or it and its dependencies present; draft 4-7's
@@ -60,6 +75,7 @@ Whitespace between tokens follows outlines-core's default (`[ ]?`: none or one s
 """
 
 import copy
+import hashlib
 import json
 import math
 import re
@@ -69,11 +85,24 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from .automaton import ConstraintError, cache_key
-from .byte_dfa import REJECT, ByteDFA, minimize, regex_automaton, regex_byte_dfa
+from .automaton import ConstraintError, cache_key, cached
+from .byte_dfa import (
+    REJECT,
+    ByteDFA,
+    lift,
+    minimize,
+    regex_automaton,
+    regex_byte_dfa,
+    trim,
+)
 from .formats import FORMATS, SPEC_FORMATS
 from .grammar_syntax import Alt, GrammarSpec, Ref, Repeat, Seq, Terminal
-from .patterns import bounded_length, json_string_pattern
+from .patterns import (
+    LengthBoundError,
+    bounded_length,
+    json_string_pattern,
+    length_bounded_dfa,
+)
 from .pda import DEFAULT_STACK_DEPTH, NotDeterministic, PushdownAutomaton, build_pushdown
 from .processor import AbstractConstraint, rows_of
 from .ranges import integer_range_regex, number_range_regex
@@ -652,6 +681,11 @@ class _Rewriter:
         self.ws = _DEFAULT_WHITESPACE if whitespace_pattern is None else f"(?:{whitespace_pattern})"
         self.dropped: list[str] = []
         self.free_form_depth = free_form_depth
+        self.dfa_terminals: dict[str, tuple[str, str, str]] = {}
+        """Markers of strings given as automata (`bounded_string`): name -> (placeholder,
+        path, keyword)."""
+        self.dfa_texts: dict[str, ByteDFA] = {}
+        """The quoted string DFA of each placeholder of `dfa_terminals`."""
 
     def refuse(self, keyword: str, path: str, reason: str) -> None:
         """A keyword that cannot be enforced: raise (`strict`), or remember it as dropped."""
@@ -972,13 +1006,11 @@ class _Rewriter:
                 bounded = bounded_length(
                     FORMATS[fmt], lengths.get("minLength", 0), lengths.get("maxLength")
                 )
-                if bounded is None:
-                    self.refuse(
-                        next(iter(lengths)),
-                        path,
-                        f"a length together with format {fmt!r} is not supported",
-                    )
-                    bounded = FORMATS[fmt]
+                if bounded is None:  # the format's automaton times a character counter
+                    terminal = self.bounded_string(FORMATS[fmt], lengths, path, next(iter(lengths)))
+                    if terminal is not None:
+                        return terminal
+                    bounded = FORMATS[fmt]  # refused with strict=False: the format is kept
                 return self.marker('"' + bounded + '"')
             return self.marker('"' + FORMATS[fmt] + '"')
         if pattern is not None:
@@ -988,11 +1020,42 @@ class _Rewriter:
                     min_length=lengths.get("minLength", 0),
                     max_length=lengths.get("maxLength"),
                 )
+            except LengthBoundError:  # the pattern's automaton times a character counter
+                try:
+                    body = json_string_pattern(pattern)
+                except ValueError as e:
+                    self.refuse("pattern", path, str(e))
+                    return {"type": "string", **lengths}
+                terminal = self.bounded_string(body, lengths, path)
+                return {"type": "string", **lengths} if terminal is None else terminal
             except ValueError as e:
                 self.refuse("pattern", path, str(e))
                 return {"type": "string", **lengths}
             return self.marker('"' + body + '"')
         return {"type": "string", **lengths}
+
+    def bounded_string(self, body: str, lengths: dict, path: str, keyword: str = "pattern"):
+        """A string whose body matches the regex `body` and whose length lies within
+        `lengths` (`minLength`/`maxLength`), when no regex writes that compactly: a marker whose
+        regex is a placeholder and whose automaton is `length_bounded_dfa`'s, quoted
+        (`dfa_terminals`; only the grammar form can call it, `_dfa_rule`). `NEVER` when no
+        string has the lengths; `None` when the automaton would exceed `_MAX_STRING_STATES`
+        states and `strict=False` dropped the bounds (with `strict=True`,
+        `UnsupportedSchemaError` naming `keyword` and the sizes)."""
+        lo, hi = lengths.get("minLength", 0), lengths.get("maxLength")
+        try:
+            dfa = length_bounded_dfa(body, lo, hi, max_states=_MAX_STRING_STATES)
+        except ConstraintError:  # no string of these lengths matches
+            return NEVER
+        except ValueError as e:
+            self.refuse(keyword, path, str(e))
+            return None
+        digest = hashlib.sha1(f"{body}\0{lo}\0{hi}".encode()).hexdigest()[:24]
+        placeholder = f"{_DFA_TERMINAL}{digest}"
+        marker = self.marker(placeholder)
+        self.dfa_terminals[marker["const"]] = (placeholder, path, keyword)
+        self.dfa_texts[placeholder] = _quoted(dfa)
+        return marker
 
     def _array(self, node: dict, path: str):
         out = {"type": "array"}
@@ -1340,8 +1403,10 @@ def json_schema_regex(
 
     **Raises:** `InvalidSchemaError` for a schema its metaschema rejects;
     `UnsupportedSchemaError` naming the keyword and its location for what a regular constraint
-    cannot enforce (with `strict=True`); `ValueError` / `TypeError` for a schema that is not a
-    schema.
+    cannot enforce (with `strict=True`), and for a string whose length bounds need an
+    automaton that no compact regex writes (`pattern` with `maxLength` where the pattern has
+    several variable parts: `json_schema_compile` compiles those); `ValueError` /
+    `TypeError` for a schema that is not a schema.
 
     Source: outlines-core's `build_regex_from_schema` plus the rewrites above.
     """
@@ -1354,8 +1419,144 @@ def json_schema_regex(
         free_form_depth=free_form_depth,
     )
     regex = rewriter.substitute(regex)
+    _refuse_dfa_terminals(rewriter, regex)
     _warn_dropped(rewriter)
     return regex
+
+
+_DFA_TERMINAL = "\x03FGDFA"
+"""Starts the placeholder regex of a string given as an automaton (`_Rewriter.bounded_string`):
+a control character no schema regex holds, then a digest of the string's regex and lengths."""
+_MAX_STRING_STATES = 60_000
+"""Most states of a string terminal's automaton (`patterns.length_bounded_dfa`). Spliced into
+the schema's token automaton (`_spliced_dfa`), it costs about 0.1 ms per state to build and lift
+(a grammar-form rule costs more: its positions are limited to `_MAX_GRAMMAR_POSITIONS` in all).
+Measured: 437 states for MaskBench's `^[a-zA-Z0-9\\-]+(\\s[a-zA-Z0-9\\-]+)*$` with maxLength 64,
+1,593 for `format: email` with maxLength 100, 18,225 with maxLength 1,024, 56,571 for
+`^(?:\\S+\\s+){0,29}\\S+$` with maxLength 300."""
+
+
+_MAX_SPLICED_STATES = 150_000
+"""Most states of a schema's automaton with its string automata spliced in (`_spliced_dfa`):
+one copy of a string's automaton per place that calls it, so an array of such strings whose
+items are counted (`maxItems`) multiplies it. About 0.1 ms per state to lift."""
+
+
+def _quoted(body: ByteDFA) -> ByteDFA:
+    """The DFA of `"` + `body` + `"`: a JSON string from the DFA of its body, which reads a `"`
+    only inside an escape (`\\"`), never where it may end."""
+    quote = ord('"')
+    if (body.delta[body.accepting, quote] != REJECT).any():
+        raise RuntimeError("internal error: a string body DFA reads a raw quote where it may end")
+    n = body.num_states
+    delta = np.full((n + 2, body.delta.shape[1]), REJECT, np.int32)
+    delta[1 : n + 1] = np.where(body.delta != REJECT, body.delta + 1, REJECT)
+    delta[0, quote] = body.initial + 1
+    delta[1 + np.flatnonzero(body.accepting), quote] = n + 1
+    accepting = np.zeros(n + 2, bool)
+    accepting[n + 1] = True
+    return trim(ByteDFA(delta, accepting, 0))  # minimal when `body` is: no minimisation
+
+
+def _dfa_placeholders(rewriter: "_Rewriter", regex: str) -> list[str]:
+    """The placeholders of strings given as automata (`_Rewriter.dfa_texts`) in `regex`."""
+    return [p for p in rewriter.dfa_texts if p in regex]
+
+
+def _spliced_dfa(rewriter: "_Rewriter", regex: str) -> ByteDFA:
+    """The minimal byte DFA of a schema's whole `regex` whose strings given as automata
+    (placeholders of `_Rewriter.dfa_texts`) are spliced in: each placeholder is compiled as a
+    call (`_rule_call`, three control characters no JSON text holds), and each call edge
+    `q -> r` becomes a copy of the string's quoted DFA entered by the `"` that `q` reads and
+    leaving into `r` after the closing `"` (one copy per distinct `(string, r)`). The token
+    automaton of the result is exact and needs no pushdown: a length-bounded string is a
+    counter, a few thousand states that lift to the vocabulary's tokens in about a second
+    (18,227 states, `format: email` with maxLength 1,024: 1.8 s, 82 token classes).
+
+    **Raises:** `UnsupportedSchemaError` when a state that calls a string also reads `"`
+    another way (an `anyOf` of it and another string: the splice would not be deterministic).
+    """
+    placeholders = _dfa_placeholders(rewriter, regex)
+    text = regex
+    for i, placeholder in enumerate(placeholders):
+        text = text.replace(placeholder, _rule_call(i))
+    dfa = minimize(regex_byte_dfa(text))
+    delta, accepting = dfa.delta, dfa.accepting
+    quote = ord('"')
+    pieces, extra_accepting, offset = [], [], dfa.num_states
+    copies: dict[tuple[int, int], int] = {}
+    new_delta = delta.copy()
+    for q in np.flatnonzero(delta[:, _RULE_CALL] != REJECT):
+        first = delta[q, _RULE_CALL]
+        new_delta[q, _RULE_CALL] = REJECT
+        for high in np.flatnonzero(delta[first, 0x10:0x20] != REJECT):
+            second = delta[first, 0x10 + high]
+            for low in np.flatnonzero(delta[second, 0x10:0x20] != REJECT):
+                i, r = 16 * int(high) + int(low), int(delta[second, 0x10 + low])
+                if new_delta[q, quote] != REJECT:
+                    path, keyword = next(
+                        (pa, k)
+                        for p, pa, k in rewriter.dfa_terminals.values()
+                        if p == placeholders[i]
+                    )
+                    raise UnsupportedSchemaError(
+                        keyword,
+                        path,
+                        "a length-bounded string automaton where another value may also "
+                        'start with `"` (e.g. `anyOf` with another string) is not supported',
+                    )
+                if (i, r) not in copies:
+                    string = rewriter.dfa_texts[placeholders[i]]
+                    if offset + string.num_states > _MAX_SPLICED_STATES:
+                        path, keyword = next(
+                            (pa, k)
+                            for p, pa, k in rewriter.dfa_terminals.values()
+                            if p == placeholders[i]
+                        )
+                        raise UnsupportedSchemaError(
+                            keyword,
+                            path,
+                            f"its string automaton ({string.num_states:,} states) is needed at "
+                            f"{len(copies) + 1} or more places of the schema's automaton (e.g. "
+                            f"array items counted by maxItems): over {_MAX_SPLICED_STATES:,} "
+                            "states in all",
+                        )
+                    final = np.flatnonzero(string.accepting)
+                    if final.size != 1 or (string.delta[final[0]] != REJECT).any():
+                        raise RuntimeError("internal error: a quoted string DFA has no single end")
+                    keep = np.flatnonzero(np.arange(string.num_states) != final[0])
+                    number = np.full(string.num_states, REJECT, np.int64)
+                    number[keep] = offset + np.arange(keep.size)
+                    number[final[0]] = r
+                    rows = string.delta[keep]
+                    pieces.append(np.where(rows != REJECT, number[np.maximum(rows, 0)], REJECT))
+                    extra_accepting.append(np.zeros(keep.size, bool))
+                    copies[i, r] = int(number[string.delta[string.initial, quote]])
+                    offset += keep.size
+                new_delta[q, quote] = copies[i, r]  # the opening quote enters the copy
+    spliced = ByteDFA(
+        np.concatenate([new_delta, *pieces]).astype(np.int32),
+        np.concatenate([accepting, *extra_accepting]),
+        dfa.initial,
+    )
+    # Not minimised: the pieces are, and Moore's refinement takes one round per counted
+    # character (seconds for a counter of a thousand).
+    return trim(spliced)
+
+
+def _refuse_dfa_terminals(rewriter: "_Rewriter", regex: str) -> None:
+    """`UnsupportedSchemaError` when `regex` (a whole schema's) holds a string given as an
+    automaton: only the grammar form (`json_schema_compile`, `JsonSchema` with one schema)
+    can call it."""
+    for placeholder, path, keyword in rewriter.dfa_terminals.values():
+        if placeholder in regex:
+            raise UnsupportedSchemaError(
+                keyword,
+                path,
+                "this length bound needs a string automaton that no compact regex writes; "
+                "only the grammar form calls it (`json_schema_compile`, or `JsonSchema` with "
+                "one schema), not `json_schema_regex` or a list of schemas",
+            )
 
 
 def _rewrite(
@@ -1595,6 +1796,8 @@ def _plan_rules(rewriter: _Rewriter, regex: str, banned: set) -> tuple[str, list
         return total
 
     for name in order:
+        if _dfa_rule(rewriter, name, index, banned):
+            continue
         text = rewriter.substitutions[name]
         size[name] = measured(text)
         if size[name] > _RULE_REGEX:
@@ -1630,6 +1833,40 @@ def _plan_rules(rewriter: _Rewriter, regex: str, banned: set) -> tuple[str, list
         if len(text) > _MAX_REGEX:
             raise _RegexTooLarge(len(text), _MAX_REGEX)
     return texts[0], rules, texts[1:]
+
+
+def _dfa_rule(rewriter: _Rewriter, name: str, index: dict, banned: set) -> bool:
+    """For `_plan_rules`: make marker `name` a rule (`index[name]`) if it is a string given as
+    an automaton (`_Rewriter.dfa_terminals`), which cannot be inlined as a regex; whether it is.
+
+    **Raises:** `UnsupportedSchemaError` when it is `banned` (called where one byte of
+    lookahead cannot choose it, e.g. an `anyOf` of it and another string);
+    `ConstraintError` beyond `_MAX_RULES` rules."""
+    if name not in rewriter.dfa_terminals:
+        return False
+    _, path, keyword = rewriter.dfa_terminals[name]
+    if name in banned:
+        raise UnsupportedSchemaError(
+            keyword,
+            path,
+            "a length-bounded string automaton is called where another value may also start "
+            "(e.g. `anyOf` with another string): the grammar form cannot choose it",
+        )
+    if name not in index:
+        if len(index) >= _MAX_RULES:
+            raise ConstraintError(f"the schema needs more than {_MAX_RULES} grammar rules")
+        index[name] = len(index)
+    return True
+
+
+def _rule_automaton(rewriter: _Rewriter, text: str, rules: int, free_value: bool):
+    """`_rule_edges(text, rules, free_value)`, or for a rule that is a string given as an
+    automaton (its text the placeholder of `_Rewriter.dfa_texts`) that automaton, without
+    calls."""
+    dfa = rewriter.dfa_texts.get(text[3:-1]) if text.startswith("(?:") else None
+    if dfa is None:
+        return _rule_edges(text, rules, free_value)
+    return dfa, np.full((dfa.num_states, rules + free_value), REJECT, np.int32)
 
 
 def _rule_edges(regex: str, rules: int, free_value: bool) -> tuple[ByteDFA, np.ndarray]:
@@ -1743,7 +1980,7 @@ def json_schema_grammar(
         automata = []
         for text in [root, *texts]:
             if (text, len(rules), value) not in dfas:
-                dfas[text, len(rules), value] = _rule_edges(text, len(rules), value)
+                dfas[text, len(rules), value] = _rule_automaton(rewriter, text, len(rules), value)
             automata.append(dfas[text, len(rules), value])
         bad = _nondeterministic_calls(automata, len(rules))
         if not bad:
@@ -1782,7 +2019,8 @@ def json_schema_compile(
 ):
     """The automaton `JsonSchema` runs for one schema, chosen automatically: the token
     automaton of the schema's single regex (`json_schema_automaton`: smaller and faster) while
-    that regex has at most `_GRAMMAR_REGEX` characters, else the grammar form
+    that regex has at most `_GRAMMAR_REGEX` characters (with the automata of length-bounded
+    strings that no compact regex writes spliced in, `_spliced_dfa`), else the grammar form
     (`json_schema_grammar`, a `PushdownAutomaton`). With `free_form_depth=None`, the pushdown
     automaton of `json_schema_pushdown` when the schema has free-form values.
 
@@ -1801,8 +2039,12 @@ def json_schema_compile(
     rewriter, regex = _rewrite(
         schema, **{**options, "free_form_depth": _CALL if free is None else free}
     )
+    from .regex import escape
+
     try:
         full = rewriter.substitute(regex, limit=_GRAMMAR_REGEX)
+        if free is None and _dfa_placeholders(rewriter, full) and escape(FREE_VALUE_CALL) in full:
+            raise _RegexTooLarge(len(full), _GRAMMAR_REGEX)  # the grammar form calls both
     except _RegexTooLarge:
         if not cache:
             _PUSHDOWN_CACHE.clear()
@@ -1810,8 +2052,15 @@ def json_schema_compile(
             schema, vocabulary, stack_depth=stack_depth, _rewritten=(rewriter, regex), **options
         )
     _warn_dropped(rewriter)
-    from .regex import escape
-
+    if _dfa_placeholders(rewriter, full):
+        description = f"json schema {_describe(schema)}"
+        return cached(
+            "json-spliced",
+            full,
+            vocabulary,
+            lambda: lift(_spliced_dfa(rewriter, full), vocabulary, description),
+            cache=cache,
+        )
     if free is None and escape(FREE_VALUE_CALL) in full:
         options.pop("free_form_depth")
         try:
@@ -1873,7 +2122,11 @@ class JsonSchema(AbstractConstraint):
     The automaton is chosen automatically (`json_schema_compile`): a single schema whose regex
     would exceed `_GRAMMAR_REGEX` characters compiles to its grammar form, a pushdown
     automaton whose rules are its large subschemas (`json_schema_grammar`); a list of schemas
-    (one per row) always uses token automata.
+    (one per row) always uses token automata. A `pattern` or `format` with
+    `minLength`/`maxLength` is exact (lengths in decoded characters): when no compact regex
+    writes it, its automaton (the string's DFA times a character counter) is spliced into the
+    schema's, which a list of schemas cannot do (refused there with the reason). Numbers with
+    decimal bounds (`minimum: 0.5`) are exact too, written without exponents.
 
     **Raises:** `UnsupportedSchemaError` (a `ValueError`) naming the keyword and its location
     (e.g. `not`, `uniqueItems`, `multipleOf`, an unknown `format`) before any compilation;

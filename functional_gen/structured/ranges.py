@@ -6,11 +6,21 @@ digit patterns (split by length, then by leading digits, as in the `to-regex-ran
 and a decimal `I.F` lies in `[lo, hi]` when its integer part `I` does, with the one end case
 `I = hi` (only a zero fraction) and, for exclusive bounds, `I = lo` (a non-zero fraction).
 
-All regexes here match JSON's number grammar (no leading zeros, no `+`, no exponent) and use
+Decimal bounds are regular too (`number_range_regex`): `x >= 0.5` is an integer part of at
+least 1 with any fraction, or `0` with a fraction `.F` whose digits compare at least `5`
+left to right (`.5`, `.50`, `.51`, `.6`, but not `.49` or `.4999`). The fraction comparison
+reads one digit of the bound per level (`_fraction_regex`). Bounds are compared as the exact
+decimals the schema writes (a float bound is its shortest `repr`: `0.1` is one tenth); a
+validator that parses numbers into doubles (Python's `json`, hence `jsonschema`) agrees on every
+number written with at most 15 significant digits, and may differ beyond, where the double
+rounds the text (`0.50000000000000001` is `0.5` as a double).
+
+All regexes here match JSON's number grammar (no leading zeros, no `+`, no exponent: a number
+with bounds is generated in plain decimal notation, a subset of the valid JSON texts) and use
 the syntax common to Rust's `regex` and Python's `re`.
 """
 
-import math
+from decimal import Decimal
 
 
 def _same_length(lo: str, hi: str) -> list[str]:
@@ -113,42 +123,218 @@ def _magnitude_regex(lo: int, lo_exclusive: bool, hi: int | None, hi_exclusive: 
     return "(?:" + "|".join(parts) + ")" if parts else None
 
 
+def _as_decimal(bound, name: str) -> Decimal:
+    """A bound as the exact decimal its JSON text writes: an `int` as it is, a `float` as its
+    shortest `repr` (`0.1` is one tenth, the number the schema's author wrote, not the nearest
+    binary double), a `Decimal` as it is.
+
+    **Raises:** `ValueError` for an infinite or NaN bound, another type, or more than
+    `MAX_FRACTION_DIGITS` fraction digits."""
+    if isinstance(bound, bool) or not isinstance(bound, (int, float, Decimal)):
+        raise ValueError(f"the {name} bound {bound!r} of a number must be an int, float or Decimal")
+    if isinstance(bound, int):
+        return Decimal(bound)
+    value = Decimal(repr(bound)) if isinstance(bound, float) else bound
+    if not value.is_finite():
+        raise ValueError(f"the {name} bound {bound!r} of a number is not a finite number")
+    fraction = _split(abs(value))[1]
+    if len(fraction) > MAX_FRACTION_DIGITS:
+        raise ValueError(
+            f"the {name} bound {bound!r} of a number has {len(fraction)} fraction digits (at most "
+            f"{MAX_FRACTION_DIGITS}: each nests the range's regex one level deeper)"
+        )
+    return value
+
+
+MAX_FRACTION_DIGITS = 80
+"""Most digits after the decimal point of a number bound (`1e-300` has 300): the fraction
+comparison nests two groups per digit, and outlines-core's regex parser stops at 250 levels."""
+
+
+def _split(value: Decimal) -> tuple[int, str]:
+    """`value >= 0` as its integer part and its fraction's digits without trailing zeros
+    (`Decimal("12.50")` -> `(12, "5")`, `Decimal("1E-3")` -> `(0, "001")`)."""
+    whole, _, fraction = format(value, "f").partition(".")
+    return int(whole), fraction.rstrip("0")
+
+
+def _digit_class(digits: list[int]) -> str:
+    if len(digits) == 1:
+        return str(digits[0])
+    if digits == list(range(digits[0], digits[-1] + 1)):
+        return f"[{digits[0]}-{digits[-1]}]"
+    return "[" + "".join(map(str, digits)) + "]"
+
+
+def _fraction_regex(lower, lower_inclusive: bool, upper, upper_inclusive: bool):
+    """The fraction digit strings `F` (the `F` of `I.F`, read as the number `0.F`) with
+    `0.F` at least `0.lower` (more, unless `lower_inclusive`) and at most `0.upper` (less, unless
+    `upper_inclusive`); `lower`/`upper` are digit strings without trailing zeros, `None` for no
+    bound. Returns `(regex of the non-empty F, or None when there is none; whether no
+    fraction at all, the value 0, is inside)`.
+
+    A left-to-right comparison, one digit at a time: a digit above the lower bound's digit
+    settles that bound, one equal to it leaves the rest of the bound to compare, one below it
+    leaves the interval (the upper bound mirrored). Digits with the same outcome share one
+    character class, so the regex has one level per digit of the bounds."""
+    memo: dict = {}
+
+    def normal(state):
+        lo, lo_in, hi, hi_in = state
+        if lo == "" and lo_in:
+            lo = None  # 0.F >= 0: no constraint
+        if hi == "" and not hi_in:
+            return None  # 0.F < 0: nothing
+        if lo == "" and hi == "":
+            return None  # 0 < 0.F <= 0
+        return (lo, lo_in if lo is not None else True, hi, hi_in if hi is not None else True)
+
+    def empty_ok(state) -> bool:
+        lo, lo_in, hi, hi_in = state
+        return (lo is None or (lo == "" and lo_in)) and (hi is None or hi != "" or hi_in)
+
+    def nonempty(state):
+        if state in memo:
+            return memo[state]
+        lo, _, hi, _ = state
+        if lo is None and hi is None:
+            out = "[0-9]+"
+        elif lo is None and hi == "":
+            out = "0+"
+        elif lo == "" and hi is None:
+            out = "0*[1-9][0-9]*"
+        else:
+            groups: dict = {}
+            for d in range(10):
+                after = step(state, d)
+                if after is not None:
+                    groups.setdefault(after, []).append(d)
+            alternatives = []
+            for after, digits in groups.items():
+                rest = nonempty(after)
+                if rest is None and not empty_ok(after):
+                    continue
+                if rest is None:
+                    tail = ""
+                elif not empty_ok(after):
+                    tail = rest
+                else:
+                    tail = "[0-9]*" if rest == "[0-9]+" else f"(?:{rest})?"
+                alternatives.append(_digit_class(digits) + tail)
+            out = (
+                None
+                if not alternatives
+                else (
+                    alternatives[0]
+                    if len(alternatives) == 1
+                    else "(?:" + "|".join(alternatives) + ")"
+                )
+            )
+        memo[state] = out
+        return out
+
+    def step(state, d: int):
+        lo, lo_in, hi, hi_in = state
+        if lo is not None:
+            first = int(lo[0]) if lo else 0
+            if d < first:
+                return None
+            lo = None if d > first else lo[1:]
+        if hi is not None:
+            first = int(hi[0]) if hi else 0
+            if d > first:
+                return None
+            hi = None if d < first else hi[1:]
+        return normal((lo, lo_in, hi, hi_in))
+
+    start = normal((lower, lower_inclusive, upper, upper_inclusive))
+    if start is None:
+        return None, False
+    return nonempty(start), empty_ok(start)
+
+
+def _with_fraction(integer: str, fraction) -> str | None:
+    """`integer` followed by the fractions of `_fraction_regex`'s result, `None` if none."""
+    regex, empty = fraction
+    if regex is None:
+        return integer if empty else None
+    return integer + (rf"(?:\.{regex})?" if empty else rf"\.{regex}")
+
+
+def _decimal_magnitude_regex(
+    lo: Decimal, lo_exclusive: bool, hi: Decimal | None, hi_exclusive: bool
+) -> str | None:
+    """Decimals `I(.F)?` with value in the interval from `lo >= 0` to `hi` (None: unbounded),
+    for any decimal bounds: the integer part `I` strictly between the bounds' integer parts
+    takes any fraction, and at each bound's integer part the fraction is compared digit by
+    digit (`_fraction_regex`)."""
+    lo_int, lo_fraction = _split(lo)
+    if hi is not None:
+        hi_int, hi_fraction = _split(hi)
+        if lo_int == hi_int:
+            return _with_fraction(
+                str(lo_int),
+                _fraction_regex(lo_fraction, not lo_exclusive, hi_fraction, not hi_exclusive),
+            )
+    parts = [
+        _with_fraction(str(lo_int), _fraction_regex(lo_fraction, not lo_exclusive, None, True))
+    ]
+    last_full = None if hi is None else hi_int - 1
+    if last_full is None or lo_int + 1 <= last_full:
+        parts.append(natural_range_regex(lo_int + 1, last_full) + _FRACTION)
+    if hi is not None:
+        parts.append(
+            _with_fraction(str(hi_int), _fraction_regex(None, True, hi_fraction, not hi_exclusive))
+        )
+    parts = [p for p in parts if p is not None]
+    return "(?:" + "|".join(parts) + ")" if parts else None
+
+
+def _magnitude(lo: Decimal, lo_exclusive: bool, hi: Decimal | None, hi_exclusive: bool):
+    """`_magnitude_regex` (the regexes of the integer-bound code, unchanged) when both bounds
+    are integers, else `_decimal_magnitude_regex`."""
+    if lo == lo.to_integral_value() and (hi is None or hi == hi.to_integral_value()):
+        return _magnitude_regex(
+            int(lo), lo_exclusive, None if hi is None else int(hi), hi_exclusive
+        )
+    return _decimal_magnitude_regex(lo, lo_exclusive, hi, hi_exclusive)
+
+
 def number_range_regex(
-    lo: int | float | None,
-    hi: int | float | None,
+    lo: int | float | Decimal | None,
+    hi: int | float | Decimal | None,
     *,
     lo_exclusive: bool = False,
     hi_exclusive: bool = False,
 ) -> str:
     """Regex of the JSON numbers (decimal notation, no exponent) in the interval from `lo` to
-    `hi` (`None`: unbounded), each bound inclusive unless said exclusive.
+    `hi` (`None`: unbounded), each bound inclusive unless said exclusive. Bounds may be any
+    finite decimals (a float is read as its shortest `repr`, see `_as_decimal`); the comparison
+    is exact on the decimal values (`0.50` and `0.5` are equal; `0.4999` is below `0.5`).
 
-    **Raises:** `ValueError` for a bound that is not an integer value (only integer bounds make
-    a regular language with a compact regex), or an empty interval.
+    **Raises:** `ValueError` for an infinite or NaN bound, a bound with more than
+    `MAX_FRACTION_DIGITS` fraction digits, or an empty interval.
     """
-    for name, bound in (("lower", lo), ("upper", hi)):
-        if bound is not None and (not math.isfinite(bound) or bound != math.floor(bound)):
-            raise ValueError(f"the {name} bound {bound!r} of a number is not an integer value")
-    lo = None if lo is None else int(lo)
-    hi = None if hi is None else int(hi)
+    lo_d = None if lo is None else _as_decimal(lo, "lower")
+    hi_d = None if hi is None else _as_decimal(hi, "upper")
     if (
-        lo is not None
-        and hi is not None
-        and (hi < lo or (hi == lo and (lo_exclusive or hi_exclusive)))
+        lo_d is not None
+        and hi_d is not None
+        and (hi_d < lo_d or (hi_d == lo_d and (lo_exclusive or hi_exclusive)))
     ):
         raise ValueError(f"empty number interval from {lo} to {hi}")
     parts = []
     # Negative numbers: x = -y with y > 0 and -hi <= y <= -lo.
-    if lo is None or lo < 0:
-        y_lo, y_lo_excl = (0, True) if hi is None or hi >= 0 else (-hi, hi_exclusive)
-        y_hi, y_hi_excl = (None, False) if lo is None else (-lo, lo_exclusive)
-        magnitude = _magnitude_regex(y_lo, y_lo_excl, y_hi, y_hi_excl)
+    if lo_d is None or lo_d < 0:
+        y_lo, y_lo_excl = (Decimal(0), True) if hi_d is None or hi_d >= 0 else (-hi_d, hi_exclusive)
+        y_hi, y_hi_excl = (None, False) if lo_d is None else (-lo_d, lo_exclusive)
+        magnitude = _magnitude(y_lo, y_lo_excl, y_hi, y_hi_excl)
         if magnitude is not None:
             parts.append("-" + magnitude)
     # Zero and positive numbers.
-    if hi is None or hi > 0 or (hi == 0 and not hi_exclusive):
-        p_lo, p_lo_excl = (0, False) if lo is None or lo < 0 else (lo, lo_exclusive)
-        magnitude = _magnitude_regex(p_lo, p_lo_excl, hi, hi_exclusive)
+    if hi_d is None or hi_d > 0 or (hi_d == 0 and not hi_exclusive):
+        p_lo, p_lo_excl = (Decimal(0), False) if lo_d is None or lo_d < 0 else (lo_d, lo_exclusive)
+        magnitude = _magnitude(p_lo, p_lo_excl, hi_d, hi_exclusive)
         if magnitude is not None:
             parts.append(magnitude)
     if not parts:

@@ -7,7 +7,11 @@ import re
 
 import pytest
 
-from functional_gen.structured.patterns import json_string_pattern
+from functional_gen.structured.patterns import (
+    LengthBoundError,
+    json_string_pattern,
+    length_bounded_dfa,
+)
 
 # pattern -> a value it matches that the translation must still offer
 PATTERNS = {
@@ -92,3 +96,63 @@ def test_unsupported_patterns_raise(pattern, what):
     with pytest.raises(ValueError, match=re.escape(repr(pattern))) as info:
         json_string_pattern(pattern)
     assert what.split()[0] in str(info.value)
+
+
+LENGTH_CASES = [
+    (r"^[a-z]+( [a-z]+)*$", 2, 5),
+    (r"^(ab)+$", 0, 5),
+    (r"a", 2, 4),  # unanchored: `.*a.*`
+    (r"^.*é", 3, None),  # a lower bound only: the counter saturates
+    (r"^(?:\S+\s+){0,2}\S+$", 1, 4),
+    (r"^$|^.+$", 1, 2),
+    (r'^["\\\n]*$', 2, 3),  # escapes: two bytes, one character
+]
+
+
+@pytest.mark.parametrize("pattern,lo,hi", LENGTH_CASES)
+def test_length_bounded_dfa_is_the_exact_intersection(pattern, lo, hi):
+    # Against two independent references: the translation's own regex (Python `re`) with the
+    # decoded length checked in Python, and, for soundness, Python's search of the pattern.
+    body = json_string_pattern(pattern)
+    dfa = length_bounded_dfa(body, lo, hi, max_states=10_000)
+    translated, python = re.compile(body), re.compile(pattern)
+    seen = [0, 0]
+    for value in _json_strings():
+        text = json.dumps(value, ensure_ascii=False)[1:-1]
+        inside = lo <= len(value) and (hi is None or len(value) <= hi)
+        expected = bool(translated.fullmatch(text)) and inside
+        assert dfa.matches(text.encode()) == expected, (pattern, value)
+        if expected:
+            assert python.search(value)
+        seen[expected] += 1
+    assert seen[0] and seen[1]
+
+
+def test_length_bounded_dfa_counts_unicode_escapes_and_refuses_surrogates():
+    dfa = length_bounded_dfa(r"(?:[a-z]|\\u00[0-9a-f]{2}|\\ud[0-9a-f]{3})*", 2, 2, max_states=100)
+    assert dfa.matches(rb"\u00e9a") and dfa.matches(rb"ab")
+    assert not dfa.matches(rb"\u00e9") and not dfa.matches(rb"\u00e9ab")
+    assert not dfa.matches(rb"\ud83d\ude00")  # a surrogate pair: never generated here
+    assert dfa.matches(rb"\ud7ffa")  # just below the surrogates
+
+
+def test_fixed_width_alternations_are_distributed():
+    pattern = r"^data:image/(jpg|jpeg|png|svg\+xml);base64,[0-9a-zA-Z+/=]*$"
+    regex = re.compile(json_string_pattern(pattern, max_length=30))  # no LengthBoundError
+    for kind in ("jpg", "jpeg", "png", "svg+xml"):
+        prefix = f"data:image/{kind};base64,"
+        fits = 30 - len(prefix)  # 4 to 11 payload characters
+        assert regex.fullmatch(prefix + "A" * fits), kind
+        assert not regex.fullmatch(prefix + "A" * (fits + 1)), kind
+
+
+def test_unwritable_bounds_and_sizes():
+    with pytest.raises(LengthBoundError, match="no regex bound"):
+        json_string_pattern(r"^[a-z]+( [a-z]+)*$", max_length=10)
+    with pytest.raises(ValueError, match="count to 20,000") as info:
+        json_string_pattern(r"^[a-z]*$", max_length=20_000)
+    assert not isinstance(info.value, LengthBoundError)
+    with pytest.raises(ValueError, match=r"20,000 characters \(the limit is 10,000\)"):
+        length_bounded_dfa("[a-z]*", 0, 20_000, max_states=10**6)
+    with pytest.raises(ValueError, match="states"):
+        length_bounded_dfa(json_string_pattern(r"^(?:\S+\s+){0,29}\S+$"), 0, 300, max_states=5000)

@@ -98,6 +98,76 @@ def test_number_range_is_exact(lo, hi, lo_exclusive, hi_exclusive):
         assert bool(pattern.fullmatch(text)) == inside, text
 
 
-def test_fractional_bounds_are_refused():
-    with pytest.raises(ValueError, match="not an integer"):
-        number_range_regex(0.5, None)
+DECIMAL_BOUNDS = [None, 0, 1, 2, 0.5, -0.5, 0.25, 1.5, 0.05, 0.001, 2.125, -1.75, 0.1]
+
+
+def _decimal_candidates():
+    out = set()
+    for i in range(4):
+        for f in ("", "0", "00", "5", "50", "49", "4999", "5000001", "05", "1", "25", "75", "9"):
+            for frac in (f, f + "1", f + "9") if f else ("",):
+                text = f"{i}.{frac}" if frac else str(i)
+                out.update({text, "-" + text})
+    return sorted(out)
+
+
+@pytest.mark.parametrize("lo", DECIMAL_BOUNDS)
+@pytest.mark.parametrize("hi", DECIMAL_BOUNDS)
+def test_decimal_bounds_are_exact(lo, hi):
+    # the bound is the decimal the float's repr writes: 0.1 is one tenth
+    lo_q = None if lo is None else Fraction(repr(lo))
+    hi_q = None if hi is None else Fraction(repr(hi))
+    candidates = _decimal_candidates()
+    for lo_exclusive in (False, True):
+        for hi_exclusive in (False, True):
+            if (
+                lo_q is not None
+                and hi_q is not None
+                and (hi_q < lo_q or (hi_q == lo_q and (lo_exclusive or hi_exclusive)))
+            ):
+                with pytest.raises(ValueError, match="empty"):
+                    number_range_regex(lo, hi, lo_exclusive=lo_exclusive, hi_exclusive=hi_exclusive)
+                continue
+            pattern = re.compile(
+                number_range_regex(lo, hi, lo_exclusive=lo_exclusive, hi_exclusive=hi_exclusive)
+            )
+            for text in candidates:
+                v = Fraction(text)
+                inside = (lo_q is None or (v > lo_q if lo_exclusive else v >= lo_q)) and (
+                    hi_q is None or (v < hi_q if hi_exclusive else v <= hi_q)
+                )
+                if text.startswith("-") and v == 0:
+                    inside = False  # "-0", "-0.0": never generated
+                assert bool(pattern.fullmatch(text)) == inside, (text, lo_exclusive, hi_exclusive)
+
+
+def test_minimum_one_half_by_hand():
+    pattern = re.compile(number_range_regex(0.5, None))
+    for text in ("0.5", "0.50", "0.5000001", "0.6", "1", "1.0", "7.25", "10"):
+        assert pattern.fullmatch(text), text
+    for text in ("0.49", "0.4999999", "0", "0.0", "-0.5", "-1", "0.05", "5e-1", "1e0", ".5"):
+        assert not pattern.fullmatch(text), text  # exponents are never generated with bounds
+
+
+def test_tiny_and_huge_decimal_bounds():
+    tiny = re.compile(number_range_regex(1e-20, None, lo_exclusive=True))
+    assert tiny.fullmatch("0." + "0" * 19 + "11")
+    assert not tiny.fullmatch("0." + "0" * 19 + "1")  # equal, excluded
+    assert not tiny.fullmatch("0." + "0" * 20 + "9")
+    huge = re.compile(number_range_regex(None, 1.5e20))
+    assert huge.fullmatch("15" + "0" * 19) and huge.fullmatch("15" + "0" * 19 + ".0")
+    assert not huge.fullmatch("15" + "0" * 19 + ".01")
+
+
+def test_bound_with_too_many_fraction_digits_is_refused():
+    from functional_gen.structured.byte_dfa import regex_byte_dfa
+
+    regex_byte_dfa(number_range_regex(1e-80, None))  # within outlines-core's nesting limit
+    with pytest.raises(ValueError, match="300 fraction digits"):
+        number_range_regex(1e-300, None)
+
+
+@pytest.mark.parametrize("bound", [float("inf"), float("nan"), True])
+def test_bad_bounds_are_refused(bound):
+    with pytest.raises(ValueError, match="bound"):
+        number_range_regex(bound, None)

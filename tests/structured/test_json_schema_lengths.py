@@ -1,0 +1,227 @@
+"""`pattern` / `format` together with `minLength` / `maxLength`, and numbers with decimal bounds,
+at the schema level: a document is accepted exactly when `jsonschema` (with its format checker)
+says it is valid, among the texts generation may write (the canonical JSON spelling,
+`ensure_ascii=False`; `pattern`'s `\\d\\w\\s` narrowed to ASCII, see `patterns`)."""
+
+import itertools
+import json
+import random
+import re
+
+import jsonschema
+import pytest
+
+from functional_gen.structured import UnsupportedSchemaError, json_schema as js, json_schema_regex
+from functional_gen.structured.formats import EMAIL
+from functional_gen.structured.pda import PushdownAutomaton
+from functional_gen.structured.vocabulary import TokenVocabulary
+
+from .helpers import format_checker
+
+BYTES = TokenVocabulary(tuple(bytes([b]) for b in range(256)) + (None,), (256,), "bytes-only")
+"""Single-byte tokens (EOS 256): the automaton's byte language is what is compared."""
+
+WORDS = {  # MaskBench Github_medium o74461, with smaller bounds
+    "type": "string",
+    "pattern": "^[a-zA-Z0-9\\-]+(\\s[a-zA-Z0-9\\-]+)*$",
+    "minLength": 2,
+    "maxLength": 5,
+}
+FEW_WORDS = {  # MaskBench Github_hard o21075, with smaller bounds
+    "type": "string",
+    "pattern": "^(?:\\S+\\s+){0,2}\\S+$",
+    "maxLength": 5,
+}
+UNANCHORED = {"type": "string", "pattern": "é.", "minLength": 3, "maxLength": 4}
+CONTROLS = {"type": "string", "pattern": "^[\\x00-\\x7e]*x$", "maxLength": 3}
+"""Explicit control characters: written `\\u0001`, six bytes for one character."""
+
+CASES = {
+    "words": (WORDS, "ab-1 \t"),
+    "few_words": (FEW_WORDS, 'ab"\\ \t'),
+    "unanchored_multibyte": (UNANCHORED, 'aé€😀"\\'),
+    "controls": (CONTROLS, 'x\x01\t"'),
+}
+"""Alphabets without a newline: Python's `$` (jsonschema's) also matches before a final `\n`,
+ECMA-262's does not, and the translation follows ECMA-262."""
+
+
+def _values(alphabet: str, longest: int, count: int = 1500):
+    rng = random.Random(len(alphabet))
+    out = {""}
+    for n in range(1, longest + 1):
+        if len(alphabet) ** n <= 400:
+            out.update("".join(p) for p in itertools.product(alphabet, repeat=n))
+        else:
+            out.update("".join(rng.choice(alphabet) for _ in range(n)) for _ in range(count // 4))
+    return sorted(out)
+
+
+def _accepts(automaton, text: str) -> bool:
+    data = text.encode("utf-8")
+    if isinstance(automaton, PushdownAutomaton):
+        return automaton.accepts(data)
+    return bool(automaton.accepting[automaton.walk(data)])
+
+
+def _valid(document, schema) -> bool:
+    return jsonschema.Draft202012Validator(schema, format_checker=format_checker()).is_valid(
+        document
+    )
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_length_bounded_pattern_is_exact(name):
+    schema, alphabet = CASES[name]
+    automaton = js.json_schema_compile(schema, BYTES, cache=False)
+    lengths = [0, 0]
+    for value in _values(alphabet, schema["maxLength"] + 2):
+        text = json.dumps(value, ensure_ascii=False)
+        valid = _valid(value, schema)
+        assert _accepts(automaton, text) == valid, (value, text, valid)
+        lengths[valid] += 1
+    assert lengths[0] and lengths[1]  # both sides are exercised
+
+
+def test_lengths_count_decoded_characters():
+    automaton = js.json_schema_compile(CONTROLS, BYTES, cache=False)
+    assert _accepts(automaton, r'"\u0001\nx"')  # 3 characters, 9 bytes
+    assert not _accepts(automaton, r'"\u0001\n\"x"')  # 4 characters
+    multibyte = js.json_schema_compile(UNANCHORED, BYTES, cache=False)
+    assert _accepts(multibyte, '"😀é€😀"')  # 4 characters, 15 bytes
+    assert not _accepts(multibyte, '"😀é€😀a"')
+    assert not _accepts(multibyte, '"é€"')  # 2 characters
+
+
+def test_format_with_length_is_exact():
+    schema = {"type": "string", "format": "email", "maxLength": 7}
+    automaton = js.json_schema_compile(schema, BYTES, cache=False)
+    accepted = 0
+    for value in _values("ab.@", 9):
+        text = json.dumps(value)
+        expected = bool(re.fullmatch(EMAIL, value)) and len(value) <= 7  # the strict format
+        assert _accepts(automaton, text) == expected, value
+        if expected:
+            accepted += 1
+            assert _valid(value, schema)
+    assert accepted
+    assert _accepts(automaton, '"a@b.cd"') and not _accepts(automaton, '"abc@b.cd"')
+
+
+def test_strings_in_an_array_and_an_object():
+    # one call site per counted item: the string's automaton is spliced in at each
+    schema = {
+        "type": "object",
+        "properties": {"tags": {"type": "array", "items": WORDS, "maxItems": 2}, "n": FEW_WORDS},
+        "required": ["tags"],
+        "additionalProperties": False,
+    }
+    automaton = js.json_schema_compile(schema, BYTES, cache=False)
+    values = _values("a -", 6, 60)
+    rng = random.Random(0)
+    for _ in range(400):
+        document = {"tags": [rng.choice(values) for _ in range(rng.randint(0, 3))]}
+        if rng.random() < 0.5:
+            document["n"] = rng.choice(values)
+        text = json.dumps(document, ensure_ascii=False, separators=(",", ":"))
+        assert _accepts(automaton, text) == _valid(document, schema), text
+
+
+def test_grammar_form_calls_the_string_automaton():
+    schema = {
+        "type": "object",
+        "properties": {"a": WORDS, "b": {"type": "array", "items": WORDS}},
+        "required": ["a"],
+        "additionalProperties": False,
+    }
+    grammar = js.json_schema_grammar(schema, BYTES)
+    assert isinstance(grammar, PushdownAutomaton)
+    values = _values("a -", 6, 60)
+    rng = random.Random(1)
+    for _ in range(300):
+        document = {"a": rng.choice(values)}
+        if rng.random() < 0.5:
+            document["b"] = [rng.choice(values) for _ in range(rng.randint(0, 3))]
+        text = json.dumps(document, ensure_ascii=False, separators=(",", ":"))
+        assert grammar.accepts(text.encode()) == _valid(document, schema), text
+
+
+def test_distributed_alternation_stays_a_regex():
+    # MaskBench Github_hard o9917 with a small maxLength: each branch bounded in the regex
+    schema = {
+        "type": "string",
+        "maxLength": 30,
+        "pattern": "^data:image/(jpg|jpeg|png|svg\\+xml);base64,[0-9a-zA-Z+/=]*$",
+    }
+    regex = re.compile(json_schema_regex(schema))
+    for kind, payload in itertools.product(["jpg", "jpeg", "png", "svg+xml", "gif"], range(12)):
+        value = f"data:image/{kind};base64," + "A" * payload
+        assert bool(regex.fullmatch(json.dumps(value))) == _valid(value, schema), value
+
+
+@pytest.mark.parametrize(
+    "schema,keyword,message",
+    [
+        ({"type": "string", "format": "email", "maxLength": 100_000}, "maxLength", "100,000"),
+        ({"type": "string", "pattern": "^[a-z]*$", "maxLength": 20_000}, "pattern", "20,000"),
+        (
+            {"type": "string", "pattern": "^(?:\\S+\\s+){0,29}\\S+$", "maxLength": 300},
+            "pattern",
+            "states",
+        ),
+        ({"anyOf": [WORDS, {"type": "string", "maxLength": 1}]}, "pattern", "anyOf"),
+    ],
+)
+def test_too_large_or_ambiguous_is_refused_with_sizes(schema, keyword, message):
+    with pytest.raises(UnsupportedSchemaError, match=message) as info:
+        js.json_schema_compile(schema, BYTES, cache=False)
+    assert info.value.keyword == keyword
+
+
+def test_regex_only_interface_refuses_string_automata():
+    with pytest.raises(UnsupportedSchemaError, match="json_schema_compile"):
+        json_schema_regex(WORDS)
+
+
+NUMBER_TEXTS = [
+    "0", "0.4", "0.49", "0.4999999", "0.5", "0.50", "0.500", "0.5000001", "0.51", "0.6",
+    "1", "1.0", "2.25", "2.2499", "2.2500", "2.251", "-0.5", "-0.50", "-0.5001", "-0.4999",
+    "-1", "-0", "10", "0.05",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"type": "number", "minimum": 0.5},  # MaskBench Github_medium o90648
+        {"type": "number", "minimum": -0.5, "exclusiveMaximum": 2.25},
+        {"type": "number", "exclusiveMinimum": 0.5, "maximum": 2.25},
+        {"type": "number", "minimum": -0.5, "maximum": -0.5},
+        {"type": "integer", "minimum": 0.5, "maximum": 2.25},
+    ],
+)
+def test_decimal_number_bounds_are_exact(schema):
+    regex = re.compile(json_schema_regex(schema))
+    for text in NUMBER_TEXTS:
+        valid = _valid(json.loads(text), schema) and text != "-0"  # "-0" is never generated
+        if schema["type"] == "integer" and "." in text:
+            valid = False  # integers are written without a fraction
+        assert bool(regex.fullmatch(text)) == valid, text
+    for exponent in ("5e-1", "5E-1", "1e0"):
+        assert not regex.fullmatch(exponent)  # bounded numbers are written without exponents
+
+
+def test_free_form_values_and_string_automata_go_through_the_grammar_form():
+    schema = {"type": "object", "properties": {"w": WORDS}, "required": ["w"]}
+    automaton = js.json_schema_compile(schema, BYTES, cache=False, free_form_depth=None)
+    assert isinstance(automaton, PushdownAutomaton)
+    for document in (
+        {"w": "ab c"},
+        {"w": "ab cd"},
+        {"w": "a"},
+        {"w": "ab", "x": [[[1]]]},
+        {"w": "ab-c", "x": {"y": [{"z": None}]}},
+        {"w": "a  b"},
+    ):
+        text = json.dumps(document, ensure_ascii=False, separators=(",", ":"))
+        assert automaton.accepts(text.encode()) == _valid(document, schema), text
