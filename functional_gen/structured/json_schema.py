@@ -400,18 +400,19 @@ def _key_not_in(names: list[str]) -> str:
     return walk(trie)
 
 
-def _name_checker(schema):
-    """A function telling whether a property name satisfies a (rewritten) `propertyNames` schema."""
+def _name_checker(schema, substitute):
+    """A function telling whether a property name satisfies a (rewritten) `propertyNames` schema,
+    or `None` when its regex cannot be built. `substitute` expands the rewriter's markers (a
+    `pattern` or `format` of the names is a marker, whose placeholder alone matches no name)."""
     if schema is NEVER:
         return lambda name: False
-    regex = None
     try:
         from outlines_core.json_schema import build_regex_from_schema
 
-        regex = re.compile(build_regex_from_schema(json.dumps(schema)))
-    except (ValueError, RuntimeError, re.error):
-        pass
-    return lambda name: regex is None or bool(regex.fullmatch(json.dumps(name, ensure_ascii=False)))
+        regex = re.compile(substitute(build_regex_from_schema(json.dumps(schema))))
+    except (ValueError, RuntimeError, re.error, ConstraintError):
+        return None
+    return lambda name: bool(regex.fullmatch(json.dumps(name, ensure_ascii=False)))
 
 
 def _overlap(regexes: list[str]) -> bool:
@@ -1135,7 +1136,14 @@ class _Rewriter:
                     )
         if names_schema is not None:
             names_schema = self.node(names_schema, f"{path}/propertyNames")
-            check = _name_checker(names_schema)
+            check = _name_checker(names_schema, self.substitute)
+            if check is None:
+                self.refuse(
+                    "propertyNames",
+                    f"{path}/propertyNames",
+                    "the listed property names cannot be checked against it",
+                )
+                check = lambda name: True  # noqa: E731 (dropped: every listed name kept)
             for name in list(named):
                 if not check(name):
                     if name in required:
