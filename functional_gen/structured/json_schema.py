@@ -428,24 +428,64 @@ class _TooLarge(Exception):
     """An object regex over `_MAX_OBJECT_REGEX` characters (caught by `_Rewriter._object`)."""
 
 
+_MEMBER_BLOCK = 32
+"""Members of an object nested in one `_listed_members` regex before they are grouped in blocks."""
+
+
+def _listed_members(items, sep: str) -> tuple[str | None, bool]:
+    """The listed members of an object, in order, at least one of them: `(regex, empty)`, where
+    `regex` matches every non-empty subsequence of `items` (the regex of each `"key": value` and
+    whether it is required) that keeps the required ones, members separated by `sep`, and
+    `empty` says whether no member at all is also allowed (nothing is required). `regex` is
+    `None` when there are no items.
+
+    Linear in the members' total size (each member's regex appears at most twice per level of
+    `_MEMBER_BLOCK` blocks), built from
+    the front: after the members before `i`, either something was written (`written`) or, while
+    nothing is required, nothing was; an optional member `i` extends it to `(?:written(?:sep
+    member)?|member)`, a required one to `(?:written sep)?member` and ends the "nothing
+    written" case. (Written from the back as "the rest after member `i`", the same language
+    copies each rest into every earlier member's alternative: quadratic in the member count,
+    185,000 characters for an object of 60 optional properties, which outlines-core turns into
+    an automaton in seconds or cannot at all.)"""
+    if len(items) > _MEMBER_BLOCK:
+        # nesting grows by one group per optional member: in blocks, each block's members as
+        # one unit (required when one of them is), so that the regex stays within the parser's
+        # nesting limit (250 in Rust's `regex-syntax`)
+        blocks = [items[i : i + _MEMBER_BLOCK] for i in range(0, len(items), _MEMBER_BLOCK)]
+        units = [
+            (f"(?:{_listed_members(block, sep)[0]})", any(r for _, r in block)) for block in blocks
+        ]
+        return _listed_members(units, sep)
+    written: str | None = None  # the non-empty subsequences of the members so far
+    empty = True  # whether writing none of the members so far is allowed
+    for regex, required in items:
+        if written is None:
+            written = regex
+        elif required:
+            written = f"(?:{written}{sep})?{regex}" if empty else f"{written}{sep}{regex}"
+        elif empty:  # `written` is one member or a group: no top-level `|`
+            written = f"(?:{written}(?:{sep}{regex})?|{regex})"
+        else:
+            written = f"{written}(?:{sep}{regex})?"
+        if required:
+            empty = False
+    if written is not None and len(written) > _MAX_OBJECT_REGEX:
+        raise _TooLarge(len(written))
+    return written, empty
+
+
 def _object_regex(items, extra, ws: str, min_count: int, max_count: int | None) -> str | None:
     """The regex of an object: `items` (the regex of each listed `"key": value`, and whether it
     is required) in order, then `extra` (the regex of one additional `"key": value`, or `None`)
     repeated; the number of members between `min_count` and `max_count`. `None` when no
-    object fits. A table of "rest of the object after member i, with c members written",
-    where c saturates at the largest bound that matters."""
+    object fits. Without bounds beyond "at least one member", the listed members are
+    `_listed_members` (linear size); otherwise a table of "rest of the object after member i,
+    with c members written", where c saturates at the largest bound that matters."""
     sep = f"{ws},{ws}"
     n = len(items)
     top = max(min_count, max_count if max_count is not None else 0, 1)
     memo: dict = {}
-
-    def rest_without_extra(i: int, c: int):
-        nonlocal extra
-        saved, extra = extra, None
-        try:
-            return rest(i, c)
-        finally:
-            extra = saved
 
     def rest(i: int, c: int):
         if (i, c) in memo:
@@ -489,11 +529,18 @@ def _object_regex(items, extra, ws: str, min_count: int, max_count: int | None) 
         memo[(i, c)] = out
         return out
 
+    if min_count <= 1 and max_count is None and extra is None:
+        # no count that matters beyond "at least one": the listed members in linear size
+        listed, empty = _listed_members(items, sep)
+        if listed is None:
+            body = None if min_count else ""
+        else:
+            body = f"(?:{listed})?" if empty and not min_count else listed
+        return None if body is None else rf"\{{{ws}{body}{ws}\}}"
     if min_count == 0 and max_count is None and extra is not None and items:
         # the usual case, in linear size: the listed members (at least one), then the additional
         # ones, or the additional ones alone when nothing is required
-        min_count = 1
-        listed = rest_without_extra(0, 0)
+        listed, _ = _listed_members(items, sep)
         alternatives = [] if listed is None else [f"{listed}(?:{sep}(?:{extra}))*"]
         if not any(required for _, required in items):
             alternatives.append(f"(?:(?:{extra})(?:{sep}(?:{extra}))*)?")
