@@ -1736,6 +1736,183 @@ def _nondeterministic_calls(automata: list, rules: int) -> set[int]:
     return bad
 
 
+_MIN_SHARED_TAIL = 16
+"""Fewest positions a shared tail must save to become a rule of its own (`_shared_tails`)."""
+_MAX_SHARED_TAILS = 32
+"""Most tails `_shared_tails` extracts from one grammar form."""
+_SHARED_TAIL_TRIES = 4
+"""Candidates `_shared_tails` tries per step before it stops (the largest estimates first)."""
+
+
+def _joint_blocks(automata: list) -> np.ndarray:
+    """The states of every automaton (`(dfa, calls)` each), numbered one after another, grouped
+    by their residual language: Moore's refinement of the union, a call edge labelled by its
+    callee (hashed signatures, checked exactly as `byte_dfa.minimize` does). Returns each joint
+    state's block."""
+    from .automaton import unique_columns
+    from .byte_dfa import _refine
+
+    offsets = np.cumsum([0] + [dfa.num_states for dfa, _ in automata])
+    rows, accepting = [], []
+    for (dfa, calls), offset in zip(automata, offsets):
+        table = np.concatenate([dfa.delta, calls], axis=1)
+        rows.append(np.where(table != REJECT, table + offset, REJECT))
+        accepting.append(dfa.accepting)
+    columns, _ = unique_columns(np.concatenate(rows))
+    accepting = np.concatenate(accepting)
+    blocks, count = _refine(columns, accepting, hashed=True)
+    representative = np.zeros(count, np.int64)
+    representative[blocks] = np.arange(blocks.size)
+    successor = np.where(columns != REJECT, blocks[np.maximum(columns, 0)], REJECT)
+    if not (
+        np.array_equal(successor, successor[representative[blocks]])
+        and np.array_equal(accepting, accepting[representative[blocks]])
+    ):  # a hash collision merged different states
+        blocks, _ = _refine(columns, accepting, hashed=False)
+    return blocks
+
+
+def _reach(dfa: ByteDFA, calls: np.ndarray, start: int) -> np.ndarray:
+    """The states of one automaton reachable from `start` over bytes and calls (a mask)."""
+    seen = np.zeros(dfa.num_states, bool)
+    seen[start] = True
+    frontier = np.array([start])
+    while frontier.size:
+        nxt = np.concatenate([dfa.delta[frontier].ravel(), calls[frontier].ravel()])
+        nxt = np.unique(nxt[nxt != REJECT])
+        frontier = nxt[~seen[nxt]]
+        seen[frontier] = True
+    return seen
+
+
+def _shared_tails(automata: list, rules: int, free_value: bool) -> tuple[list, int]:
+    """Fewer positions for a grammar form: a tail that several automata share (states whose
+    residual languages, up to the end of their rule, are equal: the properties after a
+    recursive one in each unrolled copy of a recursive definition, an object's last members in
+    two similar definitions) becomes a rule of its own, and each copy's first state a tail call
+    of it (a call whose return position is a final state with no edges: it pushes nothing).
+
+    Greedy: the joint partition of every state (`_joint_blocks`), then the shared block with
+    the most positions to save (its states reachable from the block, once per automaton beyond
+    the first) becomes a rule (its states copied from one automaton; an existing rule when the
+    block holds a rule's initial state), each automaton is minimised again, and so on while a
+    tail saves `_MIN_SHARED_TAIL` positions, at most `_MAX_SHARED_TAILS` times. Equal residual
+    languages make the language the same; an accepting block is never a tail (a rule may not
+    match the empty string).
+
+    **Arguments:** `automata`: `(dfa, calls)` per regex of the grammar form, the root first,
+    rule `i` at `1 + i` (as `_rule_edges` gives them); `rules`: the schema rules; `free_value`:
+    whether the last call column is the free-form JSON value.
+
+    **Returns:** `(automata, rules)`, the new rules after the old ones (their call columns
+    inserted before the free-form value's).
+    """
+    automata = list(automata)
+    for _ in range(_MAX_SHARED_TAILS):
+        if rules >= _MAX_RULES:
+            break
+        blocks = _joint_blocks(automata)
+        offsets = np.cumsum([0] + [dfa.num_states for dfa, _ in automata])
+        owner = np.repeat(np.arange(len(automata)), np.diff(offsets))
+        accepting = np.concatenate([dfa.accepting for dfa, _ in automata])
+        members: dict[int, list[int]] = {}
+        for state in np.flatnonzero(~accepting):
+            members.setdefault(int(blocks[state]), []).append(int(state))
+        # Only entries are candidates: the blocks below a shared block are shared too (as
+        # often or more), so a block is looked at when it is a state's first shared one, where
+        # an edge comes from a block shared fewer or more times (or it holds an initial state)
+        count = np.bincount(blocks, minlength=int(blocks.max()) + 1)
+        rows = []
+        for (dfa, calls), offset in zip(automata, offsets):
+            row = np.concatenate([dfa.delta, calls], axis=1)
+            rows.append(np.where(row != REJECT, row + offset, REJECT))
+        table = np.concatenate(rows)
+        source, _ = np.nonzero(table != REJECT)
+        target = table[table != REJECT]
+        entry = np.zeros(count.size, bool)
+        entry[blocks[target[count[blocks[source]] != count[blocks[target]]]]] = True
+        for a, (dfa, _) in enumerate(automata):
+            entry[blocks[offsets[a] + dfa.initial]] = True
+        candidates = []
+        for block, states in members.items():
+            if len(states) < 2 or not entry[block]:
+                continue
+            a = int(owner[states[0]])
+            dfa, calls = automata[a]
+            size = int(_reach(dfa, calls, states[0] - int(offsets[a])).sum())
+            saving = (len(states) - 1) * size - len(states) - 1
+            if saving >= _MIN_SHARED_TAIL:
+                candidates.append((-saving, block))
+        total = int(offsets[-1])
+        for _, block in sorted(candidates)[:_SHARED_TAIL_TRIES]:
+            new, grew = _extract_tail(automata, rules, free_value, members[block], owner, offsets)
+            if sum(dfa.num_states for dfa, _ in new) <= total - _MIN_SHARED_TAIL:
+                break  # the estimate counted states that other paths still reach: check
+        else:
+            break
+        rules += grew
+        automata = new
+    return automata, rules
+
+
+def _extract_tail(automata: list, rules: int, free_value: bool, states, owner, offsets):
+    """`_shared_tails`' step: the joint `states` (one shared block) become tail calls of one rule.
+    Returns the new automata and how many rules were added (0 or 1)."""
+    initial = [
+        int(owner[x]) - 1
+        for x in states
+        if owner[x] > 0 and x - offsets[owner[x]] == automata[owner[x]][0].initial
+    ]
+    if initial:  # an existing rule is the tail: call it
+        callee, source = initial[0], None
+    else:
+        callee, source = rules, states[0]
+    new = []
+    for dfa, calls in automata:
+        if callee == rules:  # one more call column, before the free-form value's
+            calls = np.insert(calls, rules, REJECT, axis=1)
+        new.append((dfa, calls))
+    if source is not None:
+        a = int(owner[source])
+        dfa, calls = new[a]
+        keep = _reach(dfa, calls, source - int(offsets[a]))
+        renumber = np.cumsum(keep) - 1
+        delta = dfa.delta[keep]
+        sub_calls = calls[keep]
+        delta = np.where(delta != REJECT, renumber[np.maximum(delta, 0)], REJECT)
+        sub_calls = np.where(sub_calls != REJECT, renumber[np.maximum(sub_calls, 0)], REJECT)
+        tail = ByteDFA(
+            delta.astype(np.int32),
+            dfa.accepting[keep],
+            int(renumber[source - int(offsets[a])]),
+        )
+        new.append((tail, sub_calls.astype(np.int32)))
+    for x in states:
+        a = int(owner[x])
+        if a == 1 + callee:
+            continue
+        dfa, calls = new[a]
+        q = x - int(offsets[a])
+        sink = dfa.num_states
+        delta = np.concatenate([dfa.delta, np.full((1, 256), REJECT, np.int32)])
+        calls = np.concatenate([calls, np.full((1, calls.shape[1]), REJECT, np.int32)])
+        delta[q] = REJECT
+        calls[q] = REJECT
+        calls[q, callee] = sink
+        joined = minimize(
+            ByteDFA(
+                np.concatenate([delta, calls], axis=1),
+                np.concatenate([dfa.accepting, [True]]),
+                dfa.initial,
+            )
+        )
+        new[a] = (
+            ByteDFA(joined.delta[:, :256], joined.accepting, joined.initial),
+            joined.delta[:, 256:],
+        )
+    return new, int(callee == rules)
+
+
 def json_schema_grammar(
     schema,
     vocabulary: TokenVocabulary,
@@ -1798,21 +1975,35 @@ def json_schema_grammar(
         banned |= {rules[r] for r in bad}
     else:
         raise NotDeterministic("the schema's rules cannot be called deterministically")
+    plain = automata
+    automata, _ = _shared_tails(automata, len(rules), value)
     positions = sum(dfa.num_states for dfa, _ in automata)
     if positions > _MAX_GRAMMAR_POSITIONS:
         raise ConstraintError(
-            f"the schema's grammar form has {positions:,} automaton positions in {len(rules)} "
+            f"the schema's grammar form has {positions:,} automaton positions in "
+            f"{len(automata) - 1} rules "
             f"rules (the limit is {_MAX_GRAMMAR_POSITIONS:,}): its token tables would take "
             "too long to build"
         )
-    names = ["schema"] + [f"rule{i}" for i in range(len(rules))]
-    automaton = build_pushdown(
-        _free_value_grammar(ws) if value else None,
-        vocabulary,
-        stack_depth=stack_depth,
-        rules=[(name, dfa, calls) for name, (dfa, calls) in zip(names, automata)],
-        description=f"json schema {_describe(schema)} (grammar, {len(rules)} rules)",
-    )
+
+    def build(automata: list):
+        names = ["schema"] + [f"rule{i}" for i in range(len(automata) - 1)]
+        return build_pushdown(
+            _free_value_grammar(ws) if value else None,
+            vocabulary,
+            stack_depth=stack_depth,
+            rules=[(name, dfa, calls) for name, (dfa, calls) in zip(names, automata)],
+            description=f"json schema {_describe(schema)} (grammar, {len(automata) - 1} rules)",
+        )
+
+    try:
+        automaton = build(automata)
+    except NotDeterministic:
+        # a shared tail returns to the return positions of all its callers together, where a
+        # one-byte lookahead may no longer decide when to return: the rules without them
+        if automata is plain:
+            raise
+        automaton = build(plain)
     if len(_PUSHDOWN_CACHE) >= 16:
         _PUSHDOWN_CACHE.pop(next(iter(_PUSHDOWN_CACHE)))
     _PUSHDOWN_CACHE[key] = automaton
