@@ -1581,8 +1581,13 @@ _GRAMMAR_REGEX = 250_000
 at 30 s had 0.4-8.9 million characters."""
 _RULE_REGEX = 20_000
 """A subschema whose regex (its own rules called, not expanded) is longer becomes a rule."""
-_SHARED_RULE_REGEX = 2_000
-"""A subschema used in more than one place becomes a rule from this many characters."""
+_SHARED_RULE_REGEX = 150
+"""A subschema used in more than one place becomes a rule from this many characters: a uuid
+pattern (103 characters, 39 states) used 300 times, or a small object used in several places,
+is then one rule instead of a copy per use. (2,000 before: MaskBench Github_hard o62820 had
+9,166 positions and 9.0 s of token tables with it, 4,497 and 5.1 s with 150; at 60 the
+tables of o62820 and o52904 took longer again: small rules called from many places give their
+positions many return slots.)"""
 _MAX_GRAMMAR_POSITIONS = 3_000
 """Most positions (states of all the rules' byte DFAs) of a grammar form: its token tables walk
 the vocabulary from every position, about 1-3.5 ms each on the 2-core development machine
@@ -1982,7 +1987,7 @@ def json_schema_grammar(
         raise ConstraintError(
             f"the schema's grammar form has {positions:,} automaton positions in "
             f"{len(automata) - 1} rules "
-            f"rules (the limit is {_MAX_GRAMMAR_POSITIONS:,}): its token tables would take "
+            f"(the limit is {_MAX_GRAMMAR_POSITIONS:,}): its token tables would take "
             "too long to build"
         )
 
