@@ -44,7 +44,9 @@ over `_RULE_REGEX` characters, or over `_SHARED_RULE_REGEX` when used in several
 definition referenced many times) becomes a rule of a pushdown automaton, called from its
 users' regexes instead of copied into them; only terminals (strings with patterns, formats and
 lengths, number ranges, keys) and small subschemas stay inlined regexes. A call site where one
-byte cannot choose between two rules (an `anyOf` of two objects) inlines them there. The
+byte cannot choose between two rules (an `anyOf` of two objects) inlines them there. A tail that
+several rules' automata share (the members after a recursive property, in each unrolled copy of
+the definition) becomes one more rule that each of them tail-calls (`_shared_tails`). The
 grammar form is refused (`ConstraintError`, at once) when its rules' automata have more than
 `_MAX_GRAMMAR_POSITIONS` states in all: the pushdown token tables would take too long. Recursive
 `$ref`s are still unrolled `max_recursion_depth` times before the rules are chosen.
@@ -1938,8 +1940,10 @@ def json_schema_grammar(
     `json_schema_pushdown`. Only terminals stay regexes: strings with patterns and formats,
     number ranges, keys. A call that a one-byte lookahead cannot choose (an `anyOf` of two
     objects, both starting with `{`) is inlined instead (the rule is banned and the rules are
-    planned again). This is how llguidance and XGrammar scale to large schemas (a lexer of
-    regex terminals under a grammar of rules). Memoised in this process.
+    planned again). Then a tail several automata share becomes a rule they tail-call
+    (`_shared_tails`: fewer positions, the same language). This is how llguidance and XGrammar
+    scale to large schemas (a lexer of regex terminals under a grammar of rules). Memoised in
+    this process.
 
     **Arguments:** `schema`, `vocabulary`; `stack_depth`: stack slots (nested rule calls,
     free-form values included); `options`: those of `json_schema_regex` (`free_form_depth=None`
