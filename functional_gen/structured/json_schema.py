@@ -59,7 +59,9 @@ over `_RULE_REGEX` characters, or over `_SHARED_RULE_REGEX` when used in several
 definition referenced many times) becomes a rule of a pushdown automaton, called from its
 users' regexes instead of copied into them; only terminals (strings with patterns, formats and
 lengths, number ranges, keys) and small subschemas stay inlined regexes. A call site where one
-byte cannot choose between two rules (an `anyOf` of two objects) inlines them there. The
+byte cannot choose between two rules (an `anyOf` of two objects) inlines them there. A tail that
+several rules' automata share (the members after a recursive property, in each unrolled copy of
+the definition) becomes one more rule that each of them tail-calls (`_shared_tails`). The
 grammar form is refused (`ConstraintError`, at once) when its rules' automata have more than
 `_MAX_GRAMMAR_POSITIONS` states in all: the pushdown token tables would take too long. Recursive
 `$ref`s are still unrolled `max_recursion_depth` times before the rules are chosen.
@@ -458,24 +460,64 @@ class _TooLarge(Exception):
     """An object regex over `_MAX_OBJECT_REGEX` characters (caught by `_Rewriter._object`)."""
 
 
+_MEMBER_BLOCK = 32
+"""Members of an object nested in one `_listed_members` regex before they are grouped in blocks."""
+
+
+def _listed_members(items, sep: str) -> tuple[str | None, bool]:
+    """The listed members of an object, in order, at least one of them: `(regex, empty)`, where
+    `regex` matches every non-empty subsequence of `items` (the regex of each `"key": value` and
+    whether it is required) that keeps the required ones, members separated by `sep`, and
+    `empty` says whether no member at all is also allowed (nothing is required). `regex` is
+    `None` when there are no items.
+
+    Linear in the members' total size (each member's regex appears at most twice per level of
+    `_MEMBER_BLOCK` blocks), built from
+    the front: after the members before `i`, either something was written (`written`) or, while
+    nothing is required, nothing was; an optional member `i` extends it to `(?:written(?:sep
+    member)?|member)`, a required one to `(?:written sep)?member` and ends the "nothing
+    written" case. (Written from the back as "the rest after member `i`", the same language
+    copies each rest into every earlier member's alternative: quadratic in the member count,
+    185,000 characters for an object of 60 optional properties, which outlines-core turns into
+    an automaton in seconds or cannot at all.)"""
+    if len(items) > _MEMBER_BLOCK:
+        # nesting grows by one group per optional member: in blocks, each block's members as
+        # one unit (required when one of them is), so that the regex stays within the parser's
+        # nesting limit (250 in Rust's `regex-syntax`)
+        blocks = [items[i : i + _MEMBER_BLOCK] for i in range(0, len(items), _MEMBER_BLOCK)]
+        units = [
+            (f"(?:{_listed_members(block, sep)[0]})", any(r for _, r in block)) for block in blocks
+        ]
+        return _listed_members(units, sep)
+    written: str | None = None  # the non-empty subsequences of the members so far
+    empty = True  # whether writing none of the members so far is allowed
+    for regex, required in items:
+        if written is None:
+            written = regex
+        elif required:
+            written = f"(?:{written}{sep})?{regex}" if empty else f"{written}{sep}{regex}"
+        elif empty:  # `written` is one member or a group: no top-level `|`
+            written = f"(?:{written}(?:{sep}{regex})?|{regex})"
+        else:
+            written = f"{written}(?:{sep}{regex})?"
+        if required:
+            empty = False
+    if written is not None and len(written) > _MAX_OBJECT_REGEX:
+        raise _TooLarge(len(written))
+    return written, empty
+
+
 def _object_regex(items, extra, ws: str, min_count: int, max_count: int | None) -> str | None:
     """The regex of an object: `items` (the regex of each listed `"key": value`, and whether it
     is required) in order, then `extra` (the regex of one additional `"key": value`, or `None`)
     repeated; the number of members between `min_count` and `max_count`. `None` when no
-    object fits. A table of "rest of the object after member i, with c members written",
-    where c saturates at the largest bound that matters."""
+    object fits. Without bounds beyond "at least one member", the listed members are
+    `_listed_members` (linear size); otherwise a table of "rest of the object after member i,
+    with c members written", where c saturates at the largest bound that matters."""
     sep = f"{ws},{ws}"
     n = len(items)
     top = max(min_count, max_count if max_count is not None else 0, 1)
     memo: dict = {}
-
-    def rest_without_extra(i: int, c: int):
-        nonlocal extra
-        saved, extra = extra, None
-        try:
-            return rest(i, c)
-        finally:
-            extra = saved
 
     def rest(i: int, c: int):
         if (i, c) in memo:
@@ -519,11 +561,18 @@ def _object_regex(items, extra, ws: str, min_count: int, max_count: int | None) 
         memo[(i, c)] = out
         return out
 
+    if min_count <= 1 and max_count is None and extra is None:
+        # no count that matters beyond "at least one": the listed members in linear size
+        listed, empty = _listed_members(items, sep)
+        if listed is None:
+            body = None if min_count else ""
+        else:
+            body = f"(?:{listed})?" if empty and not min_count else listed
+        return None if body is None else rf"\{{{ws}{body}{ws}\}}"
     if min_count == 0 and max_count is None and extra is not None and items:
         # the usual case, in linear size: the listed members (at least one), then the additional
         # ones, or the additional ones alone when nothing is required
-        min_count = 1
-        listed = rest_without_extra(0, 0)
+        listed, _ = _listed_members(items, sep)
         alternatives = [] if listed is None else [f"{listed}(?:{sep}(?:{extra}))*"]
         if not any(required for _, required in items):
             alternatives.append(f"(?:(?:{extra})(?:{sep}(?:{extra}))*)?")
@@ -1743,8 +1792,13 @@ _GRAMMAR_REGEX = 250_000
 at 30 s had 0.4-8.9 million characters."""
 _RULE_REGEX = 20_000
 """A subschema whose regex (its own rules called, not expanded) is longer becomes a rule."""
-_SHARED_RULE_REGEX = 2_000
-"""A subschema used in more than one place becomes a rule from this many characters."""
+_SHARED_RULE_REGEX = 150
+"""A subschema used in more than one place becomes a rule from this many characters: a uuid
+pattern (103 characters, 39 states) used 300 times, or a small object used in several places,
+is then one rule instead of a copy per use. (2,000 before: MaskBench Github_hard o62820 had
+9,166 positions and 9.0 s of token tables with it, 4,497 and 5.1 s with 150; at 60 the
+tables of o62820 and o52904 took longer again: small rules called from many places give their
+positions many return slots.)"""
 _MAX_GRAMMAR_POSITIONS = 3_000
 """Most positions (states of all the rules' byte DFAs) of a grammar form: its token tables walk
 the vocabulary from every position, about 1-3.5 ms each on the 2-core development machine
@@ -1934,6 +1988,183 @@ def _nondeterministic_calls(automata: list, rules: int) -> set[int]:
     return bad
 
 
+_MIN_SHARED_TAIL = 16
+"""Fewest positions a shared tail must save to become a rule of its own (`_shared_tails`)."""
+_MAX_SHARED_TAILS = 32
+"""Most tails `_shared_tails` extracts from one grammar form."""
+_SHARED_TAIL_TRIES = 4
+"""Candidates `_shared_tails` tries per step before it stops (the largest estimates first)."""
+
+
+def _joint_blocks(automata: list) -> np.ndarray:
+    """The states of every automaton (`(dfa, calls)` each), numbered one after another, grouped
+    by their residual language: Moore's refinement of the union, a call edge labelled by its
+    callee (hashed signatures, checked exactly as `byte_dfa.minimize` does). Returns each joint
+    state's block."""
+    from .automaton import unique_columns
+    from .byte_dfa import _refine
+
+    offsets = np.cumsum([0] + [dfa.num_states for dfa, _ in automata])
+    rows, accepting = [], []
+    for (dfa, calls), offset in zip(automata, offsets):
+        table = np.concatenate([dfa.delta, calls], axis=1)
+        rows.append(np.where(table != REJECT, table + offset, REJECT))
+        accepting.append(dfa.accepting)
+    columns, _ = unique_columns(np.concatenate(rows))
+    accepting = np.concatenate(accepting)
+    blocks, count = _refine(columns, accepting, hashed=True)
+    representative = np.zeros(count, np.int64)
+    representative[blocks] = np.arange(blocks.size)
+    successor = np.where(columns != REJECT, blocks[np.maximum(columns, 0)], REJECT)
+    if not (
+        np.array_equal(successor, successor[representative[blocks]])
+        and np.array_equal(accepting, accepting[representative[blocks]])
+    ):  # a hash collision merged different states
+        blocks, _ = _refine(columns, accepting, hashed=False)
+    return blocks
+
+
+def _reach(dfa: ByteDFA, calls: np.ndarray, start: int) -> np.ndarray:
+    """The states of one automaton reachable from `start` over bytes and calls (a mask)."""
+    seen = np.zeros(dfa.num_states, bool)
+    seen[start] = True
+    frontier = np.array([start])
+    while frontier.size:
+        nxt = np.concatenate([dfa.delta[frontier].ravel(), calls[frontier].ravel()])
+        nxt = np.unique(nxt[nxt != REJECT])
+        frontier = nxt[~seen[nxt]]
+        seen[frontier] = True
+    return seen
+
+
+def _shared_tails(automata: list, rules: int, free_value: bool) -> tuple[list, int]:
+    """Fewer positions for a grammar form: a tail that several automata share (states whose
+    residual languages, up to the end of their rule, are equal: the properties after a
+    recursive one in each unrolled copy of a recursive definition, an object's last members in
+    two similar definitions) becomes a rule of its own, and each copy's first state a tail call
+    of it (a call whose return position is a final state with no edges: it pushes nothing).
+
+    Greedy: the joint partition of every state (`_joint_blocks`), then the shared block with
+    the most positions to save (its states reachable from the block, once per automaton beyond
+    the first) becomes a rule (its states copied from one automaton; an existing rule when the
+    block holds a rule's initial state), each automaton is minimised again, and so on while a
+    tail saves `_MIN_SHARED_TAIL` positions, at most `_MAX_SHARED_TAILS` times. Equal residual
+    languages make the language the same; an accepting block is never a tail (a rule may not
+    match the empty string).
+
+    **Arguments:** `automata`: `(dfa, calls)` per regex of the grammar form, the root first,
+    rule `i` at `1 + i` (as `_rule_edges` gives them); `rules`: the schema rules; `free_value`:
+    whether the last call column is the free-form JSON value.
+
+    **Returns:** `(automata, rules)`, the new rules after the old ones (their call columns
+    inserted before the free-form value's).
+    """
+    automata = list(automata)
+    for _ in range(_MAX_SHARED_TAILS):
+        if rules >= _MAX_RULES:
+            break
+        blocks = _joint_blocks(automata)
+        offsets = np.cumsum([0] + [dfa.num_states for dfa, _ in automata])
+        owner = np.repeat(np.arange(len(automata)), np.diff(offsets))
+        accepting = np.concatenate([dfa.accepting for dfa, _ in automata])
+        members: dict[int, list[int]] = {}
+        for state in np.flatnonzero(~accepting):
+            members.setdefault(int(blocks[state]), []).append(int(state))
+        # Only entries are candidates: the blocks below a shared block are shared too (as
+        # often or more), so a block is looked at when it is a state's first shared one, where
+        # an edge comes from a block shared fewer or more times (or it holds an initial state)
+        count = np.bincount(blocks, minlength=int(blocks.max()) + 1)
+        rows = []
+        for (dfa, calls), offset in zip(automata, offsets):
+            row = np.concatenate([dfa.delta, calls], axis=1)
+            rows.append(np.where(row != REJECT, row + offset, REJECT))
+        table = np.concatenate(rows)
+        source, _ = np.nonzero(table != REJECT)
+        target = table[table != REJECT]
+        entry = np.zeros(count.size, bool)
+        entry[blocks[target[count[blocks[source]] != count[blocks[target]]]]] = True
+        for a, (dfa, _) in enumerate(automata):
+            entry[blocks[offsets[a] + dfa.initial]] = True
+        candidates = []
+        for block, states in members.items():
+            if len(states) < 2 or not entry[block]:
+                continue
+            a = int(owner[states[0]])
+            dfa, calls = automata[a]
+            size = int(_reach(dfa, calls, states[0] - int(offsets[a])).sum())
+            saving = (len(states) - 1) * size - len(states) - 1
+            if saving >= _MIN_SHARED_TAIL:
+                candidates.append((-saving, block))
+        total = int(offsets[-1])
+        for _, block in sorted(candidates)[:_SHARED_TAIL_TRIES]:
+            new, grew = _extract_tail(automata, rules, free_value, members[block], owner, offsets)
+            if sum(dfa.num_states for dfa, _ in new) <= total - _MIN_SHARED_TAIL:
+                break  # the estimate counted states that other paths still reach: check
+        else:
+            break
+        rules += grew
+        automata = new
+    return automata, rules
+
+
+def _extract_tail(automata: list, rules: int, free_value: bool, states, owner, offsets):
+    """`_shared_tails`' step: the joint `states` (one shared block) become tail calls of one rule.
+    Returns the new automata and how many rules were added (0 or 1)."""
+    initial = [
+        int(owner[x]) - 1
+        for x in states
+        if owner[x] > 0 and x - offsets[owner[x]] == automata[owner[x]][0].initial
+    ]
+    if initial:  # an existing rule is the tail: call it
+        callee, source = initial[0], None
+    else:
+        callee, source = rules, states[0]
+    new = []
+    for dfa, calls in automata:
+        if callee == rules:  # one more call column, before the free-form value's
+            calls = np.insert(calls, rules, REJECT, axis=1)
+        new.append((dfa, calls))
+    if source is not None:
+        a = int(owner[source])
+        dfa, calls = new[a]
+        keep = _reach(dfa, calls, source - int(offsets[a]))
+        renumber = np.cumsum(keep) - 1
+        delta = dfa.delta[keep]
+        sub_calls = calls[keep]
+        delta = np.where(delta != REJECT, renumber[np.maximum(delta, 0)], REJECT)
+        sub_calls = np.where(sub_calls != REJECT, renumber[np.maximum(sub_calls, 0)], REJECT)
+        tail = ByteDFA(
+            delta.astype(np.int32),
+            dfa.accepting[keep],
+            int(renumber[source - int(offsets[a])]),
+        )
+        new.append((tail, sub_calls.astype(np.int32)))
+    for x in states:
+        a = int(owner[x])
+        if a == 1 + callee:
+            continue
+        dfa, calls = new[a]
+        q = x - int(offsets[a])
+        sink = dfa.num_states
+        delta = np.concatenate([dfa.delta, np.full((1, 256), REJECT, np.int32)])
+        calls = np.concatenate([calls, np.full((1, calls.shape[1]), REJECT, np.int32)])
+        delta[q] = REJECT
+        calls[q] = REJECT
+        calls[q, callee] = sink
+        joined = minimize(
+            ByteDFA(
+                np.concatenate([delta, calls], axis=1),
+                np.concatenate([dfa.accepting, [True]]),
+                dfa.initial,
+            )
+        )
+        new[a] = (
+            ByteDFA(joined.delta[:, :256], joined.accepting, joined.initial),
+            joined.delta[:, 256:],
+        )
+    return new, int(callee == rules)
+
+
 def json_schema_grammar(
     schema,
     vocabulary: TokenVocabulary,
@@ -1954,8 +2185,10 @@ def json_schema_grammar(
     `json_schema_pushdown`. Only terminals stay regexes: strings with patterns and formats,
     number ranges, keys. A call that a one-byte lookahead cannot choose (an `anyOf` of two
     objects, both starting with `{`) is inlined instead (the rule is banned and the rules are
-    planned again). This is how llguidance and XGrammar scale to large schemas (a lexer of
-    regex terminals under a grammar of rules). Memoised in this process.
+    planned again). Then a tail several automata share becomes a rule they tail-call
+    (`_shared_tails`: fewer positions, the same language). This is how llguidance and XGrammar
+    scale to large schemas (a lexer of regex terminals under a grammar of rules). Memoised in
+    this process.
 
     **Arguments:** `schema`, `vocabulary`; `stack_depth`: stack slots (nested rule calls,
     free-form values included); `options`: those of `json_schema_regex` (`free_form_depth=None`
@@ -1996,21 +2229,35 @@ def json_schema_grammar(
         banned |= {rules[r] for r in bad}
     else:
         raise NotDeterministic("the schema's rules cannot be called deterministically")
+    plain = automata
+    automata, _ = _shared_tails(automata, len(rules), value)
     positions = sum(dfa.num_states for dfa, _ in automata)
     if positions > _MAX_GRAMMAR_POSITIONS:
         raise ConstraintError(
-            f"the schema's grammar form has {positions:,} automaton positions in {len(rules)} "
-            f"rules (the limit is {_MAX_GRAMMAR_POSITIONS:,}): its token tables would take "
+            f"the schema's grammar form has {positions:,} automaton positions in "
+            f"{len(automata) - 1} rules "
+            f"(the limit is {_MAX_GRAMMAR_POSITIONS:,}): its token tables would take "
             "too long to build"
         )
-    names = ["schema"] + [f"rule{i}" for i in range(len(rules))]
-    automaton = build_pushdown(
-        _free_value_grammar(ws) if value else None,
-        vocabulary,
-        stack_depth=stack_depth,
-        rules=[(name, dfa, calls) for name, (dfa, calls) in zip(names, automata)],
-        description=f"json schema {_describe(schema)} (grammar, {len(rules)} rules)",
-    )
+
+    def build(automata: list):
+        names = ["schema"] + [f"rule{i}" for i in range(len(automata) - 1)]
+        return build_pushdown(
+            _free_value_grammar(ws) if value else None,
+            vocabulary,
+            stack_depth=stack_depth,
+            rules=[(name, dfa, calls) for name, (dfa, calls) in zip(names, automata)],
+            description=f"json schema {_describe(schema)} (grammar, {len(automata) - 1} rules)",
+        )
+
+    try:
+        automaton = build(automata)
+    except NotDeterministic:
+        # a shared tail returns to the return positions of all its callers together, where a
+        # one-byte lookahead may no longer decide when to return: the rules without them
+        if automata is plain:
+            raise
+        automaton = build(plain)
     if len(_PUSHDOWN_CACHE) >= 16:
         _PUSHDOWN_CACHE.pop(next(iter(_PUSHDOWN_CACHE)))
     _PUSHDOWN_CACHE[key] = automaton

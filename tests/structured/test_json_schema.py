@@ -502,3 +502,54 @@ def test_enums_without_a_common_value_match_nothing():
         assert bool(regex.fullmatch(text)) == validator.is_valid(doc), text
     with pytest.raises(UnsupportedSchemaError, match="no JSON value"):
         json_schema_regex({"enum": ["x"], "type": "integer"})
+
+
+@pytest.mark.parametrize("required", ["", "0", "2", "4", "13", "024"])
+def test_listed_members_are_exactly_the_ordered_subsets_that_keep_the_required(required):
+    # Every arrangement of up to 5 members (orders, repeats and omissions included) against
+    # the definition: a subsequence of the members in order, the required ones kept.
+    import itertools
+    import re
+
+    from functional_gen.structured.json_schema import _listed_members
+
+    names = "abcde"
+    items = [(f'"{n}":{i}', str(i) in required) for i, n in enumerate(names)]
+    regex, empty = _listed_members(items, ",")
+    assert empty == (not required)
+    compiled = re.compile(regex)
+    for length in range(0, 6):
+        for chosen in itertools.product(range(5), repeat=length):
+            text = ",".join(items[i][0] for i in chosen)
+            expected = (
+                length > 0
+                and list(chosen) == sorted(set(chosen))
+                and all(int(r) in chosen for r in required)
+            )
+            assert bool(compiled.fullmatch(text)) == expected, (text, regex)
+
+
+def test_many_optional_members_give_a_linear_regex_within_the_nesting_limit():
+    # 600 optional properties (one required in the middle): blocks of `_MEMBER_BLOCK` keep the
+    # regex's nesting below the Rust parser's limit, and its size linear (the back-to-front
+    # form had a quadratic one: 185,000 characters for 60 optional properties).
+    import re
+
+    from functional_gen.structured import json_schema as js
+    from functional_gen.structured.byte_dfa import minimize, regex_byte_dfa
+
+    items = [(f'"p{i}":[0-9]', i == 300) for i in range(600)]
+    regex, empty = js._listed_members(items, ",")
+    half, _ = js._listed_members(items[:300], ",")
+    assert not empty and len(regex) < 2.5 * len(half)  # linear, not quadratic
+    dfa = minimize(regex_byte_dfa(regex))  # outlines-core parses it
+    assert dfa.num_states > 600
+    assert re.fullmatch(regex, '"p300":1') and re.fullmatch(regex, '"p0":1,"p300":2,"p599":3')
+    assert (
+        re.fullmatch(regex, ",".join(f'"p{i}":{i % 10}' for i in range(0, 600, 7)) + ',"p300":0')
+        is None
+    )  # out of order
+    assert re.fullmatch(
+        regex, ",".join(f'"p{i}":{i % 10}' for i in range(0, 600, 5))
+    )  # 300 is a multiple of 5
+    assert not re.fullmatch(regex, '"p0":1,"p599":3')  # the required one is missing

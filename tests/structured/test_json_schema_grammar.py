@@ -228,3 +228,111 @@ def test_grammar_form_token_tables_equal_the_reference_walk(
         js._PUSHDOWN_CACHE.clear()
         assert isinstance(js.json_schema_grammar(schema, vocab), PushdownAutomaton)
     assert len(checked_token_tables) == 2, checked_token_tables
+
+
+TREE = {
+    "$defs": {
+        "node": {
+            "type": "object",
+            "properties": {
+                "name": {"type": "string", "maxLength": 6},
+                "child": {"$ref": "#/$defs/node"},
+                "weight": {"type": "integer", "minimum": 0, "maximum": 999},
+                "color": {"enum": ["red", "green", "blue", "yellow"]},
+                "tag": {"type": "string", "pattern": "^[a-z]{2,4}$"},
+            },
+            "required": ["name"],
+            "additionalProperties": False,
+        }
+    },
+    "$ref": "#/$defs/node",
+}
+"""A recursive definition: each unrolled copy is its own rule, and every copy's members after
+`child` (`weight`, `color`, `tag`) are the same tail."""
+
+
+def _tree(rng, depth):
+    doc = {"name": ["a", "bcd", "toolong"][int(rng.integers(3))]}
+    if depth and rng.random() < 0.7:
+        doc["child"] = _tree(rng, depth - 1)
+    if rng.random() < 0.5:
+        doc["weight"] = int(rng.integers(-2, 1002))
+    if rng.random() < 0.5:
+        doc["color"] = ["red", "blue", "pink"][int(rng.integers(3))]
+    if rng.random() < 0.5:
+        doc["tag"] = ["ab", "abcd", "abcde", "A1"][int(rng.integers(4))]
+    return doc
+
+
+def test_shared_tails_become_one_rule_and_keep_the_language(small_rules, monkeypatch):
+    monkeypatch.setattr(js, "_MIN_SHARED_TAIL", 4)
+    shared = js.json_schema_grammar(TREE, BYTES)
+    monkeypatch.setattr(js, "_MAX_SHARED_TAILS", 0)
+    js._PUSHDOWN_CACHE.clear()
+    plain = js.json_schema_grammar(TREE, BYTES)
+    assert len(shared.rule_names) > len(plain.rule_names)  # the tail is a rule
+    assert shared.num_positions < plain.num_positions - 20, (
+        shared.num_positions,
+        plain.num_positions,
+    )
+    rng = np.random.default_rng(3)
+    documents = [_tree(rng, 2) for _ in range(300)]  # within the recursion bound
+    counts = _check_against_jsonschema(shared, TREE, documents, rng)
+    assert counts[True] > 50 and counts[False] > 50, counts
+    for document in documents + [_tree(rng, 5) for _ in range(100)]:  # deeper: both reject
+        text = json.dumps(document, separators=(",", ":")).encode()
+        assert shared.accepts(text) == plain.accepts(text), text
+    for document in documents:  # both automata, byte for byte
+        text = json.dumps(document, separators=(",", ":")).encode()
+        assert shared.accepts(text) == plain.accepts(text), text
+
+
+def test_shared_tails_on_hand_built_automata(monkeypatch):
+    # Two rules end with the same tail `xyzxyz` (then return): it becomes rule 2, called once
+    # from each at the state before `x`; the root calls both rules. Languages compared on
+    # texts around the boundaries (the walk below is the oracle).
+    monkeypatch.setattr(js, "_MIN_SHARED_TAIL", 2)
+
+    def automaton(regex, rules):
+        return js._rule_edges(regex, rules, False)
+
+    root = automaton(f"(?:{js._rule_call(0)}|{js._rule_call(1)})!", 2)
+    first = automaton("a+xyzxyz", 2)
+    second = automaton("bxyzxyz", 2)
+    automata, rules = js._shared_tails([root, first, second], 2, False)
+    assert rules == 3
+    before = root[0].num_states + first[0].num_states + second[0].num_states
+    assert sum(dfa.num_states for dfa, _ in automata) < before
+    texts = [
+        (head + middle + end).encode()
+        for head in ("", "a", "aa", "aaa", "b", "ab", "ba", "bb")
+        for middle in ("xyzxyz", "xyz", "xyzxy", "xyzxyzxyz", "zyx", "", "xyzxyzx")
+        for end in ("!", "", "!!", "x!")
+    ]
+    languages = [
+        {text for text in texts if _walk_rules(parts, 0, text) == len(text)}
+        for parts in ([root, first, second], automata)
+    ]
+    assert languages[0] == languages[1]
+    assert {b"aaxyzxyz!", b"bxyzxyz!"} <= languages[0] and b"abxyzxyz!" not in languages[0]
+
+
+def _walk_rules(automata, rule, data, start=0):
+    """How far a (deterministic) rule set reads `data` from `start` as rule `rule` when it ends
+    accepting: the end offset, or `None`. A test oracle by backtracking over calls."""
+
+    def run(r, state, i):
+        dfa, calls = automata[r]
+        results = []
+        if dfa.accepting[state]:
+            results.append(i)
+        if i < len(data) and dfa.delta[state, data[i]] != js.REJECT:
+            results += run(r, int(dfa.delta[state, data[i]]), i + 1)
+        for callee in np.flatnonzero(calls[state] != js.REJECT):
+            for j in run(int(callee) + 1, automata[int(callee) + 1][0].initial, i):
+                if j > i:
+                    results += run(r, int(calls[state, callee]), j)
+        return results
+
+    ends = run(rule, automata[rule][0].initial, start)
+    return max(ends) if ends else None
