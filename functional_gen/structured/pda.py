@@ -572,6 +572,57 @@ def _token_byte_matrix(vocabulary: TokenVocabulary):
     return matrix, lengths
 
 
+def _subtrees(depths, walkers, trie, node_token):
+    """The tokens at and below each depth-1 walker of `walkers` (see `_token_tables`' `walk`),
+    one chunk per depth: `(unit, token, order, peak, cost, sure)` per token, `unit` an index
+    into `walkers`, `order` the token's index in `trie.token_ids` (the walk's order: depth, then
+    node), `sure` where it is a bitmask token (no branch died, fewer than `MAX_LEVELS` pushes)."""
+    unit = np.arange(walkers.size)
+    walker = walkers
+    for depth in range(1, len(depths)):
+        if not unit.size:
+            return
+        node_of, peak, cost, poison, edge_ptr, edge_child = depths[depth]
+        node = node_of[walker]
+        if node_token is not None:
+            tokens = node_token[node]
+            holder = np.flatnonzero(tokens >= 0)
+            tokens, order = tokens[holder], trie.token_ptr[node[holder]]
+        else:
+            holder, order = _ragged(trie.token_ptr, node)
+            tokens = trie.token_ids[order].astype(np.int32)
+        at = walker[holder]
+        yield (
+            unit[holder],
+            tokens,
+            order,
+            peak[at],
+            cost[at],
+            ~poison[at] & (peak[at] < MAX_LEVELS),
+        )
+        owner, edge = _ragged(edge_ptr, walker)
+        unit, walker = unit[owner], edge_child[edge]
+
+
+_DEPTH_FIRST: dict = {}
+
+
+def _depth_first(trie, vocabulary: TokenVocabulary):
+    """`(tokens, span)`: the trie's tokens in depth-first (byte-lexicographic) order, where the
+    tokens below each depth-1 node are contiguous: those starting with byte `b` are
+    `tokens[span[b]:span[b + 1]]`. Memoised per vocabulary fingerprint."""
+    hit = _DEPTH_FIRST.get(vocabulary.fingerprint)
+    if hit is None:
+        token_bytes = vocabulary.token_bytes
+        tokens = np.asarray(sorted(trie.token_ids.tolist(), key=token_bytes.__getitem__), np.int64)
+        first = np.fromiter((token_bytes[t][0] for t in tokens.tolist()), np.int64, tokens.size)
+        hit = _DEPTH_FIRST[vocabulary.fingerprint] = (
+            tokens,
+            np.searchsorted(first, np.arange(257)),
+        )
+    return hit
+
+
 def _token_tables(
     nxt,
     push,
@@ -706,148 +757,144 @@ def _token_tables(
         return vals, table_returned[e, b]
 
     info_peak: list = []  # the most slots in use above the start, per extended state
-    info_arrays = [np.zeros(0, np.int64), np.zeros(0, np.int64)]  # the two lists, as arrays
+    info_arrays = [np.zeros(0, np.int64), np.zeros(0, np.int64)]  # (cost, peak), as arrays
     token_count = np.diff(trie.token_ptr)
     node_token = None  # the token ending at each node (-1: none), when no node has two
     if token_count.max(initial=0) <= 1:
         node_token = np.full(num_nodes, -1, np.int32)
         node_token[token_count > 0] = trie.token_ids
 
-    def ends(origin, node, ext, inv2, poisoned, found):
-        """Record the tokens ending at the reached `(origin, node)` pairs."""
+    def info():
+        """`(cost, peak)` per extended state, as arrays (extended lazily)."""
         if len(info_cost) < len(ext_info):
             while len(info_cost) < len(ext_info):
                 x = ext_info[len(info_cost)]
                 info_cost.append(int(distance[x[0]]) + sum(int(distance[v]) for v in x[1]))
                 info_peak.append(x[3])
             info_arrays[:] = [np.asarray(info_cost, np.int64), np.asarray(info_peak, np.int64)]
-        cost, peak = info_arrays
-        if inv2 is None:
-            kpeak, kcost = peak[ext], cost[ext]
-        else:
-            kpeak = np.zeros(origin.size, np.int64)
-            np.maximum.at(kpeak, inv2, peak[ext])
-            kcost = np.zeros(origin.size, np.int64)
-            np.maximum.at(kcost, inv2, cost[ext])
-        if node_token is not None:
-            tokens = node_token[node]
-            holder = np.flatnonzero(tokens >= 0)
-            tokens = tokens[holder]
-        else:
-            holder, tindex = _ragged(trie.token_ptr, node)
-            tokens = trie.token_ids[tindex].astype(np.int32)
-        found[0].append(origin[holder].astype(np.int32))
-        found[1].append(tokens)
-        found[2].append(~poisoned[holder])
-        found[3].append(kpeak[holder].astype(np.int32))
-        found[4].append(kcost[holder].astype(np.int32))
+        return info_arrays
 
-    def merge(owner, child, key, e, b, vals, poisoned):
-        """The successors of entries whose origins branch (a successor set of several
-        extended states) or hold several entries per node: merged per (origin, node).
-        Returns `(origin, node, ext, poison, reached, first, inv2, duplicated origins)`."""
-        counts = np.zeros(vals.size, np.int64)
-        deaths = vals == dead
-        counts[vals >= 0] = 1
-        multi = np.flatnonzero(vals == several)
-        hits = [memo[int(k)] for k in (e[multi] * 256 + b[multi])]
-        counts[multi] = [len(h[0]) for h in hits]
-        deaths[multi] = [h[1] for h in hits]
-        flat_parts = np.zeros(int(counts.sum()), np.int64)
-        starts = np.cumsum(counts) - counts
-        single = np.flatnonzero(vals >= 0)
-        flat_parts[starts[single]] = vals[single]
-        for i, h in zip(multi, hits):
-            flat_parts[starts[i] : starts[i] + len(h[0])] = h[0]
-        died = deaths | poisoned
-        ukey, kinv = np.unique(key, return_inverse=True)
-        kinv = kinv.reshape(-1)
-        kpoison = np.bincount(kinv, weights=died, minlength=ukey.size) > 0
-        sel = np.repeat(np.arange(owner.size), counts)
-        num_ext = len(ext_info)
-        triples = np.unique(key[sel] * num_ext + flat_parts)
-        new_key, ext = triples // num_ext, triples % num_ext
-        origin, node = new_key // num_nodes, new_key % num_nodes
-        poison = kpoison[np.searchsorted(ukey, new_key)]
-        reached, first, inv2 = np.unique(new_key, return_index=True, return_inverse=True)
-        inv2 = inv2.reshape(-1)
-        repeated = np.zeros(new_key.size, bool)
-        repeated[1:] = new_key[1:] == new_key[:-1]
-        return origin, node, ext, poison, reached, first, inv2, origin[repeated]
+    # A walker is a distinct (trie node, state, poisoned) reached by some origin: `state` is an
+    # extended state id (>= 0) or a set of them (`-1 - index` into `sets`) where an origin's
+    # walk branched (its successors are the union of its members'). Peak and cost are functions
+    # of the state and the poison flag is inherited, so a walker's subtree is the same for
+    # every origin reaching it: it is walked once.
+    set_ids: dict = {}
+    sets: list = []  # member arrays (sorted extended state ids)
+
+    def intern_set(members) -> int:
+        key = tuple(members)
+        if len(key) == 1:
+            return key[0]
+        i = set_ids.get(key)
+        if i is None:
+            i = set_ids[key] = len(sets)
+            sets.append(np.asarray(key, np.int64))
+        return -1 - i
+
+    def state_values(state):
+        """`(peak, cost)` per state (max over a set's members)."""
+        cost, peak = info()
+        state = np.asarray(state, np.int64)
+        out_peak = np.zeros(state.size, np.int64)
+        out_cost = np.zeros(state.size, np.int64)
+        single = state >= 0
+        out_peak[single], out_cost[single] = peak[state[single]], cost[state[single]]
+        for i in np.flatnonzero(~single).tolist():
+            members = sets[-1 - int(state[i])]
+            out_peak[i], out_cost[i] = peak[members].max(), cost[members].max()
+        return out_peak, out_cost
+
+    def advance(owner, child, w_state):
+        """The successor state of each (walker, child node) pair: `(state, death, below)` with
+        `state` `None` where it died on every branch, `death` where some branch died."""
+        e, b = w_state[owner], trie.byte[child]
+        single = e >= 0
+        vals = np.full(owner.size, dead, np.int64)
+        below = np.zeros(owner.size, bool)
+        if single.all():
+            vals, below = lookup(e, b)
+        elif single.any():
+            vals[single], below[single] = lookup(e[single], b[single])
+        death = np.zeros(owner.size, bool)
+        gone = vals == dead
+        odd = np.flatnonzero((vals == several) | ~single)
+        if odd.size:
+            # Walkers of sets, or whose state branches: merged one by one (rare).
+            for i in odd.tolist():
+                members = [int(e[i])] if single[i] else sets[-1 - int(e[i])].tolist()
+                out, die = set(), False
+                mv, mb = lookup(np.asarray(members, np.int64), np.full(len(members), b[i]))
+                below[i] = mb.any()
+                for m, v in zip(members, mv.tolist()):
+                    if v >= 0:
+                        out.add(v)
+                    elif v == dead:
+                        die = True
+                    else:
+                        hit = memo[m * 256 + int(b[i])]
+                        out.update(hit[0])
+                        die = die or hit[1]
+                if out:
+                    vals[i] = intern_set(sorted(out))
+                    gone[i] = False
+                    death[i] = die
+                else:
+                    gone[i] = True
+        return vals, gone, death, below
 
     def walk(start_ext, prune: bool = False):
-        """All tokens from each initial extended state: `(origin, token, sure, peak, cost)` per
-        accepted (origin, token), and which origins returned below their start. With `prune`,
-        an origin is no longer walked once it has returned (the caller drops its tokens).
-
-        Per origin, the tokens come in the order of the walk (depth, then trie node): the
-        candidates keep it. Origins whose entries all have one successor and one entry per
-        node (almost all) take a fast path; the others are merged per (origin, node)."""
-        num_origins = len(start_ext)
-        origin = np.arange(num_origins, dtype=np.int64)
-        ext = np.asarray(start_ext, np.int64)
-        node = np.zeros(origin.size, np.int64)
-        poison = np.zeros(origin.size, bool)
-        returned = np.zeros(num_origins, bool)
-        duplicated = np.zeros(num_origins, bool)  # several entries per (origin, node)
-        found = ([], [], [], [], [])
-        while origin.size:
-            owner, child = _ragged(trie.child_ptr, node)
-            if not owner.size:
-                break
-            e, b = ext[owner], trie.byte[child]
-            vals, below = lookup(e, b)
-            source = origin[owner]
-            returned[source[below]] = True
+        """Walk the distinct walkers reached from the initial extended states depth by depth,
+        each once (`advance`). Returns `(depths, units, returned)`: per depth the walkers'
+        `(node, peak, cost, poisoned, edge_ptr, edge_child)` (CSR edges to the next depth's
+        walkers, in trie order); per origin the depth-1 walkers it reaches (`(ptr, walker)`,
+        CSR); and which origins returned below their start. With `prune`, walkers below one
+        that returned are not walked (every origin reaching them returned: the caller drops
+        its tokens)."""
+        start = np.asarray(start_ext, np.int64)
+        if not start.size:
+            empty = np.zeros(0, np.int64)
+            return [], (empty, empty), np.zeros(0, bool)
+        roots, root_of = np.unique(start, return_inverse=True)
+        root_of = root_of.reshape(-1)
+        w_node = np.zeros(roots.size, np.int64)
+        w_state = roots
+        w_poison = np.zeros(roots.size, bool)
+        w_peak, w_cost = state_values(roots)
+        depths, flags = [], []
+        while w_node.size:
+            owner, child = _ragged(trie.child_ptr, w_node)
+            vals, gone, death, below = advance(owner, child, w_state)
+            returned = np.zeros(w_node.size, bool)
+            returned[owner[below]] = True
+            alive = ~gone
             if prune:
-                live = ~returned[source]
-                if not live.all():
-                    owner, child, e, b = owner[live], child[live], e[live], b[live]
-                    vals, source = vals[live], source[live]
-            messy = duplicated.copy()
-            messy[source[vals == several]] = True
-            slow = messy[source]
-            parts = []
-            if not slow.all():
-                fast = ~slow if slow.any() else slice(None)
-                f_owner, f_child, f_vals = owner[fast], child[fast], vals[fast]
-                alive = f_vals >= 0
-                f_ext, f_node = f_vals[alive], f_child[alive]
-                f_origin = source[fast][alive]
-                f_poison = poison[f_owner][alive]
-                ends(f_origin, f_node, f_ext, None, f_poison, found)
-                parts.append((f_origin, f_node, f_ext, f_poison))
-            if slow.any():
-                s_owner = owner[slow]
-                s_origin, s_node, s_ext, s_poison, reached, first, inv2, dups = merge(
-                    s_owner,
-                    child[slow],
-                    source[slow] * num_nodes + child[slow],
-                    e[slow],
-                    b[slow],
-                    vals[slow],
-                    poison[s_owner],
-                )
-                ends(reached // num_nodes, reached % num_nodes, s_ext, inv2, s_poison[first], found)
-                duplicated[messy] = False
-                duplicated[dups] = True
-                parts.append((s_origin, s_node, s_ext, s_poison))
-            if not parts:  # every origin left returned (pruned)
-                break
-            if len(parts) == 1:
-                origin, node, ext, poison = parts[0]
-            else:
-                origin, node, ext, poison = (np.concatenate(x) for x in zip(*parts))
-        out = tuple(
-            np.concatenate(a) if a else np.zeros(0, dt)
-            for a, dt in zip(found, (np.int32, np.int32, bool, np.int32, np.int32))
-        )
-        return out, returned
+                alive &= ~returned[owner]
+            owner, child, vals = owner[alive], child[alive], vals[alive]
+            poison = w_poison[owner] | death[alive]
+            num_sets = len(sets)
+            key = ((vals + num_sets) * num_nodes + child) * 2 + poison
+            unique, inverse = np.unique(key, return_inverse=True)
+            edge_ptr = np.zeros(w_node.size + 1, np.int64)
+            np.cumsum(np.bincount(owner, minlength=w_node.size), out=edge_ptr[1:])
+            depths.append((w_node, w_peak, w_cost, w_poison, edge_ptr, inverse.reshape(-1)))
+            flags.append(returned)
+            w_poison = (unique & 1).astype(bool)
+            w_node = (unique >> 1) % num_nodes
+            w_state = (unique >> 1) // num_nodes - num_sets
+            w_peak, w_cost = state_values(w_state)
+        # An origin returned where a walker it reaches did.
+        reach = np.zeros(0, bool)
+        for (_, _, _, _, edge_ptr, edge_child), returned in zip(reversed(depths), reversed(flags)):
+            hits = np.concatenate([[0], np.cumsum(reach[edge_child])])
+            reach = returned | (hits[edge_ptr[1:]] > hits[edge_ptr[:-1]])
+        edge_ptr = depths[0][4]
+        return depths, (edge_ptr[root_of], edge_ptr[root_of + 1]), reach[root_of]
 
     # Pass 1: each position, whatever is on the stack. Tokens from a position that never
     # returns below its rule do not depend on the stack: their result holds for every slot.
     positions = np.arange(1, num_positions)
-    (o1, t1, s1, k1, c1), returned = walk(
+    depths1, (lo1, hi1), returned = walk(
         [intern((int(p), (), 0, 0, None)) for p in positions], prune=True
     )
     # Pass 2: the positions that do return, once per slot (the top of the stack known).
@@ -858,10 +905,11 @@ def _token_tables(
     origin_slot = np.array([k for _, k, _ in pairs], np.int64)
     num_origins = len(pairs)
     again = [i for i, (p, _, _) in enumerate(pairs) if returned[p - 1]]
-    (o2, t2, s2, k2, c2), _ = walk([intern((pairs[i][0], (), 0, 0, pairs[i][2])) for i in again])
+    depths2, (lo2, hi2), _ = walk([intern((pairs[i][0], (), 0, 0, pairs[i][2])) for i in again])
     # Each origin's tokens come from one *source*: its position's pass-1 walk when that never
-    # returned (shared by all its slots), else its own pass-2 walk. Tables are built per source
-    # and spread over the origins at the end.
+    # returned (shared by all its slots), else its own pass-2 walk. A source's tokens are those
+    # of the depth-1 walkers it reaches (disjoint subtrees of the trie), so sources reaching the
+    # same walkers are one *class*: tables are built per class and spread at the end.
     kept = np.flatnonzero(~returned)  # pass-1 sources (index into `positions`)
     first_source = np.full(positions.size, -1, np.int64)
     first_source[kept] = np.arange(kept.size)
@@ -870,50 +918,120 @@ def _token_tables(
     fixed = ~returned[origin_position - 1]
     source_of[fixed] = first_source[origin_position[fixed] - 1]
     source_of[np.asarray(again, np.int64)] = kept.size + np.arange(len(again))
-    keep = ~returned[o1]
-    f_origin = np.concatenate([first_source[o1[keep]], kept.size + o2])
-    f_token = np.concatenate([t1[keep], t2])
-    f_sure = np.concatenate([s1[keep], s2])
-    f_peak = np.concatenate([k1[keep], k2])
-    f_cost = np.concatenate([c1[keep], c2])
-    sure = f_sure & (f_peak < MAX_LEVELS)
-    costliest = np.zeros(num_sources, np.int32)  # the found arrays' dtype: ufunc.at's fast path
-    np.maximum.at(costliest, f_origin[sure], f_cost[sure])
-    budget_cost = np.zeros((num_positions, num_slots), np.int32)
-    budget_cost[origin_position, origin_slot] = costliest[source_of]
-    levels = int(f_peak[sure].max(initial=0)) + 1
+    num_units1 = depths1[1][0].size if len(depths1) > 1 else 0
+    lo = np.concatenate([lo1[kept], lo2]).astype(np.int64)
+    hi = np.concatenate([hi1[kept], hi2]).astype(np.int64)
+    edge_child1 = depths1[0][5]
+    edge_child2 = depths2[0][5] if depths2 else np.zeros(0, np.int64)
+    source_unit = np.concatenate([edge_child1, edge_child2 + num_units1])  # by edge
+    offset = np.concatenate([np.zeros(kept.size, np.int64), np.full(len(again), edge_child1.size)])
+    classes: dict = {}
+    class_of = np.empty(num_sources, np.int64)
+    for i, (a, z) in enumerate(zip((lo + offset).tolist(), (hi + offset).tolist())):
+        class_of[i] = classes.setdefault(source_unit[a:z].tobytes(), len(classes))
+    num_classes = len(classes)
+    class_first = np.zeros(num_classes, np.int64)
+    class_first[class_of[::-1]] = np.arange(num_sources)[::-1]
+    # (class, depth-1 walker) pairs; `used`: the walkers some class reaches (pass 1 first)
+    counts = hi[class_first] - lo[class_first]
+    pair_class = np.repeat(np.arange(num_classes), counts)
+    starts = (lo + offset)[class_first]
+    pair_edge = np.arange(pair_class.size) + np.repeat(
+        starts - (np.cumsum(counts) - counts), counts
+    )
+    used, pair_used = np.unique(source_unit[pair_edge], return_inverse=True)
+    pair_used = pair_used.reshape(-1)
+    in1 = used < num_units1
+    unit_node = np.concatenate(
+        [
+            depths1[1][0][used[in1]] if len(depths1) > 1 else np.zeros(0, np.int64),
+            depths2[1][0][used[~in1] - num_units1] if len(depths2) > 1 else np.zeros(0, np.int64),
+        ]
+    )
     words = (vocab + 31) // 32
-    # The level from which each (source, token) is in the bitmask (`levels`: never); a token
-    # is reached once per source, so plain assignment is exact.
-    level_of = np.full((num_sources, words * 32), levels, np.uint8)
-    level_of[f_origin[sure], f_token[sure]] = f_peak[sure]
-    changes = np.zeros((num_sources, levels), bool)  # a token joins the bitmask at this level
-    changes[f_origin[sure], f_peak[sure]] = True
+    # The level from which each (class, token) is in the bitmask (never: above every level),
+    # built in the trie's depth-first token order, where the tokens below a depth-1 walker
+    # (one first byte) are a contiguous range: each used walker's range is filled once
+    # (`segments`: per first byte a block of rows, one per walker, plus a last row of "never"
+    # for the classes that reach no walker with that byte), and a class's row is its walkers'
+    # ranges side by side.
+    dfs, span = _depth_first(trie, vocabulary)
+    dfs_pos = np.zeros(vocab, np.int64)
+    dfs_pos[dfs] = np.arange(dfs.size)
+    unit_byte = trie.byte[unit_node]
+    per_byte = np.bincount(unit_byte, minlength=256)
+    unit_rank = np.empty(used.size, np.int64)
+    by_byte = np.argsort(unit_byte, kind="stable")
+    unit_rank[by_byte] = np.arange(used.size) - np.repeat(np.cumsum(per_byte) - per_byte, per_byte)
+    width_of = np.diff(span)
+    block_size = (per_byte + 1) * width_of
+    block_start = np.cumsum(block_size) - block_size
+    never = np.iinfo(np.uint8).max
+    segments = np.full(int(block_size.sum()), never, np.uint8)
+    unit_cost = np.zeros(used.size, np.int64)  # the costliest bitmask token below each walker
+    unit_levels = np.zeros(used.size, np.int64)  # the levels of its bitmask tokens, as bits
+    odd = ([], [], [])  # (walker, token, order) of the candidates
+    units1 = np.flatnonzero(in1)
+    for depths, index in ((depths1, units1), (depths2, np.flatnonzero(~in1))):
+        if not index.size:
+            continue
+        walkers = used[index] - (0 if depths is depths1 else num_units1)
+        for unit, tokens, order, peak, cost, sure in _subtrees(depths, walkers, trie, node_token):
+            unit = index[unit]
+            u, p = unit[sure], peak[sure]
+            b = unit_byte[u]
+            segments[
+                block_start[b] + unit_rank[u] * width_of[b] + dfs_pos[tokens[sure]] - span[b]
+            ] = p
+            np.maximum.at(unit_cost, u, cost[sure])
+            np.bitwise_or.at(unit_levels, u, np.left_shift(1, p))
+            odd[0].append(unit[~sure])
+            odd[1].append(tokens[~sure])
+            odd[2].append(order[~sure])
+    levels = max(1, int(np.bitwise_or.reduce(unit_levels, initial=0)).bit_length())
+    # Per class: the costliest bitmask token and the levels at which tokens join the bitmask.
+    costliest = np.zeros(num_classes, np.int64)
+    np.maximum.at(costliest, pair_class, unit_cost[pair_used])
+    class_levels = np.zeros(num_classes, np.int64)
+    np.bitwise_or.at(class_levels, pair_class, unit_levels[pair_used])
+    budget_cost = np.zeros((num_positions, num_slots), np.int32)
+    budget_cost[origin_position, origin_slot] = costliest[class_of[source_of]]
+    class_rank = np.broadcast_to(per_byte, (num_classes, 256)).copy()  # the "never" row
+    class_rank[pair_class, unit_byte[pair_used]] = unit_rank[pair_used]
+    bytes_used = np.flatnonzero(width_of)
+    changes = (class_levels[:, None] >> np.arange(levels)) & 1 > 0
     changes[:, 0] = True
-    distinct: dict = {}  # packed row bytes -> index among distinct rows
+    distinct: dict = {}  # packed row bytes (depth-first order) -> index among distinct rows
     distinct_rows = []
-    source_rows = np.empty((num_sources, levels), np.int64)
-    chunk = max(1, (1 << 26) // (words * 32))  # bounded temporaries
-    for start in range(0, num_sources, chunk):
-        block = level_of[start : start + chunk]
+    class_rows = np.empty((num_classes, levels), np.int64)
+    chunk = max(1, (1 << 26) // max(dfs.size, 1))  # bounded temporaries
+    for start in range(0, num_classes, chunk):
+        stop = min(start + chunk, num_classes)
+        block = np.empty((stop - start, dfs.size), np.uint8)
+        for byte in bytes_used.tolist():
+            rows_b = segments[block_start[byte] : block_start[byte] + block_size[byte]]
+            block[:, span[byte] : span[byte + 1]] = rows_b.reshape(-1, width_of[byte])[
+                class_rank[start:stop, byte]
+            ]
         for level in range(levels):
             if level:  # unchanged rows repeat the level below
-                source_rows[start : start + block.shape[0], level] = source_rows[
-                    start : start + block.shape[0], level - 1
-                ]
-            pick = np.flatnonzero(changes[start : start + block.shape[0], level])
-            packed = np.packbits(block[pick] <= level, axis=1, bitorder="little").view(np.uint32)
+                class_rows[start:stop, level] = class_rows[start:stop, level - 1]
+            pick = np.flatnonzero(changes[start:stop, level])
+            packed = np.packbits(block[pick] <= level, axis=1, bitorder="little")
             for i, row in zip(pick.tolist(), packed):
                 key = row.tobytes()
                 j = distinct.get(key)
                 if j is None:
                     j = distinct[key] = len(distinct_rows)
                     distinct_rows.append(row)
-                source_rows[start + i, level] = j
-    masks, order_rows = np.unique(
-        np.stack(distinct_rows).reshape(-1, words), axis=0, return_inverse=True
-    )
-    rows = order_rows.reshape(-1)[source_rows][source_of]
+                class_rows[start + i, level] = j
+    # The distinct rows in token order.
+    bits = np.unpackbits(np.stack(distinct_rows), axis=1, count=dfs.size, bitorder="little")
+    unpacked = np.zeros((bits.shape[0], words * 32), np.uint8)
+    unpacked[:, dfs] = bits
+    packed = np.packbits(unpacked, axis=1, bitorder="little").view(np.uint32)
+    masks, order_rows = np.unique(packed.reshape(-1, words), axis=0, return_inverse=True)
+    rows = order_rows.reshape(-1)[class_rows][class_of[source_of]]
     empty = np.flatnonzero(~masks.any(axis=1))
     mask_row = np.full((num_positions, num_slots, levels), empty[0] if empty.size else 0, np.int64)
     if not empty.size:  # no all-zero row yet: add one for the dead position and unused slots
@@ -921,16 +1039,24 @@ def _token_tables(
         mask_row[:] = masks.shape[0] - 1
     mask_row[origin_position, origin_slot] = rows
 
-    cand_source, cand_token = f_origin[~sure], f_token[~sure]
-    per_source = np.bincount(cand_source, minlength=num_sources)
-    width = _bucket(int(per_source.max(initial=0)), 8)
-    source_candidates = np.full((num_sources, width), vocab, np.int32)
-    order = np.argsort(cand_source, kind="stable")
-    cand_source, cand_token = cand_source[order], cand_token[order]
-    slot = np.arange(cand_source.size) - (np.cumsum(per_source) - per_source)[cand_source]
-    source_candidates[cand_source, slot] = cand_token
+    # Candidates: per class in the walk's order (depth, trie node).
+    by_unit = np.argsort(pair_used, kind="stable")
+    unit_ptr = np.searchsorted(pair_used[by_unit], np.arange(used.size + 1))
+    odd_unit, odd_token, odd_order = (
+        np.concatenate(x) if x else np.zeros(0, dt)
+        for x, dt in zip(odd, (np.int64, np.int32, np.int64))
+    )
+    held, k = _ragged(unit_ptr, odd_unit)
+    cand_class, cand_token = pair_class[by_unit][k], odd_token[held]
+    cand_order = np.lexsort((odd_order[held], cand_class))
+    cand_class, cand_token = cand_class[cand_order], cand_token[cand_order]
+    per_class = np.bincount(cand_class, minlength=num_classes)
+    width = _bucket(int(per_class.max(initial=0)), 8)
+    class_candidates = np.full((num_classes, width), vocab, np.int32)
+    slot = np.arange(cand_class.size) - (np.cumsum(per_class) - per_class)[cand_class]
+    class_candidates[cand_class, slot] = cand_token
     candidates = np.full((num_positions, num_slots, width), vocab, np.int32)
-    candidates[origin_position, origin_slot] = source_candidates[source_of]
+    candidates[origin_position, origin_slot] = class_candidates[class_of[source_of]]
     lengths = vocabulary.token_length
     candidate_bytes = int(lengths[cand_token].max(initial=1))
     return (
