@@ -38,6 +38,10 @@ int32 scalars and an `int32[stack_depth]` array, so the depth costs memory, not 
    `candidates[position, slot]` (at most `K` of them; 3-10 for the test grammars) is checked on
    the device. Tokens rejected on every branch are never allowed. (Cf. XGrammar's
    context-independent and context-dependent tokens, Dong et al. 2024, arXiv 2411.15100.)
+   The walks share their work: many origins reach the same extended state (position, pushed
+   returns, peak, top) after a byte or two, and from then on their subtrees of the trie are the
+   same, so each distinct (trie node, state, poisoned) *walker* is walked once, and an origin's
+   tokens are the union of the disjoint subtrees of the depth-1 walkers it reaches.
 
 **On the device, per step and row** (`PushdownConstraint.process`):
 
@@ -572,17 +576,27 @@ def _token_byte_matrix(vocabulary: TokenVocabulary):
     return matrix, lengths
 
 
-def _subtrees(depths, walkers, trie, node_token):
+def _unique(values):
+    """`np.unique(values)` for an integer array, by sorting (numpy 2's hash-based `np.unique`
+    is many times slower on the millions of keys of the token walk)."""
+    values = np.sort(values)
+    keep = np.ones(values.size, bool)
+    np.not_equal(values[1:], values[:-1], out=keep[1:])
+    return values[keep]
+
+
+def _subtrees(depths, walkers, trie, node_token, state_peak, state_cost, offset):
     """The tokens at and below each depth-1 walker of `walkers` (see `_token_tables`' `walk`),
     one chunk per depth: `(unit, token, order, peak, cost, sure)` per token, `unit` an index
     into `walkers`, `order` the token's index in `trie.token_ids` (the walk's order: depth, then
-    node), `sure` where it is a bitmask token (no branch died, fewer than `MAX_LEVELS` pushes)."""
+    node), `sure` where it is a bitmask token (no branch died, fewer than `MAX_LEVELS` pushes).
+    `state_peak`, `state_cost`: per walker state `s`, at index `s + offset`."""
     unit = np.arange(walkers.size)
     walker = walkers
     for depth in range(1, len(depths)):
         if not unit.size:
             return
-        node_of, peak, cost, poison, edge_ptr, edge_child = depths[depth]
+        node_of, state_of, poison, edge_ptr, edge_child = depths[depth]
         node = node_of[walker]
         if node_token is not None:
             tokens = node_token[node]
@@ -592,13 +606,15 @@ def _subtrees(depths, walkers, trie, node_token):
             holder, order = _ragged(trie.token_ptr, node)
             tokens = trie.token_ids[order].astype(np.int32)
         at = walker[holder]
+        state = state_of[at] + offset
+        peak = state_peak[state]
         yield (
             unit[holder],
             tokens,
             order,
-            peak[at],
-            cost[at],
-            ~poison[at] & (peak[at] < MAX_LEVELS),
+            peak,
+            state_cost[state],
+            ~poison[at] & (peak < MAX_LEVELS),
         )
         owner, edge = _ragged(edge_ptr, walker)
         unit, walker = unit[owner], edge_child[edge]
@@ -635,7 +651,16 @@ def _token_tables(
 ):
     """Walk every token from every (position, top of stack) over the vocabulary's trie (see the
     module docstring, step 3). Returns `(masks, mask_row, candidates, candidate_bytes,
-    budget_cost)`."""
+    budget_cost)`.
+
+    The walk is breadth-first over *walkers*, the distinct (trie node, state, poisoned) that
+    some origin reaches, each walked once (`walk`); peak and cost are functions of the state,
+    and an origin whose walk branches holds a *set* state (the union of its members'
+    successors), so a walker's subtree is the same for every origin that reaches it. The
+    tables are then built per *class* of sources (origins reaching the same depth-1 walkers)
+    from each used depth-1 walker's subtree, filled once (`segments`), never as origin x token
+    arrays. The result is identical to the per-origin walk (`tests/structured/
+    pda_reference.py`, the oracle of the tests)."""
     num_positions = nxt.shape[0]
     vocab = vocabulary.vocab_size
     trie = token_trie(vocabulary)
@@ -647,13 +672,46 @@ def _token_tables(
     # start in use, the return position on top of the stack below the start or None once used).
     ext_ids: dict = {}
     ext_info: list = []
+    # Per extended state, as lists and (`columns`) arrays: its position; whether it pushed and
+    # returned nothing yet (`simple`); its peak; `distance[position] + sum(distance[pushed])`
+    # (its cost); the id of its (peak, top) pair in `peak_tops`.
+    ext_lists: tuple = ([], [], [], [], [])
+    ext_arrays = [np.zeros(0, np.int64) for _ in ext_lists]
+    peak_top_ids: dict = {}
+    peak_tops: list = []
 
     def intern(key) -> int:
         i = ext_ids.get(key)
         if i is None:
             i = ext_ids[key] = len(ext_info)
             ext_info.append(key)
+            pos, pushed, below, peak, top = key
+            pt = peak_top_ids.get((peak, top))
+            if pt is None:
+                pt = peak_top_ids[peak, top] = len(peak_tops)
+                peak_tops.append((peak, top))
+            ext_lists[0].append(pos)
+            ext_lists[1].append(not pushed and below == 0)
+            ext_lists[2].append(peak)
+            ext_lists[3].append(int(distance[pos]) + sum(int(distance[v]) for v in pushed))
+            ext_lists[4].append(pt)
         return i
+
+    def columns():
+        """`(position, simple, peak, cost, peak_top)` per extended state, as int64 arrays."""
+        done, total = filled[0], len(ext_info)
+        if done < total:
+            if total > ext_arrays[0].size:
+                size = max(total, 2 * ext_arrays[0].size)
+                for k, old in enumerate(ext_arrays):
+                    ext_arrays[k] = np.zeros(size, np.int64)
+                    ext_arrays[k][:done] = old[:done]
+            for k, values in enumerate(ext_lists):
+                ext_arrays[k][done:total] = values[done:total]
+            filled[0] = total
+        return ext_arrays
+
+    filled = [0]
 
     def successors(eid: int, byte: int):
         pos, pushed, below, peak, top = ext_info[eid]
@@ -692,10 +750,9 @@ def _token_tables(
         return out, death, returned
 
     memo: dict = {}
-    info_cost: list = []  # distance[position] + sum(distance[pushed]) per extended state
 
     unknown, dead, several = -3, -1, -2
-    dense: dict = {}  # (peak, top) -> id of (position, (), 0, peak, top) per position, -1 if new
+    dense: dict = {}  # (peak, top) id -> id of (position, (), 0, peak, top) per position (-1: new)
     table = np.full((64, 256), unknown, np.int64)  # (extended state, byte) -> one successor
     table_returned = np.zeros((64, 256), bool)
 
@@ -709,15 +766,12 @@ def _token_tables(
         vals = table[e, b]
         missing = vals == unknown
         if missing.any():
-            keys = np.unique(e[missing] * 256 + b[missing])
+            keys = _unique(e[missing] * 256 + b[missing])
             # Vectorised: from a configuration that pushed and returned nothing yet, a byte
             # that is read without a call, or rejected (most pairs).
-            info = ext_info
             me, mb = keys // 256, keys % 256
-            simple = np.fromiter(
-                (not x[1] and x[2] == 0 for x in (info[i] for i in me.tolist())), bool, me.size
-            )
-            pos = np.fromiter((info[i][0] for i in me.tolist()), np.int64, me.size)
+            ext_pos, ext_simple, _, _, ext_peak_top = columns()
+            simple, pos = ext_simple[me] > 0, ext_pos[me]
             c = byte_class[mb]
             act = nxt[pos, c]
             plain = simple & (((act > 0) & (push[pos, c, 0] == 0)) | (act == 0))
@@ -725,17 +779,17 @@ def _token_tables(
             reads = np.flatnonzero(plain & (act > 0))
             if reads.size:
                 # the target keeps the source's (peak, top): one dense id array per such pair
-                group = {}
-                for i, src in zip(reads.tolist(), me[reads].tolist()):
-                    x = info[src]
-                    group.setdefault((x[3], x[4]), []).append(i)
-                for (peak, top), rows in group.items():
-                    ids = dense.get((peak, top))
+                pts = ext_peak_top[me[reads]]
+                by_pt = np.argsort(pts, kind="stable")
+                cuts = np.flatnonzero(np.diff(pts[by_pt])) + 1
+                for rows in np.split(reads[by_pt], cuts):
+                    pt = int(ext_peak_top[me[rows[0]]])
+                    peak, top = peak_tops[pt]
+                    ids = dense.get(pt)
                     if ids is None:
-                        ids = dense[peak, top] = np.full(num_positions, -1, np.int64)
-                    rows = np.asarray(rows)
+                        ids = dense[pt] = np.full(num_positions, -1, np.int64)
                     targets = act[rows]
-                    for t in np.unique(targets[ids[targets] < 0]).tolist():
+                    for t in _unique(targets[ids[targets] < 0]).tolist():
                         ids[t] = intern((t, (), 0, peak, top))
                     table[me[rows], mb[rows]] = ids[targets]
             if len(ext_info) > table.shape[0]:
@@ -756,23 +810,11 @@ def _token_tables(
             vals = table[e, b]
         return vals, table_returned[e, b]
 
-    info_peak: list = []  # the most slots in use above the start, per extended state
-    info_arrays = [np.zeros(0, np.int64), np.zeros(0, np.int64)]  # (cost, peak), as arrays
     token_count = np.diff(trie.token_ptr)
     node_token = None  # the token ending at each node (-1: none), when no node has two
     if token_count.max(initial=0) <= 1:
         node_token = np.full(num_nodes, -1, np.int32)
         node_token[token_count > 0] = trie.token_ids
-
-    def info():
-        """`(cost, peak)` per extended state, as arrays (extended lazily)."""
-        if len(info_cost) < len(ext_info):
-            while len(info_cost) < len(ext_info):
-                x = ext_info[len(info_cost)]
-                info_cost.append(int(distance[x[0]]) + sum(int(distance[v]) for v in x[1]))
-                info_peak.append(x[3])
-            info_arrays[:] = [np.asarray(info_cost, np.int64), np.asarray(info_peak, np.int64)]
-        return info_arrays
 
     # A walker is a distinct (trie node, state, poisoned) reached by some origin: `state` is an
     # extended state id (>= 0) or a set of them (`-1 - index` into `sets`) where an origin's
@@ -792,22 +834,22 @@ def _token_tables(
             sets.append(np.asarray(key, np.int64))
         return -1 - i
 
-    def state_values(state):
-        """`(peak, cost)` per state (max over a set's members)."""
-        cost, peak = info()
-        state = np.asarray(state, np.int64)
-        out_peak = np.zeros(state.size, np.int64)
-        out_cost = np.zeros(state.size, np.int64)
-        single = state >= 0
-        out_peak[single], out_cost[single] = peak[state[single]], cost[state[single]]
-        for i in np.flatnonzero(~single).tolist():
-            members = sets[-1 - int(state[i])]
-            out_peak[i], out_cost[i] = peak[members].max(), cost[members].max()
-        return out_peak, out_cost
+    def state_tables():
+        """`(peak, cost)` per state `s` at index `s + len(sets)` (a set's: its members' most)."""
+        _, _, peak, cost, _ = columns()
+        peak, cost = peak[: len(ext_info)], cost[: len(ext_info)]
+        set_peak = [int(peak[m].max()) for m in reversed(sets)]
+        set_cost = [int(cost[m].max()) for m in reversed(sets)]
+        return (
+            np.concatenate([np.asarray(set_peak, np.int64), peak]),
+            np.concatenate([np.asarray(set_cost, np.int64), cost]),
+        )
 
     def advance(owner, child, w_state):
-        """The successor state of each (walker, child node) pair: `(state, death, below)` with
-        `state` `None` where it died on every branch, `death` where some branch died."""
+        """The successor of each (walker, child node) pair: `(state, gone, death, below)`,
+        `state` an extended state or a set (`intern_set`), `gone` where every branch died,
+        `death` where some branch died (the tokens below are not sure), `below` where the byte
+        returned below the start."""
         e, b = w_state[owner], trie.byte[child]
         single = e >= 0
         vals = np.full(owner.size, dead, np.int64)
@@ -860,7 +902,6 @@ def _token_tables(
         w_node = np.zeros(roots.size, np.int64)
         w_state = roots
         w_poison = np.zeros(roots.size, bool)
-        w_peak, w_cost = state_values(roots)
         depths, flags = [], []
         while w_node.size:
             owner, child = _ragged(trie.child_ptr, w_node)
@@ -872,23 +913,25 @@ def _token_tables(
                 alive &= ~returned[owner]
             owner, child, vals = owner[alive], child[alive], vals[alive]
             poison = w_poison[owner] | death[alive]
-            num_sets = len(sets)
-            key = ((vals + num_sets) * num_nodes + child) * 2 + poison
-            unique, inverse = np.unique(key, return_inverse=True)
+            key = ((vals + len(sets)) * num_nodes + child) * 2 + poison
+            order = np.argsort(key)
+            key = key[order]
+            new = np.ones(key.size, bool)
+            np.not_equal(key[1:], key[:-1], out=new[1:])
+            inverse = np.empty(key.size, np.int64)
+            inverse[order] = np.cumsum(new) - 1
+            first = order[new]
             edge_ptr = np.zeros(w_node.size + 1, np.int64)
             np.cumsum(np.bincount(owner, minlength=w_node.size), out=edge_ptr[1:])
-            depths.append((w_node, w_peak, w_cost, w_poison, edge_ptr, inverse.reshape(-1)))
+            depths.append((w_node, w_state, w_poison, edge_ptr, inverse))
             flags.append(returned)
-            w_poison = (unique & 1).astype(bool)
-            w_node = (unique >> 1) % num_nodes
-            w_state = (unique >> 1) // num_nodes - num_sets
-            w_peak, w_cost = state_values(w_state)
+            w_node, w_state, w_poison = child[first], vals[first], poison[first]
         # An origin returned where a walker it reaches did.
         reach = np.zeros(0, bool)
-        for (_, _, _, _, edge_ptr, edge_child), returned in zip(reversed(depths), reversed(flags)):
+        for (_, _, _, edge_ptr, edge_child), returned in zip(reversed(depths), reversed(flags)):
             hits = np.concatenate([[0], np.cumsum(reach[edge_child])])
             reach = returned | (hits[edge_ptr[1:]] > hits[edge_ptr[:-1]])
-        edge_ptr = depths[0][4]
+        edge_ptr = depths[0][3]
         return depths, (edge_ptr[root_of], edge_ptr[root_of + 1]), reach[root_of]
 
     # Pass 1: each position, whatever is on the stack. Tokens from a position that never
@@ -921,8 +964,8 @@ def _token_tables(
     num_units1 = depths1[1][0].size if len(depths1) > 1 else 0
     lo = np.concatenate([lo1[kept], lo2]).astype(np.int64)
     hi = np.concatenate([hi1[kept], hi2]).astype(np.int64)
-    edge_child1 = depths1[0][5]
-    edge_child2 = depths2[0][5] if depths2 else np.zeros(0, np.int64)
+    edge_child1 = depths1[0][4]
+    edge_child2 = depths2[0][4] if depths2 else np.zeros(0, np.int64)
     source_unit = np.concatenate([edge_child1, edge_child2 + num_units1])  # by edge
     offset = np.concatenate([np.zeros(kept.size, np.int64), np.full(len(again), edge_child1.size)])
     classes: dict = {}
@@ -972,11 +1015,14 @@ def _token_tables(
     unit_levels = np.zeros(used.size, np.int64)  # the levels of its bitmask tokens, as bits
     odd = ([], [], [])  # (walker, token, order) of the candidates
     units1 = np.flatnonzero(in1)
+    state_peak, state_cost = state_tables()
     for depths, index in ((depths1, units1), (depths2, np.flatnonzero(~in1))):
         if not index.size:
             continue
         walkers = used[index] - (0 if depths is depths1 else num_units1)
-        for unit, tokens, order, peak, cost, sure in _subtrees(depths, walkers, trie, node_token):
+        for unit, tokens, order, peak, cost, sure in _subtrees(
+            depths, walkers, trie, node_token, state_peak, state_cost, len(sets)
+        ):
             unit = index[unit]
             u, p = unit[sure], peak[sure]
             b = unit_byte[u]
