@@ -1035,47 +1035,52 @@ def _token_tables(
             odd[1].append(tokens[~sure])
             odd[2].append(order[~sure])
     levels = max(1, int(np.bitwise_or.reduce(unit_levels, initial=0)).bit_length())
-    # Per class: the costliest bitmask token and the levels at which tokens join the bitmask.
+    # Per class: the costliest bitmask token.
     costliest = np.zeros(num_classes, np.int64)
     np.maximum.at(costliest, pair_class, unit_cost[pair_used])
-    class_levels = np.zeros(num_classes, np.int64)
-    np.bitwise_or.at(class_levels, pair_class, unit_levels[pair_used])
     budget_cost = np.zeros((num_positions, num_slots), np.int32)
     budget_cost[origin_position, origin_slot] = costliest[class_of[source_of]]
-    class_rank = np.broadcast_to(per_byte, (num_classes, 256)).copy()  # the "never" row
+    # The bitmask row of (class, level) holds the tokens of level <= `level`: per first byte,
+    # the range of the class's walker with that byte (`class_rank`, the "never" row if none).
+    # Two rows are equal exactly when their ranges are, byte for byte, so the ranges are
+    # deduplicated per byte (`piece`: per byte and level, the id of each row of the block among
+    # the distinct ranges of that byte) and each distinct (class, level) row is built once.
+    class_rank = np.broadcast_to(per_byte, (num_classes, 256)).copy()
     class_rank[pair_class, unit_byte[pair_used]] = unit_rank[pair_used]
     bytes_used = np.flatnonzero(width_of)
-    changes = (class_levels[:, None] >> np.arange(levels)) & 1 > 0
-    changes[:, 0] = True
-    distinct: dict = {}  # packed row bytes (depth-first order) -> index among distinct rows
-    distinct_rows = []
-    class_rows = np.empty((num_classes, levels), np.int64)
-    chunk = max(1, (1 << 26) // max(dfs.size, 1))  # bounded temporaries
-    for start in range(0, num_classes, chunk):
-        stop = min(start + chunk, num_classes)
-        block = np.empty((stop - start, dfs.size), np.uint8)
-        for byte in bytes_used.tolist():
-            rows_b = segments[block_start[byte] : block_start[byte] + block_size[byte]]
-            block[:, span[byte] : span[byte + 1]] = rows_b.reshape(-1, width_of[byte])[
-                class_rank[start:stop, byte]
-            ]
+    signature = np.zeros((num_classes, levels, 256), np.int64)
+    pieces: list = []  # per distinct range: (byte, row of its block, level)
+    for byte in bytes_used.tolist():
+        block = segments[block_start[byte] : block_start[byte] + block_size[byte]]
+        block = block.reshape(-1, width_of[byte])
+        seen: dict = {}
         for level in range(levels):
-            if level:  # unchanged rows repeat the level below
-                class_rows[start:stop, level] = class_rows[start:stop, level - 1]
-            pick = np.flatnonzero(changes[start:stop, level])
-            packed = np.packbits(block[pick] <= level, axis=1, bitorder="little")
-            for i, row in zip(pick.tolist(), packed):
+            packed = np.packbits(block <= level, axis=1)
+            ids = np.empty(block.shape[0], np.int64)
+            for i, row in enumerate(packed):
                 key = row.tobytes()
-                j = distinct.get(key)
+                j = seen.get(key)
                 if j is None:
-                    j = distinct[key] = len(distinct_rows)
-                    distinct_rows.append(row)
-                class_rows[start + i, level] = j
-    # The distinct rows in token order.
-    bits = np.unpackbits(np.stack(distinct_rows), axis=1, count=dfs.size, bitorder="little")
-    unpacked = np.zeros((bits.shape[0], words * 32), np.uint8)
-    unpacked[:, dfs] = bits
-    packed = np.packbits(unpacked, axis=1, bitorder="little").view(np.uint32)
+                    j = seen[key] = len(pieces)
+                    pieces.append((byte, i, level))
+                ids[i] = j
+            signature[:, level, byte] = ids[class_rank[:, byte]]
+    distinct, class_rows = np.unique(signature.reshape(-1, 256), axis=0, return_inverse=True)
+    class_rows = class_rows.reshape(num_classes, levels)
+    # The distinct rows, depth-first order, then in token order.
+    bits = np.zeros((distinct.shape[0], dfs.size + 1), np.uint8)  # a last column of zeros
+    for byte in bytes_used.tolist():
+        block = segments[block_start[byte] : block_start[byte] + block_size[byte]]
+        block = block.reshape(-1, width_of[byte])
+        which = [pieces[j] for j in distinct[:, byte].tolist()]
+        rows_b = block[[i for _, i, _ in which]]
+        bits[:, span[byte] : span[byte + 1]] = (
+            rows_b <= np.array([lv for _, _, lv in which])[:, None]
+        )
+    column = np.full(words * 32, dfs.size, np.int64)
+    column[dfs] = np.arange(dfs.size)
+    packed = np.packbits(bits[:, column], axis=1, bitorder="little")
+    packed = np.ascontiguousarray(packed).view(np.uint32)
     masks, order_rows = np.unique(packed.reshape(-1, words), axis=0, return_inverse=True)
     rows = order_rows.reshape(-1)[class_rows][class_of[source_of]]
     empty = np.flatnonzero(~masks.any(axis=1))
