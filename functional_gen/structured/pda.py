@@ -887,12 +887,12 @@ def _token_tables(
 
     def walk(start_ext, prune: bool = False):
         """Walk the distinct walkers reached from the initial extended states depth by depth,
-        each once (`advance`). Returns `(depths, units, returned)`: per depth the walkers'
-        `(node, peak, cost, poisoned, edge_ptr, edge_child)` (CSR edges to the next depth's
-        walkers, in trie order); per origin the depth-1 walkers it reaches (`(ptr, walker)`,
-        CSR); and which origins returned below their start. With `prune`, walkers below one
-        that returned are not walked (every origin reaching them returned: the caller drops
-        its tokens)."""
+        each once (`advance`). Returns `(depths, (lo, hi), returned)`: per depth the walkers'
+        `(node, state, poisoned, edge_ptr, edge_child)` (CSR edges to the next depth's
+        walkers, in trie order); per origin the range `lo:hi` of depth-0 edges to the depth-1
+        walkers it reaches; and which origins returned below their start. With `prune`,
+        walkers below one that returned are not walked (every origin reaching them returned:
+        the caller drops its tokens)."""
         start = np.asarray(start_ext, np.int64)
         if not start.size:
             empty = np.zeros(0, np.int64)
@@ -1043,8 +1043,8 @@ def _token_tables(
     # The bitmask row of (class, level) holds the tokens of level <= `level`: per first byte,
     # the range of the class's walker with that byte (`class_rank`, the "never" row if none).
     # Two rows are equal exactly when their ranges are, byte for byte, so the ranges are
-    # deduplicated per byte (`piece`: per byte and level, the id of each row of the block among
-    # the distinct ranges of that byte) and each distinct (class, level) row is built once.
+    # deduplicated per byte (`signature`: per class, level and byte, the id of its range among
+    # the distinct ranges of that byte, `pieces`) and each distinct (class, level) row is built once.
     class_rank = np.broadcast_to(per_byte, (num_classes, 256)).copy()
     class_rank[pair_class, unit_byte[pair_used]] = unit_rank[pair_used]
     bytes_used = np.flatnonzero(width_of)
