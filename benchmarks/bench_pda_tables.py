@@ -534,6 +534,7 @@ def free_form(vocabulary, rounds: int):
         for _ in range(rounds):
             for label, fn in (("old", _token_tables_old), ("new", real)):
                 pda_module._token_tables = fn
+                json_schema_module._PUSHDOWN_CACHE.clear()  # kept even with cache=False
                 try:
                     _, seconds = _timed(
                         json_schema_module.json_schema_compile,

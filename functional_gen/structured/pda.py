@@ -1048,7 +1048,7 @@ def _token_tables(
     class_rank = np.broadcast_to(per_byte, (num_classes, 256)).copy()
     class_rank[pair_class, unit_byte[pair_used]] = unit_rank[pair_used]
     bytes_used = np.flatnonzero(width_of)
-    signature = np.zeros((num_classes, levels, 256), np.int64)
+    signature = np.zeros((num_classes, levels, 256), np.int32)
     pieces: list = []  # per distinct range: (byte, row of its block, level)
     for byte in bytes_used.tolist():
         block = segments[block_start[byte] : block_start[byte] + block_size[byte]]
