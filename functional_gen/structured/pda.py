@@ -1067,20 +1067,24 @@ def _token_tables(
             signature[:, level, byte] = ids[class_rank[:, byte]]
     distinct, class_rows = np.unique(signature.reshape(-1, 256), axis=0, return_inverse=True)
     class_rows = class_rows.reshape(num_classes, levels)
-    # The distinct rows, depth-first order, then in token order.
-    bits = np.zeros((distinct.shape[0], dfs.size + 1), np.uint8)  # a last column of zeros
-    for byte in bytes_used.tolist():
-        block = segments[block_start[byte] : block_start[byte] + block_size[byte]]
-        block = block.reshape(-1, width_of[byte])
-        which = [pieces[j] for j in distinct[:, byte].tolist()]
-        rows_b = block[[i for _, i, _ in which]]
-        bits[:, span[byte] : span[byte + 1]] = (
-            rows_b <= np.array([lv for _, _, lv in which])[:, None]
-        )
-    column = np.full(words * 32, dfs.size, np.int64)
+    # The distinct rows, depth-first order, then in token order (in chunks: bounded memory).
+    column = np.full(words * 32, dfs.size, np.int64)  # non-trie tokens: a last column of zeros
     column[dfs] = np.arange(dfs.size)
-    packed = np.packbits(bits[:, column], axis=1, bitorder="little")
-    packed = np.ascontiguousarray(packed).view(np.uint32)
+    packed = np.zeros((distinct.shape[0], words * 4), np.uint8)
+    chunk = max(1, (1 << 26) // (dfs.size + 1))
+    for start in range(0, distinct.shape[0], chunk):
+        part = distinct[start : start + chunk]
+        bits = np.zeros((part.shape[0], dfs.size + 1), np.uint8)
+        for byte in bytes_used.tolist():
+            block = segments[block_start[byte] : block_start[byte] + block_size[byte]]
+            block = block.reshape(-1, width_of[byte])
+            which = [pieces[j] for j in part[:, byte].tolist()]
+            rows_b = block[[i for _, i, _ in which]]
+            bits[:, span[byte] : span[byte + 1]] = (
+                rows_b <= np.array([lv for _, _, lv in which])[:, None]
+            )
+        packed[start : start + chunk] = np.packbits(bits[:, column], axis=1, bitorder="little")
+    packed = packed.view(np.uint32)
     masks, order_rows = np.unique(packed.reshape(-1, words), axis=0, return_inverse=True)
     rows = order_rows.reshape(-1)[class_rows][class_of[source_of]]
     empty = np.flatnonzero(~masks.any(axis=1))
