@@ -28,7 +28,7 @@ average 2.4-2.7, other jobs running; best of 2 each; tables identical in every r
 | Kubernetes kb_594 | 2,392 | 4.03 | 1.59 | 10.72 | 6.72 |
 | Kubernetes kb_972 | 2,051 | 3.40 | 1.30 | 10.10 | 7.77 |
 
-An earlier run at 01:52 UTC (same code but int32 signatures, `--rounds 2`): old / new 0.88
+An earlier run at 01:52 UTC (before the int32 signatures and chunked rows, `--rounds 2`): old / new 0.88
 (Lark), 4.76 (o21251, 2.49 s new), 5.39 (o21316, 3.30 s), 2.61 (o32921), 2.72 (o41296), 8.23
 (kb_594), 9.95 (kb_972). Whole compile with `free_form_depth=None`, old / new: o13687 0.17 /
 0.18 s, o21865 0.64 / 0.28, o12281 2.66 / 0.91, kb_688 0.90 / 0.58, kb_972 10.24 / 2.81.
