@@ -41,7 +41,9 @@ int32 scalars and an `int32[stack_depth]` array, so the depth costs memory, not 
    The walks share their work: many origins reach the same extended state (position, pushed
    returns, peak, top) after a byte or two, and from then on their subtrees of the trie are the
    same, so each distinct (trie node, state, poisoned) *walker* is walked once, and an origin's
-   tokens are the union of the disjoint subtrees of the depth-1 walkers it reaches.
+   tokens are the union of the disjoint subtrees of the depth-1 walkers it reaches. The slots
+   of a position share its walk below every first byte from which no token returns (walked
+   once with the top of the stack pending); only the other first bytes are walked per slot.
 
 **On the device, per step and row** (`PushdownConstraint.process`):
 
@@ -96,6 +98,7 @@ UNREACHABLE = 1 << 20
 """`distance` of positions from which no end of the rule is reachable (small enough that a
 stack's worth of them sums without overflow in int32)."""
 _BOTTOM = -1  # a "return site" meaning: the rule may be the bottom frame (a return fails)
+_PENDING = -2  # a top of stack not known yet: a walk that returns to it stops (see pass 2)
 
 
 class NotDeterministic(GrammarError):
@@ -735,7 +738,7 @@ def _token_tables(
                     returned = True
                     if first == _BOTTOM:
                         death = True
-                    else:
+                    elif first != _PENDING:
                         work.append((first, (), low - 1, None))
                 else:
                     returned = True
@@ -885,18 +888,21 @@ def _token_tables(
                     gone[i] = True
         return vals, gone, death, below
 
-    def walk(start_ext, prune: bool = False):
+    def walk(start_ext, prune: bool = False, keep_first=None, root_edges: bool = False):
         """Walk the distinct walkers reached from the initial extended states depth by depth,
         each once (`advance`). Returns `(depths, (lo, hi), returned)`: per depth the walkers'
         `(node, state, poisoned, edge_ptr, edge_child)` (CSR edges to the next depth's
         walkers, in trie order); per origin the range `lo:hi` of depth-0 edges to the depth-1
         walkers it reaches; and which origins returned below their start. With `prune`,
         walkers below one that returned are not walked (every origin reaching them returned:
-        the caller drops its tokens)."""
+        the caller drops its tokens); with `root_edges` too, the roots' children are pruned one
+        by one (where that byte returned). `keep_first(state, node)`: which children of the
+        roots to walk. Also
+        returns whether each depth-1 walker returned or reaches one that did."""
         start = np.asarray(start_ext, np.int64)
         if not start.size:
             empty = np.zeros(0, np.int64)
-            return [], (empty, empty), np.zeros(0, bool)
+            return [], (empty, empty), np.zeros(0, bool), np.zeros(0, bool)
         roots, root_of = np.unique(start, return_inverse=True)
         root_of = root_of.reshape(-1)
         w_node = np.zeros(roots.size, np.int64)
@@ -910,7 +916,9 @@ def _token_tables(
             returned[owner[below]] = True
             alive = ~gone
             if prune:
-                alive &= ~returned[owner]
+                alive &= ~(below if root_edges and not depths else returned[owner])
+            if keep_first is not None and not depths:
+                alive &= keep_first(w_state[owner], child)
             owner, child, vals = owner[alive], child[alive], vals[alive]
             poison = w_poison[owner] | death[alive]
             key = ((vals + len(sets)) * num_nodes + child) * 2 + poison
@@ -928,16 +936,18 @@ def _token_tables(
             w_node, w_state, w_poison = child[first], vals[first], poison[first]
         # An origin returned where a walker it reaches did.
         reach = np.zeros(0, bool)
+        reach_first = reach
         for (_, _, _, edge_ptr, edge_child), returned in zip(reversed(depths), reversed(flags)):
+            reach_first = reach
             hits = np.concatenate([[0], np.cumsum(reach[edge_child])])
             reach = returned | (hits[edge_ptr[1:]] > hits[edge_ptr[:-1]])
         edge_ptr = depths[0][3]
-        return depths, (edge_ptr[root_of], edge_ptr[root_of + 1]), reach[root_of]
+        return depths, (edge_ptr[root_of], edge_ptr[root_of + 1]), reach[root_of], reach_first
 
     # Pass 1: each position, whatever is on the stack. Tokens from a position that never
     # returns below its rule do not depend on the stack: their result holds for every slot.
     positions = np.arange(1, num_positions)
-    depths1, (lo1, hi1), returned = walk(
+    depths1, (lo1, hi1), returned, _ = walk(
         [intern((int(p), (), 0, 0, None)) for p in positions], prune=True
     )
     # Pass 2: the positions that do return, once per slot (the top of the stack known).
@@ -948,11 +958,43 @@ def _token_tables(
     origin_slot = np.array([k for _, k, _ in pairs], np.int64)
     num_origins = len(pairs)
     again = [i for i, (p, _, _) in enumerate(pairs) if returned[p - 1]]
-    depths2, (lo2, hi2), _ = walk([intern((pairs[i][0], (), 0, 0, pairs[i][2])) for i in again])
+    # The slots of a position share its walk until a token returns below it: walked once with
+    # the top of the stack pending (`_PENDING`), the depth-1 walkers below which no token
+    # returns are shared by every slot (`pending`); the other first bytes are walked per slot.
+    again_positions = np.flatnonzero(returned) + 1
+    depthsP, (loP, hiP), _, reachP = walk(
+        [intern((int(p), (), 0, 0, _PENDING)) for p in again_positions],
+        prune=True,
+        root_edges=True,
+    )
+    shared_key = np.zeros(0, np.int64)
+    if len(depthsP) > 1:
+        owner = np.repeat(np.arange(again_positions.size), hiP - loP)
+        edge = np.arange(owner.size) + np.repeat(
+            loP - (np.cumsum(hiP - loP) - (hiP - loP)), hiP - loP
+        )
+        unitP = depthsP[0][4][edge]
+        share = ~reachP[unitP]
+        shared_key = np.sort(
+            again_positions[owner[share]] * num_nodes + depthsP[1][0][unitP[share]]
+        )
+
+    def keep_first(state, node):
+        if not shared_key.size:
+            return np.ones(state.size, bool)
+        key = columns()[0][state] * num_nodes + node
+        at = np.minimum(np.searchsorted(shared_key, key), shared_key.size - 1)
+        return shared_key[at] != key
+
+    depths2, (lo2, hi2), _, _ = walk(
+        [intern((pairs[i][0], (), 0, 0, pairs[i][2])) for i in again], keep_first=keep_first
+    )
     # Each origin's tokens come from one *source*: its position's pass-1 walk when that never
-    # returned (shared by all its slots), else its own pass-2 walk. A source's tokens are those
-    # of the depth-1 walkers it reaches (disjoint subtrees of the trie), so sources reaching the
-    # same walkers are one *class*: tables are built per class and spread at the end.
+    # returned (shared by all its slots), else its own pass-2 walk and its position's shared
+    # pending walkers. A source's tokens are those of the depth-1 walkers (*units*) it reaches
+    # (disjoint subtrees of the trie), so sources reaching the same units are one *class*:
+    # tables are built per class and spread at the end. Units are numbered over the three
+    # walks (pass 1, pending, pass 2: `graphs`, from `base`).
     kept = np.flatnonzero(~returned)  # pass-1 sources (index into `positions`)
     first_source = np.full(positions.size, -1, np.int64)
     first_source[kept] = np.arange(kept.size)
@@ -961,36 +1003,45 @@ def _token_tables(
     fixed = ~returned[origin_position - 1]
     source_of[fixed] = first_source[origin_position[fixed] - 1]
     source_of[np.asarray(again, np.int64)] = kept.size + np.arange(len(again))
-    num_units1 = depths1[1][0].size if len(depths1) > 1 else 0
-    lo = np.concatenate([lo1[kept], lo2]).astype(np.int64)
-    hi = np.concatenate([hi1[kept], hi2]).astype(np.int64)
-    edge_child1 = depths1[0][4]
-    edge_child2 = depths2[0][4] if depths2 else np.zeros(0, np.int64)
-    source_unit = np.concatenate([edge_child1, edge_child2 + num_units1])  # by edge
-    offset = np.concatenate([np.zeros(kept.size, np.int64), np.full(len(again), edge_child1.size)])
+    graphs = (depths1, depthsP, depths2)
+    sizes = [d[1][0].size if len(d) > 1 else 0 for d in graphs]
+    base = np.cumsum([0] + sizes)
+    empty = np.zeros(0, np.int64)
+    units_of = []
+    edges1 = depths1[0][4] if depths1 else empty
+    for k in kept.tolist():
+        units_of.append(edges1[lo1[k] : hi1[k]])
+    shared_of: dict = {}
+    if depthsP:
+        for j, p in enumerate(again_positions.tolist()):
+            walkers = depthsP[0][4][loP[j] : hiP[j]]
+            shared_of[p] = walkers[~reachP[walkers]] + base[1]
+    edges2 = depths2[0][4] if depths2 else empty
+    for n, i in enumerate(again):
+        own = edges2[lo2[n] : hi2[n]] + base[2]
+        units_of.append(np.sort(np.concatenate([shared_of.get(pairs[i][0], empty), own])))
     classes: dict = {}
     class_of = np.empty(num_sources, np.int64)
-    for i, (a, z) in enumerate(zip((lo + offset).tolist(), (hi + offset).tolist())):
-        class_of[i] = classes.setdefault(source_unit[a:z].tobytes(), len(classes))
+    class_units = []
+    for i, units in enumerate(units_of):
+        key = units.tobytes()
+        c = classes.get(key)
+        if c is None:
+            c = classes[key] = len(class_units)
+            class_units.append(units)
+        class_of[i] = c
     num_classes = len(classes)
-    class_first = np.zeros(num_classes, np.int64)
-    class_first[class_of[::-1]] = np.arange(num_sources)[::-1]
-    # (class, depth-1 walker) pairs; `used`: the walkers some class reaches (pass 1 first)
-    counts = hi[class_first] - lo[class_first]
-    pair_class = np.repeat(np.arange(num_classes), counts)
-    starts = (lo + offset)[class_first]
-    pair_edge = np.arange(pair_class.size) + np.repeat(
-        starts - (np.cumsum(counts) - counts), counts
-    )
-    used, pair_used = np.unique(source_unit[pair_edge], return_inverse=True)
+    # (class, unit) pairs; `used`: the units some class reaches
+    pair_class = np.repeat(np.arange(num_classes), [u.size for u in class_units])
+    pair_unit = np.concatenate(class_units) if class_units else empty
+    used, pair_used = np.unique(pair_unit, return_inverse=True)
     pair_used = pair_used.reshape(-1)
-    in1 = used < num_units1
-    unit_node = np.concatenate(
-        [
-            depths1[1][0][used[in1]] if len(depths1) > 1 else np.zeros(0, np.int64),
-            depths2[1][0][used[~in1] - num_units1] if len(depths2) > 1 else np.zeros(0, np.int64),
-        ]
-    )
+    graph_of = np.searchsorted(base, used, side="right") - 1
+    unit_node = np.empty(used.size, np.int64)
+    for g, d in enumerate(graphs):
+        here = graph_of == g
+        if here.any():
+            unit_node[here] = d[1][0][used[here] - base[g]]
     words = (vocab + 31) // 32
     # The level from which each (class, token) is in the bitmask (never: above every level),
     # built in the trie's depth-first token order, where the tokens below a depth-1 walker
@@ -1014,12 +1065,12 @@ def _token_tables(
     unit_cost = np.zeros(used.size, np.int64)  # the costliest bitmask token below each walker
     unit_levels = np.zeros(used.size, np.int64)  # the levels of its bitmask tokens, as bits
     odd = ([], [], [])  # (walker, token, order) of the candidates
-    units1 = np.flatnonzero(in1)
     state_peak, state_cost = state_tables()
-    for depths, index in ((depths1, units1), (depths2, np.flatnonzero(~in1))):
+    for g, depths in enumerate(graphs):
+        index = np.flatnonzero(graph_of == g)
         if not index.size:
             continue
-        walkers = used[index] - (0 if depths is depths1 else num_units1)
+        walkers = used[index] - base[g]
         for unit, tokens, order, peak, cost, sure in _subtrees(
             depths, walkers, trie, node_token, state_peak, state_cost, len(sets)
         ):
