@@ -15,26 +15,25 @@ free_form_depth=None)` (free-form values as the pushdown `value` rule) on Github
 o21865, Github_hard o12281 and Kubernetes kb_688, kb_972: new tables vs `_token_tables_old`
 patched in, interleaved.
 
-Recorded on 2026-11-23 on the shared 2-core machine, `--rounds 2 --free-form` at 02:05 UTC (load
-average 2.4-2.7, other jobs running; best of 2 each; tables identical in every round):
+Recorded on 2026-11-23 on the shared 2-core machine, `--rounds 2 --free-form` at 02:24 UTC (load
+average 1.7-2.5, other jobs running; best of 2 each; tables identical in every round):
 
 | input | positions | compile s (new tables) | tables new s | tables old s | old / new |
 |---|---|---|---|---|---|
-| Lark JSON, depth 32 | 47 | 0.87 | 0.10 | 0.08 | 0.76 |
-| Github_hard o21251 | 6,148 | 11.30 | 2.27 | 8.43 | 3.71 |
-| Github_hard o21316 | 8,219 | 10.75 | 4.30 | 14.80 | 3.44 |
-| Github_hard o32921 | 1,081 | 2.53 | 1.00 | 2.70 | 2.71 |
-| Github_hard o41296 | 1,947 | 2.81 | 1.21 | 2.36 | 1.95 |
-| Kubernetes kb_594 | 2,392 | 4.03 | 1.59 | 10.72 | 6.72 |
-| Kubernetes kb_972 | 2,051 | 3.40 | 1.30 | 10.10 | 7.77 |
+| Lark JSON, depth 32 | 47 | 0.65 | 0.09 | 0.08 | 0.85 |
+| Github_hard o21251 | 6,148 | 6.99 | 1.82 | 10.83 | 5.94 |
+| Github_hard o21316 | 8,219 | 7.04 | 2.19 | 11.03 | 5.03 |
+| Github_hard o32921 | 1,081 | 1.16 | 0.48 | 1.45 | 3.02 |
+| Github_hard o41296 | 1,947 | 1.59 | 0.56 | 1.72 | 3.07 |
+| Kubernetes kb_594 | 2,392 | 2.82 | 0.98 | 11.08 | 11.25 |
+| Kubernetes kb_972 | 2,051 | 2.68 | 0.88 | 7.10 | 8.09 |
 
-An earlier run at 01:52 UTC (before the int32 signatures and chunked rows, `--rounds 2`): old / new 0.88
-(Lark), 4.76 (o21251, 2.49 s new), 5.39 (o21316, 3.30 s), 2.61 (o32921), 2.72 (o41296), 8.23
-(kb_594), 9.95 (kb_972). Whole compile with `free_form_depth=None`, old / new: o13687 0.17 /
-0.18 s, o21865 0.64 / 0.28, o12281 2.66 / 0.91, kb_688 0.90 / 0.58, kb_972 10.24 / 2.81.
-What is left is the pass-2 walk (positions that return, once per slot): its walkers differ by
-the return position on the stack until they return, so nothing is shared there (kb_972: 8.7 M
-walkers for 676 origins, against 4.6 M for pass 1's 2,050).
+Whole compile with `free_form_depth=None`, new / old tables (s): o13687 0.17 / 0.17, o21865
+0.27 / 0.62, o12281 0.83 / 2.25, kb_688 0.36 / 0.74, kb_972 1.86 / 11.75.
+What is left: per walker, the walk costs about 100 ns of numpy work (the trie's children, the
+successor table, one argsort per depth to deduplicate); positions are still walked once more
+per slot below the first bytes from which a token returns; the tiny Lark grammar pays a fixed
+cost per depth (81 depths) that the old walk paid too.
 
 Run: `python benchmarks/bench_pda_tables.py [--rounds 2] [--free-form]` (about 5 minutes).
 """

@@ -1536,15 +1536,14 @@ _RULE_REGEX = 20_000
 """A subschema whose regex (its own rules called, not expanded) is longer becomes a rule."""
 _SHARED_RULE_REGEX = 2_000
 """A subschema used in more than one place becomes a rule from this many characters."""
-_MAX_GRAMMAR_POSITIONS = 8_500
+_MAX_GRAMMAR_POSITIONS = 10_000
 """Most positions (states of all the rules' byte DFAs) of a grammar form: its token tables walk
 the vocabulary from every position. Since the walk shares the trie's subtrees between positions
-(`pda._token_tables`) that takes about 0.4 ms per position on large Github schemas and up to
-0.9 ms on Kubernetes ones, on the 2-core development machine at load 2.5 (MaskBench Github_hard
-o21316, 8,219 positions: 3.3 s for the tables, 17.8 s before, 664 s before that, 11 s for the
-whole compile; o21251, 6,148: 2.5 s; Kubernetes kb_594, 2,392: 1.9 s;
-`benchmarks/bench_pda_tables.py`), so up to this the tables take about 5 s at most; beyond it
-the schema is refused with the reason."""
+and slots (`pda._token_tables`) that takes 0.27-0.45 ms per position on the 2-core development
+machine at load 2 (MaskBench Github_hard o21316, 8,219 positions: 2.2 s for the tables, 11 s
+before, 664 s before that, 7 s for the whole compile; o21251, 6,148: 1.8 s; Kubernetes kb_594,
+2,392: 1.0 s; `benchmarks/bench_pda_tables.py`), so up to this the tables take under about 5 s;
+beyond it the schema is refused with the reason."""
 _MIN_RULE_REGEX = 300
 """The smallest subschema regex that becomes a rule so that a larger one fits `_RULE_REGEX`."""
 _RULE_CALL = 0x02
