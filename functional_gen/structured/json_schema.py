@@ -1799,12 +1799,14 @@ is then one rule instead of a copy per use. (2,000 before: MaskBench Github_hard
 9,166 positions and 9.0 s of token tables with it, 4,497 and 5.1 s with 150; at 60 the
 tables of o62820 and o52904 took longer again: small rules called from many places give their
 positions many return slots.)"""
-_MAX_GRAMMAR_POSITIONS = 3_000
+_MAX_GRAMMAR_POSITIONS = 10_000
 """Most positions (states of all the rules' byte DFAs) of a grammar form: its token tables walk
-the vocabulary from every position, about 1-3.5 ms each on the 2-core development machine
-since the walk shares work (20-80 ms before; MaskBench Github_hard o21316, 8,219 positions:
-664 s, now 13-18 s for the tables plus 12 s for the rules' DFAs), so beyond this the schema is
-refused with the reason rather than compiled for more than about 10 s."""
+the vocabulary from every position. Since the walk shares the trie's subtrees between positions
+and slots (`pda._token_tables`) that takes 0.27-0.45 ms per position on the 2-core development
+machine at load 2 (MaskBench Github_hard o21316, 8,219 positions: 2.2 s for the tables, 11 s
+before, 664 s before that, 7 s for the whole compile; o21251, 6,148: 1.8 s; Kubernetes kb_594,
+2,392: 1.0 s; `benchmarks/bench_pda_tables.py`), so up to this the tables take under about 5 s;
+beyond it the schema is refused with the reason."""
 _MIN_RULE_REGEX = 300
 """The smallest subschema regex that becomes a rule so that a larger one fits `_RULE_REGEX`."""
 _RULE_CALL = 0x02

@@ -38,6 +38,12 @@ int32 scalars and an `int32[stack_depth]` array, so the depth costs memory, not 
    `candidates[position, slot]` (at most `K` of them; 3-10 for the test grammars) is checked on
    the device. Tokens rejected on every branch are never allowed. (Cf. XGrammar's
    context-independent and context-dependent tokens, Dong et al. 2024, arXiv 2411.15100.)
+   The walks share their work: many origins reach the same extended state (position, pushed
+   returns, peak, top) after a byte or two, and from then on their subtrees of the trie are the
+   same, so each distinct (trie node, state, poisoned) *walker* is walked once, and an origin's
+   tokens are the union of the disjoint subtrees of the depth-1 walkers it reaches. The slots
+   of a position share its walk below every first byte from which no token returns (walked
+   once with the top of the stack pending); only the other first bytes are walked per slot.
 
 **On the device, per step and row** (`PushdownConstraint.process`):
 
@@ -92,6 +98,7 @@ UNREACHABLE = 1 << 20
 """`distance` of positions from which no end of the rule is reachable (small enough that a
 stack's worth of them sums without overflow in int32)."""
 _BOTTOM = -1  # a "return site" meaning: the rule may be the bottom frame (a return fails)
+_PENDING = -2  # a top of stack not known yet: a walk that returns to it stops (see pass 2)
 
 
 class NotDeterministic(GrammarError):
@@ -572,6 +579,69 @@ def _token_byte_matrix(vocabulary: TokenVocabulary):
     return matrix, lengths
 
 
+def _unique(values):
+    """`np.unique(values)` for an integer array, by sorting (numpy 2's hash-based `np.unique`
+    is many times slower on the millions of keys of the token walk)."""
+    values = np.sort(values)
+    keep = np.ones(values.size, bool)
+    np.not_equal(values[1:], values[:-1], out=keep[1:])
+    return values[keep]
+
+
+def _subtrees(depths, walkers, trie, node_token, state_peak, state_cost, offset):
+    """The tokens at and below each depth-1 walker of `walkers` (see `_token_tables`' `walk`),
+    one chunk per depth: `(unit, token, order, peak, cost, sure)` per token, `unit` an index
+    into `walkers`, `order` the token's index in `trie.token_ids` (the walk's order: depth, then
+    node), `sure` where it is a bitmask token (no branch died, fewer than `MAX_LEVELS` pushes).
+    `state_peak`, `state_cost`: per walker state `s`, at index `s + offset`."""
+    unit = np.arange(walkers.size)
+    walker = walkers
+    for depth in range(1, len(depths)):
+        if not unit.size:
+            return
+        node_of, state_of, poison, edge_ptr, edge_child = depths[depth]
+        node = node_of[walker]
+        if node_token is not None:
+            tokens = node_token[node]
+            holder = np.flatnonzero(tokens >= 0)
+            tokens, order = tokens[holder], trie.token_ptr[node[holder]]
+        else:
+            holder, order = _ragged(trie.token_ptr, node)
+            tokens = trie.token_ids[order].astype(np.int32)
+        at = walker[holder]
+        state = state_of[at] + offset
+        peak = state_peak[state]
+        yield (
+            unit[holder],
+            tokens,
+            order,
+            peak,
+            state_cost[state],
+            ~poison[at] & (peak < MAX_LEVELS),
+        )
+        owner, edge = _ragged(edge_ptr, walker)
+        unit, walker = unit[owner], edge_child[edge]
+
+
+_DEPTH_FIRST: dict = {}
+
+
+def _depth_first(trie, vocabulary: TokenVocabulary):
+    """`(tokens, span)`: the trie's tokens in depth-first (byte-lexicographic) order, where the
+    tokens below each depth-1 node are contiguous: those starting with byte `b` are
+    `tokens[span[b]:span[b + 1]]`. Memoised per vocabulary fingerprint."""
+    hit = _DEPTH_FIRST.get(vocabulary.fingerprint)
+    if hit is None:
+        token_bytes = vocabulary.token_bytes
+        tokens = np.asarray(sorted(trie.token_ids.tolist(), key=token_bytes.__getitem__), np.int64)
+        first = np.fromiter((token_bytes[t][0] for t in tokens.tolist()), np.int64, tokens.size)
+        hit = _DEPTH_FIRST[vocabulary.fingerprint] = (
+            tokens,
+            np.searchsorted(first, np.arange(257)),
+        )
+    return hit
+
+
 def _token_tables(
     nxt,
     push,
@@ -584,7 +654,16 @@ def _token_tables(
 ):
     """Walk every token from every (position, top of stack) over the vocabulary's trie (see the
     module docstring, step 3). Returns `(masks, mask_row, candidates, candidate_bytes,
-    budget_cost)`."""
+    budget_cost)`.
+
+    The walk is breadth-first over *walkers*, the distinct (trie node, state, poisoned) that
+    some origin reaches, each walked once (`walk`); peak and cost are functions of the state,
+    and an origin whose walk branches holds a *set* state (the union of its members'
+    successors), so a walker's subtree is the same for every origin that reaches it. The
+    tables are then built per *class* of sources (origins reaching the same depth-1 walkers)
+    from each used depth-1 walker's subtree, filled once (`segments`), never as origin x token
+    arrays. The result is identical to the per-origin walk (`tests/structured/
+    pda_reference.py`, the oracle of the tests)."""
     num_positions = nxt.shape[0]
     vocab = vocabulary.vocab_size
     trie = token_trie(vocabulary)
@@ -596,13 +675,46 @@ def _token_tables(
     # start in use, the return position on top of the stack below the start or None once used).
     ext_ids: dict = {}
     ext_info: list = []
+    # Per extended state, as lists and (`columns`) arrays: its position; whether it pushed and
+    # returned nothing yet (`simple`); its peak; `distance[position] + sum(distance[pushed])`
+    # (its cost); the id of its (peak, top) pair in `peak_tops`.
+    ext_lists: tuple = ([], [], [], [], [])
+    ext_arrays = [np.zeros(0, np.int64) for _ in ext_lists]
+    peak_top_ids: dict = {}
+    peak_tops: list = []
 
     def intern(key) -> int:
         i = ext_ids.get(key)
         if i is None:
             i = ext_ids[key] = len(ext_info)
             ext_info.append(key)
+            pos, pushed, below, peak, top = key
+            pt = peak_top_ids.get((peak, top))
+            if pt is None:
+                pt = peak_top_ids[peak, top] = len(peak_tops)
+                peak_tops.append((peak, top))
+            ext_lists[0].append(pos)
+            ext_lists[1].append(not pushed and below == 0)
+            ext_lists[2].append(peak)
+            ext_lists[3].append(int(distance[pos]) + sum(int(distance[v]) for v in pushed))
+            ext_lists[4].append(pt)
         return i
+
+    def columns():
+        """`(position, simple, peak, cost, peak_top)` per extended state, as int64 arrays."""
+        done, total = filled[0], len(ext_info)
+        if done < total:
+            if total > ext_arrays[0].size:
+                size = max(total, 2 * ext_arrays[0].size)
+                for k, old in enumerate(ext_arrays):
+                    ext_arrays[k] = np.zeros(size, np.int64)
+                    ext_arrays[k][:done] = old[:done]
+            for k, values in enumerate(ext_lists):
+                ext_arrays[k][done:total] = values[done:total]
+            filled[0] = total
+        return ext_arrays
+
+    filled = [0]
 
     def successors(eid: int, byte: int):
         pos, pushed, below, peak, top = ext_info[eid]
@@ -626,7 +738,7 @@ def _token_tables(
                     returned = True
                     if first == _BOTTOM:
                         death = True
-                    else:
+                    elif first != _PENDING:
                         work.append((first, (), low - 1, None))
                 else:
                     returned = True
@@ -641,10 +753,9 @@ def _token_tables(
         return out, death, returned
 
     memo: dict = {}
-    info_cost: list = []  # distance[position] + sum(distance[pushed]) per extended state
 
     unknown, dead, several = -3, -1, -2
-    dense: dict = {}  # (peak, top) -> id of (position, (), 0, peak, top) per position, -1 if new
+    dense: dict = {}  # (peak, top) id -> id of (position, (), 0, peak, top) per position (-1: new)
     table = np.full((64, 256), unknown, np.int64)  # (extended state, byte) -> one successor
     table_returned = np.zeros((64, 256), bool)
 
@@ -658,15 +769,12 @@ def _token_tables(
         vals = table[e, b]
         missing = vals == unknown
         if missing.any():
-            keys = np.unique(e[missing] * 256 + b[missing])
+            keys = _unique(e[missing] * 256 + b[missing])
             # Vectorised: from a configuration that pushed and returned nothing yet, a byte
             # that is read without a call, or rejected (most pairs).
-            info = ext_info
             me, mb = keys // 256, keys % 256
-            simple = np.fromiter(
-                (not x[1] and x[2] == 0 for x in (info[i] for i in me.tolist())), bool, me.size
-            )
-            pos = np.fromiter((info[i][0] for i in me.tolist()), np.int64, me.size)
+            ext_pos, ext_simple, _, _, ext_peak_top = columns()
+            simple, pos = ext_simple[me] > 0, ext_pos[me]
             c = byte_class[mb]
             act = nxt[pos, c]
             plain = simple & (((act > 0) & (push[pos, c, 0] == 0)) | (act == 0))
@@ -674,17 +782,17 @@ def _token_tables(
             reads = np.flatnonzero(plain & (act > 0))
             if reads.size:
                 # the target keeps the source's (peak, top): one dense id array per such pair
-                group = {}
-                for i, src in zip(reads.tolist(), me[reads].tolist()):
-                    x = info[src]
-                    group.setdefault((x[3], x[4]), []).append(i)
-                for (peak, top), rows in group.items():
-                    ids = dense.get((peak, top))
+                pts = ext_peak_top[me[reads]]
+                by_pt = np.argsort(pts, kind="stable")
+                cuts = np.flatnonzero(np.diff(pts[by_pt])) + 1
+                for rows in np.split(reads[by_pt], cuts):
+                    pt = int(ext_peak_top[me[rows[0]]])
+                    peak, top = peak_tops[pt]
+                    ids = dense.get(pt)
                     if ids is None:
-                        ids = dense[peak, top] = np.full(num_positions, -1, np.int64)
-                    rows = np.asarray(rows)
+                        ids = dense[pt] = np.full(num_positions, -1, np.int64)
                     targets = act[rows]
-                    for t in np.unique(targets[ids[targets] < 0]).tolist():
+                    for t in _unique(targets[ids[targets] < 0]).tolist():
                         ids[t] = intern((t, (), 0, peak, top))
                     table[me[rows], mb[rows]] = ids[targets]
             if len(ext_info) > table.shape[0]:
@@ -705,149 +813,141 @@ def _token_tables(
             vals = table[e, b]
         return vals, table_returned[e, b]
 
-    info_peak: list = []  # the most slots in use above the start, per extended state
-    info_arrays = [np.zeros(0, np.int64), np.zeros(0, np.int64)]  # the two lists, as arrays
     token_count = np.diff(trie.token_ptr)
     node_token = None  # the token ending at each node (-1: none), when no node has two
     if token_count.max(initial=0) <= 1:
         node_token = np.full(num_nodes, -1, np.int32)
         node_token[token_count > 0] = trie.token_ids
 
-    def ends(origin, node, ext, inv2, poisoned, found):
-        """Record the tokens ending at the reached `(origin, node)` pairs."""
-        if len(info_cost) < len(ext_info):
-            while len(info_cost) < len(ext_info):
-                x = ext_info[len(info_cost)]
-                info_cost.append(int(distance[x[0]]) + sum(int(distance[v]) for v in x[1]))
-                info_peak.append(x[3])
-            info_arrays[:] = [np.asarray(info_cost, np.int64), np.asarray(info_peak, np.int64)]
-        cost, peak = info_arrays
-        if inv2 is None:
-            kpeak, kcost = peak[ext], cost[ext]
-        else:
-            kpeak = np.zeros(origin.size, np.int64)
-            np.maximum.at(kpeak, inv2, peak[ext])
-            kcost = np.zeros(origin.size, np.int64)
-            np.maximum.at(kcost, inv2, cost[ext])
-        if node_token is not None:
-            tokens = node_token[node]
-            holder = np.flatnonzero(tokens >= 0)
-            tokens = tokens[holder]
-        else:
-            holder, tindex = _ragged(trie.token_ptr, node)
-            tokens = trie.token_ids[tindex].astype(np.int32)
-        found[0].append(origin[holder].astype(np.int32))
-        found[1].append(tokens)
-        found[2].append(~poisoned[holder])
-        found[3].append(kpeak[holder].astype(np.int32))
-        found[4].append(kcost[holder].astype(np.int32))
+    # A walker is a distinct (trie node, state, poisoned) reached by some origin: `state` is an
+    # extended state id (>= 0) or a set of them (`-1 - index` into `sets`) where an origin's
+    # walk branched (its successors are the union of its members'). Peak and cost are functions
+    # of the state and the poison flag is inherited, so a walker's subtree is the same for
+    # every origin reaching it: it is walked once.
+    set_ids: dict = {}
+    sets: list = []  # member arrays (sorted extended state ids)
 
-    def merge(owner, child, key, e, b, vals, poisoned):
-        """The successors of entries whose origins branch (a successor set of several
-        extended states) or hold several entries per node: merged per (origin, node).
-        Returns `(origin, node, ext, poison, reached, first, inv2, duplicated origins)`."""
-        counts = np.zeros(vals.size, np.int64)
-        deaths = vals == dead
-        counts[vals >= 0] = 1
-        multi = np.flatnonzero(vals == several)
-        hits = [memo[int(k)] for k in (e[multi] * 256 + b[multi])]
-        counts[multi] = [len(h[0]) for h in hits]
-        deaths[multi] = [h[1] for h in hits]
-        flat_parts = np.zeros(int(counts.sum()), np.int64)
-        starts = np.cumsum(counts) - counts
-        single = np.flatnonzero(vals >= 0)
-        flat_parts[starts[single]] = vals[single]
-        for i, h in zip(multi, hits):
-            flat_parts[starts[i] : starts[i] + len(h[0])] = h[0]
-        died = deaths | poisoned
-        ukey, kinv = np.unique(key, return_inverse=True)
-        kinv = kinv.reshape(-1)
-        kpoison = np.bincount(kinv, weights=died, minlength=ukey.size) > 0
-        sel = np.repeat(np.arange(owner.size), counts)
-        num_ext = len(ext_info)
-        triples = np.unique(key[sel] * num_ext + flat_parts)
-        new_key, ext = triples // num_ext, triples % num_ext
-        origin, node = new_key // num_nodes, new_key % num_nodes
-        poison = kpoison[np.searchsorted(ukey, new_key)]
-        reached, first, inv2 = np.unique(new_key, return_index=True, return_inverse=True)
-        inv2 = inv2.reshape(-1)
-        repeated = np.zeros(new_key.size, bool)
-        repeated[1:] = new_key[1:] == new_key[:-1]
-        return origin, node, ext, poison, reached, first, inv2, origin[repeated]
+    def intern_set(members) -> int:
+        key = tuple(members)
+        if len(key) == 1:
+            return key[0]
+        i = set_ids.get(key)
+        if i is None:
+            i = set_ids[key] = len(sets)
+            sets.append(np.asarray(key, np.int64))
+        return -1 - i
 
-    def walk(start_ext, prune: bool = False):
-        """All tokens from each initial extended state: `(origin, token, sure, peak, cost)` per
-        accepted (origin, token), and which origins returned below their start. With `prune`,
-        an origin is no longer walked once it has returned (the caller drops its tokens).
-
-        Per origin, the tokens come in the order of the walk (depth, then trie node): the
-        candidates keep it. Origins whose entries all have one successor and one entry per
-        node (almost all) take a fast path; the others are merged per (origin, node)."""
-        num_origins = len(start_ext)
-        origin = np.arange(num_origins, dtype=np.int64)
-        ext = np.asarray(start_ext, np.int64)
-        node = np.zeros(origin.size, np.int64)
-        poison = np.zeros(origin.size, bool)
-        returned = np.zeros(num_origins, bool)
-        duplicated = np.zeros(num_origins, bool)  # several entries per (origin, node)
-        found = ([], [], [], [], [])
-        while origin.size:
-            owner, child = _ragged(trie.child_ptr, node)
-            if not owner.size:
-                break
-            e, b = ext[owner], trie.byte[child]
-            vals, below = lookup(e, b)
-            source = origin[owner]
-            returned[source[below]] = True
-            if prune:
-                live = ~returned[source]
-                if not live.all():
-                    owner, child, e, b = owner[live], child[live], e[live], b[live]
-                    vals, source = vals[live], source[live]
-            messy = duplicated.copy()
-            messy[source[vals == several]] = True
-            slow = messy[source]
-            parts = []
-            if not slow.all():
-                fast = ~slow if slow.any() else slice(None)
-                f_owner, f_child, f_vals = owner[fast], child[fast], vals[fast]
-                alive = f_vals >= 0
-                f_ext, f_node = f_vals[alive], f_child[alive]
-                f_origin = source[fast][alive]
-                f_poison = poison[f_owner][alive]
-                ends(f_origin, f_node, f_ext, None, f_poison, found)
-                parts.append((f_origin, f_node, f_ext, f_poison))
-            if slow.any():
-                s_owner = owner[slow]
-                s_origin, s_node, s_ext, s_poison, reached, first, inv2, dups = merge(
-                    s_owner,
-                    child[slow],
-                    source[slow] * num_nodes + child[slow],
-                    e[slow],
-                    b[slow],
-                    vals[slow],
-                    poison[s_owner],
-                )
-                ends(reached // num_nodes, reached % num_nodes, s_ext, inv2, s_poison[first], found)
-                duplicated[messy] = False
-                duplicated[dups] = True
-                parts.append((s_origin, s_node, s_ext, s_poison))
-            if not parts:  # every origin left returned (pruned)
-                break
-            if len(parts) == 1:
-                origin, node, ext, poison = parts[0]
-            else:
-                origin, node, ext, poison = (np.concatenate(x) for x in zip(*parts))
-        out = tuple(
-            np.concatenate(a) if a else np.zeros(0, dt)
-            for a, dt in zip(found, (np.int32, np.int32, bool, np.int32, np.int32))
+    def state_tables():
+        """`(peak, cost)` per state `s` at index `s + len(sets)` (a set's: its members' most)."""
+        _, _, peak, cost, _ = columns()
+        peak, cost = peak[: len(ext_info)], cost[: len(ext_info)]
+        set_peak = [int(peak[m].max()) for m in reversed(sets)]
+        set_cost = [int(cost[m].max()) for m in reversed(sets)]
+        return (
+            np.concatenate([np.asarray(set_peak, np.int64), peak]),
+            np.concatenate([np.asarray(set_cost, np.int64), cost]),
         )
-        return out, returned
+
+    def advance(owner, child, w_state):
+        """The successor of each (walker, child node) pair: `(state, gone, death, below)`,
+        `state` an extended state or a set (`intern_set`), `gone` where every branch died,
+        `death` where some branch died (the tokens below are not sure), `below` where the byte
+        returned below the start."""
+        e, b = w_state[owner], trie.byte[child]
+        single = e >= 0
+        vals = np.full(owner.size, dead, np.int64)
+        below = np.zeros(owner.size, bool)
+        if single.all():
+            vals, below = lookup(e, b)
+        elif single.any():
+            vals[single], below[single] = lookup(e[single], b[single])
+        death = np.zeros(owner.size, bool)
+        gone = vals == dead
+        odd = np.flatnonzero((vals == several) | ~single)
+        if odd.size:
+            # Walkers of sets, or whose state branches: merged one by one (rare).
+            for i in odd.tolist():
+                members = [int(e[i])] if single[i] else sets[-1 - int(e[i])].tolist()
+                out, die = set(), False
+                mv, mb = lookup(np.asarray(members, np.int64), np.full(len(members), b[i]))
+                below[i] = mb.any()
+                for m, v in zip(members, mv.tolist()):
+                    if v >= 0:
+                        out.add(v)
+                    elif v == dead:
+                        die = True
+                    else:
+                        hit = memo[m * 256 + int(b[i])]
+                        out.update(hit[0])
+                        die = die or hit[1]
+                if out:
+                    vals[i] = intern_set(sorted(out))
+                    gone[i] = False
+                    death[i] = die
+                else:
+                    gone[i] = True
+        return vals, gone, death, below
+
+    def walk(start_ext, prune: bool = False, keep_first=None, root_edges: bool = False):
+        """Walk the distinct walkers reached from the initial extended states depth by depth,
+        each once (`advance`). Returns `(depths, (lo, hi), returned)`: per depth the walkers'
+        `(node, state, poisoned, edge_ptr, edge_child)` (CSR edges to the next depth's
+        walkers, in trie order); per origin the range `lo:hi` of depth-0 edges to the depth-1
+        walkers it reaches; and which origins returned below their start. With `prune`,
+        walkers below one that returned are not walked (every origin reaching them returned:
+        the caller drops its tokens); with `root_edges` too, the roots' children are pruned one
+        by one (where that byte returned). `keep_first(state, node)`: which children of the
+        roots to walk. Also
+        returns whether each depth-1 walker returned or reaches one that did."""
+        start = np.asarray(start_ext, np.int64)
+        if not start.size:
+            empty = np.zeros(0, np.int64)
+            return [], (empty, empty), np.zeros(0, bool), np.zeros(0, bool)
+        roots, root_of = np.unique(start, return_inverse=True)
+        root_of = root_of.reshape(-1)
+        w_node = np.zeros(roots.size, np.int64)
+        w_state = roots
+        w_poison = np.zeros(roots.size, bool)
+        depths, flags = [], []
+        while w_node.size:
+            owner, child = _ragged(trie.child_ptr, w_node)
+            vals, gone, death, below = advance(owner, child, w_state)
+            returned = np.zeros(w_node.size, bool)
+            returned[owner[below]] = True
+            alive = ~gone
+            if prune:
+                alive &= ~(below if root_edges and not depths else returned[owner])
+            if keep_first is not None and not depths:
+                alive &= keep_first(w_state[owner], child)
+            owner, child, vals = owner[alive], child[alive], vals[alive]
+            poison = w_poison[owner] | death[alive]
+            key = ((vals + len(sets)) * num_nodes + child) * 2 + poison
+            order = np.argsort(key)
+            key = key[order]
+            new = np.ones(key.size, bool)
+            np.not_equal(key[1:], key[:-1], out=new[1:])
+            inverse = np.empty(key.size, np.int64)
+            inverse[order] = np.cumsum(new) - 1
+            first = order[new]
+            edge_ptr = np.zeros(w_node.size + 1, np.int64)
+            np.cumsum(np.bincount(owner, minlength=w_node.size), out=edge_ptr[1:])
+            depths.append((w_node, w_state, w_poison, edge_ptr, inverse))
+            flags.append(returned)
+            w_node, w_state, w_poison = child[first], vals[first], poison[first]
+        # An origin returned where a walker it reaches did.
+        reach = np.zeros(0, bool)
+        reach_first = reach
+        for (_, _, _, edge_ptr, edge_child), returned in zip(reversed(depths), reversed(flags)):
+            reach_first = reach
+            hits = np.concatenate([[0], np.cumsum(reach[edge_child])])
+            reach = returned | (hits[edge_ptr[1:]] > hits[edge_ptr[:-1]])
+        edge_ptr = depths[0][3]
+        return depths, (edge_ptr[root_of], edge_ptr[root_of + 1]), reach[root_of], reach_first
 
     # Pass 1: each position, whatever is on the stack. Tokens from a position that never
     # returns below its rule do not depend on the stack: their result holds for every slot.
     positions = np.arange(1, num_positions)
-    (o1, t1, s1, k1, c1), returned = walk(
+    depths1, (lo1, hi1), returned, _ = walk(
         [intern((int(p), (), 0, 0, None)) for p in positions], prune=True
     )
     # Pass 2: the positions that do return, once per slot (the top of the stack known).
@@ -858,10 +958,43 @@ def _token_tables(
     origin_slot = np.array([k for _, k, _ in pairs], np.int64)
     num_origins = len(pairs)
     again = [i for i, (p, _, _) in enumerate(pairs) if returned[p - 1]]
-    (o2, t2, s2, k2, c2), _ = walk([intern((pairs[i][0], (), 0, 0, pairs[i][2])) for i in again])
+    # The slots of a position share its walk until a token returns below it: walked once with
+    # the top of the stack pending (`_PENDING`), the depth-1 walkers below which no token
+    # returns are shared by every slot (`pending`); the other first bytes are walked per slot.
+    again_positions = np.flatnonzero(returned) + 1
+    depthsP, (loP, hiP), _, reachP = walk(
+        [intern((int(p), (), 0, 0, _PENDING)) for p in again_positions],
+        prune=True,
+        root_edges=True,
+    )
+    shared_key = np.zeros(0, np.int64)
+    if len(depthsP) > 1:
+        owner = np.repeat(np.arange(again_positions.size), hiP - loP)
+        edge = np.arange(owner.size) + np.repeat(
+            loP - (np.cumsum(hiP - loP) - (hiP - loP)), hiP - loP
+        )
+        unitP = depthsP[0][4][edge]
+        share = ~reachP[unitP]
+        shared_key = np.sort(
+            again_positions[owner[share]] * num_nodes + depthsP[1][0][unitP[share]]
+        )
+
+    def keep_first(state, node):
+        if not shared_key.size:
+            return np.ones(state.size, bool)
+        key = columns()[0][state] * num_nodes + node
+        at = np.minimum(np.searchsorted(shared_key, key), shared_key.size - 1)
+        return shared_key[at] != key
+
+    depths2, (lo2, hi2), _, _ = walk(
+        [intern((pairs[i][0], (), 0, 0, pairs[i][2])) for i in again], keep_first=keep_first
+    )
     # Each origin's tokens come from one *source*: its position's pass-1 walk when that never
-    # returned (shared by all its slots), else its own pass-2 walk. Tables are built per source
-    # and spread over the origins at the end.
+    # returned (shared by all its slots), else its own pass-2 walk and its position's shared
+    # pending walkers. A source's tokens are those of the depth-1 walkers (*units*) it reaches
+    # (disjoint subtrees of the trie), so sources reaching the same units are one *class*:
+    # tables are built per class and spread at the end. Units are numbered over the three
+    # walks (pass 1, pending, pass 2: `graphs`, from `base`).
     kept = np.flatnonzero(~returned)  # pass-1 sources (index into `positions`)
     first_source = np.full(positions.size, -1, np.int64)
     first_source[kept] = np.arange(kept.size)
@@ -870,50 +1003,141 @@ def _token_tables(
     fixed = ~returned[origin_position - 1]
     source_of[fixed] = first_source[origin_position[fixed] - 1]
     source_of[np.asarray(again, np.int64)] = kept.size + np.arange(len(again))
-    keep = ~returned[o1]
-    f_origin = np.concatenate([first_source[o1[keep]], kept.size + o2])
-    f_token = np.concatenate([t1[keep], t2])
-    f_sure = np.concatenate([s1[keep], s2])
-    f_peak = np.concatenate([k1[keep], k2])
-    f_cost = np.concatenate([c1[keep], c2])
-    sure = f_sure & (f_peak < MAX_LEVELS)
-    costliest = np.zeros(num_sources, np.int32)  # the found arrays' dtype: ufunc.at's fast path
-    np.maximum.at(costliest, f_origin[sure], f_cost[sure])
-    budget_cost = np.zeros((num_positions, num_slots), np.int32)
-    budget_cost[origin_position, origin_slot] = costliest[source_of]
-    levels = int(f_peak[sure].max(initial=0)) + 1
+    graphs = (depths1, depthsP, depths2)
+    sizes = [d[1][0].size if len(d) > 1 else 0 for d in graphs]
+    base = np.cumsum([0] + sizes)
+    empty = np.zeros(0, np.int64)
+    units_of = []
+    edges1 = depths1[0][4] if depths1 else empty
+    for k in kept.tolist():
+        units_of.append(edges1[lo1[k] : hi1[k]])
+    shared_of: dict = {}
+    if depthsP:
+        for j, p in enumerate(again_positions.tolist()):
+            walkers = depthsP[0][4][loP[j] : hiP[j]]
+            shared_of[p] = walkers[~reachP[walkers]] + base[1]
+    edges2 = depths2[0][4] if depths2 else empty
+    for n, i in enumerate(again):
+        own = edges2[lo2[n] : hi2[n]] + base[2]
+        units_of.append(np.sort(np.concatenate([shared_of.get(pairs[i][0], empty), own])))
+    classes: dict = {}
+    class_of = np.empty(num_sources, np.int64)
+    class_units = []
+    for i, units in enumerate(units_of):
+        key = units.tobytes()
+        c = classes.get(key)
+        if c is None:
+            c = classes[key] = len(class_units)
+            class_units.append(units)
+        class_of[i] = c
+    num_classes = len(classes)
+    # (class, unit) pairs; `used`: the units some class reaches
+    pair_class = np.repeat(np.arange(num_classes), [u.size for u in class_units])
+    pair_unit = np.concatenate(class_units) if class_units else empty
+    used, pair_used = np.unique(pair_unit, return_inverse=True)
+    pair_used = pair_used.reshape(-1)
+    graph_of = np.searchsorted(base, used, side="right") - 1
+    unit_node = np.empty(used.size, np.int64)
+    for g, d in enumerate(graphs):
+        here = graph_of == g
+        if here.any():
+            unit_node[here] = d[1][0][used[here] - base[g]]
     words = (vocab + 31) // 32
-    # The level from which each (source, token) is in the bitmask (`levels`: never); a token
-    # is reached once per source, so plain assignment is exact.
-    level_of = np.full((num_sources, words * 32), levels, np.uint8)
-    level_of[f_origin[sure], f_token[sure]] = f_peak[sure]
-    changes = np.zeros((num_sources, levels), bool)  # a token joins the bitmask at this level
-    changes[f_origin[sure], f_peak[sure]] = True
-    changes[:, 0] = True
-    distinct: dict = {}  # packed row bytes -> index among distinct rows
-    distinct_rows = []
-    source_rows = np.empty((num_sources, levels), np.int64)
-    chunk = max(1, (1 << 26) // (words * 32))  # bounded temporaries
-    for start in range(0, num_sources, chunk):
-        block = level_of[start : start + chunk]
+    # The level from which each (class, token) is in the bitmask (never: above every level),
+    # built in the trie's depth-first token order, where the tokens below a depth-1 walker
+    # (one first byte) are a contiguous range: each used walker's range is filled once
+    # (`segments`: per first byte a block of rows, one per walker, plus a last row of "never"
+    # for the classes that reach no walker with that byte), and a class's row is its walkers'
+    # ranges side by side.
+    dfs, span = _depth_first(trie, vocabulary)
+    dfs_pos = np.zeros(vocab, np.int64)
+    dfs_pos[dfs] = np.arange(dfs.size)
+    unit_byte = trie.byte[unit_node]
+    per_byte = np.bincount(unit_byte, minlength=256)
+    unit_rank = np.empty(used.size, np.int64)
+    by_byte = np.argsort(unit_byte, kind="stable")
+    unit_rank[by_byte] = np.arange(used.size) - np.repeat(np.cumsum(per_byte) - per_byte, per_byte)
+    width_of = np.diff(span)
+    block_size = (per_byte + 1) * width_of
+    block_start = np.cumsum(block_size) - block_size
+    never = np.iinfo(np.uint8).max
+    segments = np.full(int(block_size.sum()), never, np.uint8)
+    unit_cost = np.zeros(used.size, np.int64)  # the costliest bitmask token below each walker
+    unit_levels = np.zeros(used.size, np.int64)  # the levels of its bitmask tokens, as bits
+    odd = ([], [], [])  # (walker, token, order) of the candidates
+    state_peak, state_cost = state_tables()
+    for g, depths in enumerate(graphs):
+        index = np.flatnonzero(graph_of == g)
+        if not index.size:
+            continue
+        walkers = used[index] - base[g]
+        for unit, tokens, order, peak, cost, sure in _subtrees(
+            depths, walkers, trie, node_token, state_peak, state_cost, len(sets)
+        ):
+            unit = index[unit]
+            u, p = unit[sure], peak[sure]
+            b = unit_byte[u]
+            segments[
+                block_start[b] + unit_rank[u] * width_of[b] + dfs_pos[tokens[sure]] - span[b]
+            ] = p
+            np.maximum.at(unit_cost, u, cost[sure])
+            np.bitwise_or.at(unit_levels, u, np.left_shift(1, p))
+            odd[0].append(unit[~sure])
+            odd[1].append(tokens[~sure])
+            odd[2].append(order[~sure])
+    levels = max(1, int(np.bitwise_or.reduce(unit_levels, initial=0)).bit_length())
+    # Per class: the costliest bitmask token.
+    costliest = np.zeros(num_classes, np.int64)
+    np.maximum.at(costliest, pair_class, unit_cost[pair_used])
+    budget_cost = np.zeros((num_positions, num_slots), np.int32)
+    budget_cost[origin_position, origin_slot] = costliest[class_of[source_of]]
+    # The bitmask row of (class, level) holds the tokens of level <= `level`: per first byte,
+    # the range of the class's walker with that byte (`class_rank`, the "never" row if none).
+    # Two rows are equal exactly when their ranges are, byte for byte, so the ranges are
+    # deduplicated per byte (`signature`: per class, level and byte, the id of its range among
+    # the distinct ranges of that byte, `pieces`) and each distinct (class, level) row is built once.
+    class_rank = np.broadcast_to(per_byte, (num_classes, 256)).copy()
+    class_rank[pair_class, unit_byte[pair_used]] = unit_rank[pair_used]
+    bytes_used = np.flatnonzero(width_of)
+    signature = np.zeros((num_classes, levels, 256), np.int32)
+    pieces: list = []  # per distinct range: (byte, row of its block, level)
+    for byte in bytes_used.tolist():
+        block = segments[block_start[byte] : block_start[byte] + block_size[byte]]
+        block = block.reshape(-1, width_of[byte])
+        seen: dict = {}
         for level in range(levels):
-            if level:  # unchanged rows repeat the level below
-                source_rows[start : start + block.shape[0], level] = source_rows[
-                    start : start + block.shape[0], level - 1
-                ]
-            pick = np.flatnonzero(changes[start : start + block.shape[0], level])
-            packed = np.packbits(block[pick] <= level, axis=1, bitorder="little").view(np.uint32)
-            for i, row in zip(pick.tolist(), packed):
+            packed = np.packbits(block <= level, axis=1)
+            ids = np.empty(block.shape[0], np.int64)
+            for i, row in enumerate(packed):
                 key = row.tobytes()
-                j = distinct.get(key)
+                j = seen.get(key)
                 if j is None:
-                    j = distinct[key] = len(distinct_rows)
-                    distinct_rows.append(row)
-                source_rows[start + i, level] = j
-    masks, order_rows = np.unique(
-        np.stack(distinct_rows).reshape(-1, words), axis=0, return_inverse=True
-    )
-    rows = order_rows.reshape(-1)[source_rows][source_of]
+                    j = seen[key] = len(pieces)
+                    pieces.append((byte, i, level))
+                ids[i] = j
+            signature[:, level, byte] = ids[class_rank[:, byte]]
+    distinct, class_rows = np.unique(signature.reshape(-1, 256), axis=0, return_inverse=True)
+    class_rows = class_rows.reshape(num_classes, levels)
+    # The distinct rows, depth-first order, then in token order (in chunks: bounded memory).
+    column = np.full(words * 32, dfs.size, np.int64)  # non-trie tokens: a last column of zeros
+    column[dfs] = np.arange(dfs.size)
+    packed = np.zeros((distinct.shape[0], words * 4), np.uint8)
+    chunk = max(1, (1 << 26) // (dfs.size + 1))
+    for start in range(0, distinct.shape[0], chunk):
+        part = distinct[start : start + chunk]
+        bits = np.zeros((part.shape[0], dfs.size + 1), np.uint8)
+        for byte in bytes_used.tolist():
+            block = segments[block_start[byte] : block_start[byte] + block_size[byte]]
+            block = block.reshape(-1, width_of[byte])
+            which = [pieces[j] for j in part[:, byte].tolist()]
+            rows_b = block[[i for _, i, _ in which]]
+            bits[:, span[byte] : span[byte + 1]] = (
+                rows_b <= np.array([lv for _, _, lv in which])[:, None]
+            )
+        packed[start : start + chunk] = np.packbits(bits[:, column], axis=1, bitorder="little")
+    packed = packed.view(np.uint32)
+    masks, order_rows = np.unique(packed.reshape(-1, words), axis=0, return_inverse=True)
+    rows = order_rows.reshape(-1)[class_rows][class_of[source_of]]
     empty = np.flatnonzero(~masks.any(axis=1))
     mask_row = np.full((num_positions, num_slots, levels), empty[0] if empty.size else 0, np.int64)
     if not empty.size:  # no all-zero row yet: add one for the dead position and unused slots
@@ -921,16 +1145,24 @@ def _token_tables(
         mask_row[:] = masks.shape[0] - 1
     mask_row[origin_position, origin_slot] = rows
 
-    cand_source, cand_token = f_origin[~sure], f_token[~sure]
-    per_source = np.bincount(cand_source, minlength=num_sources)
-    width = _bucket(int(per_source.max(initial=0)), 8)
-    source_candidates = np.full((num_sources, width), vocab, np.int32)
-    order = np.argsort(cand_source, kind="stable")
-    cand_source, cand_token = cand_source[order], cand_token[order]
-    slot = np.arange(cand_source.size) - (np.cumsum(per_source) - per_source)[cand_source]
-    source_candidates[cand_source, slot] = cand_token
+    # Candidates: per class in the walk's order (depth, trie node).
+    by_unit = np.argsort(pair_used, kind="stable")
+    unit_ptr = np.searchsorted(pair_used[by_unit], np.arange(used.size + 1))
+    odd_unit, odd_token, odd_order = (
+        np.concatenate(x) if x else np.zeros(0, dt)
+        for x, dt in zip(odd, (np.int64, np.int32, np.int64))
+    )
+    held, k = _ragged(unit_ptr, odd_unit)
+    cand_class, cand_token = pair_class[by_unit][k], odd_token[held]
+    cand_order = np.lexsort((odd_order[held], cand_class))
+    cand_class, cand_token = cand_class[cand_order], cand_token[cand_order]
+    per_class = np.bincount(cand_class, minlength=num_classes)
+    width = _bucket(int(per_class.max(initial=0)), 8)
+    class_candidates = np.full((num_classes, width), vocab, np.int32)
+    slot = np.arange(cand_class.size) - (np.cumsum(per_class) - per_class)[cand_class]
+    class_candidates[cand_class, slot] = cand_token
     candidates = np.full((num_positions, num_slots, width), vocab, np.int32)
-    candidates[origin_position, origin_slot] = source_candidates[source_of]
+    candidates[origin_position, origin_slot] = class_candidates[class_of[source_of]]
     lengths = vocabulary.token_length
     candidate_bytes = int(lengths[cand_token].max(initial=1))
     return (
