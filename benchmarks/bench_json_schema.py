@@ -392,6 +392,12 @@ def main(argv=None) -> None:
         help="free-form values through the pushdown automaton (JsonSchema(free_form_depth=None))",
     )
     parser.add_argument(
+        "--free-form-depth",
+        type=int,
+        help="JsonSchema(free_form_depth=N): free-form values nested at most N levels (default: "
+        "the library's)",
+    )
+    parser.add_argument(
         "--single-regex",
         action="store_true",
         help="one regex per schema, never the grammar form (json_schema_automaton)",
@@ -412,6 +418,8 @@ def main(argv=None) -> None:
         options["closed_objects"] = True
     if args.pushdown:
         options["pushdown"] = True
+    if args.free_form_depth is not None:
+        options["free_form_depth"] = args.free_form_depth
     if args.single_regex:
         options["single_regex"] = True
     print(
