@@ -40,6 +40,24 @@ other developers' jobs at a load average of about 10, so compile times are infla
 | compile speed-ups: `\\x01` prefix for outlines-core, one scipy `trim`, one-gather Moore rounds | 93/120 (78%) | 1 | 77 / 968 / 7,904 | 125/129 | 240/240 |
 | faster pushdown token tables, `_MAX_GRAMMAR_POSITIONS` 3,000 (00:07 UTC 2026-11-23; 10 still over the limit) | 97/120 (81%) | 1 | 102 / 1,543 / 19,364 | 132/137 | 257/257 |
 | all of this session's branches merged (329f68e, other jobs paused, 00:12 UTC 2026-11-23) | 97/120 (81%) | 1 | 86 / 1,302 / 13,943 | 132/137 | 257/257 |
+| same tree re-run at the start of the next session (01:20 UTC 2026-11-23, quiet) | 97/120 (81%) | 1 | 64 / 1,157 / 13,474 | 132/137 | 257/257 |
+| shared trie walks (tables 3-11x faster, limit 10,000 positions), linear object regexes, shared tails and shared subschemas (from 150 characters) as rules, pattern/format + lengths, decimal bounds (61e473e, 02:40 UTC, quiet) | **110/120 (92%)** | 1 | **88** / 2,252 / 6,031 | 142/151 | 278/278 |
+| same, `--free-form-depth 2` | 110/120 (92%) | 1 | 146 / 2,956 / 6,257 | 145/151 | 278/278 |
+| same, `--pushdown` (`free_form_depth=None`) | 109/120 (91%) | 1 | 434 / 2,530 / 6,316 | 147/151 | 278/278 |
+
+In the last three runs every valid instance rejected beyond the free-form depth is one whose
+properties come in another order than the schema's `properties` (o6084, o69474: 2 each): the
+documented departure from JSON Schema (llguidance's too). The timeout is o82710: a string with
+`maxLength: 5000` among 15 optional properties of an open object (a 12,043-character regex whose
+DFA has 105,420 states, 5.8 s in outlines-core alone, then the token tables); a counter that
+large would be a grammar-form rule of its own, not planned yet (`_plan_rules` sizes markers by
+regex characters, and a plain length-bounded string is not a marker).
+
+Every split of the file, 6 schemas each (`--all --limit 6`, 126 schemas, same tree, 02:40 UTC):
+98/126 (78%), 2 timeouts (o82710 above; Snowplow sp_12), p50 / p90 / p99 39 / 601 / 6,787 ms,
+valid 107/112, invalid 121/121. The BFCL, JME splits compile 6/6; Handwritten and Synthesized
+0/6 each: `not` (7 schemas, mostly Synthesized's `{"not": ...}` wrappers of the JSON Schema test
+suite), `if`, `contains`, `dependentSchemas`, and `oneOf` combined with another `oneOf`.
 
 On the 91 schemas both of the last two runs compiled: p50 / p90 / p99 153 / 4,164 / 12,335 ms
 before, 75 / 948 / 5,813 after (median per-schema ratio 0.62); every automaton is the same up to
