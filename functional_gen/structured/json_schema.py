@@ -2278,8 +2278,11 @@ def json_schema_compile(
     automaton of the schema's single regex (`json_schema_automaton`: smaller and faster) while
     that regex has at most `_GRAMMAR_REGEX` characters (with the automata of length-bounded
     strings that no compact regex writes spliced in, `_spliced_dfa`), else the grammar form
-    (`json_schema_grammar`, a `PushdownAutomaton`). With `free_form_depth=None`, the pushdown
-    automaton of `json_schema_pushdown` when the schema has free-form values.
+    (`json_schema_grammar`, a `PushdownAutomaton`), whose free-form values nest as deep as the
+    stack unless `free_form_depth=0` (a call of its JSON value rule, where that stays
+    deterministic; else nested `free_form_depth` levels as in the regex). With
+    `free_form_depth=None`, the pushdown automaton of `json_schema_pushdown` when the schema has
+    free-form values.
 
     **Arguments:** `schema`, `vocabulary`; `cache`: use the caches (the token automaton's
     memory and disk caches; the grammar form is memoised in memory only, and `False` empties
@@ -2305,6 +2308,20 @@ def json_schema_compile(
     except _RegexTooLarge:
         if not cache:
             _PUSHDOWN_CACHE.clear()
+        if free:
+            # The grammar form is a pushdown automaton already: its free-form values are a call
+            # of the JSON value rule, nested as deep as the stack, at no cost over depth 1
+            # (15 MaskBench grammar forms: positions -54 each, compile times within noise;
+            # Kubernetes kb_972's valid instance with a deeper value accepted).
+            try:
+                return json_schema_grammar(
+                    schema,
+                    vocabulary,
+                    stack_depth=stack_depth,
+                    **{**options, "free_form_depth": None},
+                )
+            except NotDeterministic:  # a free-form value where other text may also start
+                pass
         return json_schema_grammar(
             schema, vocabulary, stack_depth=stack_depth, _rewritten=(rewriter, regex), **options
         )
@@ -2372,8 +2389,10 @@ class JsonSchema(AbstractConstraint):
     - `free_form_depth`: how deep free-form values (`{}`, additional properties of open
       objects, arrays without `items`) nest (default 1, in the token automaton). `None`: as
       deep as the stack of a pushdown automaton allows (`json_schema_pushdown`), when the schema
-      has such values and one can be built (otherwise depth 1, with a warning). The pushdown
-      form does not look at `max_new_tokens`: a row may end with `"length"` inside a value.
+      has such values and one can be built (otherwise depth 1, with a warning). The grammar
+      form below, a pushdown automaton anyway, nests them as deep as the stack for any depth but
+      0. The pushdown form does not look at `max_new_tokens`: a row may end with `"length"`
+      inside a value.
     - `stack_depth`: stack slots of the pushdown automaton (default 32).
 
     The automaton is chosen automatically (`json_schema_compile`): a single schema whose regex

@@ -336,3 +336,53 @@ def _walk_rules(automata, rule, data, start=0):
 
     ends = run(rule, automata[rule][0].initial, start)
     return max(ends) if ends else None
+
+
+FREE_FORM = {
+    "type": "object",
+    "properties": {
+        "id": {"type": "integer"},
+        "meta": {},
+        "tags": {"type": "array"},
+    },
+    "required": ["id"],
+    "additionalProperties": False,
+}
+"""Free-form values: `meta` is any JSON value, `tags` an array of any values. (Closed: a mutated
+key would otherwise be an additional property out of the schema's order, which the automaton
+rejects by design.)"""
+
+
+def _nested(rng, depth: int):
+    """A JSON value nested `depth` levels (arrays and objects alternate)."""
+    if depth == 0:
+        return [1, "x", None, True, -2.5][int(rng.integers(5))]
+    inner = _nested(rng, depth - 1)
+    return [inner, 0] if depth % 2 else {"k": inner}
+
+
+def test_grammar_form_nests_free_form_values_as_deep_as_the_stack(small_rules):
+    automaton = js.json_schema_compile(FREE_FORM, BYTES)  # default free_form_depth (1)
+    assert isinstance(automaton, PushdownAutomaton)
+    assert "value" in automaton.rule_names  # free-form values call the JSON value rule
+    rng = np.random.default_rng(2)
+    documents = []
+    for _ in range(120):
+        doc = {"id": int(rng.integers(-5, 50))}
+        depth = int(rng.integers(0, 7))  # up to 6 levels: deeper than the regex form's 1
+        if rng.random() < 0.6:
+            doc["meta"] = _nested(rng, depth)
+        if rng.random() < 0.4:
+            doc["tags"] = [_nested(rng, int(rng.integers(0, 4)))]
+        if rng.random() < 0.1:
+            doc["id"] = "not a number"
+        documents.append(doc)
+    counts = _check_against_jsonschema(automaton, FREE_FORM, documents, rng)
+    assert counts[True] > 100 and counts[False] > 20, counts
+    deep = json.dumps({"id": 1, "meta": _nested(rng, 6)}, separators=(",", ":")).encode()
+    assert automaton.accepts(deep)
+    # depth 0 keeps its meaning in the grammar form: free-form values are scalars only
+    js._PUSHDOWN_CACHE.clear()
+    scalars = js.json_schema_compile(FREE_FORM, BYTES, free_form_depth=0)
+    assert not scalars.accepts(deep)
+    assert scalars.accepts(b'{"id":1,"meta":"x"}')
