@@ -10,7 +10,7 @@ offset as RFC 3339's `full-time` requires, lower- or upper-case UUIDs with the d
 Each value is the body of the JSON string, without the quotes; all of them are plain ASCII that
 JSON needs no escape for.
 
-Sources: RFC 3986 (URI), RFC 4291 §2.2 (IPv6 text forms), RFC 1123 (hostnames), ISO 8601 /
+Sources: RFC 3986 (URI), RFC 6570 (URI template), RFC 4291 §2.2 (IPv6 text forms), RFC 1123 (hostnames), ISO 8601 /
 JSON Schema 2020-12 Appendix A (duration), RFC 4648 (base64), RFC 3339 §5.6 (`full-date`, `full-time`, `date-time`), RFC 4122 (UUID), the
 `jsonschema` package's `FormatChecker`, Python's `datetime.date.fromisoformat`.
 """
@@ -49,6 +49,12 @@ _URI_TAIL = rf"(?:{_PCHAR}|/)*(?:\?(?:{_PCHAR}|[/?])*)?(?:#(?:{_PCHAR}|[/?])*)?"
 URI = rf"[a-zA-Z][a-zA-Z0-9+.-]*:{_URI_TAIL}"
 URI_REFERENCE = rf"(?:[a-zA-Z][a-zA-Z0-9+.-]*:)?{_URI_TAIL}"
 BYTE = r"(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?"
+_VARNAME = r"[A-Za-z0-9_](?:\.?[A-Za-z0-9_])*"
+_VARSPEC = rf"{_VARNAME}(?::[1-9][0-9]{{0,2}}|\*)?"
+URI_TEMPLATE = (
+    r"(?:[A-Za-z0-9._~!$&()*+,;=:@/?#\[\]-]|%[0-9A-Fa-f]{2}"  # literals
+    rf"|\{{[+#./;?&]?{_VARSPEC}(?:,{_VARSPEC})*\}})*"  # expressions
+)
 _DURATION_TIME = r"T(?:[0-9]+H(?:[0-9]+M(?:[0-9]+S)?)?|[0-9]+M(?:[0-9]+S)?|[0-9]+S)"
 DURATION = (
     rf"P(?:(?:[0-9]+D|[0-9]+M(?:[0-9]+D)?|[0-9]+Y(?:[0-9]+M(?:[0-9]+D)?)?)(?:{_DURATION_TIME})?"
@@ -70,6 +76,7 @@ FORMATS = {
     "uri-reference": URI_REFERENCE,
     "byte": BYTE,
     "duration": DURATION,
+    "uri-template": URI_TEMPLATE,
     "regex": ANY_STRING,
 }
 """The supported `format` values and the regex of each (the JSON string's body). `byte` is
@@ -77,7 +84,10 @@ OpenAPI's base64 (RFC 4648 §4, padded); `regex` is any string (not checked to b
 ECMA-262 regex); `uri`/`uri-reference` follow RFC 3986's character set and component order
 (`scheme:path?query#fragment`) without checking the authority's structure; `hostname` has at
 most four labels so that it stays under 253 characters (RFC 1123); `ipv6` has no embedded IPv4
-form."""
+form; `uri-template` is RFC 6570's level-4 syntax (literals from RFC 3986's unreserved and
+reserved characters or percent-encoded, expressions with an operator out of `+#./;?&` and
+variables with a prefix of 1-999 characters or an explode `*`; the `uri_template` package that
+`jsonschema` checks with refuses 4-digit prefixes)."""
 
 SPEC_FORMATS = frozenset(
     {

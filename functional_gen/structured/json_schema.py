@@ -8,7 +8,7 @@ nodes, our own regexes where outlines-core's would let invalid documents through
 | keyword | outlines-core alone | here |
 |---|---|---|
 | integer/number `minimum`, `maximum`, `exclusive*` | ignored | exact range regex (`ranges`), decimal bounds too (`minimum: 0.5`) |
-| string `format` | loose (`2023-02-31`, `\\d`), few formats | strict regexes (`formats`): date, time, date-time, email, uuid, ipv4, ipv6, hostname, uri, uri-reference, byte, duration, regex |
+| string `format` | loose (`2023-02-31`, `\\d`), few formats | strict regexes (`formats`): date, time, date-time, email, uuid, ipv4, ipv6, hostname, uri, uri-reference, uri-template, byte, duration, regex |
 | string `pattern` | copied between quotes: `.` can write a raw `"` | JSON-escaped translation, searched as in ECMA-262 (`patterns`), intersected exactly with `minLength`/`maxLength` (below) |
 | `type: [..]` with per-type keywords | keywords of the other types lost | split into `anyOf` |
 | `allOf` | regexes concatenated: invalid JSON | merged into one schema |

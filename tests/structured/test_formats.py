@@ -56,3 +56,24 @@ def test_uuid_email_ipv4():
         except ValueError:
             valid = False
         assert bool(re.fullmatch(IPV4, text)) == valid, text
+
+
+def test_uri_template_matches_only_templates_the_reference_package_accepts():
+    import uri_template  # what jsonschema's format checker uses for "uri-template"
+
+    from functional_gen.structured.formats import URI_TEMPLATE
+
+    pattern = re.compile(URI_TEMPLATE)
+    accepted = ["", "http://example.com/{id}", "/a{/path*}{?q,lang:2}{&x}", "{+base}{#frag}"]
+    accepted += ["{a.b,c_1:999}", "%41{.x}{;y*}", "http://h/[::1]/{x}"]
+    refused = ["x{", "{", "}", "{}", "{=a}", "{a:0}", "{a:1000}", "{a b}", "{.a..b}", "a b"]
+    for text in accepted:
+        assert pattern.fullmatch(text) and uri_template.validate(text), text
+    for text in refused:
+        assert not pattern.fullmatch(text), text
+    rng = random.Random(0)  # random templates built from the grammar's pieces
+    pieces = ["a", "/", "?", "%2F", "{x}", "{+x,y}", "{#x:3}", "{/x*}", "{", "}", "{x:}", "{&x.y}"]
+    for _ in range(2000):
+        text = "".join(rng.choice(pieces) for _ in range(rng.randrange(6)))
+        if pattern.fullmatch(text):
+            assert uri_template.validate(text), text

@@ -307,6 +307,7 @@ def test_unanchored_pattern_is_searched():
         ("hostname", lambda v: len(v) <= 253 and all(0 < len(p) <= 63 for p in v.split("."))),
         ("uri", lambda v: __import__("urllib.parse").parse.urlsplit(v).scheme or 1 / 0),
         ("duration", lambda v: re_duration(v)),
+        ("uri-template", lambda v: __import__("uri_template").validate(v) or 1 / 0),
     ],
 )
 def test_new_formats_generate_valid_values(vocabulary, fmt, check):
