@@ -14,7 +14,8 @@ nodes, our own regexes where outlines-core's would let invalid documents through
 | `allOf` | regexes concatenated: invalid JSON | merged into one schema |
 | `oneOf` | treated as `anyOf` | `anyOf` when the branches are provably disjoint (as llguidance) |
 | objects | closed: no property beyond `properties` | open unless `additionalProperties: false` (JSON Schema's default; `closed_objects=True` closes them); `patternProperties`, `propertyNames`, `minProperties`/`maxProperties`, `required` names without a schema (any value) |
-| free-form values (`{}`) | nested 3 levels, a 14,000-character regex that takes minutes to compile | nested `free_form_depth` levels (default 1) |
+| free-form values (`{}`) | nested 3 levels, a 14,000-character regex that takes minutes to compile | nested `free_form_depth` levels (default 1); as deep as the stack in the grammar form |
+| `enum`/`const` at the top (or in a top-level `allOf` branch) beside other keywords | the other keywords' regexes joined | the enum of the listed values `jsonschema` accepts under the whole schema (`not`, `if`, `contains`, ... exact on them) |
 | recursive `$ref` at the depth bound | property dropped, dangling `,` | inlined here; the bottom value left out |
 
 A rewritten node is replaced by a `const` marker string; after outlines-core has built the
@@ -243,6 +244,42 @@ def check_schema(schema) -> None:
         raise InvalidSchemaError(where, e.message[:300]) from None
     except jsonschema.exceptions.UnknownType as e:  # pragma: no cover - defensive
         raise InvalidSchemaError("#", str(e)) from None
+
+
+_ANNOTATIONS = frozenset({"$schema", "$id", "id", "title", "description", "$comment", "examples"})
+
+
+def _listed_values(schema):
+    """A schema that lists its values (`enum` or `const` at the top, or in a branch of a
+    top-level `allOf`) beside other keywords: `{"enum": [the listed values the whole schema
+    accepts]}`, each value judged by `jsonschema` (the schema's own draft, formats asserted as
+    this module asserts them), so that every keyword is exact on a finite set of values, those
+    a regex cannot enforce (`not`, `if`, `contains`, `uniqueItems`, ...) included. The MaskBench
+    `Synthesized` split is made of such schemas (`allOf` of a one-value `enum` and a test of the
+    JSON Schema test suite). Any other schema, or one whose values `jsonschema` cannot judge
+    (an external `$ref`), is returned unchanged."""
+    if not isinstance(schema, Mapping):
+        return schema
+    lists = []
+    for branch in (
+        [schema, *schema.get("allOf", [])] if isinstance(schema.get("allOf"), list) else [schema]
+    ):
+        if isinstance(branch, Mapping):
+            if "const" in branch:
+                lists.append([branch["const"]])
+            elif isinstance(branch.get("enum"), list):
+                lists.append(branch["enum"])
+    if not lists or set(schema) - _ANNOTATIONS <= {"enum", "const"}:
+        return schema  # nothing listed, or nothing beside the list
+    import jsonschema
+
+    cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+    validator = cls(schema, format_checker=cls.FORMAT_CHECKER)
+    try:
+        kept = [value for value in min(lists, key=len) if validator.is_valid(value)]
+    except Exception:  # e.g. referencing's `Unresolvable` (an external `$ref`): the rewriter
+        return schema  # then refuses or compiles the schema as it would without a list
+    return {"enum": kept}
 
 
 def schema_as_dict(schema) -> dict:
@@ -1638,6 +1675,7 @@ def _rewrite(
         )
     schema = schema_as_dict(schema)
     check_schema(schema)
+    schema = _listed_values(schema)
     root = inline_references(schema, max_recursion_depth)
     if free_form_depth is not _CALL and (
         isinstance(free_form_depth, bool)

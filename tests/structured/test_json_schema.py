@@ -554,3 +554,33 @@ def test_many_optional_members_give_a_linear_regex_within_the_nesting_limit():
         regex, ",".join(f'"p{i}":{i % 10}' for i in range(0, 600, 5))
     )  # 300 is a multiple of 5
     assert not re.fullmatch(regex, '"p0":1,"p599":3')  # the required one is missing
+
+
+def test_listed_values_are_judged_by_jsonschema_whatever_else_the_schema_says():
+    import re
+
+    import jsonschema
+
+    # `not`, `uniqueItems` and `if`/`then` are not regular in general, but on a listed set of
+    # values each one is decided by jsonschema: the schema becomes the enum of the values kept.
+    schema = {
+        "allOf": [
+            {"enum": [[1, 2, 3], [1, 1], "x", {"a": 1}, {"a": "y"}, 7]},
+            {"not": {"type": "string"}},
+            {"uniqueItems": True},
+            {"if": {"type": "object"}, "then": {"properties": {"a": {"type": "integer"}}}},
+        ]
+    }
+    regex = re.compile(json_schema_regex(schema))
+    validator = jsonschema.Draft202012Validator(schema)
+    candidates = [[1, 2, 3], [1, 1], "x", {"a": 1}, {"a": "y"}, 7, 8, [1, 2], {"a": 2}, None]
+    for value in candidates:
+        text = json.dumps(value, separators=(",", ":"))
+        assert bool(regex.fullmatch(text)) == validator.is_valid(value), text
+    assert sum(validator.is_valid(v) for v in candidates) == 3  # [1, 2, 3], {"a": 1}, 7
+    # a `const` beside a keyword that fails it leaves nothing: refused, not silently accepted
+    with pytest.raises(UnsupportedSchemaError, match="no JSON value"):
+        json_schema_regex({"const": "abc", "not": {"type": "string"}})
+    # without a list, `not` is still refused by name
+    with pytest.raises(UnsupportedSchemaError, match="not"):
+        json_schema_regex({"type": "integer", "not": {"const": 3}})
