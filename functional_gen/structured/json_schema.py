@@ -1557,6 +1557,11 @@ def _dfa_placeholders(rewriter: "_Rewriter", regex: str) -> list[str]:
     return [p for p in rewriter.dfa_texts if p in regex]
 
 
+def _terminal_origin(rewriter: "_Rewriter", placeholder: str) -> tuple[str, str]:
+    """The schema path and keyword of the string automaton behind `placeholder` (for errors)."""
+    return next((path, kw) for p, path, kw in rewriter.dfa_terminals.values() if p == placeholder)
+
+
 def _spliced_dfa(rewriter: "_Rewriter", regex: str) -> ByteDFA:
     """The minimal byte DFA of a schema's whole `regex` whose strings given as automata
     (placeholders of `_Rewriter.dfa_texts`) are spliced in: each placeholder is compiled as a
@@ -1588,11 +1593,7 @@ def _spliced_dfa(rewriter: "_Rewriter", regex: str) -> ByteDFA:
             for low in np.flatnonzero(delta[second, 0x10:0x20] != REJECT):
                 i, r = 16 * int(high) + int(low), int(delta[second, 0x10 + low])
                 if new_delta[q, quote] != REJECT:
-                    path, keyword = next(
-                        (pa, k)
-                        for p, pa, k in rewriter.dfa_terminals.values()
-                        if p == placeholders[i]
-                    )
+                    path, keyword = _terminal_origin(rewriter, placeholders[i])
                     raise UnsupportedSchemaError(
                         keyword,
                         path,
@@ -1602,11 +1603,7 @@ def _spliced_dfa(rewriter: "_Rewriter", regex: str) -> ByteDFA:
                 if (i, r) not in copies:
                     string = rewriter.dfa_texts[placeholders[i]]
                     if offset + string.num_states > _MAX_SPLICED_STATES:
-                        path, keyword = next(
-                            (pa, k)
-                            for p, pa, k in rewriter.dfa_terminals.values()
-                            if p == placeholders[i]
-                        )
+                        path, keyword = _terminal_origin(rewriter, placeholders[i])
                         raise UnsupportedSchemaError(
                             keyword,
                             path,

@@ -482,7 +482,7 @@ def _body_lexer():
 
 
 def length_bounded_dfa(body: str, min_length: int, max_length: int | None, *, max_states: int):
-    """The minimal byte DFA of the JSON string bodies (the text between the quotes) that match
+    """A trimmed (not minimised) byte DFA of the JSON string bodies (the text between the quotes) that match
     the regex `body` (Rust `regex` syntax, a whole-text match, as `json_string_pattern` and
     `formats.FORMATS` write them) and decode to `min_length..max_length` characters
     (`max_length=None`: no upper bound): the product of `body`'s byte DFA with a lexer of the
