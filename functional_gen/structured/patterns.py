@@ -482,8 +482,8 @@ def _body_lexer():
 
 
 def length_bounded_dfa(body: str, min_length: int, max_length: int | None, *, max_states: int):
-    """A trimmed (not minimised) byte DFA of the JSON string bodies (the text between the quotes) that match
-    the regex `body` (Rust `regex` syntax, a whole-text match, as `json_string_pattern` and
+    """A trimmed (not minimised) byte DFA of the JSON string bodies (the text between the
+    quotes) that match the regex `body` (Rust `regex` syntax, a whole-text match, as `json_string_pattern` and
     `formats.FORMATS` write them) and decode to `min_length..max_length` characters
     (`max_length=None`: no upper bound): the product of `body`'s byte DFA with a lexer of the
     body (`_body_lexer`: a UTF-8 lead byte or a whole escape, `\\n` or `\\u00e9`, is one
