@@ -98,7 +98,7 @@ from .byte_dfa import (
     regex_byte_dfa,
     trim,
 )
-from .formats import FORMATS, SPEC_FORMATS
+from .formats import ANY_STRING, FORMATS, SPEC_FORMATS
 from .grammar_syntax import Alt, GrammarSpec, Ref, Repeat, Seq, Terminal
 from .patterns import (
     LengthBoundError,
@@ -758,8 +758,13 @@ class _Rewriter:
         whitespace_pattern: str | None = None,
         max_recursion_depth: int = DEFAULT_MAX_RECURSION_DEPTH,
         free_form_depth: "int | _FreeValueCall | None" = DEFAULT_FREE_FORM_DEPTH,
+        counted_strings: bool = False,
     ):
         self.root = root
+        self.counted_strings = counted_strings
+        """Write a plain string with a length bound over `_COUNTED_STRING_MIN` as an automaton
+        (`bounded_string`) instead of a counted regex repeat (only `json_schema_compile`, which
+        splices it, sets this)."""
         self.substitutions: dict[str, str] = {}
         self.names: dict[str, str] = {}
         self.tag = uuid.uuid4().hex[:12]
@@ -1119,6 +1124,19 @@ class _Rewriter:
                 self.refuse("pattern", path, str(e))
                 return {"type": "string", **lengths}
             return self.marker('"' + body + '"')
+        if self.counted_strings and max(lengths.values(), default=0) > _COUNTED_STRING_MIN:
+            keyword = "maxLength" if "maxLength" in lengths else "minLength"
+            states = _PLAIN_STRING_STATES * max(lengths.values())
+            if states > _MAX_STRING_STATES:  # refused before building it
+                self.refuse(
+                    keyword,
+                    path,
+                    f"a string of {lengths} needs an automaton of about {states:,} states (the "
+                    f"limit is {_MAX_STRING_STATES:,})",
+                )
+                return {"type": "string"}
+            terminal = self.bounded_string(ANY_STRING, lengths, path, keyword)
+            return {"type": "string"} if terminal is None else terminal  # None: bounds dropped
         return {"type": "string", **lengths}
 
     def bounded_string(self, body: str, lengths: dict, path: str, keyword: str = "pattern"):
@@ -1521,14 +1539,28 @@ def json_schema_regex(
 _DFA_TERMINAL = "\x03FGDFA"
 """Starts the placeholder regex of a string given as an automaton (`_Rewriter.bounded_string`):
 a control character no schema regex holds, then a digest of the string's regex and lengths."""
-_MAX_STRING_STATES = 60_000
+_MAX_STRING_STATES = 64_000
 """Most states of a string terminal's automaton (`patterns.length_bounded_dfa`). Spliced into
 the schema's token automaton (`_spliced_dfa`), it costs about 0.1 ms per state to build and lift
 (a grammar-form rule costs more: its positions are limited to `_MAX_GRAMMAR_POSITIONS` in all).
+A plain string takes 12 states per character: maxLength 5,000 (16 MaskBench schemas) is 60,001
+states, 5.3 s and a 50 MiB token table; MaskBench's larger bounds (8,192, 32,767, 65,535, ...)
+would need a counter register on the device, not a chain of states.
 Measured: 437 states for MaskBench's `^[a-zA-Z0-9\\-]+(\\s[a-zA-Z0-9\\-]+)*$` with maxLength 64,
 1,593 for `format: email` with maxLength 100, 18,225 with maxLength 1,024, 56,571 for
 `^(?:\\S+\\s+){0,29}\\S+$` with maxLength 300."""
 
+
+_COUNTED_STRING_MIN = 256
+"""A plain string (no `pattern` or `format`) whose `minLength` or `maxLength` is larger is
+compiled by `json_schema_compile` as a string automaton (`patterns.length_bounded_dfa`, spliced),
+not as outlines-core's counted repeat `"[^"...]{0,N}"`, whose regex -> DFA and minimisation
+grow quadratically (a schema with one such string, maxLength 2,000: 4.0 s; 5,000: 30 s; as an
+automaton 0.6 and 3.5 s)."""
+
+_PLAIN_STRING_STATES = 12
+"""States per counted character of a plain string's automaton (`length_bounded_dfa` of
+`ANY_STRING`: the UTF-8 and escape states of the body; maxLength 1,000: 12,001 states)."""
 
 _MAX_SPLICED_STATES = 150_000
 """Most states of a schema's automaton with its string automata spliced in (`_spliced_dfa`):
@@ -1658,6 +1690,7 @@ def _rewrite(
     strict: bool = True,
     closed_objects: bool = False,
     free_form_depth: int | _FreeValueCall | None = DEFAULT_FREE_FORM_DEPTH,
+    counted_strings: bool = False,
 ) -> tuple[_Rewriter, str]:
     """The rewriter after its pass over `schema` and the schema's regex with the markers left
     in (`_Rewriter.substitute` expands them; the grammar form makes rules of some). Arguments and
@@ -1689,6 +1722,7 @@ def _rewrite(
         whitespace_pattern=whitespace_pattern,
         max_recursion_depth=max_recursion_depth,
         free_form_depth=free_form_depth,
+        counted_strings=counted_strings,
     )
     normalized = rewriter.node(root, "#")
     if normalized is NEVER:
@@ -2332,7 +2366,9 @@ def json_schema_compile(
     """
     free = options.get("free_form_depth", DEFAULT_FREE_FORM_DEPTH)
     rewriter, regex = _rewrite(
-        schema, **{**options, "free_form_depth": _CALL if free is None else free}
+        schema,
+        **{**options, "free_form_depth": _CALL if free is None else free},
+        counted_strings=True,
     )
     from .regex import escape
 

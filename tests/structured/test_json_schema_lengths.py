@@ -165,7 +165,7 @@ def test_distributed_alternation_stays_a_regex():
         ({"type": "string", "format": "email", "maxLength": 100_000}, "maxLength", "100,000"),
         ({"type": "string", "pattern": "^[a-z]*$", "maxLength": 20_000}, "pattern", "20,000"),
         (
-            {"type": "string", "pattern": "^(?:\\S+\\s+){0,29}\\S+$", "maxLength": 300},
+            {"type": "string", "pattern": "^(?:\\S+\\s+){0,29}\\S+$", "maxLength": 400},
             "pattern",
             "states",
         ),
@@ -225,3 +225,36 @@ def test_free_form_values_and_string_automata_go_through_the_grammar_form():
     ):
         text = json.dumps(document, ensure_ascii=False, separators=(",", ":"))
         assert automaton.accepts(text.encode()) == _valid(document, schema), text
+
+
+def test_long_plain_string_is_a_counted_automaton_as_exact_as_the_regex():
+    # over `_COUNTED_STRING_MIN` characters a plain string is an automaton, not a counted repeat
+    lo, hi = js._COUNTED_STRING_MIN + 1, js._COUNTED_STRING_MIN + 40
+    schema = {
+        "type": "object",
+        "properties": {"s": {"type": "string", "minLength": lo, "maxLength": hi}},
+        "required": ["s"],
+        "additionalProperties": False,
+    }
+    automaton = js.json_schema_compile(schema, BYTES, cache=False)
+    regex = re.compile(json_schema_regex(schema))  # the regex-only interface keeps the repeat
+    rng = random.Random(1)
+    seen = [0, 0]
+    for _ in range(300):
+        n = rng.choice([lo - 1, lo, rng.randint(lo, hi), hi, hi + 1])
+        value = "".join(rng.choice('ab é€😀"\\\n\t') for _ in range(n))
+        text = json.dumps({"s": value}, ensure_ascii=False, separators=(",", ":"))
+        valid = _valid({"s": value}, schema)
+        assert _accepts(automaton, text) == valid == bool(regex.fullmatch(text)), (n, text)
+        seen[valid] += 1
+    assert seen[0] and seen[1]
+
+
+def test_plain_string_over_the_counter_limit_is_refused_or_dropped():
+    schema = {"type": "string", "maxLength": 8192}
+    with pytest.raises(UnsupportedSchemaError, match="states") as info:
+        js.json_schema_compile(schema, BYTES, cache=False)
+    assert info.value.keyword == "maxLength"
+    with pytest.warns(UserWarning, match="maxLength"):
+        automaton = js.json_schema_compile(schema, BYTES, cache=False, strict=False)
+    assert _accepts(automaton, json.dumps("x" * 9000))  # the bound was dropped, as warned
