@@ -119,7 +119,9 @@ regex-automata's early match cut-off, 2 s for a depth-2 free-form value against 
 depth 1).
 
 Run: `python benchmarks/bench_json_schema.py --limit 24` (the five splits, 24 each), `--all`
-for every split of the file, `--limit 0` for every schema of the chosen splits. Timings come
+for every split of the file, `--limit 0` for every schema of the chosen splits, `--all --sample
+400` for 400 schemas drawn from the whole file (its TOTAL row estimates the whole file's coverage:
+`--limit` weighs every split alike, the file does not). Timings come
 from a shared 2-core machine: read them as orders of magnitude.
 """
 
@@ -297,14 +299,20 @@ class Worker:
 # ----------------------------------------------------------------------------- driver
 
 
-def load_records(path: Path, splits, limit: int, seed: int) -> list[dict]:
-    """The chosen splits' records; with `limit > 0`, a seeded random sample of `limit` each."""
+def load_records(path: Path, splits, limit: int, seed: int, sample: int = 0) -> list[dict]:
+    """The chosen splits' records; with `limit > 0`, a seeded random sample of `limit` each;
+    with `sample > 0`, a seeded random sample of `sample` records of the chosen splits together
+    (each split in proportion to its size, as the whole file weighs it)."""
     by_split = collections.defaultdict(list)
     with gzip.open(path, "rt") as f:
         for line in f:
             record = json.loads(line)
             if splits is None or record["split"] in splits:
                 by_split[record["split"]].append(record)
+    if sample > 0:
+        pool = [r for split in sorted(by_split) for r in by_split[split]]
+        chosen = random.Random(f"{seed}-sample").sample(pool, min(sample, len(pool)))
+        return sorted(chosen, key=lambda r: r["split"])
     chosen = []
     order = splits if splits is not None else sorted(by_split)
     for split in order:
@@ -401,6 +409,13 @@ def main(argv=None) -> None:
     parser.add_argument(
         "--limit", type=int, default=24, help="schemas per split, a seeded sample (0: all)"
     )
+    parser.add_argument(
+        "--sample",
+        type=int,
+        default=0,
+        help="a seeded random sample of N schemas of the chosen splits together (with --all: "
+        "the whole file, each split weighted by its size), instead of --limit per split",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--timeout", type=float, default=30.0, help="seconds per schema")
     parser.add_argument("--json", type=Path, help="write every per-schema record here")
@@ -430,7 +445,7 @@ def main(argv=None) -> None:
     parser.add_argument("--verbose", action="store_true", help="one line per schema")
     args = parser.parse_args(argv)
     splits = None if args.all else args.splits
-    records = load_records(args.data, splits, args.limit, args.seed)
+    records = load_records(args.data, splits, args.limit, args.seed, args.sample)
     if args.files:
         records = [r for r in records if r["file"].endswith(tuple(args.files))]
     if splits is None:

@@ -481,6 +481,54 @@ def _body_lexer():
     return nxt, counts
 
 
+def _count_levels(dfa, lexer_next, lexer_counts, top: int, saturate: bool) -> list[np.ndarray]:
+    """The reachable (body state, lexer state) pairs of `length_bounded_dfa`'s product at each
+    character count `0..top`, coded `q * _LEXER_STATES + lex`, sorted: `levels[c]`. A count is
+    entered by the bytes that start a character and closed under those that do not; with
+    `saturate`, the count stops at `top` (no upper bound), so the last level is also closed under
+    new characters. The pairs entering count `c + 1` depend only on those entering `c`: once two
+    counts in a row are entered by the same pairs, every count up to `top - 1` repeats that level,
+    so a counter of thousands costs a few levels, not one numpy pass per counted character."""
+    from .byte_dfa import REJECT
+
+    pairs = dfa.num_states * _LEXER_STATES
+
+    def level(entry, saturated: bool, last: bool):
+        inside = np.zeros(pairs, bool)
+        inside[entry] = True
+        frontier, following = entry, []
+        while frontier.size:
+            lex, q = frontier % _LEXER_STATES, frontier // _LEXER_STATES
+            nq, nlex = dfa.delta[q], lexer_next[lex]
+            ok = (nq != REJECT) & (nlex >= 0)
+            target = np.maximum(nq, 0) * _LEXER_STATES + np.maximum(nlex, 0)
+            starts = lexer_counts[lex] == 1
+            stay = ok & (saturated | ~starts)
+            fresh = np.unique(target[stay])
+            fresh = fresh[~inside[fresh]]
+            inside[fresh] = True
+            if not (saturated or last):
+                following.append(target[ok & starts])
+            frontier = fresh
+        nxt = np.unique(np.concatenate(following)) if following else np.zeros(0, np.int64)
+        return np.flatnonzero(inside), nxt
+
+    levels: list[np.ndarray] = []
+    entry, previous = np.array([dfa.initial * _LEXER_STATES], np.int64), None
+    count = 0
+    while count <= top and entry.size:
+        saturated, last = saturate and count == top, count == top
+        if not last and previous is not None and np.array_equal(entry, previous):
+            levels += [levels[-1]] * (top - count)  # a fixed point: the same pairs up to top - 1
+            count = top
+            continue
+        members, following = level(entry, saturated, last)
+        levels.append(members)
+        previous, entry = entry, following
+        count += 1
+    return levels
+
+
 def length_bounded_dfa(body: str, min_length: int, max_length: int | None, *, max_states: int):
     """A trimmed (not minimised) byte DFA of the JSON string bodies (the text between the
     quotes) that match the regex `body` (Rust `regex` syntax, a whole-text match, as `json_string_pattern` and
@@ -530,25 +578,22 @@ def length_bounded_dfa(body: str, min_length: int, max_length: int | None, *, ma
 
     start = encode(dfa.initial, 0, 0)
     budget = 4 * max_states
-    layers, frontier, seen = [np.array([start])], np.array([start]), {start}
-    total = 1
-    while frontier.size:
-        ok, target, *_ = successors(frontier)
-        fresh = np.unique(target[ok])
-        fresh = fresh[[int(x) not in seen for x in fresh]] if fresh.size else fresh
-        seen.update(map(int, fresh))
-        total += fresh.size
-        if total > budget:
-            raise ValueError(
-                f"the strings of {body[:60]!r} with minLength {min_length} / maxLength "
-                f"{max_length} need an automaton of over {budget:,} states before minimisation "
-                f"(the body alone has {dfa.num_states}; the limit is {max_states:,})"
-            )
-        layers.append(fresh)
-        frontier = fresh
-    states = np.sort(np.concatenate(layers))
+    levels = _count_levels(dfa, lexer_next, lexer_counts, top, max_length is None)
+    sizes = np.array([level.size for level in levels], np.int64)
+    if sizes.sum() > budget:
+        raise ValueError(
+            f"the strings of {body[:60]!r} with minLength {min_length} / maxLength "
+            f"{max_length} need an automaton of over {budget:,} states before minimisation "
+            f"(the body alone has {dfa.num_states}; the limit is {max_states:,})"
+        )
+    states = np.sort(np.concatenate(levels) * width + np.repeat(np.arange(len(levels)), sizes))
     ok, target, q, lex, count = successors(states)
-    delta = np.where(ok, np.searchsorted(states, np.where(ok, target, start)), REJECT)
+    if dfa.num_states * _LEXER_STATES * width <= 2**24:  # ids are dense enough for a table
+        index = np.zeros(dfa.num_states * _LEXER_STATES * width, np.int64)
+        index[states] = np.arange(states.size)
+        delta = np.where(ok, index[np.where(ok, target, start)], REJECT)
+    else:
+        delta = np.where(ok, np.searchsorted(states, np.where(ok, target, start)), REJECT)
     accepting = dfa.accepting[q] & (lex == 0) & (count >= min_length)
     # Trimmed, not minimised: the product of the minimal body DFA with the lexer and the counter
     # has few equivalent states (18,309 reachable against 18,225 minimal for `format: email`
