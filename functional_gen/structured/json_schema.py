@@ -32,8 +32,13 @@ no compact regex: `json_schema_compile` splices its automaton into the schema's 
 (`_spliced_dfa`, a token automaton), or, in the grammar form, calls it as a rule; the regex
 interface (`json_schema_regex`, `JsonSchema` with one schema per row) refuses it. MaskBench:
 `^[a-zA-Z0-9\\-]+(\\s[a-zA-Z0-9\\-]+)*$` with maxLength 64 is 437 states, `format: email` with
-maxLength 1,024 is 18,309 (the schema compiles in about 6 s); refused with the sizes: a
-`{0,29}`-word pattern with maxLength 300 (63,212 states), a repeat to 32,745 characters.
+maxLength 1,024 is 18,309 (the schema compiles in about 6 s), a `{0,29}`-word pattern with
+maxLength 300 63,212; refused with the sizes: the same with maxLength 400, a repeat to 32,745
+characters. A plain string (no `pattern` or `format`) with a bound over `_COUNTED_STRING_MIN`
+(256) characters takes the same path in `json_schema_compile` (12 states per character: cheaper
+than outlines-core's counted repeat, whose DFA takes 30 s for maxLength 5,000); over
+`_MAX_STRING_STATES` states (maxLength 5,333) it is refused at once. MaskBench's larger bounds
+(8,192; 32,767: 75 schemas; 65,535: 46) would need a counter register on the device.
 
 Keywords: unknown keywords are annotations and are ignored (JSON Schema 2020-12 core §4.3.1,
 as every validator does: `id`, `_format`, `javaName`, ...), and so is a `format` that JSON
@@ -114,26 +119,6 @@ from .vocabulary import TokenVocabulary, vocabulary_from_tokenizer
 DEFAULT_MAX_RECURSION_DEPTH = 3
 """How many times a recursive `$ref` is unrolled (outlines-core's default)."""
 
-_ANNOTATIONS = {
-    "title",
-    "description",
-    "default",
-    "examples",
-    "$comment",
-    "$schema",
-    "$id",
-    "$anchor",
-    "deprecated",
-    "readOnly",
-    "writeOnly",
-    "contentMediaType",
-    "contentEncoding",
-    "discriminator",
-    "$defs",
-    "definitions",
-    "format_hint",
-    "nullable_hint",
-}
 _UNSUPPORTED = {
     "not": "negation is not regular in general",
     "if": "conditional schemas are not supported",
@@ -185,6 +170,15 @@ _KNOWN = {
 }
 """Keywords that are enforced. Every other keyword that is not in `_UNSUPPORTED` is an
 annotation (JSON Schema 2020-12 core §4.3.1: unknown keywords are ignored) and is dropped."""
+
+
+def _asserts(keyword) -> bool:
+    """Whether `keyword` asserts anything (enforced, or refused as unenforceable): every other
+    keyword (`title`, `default`, `x-taplo`, draft 4's `id`, ...) is an annotation, ignored when
+    schemas are combined (`allOf`, a `$ref` with siblings) as when they are checked."""
+    return keyword in _KNOWN or keyword in _UNSUPPORTED
+
+
 _TYPE_KEYWORDS = {
     "integer": {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"},
     "number": {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"},
@@ -246,9 +240,6 @@ def check_schema(schema) -> None:
         raise InvalidSchemaError("#", str(e)) from None
 
 
-_ANNOTATIONS = frozenset({"$schema", "$id", "id", "title", "description", "$comment", "examples"})
-
-
 def _listed_values(schema):
     """A schema that lists its values (`enum` or `const` at the top, or in a branch of a
     top-level `allOf`) beside other keywords: `{"enum": [the listed values the whole schema
@@ -269,7 +260,7 @@ def _listed_values(schema):
                 lists.append([branch["const"]])
             elif isinstance(branch.get("enum"), list):
                 lists.append(branch["enum"])
-    if not lists or set(schema) - _ANNOTATIONS <= {"enum", "const"}:
+    if not lists or {k for k in schema if _asserts(k)} <= {"enum", "const"}:
         return schema  # nothing listed, or nothing beside the list
     import jsonschema
 
@@ -711,7 +702,7 @@ def inline_references(root, max_recursion_depth: int):
             if stack.count(key) >= max_recursion_depth:
                 return NEVER
             target = walk(resolved.contents, f"{path}/$ref", stack + (key,), resolved.resolver)
-            siblings = {k: v for k, v in node.items() if k not in _ANNOTATIONS}
+            siblings = {k: v for k, v in node.items() if _asserts(k)}
             if not siblings:
                 return target
             return {"allOf": [target, walk(siblings, path, stack, resolver)]}
@@ -1385,7 +1376,7 @@ class _Rewriter:
             raise UnsupportedSchemaError("allOf", path, f"cannot combine with {b!r}")
         out = dict(a)
         for key, value in b.items():
-            if key in _ANNOTATIONS:
+            if not _asserts(key):  # an annotation: the first one is kept, nothing to combine
                 out.setdefault(key, value)
             elif key not in out:
                 out[key] = value

@@ -2,7 +2,9 @@
 pydantic for models); what cannot be enforced is refused with the keyword named."""
 
 import json
+import re
 
+import jsonschema
 import numpy as np
 import pytest
 
@@ -584,3 +586,25 @@ def test_listed_values_are_judged_by_jsonschema_whatever_else_the_schema_says():
     # without a list, `not` is still refused by name
     with pytest.raises(UnsupportedSchemaError, match="not"):
         json_schema_regex({"type": "integer", "not": {"const": 3}})
+
+
+def test_annotations_never_conflict_when_schemas_are_combined():
+    # `default`, unknown keywords (`_id`, `x-taplo`) and draft 4's `id` assert nothing: an
+    # `allOf` or a `$ref` with siblings that differ only in them combines (MaskBench had schemas
+    # refused with "cannot combine two different `_id`")
+    schema = {
+        "$defs": {"n": {"type": "integer", "default": 1, "_id": "a", "x-taplo": {"hidden": True}}},
+        "type": "object",
+        "properties": {
+            "a": {"$ref": "#/$defs/n", "default": 2, "_id": "b", "minimum": 0},
+            "b": {"allOf": [{"$ref": "#/$defs/n"}, {"default": 3, "x-taplo": {}, "maximum": 5}]},
+        },
+        "required": ["a", "b"],
+        "additionalProperties": False,
+    }
+    regex = re.compile(json_schema_regex(schema))
+    validator = jsonschema.Draft202012Validator(schema)
+    for a in (-1, 0, 7):
+        for b in (-2, 5, 6):
+            text = json.dumps({"a": a, "b": b}, separators=(",", ":"))
+            assert bool(regex.fullmatch(text)) == validator.is_valid({"a": a, "b": b}), text
