@@ -84,6 +84,7 @@ Whitespace between tokens follows outlines-core's default (`[ ]?`: none or one s
 
 import copy
 import hashlib
+import itertools
 import json
 import math
 import re
@@ -309,6 +310,28 @@ def _json_type(value) -> str:
     if isinstance(value, list):
         return "array"
     return "object"
+
+
+def _listed_values_of(schema) -> set | None:
+    """The canonical keys (`_canonical`) of the values `schema` may take when it lists them
+    (`const`, `enum`, or such a schema among `allOf`'s parts: the intersection), else `None`."""
+    if not isinstance(schema, Mapping):
+        return None
+    found = []
+    if "const" in schema:
+        found.append({_canonical(schema["const"])})
+    elif isinstance(schema.get("enum"), list):
+        found.append({_canonical(v) for v in schema["enum"]})
+    for part in schema.get("allOf", []) if isinstance(schema.get("allOf"), list) else []:
+        values = _listed_values_of(part)
+        if values is not None:
+            found.append(values)
+    for combinator in ("anyOf", "oneOf"):  # listed when every branch lists: the union
+        if isinstance(schema.get(combinator), list):
+            parts = [_listed_values_of(part) for part in schema[combinator]]
+            if parts and all(p is not None for p in parts):
+                found.append(set().union(*parts))
+    return set.intersection(*found) if found else None
 
 
 def _canonical(value) -> str:
@@ -934,6 +957,8 @@ class _Rewriter:
                     raise UnsupportedSchemaError(
                         combinator, path, "must be a non-empty list of schemas"
                     )
+                if combinator == "oneOf":
+                    branches = self.exclusive_branches(node, branches, path)
                 combined, originals = [], []
                 for i, branch in enumerate(branches):
                     where = f"{path}/{combinator}/{i}"
@@ -1422,6 +1447,119 @@ class _Rewriter:
                 )
         return out
 
+    def exclusive_branches(self, node: dict, branches: list, path: str) -> list:
+        """`oneOf`'s branches with what two of them always share taken out, exactly:
+
+        - all branches finite (`enum`/`const`): one `enum` of the listed values exactly one
+          branch accepts (each judged by `jsonschema`);
+        - a JSON type that two or more branches accept whole (no keyword of theirs constrains
+          it, e.g. the strings under two object-only branches without `type`): no value of it
+          can match exactly one branch, so every branch is restricted to the other types.
+
+        Other branches are returned unchanged (`check_disjoint` then decides). `node`: the
+        keywords beside `oneOf` (merged into each branch by the caller)."""
+        merged = [
+            self.merge(node, b, path) if isinstance(b, Mapping) else b
+            for b in branches
+            if b is not NEVER and b is not False
+        ]
+        if not merged or not all(isinstance(b, Mapping) for b in merged):
+            return branches
+        if all("const" in b or isinstance(b.get("enum"), list) for b in merged):
+            values = self.exclusive_values(merged)
+            return branches if values is None else [values]
+        presence = self.exclusive_presence(branches)
+        if presence is not None:
+            return presence
+        kinds = ("null", "boolean", "object", "array", "string", "integer", "fraction")
+        type_keywords = {"type"}.union(*_TYPE_KEYWORDS.values())
+        free = []  # per branch: the kinds of value it accepts whole
+        for b in merged:
+            asserting = {k for k in b if _asserts(k)}
+            if not asserting <= type_keywords:  # e.g. `enum`, `anyOf`: nothing is known whole
+                free.append(set())
+                continue
+            declared = b.get("type", sorted(_JSON_TYPES))
+            declared = {declared} if isinstance(declared, str) else set(declared)
+            accepted = {k for k in kinds if k in declared}
+            if "number" in declared:
+                accepted |= {"integer", "fraction"}
+            constrained = {t for t, keys in _TYPE_KEYWORDS.items() if keys & asserting}
+            if constrained & {"number", "integer"}:
+                constrained |= {"integer", "fraction"}
+            free.append(accepted - constrained)
+        shared = {k for k in kinds if sum(k in f for f in free) >= 2}
+        if not shared or ("integer" in shared and "fraction" not in shared):
+            return branches  # nothing shared whole, or "numbers but not integers": no `type`
+        kept = sorted(t for t in _JSON_TYPES - {"number", "integer"} if t not in shared)
+        if "integer" not in shared:
+            kept.append("integer" if "fraction" in shared else "number")
+        out = []
+        for b in branches:
+            if b is NEVER or b is False:
+                continue
+            try:
+                out.append(self.merge(b if isinstance(b, Mapping) else {}, {"type": kept}, path))
+            except UnsupportedSchemaError:  # none of its types is left: it matches nothing alone
+                continue
+        return out or [NEVER]
+
+    def exclusive_presence(self, branches: list) -> list | None:
+        """Branches that only require properties (`{"required": [...]}`, the "exactly one of
+        these fields" idiom): an object matches exactly branch `i` when it has `R_i` and, for
+        every other branch `j`, lacks one of `R_j` (a property schema `false`). One `anyOf` of
+        those choices (at most `_MAX_PRESENCE_CHOICES`); `None` when the branches are not of
+        this form (a non-object value matches all of them or none: objects only)."""
+        sets = []
+        for b in branches:
+            if not isinstance(b, Mapping) or b.get("type", "object") != "object":
+                return None
+            required = b.get("required")
+            if not {k for k in b if _asserts(k)} <= {"required", "type"} or not (
+                isinstance(required, list) and all(isinstance(n, str) for n in required)
+            ):
+                return None
+            sets.append(list(dict.fromkeys(required)))
+        if len(sets) < 2:
+            return None
+        choices = []
+        for i, mine in enumerate(sets):
+            others = [
+                [n for n in theirs if n not in mine] for j, theirs in enumerate(sets) if j != i
+            ]
+            if any(not names for names in others):
+                continue  # having `mine` means having another branch's names too
+            for absent in itertools.product(*others):
+                choices.append({"required": mine, "properties": dict.fromkeys(absent, False)})
+                if len(choices) > _MAX_PRESENCE_CHOICES:
+                    return None
+        return [{"type": "object", "anyOf": choices}] if choices else [NEVER]
+
+    def exclusive_values(self, merged: list):
+        """`{"enum": [...]}` of the values exactly one of the finite branches `merged` accepts
+        (judged by `jsonschema` with the root's draft and format checker), or `None` when
+        `jsonschema` cannot judge a branch."""
+        import jsonschema
+
+        cls = jsonschema.validators.validator_for(
+            self.root, default=jsonschema.Draft202012Validator
+        )
+        candidates: dict = {}
+        for b in merged:
+            for v in [b["const"]] if "const" in b else b["enum"]:
+                candidates.setdefault(_canonical(v), v)
+        try:
+            validators = [cls(b, format_checker=cls.FORMAT_CHECKER) for b in merged]
+            return {
+                "enum": [
+                    v
+                    for v in candidates.values()
+                    if sum(bool(check.is_valid(v)) for check in validators) == 1
+                ]
+            }
+        except Exception:  # e.g. a branch holding a cut recursion (`NEVER`)
+            return None
+
     def check_disjoint(self, branches: list, path: str) -> None:
         """`oneOf` needs exactly one branch to match: accept it when no two branches can match
         the same value (different JSON types, different constants, or objects whose required
@@ -1441,30 +1579,29 @@ class _Rewriter:
         node = self.deref(node, path)
         if not isinstance(node, Mapping) or depth > 8:
             return None
-        if "anyOf" in node:
-            parts = [self.signature(b, path, depth + 1) for b in node["anyOf"]]
-            return None if any(p is None for p in parts) else ("union", parts)
+        for combinator in ("anyOf", "oneOf"):  # a value of either matches one of its branches
+            if isinstance(node.get(combinator), list):
+                parts = [self.signature(b, path, depth + 1) for b in node[combinator]]
+                return None if any(p is None for p in parts) else ("union", parts)
         if "const" in node or "enum" in node:
             values = [node["const"]] if "const" in node else node["enum"]
-            return (
-                "values",
-                [json.dumps(v, sort_keys=True) for v in values],
-                {_json_type(v) for v in values},
-            )
+            return ("values", [_canonical(v) for v in values], {_json_type(v) for v in values})
         t = node.get("type")
         if t is None:
             return None
         types = set([t] if isinstance(t, str) else t)
         if "number" in types:
             types.add("integer")
-        discriminators = {}
+        discriminators, required, closed = {}, set(), None
         if types == {"object"}:
-            for name in node.get("required", []):
-                prop = self.deref(node.get("properties", {}).get(name, {}), path)
-                if isinstance(prop, Mapping) and ("const" in prop or "enum" in prop):
-                    values = [prop["const"]] if "const" in prop else prop["enum"]
-                    discriminators[name] = {json.dumps(v, sort_keys=True) for v in values}
-        return ("types", types, discriminators)
+            required = set(node.get("required", []))
+            for name in required:
+                values = _listed_values_of(node.get("properties", {}).get(name, {}))
+                if values is not None:
+                    discriminators[name] = values
+            if node.get("additionalProperties") is False and not node.get("patternProperties"):
+                closed = set(node.get("properties", {}))  # the only names it may have
+        return ("types", types, discriminators, required, closed)
 
     def disjoint(self, a, b) -> bool:
         if a is None or b is None:
@@ -1481,7 +1618,11 @@ class _Rewriter:
         if not a[1] & b[1]:
             return True
         if a[1] == b[1] == {"object"}:
-            return any(name in b[2] and not a[2][name] & b[2][name] for name in a[2])
+            return (
+                any(name in b[2] and not a[2][name] & b[2][name] for name in a[2])
+                or (b[4] is not None and bool(a[3] - b[4]))  # `a` requires what `b` cannot have
+                or (a[4] is not None and bool(b[3] - a[4]))
+            )
         return False
 
 
@@ -1541,6 +1682,9 @@ Measured: 437 states for MaskBench's `^[a-zA-Z0-9\\-]+(\\s[a-zA-Z0-9\\-]+)*$` wi
 1,593 for `format: email` with maxLength 100, 18,225 with maxLength 1,024, 56,571 for
 `^(?:\\S+\\s+){0,29}\\S+$` with maxLength 300."""
 
+
+_MAX_PRESENCE_CHOICES = 32
+"""Most `anyOf` branches of a `oneOf` of `required`-only branches (`exclusive_presence`)."""
 
 _COUNTED_STRING_MIN = 256
 """A plain string (no `pattern` or `format`) whose `minLength` or `maxLength` is larger is

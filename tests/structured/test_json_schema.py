@@ -1,6 +1,7 @@
 """JSON Schema: every document the automaton can produce validates (jsonschema, with formats;
 pydantic for models); what cannot be enforced is refused with the keyword named."""
 
+import itertools
 import json
 import re
 
@@ -351,7 +352,6 @@ def test_unsatisfiable_object_is_refused():
 def test_dependent_required_matches_jsonschema(draft):
     # Every subset of {a, b, c, d} (listed order), compact: accepted iff jsonschema validates it.
     # Draft 7's `dependencies` with lists of names is the same keyword (MaskBench has it).
-    import itertools
     import re
 
     import jsonschema
@@ -511,7 +511,6 @@ def test_enums_without_a_common_value_match_nothing():
 def test_listed_members_are_exactly_the_ordered_subsets_that_keep_the_required(required):
     # Every arrangement of up to 5 members (orders, repeats and omissions included) against
     # the definition: a subsequence of the members in order, the required ones kept.
-    import itertools
     import re
 
     from functional_gen.structured.json_schema import _listed_members
@@ -608,3 +607,100 @@ def test_annotations_never_conflict_when_schemas_are_combined():
         for b in (-2, 5, 6):
             text = json.dumps({"a": a, "b": b}, separators=(",", ":"))
             assert bool(regex.fullmatch(text)) == validator.is_valid({"a": a, "b": b}), text
+
+
+ONE_OF_CASES = {
+    # "exactly one of these fields" (MaskBench o68297, o54553): required-only branches
+    "presence": (
+        {
+            "type": "object",
+            "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}, "c": {}},
+            "oneOf": [{"required": ["a", "b"]}, {"required": ["c"]}],
+        },
+        [dict.fromkeys(keys, 1) for r in range(4) for keys in itertools.combinations("abc", r)]
+        + [{"a": 1, "b": 1, "d": 2}, {"c": 1, "d": 2}, {"d": 2}],
+    ),
+    # branches without `type` (o10013): a string or a number matches both, so none is valid
+    "typeless_discriminated": (
+        {
+            "oneOf": [
+                {"properties": {"k": {"enum": ["x"]}}, "required": ["k"]},
+                {"properties": {"k": {"enum": ["y"]}}, "required": ["k"]},
+            ],
+            "properties": {"k": {"type": "string"}},
+        },
+        [{"k": "x"}, {"k": "y"}, {"k": "z"}, {}, "x", 1, 2.5, None, True, [1]],
+    ),
+    # finite branches: the values exactly one lists (1 and 1.0 are one value)
+    "finite": (
+        {"oneOf": [{"enum": ["blue", 1, "red"]}, {"enum": ["red", 1.0, 6]}, {"const": "green"}]},
+        ["blue", "red", 1, 1.0, 6, "green", "pink", 2],
+    ),
+    # a closed object cannot have what the other branch requires (o53110)
+    "closed_versus_required": (
+        {
+            "oneOf": [
+                {
+                    "type": "object",
+                    "properties": {"g": {"type": "integer"}},
+                    "required": ["g"],
+                    "additionalProperties": False,
+                },
+                {
+                    "type": "object",
+                    "properties": {"gs": {"type": "array", "items": {"type": "integer"}}},
+                    "additionalProperties": False,
+                },
+            ]
+        },
+        [{}, {"g": 1}, {"gs": [1]}, {"g": 1, "gs": []}, {"h": 1}],
+    ),
+    # a discriminator listed through a nested oneOf (o9957)
+    "nested_one_of": (
+        {
+            "oneOf": [
+                {"oneOf": [{"type": "string", "enum": ["A", "B"]}, {"enum": ["N"]}]},
+                {
+                    "type": "object",
+                    "properties": {"t": {"oneOf": [{"enum": ["A", "B"]}, {"enum": ["N"]}]}},
+                    "required": ["t"],
+                    "additionalProperties": False,
+                },
+                {
+                    "type": "object",
+                    "properties": {"t": {"enum": ["T"]}, "v": {"type": "integer"}},
+                    "required": ["t"],
+                    "additionalProperties": False,
+                },
+            ]
+        },
+        ["A", "N", "C", {"t": "A"}, {"t": "N"}, {"t": "T"}, {"t": "T", "v": 1}, {"t": "A", "v": 1}],
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ONE_OF_CASES))
+def test_one_of_that_can_be_made_exclusive_is_exact(name):
+    schema, documents = ONE_OF_CASES[name]
+    regex = re.compile(json_schema_regex(schema))  # compiled: no `oneOf` refusal
+    validator = jsonschema.Draft202012Validator(schema)
+    valid = 0
+    for document in documents:
+        text = json.dumps(document, separators=(",", ":"))
+        expected = validator.is_valid(document)
+        assert bool(regex.fullmatch(text)) == expected, (text, expected)
+        valid += expected
+    assert 0 < valid < len(documents)  # both sides exercised
+
+
+def test_one_of_that_truly_overlaps_is_still_refused():
+    # `{}` matches both branches (nothing required): not "exactly one" by construction
+    schema = {
+        "type": "object",
+        "oneOf": [
+            {"properties": {"t": {"enum": ["a"]}}},
+            {"properties": {"t": {"enum": ["b"]}}},
+        ],
+    }
+    with pytest.raises(UnsupportedSchemaError, match="oneOf"):
+        json_schema_regex(schema)
