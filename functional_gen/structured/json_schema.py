@@ -12,7 +12,7 @@ nodes, our own regexes where outlines-core's would let invalid documents through
 | string `pattern` | copied between quotes: `.` can write a raw `"` | JSON-escaped translation, searched as in ECMA-262 (`patterns`), intersected exactly with `minLength`/`maxLength` (below) |
 | `type: [..]` with per-type keywords | keywords of the other types lost | split into `anyOf` |
 | `allOf` | regexes concatenated: invalid JSON | merged into one schema |
-| `oneOf` | treated as `anyOf` | `anyOf` when the branches are provably disjoint (as llguidance) |
+| `oneOf` | treated as `anyOf` | `anyOf` when the branches are provably disjoint (types, listed discriminators, a closed object against a required name; as llguidance), or made disjoint exactly: finite branches -> the values exactly one lists, a type two branches accept whole taken out, `required`-only branches -> presence choices; else refused |
 | objects | closed: no property beyond `properties` | open unless `additionalProperties: false` (JSON Schema's default; `closed_objects=True` closes them); `patternProperties`, `propertyNames`, `minProperties`/`maxProperties`, `required` names without a schema (any value) |
 | free-form values (`{}`) | nested 3 levels, a 14,000-character regex that takes minutes to compile | nested `free_form_depth` levels (default 1); as deep as the stack in the grammar form |
 | `enum`/`const` at the top (or in a top-level `allOf` branch) beside other keywords | the other keywords' regexes joined | the enum of the listed values `jsonschema` accepts under the whole schema (`not`, `if`, `contains`, ... exact on them) |
