@@ -108,6 +108,7 @@ from .formats import ANY_STRING, FORMATS, SPEC_FORMATS
 from .grammar_syntax import Alt, GrammarSpec, Ref, Repeat, Seq, Terminal
 from .patterns import (
     LengthBoundError,
+    NoStringError,
     bounded_length,
     json_string_pattern,
     length_bounded_dfa,
@@ -1128,6 +1129,8 @@ class _Rewriter:
                     min_length=lengths.get("minLength", 0),
                     max_length=lengths.get("maxLength"),
                 )
+            except NoStringError:  # no value here: left out where the schema allows it
+                return NEVER
             except LengthBoundError:  # the pattern's automaton times a character counter
                 try:
                     body = json_string_pattern(pattern)

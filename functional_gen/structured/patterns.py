@@ -291,6 +291,11 @@ class LengthBoundError(ValueError):
     distributed): `length_bounded_dfa` intersects the automata instead."""
 
 
+class NoStringError(ValueError):
+    """No string matches a `pattern` within its length bounds: the schema there allows no
+    value (not an error of the schema: an optional property or an `anyOf` branch is left out)."""
+
+
 MAX_COUNTED_REPEAT = 10_000
 """The largest character count a length bound may make an automaton count to: a repeat written
 into a regex (`[a-z]{0,N}`, whose DFA has N states: outlines-core builds it in about 0.15 s for
@@ -438,7 +443,7 @@ def json_string_pattern(pattern: str, *, min_length: int = 0, max_length: int | 
         )
         out += [translator.sequence(b, top=False) for b in bounded]
     if not out:
-        raise ValueError(f"no string matches `pattern` {pattern!r} within the length bounds")
+        raise NoStringError(f"no string matches `pattern` {pattern!r} within the length bounds")
     return out[0] if len(out) == 1 else "(?:" + "|".join(out) + ")"
 
 

@@ -258,3 +258,15 @@ def test_plain_string_over_the_counter_limit_is_refused_or_dropped():
     with pytest.warns(UserWarning, match="maxLength"):
         automaton = js.json_schema_compile(schema, BYTES, cache=False, strict=False)
     assert _accepts(automaton, json.dumps("x" * 9000))  # the bound was dropped, as warned
+
+
+def test_pattern_no_string_matches_within_the_lengths_is_no_value():
+    # five digits in at most three characters: the property cannot be present (jsonschema agrees)
+    digits = {"type": "string", "pattern": "^[0-9]{5}$", "maxLength": 3}
+    schema = {"type": "object", "properties": {"a": digits, "b": {"type": "integer"}}}
+    regex = re.compile(json_schema_regex(schema))
+    for document in ({"b": 1}, {"a": "12345", "b": 1}, {"a": "123"}, {}):
+        text = json.dumps(document, separators=(",", ":"))
+        assert bool(regex.fullmatch(text)) == _valid(document, schema), text
+    with pytest.raises(UnsupportedSchemaError, match="no JSON value satisfies"):
+        json_schema_regex({**schema, "required": ["a"]})
