@@ -110,6 +110,7 @@ from .patterns import (
     LengthBoundError,
     NoStringError,
     bounded_length,
+    intersect_dfas,
     json_string_pattern,
     length_bounded_dfa,
 )
@@ -1104,12 +1105,10 @@ class _Rewriter:
                 )
             fmt = None  # not a JSON Schema format: an annotation
         if fmt is not None and pattern is not None:
-            self.refuse(
-                "pattern",
-                path,
-                "`pattern` together with `format` is not supported (the format is kept)",
-            )
-            pattern = None
+            terminal = self.format_and_pattern(fmt, pattern, lengths, path)
+            if terminal is not None:
+                return terminal
+            pattern = None  # refused with strict=False: the format is kept
         if fmt is not None:
             if lengths:
                 bounded = bounded_length(
@@ -1158,7 +1157,38 @@ class _Rewriter:
             return {"type": "string"} if terminal is None else terminal  # None: bounds dropped
         return {"type": "string", **lengths}
 
-    def bounded_string(self, body: str, lengths: dict, path: str, keyword: str = "pattern"):
+    def format_and_pattern(self, fmt: str, pattern: str, lengths: dict, path: str):
+        """A string in format `fmt` that `pattern` matches (and within `lengths`): the
+        intersection of the two body automata (`patterns.intersect_dfas`), then the character
+        counter of `length_bounded_dfa` if there are lengths, as a string automaton (see
+        `bounded_string`). `NEVER` when no string is both; `None` when it cannot be built and
+        `strict=False` dropped `pattern` (with `strict=True`, `UnsupportedSchemaError`)."""
+        try:
+            body = intersect_dfas(
+                regex_byte_dfa(FORMATS[fmt]),
+                regex_byte_dfa(json_string_pattern(pattern)),
+                max_states=_MAX_STRING_STATES,
+            )
+        except ConstraintError:  # no string is in the format and matches the pattern
+            return NEVER
+        except ValueError as e:
+            self.refuse("pattern", path, f"together with `format` {fmt!r}: {e}")
+            return None
+        if lengths:
+            return self.bounded_string(body, lengths, path, next(iter(lengths)))
+        return self.dfa_terminal(body, f"{fmt}\0{pattern}", path, "pattern")
+
+    def dfa_terminal(self, body: ByteDFA, source: str, path: str, keyword: str) -> dict:
+        """A marker for the string whose body automaton is `body` (`source` names it for the
+        placeholder's digest): spliced by `json_schema_compile`, a rule of the grammar form."""
+        digest = hashlib.sha1(source.encode()).hexdigest()[:24]
+        placeholder = f"{_DFA_TERMINAL}{digest}"
+        marker = self.marker(placeholder)
+        self.dfa_terminals[marker["const"]] = (placeholder, path, keyword)
+        self.dfa_texts[placeholder] = _quoted(body)
+        return marker
+
+    def bounded_string(self, body, lengths: dict, path: str, keyword: str = "pattern"):
         """A string whose body matches the regex `body` and whose length lies within
         `lengths` (`minLength`/`maxLength`), when no regex writes that compactly: a marker whose
         regex is a placeholder and whose automaton is `length_bounded_dfa`'s, quoted
@@ -1174,12 +1204,9 @@ class _Rewriter:
         except ValueError as e:
             self.refuse(keyword, path, str(e))
             return None
-        digest = hashlib.sha1(f"{body}\0{lo}\0{hi}".encode()).hexdigest()[:24]
-        placeholder = f"{_DFA_TERMINAL}{digest}"
-        marker = self.marker(placeholder)
-        self.dfa_terminals[marker["const"]] = (placeholder, path, keyword)
-        self.dfa_texts[placeholder] = _quoted(dfa)
-        return marker
+        if isinstance(body, ByteDFA):  # named by its states, as equal automata are equal
+            body = hashlib.sha1(body.delta.tobytes() + body.accepting.tobytes()).hexdigest()
+        return self.dfa_terminal(dfa, f"{body}\0{lo}\0{hi}", path, keyword)
 
     def _array(self, node: dict, path: str):
         out = {"type": "array"}

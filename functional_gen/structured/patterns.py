@@ -534,10 +534,44 @@ def _count_levels(dfa, lexer_next, lexer_counts, top: int, saturate: bool) -> li
     return levels
 
 
-def length_bounded_dfa(body: str, min_length: int, max_length: int | None, *, max_states: int):
+def intersect_dfas(a, b, *, max_states: int):
+    """The trimmed byte DFA of the texts both byte DFAs `a` and `b` accept (the product of their
+    reachable state pairs, built in breadth-first layers).
+
+    **Raises:** `ValueError` naming the size when the product has more than `max_states`
+    reachable pairs; `ConstraintError` when no text is accepted by both.
+    """
+    from .byte_dfa import REJECT, ByteDFA, trim
+
+    width = b.num_states
+    start = a.initial * width + b.initial
+    seen = {start}
+    layers, frontier = [np.array([start], np.int64)], np.array([start], np.int64)
+    while frontier.size:
+        na, nb = a.delta[frontier // width], b.delta[frontier % width]
+        ok = (na != REJECT) & (nb != REJECT)
+        fresh = np.unique((na * width + nb)[ok])
+        fresh = fresh[[int(x) not in seen for x in fresh]] if fresh.size else fresh
+        seen.update(map(int, fresh))
+        if len(seen) > max_states:
+            raise ValueError(
+                f"the intersection of two string automata ({a.num_states} and {b.num_states} "
+                f"states) has over {max_states:,} states"
+            )
+        layers.append(fresh)
+        frontier = fresh
+    states = np.sort(np.concatenate(layers))
+    na, nb = a.delta[states // width], b.delta[states % width]
+    ok = (na != REJECT) & (nb != REJECT)
+    delta = np.where(ok, np.searchsorted(states, np.where(ok, na * width + nb, start)), REJECT)
+    accepting = a.accepting[states // width] & b.accepting[states % width]
+    return trim(ByteDFA(delta.astype(np.int32), accepting, int(np.searchsorted(states, start))))
+
+
+def length_bounded_dfa(body, min_length: int, max_length: int | None, *, max_states: int):
     """A trimmed (not minimised) byte DFA of the JSON string bodies (the text between the
     quotes) that match the regex `body` (Rust `regex` syntax, a whole-text match, as `json_string_pattern` and
-    `formats.FORMATS` write them) and decode to `min_length..max_length` characters
+    `formats.FORMATS` write them; or a `ByteDFA` of such bodies) and decode to `min_length..max_length` characters
     (`max_length=None`: no upper bound): the product of `body`'s byte DFA with a lexer of the
     body (`_body_lexer`: a UTF-8 lead byte or a whole escape, `\\n` or `\\u00e9`, is one
     character, as `jsonschema` counts `len` of the decoded string) and a character counter that
@@ -563,7 +597,10 @@ def length_bounded_dfa(body: str, min_length: int, max_length: int | None, *, ma
             f"the strings of {body[:60]!r} with minLength {min_length} / maxLength {max_length}: "
             f"an automaton counting to {top:,} characters (the limit is {MAX_COUNTED_REPEAT:,})"
         )
-    dfa = minimize(regex_byte_dfa(body))
+    if isinstance(body, ByteDFA):
+        dfa, body = minimize(body), "(a string automaton)"
+    else:
+        dfa = minimize(regex_byte_dfa(body))
     lexer_next, lexer_counts = _body_lexer()
     width = top + 1
 

@@ -270,3 +270,26 @@ def test_pattern_no_string_matches_within_the_lengths_is_no_value():
         assert bool(regex.fullmatch(text)) == _valid(document, schema), text
     with pytest.raises(UnsupportedSchemaError, match="no JSON value satisfies"):
         json_schema_regex({**schema, "required": ["a"]})
+
+
+def test_format_and_pattern_are_intersected():
+    # MaskBench refused `pattern` beside `format`; the automata are intersected instead
+    schema = {"type": "string", "format": "date", "pattern": "^20(1[5-9]|2[0-4])-0[1-3]"}
+    automaton = js.json_schema_compile(schema, BYTES, cache=False)
+    seen = [0, 0]
+    for year in ("2014", "2015", "2019", "2024", "2025", "1999"):
+        for month in ("01", "02", "03", "04", "13"):
+            for day in ("01", "29", "30", "31", "32"):
+                value = f"{year}-{month}-{day}"
+                valid = _valid(value, schema)
+                assert _accepts(automaton, json.dumps(value)) == valid, value
+                seen[valid] += 1
+    assert seen[0] and seen[1]
+    bounded = {"type": "string", "format": "email", "pattern": "^a", "maxLength": 6}
+    automaton = js.json_schema_compile(bounded, BYTES, cache=False)
+    for value in ("a@b.co", "a@b.com", "b@c.de", "ab@c.d", "a@bcde", "a@b.c"):
+        expected = bool(re.fullmatch(EMAIL, value)) and value.startswith("a") and len(value) <= 6
+        assert _accepts(automaton, json.dumps(value)) == expected, value
+    never = {"type": "object", "properties": {"d": {**schema, "pattern": "^x"}}}
+    automaton = js.json_schema_compile(never, BYTES, cache=False)  # no date starts with x
+    assert _accepts(automaton, "{}") and not _accepts(automaton, '{"d":"x"}')
