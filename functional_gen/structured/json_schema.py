@@ -44,7 +44,8 @@ Keywords: unknown keywords are annotations and are ignored (JSON Schema 2020-12 
 as every validator does: `id`, `_format`, `javaName`, ...), and so is a `format` that JSON
 Schema does not define (`"int64"`, `"password"`). Known assertions that no regular constraint
 can enforce raise `UnsupportedSchemaError` naming the keyword and where it is, before anything
-is compiled: `not`, `if`/`then`/`else`, `dependentSchemas`,
+is compiled: `not` (except where its complement is a schema, `_negation`: a type, or
+`required` names of which one must then be absent), `if`/`then`/`else`, `dependentSchemas`,
 `dependencies` whose value is a schema, `contains`, `multipleOf`, `uniqueItems: true` (for more than one item),
 `unevaluated*`, overlapping `oneOf` branches, string lengths whose automaton would be too
 large (named with its size), the JSON Schema
@@ -312,6 +313,94 @@ def _json_type(value) -> str:
     if isinstance(value, list):
         return "array"
     return "object"
+
+
+_MAX_NEGATION_CHOICES = 32
+"""Most `anyOf` branches of a negated `required` (`_negation`)."""
+
+
+def _negation(schema):
+    """A schema equal to `{"not": schema}` where the complement is one, else `None`:
+
+    - `true`/`{}` -> `false`; `false` -> `true`;
+    - `{"type": T}` -> the other JSON types (`integer`'s complement is not a type: `None`);
+    - `{"required": R}` (beside vacuous `properties`) -> an object that lacks one of `R` (its
+      property schema `false`); `{"anyOf": [{"required": R1}, ...]}` -> an object that lacks
+      one of each `Ri` (at most `_MAX_NEGATION_CHOICES` choices). `required` holds only for
+      objects, so every other value matches it and fails the `not`.
+
+    Annotations are ignored. MaskBench's docker-compose schemas use the `required` forms."""
+    if schema is True or schema == {}:
+        return False
+    if schema is False:
+        return True
+    if not isinstance(schema, Mapping):
+        return None
+    keys = {k for k in schema if _asserts(k)}
+    if keys == {"type"}:
+        t = schema["type"]
+        types = {t} if isinstance(t, str) else set(t) if isinstance(t, list) else None
+        if not types or not types <= _JSON_TYPES or types & {"integer", "number"} == {"integer"}:
+            return None
+        rest = sorted(_JSON_TYPES - types - {"integer", "number"})
+        if not types & {"number", "integer"}:
+            rest.append("number")
+        return {"type": rest} if rest else False
+
+    def required_sets(part):
+        if not isinstance(part, Mapping):
+            return None
+        vacuous = all(v is True or v == {} for v in part.get("properties", {}).values())
+        names = part.get("required")
+        if (
+            {k for k in part if _asserts(k)} <= {"required", "properties"}
+            and vacuous
+            and isinstance(names, list)
+            and all(isinstance(n, str) for n in names)
+        ):
+            return [list(dict.fromkeys(names))]
+        return None
+
+    if keys == {"anyOf"} and isinstance(schema["anyOf"], list):
+        sets = []
+        for part in schema["anyOf"]:
+            found = required_sets(part)
+            if found is None:
+                return None
+            sets += found
+    else:
+        sets = required_sets(schema)
+    if not sets:
+        return None
+    if any(not names for names in sets):  # `required: []` holds for every value
+        return False
+    choices = list(itertools.islice(itertools.product(*sets), _MAX_NEGATION_CHOICES + 1))
+    if len(choices) > _MAX_NEGATION_CHOICES:
+        return None
+    branches = [{"properties": dict.fromkeys(absent, False)} for absent in choices]
+    return {"type": "object", **({"anyOf": branches} if len(branches) > 1 else branches[0])}
+
+
+def _forbidden_names(schema) -> set:
+    """Names an object under `schema` cannot have: property schemas `false` (also inside an
+    `allOf`, as `merge` writes them), and those of a `not` of `required` with one choice."""
+
+    def never(prop) -> bool:
+        return prop is False or (
+            isinstance(prop, Mapping)
+            and isinstance(prop.get("allOf"), list)
+            and any(p is False for p in prop["allOf"])
+        )
+
+    if not isinstance(schema, Mapping):
+        return set()
+    names = {n for n, p in schema.get("properties", {}).items() if never(p)}
+    parts = [_negation(schema["not"])] if "not" in schema else []
+    parts += schema.get("allOf", []) if isinstance(schema.get("allOf"), list) else []
+    for part in parts:
+        if isinstance(part, Mapping) and "anyOf" not in part and "not" not in part:
+            names |= _forbidden_names(part)
+    return names
 
 
 def _listed_values_of(schema) -> set | None:
@@ -893,6 +982,11 @@ class _Rewriter:
             for key, value in dependencies.items():
                 kind = "dependentRequired" if isinstance(value, list) else "dependentSchemas"
                 node[kind] = {**node.get(kind, {}), key: value}
+        if "not" in node:
+            negated = _negation(node["not"])
+            if negated is not None:  # `not` of a shape whose complement is a schema: exact
+                node.pop("not")
+                node["allOf"] = [*node.get("allOf", []), negated]
         for key in list(node):
             if key in _UNSUPPORTED:
                 self.refuse(key, path, _UNSUPPORTED[key])
@@ -1488,6 +1582,7 @@ class _Rewriter:
 
         Other branches are returned unchanged (`check_disjoint` then decides). `node`: the
         keywords beside `oneOf` (merged into each branch by the caller)."""
+        branches = [self.absorb_negation(b, path) for b in branches]
         merged = [
             self.merge(node, b, path) if isinstance(b, Mapping) else b
             for b in branches
@@ -1533,6 +1628,22 @@ class _Rewriter:
             except UnsupportedSchemaError:  # none of its types is left: it matches nothing alone
                 continue
         return out or [NEVER]
+
+    def absorb_negation(self, branch, path: str):
+        """`branch` with a `not` whose complement is one schema without `anyOf` (`_negation`:
+        a type, a name that must be absent) merged in, so that its type and forbidden names are
+        visible to the disjointness proof; `NEVER` when nothing is left."""
+        if not isinstance(branch, Mapping) or "not" not in branch:
+            return branch
+        negated = _negation(branch["not"])
+        if negated is False:
+            return NEVER
+        if not isinstance(negated, Mapping) or "anyOf" in negated:
+            return branch
+        try:
+            return self.merge({k: v for k, v in branch.items() if k != "not"}, negated, path)
+        except UnsupportedSchemaError:  # e.g. no type left in common
+            return NEVER
 
     def exclusive_presence(self, branches: list) -> list | None:
         """Branches that only require properties (`{"required": [...]}`, the "exactly one of
@@ -1631,7 +1742,7 @@ class _Rewriter:
                     discriminators[name] = values
             if node.get("additionalProperties") is False and not node.get("patternProperties"):
                 closed = set(node.get("properties", {}))  # the only names it may have
-        return ("types", types, discriminators, required, closed)
+        return ("types", types, discriminators, required, closed, _forbidden_names(node))
 
     def disjoint(self, a, b) -> bool:
         if a is None or b is None:
@@ -1652,6 +1763,8 @@ class _Rewriter:
                 any(name in b[2] and not a[2][name] & b[2][name] for name in a[2])
                 or (b[4] is not None and bool(a[3] - b[4]))  # `a` requires what `b` cannot have
                 or (a[4] is not None and bool(b[3] - a[4]))
+                or bool(a[3] & b[5])  # ... or forbids
+                or bool(b[3] & a[5])
             )
         return False
 

@@ -32,7 +32,7 @@ def test_random_documents_validate(vocabulary, name):
 @pytest.mark.parametrize(
     "schema,keyword",
     [
-        ({"not": {"type": "string"}}, "not"),
+        ({"not": {"type": "string", "pattern": "a"}}, "not"),
         ({"type": "integer", "multipleOf": 3}, "multipleOf"),
         ({"type": "array", "items": {"type": "integer"}, "uniqueItems": True}, "uniqueItems"),
         ({"type": "string", "format": "idn-hostname"}, "format"),
@@ -704,3 +704,43 @@ def test_one_of_that_truly_overlaps_is_still_refused():
     }
     with pytest.raises(UnsupportedSchemaError, match="oneOf"):
         json_schema_regex(schema)
+
+
+_ABC = {"a": {"type": "integer"}, "b": {"type": "integer"}, "c": {"type": "integer"}}
+NOT_CASES = {
+    "not_required": {"type": "object", "properties": _ABC, "not": {"required": ["a", "b"]}},
+    "not_any_required": {
+        "properties": _ABC,
+        "not": {"anyOf": [{"required": ["a"]}, {"required": ["b", "c"]}]},
+    },
+    "not_type": {"not": {"type": ["string", "object"]}},
+    # MaskBench's docker-compose schemas: exactly one of two fields, written with `not`
+    "one_of_with_not": {
+        "properties": _ABC,
+        "oneOf": [
+            {"required": ["a"], "not": {"required": ["b"]}},
+            {"required": ["b"], "not": {"required": ["a"]}},
+        ],
+    },
+}
+
+
+@pytest.mark.parametrize("name", sorted(NOT_CASES))
+def test_not_whose_complement_is_a_schema_is_exact(name):
+    schema = NOT_CASES[name]
+    regex = re.compile(json_schema_regex(schema))
+    validator = jsonschema.Draft202012Validator(schema)
+    documents = [dict.fromkeys(k, 1) for r in range(4) for k in itertools.combinations("abc", r)]
+    documents += ["x", 1, 2.5, None, True, [1]]
+    valid = 0
+    for document in documents:
+        text = json.dumps(document, separators=(",", ":"))
+        expected = validator.is_valid(document)
+        assert bool(regex.fullmatch(text)) == expected, (text, expected)
+        valid += expected
+    assert 0 < valid < len(documents)
+
+
+def test_not_of_other_shapes_is_still_refused():
+    with pytest.raises(UnsupportedSchemaError, match="not"):
+        json_schema_regex({"type": "string", "not": {"pattern": "^a"}})

@@ -55,4 +55,4 @@ def test_option_errors(tokenizer, tmp_path):
     with pytest.raises(ValueError, match="neither GBNF text"):
         constraint_from_options(tokenizer, gbnf=str(tmp_path / "missing.gbnf"))
     with pytest.raises(UnsupportedSchemaError, match="`not`"):
-        constraint_from_options(tokenizer, json_schema='{"not": {}}')
+        constraint_from_options(tokenizer, json_schema='{"not": {"pattern": "a"}}')
