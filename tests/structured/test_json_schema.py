@@ -744,3 +744,43 @@ def test_not_whose_complement_is_a_schema_is_exact(name):
 def test_not_of_other_shapes_is_still_refused():
     with pytest.raises(UnsupportedSchemaError, match="not"):
         json_schema_regex({"type": "string", "not": {"pattern": "^a"}})
+
+
+@pytest.mark.parametrize("extra", [False, True])
+def test_small_objects_accept_their_properties_in_any_order(extra):
+    # MaskBench's valid instances list properties in other orders than the schema (Glaive
+    # `calculate_area` ones: "shape" first); every order of every subset against jsonschema
+    schema = {
+        "type": "object",
+        "properties": {
+            "a": {"type": "integer"},
+            "b": {"type": "string"},
+            "c": {"type": "null"},
+            "d": {"type": "array", "items": {"type": "integer"}},
+        },
+        "required": ["a", "c"],
+        "additionalProperties": extra,
+    }
+    regex = re.compile(json_schema_regex(schema, property_order="any"))
+    validator = jsonschema.Draft202012Validator(schema)
+    values = {"a": 1, "b": "x", "c": None, "d": [1], "e": 2}
+    seen = [0, 0]
+    for r in range(5):
+        for keys in itertools.permutations("abcde", r):
+            document = {k: values[k] for k in keys}
+            text = json.dumps(document, separators=(",", ":"))
+            expected = validator.is_valid(document) and (not extra or "e" not in keys[:-1])
+            # (additional properties come after the listed ones)
+            assert bool(regex.fullmatch(text)) == expected, text
+            seen[expected] += 1
+    assert seen[0] and seen[1]
+    ordered = re.compile(json_schema_regex(schema))  # the default
+    assert ordered.fullmatch('{"a":1,"c":null}') and not ordered.fullmatch('{"c":null,"a":1}')
+
+
+def test_large_objects_keep_the_schema_order_and_bad_orders_are_refused():
+    schema = {"type": "object", "properties": {f"p{i}": {"type": "integer"} for i in range(7)}}
+    regex = re.compile(json_schema_regex(schema, property_order="any"))
+    assert regex.fullmatch('{"p0":1,"p6":2}') and not regex.fullmatch('{"p6":2,"p0":1}')
+    with pytest.raises(ValueError, match="property_order"):
+        json_schema_regex(schema, property_order="sorted")
