@@ -1775,6 +1775,7 @@ def json_schema_pushdown(
     *,
     stack_depth: int = DEFAULT_STACK_DEPTH,
     whitespace_pattern: str | None = None,
+    cache: bool = True,
     **options,
 ) -> PushdownAutomaton | None:
     """The `PushdownAutomaton` of a JSON Schema whose free-form values (`{}`, `true`, the values
@@ -1782,11 +1783,12 @@ def json_schema_pushdown(
     allows: the schema's regex is built as by `json_schema_regex`, each free-form value written
     as one `FREE_VALUE_CALL` character; the regex's byte DFA, with those characters turned into
     calls, is the bottom frame of a pushdown automaton whose recursive rule is any JSON value.
-    Memoised in this process.
+    Memoised in this process (the last 16 automata).
 
     **Arguments:** `schema`, `vocabulary`; `stack_depth`: stack slots (nesting depth of the
     free-form values); `whitespace_pattern` and `options`: as for `json_schema_regex`
-    (`free_form_depth` excluded).
+    (`free_form_depth` excluded); `cache`: `False` builds the automaton afresh, neither reading
+    nor filling the memo.
 
     **Returns:** the automaton, or `None` when the schema has no free-form value (the token
     automaton of `json_schema_automaton` is then exact and smaller).
@@ -1802,7 +1804,7 @@ def json_schema_pushdown(
     if escape(FREE_VALUE_CALL) not in regex:
         return None
     key = cache_key("json-pda", f"{stack_depth}\0{regex}", vocabulary)
-    if key in _PUSHDOWN_CACHE:
+    if cache and key in _PUSHDOWN_CACHE:
         return _PUSHDOWN_CACHE[key]
     dfa, call = _call_edges(regex)
     ws = _DEFAULT_WHITESPACE if whitespace_pattern is None else f"(?:{whitespace_pattern})"
@@ -1813,6 +1815,8 @@ def json_schema_pushdown(
         top=(dfa, call, "value"),
         description=f"json schema {_describe(schema)} (pushdown)",
     )
+    if not cache:
+        return automaton
     if len(_PUSHDOWN_CACHE) >= 16:
         _PUSHDOWN_CACHE.pop(next(iter(_PUSHDOWN_CACHE)))
     _PUSHDOWN_CACHE[key] = automaton
@@ -2320,8 +2324,9 @@ def json_schema_compile(
     free-form values.
 
     **Arguments:** `schema`, `vocabulary`; `cache`: use the caches (the token automaton's
-    memory and disk caches; the grammar form is memoised in memory only, and `False` empties
-    that memo first); `stack_depth`: of a
+    memory and disk caches; the pushdown automata are memoised in memory only: `False` empties
+    that memo first for the grammar form and bypasses it for `json_schema_pushdown`);
+    `stack_depth`: of a
     pushdown automaton; `options`: those of `json_schema_regex`.
 
     **Returns:** a `TokenAutomaton` or a `PushdownAutomaton`.
@@ -2373,7 +2378,9 @@ def json_schema_compile(
     if free is None and escape(FREE_VALUE_CALL) in full:
         options.pop("free_form_depth")
         try:
-            return json_schema_pushdown(schema, vocabulary, stack_depth=stack_depth, **options)
+            return json_schema_pushdown(
+                schema, vocabulary, stack_depth=stack_depth, cache=cache, **options
+            )
         except NotDeterministic as e:
             warnings.warn(
                 f"JSON Schema: no pushdown automaton ({e}); free-form values nest at most "

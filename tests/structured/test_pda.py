@@ -17,7 +17,7 @@ from functional_gen.structured import (
     parse_grammar,
     pushdown_automaton,
 )
-from functional_gen.structured.pda import build_pushdown, state_stack
+from functional_gen.structured.pda import PushdownAutomaton, build_pushdown, state_stack
 
 from .cases import JSON_GRAMMAR, PUSHDOWN_GRAMMARS, SPACED_FUNCTION_CALLS
 from .grammar_strings import mutate, sample
@@ -347,6 +347,23 @@ def test_json_schema_free_form_values_nest_as_deep_as_the_stack(name, vocabulary
             assert pda.accepts(text.encode()) == expected, (name, text, expected)
             counts[expected] += 1
     assert counts[True] >= 20 and counts[False] >= 20, counts
+
+
+def test_json_schema_compile_without_cache_builds_the_pushdown_afresh(vocabulary):
+    # `cache=False` promises a fresh build: the in-process memo of pushdown automata is neither
+    # read nor filled (it used to return the memoised automaton in ~2 ms).
+    from functional_gen.structured import json_schema as js
+
+    schema = {"type": "object", "properties": {"tags": {"type": "array"}}}
+    js._PUSHDOWN_CACHE.clear()
+    first = js.json_schema_compile(schema, vocabulary, cache=False, free_form_depth=None)
+    assert isinstance(first, PushdownAutomaton) and not js._PUSHDOWN_CACHE
+    second = js.json_schema_compile(schema, vocabulary, cache=False, free_form_depth=None)
+    assert second is not first
+    np.testing.assert_array_equal(second.masks, first.masks)  # the same tables, rebuilt
+    cached = js.json_schema_compile(schema, vocabulary, free_form_depth=None)
+    assert cached is not first and js._PUSHDOWN_CACHE
+    assert js.json_schema_compile(schema, vocabulary, free_form_depth=None) is cached
 
 
 def test_json_schema_processor_runs_the_pushdown_automaton(tokenizer):
