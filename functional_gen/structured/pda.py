@@ -1153,6 +1153,8 @@ def _token_tables(
     column = np.full(words * 32, dfs.size, np.int64)  # non-trie tokens: a last column of zeros
     column[dfs] = np.arange(dfs.size)
     packed = np.zeros((distinct.shape[0], words * 4), np.uint8)
+    piece_row = np.array([i for _, i, _ in pieces], np.int64)
+    piece_level = np.array([lv for _, _, lv in pieces], np.uint8)
     chunk = max(1, (1 << 26) // (dfs.size + 1))
     for start in range(0, distinct.shape[0], chunk):
         part = distinct[start : start + chunk]
@@ -1160,12 +1162,16 @@ def _token_tables(
         for byte in bytes_used.tolist():
             block = segments[block_start[byte] : block_start[byte] + block_size[byte]]
             block = block.reshape(-1, width_of[byte])
-            which = [pieces[j] for j in part[:, byte].tolist()]
-            rows_b = block[[i for _, i, _ in which]]
-            bits[:, span[byte] : span[byte + 1]] = (
-                rows_b <= np.array([lv for _, _, lv in which])[:, None]
+            which = part[:, byte]
+            np.less_equal(
+                block[piece_row[which]],
+                piece_level[which][:, None],
+                out=bits[:, span[byte] : span[byte + 1]].view(bool),
             )
-        packed[start : start + chunk] = np.packbits(bits[:, column], axis=1, bitorder="little")
+        # rows of `words * 32` bits: packing them flat packs each row on its own (and faster)
+        packed[start : start + chunk] = np.packbits(bits[:, column], bitorder="little").reshape(
+            part.shape[0], -1
+        )
     packed = packed.view(np.uint32)
     masks, order_rows = np.unique(packed.reshape(-1, words), axis=0, return_inverse=True)
     rows = order_rows.reshape(-1)[class_rows][class_of[source_of]]
