@@ -619,6 +619,27 @@ def _unique(values):
     return values[keep]
 
 
+def _unique_rows(rows):
+    """`np.unique(rows, axis=0, return_inverse=True)` for a 2-D integer array (the distinct rows
+    in lexicographic order, and each row's index among them; the inverse 1-D), by hashing the
+    rows' bytes and sorting only the distinct ones: numpy sorts every row as a structured
+    record (50 ms for 2,757 rows of 256 int32, 2 ms this way)."""
+    rows = np.ascontiguousarray(rows)
+    ids: dict = {}
+    first = []
+    inverse = np.empty(rows.shape[0], np.int64)
+    for i, row in enumerate(rows):
+        j = ids.setdefault(row.tobytes(), len(first))
+        if j == len(first):
+            first.append(i)
+        inverse[i] = j
+    distinct = rows[first]
+    order = np.lexsort(distinct.T[::-1]) if distinct.shape[1] else np.arange(len(first))
+    rank = np.empty(len(first), np.int64)
+    rank[order] = np.arange(len(first))
+    return distinct[order], rank[inverse]
+
+
 def _sorted_with_order(key):
     """`(np.sort(key), order)` with `key[order]` sorted, for non-negative int64 `key`; equal
     keys come in any order. Where the key and its index fit in 62 bits together, one sort of
@@ -1160,7 +1181,7 @@ def _token_tables(
                     pieces.append((byte, i, level))
                 ids[i] = j
             signature[:, level, byte] = ids[class_rank[:, byte]]
-    distinct, class_rows = np.unique(signature.reshape(-1, 256), axis=0, return_inverse=True)
+    distinct, class_rows = _unique_rows(signature.reshape(-1, 256))
     class_rows = class_rows.reshape(num_classes, levels)
     # The distinct rows, depth-first order, then in token order (in chunks: bounded memory).
     column = np.full(words * 32, dfs.size, np.int64)  # non-trie tokens: a last column of zeros
@@ -1186,7 +1207,7 @@ def _token_tables(
             part.shape[0], -1
         )
     packed = packed.view(np.uint32)
-    masks, order_rows = np.unique(packed.reshape(-1, words), axis=0, return_inverse=True)
+    masks, order_rows = _unique_rows(packed.reshape(-1, words))
     rows = order_rows.reshape(-1)[class_rows][class_of[source_of]]
     empty = np.flatnonzero(~masks.any(axis=1))
     mask_row = np.full((num_positions, num_slots, levels), empty[0] if empty.size else 0, np.int64)
