@@ -499,6 +499,9 @@ def build_pushdown(
     )
 
 
+_CALLED_RULES: dict = {}
+
+
 def _byte_rule_automata(spec: GrammarSpec | None, rules):
     """The automata of `build_pushdown(rules=...)`: the byte rules' DFAs and the grammar's
     recursive rules over common byte classes (bytes every DFA and terminal treats alike), each
@@ -507,9 +510,20 @@ def _byte_rule_automata(spec: GrammarSpec | None, rules):
 
     cut = cut_rules(spec) if spec is not None else []
     if spec is not None:
-        builder = _Builder(spec, cut)
-        called = [builder.rule_dfa(spec.rules[name], top=False) for name in cut]
-        grammar_class, grammar_nc = builder.byte_class, builder.num_classes
+        # The grammar's own rules do not depend on the byte rules: memoised per grammar (JSON
+        # Schemas call the same JSON value grammar every time; its automaton costs ~3 ms).
+        key = (repr(spec.rules), repr(spec.ignore), spec.start)
+        hit = _CALLED_RULES.get(key)
+        if hit is None:
+            builder = _Builder(spec, cut)
+            called = [builder.rule_dfa(spec.rules[name], top=False) for name in cut]
+            hit = (called, builder.byte_class, builder.num_classes)
+            for array in [builder.byte_class, *(a for d in called for a in (d.delta, d.accepting))]:
+                array.setflags(write=False)  # shared by every automaton built from `spec`
+            if len(_CALLED_RULES) >= 8:
+                _CALLED_RULES.pop(next(iter(_CALLED_RULES)))
+            _CALLED_RULES[key] = hit
+        called, grammar_class, grammar_nc = hit
     else:
         called, grammar_class, grammar_nc = [], np.zeros(256, np.int64), 1
     width = len(rules) - 1 + len(cut)
@@ -519,12 +533,9 @@ def _byte_rule_automata(spec: GrammarSpec | None, rules):
                 f"build_pushdown: the calls of rule {name!r} have shape {calls.shape}, expected "
                 f"{(dfa.num_states, width)} (states x callable rules)"
             )
-    _, byte_class = np.unique(
-        np.concatenate([grammar_class[None, :], *[dfa.delta for _, dfa, _ in rules]]),
-        axis=1,
-        return_inverse=True,
+    _, byte_class = _unique_rows(
+        np.concatenate([grammar_class[None, :], *[dfa.delta for _, dfa, _ in rules]]).T
     )
-    byte_class = byte_class.reshape(-1)
     representative = np.zeros(int(byte_class.max()) + 1, np.int64)
     representative[byte_class] = np.arange(256)
     old = grammar_class[representative]
