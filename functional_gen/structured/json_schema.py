@@ -2433,8 +2433,9 @@ class JsonSchema(AbstractConstraint):
       deep as the stack of a pushdown automaton allows (`json_schema_pushdown`), when the schema
       has such values and one can be built (otherwise depth 1, with a warning). The grammar
       form below, a pushdown automaton anyway, nests them as deep as the stack for any depth but
-      0. The pushdown form does not look at `max_new_tokens`: a row may end with `"length"`
-      inside a value.
+      0. The pushdown form keeps `max_new_tokens` as the token automaton does (rows end inside
+      the language). Depth 1 stays the default because the pushdown form compiles slower
+      (see `DEFAULT_FREE_FORM_DEPTH`); its decode step costs the same within noise.
     - `stack_depth`: stack slots of the pushdown automaton (default 32).
 
     The automaton is chosen automatically (`json_schema_compile`): a single schema whose regex

@@ -349,6 +349,36 @@ def test_json_schema_free_form_values_nest_as_deep_as_the_stack(name, vocabulary
     assert counts[True] >= 20 and counts[False] >= 20, counts
 
 
+def test_json_schema_pushdown_rows_end_valid_within_max_new_tokens(random_model, tokenizer):
+    # The pushdown form keeps the budget as the token automaton does: with budgets too small
+    # for what a random walk opens in the free-form `tags`, every text (EOS or "length") is a
+    # whole document that `jsonschema` validates.
+    import json
+
+    import jsonschema
+
+    schema = {
+        "type": "object",
+        "properties": {"name": {"type": "string"}, "tags": {"type": "array"}},
+        "required": ["name"],
+    }
+    processor = fg.processors.JsonSchema(schema, tokenizer, free_form_depth=None)
+    assert processor.pushdown is not None
+    for max_new_tokens, seed in ((16, 0), (28, 1)):
+        result = fg.generate(
+            random_model,
+            tokenizer,
+            ["a", "b", "c", "d", "e", "f"],
+            max_new_tokens=max_new_tokens,
+            processors=[processor],
+            sampler=fg.samplers.Multinomial(),
+            key=jax.random.key(seed),
+        )
+        for text, reason in zip(result.texts, result.finish_reasons):
+            assert reason in ("eos", "length"), (text, reason)
+            jsonschema.validate(json.loads(text), schema)
+
+
 def test_json_schema_compile_without_cache_builds_the_pushdown_afresh(vocabulary):
     # `cache=False` promises a fresh build: the in-process memo of pushdown automata is neither
     # read nor filled (it used to return the memoised automaton in ~2 ms).
