@@ -14,7 +14,7 @@ nodes, our own regexes where outlines-core's would let invalid documents through
 | `allOf` | regexes concatenated: invalid JSON | merged into one schema |
 | `oneOf` | treated as `anyOf` | `anyOf` when the branches are provably disjoint (as llguidance) |
 | objects | closed: no property beyond `properties` | open unless `additionalProperties: false` (JSON Schema's default; `closed_objects=True` closes them); `patternProperties`, `propertyNames`, `minProperties`/`maxProperties`, `required` names without a schema (any value) |
-| free-form values (`{}`) | nested 3 levels, a 14,000-character regex that takes minutes to compile | nested `free_form_depth` levels (default 1); as deep as the stack in the grammar form |
+| free-form values (`{}`) | nested 3 levels, a 14,000-character regex that takes minutes to compile | nested `free_form_depth` levels (default 1); as deep as the stack with `free_form_depth=None` and in the grammar form |
 | `enum`/`const` at the top (or in a top-level `allOf` branch) beside other keywords | the other keywords' regexes joined | the enum of the listed values `jsonschema` accepts under the whole schema (`not`, `if`, `contains`, ... exact on them) |
 | recursive `$ref` at the depth bound | property dropped, dangling `,` | inlined here; the bottom value left out |
 
@@ -355,7 +355,16 @@ additional property) may nest arrays and objects: 1 allows `[1, "a"]` and `{"a":
 `{"a": [1]}` (an open object is itself a level: its additional values may be such one-level
 values). Each level multiplies the automaton's compile time by about 40 (depth 2: about 2 s,
 depth 3: over a minute, through outlines-core's byte DFA); unbounded nesting needs the pushdown
-automaton."""
+automaton (`free_form_depth=None`, `json_schema_pushdown`).
+
+Why not `None` by default (2026-11-23): the pushdown form accepts every valid instance that
+depth 1 rejects for nesting (`benchmarks/bench_json_schema.py --limit 24`: 147/151 valid
+accepted against 143/151, invalid 278/278 both) and its decode step costs the same within
+noise (`benchmarks/bench_pushdown.py --json-schema`), but it compiles 2.5-4x slower: compile
+p50 415-502 ms against 98-121 ms at depth 1 (runs of the same tree in one window), a small
+schema `{"name": string, "tags": array}` about 110 ms against 12 ms. Its token tables walk the
+vocabulary's trie from every (position, top of stack) as (trie node, state) pairs, where the
+token automaton composes one state map per trie node (`byte_dfa._token_functions`)."""
 FREE_VALUE_CALL = "\x01"
 """Stands for a free-form value in a schema's regex on the pushdown path: a control character,
 which JSON text never holds raw (strings escape it; whitespace is space, tab, CR, LF)."""
