@@ -45,6 +45,15 @@ other developers' jobs at a load average of about 10, so compile times are infla
 | same, `--free-form-depth 2` | 110/120 (92%) | 1 | 146 / 2,956 / 6,257 | 145/151 | 278/278 |
 | same, `--pushdown` (`free_form_depth=None`) | 109/120 (91%) | 1 | 434 / 2,530 / 6,316 | 147/151 | 278/278 |
 | then the grammar form nests free-form values freely (468ad38, 03:12 UTC, quiet) | **110/120 (92%)** | 1 | **92** / 2,546 / 6,996 | 143/151 | 278/278 |
+| faster pushdown tables (branch pdafast, 04:26 UTC, load 1-2) | 110/120 (92%) | 1 | 98 / 2,319 / 6,320 | 143/151 | 278/278 |
+| same, `--pushdown` (right after; `cache=False` now really rebuilds) | 109/120 (91%) | 1 | 415 / 2,157 / 5,944 | 147/151 | 278/278 |
+| pdafast at 6761cdf, 04:55 UTC, load 3-4.2 | 110/120 (92%) | 1 | 226 / 2,731 / 7,669 | 143/151 | 278/278 |
+| same, `--pushdown` (right after) | 109/120 (91%) | 1 | 412 / 2,802 / 8,000 | 147/151 | 278/278 |
+
+Median per-schema ratio `--pushdown` / default over the 109 schemas both compiled: 2.85 in the
+04:26 pair, 3.01 in a pair at 04:43 (load 2-4: p50 119 / 502 ms), 1.73 in the 04:55 pair (the
+default's run caught the heavier load): `free_form_depth=None` is still 2-3x the compile time
+of depth 1, so depth 1 stays the default (`json_schema.DEFAULT_FREE_FORM_DEPTH`).
 
 In the last four runs every valid instance rejected beyond the free-form depth is one whose
 properties come in another order than the schema's `properties` (o6084, o69474: 2 each): the

@@ -16,7 +16,17 @@ unconstrained vs 15.3 ms pushdown (ratio 0.995, median 1.014); batch 8 64.0 vs 6
 median 0.985); the DFA at depth 4: 0.990 and 1.119. The mask's cost (a bitmask row, <= 12
 candidate walks, the previous token's bytes) is below the noise of the model's step.
 
-Run: `python benchmarks/bench_pushdown.py [--rounds 5]` (about 2-4 minutes on 2 CPU cores).
+3. (`--json-schema`, alone) Decode step of a small JSON Schema with a free-form value
+   (`SMALL_FREE_FORM`), as the token automaton (`free_form_depth=1`) and as a pushdown
+   automaton (`free_form_depth=None`), batch 1 and 8, rounds interleaved. Recorded on
+   2026-11-23 (CPU, 16 steps): at 04:34 UTC (load 1.1, `--rounds 5`) pushdown / DFA best
+   1.051 (median 0.977) at batch 1, 1.039 (0.992) at batch 8; at 04:53 UTC (load 3.5-4.9,
+   `--rounds 9`) 0.952 (0.846) and 0.909 (0.886). Within noise of each other: the pushdown's
+   per-step work (bitmask row, <= 8 candidate walks, the previous token's bytes) is small
+   beside the model's step, so decoding does not argue against `free_form_depth=None`.
+
+Run: `python benchmarks/bench_pushdown.py [--rounds 5] [--json-schema]` (about 2-4 minutes on
+2 CPU cores).
 """
 
 import argparse
@@ -136,6 +146,67 @@ def decode_step(model, tokenizer, rounds: int, steps: int = 16):
     )
 
 
+SMALL_FREE_FORM = {
+    "type": "object",
+    "properties": {"name": {"type": "string"}, "tags": {"type": "array"}},
+    "required": ["name"],
+}
+"""A small schema with a free-form value (`tags`: an array without `items`)."""
+
+
+def json_schema_step(model, tokenizer, rounds: int, steps: int = 16):
+    """Decode step of `SMALL_FREE_FORM` as the token automaton of its regex
+    (`JsonSchema(free_form_depth=1)`, free-form values one level deep) and as a pushdown
+    automaton (`free_form_depth=None`, as deep as the stack), vs no processor; rounds
+    interleaved, best and median ratios."""
+    dfa = fg.processors.JsonSchema(SMALL_FREE_FORM, tokenizer, free_form_depth=1)
+    pda = fg.processors.JsonSchema(SMALL_FREE_FORM, tokenizer, free_form_depth=None)
+    assert dfa.pushdown is None and pda.pushdown is not None
+    prompt = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Give a user with a name and nested tags as JSON."}],
+        add_generation_prompt=True,
+        tokenize=True,
+        return_dict=False,
+    )
+    rows = []
+    for batch in (1, 8):
+        runs = {
+            "none": step_timer(model, prompt, [], batch, steps),
+            "dfa": step_timer(model, prompt, [dfa], batch, steps),
+            "pda": step_timer(model, prompt, [pda], batch, steps),
+        }
+        samples = {k: [] for k in runs}
+        for _ in range(rounds):
+            for k, f in runs.items():
+                samples[k].append(f())
+        best = {k: min(v) for k, v in samples.items()}
+        median = {k: statistics.median(v) for k, v in samples.items()}
+        rows.append(
+            [
+                batch,
+                f"{best['none'] * 1e3:.1f}",
+                f"{best['dfa'] * 1e3:.1f}",
+                f"{best['pda'] * 1e3:.1f}",
+                f"{best['pda'] / best['dfa']:.3f}",
+                f"{median['pda'] / median['dfa']:.3f}",
+                f"{best['dfa'] / best['none']:.3f}",
+            ]
+        )
+    print("## 3. Decode step of a small JSON Schema with a free-form value (ms per step)\n")
+    table(
+        [
+            "batch",
+            "unconstrained",
+            "free_form_depth=1 (DFA)",
+            "None (pushdown)",
+            "pushdown / DFA (best)",
+            "pushdown / DFA (median)",
+            "DFA / unconstrained (best)",
+        ],
+        rows,
+    )
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -143,10 +214,18 @@ def main():
     )
     parser.add_argument("--repeat", type=int, default=3, help="repetitions of each build timing")
     parser.add_argument("--skip-decode", action="store_true")
+    parser.add_argument(
+        "--json-schema",
+        action="store_true",
+        help="only section 3: a small schema's decode step, free_form_depth=1 vs None",
+    )
     args = parser.parse_args()
     model, tokenizer = fg.load_model()
     vocabulary = vocabulary_from_tokenizer(tokenizer)
     print(f"# Pushdown automaton benchmark ({jax.devices()[0].platform}, {os.cpu_count()} CPUs)\n")
+    if args.json_schema:
+        json_schema_step(model, tokenizer, args.rounds)
+        return
     builds(vocabulary, args.repeat)
     if not args.skip_decode:
         decode_step(model, tokenizer, args.rounds)

@@ -14,7 +14,7 @@ nodes, our own regexes where outlines-core's would let invalid documents through
 | `allOf` | regexes concatenated: invalid JSON | merged into one schema |
 | `oneOf` | treated as `anyOf` | `anyOf` when the branches are provably disjoint (types, listed discriminators, a closed object against a required name; as llguidance), or made disjoint exactly: finite branches -> the values exactly one lists, a type two branches accept whole taken out, `required`-only branches -> presence choices; else refused |
 | objects | closed: no property beyond `properties` | open unless `additionalProperties: false` (JSON Schema's default; `closed_objects=True` closes them); `patternProperties`, `propertyNames`, `minProperties`/`maxProperties`, `required` names without a schema (any value) |
-| free-form values (`{}`) | nested 3 levels, a 14,000-character regex that takes minutes to compile | nested `free_form_depth` levels (default 1); as deep as the stack in the grammar form |
+| free-form values (`{}`) | nested 3 levels, a 14,000-character regex that takes minutes to compile | nested `free_form_depth` levels (default 1); as deep as the stack with `free_form_depth=None` and in the grammar form |
 | `enum`/`const` at the top (or in a top-level `allOf` branch) beside other keywords | the other keywords' regexes joined | the enum of the listed values `jsonschema` accepts under the whole schema (`not`, `if`, `contains`, ... exact on them) |
 | recursive `$ref` at the depth bound | property dropped, dangling `,` | inlined here; the bottom value left out |
 
@@ -460,7 +460,16 @@ additional property) may nest arrays and objects: 1 allows `[1, "a"]` and `{"a":
 `{"a": [1]}` (an open object is itself a level: its additional values may be such one-level
 values). Each level multiplies the automaton's compile time by about 40 (depth 2: about 2 s,
 depth 3: over a minute, through outlines-core's byte DFA); unbounded nesting needs the pushdown
-automaton."""
+automaton (`free_form_depth=None`, `json_schema_pushdown`).
+
+Why not `None` by default (2026-11-23): the pushdown form accepts every valid instance that
+depth 1 rejects for nesting (`benchmarks/bench_json_schema.py --limit 24`: 147/151 valid
+accepted against 143/151, invalid 278/278 both) and its decode step costs the same within
+noise (`benchmarks/bench_pushdown.py --json-schema`), but it compiles 2.5-4x slower: compile
+p50 415-502 ms against 98-121 ms at depth 1 (runs of the same tree in one window), a small
+schema `{"name": string, "tags": array}` about 110 ms against 12 ms. Its token tables walk the
+vocabulary's trie from every (position, top of stack) as (trie node, state) pairs, where the
+token automaton composes one state map per trie node (`byte_dfa._token_functions`)."""
 FREE_VALUE_CALL = "\x01"
 """Stands for a free-form value in a schema's regex on the pushdown path: a control character,
 which JSON text never holds raw (strings escape it; whitespace is space, tab, CR, LF)."""
@@ -2161,6 +2170,7 @@ def json_schema_pushdown(
     *,
     stack_depth: int = DEFAULT_STACK_DEPTH,
     whitespace_pattern: str | None = None,
+    cache: bool = True,
     **options,
 ) -> PushdownAutomaton | None:
     """The `PushdownAutomaton` of a JSON Schema whose free-form values (`{}`, `true`, the values
@@ -2168,11 +2178,12 @@ def json_schema_pushdown(
     allows: the schema's regex is built as by `json_schema_regex`, each free-form value written
     as one `FREE_VALUE_CALL` character; the regex's byte DFA, with those characters turned into
     calls, is the bottom frame of a pushdown automaton whose recursive rule is any JSON value.
-    Memoised in this process.
+    Memoised in this process (the last 16 automata).
 
     **Arguments:** `schema`, `vocabulary`; `stack_depth`: stack slots (nesting depth of the
     free-form values); `whitespace_pattern` and `options`: as for `json_schema_regex`
-    (`free_form_depth` excluded).
+    (`free_form_depth` excluded); `cache`: `False` builds the automaton afresh, neither reading
+    nor filling the memo.
 
     **Returns:** the automaton, or `None` when the schema has no free-form value (the token
     automaton of `json_schema_automaton` is then exact and smaller).
@@ -2188,7 +2199,7 @@ def json_schema_pushdown(
     if escape(FREE_VALUE_CALL) not in regex:
         return None
     key = cache_key("json-pda", f"{stack_depth}\0{regex}", vocabulary)
-    if key in _PUSHDOWN_CACHE:
+    if cache and key in _PUSHDOWN_CACHE:
         return _PUSHDOWN_CACHE[key]
     dfa, call = _call_edges(regex)
     ws = _DEFAULT_WHITESPACE if whitespace_pattern is None else f"(?:{whitespace_pattern})"
@@ -2199,6 +2210,8 @@ def json_schema_pushdown(
         top=(dfa, call, "value"),
         description=f"json schema {_describe(schema)} (pushdown)",
     )
+    if not cache:
+        return automaton
     if len(_PUSHDOWN_CACHE) >= 16:
         _PUSHDOWN_CACHE.pop(next(iter(_PUSHDOWN_CACHE)))
     _PUSHDOWN_CACHE[key] = automaton
@@ -2706,8 +2719,9 @@ def json_schema_compile(
     free-form values.
 
     **Arguments:** `schema`, `vocabulary`; `cache`: use the caches (the token automaton's
-    memory and disk caches; the grammar form is memoised in memory only, and `False` empties
-    that memo first); `stack_depth`: of a
+    memory and disk caches; the pushdown automata are memoised in memory only: `False` empties
+    that memo first for the grammar form and bypasses it for `json_schema_pushdown`);
+    `stack_depth`: of a
     pushdown automaton; `options`: those of `json_schema_regex`.
 
     **Returns:** a `TokenAutomaton` or a `PushdownAutomaton`.
@@ -2761,7 +2775,9 @@ def json_schema_compile(
     if free is None and escape(FREE_VALUE_CALL) in full:
         options.pop("free_form_depth")
         try:
-            return json_schema_pushdown(schema, vocabulary, stack_depth=stack_depth, **options)
+            return json_schema_pushdown(
+                schema, vocabulary, stack_depth=stack_depth, cache=cache, **options
+            )
         except NotDeterministic as e:
             warnings.warn(
                 f"JSON Schema: no pushdown automaton ({e}); free-form values nest at most "
@@ -2815,8 +2831,9 @@ class JsonSchema(AbstractConstraint):
       deep as the stack of a pushdown automaton allows (`json_schema_pushdown`), when the schema
       has such values and one can be built (otherwise depth 1, with a warning). The grammar
       form below, a pushdown automaton anyway, nests them as deep as the stack for any depth but
-      0. The pushdown form does not look at `max_new_tokens`: a row may end with `"length"`
-      inside a value.
+      0. The pushdown form keeps `max_new_tokens` as the token automaton does (rows end inside
+      the language). Depth 1 stays the default because the pushdown form compiles slower
+      (see `DEFAULT_FREE_FORM_DEPTH`); its decode step costs the same within noise.
     - `stack_depth`: stack slots of the pushdown automaton (default 32).
     - `property_order`: `"schema"` (default) or `"any"`, see `PROPERTY_ORDERS`.
 

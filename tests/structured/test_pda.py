@@ -17,7 +17,7 @@ from functional_gen.structured import (
     parse_grammar,
     pushdown_automaton,
 )
-from functional_gen.structured.pda import build_pushdown, state_stack
+from functional_gen.structured.pda import PushdownAutomaton, build_pushdown, state_stack
 
 from .cases import JSON_GRAMMAR, PUSHDOWN_GRAMMARS, SPACED_FUNCTION_CALLS
 from .grammar_strings import mutate, sample
@@ -347,6 +347,53 @@ def test_json_schema_free_form_values_nest_as_deep_as_the_stack(name, vocabulary
             assert pda.accepts(text.encode()) == expected, (name, text, expected)
             counts[expected] += 1
     assert counts[True] >= 20 and counts[False] >= 20, counts
+
+
+def test_json_schema_pushdown_rows_end_valid_within_max_new_tokens(random_model, tokenizer):
+    # The pushdown form keeps the budget as the token automaton does: with budgets too small
+    # for what a random walk opens in the free-form `tags`, every text (EOS or "length") is a
+    # whole document that `jsonschema` validates.
+    import json
+
+    import jsonschema
+
+    schema = {
+        "type": "object",
+        "properties": {"name": {"type": "string"}, "tags": {"type": "array"}},
+        "required": ["name"],
+    }
+    processor = fg.processors.JsonSchema(schema, tokenizer, free_form_depth=None)
+    assert processor.pushdown is not None
+    for max_new_tokens, seed in ((16, 0), (28, 1)):
+        result = fg.generate(
+            random_model,
+            tokenizer,
+            ["a", "b", "c", "d", "e", "f"],
+            max_new_tokens=max_new_tokens,
+            processors=[processor],
+            sampler=fg.samplers.Multinomial(),
+            key=jax.random.key(seed),
+        )
+        for text, reason in zip(result.texts, result.finish_reasons):
+            assert reason in ("eos", "length"), (text, reason)
+            jsonschema.validate(json.loads(text), schema)
+
+
+def test_json_schema_compile_without_cache_builds_the_pushdown_afresh(vocabulary):
+    # `cache=False` promises a fresh build: the in-process memo of pushdown automata is neither
+    # read nor filled (it used to return the memoised automaton in ~2 ms).
+    from functional_gen.structured import json_schema as js
+
+    schema = {"type": "object", "properties": {"tags": {"type": "array"}}}
+    js._PUSHDOWN_CACHE.clear()
+    first = js.json_schema_compile(schema, vocabulary, cache=False, free_form_depth=None)
+    assert isinstance(first, PushdownAutomaton) and not js._PUSHDOWN_CACHE
+    second = js.json_schema_compile(schema, vocabulary, cache=False, free_form_depth=None)
+    assert second is not first
+    np.testing.assert_array_equal(second.masks, first.masks)  # the same tables, rebuilt
+    cached = js.json_schema_compile(schema, vocabulary, free_form_depth=None)
+    assert cached is not first and js._PUSHDOWN_CACHE
+    assert js.json_schema_compile(schema, vocabulary, free_form_depth=None) is cached
 
 
 def test_json_schema_processor_runs_the_pushdown_automaton(tokenizer):
