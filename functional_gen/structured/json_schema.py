@@ -598,6 +598,11 @@ class _RegexTooLarge(ConstraintError):
         )
 
 
+class _RecursionRefused(ConstraintError):
+    """Internal: the grammar form cannot keep this schema's recursion as rules
+    (`json_schema_compile` then unrolls it)."""
+
+
 class _TooLarge(Exception):
     """An object regex over `_MAX_OBJECT_REGEX` characters (caught by `_Rewriter._object`)."""
 
@@ -744,6 +749,10 @@ _MAX_INLINED_NODES = 100_000
 """How many schema nodes reference inlining may produce: beyond, the schema is refused with the
 reason (mutually recursive definitions grow exponentially with `max_recursion_depth`)."""
 _ROOT_URI = "urn:functional-gen:root"
+_MAX_RECURSIVE_MERGES = 64
+"""How many times the rewrite may merge a recursive target's subtree with other keywords
+(`_Rewriter.merge`): a recursion through such merges (`{"$ref": "#", "required": [..]}` inside
+the target) would inline it forever; beyond, the recursion is unrolled instead."""
 
 
 def _root_resolver(root):
@@ -766,7 +775,12 @@ def _root_resolver(root):
     return registry.crawl().resolver(base_uri=base), specification
 
 
-def inline_references(root, max_recursion_depth: int):
+_RECURSIVE = "$fgRecursive"
+"""The key of `inline_references(recursive=True)`'s placeholder for a recursive reference: its
+value is the index of the reference's target in the returned expansions."""
+
+
+def inline_references(root, max_recursion_depth: int, *, recursive: bool = False):
     """`root` with every `$ref` replaced by (a copy of) its target, resolved by the
     `referencing` library as `jsonschema` resolves it (`$id` / draft-4 `id` base URIs,
     `$anchor`, JSON pointers, percent-encoding). A reference met again inside its own expansion
@@ -777,6 +791,16 @@ def inline_references(root, max_recursion_depth: int):
     outlines-core unrolls recursion itself but cuts it by dropping the property, which leaves a
     dangling comma (`{"value": 1, }`); we cut it where JSON stays valid instead.
 
+    With `recursive=True` nothing is unrolled or cut (`max_recursion_depth` is not used): a
+    reference met again inside its own expansion (the root counts as the expansion of `#`)
+    becomes the placeholder `{"$fgRecursive": k}`, and the subtree built where target `k` was
+    expanded (any of them: none is cut, so they all mean the target) is `expansions[k]`. The
+    grammar form makes each such target a rule and each placeholder a call of it
+    (`_Rewriter.recursive_call`), so recursion nests as deep as the pushdown stack.
+
+    **Returns:** the inlined schema; with `recursive=True`, `(schema, expansions)`,
+    `expansions` a list of the recursive targets' subtrees (empty when nothing recurses).
+
     **Raises:** `UnsupportedSchemaError` for remote (not embedded) or unresolvable references,
     and when the expansion exceeds `_MAX_INLINED_NODES` schema nodes.
     """
@@ -784,6 +808,8 @@ def inline_references(root, max_recursion_depth: int):
 
     resolver, specification = _root_resolver(root)
     count = [0]
+    targets: dict[int, int] = {}  # id of a recursive target's contents -> its index
+    expansions: dict[int, object] = {}
 
     def walk(node, path: str, stack: tuple, resolver):
         if not isinstance(node, Mapping):
@@ -813,9 +839,14 @@ def inline_references(root, max_recursion_depth: int):
                     f"(remote references are not fetched): {type(e).__name__}",
                 ) from None
             key = id(resolved.contents)
-            if stack.count(key) >= max_recursion_depth:
+            if recursive and key in stack:
+                target = {_RECURSIVE: targets.setdefault(key, len(targets))}
+            elif stack.count(key) >= max_recursion_depth:
                 return NEVER
-            target = walk(resolved.contents, f"{path}/$ref", stack + (key,), resolved.resolver)
+            else:
+                target = walk(resolved.contents, f"{path}/$ref", stack + (key,), resolved.resolver)
+                if key in targets:
+                    expansions.setdefault(targets[key], target)
             siblings = {k: v for k, v in node.items() if _asserts(k)}
             if not siblings:
                 return target
@@ -848,7 +879,12 @@ def inline_references(root, max_recursion_depth: int):
                 node[key] = walk(node[key], f"{path}/{key}", stack, resolver)
         return node
 
-    return walk(root, "#", (), resolver)
+    if not recursive:
+        return walk(root, "#", (), resolver)
+    schema = walk(root, "#", (id(root),), resolver)
+    if id(root) in targets:
+        expansions.setdefault(targets[id(root)], schema)
+    return schema, [expansions[k] for k in range(len(targets))]
 
 
 class _Rewriter:
@@ -864,8 +900,18 @@ class _Rewriter:
         max_recursion_depth: int = DEFAULT_MAX_RECURSION_DEPTH,
         free_form_depth: "int | _FreeValueCall | None" = DEFAULT_FREE_FORM_DEPTH,
         counted_strings: bool = False,
+        expansions: Sequence = (),
     ):
         self.root = root
+        self.expansions = list(expansions)
+        """The recursive targets' subtrees (`inline_references(recursive=True)`): target `k`'s
+        rule body, called by its placeholders (`recursive_call`)."""
+        self.bodies = {id(body): k for k, body in enumerate(self.expansions)}
+        self.recursive: dict[int, str] = {}
+        """Target index -> the marker of its rule, whose substitution is the regex of the
+        rewritten target (filled by `fill_recursive` when the target itself is rewritten)."""
+        self.filled: set[int] = set()
+        self.recursive_merges = 0
         self.counted_strings = counted_strings
         """Write a plain string with a length bound over `_COUNTED_STRING_MIN` as an automaton
         (`bounded_string`) instead of a counted regex repeat (only `json_schema_compile`, which
@@ -938,11 +984,14 @@ class _Rewriter:
         `limit` characters (checked before it is built)."""
         found = re.compile(f'"(FGSUB[0-9]+X{self.tag})"')
         sizes: dict[str, int] = {}
+        calls = set(self.recursive.values())
 
         def size(text: str) -> int:
             total = len(text)
             for match in found.finditer(text):
                 name = match.group(1)
+                if name in calls:
+                    raise _RecursionRefused("a recursive rule has no single regex")
                 if name not in sizes:
                     sizes[name] = 4 + size(self.substitutions[name])
                 total += sizes[name] - len(match.group(0))
@@ -967,6 +1016,14 @@ class _Rewriter:
 
     def node(self, node, path: str):
         """The rewritten schema, or `NEVER` when no value can satisfy it."""
+        if isinstance(node, Mapping) and _RECURSIVE in node:
+            return self.recursive_call(node[_RECURSIVE])
+        k = self.bodies.get(id(node)) if isinstance(node, Mapping) else None
+        if k is not None and k not in self.filled:  # a recursive target: its rule's body too
+            self.filled.add(k)
+            rewritten = self.node(dict(node), path)
+            self.fill_recursive(k, rewritten, path)
+            return rewritten
         if node is True or node == {}:
             return self.any_value()
         if node is False or node is NEVER:
@@ -995,6 +1052,38 @@ class _Rewriter:
         if "dependentRequired" in node:
             return self.node(self.dependent_required(node, path), path)
         return self.structural(node, path)
+
+    def recursive_call(self, k: int) -> dict:
+        """The marker of the rule of recursive target `k` (a placeholder of
+        `inline_references(recursive=True)`). Markers are named after their regexes, which the
+        target's is not yet: this one is named for the target, and its substitution is filled
+        when the target is rewritten (`fill_recursive`, `finish_recursive`)."""
+        name = self.recursive.get(k)
+        if name is None:
+            name = self.recursive[k] = f"FGSUB{len(self.substitutions)}X{self.tag}"
+            self.substitutions[name] = ""  # filled by fill_recursive
+        return {"const": name}
+
+    def fill_recursive(self, k: int, rewritten, path: str) -> None:
+        """Make `rewritten` (recursive target `k`, rewritten) the body of `k`'s rule.
+
+        **Raises:** `_RecursionRefused` when no value satisfies the target (its recursion never
+        ends; the unrolled path cuts it where it may)."""
+        if rewritten is NEVER:
+            raise _RecursionRefused(f"no value satisfies the recursive target at {path}")
+        self.filled.add(k)
+        if k in self.recursive:
+            self.substitutions[self.recursive[k]] = self.regex_of(rewritten)
+
+    def finish_recursive(self) -> None:
+        """Rewrite the recursive targets whose rules are called but whose subtrees the pass
+        over the schema did not rewrite as they are (only merged into others: `allOf`, a
+        `$ref` with sibling keywords), until every called rule has its body."""
+        while pending := [k for k in self.recursive if k not in self.filled]:
+            for k in pending:
+                self.filled.add(k)
+                body = self.expansions[k]
+                self.fill_recursive(k, self.node(dict(body), f"(recursive target {k})"), "")
 
     def dependent_required(self, node: dict, path: str) -> dict:
         """`dependentRequired` as an `anyOf` of objects: for each dependency `name: [needed]`,
@@ -1514,11 +1603,24 @@ class _Rewriter:
     # ------------------------------------------------------------------ combinators
 
     def deref(self, node, path: str):
-        """`node` itself: references are inlined before the rewrite (`inline_references`)."""
+        """`node` itself (references are inlined before the rewrite, `inline_references`), or
+        for a recursive placeholder its target's subtree."""
+        if isinstance(node, Mapping) and _RECURSIVE in node:
+            return self.expansions[node[_RECURSIVE]]
         return node
 
     def merge(self, a, b, path: str) -> dict:
         """The schema of `a` AND `b` (for `allOf` and sibling keywords)."""
+        if any(isinstance(x, Mapping) and _RECURSIVE in x for x in (a, b)):
+            # a recursive target merged with other keywords: its subtree, one level inlined
+            # (its own references still call the target's rule); a recursion through such
+            # merges would unroll forever, so their number is bounded
+            self.recursive_merges += 1
+            if self.recursive_merges > _MAX_RECURSIVE_MERGES:
+                raise _RecursionRefused(
+                    f"a recursive reference merged with other keywords at {path}"
+                )
+            a, b = self.deref(a, path), self.deref(b, path)
         if b is True or b == {}:
             return dict(a)
         if not isinstance(b, Mapping):
@@ -1969,10 +2071,13 @@ def _rewrite(
     closed_objects: bool = False,
     free_form_depth: int | _FreeValueCall | None = DEFAULT_FREE_FORM_DEPTH,
     counted_strings: bool = False,
+    recursive: bool = False,
 ) -> tuple[_Rewriter, str]:
     """The rewriter after its pass over `schema` and the schema's regex with the markers left
     in (`_Rewriter.substitute` expands them; the grammar form makes rules of some). Arguments and
-    errors as `json_schema_regex`."""
+    errors as `json_schema_regex`; `recursive=True` keeps recursive references as markers of
+    rules (`inline_references(recursive=True)`, `_Rewriter.recursive`: only the grammar form
+    can compile them) instead of unrolling them."""
     if (
         isinstance(max_recursion_depth, bool)
         or not isinstance(max_recursion_depth, int)
@@ -1984,7 +2089,11 @@ def _rewrite(
     schema = schema_as_dict(schema)
     check_schema(schema)
     schema = _listed_values(schema)
-    root = inline_references(schema, max_recursion_depth)
+    expansions = ()
+    if recursive:
+        root, expansions = inline_references(schema, max_recursion_depth, recursive=True)
+    else:
+        root = inline_references(schema, max_recursion_depth)
     if free_form_depth is not _CALL and (
         isinstance(free_form_depth, bool)
         or not isinstance(free_form_depth, int)
@@ -2001,8 +2110,10 @@ def _rewrite(
         max_recursion_depth=max_recursion_depth,
         free_form_depth=free_form_depth,
         counted_strings=counted_strings,
+        expansions=expansions,
     )
     normalized = rewriter.node(root, "#")
+    rewriter.finish_recursive()
     if normalized is NEVER:
         raise UnsupportedSchemaError(
             "$ref",
@@ -2178,12 +2289,24 @@ def _plan_rules(rewriter: _Rewriter, regex: str, banned: set) -> tuple[str, list
     size exceeds `_RULE_REGEX`, or `_SHARED_RULE_REGEX` when it is used in more than one place,
     unless it is `banned` (a call that would not be deterministic). A marker over `_RULE_REGEX`
     first calls its largest subschemas (down to `_MIN_RULE_REGEX` characters) until it fits.
+    The markers of recursive targets (`_Rewriter.recursive`) are always rules, numbered first:
+    every cycle of the marker graph passes through one of them, so the graph without their
+    out-edges is a DAG and the bottom-up pass measures the others first.
     Returns `(root regex, rule
-    names, rule regexes)`, the regexes with each rule's marker replaced by `_rule_call`."""
+    names, rule regexes)`, the regexes with each rule's marker replaced by `_rule_call`.
+
+    **Raises:** `NotDeterministic` when a recursive target's rule is `banned` (it cannot be
+    inlined); `_RecursionRefused` beyond `_MAX_RULES` recursive targets."""
     found = re.compile(f'"(FGSUB[0-9]+X{rewriter.tag})"')
     uses: dict[str, int] = {}
     order: list[str] = []
     seen: set = set()
+    recursive = list(rewriter.recursive.values())
+    calls = set(recursive)
+    if banned & calls:
+        raise NotDeterministic("a recursive reference is called where one byte cannot choose it")
+    if len(recursive) > _MAX_RULES:
+        raise _RecursionRefused(f"more than {_MAX_RULES} recursive targets")
 
     def visit(text: str) -> None:
         for match in found.finditer(text):
@@ -2191,12 +2314,16 @@ def _plan_rules(rewriter: _Rewriter, regex: str, banned: set) -> tuple[str, list
             uses[name] = uses.get(name, 0) + 1
             if name not in seen:
                 seen.add(name)
-                visit(rewriter.substitutions[name])
-                order.append(name)  # after its children
+                if name not in calls:
+                    visit(rewriter.substitutions[name])
+                    order.append(name)  # after its children
 
     visit(regex)
+    for name in recursive:  # after everything they call: their sizes are not needed
+        seen.add(name)
+        visit(rewriter.substitutions[name])
     size: dict[str, int] = {}
-    index: dict[str, int] = {}
+    index: dict[str, int] = {name: i for i, name in enumerate(recursive)}
     call_size = len(_rule_call(0))
 
     def measured(text: str) -> int:
@@ -2300,6 +2427,39 @@ def _rule_edges(regex: str, rules: int, free_value: bool) -> tuple[ByteDFA, np.n
         delta[:, byte] = REJECT
     joined = minimize(ByteDFA(np.concatenate([delta, calls], axis=1), dfa.accepting, dfa.initial))
     return ByteDFA(joined.delta[:, :256], joined.accepting, joined.initial), joined.delta[:, 256:]
+
+
+def _check_productive(automata: list, rules: int) -> None:
+    """Refuse a grammar form in which some rule or state cannot finish (a recursion with no
+    way out, `{"required": ["next"], "properties": {"next": {"$ref": "#"}}}`): the pushdown
+    automaton would offer text that can never end. A fixed point: a state can finish when it
+    accepts, or reads a byte or calls a rule that can finish into a state that can.
+
+    **Arguments:** as `_nondeterministic_calls` (the free-form value, call column `rules`
+    when present, always finishes).
+
+    **Raises:** `_RecursionRefused` naming the first rule that cannot finish."""
+    productive = np.zeros(rules + 1, bool)
+    productive[rules:] = True
+    done = [dfa.accepting.copy() for dfa, _ in automata]
+    changed = True
+    while changed:
+        changed = False
+        for a, (dfa, calls) in enumerate(automata):
+            good = done[a]
+            step = np.where(dfa.delta != REJECT, good[np.maximum(dfa.delta, 0)], False).any(1)
+            usable = productive[: calls.shape[1]]
+            via = np.where(calls != REJECT, good[np.maximum(calls, 0)], False)
+            step |= (via & usable[None, :]).any(1)
+            if (step & ~good).any():
+                done[a] = good | step
+                changed = True
+            if a and not productive[a - 1] and done[a][dfa.initial]:
+                productive[a - 1] = changed = True
+    for a in range(len(automata)):
+        if not done[a].all():
+            name = "the schema" if a == 0 else f"rule {a - 1}"
+            raise _RecursionRefused(f"{name} has text that can never end (endless recursion)")
 
 
 def _nondeterministic_calls(automata: list, rules: int) -> set[int]:
@@ -2574,6 +2734,8 @@ def json_schema_grammar(
             automata.append(dfas[text, len(rules), value])
         bad = _nondeterministic_calls(automata, len(rules))
         if not bad:
+            if rewriter.recursive:
+                _check_productive(automata, len(rules))
             break
         banned |= {rules[r] for r in bad}
     else:
@@ -2642,6 +2804,11 @@ def json_schema_compile(
     a schema whose free-form value cannot be called deterministically falls back to depth
     `DEFAULT_FREE_FORM_DEPTH` with a `UserWarning`, as `JsonSchema` does.)
     """
+    if not cache:
+        _PUSHDOWN_CACHE.clear()
+    recursive = _recursive_grammar(schema, vocabulary, stack_depth, options)
+    if recursive is not None:
+        return recursive
     free = options.get("free_form_depth", DEFAULT_FREE_FORM_DEPTH)
     rewriter, regex = _rewrite(
         schema,
@@ -2699,6 +2866,53 @@ def json_schema_compile(
     return regex_automaton(
         full, vocabulary, cache=cache, description=f"json schema {_describe(schema)}"
     )
+
+
+def _recursive_grammar(schema, vocabulary, stack_depth: int, options: dict):
+    """For `json_schema_compile`: the grammar form of a schema with recursive references, each
+    recursive target a rule and each recursive reference a call of it
+    (`inline_references(recursive=True)`), so that recursion nests as deep as the stack
+    (`stack_depth`) instead of `max_recursion_depth` unrolled levels; free-form values are
+    calls of the JSON value rule too (unless `free_form_depth=0`; where that is not
+    deterministic, nested `free_form_depth` levels).
+
+    **Returns:** the `PushdownAutomaton`, or `None` when the schema has no recursive reference
+    or its recursion cannot be rules (a recursive call that a one-byte lookahead cannot choose,
+    `NotDeterministic`; a recursion that never ends; any other error of the grammar form, which
+    the unrolled path then reports or avoids): the caller unrolls it as before, so every schema
+    that compiles unrolled still compiles. Warnings of an attempt that returns `None` are
+    dropped (the unrolled path gives its own)."""
+    free = options.get("free_form_depth", DEFAULT_FREE_FORM_DEPTH)
+    attempts = [_CALL] if free is None else [_CALL, free] if free else [0]
+    for depth in attempts:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                rewriter, regex = _rewrite(
+                    schema,
+                    **{**options, "free_form_depth": depth},
+                    counted_strings=True,
+                    recursive=True,
+                )
+                if not rewriter.recursive:
+                    return None
+                automaton = json_schema_grammar(
+                    schema,
+                    vocabulary,
+                    stack_depth=stack_depth,
+                    _rewritten=(rewriter, regex),
+                    **{**options, "free_form_depth": None if depth is _CALL else depth},
+                )
+            except NotDeterministic:
+                continue
+            except ValueError:  # ConstraintError, UnsupportedSchemaError, GrammarError
+                return None
+        for warning in caught:
+            warnings.warn_explicit(
+                warning.message, warning.category, warning.filename, warning.lineno
+            )
+        return automaton
+    return None
 
 
 _PUSHDOWN_CACHE: dict = {}
