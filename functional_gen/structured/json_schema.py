@@ -16,7 +16,7 @@ nodes, our own regexes where outlines-core's would let invalid documents through
 | objects | closed: no property beyond `properties` | open unless `additionalProperties: false` (JSON Schema's default; `closed_objects=True` closes them); `patternProperties`, `propertyNames`, `minProperties`/`maxProperties`, `required` names without a schema (any value) |
 | free-form values (`{}`) | nested 3 levels, a 14,000-character regex that takes minutes to compile | nested `free_form_depth` levels (default 1); as deep as the stack in the grammar form |
 | `enum`/`const` at the top (or in a top-level `allOf` branch) beside other keywords | the other keywords' regexes joined | the enum of the listed values `jsonschema` accepts under the whole schema (`not`, `if`, `contains`, ... exact on them) |
-| recursive `$ref` at the depth bound | property dropped, dangling `,` | inlined here; the bottom value left out |
+| recursive `$ref` | unrolled `max_recursion_depth` times, the property dropped at the bound: dangling `,` | `json_schema_compile`: a call of a grammar rule for its target, nested as deep as the stack (`stack_depth`, default 32); where that cannot run deterministically, and in `json_schema_regex`, unrolled `max_recursion_depth` times with the bottom value left out where JSON stays valid |
 
 A rewritten node is replaced by a `const` marker string; after outlines-core has built the
 regex, each marker's regex is substituted by ours.
@@ -70,8 +70,18 @@ byte cannot choose between two rules (an `anyOf` of two objects) inlines them th
 several rules' automata share (the members after a recursive property, in each unrolled copy of
 the definition) becomes one more rule that each of them tail-calls (`_shared_tails`). The
 grammar form is refused (`ConstraintError`, at once) when its rules' automata have more than
-`_MAX_GRAMMAR_POSITIONS` states in all: the pushdown token tables would take too long. Recursive
-`$ref`s are still unrolled `max_recursion_depth` times before the rules are chosen.
+`_MAX_GRAMMAR_POSITIONS` states in all: the pushdown token tables would take too long.
+
+**Recursive `$ref`s.** `json_schema_compile` first tries the grammar form with each recursive
+reference kept as a call (`inline_references(recursive=True)`: a reference met again inside its
+own expansion becomes a placeholder; `_Rewriter.recursive_call` makes it a marker whose
+substitution is the rewritten target, a rule that `_plan_rules` always keeps), so a schema like
+an expression tree nests as deep as the stack allows, whatever `max_recursion_depth` says, at the
+size of one copy of each recursive definition. It falls back to the unrolled path (and its
+result or error) when the recursion cannot be rules: a recursive call where a one-byte lookahead
+cannot choose (`anyOf` of a recursive object and another object), a recursion through `allOf`
+merges (`{"$ref": "#", "required": [..]}` inside the target), a recursion that never ends, or
+any other error of the grammar form. `json_schema_regex` (one regex) always unrolls.
 
 Where we follow llguidance (`docs/json_schema.md`): properties come in the order of
 `properties`; additional properties come after the listed ones; `format` is enforced;
@@ -749,7 +759,7 @@ _MAX_INLINED_NODES = 100_000
 """How many schema nodes reference inlining may produce: beyond, the schema is refused with the
 reason (mutually recursive definitions grow exponentially with `max_recursion_depth`)."""
 _ROOT_URI = "urn:functional-gen:root"
-_MAX_RECURSIVE_MERGES = 64
+_MAX_RECURSIVE_MERGES = 16
 """How many times the rewrite may merge a recursive target's subtree with other keywords
 (`_Rewriter.merge`): a recursion through such merges (`{"$ref": "#", "required": [..]}` inside
 the target) would inline it forever; beyond, the recursion is unrolled instead."""
@@ -2798,6 +2808,13 @@ def json_schema_compile(
     that memo first); `stack_depth`: of a
     pushdown automaton; `options`: those of `json_schema_regex`.
 
+    A schema with recursive references compiles first to the grammar form with each recursive
+    reference a call of its target's rule (`_recursive_grammar`): nesting is bounded by
+    `stack_depth`, not `max_recursion_depth`; when that fails (a call one byte cannot choose,
+    a recursion that never ends, one through `allOf` merges) the references are unrolled
+    `max_recursion_depth` times and compiled as above, with the same result as without the
+    attempt.
+
     **Returns:** a `TokenAutomaton` or a `PushdownAutomaton`.
 
     **Raises:** as `json_schema_regex` and `json_schema_grammar`. (With `free_form_depth=None`,
@@ -2905,7 +2922,7 @@ def _recursive_grammar(schema, vocabulary, stack_depth: int, options: dict):
                 )
             except NotDeterministic:
                 continue
-            except ValueError:  # ConstraintError, UnsupportedSchemaError, GrammarError
+            except (ValueError, RecursionError):  # ConstraintError, GrammarError, too deep
                 return None
         for warning in caught:
             warnings.warn_explicit(
@@ -2925,8 +2942,10 @@ class JsonSchema(AbstractConstraint):
     conversion plus exact integer/number ranges, strict formats, JSON-safe string patterns,
     merged `allOf`), then compiled like `Regex`. Properties come in the order of the schema;
     optional properties may be left out; whitespace between tokens is none or one space by
-    default. Recursive `$ref`s are unrolled `max_recursion_depth` times: deeper nesting is not
-    offered, so the output stays valid.
+    default. Recursive `$ref`s are calls of a rule of a pushdown automaton, nested as deep as
+    `stack_depth` allows, where that runs deterministically (`json_schema_compile`); otherwise,
+    and for a list of schemas, they are unrolled `max_recursion_depth` times: deeper nesting is
+    not offered, so the output stays valid.
 
     Every row ends inside the language: the device mask only offers tokens after which the
     document can still be closed within the row's remaining `max_new_tokens` (when the
@@ -2948,7 +2967,8 @@ class JsonSchema(AbstractConstraint):
     - `tokenizer`, `eos_token_id`, `vocab_size`: as in `Regex`.
     - `whitespace_pattern`: regex of the whitespace allowed between JSON tokens (default
       `[ ]?`). Pass `""` for compact JSON.
-    - `max_recursion_depth`: unrolling depth of recursive references (default 3).
+    - `max_recursion_depth`: unrolling depth of recursive references where they are unrolled
+      (default 3; see above).
     - `free_form_depth`: how deep free-form values (`{}`, additional properties of open
       objects, arrays without `items`) nest (default 1, in the token automaton). `None`: as
       deep as the stack of a pushdown automaton allows (`json_schema_pushdown`), when the schema
