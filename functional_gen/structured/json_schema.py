@@ -2082,12 +2082,13 @@ def _rewrite(
     free_form_depth: int | _FreeValueCall | None = DEFAULT_FREE_FORM_DEPTH,
     counted_strings: bool = False,
     recursive: bool = False,
-) -> tuple[_Rewriter, str]:
+) -> tuple[_Rewriter, str] | None:
     """The rewriter after its pass over `schema` and the schema's regex with the markers left
     in (`_Rewriter.substitute` expands them; the grammar form makes rules of some). Arguments and
     errors as `json_schema_regex`; `recursive=True` keeps recursive references as markers of
     rules (`inline_references(recursive=True)`, `_Rewriter.recursive`: only the grammar form
-    can compile them) instead of unrolling them."""
+    can compile them) instead of unrolling them; then `None` when nothing recurses (before the
+    rewrite: the caller takes the unrolled path)."""
     if (
         isinstance(max_recursion_depth, bool)
         or not isinstance(max_recursion_depth, int)
@@ -2102,6 +2103,8 @@ def _rewrite(
     expansions = ()
     if recursive:
         root, expansions = inline_references(schema, max_recursion_depth, recursive=True)
+        if not expansions:
+            return None
     else:
         root = inline_references(schema, max_recursion_depth)
     if free_form_depth is not _CALL and (
@@ -2905,14 +2908,15 @@ def _recursive_grammar(schema, vocabulary, stack_depth: int, options: dict):
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             try:
-                rewriter, regex = _rewrite(
+                rewritten = _rewrite(
                     schema,
                     **{**options, "free_form_depth": depth},
                     counted_strings=True,
                     recursive=True,
                 )
-                if not rewriter.recursive:
-                    return None
+                if rewritten is None or not rewritten[0].recursive:
+                    return None  # nothing recurses (or every recursive call was left out)
+                rewriter, regex = rewritten
                 automaton = json_schema_grammar(
                     schema,
                     vocabulary,
