@@ -921,6 +921,8 @@ class _Rewriter:
         """Target index -> the marker of its rule, whose substitution is the regex of the
         rewritten target (filled by `fill_recursive` when the target itself is rewritten)."""
         self.filled: set[int] = set()
+        self.body_regex: dict[int, str] = {}
+        """Target index -> the regex of the rewritten target (its rule's body)."""
         self.recursive_merges = 0
         self.counted_strings = counted_strings
         """Write a plain string with a length bound over `_COUNTED_STRING_MIN` as an automaton
@@ -1071,7 +1073,9 @@ class _Rewriter:
         name = self.recursive.get(k)
         if name is None:
             name = self.recursive[k] = f"FGSUB{len(self.substitutions)}X{self.tag}"
-            self.substitutions[name] = ""  # filled by fill_recursive
+            # the body when the target was rewritten already (a placeholder in another copy
+            # of it); else filled by fill_recursive
+            self.substitutions[name] = self.body_regex.get(k, "")
         return {"const": name}
 
     def fill_recursive(self, k: int, rewritten, path: str) -> None:
@@ -1082,8 +1086,9 @@ class _Rewriter:
         if rewritten is NEVER:
             raise _RecursionRefused(f"no value satisfies the recursive target at {path}")
         self.filled.add(k)
+        self.body_regex[k] = self.regex_of(rewritten)
         if k in self.recursive:
-            self.substitutions[self.recursive[k]] = self.regex_of(rewritten)
+            self.substitutions[self.recursive[k]] = self.body_regex[k]
 
     def finish_recursive(self) -> None:
         """Rewrite the recursive targets whose rules are called but whose subtrees the pass
@@ -1094,6 +1099,8 @@ class _Rewriter:
                 self.filled.add(k)
                 body = self.expansions[k]
                 self.fill_recursive(k, self.node(dict(body), f"(recursive target {k})"), "")
+        if any(not self.substitutions[name] for name in self.recursive.values()):
+            raise RuntimeError("internal error: a recursive rule without a body")
 
     def dependent_required(self, node: dict, path: str) -> dict:
         """`dependentRequired` as an `anyOf` of objects: for each dependency `name: [needed]`,
