@@ -2895,6 +2895,20 @@ def json_schema_compile(
     )
 
 
+def _recurses(schema) -> bool:
+    """Whether `schema` (as `json_schema_compile` takes it) has a recursive reference: a quick
+    test before the checks and the rewrite (most schemas have no `$ref` at all; the others are
+    inlined once more, without the metaschema check). `False` for a schema these steps refuse
+    (the unrolled path then reports it)."""
+    try:
+        schema = schema_as_dict(schema)
+        if '"$ref"' not in json.dumps(schema):
+            return False
+        return bool(inline_references(schema, 1, recursive=True)[1])
+    except (ValueError, TypeError, RecursionError):
+        return False
+
+
 def _recursive_grammar(schema, vocabulary, stack_depth: int, options: dict):
     """For `json_schema_compile`: the grammar form of a schema with recursive references, each
     recursive target a rule and each recursive reference a call of it
@@ -2909,6 +2923,8 @@ def _recursive_grammar(schema, vocabulary, stack_depth: int, options: dict):
     the unrolled path then reports or avoids): the caller unrolls it as before, so every schema
     that compiles unrolled still compiles. Warnings of an attempt that returns `None` are
     dropped (the unrolled path gives its own)."""
+    if not _recurses(schema):
+        return None
     free = options.get("free_form_depth", DEFAULT_FREE_FORM_DEPTH)
     attempts = [_CALL] if free is None else [_CALL, free] if free else [0]
     for depth in attempts:
