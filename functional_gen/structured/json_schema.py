@@ -759,7 +759,7 @@ _MAX_INLINED_NODES = 100_000
 """How many schema nodes reference inlining may produce: beyond, the schema is refused with the
 reason (mutually recursive definitions grow exponentially with `max_recursion_depth`)."""
 _ROOT_URI = "urn:functional-gen:root"
-_MAX_RECURSIVE_MERGES = 16
+_MAX_RECURSIVE_MERGES = 64
 """How many times the rewrite may merge a recursive target's subtree with other keywords
 (`_Rewriter.merge`): a recursion through such merges (`{"$ref": "#", "required": [..]}` inside
 the target) would inline it forever; beyond, the recursion is unrolled instead."""
@@ -1632,12 +1632,13 @@ class _Rewriter:
             # a recursive target merged with other keywords: its subtree, one level inlined
             # (its own references still call the target's rule); a recursion through such
             # merges would unroll forever, so their number is bounded
-            self.recursive_merges += 1
+            a, b = self.deref(a, path), self.deref(b, path)
+            if a != {} and b is not True and b != {}:
+                self.recursive_merges += 1
             if self.recursive_merges > _MAX_RECURSIVE_MERGES:
                 raise _RecursionRefused(
                     f"a recursive reference merged with other keywords at {path}"
                 )
-            a, b = self.deref(a, path), self.deref(b, path)
         if b is True or b == {}:
             return dict(a)
         if not isinstance(b, Mapping):

@@ -443,6 +443,17 @@ FOREST = {
     "$ref": "#/$defs/tree",
 }
 """Two mutually recursive definitions."""
+LOGIC = {
+    "oneOf": [
+        {"type": "integer"},
+        {
+            "type": "object",
+            "properties": {"not": {"$ref": "#"}, "and": {"type": "array", "items": {"$ref": "#"}}},
+            "additionalProperties": False,
+        },
+    ]
+}
+"""Recursion under `oneOf` (its branches are proved disjoint by type)."""
 
 
 def _linked(rng, depth):
@@ -471,6 +482,15 @@ def _forest(rng, depth):
             _forest(rng, int(rng.integers(1, depth))) for _ in range(count - 1)
         ]
     return doc
+
+
+def _logic(rng, depth):
+    if depth <= 1:
+        return int(rng.integers(-5, 5)) if rng.random() < 0.97 else 1.5
+    if rng.random() < 0.5:
+        return {"not": _logic(rng, depth - 1)}
+    rest = [_logic(rng, int(rng.integers(1, depth))) for _ in range(int(rng.integers(0, 2)))]
+    return {"and": [_logic(rng, depth - 1), *rest]}
 
 
 def _depth(value) -> int:
@@ -505,6 +525,7 @@ def test_inline_references_recursive_leaves_placeholders():
         ("linked_list", LINKED_LIST, _linked),
         ("expression", EXPRESSION, _expression),
         ("forest", FOREST, _forest),
+        ("logic", LOGIC, _logic),
     ],
 )
 def test_recursive_references_are_rules_as_deep_as_the_stack(name, schema, make):
