@@ -16,7 +16,7 @@ nodes, our own regexes where outlines-core's would let invalid documents through
 | objects | closed: no property beyond `properties` | open unless `additionalProperties: false` (JSON Schema's default; `closed_objects=True` closes them); `patternProperties`, `propertyNames`, `minProperties`/`maxProperties`, `required` names without a schema (any value) |
 | free-form values (`{}`) | nested 3 levels, a 14,000-character regex that takes minutes to compile | nested `free_form_depth` levels (default 1); as deep as the stack in the grammar form |
 | `enum`/`const` at the top (or in a top-level `allOf` branch) beside other keywords | the other keywords' regexes joined | the enum of the listed values `jsonschema` accepts under the whole schema (`not`, `if`, `contains`, ... exact on them) |
-| recursive `$ref` | unrolled `max_recursion_depth` times, the property dropped at the bound: dangling `,` | `json_schema_compile`: a call of a grammar rule for its target, nested as deep as the stack (`stack_depth`, default 32); where that cannot run deterministically, and in `json_schema_regex`, unrolled `max_recursion_depth` times with the bottom value left out where JSON stays valid |
+| recursive `$ref` | unrolled `max_recursion_depth` times, the property dropped at the bound: dangling `,` | `json_schema_compile` (`max_recursion_depth=None`, `JsonSchema`'s default): a call of a grammar rule for its target, nested as deep as the stack (`stack_depth`, default 32); with an integer `max_recursion_depth`, where that cannot run deterministically, and in `json_schema_regex`, unrolled `max_recursion_depth` times with the bottom value left out where JSON stays valid |
 
 A rewritten node is replaced by a `const` marker string; after outlines-core has built the
 regex, each marker's regex is substituted by ours.
@@ -72,8 +72,8 @@ the definition) becomes one more rule that each of them tail-calls (`_shared_tai
 grammar form is refused (`ConstraintError`, at once) when its rules' automata have more than
 `_MAX_GRAMMAR_POSITIONS` states in all: the pushdown token tables would take too long.
 
-**Recursive `$ref`s.** `json_schema_compile` first tries the grammar form with each recursive
-reference kept as a call (`inline_references(recursive=True)`: a reference met again inside its
+**Recursive `$ref`s.** `json_schema_compile` (unless given an integer `max_recursion_depth`)
+first tries the grammar form with each recursive reference kept as a call (`inline_references(recursive=True)`: a reference met again inside its
 own expansion becomes a placeholder; `_Rewriter.recursive_call` makes it a marker whose
 substitution is the rewritten target, a rule that `_plan_rules` always keeps), so a schema like
 an expression tree nests as deep as the stack allows, whatever `max_recursion_depth` says, at the
@@ -2819,12 +2819,15 @@ def json_schema_compile(
     that memo first); `stack_depth`: of a
     pushdown automaton; `options`: those of `json_schema_regex`.
 
-    A schema with recursive references compiles first to the grammar form with each recursive
+    With `max_recursion_depth=None` (`JsonSchema`'s default; absent counts as `None`), a
+    schema with recursive references compiles first to the grammar form with each recursive
     reference a call of its target's rule (`_recursive_grammar`): nesting is bounded by
-    `stack_depth`, not `max_recursion_depth`; when that fails (a call one byte cannot choose,
-    a recursion that never ends, one through `allOf` merges) the references are unrolled
-    `max_recursion_depth` times and compiled as above, with the same result as without the
-    attempt.
+    `stack_depth`; when that fails (a call one byte cannot choose, a recursion that never
+    ends, one through `allOf` merges) the references are unrolled
+    `DEFAULT_MAX_RECURSION_DEPTH` times and compiled as above, with the same result as without
+    the attempt. An integer `max_recursion_depth` unrolls that many times, as
+    `json_schema_regex` does (a token automaton while the regex is small: what `per_row`
+    needs).
 
     **Returns:** a `TokenAutomaton` or a `PushdownAutomaton`.
 
@@ -2834,9 +2837,11 @@ def json_schema_compile(
     """
     if not cache:
         _PUSHDOWN_CACHE.clear()
-    recursive = _recursive_grammar(schema, vocabulary, stack_depth, options)
-    if recursive is not None:
-        return recursive
+    if options.get("max_recursion_depth") is None:
+        options.pop("max_recursion_depth", None)
+        recursive = _recursive_grammar(schema, vocabulary, stack_depth, options)
+        if recursive is not None:
+            return recursive
     free = options.get("free_form_depth", DEFAULT_FREE_FORM_DEPTH)
     rewriter, regex = _rewrite(
         schema,
@@ -2972,8 +2977,8 @@ class JsonSchema(AbstractConstraint):
     optional properties may be left out; whitespace between tokens is none or one space by
     default. Recursive `$ref`s are calls of a rule of a pushdown automaton, nested as deep as
     `stack_depth` allows, where that runs deterministically (`json_schema_compile`); otherwise,
-    and for a list of schemas, they are unrolled `max_recursion_depth` times: deeper nesting is
-    not offered, so the output stays valid.
+    for a list of schemas, and with an integer `max_recursion_depth`, they are unrolled:
+    deeper nesting is not offered, so the output stays valid.
 
     Every row ends inside the language: the device mask only offers tokens after which the
     document can still be closed within the row's remaining `max_new_tokens` (when the
@@ -2995,8 +3000,10 @@ class JsonSchema(AbstractConstraint):
     - `tokenizer`, `eos_token_id`, `vocab_size`: as in `Regex`.
     - `whitespace_pattern`: regex of the whitespace allowed between JSON tokens (default
       `[ ]?`). Pass `""` for compact JSON.
-    - `max_recursion_depth`: unrolling depth of recursive references where they are unrolled
-      (default 3; see above).
+    - `max_recursion_depth`: `None` (default): recursive references are rules, as deep as the
+      stack, where that is deterministic (a pushdown automaton, which `per_row` cannot combine
+      with other constraints), else unrolled `DEFAULT_MAX_RECURSION_DEPTH` (3) times; an
+      integer: unrolled that many times (a token automaton for a small schema).
     - `free_form_depth`: how deep free-form values (`{}`, additional properties of open
       objects, arrays without `items`) nest (default 1, in the token automaton). `None`: as
       deep as the stack of a pushdown automaton allows (`json_schema_pushdown`), when the schema
@@ -3031,7 +3038,7 @@ class JsonSchema(AbstractConstraint):
         eos_token_id: int | Sequence[int] | None = None,
         vocab_size: int | None = None,
         whitespace_pattern: str | None = None,
-        max_recursion_depth: int = DEFAULT_MAX_RECURSION_DEPTH,
+        max_recursion_depth: int | None = None,
         strict: bool = True,
         closed_objects: bool = False,
         free_form_depth: int | None = DEFAULT_FREE_FORM_DEPTH,
@@ -3069,6 +3076,8 @@ class JsonSchema(AbstractConstraint):
             return
         if free_form_depth is None:
             free_form_depth = DEFAULT_FREE_FORM_DEPTH  # one token automaton per row
+        if max_recursion_depth is None:
+            max_recursion_depth = DEFAULT_MAX_RECURSION_DEPTH  # unrolled in token automata
         regexes = [
             json_schema_regex(
                 s,

@@ -630,3 +630,14 @@ def test_endless_recursion_is_refused_as_before():
     assert isinstance(automaton, PushdownAutomaton)
     text = b'{"next":' * 7 + b"null" + b"}" * 7
     assert automaton.accepts(text) and not automaton.accepts(text[:-1])
+
+
+def test_an_integer_max_recursion_depth_unrolls_as_before():
+    # what `per_row` needs: a token automaton, recursion cut after 3 levels
+    js._PUSHDOWN_CACHE.clear()
+    automaton = js.json_schema_compile(LINKED_LIST, BYTES, cache=False, max_recursion_depth=3)
+    assert not isinstance(automaton, PushdownAutomaton)
+    for depth, accepted in ((3, True), (4, True), (5, False)):
+        text = b'{"value":1,"next":' * (depth - 1) + b'{"value":1}' + b"}" * (depth - 1)
+        assert bool(automaton.accepting[automaton.walk(list(text))]) == accepted, depth
+        assert _unrolled_accepts(LINKED_LIST, text) == accepted
