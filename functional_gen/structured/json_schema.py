@@ -16,7 +16,7 @@ nodes, our own regexes where outlines-core's would let invalid documents through
 | objects | closed: no property beyond `properties` | open unless `additionalProperties: false` (JSON Schema's default; `closed_objects=True` closes them); `patternProperties`, `propertyNames`, `minProperties`/`maxProperties`, `required` names without a schema (any value) |
 | free-form values (`{}`) | nested 3 levels, a 14,000-character regex that takes minutes to compile | nested `free_form_depth` levels (default 1); as deep as the stack with `free_form_depth=None` and in the grammar form |
 | `enum`/`const` at the top (or in a top-level `allOf` branch) beside other keywords | the other keywords' regexes joined | the enum of the listed values `jsonschema` accepts under the whole schema (`not`, `if`, `contains`, ... exact on them) |
-| recursive `$ref` at the depth bound | property dropped, dangling `,` | inlined here; the bottom value left out |
+| recursive `$ref` | unrolled `max_recursion_depth` times, the property dropped at the bound: dangling `,` | `json_schema_compile` (`max_recursion_depth=None`, `JsonSchema`'s default): a call of a grammar rule for its target, nested as deep as the stack (`stack_depth`, default 32); with an integer `max_recursion_depth`, where that cannot run deterministically, and in `json_schema_regex`, unrolled `max_recursion_depth` times with the bottom value left out where JSON stays valid |
 
 A rewritten node is replaced by a `const` marker string; after outlines-core has built the
 regex, each marker's regex is substituted by ours.
@@ -70,8 +70,18 @@ byte cannot choose between two rules (an `anyOf` of two objects) inlines them th
 several rules' automata share (the members after a recursive property, in each unrolled copy of
 the definition) becomes one more rule that each of them tail-calls (`_shared_tails`). The
 grammar form is refused (`ConstraintError`, at once) when its rules' automata have more than
-`_MAX_GRAMMAR_POSITIONS` states in all: the pushdown token tables would take too long. Recursive
-`$ref`s are still unrolled `max_recursion_depth` times before the rules are chosen.
+`_MAX_GRAMMAR_POSITIONS` states in all: the pushdown token tables would take too long.
+
+**Recursive `$ref`s.** `json_schema_compile` (unless given an integer `max_recursion_depth`)
+first tries the grammar form with each recursive reference kept as a call (`inline_references(recursive=True)`: a reference met again inside its
+own expansion becomes a placeholder; `_Rewriter.recursive_call` makes it a marker whose
+substitution is the rewritten target, a rule that `_plan_rules` always keeps), so a schema like
+an expression tree nests as deep as the stack allows, whatever `max_recursion_depth` says, at the
+size of one copy of each recursive definition. It falls back to the unrolled path (and its
+result or error) when the recursion cannot be rules: a recursive call where a one-byte lookahead
+cannot choose (`anyOf` of a recursive object and another object), a recursion through `allOf`
+merges (`{"$ref": "#", "required": [..]}` inside the target), a recursion that never ends, or
+any other error of the grammar form. `json_schema_regex` (one regex) always unrolls.
 
 Where we follow llguidance (`docs/json_schema.md`): properties come in the order of
 `properties`; additional properties come after the listed ones; `format` is enforced;
@@ -607,6 +617,11 @@ class _RegexTooLarge(ConstraintError):
         )
 
 
+class _RecursionRefused(ConstraintError):
+    """Internal: the grammar form cannot keep this schema's recursion as rules
+    (`json_schema_compile` then unrolls it)."""
+
+
 class _TooLarge(Exception):
     """An object regex over `_MAX_OBJECT_REGEX` characters (caught by `_Rewriter._object`)."""
 
@@ -786,6 +801,10 @@ _MAX_INLINED_NODES = 100_000
 """How many schema nodes reference inlining may produce: beyond, the schema is refused with the
 reason (mutually recursive definitions grow exponentially with `max_recursion_depth`)."""
 _ROOT_URI = "urn:functional-gen:root"
+_MAX_RECURSIVE_MERGES = 64
+"""How many times the rewrite may merge a recursive target's subtree with other keywords
+(`_Rewriter.merge`): a recursion through such merges (`{"$ref": "#", "required": [..]}` inside
+the target) would inline it forever; beyond, the recursion is unrolled instead."""
 
 
 def _root_resolver(root):
@@ -808,7 +827,12 @@ def _root_resolver(root):
     return registry.crawl().resolver(base_uri=base), specification
 
 
-def inline_references(root, max_recursion_depth: int):
+_RECURSIVE = "$fgRecursive"
+"""The key of `inline_references(recursive=True)`'s placeholder for a recursive reference: its
+value is the index of the reference's target in the returned expansions."""
+
+
+def inline_references(root, max_recursion_depth: int, *, recursive: bool = False):
     """`root` with every `$ref` replaced by (a copy of) its target, resolved by the
     `referencing` library as `jsonschema` resolves it (`$id` / draft-4 `id` base URIs,
     `$anchor`, JSON pointers, percent-encoding). A reference met again inside its own expansion
@@ -819,6 +843,16 @@ def inline_references(root, max_recursion_depth: int):
     outlines-core unrolls recursion itself but cuts it by dropping the property, which leaves a
     dangling comma (`{"value": 1, }`); we cut it where JSON stays valid instead.
 
+    With `recursive=True` nothing is unrolled or cut (`max_recursion_depth` is not used): a
+    reference met again inside its own expansion (the root counts as the expansion of `#`)
+    becomes the placeholder `{"$fgRecursive": k}`, and the subtree built where target `k` was
+    expanded (any of them: none is cut, so they all mean the target) is `expansions[k]`. The
+    grammar form makes each such target a rule and each placeholder a call of it
+    (`_Rewriter.recursive_call`), so recursion nests as deep as the pushdown stack.
+
+    **Returns:** the inlined schema; with `recursive=True`, `(schema, expansions)`,
+    `expansions` a list of the recursive targets' subtrees (empty when nothing recurses).
+
     **Raises:** `UnsupportedSchemaError` for remote (not embedded) or unresolvable references,
     and when the expansion exceeds `_MAX_INLINED_NODES` schema nodes.
     """
@@ -826,6 +860,8 @@ def inline_references(root, max_recursion_depth: int):
 
     resolver, specification = _root_resolver(root)
     count = [0]
+    targets: dict[int, int] = {}  # id of a recursive target's contents -> its index
+    expansions: dict[int, object] = {}
 
     def walk(node, path: str, stack: tuple, resolver):
         if not isinstance(node, Mapping):
@@ -855,9 +891,14 @@ def inline_references(root, max_recursion_depth: int):
                     f"(remote references are not fetched): {type(e).__name__}",
                 ) from None
             key = id(resolved.contents)
-            if stack.count(key) >= max_recursion_depth:
+            if recursive and key in stack:
+                target = {_RECURSIVE: targets.setdefault(key, len(targets))}
+            elif stack.count(key) >= max_recursion_depth:
                 return NEVER
-            target = walk(resolved.contents, f"{path}/$ref", stack + (key,), resolved.resolver)
+            else:
+                target = walk(resolved.contents, f"{path}/$ref", stack + (key,), resolved.resolver)
+                if key in targets:
+                    expansions.setdefault(targets[key], target)
             siblings = {k: v for k, v in node.items() if _asserts(k)}
             if not siblings:
                 return target
@@ -890,7 +931,12 @@ def inline_references(root, max_recursion_depth: int):
                 node[key] = walk(node[key], f"{path}/{key}", stack, resolver)
         return node
 
-    return walk(root, "#", (), resolver)
+    if not recursive:
+        return walk(root, "#", (), resolver)
+    schema = walk(root, "#", (id(root),), resolver)
+    if id(root) in targets:
+        expansions.setdefault(targets[id(root)], schema)
+    return schema, [expansions[k] for k in range(len(targets))]
 
 
 class _Rewriter:
@@ -907,9 +953,21 @@ class _Rewriter:
         free_form_depth: "int | _FreeValueCall | None" = DEFAULT_FREE_FORM_DEPTH,
         counted_strings: bool = False,
         property_order: str = "schema",
+        expansions: Sequence = (),
     ):
         self.root = root
         self.property_order = property_order
+        self.expansions = list(expansions)
+        """The recursive targets' subtrees (`inline_references(recursive=True)`): target `k`'s
+        rule body, called by its placeholders (`recursive_call`)."""
+        self.bodies = {id(body): k for k, body in enumerate(self.expansions)}
+        self.recursive: dict[int, str] = {}
+        """Target index -> the marker of its rule, whose substitution is the regex of the
+        rewritten target (filled by `fill_recursive` when the target itself is rewritten)."""
+        self.filled: set[int] = set()
+        self.body_regex: dict[int, str] = {}
+        """Target index -> the regex of the rewritten target (its rule's body)."""
+        self.recursive_merges = 0
         self.counted_strings = counted_strings
         """Write a plain string with a length bound over `_COUNTED_STRING_MIN` as an automaton
         (`bounded_string`) instead of a counted regex repeat (only `json_schema_compile`, which
@@ -982,11 +1040,14 @@ class _Rewriter:
         `limit` characters (checked before it is built)."""
         found = re.compile(f'"(FGSUB[0-9]+X{self.tag})"')
         sizes: dict[str, int] = {}
+        calls = set(self.recursive.values())
 
         def size(text: str) -> int:
             total = len(text)
             for match in found.finditer(text):
                 name = match.group(1)
+                if name in calls:
+                    raise _RecursionRefused("a recursive rule has no single regex")
                 if name not in sizes:
                     sizes[name] = 4 + size(self.substitutions[name])
                 total += sizes[name] - len(match.group(0))
@@ -1011,6 +1072,14 @@ class _Rewriter:
 
     def node(self, node, path: str):
         """The rewritten schema, or `NEVER` when no value can satisfy it."""
+        if isinstance(node, Mapping) and _RECURSIVE in node:
+            return self.recursive_call(node[_RECURSIVE])
+        k = self.bodies.get(id(node)) if isinstance(node, Mapping) else None
+        if k is not None and k not in self.filled:  # a recursive target: its rule's body too
+            self.filled.add(k)
+            rewritten = self.node(dict(node), path)
+            self.fill_recursive(k, rewritten, path)
+            return rewritten
         if node is True or node == {}:
             return self.any_value()
         if node is False or node is NEVER:
@@ -1039,6 +1108,43 @@ class _Rewriter:
         if "dependentRequired" in node:
             return self.node(self.dependent_required(node, path), path)
         return self.structural(node, path)
+
+    def recursive_call(self, k: int) -> dict:
+        """The marker of the rule of recursive target `k` (a placeholder of
+        `inline_references(recursive=True)`). Markers are named after their regexes, which the
+        target's is not yet: this one is named for the target, and its substitution is filled
+        when the target is rewritten (`fill_recursive`, `finish_recursive`)."""
+        name = self.recursive.get(k)
+        if name is None:
+            name = self.recursive[k] = f"FGSUB{len(self.substitutions)}X{self.tag}"
+            # the body when the target was rewritten already (a placeholder in another copy
+            # of it); else filled by fill_recursive
+            self.substitutions[name] = self.body_regex.get(k, "")
+        return {"const": name}
+
+    def fill_recursive(self, k: int, rewritten, path: str) -> None:
+        """Make `rewritten` (recursive target `k`, rewritten) the body of `k`'s rule.
+
+        **Raises:** `_RecursionRefused` when no value satisfies the target (its recursion never
+        ends; the unrolled path cuts it where it may)."""
+        if rewritten is NEVER:
+            raise _RecursionRefused(f"no value satisfies the recursive target at {path}")
+        self.filled.add(k)
+        self.body_regex[k] = self.regex_of(rewritten)
+        if k in self.recursive:
+            self.substitutions[self.recursive[k]] = self.body_regex[k]
+
+    def finish_recursive(self) -> None:
+        """Rewrite the recursive targets whose rules are called but whose subtrees the pass
+        over the schema did not rewrite as they are (only merged into others: `allOf`, a
+        `$ref` with sibling keywords), until every called rule has its body."""
+        while pending := [k for k in self.recursive if k not in self.filled]:
+            for k in pending:
+                self.filled.add(k)
+                body = self.expansions[k]
+                self.fill_recursive(k, self.node(dict(body), f"(recursive target {k})"), "")
+        if any(not self.substitutions[name] for name in self.recursive.values()):
+            raise RuntimeError("internal error: a recursive rule without a body")
 
     def dependent_required(self, node: dict, path: str) -> dict:
         """`dependentRequired` as an `anyOf` of objects: for each dependency `name: [needed]`,
@@ -1576,11 +1682,25 @@ class _Rewriter:
     # ------------------------------------------------------------------ combinators
 
     def deref(self, node, path: str):
-        """`node` itself: references are inlined before the rewrite (`inline_references`)."""
+        """`node` itself (references are inlined before the rewrite, `inline_references`), or
+        for a recursive placeholder its target's subtree."""
+        if isinstance(node, Mapping) and _RECURSIVE in node:
+            return self.expansions[node[_RECURSIVE]]
         return node
 
     def merge(self, a, b, path: str) -> dict:
         """The schema of `a` AND `b` (for `allOf` and sibling keywords)."""
+        if any(isinstance(x, Mapping) and _RECURSIVE in x for x in (a, b)):
+            # a recursive target merged with other keywords: its subtree, one level inlined
+            # (its own references still call the target's rule); a recursion through such
+            # merges would unroll forever, so their number is bounded
+            a, b = self.deref(a, path), self.deref(b, path)
+            if a != {} and b is not True and b != {}:
+                self.recursive_merges += 1
+            if self.recursive_merges > _MAX_RECURSIVE_MERGES:
+                raise _RecursionRefused(
+                    f"a recursive reference merged with other keywords at {path}"
+                )
         if b is True or b == {}:
             return dict(a)
         if not isinstance(b, Mapping):
@@ -2047,10 +2167,14 @@ def _rewrite(
     free_form_depth: int | _FreeValueCall | None = DEFAULT_FREE_FORM_DEPTH,
     counted_strings: bool = False,
     property_order: str = "schema",
-) -> tuple[_Rewriter, str]:
+    recursive: bool = False,
+) -> tuple[_Rewriter, str] | None:
     """The rewriter after its pass over `schema` and the schema's regex with the markers left
     in (`_Rewriter.substitute` expands them; the grammar form makes rules of some). Arguments and
-    errors as `json_schema_regex`."""
+    errors as `json_schema_regex`; `recursive=True` keeps recursive references as markers of
+    rules (`inline_references(recursive=True)`, `_Rewriter.recursive`: only the grammar form
+    can compile them) instead of unrolling them; then `None` when nothing recurses (before the
+    rewrite: the caller takes the unrolled path)."""
     if (
         isinstance(max_recursion_depth, bool)
         or not isinstance(max_recursion_depth, int)
@@ -2062,7 +2186,13 @@ def _rewrite(
     schema = schema_as_dict(schema)
     check_schema(schema)
     schema = _listed_values(schema)
-    root = inline_references(schema, max_recursion_depth)
+    expansions = ()
+    if recursive:
+        root, expansions = inline_references(schema, max_recursion_depth, recursive=True)
+        if not expansions:
+            return None
+    else:
+        root = inline_references(schema, max_recursion_depth)
     if free_form_depth is not _CALL and (
         isinstance(free_form_depth, bool)
         or not isinstance(free_form_depth, int)
@@ -2084,8 +2214,10 @@ def _rewrite(
         free_form_depth=free_form_depth,
         counted_strings=counted_strings,
         property_order=property_order,
+        expansions=expansions,
     )
     normalized = rewriter.node(root, "#")
+    rewriter.finish_recursive()
     if normalized is NEVER:
         raise UnsupportedSchemaError(
             "$ref",
@@ -2265,12 +2397,24 @@ def _plan_rules(rewriter: _Rewriter, regex: str, banned: set) -> tuple[str, list
     size exceeds `_RULE_REGEX`, or `_SHARED_RULE_REGEX` when it is used in more than one place,
     unless it is `banned` (a call that would not be deterministic). A marker over `_RULE_REGEX`
     first calls its largest subschemas (down to `_MIN_RULE_REGEX` characters) until it fits.
+    The markers of recursive targets (`_Rewriter.recursive`) are always rules, numbered first:
+    every cycle of the marker graph passes through one of them, so the graph without their
+    out-edges is a DAG and the bottom-up pass measures the others first.
     Returns `(root regex, rule
-    names, rule regexes)`, the regexes with each rule's marker replaced by `_rule_call`."""
+    names, rule regexes)`, the regexes with each rule's marker replaced by `_rule_call`.
+
+    **Raises:** `NotDeterministic` when a recursive target's rule is `banned` (it cannot be
+    inlined); `_RecursionRefused` beyond `_MAX_RULES` recursive targets."""
     found = re.compile(f'"(FGSUB[0-9]+X{rewriter.tag})"')
     uses: dict[str, int] = {}
     order: list[str] = []
     seen: set = set()
+    recursive = list(rewriter.recursive.values())
+    calls = set(recursive)
+    if banned & calls:
+        raise NotDeterministic("a recursive reference is called where one byte cannot choose it")
+    if len(recursive) > _MAX_RULES:
+        raise _RecursionRefused(f"more than {_MAX_RULES} recursive targets")
 
     def visit(text: str) -> None:
         for match in found.finditer(text):
@@ -2278,12 +2422,16 @@ def _plan_rules(rewriter: _Rewriter, regex: str, banned: set) -> tuple[str, list
             uses[name] = uses.get(name, 0) + 1
             if name not in seen:
                 seen.add(name)
-                visit(rewriter.substitutions[name])
-                order.append(name)  # after its children
+                if name not in calls:
+                    visit(rewriter.substitutions[name])
+                    order.append(name)  # after its children
 
     visit(regex)
+    for name in recursive:  # after everything they call: their sizes are not needed
+        seen.add(name)
+        visit(rewriter.substitutions[name])
     size: dict[str, int] = {}
-    index: dict[str, int] = {}
+    index: dict[str, int] = {name: i for i, name in enumerate(recursive)}
     call_size = len(_rule_call(0))
 
     def measured(text: str) -> int:
@@ -2387,6 +2535,39 @@ def _rule_edges(regex: str, rules: int, free_value: bool) -> tuple[ByteDFA, np.n
         delta[:, byte] = REJECT
     joined = minimize(ByteDFA(np.concatenate([delta, calls], axis=1), dfa.accepting, dfa.initial))
     return ByteDFA(joined.delta[:, :256], joined.accepting, joined.initial), joined.delta[:, 256:]
+
+
+def _check_productive(automata: list, rules: int) -> None:
+    """Refuse a grammar form in which some rule or state cannot finish (a recursion with no
+    way out, `{"required": ["next"], "properties": {"next": {"$ref": "#"}}}`): the pushdown
+    automaton would offer text that can never end. A fixed point: a state can finish when it
+    accepts, or reads a byte or calls a rule that can finish into a state that can.
+
+    **Arguments:** as `_nondeterministic_calls` (the free-form value, call column `rules`
+    when present, always finishes).
+
+    **Raises:** `_RecursionRefused` naming the first rule that cannot finish."""
+    productive = np.zeros(rules + 1, bool)
+    productive[rules:] = True
+    done = [dfa.accepting.copy() for dfa, _ in automata]
+    changed = True
+    while changed:
+        changed = False
+        for a, (dfa, calls) in enumerate(automata):
+            good = done[a]
+            step = np.where(dfa.delta != REJECT, good[np.maximum(dfa.delta, 0)], False).any(1)
+            usable = productive[: calls.shape[1]]
+            via = np.where(calls != REJECT, good[np.maximum(calls, 0)], False)
+            step |= (via & usable[None, :]).any(1)
+            if (step & ~good).any():
+                done[a] = good | step
+                changed = True
+            if a and not productive[a - 1] and done[a][dfa.initial]:
+                productive[a - 1] = changed = True
+    for a in range(len(automata)):
+        if not done[a].all():
+            name = "the schema" if a == 0 else f"rule {a - 1}"
+            raise _RecursionRefused(f"{name} has text that can never end (endless recursion)")
 
 
 def _nondeterministic_calls(automata: list, rules: int) -> set[int]:
@@ -2661,6 +2842,8 @@ def json_schema_grammar(
             automata.append(dfas[text, len(rules), value])
         bad = _nondeterministic_calls(automata, len(rules))
         if not bad:
+            if rewriter.recursive:
+                _check_productive(automata, len(rules))
             break
         banned |= {rules[r] for r in bad}
     else:
@@ -2724,12 +2907,29 @@ def json_schema_compile(
     `stack_depth`: of a
     pushdown automaton; `options`: those of `json_schema_regex`.
 
+    With `max_recursion_depth=None` (`JsonSchema`'s default; absent counts as `None`), a
+    schema with recursive references compiles first to the grammar form with each recursive
+    reference a call of its target's rule (`_recursive_grammar`): nesting is bounded by
+    `stack_depth`; when that fails (a call one byte cannot choose, a recursion that never
+    ends, one through `allOf` merges) the references are unrolled
+    `DEFAULT_MAX_RECURSION_DEPTH` times and compiled as above, with the same result as without
+    the attempt. An integer `max_recursion_depth` unrolls that many times, as
+    `json_schema_regex` does (a token automaton while the regex is small: what `per_row`
+    needs).
+
     **Returns:** a `TokenAutomaton` or a `PushdownAutomaton`.
 
     **Raises:** as `json_schema_regex` and `json_schema_grammar`. (With `free_form_depth=None`,
     a schema whose free-form value cannot be called deterministically falls back to depth
     `DEFAULT_FREE_FORM_DEPTH` with a `UserWarning`, as `JsonSchema` does.)
     """
+    if not cache:
+        _PUSHDOWN_CACHE.clear()
+    if options.get("max_recursion_depth") is None:
+        options.pop("max_recursion_depth", None)
+        recursive = _recursive_grammar(schema, vocabulary, stack_depth, options)
+        if recursive is not None:
+            return recursive
     free = options.get("free_form_depth", DEFAULT_FREE_FORM_DEPTH)
     rewriter, regex = _rewrite(
         schema,
@@ -2791,6 +2991,70 @@ def json_schema_compile(
     )
 
 
+def _recurses(schema) -> bool:
+    """Whether `schema` (as `json_schema_compile` takes it) has a recursive reference: a quick
+    test before the checks and the rewrite (most schemas have no `$ref` at all; the others are
+    inlined once more, without the metaschema check). `False` for a schema these steps refuse
+    (the unrolled path then reports it)."""
+    try:
+        schema = schema_as_dict(schema)
+        if '"$ref"' not in json.dumps(schema):
+            return False
+        return bool(inline_references(schema, 1, recursive=True)[1])
+    except (ValueError, TypeError, RecursionError):
+        return False
+
+
+def _recursive_grammar(schema, vocabulary, stack_depth: int, options: dict):
+    """For `json_schema_compile`: the grammar form of a schema with recursive references, each
+    recursive target a rule and each recursive reference a call of it
+    (`inline_references(recursive=True)`), so that recursion nests as deep as the stack
+    (`stack_depth`) instead of `max_recursion_depth` unrolled levels; free-form values are
+    calls of the JSON value rule too (unless `free_form_depth=0`; where that is not
+    deterministic, nested `free_form_depth` levels).
+
+    **Returns:** the `PushdownAutomaton`, or `None` when the schema has no recursive reference
+    or its recursion cannot be rules (a recursive call that a one-byte lookahead cannot choose,
+    `NotDeterministic`; a recursion that never ends; any other error of the grammar form, which
+    the unrolled path then reports or avoids): the caller unrolls it as before, so every schema
+    that compiles unrolled still compiles. Warnings of an attempt that returns `None` are
+    dropped (the unrolled path gives its own)."""
+    if not _recurses(schema):
+        return None
+    free = options.get("free_form_depth", DEFAULT_FREE_FORM_DEPTH)
+    attempts = [_CALL] if free is None else [_CALL, free] if free else [0]
+    for depth in attempts:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                rewritten = _rewrite(
+                    schema,
+                    **{**options, "free_form_depth": depth},
+                    counted_strings=True,
+                    recursive=True,
+                )
+                if rewritten is None or not rewritten[0].recursive:
+                    return None  # nothing recurses (or every recursive call was left out)
+                rewriter, regex = rewritten
+                automaton = json_schema_grammar(
+                    schema,
+                    vocabulary,
+                    stack_depth=stack_depth,
+                    _rewritten=(rewriter, regex),
+                    **{**options, "free_form_depth": None if depth is _CALL else depth},
+                )
+            except NotDeterministic:
+                continue
+            except (ValueError, RecursionError):  # ConstraintError, GrammarError, too deep
+                return None
+        for warning in caught:
+            warnings.warn_explicit(
+                warning.message, warning.category, warning.filename, warning.lineno
+            )
+        return automaton
+    return None
+
+
 _PUSHDOWN_CACHE: dict = {}
 
 
@@ -2802,8 +3066,10 @@ class JsonSchema(AbstractConstraint):
     merged `allOf`), then compiled like `Regex`. Properties come in the order of the schema
     (with `property_order="any"`, those of small objects in any order);
     optional properties may be left out; whitespace between tokens is none or one space by
-    default. Recursive `$ref`s are unrolled `max_recursion_depth` times: deeper nesting is not
-    offered, so the output stays valid.
+    default. Recursive `$ref`s are calls of a rule of a pushdown automaton, nested as deep as
+    `stack_depth` allows, where that runs deterministically (`json_schema_compile`); otherwise,
+    for a list of schemas, and with an integer `max_recursion_depth`, they are unrolled:
+    deeper nesting is not offered, so the output stays valid.
 
     Every row ends inside the language: the device mask only offers tokens after which the
     document can still be closed within the row's remaining `max_new_tokens` (when the
@@ -2825,7 +3091,10 @@ class JsonSchema(AbstractConstraint):
     - `tokenizer`, `eos_token_id`, `vocab_size`: as in `Regex`.
     - `whitespace_pattern`: regex of the whitespace allowed between JSON tokens (default
       `[ ]?`). Pass `""` for compact JSON.
-    - `max_recursion_depth`: unrolling depth of recursive references (default 3).
+    - `max_recursion_depth`: `None` (default): recursive references are rules, as deep as the
+      stack, where that is deterministic (a pushdown automaton, which `per_row` cannot combine
+      with other constraints), else unrolled `DEFAULT_MAX_RECURSION_DEPTH` (3) times; an
+      integer: unrolled that many times (a token automaton for a small schema).
     - `free_form_depth`: how deep free-form values (`{}`, additional properties of open
       objects, arrays without `items`) nest (default 1, in the token automaton). `None`: as
       deep as the stack of a pushdown automaton allows (`json_schema_pushdown`), when the schema
@@ -2862,7 +3131,7 @@ class JsonSchema(AbstractConstraint):
         eos_token_id: int | Sequence[int] | None = None,
         vocab_size: int | None = None,
         whitespace_pattern: str | None = None,
-        max_recursion_depth: int = DEFAULT_MAX_RECURSION_DEPTH,
+        max_recursion_depth: int | None = None,
         strict: bool = True,
         closed_objects: bool = False,
         free_form_depth: int | None = DEFAULT_FREE_FORM_DEPTH,
@@ -2902,6 +3171,8 @@ class JsonSchema(AbstractConstraint):
             return
         if free_form_depth is None:
             free_form_depth = DEFAULT_FREE_FORM_DEPTH  # one token automaton per row
+        if max_recursion_depth is None:
+            max_recursion_depth = DEFAULT_MAX_RECURSION_DEPTH  # unrolled in token automata
         regexes = [
             json_schema_regex(
                 s,

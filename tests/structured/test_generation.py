@@ -27,7 +27,9 @@ def _rows(tokenizer):
                 name,
                 schema,
                 f"Give {what} as JSON.",
-                fg.processors.JsonSchema(schema, tokenizer),
+                # an integer max_recursion_depth: the recursive `tree` unrolled into a token
+                # automaton, which `per_row` can share tables with (rules need a pushdown one)
+                fg.processors.JsonSchema(schema, tokenizer, max_recursion_depth=3),
             )
         )
     for name, (prompt, pattern) in REGEXES.items():

@@ -386,3 +386,258 @@ def test_grammar_form_nests_free_form_values_as_deep_as_the_stack(small_rules):
     scalars = js.json_schema_compile(FREE_FORM, BYTES, free_form_depth=0)
     assert not scalars.accepts(deep)
     assert scalars.accepts(b'{"id":1,"meta":"x"}')
+
+
+# ------------------------------------------------------------------ recursion as rules
+
+LINKED_LIST = {
+    "type": "object",
+    "properties": {"value": {"type": "integer"}, "next": {"$ref": "#"}},
+    "required": ["value"],
+    "additionalProperties": False,
+}
+EXPRESSION = {
+    "$defs": {
+        "expr": {
+            "anyOf": [
+                {"type": "integer", "minimum": 0, "maximum": 9},
+                {"type": "boolean"},
+                {
+                    "type": "object",
+                    "properties": {"not": {"$ref": "#/$defs/expr"}},
+                    "required": ["not"],
+                    "additionalProperties": False,
+                },
+                {
+                    "type": "object",
+                    "properties": {
+                        "pow": {
+                            "type": "array",
+                            "items": {"$ref": "#/$defs/expr"},
+                            "minItems": 2,
+                            "maxItems": 2,
+                        }
+                    },
+                    "required": ["pow"],
+                    "additionalProperties": False,
+                },
+            ]
+        }
+    },
+    "$ref": "#/$defs/expr",
+}
+"""An expression tree like MaskBench Github_trivial o47165's (`{"pow": [{"not": true}, 2]}`)."""
+FOREST = {
+    "$defs": {
+        "tree": {
+            "type": "object",
+            "properties": {
+                "name": {"type": "string", "maxLength": 3},
+                "children": {"$ref": "#/$defs/forest"},
+            },
+            "required": ["name"],
+            "additionalProperties": False,
+        },
+        "forest": {"type": "array", "items": {"$ref": "#/$defs/tree"}, "maxItems": 2},
+    },
+    "$ref": "#/$defs/tree",
+}
+"""Two mutually recursive definitions."""
+LOGIC = {
+    "oneOf": [
+        {"type": "integer"},
+        {
+            "type": "object",
+            "properties": {"not": {"$ref": "#"}, "and": {"type": "array", "items": {"$ref": "#"}}},
+            "additionalProperties": False,
+        },
+    ]
+}
+"""Recursion under `oneOf` (its branches are proved disjoint by type)."""
+
+
+def _linked(rng, depth):
+    doc = {"value": int(rng.integers(-3, 4)) if rng.random() < 0.95 else "x"}
+    if depth > 1:
+        doc["next"] = _linked(rng, depth - 1)
+    return doc
+
+
+def _expression(rng, depth):
+    if depth <= 1:
+        if rng.random() < 0.02:
+            return [10, None, -1][int(rng.integers(3))]
+        return [int(rng.integers(0, 10)), True, False][int(rng.integers(3))]
+    if rng.random() < 0.5:
+        return {"not": _expression(rng, depth - 1)}
+    pair = [_expression(rng, depth - 1), _expression(rng, int(rng.integers(1, depth)))]
+    return {"pow": pair if rng.random() < 0.95 else pair[:1]}
+
+
+def _forest(rng, depth):
+    doc = {"name": ["", "ab", "abc"][int(rng.integers(3))] if rng.random() < 0.98 else "abcd"}
+    if depth > 1:
+        count = (2 if rng.random() < 0.3 else 1) if rng.random() < 0.98 else 3
+        doc["children"] = [_forest(rng, depth - 1)] + [
+            _forest(rng, int(rng.integers(1, depth))) for _ in range(count - 1)
+        ]
+    return doc
+
+
+def _logic(rng, depth):
+    if depth <= 1:
+        return int(rng.integers(-5, 5)) if rng.random() < 0.97 else 1.5
+    if rng.random() < 0.5:
+        return {"not": _logic(rng, depth - 1)}
+    rest = [_logic(rng, int(rng.integers(1, depth))) for _ in range(int(rng.integers(0, 2)))]
+    return {"and": [_logic(rng, depth - 1), *rest]}
+
+
+def _depth(value) -> int:
+    if isinstance(value, dict):
+        return 1 + max(map(_depth, value.values()), default=0)
+    if isinstance(value, list):
+        return 1 + max(map(_depth, value), default=0)
+    return 0
+
+
+def _unrolled_accepts(schema, text: bytes) -> bool:
+    """What today's unrolled path (`max_recursion_depth` levels, one token automaton) accepts."""
+    automaton = js.json_schema_automaton(schema, BYTES, cache=False)
+    return bool(automaton.accepting[automaton.walk(list(text))])
+
+
+def test_inline_references_recursive_leaves_placeholders():
+    schema, expansions = js.inline_references(LINKED_LIST, 3, recursive=True)
+    assert schema["properties"]["next"] == {"$fgRecursive": 0}
+    assert expansions == [schema]  # the root is the expansion of `#`
+    schema, expansions = js.inline_references(FOREST, 3, recursive=True)
+    # tree -> forest -> tree: the second `tree` is the placeholder, expanded once above it
+    assert schema["properties"]["children"]["items"] == {"$fgRecursive": 0}
+    assert expansions == [schema]
+    unrolled = js.inline_references(FOREST, 3)
+    assert "$fgRecursive" not in json.dumps(unrolled, default=repr)
+
+
+@pytest.mark.parametrize(
+    ("name", "schema", "make"),
+    [
+        ("linked_list", LINKED_LIST, _linked),
+        ("expression", EXPRESSION, _expression),
+        ("forest", FOREST, _forest),
+        ("logic", LOGIC, _logic),
+    ],
+)
+def test_recursive_references_are_rules_as_deep_as_the_stack(name, schema, make):
+    js._PUSHDOWN_CACHE.clear()
+    automaton = js.json_schema_compile(schema, BYTES, cache=False)
+    assert isinstance(automaton, PushdownAutomaton)
+    assert len(automaton.rule_names) <= 4  # one rule per recursive target, not per level
+    rng = np.random.default_rng(7)
+    documents = [make(rng, depth) for depth in range(1, 11) for _ in range(12)]
+    counts = _check_against_jsonschema(automaton, schema, documents, rng)
+    assert counts[True] > 60 and counts[False] > 30, counts
+    validator = jsonschema.Draft202012Validator(schema)
+    deep = [d for d in documents if validator.is_valid(d) and _depth(d) > 8]
+    assert deep, "no valid document nested beyond max_recursion_depth"
+    for document in deep[:3]:
+        text = json.dumps(document, separators=(",", ":")).encode()
+        assert automaton.accepts(text)
+        assert not _unrolled_accepts(schema, text)  # 3 unrolled levels cut it
+
+
+def test_recursion_depth_is_the_stack_depth():
+    js._PUSHDOWN_CACHE.clear()
+    automaton = js.json_schema_compile(LINKED_LIST, BYTES, cache=False, stack_depth=6)
+    rng = np.random.default_rng(0)
+    depths = []
+    for depth in range(1, 12):
+        doc = _linked(rng, depth)
+        while not jsonschema.Draft202012Validator(LINKED_LIST).is_valid(doc):
+            doc = _linked(rng, depth)
+        depths.append(automaton.accepts(json.dumps(doc).encode()))
+    # accepted up to a depth the 6 stack slots allow, rejected beyond (never accepted again)
+    assert depths[:5] == [True] * 5 and not depths[-1]
+    assert depths == sorted(depths, reverse=True)
+
+
+NOT_DETERMINISTIC = {
+    "type": "object",
+    "properties": {
+        "c": {
+            "anyOf": [
+                {"$ref": "#"},
+                {
+                    "type": "object",
+                    "properties": {"z": {"type": "integer"}},
+                    "required": ["z"],
+                    "additionalProperties": False,
+                },
+            ]
+        }
+    },
+    "additionalProperties": False,
+}
+"""At `c`, `{` starts both the recursive call and the other object: no one-byte choice."""
+MERGED = {
+    "$defs": {
+        "n": {
+            "type": "object",
+            "properties": {
+                "k": {"$ref": "#/$defs/n", "required": ["v"]},
+                "v": {"type": "integer"},
+            },
+            "additionalProperties": False,
+        }
+    },
+    "$ref": "#/$defs/n",
+}
+"""A recursive reference with a sibling keyword inside its own target: each level is the target
+merged with `required`, which the rewrite would inline forever."""
+ENDLESS = {"type": "object", "properties": {"next": {"$ref": "#"}}, "required": ["next"]}
+
+
+@pytest.mark.parametrize("schema", [NOT_DETERMINISTIC, MERGED], ids=["anyOf", "merged"])
+def test_recursion_that_cannot_be_rules_is_unrolled_as_before(schema):
+    assert js._recursive_grammar(schema, BYTES, 32, {}) is None
+    js._PUSHDOWN_CACHE.clear()
+    automaton = js.json_schema_compile(schema, BYTES, cache=False)
+    before = js.json_schema_automaton(schema, BYTES, cache=False)
+    assert not isinstance(automaton, PushdownAutomaton)
+    texts = [
+        b"{}",
+        b'{"c":{}}',
+        b'{"c":{"z":1}}',
+        b'{"c":{"c":{"c":{}}}}',
+        b'{"c":{"c":{"c":{"c":{}}}}}',
+        b'{"k":{"v":1}}',
+        b'{"k":{"k":{"v":2},"v":1},"v":0}',
+        b'{"k":{}}',
+    ]
+    for text in texts:
+        assert bool(automaton.accepting[automaton.walk(list(text))]) == bool(
+            before.accepting[before.walk(list(text))]
+        ), text
+
+
+def test_endless_recursion_is_refused_as_before():
+    with pytest.raises(js.UnsupportedSchemaError, match="no JSON value satisfies"):
+        js.json_schema_compile(ENDLESS, BYTES, cache=False)
+    # one way out (`next` optional at the second level): a rule, with no cut
+    js._PUSHDOWN_CACHE.clear()
+    schema = {"anyOf": [{"type": "null"}, ENDLESS]}
+    automaton = js.json_schema_compile(schema, BYTES, cache=False)
+    assert isinstance(automaton, PushdownAutomaton)
+    text = b'{"next":' * 7 + b"null" + b"}" * 7
+    assert automaton.accepts(text) and not automaton.accepts(text[:-1])
+
+
+def test_an_integer_max_recursion_depth_unrolls_as_before():
+    # what `per_row` needs: a token automaton, recursion cut after 3 levels
+    js._PUSHDOWN_CACHE.clear()
+    automaton = js.json_schema_compile(LINKED_LIST, BYTES, cache=False, max_recursion_depth=3)
+    assert not isinstance(automaton, PushdownAutomaton)
+    for depth, accepted in ((3, True), (4, True), (5, False)):
+        text = b'{"value":1,"next":' * (depth - 1) + b'{"value":1}' + b"}" * (depth - 1)
+        assert bool(automaton.accepting[automaton.walk(list(text))]) == accepted, depth
+        assert _unrolled_accepts(LINKED_LIST, text) == accepted
