@@ -257,8 +257,8 @@ def per_row(constraints: Sequence[AbstractConstraint | None]) -> TokenConstraint
         if getattr(c, "pushdown", None) is not None:
             raise ValueError(
                 f"row {row}: a {type(c).__name__} compiled as a pushdown automaton cannot share tables with "
-                "other constraints; build it as a token automaton (Grammar: max_depth=...; JsonSchema: an "
-                "integer free_form_depth) to use it in `per_row`"
+                "other constraints; build it as a token automaton (Grammar: max_depth=...; JsonSchema: "
+                "integer free_form_depth and max_recursion_depth) to use it in `per_row`"
             )
         if c.num_constraints != 1 or np.ndim(c.constraint_id) != 0:
             raise ValueError(
