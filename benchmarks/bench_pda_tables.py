@@ -77,27 +77,14 @@ baseline: read from git at run time, not copied here."""
 
 
 def _baseline_token_tables(rev: str = BASELINE):
-    """`pda._token_tables` as it was at git revision `rev` of this checkout, loaded as a module
-    of the current package (its relative imports resolve to the current modules).
+    """`pda._token_tables` as it was at git revision `rev` of this checkout
+    (`compare_pushdown.baseline_pda`: the module at that revision, loaded into this package).
 
     **Raises:** `subprocess.CalledProcessError` when `rev` is not in this checkout's history."""
-    import importlib.util
-    import subprocess
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from compare_pushdown import baseline_pda
 
-    root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
-    source = subprocess.run(
-        ["git", "show", f"{rev}:functional_gen/structured/pda.py"],
-        cwd=root,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    name = "functional_gen.structured._pda_baseline"
-    module = importlib.util.module_from_spec(importlib.util.spec_from_loader(name, loader=None))
-    module.__package__ = "functional_gen.structured"
-    sys.modules[name] = module  # dataclasses look their module up while the source runs
-    exec(compile(source, f"{rev}:functional_gen/structured/pda.py", "exec"), module.__dict__)
-    return module._token_tables
+    return baseline_pda(rev)._token_tables
 
 
 def _vocabulary():

@@ -413,7 +413,7 @@ def _forbidden_names(schema) -> set:
     return names
 
 
-def _listed_values_of(schema) -> set | None:
+def _listed_value_keys(schema) -> set | None:
     """The canonical keys (`_canonical`) of the values `schema` may take when it lists them
     (`const`, `enum`, or such a schema among `allOf`'s parts: the intersection), else `None`."""
     if not isinstance(schema, Mapping):
@@ -424,12 +424,12 @@ def _listed_values_of(schema) -> set | None:
     elif isinstance(schema.get("enum"), list):
         found.append({_canonical(v) for v in schema["enum"]})
     for part in schema.get("allOf", []) if isinstance(schema.get("allOf"), list) else []:
-        values = _listed_values_of(part)
+        values = _listed_value_keys(part)
         if values is not None:
             found.append(values)
     for combinator in ("anyOf", "oneOf"):  # listed when every branch lists: the union
         if isinstance(schema.get(combinator), list):
-            parts = [_listed_values_of(part) for part in schema[combinator]]
+            parts = [_listed_value_keys(part) for part in schema[combinator]]
             if parts and all(p is not None for p in parts):
                 found.append(set().union(*parts))
     return set.intersection(*found) if found else None
@@ -1919,7 +1919,7 @@ class _Rewriter:
         if types == {"object"}:
             required = set(node.get("required", []))
             for name in required:
-                values = _listed_values_of(node.get("properties", {}).get(name, {}))
+                values = _listed_value_keys(node.get("properties", {}).get(name, {}))
                 if values is not None:
                     discriminators[name] = values
             if node.get("additionalProperties") is False and not node.get("patternProperties"):

@@ -540,6 +540,9 @@ def intersect_dfas(a, b, *, max_states: int):
 
     **Raises:** `ValueError` naming the size when the product has more than `max_states`
     reachable pairs; `ConstraintError` when no text is accepted by both.
+
+    Source: the product construction of finite automata (Rabin & Scott 1959, "Finite automata
+    and their decision problems").
     """
     from .byte_dfa import REJECT, ByteDFA, trim
 

@@ -215,9 +215,16 @@ def test_rows_end_inside_the_language_within_max_new_tokens(name, random_model, 
     processor = fg.processors.Grammar(grammar, tokenizer)
     assert processor.pushdown is not None
     parser = lark.Lark(grammar, parser="earley")
-    for max_new_tokens, seed in ((6, 0), (12, 1)):
+    for max_new_tokens, text, reason in _sampled_texts(random_model, tokenizer, processor, (6, 12)):
+        assert _lark_accepts(parser, text.encode()), (max_new_tokens, text, reason)
+
+
+def _sampled_texts(model, tokenizer, processor, budgets):
+    """`(max_new_tokens, text, finish_reason)` of six sampled rows per budget (seeds 0, 1, ...),
+    each row checked to have ended by EOS or its budget."""
+    for seed, max_new_tokens in enumerate(budgets):
         result = fg.generate(
-            random_model,
+            model,
             tokenizer,
             ["a", "b", "c", "d", "e", "f"],
             max_new_tokens=max_new_tokens,
@@ -227,7 +234,7 @@ def test_rows_end_inside_the_language_within_max_new_tokens(name, random_model, 
         )
         for text, reason in zip(result.texts, result.finish_reasons):
             assert reason in ("eos", "length"), (text, reason)
-            assert _lark_accepts(parser, text.encode()), (max_new_tokens, text, reason)
+            yield max_new_tokens, text, reason
 
 
 JSON_GBNF = r"""
@@ -364,19 +371,8 @@ def test_json_schema_pushdown_rows_end_valid_within_max_new_tokens(random_model,
     }
     processor = fg.processors.JsonSchema(schema, tokenizer, free_form_depth=None)
     assert processor.pushdown is not None
-    for max_new_tokens, seed in ((16, 0), (28, 1)):
-        result = fg.generate(
-            random_model,
-            tokenizer,
-            ["a", "b", "c", "d", "e", "f"],
-            max_new_tokens=max_new_tokens,
-            processors=[processor],
-            sampler=fg.samplers.Multinomial(),
-            key=jax.random.key(seed),
-        )
-        for text, reason in zip(result.texts, result.finish_reasons):
-            assert reason in ("eos", "length"), (text, reason)
-            jsonschema.validate(json.loads(text), schema)
+    for _, text, _ in _sampled_texts(random_model, tokenizer, processor, (16, 28)):
+        jsonschema.validate(json.loads(text), schema)
 
 
 def test_json_schema_compile_without_cache_builds_the_pushdown_afresh(vocabulary):
