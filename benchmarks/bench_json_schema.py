@@ -456,6 +456,12 @@ def main(argv=None) -> None:
         "the library's)",
     )
     parser.add_argument(
+        "--property-order",
+        choices=("schema", "any"),
+        help="JsonSchema(property_order=...): listed properties in the schema's order or, for "
+        "small objects, in any order (default: the library's)",
+    )
+    parser.add_argument(
         "--single-regex",
         action="store_true",
         help="one regex per schema, never the grammar form (json_schema_automaton)",
@@ -478,6 +484,8 @@ def main(argv=None) -> None:
         options["pushdown"] = True
     if args.free_form_depth is not None:
         options["free_form_depth"] = args.free_form_depth
+    if args.property_order is not None:
+        options["property_order"] = args.property_order
     if args.single_regex:
         options["single_regex"] = True
     print(
