@@ -457,7 +457,7 @@ def main(argv=None) -> None:
     )
     parser.add_argument(
         "--property-order",
-        choices=("schema", "any"),
+        choices=("schema", "schema_or_required_first", "any"),
         help="JsonSchema(property_order=...): listed properties in the schema's order or, for "
         "small objects, in any order (default: the library's)",
     )

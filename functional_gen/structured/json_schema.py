@@ -701,8 +701,25 @@ def _members_any_order(items, sep: str) -> tuple[str | None, bool]:
     return f"(?:{first})", required == 0
 
 
+def _members_two_orders(items, order, sep: str) -> tuple[str | None, bool]:
+    """As `_listed_members`, in two orders: `items` as listed, or permuted by `order` (a list of
+    indices into `items`): `(regex, empty)`, the union of the two languages. Each order's
+    regex is linear in the members' size, so the union is at most twice an object's."""
+    first, empty = _listed_members(items, sep)
+    second, _ = _listed_members([items[i] for i in order], sep)
+    if first is None or first == second:
+        return first, empty
+    return f"(?:(?:{first})|(?:{second}))", empty
+
+
 def _object_regex(
-    items, extra, ws: str, min_count: int, max_count: int | None, any_order: bool = False
+    items,
+    extra,
+    ws: str,
+    min_count: int,
+    max_count: int | None,
+    any_order: bool = False,
+    second_order: list[int] | None = None,
 ) -> str | None:
     """The regex of an object: `items` (the regex of each listed `"key": value`, and whether it
     is required) in order, then `extra` (the regex of one additional `"key": value`, or `None`)
@@ -713,7 +730,12 @@ def _object_regex(
     `any_order`, the listed members of the first two cases come in any order
     (`_members_any_order`)."""
     sep = f"{ws},{ws}"
-    members = _members_any_order if any_order else _listed_members
+    if any_order:
+        members = _members_any_order
+    elif second_order is not None:
+        members = lambda items, sep: _members_two_orders(items, second_order, sep)  # noqa: E731
+    else:
+        members = _listed_members
     n = len(items)
     top = max(min_count, max_count if max_count is not None else 0, 1)
     memo: dict = {}
@@ -1554,7 +1576,7 @@ class _Rewriter:
             for name in named:
                 if compiled.search(name):
                     named[name] = {"allOf": [named[name], schema]}
-        items = []
+        items, item_names = [], []
         for name, schema in named.items():
             r = self.node(schema, f"{path}/properties/{name}")
             if r is NEVER:
@@ -1563,6 +1585,7 @@ class _Rewriter:
                 continue
             key = _literal_key(name)
             items.append((f"{key}{self.ws}:{self.ws}{self.regex_of(r)}", name in required))
+            item_names.append(name)
         extras = []
         if patterns:
             for pattern, schema in patterns.items():
@@ -1630,6 +1653,7 @@ class _Rewriter:
                 min_count,
                 max_count,
                 any_order=self.any_order(items),
+                second_order=self.second_order(items, item_names, required),
             )
         except _TooLarge as e:
             raise UnsupportedSchemaError(
@@ -1642,6 +1666,25 @@ class _Rewriter:
         if regex is None:
             return NEVER
         return self.marker(regex)
+
+    def second_order(self, items, names: list[str], required: list[str]) -> list[int] | None:
+        """With `property_order="schema_or_required_first"`: the indices of an object's listed
+        members (`items`, their `names`, in schema order) with the required ones first, in the
+        order of `required`, then the others in schema order; `None` when that is the schema
+        order, or when the members' regexes, expanded, exceed `_SECOND_ORDER_BUDGET`
+        characters (the object is then in schema order only)."""
+        if self.property_order != "schema_or_required_first":
+            return None
+        index = {n: i for i, n in enumerate(names)}
+        first = [index[n] for n in required if n in index]
+        order = first + [i for i in range(len(names)) if i not in set(first)]
+        if order == list(range(len(names))):
+            return None
+        try:
+            size = sum(len(self.substitute(r, limit=_SECOND_ORDER_BUDGET)) for r, _ in items)
+        except _RegexTooLarge:
+            return None
+        return order if size <= _SECOND_ORDER_BUDGET else None
 
     def any_order(self, items) -> bool:
         """Whether an object's listed members (`items`) may come in any order: with
@@ -1969,8 +2012,9 @@ def json_schema_regex(
     keywords that cannot be enforced (`False`: drop them, with one `UserWarning` listing them);
     `closed_objects`: allow no property beyond the listed ones (and `patternProperties`), as if
     every object had `"additionalProperties": false`; `free_form_depth`: how deep a free-form
-    value may nest (see `DEFAULT_FREE_FORM_DEPTH`); `property_order`: `"schema"` (default) or
-    `"any"` (the listed properties of small objects in any order; see `PROPERTY_ORDERS`).
+    value may nest (see `DEFAULT_FREE_FORM_DEPTH`); `property_order`: `"schema"` (default),
+    `"schema_or_required_first"` (or the required properties first) or `"any"` (the listed
+    properties of small objects in any order); see `PROPERTY_ORDERS`.
 
     **Raises:** `InvalidSchemaError` for a schema its metaschema rejects;
     `UnsupportedSchemaError` naming the keyword and its location for what a regular constraint
@@ -2015,13 +2059,28 @@ _ANY_ORDER_MAX = 6
 """Most listed properties of an object whose members may come in any order."""
 _ANY_ORDER_BUDGET = 12_000
 """Most characters of an any-order object's members, each copied `2 ** (n - 1)` times."""
-PROPERTY_ORDERS = ("schema", "any")
-"""Values of `property_order`: `"schema"` (the default: always the order of `properties`, as
-llguidance, outlines and XGrammar generate) or `"any"` (small objects: `_ANY_ORDER_MAX` listed
-properties or fewer, within `_ANY_ORDER_BUDGET`, in any order; larger ones in schema order).
-Measured on MaskBench's five splits (24 each, same process, order schema / any): compile p50
-114 / 177 ms, total 111 / 159 s, automaton states +27%, valid instances accepted 143 / 144 of
-157 (the rest list large objects out of order): opt-in."""
+_SECOND_ORDER_BUDGET = 8_000
+"""Most characters of an object's expanded members for `"schema_or_required_first"`: the union
+of two orders doubles an object's automaton, and nested objects multiply (unbounded, one
+MaskBench schema, o65883, compiled 9.7x slower: 4,196 -> 8,394 states)."""
+PROPERTY_ORDERS = ("schema", "schema_or_required_first", "any")
+"""Values of `property_order`:
+
+- `"schema"` (the default): always the order of `properties`, as llguidance, outlines and
+  XGrammar generate.
+- `"schema_or_required_first"`: that order, or the required properties first (in the order of
+  `required`) and then the others in schema order, for objects whose members stay within
+  `_SECOND_ORDER_BUDGET`. Schemas often list `properties` alphabetically while `required`
+  keeps the author's order, and documents follow either: of MaskBench's valid instances, the
+  objects of two or more listed properties whose two orders differ follow the schema order
+  6,745 times, required-first 147 times, neither 79 times (dev file, all splits). On the five
+  splits (24 each): valid instances accepted 145 -> 148 of 157, automaton states +17%, so
+  opt-in (the compile p50 target is 100 ms).
+- `"any"`: small objects (`_ANY_ORDER_MAX` listed properties or fewer, within
+  `_ANY_ORDER_BUDGET`) in any order; larger ones in schema order. Measured on the five splits
+  (24 each, same process, order schema / any): compile p50 114 / 177 ms, total 111 / 159 s,
+  automaton states +27%, valid instances accepted 143 / 144 of 157 (the rest list large
+  objects out of order): opt-in."""
 
 _MAX_PRESENCE_CHOICES = 32
 """Most `anyOf` branches of a `oneOf` of `required`-only branches (`exclusive_presence`)."""
@@ -3064,7 +3123,8 @@ class JsonSchema(AbstractConstraint):
     The schema is checked and turned into a regex (`json_schema_regex`: outlines-core's
     conversion plus exact integer/number ranges, strict formats, JSON-safe string patterns,
     merged `allOf`), then compiled like `Regex`. Properties come in the order of the schema
-    (with `property_order="any"`, those of small objects in any order);
+    (`property_order="schema_or_required_first"` also accepts the required ones first,
+    `"any"` any order for small objects);
     optional properties may be left out; whitespace between tokens is none or one space by
     default. Recursive `$ref`s are calls of a rule of a pushdown automaton, nested as deep as
     `stack_depth` allows, where that runs deterministically (`json_schema_compile`); otherwise,
@@ -3104,7 +3164,8 @@ class JsonSchema(AbstractConstraint):
       the language). Depth 1 stays the default because the pushdown form compiles slower
       (see `DEFAULT_FREE_FORM_DEPTH`); its decode step costs the same within noise.
     - `stack_depth`: stack slots of the pushdown automaton (default 32).
-    - `property_order`: `"schema"` (default) or `"any"`, see `PROPERTY_ORDERS`.
+    - `property_order`: `"schema"` (default), `"schema_or_required_first"` or `"any"`, see
+      `PROPERTY_ORDERS`.
 
     The automaton is chosen automatically (`json_schema_compile`): a single schema whose regex
     would exceed `_GRAMMAR_REGEX` characters compiles to its grammar form, a pushdown

@@ -780,3 +780,46 @@ def test_large_objects_keep_the_schema_order_and_bad_orders_are_refused():
     assert regex.fullmatch('{"p0":1,"p6":2}') and not regex.fullmatch('{"p6":2,"p0":1}')
     with pytest.raises(ValueError, match="property_order"):
         json_schema_regex(schema, property_order="sorted")
+
+
+def test_schema_or_required_first_accepts_exactly_the_two_orders():
+    # MaskBench lists `properties` alphabetically while `required` keeps the author's order
+    # (Glaive `calculate_area`: "shape" first); documents follow either order
+    schema = {
+        "type": "object",
+        "properties": {
+            "a": {"type": "integer"},
+            "b": {"type": "string"},
+            "c": {"type": "null"},
+            "d": {
+                "type": "object",
+                "properties": {"y": {"type": "null"}, "x": {"type": "null"}},
+                "required": ["x"],
+            },
+        },
+        "required": ["c", "a"],
+        "additionalProperties": False,
+    }
+    regex = re.compile(json_schema_regex(schema, property_order="schema_or_required_first"))
+    validator = jsonschema.Draft202012Validator(schema)
+    values = {"a": 1, "b": "x", "c": None}
+    names = list(schema["properties"])
+    accepted = 0
+    for r in range(5):
+        for keys in itertools.permutations("abcd", r):
+            for inner in (("y", "x"), ("x", "y"), ("x",)):
+                document = {k: values[k] if k != "d" else dict.fromkeys(inner) for k in keys}
+                text = json.dumps(document, separators=(",", ":"))
+                listed = list(keys)
+                required_first = ["c", "a"] + [k for k in names if k in keys and k not in "ca"]
+                in_order = listed in (sorted(listed, key=names.index), required_first)
+                # inside `d` both orders of y and x are one of the two
+                expected = validator.is_valid(document) and in_order
+                assert bool(regex.fullmatch(text)) == expected, text
+                accepted += expected
+    assert accepted
+    # nested objects too: `d` accepts "x" (required) before "y"
+    assert regex.fullmatch('{"c":null,"a":1,"d":{"x":null,"y":null}}')
+    assert not regex.fullmatch('{"a":1,"c":null,"b":"x"}')  # neither order
+    ordered = re.compile(json_schema_regex(schema))  # the default: the schema's order only
+    assert ordered.fullmatch('{"a":1,"c":null}') and not ordered.fullmatch('{"c":null,"a":1}')
