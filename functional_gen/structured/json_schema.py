@@ -45,8 +45,12 @@ as every validator does: `id`, `_format`, `javaName`, ...), and so is a `format`
 Schema does not define (`"int64"`, `"password"`). Known assertions that no regular constraint
 can enforce raise `UnsupportedSchemaError` naming the keyword and where it is, before anything
 is compiled: `not` (except where its complement is a schema, `_negation`: a type, or
-`required` names of which one must then be absent), `if`/`then`/`else`, `dependentSchemas`,
-`dependencies` whose value is a schema, `contains`, `multipleOf`, `uniqueItems: true` (for more than one item),
+`required` names of which one must then be absent), `if`/`then`/`else` (except a
+discriminated union, `_conditionals_as_branches`: every `if` tests one property, whose own
+schema lists its values, against listed values; or a single `if` whose complement is a schema;
+`then`/`else` without `if` assert nothing and are ignored), `dependentSchemas`,
+`dependencies` whose value is a schema, `contains`, `multipleOf` other than a power of ten up
+to 1 (`0.01` is "at most two fraction digits"), `uniqueItems: true` (for more than one item),
 `unevaluated*`, overlapping `oneOf` branches, string lengths whose automaton would be too
 large (named with its size), the JSON Schema
 formats we lack (`idn-email`, `iri`, ...), `additionalProperties` next to `patternProperties`,
@@ -94,6 +98,7 @@ Whitespace between tokens follows outlines-core's default (`[ ]?`: none or one s
 """
 
 import copy
+import decimal
 import hashlib
 import itertools
 import json
@@ -135,9 +140,10 @@ DEFAULT_MAX_RECURSION_DEPTH = 3
 
 _UNSUPPORTED = {
     "not": "negation is not regular in general",
-    "if": "conditional schemas are not supported",
-    "then": "conditional schemas are not supported",
-    "else": "conditional schemas are not supported",
+    "if": "conditional schemas are supported only as discriminated unions (every `if` tests "
+    "one property whose own schema lists its values) or where the `if` has a complement",
+    "then": "conditional schemas are not supported here (see `if`)",
+    "else": "conditional schemas are not supported here (see `if`)",
     "dependentSchemas": "property dependencies are not supported",
     "dependencies": "property dependencies are not supported",  # (lists become dependentRequired)
     "unevaluatedProperties": "unevaluated* keywords are not supported",
@@ -145,7 +151,6 @@ _UNSUPPORTED = {
     "contains": "array `contains` is not supported",
     "minContains": "array `contains` is not supported",
     "maxContains": "array `contains` is not supported",
-    "multipleOf": "`multipleOf` is not supported",
     "$dynamicRef": "dynamic references are not supported",
     "$recursiveRef": "dynamic references are not supported",
 }
@@ -181,6 +186,7 @@ _KNOWN = {
     "patternProperties",
     "propertyNames",
     "dependentRequired",
+    "multipleOf",
 }
 """Keywords that are enforced. Every other keyword that is not in `_UNSUPPORTED` is an
 annotation (JSON Schema 2020-12 core §4.3.1: unknown keywords are ignored) and is dropped."""
@@ -194,8 +200,8 @@ def _asserts(keyword) -> bool:
 
 
 _TYPE_KEYWORDS = {
-    "integer": {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"},
-    "number": {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"},
+    "integer": {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"},
+    "number": {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"},
     "string": {"minLength", "maxLength", "pattern", "format"},
     "array": {"items", "prefixItems", "additionalItems", "minItems", "maxItems", "uniqueItems"},
     "object": {
@@ -389,6 +395,129 @@ def _negation(schema):
         return None
     branches = [{"properties": dict.fromkeys(absent, False)} for absent in choices]
     return {"type": "object", **({"anyOf": branches} if len(branches) > 1 else branches[0])}
+
+
+_MAX_CONDITIONAL_BRANCHES = 64
+"""Most `anyOf` branches `_conditionals_as_branches` writes (one per group of discriminator
+values that select the same `then`/`else` parts, plus absent and non-object values)."""
+
+
+def _conditional(part):
+    """`(if, then, else)` of an `allOf` part that holds only a conditional (and annotations),
+    else `None`; `then`/`else` default to `true`."""
+    if not isinstance(part, Mapping) or "if" not in part:
+        return None
+    if {k for k in part if _asserts(k)} - {"if", "then", "else"}:
+        return None
+    return part["if"], part.get("then", True), part.get("else", True)
+
+
+def _discriminator(condition):
+    """`(name, values, required, object_only)` when `condition` (an `if` schema) tests one
+    property against listed values: `{"properties": {name: {"const": v}}}` (or `enum`, a
+    `type` beside them; `"required": [name]` and `"type": "object"` optional), else `None`.
+    `values`: the canonical keys (`_canonical`) of the values that pass the test."""
+    if not isinstance(condition, Mapping):
+        return None
+    properties = condition.get("properties")
+    if {k for k in condition if _asserts(k)} - {"properties", "required", "type"}:
+        return None
+    if not isinstance(properties, Mapping) or len(properties) != 1:
+        return None
+    if condition.get("type", "object") != "object":
+        return None
+    (name, schema), required = next(iter(properties.items())), condition.get("required", [])
+    if required not in ([], [name]) or not isinstance(schema, Mapping):
+        return None
+    if {k for k in schema if _asserts(k)} - {"const", "enum", "type"}:
+        return None
+    values = [schema["const"]] if "const" in schema else schema.get("enum")
+    if not isinstance(values, list):
+        return None
+    types = schema.get("type", sorted(_JSON_TYPES))
+    types = {types} if isinstance(types, str) else set(types)
+    if "number" in types:
+        types.add("integer")
+    keys = {_canonical(v) for v in values if _json_type(v) in types}
+    if "const" in schema and "enum" in schema:
+        keys &= {_canonical(v) for v in schema["enum"]}
+    return name, keys, bool(required), "type" in condition
+
+
+def _conditionals_as_branches(node: dict) -> dict:
+    """`node` with its conditionals (`if`/`then`/`else` of its own and of `allOf` parts that
+    hold only one) rewritten as an exact `anyOf`, when every `if` tests the same property
+    against listed values (`_discriminator`: the discriminated unions of JSON Schema Store,
+    `allOf: [{if: {properties: {type: {const: "a"}}}, then: A}, ...]`) and the property's own
+    schema lists its values: one branch per group of values that select the same `then`/`else`
+    parts, one where the property is absent, one for values that are not objects (where an
+    `if` of `properties` holds vacuously). A single `if` whose complement is a schema
+    (`_negation`) becomes `anyOf: [allOf: [if, then], allOf: [not if, else]]`. `then`/`else`
+    without `if` assert nothing (JSON Schema 2020-12 core §10.2.2) and are dropped. Otherwise
+    `node` is returned with its conditionals, which the rewrite then refuses."""
+    node = dict(node)
+    if "if" not in node:
+        node.pop("then", None)
+        node.pop("else", None)
+    rest = {k: v for k, v in node.items() if k not in ("if", "then", "else", "allOf")}
+    conditionals, kept = [], []
+    if "if" in node:
+        conditionals.append((node["if"], node.get("then", True), node.get("else", True)))
+    for part in node.get("allOf", []):
+        found = _conditional(part)
+        (kept if found is None else conditionals).append(part if found is None else found)
+    if not conditionals:
+        return node
+    found = [_discriminator(condition) for condition, _, _ in conditionals]
+    if len(conditionals) == 1 and found[0] is None:
+        condition, then, otherwise = conditionals[0]
+        negated = _negation(condition)
+        if negated is None:
+            return node
+        branches = [{"allOf": [condition, then]}, {"allOf": [negated, otherwise]}]
+        return {**rest, "allOf": [*kept, {"anyOf": branches}]}
+    if any(f is None for f in found) or len({f[0] for f in found}) != 1:
+        return node
+    name = found[0][0]
+    properties = node.get("properties")
+    own = properties.get(name) if isinstance(properties, Mapping) else None
+    if isinstance(own, Mapping) and {k for k in own if _asserts(k)} == {"type"}:
+        # the finite types list their values
+        finite = {"boolean": [False, True], "null": [None]}
+        types = [own["type"]] if isinstance(own["type"], str) else own["type"]
+        if isinstance(types, list) and types and all(t in finite for t in types):
+            own = {"enum": [v for t in types for v in finite[t]]}
+    listed = _listed_values(own) if isinstance(own, Mapping) else None
+    if isinstance(listed, Mapping) and "const" in listed and len(listed) == 1:
+        listed = {"enum": [listed["const"]]}
+    if not isinstance(listed, Mapping) or set(listed) != {"enum"}:
+        return node  # values beyond the listed ones would need a complement of the tested ones
+
+    def branch(base: dict, selected) -> dict:
+        parts = []
+        for i, (_, then, otherwise) in enumerate(conditionals):
+            part = then if i in selected else otherwise
+            if part is not True and part != {}:
+                parts.append(part)
+        return {**base, "allOf": parts} if parts else base
+
+    groups: dict = {}  # the conditionals whose `if` holds -> the values for which they do
+    for value in listed["enum"]:
+        key = _canonical(value)
+        groups.setdefault(tuple(i for i, f in enumerate(found) if key in f[1]), []).append(value)
+    branches = [
+        branch({"type": "object", "required": [name], "properties": {name: {"enum": v}}}, s)
+        for s, v in groups.items()
+    ]
+    # the property absent: an `if` without `required` holds; not an object: one without
+    # `"type": "object"` holds
+    absent = {i for i, f in enumerate(found) if not f[2]}
+    branches.append(branch({"type": "object", "properties": {name: False}}, absent))
+    vacuous = {i for i, f in enumerate(found) if not f[3]}
+    branches.append(branch({"type": sorted(_JSON_TYPES - {"object", "integer"})}, vacuous))
+    if len(branches) > _MAX_CONDITIONAL_BRANCHES:
+        return node
+    return {**rest, "allOf": [*kept, {"anyOf": branches}]}
 
 
 def _forbidden_names(schema) -> set:
@@ -620,6 +749,11 @@ class _RegexTooLarge(ConstraintError):
 class _RecursionRefused(ConstraintError):
     """Internal: the grammar form cannot keep this schema's recursion as rules
     (`json_schema_compile` then unrolls it)."""
+
+
+class _NoCommonType(UnsupportedSchemaError):
+    """`allOf` of schemas whose types share no value (`_Rewriter.merge`): no value satisfies
+    it (`NEVER`: an `anyOf` branch or an optional property that cannot be)."""
 
 
 class _TooLarge(Exception):
@@ -1122,6 +1256,10 @@ class _Rewriter:
             if negated is not None:  # `not` of a shape whose complement is a schema: exact
                 node.pop("not")
                 node["allOf"] = [*node.get("allOf", []), negated]
+        if {"if", "then", "else"} & node.keys() or any(
+            _conditional(part) is not None for part in node.get("allOf", ())
+        ):
+            node = _conditionals_as_branches(node)
         for key in list(node):
             if key in _UNSUPPORTED:
                 self.refuse(key, path, _UNSUPPORTED[key])
@@ -1213,7 +1351,10 @@ class _Rewriter:
             for i, branch in enumerate(branches):
                 if branch is NEVER or branch is False:
                     return NEVER
-                merged = self.merge(merged, branch, f"{path}/allOf/{i}")
+                try:
+                    merged = self.merge(merged, branch, f"{path}/allOf/{i}")
+                except _NoCommonType:  # types that share no value: the schema has none
+                    return NEVER
             return self.node(merged, path)
         if "anyOf" in node and "oneOf" in node:
             node["allOf"] = [{"anyOf": node.pop("anyOf")}, {"oneOf": node.pop("oneOf")}]
@@ -1232,7 +1373,10 @@ class _Rewriter:
                     where = f"{path}/{combinator}/{i}"
                     if branch is NEVER or branch is False:
                         continue
-                    original = self.merge(node, branch, where) if node else branch
+                    try:
+                        original = self.merge(node, branch, where) if node else branch
+                    except _NoCommonType:  # e.g. a non-object branch of an object: no value
+                        continue
                     rewritten = self.node(original, where)
                     if rewritten is not NEVER:
                         combined.append(rewritten)
@@ -1292,7 +1436,36 @@ class _Rewriter:
         keys = {k: v for k, v in node.items() if k in _TYPE_KEYWORDS[kind]}
         return getattr(self, "_" + kind)(keys, path)
 
+    def multiple_places(self, node: dict, path: str, integer: bool = False) -> int | None:
+        """The fraction digits `multipleOf` allows: `d` for a power of ten `10 ** -d` (`0.01`:
+        2; `1`: 0); `None` without `multipleOf`, or for an `integer` when every integer is a
+        multiple (`1 / multipleOf` an integer: `0.25`). Other values (`5`, `0.25` for a number)
+        need a remainder automaton: refused (`refuse`; dropped with `strict=False`).
+
+        **Raises:** `UnsupportedSchemaError` for a `multipleOf` that is not a positive number."""
+        if "multipleOf" not in node:
+            return None
+        m = node["multipleOf"]
+        if isinstance(m, bool) or not isinstance(m, (int, float)) or not math.isfinite(m) or m <= 0:
+            raise UnsupportedSchemaError(
+                "multipleOf", path, f"must be a positive number, got {m!r}"
+            )
+        exact = decimal.Decimal(repr(m)) if isinstance(m, float) else decimal.Decimal(m)
+        if integer and (1 / exact) == (1 / exact).to_integral_value():
+            return None
+        digits = exact.normalize().as_tuple()
+        if digits.digits == (1,) and digits.exponent <= 0:
+            return -digits.exponent
+        self.refuse(
+            "multipleOf",
+            path,
+            f"{m!r}: only powers of ten up to 1 (0.01, 1) are supported (as a count of "
+            "fraction digits)" + ("" if not integer else ", or divisors of 1 for integers"),
+        )
+        return None
+
     def _integer(self, node: dict, path: str):
+        self.multiple_places(node, path, integer=True)  # refuses other than divisors of 1
         lo, hi = self.integer_bounds(node, path)
         if lo is None and hi is None:
             return {"type": "integer"}
@@ -1302,15 +1475,20 @@ class _Rewriter:
             raise UnsupportedSchemaError("minimum", path, str(e)) from None
 
     def _number(self, node: dict, path: str):
-        if not node:
+        places = self.multiple_places(node, path)
+        if not {k for k in node if k != "multipleOf"} and places is None:
             return {"type": "number"}
         lo, lo_excl, hi, hi_excl = self.number_bounds(node, path)
         try:
             return self.marker(
-                number_range_regex(lo, hi, lo_exclusive=lo_excl, hi_exclusive=hi_excl)
+                number_range_regex(
+                    lo, hi, lo_exclusive=lo_excl, hi_exclusive=hi_excl, places=places
+                )
             )
         except ValueError as e:
             keyword = "minimum" if "lower" in str(e) or hi is None else "maximum"
+            if "fraction digits" in str(e) and "decimal bounds" in str(e):
+                keyword = "multipleOf"
             raise UnsupportedSchemaError(keyword, path, str(e)) from None
 
     def integer_bounds(self, node: dict, path: str):
@@ -1777,12 +1955,21 @@ class _Rewriter:
                     right.add("integer")
                 both = sorted(left & right)
                 if not both:
-                    raise UnsupportedSchemaError(
+                    raise _NoCommonType(
                         "allOf", path, f"types {out[key]!r} and {value!r} have no value in common"
                     )
                 out[key] = both[0] if len(both) == 1 else both
             elif key == "allOf":
                 out[key] = [*out[key], *value]
+            elif (
+                key == "anyOf"
+                and isinstance(out[key], list)
+                and isinstance(value, list)
+                and len(out[key]) * len(value) <= _MAX_CONDITIONAL_BRANCHES
+            ):
+                # (x1 | x2) & (y1 | y2) = (x1 & y1) | (x1 & y2) | ...: e.g. a discriminated
+                # union (`_conditionals_as_branches`) beside an `anyOf` of the schema's own
+                out[key] = [{"allOf": [x, y]} for x in out[key] for y in value]
             elif key == "enum" and isinstance(out[key], list) and isinstance(value, list):
                 right = {_canonical(v) for v in value}
                 out[key] = [v for v in out[key] if _canonical(v) in right]  # [] matches nothing
@@ -3177,7 +3364,7 @@ class JsonSchema(AbstractConstraint):
     decimal bounds (`minimum: 0.5`) are exact too, written without exponents.
 
     **Raises:** `UnsupportedSchemaError` (a `ValueError`) naming the keyword and its location
-    (e.g. `not`, `uniqueItems`, `multipleOf`, an unknown `format`) before any compilation;
+    (e.g. `not`, `uniqueItems`, `multipleOf: 5`, an unknown `format`) before any compilation;
     `ConstraintError` for a schema too large even for the grammar form;
     `ValueError` for invalid JSON text; `TypeError` for a schema of another type.
 

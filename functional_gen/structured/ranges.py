@@ -105,19 +105,36 @@ _NONZERO_FRACTION = r"\.[0-9]*[1-9][0-9]*"
 _ZERO_FRACTION = r"(?:\.0+)?"
 
 
-def _magnitude_regex(lo: int, lo_exclusive: bool, hi: int | None, hi_exclusive: bool) -> str | None:
-    """Decimals `I(.F)?` with value in the interval from `lo >= 0` to `hi` (None: unbounded)."""
+def _fractions(places: int | None) -> tuple[str, str | None]:
+    """`(any, nonzero)`: the regexes of an optional fraction and of a non-zero one, of at most
+    `places` significant digits (`None`: any; trailing zeros are always allowed). `nonzero` is
+    `None` when there is none (`places=0`)."""
+    if places is None:
+        return _FRACTION, _NONZERO_FRACTION
+    if places == 0:
+        return _ZERO_FRACTION, None
+    head = "" if places == 1 else f"[0-9]{{0,{places - 1}}}"
+    return rf"(?:\.[0-9]{{1,{places}}}0*)?", rf"\.{head}[1-9]0*"
+
+
+def _magnitude_regex(
+    lo: int, lo_exclusive: bool, hi: int | None, hi_exclusive: bool, places: int | None = None
+) -> str | None:
+    """Decimals `I(.F)?` with value in the interval from `lo >= 0` to `hi` (None: unbounded),
+    with at most `places` significant fraction digits (`None`: any)."""
+    fraction, nonzero = _fractions(places)
     parts = []
     if hi is not None and lo == hi:
         return None if lo_exclusive or hi_exclusive else str(lo) + _ZERO_FRACTION
     if lo_exclusive:
-        parts.append(str(lo) + _NONZERO_FRACTION)  # lo < I.F < lo + 1
+        if nonzero is not None:
+            parts.append(str(lo) + nonzero)  # lo < I.F < lo + 1
         first_full = lo + 1
     else:
         first_full = lo
     last_full = None if hi is None else hi - 1
     if last_full is None or first_full <= last_full:
-        parts.append(natural_range_regex(first_full, last_full) + _FRACTION)
+        parts.append(natural_range_regex(first_full, last_full) + fraction)
     if hi is not None and not hi_exclusive:
         parts.append(str(hi) + _ZERO_FRACTION)
     return "(?:" + "|".join(parts) + ")" if parts else None
@@ -290,13 +307,17 @@ def _decimal_magnitude_regex(
     return "(?:" + "|".join(parts) + ")" if parts else None
 
 
-def _magnitude(lo: Decimal, lo_exclusive: bool, hi: Decimal | None, hi_exclusive: bool):
+def _magnitude(
+    lo: Decimal, lo_exclusive: bool, hi: Decimal | None, hi_exclusive: bool, places=None
+):
     """`_magnitude_regex` (the regexes of the integer-bound code, unchanged) when both bounds
-    are integers, else `_decimal_magnitude_regex`."""
+    are integers, else `_decimal_magnitude_regex` (which takes no `places`)."""
     if lo == lo.to_integral_value() and (hi is None or hi == hi.to_integral_value()):
         return _magnitude_regex(
-            int(lo), lo_exclusive, None if hi is None else int(hi), hi_exclusive
+            int(lo), lo_exclusive, None if hi is None else int(hi), hi_exclusive, places
         )
+    if places is not None:
+        raise ValueError(f"decimal bounds ({lo}, {hi}) with a limit on the fraction digits")
     return _decimal_magnitude_regex(lo, lo_exclusive, hi, hi_exclusive)
 
 
@@ -306,14 +327,18 @@ def number_range_regex(
     *,
     lo_exclusive: bool = False,
     hi_exclusive: bool = False,
+    places: int | None = None,
 ) -> str:
     """Regex of the JSON numbers (decimal notation, no exponent) in the interval from `lo` to
     `hi` (`None`: unbounded), each bound inclusive unless said exclusive. Bounds may be any
     finite decimals (a float is read as its shortest `repr`, see `_as_decimal`); the comparison
     is exact on the decimal values (`0.50` and `0.5` are equal; `0.4999` is below `0.5`).
+    `places`: at most this many significant fraction digits (the multiples of `10 ** -places`,
+    JSON Schema's `multipleOf: 0.01` for `places=2`; trailing zeros allowed: `1.50`); integer
+    bounds only.
 
     **Raises:** `ValueError` for an infinite or NaN bound, a bound with more than
-    `MAX_FRACTION_DIGITS` fraction digits, or an empty interval.
+    `MAX_FRACTION_DIGITS` fraction digits, a decimal bound with `places`, or an empty interval.
     """
     lo_d = None if lo is None else _as_decimal(lo, "lower")
     hi_d = None if hi is None else _as_decimal(hi, "upper")
@@ -328,13 +353,13 @@ def number_range_regex(
     if lo_d is None or lo_d < 0:
         y_lo, y_lo_excl = (Decimal(0), True) if hi_d is None or hi_d >= 0 else (-hi_d, hi_exclusive)
         y_hi, y_hi_excl = (None, False) if lo_d is None else (-lo_d, lo_exclusive)
-        magnitude = _magnitude(y_lo, y_lo_excl, y_hi, y_hi_excl)
+        magnitude = _magnitude(y_lo, y_lo_excl, y_hi, y_hi_excl, places)
         if magnitude is not None:
             parts.append("-" + magnitude)
     # Zero and positive numbers.
     if hi_d is None or hi_d > 0 or (hi_d == 0 and not hi_exclusive):
         p_lo, p_lo_excl = (Decimal(0), False) if lo_d is None or lo_d < 0 else (lo_d, lo_exclusive)
-        magnitude = _magnitude(p_lo, p_lo_excl, hi_d, hi_exclusive)
+        magnitude = _magnitude(p_lo, p_lo_excl, hi_d, hi_exclusive, places)
         if magnitude is not None:
             parts.append(magnitude)
     if not parts:

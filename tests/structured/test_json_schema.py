@@ -44,7 +44,7 @@ def test_random_documents_validate(vocabulary, name):
             },
             "additionalProperties",
         ),
-        ({"if": {"type": "string"}, "then": {"minLength": 2}}, "if"),
+        ({"if": {"minLength": 3}, "then": {"maxLength": 5}}, "if"),
         ({"oneOf": [{"type": "number"}, {"type": "integer"}]}, "oneOf"),
         ({"type": "number", "minimum": float("inf")}, "minimum"),
         ({"type": "string", "pattern": "^(ab)+$", "maxLength": 50_000}, "pattern"),
@@ -823,3 +823,147 @@ def test_schema_or_required_first_accepts_exactly_the_two_orders():
     assert not regex.fullmatch('{"a":1,"c":null,"b":"x"}')  # neither order
     ordered = re.compile(json_schema_regex(schema))  # the default: the schema's order only
     assert ordered.fullmatch('{"a":1,"c":null}') and not ordered.fullmatch('{"c":null,"a":1}')
+
+
+_KXY = {"kind": {"enum": ["a", "b", "c"]}, "x": {"type": "integer"}, "y": {"type": "string"}}
+IF_CASES = {
+    # JSON Schema Store's discriminated unions: one `if` per value of a listed property
+    "discriminated_union": {
+        "type": "object",
+        "properties": _KXY,
+        "additionalProperties": False,
+        "allOf": [
+            {"if": {"properties": {"kind": {"const": "a"}}}, "then": {"required": ["x"]}},
+            {
+                "if": {"properties": {"kind": {"const": "b"}}, "required": ["kind"]},
+                "then": {"required": ["y"]},
+                "else": {"properties": {"y": False}},
+            },
+        ],
+    },
+    # no `type`: an `if` of `properties` holds for every non-object, so `then` applies
+    "untyped_enum_condition": {
+        "properties": _KXY,
+        "if": {"properties": {"kind": {"enum": ["a", "c"]}}},
+        "then": {"required": ["x"]},
+        "else": {"not": {"required": ["x"]}},
+    },
+    # an `if` typed `object` is false for other values: `else` applies there
+    "typed_condition": {
+        "properties": _KXY,
+        "if": {"type": "object", "properties": {"kind": {"const": "c"}}},
+        "then": {"required": ["y"]},
+        "else": {"type": ["object", "integer"]},
+    },
+    # conditions whose complement is a schema: a type, a `not` of `required`
+    "type_condition": {"if": {"type": "string"}, "then": {"minLength": 2}},
+    "required_condition": {
+        "type": "object",
+        "properties": _KXY,
+        "if": {"required": ["x"]},
+        "then": {"required": ["y"]},
+        "else": {"properties": {"y": False}},
+    },
+}
+
+
+@pytest.mark.parametrize("name", sorted(IF_CASES))
+def test_conditionals_that_test_listed_values_are_exact(name):
+    documents = [
+        {k: kind if k == "kind" else {"x": 1, "y": "s"}[k] for k in keys}
+        for r in range(4)
+        for keys in itertools.combinations(["kind", "x", "y"], r)
+        for kind in ("a", "b", "c")
+    ]
+    _assert_regex_decides_as_jsonschema(IF_CASES[name], documents + ["x", 1, 2.5, None, [1]])
+
+
+def test_then_and_else_without_if_assert_nothing():
+    schema = {"type": "integer", "then": {"minimum": 5}, "else": False}
+    regex = re.compile(json_schema_regex(schema))
+    assert regex.fullmatch("1") and regex.fullmatch("7")
+
+
+def test_conditionals_that_cannot_be_exact_are_still_refused():
+    # the tested property's own values are not listed: "any string but 'a'" has no schema here
+    schema = {
+        "type": "object",
+        "properties": {"kind": {"type": "string"}, "x": {"type": "integer"}},
+        "if": {"properties": {"kind": {"const": "a"}}},
+        "then": {"required": ["x"]},
+    }
+    with pytest.raises(UnsupportedSchemaError, match="if"):
+        json_schema_regex(schema)
+    two_properties = {
+        "type": "object",
+        "properties": _KXY,
+        "allOf": [
+            {"if": {"properties": {"kind": {"const": "a"}}}, "then": {"required": ["x"]}},
+            {"if": {"properties": {"x": {"const": 1}}}, "then": {"required": ["y"]}},
+        ],
+    }
+    with pytest.raises(UnsupportedSchemaError, match="if"):
+        json_schema_regex(two_properties)
+
+
+def test_a_boolean_discriminator_and_an_any_of_beside_the_conditionals():
+    # content-patcher (MaskBench o32451): `if AllowBlank is false then Default is required`;
+    # the schema's own `anyOf` is distributed over the conditional's branches
+    schema = {
+        "type": "object",
+        "properties": {"blank": {"type": "boolean"}, "x": {"type": "integer"}, "y": {}},
+        "additionalProperties": False,
+        "anyOf": [{"required": ["x"]}, {"required": ["y"]}],
+        "allOf": [{"if": {"properties": {"blank": {"const": False}}}, "then": {"required": ["x"]}}],
+    }
+    documents = [
+        {k: {"blank": blank, "x": 1, "y": None}[k] for k in keys}
+        for r in range(4)
+        for keys in itertools.combinations(["blank", "x", "y"], r)
+        for blank in (False, True)
+    ]
+    _assert_regex_decides_as_jsonschema(schema, documents)
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"type": "number", "multipleOf": 0.01},  # money: at most two fraction digits
+        {"type": "number", "multipleOf": 0.1, "minimum": 0, "exclusiveMaximum": 3},
+        {"type": "number", "multipleOf": 1.0, "minimum": -2},  # integer values
+        {"type": ["number", "null"], "multipleOf": 0.001, "maximum": 1},
+        {"type": "integer", "multipleOf": 0.25, "maximum": 7},  # every integer is a multiple
+        {"multipleOf": 0.1},  # untyped: other types unconstrained
+    ],
+)
+def test_multiple_of_a_power_of_ten_is_exact(schema):
+    # The reference: jsonschema for the other keywords, exact decimal division for
+    # `multipleOf` (the spec's "division results in an integer"; jsonschema divides floats,
+    # and 100.1 / 0.1 = 1000.9999999999999 fails there)
+    from decimal import Decimal
+
+    texts = ["0", "1", "2", "7", "12", "-1", "-3", "0.5", "1.25", "1.50", "2.999", "0.001"]
+    texts += ["0.0001", "3", "2.95", "-1.1", "1.0", "8", "100.10", "1.2345", "null", '"x"']
+    if schema.get("type") == "integer":  # (integers are generated without a fraction)
+        texts = [t for t in texts if "." not in t]
+    regex = re.compile(json_schema_regex(schema))
+    others = jsonschema.Draft202012Validator({k: v for k, v in schema.items() if k != "multipleOf"})
+    step = Decimal(repr(schema["multipleOf"]))
+    verdicts = set()
+    for text in texts:
+        value = json.loads(text)
+        multiple = not isinstance(value, (int, float)) or Decimal(text) % step == 0
+        expected = others.is_valid(value) and multiple
+        assert bool(regex.fullmatch(text)) == expected, (schema, text)
+        verdicts.add(expected)
+    assert verdicts == {True, False}
+
+
+def test_other_multiples_are_refused_by_name():
+    for schema in (
+        {"type": "number", "multipleOf": 0.25},
+        {"type": "integer", "multipleOf": 5},
+        {"type": "number", "multipleOf": 0.01, "minimum": 0.5},  # a decimal bound
+    ):
+        with pytest.raises(UnsupportedSchemaError, match="multipleOf"):
+            json_schema_regex(schema)
