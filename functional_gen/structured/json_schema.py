@@ -49,7 +49,7 @@ is compiled: `not` (except where its complement is a schema, `_negation`: a type
 discriminated union, `_conditionals_as_branches`: every `if` tests one property, whose own
 schema lists its values, against listed values; or a single `if` whose complement is a schema;
 `then`/`else` without `if` assert nothing and are ignored), `dependentSchemas`,
-`dependencies` whose value is a schema, `contains`, `multipleOf` other than a power of ten up
+`dependencies` whose value is a schema, `contains` beside item counts and `maxContains`, `multipleOf` other than a power of ten up
 to 1 (`0.01` is "at most two fraction digits"), `uniqueItems: true` (for more than one item),
 `unevaluated*`, overlapping `oneOf` branches, string lengths whose automaton would be too
 large (named with its size), the JSON Schema
@@ -148,9 +148,7 @@ _UNSUPPORTED = {
     "dependencies": "property dependencies are not supported",  # (lists become dependentRequired)
     "unevaluatedProperties": "unevaluated* keywords are not supported",
     "unevaluatedItems": "unevaluated* keywords are not supported",
-    "contains": "array `contains` is not supported",
-    "minContains": "array `contains` is not supported",
-    "maxContains": "array `contains` is not supported",
+    "maxContains": "an upper bound on the items that match `contains` is not supported",
     "$dynamicRef": "dynamic references are not supported",
     "$recursiveRef": "dynamic references are not supported",
 }
@@ -187,6 +185,8 @@ _KNOWN = {
     "propertyNames",
     "dependentRequired",
     "multipleOf",
+    "contains",
+    "minContains",
 }
 """Keywords that are enforced. Every other keyword that is not in `_UNSUPPORTED` is an
 annotation (JSON Schema 2020-12 core §4.3.1: unknown keywords are ignored) and is dropped."""
@@ -203,7 +203,16 @@ _TYPE_KEYWORDS = {
     "integer": {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"},
     "number": {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"},
     "string": {"minLength", "maxLength", "pattern", "format"},
-    "array": {"items", "prefixItems", "additionalItems", "minItems", "maxItems", "uniqueItems"},
+    "array": {
+        "items",
+        "prefixItems",
+        "additionalItems",
+        "minItems",
+        "maxItems",
+        "uniqueItems",
+        "contains",
+        "minContains",
+    },
     "object": {
         "properties",
         "required",
@@ -396,6 +405,9 @@ def _negation(schema):
     branches = [{"properties": dict.fromkeys(absent, False)} for absent in choices]
     return {"type": "object", **({"anyOf": branches} if len(branches) > 1 else branches[0])}
 
+
+_MAX_CONTAINS = 8
+"""Largest `minContains` written out (the regex repeats the item `minContains` times)."""
 
 _MAX_CONDITIONAL_BRANCHES = 64
 """Most `anyOf` branches `_conditionals_as_branches` writes (one per group of discriminator
@@ -1701,7 +1713,40 @@ class _Rewriter:
         if out.get("maxItems") == 0:
             out.pop("items", None)
             out.pop("prefixItems", None)
+        if "contains" in node:
+            return self.contains(node, out, path)
         return out
+
+    def contains(self, node: dict, out: dict, path: str):
+        """An array (`out`, rewritten: `items`, no bounds or prefix) of which at least
+        `minContains` (default 1) items also match `contains`: our own regex, every item the
+        `items` regex and `minContains` of them the regex of `items` AND `contains`, in any
+        places. `NEVER` when no item can match both. Bounds on the item count, `prefixItems`
+        and `maxContains` beside it are refused."""
+        count = node.get("minContains", 1)
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            raise UnsupportedSchemaError(
+                "minContains", path, f"must be a non-negative integer, got {count!r}"
+            )
+        if count == 0:
+            return out
+        if {"minItems", "maxItems", "prefixItems"} & out.keys() or count > _MAX_CONTAINS:
+            self.refuse(
+                "contains",
+                path,
+                f"together with item counts or `prefixItems`, or minContains over {_MAX_CONTAINS}",
+            )
+            return out
+        items = node.get("items", True)
+        both = self.node(self.merge({} if items is True else items, node["contains"], path), path)
+        if both is NEVER:
+            return NEVER
+        item = self.regex_of(out.get("items", self.any_value()))
+        match, sep = self.regex_of(both), f"{self.ws},{self.ws}"
+        repeat = f"(?:{sep}(?:{item}{sep})*{match}){{{count - 1}}}" if count > 1 else ""
+        return self.marker(
+            rf"\[{self.ws}(?:{item}{sep})*{match}{repeat}(?:{sep}{item})*{self.ws}\]"
+        )
 
     def _object(self, node: dict, path: str):
         """An object as a marker of our own regex: the listed properties in schema order (the

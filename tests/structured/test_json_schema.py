@@ -50,7 +50,7 @@ def test_random_documents_validate(vocabulary, name):
         ({"type": "string", "pattern": "^(ab)+$", "maxLength": 50_000}, "pattern"),
         ({"type": "string", "pattern": "(?=a)"}, "pattern"),
         ({"$ref": "https://example.com/schema.json"}, "$ref"),
-        ({"type": "array", "contains": {"const": 1}}, "contains"),
+        ({"type": "array", "contains": {"const": 1}, "maxContains": 2}, "maxContains"),
         (
             {"type": "object", "dependentRequired": {k: ["z"] for k in "abcd"}},
             "dependentRequired",
@@ -966,4 +966,35 @@ def test_other_multiples_are_refused_by_name():
         {"type": "number", "multipleOf": 0.01, "minimum": 0.5},  # a decimal bound
     ):
         with pytest.raises(UnsupportedSchemaError, match="multipleOf"):
+            json_schema_regex(schema)
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"type": "array", "items": {"type": "integer"}, "contains": {"minimum": 5}},
+        {"type": "array", "contains": {"type": "string"}},
+        {
+            "type": "array",
+            "items": {"enum": [1, 2, "a"]},
+            "contains": {"const": 2},
+            "minContains": 2,
+        },
+        {"contains": {"const": 1}},  # untyped: other types unconstrained
+        {"type": "array", "contains": {"const": 1}, "minContains": 0},  # no constraint
+    ],
+)
+def test_contains_is_exact(schema):
+    documents = [
+        list(p) for r in range(4) for p in itertools.product([1, 2, 5, "a", None], repeat=r)
+    ]
+    _assert_regex_decides_as_jsonschema(schema, documents + [3, "s", {}])
+
+
+def test_contains_with_item_counts_or_max_contains_is_refused():
+    for schema in (
+        {"type": "array", "contains": {"const": 1}, "maxItems": 3},
+        {"type": "array", "contains": {"const": 1}, "maxContains": 2},
+    ):
+        with pytest.raises(UnsupportedSchemaError, match="ontains"):
             json_schema_regex(schema)
