@@ -49,8 +49,9 @@ is compiled: `not` (except where its complement is a schema, `_negation`: a type
 discriminated union, `_conditionals_as_branches`: every `if` tests one property, whose own
 schema lists its values, against listed values; or a single `if` whose complement is a schema;
 `then`/`else` without `if` assert nothing and are ignored), `dependentSchemas`,
-`dependencies` whose value is a schema, `contains` beside item counts and `maxContains`, `multipleOf` other than a power of ten up
-to 1 (`0.01` is "at most two fraction digits"), `uniqueItems: true` (for more than one item),
+`dependencies` whose value is a schema, `contains` beside item counts, `maxContains`,
+`multipleOf` other than a power of ten up to 1 (`0.01` is "at most two fraction digits"),
+`uniqueItems: true` (for more than one item),
 `unevaluated*`, overlapping `oneOf` branches, string lengths whose automaton would be too
 large (named with its size), the JSON Schema
 formats we lack (`idn-email`, `iri`, ...), `additionalProperties` next to `patternProperties`,
