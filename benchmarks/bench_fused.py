@@ -10,6 +10,24 @@ outputs split by rows. Both are timed as a jitted decode step (`model(token, pos
 plus the greedy argmax, the cache donated, as inside `generate`), A and B alternating call by
 call; the figure is the median of `--calls` calls each, reported as the ratio fused / separate
 (< 1: fused is faster). The logits of both are compared first.
+
+Measured 2026-11-23 (issue 13; shared 2-core box, medians of 40 interleaved calls, 256-slot
+cache; logits identical, max |delta| 0), fused / separate:
+
+| format | decode B=1 | decode B=8 | prefill 512 |
+|---|---|---|---|
+| float32 | 0.957 | 1.000 | 1.025 / 1.000 (two runs) |
+| bfloat16 | 0.918 | 0.971 | 1.141 / 0.998 |
+| int8 | 0.896 | 0.979 | 0.949 / 0.996 |
+
+A fused layout was then built in `llama.py` (branch `fuse`, not merged): inside `generate`, batch
+1, 96 tokens, 7 paired quiet runs, per-step time fused / separate was int8 0.928, float32 0.978,
+bfloat16 1.009, and a 512-token prefill 0-6% slower at float32/bfloat16 (one 3,072-row product
+runs 6-10% slower than two 1,536-row ones at 512 tokens). Not merged: the gain (int8 batch 1
+0.92x -> about 0.99x llama.cpp's Q8_0 on that box) does not reach issue 13's targets, prefill gets
+slower, and DESIGN.md keeps module attributes equal to the Hugging Face weight names
+(`self_attn.q_proj`, `mlp.gate_proj`) so that loading is one mapping table and user code can
+`eqx.tree_at` a projection.
 """
 
 import argparse
@@ -181,9 +199,13 @@ def main(argv=None) -> int:
             rows.append((fmt, f"prefill {args.prefill}", ta, tb, diff))
             print(*rows[-1], flush=True)
         del model, model_b
-    print(f"\n{'format':<9} {'call':<13} {'separate ms':>11} {'fused ms':>9} {'fused/sep':>9} {'max |dlogit|':>12}")
+    print(
+        f"\n{'format':<9} {'call':<13} {'separate ms':>11} {'fused ms':>9} {'fused/sep':>9} {'max |dlogit|':>12}"
+    )
     for fmt, what, ta, tb, diff in rows:
-        print(f"{fmt:<9} {what:<13} {ta * 1e3:>11.2f} {tb * 1e3:>9.2f} {tb / ta:>9.3f} {diff:>12.2e}")
+        print(
+            f"{fmt:<9} {what:<13} {ta * 1e3:>11.2f} {tb * 1e3:>9.2f} {tb / ta:>9.3f} {diff:>12.2e}"
+        )
     return 0
 
 
