@@ -754,11 +754,13 @@ def _token_tables(
     ext_info: list = []
     # Per extended state, as lists and (`columns`) arrays: its position; whether it pushed and
     # returned nothing yet (`simple`); its peak; `distance[position] + sum(distance[pushed])`
-    # (its cost); the id of its (peak, top) pair in `peak_tops`.
+    # (its cost); the id of its *context* (pushed, below, peak, top) in `contexts`: a byte read
+    # without a call keeps the context and changes only the position.
     ext_lists: tuple = ([], [], [], [], [])
     ext_arrays = [np.zeros(0, np.int64) for _ in ext_lists]
-    peak_top_ids: dict = {}
-    peak_tops: list = []
+    context_ids: dict = {}
+    contexts: list = []
+    distance_list = distance.tolist()
 
     def intern(key) -> int:
         i = ext_ids.get(key)
@@ -766,19 +768,20 @@ def _token_tables(
             i = ext_ids[key] = len(ext_info)
             ext_info.append(key)
             pos, pushed, below, peak, top = key
-            pt = peak_top_ids.get((peak, top))
-            if pt is None:
-                pt = peak_top_ids[peak, top] = len(peak_tops)
-                peak_tops.append((peak, top))
+            context = key[1:]
+            ct = context_ids.get(context)
+            if ct is None:
+                ct = context_ids[context] = len(contexts)
+                contexts.append(context)
             ext_lists[0].append(pos)
             ext_lists[1].append(not pushed and below == 0)
             ext_lists[2].append(peak)
-            ext_lists[3].append(int(distance[pos]) + sum(int(distance[v]) for v in pushed))
-            ext_lists[4].append(pt)
+            ext_lists[3].append(distance_list[pos] + sum(distance_list[v] for v in pushed))
+            ext_lists[4].append(ct)
         return i
 
     def columns():
-        """`(position, simple, peak, cost, peak_top)` per extended state, as int64 arrays."""
+        """`(position, simple, peak, cost, context)` per extended state, as int64 arrays."""
         done, total = filled[0], len(ext_info)
         if done < total:
             if total > ext_arrays[0].size:
@@ -793,21 +796,46 @@ def _token_tables(
 
     filled = [0]
 
+    # Python copies of the tables for `successors` (numpy scalar indexing is slow there).
+    nxt_list = nxt.tolist()
+    class_list = byte_class.tolist()
+    pushes_of: dict = {}  # (position, class) -> the return positions pushed, where any
+    for p, c in zip(*np.nonzero(push[:, :, 0])):
+        pushes_of[int(p), int(c)] = tuple(int(v) for v in push[p, c] if v)
+    site_key: list = []  # per position, an id of its `position_sites`
+    site_ids: dict = {}
+    for sites in position_sites:
+        site_key.append(site_ids.setdefault(sites, len(site_ids)))
+    pop_memo: dict = {}
+
     def successors(eid: int, byte: int):
         pos, pushed, below, peak, top = ext_info[eid]
-        c = byte_class[byte]
+        c = class_list[byte]
+        if not pushed and below == 0 and nxt_list[pos][c] == POP:
+            # A return from the start's own rule: the result depends on where it returns to
+            # (the top of the stack, or the rule's return sites) and the peak, not on `pos`.
+            key = (top, c, peak) if top is not None else (None, site_key[pos], c, peak)
+            hit = pop_memo.get(key)
+            if hit is None:
+                hit = pop_memo[key] = _successors(pos, pushed, below, peak, top, c)
+            return hit
+        return _successors(pos, pushed, below, peak, top, c)
+
+    def _successors(pos, pushed, below, peak, top, c):
         out, death, returned = [], False, False
         work, seen = [(pos, pushed, below, top)], set()
         while work:
             p, stack, low, first = work.pop()
-            act = nxt[p, c]
+            act = nxt_list[p][c]
             if act > 0:
-                stack = stack + tuple(int(v) for v in push[p, c] if v)
+                more = pushes_of.get((p, c))
+                if more:
+                    stack = stack + more
                 height = low + len(stack)
                 if height > stack_depth:
                     death = True
                 else:
-                    out.append(intern((int(act), stack, low, max(peak, height), first)))
+                    out.append(intern((act, stack, low, max(peak, height), first)))
             elif act == POP:
                 if stack:
                     work.append((stack[-1], stack[:-1], low, first))
@@ -832,7 +860,7 @@ def _token_tables(
     memo: dict = {}
 
     unknown, dead, several = -3, -1, -2
-    dense: dict = {}  # (peak, top) id -> id of (position, (), 0, peak, top) per position (-1: new)
+    dense: dict = {}  # context id -> id of (position, *context) per position (-1: new)
     table = np.full((64, 256), unknown, np.int64)  # (extended state, byte) -> one successor
     table_returned = np.zeros((64, 256), bool)
 
@@ -847,30 +875,30 @@ def _token_tables(
         missing = vals == unknown
         if missing.any():
             keys = _unique(e[missing] * 256 + b[missing])
-            # Vectorised: from a configuration that pushed and returned nothing yet, a byte
-            # that is read without a call, or rejected (most pairs).
+            # Vectorised: a byte that is read without a call (the context is kept), or rejected
+            # (most pairs).
             me, mb = keys // 256, keys % 256
-            ext_pos, ext_simple, _, _, ext_peak_top = columns()
-            simple, pos = ext_simple[me] > 0, ext_pos[me]
+            ext_pos, _, _, _, ext_context = columns()
+            pos = ext_pos[me]
             c = byte_class[mb]
             act = nxt[pos, c]
-            plain = simple & (((act > 0) & (push[pos, c, 0] == 0)) | (act == 0))
+            plain = ((act > 0) & (push[pos, c, 0] == 0)) | (act == 0)
             table[me[plain & (act == 0)], mb[plain & (act == 0)]] = dead
             reads = np.flatnonzero(plain & (act > 0))
             if reads.size:
-                # the target keeps the source's (peak, top): one dense id array per such pair
-                pts = ext_peak_top[me[reads]]
-                by_pt = np.argsort(pts, kind="stable")
-                cuts = np.flatnonzero(np.diff(pts[by_pt])) + 1
-                for rows in np.split(reads[by_pt], cuts):
-                    pt = int(ext_peak_top[me[rows[0]]])
-                    peak, top = peak_tops[pt]
-                    ids = dense.get(pt)
+                # the target keeps the source's context: one dense id array per context
+                cts = ext_context[me[reads]]
+                by_ct = np.argsort(cts, kind="stable")
+                cuts = np.flatnonzero(np.diff(cts[by_ct])) + 1
+                for rows in np.split(reads[by_ct], cuts):
+                    ct = int(ext_context[me[rows[0]]])
+                    context = contexts[ct]
+                    ids = dense.get(ct)
                     if ids is None:
-                        ids = dense[pt] = np.full(num_positions, -1, np.int64)
+                        ids = dense[ct] = np.full(num_positions, -1, np.int64)
                     targets = act[rows]
                     for t in _unique(targets[ids[targets] < 0]).tolist():
-                        ids[t] = intern((t, (), 0, peak, top))
+                        ids[t] = intern((t, *context))
                     table[me[rows], mb[rows]] = ids[targets]
             if len(ext_info) > table.shape[0]:
                 grow = max(len(ext_info), 2 * table.shape[0]) - table.shape[0]
