@@ -847,7 +847,7 @@ def _token_tables(
                     out[0] if len(out) == 1 and not death else dead if not out else several
                 )
                 table_returned[key // 256, key % 256] = returned
-            vals = table[e, b]
+            vals[missing] = table[e[missing], b[missing]]
         return vals, table_returned[e, b]
 
     set_ids: dict = {}
@@ -919,78 +919,100 @@ def _token_tables(
     class_byte = np.zeros(num_classes, np.int64)  # a byte of each class (`lookup` is per byte)
     class_byte[byte_class[::-1]] = np.arange(255, -1, -1)
     token_depth = np.searchsorted(level_ptr, token_node, side="right") - 1
-    gone_state = np.iinfo(np.int64).min  # a state entry of an origin whose walk died
+    gone_entry = np.iinfo(np.int32).min  # a function's entry for an origin whose walk died
+    steps = np.zeros((64, num_classes), np.int32)  # see `walk`
     never, candidate = 255, 254  # token codes beside the bitmask levels 0..MAX_LEVELS-1
 
     def walk(start, prune: bool):
         """Walk all origins (extended states `start`) over the trie together, as
         `byte_dfa._token_functions` does for a DFA: each trie node has a *function*, the state
-        (or set) and poison flag of every origin after the node's bytes, and nodes with the same
+        (or set) and poison flag of every origin after the node's bytes (one int32 per origin:
+        `2 * state + poisoned`, or `gone_entry` where the walk died), and nodes with the same
         (parent function, byte class) share one; equal functions get one id. Returns, per token
         of `trie.token_ids`, the id of its function's *code* row (`codes`: per origin, the
         bitmask level of the token, `candidate` or `never`), the codes, which origins returned
         below their start, and per origin the costliest bitmask token's cost. With `prune`, an
         origin is dropped (its codes left unspecified) once it returned."""
+        nonlocal steps
         m = start.size
         returned = np.zeros(m, bool)
         cost = np.zeros(m, np.int64)
-        states = start[None, :]
-        poisons = np.zeros((1, m), bool)
+        functions = (2 * start).astype(np.int32)[None, :]
         node_function = np.zeros(num_nodes, np.int64)
         token_code = np.full(trie.token_ids.size, -1, np.int64)
         code_rows = []
         num_codes = 0
         for depth in range(1, level_ptr.size - 1):
             a, b = int(level_ptr[depth]), int(level_ptr[depth + 1])
-            if not states.size:
+            if not functions.size:
                 break
             key = node_function[parent[a:b]] * num_classes + node_class[a:b]
-            seen = np.zeros(states.shape[0] * num_classes, bool)
+            seen = np.zeros(functions.shape[0] * num_classes, bool)
             seen[key] = True
             pairs = np.flatnonzero(seen)
             inverse = np.cumsum(seen)[key] - 1
-            source = states[pairs // num_classes]
-            flat = np.flatnonzero(source.reshape(-1) != gone_state)
-            row, col = flat // m, flat % m
-            vals, gone, death, below = advance(
-                source.reshape(-1)[flat], class_byte[pairs[row] % num_classes]
-            )
-            returned[col[below]] = True
-            new = np.full(source.shape, gone_state, np.int64)
-            keep = ~gone
-            if prune:
-                keep &= ~returned[col]
-            new.reshape(-1)[flat[keep]] = vals[keep]
-            poison = np.zeros(source.shape, bool)
-            poison.reshape(-1)[flat[keep]] = (
-                poisons[pairs // num_classes].reshape(-1)[flat[keep]] | death[keep]
-            )
+            source = functions[pairs // num_classes].reshape(-1)
+            flat = np.flatnonzero(source != gone_entry)
+            entry = source[flat]
+            state = entry >> 1
+            cls = np.repeat(pairs % num_classes, m)[flat]
+            # `steps[state, class]`: 0 unknown, else `2 * (successor + 3) + returned`
+            # (successor: an extended state, `dead` or `several`, as `lookup` gives)
+            if len(ext_info) > steps.shape[0]:
+                grow = max(len(ext_info), 2 * steps.shape[0]) - steps.shape[0]
+                steps = np.concatenate([steps, np.zeros((grow, num_classes), np.int32)])
+            single = state >= 0
+            step_key = np.where(single, state, 0) * num_classes + cls
+            step = steps.reshape(-1)[step_key]
+            missing = single & (step == 0)
+            if missing.any():
+                keys = _unique(step_key[missing])
+                vals, below = lookup(keys // num_classes, class_byte[keys % num_classes])
+                if len(ext_info) > steps.shape[0]:
+                    grow = max(len(ext_info), 2 * steps.shape[0]) - steps.shape[0]
+                    steps = np.concatenate([steps, np.zeros((grow, num_classes), np.int32)])
+                steps.reshape(-1)[keys] = 2 * (vals + 3) + below
+                step[missing] = steps.reshape(-1)[step_key[missing]]
+            vals = (step >> 1) - 3
+            below = single & ((step & 1) > 0)
+            out = np.where(single & (vals >= 0), 2 * vals + (entry & 1), gone_entry)
+            odd = np.flatnonzero((single & (vals == several)) | ~single)
+            if odd.size:
+                # sets, or states that branch (rare)
+                o_vals, o_gone, o_death, o_below = advance(
+                    state[odd].astype(np.int64), class_byte[cls[odd]]
+                )
+                below[odd] = o_below
+                o_poison = (entry[odd] & 1).astype(bool) | o_death
+                out[odd] = np.where(o_gone, gone_entry, 2 * o_vals + o_poison)
+            if below.any():
+                returned[flat[below] % m] = True
+            new = np.full((pairs.size, m), gone_entry, np.int32)
+            new.reshape(-1)[flat] = out
             if prune and returned.any():
-                new[:, returned] = gone_state
-                poison[:, returned] = False
+                new[:, returned] = gone_entry
             # distinct functions
-            both = np.concatenate([new.view(np.uint8), poison.view(np.uint8)], axis=1)
             ids: dict = {}
             number = np.empty(pairs.size, np.int64)
             first = []
-            for i, r in enumerate(both):
+            for i, r in enumerate(new):
                 j = ids.setdefault(r.tobytes(), len(first))
                 if j == len(first):
                     first.append(i)
                 number[i] = j
-            states, poisons = new[first], poison[first]
+            functions = new[first]
             node_function[a:b] = number[inverse]
             # codes of the functions of this depth's tokens
             lo, hi = np.searchsorted(token_depth, [depth, depth + 1])
             if hi > lo:
                 funcs, at = np.unique(node_function[token_node[lo:hi]], return_inverse=True)
-                st, po = states[funcs], poisons[funcs]
-                alive = st != gone_state
+                f = functions[funcs]
+                live = f != gone_entry
                 state_peak, state_cost = state_tables()
-                index = np.where(alive, st, 0) + len(sets)
+                index = np.where(live, f >> 1, 0) + len(sets)
                 peak, c = state_peak[index], state_cost[index]
-                sure = alive & ~po & (peak < MAX_LEVELS)
-                code = np.where(sure, peak, np.where(alive, candidate, never)).astype(np.uint8)
+                sure = live & ((f & 1) == 0) & (peak < MAX_LEVELS)
+                code = np.where(sure, peak, np.where(live, candidate, never)).astype(np.uint8)
                 np.maximum(cost, np.where(sure, c, 0).max(axis=0), out=cost)
                 code_rows.append(code)
                 token_code[lo:hi] = num_codes + at.reshape(-1)
@@ -1069,13 +1091,12 @@ def _token_tables(
     spec_class = np.array([c for c, _ in row_spec], np.int64)
     spec_level = np.array([lv for _, lv in row_spec], np.uint8)
     padded = np.concatenate([class_codes, np.full((1, num_classes_t), never, np.uint8)])
-    padded_t = np.ascontiguousarray(padded.T)
+    row_bits = padded.T[spec_class] <= spec_level[:, None]  # per distinct row and token row
     packed = np.zeros((len(row_spec), words * 4), np.uint8)
     chunk = max(1, (1 << 26) // (words * 32))
     for start in range(0, len(row_spec), chunk):
-        sl = slice(start, start + chunk)
-        bits = padded_t[spec_class[sl][:, None], vocab_row[None, :]] <= spec_level[sl][:, None]
-        packed[sl] = np.packbits(bits, axis=1, bitorder="little")
+        bits = np.take(row_bits[start : start + chunk], vocab_row, axis=1)
+        packed[start : start + chunk] = np.packbits(bits, axis=1, bitorder="little")
     packed = packed.view(np.uint32)
     masks, order_rows = _unique_rows(packed.reshape(-1, words))
     rows = order_rows.reshape(-1)[class_rows][class_of[source_of]]
