@@ -38,12 +38,10 @@ int32 scalars and an `int32[stack_depth]` array, so the depth costs memory, not 
    `candidates[position, slot]` (at most `K` of them; 3-10 for the test grammars) is checked on
    the device. Tokens rejected on every branch are never allowed. (Cf. XGrammar's
    context-independent and context-dependent tokens, Dong et al. 2024, arXiv 2411.15100.)
-   The walks share their work: many origins reach the same extended state (position, pushed
-   returns, peak, top) after a byte or two, and from then on their subtrees of the trie are the
-   same, so each distinct (trie node, state, poisoned) *walker* is walked once, and an origin's
-   tokens are the union of the disjoint subtrees of the depth-1 walkers it reaches. The slots
-   of a position share its walk below every first byte from which no token returns (walked
-   once with the top of the stack pending); only the other first bytes are walked per slot.
+   The walks share their work: all origins of a pass walk the trie together, each trie node
+   holding the state of every origin after its bytes (one function per node, shared by the
+   nodes with the same parent function and byte class, as `byte_dfa.lift` does), so the cost
+   is per distinct function, not per (trie node, state).
 
 **On the device, per step and row** (`PushdownConstraint.process`):
 
@@ -665,14 +663,16 @@ def _token_tables(
     module docstring, step 3). Returns `(masks, mask_row, candidates, candidate_bytes,
     budget_cost)`.
 
-    The walk is breadth-first over *walkers*, the distinct (trie node, state, poisoned) that
-    some origin reaches, each walked once (`walk`); peak and cost are functions of the state,
-    and an origin whose walk branches holds a *set* state (the union of its members'
-    successors), so a walker's subtree is the same for every origin that reaches it. The
-    tables are then built per *class* of sources (origins reaching the same depth-1 walkers)
-    from each used depth-1 walker's subtree, filled once (`segments`), never as origin x token
-    arrays. The result is identical to the per-origin walk (`tests/structured/
-    pda_reference.py`, the oracle of the tests)."""
+    All origins of a pass are walked together, as `byte_dfa._token_functions` walks a DFA: each
+    trie node has a *function*, the state (an extended state, or a *set* of them where an
+    origin's walk branched) and poison flag of every origin after the node's bytes, computed
+    from its parent's function and its byte class; nodes with the same (parent function, byte
+    class) share the step and equal functions get one id, so the work is per distinct function
+    and origin, not per (trie node, state). Each token then has a *code* per origin (its
+    bitmask level, candidate, or never) from its node's function; sources with the same codes
+    are one *class*, and the bitmask rows and candidate lists are built per class. The result
+    is identical to the per-origin walk (`tests/structured/pda_reference.py`, the oracle of the
+    tests)."""
     num_positions = nxt.shape[0]
     vocab = vocabulary.vocab_size
     trie = token_trie(vocabulary)
