@@ -938,6 +938,7 @@ def _token_tables(
         returned = np.zeros(m, bool)
         cost = np.zeros(m, np.int64)
         functions = (2 * start).astype(np.int32)[None, :]
+        cols = np.arange(m)  # the origins of the functions' columns (the others are gone)
         node_function = np.zeros(num_nodes, np.int64)
         token_code = np.full(trie.token_ids.size, -1, np.int64)
         code_rows = []
@@ -951,11 +952,12 @@ def _token_tables(
             seen[key] = True
             pairs = np.flatnonzero(seen)
             inverse = np.cumsum(seen)[key] - 1
+            width = cols.size
             source = functions[pairs // num_classes].reshape(-1)
             flat = np.flatnonzero(source != gone_entry)
             entry = source[flat]
             state = entry >> 1
-            cls = np.repeat(pairs % num_classes, m)[flat]
+            cls = np.repeat(pairs % num_classes, width)[flat]
             # `steps[state, class]`: 0 unknown, else `2 * (successor + 3) + returned`
             # (successor: an extended state, `dead` or `several`, as `lookup` gives)
             if len(ext_info) > steps.shape[0]:
@@ -986,11 +988,15 @@ def _token_tables(
                 o_poison = (entry[odd] & 1).astype(bool) | o_death
                 out[odd] = np.where(o_gone, gone_entry, 2 * o_vals + o_poison)
             if below.any():
-                returned[flat[below] % m] = True
-            new = np.full((pairs.size, m), gone_entry, np.int32)
+                returned[cols[flat[below] % width]] = True
+            new = np.full((pairs.size, width), gone_entry, np.int32)
             new.reshape(-1)[flat] = out
             if prune and returned.any():
-                new[:, returned] = gone_entry
+                new[:, returned[cols]] = gone_entry
+            # origins gone in every function stay gone: their columns are dropped
+            live_cols = (new != gone_entry).any(axis=0)
+            if not live_cols.all():
+                new, cols = new[:, live_cols], cols[live_cols]
             # distinct functions
             ids: dict = {}
             number = np.empty(pairs.size, np.int64)
@@ -1012,8 +1018,10 @@ def _token_tables(
                 index = np.where(live, f >> 1, 0) + len(sets)
                 peak, c = state_peak[index], state_cost[index]
                 sure = live & ((f & 1) == 0) & (peak < MAX_LEVELS)
-                code = np.where(sure, peak, np.where(live, candidate, never)).astype(np.uint8)
-                np.maximum(cost, np.where(sure, c, 0).max(axis=0), out=cost)
+                code = np.full((funcs.size, m), never, np.uint8)
+                code[:, cols] = np.where(sure, peak, np.where(live, candidate, never))
+                if cols.size:
+                    cost[cols] = np.maximum(cost[cols], np.where(sure, c, 0).max(axis=0))
                 code_rows.append(code)
                 token_code[lo:hi] = num_codes + at.reshape(-1)
                 num_codes += funcs.size
