@@ -38,12 +38,10 @@ int32 scalars and an `int32[stack_depth]` array, so the depth costs memory, not 
    `candidates[position, slot]` (at most `K` of them; 3-10 for the test grammars) is checked on
    the device. Tokens rejected on every branch are never allowed. (Cf. XGrammar's
    context-independent and context-dependent tokens, Dong et al. 2024, arXiv 2411.15100.)
-   The walks share their work: many origins reach the same extended state (position, pushed
-   returns, peak, top) after a byte or two, and from then on their subtrees of the trie are the
-   same, so each distinct (trie node, state, poisoned) *walker* is walked once, and an origin's
-   tokens are the union of the disjoint subtrees of the depth-1 walkers it reaches. The slots
-   of a position share its walk below every first byte from which no token returns (walked
-   once with the top of the stack pending); only the other first bytes are walked per slot.
+   The walks share their work: all origins of a pass walk the trie together, each trie node
+   holding the state of every origin after its bytes (one function per node, shared by the
+   nodes with the same parent function and byte class, as `byte_dfa.lift` does), so the cost
+   is per distinct function, not per (trie node, state).
 
 **On the device, per step and row** (`PushdownConstraint.process`):
 
@@ -80,7 +78,7 @@ import numpy as np
 from jaxtyping import Array, Bool, Float, Int, UInt8, UInt32
 
 from ..processors.base import AbstractLogitsProcessor, Context, per_row_field
-from .byte_dfa import REJECT, ByteDFA, _ragged, token_trie
+from .byte_dfa import REJECT, ByteDFA, _ragged, _trie_levels, token_trie
 from .grammar_syntax import GrammarError, GrammarSpec
 from .processor import _bucket
 from .vocabulary import TokenVocabulary
@@ -651,74 +649,6 @@ def _unique_rows(rows):
     return distinct[order], rank[inverse]
 
 
-def _sorted_with_order(key):
-    """`(np.sort(key), order)` with `key[order]` sorted, for non-negative int64 `key`; equal
-    keys come in any order. Where the key and its index fit in 62 bits together, one sort of
-    `key << bits | index` (a plain sort, about 4x faster than `np.argsort` on int64 with
-    AVX-512: 8 ms against 32 ms for 1.5 million keys); otherwise `np.argsort`."""
-    n = key.size
-    shift = max(1, (n - 1).bit_length())
-    if n and int(key.max()).bit_length() + shift <= 62:
-        packed = np.sort((key << shift) | np.arange(n, dtype=np.int64))
-        return packed >> shift, packed & ((1 << shift) - 1)
-    order = np.argsort(key)
-    return key[order], order
-
-
-def _subtrees(depths, walkers, trie, node_token, state_peak, state_cost, offset):
-    """The tokens at and below each depth-1 walker of `walkers` (see `_token_tables`' `walk`),
-    one chunk per depth: `(unit, token, order, peak, cost, sure)` per token, `unit` an index
-    into `walkers`, `order` the token's index in `trie.token_ids` (the walk's order: depth, then
-    node), `sure` where it is a bitmask token (no branch died, fewer than `MAX_LEVELS` pushes).
-    `state_peak`, `state_cost`: per walker state `s`, at index `s + offset`."""
-    unit = np.arange(walkers.size)
-    walker = walkers
-    for depth in range(1, len(depths)):
-        if not unit.size:
-            return
-        node_of, state_of, poison, edge_ptr, edge_child = depths[depth]
-        node = node_of[walker]
-        if node_token is not None:
-            tokens = node_token[node]
-            holder = np.flatnonzero(tokens >= 0)
-            tokens, order = tokens[holder], trie.token_ptr[node[holder]]
-        else:
-            holder, order = _ragged(trie.token_ptr, node)
-            tokens = trie.token_ids[order].astype(np.int32)
-        at = walker[holder]
-        state = state_of[at] + offset
-        peak = state_peak[state]
-        yield (
-            unit[holder],
-            tokens,
-            order,
-            peak,
-            state_cost[state],
-            ~poison[at] & (peak < MAX_LEVELS),
-        )
-        owner, edge = _ragged(edge_ptr, walker)
-        unit, walker = unit[owner], edge_child[edge]
-
-
-_DEPTH_FIRST: dict = {}
-
-
-def _depth_first(trie, vocabulary: TokenVocabulary):
-    """`(tokens, span)`: the trie's tokens in depth-first (byte-lexicographic) order, where the
-    tokens below each depth-1 node are contiguous: those starting with byte `b` are
-    `tokens[span[b]:span[b + 1]]`. Memoised per vocabulary fingerprint."""
-    hit = _DEPTH_FIRST.get(vocabulary.fingerprint)
-    if hit is None:
-        token_bytes = vocabulary.token_bytes
-        tokens = np.asarray(sorted(trie.token_ids.tolist(), key=token_bytes.__getitem__), np.int64)
-        first = np.fromiter((token_bytes[t][0] for t in tokens.tolist()), np.int64, tokens.size)
-        hit = _DEPTH_FIRST[vocabulary.fingerprint] = (
-            tokens,
-            np.searchsorted(first, np.arange(257)),
-        )
-    return hit
-
-
 def _token_tables(
     nxt,
     push,
@@ -733,14 +663,16 @@ def _token_tables(
     module docstring, step 3). Returns `(masks, mask_row, candidates, candidate_bytes,
     budget_cost)`.
 
-    The walk is breadth-first over *walkers*, the distinct (trie node, state, poisoned) that
-    some origin reaches, each walked once (`walk`); peak and cost are functions of the state,
-    and an origin whose walk branches holds a *set* state (the union of its members'
-    successors), so a walker's subtree is the same for every origin that reaches it. The
-    tables are then built per *class* of sources (origins reaching the same depth-1 walkers)
-    from each used depth-1 walker's subtree, filled once (`segments`), never as origin x token
-    arrays. The result is identical to the per-origin walk (`tests/structured/
-    pda_reference.py`, the oracle of the tests)."""
+    All origins of a pass are walked together, as `byte_dfa._token_functions` walks a DFA: each
+    trie node has a *function*, the state (an extended state, or a *set* of them where an
+    origin's walk branched) and poison flag of every origin after the node's bytes, computed
+    from its parent's function and its byte class; nodes with the same (parent function, byte
+    class) share the step and equal functions get one id, so the work is per distinct function
+    and origin, not per (trie node, state). Each token then has a *code* per origin (its
+    bitmask level, candidate, or never) from its node's function; sources with the same codes
+    are one *class*, and the bitmask rows and candidate lists are built per class. The result
+    is identical to the per-origin walk (`tests/structured/pda_reference.py`, the oracle of the
+    tests)."""
     num_positions = nxt.shape[0]
     vocab = vocabulary.vocab_size
     trie = token_trie(vocabulary)
@@ -754,31 +686,34 @@ def _token_tables(
     ext_info: list = []
     # Per extended state, as lists and (`columns`) arrays: its position; whether it pushed and
     # returned nothing yet (`simple`); its peak; `distance[position] + sum(distance[pushed])`
-    # (its cost); the id of its (peak, top) pair in `peak_tops`.
+    # (its cost); the id of its *context* (pushed, below, peak, top) in `contexts`: a byte read
+    # without a call keeps the context and changes only the position.
     ext_lists: tuple = ([], [], [], [], [])
     ext_arrays = [np.zeros(0, np.int64) for _ in ext_lists]
-    peak_top_ids: dict = {}
-    peak_tops: list = []
+    context_ids: dict = {}
+    contexts: list = []
+    distance_list = distance.tolist()
 
     def intern(key) -> int:
         i = ext_ids.get(key)
         if i is None:
             i = ext_ids[key] = len(ext_info)
             ext_info.append(key)
-            pos, pushed, below, peak, top = key
-            pt = peak_top_ids.get((peak, top))
-            if pt is None:
-                pt = peak_top_ids[peak, top] = len(peak_tops)
-                peak_tops.append((peak, top))
+            pos, pushed, below, peak, _ = key
+            context = key[1:]
+            ct = context_ids.get(context)
+            if ct is None:
+                ct = context_ids[context] = len(contexts)
+                contexts.append(context)
             ext_lists[0].append(pos)
             ext_lists[1].append(not pushed and below == 0)
             ext_lists[2].append(peak)
-            ext_lists[3].append(int(distance[pos]) + sum(int(distance[v]) for v in pushed))
-            ext_lists[4].append(pt)
+            ext_lists[3].append(distance_list[pos] + sum(distance_list[v] for v in pushed))
+            ext_lists[4].append(ct)
         return i
 
     def columns():
-        """`(position, simple, peak, cost, peak_top)` per extended state, as int64 arrays."""
+        """`(position, simple, peak, cost, context)` per extended state, as int64 arrays."""
         done, total = filled[0], len(ext_info)
         if done < total:
             if total > ext_arrays[0].size:
@@ -793,21 +728,46 @@ def _token_tables(
 
     filled = [0]
 
+    # Python copies of the tables for `successors` (numpy scalar indexing is slow there).
+    nxt_list = nxt.tolist()
+    class_list = byte_class.tolist()
+    pushes_of: dict = {}  # (position, class) -> the return positions pushed, where any
+    for p, c in zip(*np.nonzero(push[:, :, 0])):
+        pushes_of[int(p), int(c)] = tuple(int(v) for v in push[p, c] if v)
+    site_key: list = []  # per position, an id of its `position_sites`
+    site_ids: dict = {}
+    for sites in position_sites:
+        site_key.append(site_ids.setdefault(sites, len(site_ids)))
+    pop_memo: dict = {}
+
     def successors(eid: int, byte: int):
         pos, pushed, below, peak, top = ext_info[eid]
-        c = byte_class[byte]
+        c = class_list[byte]
+        if not pushed and below == 0 and nxt_list[pos][c] == POP:
+            # A return from the start's own rule: the result depends on where it returns to
+            # (the top of the stack, or the rule's return sites) and the peak, not on `pos`.
+            key = (top, c, peak) if top is not None else (None, site_key[pos], c, peak)
+            hit = pop_memo.get(key)
+            if hit is None:
+                hit = pop_memo[key] = _successors(pos, pushed, below, peak, top, c)
+            return hit
+        return _successors(pos, pushed, below, peak, top, c)
+
+    def _successors(pos, pushed, below, peak, top, c):
         out, death, returned = [], False, False
         work, seen = [(pos, pushed, below, top)], set()
         while work:
             p, stack, low, first = work.pop()
-            act = nxt[p, c]
+            act = nxt_list[p][c]
             if act > 0:
-                stack = stack + tuple(int(v) for v in push[p, c] if v)
+                more = pushes_of.get((p, c))
+                if more:
+                    stack = stack + more
                 height = low + len(stack)
                 if height > stack_depth:
                     death = True
                 else:
-                    out.append(intern((int(act), stack, low, max(peak, height), first)))
+                    out.append(intern((act, stack, low, max(peak, height), first)))
             elif act == POP:
                 if stack:
                     work.append((stack[-1], stack[:-1], low, first))
@@ -832,7 +792,7 @@ def _token_tables(
     memo: dict = {}
 
     unknown, dead, several = -3, -1, -2
-    dense: dict = {}  # (peak, top) id -> id of (position, (), 0, peak, top) per position (-1: new)
+    dense: dict = {}  # context id -> id of (position, *context) per position (-1: new)
     table = np.full((64, 256), unknown, np.int64)  # (extended state, byte) -> one successor
     table_returned = np.zeros((64, 256), bool)
 
@@ -847,30 +807,30 @@ def _token_tables(
         missing = vals == unknown
         if missing.any():
             keys = _unique(e[missing] * 256 + b[missing])
-            # Vectorised: from a configuration that pushed and returned nothing yet, a byte
-            # that is read without a call, or rejected (most pairs).
+            # Vectorised: a byte that is read without a call (the context is kept), or rejected
+            # (most pairs).
             me, mb = keys // 256, keys % 256
-            ext_pos, ext_simple, _, _, ext_peak_top = columns()
-            simple, pos = ext_simple[me] > 0, ext_pos[me]
+            ext_pos, _, _, _, ext_context = columns()
+            pos = ext_pos[me]
             c = byte_class[mb]
             act = nxt[pos, c]
-            plain = simple & (((act > 0) & (push[pos, c, 0] == 0)) | (act == 0))
+            plain = ((act > 0) & (push[pos, c, 0] == 0)) | (act == 0)
             table[me[plain & (act == 0)], mb[plain & (act == 0)]] = dead
             reads = np.flatnonzero(plain & (act > 0))
             if reads.size:
-                # the target keeps the source's (peak, top): one dense id array per such pair
-                pts = ext_peak_top[me[reads]]
-                by_pt = np.argsort(pts, kind="stable")
-                cuts = np.flatnonzero(np.diff(pts[by_pt])) + 1
-                for rows in np.split(reads[by_pt], cuts):
-                    pt = int(ext_peak_top[me[rows[0]]])
-                    peak, top = peak_tops[pt]
-                    ids = dense.get(pt)
+                # the target keeps the source's context: one dense id array per context
+                cts = ext_context[me[reads]]
+                by_ct = np.argsort(cts, kind="stable")
+                cuts = np.flatnonzero(np.diff(cts[by_ct])) + 1
+                for rows in np.split(reads[by_ct], cuts):
+                    ct = int(ext_context[me[rows[0]]])
+                    context = contexts[ct]
+                    ids = dense.get(ct)
                     if ids is None:
-                        ids = dense[pt] = np.full(num_positions, -1, np.int64)
+                        ids = dense[ct] = np.full(num_positions, -1, np.int64)
                     targets = act[rows]
                     for t in _unique(targets[ids[targets] < 0]).tolist():
-                        ids[t] = intern((t, (), 0, peak, top))
+                        ids[t] = intern((t, *context))
                     table[me[rows], mb[rows]] = ids[targets]
             if len(ext_info) > table.shape[0]:
                 grow = max(len(ext_info), 2 * table.shape[0]) - table.shape[0]
@@ -887,20 +847,9 @@ def _token_tables(
                     out[0] if len(out) == 1 and not death else dead if not out else several
                 )
                 table_returned[key // 256, key % 256] = returned
-            vals = table[e, b]
+            vals[missing] = table[e[missing], b[missing]]
         return vals, table_returned[e, b]
 
-    token_count = np.diff(trie.token_ptr)
-    node_token = None  # the token ending at each node (-1: none), when no node has two
-    if token_count.max(initial=0) <= 1:
-        node_token = np.full(num_nodes, -1, np.int32)
-        node_token[token_count > 0] = trie.token_ids
-
-    # A walker is a distinct (trie node, state, poisoned) reached by some origin: `state` is an
-    # extended state id (>= 0) or a set of them (`-1 - index` into `sets`) where an origin's
-    # walk branched (its successors are the union of its members'). Peak and cost are functions
-    # of the state and the poison flag is inherited, so a walker's subtree is the same for
-    # every origin reaching it: it is walked once.
     set_ids: dict = {}
     sets: list = []  # member arrays (sorted extended state ids)
 
@@ -925,24 +874,23 @@ def _token_tables(
             np.concatenate([np.asarray(set_cost, np.int64), cost]),
         )
 
-    def advance(owner, child, w_state):
-        """The successor of each (walker, child node) pair: `(state, gone, death, below)`,
-        `state` an extended state or a set (`intern_set`), `gone` where every branch died,
-        `death` where some branch died (the tokens below are not sure), `below` where the byte
-        returned below the start."""
-        e, b = w_state[owner], trie.byte[child]
+    def advance(e, b):
+        """The successor of each (state, byte) pair: `(state, gone, death, below)`, `state` an
+        extended state or a set (`intern_set`), `gone` where every branch died, `death` where
+        some branch died (the tokens below are not sure), `below` where the byte returned below
+        the start."""
         single = e >= 0
-        vals = np.full(owner.size, dead, np.int64)
-        below = np.zeros(owner.size, bool)
+        vals = np.full(e.size, dead, np.int64)
+        below = np.zeros(e.size, bool)
         if single.all():
             vals, below = lookup(e, b)
         elif single.any():
             vals[single], below[single] = lookup(e[single], b[single])
-        death = np.zeros(owner.size, bool)
+        death = np.zeros(e.size, bool)
         gone = vals == dead
         odd = np.flatnonzero((vals == several) | ~single)
         if odd.size:
-            # Walkers of sets, or whose state branches: merged one by one (rare).
+            # Sets, or states that branch: merged one by one (rare).
             for i in odd.tolist():
                 members = [int(e[i])] if single[i] else sets[-1 - int(e[i])].tolist()
                 out, die = set(), False
@@ -965,66 +913,129 @@ def _token_tables(
                     gone[i] = True
         return vals, gone, death, below
 
-    def walk(start_ext, prune: bool = False, keep_first=None, root_edges: bool = False):
-        """Walk the distinct walkers reached from the initial extended states depth by depth,
-        each once (`advance`). Returns `(depths, (lo, hi), returned)`: per depth the walkers'
-        `(node, state, poisoned, edge_ptr, edge_child)` (CSR edges to the next depth's
-        walkers, in trie order); per origin the range `lo:hi` of depth-0 edges to the depth-1
-        walkers it reaches; and which origins returned below their start. With `prune`,
-        walkers below one that returned are not walked (every origin reaching them returned:
-        the caller drops its tokens); with `root_edges` too, the roots' children are pruned one
-        by one (where that byte returned). `keep_first(state, node)`: which children of the
-        roots to walk. Also
-        returns whether each depth-1 walker returned or reaches one that did."""
-        start = np.asarray(start_ext, np.int64)
-        if not start.size:
-            empty = np.zeros(0, np.int64)
-            return [], (empty, empty), np.zeros(0, bool), np.zeros(0, bool)
-        roots, root_of = np.unique(start, return_inverse=True)
-        root_of = root_of.reshape(-1)
-        w_node = np.zeros(roots.size, np.int64)
-        w_state = roots
-        w_poison = np.zeros(roots.size, bool)
-        depths, flags = [], []
-        while w_node.size:
-            owner, child = _ragged(trie.child_ptr, w_node)
-            vals, gone, death, below = advance(owner, child, w_state)
-            returned = np.zeros(w_node.size, bool)
-            returned[owner[below]] = True
-            alive = ~gone
-            if prune:
-                alive &= ~(below if root_edges and not depths else returned[owner])
-            if keep_first is not None and not depths:
-                alive &= keep_first(w_state[owner], child)
-            owner, child, vals = owner[alive], child[alive], vals[alive]
-            poison = w_poison[owner] | death[alive]
-            key = ((vals + len(sets)) * num_nodes + child) * 2 + poison
-            key, order = _sorted_with_order(key)
-            new = np.ones(key.size, bool)
-            np.not_equal(key[1:], key[:-1], out=new[1:])
-            inverse = np.empty(key.size, np.int64)
-            inverse[order] = np.cumsum(new) - 1
-            first = order[new]
-            edge_ptr = np.zeros(w_node.size + 1, np.int64)
-            np.cumsum(np.bincount(owner, minlength=w_node.size), out=edge_ptr[1:])
-            depths.append((w_node, w_state, w_poison, edge_ptr, inverse))
-            flags.append(returned)
-            w_node, w_state, w_poison = child[first], vals[first], poison[first]
-        # An origin returned where a walker it reaches did.
-        reach = np.zeros(0, bool)
-        reach_first = reach
-        for (_, _, _, edge_ptr, edge_child), returned in zip(reversed(depths), reversed(flags)):
-            reach_first = reach
-            hits = np.concatenate([[0], np.cumsum(reach[edge_child])])
-            reach = returned | (hits[edge_ptr[1:]] > hits[edge_ptr[:-1]])
-        edge_ptr = depths[0][3]
-        return depths, (edge_ptr[root_of], edge_ptr[root_of + 1]), reach[root_of], reach_first
+    parent, level_ptr, token_node = _trie_levels(trie)
+    num_classes = int(byte_class.max()) + 1
+    node_class = byte_class[trie.byte]
+    class_byte = np.zeros(num_classes, np.int64)  # a byte of each class (`lookup` is per byte)
+    class_byte[byte_class[::-1]] = np.arange(255, -1, -1)
+    token_depth = np.searchsorted(level_ptr, token_node, side="right") - 1
+    gone_entry = np.iinfo(np.int32).min  # a function's entry for an origin whose walk died
+    steps = np.zeros((64, num_classes), np.int32)  # see `walk`
+    never, candidate = 255, 254  # token codes beside the bitmask levels 0..MAX_LEVELS-1
+
+    def walk(start, prune: bool):
+        """Walk all origins (extended states `start`) over the trie together, as
+        `byte_dfa._token_functions` does for a DFA: each trie node has a *function*, the state
+        (or set) and poison flag of every origin after the node's bytes (one int32 per origin:
+        `2 * state + poisoned`, or `gone_entry` where the walk died), and nodes with the same
+        (parent function, byte class) share one; equal functions get one id. Returns, per token
+        of `trie.token_ids`, the id of its function's *code* row (`codes`: per origin, the
+        bitmask level of the token, `candidate` or `never`), the codes, which origins returned
+        below their start, and per origin the costliest bitmask token's cost. With `prune`, an
+        origin is dropped (its codes left unspecified) once it returned."""
+        nonlocal steps
+        m = start.size
+        returned = np.zeros(m, bool)
+        cost = np.zeros(m, np.int64)
+        functions = (2 * start).astype(np.int32)[None, :]
+        cols = np.arange(m)  # the origins of the functions' columns (the others are gone)
+        node_function = np.zeros(num_nodes, np.int64)
+        token_code = np.full(trie.token_ids.size, -1, np.int64)
+        code_rows = []
+        num_codes = 0
+        for depth in range(1, level_ptr.size - 1):
+            a, b = int(level_ptr[depth]), int(level_ptr[depth + 1])
+            if not functions.size:
+                break
+            key = node_function[parent[a:b]] * num_classes + node_class[a:b]
+            seen = np.zeros(functions.shape[0] * num_classes, bool)
+            seen[key] = True
+            pairs = np.flatnonzero(seen)
+            inverse = np.cumsum(seen)[key] - 1
+            width = cols.size
+            source = functions[pairs // num_classes].reshape(-1)
+            flat = np.flatnonzero(source != gone_entry)
+            entry = source[flat]
+            state = entry >> 1
+            cls = np.repeat(pairs % num_classes, width)[flat]
+            # `steps[state, class]`: 0 unknown, else `2 * (successor + 3) + returned`
+            # (successor: an extended state, `dead` or `several`, as `lookup` gives)
+            if len(ext_info) > steps.shape[0]:
+                grow = max(len(ext_info), 2 * steps.shape[0]) - steps.shape[0]
+                steps = np.concatenate([steps, np.zeros((grow, num_classes), np.int32)])
+            single = state >= 0
+            step_key = np.where(single, state, 0) * num_classes + cls
+            step = steps.reshape(-1)[step_key]
+            missing = single & (step == 0)
+            if missing.any():
+                keys = _unique(step_key[missing])
+                vals, below = lookup(keys // num_classes, class_byte[keys % num_classes])
+                if len(ext_info) > steps.shape[0]:
+                    grow = max(len(ext_info), 2 * steps.shape[0]) - steps.shape[0]
+                    steps = np.concatenate([steps, np.zeros((grow, num_classes), np.int32)])
+                steps.reshape(-1)[keys] = 2 * (vals + 3) + below
+                step[missing] = steps.reshape(-1)[step_key[missing]]
+            vals = (step >> 1) - 3
+            below = single & ((step & 1) > 0)
+            out = np.where(single & (vals >= 0), 2 * vals + (entry & 1), gone_entry)
+            odd = np.flatnonzero((single & (vals == several)) | ~single)
+            if odd.size:
+                # sets, or states that branch (rare)
+                o_vals, o_gone, o_death, o_below = advance(
+                    state[odd].astype(np.int64), class_byte[cls[odd]]
+                )
+                below[odd] = o_below
+                o_poison = (entry[odd] & 1).astype(bool) | o_death
+                out[odd] = np.where(o_gone, gone_entry, 2 * o_vals + o_poison)
+            if below.any():
+                returned[cols[flat[below] % width]] = True
+            new = np.full((pairs.size, width), gone_entry, np.int32)
+            new.reshape(-1)[flat] = out
+            if prune and returned.any():
+                new[:, returned[cols]] = gone_entry
+            # origins gone in every function stay gone: their columns are dropped
+            live_cols = (new != gone_entry).any(axis=0)
+            if not live_cols.all():
+                new, cols = new[:, live_cols], cols[live_cols]
+            # distinct functions
+            ids: dict = {}
+            number = np.empty(pairs.size, np.int64)
+            first = []
+            for i, r in enumerate(new):
+                j = ids.setdefault(r.tobytes(), len(first))
+                if j == len(first):
+                    first.append(i)
+                number[i] = j
+            functions = new[first]
+            node_function[a:b] = number[inverse]
+            # codes of the functions of this depth's tokens
+            lo, hi = np.searchsorted(token_depth, [depth, depth + 1])
+            if hi > lo:
+                funcs, at = np.unique(node_function[token_node[lo:hi]], return_inverse=True)
+                f = functions[funcs]
+                live = f != gone_entry
+                state_peak, state_cost = state_tables()
+                index = np.where(live, f >> 1, 0) + len(sets)
+                peak, c = state_peak[index], state_cost[index]
+                sure = live & ((f & 1) == 0) & (peak < MAX_LEVELS)
+                code = np.full((funcs.size, m), never, np.uint8)
+                code[:, cols] = np.where(sure, peak, np.where(live, candidate, never))
+                if cols.size:
+                    cost[cols] = np.maximum(cost[cols], np.where(sure, c, 0).max(axis=0))
+                code_rows.append(code)
+                token_code[lo:hi] = num_codes + at.reshape(-1)
+                num_codes += funcs.size
+        codes = np.concatenate(code_rows) if code_rows else np.zeros((0, m), np.uint8)
+        # tokens never reached (their walk died above them): `never`
+        codes = np.concatenate([codes, np.full((1, m), never, np.uint8)])
+        token_code[token_code < 0] = codes.shape[0] - 1
+        return token_code, codes, returned, cost
 
     # Pass 1: each position, whatever is on the stack. Tokens from a position that never
     # returns below its rule do not depend on the stack: their result holds for every slot.
     positions = np.arange(1, num_positions)
-    depths1, (lo1, hi1), returned, _ = walk(
-        [intern((int(p), (), 0, 0, None)) for p in positions], prune=True
+    code1, codes1, returned, cost1 = walk(
+        np.asarray([intern((int(p), (), 0, 0, None)) for p in positions], np.int64), prune=True
     )
     # Pass 2: the positions that do return, once per slot (the top of the stack known).
     pairs = [
@@ -1032,191 +1043,68 @@ def _token_tables(
     ]
     origin_position = np.array([p for p, _, _ in pairs], np.int64)
     origin_slot = np.array([k for _, k, _ in pairs], np.int64)
-    num_origins = len(pairs)
     again = [i for i, (p, _, _) in enumerate(pairs) if returned[p - 1]]
-    # The slots of a position share its walk until a token returns below it: walked once with
-    # the top of the stack pending (`_PENDING`), the depth-1 walkers below which no token
-    # returns are shared by every slot (`pending`); the other first bytes are walked per slot.
-    again_positions = np.flatnonzero(returned) + 1
-    depthsP, (loP, hiP), _, reachP = walk(
-        [intern((int(p), (), 0, 0, _PENDING)) for p in again_positions],
-        prune=True,
-        root_edges=True,
+    code2, codes2, _, cost2 = walk(
+        np.asarray([intern((pairs[i][0], (), 0, 0, pairs[i][2])) for i in again], np.int64),
+        prune=False,
     )
-    shared_key = np.zeros(0, np.int64)
-    if len(depthsP) > 1:
-        owner = np.repeat(np.arange(again_positions.size), hiP - loP)
-        edge = np.arange(owner.size) + np.repeat(
-            loP - (np.cumsum(hiP - loP) - (hiP - loP)), hiP - loP
-        )
-        unitP = depthsP[0][4][edge]
-        share = ~reachP[unitP]
-        shared_key = np.sort(
-            again_positions[owner[share]] * num_nodes + depthsP[1][0][unitP[share]]
-        )
-
-    def keep_first(state, node):
-        if not shared_key.size:
-            return np.ones(state.size, bool)
-        key = columns()[0][state] * num_nodes + node
-        at = np.minimum(np.searchsorted(shared_key, key), shared_key.size - 1)
-        return shared_key[at] != key
-
-    depths2, (lo2, hi2), _, _ = walk(
-        [intern((pairs[i][0], (), 0, 0, pairs[i][2])) for i in again], keep_first=keep_first
-    )
-    # Each origin's tokens come from one *source*: its position's pass-1 walk when that never
-    # returned (shared by all its slots), else its own pass-2 walk and its position's shared
-    # pending walkers. A source's tokens are those of the depth-1 walkers (*units*) it reaches
-    # (disjoint subtrees of the trie), so sources reaching the same units are one *class*:
-    # tables are built per class and spread at the end. Units are numbered over the three
-    # walks (pass 1, pending, pass 2: `graphs`, from `base`).
-    kept = np.flatnonzero(~returned)  # pass-1 sources (index into `positions`)
+    # Sources: the pass-1 positions that never returned (shared by their slots), then the
+    # pass-2 origins. A token's code row is the pair of its rows in the two passes.
+    kept = np.flatnonzero(~returned)
     first_source = np.full(positions.size, -1, np.int64)
     first_source[kept] = np.arange(kept.size)
     num_sources = kept.size + len(again)
-    source_of = np.empty(num_origins, np.int64)
+    source_of = np.empty(len(pairs), np.int64)
     fixed = ~returned[origin_position - 1]
     source_of[fixed] = first_source[origin_position[fixed] - 1]
     source_of[np.asarray(again, np.int64)] = kept.size + np.arange(len(again))
-    graphs = (depths1, depthsP, depths2)
-    sizes = [d[1][0].size if len(d) > 1 else 0 for d in graphs]
-    base = np.cumsum([0] + sizes)
-    empty = np.zeros(0, np.int64)
-    units_of = []
-    edges1 = depths1[0][4] if depths1 else empty
-    for k in kept.tolist():
-        units_of.append(edges1[lo1[k] : hi1[k]])
-    shared_of: dict = {}
-    if depthsP:
-        for j, p in enumerate(again_positions.tolist()):
-            walkers = depthsP[0][4][loP[j] : hiP[j]]
-            shared_of[p] = walkers[~reachP[walkers]] + base[1]
-    edges2 = depths2[0][4] if depths2 else empty
-    for n, i in enumerate(again):
-        own = edges2[lo2[n] : hi2[n]] + base[2]
-        units_of.append(np.sort(np.concatenate([shared_of.get(pairs[i][0], empty), own])))
+    pair_key = code1 * codes2.shape[0] + code2
+    used, token_row = np.unique(pair_key, return_inverse=True)
+    token_row = token_row.reshape(-1)
+    codes = np.concatenate(
+        [codes1[used // codes2.shape[0]][:, kept], codes2[used % codes2.shape[0]]], axis=1
+    )
+    source_cost = np.concatenate([cost1[kept], cost2])
+    # Classes: sources with the same codes for every token.
+    columns_t = np.ascontiguousarray(codes.T)
     classes: dict = {}
     class_of = np.empty(num_sources, np.int64)
-    class_units = []
-    for i, units in enumerate(units_of):
-        key = units.tobytes()
-        c = classes.get(key)
-        if c is None:
-            c = classes[key] = len(class_units)
-            class_units.append(units)
+    class_first = []
+    for i, col in enumerate(columns_t):
+        c = classes.setdefault(col.tobytes(), len(class_first))
+        if c == len(class_first):
+            class_first.append(i)
         class_of[i] = c
-    num_classes = len(classes)
-    # (class, unit) pairs; `used`: the units some class reaches
-    pair_class = np.repeat(np.arange(num_classes), [u.size for u in class_units])
-    pair_unit = np.concatenate(class_units) if class_units else empty
-    used, pair_used = np.unique(pair_unit, return_inverse=True)
-    pair_used = pair_used.reshape(-1)
-    graph_of = np.searchsorted(base, used, side="right") - 1
-    unit_node = np.empty(used.size, np.int64)
-    for g, d in enumerate(graphs):
-        here = graph_of == g
-        if here.any():
-            unit_node[here] = d[1][0][used[here] - base[g]]
-    words = (vocab + 31) // 32
-    # The level from which each (class, token) is in the bitmask (never: above every level),
-    # built in the trie's depth-first token order, where the tokens below a depth-1 walker
-    # (one first byte) are a contiguous range: each used walker's range is filled once
-    # (`segments`: per first byte a block of rows, one per walker, plus a last row of "never"
-    # for the classes that reach no walker with that byte), and a class's row is its walkers'
-    # ranges side by side.
-    dfs, span = _depth_first(trie, vocabulary)
-    dfs_pos = np.zeros(vocab, np.int64)
-    dfs_pos[dfs] = np.arange(dfs.size)
-    unit_byte = trie.byte[unit_node]
-    per_byte = np.bincount(unit_byte, minlength=256)
-    unit_rank = np.empty(used.size, np.int64)
-    by_byte = np.argsort(unit_byte, kind="stable")
-    unit_rank[by_byte] = np.arange(used.size) - np.repeat(np.cumsum(per_byte) - per_byte, per_byte)
-    width_of = np.diff(span)
-    block_size = (per_byte + 1) * width_of
-    block_start = np.cumsum(block_size) - block_size
-    never = np.iinfo(np.uint8).max
-    segments = np.full(int(block_size.sum()), never, np.uint8)
-    unit_cost = np.zeros(used.size, np.int64)  # the costliest bitmask token below each walker
-    unit_levels = np.zeros(used.size, np.int64)  # the levels of its bitmask tokens, as bits
-    odd = ([], [], [])  # (walker, token, order) of the candidates
-    state_peak, state_cost = state_tables()
-    for g, depths in enumerate(graphs):
-        index = np.flatnonzero(graph_of == g)
-        if not index.size:
-            continue
-        walkers = used[index] - base[g]
-        for unit, tokens, order, peak, cost, sure in _subtrees(
-            depths, walkers, trie, node_token, state_peak, state_cost, len(sets)
-        ):
-            unit = index[unit]
-            u, p = unit[sure], peak[sure]
-            b = unit_byte[u]
-            segments[
-                block_start[b] + unit_rank[u] * width_of[b] + dfs_pos[tokens[sure]] - span[b]
-            ] = p
-            np.maximum.at(unit_cost, u, cost[sure])
-            np.bitwise_or.at(unit_levels, u, np.left_shift(1, p))
-            odd[0].append(unit[~sure])
-            odd[1].append(tokens[~sure])
-            odd[2].append(order[~sure])
-    levels = max(1, int(np.bitwise_or.reduce(unit_levels, initial=0)).bit_length())
-    # Per class: the costliest bitmask token.
-    costliest = np.zeros(num_classes, np.int64)
-    np.maximum.at(costliest, pair_class, unit_cost[pair_used])
+    num_classes_t = len(class_first)
+    class_codes = codes[:, class_first]  # rows: token rows, columns: classes
+    sure_levels = class_codes[class_codes < MAX_LEVELS]
+    levels = max(1, int(sure_levels.max()) + 1 if sure_levels.size else 1)
     budget_cost = np.zeros((num_positions, num_slots), np.int32)
-    budget_cost[origin_position, origin_slot] = costliest[class_of[source_of]]
-    # The bitmask row of (class, level) holds the tokens of level <= `level`: per first byte,
-    # the range of the class's walker with that byte (`class_rank`, the "never" row if none).
-    # Two rows are equal exactly when their ranges are, byte for byte, so the ranges are
-    # deduplicated per byte (`signature`: per class, level and byte, the id of its range among
-    # the distinct ranges of that byte, `pieces`) and each distinct (class, level) row is built once.
-    class_rank = np.broadcast_to(per_byte, (num_classes, 256)).copy()
-    class_rank[pair_class, unit_byte[pair_used]] = unit_rank[pair_used]
-    bytes_used = np.flatnonzero(width_of)
-    signature = np.zeros((num_classes, levels, 256), np.int32)
-    pieces: list = []  # per distinct range: (byte, row of its block, level)
-    for byte in bytes_used.tolist():
-        block = segments[block_start[byte] : block_start[byte] + block_size[byte]]
-        block = block.reshape(-1, width_of[byte])
-        seen: dict = {}
-        for level in range(levels):
-            packed = np.packbits(block <= level, axis=1)
-            ids = np.empty(block.shape[0], np.int64)
-            for i, row in enumerate(packed):
-                key = row.tobytes()
-                j = seen.get(key)
-                if j is None:
-                    j = seen[key] = len(pieces)
-                    pieces.append((byte, i, level))
-                ids[i] = j
-            signature[:, level, byte] = ids[class_rank[:, byte]]
-    distinct, class_rows = _unique_rows(signature.reshape(-1, 256))
-    class_rows = class_rows.reshape(num_classes, levels)
-    # The distinct rows, depth-first order, then in token order (in chunks: bounded memory).
-    column = np.full(words * 32, dfs.size, np.int64)  # non-trie tokens: a last column of zeros
-    column[dfs] = np.arange(dfs.size)
-    packed = np.zeros((distinct.shape[0], words * 4), np.uint8)
-    piece_row = np.array([i for _, i, _ in pieces], np.int64)
-    piece_level = np.array([lv for _, _, lv in pieces], np.uint8)
-    chunk = max(1, (1 << 26) // (dfs.size + 1))
-    for start in range(0, distinct.shape[0], chunk):
-        part = distinct[start : start + chunk]
-        bits = np.zeros((part.shape[0], dfs.size + 1), np.uint8)
-        for byte in bytes_used.tolist():
-            block = segments[block_start[byte] : block_start[byte] + block_size[byte]]
-            block = block.reshape(-1, width_of[byte])
-            which = part[:, byte]
-            np.less_equal(
-                block[piece_row[which]],
-                piece_level[which][:, None],
-                out=bits[:, span[byte] : span[byte + 1]].view(bool),
-            )
-        # rows of `words * 32` bits: packing them flat packs each row on its own (and faster)
-        packed[start : start + chunk] = np.packbits(bits[:, column], bitorder="little").reshape(
-            part.shape[0], -1
-        )
+    budget_cost[origin_position, origin_slot] = source_cost[source_of]
+    # The bitmask row of (class, level): the tokens whose code is <= level. Distinct rows are
+    # found over the token rows, then each is spread over the vocabulary once.
+    words = (vocab + 31) // 32
+    row_ids: dict = {}
+    row_spec = []  # (class, level) of each distinct row
+    class_rows = np.empty((num_classes_t, levels), np.int64)
+    for level in range(levels):
+        packed_rows = np.packbits(np.less_equal(class_codes.T, level), axis=1)
+        for c, r in enumerate(packed_rows):
+            j = row_ids.setdefault(r.tobytes(), len(row_spec))
+            if j == len(row_spec):
+                row_spec.append((c, level))
+            class_rows[c, level] = j
+    vocab_row = np.full(words * 32, codes.shape[0], np.int64)  # non-trie tokens: never
+    vocab_row[trie.token_ids] = token_row
+    spec_class = np.array([c for c, _ in row_spec], np.int64)
+    spec_level = np.array([lv for _, lv in row_spec], np.uint8)
+    padded = np.concatenate([class_codes, np.full((1, num_classes_t), never, np.uint8)])
+    row_bits = padded.T[spec_class] <= spec_level[:, None]  # per distinct row and token row
+    packed = np.zeros((len(row_spec), words * 4), np.uint8)
+    chunk = max(1, (1 << 26) // (words * 32))
+    for start in range(0, len(row_spec), chunk):
+        bits = np.take(row_bits[start : start + chunk], vocab_row, axis=1)
+        packed[start : start + chunk] = np.packbits(bits, axis=1, bitorder="little")
     packed = packed.view(np.uint32)
     masks, order_rows = _unique_rows(packed.reshape(-1, words))
     rows = order_rows.reshape(-1)[class_rows][class_of[source_of]]
@@ -1227,20 +1115,17 @@ def _token_tables(
         mask_row[:] = masks.shape[0] - 1
     mask_row[origin_position, origin_slot] = rows
 
-    # Candidates: per class in the walk's order (depth, trie node).
-    by_unit = np.argsort(pair_used, kind="stable")
-    unit_ptr = np.searchsorted(pair_used[by_unit], np.arange(used.size + 1))
-    odd_unit, odd_token, odd_order = (
-        np.concatenate(x) if x else np.zeros(0, dt)
-        for x, dt in zip(odd, (np.int64, np.int32, np.int64))
-    )
-    held, k = _ragged(unit_ptr, odd_unit)
-    cand_class, cand_token = pair_class[by_unit][k], odd_token[held]
-    cand_order = np.lexsort((odd_order[held], cand_class))
-    cand_class, cand_token = cand_class[cand_order], cand_token[cand_order]
-    per_class = np.bincount(cand_class, minlength=num_classes)
+    # Candidates: per class in the walk's order (depth, trie node), i.e. of `trie.token_ids`.
+    by_row = np.argsort(token_row, kind="stable")
+    row_ptr = np.searchsorted(token_row[by_row], np.arange(codes.shape[0] + 1))
+    cand_row, cand_class = np.nonzero(class_codes == candidate)
+    held, k = _ragged(row_ptr, cand_row)
+    cand_class, cand_order = cand_class[held], by_row[k]
+    order = np.lexsort((cand_order, cand_class))
+    cand_class, cand_token = cand_class[order], trie.token_ids[cand_order[order]].astype(np.int32)
+    per_class = np.bincount(cand_class, minlength=num_classes_t)
     width = _bucket(int(per_class.max(initial=0)), 8)
-    class_candidates = np.full((num_classes, width), vocab, np.int32)
+    class_candidates = np.full((num_classes_t, width), vocab, np.int32)
     slot = np.arange(cand_class.size) - (np.cumsum(per_class) - per_class)[cand_class]
     class_candidates[cand_class, slot] = cand_token
     candidates = np.full((num_positions, num_slots, width), vocab, np.int32)
