@@ -447,7 +447,8 @@ def main(argv=None) -> None:
     parser.add_argument(
         "--pushdown",
         action="store_true",
-        help="free-form values through the pushdown automaton (JsonSchema(free_form_depth=None))",
+        help="free-form values through the pushdown automaton (JsonSchema(free_form_depth=None), "
+        "the default since 2026-11-23: this flag only says so)",
     )
     parser.add_argument(
         "--free-form-depth",

@@ -32,7 +32,8 @@ no host work. Reordering rows (beam search) is one gather of the int32 state lik
 state leaf.
 """
 
-from collections.abc import Sequence
+import warnings
+from collections.abc import Callable, Sequence
 
 import equinox as eqx
 import jax.numpy as jnp
@@ -115,6 +116,9 @@ class AbstractConstraint(AbstractLogitsProcessor):
     constraint_id: Int[Array, "*rows"] = per_row_field()
     eos_token_id: tuple[int, ...] = eqx.field(static=True)
     pushdown: "PushdownConstraint | None" = None  # noqa: F821 (structured.pda imports this module)
+    token_recipe: int | None = eqx.field(static=True, default=None)
+    """For a pushdown automaton that also has a token-automaton form (a `JsonSchema`): the key
+    of the function that builds it (`register_token_recipe`), which `per_row` calls."""
 
     def _set_automata(self, automata: Sequence[TokenAutomaton], constraint_id) -> None:
         self.pushdown = None
@@ -226,6 +230,18 @@ class TokenConstraint(AbstractConstraint):
         self._set_automata(automata, ids)
 
 
+_TOKEN_RECIPES: dict[int, tuple[Callable[[], TokenAutomaton], str]] = {}
+
+
+def register_token_recipe(build: Callable[[], TokenAutomaton], what: str) -> int:
+    """Remember how to build the token-automaton form of a constraint compiled as a pushdown
+    automaton (`build()`, called by `per_row` only when needed; `what` says what the token form
+    gives up, for its warning). **Returns:** the key for `AbstractConstraint.token_recipe`."""
+    key = len(_TOKEN_RECIPES)
+    _TOKEN_RECIPES[key] = (build, what)
+    return key
+
+
 def per_row(constraints: Sequence[AbstractConstraint | None]) -> TokenConstraint:
     """One processor that applies a different constraint to each row of a batch.
 
@@ -236,9 +252,14 @@ def per_row(constraints: Sequence[AbstractConstraint | None]) -> TokenConstraint
     **Returns:** a `TokenConstraint` whose tables stack the distinct constraints and whose
     `constraint_id` holds one value per row; use it with a batch of `len(constraints)` prompts.
 
-    **Raises:** `ValueError` for an empty list, an entry that holds several constraints, or
-    constraints built for different vocabularies; `TypeError` for an entry that is not a
-    constraint.
+    A constraint compiled as a pushdown automaton cannot share the tables: a `JsonSchema` is
+    then rebuilt as its token automaton (free-form values nested `DEFAULT_FREE_FORM_DEPTH`
+    level, recursive references unrolled `DEFAULT_MAX_RECURSION_DEPTH` times), with a
+    `UserWarning` saying so; a `Grammar` is refused (build it with `max_depth`).
+
+    **Raises:** `ValueError` for an empty list, an entry that holds several constraints, a
+    pushdown `Grammar`, or constraints built for different vocabularies; `TypeError` for an
+    entry that is not a constraint.
     """
     constraints = list(constraints)
     if not constraints:
@@ -254,11 +275,21 @@ def per_row(constraints: Sequence[AbstractConstraint | None]) -> TokenConstraint
             raise TypeError(
                 f"row {row}: expected a constraint processor or None, got {type(c).__name__}"
             )
-        if getattr(c, "pushdown", None) is not None:
+        rebuilt = None
+        if c.pushdown is not None and c.token_recipe is not None:
+            build, what = _TOKEN_RECIPES[c.token_recipe]
+            warnings.warn(
+                f"per_row: row {row}'s {type(c).__name__} is a pushdown automaton; its token "
+                f"automaton is used instead ({what})",
+                UserWarning,
+                stacklevel=2,
+            )
+            rebuilt = build()
+        elif c.pushdown is not None:
             raise ValueError(
                 f"row {row}: a {type(c).__name__} compiled as a pushdown automaton cannot share tables with "
-                "other constraints; build it as a token automaton (Grammar: max_depth=...; JsonSchema: "
-                "integer free_form_depth and max_recursion_depth) to use it in `per_row`"
+                "other constraints; build it as a token automaton (Grammar: max_depth=...) to use "
+                "it in `per_row`"
             )
         if c.num_constraints != 1 or np.ndim(c.constraint_id) != 0:
             raise ValueError(
@@ -266,7 +297,7 @@ def per_row(constraints: Sequence[AbstractConstraint | None]) -> TokenConstraint
             )
         if id(c) not in index:
             index[id(c)] = len(automata)
-            automata.append(_automaton_of(c))
+            automata.append(_automaton_of(c) if rebuilt is None else rebuilt)
         ids.append(index[id(c)] if int(c.constraint_id) >= 0 else -1)
     if not automata:
         raise ValueError("`per_row` got no constraint at all (every row is None)")

@@ -27,9 +27,12 @@ def _rows(tokenizer):
                 name,
                 schema,
                 f"Give {what} as JSON.",
-                # an integer max_recursion_depth: the recursive `tree` unrolled into a token
-                # automaton, which `per_row` can share tables with (rules need a pushdown one)
-                fg.processors.JsonSchema(schema, tokenizer, max_recursion_depth=3),
+                # integer max_recursion_depth and free_form_depth: the recursive `tree`
+                # unrolled and free-form values nested 1 level in a token automaton, which
+                # `per_row` can share tables with (rules and deep values need a pushdown one)
+                fg.processors.JsonSchema(
+                    schema, tokenizer, max_recursion_depth=3, free_form_depth=1
+                ),
             )
         )
     for name, (prompt, pattern) in REGEXES.items():

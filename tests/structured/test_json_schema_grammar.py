@@ -362,7 +362,7 @@ def _nested(rng, depth: int):
 
 
 def test_grammar_form_nests_free_form_values_as_deep_as_the_stack(small_rules):
-    automaton = js.json_schema_compile(FREE_FORM, BYTES)  # default free_form_depth (1)
+    automaton = js.json_schema_compile(FREE_FORM, BYTES, free_form_depth=1)  # any depth but 0
     assert isinstance(automaton, PushdownAutomaton)
     assert "value" in automaton.rule_names  # free-form values call the JSON value rule
     rng = np.random.default_rng(2)

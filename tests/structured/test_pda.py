@@ -396,9 +396,10 @@ def test_json_schema_processor_runs_the_pushdown_automaton(tokenizer):
     schema = OPEN_SCHEMAS["open object"]
     processor = fg.processors.JsonSchema(schema, tokenizer, free_form_depth=None)
     assert processor.pushdown is not None
+    assert fg.processors.JsonSchema(schema, tokenizer).pushdown is not None  # the default
     assert (
-        fg.processors.JsonSchema(schema, tokenizer).pushdown is None
-    )  # the default: a token automaton
+        fg.processors.JsonSchema(schema, tokenizer, free_form_depth=1).pushdown is None
+    )  # an integer depth: a token automaton
     closed = {
         "type": "object",
         "properties": {"a": {"type": "integer"}},
@@ -410,6 +411,8 @@ def test_json_schema_processor_runs_the_pushdown_automaton(tokenizer):
     ambiguous = {"anyOf": [{"type": "string"}, {}]}  # `"` starts both a string and a free value
     with pytest.warns(UserWarning, match="no pushdown automaton"):
         assert fg.processors.JsonSchema(ambiguous, tokenizer, free_form_depth=None).pushdown is None
+    with pytest.warns(UserWarning, match="no pushdown automaton"):  # the default too
+        assert fg.processors.JsonSchema(ambiguous, tokenizer).pushdown is None
 
 
 BYTES_ONLY = fg.structured.TokenVocabulary(
@@ -428,3 +431,20 @@ def test_token_tables_equal_the_reference_walk(name, stack_depth, vocabulary, ch
     for vocab in (vocabulary, BYTES_ONLY):
         build_pushdown(parse_grammar(PUSHDOWN_GRAMMARS[name]), vocab, stack_depth=stack_depth)
     assert len(checked_token_tables) == 2
+
+
+def test_per_row_uses_the_token_automaton_of_a_pushdown_json_schema(tokenizer):
+    # The default JsonSchema of an open object is a pushdown automaton (free-form values as deep
+    # as the stack), which cannot share tables: per_row rebuilds its token form, and says so
+    schema = OPEN_SCHEMAS["open object"]
+    default = fg.processors.JsonSchema(schema, tokenizer)
+    assert default.pushdown is not None
+    with pytest.warns(UserWarning, match="free-form values nest 1 level"):
+        mixed = fg.structured.per_row([default, None])
+    alone = fg.processors.JsonSchema(schema, tokenizer, free_form_depth=1, max_recursion_depth=3)
+    assert alone.pushdown is None
+    np.testing.assert_array_equal(mixed.transitions, alone.transitions)
+    np.testing.assert_array_equal(mixed.token_class, alone.token_class)
+    np.testing.assert_array_equal(np.asarray(mixed.constraint_id), [0, -1])
+    with pytest.raises(ValueError, match="max_depth"):  # a Grammar has no token form to fall to
+        fg.structured.per_row([fg.processors.Grammar(JSON_GRAMMAR, tokenizer), None])

@@ -24,7 +24,9 @@ DATE = r"[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])"
 @pytest.fixture(scope="module")
 def processors(tokenizer):
     regex = fg.processors.Regex(DATE, tokenizer)
-    schema = fg.processors.JsonSchema(SCHEMAS["sentiment"][1], tokenizer)
+    # token automata here (an integer free_form_depth, as Grammar's max_depth); the pushdown
+    # form's protocol is tested in test_pda.py
+    schema = fg.processors.JsonSchema(SCHEMAS["sentiment"][1], tokenizer, free_form_depth=1)
     choice = fg.processors.Choice(["yes", "no", "maybe"], tokenizer)
     grammar = fg.processors.Grammar(ARITHMETIC, tokenizer, max_depth=2)
     return {
