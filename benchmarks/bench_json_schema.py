@@ -447,8 +447,7 @@ def main(argv=None) -> None:
     parser.add_argument(
         "--pushdown",
         action="store_true",
-        help="free-form values through the pushdown automaton (JsonSchema(free_form_depth=None), "
-        "the default since 2026-11-23: this flag only says so)",
+        help="free-form values through the pushdown automaton (JsonSchema(free_form_depth=None))",
     )
     parser.add_argument(
         "--free-form-depth",

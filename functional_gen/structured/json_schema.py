@@ -14,7 +14,7 @@ nodes, our own regexes where outlines-core's would let invalid documents through
 | `allOf` | regexes concatenated: invalid JSON | merged into one schema |
 | `oneOf` | treated as `anyOf` | `anyOf` when the branches are provably disjoint (types, listed discriminators, a closed object against a required name; as llguidance), or made disjoint exactly: finite branches -> the values exactly one lists, a type two branches accept whole taken out, `required`-only branches -> presence choices; else refused |
 | objects | closed: no property beyond `properties` | open unless `additionalProperties: false` (JSON Schema's default; `closed_objects=True` closes them); `patternProperties`, `propertyNames`, `minProperties`/`maxProperties`, `required` names without a schema (any value) |
-| free-form values (`{}`) | nested 3 levels, a 14,000-character regex that takes minutes to compile | as deep as the stack (`JsonSchema`'s default `free_form_depth=None`, a pushdown automaton, and the grammar form); an integer `free_form_depth` nests that many levels in the token automaton (`json_schema_regex`'s default 1) |
+| free-form values (`{}`) | nested 3 levels, a 14,000-character regex that takes minutes to compile | nested `free_form_depth` levels (default 1); as deep as the stack with `free_form_depth=None` and in the grammar form |
 | `enum`/`const` at the top (or in a top-level `allOf` branch) beside other keywords | the other keywords' regexes joined | the enum of the listed values `jsonschema` accepts under the whole schema (`not`, `if`, `contains`, ... exact on them) |
 | recursive `$ref` | unrolled `max_recursion_depth` times, the property dropped at the bound: dangling `,` | `json_schema_compile` (`max_recursion_depth=None`, `JsonSchema`'s default): a call of a grammar rule for its target, nested as deep as the stack (`stack_depth`, default 32); with an integer `max_recursion_depth`, where that cannot run deterministically, and in `json_schema_regex`, unrolled `max_recursion_depth` times with the bottom value left out where JSON stays valid |
 
@@ -614,16 +614,16 @@ values). Each level multiplies the automaton's compile time by about 40 (depth 2
 depth 3: over a minute, through outlines-core's byte DFA); unbounded nesting needs the pushdown
 automaton (`free_form_depth=None`, `json_schema_pushdown`).
 
-It is the depth of the regex forms (`json_schema_regex`, a list of schemas, `per_row`) and of
-the fallback where no pushdown automaton can be built. `JsonSchema` and `json_schema_compile`
-default to `free_form_depth=None` (as deep as the stack) since 2026-11-23: the pushdown form
-accepts every valid instance that depth 1 rejects for nesting (`benchmarks/bench_json_schema.py
---limit 24`: 147/155 valid accepted against 143/155, invalid 284/284 both), its decode step
-costs the same within noise (`benchmarks/bench_pushdown.py --json-schema`), and since its token
-tables compose one function of all origins per trie node (`pda._token_tables`, as
-`byte_dfa._token_functions` does) it compiles about as fast: median per-schema ratio
-pushdown / depth 1 of 1.13 over the 112 schemas both compile (p50 100 / 101 ms), where it was
-2.6 before (p50 285 / 94 ms)."""
+Why not `None` by default (2026-11-23, after the pushdown token tables became one function of
+all origins per trie node, `pda._token_tables`, 4x faster): the pushdown form accepts every
+valid instance that depth 1 rejects for nesting and its decode step costs the same within noise
+(`benchmarks/bench_pushdown.py --json-schema`), but on the five splits (`bench_json_schema.py
+--limit 24`, quiet, one window) it compiles 112 schemas against 114 (o6237 over the grammar
+form's position limit, o82710's counted 5,000-character string times out), compile p50 142 ms
+against 94 (median per-schema ratio 1.50; 2.6 before the faster tables): small schemas pay
+60-90 ms of fixed walk cost (calculate_area_91f73ffd 14 -> 76 ms), which breaks issue 11's
+100 ms p50 target. The remaining cost is the per-depth loop over the trie's functions
+(`walk`), about 35 ms per pass even for a tiny schema."""
 FREE_VALUE_CALL = "\x01"
 """Stands for a free-form value in a schema's regex on the pushdown path: a control character,
 which JSON text never holds raw (strings escape it; whitespace is space, tab, CR, LF)."""
@@ -3192,9 +3192,9 @@ def json_schema_compile(
     (`json_schema_grammar`, a `PushdownAutomaton`), whose free-form values nest as deep as the
     stack unless `free_form_depth=0` (a call of its JSON value rule, where that stays
     deterministic; else nested `free_form_depth` levels as in the regex). With
-    `free_form_depth=None` (the default; absent counts as `None`), the pushdown automaton of
-    `json_schema_pushdown` when the schema has free-form values; an integer nests them that many
-    levels in the token automaton.
+    `free_form_depth=None`, the pushdown automaton of `json_schema_pushdown` when the schema has
+    free-form values; an integer (default `DEFAULT_FREE_FORM_DEPTH`) nests them that many levels
+    in the token automaton.
 
     **Arguments:** `schema`, `vocabulary`; `cache`: use the caches (the token automaton's
     memory and disk caches; the pushdown automata are memoised in memory only: `False` empties
@@ -3225,7 +3225,7 @@ def json_schema_compile(
         recursive = _recursive_grammar(schema, vocabulary, stack_depth, options)
         if recursive is not None:
             return recursive
-    free = options.get("free_form_depth")  # (absent counts as None: the pushdown form)
+    free = options.get("free_form_depth", DEFAULT_FREE_FORM_DEPTH)
     rewriter, regex = _rewrite(
         schema,
         **{**options, "free_form_depth": _CALL if free is None else free},
@@ -3392,15 +3392,15 @@ class JsonSchema(AbstractConstraint):
       with other constraints), else unrolled `DEFAULT_MAX_RECURSION_DEPTH` (3) times; an
       integer: unrolled that many times (a token automaton for a small schema).
     - `free_form_depth`: how deep free-form values (`{}`, additional properties of open
-      objects, arrays without `items`) nest. `None` (default): as deep as the stack of a
-      pushdown automaton allows (`json_schema_pushdown`), when the schema has such values and
-      one can be built (otherwise `DEFAULT_FREE_FORM_DEPTH` = 1 level, with a `UserWarning`
-      that says why); a list of schemas nests them 1 level. An integer: that
-      many levels, in the token automaton (what `per_row` needs). The grammar form below, a
-      pushdown automaton anyway, nests them as deep as the stack for any depth but 0. The
-      pushdown form keeps `max_new_tokens` as the token automaton does (rows end inside the
-      language); it compiles about as fast as depth 1 and its decode step costs the same
-      within noise (see `DEFAULT_FREE_FORM_DEPTH`).
+      objects, arrays without `items`) nest (default `DEFAULT_FREE_FORM_DEPTH` = 1, in the
+      token automaton). `None`: as deep as the stack of a pushdown automaton allows
+      (`json_schema_pushdown`), when the schema has such values and one can be built
+      (otherwise depth 1, with a `UserWarning` that says why); a list of schemas nests them 1
+      level. The grammar form below, a pushdown automaton anyway, nests them as deep as the
+      stack for any depth but 0. The pushdown form keeps `max_new_tokens` as the token
+      automaton does (rows end inside the language) and its decode step costs the same within
+      noise; it compiles about 1.5x slower (see `DEFAULT_FREE_FORM_DEPTH`). `per_row` uses its
+      token form (with a warning).
     - `stack_depth`: stack slots of the pushdown automaton (default 32).
     - `property_order`: `"schema"` (default), `"schema_or_required_first"` or `"any"`, see
       `PROPERTY_ORDERS`.
@@ -3433,7 +3433,7 @@ class JsonSchema(AbstractConstraint):
         max_recursion_depth: int | None = None,
         strict: bool = True,
         closed_objects: bool = False,
-        free_form_depth: int | None = None,
+        free_form_depth: int | None = DEFAULT_FREE_FORM_DEPTH,
         stack_depth: int = DEFAULT_STACK_DEPTH,
         property_order: str = "schema",
     ):

@@ -396,10 +396,9 @@ def test_json_schema_processor_runs_the_pushdown_automaton(tokenizer):
     schema = OPEN_SCHEMAS["open object"]
     processor = fg.processors.JsonSchema(schema, tokenizer, free_form_depth=None)
     assert processor.pushdown is not None
-    assert fg.processors.JsonSchema(schema, tokenizer).pushdown is not None  # the default
     assert (
-        fg.processors.JsonSchema(schema, tokenizer, free_form_depth=1).pushdown is None
-    )  # an integer depth: a token automaton
+        fg.processors.JsonSchema(schema, tokenizer).pushdown is None
+    )  # the default: a token automaton
     closed = {
         "type": "object",
         "properties": {"a": {"type": "integer"}},
@@ -411,8 +410,6 @@ def test_json_schema_processor_runs_the_pushdown_automaton(tokenizer):
     ambiguous = {"anyOf": [{"type": "string"}, {}]}  # `"` starts both a string and a free value
     with pytest.warns(UserWarning, match="no pushdown automaton"):
         assert fg.processors.JsonSchema(ambiguous, tokenizer, free_form_depth=None).pushdown is None
-    with pytest.warns(UserWarning, match="no pushdown automaton"):  # the default too
-        assert fg.processors.JsonSchema(ambiguous, tokenizer).pushdown is None
 
 
 BYTES_ONLY = fg.structured.TokenVocabulary(
@@ -434,13 +431,13 @@ def test_token_tables_equal_the_reference_walk(name, stack_depth, vocabulary, ch
 
 
 def test_per_row_uses_the_token_automaton_of_a_pushdown_json_schema(tokenizer):
-    # The default JsonSchema of an open object is a pushdown automaton (free-form values as deep
+    # free_form_depth=None makes an open object a pushdown automaton (free-form values as deep
     # as the stack), which cannot share tables: per_row rebuilds its token form, and says so
     schema = OPEN_SCHEMAS["open object"]
-    default = fg.processors.JsonSchema(schema, tokenizer)
-    assert default.pushdown is not None
+    deep = fg.processors.JsonSchema(schema, tokenizer, free_form_depth=None)
+    assert deep.pushdown is not None
     with pytest.warns(UserWarning, match="free-form values nest 1 level"):
-        mixed = fg.structured.per_row([default, None])
+        mixed = fg.structured.per_row([deep, None])
     alone = fg.processors.JsonSchema(schema, tokenizer, free_form_depth=1, max_recursion_depth=3)
     assert alone.pushdown is None
     np.testing.assert_array_equal(mixed.transitions, alone.transitions)
