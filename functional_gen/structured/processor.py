@@ -116,9 +116,11 @@ class AbstractConstraint(AbstractLogitsProcessor):
     constraint_id: Int[Array, "*rows"] = per_row_field()
     eos_token_id: tuple[int, ...] = eqx.field(static=True)
     pushdown: "PushdownConstraint | None" = None  # noqa: F821 (structured.pda imports this module)
-    token_recipe: int | None = eqx.field(static=True, default=None)
+    token_recipe: Int[Array, ""] | None = None
     """For a pushdown automaton that also has a token-automaton form (a `JsonSchema`): the key
-    of the function that builds it (`register_token_recipe`), which `per_row` calls."""
+    of the function that builds it (`register_token_recipe`), which `per_row` calls. An int32
+    array, not a static field: processors of different schemas keep one tree structure, so
+    `generate` does not recompile for a new schema of the same table sizes."""
 
     def _set_automata(self, automata: Sequence[TokenAutomaton], constraint_id) -> None:
         self.pushdown = None
@@ -233,13 +235,14 @@ class TokenConstraint(AbstractConstraint):
 _TOKEN_RECIPES: dict[int, tuple[Callable[[], TokenAutomaton], str]] = {}
 
 
-def register_token_recipe(build: Callable[[], TokenAutomaton], what: str) -> int:
+def register_token_recipe(build: Callable[[], TokenAutomaton], what: str) -> Int[Array, ""]:
     """Remember how to build the token-automaton form of a constraint compiled as a pushdown
     automaton (`build()`, called by `per_row` only when needed; `what` says what the token form
-    gives up, for its warning). **Returns:** the key for `AbstractConstraint.token_recipe`."""
+    gives up, for its warning). **Returns:** the key for `AbstractConstraint.token_recipe`
+    (an int32 scalar array)."""
     key = len(_TOKEN_RECIPES)
     _TOKEN_RECIPES[key] = (build, what)
-    return key
+    return jnp.asarray(key, jnp.int32)
 
 
 def per_row(constraints: Sequence[AbstractConstraint | None]) -> TokenConstraint:
@@ -277,7 +280,7 @@ def per_row(constraints: Sequence[AbstractConstraint | None]) -> TokenConstraint
             )
         rebuilt = None
         if c.pushdown is not None and c.token_recipe is not None:
-            build, what = _TOKEN_RECIPES[c.token_recipe]
+            build, what = _TOKEN_RECIPES[int(c.token_recipe)]
             warnings.warn(
                 f"per_row: row {row}'s {type(c).__name__} is a pushdown automaton; its token "
                 f"automaton is used instead ({what})",

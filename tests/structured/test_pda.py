@@ -445,3 +445,18 @@ def test_per_row_uses_the_token_automaton_of_a_pushdown_json_schema(tokenizer):
     np.testing.assert_array_equal(np.asarray(mixed.constraint_id), [0, -1])
     with pytest.raises(ValueError, match="max_depth"):  # a Grammar has no token form to fall to
         fg.structured.per_row([fg.processors.Grammar(JSON_GRAMMAR, tokenizer), None])
+
+
+def test_pushdown_json_schemas_share_one_tree_structure(tokenizer):
+    # the per_row recipe key is an array leaf, not a static field: a new schema of the same
+    # table sizes does not change the processor's tree structure (no recompilation)
+    a, b = (
+        fg.processors.JsonSchema(
+            {"type": "object", "properties": {name: {"type": "integer"}}},
+            tokenizer,
+            free_form_depth=None,
+        )
+        for name in ("a", "b")
+    )
+    assert a.pushdown is not None and b.pushdown is not None
+    assert jax.tree.structure(a) == jax.tree.structure(b)
