@@ -50,6 +50,13 @@ other developers' jobs at a load average of about 10, so compile times are infla
 | pdafast at 6761cdf, 04:55 UTC, load 3-4.2 | 110/120 (92%) | 1 | 226 / 2,731 / 7,669 | 143/151 | 278/278 |
 | same, `--pushdown` (right after) | 109/120 (91%) | 1 | 412 / 2,802 / 8,000 | 147/151 | 278/278 |
 | counted plain strings, annotations fixed, exact oneOf/`not`, format x pattern, recursive rules, faster pushdown tables (main after the recrules merge, 05:33 UTC 2026-11-23, quiet) | **114/120 (95%)** | **0** | **95** / 1,875 / 5,568 | 145/157 | 286/286 |
+| same tree, next session's start (07:10 UTC, nothing else running) | 114/120 (95%) | 0 | 94 / 1,867 / 5,632 | 145/157 | 286/286 |
+| same, `--free-form-depth 2` (two helpers running: times inflated) | 114/120 | 0 | 154 / 2,036 / 8,922 | 147/157 | 286/286 |
+| same, `--free-form-depth 3` (same load) | 114/120 | 0 | 351 / 2,025 / 5,078 | 149/157 | 286/286 |
+| same, `--pushdown` (before the faster pushdown tables) | 112/120 | 1 | 285 / 1,893 / 5,885 | 147/155 | 284/284 |
+| same, `--property-order any` (loaded) | 114/120 | 0 | 201 / 3,701 / 7,423 | 146/157 | 286/286 |
+| `--property-order schema_or_required_first` (8,000-character budget; loaded; o82710 timed out, which the default accepts) | 113/120 | 1 | 172 / 3,221 / 8,984 | 146/155 | 284/284 |
+| pushdown tables as one function of all origins per trie node (pdaspeed), `--pushdown`, quiet (08:50 UTC) | 112/120 | 1 | 142 / 1,059 / 4,589 | 147/155 | 284/284 |
 
 The same tree on 400 schemas drawn from the whole file (`--all --sample 400`, seed 0, quiet,
 05:35 UTC): **361/400 (90%)**, 1 timeout, p50 / p90 / p99 56 / 1,003 / 5,168 ms, valid 440/462,
