@@ -628,20 +628,28 @@ def _unique(values):
     return values[keep]
 
 
-def _unique_rows(rows):
-    """`np.unique(rows, axis=0, return_inverse=True)` for a 2-D integer array (the distinct rows
-    in lexicographic order, and each row's index among them; the inverse 1-D), by hashing the
-    rows' bytes and sorting only the distinct ones: numpy sorts every row as a structured
-    record (50 ms for 2,757 rows of 256 int32, 2 ms this way)."""
+def _distinct_rows(rows) -> tuple[list[int], np.ndarray]:
+    """`(first, inverse)` for a 2-D array: the index of each distinct row's first occurrence, in
+    order of appearance, and each row's number among them (by hashing the rows' bytes)."""
     rows = np.ascontiguousarray(rows)
     ids: dict = {}
-    first = []
+    first: list[int] = []
     inverse = np.empty(rows.shape[0], np.int64)
     for i, row in enumerate(rows):
         j = ids.setdefault(row.tobytes(), len(first))
         if j == len(first):
             first.append(i)
         inverse[i] = j
+    return first, inverse
+
+
+def _unique_rows(rows):
+    """`np.unique(rows, axis=0, return_inverse=True)` for a 2-D integer array (the distinct rows
+    in lexicographic order, and each row's index among them; the inverse 1-D), by hashing the
+    rows' bytes and sorting only the distinct ones: numpy sorts every row as a structured
+    record (50 ms for 2,757 rows of 256 int32, 2 ms this way)."""
+    rows = np.ascontiguousarray(rows)
+    first, inverse = _distinct_rows(rows)
     distinct = rows[first]
     order = np.lexsort(distinct.T[::-1]) if distinct.shape[1] else np.arange(len(first))
     rank = np.empty(len(first), np.int64)
@@ -998,14 +1006,7 @@ def _token_tables(
             if not live_cols.all():
                 new, cols = new[:, live_cols], cols[live_cols]
             # distinct functions
-            ids: dict = {}
-            number = np.empty(pairs.size, np.int64)
-            first = []
-            for i, r in enumerate(new):
-                j = ids.setdefault(r.tobytes(), len(first))
-                if j == len(first):
-                    first.append(i)
-                number[i] = j
+            first, number = _distinct_rows(new)
             functions = new[first]
             node_function[a:b] = number[inverse]
             # codes of the functions of this depth's tokens
@@ -1053,7 +1054,6 @@ def _token_tables(
     kept = np.flatnonzero(~returned)
     first_source = np.full(positions.size, -1, np.int64)
     first_source[kept] = np.arange(kept.size)
-    num_sources = kept.size + len(again)
     source_of = np.empty(len(pairs), np.int64)
     fixed = ~returned[origin_position - 1]
     source_of[fixed] = first_source[origin_position[fixed] - 1]
@@ -1066,15 +1066,7 @@ def _token_tables(
     )
     source_cost = np.concatenate([cost1[kept], cost2])
     # Classes: sources with the same codes for every token.
-    columns_t = np.ascontiguousarray(codes.T)
-    classes: dict = {}
-    class_of = np.empty(num_sources, np.int64)
-    class_first = []
-    for i, col in enumerate(columns_t):
-        c = classes.setdefault(col.tobytes(), len(class_first))
-        if c == len(class_first):
-            class_first.append(i)
-        class_of[i] = c
+    class_first, class_of = _distinct_rows(codes.T)
     num_classes_t = len(class_first)
     class_codes = codes[:, class_first]  # rows: token rows, columns: classes
     sure_levels = class_codes[class_codes < MAX_LEVELS]
