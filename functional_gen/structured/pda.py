@@ -576,16 +576,25 @@ def _distances(nxt, push, final, byte_class, vocabulary: TokenVocabulary):
     single = vocabulary.token_length == 1
     readable = np.zeros(int(byte_class.max()) + 1, bool)
     readable[byte_class[[vocabulary.token_bytes[t][0] for t in np.flatnonzero(single)]]] = True
-    edge = (nxt > 0) & readable[None, : nxt.shape[1]]
+    # the edges as flat lists (positions in order, as `np.nonzero` gives them), so that each
+    # round of the fixed point costs the edges, not every (position, class) pair
+    at, cls = np.nonzero((nxt > 0) & readable[None, : nxt.shape[1]])
+    target = nxt[at, cls]
+    pushes = push[at, cls]
+    pushing = pushes > 0
+    starts = np.flatnonzero(np.diff(at, prepend=-1))
+    sources = at[starts]
     distance = np.where(final, 0, UNREACHABLE).astype(np.int64)
     distance[DEAD] = UNREACHABLE
-    while True:
-        pushed = np.where(push > 0, distance[push], 0).sum(axis=-1)
-        step = np.where(edge, 1 + distance[np.maximum(nxt, 0)] + pushed, UNREACHABLE)
-        new = np.minimum(distance, np.minimum(step.min(axis=1), UNREACHABLE))
+    while at.size:
+        pushed = np.where(pushing, distance[pushes], 0).sum(axis=-1)
+        best = np.minimum.reduceat(1 + distance[target] + pushed, starts)
+        new = distance.copy()
+        new[sources] = np.minimum(distance[sources], np.minimum(best, UNREACHABLE))
         if (new == distance).all():
-            return distance.astype(np.int32)
+            break
         distance = new
+    return distance.astype(np.int32)
 
 
 _BYTE_MATRICES: dict = {}
@@ -935,97 +944,130 @@ def _token_tables(
         """Walk all origins (extended states `start`) over the trie together, as
         `byte_dfa._token_functions` does for a DFA: each trie node has a *function*, the state
         (or set) and poison flag of every origin after the node's bytes (one int32 per origin:
-        `2 * state + poisoned`, or `gone_entry` where the walk died), and nodes with the same
-        (parent function, byte class) share one; equal functions get one id. Returns, per token
-        of `trie.token_ids`, the id of its function's *code* row (`codes`: per origin, the
-        bitmask level of the token, `candidate` or `never`), the codes, which origins returned
-        below their start, and per origin the costliest bitmask token's cost. With `prune`, an
-        origin is dropped (its codes left unspecified) once it returned."""
+        `2 * state + poisoned`, or `gone_entry` where the walk died). Equal functions get one
+        id, and the function after a byte class is computed once per (function, class): the
+        step of every later node with that pair is a table lookup (`moves`), so the deep,
+        narrow levels of the trie (long tokens inside strings, where one or two functions
+        repeat) cost a lookup each. The ids hold while the origins walked (`cols`) stay the
+        same; when origins are dropped (every function lost them, or they returned with
+        `prune`) the functions are renumbered. Returns, per token of `trie.token_ids`, the id of
+        its function's *code* row (`codes`: per origin, the bitmask level of the token,
+        `candidate` or `never`), the codes, which origins returned below their start, and per
+        origin the costliest bitmask token's cost. With `prune`, an origin is dropped (its codes
+        left unspecified) once it returned."""
         nonlocal steps
         m = start.size
         returned = np.zeros(m, bool)
         cost = np.zeros(m, np.int64)
-        functions = (2 * start).astype(np.int32)[None, :]
         cols = np.arange(m)  # the origins of the functions' columns (the others are gone)
+        # The functions of the current `cols`: `store[f]` the row of id `f`, `row_ids` its
+        # bytes -> id, `moves[f, class]` the id after a byte of the class (-1: not yet), and
+        # `coded[f]` the index of its code row (-1: not yet).
+        store = (2 * start).astype(np.int32)[None, :]
+        row_ids = {store[0].tobytes(): 0}
+        moves = np.full((1, num_classes), -1, np.int64)
+        coded = np.full(1, -1, np.int64)
         node_function = np.zeros(num_nodes, np.int64)
         token_code = np.full(trie.token_ids.size, -1, np.int64)
         code_rows = []
         num_codes = 0
         for depth in range(1, level_ptr.size - 1):
             a, b = int(level_ptr[depth]), int(level_ptr[depth + 1])
-            if not functions.size:
+            if not cols.size:
                 break
             key = node_function[parent[a:b]] * num_classes + node_class[a:b]
-            seen = np.zeros(functions.shape[0] * num_classes, bool)
-            seen[key] = True
-            pairs = np.flatnonzero(seen)
-            inverse = np.cumsum(seen)[key] - 1
-            width = cols.size
-            source = functions[pairs // num_classes].reshape(-1)
-            flat = np.flatnonzero(source != gone_entry)
-            entry = source[flat]
-            state = entry >> 1
-            cls = np.repeat(pairs % num_classes, width)[flat]
-            # `steps[state, class]`: 0 unknown, else `2 * (successor + 3) + returned`
-            # (successor: an extended state, `dead` or `several`, as `lookup` gives)
-            if len(ext_info) > steps.shape[0]:
-                grow = max(len(ext_info), 2 * steps.shape[0]) - steps.shape[0]
-                steps = np.concatenate([steps, np.zeros((grow, num_classes), np.int32)])
-            single = state >= 0
-            step_key = np.where(single, state, 0) * num_classes + cls
-            step = steps.reshape(-1)[step_key]
-            missing = single & (step == 0)
-            if missing.any():
-                keys = _unique(step_key[missing])
-                vals, below = lookup(keys // num_classes, class_byte[keys % num_classes])
+            result = moves.reshape(-1)[key]
+            if (result < 0).any():
+                pairs = _unique(key[result < 0])
+                width = cols.size
+                source = store[pairs // num_classes].reshape(-1)
+                flat = np.flatnonzero(source != gone_entry)
+                entry = source[flat]
+                state = entry >> 1
+                cls = np.repeat(pairs % num_classes, width)[flat]
+                # `steps[state, class]`: 0 unknown, else `2 * (successor + 3) + returned`
+                # (successor: an extended state, `dead` or `several`, as `lookup` gives)
                 if len(ext_info) > steps.shape[0]:
                     grow = max(len(ext_info), 2 * steps.shape[0]) - steps.shape[0]
                     steps = np.concatenate([steps, np.zeros((grow, num_classes), np.int32)])
-                steps.reshape(-1)[keys] = 2 * (vals + 3) + below
-                step[missing] = steps.reshape(-1)[step_key[missing]]
-            vals = (step >> 1) - 3
-            below = single & ((step & 1) > 0)
-            out = np.where(single & (vals >= 0), 2 * vals + (entry & 1), gone_entry)
-            odd = np.flatnonzero((single & (vals == several)) | ~single)
-            if odd.size:
-                # sets, or states that branch (rare)
-                o_vals, o_gone, o_death, o_below = advance(
-                    state[odd].astype(np.int64), class_byte[cls[odd]]
-                )
-                below[odd] = o_below
-                o_poison = (entry[odd] & 1).astype(bool) | o_death
-                out[odd] = np.where(o_gone, gone_entry, 2 * o_vals + o_poison)
-            if below.any():
-                returned[cols[flat[below] % width]] = True
-            new = np.full((pairs.size, width), gone_entry, np.int32)
-            new.reshape(-1)[flat] = out
-            if prune and returned.any():
-                new[:, returned[cols]] = gone_entry
-            # origins gone in every function stay gone: their columns are dropped
-            live_cols = (new != gone_entry).any(axis=0)
-            if not live_cols.all():
-                new, cols = new[:, live_cols], cols[live_cols]
-            # distinct functions
-            first, number = _distinct_rows(new)
-            functions = new[first]
-            node_function[a:b] = number[inverse]
-            # codes of the functions of this depth's tokens
+                single = state >= 0
+                step_key = np.where(single, state, 0) * num_classes + cls
+                step = steps.reshape(-1)[step_key]
+                missing = single & (step == 0)
+                if missing.any():
+                    keys = _unique(step_key[missing])
+                    vals, below = lookup(keys // num_classes, class_byte[keys % num_classes])
+                    if len(ext_info) > steps.shape[0]:
+                        grow = max(len(ext_info), 2 * steps.shape[0]) - steps.shape[0]
+                        steps = np.concatenate([steps, np.zeros((grow, num_classes), np.int32)])
+                    steps.reshape(-1)[keys] = 2 * (vals + 3) + below
+                    step[missing] = steps.reshape(-1)[step_key[missing]]
+                vals = (step >> 1) - 3
+                below = single & ((step & 1) > 0)
+                out = np.where(single & (vals >= 0), 2 * vals + (entry & 1), gone_entry)
+                odd = np.flatnonzero((single & (vals == several)) | ~single)
+                if odd.size:
+                    # sets, or states that branch (rare)
+                    o_vals, o_gone, o_death, o_below = advance(
+                        state[odd].astype(np.int64), class_byte[cls[odd]]
+                    )
+                    below[odd] = o_below
+                    o_poison = (entry[odd] & 1).astype(bool) | o_death
+                    out[odd] = np.where(o_gone, gone_entry, 2 * o_vals + o_poison)
+                if below.any():
+                    returned[cols[flat[below] % width]] = True
+                new = np.full((pairs.size, width), gone_entry, np.int32)
+                new.reshape(-1)[flat] = out
+                ids = np.empty(pairs.size, np.int64)
+                fresh = []
+                for i, row in enumerate(new):
+                    j = row_ids.setdefault(row.tobytes(), len(row_ids))
+                    if j == store.shape[0] + len(fresh):
+                        fresh.append(i)
+                    ids[i] = j
+                if fresh:
+                    store = np.concatenate([store, new[fresh]])
+                    moves = np.concatenate([moves, np.full((len(fresh), num_classes), -1)])
+                    coded = np.concatenate([coded, np.full(len(fresh), -1)])
+                moves.reshape(-1)[pairs] = ids
+                result = moves.reshape(-1)[key]
+            # origins gone in every function of this depth stay gone, and with `prune` those
+            # that returned are done: their columns are dropped and the functions renumbered
+            funcs = _unique(result)
+            live_cols = (store[funcs] != gone_entry).any(axis=0)
+            if prune:
+                live_cols &= ~returned[cols]
+            if live_cols.all():
+                node_function[a:b] = result
+            else:
+                cols = cols[live_cols]
+                first, number = _distinct_rows(store[funcs][:, live_cols])
+                store = store[funcs[first]][:, live_cols]
+                row_ids = {row.tobytes(): i for i, row in enumerate(store)}
+                moves = np.full((len(first), num_classes), -1, np.int64)
+                coded = np.full(len(first), -1, np.int64)
+                node_function[a:b] = number[np.searchsorted(funcs, result)]
+            # codes of the functions of this depth's tokens (once per function)
             lo, hi = np.searchsorted(token_depth, [depth, depth + 1])
             if hi > lo:
-                funcs, at = np.unique(node_function[token_node[lo:hi]], return_inverse=True)
-                f = functions[funcs]
-                live = f != gone_entry
-                state_peak, state_cost = state_tables()
-                index = np.where(live, f >> 1, 0) + len(sets)
-                peak, c = state_peak[index], state_cost[index]
-                sure = live & ((f & 1) == 0) & (peak < MAX_LEVELS)
-                code = np.full((funcs.size, m), never, np.uint8)
-                code[:, cols] = np.where(sure, peak, np.where(live, candidate, never))
-                if cols.size:
-                    cost[cols] = np.maximum(cost[cols], np.where(sure, c, 0).max(axis=0))
-                code_rows.append(code)
-                token_code[lo:hi] = num_codes + at.reshape(-1)
-                num_codes += funcs.size
+                at = node_function[token_node[lo:hi]]
+                need = _unique(at)
+                need = need[coded[need] < 0]
+                if need.size:
+                    f = store[need]
+                    live = f != gone_entry
+                    state_peak, state_cost = state_tables()
+                    index = np.where(live, f >> 1, 0) + len(sets)
+                    peak, c = state_peak[index], state_cost[index]
+                    sure = live & ((f & 1) == 0) & (peak < MAX_LEVELS)
+                    code = np.full((need.size, m), never, np.uint8)
+                    code[:, cols] = np.where(sure, peak, np.where(live, candidate, never))
+                    if cols.size:
+                        cost[cols] = np.maximum(cost[cols], np.where(sure, c, 0).max(axis=0))
+                    code_rows.append(code)
+                    coded[need] = num_codes + np.arange(need.size)
+                    num_codes += need.size
+                token_code[lo:hi] = coded[at]
         codes = np.concatenate(code_rows) if code_rows else np.zeros((0, m), np.uint8)
         # tokens never reached (their walk died above them): `never`
         codes = np.concatenate([codes, np.full((1, m), never, np.uint8)])
