@@ -2624,6 +2624,14 @@ def json_schema_pushdown(
 
     if escape(FREE_VALUE_CALL) not in regex:
         return None
+    return _pushdown_of_regex(regex, schema, vocabulary, stack_depth, whitespace_pattern, cache)
+
+
+def _pushdown_of_regex(
+    regex: str, schema, vocabulary, stack_depth: int, whitespace_pattern, cache: bool
+) -> PushdownAutomaton:
+    """`json_schema_pushdown` from the schema's regex with `FREE_VALUE_CALL`s (what
+    `json_schema_compile` has already built: the schema is not rewritten again)."""
     key = cache_key("json-pda", f"{stack_depth}\0{regex}", vocabulary)
     if cache and key in _PUSHDOWN_CACHE:
         return _PUSHDOWN_CACHE[key]
@@ -3270,8 +3278,15 @@ def json_schema_compile(
     if free is None and escape(FREE_VALUE_CALL) in full:
         options.pop("free_form_depth", None)
         try:
-            return json_schema_pushdown(
-                schema, vocabulary, stack_depth=stack_depth, cache=cache, **options
+            # `full` is `json_schema_regex(free_form_depth=_CALL)`'s regex: it has no spliced
+            # automaton, so the counted strings are the same counted repeats.
+            return _pushdown_of_regex(
+                full,
+                schema,
+                vocabulary,
+                stack_depth,
+                options.get("whitespace_pattern"),
+                cache,
             )
         except NotDeterministic as e:
             warnings.warn(
