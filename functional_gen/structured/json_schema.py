@@ -761,6 +761,17 @@ class _RegexTooLarge(ConstraintError):
         )
 
 
+class _TooManyPositions(ConstraintError):
+    """A grammar form would have more automaton positions than `_MAX_GRAMMAR_POSITIONS`."""
+
+    def __init__(self, positions: int, rules: int):
+        super().__init__(
+            f"the schema's grammar form has {positions:,} automaton positions in {rules} rules "
+            f"(the limit is {_MAX_GRAMMAR_POSITIONS:,}): its token tables would take too long "
+            "to build"
+        )
+
+
 class _RecursionRefused(ConstraintError):
     """Internal: the grammar form cannot keep this schema's recursion as rules
     (`json_schema_compile` then unrolls it)."""
@@ -3151,15 +3162,16 @@ def json_schema_grammar(
     else:
         raise NotDeterministic("the schema's rules cannot be called deterministically")
     plain = automata
+    # Sharing tails keeps every state of the largest automaton (its head stays, its tail
+    # becomes a rule): over the limit already, the form is refused before that search, which
+    # takes minutes on 60,000 states (MaskBench o82710's 5,000-character string).
+    largest = max(dfa.num_states for dfa, _ in automata)
+    if largest > _MAX_GRAMMAR_POSITIONS:
+        raise _TooManyPositions(sum(dfa.num_states for dfa, _ in automata), len(automata) - 1)
     automata, _ = _shared_tails(automata, len(rules), value)
     positions = sum(dfa.num_states for dfa, _ in automata)
     if positions > _MAX_GRAMMAR_POSITIONS:
-        raise ConstraintError(
-            f"the schema's grammar form has {positions:,} automaton positions in "
-            f"{len(automata) - 1} rules "
-            f"(the limit is {_MAX_GRAMMAR_POSITIONS:,}): its token tables would take "
-            "too long to build"
-        )
+        raise _TooManyPositions(positions, len(automata) - 1)
 
     def build(automata: list):
         names = ["schema"] + [f"rule{i}" for i in range(len(automata) - 1)]
@@ -3262,9 +3274,28 @@ def json_schema_compile(
                 )
             except NotDeterministic:  # a free-form value where other text may also start
                 pass
-        return json_schema_grammar(
-            schema, vocabulary, stack_depth=stack_depth, _rewritten=(rewriter, regex), **options
-        )
+        try:
+            return json_schema_grammar(
+                schema, vocabulary, stack_depth=stack_depth, _rewritten=(rewriter, regex), **options
+            )
+        except (_TooManyPositions, NotDeterministic) as e:
+            if free is not None:
+                raise
+            # A string automaton spliced beside a free-form value (the token automaton cannot
+            # call) made the grammar form too large: nest the values as the default does.
+            warnings.warn(
+                f"JSON Schema: no pushdown automaton ({e}); free-form values nest at most "
+                f"{DEFAULT_FREE_FORM_DEPTH} level(s)",
+                UserWarning,
+                stacklevel=2,
+            )
+            return json_schema_compile(
+                schema,
+                vocabulary,
+                cache=cache,
+                stack_depth=stack_depth,
+                **{**options, "free_form_depth": DEFAULT_FREE_FORM_DEPTH},
+            )
     _warn_dropped(rewriter)
     if _dfa_placeholders(rewriter, full):
         description = f"json schema {_describe(schema)}"

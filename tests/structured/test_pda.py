@@ -17,6 +17,7 @@ from functional_gen.structured import (
     parse_grammar,
     pushdown_automaton,
 )
+from functional_gen.structured.json_schema import json_schema_compile
 from functional_gen.structured.pda import PushdownAutomaton, build_pushdown, state_stack
 
 from .cases import JSON_GRAMMAR, PUSHDOWN_GRAMMARS, SPACED_FUNCTION_CALLS
@@ -410,6 +411,22 @@ def test_json_schema_processor_runs_the_pushdown_automaton(tokenizer):
     ambiguous = {"anyOf": [{"type": "string"}, {}]}  # `"` starts both a string and a free value
     with pytest.warns(UserWarning, match="no pushdown automaton"):
         assert fg.processors.JsonSchema(ambiguous, tokenizer, free_form_depth=None).pushdown is None
+
+
+def test_pushdown_too_large_falls_back_to_the_nested_free_value(vocabulary):
+    # A 1,000-character string is a spliced automaton of about 12,000 states: beside a free-form
+    # value that needs the grammar form, whose positions are limited to 10,000. The schema then
+    # compiles as with the default depth (MaskBench o82710 and o6237 failed instead).
+    schema = {
+        "type": "object",
+        "properties": {"text": {"type": "string", "maxLength": 1000}},
+        "additionalProperties": True,
+    }
+    with pytest.warns(UserWarning, match="no pushdown automaton.*automaton positions"):
+        automaton = json_schema_compile(schema, vocabulary, cache=False, free_form_depth=None)
+    assert not isinstance(automaton, PushdownAutomaton)
+    nested = json_schema_compile(schema, vocabulary, free_form_depth=1)
+    assert automaton.num_states == nested.num_states
 
 
 BYTES_ONLY = fg.structured.TokenVocabulary(
