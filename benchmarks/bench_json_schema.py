@@ -226,6 +226,77 @@ def _accepts(automaton, text: str) -> bool:
     return bool(automaton.accepting[automaton.walk(token_ids)])
 
 
+def _in_schema_order(data, schema):
+    """`data` with every object's members in the order of its schema's `properties` (those of
+    `allOf` / `anyOf` / `oneOf` branches after, in order; `$ref` resolved with `referencing`),
+    unlisted members after the listed ones in their own order, recursively through property
+    values, `additionalProperties` and `items`. For the report only: a valid instance that a
+    compiled schema rejects and accepts in this order was rejected for its property order
+    (`JsonSchema` writes listed properties in the schema's order, as llguidance does).
+    MaskBench normalised its instances to llguidance's order (`maskbench/creation/reorder.py`
+    in guidance-ai/jsonschemabench) except where llguidance could not compile the schema."""
+    import referencing
+    import referencing.jsonschema
+
+    if not isinstance(schema, dict):
+        return data
+    specification = referencing.jsonschema.specification_with(
+        schema.get("$schema", ""), default=referencing.jsonschema.DRAFT202012
+    )
+    resolver = referencing.Registry().with_resource("", specification.create_resource(schema))
+    resolver = resolver.resolver()
+
+    def resolve(node, depth=0):
+        while isinstance(node, dict) and isinstance(node.get("$ref"), str) and depth < 16:
+            try:
+                node = resolver.lookup(node["$ref"]).contents
+            except Exception:
+                return {}
+            depth += 1
+        return node if isinstance(node, dict) else {}
+
+    def listed(node, names, values, depth=0):
+        node = resolve(node)
+        if depth > 8:
+            return
+        for name, sub in (node.get("properties") or {}).items():
+            if name not in values:
+                names.append(name)
+                values[name] = sub
+        for keyword in ("allOf", "anyOf", "oneOf"):
+            for branch in node.get(keyword) or []:
+                listed(branch, names, values, depth + 1)
+
+    def order(value, node, depth=0):
+        node = resolve(node)
+        if depth > 64:
+            return value
+        if isinstance(value, dict):
+            names, values = [], {}
+            listed(node, names, values)
+            rank = {name: i for i, name in enumerate(names)}
+            keys = sorted(value, key=lambda k: (rank.get(k, len(names)), list(value).index(k)))
+            extra = node.get("additionalProperties")
+            patterns = node.get("patternProperties") or {}
+
+            def member_schema(k):
+                if k in values:
+                    return values[k]
+                for pattern, sub in patterns.items():
+                    with contextlib.suppress(re.error):
+                        if re.search(pattern, k):
+                            return sub
+                return extra if isinstance(extra, dict) else {}
+
+            return {k: order(value[k], member_schema(k), depth + 1) for k in keys}
+        if isinstance(value, list):
+            items = node.get("items")
+            return [order(v, items if isinstance(items, dict) else {}, depth + 1) for v in value]
+        return value
+
+    return order(data, schema)
+
+
 def _cause(error: BaseException) -> str:
     """A short, countable cause of a compile error."""
     from functional_gen.structured.json_schema import UnsupportedSchemaError
@@ -263,14 +334,18 @@ def _run_one(record: dict) -> dict:
         data = test["data"]
         compact = json.dumps(data, separators=(",", ":"), ensure_ascii=False)
         spaced = json.dumps(data, ensure_ascii=False)
-        tests.append(
-            {
-                "index": i,
-                "valid": bool(test["valid"]),
-                "compact": _accepts(automaton, compact),
-                "spaced": _accepts(automaton, spaced),
-            }
-        )
+        result = {
+            "index": i,
+            "valid": bool(test["valid"]),
+            "compact": _accepts(automaton, compact),
+            "spaced": _accepts(automaton, spaced),
+        }
+        if result["valid"] and not (result["compact"] and result["spaced"]):
+            ordered = json.dumps(
+                _in_schema_order(data, record["schema"]), separators=(",", ":"), ensure_ascii=False
+            )
+            result["schema_order"] = ordered != compact and _accepts(automaton, ordered)
+        tests.append(result)
     out["tests"] = tests
     return out
 
@@ -422,7 +497,13 @@ def summarize(results: list[dict], splits) -> str:
         lines += ["", f"mismatches ({len(mismatches)}):"]
         lines += [
             f"  {f} test {t['index']}: valid={t['valid']} compact={t['compact']} spaced={t['spaced']}"
+            + (" (accepted in the schema's property order)" if t.get("schema_order") else "")
             for f, t in mismatches[:60]
+        ]
+        ordered = sum(1 for _, t in mismatches if t.get("schema_order"))
+        lines += [
+            f"valid instances rejected only for their property order: {ordered} of "
+            f"{sum(1 for _, t in mismatches if t['valid'])} rejected"
         ]
     return "\n".join(lines)
 
