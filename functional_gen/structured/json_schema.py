@@ -14,7 +14,7 @@ nodes, our own regexes where outlines-core's would let invalid documents through
 | `allOf` | regexes concatenated: invalid JSON | merged into one schema |
 | `oneOf` | treated as `anyOf` | `anyOf` when the branches are provably disjoint (types, listed discriminators, a closed object against a required name; as llguidance), or made disjoint exactly: finite branches -> the values exactly one lists, a type two branches accept whole taken out, `required`-only branches -> presence choices; else refused |
 | objects | closed: no property beyond `properties` | open unless `additionalProperties: false` (JSON Schema's default; `closed_objects=True` closes them); `patternProperties`, `propertyNames`, `minProperties`/`maxProperties`, `required` names without a schema (any value) |
-| free-form values (`{}`) | nested 3 levels, a 14,000-character regex that takes minutes to compile | nested `free_form_depth` levels (default 1); as deep as the stack with `free_form_depth=None` and in the grammar form |
+| free-form values (`{}`) | nested 3 levels, a 14,000-character regex that takes minutes to compile | as deep as the stack (default `free_form_depth=None`: a pushdown automaton); nested `free_form_depth` levels for an integer |
 | `enum`/`const` at the top (or in a top-level `allOf` branch) beside other keywords | the other keywords' regexes joined | the enum of the listed values `jsonschema` accepts under the whole schema (`not`, `if`, `contains`, ... exact on them) |
 | recursive `$ref` | unrolled `max_recursion_depth` times, the property dropped at the bound: dangling `,` | `json_schema_compile` (`max_recursion_depth=None`, `JsonSchema`'s default): a call of a grammar rule for its target, nested as deep as the stack (`stack_depth`, default 32); with an integer `max_recursion_depth`, where that cannot run deterministically, and in `json_schema_regex`, unrolled `max_recursion_depth` times with the bottom value left out where JSON stays valid |
 
@@ -59,7 +59,12 @@ more than three `dependentRequired` entries in one object (each doubles the alte
 three become an `anyOf`: the property absent, or it and its dependencies present; draft 4-7's
 `dependencies` with a list of names is `dependentRequired`), and remote
 `$ref`s. With `strict=False` they are dropped instead (the output may then violate
-them), with one warning that lists them all, like llguidance's lenient mode. A schema whose
+them), with one warning that lists them all, like llguidance's lenient mode. Known gap, not
+refused: an object with `patternProperties` and no `additionalProperties` is generated (and
+checked) with only listed keys and keys that match a pattern; a key that matches no pattern,
+valid under the spec (any value), is rejected (MaskBench o48094: `{"example-schema": ...}`
+beside `^[a-zA-Z0-9]*$`). Allowing it needs the key language "no pattern matches", a
+complement automaton of the JSON string keys spliced as a terminal. A schema whose
 whole regex would exceed `_MAX_REGEX` (a million characters: many optional properties, or
 definitions used many times) makes `json_schema_regex` raise `ConstraintError` at once, before
 the regex is built.
@@ -606,24 +611,29 @@ _KEY_UNIT = r'(?:[^"\\\x00-\x1F\x7F-\x9F]|\\["\\bfnrt])'
 escapes (no `\\/`, no `\\u`), so every key has exactly one spelling."""
 
 
-DEFAULT_FREE_FORM_DEPTH = 1
+NESTED_FREE_FORM_DEPTH = 1
 """How deep a free-form value (`{}`, `true`, a schema without type information, the value of an
-additional property) may nest arrays and objects: 1 allows `[1, "a"]` and `{"a": null}` but not
-`{"a": [1]}` (an open object is itself a level: its additional values may be such one-level
-values). Each level multiplies the automaton's compile time by about 40 (depth 2: about 2 s,
-depth 3: over a minute, through outlines-core's byte DFA); unbounded nesting needs the pushdown
-automaton (`free_form_depth=None`, `json_schema_pushdown`).
+additional property) nests arrays and objects where it is a regex (`json_schema_regex`, a list
+of schemas in `JsonSchema`, `per_row`, and the fallback when no pushdown automaton can be
+built): 1 allows `[1, "a"]` and `{"a": null}` but not `{"a": [1]}` (an open object is itself a
+level: its additional values may be such one-level values). Each level multiplies the
+automaton's compile time by about 40 (depth 2: about 2 s, depth 3: over a minute, through
+outlines-core's byte DFA)."""
+DEFAULT_FREE_FORM_DEPTH = None
+"""`JsonSchema`'s and `json_schema_compile`'s default `free_form_depth`: free-form values nest
+as deep as the pushdown automaton's stack (`json_schema_pushdown`, or calls of the JSON value
+rule in the grammar form), as the JSON Schema spec allows; where no pushdown automaton can be
+built (a value where other text may also start, a grammar form over its position limit) they
+nest `NESTED_FREE_FORM_DEPTH` level(s), with a `UserWarning` that says why.
 
-Why not `None` by default (2026-11-23, after the pushdown token tables became one function of
-all origins per trie node, `pda._token_tables`, 4x faster): the pushdown form accepts every
-valid instance that depth 1 rejects for nesting and its decode step costs the same within noise
-(`benchmarks/bench_pushdown.py --json-schema`), but on the five splits (`bench_json_schema.py
---limit 24`, quiet, one window) it compiles 112 schemas against 114 (o6237 over the grammar
-form's position limit, o82710's counted 5,000-character string times out), compile p50 142 ms
-against 94 (median per-schema ratio 1.50; 2.6 before the faster tables): small schemas pay
-60-90 ms of fixed walk cost (calculate_area_91f73ffd 14 -> 76 ms), which breaks issue 11's
-100 ms p50 target. The remaining cost is the per-depth loop over the trie's functions
-(`walk`), about 35 ms per pass even for a tiny schema."""
+Measured on 2026-11-23 (the five MaskBench splits, `--limit 24`, each schema compiled cold, the
+regex cache emptied, depth 1 and `None` interleaved, the box quiet): both compile 114 of 120,
+compile p50 94 ms (depth 1) against 89 ms (`None`), median per-schema ratio 1.03, total 57.0 s
+against 52.6 s; small schemas pay up to 15 ms (kb_432 17 -> 30 ms), large open ones compile up
+to 2x faster (o41296 1.29 -> 0.63 s). Every valid instance that depth 1 rejected for nesting is
+accepted (o13687, o21865, o12281, kb_688). Depth 1 was the default while the pushdown tables
+cost 60-90 ms more per schema; the token walk that remembers each (function, byte class) step
+(`pda._token_tables`) removed that."""
 FREE_VALUE_CALL = "\x01"
 """Stands for a free-form value in a schema's regex on the pushdown path: a control character,
 which JSON text never holds raw (strings escape it; whitespace is space, tab, CR, LF)."""
@@ -1132,7 +1142,7 @@ class _Rewriter:
         closed_objects: bool = False,
         whitespace_pattern: str | None = None,
         max_recursion_depth: int = DEFAULT_MAX_RECURSION_DEPTH,
-        free_form_depth: "int | _FreeValueCall | None" = DEFAULT_FREE_FORM_DEPTH,
+        free_form_depth: "int | _FreeValueCall | None" = NESTED_FREE_FORM_DEPTH,
         counted_strings: bool = False,
         property_order: str = "schema",
         expansions: Sequence = (),
@@ -2247,7 +2257,7 @@ def json_schema_regex(
     max_recursion_depth: int = DEFAULT_MAX_RECURSION_DEPTH,
     strict: bool = True,
     closed_objects: bool = False,
-    free_form_depth: int | _FreeValueCall | None = DEFAULT_FREE_FORM_DEPTH,
+    free_form_depth: int | _FreeValueCall | None = NESTED_FREE_FORM_DEPTH,
     property_order: str = "schema",
 ) -> str:
     """The regex of the JSON documents valid under `schema` (see the module docstring).
@@ -2258,7 +2268,7 @@ def json_schema_regex(
     keywords that cannot be enforced (`False`: drop them, with one `UserWarning` listing them);
     `closed_objects`: allow no property beyond the listed ones (and `patternProperties`), as if
     every object had `"additionalProperties": false`; `free_form_depth`: how deep a free-form
-    value may nest (see `DEFAULT_FREE_FORM_DEPTH`); `property_order`: `"schema"` (default),
+    value may nest (see `NESTED_FREE_FORM_DEPTH`); `property_order`: `"schema"` (default),
     `"schema_or_required_first"` (or the required properties first) or `"any"` (the listed
     properties of small objects in any order); see `PROPERTY_ORDERS`.
 
@@ -2469,7 +2479,7 @@ def _rewrite(
     max_recursion_depth: int = DEFAULT_MAX_RECURSION_DEPTH,
     strict: bool = True,
     closed_objects: bool = False,
-    free_form_depth: int | _FreeValueCall | None = DEFAULT_FREE_FORM_DEPTH,
+    free_form_depth: int | _FreeValueCall | None = NESTED_FREE_FORM_DEPTH,
     counted_strings: bool = False,
     property_order: str = "schema",
     recursive: bool = False,
@@ -3212,9 +3222,9 @@ def json_schema_compile(
     (`json_schema_grammar`, a `PushdownAutomaton`), whose free-form values nest as deep as the
     stack unless `free_form_depth=0` (a call of its JSON value rule, where that stays
     deterministic; else nested `free_form_depth` levels as in the regex). With
-    `free_form_depth=None`, the pushdown automaton of `json_schema_pushdown` when the schema has
-    free-form values; an integer (default `DEFAULT_FREE_FORM_DEPTH`) nests them that many levels
-    in the token automaton.
+    `free_form_depth=None` (the default, `DEFAULT_FREE_FORM_DEPTH`), the pushdown automaton of
+    `json_schema_pushdown` when the schema has free-form values; an integer nests them that
+    many levels in the token automaton.
 
     **Arguments:** `schema`, `vocabulary`; `cache`: use the caches (the token automaton's
     memory and disk caches; the pushdown automata are memoised in memory only: `False` empties
@@ -3236,7 +3246,7 @@ def json_schema_compile(
 
     **Raises:** as `json_schema_regex` and `json_schema_grammar`. (With `free_form_depth=None`,
     a schema whose free-form value cannot be called deterministically falls back to depth
-    `DEFAULT_FREE_FORM_DEPTH` with a `UserWarning`, as `JsonSchema` does.)
+    `NESTED_FREE_FORM_DEPTH` with a `UserWarning`, as `JsonSchema` does.)
     """
     if not cache:
         _PUSHDOWN_CACHE.clear()
@@ -3285,7 +3295,7 @@ def json_schema_compile(
             # call) made the grammar form too large: nest the values as the default does.
             warnings.warn(
                 f"JSON Schema: no pushdown automaton ({e}); free-form values nest at most "
-                f"{DEFAULT_FREE_FORM_DEPTH} level(s)",
+                f"{NESTED_FREE_FORM_DEPTH} level(s)",
                 UserWarning,
                 stacklevel=2,
             )
@@ -3294,7 +3304,7 @@ def json_schema_compile(
                 vocabulary,
                 cache=cache,
                 stack_depth=stack_depth,
-                **{**options, "free_form_depth": DEFAULT_FREE_FORM_DEPTH},
+                **{**options, "free_form_depth": NESTED_FREE_FORM_DEPTH},
             )
     _warn_dropped(rewriter)
     if _dfa_placeholders(rewriter, full):
@@ -3322,7 +3332,7 @@ def json_schema_compile(
         except NotDeterministic as e:
             warnings.warn(
                 f"JSON Schema: no pushdown automaton ({e}); free-form values nest at most "
-                f"{DEFAULT_FREE_FORM_DEPTH} level(s)",
+                f"{NESTED_FREE_FORM_DEPTH} level(s)",
                 UserWarning,
                 stacklevel=2,
             )
@@ -3438,15 +3448,15 @@ class JsonSchema(AbstractConstraint):
       with other constraints), else unrolled `DEFAULT_MAX_RECURSION_DEPTH` (3) times; an
       integer: unrolled that many times (a token automaton for a small schema).
     - `free_form_depth`: how deep free-form values (`{}`, additional properties of open
-      objects, arrays without `items`) nest (default `DEFAULT_FREE_FORM_DEPTH` = 1, in the
-      token automaton). `None`: as deep as the stack of a pushdown automaton allows
-      (`json_schema_pushdown`), when the schema has such values and one can be built
-      (otherwise depth 1, with a `UserWarning` that says why); a list of schemas nests them 1
-      level. The grammar form below, a pushdown automaton anyway, nests them as deep as the
-      stack for any depth but 0. The pushdown form keeps `max_new_tokens` as the token
-      automaton does (rows end inside the language) and its decode step costs the same within
-      noise; it compiles about 1.5x slower (see `DEFAULT_FREE_FORM_DEPTH`). `per_row` uses its
-      token form (with a warning).
+      objects, arrays without `items`) nest. `None` (default, `DEFAULT_FREE_FORM_DEPTH`): as
+      deep as the stack of a pushdown automaton allows (`json_schema_pushdown`), when the
+      schema has such values and one can be built (otherwise `NESTED_FREE_FORM_DEPTH` = 1,
+      with a `UserWarning` that says why); an integer: that many levels in the token
+      automaton; a list of schemas nests them 1 level. The grammar form below, a pushdown
+      automaton anyway, nests them as deep as the stack for any depth but 0. The pushdown
+      form keeps `max_new_tokens` as the token automaton does (rows end inside the language),
+      its decode step costs the same within noise and it compiles as fast as depth 1 (see
+      `DEFAULT_FREE_FORM_DEPTH`). `per_row` uses its token form (with a warning).
     - `stack_depth`: stack slots of the pushdown automaton (default 32).
     - `property_order`: `"schema"` (default), `"schema_or_required_first"` or `"any"`, see
       `PROPERTY_ORDERS`.
@@ -3517,7 +3527,7 @@ class JsonSchema(AbstractConstraint):
                     closed_objects=closed_objects,
                     property_order=property_order,
                     free_form_depth=(
-                        DEFAULT_FREE_FORM_DEPTH if free_form_depth is None else free_form_depth
+                        NESTED_FREE_FORM_DEPTH if free_form_depth is None else free_form_depth
                     ),
                     max_recursion_depth=(
                         DEFAULT_MAX_RECURSION_DEPTH
@@ -3539,7 +3549,7 @@ class JsonSchema(AbstractConstraint):
                 self._set_automata([automaton], ids)
             return
         if free_form_depth is None:
-            free_form_depth = DEFAULT_FREE_FORM_DEPTH  # one token automaton per row
+            free_form_depth = NESTED_FREE_FORM_DEPTH  # one token automaton per row
         if max_recursion_depth is None:
             max_recursion_depth = DEFAULT_MAX_RECURSION_DEPTH  # unrolled in token automata
         regexes = [

@@ -256,7 +256,7 @@ def per_row(constraints: Sequence[AbstractConstraint | None]) -> TokenConstraint
     `constraint_id` holds one value per row; use it with a batch of `len(constraints)` prompts.
 
     A constraint compiled as a pushdown automaton cannot share the tables: a `JsonSchema` is
-    then rebuilt as its token automaton (free-form values nested `DEFAULT_FREE_FORM_DEPTH`
+    then rebuilt as its token automaton (free-form values nested `NESTED_FREE_FORM_DEPTH`
     level, recursive references unrolled `DEFAULT_MAX_RECURSION_DEPTH` times), with a
     `UserWarning` saying so; a `Grammar` is refused (build it with `max_depth`).
 

@@ -395,11 +395,11 @@ def test_json_schema_compile_without_cache_builds_the_pushdown_afresh(vocabulary
 
 def test_json_schema_processor_runs_the_pushdown_automaton(tokenizer):
     schema = OPEN_SCHEMAS["open object"]
-    processor = fg.processors.JsonSchema(schema, tokenizer, free_form_depth=None)
+    processor = fg.processors.JsonSchema(schema, tokenizer)  # the default: free_form_depth=None
     assert processor.pushdown is not None
     assert (
-        fg.processors.JsonSchema(schema, tokenizer).pushdown is None
-    )  # the default: a token automaton
+        fg.processors.JsonSchema(schema, tokenizer, free_form_depth=1).pushdown is None
+    )  # an integer depth: a token automaton
     closed = {
         "type": "object",
         "properties": {"a": {"type": "integer"}},
