@@ -247,11 +247,18 @@ def _in_schema_order(data, schema):
     resolver = resolver.resolver()
 
     def resolve(node, depth=0):
+        # a `$ref` beside other keywords is merged with them, as `JsonSchema` reads it
         while isinstance(node, dict) and isinstance(node.get("$ref"), str) and depth < 16:
             try:
-                node = resolver.lookup(node["$ref"]).contents
+                target = resolver.lookup(node["$ref"]).contents
             except Exception:
                 return {}
+            rest = {k: v for k, v in node.items() if k != "$ref"}
+            if isinstance(target, dict) and rest:
+                inner = resolve(target, depth + 1)
+                listed_first = {**(rest.get("properties") or {}), **(inner.get("properties") or {})}
+                target = {**inner, **rest, "properties": listed_first}
+            node = target
             depth += 1
         return node if isinstance(node, dict) else {}
 
@@ -535,7 +542,8 @@ def main(argv=None) -> None:
     parser.add_argument(
         "--pushdown",
         action="store_true",
-        help="free-form values through the pushdown automaton (JsonSchema(free_form_depth=None))",
+        help="free-form values through the pushdown automaton (free_form_depth=None: the "
+        "default since 2026-11-23; kept for older commands)",
     )
     parser.add_argument(
         "--free-form-depth",
