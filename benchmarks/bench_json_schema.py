@@ -57,6 +57,8 @@ other developers' jobs at a load average of about 10, so compile times are infla
 | same, `--property-order any` (loaded) | 114/120 | 0 | 201 / 3,701 / 7,423 | 146/157 | 286/286 |
 | `--property-order schema_or_required_first` (8,000-character budget; loaded; o82710 timed out, which the default accepts) | 113/120 | 1 | 172 / 3,221 / 8,984 | 146/155 | 284/284 |
 | pushdown tables as one function of all origins per trie node (pdaspeed), `--pushdown`, quiet (08:50 UTC) | 112/120 | 1 | 142 / 1,059 / 4,589 | 147/155 | 284/284 |
+| the token walk remembers each (function, byte class) step, distances over edges, `free_form_depth=None` the default with a depth-1 fallback for oversized grammar forms (2274d21, 2026-11-23 11:45 UTC, quiet) | **114/120 (95%)** | **0** | **77** / 1,013 / 4,858 | 149/157 (the 8 left: property order only) | 286/286 |
+| same tree, `--all --sample 400` (loaded: times inflated) | 363/400 (91%) | 1 | 140 / 1,858 / 9,124 | 448/465 (14 property order, 2 yamllint also order once `$ref` siblings merge, 1 `patternProperties` gap: o48094) | 666/666 |
 
 The same tree on 400 schemas drawn from the whole file (`--all --sample 400`, seed 0, quiet,
 05:35 UTC): **361/400 (90%)**, 1 timeout, p50 / p90 / p99 56 / 1,003 / 5,168 ms, valid 440/462,
