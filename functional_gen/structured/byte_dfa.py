@@ -18,6 +18,7 @@ import dataclasses
 import functools
 import itertools
 import re
+import typing
 import weakref
 
 import numpy as np
@@ -32,6 +33,10 @@ from .automaton import (
     unique_columns,
 )
 from .vocabulary import TokenVocabulary
+
+# Nested helpers that run per byte, state or schema node are `@typing.no_type_check`: the
+# tests' jaxtyping import hook would wrap every call of them (30-40 us each, and a fresh
+# wrapper per definition), which was most of the structured tests' time.
 
 REJECT = -1
 """`ByteDFA.delta` entry of a byte that is not allowed."""
@@ -165,6 +170,7 @@ def _index_dfa(table, initial: int, final_states) -> ByteDFA:
     else:
         lookup, num_states = None, raw.size
 
+    @typing.no_type_check
     def number(x):
         return lookup[x // unit] if lookup is not None else np.searchsorted(raw, x)
 

@@ -33,6 +33,7 @@ is Lark's (`grammar_syntax`); `%ignore` terminals may appear between any two ite
 """
 
 import functools
+import typing
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -60,6 +61,10 @@ from .pda import (
 )
 from .processor import AbstractConstraint, rows_of
 from .vocabulary import TokenVocabulary, vocabulary_from_tokenizer
+
+# Nested helpers that run per byte, state or schema node are `@typing.no_type_check`: the
+# tests' jaxtyping import hook would wrap every call of them (30-40 us each, and a fresh
+# wrapper per definition), which was most of the structured tests' time.
 
 DEFAULT_MAX_DEPTH = 4
 """Default bound on open recursive calls (see the module docstring)."""
@@ -144,6 +149,7 @@ def cut_rules(spec: GrammarSpec) -> list[str]:
         for component in cyclic:
             members = set(component)
 
+            @typing.no_type_check
             def score(n, live=live, members=members):
                 inside_out = len(live[n] & members)
                 inside_in = sum(n in live[m] for m in members)
@@ -347,6 +353,7 @@ def grammar_byte_dfa(spec: GrammarSpec, max_depth: int) -> ByteDFA:
     automata = [top, *called]  # automaton 0 is the top level, 1 + i the cut rule i
     num_classes = builder.num_classes
 
+    @typing.no_type_check
     def closure(configs) -> frozenset:
         seen, work = set(configs), list(configs)
         while work:

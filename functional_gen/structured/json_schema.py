@@ -110,6 +110,7 @@ import itertools
 import json
 import math
 import re
+import typing
 import uuid
 import warnings
 from collections.abc import Mapping, Sequence
@@ -140,6 +141,10 @@ from .pda import DEFAULT_STACK_DEPTH, NotDeterministic, PushdownAutomaton, build
 from .processor import AbstractConstraint, register_token_recipe, rows_of
 from .ranges import integer_range_regex, number_range_regex
 from .vocabulary import TokenVocabulary, vocabulary_from_tokenizer
+
+# Nested helpers that run per byte, state or schema node are `@typing.no_type_check`: the
+# tests' jaxtyping import hook would wrap every call of them (30-40 us each, and a fresh
+# wrapper per definition), which was most of the structured tests' time.
 
 DEFAULT_MAX_RECURSION_DEPTH = 3
 """How many times a recursive `$ref` is unrolled (outlines-core's default)."""
@@ -378,6 +383,7 @@ def _negation(schema):
             rest.append("number")
         return {"type": rest} if rest else False
 
+    @typing.no_type_check
     def required_sets(part):
         if not isinstance(part, Mapping):
             return None
@@ -511,6 +517,7 @@ def _conditionals_as_branches(node: dict) -> dict:
     if not isinstance(listed, Mapping) or set(listed) != {"enum"}:
         return node  # values beyond the listed ones would need a complement of the tested ones
 
+    @typing.no_type_check
     def branch(base: dict, selected) -> dict:
         parts = []
         for i, (_, then, otherwise) in enumerate(conditionals):
@@ -542,6 +549,7 @@ def _forbidden_names(schema) -> set:
     """Names an object under `schema` cannot have: property schemas `false` (also inside an
     `allOf`, as `merge` writes them), and those of a `not` of `required` with one choice."""
 
+    @typing.no_type_check
     def never(prop) -> bool:
         return prop is False or (
             isinstance(prop, Mapping)
@@ -696,6 +704,7 @@ def _key_not_in(names: list[str]) -> str:
             node = node.setdefault(unit, {})
         node[None] = {}
 
+    @typing.no_type_check
     def other_than(children) -> str:
         chars = [u for u in children if u is not None and len(u) == 1]
         escapes = [u[1] for u in children if u is not None and len(u) == 2]
@@ -706,6 +715,7 @@ def _key_not_in(names: list[str]) -> str:
             parts.append("\\\\[" + "".join("\\" + e if e in "\\]^-[" else e for e in left) + "]")
         return "(?:" + "|".join(parts) + ")"
 
+    @typing.no_type_check
     def walk(node) -> str:
         alternatives = [other_than(node) + _KEY_UNIT + "*"]
         for unit, child in node.items():
@@ -855,6 +865,7 @@ def _members_any_order(items, sep: str) -> tuple[str | None, bool]:
     required = sum(1 << i for i, (_, r) in enumerate(items) if r)
     memo: dict[int, str] = {}
 
+    @typing.no_type_check
     def after(mask: int) -> str:
         if mask not in memo:
             alternatives = [
@@ -910,6 +921,7 @@ def _object_regex(
     top = max(min_count, max_count if max_count is not None else 0, 1)
     memo: dict = {}
 
+    @typing.no_type_check
     def rest(i: int, c: int):
         if (i, c) in memo:
             return memo[(i, c)]
@@ -1055,6 +1067,7 @@ def inline_references(root, max_recursion_depth: int, *, recursive: bool = False
     targets: dict[int, int] = {}  # id of a recursive target's contents -> its index
     expansions: dict[int, object] = {}
 
+    @typing.no_type_check
     def walk(node, path: str, stack: tuple, resolver):
         if not isinstance(node, Mapping):
             return node
@@ -1234,6 +1247,7 @@ class _Rewriter:
         sizes: dict[str, int] = {}
         calls = set(self.recursive.values())
 
+        @typing.no_type_check
         def size(text: str) -> int:
             total = len(text)
             for match in found.finditer(text):
@@ -1249,6 +1263,7 @@ class _Rewriter:
             raise _RegexTooLarge(total, limit)
         expanded: dict[str, str] = {}
 
+        @typing.no_type_check
         def expand(match) -> str:
             name = match.group(1)
             if name not in expanded:
@@ -1541,6 +1556,7 @@ class _Rewriter:
         return lo, hi
 
     def number_bounds(self, node: dict, path: str):
+        @typing.no_type_check
         def number(key):
             value = node.get(key)
             if value is None or isinstance(value, bool):
@@ -2575,6 +2591,7 @@ def _free_value_grammar(ws: str) -> GrammarSpec:
     space, string, number = Terminal(ws), Terminal(_STRING), Terminal(_NUMBER)
     member = Seq((string, space, Terminal(":"), space, Ref("value")))
 
+    @typing.no_type_check
     def listing(opener: str, item, closer: str):
         more = Repeat(Seq((space, Terminal(","), space, item)), 0, None)
         return Seq(
@@ -2739,6 +2756,7 @@ def _plan_rules(rewriter: _Rewriter, regex: str, banned: set) -> tuple[str, list
     if len(recursive) > _MAX_RULES:
         raise _RecursionRefused(f"more than {_MAX_RULES} recursive targets")
 
+    @typing.no_type_check
     def visit(text: str) -> None:
         for match in found.finditer(text):
             name = match.group(1)
@@ -2757,6 +2775,7 @@ def _plan_rules(rewriter: _Rewriter, regex: str, banned: set) -> tuple[str, list
     index: dict[str, int] = {name: i for i, name in enumerate(recursive)}
     call_size = len(_rule_call(0))
 
+    @typing.no_type_check
     def measured(text: str) -> int:
         total = len(text)
         for match in found.finditer(text):
@@ -2786,6 +2805,7 @@ def _plan_rules(rewriter: _Rewriter, regex: str, banned: set) -> tuple[str, list
             index[name] = len(index)
     expanded: dict[str, str] = {}
 
+    @typing.no_type_check
     def expand(match) -> str:
         name = match.group(1)
         if name in index:
@@ -2900,6 +2920,7 @@ def _nondeterministic_calls(automata: list, rules: int) -> set[int]:
     `1 + i`)."""
     first: dict[int, np.ndarray] = {}
 
+    @typing.no_type_check
     def first_bytes(r: int, busy: frozenset = frozenset()) -> np.ndarray:
         if r == rules:
             return _VALUE_FIRST
@@ -3493,6 +3514,7 @@ class JsonSchema(AbstractConstraint):
         stack_depth: int = DEFAULT_STACK_DEPTH,
         property_order: str = "schema",
     ):
+        @typing.no_type_check
         def is_single(s):
             return isinstance(s, (Mapping, str, bool)) or (
                 isinstance(s, type) and hasattr(s, "model_json_schema")

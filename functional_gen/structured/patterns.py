@@ -28,8 +28,13 @@ Source: `re._parser` (CPython's regex parser) for the syntax tree; JSON escapes 
 import re
 import re._constants as C
 import re._parser as sre
+import typing
 
 import numpy as np
+
+# Nested helpers that run per byte, state or schema node are `@typing.no_type_check`: the
+# tests' jaxtyping import hook would wrap every call of them (30-40 us each, and a fresh
+# wrapper per definition), which was most of the structured tests' time.
 
 _MAX_CODE_POINT = 0x10FFFF
 _SURROGATES = [(0xD800, 0xDFFF)]
@@ -498,6 +503,7 @@ def _count_levels(dfa, lexer_next, lexer_counts, top: int, saturate: bool) -> li
 
     pairs = dfa.num_states * _LEXER_STATES
 
+    @typing.no_type_check
     def level(entry, saturated: bool, last: bool):
         inside = np.zeros(pairs, bool)
         inside[entry] = True
@@ -607,9 +613,11 @@ def length_bounded_dfa(body, min_length: int, max_length: int | None, *, max_sta
     lexer_next, lexer_counts = _body_lexer()
     width = top + 1
 
+    @typing.no_type_check
     def encode(q, lex, count):
         return (q * _LEXER_STATES + lex) * width + count
 
+    @typing.no_type_check
     def successors(ids):
         count, rest = ids % width, ids // width
         lex, q = rest % _LEXER_STATES, rest // _LEXER_STATES

@@ -69,6 +69,7 @@ int32 scalars and an `int32[stack_depth]` array, so the depth costs memory, not 
 """
 
 import dataclasses
+import typing
 from collections.abc import Sequence
 
 import equinox as eqx
@@ -82,6 +83,10 @@ from .byte_dfa import REJECT, ByteDFA, _ragged, _trie_levels, token_trie
 from .grammar_syntax import GrammarError, GrammarSpec
 from .processor import _bucket
 from .vocabulary import TokenVocabulary
+
+# Nested helpers that run per byte, state or schema node are `@typing.no_type_check`: the
+# tests' jaxtyping import hook would wrap every call of them (30-40 us each, and a fresh
+# wrapper per definition), which was most of the structured tests' time.
 
 DEAD = 0
 """The dead position: nothing is read there."""
@@ -326,6 +331,7 @@ def build_pushdown(
         if a and dfa.accepting[dfa.initial]:
             raise NotDeterministic(f"the recursive rule {names[a]!r} matches the empty string")
 
+    @typing.no_type_check
     def tail(a: int, ret: int) -> bool:
         dfa = automata[a]
         return bool(dfa.accepting[ret]) and bool((dfa.delta[ret] == REJECT).all())
@@ -333,6 +339,7 @@ def build_pushdown(
     memo: dict = {}
     busy: set = set()
 
+    @typing.no_type_check
     def action(a: int, q: int, c: int):
         dfa = automata[a]
         options = []
@@ -353,6 +360,7 @@ def build_pushdown(
             )
         return options[0][:2] if options else None
 
+    @typing.no_type_check
     def entry(r: int, c: int):
         key = (r, c)
         if key in memo:
@@ -417,6 +425,7 @@ def build_pushdown(
     # return positions (after any further returns) reads.
     memo_after: dict = {}
 
+    @typing.no_type_check
     def read_after_return(rule: int, c: int, busy: frozenset = frozenset()) -> bool:
         if (rule, c) in memo_after:
             return memo_after[rule, c]
@@ -711,6 +720,7 @@ def _token_tables(
     contexts: list = []
     distance_list = distance.tolist()
 
+    @typing.no_type_check
     def intern(key) -> int:
         i = ext_ids.get(key)
         if i is None:
@@ -729,6 +739,7 @@ def _token_tables(
             ext_lists[4].append(ct)
         return i
 
+    @typing.no_type_check
     def columns():
         """`(position, simple, peak, cost, context)` per extended state, as int64 arrays."""
         done, total = filled[0], len(ext_info)
@@ -757,6 +768,7 @@ def _token_tables(
         site_key.append(site_ids.setdefault(sites, len(site_ids)))
     pop_memo: dict = {}
 
+    @typing.no_type_check
     def successors(eid: int, byte: int):
         pos, pushed, below, peak, top = ext_info[eid]
         c = class_list[byte]
@@ -770,6 +782,7 @@ def _token_tables(
             return hit
         return _successors(pos, pushed, below, peak, top, c)
 
+    @typing.no_type_check
     def _successors(pos, pushed, below, peak, top, c):
         out, death, returned = [], False, False
         work, seen = [(pos, pushed, below, top)], set()
@@ -813,6 +826,7 @@ def _token_tables(
     table = np.full((64, 256), unknown, np.int64)  # (extended state, byte) -> one successor
     table_returned = np.zeros((64, 256), bool)
 
+    @typing.no_type_check
     def lookup(e, b):
         """Successor of each (extended state, byte): an id, `dead` or `several` (see `memo`)."""
         nonlocal table, table_returned
@@ -870,6 +884,7 @@ def _token_tables(
     set_ids: dict = {}
     sets: list = []  # member arrays (sorted extended state ids)
 
+    @typing.no_type_check
     def intern_set(members) -> int:
         key = tuple(members)
         if len(key) == 1:
@@ -880,6 +895,7 @@ def _token_tables(
             sets.append(np.asarray(key, np.int64))
         return -1 - i
 
+    @typing.no_type_check
     def state_tables():
         """`(peak, cost)` per state `s` at index `s + len(sets)` (a set's: its members' most)."""
         _, _, peak, cost, _ = columns()
@@ -891,6 +907,7 @@ def _token_tables(
             np.concatenate([np.asarray(set_cost, np.int64), cost]),
         )
 
+    @typing.no_type_check
     def advance(e, b):
         """The successor of each (state, byte) pair: `(state, gone, death, below)`, `state` an
         extended state or a set (`intern_set`), `gone` where every branch died, `death` where
@@ -940,6 +957,7 @@ def _token_tables(
     steps = np.zeros((64, num_classes), np.int32)  # see `walk`
     never, candidate = 255, 254  # token codes beside the bitmask levels 0..MAX_LEVELS-1
 
+    @typing.no_type_check
     def walk(start, prune: bool):
         """Walk all origins (extended states `start`) over the trie together, as
         `byte_dfa._token_functions` does for a DFA: each trie node has a *function*, the state
