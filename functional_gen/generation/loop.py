@@ -388,6 +388,17 @@ def _prepare(
 ) -> _Prepared:
     """Pad rows, pending tokens, steps and capacities to buckets; build the prefill inputs."""
     a = seq.arrays
+    if not settings.carry_processor_states:
+        # A call with its own processors starts them (and the stop-string matchers) anew, so the
+        # old states are no input of the program. Leaving them out gives one argument structure
+        # whether the state still holds them or not (a loaded, appended or cropped state): no
+        # recompilation between such continuations.
+        a = eqx.tree_at(
+            lambda x: (x.processor_states, x.stop_state),
+            a,
+            (None, None),
+            is_leaf=lambda x: x is None,
+        )
     rows = seq.batch_size
     sampler = settings.step.sampler
     num_beams = sampler.num_beams if isinstance(sampler, BeamSearch) else 0

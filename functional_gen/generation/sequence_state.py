@@ -68,8 +68,12 @@ class SequenceArrays(eqx.Module):
       sampling steps taken so far (the next step uses `fold_in(key, key_step)`).
     - `cache`: the `KVCache`, or `None` before the first prefill.
     - `processor_states`: the per-row processor states of the last call, or `None` when they
-      no longer describe the text (after an append or a crop; the processors then start again).
-    - `stop_state`: `Int[Array, "batch stops"]` or `None`, the stop-string matchers' states.
+      no longer describe the text (after an append or a crop; the processors then start again)
+      or their processors are gone (a loaded state). Only a continuation that passes no
+      decoding arguments (so the same processors go on) reads them; any other call starts its
+      processors anew and leaves them out of the compiled program.
+    - `stop_state`: `Int[Array, "batch stops"]` or `None`, the stop-string matchers' states
+      (kept, dropped and read like `processor_states`).
     """
 
     token_ids: Int[Array, "batch max_len"]
@@ -105,7 +109,12 @@ class SequenceState:
       tokens of every row; the cache is cropped, so a continuation regenerates from there).
     - fork: `state.repeat(n)` (every row `n` times, prompt-major; copy `j > 0` of a row gets the
       key `fold_in(key, j)`, so forks draw different samples).
-    - save / load: `state.save(path)`, `SequenceState.load(path)`.
+    - save / load: `state.save(path)`, `SequenceState.load(path)`. Saved: the tokens, weights,
+      KV cache, next-token logits and per-row keys, so a loaded state continues token for token
+      like the original continued with the same arguments (and runs the same compiled program).
+      Not saved: the tokenizer, the settings of the last call (processors, sampler, EOS ids, stop
+      strings) and the states of its processors and stop-string matchers, which only mean
+      something with those processor objects (see `save`).
     - read: `state.texts()` / `list(state)` (full text per row), `state.token_ids`,
       `state.lengths`, `state.weights`, `len(state)`.
 
@@ -478,10 +487,26 @@ class SequenceState:
     # --- saving ---------------------------------------------------------------------------
 
     def save(self, path: str | os.PathLike) -> None:
-        """Write the state to a safetensors file: every array, and a JSON header (format name
-        and version, the model fingerprint, the key implementation). Processor states and the
-        call's settings are not saved: a loaded state continues with the processors you pass
-        (or the model's generation config).
+        """Write the state to a safetensors file: the tokens, logprobs, lengths, next-token
+        logits, per-row keys and key steps, the KV cache (as float32), and a JSON header (format
+        name and version, the model fingerprint, the key implementation, the cache's layers and
+        dtype).
+
+        Not saved, because they only mean something with Python objects that are not arrays:
+        the call's settings (`self.settings`: processors, which may hold a model or an
+        automaton, sampler, EOS and pad ids, stop strings), the processors' states
+        (`processor_states`, e.g. `MirostatV2`'s running `mu`, a constraint's automaton state,
+        classifier-free guidance's unconditional cache) and the stop-string matchers'
+        progress (`stop_state`); and the tokenizer. A loaded state therefore continues like the
+        original state continued with explicit arguments (`processors=`, `sampler=`,
+        `eos_token_id=`, ...): the processors start anew over the whole text, with identical
+        tokens for the same arguments and keys and without recompiling. Continued with no
+        decoding arguments it uses the model's generation config, NOT the previous call's
+        settings (pass them again, as with transformers' `past_key_values`).
+
+        **Arguments:** `path`: the file to write (overwritten).
+
+        **Raises:** `safetensors.SafetensorError` when the file cannot be written.
         """
         from safetensors.numpy import save_file
 
@@ -515,7 +540,9 @@ class SequenceState:
 
     @classmethod
     def load(cls, path: str | os.PathLike, tokenizer: Any = None) -> "SequenceState":
-        """Read a state written by `save` (then continue it with `fg.generate`).
+        """Read a state written by `save` (then continue it with `fg.generate`). The state has
+        no settings and `processor_states` / `stop_state` are `None` (see `save`); pass the
+        decoding arguments to the continuation. `tokenizer` is kept for `+ "text"` and `texts()`.
 
         **Raises:** `FileNotFoundError`; `SequenceStateFormatError` for a file that is not a
         saved `SequenceState` or has another format version.

@@ -84,6 +84,55 @@ def test_save_load_in_a_fresh_process_and_continue(tiny, tmp_path):
     assert json.loads(run.stdout.strip().splitlines()[-1]) == expected
 
 
+def test_a_loaded_state_continues_like_the_original_token_for_token(tiny, tmp_path):
+    """Continuing a saved-and-loaded state with a call's arguments gives the tokens (and
+    weights) of continuing the original state with the same arguments: greedy with a processor,
+    and sampling with the rows' own saved keys."""
+    model, tok = tiny
+    path = tmp_path / "state.safetensors"
+    greedy = dict(processors=[fg.processors.RepetitionPenalty(1.5)], eos_token_id=())
+    sampled = dict(
+        sampler=fg.samplers.Multinomial(), processors=[fg.processors.TopK(20)], eos_token_id=()
+    )
+    for kw, key in ((greedy, None), (sampled, jax.random.key(3))):
+        first = fg.generate(model, tok, PROMPTS, max_new_tokens=8, key=key, **kw)
+        first.state.save(path)
+        loaded = fg.SequenceState.load(path, tokenizer=tok)
+        kept = fg.generate(model, tok, first.state, max_new_tokens=8, **kw)
+        again = fg.generate(model, tok, loaded, max_new_tokens=8, **kw)
+        assert ids(again) == ids(kept)
+        np.testing.assert_allclose(
+            np.asarray(again.state.weights), np.asarray(kept.state.weights), rtol=1e-6
+        )
+        assert again.state.texts() == kept.state.texts()
+
+
+def test_continuing_a_loaded_state_reuses_the_compiled_program(tiny, tmp_path, caplog):
+    """A loaded state has no processor or stop-string states (they belong to the processors,
+    which are not saved); a call with its own processors does not read them, so continuing a
+    loaded state runs the program that continuing the original state compiled."""
+    model, tok = tiny
+    kw = dict(processors=[fg.processors.RepetitionPenalty(1.3)], eos_token_id=())
+    first = fg.generate(model, tok, PROMPTS, max_new_tokens=8, **kw)
+    assert first.state.processor_states is not None
+    first.state.save(tmp_path / "state.safetensors")
+    loaded = fg.SequenceState.load(tmp_path / "state.safetensors", tokenizer=tok)
+    assert loaded.processor_states is None
+    kept = fg.generate(model, tok, first.state, max_new_tokens=8, **kw)
+    with jax.log_compiles(), caplog.at_level(logging.WARNING):
+        caplog.clear()
+        again = fg.generate(model, tok, loaded, max_new_tokens=8, **kw)
+        assert [r for r in caplog.records if "_generate_jit" in r.getMessage()] == []
+    assert ids(again) == ids(kept)
+    # and the other way round (rows of a loaded state first, another batch bucket): the kept
+    # state, which still holds processor states, runs the program the loaded one compiled
+    fg.generate(model, tok, loaded[0:2], max_new_tokens=8, **kw)
+    with jax.log_compiles(), caplog.at_level(logging.WARNING):
+        caplog.clear()
+        fg.generate(model, tok, first.state[0:2], max_new_tokens=8, **kw)
+        assert [r for r in caplog.records if "_generate_jit" in r.getMessage()] == []
+
+
 def test_appending_text_prefills_exactly_the_appended_tokens(tiny):
     model, tok = tiny
     first = fg.generate(model, tok, PROMPTS, max_new_tokens=6, eos_token_id=())
