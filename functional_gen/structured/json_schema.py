@@ -13,7 +13,7 @@ nodes, our own regexes where outlines-core's would let invalid documents through
 | `type: [..]` with per-type keywords | keywords of the other types lost | split into `anyOf` |
 | `allOf` | regexes concatenated: invalid JSON | merged into one schema |
 | `oneOf` | treated as `anyOf` | `anyOf` when the branches are provably disjoint (types, listed discriminators, a closed object against a required name; as llguidance), or made disjoint exactly: finite branches -> the values exactly one lists, a type two branches accept whole taken out, `required`-only branches -> presence choices; else refused |
-| objects | closed: no property beyond `properties` | open unless `additionalProperties: false` (JSON Schema's default; `closed_objects=True` closes them); `patternProperties`, `propertyNames`, `minProperties`/`maxProperties`, `required` names without a schema (any value) |
+| objects | closed: no property beyond `properties` | open unless `additionalProperties: false` (JSON Schema's default; `closed_objects=True` closes them); `patternProperties` (a key no pattern matches is an additional property: its key language is the complement automaton, written back as a regex, `_unmatched_keys`), `propertyNames`, `minProperties`/`maxProperties`, `required` names without a schema (any value) |
 | free-form values (`{}`) | nested 3 levels, a 14,000-character regex that takes minutes to compile | as deep as the stack (default `free_form_depth=None`: a pushdown automaton); nested `free_form_depth` levels for an integer |
 | `enum`/`const` at the top (or in a top-level `allOf` branch) beside other keywords | the other keywords' regexes joined | the enum of the listed values `jsonschema` accepts under the whole schema (`not`, `if`, `contains`, ... exact on them) |
 | recursive `$ref` | unrolled `max_recursion_depth` times, the property dropped at the bound: dangling `,` | `json_schema_compile` (`max_recursion_depth=None`, `JsonSchema`'s default): a call of a grammar rule for its target, nested as deep as the stack (`stack_depth`, default 32); with an integer `max_recursion_depth`, where that cannot run deterministically, and in `json_schema_regex`, unrolled `max_recursion_depth` times with the bottom value left out where JSON stays valid |
@@ -54,17 +54,20 @@ schema lists its values, against listed values; or a single `if` whose complemen
 `uniqueItems: true` (for more than one item),
 `unevaluated*`, overlapping `oneOf` branches, string lengths whose automaton would be too
 large (named with its size), the JSON Schema
-formats we lack (`idn-email`, `iri`, ...), `additionalProperties` next to `patternProperties`,
+formats we lack (`idn-email`, `iri`, ...), `propertyNames` beside `patternProperties` in an open object,
 more than three `dependentRequired` entries in one object (each doubles the alternatives; up to
 three become an `anyOf`: the property absent, or it and its dependencies present; draft 4-7's
 `dependencies` with a list of names is `dependentRequired`), and remote
 `$ref`s. With `strict=False` they are dropped instead (the output may then violate
-them), with one warning that lists them all, like llguidance's lenient mode. Known gap, not
-refused: an object with `patternProperties` and no `additionalProperties` is generated (and
-checked) with only listed keys and keys that match a pattern; a key that matches no pattern,
-valid under the spec (any value), is rejected (MaskBench o48094: `{"example-schema": ...}`
-beside `^[a-zA-Z0-9]*$`). Allowing it needs the key language "no pattern matches", a
-complement automaton of the JSON string keys spliced as a terminal. A schema whose
+them), with one warning that lists them all, like llguidance's lenient mode. Beside `patternProperties`, the additional
+properties of an open object (any value unless `additionalProperties` says otherwise) have the
+keys no pattern matches and no listed property names: the byte automaton of printable-ASCII
+keys minus each pattern's, written back as a regex (`_unmatched_keys`). Known gaps, not
+refused (valid documents rejected, never invalid ones generated): such additional keys are
+printable ASCII without `"` and `\\` (where the pattern translation is exact); a pattern whose
+complement is too large to write (MaskBench's BCP 47 language tags) leaves only the keys that
+do not start like one of its keys; a pattern that also matches a listed property keeps its
+printable-ASCII keys other than the listed names. A schema whose
 whole regex would exceed `_MAX_REGEX` (a million characters: many optional properties, or
 definitions used many times) makes `json_schema_regex` raise `ConstraintError` at once, before
 the regex is built.
@@ -105,6 +108,7 @@ Whitespace between tokens follows outlines-core's default (`[ ]?`: none or one s
 
 import copy
 import decimal
+import functools
 import hashlib
 import itertools
 import json
@@ -133,6 +137,8 @@ from .patterns import (
     LengthBoundError,
     NoStringError,
     bounded_length,
+    dfa_regex,
+    difference_dfas,
     intersect_dfas,
     json_string_pattern,
     length_bounded_dfa,
@@ -725,6 +731,79 @@ def _key_not_in(names: list[str]) -> str:
         return body if None in node else body + "?"
 
     return walk(trie)
+
+
+_KEY_ALPHABET = r"[\x20\x21\x23-\x5b\x5d-\x7e]"
+"""The characters of a key that `patternProperties` leaves to `additionalProperties`
+(`_unmatched_keys`): printable ASCII but `"` and `\\`, on which `json_string_pattern` is exact
+(its `\\w`, `.`, `[^...]` differ from Python's only on control and non-ASCII characters)."""
+_MAX_KEY_REGEX = 20_000
+"""Most characters of the regex of the keys no `patternProperties` pattern matches."""
+_MAX_KEY_STATES = 4_000
+"""Most states of the automata `_unmatched_keys` builds on the way to that regex."""
+
+
+class _KeysTooComplex(ValueError):
+    """The keys no pattern matches need a regex over `_MAX_KEY_REGEX` characters."""
+
+
+@functools.lru_cache(maxsize=256)
+def _unmatched_keys(
+    bodies: tuple[str, ...], names: tuple[str, ...], within: str | None = None
+) -> str | None:
+    """The regex of the JSON text between the quotes of a key of `_KEY_ALPHABET` characters
+    (that the regex `within` matches, if given) that none of the regexes `bodies` (key bodies:
+    `json_string_pattern` of each `patternProperties` pattern) matches and that is none of
+    `names`: the byte DFA of `_KEY_ALPHABET*` (times `within`'s, `patterns.intersect_dfas`)
+    minus each (`patterns.difference_dfas`), minimised, written back as a regex
+    (`patterns.dfa_regex`). `None` when there is no such key.
+
+    **Raises:** `_KeysTooComplex` when an automaton exceeds `_MAX_KEY_STATES` states or the
+    regex `_MAX_KEY_REGEX` characters (MaskBench's BCP 47 language-tag patterns)."""
+    plain = [n for n in names if re.fullmatch(f"{_KEY_ALPHABET}*", n)]
+    excluded = [regex_byte_dfa(body) for body in bodies]
+    named = "|".join("".join(f"\\x{ord(c):02x}" for c in n) for n in plain)
+    error = None
+    for depth in (None, *_KEY_PREFIX_DEPTHS):
+        dfa = regex_byte_dfa(f"{_KEY_ALPHABET}*")
+        try:
+            if within is not None:
+                dfa = intersect_dfas(dfa, regex_byte_dfa(within), max_states=_MAX_KEY_STATES)
+            for body in excluded:
+                wider = body if depth is None else _prefix_closure(body, depth)
+                dfa = difference_dfas(dfa, wider, max_states=_MAX_KEY_STATES)
+            if named:
+                dfa = difference_dfas(dfa, regex_byte_dfa(named), max_states=_MAX_KEY_STATES)
+            return dfa_regex(minimize(dfa), max_chars=_MAX_KEY_REGEX)
+        except ConstraintError:  # the language is empty
+            return None
+        except ValueError as e:
+            error = error or e
+    raise _KeysTooComplex(str(error))
+
+
+_KEY_PREFIX_DEPTHS = (16, 8, 4, 2, 1)
+"""Prefix lengths `_unmatched_keys` tries, longest first, when the exact set of keys no pattern
+matches is too complex to write: each pattern is widened to the keys whose first `depth`
+characters start one of its keys (`_prefix_closure`), so fewer keys are left to
+`additionalProperties` (never one a pattern matches). MaskBench's BCP 47 language-tag patterns
+(`^(description_(...))$`) leave the keys that do not start with `description_`."""
+
+
+def _prefix_closure(dfa: ByteDFA, depth: int) -> ByteDFA:
+    """A byte DFA of the texts `dfa` accepts and of every text whose first `depth` bytes some
+    text of `dfa` starts with (a superset of `dfa`'s language; `dfa` trimmed): `dfa`'s states
+    counted up to `depth` bytes, then one state that accepts everything."""
+    n, width = dfa.num_states, dfa.delta.shape[1]
+    everything = n * depth
+    delta = np.full((everything + 1, width), everything, np.int32)
+    level = np.arange(n * depth) // n
+    state = np.arange(n * depth) % n
+    target = dfa.delta[state]
+    inner = np.where(level[:, None] + 1 < depth, (level[:, None] + 1) * n + target, everything)
+    delta[:everything] = np.where(target != REJECT, inner, REJECT)
+    accepting = np.append(dfa.accepting[state], True)
+    return trim(ByteDFA(delta, accepting, dfa.initial))
 
 
 def _name_checker(schema, substitute):
@@ -1851,22 +1930,35 @@ class _Rewriter:
             item_names.append(name)
         extras = []
         if patterns:
+            bodies = []  # every pattern's key body: the keys left to additionalProperties
             for pattern, schema in patterns.items():
                 r = self.node(schema, f"{path}/patternProperties/{pattern}")
-                if r is NEVER:
-                    continue
                 try:
-                    key = '"' + json_string_pattern(pattern) + '"'
+                    body = json_string_pattern(pattern)
                 except ValueError as e:
                     self.refuse("patternProperties", path, str(e))
+                    bodies = None  # keys of unknown extent: no complement
                     continue
+                if bodies is not None:
+                    bodies.append(body)
+                if r is NEVER:
+                    continue
+                key = '"' + body + '"'
                 if any(re.fullmatch(key, _literal_key(n)) for n in named):
-                    self.refuse(
-                        "patternProperties",
-                        path,
-                        f"pattern {pattern!r} also matches a listed property, which could be written twice",
-                    )
-                    continue
+                    # the pattern's keys but the listed ones (printable ASCII keys only)
+                    try:
+                        body = _unmatched_keys((), tuple(named), within=body)
+                    except _KeysTooComplex as e:
+                        self.refuse(
+                            "patternProperties",
+                            path,
+                            f"pattern {pattern!r} also matches a listed property, and its other "
+                            f"keys are too complex to write ({e})",
+                        )
+                        continue
+                    if body is None:  # only listed names match it
+                        continue
+                    key = f'"{body}"'
                 extras.append((key, r, schema))
             if len(
                 {json.dumps(s, sort_keys=True, default=str) for _, _, s in extras}
@@ -1877,13 +1969,34 @@ class _Rewriter:
                     "keys may match several patterns with different schemas",
                 )
             extras = [f"{k}{self.ws}:{self.ws}{self.regex_of(r)}" for k, r, _ in extras]
-            if not closed and "additionalProperties" in node:
-                self.refuse(
-                    "additionalProperties",
-                    path,
-                    "additional properties next to `patternProperties` "
-                    "(keys that match no pattern) are not supported; only pattern keys are generated",
+            other = NEVER
+            if not closed:
+                other = (
+                    self.any_value()
+                    if additional is True
+                    else self.node(additional, f"{path}/additionalProperties")
                 )
+            if other is not NEVER and names_schema is not None:
+                self.refuse(
+                    "propertyNames",
+                    path,
+                    "together with `patternProperties` and open additional properties; "
+                    "only the listed properties and the pattern keys are generated",
+                )
+            elif other is not NEVER and bodies is not None:
+                try:
+                    body = _unmatched_keys(tuple(bodies), tuple(named))
+                except _KeysTooComplex as e:
+                    self.refuse(
+                        "additionalProperties",
+                        path,
+                        "the keys that no `patternProperties` pattern matches are too complex "
+                        f"to write ({e}); only the listed properties and the pattern keys are "
+                        "generated",
+                    )
+                    body = None
+                if body is not None:
+                    extras.append(f'"{body}"{self.ws}:{self.ws}{self.regex_of(other)}')
         elif not closed:
             other = (
                 self.any_value()

@@ -659,3 +659,88 @@ def length_bounded_dfa(body, min_length: int, max_length: int | None, *, max_sta
             f"{dfa.num_states}; the limit is {max_states:,})"
         )
     return product
+
+
+def difference_dfas(a, b, *, max_states: int):
+    """The trimmed byte DFA of the texts that byte DFA `a` accepts and `b` does not: the product
+    of `a` with `b`'s complement (`b` completed with a rejecting sink, its accepting states
+    flipped; `intersect_dfas`).
+
+    **Raises:** as `intersect_dfas`: `ValueError` beyond `max_states` reachable pairs,
+    `ConstraintError` when every text of `a` is also in `b`.
+    """
+    from .byte_dfa import REJECT, ByteDFA
+
+    sink = b.num_states
+    delta = np.full((sink + 1, b.delta.shape[1]), sink, np.int32)
+    delta[:sink] = np.where(b.delta != REJECT, b.delta, sink)
+    accepting = np.append(~b.accepting, True)
+    return intersect_dfas(a, ByteDFA(delta, accepting, b.initial), max_states=max_states)
+
+
+class RegexTooLargeError(ValueError):
+    """`dfa_regex` would write more characters than its limit."""
+
+
+def dfa_regex(dfa, *, max_chars: int) -> str:
+    """A regex (Rust `regex` syntax, as outlines-core reads it) of the language of a trimmed
+    byte DFA whose every edge reads a printable ASCII byte (0x20-0x7E): state elimination
+    (Brzozowski & McCluskey 1963), the state with the fewest paths through it first, each edge a
+    character class of `\\xHH` escapes. The language is exact; the regex is not minimal.
+
+    **Raises:** `ValueError` for an edge on another byte; `RegexTooLargeError` (a `ValueError`)
+    when the regex, or any edge during the elimination, would exceed `max_chars` characters (a
+    DFA of a few dozen states can need an exponentially long regex).
+    """
+    from .byte_dfa import REJECT
+
+    live = dfa.delta != REJECT
+    if live[:, :0x20].any() or live[:, 0x7F:].any():
+        raise ValueError("dfa_regex writes only DFAs over printable ASCII bytes")
+    n = dfa.num_states
+    start, end = n, n + 1
+    out: dict[int, dict[int, str]] = {q: {} for q in range(n + 2)}
+    into: dict[int, set[int]] = {q: set() for q in range(n + 2)}
+
+    @typing.no_type_check
+    def klass(symbols) -> str:
+        runs, first = [], None
+        for i, s in enumerate(symbols):
+            if first is None:
+                first = s
+            if i + 1 == len(symbols) or symbols[i + 1] != s + 1:
+                runs.append(f"\\x{first:02x}" + ("" if s == first else f"-\\x{s:02x}"))
+                first = None
+        return runs[0] if len(runs) == 1 and "-" not in runs[0] else "[" + "".join(runs) + "]"
+
+    @typing.no_type_check
+    def add(p: int, q: int, regex: str) -> None:
+        old = out[p].get(q)
+        out[p][q] = regex if old is None else f"(?:{old}|{regex})"
+        into[q].add(p)
+        if len(out[p][q]) > max_chars:
+            raise RegexTooLargeError(f"the regex would exceed {max_chars:,} characters")
+
+    for q in range(n):
+        targets = dfa.delta[q]
+        for t in np.unique(targets[live[q]]):
+            add(q, int(t), klass([int(s) for s in np.flatnonzero(targets == t)]))
+        if dfa.accepting[q]:
+            add(q, end, "")
+    add(start, dfa.initial, "")
+    remaining = set(range(n))
+    while remaining:
+        k = min(
+            remaining, key=lambda s: (len(into[s]) - (s in into[s])) * (len(out[s]) - (s in out[s]))
+        )
+        remaining.discard(k)
+        loop = out[k].pop(k, None)
+        into[k].discard(k)
+        middle = "" if loop is None else f"(?:{loop})*"
+        for p in into.pop(k):
+            head = out[p].pop(k)
+            for q, tail in out[k].items():
+                add(p, q, head + middle + tail)
+        for q in out.pop(k):
+            into[q].discard(k)
+    return out[start].get(end, "")

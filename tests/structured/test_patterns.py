@@ -1,14 +1,19 @@
 """`pattern` translation: what the regex generates is JSON text whose decoded value matches the
 pattern under Python's `re` (the engine `jsonschema` uses)."""
 
+import itertools
 import json
 import random
 import re
 
 import pytest
 
+from functional_gen.structured.byte_dfa import minimize, regex_byte_dfa
 from functional_gen.structured.patterns import (
     LengthBoundError,
+    RegexTooLargeError,
+    dfa_regex,
+    difference_dfas,
     json_string_pattern,
     length_bounded_dfa,
 )
@@ -156,3 +161,44 @@ def test_unwritable_bounds_and_sizes():
         length_bounded_dfa("[a-z]*", 0, 20_000, max_states=10**6)
     with pytest.raises(ValueError, match="states"):
         length_bounded_dfa(json_string_pattern(r"^(?:\S+\s+){0,29}\S+$"), 0, 300, max_states=5000)
+
+
+def _ascii_strings(alphabet: str, longest: int):
+    yield ""
+    for length in range(1, longest + 1):
+        for chars in itertools.product(alphabet, repeat=length):
+            yield "".join(chars)
+
+
+@pytest.mark.parametrize(
+    "keep,drop",
+    [
+        (r"[a-z_\-]*", r"[a-z_]+"),
+        (r"[a-z0-9\-]{0,4}", r".*[0-9]{2,}.*"),
+        (r"(?:ab|b)*x?", r"b.*"),
+        (r"[ab]*", r"(?:a|ba)*"),
+    ],
+)
+def test_difference_and_its_regex_are_exact(keep, drop):
+    # Against Python's `re` on every string of up to 4 characters over a small alphabet: the
+    # difference automaton accepts exactly keep-and-not-drop, and `dfa_regex` writes the same
+    # language back.
+    dfa = minimize(difference_dfas(regex_byte_dfa(keep), regex_byte_dfa(drop), max_states=1000))
+    written = re.compile(dfa_regex(dfa, max_chars=10_000))
+    written_dfa = regex_byte_dfa(dfa_regex(dfa, max_chars=10_000))  # outlines-core reads it too
+    keep_re, drop_re = re.compile(keep), re.compile(drop)
+    seen = [0, 0]
+    for text in _ascii_strings("ab_-0x9", 4):
+        expected = bool(keep_re.fullmatch(text)) and not drop_re.fullmatch(text)
+        assert dfa.matches(text.encode()) == expected, text
+        assert bool(written.fullmatch(text)) == expected, text
+        assert written_dfa.matches(text.encode()) == expected, text
+        seen[expected] += 1
+    assert seen[0] and seen[1]
+
+
+def test_dfa_regex_refuses_other_bytes_and_large_regexes():
+    with pytest.raises(ValueError, match="printable ASCII"):
+        dfa_regex(regex_byte_dfa("a\\n|é"), max_chars=100)
+    with pytest.raises(RegexTooLargeError, match="exceed 50"):
+        dfa_regex(regex_byte_dfa("[a-f]{3}x|[0-9]{5}y"), max_chars=50)
