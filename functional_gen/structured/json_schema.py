@@ -11,7 +11,7 @@ nodes, our own regexes where outlines-core's would let invalid documents through
 | string `format` | loose (`2023-02-31`, `\\d`), few formats | strict regexes (`formats`): date, time, date-time, email, uuid, ipv4, ipv6, hostname, uri, uri-reference, uri-template, byte, duration, regex |
 | string `pattern` | copied between quotes: `.` can write a raw `"` | JSON-escaped translation, searched as in ECMA-262 (`patterns`), intersected exactly with `minLength`/`maxLength` (below) |
 | `type: [..]` with per-type keywords | keywords of the other types lost | split into `anyOf` |
-| `allOf` | regexes concatenated: invalid JSON | merged into one schema |
+| `allOf` | regexes concatenated: invalid JSON | merged into one schema (object members together: each side's `additionalProperties` covers the keys its own `properties`/`patternProperties` leave, `_merge_members`) |
 | `oneOf` | treated as `anyOf` | `anyOf` when the branches are provably disjoint (types, listed discriminators, a closed object against a required name; as llguidance), or made disjoint exactly: finite branches -> the values exactly one lists, a type two branches accept whole taken out, `required`-only branches -> presence choices; else refused |
 | objects | closed: no property beyond `properties` | open unless `additionalProperties: false` (JSON Schema's default; `closed_objects=True` closes them); `patternProperties` (a key no pattern matches is an additional property: its key language is the complement automaton, written back as a regex, `_unmatched_keys`), `propertyNames`, `minProperties`/`maxProperties`, `required` names without a schema (any value) |
 | free-form values (`{}`) | nested 3 levels, a 14,000-character regex that takes minutes to compile | as deep as the stack (default `free_form_depth=None`: a pushdown automaton); nested `free_form_depth` levels for an integer |
@@ -1223,6 +1223,81 @@ def inline_references(root, max_recursion_depth: int, *, recursive: bool = False
     return schema, [expansions[k] for k in range(len(targets))]
 
 
+_OBJECT_MEMBERS = ("properties", "patternProperties", "additionalProperties")
+"""An object's member keywords: `additionalProperties` applies to the keys that its own schema's
+`properties` and `patternProperties` leave, so two schemas' members merge together
+(`_merge_members`), never keyword by keyword."""
+
+
+def _both(x, y):
+    """The schema of `x` AND `y`, written simply where one of them says nothing or forbids all."""
+    if x is True or x == {}:
+        return y
+    if y is True or y == {} or x == y:
+        return x
+    if x is False or y is False:
+        return False
+    return {"allOf": [x, y]}
+
+
+def _merge_members(a: Mapping, b: Mapping, path: str) -> dict:
+    """`properties`, `patternProperties` and `additionalProperties` of the schema `a` AND `b`:
+    each listed name gets both sides' schemas for it (a side that does not list it gives the
+    schemas of its patterns that match the name, or its `additionalProperties`, `{}` by
+    default); each pattern of one side is combined with the other side's
+    `additionalProperties`; the keys neither lists nor matches get both `additionalProperties`.
+    Exact when at most one side has `patternProperties`, or both have but neither restricts its
+    additional keys.
+
+    **Raises:** `UnsupportedSchemaError` when both sides have `patternProperties` and one also
+    restricts its additional keys (the keys one side's patterns leave to the other's
+    `additionalProperties` would need a pattern difference)."""
+    sides = []
+    for x in (a, b):
+        sides.append(
+            (
+                dict(x.get("properties", {})),
+                dict(x.get("patternProperties", {})),
+                x.get("additionalProperties", True),
+            )
+        )
+    (pa, qa, xa), (pb, qb, xb) = sides
+    if qa and qb and not (_both(xa, True) is True and _both(xb, True) is True):
+        raise UnsupportedSchemaError(
+            "patternProperties",
+            path,
+            "in both schemas of an allOf, where one also restricts `additionalProperties`",
+        )
+
+    @typing.no_type_check
+    def side_of(name, listed, patterns, additional):
+        if name in listed:
+            return listed[name]
+        matched = [s for p, s in patterns.items() if re.search(p, name)]
+        if not matched:
+            return additional
+        out = matched[0]
+        for schema in matched[1:]:
+            out = _both(out, schema)
+        return out
+
+    out: dict = {}
+    names = list(dict.fromkeys([*pa, *pb]))
+    if names:
+        out["properties"] = {
+            n: _both(side_of(n, pa, qa, xa), side_of(n, pb, qb, xb)) for n in names
+        }
+    patterns = {p: _both(s, xb) for p, s in qa.items()}
+    for p, s in qb.items():
+        patterns[p] = _both(patterns[p], s) if p in patterns else _both(xa, s)
+    if patterns:
+        out["patternProperties"] = patterns
+    additional = _both(xa, xb)
+    if additional is not True and additional != {}:
+        out["additionalProperties"] = additional
+    return out
+
+
 class _Rewriter:
     """One pass over a schema: checks keywords, rewrites nodes outlines-core gets wrong."""
 
@@ -2130,14 +2205,6 @@ class _Rewriter:
                 out.setdefault(key, value)
             elif key not in out:
                 out[key] = value
-            elif key == "properties":
-                props = dict(out[key])
-                for name, schema in value.items():
-                    if name in props and props[name] != schema:
-                        props[name] = {"allOf": [props[name], schema]}
-                    else:
-                        props[name] = schema
-                out[key] = props
             elif key == "required":
                 out[key] = list(dict.fromkeys([*out[key], *value]))
             elif key in ("minimum", "exclusiveMinimum", "minLength", "minItems", "minProperties"):
@@ -2173,12 +2240,16 @@ class _Rewriter:
                 out[key] = [v for v in out[key] if _canonical(v) in right]  # [] matches nothing
             elif key == "const" and _canonical(out[key]) != _canonical(value):
                 out["enum"] = []  # two different constants: no value
+            elif key in _OBJECT_MEMBERS:
+                continue  # below, from both sides at once
             elif out[key] != value:
                 raise UnsupportedSchemaError(
                     key,
                     path,
                     f"cannot combine two different `{key}` ({out[key]!r} and {value!r}) in allOf",
                 )
+        if any(k in a for k in _OBJECT_MEMBERS) and any(k in b for k in _OBJECT_MEMBERS):
+            out.update(_merge_members(a, b, path))
         return out
 
     def exclusive_branches(self, node: dict, branches: list, path: str) -> list:
@@ -3213,18 +3284,18 @@ def _extract_tail(automata: list, rules: int, free_value: bool, states, owner, o
             int(renumber[source - int(offsets[a])]),
         )
         new.append((tail, sub_calls.astype(np.int32)))
+    by_automaton: dict[int, list[int]] = {}
     for x in states:
-        a = int(owner[x])
-        if a == 1 + callee:
-            continue
+        if int(owner[x]) != 1 + callee:
+            by_automaton.setdefault(int(owner[x]), []).append(int(x - offsets[owner[x]]))
+    for a, qs in by_automaton.items():  # all of one automaton's states before it is renumbered
         dfa, calls = new[a]
-        q = x - int(offsets[a])
         sink = dfa.num_states
         delta = np.concatenate([dfa.delta, np.full((1, 256), REJECT, np.int32)])
         calls = np.concatenate([calls, np.full((1, calls.shape[1]), REJECT, np.int32)])
-        delta[q] = REJECT
-        calls[q] = REJECT
-        calls[q, callee] = sink
+        delta[qs] = REJECT
+        calls[qs] = REJECT
+        calls[qs, callee] = sink
         joined = minimize(
             ByteDFA(
                 np.concatenate([delta, calls], axis=1),

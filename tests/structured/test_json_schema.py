@@ -317,6 +317,74 @@ def test_objects_accept_exactly_what_jsonschema_accepts(name, closed_objects):
             assert bool(regex.fullmatch(text)) == valid, (text, valid)
 
 
+ALLOF_MEMBERS = {  # schema -> documents; `additionalProperties` is each subschema's own
+    "both_closed": (  # MaskBench Github_hard o61085: a package item allOf a closed definition
+        {
+            "allOf": [{"properties": {"w": {"type": "integer"}}, "additionalProperties": False}],
+            "properties": {"id": {"type": "string"}},
+            "additionalProperties": False,
+        },
+        [{}, {"w": 1}, {"id": "a"}, {"w": 1, "id": "a"}],
+    ),
+    "one_closed": (
+        {
+            "allOf": [{"properties": {"w": {"type": "integer"}}, "additionalProperties": False}],
+            "properties": {"w": {"minimum": 3}, "id": {"type": "string"}},
+        },
+        [{}, {"w": 1}, {"w": 4}, {"id": "a"}, {"z": 1}],
+    ),
+    "patterns_on_one_side": (
+        {
+            "allOf": [
+                {"patternProperties": {"^x": {"type": "integer"}}, "additionalProperties": False}
+            ],
+            "properties": {"x1": {"minimum": 3}, "id": {"type": "string"}},
+        },
+        [{}, {"x1": 1}, {"x1": 4}, {"x2": "s"}, {"x2": 5}, {"id": "a"}, {"z": 1}],
+    ),
+    "additional_schema": (
+        {
+            "allOf": [
+                {
+                    "properties": {"a": {"type": "integer"}},
+                    "additionalProperties": {"type": "string"},
+                }
+            ],
+            "properties": {"b": {"type": "string", "maxLength": 2}},
+            "patternProperties": {"^c": {"maxLength": 1}},
+        },
+        [{"a": 1}, {"b": "xx"}, {"b": "xxx"}, {"c": "x"}, {"c": "xy"}, {"c": 1}, {"d": "s"}],
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ALLOF_MEMBERS))
+def test_allof_merges_object_members_exactly(name):
+    import re
+
+    import jsonschema
+
+    schema, documents = ALLOF_MEMBERS[name]
+    regex = re.compile(json_schema_regex(schema))
+    validator = jsonschema.Draft202012Validator(schema)
+    seen = set()
+    for document in documents:
+        for text in (json.dumps(document, separators=(",", ":")), json.dumps(document)):
+            valid = validator.is_valid(document)
+            assert bool(regex.fullmatch(text)) == valid, (text, valid)
+            seen.add(valid)
+    assert seen == {True, False}
+
+
+def test_allof_of_two_pattern_sides_with_restricted_keys_is_refused():
+    schema = {
+        "allOf": [{"patternProperties": {"^a": {}}, "additionalProperties": False}],
+        "patternProperties": {"^b": {}},
+    }
+    with pytest.raises(UnsupportedSchemaError, match="patternProperties"):
+        json_schema_regex(schema)
+
+
 _LANGUAGE_TAG = (  # MaskBench's BCP 47 pattern: its complement is too large to write exactly
     "^(description_(((([A-Za-z]{2,3}(-([A-Za-z]{3}(-[A-Za-z]{3}){0,2}))?)|[A-Za-z]{4}|"
     "[A-Za-z]{5,8})(-([A-Za-z]{4}))?(-([A-Za-z]{2}|[0-9]{3}))?(-([A-Za-z0-9]{5,8}|"

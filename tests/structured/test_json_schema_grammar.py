@@ -641,3 +641,60 @@ def test_an_integer_max_recursion_depth_unrolls_as_before():
         text = b'{"value":1,"next":' * (depth - 1) + b'{"value":1}' + b"}" * (depth - 1)
         assert bool(automaton.accepting[automaton.walk(list(text))]) == accepted, depth
         assert _unrolled_accepts(LINKED_LIST, text) == accepted
+
+
+BATCH = {  # MaskBench Github_medium o9517 without its annotations
+    "type": "object",
+    "properties": {
+        "batch": {
+            "type": "object",
+            "properties": {
+                "download_hrefs": {"type": "array"},
+                "href": {"type": "string", "pattern": "/api/v1/users/\\d+/batches/\\d+"},
+                "id": {"type": "integer"},
+                "template": {
+                    "type": "object",
+                    "properties": {
+                        "href": {"type": "string", "pattern": "/api/v1/users/\\d+/templates/\\d+"},
+                        "id": {"type": "integer"},
+                        "name": {"type": "string"},
+                    },
+                    "required": ["id", "name", "href"],
+                },
+                "state": {"enum": ["queued", "in_progress", "failed"], "type": "string"},
+                "updated_at": {
+                    "type": "string",
+                    "format": "date-time",
+                    "pattern": "\\d\\d\\d\\d-\\d\\d-\\d\\dT\\d\\d:\\d\\d:\\d\\dZ",
+                },
+            },
+            "required": ["href", "id", "updated_at", "state", "download_hrefs", "template"],
+        }
+    },
+}
+"""A format beside a pattern (a string automaton: the grammar form) and objects whose shared
+tail holds two states of one automaton: `_extract_tail` replaced the first by a call, renumbered
+the automaton, then indexed the second by its old number (IndexError)."""
+
+
+def test_a_tail_shared_by_two_states_of_one_automaton():
+    automaton = js.json_schema_compile(BATCH, BYTES, cache=False)
+    assert isinstance(automaton, PushdownAutomaton)
+    batch = {
+        "download_hrefs": ["/x", {"a": [1]}],
+        "href": "/api/v1/users/1/batches/2",
+        "id": 2,
+        "template": {"href": "/api/v1/users/1/templates/3", "id": 1, "name": "n"},
+        "state": "queued",
+        "updated_at": "2016-01-05T16:51:00Z",
+    }  # in the schema's order
+    documents = [
+        {"batch": batch},
+        {"batch": {**batch, "id": "2"}},
+        {"batch": {**batch, "updated_at": "2016-01-05 16:51:00Z"}},
+        {"batch": {**batch, "template": {"id": 1, "name": "n"}}},  # no href
+        {"batch": {**batch, "extra": None}, "other": [True]},
+        {},
+    ]
+    counts = _check_against_jsonschema(automaton, BATCH, documents, np.random.default_rng(0))
+    assert counts[True] >= 6 and counts[False] >= 6, counts
