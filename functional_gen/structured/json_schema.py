@@ -3067,32 +3067,53 @@ def _rule_edges(regex: str, rules: int, free_value: bool) -> tuple[ByteDFA, np.n
 def _check_productive(automata: list, rules: int) -> None:
     """Refuse a grammar form in which some rule or state cannot finish (a recursion with no
     way out, `{"required": ["next"], "properties": {"next": {"$ref": "#"}}}`): the pushdown
-    automaton would offer text that can never end. A fixed point: a state can finish when it
-    accepts, or reads a byte or calls a rule that can finish into a state that can.
+    automaton would offer text that can never end. A least fixed point: a state can finish when
+    it accepts, or reads a byte or calls a rule that can finish into a state that can; a rule
+    can finish when its initial state can. Computed in phases: the states that reach an
+    accepting state of their automaton over bytes and calls of the rules known to finish (one
+    backward breadth-first search of all automata at once, `byte_dfa._reachable`), then the
+    rules that finish with them, until no rule is added (at most `rules + 1` phases).
 
     **Arguments:** as `_nondeterministic_calls` (the free-form value, call column `rules`
     when present, always finishes).
 
     **Raises:** `_RecursionRefused` naming the first rule that cannot finish."""
+    from .byte_dfa import _reachable
+
+    offsets = np.cumsum([0] + [dfa.num_states for dfa, _ in automata])
+    total = int(offsets[-1])
+    byte_src, byte_dst, call_src, call_dst, call_rule = [], [], [], [], []
+    for (dfa, calls), offset in zip(automata, offsets):
+        q, b = np.nonzero(dfa.delta != REJECT)
+        byte_src.append(q + offset)
+        byte_dst.append(dfa.delta[q, b].astype(np.int64) + offset)
+        q, c = np.nonzero(calls != REJECT)
+        call_src.append(q + offset)
+        call_dst.append(calls[q, c].astype(np.int64) + offset)
+        call_rule.append(c)
+    byte_src, byte_dst = np.concatenate(byte_src), np.concatenate(byte_dst)
+    call_src, call_dst = np.concatenate(call_src), np.concatenate(call_dst)
+    call_rule = np.concatenate(call_rule)
+    accepting = np.flatnonzero(np.concatenate([dfa.accepting for dfa, _ in automata]))
+    initial = np.array(
+        [offsets[1 + r] + automata[1 + r][0].initial for r in range(rules)], np.int64
+    )
     productive = np.zeros(rules + 1, bool)
     productive[rules:] = True
-    done = [dfa.accepting.copy() for dfa, _ in automata]
-    changed = True
-    while changed:
-        changed = False
-        for a, (dfa, calls) in enumerate(automata):
-            good = done[a]
-            step = np.where(dfa.delta != REJECT, good[np.maximum(dfa.delta, 0)], False).any(1)
-            usable = productive[: calls.shape[1]]
-            via = np.where(calls != REJECT, good[np.maximum(calls, 0)], False)
-            step |= (via & usable[None, :]).any(1)
-            if (step & ~good).any():
-                done[a] = good | step
-                changed = True
-            if a and not productive[a - 1] and done[a][dfa.initial]:
-                productive[a - 1] = changed = True
+    while True:
+        usable = productive[np.minimum(call_rule, rules)]
+        # reversed edges (target -> source) as a CSR graph
+        src = np.concatenate([byte_dst, call_dst[usable]])
+        dst = np.concatenate([byte_src, call_src[usable]])
+        order = np.argsort(src, kind="stable")
+        indptr = np.searchsorted(src[order], np.arange(total + 1))
+        done = _reachable(indptr, dst[order], accepting, total)
+        now = np.append(done[initial], True)
+        if np.array_equal(now, productive):
+            break
+        productive = now
     for a in range(len(automata)):
-        if not done[a].all():
+        if not done[offsets[a] : offsets[a + 1]].all():
             name = "the schema" if a == 0 else f"rule {a - 1}"
             raise _RecursionRefused(f"{name} has text that can never end (endless recursion)")
 
@@ -3147,7 +3168,7 @@ def _joint_blocks(automata: list) -> np.ndarray:
     callee (hashed signatures, checked exactly as `byte_dfa.minimize` does). Returns each joint
     state's block."""
     from .automaton import unique_columns
-    from .byte_dfa import _refine
+    from .byte_dfa import _refine_changed, _refine_exact
 
     offsets = np.cumsum([0] + [dfa.num_states for dfa, _ in automata])
     rows, accepting = [], []
@@ -3157,7 +3178,7 @@ def _joint_blocks(automata: list) -> np.ndarray:
         accepting.append(dfa.accepting)
     columns, _ = unique_columns(np.concatenate(rows))
     accepting = np.concatenate(accepting)
-    blocks, count = _refine(columns, accepting, hashed=True)
+    blocks, count = _refine_changed(columns, accepting)
     representative = np.zeros(count, np.int64)
     representative[blocks] = np.arange(blocks.size)
     successor = np.where(columns != REJECT, blocks[np.maximum(columns, 0)], REJECT)
@@ -3165,7 +3186,7 @@ def _joint_blocks(automata: list) -> np.ndarray:
         np.array_equal(successor, successor[representative[blocks]])
         and np.array_equal(accepting, accepting[representative[blocks]])
     ):  # a hash collision merged different states
-        blocks, _ = _refine(columns, accepting, hashed=False)
+        blocks, _ = _refine_exact(columns, accepting)
     return blocks
 
 

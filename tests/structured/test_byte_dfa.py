@@ -275,19 +275,29 @@ def test_trim_equals_a_python_reachability_search():
 
 
 def test_hashed_refinement_equals_the_exact_one():
+    # `_refine_changed` (hashes, only the predecessors of moved states re-examined) against
+    # Moore's rounds with exact row comparisons: schema automata, random trimmed DFAs, and
+    # small random tables with unreachable and dead states and few symbols (long chains of
+    # splits)
     from functional_gen.structured.automaton import unique_columns
-    from functional_gen.structured.byte_dfa import _refine, trim
+    from functional_gen.structured.byte_dfa import _refine_changed, _refine_exact, trim
 
     rng = np.random.default_rng(2)
     dfas = [regex_byte_dfa(json_schema_regex(SCHEMAS[n][1])) for n in ("person", "order", "tree")]
+    dfas += [regex_byte_dfa(r) for r in ('"[a-z]{0,300}"', "(?:ab|b)*[0-9]{1,40}x?")]
     dfas += [_random_dfa(rng, s, 0.02, 0.4) for s in (5, 50, 300)]
+    tables = []
     for dfa in dfas:
         with contextlib.suppress(ValueError):  # a random DFA with an empty language
             dfa = trim(dfa)
-            columns, _ = unique_columns(dfa.delta)
-            hashed, count = _refine(columns, dfa.accepting, hashed=True)
-            exact, exact_count = _refine(columns, dfa.accepting, hashed=False)
-            assert count == exact_count
-            # the same partition (block ids may differ)
-            pairs = np.unique(np.stack([hashed, exact]), axis=1)
-            assert pairs.shape[1] == count
+            tables.append((unique_columns(dfa.delta)[0], dfa.accepting))
+    for _ in range(200):
+        n, c = int(rng.integers(1, 60)), int(rng.integers(1, 5))
+        tables.append((rng.integers(-1, n, (n, c)), rng.random(n) < 0.3))
+    for columns, accepting in tables:
+        hashed, count = _refine_changed(columns, accepting)
+        exact, exact_count = _refine_exact(columns, accepting)
+        assert count == exact_count
+        # the same partition (block ids may differ)
+        pairs = np.unique(np.stack([hashed, exact]), axis=1)
+        assert pairs.shape[1] == count
