@@ -2897,6 +2897,12 @@ machine at load 2 (MaskBench Github_hard o21316, 8,219 positions: 2.2 s for the 
 before, 664 s before that, 7 s for the whole compile; o21251, 6,148: 1.8 s; Kubernetes kb_594,
 2,392: 1.0 s; `benchmarks/bench_pda_tables.py`), so up to this the tables take under about 5 s;
 beyond it the schema is refused with the reason."""
+_MAX_POSITIONS_BEFORE_TAILS = 2 * _MAX_GRAMMAR_POSITIONS
+"""Positions of a grammar form's rules, before shared tails (`_shared_tails`) are taken out,
+beyond which it is refused as soon as its automata get there: on the 17 MaskBench grammar forms
+that took over 0.8 s (two dev samples), shared tails saved 0-8% of the positions, so twice
+the limit cannot come under it. (JsonSchemaStore detekt-1.22.0: 35,966 positions in 100 rules,
+refused after building all of them twice in 34 s, past the benchmark's 30-s timeout.)"""
 _MIN_RULE_REGEX = 300
 """The smallest subschema regex that becomes a rule so that a larger one fits `_RULE_REGEX`."""
 _RULE_CALL = 0x02
@@ -3389,6 +3395,9 @@ def json_schema_grammar(
             if (text, len(rules), value) not in dfas:
                 dfas[text, len(rules), value] = _rule_automaton(rewriter, text, len(rules), value)
             automata.append(dfas[text, len(rules), value])
+            positions = sum(dfa.num_states for dfa, _ in automata)
+            if positions > _MAX_POSITIONS_BEFORE_TAILS:  # refused before the other rules
+                raise _TooManyPositions(positions, len(rules))
         bad = _nondeterministic_calls(automata, len(rules))
         if not bad:
             if rewriter.recursive:
