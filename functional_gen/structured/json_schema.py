@@ -1240,6 +1240,27 @@ def _both(x, y):
     return {"allOf": [x, y]}
 
 
+def _flat_all_of(branches, path: str) -> list:
+    """`(path, branch)` for each of the `allOf` `branches`, a branch's own `allOf` spliced in
+    after its other keywords (its properties first: a `$ref` beside siblings, inlined as
+    `{"allOf": [target, siblings]}`, lists the target's properties first at every level of
+    nesting). Merging them in this order is the same schema (`allOf` is associative); merging a
+    nested `allOf` last would put an outer level's properties before an inner one's."""
+    if not isinstance(branches, list):
+        return [(path, branches)]
+    out = []
+    for i, branch in enumerate(branches):
+        where = f"{path}/{i}"
+        if isinstance(branch, Mapping) and isinstance(branch.get("allOf"), list):
+            own = {k: v for k, v in branch.items() if k != "allOf"}
+            if own:
+                out.append((where, own))
+            out.extend(_flat_all_of(branch["allOf"], f"{where}/allOf"))
+        else:
+            out.append((where, branch))
+    return out
+
+
 def _merge_members(a: Mapping, b: Mapping, path: str) -> dict:
     """`properties`, `patternProperties` and `additionalProperties` of the schema `a` AND `b`:
     each listed name gets both sides' schemas for it (a side that does not list it gives the
@@ -1551,13 +1572,12 @@ class _Rewriter:
 
     def structural(self, node: dict, path: str):
         if "allOf" in node:
-            branches = node.pop("allOf")
             merged = node
-            for i, branch in enumerate(branches):
+            for where, branch in _flat_all_of(node.pop("allOf"), f"{path}/allOf"):
                 if branch is NEVER or branch is False:
                     return NEVER
                 try:
-                    merged = self.merge(merged, branch, f"{path}/allOf/{i}")
+                    merged = self.merge(merged, branch, where)
                 except _NoCommonType:  # types that share no value: the schema has none
                     return NEVER
             return self.node(merged, path)

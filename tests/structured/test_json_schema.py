@@ -376,6 +376,43 @@ def test_allof_merges_object_members_exactly(name):
     assert seen == {True, False}
 
 
+def test_nested_ref_siblings_list_the_target_properties_first_at_every_level():
+    # MaskBench Github_medium o77739: the root is `$ref` car plus `track`, car is `$ref` vehicle
+    # plus `insurance`; the instance lists vehicle's, car's, then the root's properties (each
+    # `$ref` target before its siblings), which the schema order must accept (the inner `allOf`
+    # was merged last: `track` first, then `reg`, `ins`)
+    import re
+
+    import jsonschema
+
+    schema = {
+        "$defs": {
+            "vehicle": {"type": "object", "properties": {"reg": {"type": "string"}}},
+            "car": {"$ref": "#/$defs/vehicle", "properties": {"ins": {"type": "boolean"}}},
+        },
+        "$ref": "#/$defs/car",
+        "properties": {"track": {"type": "string"}},
+        "required": ["reg"],
+    }
+    regex = re.compile(json_schema_regex(schema))
+    validator = jsonschema.Draft202012Validator(schema)
+    documents = [
+        {"reg": "a", "ins": True, "track": "m"},
+        {"reg": "a", "track": "m"},
+        {"reg": "a", "ins": True},
+        {"ins": True, "track": "m"},
+        {"reg": "a", "ins": True, "track": 3},
+        {"reg": 1, "ins": True, "track": "m"},
+    ]
+    seen = set()
+    for document in documents:
+        for text in (json.dumps(document, separators=(",", ":")), json.dumps(document)):
+            valid = validator.is_valid(document)
+            assert bool(regex.fullmatch(text)) == valid, (text, valid)
+            seen.add(valid)
+    assert seen == {True, False}
+
+
 def test_allof_of_two_pattern_sides_with_restricted_keys_is_refused():
     schema = {
         "allOf": [{"patternProperties": {"^a": {}}, "additionalProperties": False}],
