@@ -59,6 +59,9 @@ other developers' jobs at a load average of about 10, so compile times are infla
 | pushdown tables as one function of all origins per trie node (pdaspeed), `--pushdown`, quiet (08:50 UTC) | 112/120 | 1 | 142 / 1,059 / 4,589 | 147/155 | 284/284 |
 | the token walk remembers each (function, byte class) step, distances over edges, `free_form_depth=None` the default with a depth-1 fallback for oversized grammar forms (2274d21, 2026-11-23 11:45 UTC, quiet) | **114/120 (95%)** | **0** | **77** / 1,013 / 4,858 | 149/157 (the 8 left: property order only) | 286/286 |
 | same tree, `--all --sample 400` (loaded: times inflated) | 363/400 (91%) | 1 | 140 / 1,858 / 9,124 | 448/465 (14 property order, 2 yamllint also order once `$ref` siblings merge, 1 `patternProperties` gap: o48094) | 666/666 |
+| keys no `patternProperties` pattern matches are additional properties, `allOf` object members merged exactly, minimisation re-examines only what changed, grammar forms refused at twice the position limit (a32ec28 + c297c9c, 2026-11-23 15:47 UTC, quiet) | **114/120 (95%)** | **0** | **82** / 925 / 4,222 | 149/157 (the 8 left: property order only) | 286/286 |
+| same session, `--all --sample 300 --seed 7`, before those fixes (load 1) | 265/300 (88%) | 1 | 60 / 1,212 / 7,218 | 312/326 (11 order, o61003 order through `oneOf` of draft-04 `$ref`s that the reorder check misses, o77739 nested `$ref` order) | **525/526** (o61085: `allOf` of closed objects) |
+| same sample after them (load 1) | 266/300 (89%; o9517 no longer crashes in `_extract_tail`) | 1 (detekt-1.22.0: 34 s to a size refusal, 14.5 s after a32ec28) | 58 / 809 / 4,849 | 313/327 | 529/529 |
 
 The same tree on 400 schemas drawn from the whole file (`--all --sample 400`, seed 0, quiet,
 05:35 UTC): **361/400 (90%)**, 1 timeout, p50 / p90 / p99 56 / 1,003 / 5,168 ms, valid 440/462,
