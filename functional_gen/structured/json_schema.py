@@ -739,6 +739,9 @@ _KEY_ALPHABET = r"[\x20\x21\x23-\x5b\x5d-\x7e]"
 (its `\\w`, `.`, `[^...]` differ from Python's only on control and non-ASCII characters)."""
 _MAX_KEY_REGEX = 20_000
 """Most characters of the regex of the keys no `patternProperties` pattern matches."""
+_MAX_KEY_REGEX_STATES = 300
+"""Most states of a minimal key automaton that `patterns.dfa_regex` writes back as a regex
+(larger ones widen the patterns first, `_KEY_PREFIX_DEPTHS`)."""
 _MAX_KEY_STATES = 4_000
 """Most states of the automata `_unmatched_keys` builds on the way to that regex."""
 
@@ -774,7 +777,10 @@ def _unmatched_keys(
                 dfa = difference_dfas(dfa, wider, max_states=_MAX_KEY_STATES)
             if named:
                 dfa = difference_dfas(dfa, regex_byte_dfa(named), max_states=_MAX_KEY_STATES)
-            return dfa_regex(minimize(dfa), max_chars=_MAX_KEY_REGEX)
+            dfa = minimize(dfa)
+            if dfa.num_states > _MAX_KEY_REGEX_STATES:  # elimination is quadratic in states
+                raise ValueError(f"{dfa.num_states:,} states to write as a regex")
+            return dfa_regex(dfa, max_chars=_MAX_KEY_REGEX)
         except ConstraintError:  # the language is empty
             return None
         except ValueError as e:
@@ -1261,6 +1267,15 @@ def _flat_all_of(branches, path: str) -> list:
     return out
 
 
+def _searches(pattern: str, name: str) -> bool:
+    """Whether `pattern` matches somewhere in `name` (`False` for a pattern Python cannot
+    compile: `_object` refuses it with its location)."""
+    try:
+        return re.search(pattern, name) is not None
+    except re.error:
+        return False
+
+
 def _merge_members(a: Mapping, b: Mapping, path: str) -> dict:
     """`properties`, `patternProperties` and `additionalProperties` of the schema `a` AND `b`:
     each listed name gets both sides' schemas for it (a side that does not list it gives the
@@ -1294,7 +1309,7 @@ def _merge_members(a: Mapping, b: Mapping, path: str) -> dict:
     def side_of(name, listed, patterns, additional):
         if name in listed:
             return listed[name]
-        matched = [s for p, s in patterns.items() if re.search(p, name)]
+        matched = [s for p, s in patterns.items() if _searches(p, name)]
         if not matched:
             return additional
         out = matched[0]
