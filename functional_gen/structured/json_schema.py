@@ -614,9 +614,9 @@ class _Never:
 NEVER = _Never()
 
 _DEFAULT_WHITESPACE = "[ ]?"
+"""outlines-core's default whitespace between JSON tokens: none or one space."""
 _MAX_DEPENDENCIES = 3
 """Most `dependentRequired` entries one object may have (2^k alternatives)."""
-"""outlines-core's default whitespace between JSON tokens: none or one space."""
 _MAX_OBJECT_REGEX = 2_000_000
 """Longest regex an object may become (about 100 optional properties): beyond, compiling it
 would take minutes, so the schema is refused with the reason instead."""
@@ -674,6 +674,13 @@ def free_value(depth: int, ws: str = _DEFAULT_WHITESPACE) -> str:
     member = f"{_STRING}{ws}:{ws}{inner}"
     obj = rf"\{{{ws}(?:{member}(?:{ws},{ws}{member})*)?{ws}\}}"
     return f"(?:{scalar}|{array}|{obj})"
+
+
+def _holds_object(value) -> bool:
+    """Whether a JSON value is or contains an object."""
+    if isinstance(value, Mapping):
+        return True
+    return isinstance(value, list) and any(_holds_object(v) for v in value)
 
 
 def _literal_key(name: str) -> str:
@@ -2206,7 +2213,25 @@ class _Rewriter:
             values = [v for v in values if _json_type(v) in allowed]
         if not values:  # an empty enum, or no value of the type / in both: nothing matches
             return NEVER
+        if any(_holds_object(v) for v in values):
+            # outlines-core writes object keys of constants unescaped (`"$a.b"`: `$` an anchor,
+            # `.` any character), so those constants are written here
+            return self.marker("|".join(f"(?:{self.constant_regex(v)})" for v in values))
         return {"enum": values} if len(values) > 1 else {"const": values[0]}
+
+    def constant_regex(self, value) -> str:
+        """The regex of the JSON text of one constant value, `self.ws` between its tokens; keys
+        in the value's order, scalars as outlines-core writes them."""
+        ws = self.ws
+        if isinstance(value, Mapping):
+            members = [
+                f"{_literal_key(k)}{ws}:{ws}{self.constant_regex(v)}" for k, v in value.items()
+            ]
+            return rf"\{{{ws}" + f"{ws},{ws}".join(members) + (rf"{ws}\}}" if members else r"\}")
+        if isinstance(value, list):
+            items = [self.constant_regex(v) for v in value]
+            return rf"\[{ws}" + f"{ws},{ws}".join(items) + (rf"{ws}\]" if items else r"\]")
+        return self.regex_of({"const": value})
 
     # ------------------------------------------------------------------ combinators
 

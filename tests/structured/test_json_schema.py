@@ -173,6 +173,26 @@ def test_strict_false_drops_unenforceable_keywords_with_one_warning():
 # Objects: every candidate document is accepted by the regex exactly when jsonschema accepts it
 # (documents list the properties in schema order, additional ones after them).
 OBJECT_CASES = {
+    # constants holding objects: their keys are written escaped (outlines-core leaves `$`, `.`
+    # and `(` in them raw: MaskBench o-schemas with `{"const": {"$data": ...}}` did not compile)
+    "constant_objects_with_metacharacters_in_keys": (
+        {
+            "type": "object",
+            "properties": {
+                "a": {"const": {"$data": "1/x", "a.b": [1, {}], "e": []}},
+                "b": {"enum": [{"(k": None}, "x"]},
+            },
+            "required": ["a"],
+        },
+        [
+            {"a": {"$data": "1/x", "a.b": [1, {}], "e": []}},
+            {"a": {"$data": "1/x", "aXb": [1, {}], "e": []}},
+            {"a": {"$data": "1/y", "a.b": [1, {}], "e": []}},
+            {"a": {"$data": "1/x", "a.b": [1, {}], "e": []}, "b": {"(k": None}},
+            {"a": {"$data": "1/x", "a.b": [1, {}], "e": []}, "b": "x"},
+            {"a": {"$data": "1/x", "a.b": [1, {}], "e": []}, "b": {"(k": 1}},
+        ],
+    ),
     "open_by_default": (
         {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]},
         [
