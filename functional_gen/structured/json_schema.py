@@ -2861,7 +2861,7 @@ def _call_edges(regex: str) -> tuple[ByteDFA, np.ndarray]:
     each path over that character's bytes replaced by a call edge: `(dfa, call)`, `call[q]` the
     state after a value read from `q` (`REJECT`: none). JSON text never holds the raw control
     character, so every edge on it is a value."""
-    dfa = minimize(regex_byte_dfa(regex))
+    dfa = regex_byte_dfa(regex)  # minimised once below, with the calls as a 257th symbol
     byte = FREE_VALUE_CALL.encode("utf-8")[0]
     call = dfa.delta[:, byte].copy()
     delta = dfa.delta.copy()

@@ -301,3 +301,46 @@ def test_hashed_refinement_equals_the_exact_one():
         # the same partition (block ids may differ)
         pairs = np.unique(np.stack([hashed, exact]), axis=1)
         assert pairs.shape[1] == count
+
+
+_CLASS_PATTERNS = [
+    r'"(?:[^"\\\x00-\x1F\x7F-\x9F]|\\["\\/bfnrt])*"',  # a JSON string: cut inside U+0080 ..
+    r"[a-f0-9]{8}-[A-Z]+\.[ -~]*",  # ranges cut at their endpoints only
+    r"(é|ü)+[à-ɏ]{0,2}x",  # non-ASCII literals and a range over several UTF-8 lead bytes
+    r"[\x{100}-\x{7FF}\x{E000}-\x{10FFFD}]+|.\t\n",  # braced escapes, `.` (not `\n`), controls
+    r"[^\x01-\x08]\xA0\xFF\x7f",  # `\xHH` above 7F is the character U+00HH (two bytes)
+    r"[0-9]+|[a-z--aeiou]+|[a-z&&[^x]]",  # class set operations
+]
+
+
+@pytest.mark.parametrize(
+    "pattern",
+    _CLASS_PATTERNS
+    + [REGEXES[name][1] for name in sorted(REGEXES)]
+    + [json_schema_regex(SCHEMAS[name][1]) for name in sorted(SCHEMAS)],
+)
+def test_byte_classes_give_the_dfa_of_all_256_bytes(monkeypatch, pattern):
+    # outlines-core's Index walks only one byte per class; each byte's column is then its
+    # class representative's, which must be exactly the automaton walked over all 256 bytes.
+    from functional_gen.structured import byte_dfa
+
+    classes = byte_dfa.byte_classes(pattern)
+    if classes is None:  # this pattern hides its bytes (e.g. `\d`): nothing to compare
+        assert re.search(r"\\[dDwWsSbBpPuU]|\(\?[^:]|\[:", pattern), pattern
+        return
+    assert classes.max() + 1 < 256
+    with_classes = byte_dfa.regex_byte_dfa.__wrapped__(pattern)
+    monkeypatch.setattr(byte_dfa, "byte_classes", lambda regex: None)
+    every_byte = byte_dfa.regex_byte_dfa.__wrapped__(pattern)
+    np.testing.assert_array_equal(with_classes.delta, every_byte.delta)
+    np.testing.assert_array_equal(with_classes.accepting, every_byte.accepting)
+    assert with_classes.initial == every_byte.initial
+
+
+@pytest.mark.parametrize(
+    "pattern", [r"\d+", r"\w", r"a\b", r"\pL", r"(?i)k", r"[[:alpha:]]", r"\u0041", r"(?s:.)"]
+)
+def test_byte_classes_refuse_patterns_that_hide_their_bytes(pattern):
+    from functional_gen.structured.byte_dfa import byte_classes
+
+    assert byte_classes(pattern) is None
