@@ -141,6 +141,16 @@ def test_length_bounded_dfa_counts_unicode_escapes_and_refuses_surrogates():
     assert dfa.matches(rb"\ud7ffa")  # just below the surrogates
 
 
+def test_length_bounded_dfa_is_memoised_for_regex_bodies_only():
+    # a schema whose pushdown form is refused is rewritten again with the same strings
+    body = r"(?:[a-z]|\\n)*"
+    first = length_bounded_dfa(body, 1, 40, max_states=1_000)
+    assert length_bounded_dfa(body, 1, 40, max_states=1_000) is first
+    assert length_bounded_dfa(body, 1, 41, max_states=1_000) is not first
+    assert length_bounded_dfa(first, 1, 40, max_states=1_000) is not first  # an automaton body
+    assert first.matches(b"ab\\n") and not first.matches(b"")
+
+
 def test_fixed_width_alternations_are_distributed():
     pattern = r"^data:image/(jpg|jpeg|png|svg\+xml);base64,[0-9a-zA-Z+/=]*$"
     regex = re.compile(json_string_pattern(pattern, max_length=30))  # no LengthBoundError
