@@ -62,6 +62,11 @@ other developers' jobs at a load average of about 10, so compile times are infla
 | keys no `patternProperties` pattern matches are additional properties, `allOf` object members merged exactly, minimisation re-examines only what changed, grammar forms refused at twice the position limit (a32ec28, 2026-11-23 15:47 UTC, quiet; with c297c9c's nested `allOf` order at 16:15: 75 / 831 / 3,612, same counts) | **114/120 (95%)** | **0** | **82** / 925 / 4,222 | 149/157 (the 8 left: property order only) | 286/286 |
 | same session, `--all --sample 300 --seed 7`, before those fixes (load 1) | 265/300 (88%) | 1 | 60 / 1,212 / 7,218 | 312/326 (11 order, o61003 order through `oneOf` of draft-04 `$ref`s that the reorder check misses, o77739 nested `$ref` order) | **525/526** (o61085: `allOf` of closed objects) |
 | same sample after them (load 1) | 266/300 (89%; o9517 no longer crashes in `_extract_tail`) | 1 (detekt-1.22.0: 34 s to a size refusal, 14.5 s after a32ec28) | 58 / 809 / 4,849 | 313/327 | 529/529 |
+| next session's box (2026-11-23 17:20 UTC, quiet; this box compiles about 1.5x slower than the last one), main at 53bf542 | 114/120 (95%) | 0 | 126-143 / 1,212-1,289 / 4,601-5,239 (two runs) | 149/157 | 286/286 |
+| outlines-core's `Index` walks one byte per class (`byte_classes`), one minimisation in `_call_edges` (6d38f3f) | 114/120 | 0 | 100 / 963 / 4,029 | 149/157 | 286/286 |
+| pushdown token tables: batched `lookup` writes, presence-table numbering, bitmasks by byte gathers (b5a21c5; then 25160d5, 18:08 UTC) | 114/120 (95%) | 0 | **94** / 928 / 3,586 | 149/157 (the 8: property order) | 286/286 |
+| same session, `--all --sample 300 --seed 7`, at 46f34fa / at 25160d5 (grammar forms refused at 1.25x the position limit) | 266/300 / 266/300 | 0 / 0 | 72 / 820 / 4,952 and 64 / 851 / 4,597 | 314/327 (13: property order; +1 from object constants written by us, d538a03) | 529/529 |
+| same box, `--property-order schema_or_required_first`, at b5a21c5 | 114/120 | 0 | 124 / 1,065 / 3,857 (Github_medium p99 14,313: o82710) | 152/157 | 286/286 |
 
 The same tree on 400 schemas drawn from the whole file (`--all --sample 400`, seed 0, quiet,
 05:35 UTC): **361/400 (90%)**, 1 timeout, p50 / p90 / p99 56 / 1,003 / 5,168 ms, valid 440/462,
