@@ -72,7 +72,6 @@ class ByteDFA:
         return bool(self.accepting[state])
 
 
-@functools.cache
 @functools.lru_cache(maxsize=64)
 def _byte_vocabulary(representatives: tuple[int, ...] = tuple(range(256))):
     """An outlines-core `Vocabulary` of the single bytes `representatives` (token id = byte)."""
@@ -106,7 +105,11 @@ def byte_classes(regex: str) -> Int[np.ndarray, " 256"] | None:
     boundary (`\\d`, `\\w`, `\\s`, `\\p`, `\\b` and their negations: Unicode in Rust), `\\u`, a
     flag group (`(?i)`: case folding reaches other letters) or a POSIX class (`[:alpha:]`).
     Exactness against all 256 bytes on the development data's regexes:
-    `tests/structured/test_byte_dfa.py`."""
+    `tests/structured/test_byte_dfa.py`.
+
+    Source: the byte classes regex-automata computes for its own DFAs
+    (`regex_automata::util::alphabet::ByteClasses`), which outlines-core does not expose.
+    """
     if _REGEX_UNSHOWN.search(regex):
         return None
     cuts = np.zeros(257, bool)
@@ -178,9 +181,10 @@ def regex_byte_dfa(regex: str) -> ByteDFA:
     source = f"{_PREFIX if prefixed else ''}(?:{regex}){_SENTINEL}"
     classes = byte_classes(regex)
     if classes is None:
-        representatives = np.arange(256)
+        representatives, columns = np.arange(256), None
     else:
         representatives = np.flatnonzero(np.diff(classes, prepend=-1))
+        columns = representatives[classes]
     try:
         index = Index(source, _byte_vocabulary(tuple(representatives.tolist())))
     except (ValueError, RuntimeError) as e:
@@ -195,13 +199,14 @@ def regex_byte_dfa(regex: str) -> ByteDFA:
         initial = table.get(initial, {}).get(_PREFIX_BYTE)
         if initial is None:  # nothing follows the prefix
             raise ConstraintError(f"the language of the regex {_short(regex)} is empty")
-    return _index_dfa(table, initial, index.get_final_states(), classes)
+    return _index_dfa(table, initial, index.get_final_states(), columns)
 
 
-def _index_dfa(table, initial: int, final_states, classes=None) -> ByteDFA:
+def _index_dfa(table, initial: int, final_states, columns=None) -> ByteDFA:
     """The trimmed `ByteDFA` of an outlines-core byte `Index` of `(?:regex)` + sentinel, read
     from its transitions `table` (`{state: {byte: next}}`), the start state `initial` and its
-    final states (see `regex_byte_dfa`)."""
+    final states (see `regex_byte_dfa`); `columns[b]`: the byte whose transitions byte `b`
+    shares (its class's representative, the only one the `Index` walked; `None`: itself)."""
     counts = np.fromiter(map(len, table.values()), np.int64, len(table))
     keys = np.fromiter(table.keys(), np.int64, len(table))
     src = np.repeat(keys, counts)
@@ -235,8 +240,8 @@ def _index_dfa(table, initial: int, final_states, classes=None) -> ByteDFA:
     keep = byte < 256  # drop outlines-core's EOS self-loops
     delta = np.full((num_states, 256), REJECT, np.int32)
     delta[number(src[keep]), byte[keep]] = number(dst[keep])
-    if classes is not None:  # each byte's column is its class representative's
-        delta = delta[:, np.flatnonzero(np.diff(classes, prepend=-1))[classes]]
+    if columns is not None:  # each byte's column is its class representative's
+        delta = delta[:, columns]
     final = np.zeros(num_states, bool)
     final[number(finals)] = True
     state = np.arange(num_states)
