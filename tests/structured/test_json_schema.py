@@ -193,6 +193,37 @@ OBJECT_CASES = {
             {"a": {"$data": "1/x", "a.b": [1, {}], "e": []}, "b": {"(k": 1}},
         ],
     ),
+    # numeric constants are equal by value: outlines-core wrote `9.0` only as `9\.0` (rejecting
+    # the integer 9, which JSON Schema counts as equal) and `1e-07` as `1e\-7` (rejecting
+    # `json.dumps`'s `1e-07`); MaskBench has such enums in 41 schemas
+    "numeric_constants_equal_by_value": (
+        {
+            "type": "object",
+            "properties": {
+                "a": {"const": 9.0},
+                "b": {"enum": [1, -2.5, "x", True]},
+                "c": {"enum": [1e-07, 1e308, 9007199254740992.0]},
+                "d": {"const": [0, {"k": 2.0}]},
+            },
+        },
+        [
+            {"a": 9},
+            {"a": 9.0},
+            {"a": 9.5},
+            {"a": 90},
+            {"b": 1.0},
+            {"b": -2.5},
+            {"b": True},
+            {"b": -2.4},
+            {"b": 1.5},
+            {"c": 1e-07},
+            {"c": 1e-06},
+            {"c": 1e308},
+            {"c": 9007199254740992},
+            {"d": [0.0, {"k": 2}]},
+            {"d": [False, {"k": 2}]},
+        ],
+    ),
     "open_by_default": (
         {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]},
         [
@@ -335,6 +366,49 @@ def test_objects_accept_exactly_what_jsonschema_accepts(name, closed_objects):
         for text in (json.dumps(document, separators=(",", ":")), json.dumps(document)):
             valid = jsonschema.Draft202012Validator(oracle).is_valid(document)
             assert bool(regex.fullmatch(text)) == valid, (text, valid)
+
+
+def test_number_constants_accept_the_spellings_of_other_serialisers():
+    import re
+
+    regex = re.compile(json_schema_regex({"enum": [1e-07, 1e20, 3, -0.0]}))
+    for text in ["1e-07", "1e-7", "1E-07", "0.0000001", "1e+20", "1e20", "100000000000000000000",
+                 "3", "3.0", "0", "-0", "0.0"]:  # fmt: skip
+        assert regex.fullmatch(text), text
+    for text in ["1e-70", "1e-08", "0.000001", "1e21", "3.5", "30", "-3", "2"]:
+        assert not regex.fullmatch(text), text
+    with pytest.raises(InvalidSchemaError, match="inf"):
+        json_schema_regex({"const": float("inf")})
+
+
+@pytest.mark.parametrize(
+    "names",
+    [
+        [],
+        [""],
+        ["a"],
+        ["", "a", "ab", "b"],
+        ["a b", "a~", "[x]", "-", "ab-c", "abd"],
+        [f"allow{w}{i}" for w in ("Cloud", "Camera", "Chat") for i in range(12)],
+    ],
+)
+def test_additional_keys_of_plain_names_are_the_same_language_as_the_general_form(names):
+    """`_key_not_in` writes the keys other than plain ASCII names with shared tails (about a
+    tenth of the automaton); the language is the general trie form's."""
+    from functional_gen.structured.automaton import ConstraintError
+    from functional_gen.structured.byte_dfa import minimize, regex_byte_dfa
+    from functional_gen.structured.json_schema import _key_not_in, _key_not_in_units
+    from functional_gen.structured.patterns import difference_dfas
+
+    fast = minimize(regex_byte_dfa(_key_not_in(names)))
+    general = minimize(regex_byte_dfa(_key_not_in_units(names)))
+    assert _key_not_in(names) != _key_not_in_units(names)
+    for a, b in ((fast, general), (general, fast)):
+        with pytest.raises(ConstraintError):  # nothing in one and not in the other
+            difference_dfas(a, b, max_states=10**6)
+    keys = re.compile(_key_not_in(names))
+    for text in [*names, "", "a", "ab", "zz", "é", "a\\n", "allowCloud1x", "allowCloud11"]:
+        assert bool(keys.fullmatch(text)) == (text not in names), text
 
 
 ALLOF_MEMBERS = {  # schema -> documents; `additionalProperties` is each subschema's own
