@@ -73,8 +73,9 @@ definitions used many times) makes `json_schema_regex` raise `ConstraintError` a
 the regex is built.
 
 **Grammar form.** `JsonSchema` (through `json_schema_compile`) uses the single regex's token
-automaton while that regex has at most `_GRAMMAR_REGEX` characters (250,000); beyond, it
-compiles the schema's *grammar form* (`json_schema_grammar`): each large subschema (its regex
+automaton while that regex has at most `_GRAMMAR_REGEX` characters (100,000); beyond, it
+compiles the schema's *grammar form* (`json_schema_grammar`; when that is refused, the single
+regex up to `_SINGLE_REGEX` characters, 250,000): each large subschema (its regex
 over `_RULE_REGEX` characters, or over `_SHARED_RULE_REGEX` when used in several places: a
 definition referenced many times) becomes a rule of a pushdown automaton, called from its
 users' regexes instead of copied into them; only terminals (strings with patterns, formats and
@@ -3054,10 +3055,16 @@ def _pushdown_of_regex(
 
 # ------------------------------------------------------------------ grammar form
 
-_GRAMMAR_REGEX = 250_000
+_GRAMMAR_REGEX = 100_000
 """Characters of a schema's whole regex beyond which `JsonSchema` compiles the grammar form
-(`json_schema_grammar`) instead of one regex: the MaskBench schemas whose single regex timed out
-at 30 s had 0.4-8.9 million characters."""
+(`json_schema_grammar`) first instead of one regex. 250,000 until 2026-11-23; once the keys of
+open objects were written compactly (`_key_not_in`), schemas of 100,000-250,000 characters
+compiled 2-3x faster as grammars (five splits, `--limit 24`: compile time summed over the
+schemas 0.67x of the 250,000 setting's, p99 2.7 s against 3.3 s)."""
+_SINGLE_REGEX = 250_000
+"""Characters up to which a schema whose grammar form is refused (too many positions, a call
+that one byte cannot choose) still compiles as one regex (MaskBench o21378: 8.6 s). The
+MaskBench schemas whose single regex timed out at 30 s had 0.4-8.9 million characters."""
 _RULE_REGEX = 20_000
 """A subschema whose regex (its own rules called, not expanded) is longer becomes a rule."""
 _SHARED_RULE_REGEX = 150
@@ -3678,11 +3685,14 @@ def json_schema_compile(
     )
     from .regex import escape
 
+    full: str | None
     try:
-        full = rewriter.substitute(regex, limit=_GRAMMAR_REGEX)
+        full = rewriter.substitute(regex, limit=_SINGLE_REGEX)
         if free is None and _dfa_placeholders(rewriter, full) and escape(FREE_VALUE_CALL) in full:
-            raise _RegexTooLarge(len(full), _GRAMMAR_REGEX)  # the grammar form calls both
+            full = None  # the grammar form calls both
     except _RegexTooLarge:
+        full = None
+    if full is None or len(full) > _GRAMMAR_REGEX:
         if not cache:
             _PUSHDOWN_CACHE.clear()
         if free:
@@ -3704,23 +3714,28 @@ def json_schema_compile(
                 schema, vocabulary, stack_depth=stack_depth, _rewritten=(rewriter, regex), **options
             )
         except (_TooManyPositions, NotDeterministic) as e:
-            if free is not None:
+            if full is not None:
+                pass  # the single regex is within `_SINGLE_REGEX`: compiled below
+            elif free is not None:
                 raise
-            # A string automaton spliced beside a free-form value (the token automaton cannot
-            # call) made the grammar form too large: nest the values as the default does.
-            warnings.warn(
-                f"JSON Schema: no pushdown automaton ({e}); free-form values nest at most "
-                f"{NESTED_FREE_FORM_DEPTH} level(s)",
-                UserWarning,
-                stacklevel=2,
-            )
-            return json_schema_compile(
-                schema,
-                vocabulary,
-                cache=cache,
-                stack_depth=stack_depth,
-                **{**options, "free_form_depth": NESTED_FREE_FORM_DEPTH},
-            )
+            else:
+                # A string automaton spliced beside a free-form value (the token automaton
+                # cannot call) made the grammar form too large: nest the values as the default
+                # does.
+                warnings.warn(
+                    f"JSON Schema: no pushdown automaton ({e}); free-form values nest at most "
+                    f"{NESTED_FREE_FORM_DEPTH} level(s)",
+                    UserWarning,
+                    stacklevel=2,
+                )
+                return json_schema_compile(
+                    schema,
+                    vocabulary,
+                    cache=cache,
+                    stack_depth=stack_depth,
+                    **{**options, "free_form_depth": NESTED_FREE_FORM_DEPTH},
+                )
+    assert full is not None
     _warn_dropped(rewriter)
     if _dfa_placeholders(rewriter, full):
         description = f"json schema {_describe(schema)}"

@@ -144,6 +144,29 @@ def test_definitions_become_rules_and_accept_what_jsonschema_accepts(small_rules
     assert counts[True] > 50 and counts[False] > 50, counts
 
 
+def test_a_refused_grammar_form_falls_back_to_the_single_regex(small_rules, monkeypatch):
+    """Above `_GRAMMAR_REGEX` the grammar form comes first; when it is refused (here: too many
+    positions) a regex within `_SINGLE_REGEX` still compiles, to the single regex's automaton
+    (MaskBench o21378); beyond `_SINGLE_REGEX` the refusal stands."""
+    monkeypatch.setattr(js, "_MAX_GRAMMAR_POSITIONS", 10)
+    monkeypatch.setattr(js, "_MAX_POSITIONS_BEFORE_TAILS", 10)
+    with pytest.raises(js._TooManyPositions):
+        js.json_schema_grammar(PEOPLE, BYTES)
+    automaton = js.json_schema_compile(PEOPLE, BYTES, cache=False)
+    assert not isinstance(automaton, PushdownAutomaton)
+
+    class Walk:  # a token automaton over the byte vocabulary: token ids are the bytes
+        def accepts(self, data: bytes) -> bool:
+            return bool(automaton.accepting[automaton.walk(list(data))])
+
+    rng = np.random.default_rng(3)
+    counts = _check_against_jsonschema(Walk(), PEOPLE, [_person(rng) for _ in range(100)], rng)
+    assert counts[True] > 20 and counts[False] > 20, counts
+    monkeypatch.setattr(js, "_SINGLE_REGEX", 100)
+    with pytest.raises(js._TooManyPositions):
+        js.json_schema_compile(PEOPLE, BYTES, cache=False)
+
+
 def test_calls_one_byte_cannot_choose_are_inlined(small_rules):
     # Without the ban, build_pushdown would refuse: `{` starts both rules at the `anyOf`.
     automaton = js.json_schema_compile(TWO_OBJECTS, BYTES)
