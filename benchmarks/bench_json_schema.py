@@ -67,6 +67,10 @@ other developers' jobs at a load average of about 10, so compile times are infla
 | pushdown token tables: batched `lookup` writes, presence-table numbering, bitmasks by byte gathers (b5a21c5; then 25160d5, 18:08 UTC) | 114/120 (95%) | 0 | **94** / 928 / 3,586 | 149/157 (the 8: property order) | 286/286 |
 | same session, `--all --sample 300 --seed 7`, at 46f34fa / at 25160d5 (grammar forms refused at 1.25x the position limit) | 266/300 / 266/300 | 0 / 0 | 72 / 820 / 4,952 and 64 / 851 / 4,597 | 314/327 (13: property order; +1 from object constants written by us, d538a03) | 529/529 |
 | same box, `--property-order schema_or_required_first`, at b5a21c5 | 114/120 | 0 | 124 / 1,065 / 3,857 (Github_medium p99 14,313: o82710) | 152/157 | 286/286 |
+| next session (2026-11-23 21:43 UTC, quiet), main at 98a20a8, run back to back with the next two rows | 114/120 (95%) | 0 | 103 / 1,074 / 4,178 (schemas' compile times summed: 48.6 s) | 149/157 | 286/286 |
+| open-object keys of plain names with shared tails, numeric constants equal by value (3488de8) | 114/120 | 0 | 86 / 729 / 3,277 (40.6 s; kb_765, o6084 2x slower: now single regexes under 250,000 characters) | 149/157 | 286/286 |
+| grammar form first above 100,000 characters, single regex the fallback to 250,000 (3d45ef2; two runs) | 114/120 (95%) | 0 | **75** / 581 / 2,740 and 74 / 600 / 2,352 (32.7 s; per-schema geometric mean ratio 0.70 of 98a20a8) | 149/157 (the 8: property order) | 286/286 |
+| same two trees, `--all --sample 300 --seed 7` | 266/300 / 266/300 | 0 / 0 | 70 / 906 / 4,923 (102 s) and **52** / 426 / 4,117 (70.9 s) | 314/327 / 314/327 (13: property order) | 529/529 |
 
 The same tree on 400 schemas drawn from the whole file (`--all --sample 400`, seed 0, quiet,
 05:35 UTC): **361/400 (90%)**, 1 timeout, p50 / p90 / p99 56 / 1,003 / 5,168 ms, valid 440/462,
