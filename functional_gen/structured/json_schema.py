@@ -137,6 +137,7 @@ from .grammar_syntax import Alt, GrammarSpec, Ref, Repeat, Seq, Terminal
 from .patterns import (
     LengthBoundError,
     NoStringError,
+    _class_char,
     bounded_length,
     dfa_regex,
     difference_dfas,
@@ -689,6 +690,9 @@ def _own_constant(value) -> bool:
 
 
 _MAX_PLAIN_DIGITS = 40
+"""Longest plain decimal spelling `_number_regex` offers for a float beside its exponent form
+(`1e-50` is not also written with 50 zeros); integers are always written in full, as JSON
+serialisers write them."""
 
 
 def _number_regex(value: int | float, path: str = "") -> str:
@@ -712,7 +716,7 @@ def _number_regex(value: int | float, path: str = "") -> str:
     spellings = []
     if magnitude == magnitude.to_integral_value():
         digits = str(int(magnitude))
-        if len(digits) <= _MAX_PLAIN_DIGITS:
+        if len(digits) <= _MAX_PLAIN_DIGITS or not isinstance(value, float):
             spellings.append(digits + r"(?:\.0)?")
     else:
         plain = format(magnitude, "f")
@@ -750,13 +754,6 @@ def _key_units(name: str) -> list[str]:
     return units
 
 
-_PLAIN_KEY_CODES = [c for c in range(0x20, 0x7F) if c not in (ord('"'), ord("\\"))]
-"""The printable ASCII characters a key spells as themselves (not `"` or `\\`)."""
-_PLAIN_KEY = r"[ !#-\[\]-~]"
-_OTHER_KEY_UNIT = r'(?:[^\x00-\x9F]|\\["\\bfnrt])'
-"""A unit of `_KEY_UNIT` that is not a plain ASCII character: U+00A0 and above, or an escape."""
-
-
 def _ascii_class(codes: list[int]) -> str:
     """A regex character class of printable ASCII `codes` (sorted), as ranges."""
     parts, i = [], 0
@@ -764,11 +761,17 @@ def _ascii_class(codes: list[int]) -> str:
         j = i
         while j + 1 < len(codes) and codes[j + 1] == codes[j] + 1:
             j += 1
-        lo, hi = (chr(codes[i]), chr(codes[j]))
-        lo, hi = ("\\" + c if c in "\\]^-[&~" else c for c in (lo, hi))
+        lo, hi = _class_char(codes[i]), _class_char(codes[j])
         parts.append(lo if i == j else f"{lo}{hi}" if j == i + 1 else f"{lo}-{hi}")
         i = j + 1
     return f"[{''.join(parts)}]"
+
+
+_PLAIN_KEY_CODES = [c for c in range(0x20, 0x7F) if c not in (ord('"'), ord("\\"))]
+"""The printable ASCII characters a key spells as themselves (not `"` or `\\`)."""
+_PLAIN_KEY = _ascii_class(_PLAIN_KEY_CODES)
+_OTHER_KEY_UNIT = r'(?:[^\x00-\x9F]|\\["\\bfnrt])'
+"""A unit of `_KEY_UNIT` that is not a plain ASCII character: U+00A0 and above, or an escape."""
 
 
 def _key_not_in(names: list[str]) -> str:

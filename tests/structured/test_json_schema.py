@@ -379,6 +379,8 @@ def test_number_constants_accept_the_spellings_of_other_serialisers():
         assert not regex.fullmatch(text), text
     with pytest.raises(InvalidSchemaError, match="inf"):
         json_schema_regex({"const": float("inf")})
+    big = re.compile(json_schema_regex({"const": 10**50}))  # integers in full, however long
+    assert big.fullmatch(str(10**50)) and not big.fullmatch("") and not big.fullmatch("1e50")
 
 
 @pytest.mark.parametrize(
