@@ -29,8 +29,9 @@ ROMAN_GOLDEN_PREFIX = (
 def temporary_cache(tmp_path_factory):
     """`$FUNCTIONAL_GEN_CACHE` is a directory of this session, never the user's cache: automata,
     compiled programs and the default model's converted checkpoint go there. The default model
-    is converted once per session (~17 s) by the first test that loads it and shared after that;
-    subprocesses inherit the variable."""
+    is converted once per session (~17 s; each pytest-xdist worker is a session with its own
+    directory) by the first test that loads it and shared after that; subprocesses inherit the
+    variable."""
     cache = tmp_path_factory.mktemp("functional_gen_cache")
     patch = pytest.MonkeyPatch()
     patch.setenv("FUNCTIONAL_GEN_CACHE", str(cache))
