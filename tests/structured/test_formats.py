@@ -77,3 +77,29 @@ def test_uri_template_matches_only_templates_the_reference_package_accepts():
         text = "".join(rng.choice(pieces) for _ in range(rng.randrange(6)))
         if pattern.fullmatch(text):
             assert uri_template.validate(text), text
+
+
+def test_uri_and_uri_reference_match_only_what_rfc3986_validator_accepts():
+    """RFC 3986's grammar against `rfc3986_validator` (what `jsonschema` checks `uri` and
+    `uri-reference` with), on random strings over the characters that decide the structure.
+    MaskBench (JsonSchemaStore bounded-context.json) has `"entryPoint": "://"`, an invalid
+    `uri-reference` that the old character-set regex accepted; `1a:b` reads as neither."""
+    from rfc3986_validator import validate_rfc3986
+
+    from functional_gen.structured.formats import URI, URI_REFERENCE
+
+    rng = random.Random(0)
+    pieces = [*"ab:/?#@%1f.-_~!$&'()*+,; ", "//", "::", "%2F", "%zz", "http://", ":80", "a@b"]
+    accepted = {"URI": 0, "URI_reference": 0}
+    for _ in range(20_000):
+        text = "".join(rng.choice(pieces) for _ in range(rng.randrange(9)))
+        for rule, regex in (("URI", URI), ("URI_reference", URI_REFERENCE)):
+            valid = validate_rfc3986(text, rule=rule) is not None
+            # the one form left out: IP-literal hosts ("[::1]"), none among these pieces
+            assert bool(re.fullmatch(regex, text)) == valid, (rule, text)
+            accepted[rule] += valid
+    assert min(accepted.values()) > 500  # the comparison saw many valid strings too
+    for text in ("://", "1a:b", ":", "a b", "http://a@b@c"):
+        assert not re.fullmatch(URI_REFERENCE, text), text
+    for text in ("Core", "../x/y", "//host:8080/p?q#f", "mailto:a@b.co", "urn:isbn:0451450523"):
+        assert re.fullmatch(URI_REFERENCE, text) and validate_rfc3986(text, "URI_reference")
