@@ -107,6 +107,7 @@ Whitespace between tokens follows outlines-core's default (`[ ]?`: none or one s
 `whitespace_pattern` is given.
 """
 
+import contextlib
 import copy
 import decimal
 import functools
@@ -1238,7 +1239,13 @@ def _root_resolver(root):
     registry = Registry().with_resource(base, resource)
     if base != _ROOT_URI:
         registry = registry.with_resource(_ROOT_URI, resource)
-    return registry.crawl().resolver(base_uri=base), specification
+    # `referencing` reads a subschema's id in the dialect of its own `$schema`: a draft-4
+    # subschema holding a boolean schema (`"items": true`, draft 6+) makes that a TypeError
+    # (JsonSchemaStore config.json). Uncrawled, references by JSON pointer and to the root
+    # still resolve; one to an embedded `$id` then fails with `UnsupportedSchemaError`.
+    with contextlib.suppress(TypeError, AttributeError):
+        registry = registry.crawl()
+    return registry.resolver(base_uri=base), specification
 
 
 _RECURSIVE = "$fgRecursive"

@@ -143,6 +143,32 @@ def test_unknown_keywords_are_annotations():
     assert json_schema_regex(noisy) == json_schema_regex(plain)
 
 
+def test_a_draft_4_subschema_holding_a_boolean_schema_compiles():
+    # JsonSchemaStore config.json: a draft-7 root whose subschemas name draft 4 in `$schema` and
+    # hold `true`; `referencing` crawled them in draft 4's terms and raised a TypeError
+    schema = {
+        "$schema": "http://json-schema.org/draft-07/schema",
+        "type": "object",
+        "properties": {
+            "a": {
+                "$schema": "http://json-schema.org/draft-04/schema",
+                "type": "object",
+                "properties": {"b": True, "c": {"type": "integer"}},
+                "required": ["c"],
+                "additionalProperties": False,
+            }
+        },
+        "required": ["a"],
+        "additionalProperties": False,
+    }
+    regex = re.compile(json_schema_regex(schema))
+    for doc in ({"a": {"b": [1, "y"], "c": 2}}, {"a": {"c": -1}}, {"a": {"b": "x", "c": 0}}):
+        jsonschema.validate(doc, schema)
+        assert regex.fullmatch(json.dumps(doc, separators=(",", ":"))), doc
+    for doc in ({"a": {"b": 1}}, {"a": {"c": 1.5}}, {}):
+        assert not regex.fullmatch(json.dumps(doc, separators=(",", ":"))), doc
+
+
 def test_invalid_schema_is_refused_by_its_metaschema():
     with pytest.raises(InvalidSchemaError, match="strnig") as info:
         json_schema_regex({"type": "object", "properties": {"a": {"type": "strnig"}}})
