@@ -1728,8 +1728,12 @@ class _Rewriter:
                 except _NoCommonType:  # types that share no value: the schema has none
                     return NEVER
             return self.node(merged, path)
-        if "anyOf" in node and "oneOf" in node:
-            node["allOf"] = [{"anyOf": node.pop("anyOf")}, {"oneOf": node.pop("oneOf")}]
+        if "anyOf" in node and "oneOf" in node and isinstance(node["anyOf"], list):
+            # (a1 | a2) & oneOf(O) = (a1 & oneOf(O)) | (a2 & oneOf(O)). (As one `allOf` of the
+            # two, the merge put both back side by side and this recursed forever: MaskBench
+            # Github_hard o12454.) A branch's own `anyOf` is distributed the same way, deeper.
+            one_of = node.pop("oneOf")
+            node["anyOf"] = [{"allOf": [branch, {"oneOf": one_of}]} for branch in node["anyOf"]]
             return self.structural(node, path)
         for combinator in ("anyOf", "oneOf"):
             if combinator in node:

@@ -352,6 +352,26 @@ OBJECT_CASES = {
         },
         [{"ab": 1}, {"ab": 1, "ef": "x"}, {"ab": 1, "Cd": 2}, {}, {"ef": "x"}, {"ab": "x"}],
     ),
+    # `anyOf` beside `oneOf` (MaskBench o12454 recursed forever): each anyOf branch AND the oneOf
+    "any_of_beside_one_of": (
+        {
+            "type": "object",
+            "properties": {"a": {"type": "integer"}, "b": {"type": "string"}, "c": {}},
+            "anyOf": [{"required": ["a"]}, {"required": ["b"]}],
+            "oneOf": [{"required": ["b"]}, {"required": ["c"]}],
+        },
+        [
+            {},
+            {"a": 1},
+            {"b": "x"},
+            {"c": True},
+            {"a": 1, "b": "x"},
+            {"a": 1, "c": None},
+            {"b": "x", "c": 2},
+            {"a": 1, "b": "x", "c": 2},
+            {"a": "x", "c": 2},
+        ],
+    ),
     "min_max_properties": (
         {
             "type": "object",
