@@ -1501,6 +1501,10 @@ class _Rewriter:
         splices it, sets this)."""
         self.substitutions: dict[str, str] = {}
         self.names: dict[str, str] = {}
+        self.repeat_weight: dict[str, int] = {}
+        """Per marker of a counted plain string (`_SHARED_COUNT_MIN`), the characters its
+        counted repeat would add written out (`(count - 1)` times the repeated atom): what its
+        automaton costs beyond the regex's length, for `weight` and `_plan_rules`."""
         self.tag = uuid.uuid4().hex[:12]
         self.strict, self.closed_objects = strict, closed_objects
         self.whitespace_pattern, self.max_recursion_depth = whitespace_pattern, max_recursion_depth
@@ -1976,7 +1980,38 @@ class _Rewriter:
                 return {"type": "string"}
             terminal = self.bounded_string(ANY_STRING, lengths, path, keyword)
             return {"type": "string"} if terminal is None else terminal  # None: bounds dropped
+        if self.counted_strings and max(lengths.values(), default=0) >= _SHARED_COUNT_MIN:
+            # one marker per distinct bounds, so that the grammar form may call one rule for
+            # every such string instead of a copy of its counter per use (MaskBench o61653:
+            # 40 strings of maxLength 256 in one object, 98,812 states spliced, 28 s)
+            regex = self.regex_of({"type": "string", **lengths})
+            marker = self.marker(regex)
+            self.repeat_weight[marker["const"]] = (max(lengths.values()) - 1) * len(ANY_STRING)
+            return marker
         return {"type": "string", **lengths}
+
+    def weight(self, regex: str) -> int:
+        """The length of `regex` with its markers expanded and the counted repeats of plain
+        strings written out (`repeat_weight`): a measure of its automaton's size that, unlike
+        its length, sees a `{1,256}` (recursive rules count once)."""
+        found = re.compile(f'"(FGSUB[0-9]+X{self.tag})"')
+        sizes: dict[str, int] = {}
+        calls = set(self.recursive.values())
+
+        @typing.no_type_check
+        def size(text: str) -> int:
+            total = len(text)
+            for match in found.finditer(text):
+                name = match.group(1)
+                if name not in sizes:
+                    sizes[name] = 0  # a recursion reached again counts nothing more
+                    if name not in calls:
+                        sizes[name] = 4 + size(self.substitutions[name])
+                        sizes[name] += self.repeat_weight.get(name, 0)
+                total += sizes[name] - len(match.group(0))
+            return total
+
+        return size(regex)
 
     def format_and_pattern(self, fmt: str, pattern: str, lengths: dict, path: str):
         """A string in format `fmt` that `pattern` matches (and within `lengths`): the
@@ -2734,6 +2769,11 @@ PROPERTY_ORDERS = ("schema", "schema_or_required_first", "any")
 _MAX_PRESENCE_CHOICES = 32
 """Most `anyOf` branches of a `oneOf` of `required`-only branches (`exclusive_presence`)."""
 
+_SHARED_COUNT_MIN = 64
+"""A plain string with a length bound from this up to `_COUNTED_STRING_MIN` is a marker of its
+own (`_Rewriter.repeat_weight`): strings of the same bounds become one rule of the grammar form
+when they are used in several places, and their counted repeats count in the choice of that
+form."""
 _COUNTED_STRING_MIN = 256
 """A plain string (no `pattern` or `format`) whose `minLength` or `maxLength` is larger is
 compiled by `json_schema_compile` as a string automaton (`patterns.length_bounded_dfa`, spliced),
@@ -3178,7 +3218,7 @@ def _plan_rules(rewriter: _Rewriter, regex: str, banned: set) -> tuple[str, list
         if _dfa_rule(rewriter, name, index, banned):
             continue
         text = rewriter.substitutions[name]
-        size[name] = measured(text)
+        size[name] = measured(text) + rewriter.repeat_weight.get(name, 0)
         if size[name] > _RULE_REGEX:
             # too large to be one regex: call its largest subschemas instead, until it fits
             children = sorted(
@@ -3190,7 +3230,7 @@ def _plan_rules(rewriter: _Rewriter, regex: str, banned: set) -> tuple[str, list
                     break
                 if len(index) < _MAX_RULES:
                     index[child] = len(index)
-                    size[name] = measured(text)
+                    size[name] = measured(text) + rewriter.repeat_weight.get(name, 0)
         limit = _SHARED_RULE_REGEX if uses[name] > 1 else _RULE_REGEX
         if size[name] > limit and name not in banned and len(index) < _MAX_RULES:
             index[name] = len(index)
@@ -3706,7 +3746,7 @@ def json_schema_compile(
             full = None  # the grammar form calls both
     except _RegexTooLarge:
         full = None
-    if full is None or len(full) > _GRAMMAR_REGEX:
+    if full is None or len(full) > _GRAMMAR_REGEX or rewriter.weight(regex) > _GRAMMAR_REGEX:
         if not cache:
             _PUSHDOWN_CACHE.clear()
         if free:
