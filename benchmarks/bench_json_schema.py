@@ -249,12 +249,14 @@ _ORDER_BRANCHES = 8
 """`anyOf`/`oneOf` branches the order check prefers in turn (`_in_schema_order`'s `prefer`)."""
 
 
-def _in_schema_order(data, schema, prefer: int | None = None):
+def _in_schema_order(data, schema, prefer: int | str | None = None):
     """`data` with every object's members in the order of its schema's `properties` (those of
     `allOf` / `anyOf` / `oneOf` branches after, in order, or with `prefer=k` the `k`-th branch
     of each `anyOf`/`oneOf` first, its member schemas winning: the document may follow any one
-    branch, and a first branch's free-form member would leave a nested object unordered;
-    `$ref` resolved with `referencing`),
+    branch, and a first branch's free-form member would leave a nested object unordered; with
+    `prefer="valid"`, for each object the branches it validates against first (`jsonschema`),
+    so that two items of one array may follow different branches; `$ref` resolved with
+    `referencing`),
     unlisted members after the listed ones in their own order, recursively through property
     values, `additionalProperties` and `items`. For the report only: a valid instance that a
     compiled schema rejects and accepts in this order was rejected for its property order
@@ -269,8 +271,17 @@ def _in_schema_order(data, schema, prefer: int | None = None):
     specification = referencing.jsonschema.specification_with(
         schema.get("$schema", ""), default=referencing.jsonschema.DRAFT202012
     )
-    resolver = referencing.Registry().with_resource("", specification.create_resource(schema))
-    resolver = resolver.resolver()
+    registry = referencing.Registry().with_resource("", specification.create_resource(schema))
+    resolver = registry.resolver()
+
+    def satisfies(value, branch) -> bool:
+        import jsonschema
+
+        try:
+            cls = jsonschema.validators.validator_for(schema)
+            return cls(branch, registry=registry).is_valid(value)
+        except Exception:
+            return False
 
     def resolve(node, depth=0):
         # a `$ref` beside other keywords is merged with them, as `JsonSchema` reads it
@@ -288,7 +299,7 @@ def _in_schema_order(data, schema, prefer: int | None = None):
             depth += 1
         return node if isinstance(node, dict) else {}
 
-    def listed(node, names, values, depth=0):
+    def listed(node, names, values, value, depth=0):
         node = resolve(node)
         if depth > 8:
             return
@@ -298,10 +309,12 @@ def _in_schema_order(data, schema, prefer: int | None = None):
                 values[name] = sub
         for keyword in ("allOf", "anyOf", "oneOf"):
             branches = list(node.get(keyword) or [])
-            if keyword != "allOf" and prefer is not None and prefer < len(branches):
+            if keyword != "allOf" and prefer == "valid":
+                branches.sort(key=lambda b: not satisfies(value, b))  # stable: valid first
+            elif keyword != "allOf" and isinstance(prefer, int) and prefer < len(branches):
                 branches.insert(0, branches.pop(prefer))
             for branch in branches:
-                listed(branch, names, values, depth + 1)
+                listed(branch, names, values, value, depth + 1)
 
     def order(value, node, depth=0):
         node = resolve(node)
@@ -309,7 +322,7 @@ def _in_schema_order(data, schema, prefer: int | None = None):
             return value
         if isinstance(value, dict):
             names, values = [], {}
-            listed(node, names, values)
+            listed(node, names, values, value)
             rank = {name: i for i, name in enumerate(names)}
             keys = sorted(value, key=lambda k: (rank.get(k, len(names)), list(value).index(k)))
             extra = node.get("additionalProperties")
@@ -378,7 +391,7 @@ def _run_one(record: dict) -> dict:
         }
         if result["valid"] and not (result["compact"] and result["spaced"]):
             result["schema_order"] = False
-            for prefer in (None, *range(_ORDER_BRANCHES)):
+            for prefer in (None, "valid", *range(_ORDER_BRANCHES)):
                 ordered = json.dumps(
                     _in_schema_order(data, record["schema"], prefer),
                     separators=(",", ":"),
