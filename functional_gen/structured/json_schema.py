@@ -1570,22 +1570,7 @@ class _Rewriter:
         **Raises:** `_RegexTooLarge` (a `ConstraintError`) when the result would have more than
         `limit` characters (checked before it is built)."""
         found = re.compile(f'"(FGSUB[0-9]+X{self.tag})"')
-        sizes: dict[str, int] = {}
-        calls = set(self.recursive.values())
-
-        @typing.no_type_check
-        def size(text: str) -> int:
-            total = len(text)
-            for match in found.finditer(text):
-                name = match.group(1)
-                if name in calls:
-                    raise _RecursionRefused("a recursive rule has no single regex")
-                if name not in sizes:
-                    sizes[name] = 4 + size(self.substitutions[name])
-                total += sizes[name] - len(match.group(0))
-            return total
-
-        if (total := size(regex)) > limit:
+        if (total := self._expanded_size(regex)) > limit:
             raise _RegexTooLarge(total, limit)
         expanded: dict[str, str] = {}
 
@@ -1993,7 +1978,14 @@ class _Rewriter:
     def weight(self, regex: str) -> int:
         """The length of `regex` with its markers expanded and the counted repeats of plain
         strings written out (`repeat_weight`): a measure of its automaton's size that, unlike
-        its length, sees a `{1,256}` (recursive rules count once)."""
+        its length, sees a `{1,256}` (recursive rules count nothing)."""
+        return self._expanded_size(regex, weighted=True)
+
+    def _expanded_size(self, regex: str, weighted: bool = False) -> int:
+        """The length of `regex` with every marker expanded (each distinct marker measured
+        once), without building it; `weighted`: plus `repeat_weight` per expanded marker, and
+        recursive markers count nothing instead of raising `_RecursionRefused` (a recursive
+        rule has no single regex)."""
         found = re.compile(f'"(FGSUB[0-9]+X{self.tag})"')
         sizes: dict[str, int] = {}
         calls = set(self.recursive.values())
@@ -2003,11 +1995,14 @@ class _Rewriter:
             total = len(text)
             for match in found.finditer(text):
                 name = match.group(1)
+                if name in calls and not weighted:
+                    raise _RecursionRefused("a recursive rule has no single regex")
                 if name not in sizes:
                     sizes[name] = 0  # a recursion reached again counts nothing more
                     if name not in calls:
                         sizes[name] = 4 + size(self.substitutions[name])
-                        sizes[name] += self.repeat_weight.get(name, 0)
+                        if weighted:
+                            sizes[name] += self.repeat_weight.get(name, 0)
                 total += sizes[name] - len(match.group(0))
             return total
 
