@@ -21,11 +21,13 @@ The allowed set of state `s` with `r` tokens left is
 `distance[transitions[s, token_class]] <= r - 1`: two gathers on the device, no per-state
 bitmask. States from which no accepting state can be reached are pruned at build time.
 
-`from_transitions` builds the tables from any token-level transition list: our lifting of a
-byte DFA (`byte_dfa.lift`, what regexes, JSON Schemas, choices and grammars use), or
-outlines-core's `Index` (`from_outlines_index`, read with `numpy.fromiter`, no Python loop over
-transitions; a reference in tests and benchmarks). Classes come from a hash of each token's
-column, checked exactly afterwards.
+`from_table` builds the tables from a dense (state, token class) table: our lifting of a byte
+DFA (`byte_dfa.lift`, what regexes, JSON Schemas, choices and grammars use) makes one, with a
+column per distinct state-to-state map of the tokens' bytes. `from_transitions` builds them from
+any token-level transition list, such as outlines-core's `Index` (`from_outlines_index`, read
+with `numpy.fromiter`, no Python loop over transitions; a reference in tests and benchmarks):
+classes come from a hash of each token's column, checked exactly afterwards. Both prune and
+merge columns the same way, and columns come out in one canonical order (`unique_columns`).
 """
 
 import dataclasses
@@ -130,6 +132,40 @@ class TokenAutomaton:
         )
 
 
+def unique_columns(matrix: Int[np.ndarray, "rows cols"]) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct columns of an integer matrix and each column's index among them (like
+    `np.unique(matrix, axis=1, return_inverse=True)`, inverse flattened), in a canonical order:
+    by a fixed random hash of the column (the all-zero column, whose hash is 0, first).
+
+    Columns are grouped by the hash (computed a block of rows at a time, no full uint64 copy)
+    and the grouping is checked exactly (`np.unique` itself, in lexicographic order, on a
+    collision); no check is needed when every hash differs, since equal columns hash equally.
+    Work: a few passes over the matrix, however tall (`np.unique(axis=1)` sorts the columns as
+    records, and a lexicographic sort of tall distinct columns takes a pass per row).
+    """
+    rows, cols = matrix.shape
+    if rows == 0 or cols == 0:
+        distinct, inverse = np.unique(matrix, axis=1, return_inverse=True)
+        return distinct, inverse.reshape(-1)
+    weights = np.random.default_rng(0).integers(1, 2**63, rows, dtype=np.uint64)
+    keys = np.zeros(cols, np.uint64)
+    for start in range(0, rows, _HASH_BLOCK):  # wraps mod 2**64
+        block = slice(start, start + _HASH_BLOCK)
+        keys += weights[block] @ matrix[block].astype(np.uint64)
+    _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
+    inverse = inverse.reshape(-1)
+    if first.size == cols and np.array_equal(first, np.arange(cols)):
+        return matrix, inverse  # distinct, already in order
+    distinct = np.take(matrix, first, axis=1)
+    if first.size < cols and not np.array_equal(np.take(distinct, inverse, axis=1), matrix):
+        distinct, inverse = np.unique(matrix, axis=1, return_inverse=True)  # a hash collision
+        return distinct, inverse.reshape(-1)
+    return distinct, inverse
+
+
+_HASH_BLOCK = 4096
+
+
 def _ragged_gather(indptr, rows):
     """Concatenated `range(indptr[r], indptr[r + 1])` for `r` in `rows` (vectorised)."""
     starts, lengths = indptr[rows], indptr[rows + 1] - indptr[rows]
@@ -140,50 +176,25 @@ def _ragged_gather(indptr, rows):
     return np.arange(total) + offsets
 
 
-def unique_columns(matrix: Int[np.ndarray, "rows cols"]) -> tuple[np.ndarray, np.ndarray]:
-    """`np.unique(matrix, axis=1, return_inverse=True)` of an integer matrix, inverse flattened:
-    the distinct columns in lexicographic order (row 0 first) and each column's index among them.
-
-    The same result, faster for tall matrices: columns are grouped by a random hash, the grouping
-    is checked exactly (`np.unique` itself on a mismatch), and only the distinct columns are
-    sorted (`np.lexsort`) instead of every column compared as a structured record.
-    """
-    rows, cols = matrix.shape
-    if rows == 0 or cols == 0:
-        distinct, inverse = np.unique(matrix, axis=1, return_inverse=True)
-        return distinct, inverse.reshape(-1)
-    weights = np.random.default_rng(0).integers(1, 2**63, rows, dtype=np.uint64)
-    keys = weights @ matrix.astype(np.uint64)  # wraps mod 2**64
-    _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
-    distinct = matrix[:, first]
-    if not np.array_equal(distinct[:, inverse], matrix):  # a hash collision
-        distinct, inverse = np.unique(matrix, axis=1, return_inverse=True)
-        return distinct, inverse.reshape(-1)
-    order = np.lexsort(distinct[::-1])
-    rank = np.empty(order.size, np.int64)
-    rank[order] = np.arange(order.size)
-    return distinct[:, order], rank[inverse.reshape(-1)]
-
-
-def _csr(keys, values, num_keys: int):
-    """`values` grouped by `keys`: `(indptr, grouped_values)`."""
-    order = np.argsort(keys, kind="stable")
-    indptr = np.searchsorted(keys[order], np.arange(num_keys + 1))
-    return indptr, values[order]
-
-
-def _bfs_layers(indptr, neighbours, sources, num_states: int) -> np.ndarray:
-    """Breadth-first distance (in edges) from `sources` over a CSR graph; unreached states get
-    `INFINITE_DISTANCE`. Work is linear in the edges (one vectorised pass per layer)."""
-    dist = np.full(num_states, INFINITE_DISTANCE, np.int64)
+def _bfs_distance(graph, sources, num_states: int) -> Int[np.ndarray, " states"]:
+    """Breadth-first distance (in edges) from any of `sources`; unreached states get
+    `INFINITE_DISTANCE`. `graph` is a dense successor table `int[states, k]` (every entry an
+    edge) or a CSR `(indptr, indices)` (rows may repeat a successor). One vectorised pass per
+    layer over the frontier's edges only: work linear in the edges."""
+    distance = np.full(num_states, INFINITE_DISTANCE, np.int64)
     frontier = np.unique(np.asarray(sources, np.int64))
     depth = 0
     while frontier.size:
-        dist[frontier] = depth
-        reached = np.unique(neighbours[_ragged_gather(indptr, frontier)])
-        frontier = reached[dist[reached] == INFINITE_DISTANCE]
+        distance[frontier] = depth
+        if isinstance(graph, np.ndarray):
+            successors = graph[frontier].reshape(-1)
+        else:
+            indptr, indices = graph
+            successors = indices[_ragged_gather(indptr, frontier)]
+        successors = successors[distance[successors] == INFINITE_DISTANCE]
+        frontier = np.unique(successors)
         depth += 1
-    return dist
+    return distance
 
 
 def _token_classes(
@@ -260,32 +271,65 @@ def from_transitions(
         group_class, table = _token_classes(src, tok, dst, num_groups, num_states)
         token_class = group_class[token_map]
 
-    # Distances to acceptance on the (small) state graph, then pruning.
-    edge_src = np.repeat(np.arange(num_states), table.shape[1])
-    edge_dst = table.ravel().astype(np.int64)
-    live = edge_dst != DEAD
-    edges = np.unique(edge_src[live] * num_states + edge_dst[live])
-    e_src, e_dst = edges // num_states, edges % num_states
-    distance = _bfs_layers(*_csr(e_dst, e_src, num_states), accepting, num_states)
+    table = np.concatenate([table, np.zeros((table.shape[0], 1), table.dtype)], axis=1)
+    return from_table(table, token_class, accepting, eos_token_id, description)
+
+
+def from_table(
+    table: Int[np.ndarray, "states classes"],
+    token_class: Int[np.ndarray, " vocab"],
+    accepting: Int[np.ndarray, " k"],
+    eos_token_id: tuple[int, ...],
+    description: str = "",
+) -> TokenAutomaton:
+    """Build a `TokenAutomaton` from a dense class table already numbered as the result is:
+    `table[s, c]` the next state (0: none; row 0 the dead state, state 1 the initial state),
+    `token_class[t]` the column of token `t`, and the `accepting` states. The LAST column is
+    reserved for the end-of-generation tokens (its entries and their `token_class` entries are
+    overwritten). Columns may repeat (they are merged); `table` is modified.
+
+    States that cannot reach an accepting state, or cannot be reached, are pruned; the
+    end-of-generation tokens get a column of their own that loops on accepting states.
+
+    **Raises:** `ConstraintError` when no token sequence leads from the initial state to an
+    accepting state.
+    """
+    num_states, num_classes = table.shape
+    # Distances to acceptance: a search over the reversed edges, grouped by their target by
+    # scipy (the dense rows are a CSR as they are; a counting sort, linear in the entries).
+    # Dead entries lead to state 0, which has no successor: nothing is reached through it.
+    from scipy.sparse import csr_array
+
+    table = np.ascontiguousarray(table, np.int32)
+    indptr = np.arange(0, num_states * num_classes + 1, num_classes, dtype=np.int64)
+    forward = csr_array(
+        (np.ones(table.size, np.int8), table.reshape(-1), indptr), shape=(num_states, num_states)
+    )
+    backward = forward.tocsc()
+    distance = _bfs_distance((backward.indptr, backward.indices), accepting, num_states)
     if distance[INITIAL] >= INFINITE_DISTANCE:
         raise ConstraintError(
             f"the vocabulary cannot write any text that satisfies the constraint {_short(description)}"
         )
-    table[distance[table] >= INFINITE_DISTANCE] = DEAD
-    useful = distance[e_dst] < INFINITE_DISTANCE
-    reach = _bfs_layers(*_csr(e_src[useful], e_dst[useful], num_states), [INITIAL], num_states)
+    hopeless = distance >= INFINITE_DISTANCE
+    hopeless[DEAD] = False
+    if hopeless.any():
+        table[hopeless[table]] = DEAD
+    reach = _bfs_distance(table, [INITIAL], num_states)
     keep = reach < INFINITE_DISTANCE
     keep[DEAD] = True
-    renumber = np.cumsum(keep) - 1
-    table = renumber[table[keep]].astype(np.int32)
-    distance = distance[keep]
+    if not keep.all():
+        renumber = (np.cumsum(keep) - 1).astype(np.int32)
+        table = renumber[table[keep]]
+        distance = distance[keep]
 
     # End-of-generation tokens: a class of their own that loops on accepting states.
-    eos_column = np.where(distance == 0, np.arange(table.shape[0]), DEAD).astype(np.int32)
-    table = np.concatenate([table, eos_column[:, None]], axis=1)
+    table[:, -1] = np.where(distance == 0, np.arange(table.shape[0]), DEAD)
+    token_class = np.array(token_class, np.int64)
     token_class[list(eos_token_id)] = table.shape[1] - 1
 
-    # Pruning may have made columns equal: merge them (the all-zero column stays class 0).
+    # Columns may be equal (given so, or made so by pruning): merge them (the all-zero column,
+    # when there is one, is class 0).
     table, inverse = unique_columns(table)
     token_class = inverse[token_class]
     return TokenAutomaton(

@@ -26,11 +26,12 @@ import numpy as np
 from jaxtyping import Bool, Int
 
 from .automaton import (
+    INITIAL,
     ConstraintError,
     TokenAutomaton,
     _short,
     cached,
-    from_transitions,
+    from_table,
     unique_columns,
 )
 from .vocabulary import TokenVocabulary
@@ -542,27 +543,31 @@ def _token_functions(delta, trie: TokenTrie):
     step[:num_states] = np.where(columns == REJECT, num_states, columns)
     parent, level_ptr, _ = _trie_levels(trie)
     node_class = byte_class[trie.byte]
-    identity = np.arange(num_states, dtype=np.int32)
-    functions = identity[None, :]
-    ids = {identity.tobytes(): 0}
+    step_by_class = np.ascontiguousarray(step.T)  # one row per class: a cache-sized `take` table
+    functions = np.empty((64, num_states), np.int32)  # the maps so far: `functions[:count]`
+    functions[0] = np.arange(num_states, dtype=np.int32)  # the empty string: identity
+    count = 1
+    ids = {functions[0].tobytes(): 0}
     node_function = np.zeros(trie.num_nodes, np.int64)
     for depth in range(1, level_ptr.size - 1):
         a, b = int(level_ptr[depth]), int(level_ptr[depth + 1])
         key = node_function[parent[a:b]] * num_classes + node_class[a:b]
-        seen = np.zeros(functions.shape[0] * num_classes, bool)  # small: no sort needed
+        seen = np.zeros(count * num_classes, bool)  # small: no sort needed
         seen[key] = True
         unique = np.flatnonzero(seen)
         inverse = np.cumsum(seen)[key] - 1
-        rows = step[functions[unique // num_classes], (unique % num_classes)[:, None]]
         number = np.empty(unique.size, np.int64)
-        fresh = []  # rows of new maps, in the order of their ids
-        for i, row in enumerate(rows):
-            number[i] = ids.setdefault(row.tobytes(), len(ids))
-            if number[i] == functions.shape[0] + len(fresh):
-                fresh.append(i)
-        if fresh:
-            functions = np.concatenate([functions, rows[fresh]])
+        row = np.empty(num_states, np.int32)
+        for i, (f, c) in enumerate(zip(*np.divmod(unique, num_classes), strict=True)):
+            np.take(step_by_class[c], functions[f], out=row)
+            number[i] = ids.setdefault(row.tobytes(), count)
+            if number[i] == count:  # a new map: append it (the buffer doubles when full)
+                if count == functions.shape[0]:
+                    functions = np.concatenate([functions, np.empty_like(functions)])
+                functions[count] = row
+                count += 1
         node_function[a:b] = number[inverse]
+    functions = functions[:count]
     return functions, node_function
 
 
@@ -571,9 +576,8 @@ def lift(dfa: ByteDFA, vocabulary: TokenVocabulary, description: str = "") -> To
     bytes the DFA can read leads to the state after them (see the module docstring).
 
     Tokens whose byte strings induce the same state-to-state map (`_token_functions`) have the
-    same column, so the transition list handed to `from_transitions` has one entry per (state,
-    distinct map) instead of one per (state, token), and `token_map` spreads the classes back to
-    the tokens.
+    same column: the dense table handed to `automaton.from_table` has one column per distinct
+    map instead of one per token, and each token's class is its map's column.
 
     **Raises:** `ConstraintError` when no token sequence reaches an accepting state.
     """
@@ -586,19 +590,27 @@ def lift(dfa: ByteDFA, vocabulary: TokenVocabulary, description: str = "") -> To
     token_function[trie.token_ids] = node_function[token_node]
     used, token_map = np.unique(token_function, return_inverse=True)  # -1 (no bytes) first
     token_map = token_map.reshape(-1)
-    rows = functions[np.maximum(used, 0)]
-    rows[used < 0] = num_states
-    rep, src = np.nonzero(rows != num_states)
-    return from_transitions(
-        src,
-        rep,
-        rows[rep, src],
-        initial=dfa.initial,
-        accepting=np.flatnonzero(dfa.accepting),
-        vocab_size=vocabulary.vocab_size,
-        eos_token_id=vocabulary.eos_token_id,
-        description=description,
-        token_map=token_map,
+    # The dense class table, states numbered as `from_table` wants them: 0 dead, 1 the
+    # initial state, then the others in order; column 0 the tokens without bytes (none allowed),
+    # column 1 + g the tokens of `used[g]`.
+    number = np.zeros(num_states + 1, np.int32)  # index `num_states`: the walk died
+    others = np.flatnonzero(np.arange(num_states) != dfa.initial)
+    number[dfa.initial] = INITIAL
+    number[others] = np.arange(2, others.size + 2)
+    order = np.concatenate([[dfa.initial], others])
+    # Maps that die everywhere (and tokens without bytes) are column 0, so that the columns
+    # are distinct (the end-of-generation column and pruning aside).
+    alive = (functions != num_states).any(axis=1)[np.maximum(used, 0)] & (used >= 0)
+    column = np.where(alive, np.cumsum(alive), 0)
+    columns = np.zeros((int(alive.sum()) + 2, num_states + 1), np.int32)  # + the EOS column
+    for g in np.flatnonzero(alive):  # one map at a time: `take` on a cache-sized lookup
+        np.take(number, functions[used[g]][order], out=columns[column[g], 1:])
+    return from_table(
+        np.ascontiguousarray(columns.T),
+        column[token_map],
+        number[np.flatnonzero(dfa.accepting)],
+        vocabulary.eos_token_id,
+        description,
     )
 
 

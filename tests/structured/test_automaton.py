@@ -148,3 +148,96 @@ def test_unwritable_regex():
     with pytest.raises(ConstraintError, match="cannot write"):
         fg.processors.Regex("x+", tiny_tokenizer(100))
     assert fg.processors.Regex("(t[0-9])+", tiny_tokenizer(100)).num_constraints == 1
+
+
+# ----------------------------------------------------------------------------- table helpers
+
+
+def _plain_bfs(successors, sources):
+    """Breadth-first distance with a queue: `successors[s]` lists the successors of `s`."""
+    distance = {int(s): 0 for s in sources}
+    queue = list(distance)
+    for state in queue:
+        for target in successors[state]:
+            if int(target) not in distance:
+                distance[int(target)] = distance[state] + 1
+                queue.append(int(target))
+    return distance
+
+
+def test_unique_columns_groups_exactly_like_numpy():
+    from functional_gen.structured.automaton import unique_columns
+
+    rng = np.random.default_rng(0)
+    for rows, cols, values in [(1, 5, 2), (7, 40, 3), (300, 60, 2), (5000, 30, 4), (9000, 3, 1)]:
+        base = rng.integers(-1, values, (rows, cols))
+        base[:, 0] = 0  # an all-zero column...
+        matrix = base[:, rng.integers(0, cols, 2 * cols)]  # ...and repeats, in any order
+        distinct, inverse = unique_columns(matrix)
+        reference = np.unique(matrix, axis=1)
+        np.testing.assert_array_equal(distinct[:, inverse], matrix)
+        assert distinct.shape == reference.shape  # as many groups: each column once
+        assert {c.tobytes() for c in distinct.T} == {c.tobytes() for c in reference.T}
+        if not matrix.any(axis=0).all():
+            assert not distinct[:, 0].any()  # the all-zero column first
+
+
+@pytest.mark.parametrize("dense", [True, False])
+def test_bfs_distance_equals_a_plain_breadth_first_search(dense):
+    from functional_gen.structured.automaton import _bfs_distance
+
+    rng = np.random.default_rng(1)
+    for states, degree in [(1, 1), (30, 2), (400, 3), (2000, 1)]:
+        table = rng.integers(0, states, (states, degree))
+        table[rng.random(table.shape) < 0.3] = 0  # edges to state 0 (the dead state's place)
+        sources = rng.integers(0, states, 3)
+        expected = _plain_bfs(table, sources)
+        graph = table
+        if not dense:  # the same edges as a CSR, rows shuffled and repeated
+            rows = [np.concatenate([r, r[:1]])[rng.permutation(degree + 1)] for r in table]
+            indptr = np.concatenate([[0], np.cumsum([r.size for r in rows])])
+            graph = (indptr, np.concatenate(rows))
+        distance = _bfs_distance(graph, sources, states)
+        for state in range(states):
+            assert distance[state] == expected.get(state, INFINITE_DISTANCE)
+
+
+def test_from_table_keeps_exactly_the_useful_states_with_their_distances():
+    # states reachable from the initial state that can reach an accepting one are kept, in
+    # order, with the fewest tokens to acceptance; the rest are pruned and entries into them
+    # are dropped (plain searches on the host as the reference)
+    from functional_gen.structured.automaton import from_table
+
+    rng = np.random.default_rng(2)
+    for trial in range(40):
+        states, classes = int(rng.integers(3, 40)), int(rng.integers(1, 6))
+        table = rng.integers(0, states, (states, classes + 1)).astype(np.int32)
+        table[rng.random(table.shape) < 0.5] = 0
+        table[0] = 0  # the dead state
+        table[:, -1] = 0  # the end-of-generation column, reserved
+        accepting = np.flatnonzero(rng.random(states) < 0.2)
+        accepting = accepting[accepting > 0]
+        backward = [[] for _ in range(states)]
+        for s in range(1, states):
+            for target in table[s, :-1]:
+                if target:
+                    backward[target].append(s)
+        to_accept = _plain_bfs(backward, accepting)
+        if INITIAL not in to_accept:
+            with pytest.raises(ConstraintError):
+                from_table(table.copy(), np.arange(classes + 1), accepting, (classes,))
+            continue
+        useful = [[t for t in table[s, :-1] if t and int(t) in to_accept] for s in range(states)]
+        reached = _plain_bfs(useful, [INITIAL])
+        kept = [0] + sorted(s for s in reached if s in to_accept)
+        token_class = np.arange(classes + 1)  # token t: column t; token `classes`: EOS
+        automaton = from_table(table.copy(), token_class, accepting, (classes,))
+        assert automaton.num_states == len(kept), trial
+        new = {old: i for i, old in enumerate(kept)}
+        for old in kept[1:]:
+            assert automaton.distance[new[old]] == to_accept[old]
+            for token in range(classes):
+                expected = new.get(int(table[old, token]), 0)
+                assert automaton.next_state(new[old], token) == expected
+            eos = automaton.next_state(new[old], classes)
+            assert eos == (new[old] if old in accepting else 0)
