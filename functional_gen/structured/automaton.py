@@ -301,7 +301,8 @@ def from_table(
     from scipy.sparse import csr_array
 
     table = np.ascontiguousarray(table, np.int32)
-    indptr = np.arange(0, num_states * num_classes + 1, num_classes, dtype=np.int64)
+    index = np.int32 if table.size < 2**31 - num_states else np.int64  # scipy keeps int32 as is
+    indptr = np.arange(0, num_states * num_classes + 1, num_classes, dtype=index)
     forward = csr_array(
         (np.ones(table.size, np.int8), table.reshape(-1), indptr), shape=(num_states, num_states)
     )

@@ -264,8 +264,8 @@ def _reachable(indptr, indices, sources, num_states: int) -> Bool[np.ndarray, " 
     from scipy.sparse import csr_array
     from scipy.sparse.csgraph import breadth_first_order
 
-    sources = np.asarray(sources, np.int64)
-    indptr = np.concatenate([indptr, [indptr[-1] + sources.size]])
+    sources = np.asarray(sources, indices.dtype)
+    indptr = np.concatenate([indptr, np.asarray([indptr[-1] + sources.size], indptr.dtype)])
     indices = np.concatenate([indices, sources])
     graph = csr_array(
         (np.ones(indices.size, np.int8), indices, indptr), shape=(num_states + 1, num_states + 1)
@@ -286,8 +286,10 @@ def trim(dfa: ByteDFA) -> ByteDFA:
         return dfa
     n = dfa.num_states
     live = dfa.delta != REJECT
-    indptr = np.concatenate([[0], np.cumsum(live.sum(axis=1))])
-    successors = dfa.delta[live].astype(np.int64)  # row by row: a CSR of the edges
+    # Row by row: a CSR of the edges (int32 where it fits, which scipy keeps without a copy).
+    index = np.int32 if int(live.sum()) < 2**31 - 256 else np.int64
+    indptr = np.concatenate([[0], np.cumsum(live.sum(axis=1))]).astype(index)
+    successors = dfa.delta[live].astype(index)
     reach = _reachable(indptr, successors, [dfa.initial], n)
     # The reversed edges, grouped by their target: the CSC layout of the same matrix.
     from scipy.sparse import csr_array
