@@ -477,3 +477,50 @@ def test_pushdown_json_schemas_share_one_tree_structure(tokenizer):
     )
     assert a.pushdown is not None and b.pushdown is not None
     assert jax.tree.structure(a) == jax.tree.structure(b)
+
+
+def _plain_distances(pda, vocabulary):
+    """The fixed point of `distance` the slow way: every (position, one-byte token) edge
+    relaxed in Python until nothing changes (0 where the rule may end; else 1 + the next
+    position's distance + the pushed positions' distances, over the one-byte tokens)."""
+    from functional_gen.structured.pda import UNREACHABLE
+
+    single = [t for t in range(vocabulary.vocab_size) if vocabulary.token_length[t] == 1]
+    classes = sorted({int(pda.byte_class[vocabulary.token_bytes[t][0]]) for t in single})
+    positions = pda.next.shape[0]
+    distance = [0 if pda.final[p] else UNREACHABLE for p in range(positions)]
+    distance[0] = UNREACHABLE
+    changed = True
+    while changed:
+        changed = False
+        for p in range(1, positions):
+            for c in classes:
+                target = int(pda.next[p, c])
+                if target <= 0:
+                    continue
+                pushed = sum(distance[int(q)] for q in pda.push[p, c] if q > 0)
+                value = min(1 + distance[target] + pushed, UNREACHABLE)
+                if value < distance[p]:
+                    distance[p], changed = value, True
+    return distance
+
+
+@pytest.mark.parametrize("source", ["json", "calc", "schema"])
+def test_distances_equal_a_plain_fixed_point(source, vocabulary):
+    # the worklist of `_distances` (only edges whose inputs changed are re-evaluated) against
+    # relaxing every edge until nothing changes
+    if source == "schema":
+        schema = {
+            "type": "object",
+            "properties": {
+                "name": {"type": "string", "maxLength": 40},
+                "tags": {"type": "array", "items": {"$ref": "#"}},
+                "extra": {},
+            },
+        }
+        pda = json_schema_compile(schema, vocabulary, cache=False, free_form_depth=None)
+    else:
+        grammar = JSON_GRAMMAR if source == "json" else PUSHDOWN_GRAMMARS["arithmetic"]
+        pda = build_pushdown(parse_grammar(grammar), vocabulary)
+    assert isinstance(pda, PushdownAutomaton)
+    np.testing.assert_array_equal(pda.distance, _plain_distances(pda, vocabulary))
