@@ -2724,10 +2724,11 @@ _DFA_TERMINAL = "\x03FGDFA"
 a control character no schema regex holds, then a digest of the string's regex and lengths."""
 _MAX_STRING_STATES = 64_000
 """Most states of a string terminal's automaton (`patterns.length_bounded_dfa`). Spliced into
-the schema's token automaton (`_spliced_dfa`), it costs about 0.1 ms per state to build and lift
-(a grammar-form rule costs more: its positions are limited to `_MAX_GRAMMAR_POSITIONS` in all).
-A plain string takes 12 states per character: maxLength 5,000 (16 MaskBench schemas) is 60,001
-states, 5.3 s and a 50 MiB token table; MaskBench's larger bounds (8,192, 32,767, 65,535, ...)
+the schema's token automaton (`_spliced_dfa`), it costs about 0.05-0.1 ms per state to build and
+lift (a grammar-form rule costs more: its positions are limited to `_MAX_GRAMMAR_POSITIONS` in
+all). A plain string takes 12 states per character: maxLength 5,000 (16 MaskBench schemas) is
+60,001 states and a 50 MiB token table (MaskBench Github_hard o82849, 75,927 states in all: 7.2 s
+to compile, 15.4 s before `lift` built a dense class table); MaskBench's larger bounds (8,192, 32,767, 65,535, ...)
 would need a counter register on the device, not a chain of states.
 Measured: 437 states for MaskBench's `^[a-zA-Z0-9\\-]+(\\s[a-zA-Z0-9\\-]+)*$` with maxLength 64,
 1,593 for `format: email` with maxLength 100, 18,225 with maxLength 1,024, 56,571 for
@@ -2783,7 +2784,8 @@ _PLAIN_STRING_STATES = 12
 _MAX_SPLICED_STATES = 150_000
 """Most states of a schema's automaton with its string automata spliced in (`_spliced_dfa`):
 one copy of a string's automaton per place that calls it, so an array of such strings whose
-items are counted (`maxItems`) multiplies it. About 0.1 ms per state to lift."""
+items are counted (`maxItems`) multiplies it. About 0.05-0.1 ms per state to build and lift (the
+four largest of a 1,000-schema MaskBench sample, 51-76k states: 3.3-7.2 s a compile)."""
 
 
 def _quoted(body: ByteDFA) -> ByteDFA:
