@@ -593,15 +593,16 @@ def lift(dfa: ByteDFA, vocabulary: TokenVocabulary, description: str = "") -> To
     used, token_map = np.unique(token_function, return_inverse=True)  # -1 (no bytes) first
     token_map = token_map.reshape(-1)
     # The dense class table, states numbered as `from_table` wants them: 0 dead, 1 the
-    # initial state, then the others in order; column 0 the tokens without bytes (none allowed),
-    # column 1 + g the tokens of `used[g]`.
+    # initial state, then the others in order; column 0 the tokens that are never allowed, then
+    # one column per map that lives somewhere (`column[g]` for the tokens of `used[g]`), then
+    # the column `from_table` reserves for the end-of-generation tokens.
     number = np.zeros(num_states + 1, np.int32)  # index `num_states`: the walk died
     others = np.flatnonzero(np.arange(num_states) != dfa.initial)
     number[dfa.initial] = INITIAL
     number[others] = np.arange(2, others.size + 2)
     order = np.concatenate([[dfa.initial], others])
     # Maps that die everywhere (and tokens without bytes) are column 0, so that the columns
-    # are distinct (the end-of-generation column and pruning aside).
+    # are distinct (pruning aside) and `unique_columns` can skip its gather.
     alive = (functions != num_states).any(axis=1)[np.maximum(used, 0)] & (used >= 0)
     column = np.where(alive, np.cumsum(alive), 0)
     columns = np.zeros((int(alive.sum()) + 2, num_states + 1), np.int32)  # + the EOS column
