@@ -12,7 +12,7 @@ nodes, our own regexes where outlines-core's would let invalid documents through
 | string `pattern` | copied between quotes: `.` can write a raw `"` | JSON-escaped translation, searched as in ECMA-262 (`patterns`), intersected exactly with `minLength`/`maxLength` (below) |
 | `type: [..]` with per-type keywords | keywords of the other types lost | split into `anyOf` |
 | `allOf` | regexes concatenated: invalid JSON | merged into one schema (object members together: each side's `additionalProperties` covers the keys its own `properties`/`patternProperties` leave, `_merge_members`) |
-| `oneOf` | treated as `anyOf` | `anyOf` when the branches are provably disjoint (types, listed discriminators, a closed object against a required name; as llguidance), or made disjoint exactly: finite branches -> the values exactly one lists, a type two branches accept whole taken out, `required`-only branches -> presence choices; else refused |
+| `oneOf` | treated as `anyOf` | `anyOf` when the branches are provably disjoint (types, listed discriminators, a property both require whose values cannot be equal, also one level down, a closed object against a required name, `required` also in `allOf`; as llguidance), or made disjoint exactly: finite branches -> the values exactly one lists, a type two branches accept whole taken out, `required`-only branches -> presence choices; else refused |
 | objects | closed: no property beyond `properties` | open unless `additionalProperties: false` (JSON Schema's default; `closed_objects=True` closes them); `patternProperties` (a key no pattern matches is an additional property: its key language is the complement automaton, written back as a regex, `_unmatched_keys`), `propertyNames`, `minProperties`/`maxProperties`, `required` names without a schema (any value) |
 | free-form values (`{}`) | nested 3 levels, a 14,000-character regex that takes minutes to compile | as deep as the stack (default `free_form_depth=None`: a pushdown automaton); nested `free_form_depth` levels for an integer |
 | `enum`/`const` at the top (or in a top-level `allOf` branch) beside other keywords | the other keywords' regexes joined | the enum of the listed values `jsonschema` accepts under the whole schema (`not`, `if`, `contains`, ... exact on them) |
@@ -2607,8 +2607,9 @@ class _Rewriter:
 
     def check_disjoint(self, branches: list, path: str) -> None:
         """`oneOf` needs exactly one branch to match: accept it when no two branches can match
-        the same value (different JSON types, different constants, or objects whose required
-        discriminator property has different constants)."""
+        the same value (different JSON types, different constants, or objects with a property
+        both require whose values cannot be equal: different constants, different types, or
+        such a property again one level down; or a required name the other cannot have)."""
         signatures = [self.signature(b, path) for b in branches]
         for i in range(len(branches)):
             for j in range(i + 1, len(branches)):
@@ -2627,7 +2628,11 @@ class _Rewriter:
         for combinator in ("anyOf", "oneOf"):  # a value of either matches one of its branches
             if isinstance(node.get(combinator), list):
                 parts = [self.signature(b, path, depth + 1) for b in node[combinator]]
-                return None if any(p is None for p in parts) else ("union", parts)
+                if all(p is not None for p in parts):
+                    return ("union", parts)
+                # else the node's own keywords (its `type`, ...) still hold for its values: judge
+                # by them alone, a superset (o76546: a string, or an object with an `anyOf` of
+                # `required`)
         if "const" in node or "enum" in node:
             values = [node["const"]] if "const" in node else node["enum"]
             return ("values", [_canonical(v) for v in values], {_json_type(v) for v in values})
@@ -2637,16 +2642,32 @@ class _Rewriter:
         types = set([t] if isinstance(t, str) else t)
         if "number" in types:
             types.add("integer")
-        discriminators, required, closed = {}, set(), None
+        discriminators, required, closed, values_of = {}, set(), None, {}
         if types == {"object"}:
-            required = set(node.get("required", []))
+            required = self.required_names(node, path)
+            properties = node.get("properties", {})
             for name in required:
-                values = _listed_value_keys(node.get("properties", {}).get(name, {}))
+                values = _listed_value_keys(properties.get(name, {}))
                 if values is not None:
                     discriminators[name] = values
+                if isinstance(properties, Mapping) and name in properties:
+                    values_of[name] = (properties[name], depth + 1)  # its signature, when needed
             if node.get("additionalProperties") is False and not node.get("patternProperties"):
                 closed = set(node.get("properties", {}))  # the only names it may have
-        return ("types", types, discriminators, required, closed, _forbidden_names(node))
+        forbidden = _forbidden_names(node)
+        return ("types", types, discriminators, required, closed, forbidden, values_of, path)
+
+    def required_names(self, node, path: str, depth: int = 0) -> set:
+        """The names every object valid under `node` has: its `required`, and those of its
+        `allOf` members (MaskBench Github_medium o6249: a `oneOf` of closed objects whose
+        `required` sits in an `allOf`)."""
+        names = set(node.get("required", [])) if isinstance(node.get("required"), list) else set()
+        if isinstance(node.get("allOf"), list) and depth < 8:
+            for member in node["allOf"]:
+                member = self.deref(member, path)
+                if isinstance(member, Mapping):
+                    names |= self.required_names(member, path, depth + 1)
+        return {n for n in names if isinstance(n, str)}
 
     def disjoint(self, a, b) -> bool:
         if a is None or b is None:
@@ -2669,6 +2690,14 @@ class _Rewriter:
                 or (a[4] is not None and bool(b[3] - a[4]))
                 or bool(a[3] & b[5])  # ... or forbids
                 or bool(b[3] & a[5])
+                or any(  # a property both require, whose values cannot be equal (nested)
+                    name in b[6]
+                    and self.disjoint(
+                        self.signature(a[6][name][0], a[7], a[6][name][1]),
+                        self.signature(b[6][name][0], b[7], b[6][name][1]),
+                    )
+                    for name in a[6]
+                )
             )
         return False
 

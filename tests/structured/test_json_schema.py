@@ -986,6 +986,84 @@ ONE_OF_CASES = {
         },
         ["A", "N", "C", {"t": "A"}, {"t": "N"}, {"t": "T"}, {"t": "T", "v": 1}, {"t": "A", "v": 1}],
     ),
+    # closed objects whose `required` sits in an `allOf` (o6249)
+    "required_in_all_of": (
+        {
+            "type": "object",
+            "oneOf": [
+                {
+                    "properties": {"s": {"type": "string"}, "f": {"type": "string"}},
+                    "allOf": [{"required": ["s"]}, {"required": ["f"]}],
+                    "additionalProperties": False,
+                },
+                {
+                    "properties": {"s": {"type": "string"}, "m": {"type": "string"}},
+                    "allOf": [{"required": ["s", "m"]}],
+                    "additionalProperties": False,
+                },
+            ],
+        },
+        [{"s": "a", "f": "b"}, {"s": "a", "m": "b"}, {"s": "a", "f": "b", "m": "c"}, {"s": "a"}],
+    ),
+    # a discriminator one level down: `config.align` (o85188)
+    "nested_discriminator": (
+        {
+            "type": "object",
+            "oneOf": [
+                {
+                    "properties": {
+                        "config": {
+                            "type": "object",
+                            "properties": {"align": {"enum": [side]}},
+                            "required": ["align"],
+                        }
+                    },
+                    "required": ["config"],
+                }
+                for side in ("left", "right")
+            ],
+        },
+        [
+            {"config": {"align": "left"}},
+            {"config": {"align": "right"}},
+            {"config": {"align": "up"}},
+            {"config": {}},
+            {},
+        ],
+    ),
+    # a string, or an object whose own `anyOf` the proof cannot read (o76546)
+    "typed_beside_any_of": (
+        {
+            "oneOf": [
+                {"type": "string"},
+                {
+                    "type": "object",
+                    "properties": {"t": {"type": "string"}, "u": {"type": "string"}},
+                    "anyOf": [{"required": ["t"]}, {"required": ["u"]}],
+                },
+            ]
+        },
+        ["MIT", {"t": "x"}, {"u": "y"}, {}, 1],
+    ),
+    # a property both require, of different types in each (sp_337)
+    "required_of_different_types": (
+        {
+            "type": "object",
+            "oneOf": [
+                {
+                    "type": "object",
+                    "properties": {"where": {"type": "array", "items": {"type": "string"}}},
+                    "required": ["where"],
+                },
+                {
+                    "type": "object",
+                    "properties": {"where": {"type": ["string", "null"]}},
+                    "required": ["where"],
+                },
+            ],
+        },
+        [{"where": ["a"]}, {"where": "a"}, {"where": None}, {"where": 1}, {}],
+    ),
 }
 
 
@@ -1020,6 +1098,16 @@ def test_one_of_that_truly_overlaps_is_still_refused():
     }
     with pytest.raises(UnsupportedSchemaError, match="oneOf"):
         json_schema_regex(schema)
+    # a property both require whose values may be equal ("a" is a string of both branches)
+    nested = {
+        "type": "object",
+        "oneOf": [
+            {"properties": {"t": {"type": "string"}}, "required": ["t"]},
+            {"properties": {"t": {"type": ["string", "null"]}}, "required": ["t"]},
+        ],
+    }
+    with pytest.raises(UnsupportedSchemaError, match="oneOf"):
+        json_schema_regex(nested)
 
 
 _ABC = {"a": {"type": "integer"}, "b": {"type": "integer"}, "c": {"type": "integer"}}
