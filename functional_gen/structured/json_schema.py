@@ -1852,8 +1852,6 @@ class _Rewriter:
             )
         except ValueError as e:
             keyword = "minimum" if "lower" in str(e) or hi is None else "maximum"
-            if "fraction digits" in str(e) and "decimal bounds" in str(e):
-                keyword = "multipleOf"
             raise UnsupportedSchemaError(keyword, path, str(e)) from None
 
     def integer_bounds(self, node: dict, path: str):

@@ -188,46 +188,60 @@ def _digit_class(digits: list[int]) -> str:
     return "[" + "".join(map(str, digits)) + "]"
 
 
-def _fraction_regex(lower, lower_inclusive: bool, upper, upper_inclusive: bool):
+def _fraction_regex(lower, lower_inclusive: bool, upper, upper_inclusive: bool, places=None):
     """The fraction digit strings `F` (the `F` of `I.F`, read as the number `0.F`) with
     `0.F` at least `0.lower` (more, unless `lower_inclusive`) and at most `0.upper` (less, unless
     `upper_inclusive`); `lower`/`upper` are digit strings without trailing zeros, `None` for no
-    bound. Returns `(regex of the non-empty F, or None when there is none; whether no
-    fraction at all, the value 0, is inside)`.
+    bound; `places`: at most this many significant digits (only zeros after them; `None`: any).
+    Returns `(regex of the non-empty F, or None when there is none; whether no fraction at all,
+    the value 0, is inside)`.
 
     A left-to-right comparison, one digit at a time: a digit above the lower bound's digit
     settles that bound, one equal to it leaves the rest of the bound to compare, one below it
     leaves the interval (the upper bound mirrored). Digits with the same outcome share one
-    character class, so the regex has one level per digit of the bounds."""
+    character class, so the regex has one level per digit of the bounds. With `places`, the
+    state also counts the digits left (`left`); at 0 only zeros may follow, which change
+    neither the value nor any comparison."""
     memo: dict = {}
 
     @typing.no_type_check
     def normal(state):
-        lo, lo_in, hi, hi_in = state
+        lo, lo_in, hi, hi_in, left = state
         if lo == "" and lo_in:
             lo = None  # 0.F >= 0: no constraint
         if hi == "" and not hi_in:
             return None  # 0.F < 0: nothing
         if lo == "" and hi == "":
             return None  # 0 < 0.F <= 0
-        return (lo, lo_in if lo is not None else True, hi, hi_in if hi is not None else True)
+        return (
+            lo,
+            lo_in if lo is not None else True,
+            hi,
+            hi_in if hi is not None else True,
+            left,
+        )
 
     @typing.no_type_check
     def empty_ok(state) -> bool:
-        lo, lo_in, hi, hi_in = state
+        lo, lo_in, hi, hi_in, _ = state
         return (lo is None or (lo == "" and lo_in)) and (hi is None or hi != "" or hi_in)
 
     @typing.no_type_check
     def nonempty(state):
         if state in memo:
             return memo[state]
-        lo, _, hi, _ = state
-        if lo is None and hi is None:
-            out = "[0-9]+"
+        lo, _, hi, _, left = state
+        if left == 0:
+            out = "0+" if empty_ok(state) else None  # trailing zeros only
+        elif lo is None and hi is None:
+            out = "[0-9]+" if left is None else f"[0-9]{{1,{left}}}0*"
         elif lo is None and hi == "":
             out = "0+"
-        elif lo == "" and hi is None:
-            out = "0*[1-9][0-9]*"
+        elif lo == "" and hi is None:  # a non-zero fraction
+            if left is None:
+                out = "0*[1-9][0-9]*"
+            else:
+                out = ("" if left == 1 else f"[0-9]{{0,{left - 1}}}") + "[1-9]0*"
         else:
             groups: dict = {}
             for d in range(10):
@@ -260,7 +274,7 @@ def _fraction_regex(lower, lower_inclusive: bool, upper, upper_inclusive: bool):
 
     @typing.no_type_check
     def step(state, d: int):
-        lo, lo_in, hi, hi_in = state
+        lo, lo_in, hi, hi_in, left = state
         if lo is not None:
             first = int(lo[0]) if lo else 0
             if d < first:
@@ -271,9 +285,9 @@ def _fraction_regex(lower, lower_inclusive: bool, upper, upper_inclusive: bool):
             if d > first:
                 return None
             hi = None if d < first else hi[1:]
-        return normal((lo, lo_in, hi, hi_in))
+        return normal((lo, lo_in, hi, hi_in, None if left is None else left - 1))
 
-    start = normal((lower, lower_inclusive, upper, upper_inclusive))
+    start = normal((lower, lower_inclusive, upper, upper_inclusive, places))
     if start is None:
         return None, False
     return nonempty(start), empty_ok(start)
@@ -288,29 +302,36 @@ def _with_fraction(integer: str, fraction) -> str | None:
 
 
 def _decimal_magnitude_regex(
-    lo: Decimal, lo_exclusive: bool, hi: Decimal | None, hi_exclusive: bool
+    lo: Decimal, lo_exclusive: bool, hi: Decimal | None, hi_exclusive: bool, places=None
 ) -> str | None:
     """Decimals `I(.F)?` with value in the interval from `lo >= 0` to `hi` (None: unbounded),
-    for any decimal bounds: the integer part `I` strictly between the bounds' integer parts
-    takes any fraction, and at each bound's integer part the fraction is compared digit by
-    digit (`_fraction_regex`)."""
+    for any decimal bounds, with at most `places` significant fraction digits (`None`: any):
+    the integer part `I` strictly between the bounds' integer parts takes any such fraction,
+    and at each bound's integer part the fraction is compared digit by digit
+    (`_fraction_regex`)."""
     lo_int, lo_fraction = _split(lo)
     if hi is not None:
         hi_int, hi_fraction = _split(hi)
         if lo_int == hi_int:
             return _with_fraction(
                 str(lo_int),
-                _fraction_regex(lo_fraction, not lo_exclusive, hi_fraction, not hi_exclusive),
+                _fraction_regex(
+                    lo_fraction, not lo_exclusive, hi_fraction, not hi_exclusive, places
+                ),
             )
     parts = [
-        _with_fraction(str(lo_int), _fraction_regex(lo_fraction, not lo_exclusive, None, True))
+        _with_fraction(
+            str(lo_int), _fraction_regex(lo_fraction, not lo_exclusive, None, True, places)
+        )
     ]
     last_full = None if hi is None else hi_int - 1
     if last_full is None or lo_int + 1 <= last_full:
-        parts.append(natural_range_regex(lo_int + 1, last_full) + _FRACTION)
+        parts.append(natural_range_regex(lo_int + 1, last_full) + _fractions(places)[0])
     if hi is not None:
         parts.append(
-            _with_fraction(str(hi_int), _fraction_regex(None, True, hi_fraction, not hi_exclusive))
+            _with_fraction(
+                str(hi_int), _fraction_regex(None, True, hi_fraction, not hi_exclusive, places)
+            )
         )
     parts = [p for p in parts if p is not None]
     return "(?:" + "|".join(parts) + ")" if parts else None
@@ -320,14 +341,12 @@ def _magnitude(
     lo: Decimal, lo_exclusive: bool, hi: Decimal | None, hi_exclusive: bool, places=None
 ):
     """`_magnitude_regex` (the regexes of the integer-bound code, unchanged) when both bounds
-    are integers, else `_decimal_magnitude_regex` (which takes no `places`)."""
+    are integers, else `_decimal_magnitude_regex`."""
     if lo == lo.to_integral_value() and (hi is None or hi == hi.to_integral_value()):
         return _magnitude_regex(
             int(lo), lo_exclusive, None if hi is None else int(hi), hi_exclusive, places
         )
-    if places is not None:
-        raise ValueError(f"decimal bounds ({lo}, {hi}) with a limit on the fraction digits")
-    return _decimal_magnitude_regex(lo, lo_exclusive, hi, hi_exclusive)
+    return _decimal_magnitude_regex(lo, lo_exclusive, hi, hi_exclusive, places)
 
 
 def number_range_regex(
@@ -343,11 +362,12 @@ def number_range_regex(
     finite decimals (a float is read as its shortest `repr`, see `_as_decimal`); the comparison
     is exact on the decimal values (`0.50` and `0.5` are equal; `0.4999` is below `0.5`).
     `places`: at most this many significant fraction digits (the multiples of `10 ** -places`,
-    JSON Schema's `multipleOf: 0.01` for `places=2`; trailing zeros allowed: `1.50`); integer
-    bounds only.
+    JSON Schema's `multipleOf: 0.01` for `places=2`; trailing zeros allowed: `1.50`), with
+    integer or decimal bounds (`0 <= x <= 99.99` in steps of 0.01).
 
     **Raises:** `ValueError` for an infinite or NaN bound, a bound with more than
-    `MAX_FRACTION_DIGITS` fraction digits, a decimal bound with `places`, or an empty interval.
+    `MAX_FRACTION_DIGITS` fraction digits, or an empty interval (also one with no multiple of
+    `10 ** -places` inside, such as 0.11 to 0.19 with `places=1`).
     """
     lo_d = None if lo is None else _as_decimal(lo, "lower")
     hi_d = None if hi is None else _as_decimal(hi, "upper")

@@ -1332,6 +1332,8 @@ def test_a_boolean_discriminator_and_an_any_of_beside_the_conditionals():
         {"type": ["number", "null"], "multipleOf": 0.001, "maximum": 1},
         {"type": "integer", "multipleOf": 0.25, "maximum": 7},  # every integer is a multiple
         {"multipleOf": 0.1},  # untyped: other types unconstrained
+        {"type": "number", "multipleOf": 0.01, "minimum": 0.5},  # decimal bounds too (o46322)
+        {"type": "number", "multipleOf": 0.01, "minimum": 0, "maximum": 2.95},
     ],
 )
 def test_multiple_of_a_power_of_ten_is_exact(schema):
@@ -1361,7 +1363,6 @@ def test_other_multiples_are_refused_by_name():
     for schema in (
         {"type": "number", "multipleOf": 0.25},
         {"type": "integer", "multipleOf": 5},
-        {"type": "number", "multipleOf": 0.01, "minimum": 0.5},  # a decimal bound
     ):
         with pytest.raises(UnsupportedSchemaError, match="multipleOf"):
             json_schema_regex(schema)

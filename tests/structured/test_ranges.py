@@ -141,6 +141,44 @@ def test_decimal_bounds_are_exact(lo, hi):
                 assert bool(pattern.fullmatch(text)) == inside, (text, lo_exclusive, hi_exclusive)
 
 
+@pytest.mark.parametrize("places", [0, 1, 2, 3])
+@pytest.mark.parametrize(
+    "lo,hi", [(0, 99.99), (0.5, 2.125), (-1.75, 0.25), (0.001, None), (None, -0.05), (1.5, 1.5)]
+)
+def test_decimal_bounds_with_fraction_digits_are_exact(lo, hi, places):
+    # `multipleOf: 10 ** -places` beside decimal bounds (MaskBench o46322: 0 to 99.99 in 0.01s):
+    # inside the bounds and a multiple, judged on exact fractions
+    lo_q = None if lo is None else Fraction(repr(lo))
+    hi_q = None if hi is None else Fraction(repr(hi))
+    step = Fraction(1, 10**places)
+    candidates = _decimal_candidates() + ["99.99", "99.990", "99.995", "100", "98.5", "2.13"]
+    for lo_exclusive in (False, True):
+        for hi_exclusive in (False, True):
+
+            def inside(v, lo_exclusive=lo_exclusive, hi_exclusive=hi_exclusive):
+                return (lo_q is None or (v > lo_q if lo_exclusive else v >= lo_q)) and (
+                    hi_q is None or (v < hi_q if hi_exclusive else v <= hi_q)
+                )
+
+            texts = [t for t in candidates if not (t.startswith("-") and Fraction(t) == 0)]
+            expected = {t: inside(Fraction(t)) and Fraction(t) % step == 0 for t in texts}
+            try:
+                regex = number_range_regex(
+                    lo, hi, lo_exclusive=lo_exclusive, hi_exclusive=hi_exclusive, places=places
+                )
+            except ValueError as e:
+                assert "empty" in str(e)
+                assert not any(expected.values())  # nothing of the candidates is inside
+                continue
+            pattern = re.compile(regex)
+            for text in texts:
+                assert bool(pattern.fullmatch(text)) == expected[text], (
+                    text,
+                    lo_exclusive,
+                    hi_exclusive,
+                )
+
+
 def test_minimum_one_half_by_hand():
     pattern = re.compile(number_range_regex(0.5, None))
     for text in ("0.5", "0.50", "0.5000001", "0.6", "1", "1.0", "7.25", "10"):
