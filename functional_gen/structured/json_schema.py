@@ -210,6 +210,59 @@ _KNOWN = {
 }
 """Keywords that are enforced. Every other keyword that is not in `_UNSUPPORTED` is an
 annotation (JSON Schema 2020-12 core §4.3.1: unknown keywords are ignored) and is dropped."""
+_NOT_STRINGS = "\x03notStrings"
+"""Internal keyword (a control character no schema key holds): the strings a `not` of listed
+strings excludes (`_excluded_strings`), enforced on the node's string values (`_string`)."""
+_KNOWN.add(_NOT_STRINGS)
+
+
+def _excluded_strings(schema) -> list[str] | None:
+    """The values of a `not` whose schema lists strings only (`const` or `enum`, beside
+    `"type": "string"` at most): a value is then valid exactly when it is not one of them (every
+    non-string value is), or `None` for any other `not`."""
+    if not isinstance(schema, Mapping) or not {k for k in schema if _asserts(k)} <= {
+        "const",
+        "enum",
+        "type",
+    }:
+        return None
+    if "const" in schema and "enum" in schema:
+        return None
+    values = [schema["const"]] if "const" in schema else schema.get("enum")
+    kind = schema.get("type", "string")
+    if not isinstance(values, list) or kind not in ("string", ["string"]):
+        return None
+    if not values or not all(isinstance(v, str) for v in values):
+        return None
+    return sorted(set(values))
+
+
+def _json_spellings(value: str) -> str:
+    """A regex of the JSON texts whose value is the string `value`: each character written
+    as itself (where JSON allows it raw), as its short escape, or as a `\\u` escape in either
+    case (a pair of them beyond the BMP)."""
+    from .regex import escape
+
+    short = {'"': '"', "\\": "\\", "/": "/", "\b": "b", "\f": "f", "\n": "n", "\r": "r", "\t": "t"}
+
+    @typing.no_type_check
+    def u_escape(unit: int) -> str:
+        digits = "".join(d if d.isdigit() else f"[{d}{d.upper()}]" for d in f"{unit:04x}")
+        return escape("\\u") + digits
+
+    parts = []
+    for c in value:
+        code = ord(c)
+        alternatives = [] if c in '"\\' or code < 0x20 else [escape(c)]
+        if c in short:
+            alternatives.append(escape("\\" + short[c]))
+        if code <= 0xFFFF:
+            alternatives.append(u_escape(code))
+        else:
+            high, low = 0xD800 + ((code - 0x10000) >> 10), 0xDC00 + ((code - 0x10000) & 0x3FF)
+            alternatives.append(u_escape(high) + u_escape(low))
+        parts.append("(?:" + "|".join(alternatives) + ")")
+    return '"' + "".join(parts) + '"'
 
 
 def _asserts(keyword) -> bool:
@@ -222,7 +275,7 @@ def _asserts(keyword) -> bool:
 _TYPE_KEYWORDS = {
     "integer": {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"},
     "number": {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"},
-    "string": {"minLength", "maxLength", "pattern", "format"},
+    "string": {"minLength", "maxLength", "pattern", "format", _NOT_STRINGS},
     "array": {
         "items",
         "prefixItems",
@@ -1615,9 +1668,15 @@ class _Rewriter:
                 node[kind] = {**node.get(kind, {}), key: value}
         if "not" in node:
             negated = _negation(node["not"])
+            excluded = (
+                None if negated is not None else _excluded_strings(self.deref(node["not"], path))
+            )
             if negated is not None:  # `not` of a shape whose complement is a schema: exact
                 node.pop("not")
                 node["allOf"] = [*node.get("allOf", []), negated]
+            elif excluded is not None:  # `not` of listed strings: the other strings
+                node.pop("not")
+                node = self.merge(node, {_NOT_STRINGS: excluded}, path)
         if {"if", "then", "else"} & node.keys() or any(
             _conditional(part) is not None for part in node.get("allOf", ())
         ):
@@ -1895,6 +1954,10 @@ class _Rewriter:
         return lo, lo_excl, hi, hi_excl
 
     def _string(self, node: dict, path: str):
+        if _NOT_STRINGS in node:
+            node = dict(node)
+            excluded = node.pop(_NOT_STRINGS)
+            return self.excluding(self._string(node, path), excluded, path)
         fmt, pattern = node.get("format"), node.get("pattern")
         lengths = {k: node[k] for k in ("minLength", "maxLength") if k in node}
         for k, v in lengths.items():
@@ -2027,15 +2090,40 @@ class _Rewriter:
             return self.bounded_string(body, lengths, path, next(iter(lengths)))
         return self.dfa_terminal(body, f"{fmt}\0{pattern}", path, "pattern")
 
-    def dfa_terminal(self, body: ByteDFA, source: str, path: str, keyword: str) -> dict:
-        """A marker for the string whose body automaton is `body` (`source` names it for the
-        placeholder's digest): spliced by `json_schema_compile`, a rule of the grammar form."""
+    def dfa_terminal(
+        self, body: ByteDFA, source: str, path: str, keyword: str, *, quoted: bool = False
+    ) -> dict:
+        """A marker for the string whose body automaton is `body` (`quoted`: the automaton of
+        the whole string, quotes included; `source` names it for the placeholder's digest):
+        spliced by `json_schema_compile`, a rule of the grammar form."""
         digest = hashlib.sha1(source.encode()).hexdigest()[:24]
         placeholder = f"{_DFA_TERMINAL}{digest}"
         marker = self.marker(placeholder)
         self.dfa_terminals[marker["const"]] = (placeholder, path, keyword)
-        self.dfa_texts[placeholder] = _quoted(body)
+        self.dfa_texts[placeholder] = body if quoted else _quoted(body)
         return marker
+
+    def excluding(self, terminal, excluded: list[str], path: str):
+        """The string `terminal` (what `_string` returned) without the values `excluded`: the
+        difference of its automaton and that of every JSON spelling of them
+        (`patterns.difference_dfas`), a string automaton (`dfa_terminal`). `NEVER` when no
+        string is left; with `strict=False`, `terminal` itself when it cannot be built."""
+        if terminal is NEVER:
+            return NEVER
+        regex = self.substitute(self.regex_of(terminal))
+        inner = regex[3:-1] if regex.startswith("(?:") and regex.endswith(")") else regex
+        strings = self.dfa_texts.get(inner)
+        source = f"not\0{regex}\0{json.dumps(excluded)}"
+        try:
+            strings = strings if strings is not None else regex_byte_dfa(regex)
+            forbidden = regex_byte_dfa("|".join(map(_json_spellings, excluded)))
+            rest = difference_dfas(strings, forbidden, max_states=_MAX_STRING_STATES)
+        except ConstraintError:  # every string of `terminal` is excluded
+            return NEVER
+        except ValueError as e:
+            self.refuse("not", path, f"the strings other than {excluded}: {e}")
+            return terminal
+        return self.dfa_terminal(rest, source, path, "not", quoted=True)
 
     def bounded_string(self, body, lengths: dict, path: str, keyword: str = "pattern"):
         """A string whose body matches the regex `body` and whose length lies within
@@ -2428,6 +2516,8 @@ class _Rewriter:
                 out[key] = value
             elif key == "required":
                 out[key] = list(dict.fromkeys([*out[key], *value]))
+            elif key == _NOT_STRINGS:
+                out[key] = sorted({*out[key], *value})
             elif key in ("minimum", "exclusiveMinimum", "minLength", "minItems", "minProperties"):
                 out[key] = max(out[key], value)
             elif key in ("maximum", "exclusiveMaximum", "maxLength", "maxItems", "maxProperties"):
@@ -2923,7 +3013,8 @@ def _refuse_dfa_terminals(rewriter: "_Rewriter", regex: str) -> None:
             raise UnsupportedSchemaError(
                 keyword,
                 path,
-                "this length bound needs a string automaton that no compact regex writes; "
+                f"this {'exclusion' if keyword == 'not' else 'length bound'} needs a string "
+                "automaton that no compact regex writes; "
                 "only the grammar form calls it (`json_schema_compile`, or `JsonSchema` with "
                 "one schema), not `json_schema_regex` or a list of schemas",
             )

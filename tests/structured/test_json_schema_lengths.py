@@ -293,3 +293,47 @@ def test_format_and_pattern_are_intersected():
     never = {"type": "object", "properties": {"d": {**schema, "pattern": "^x"}}}
     automaton = js.json_schema_compile(never, BYTES, cache=False)  # no date starts with x
     assert _accepts(automaton, "{}") and not _accepts(automaton, '{"d":"x"}')
+
+
+NOT_STRINGS = {
+    # MaskBench Github_easy o83707: any league but one
+    "plain": {"type": "string", "not": {"enum": ["intramural", "ab"]}},
+    "bounded": {"type": "string", "maxLength": 3, "not": {"const": "abc"}},
+    "pattern": {"type": "string", "pattern": "^[abc/]+$", "not": {"enum": ["a", "b/"]}},
+    "untyped": {"not": {"const": "a"}},  # every non-string value is valid
+    "member": {
+        "type": "object",
+        "properties": {"k": {"type": "string", "not": {"$ref": "#/$defs/taken"}}},
+        "required": ["k"],
+        "additionalProperties": False,
+        "$defs": {"taken": {"type": "string", "enum": ["a", "b"]}},
+    },
+}
+
+
+@pytest.mark.parametrize("name", sorted(NOT_STRINGS))
+def test_not_of_listed_strings_is_exact(name):
+    # the strings other than the listed ones, in every JSON spelling of them (`\/`, `\u0061`)
+    schema = NOT_STRINGS[name]
+    automaton = js.json_schema_compile(schema, BYTES, cache=False)
+    values = _values("abc/", 4) + ["intramural", "intramurals", 1, None, [], True]
+    if name == "member":
+        values = [{"k": v} for v in values] + [{}, {"k": "a", "x": 1}]
+    verdicts = set()
+    for value in values:
+        valid = _valid(value, schema)
+        assert _accepts(automaton, json.dumps(value, ensure_ascii=False)) == valid, value
+        verdicts.add(valid)
+    assert verdicts == {True, False}
+    if name == "plain":  # other spellings of an excluded value are excluded too
+        assert not _accepts(automaton, r'"\u0061b"')
+        assert not _accepts(automaton, r'"intramur\u0061l"')
+
+
+def test_not_of_every_string_leaves_no_string():
+    automaton = js.json_schema_compile(
+        {"type": ["string", "integer"], "enum": ["a", 1], "not": {"const": "a"}},
+        BYTES,
+        cache=False,
+    )
+    assert _accepts(automaton, "1") and not _accepts(automaton, '"a"')
