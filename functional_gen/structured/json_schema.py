@@ -45,7 +45,8 @@ as every validator does: `id`, `_format`, `javaName`, ...), and so is a `format`
 Schema does not define (`"int64"`, `"password"`). Known assertions that no regular constraint
 can enforce raise `UnsupportedSchemaError` naming the keyword and where it is, before anything
 is compiled: `not` (except where its complement is a schema, `_negation`: a type, or
-`required` names of which one must then be absent), `if`/`then`/`else` (except a
+`required` names of which one must then be absent; and a `not` of listed strings, which
+excludes them, in every JSON spelling, from the node's strings), `if`/`then`/`else` (except a
 discriminated union, `_conditionals_as_branches`: every `if` tests one property, whose own
 schema lists its values, against listed values; or a single `if` whose complement is a schema;
 `then`/`else` without `if` assert nothing and are ignored), `dependentSchemas`,
