@@ -244,8 +244,6 @@ def _json_spellings(value: str) -> str:
     case (a pair of them beyond the BMP)."""
     from .regex import escape
 
-    short = {'"': '"', "\\": "\\", "/": "/", "\b": "b", "\f": "f", "\n": "n", "\r": "r", "\t": "t"}
-
     @typing.no_type_check
     def u_escape(unit: int) -> str:
         digits = "".join(d if d.isdigit() else f"[{d}{d.upper()}]" for d in f"{unit:04x}")
@@ -255,8 +253,8 @@ def _json_spellings(value: str) -> str:
     for c in value:
         code = ord(c)
         alternatives = [] if c in '"\\' or code < 0x20 else [escape(c)]
-        if c in short:
-            alternatives.append(escape("\\" + short[c]))
+        if c in _SHORT_ESCAPES:
+            alternatives.append(escape("\\" + _SHORT_ESCAPES[c]))
         if code <= 0xFFFF:
             alternatives.append(u_escape(code))
         else:
@@ -264,6 +262,69 @@ def _json_spellings(value: str) -> str:
             alternatives.append(u_escape(high) + u_escape(low))
         parts.append("(?:" + "|".join(alternatives) + ")")
     return '"' + "".join(parts) + '"'
+
+
+_SHORT_ESCAPES = {
+    '"': '"',
+    "\\": "\\",
+    "/": "/",
+    "\b": "b",
+    "\f": "f",
+    "\n": "n",
+    "\r": "r",
+    "\t": "t",
+}
+"""The characters JSON writes with a two-character escape, and the escape's letter."""
+
+
+def _other_strings_regex(excluded: list[str]) -> str:
+    """A regex of the JSON strings (`ANY_STRING`'s spellings, quotes included) whose value is
+    none of `excluded`: over the trie of the excluded values, at each node the text may end
+    (unless a value ends there), go on with a character no value continues with and then
+    anything, or follow a child. Linear in the values' length (a regex, so a plain string
+    beside it in an `anyOf` stays a regex)."""
+    from .regex import escape
+
+    @typing.no_type_check
+    def raw(c: str) -> bool:  # written as itself in ANY_STRING
+        code = ord(c)
+        return c not in '"\\' and code >= 0x20 and not 0x7F <= code <= 0x9F
+
+    @typing.no_type_check
+    def spellings(c: str) -> list[str]:
+        out = [escape(c)] if raw(c) else []
+        if c in _SHORT_ESCAPES:
+            out.append(escape("\\" + _SHORT_ESCAPES[c]))
+        return out
+
+    @typing.no_type_check
+    def other_unit(chars) -> str:  # one character not in `chars`
+        excluded_raw = "".join(escape(c) for c in sorted(chars) if raw(c))
+        letters = "".join(escape(letter) for c, letter in _SHORT_ESCAPES.items() if c not in chars)
+        parts = [f'[^"\\\\\\x00-\\x1F\\x7F-\\x9F{excluded_raw}]']
+        if letters:
+            parts.append(f"\\\\[{letters}]")
+        return "(?:" + "|".join(parts) + ")"
+
+    trie: dict = {}
+    for value in excluded:
+        node = trie
+        for c in value:
+            node = node.setdefault(c, {})
+        node[None] = True  # a value ends here
+
+    @typing.no_type_check
+    def rest(node) -> str:
+        children = [c for c in node if c is not None]
+        alternatives = [other_unit(children) + ANY_STRING]
+        for c in children:
+            spelled = spellings(c)
+            if spelled:
+                alternatives.append("(?:" + "|".join(spelled) + ")" + rest(node[c]))
+        body = "(?:" + "|".join(alternatives) + ")"
+        return body if None in node else body + "?"
+
+    return '"' + rest(trie) + '"'
 
 
 def _asserts(keyword) -> bool:
@@ -531,6 +592,30 @@ def _discriminator(condition):
     return name, keys, bool(required), "type" in condition
 
 
+def _discriminator_negation(condition):
+    """A schema equal to `{"not": condition}` for a discriminator `if` (`_discriminator`), or
+    `None`: an object that has the property with a value the `if` does not list (`not` of the
+    listed values: compiled for strings, `_excluded_strings`), or lacks it where the `if`
+    requires it, or a non-object value where the `if` says `"type": "object"`."""
+    found = _discriminator(condition)
+    if found is None:
+        return None
+    name, keys, required, object_only = found
+    schema = condition["properties"][name]
+    values = [schema["const"]] if "const" in schema else schema["enum"]
+    listed = [v for v in values if _canonical(v) in keys]
+    if not listed:
+        return None
+    branches = [
+        {"type": "object", "required": [name], "properties": {name: {"not": {"enum": listed}}}}
+    ]
+    if required:
+        branches.append({"type": "object", "properties": {name: False}})
+    if object_only:
+        branches.append({"type": sorted(_JSON_TYPES - {"object", "integer"})})
+    return branches[0] if len(branches) == 1 else {"anyOf": branches}
+
+
 def _conditionals_as_branches(node: dict) -> dict:
     """`node` with its conditionals (`if`/`then`/`else` of its own and of `allOf` parts that
     hold only one) rewritten as an exact `anyOf`, when every `if` tests the same property
@@ -578,7 +663,13 @@ def _conditionals_as_branches(node: dict) -> dict:
     if isinstance(listed, Mapping) and "const" in listed and len(listed) == 1:
         listed = {"enum": [listed["const"]]}
     if not isinstance(listed, Mapping) or set(listed) != {"enum"}:
-        return node  # values beyond the listed ones would need a complement of the tested ones
+        # values beyond the listed ones: a single `if` takes the complement of its test
+        negated = _discriminator_negation(conditionals[0][0]) if len(conditionals) == 1 else None
+        if negated is None:
+            return node
+        condition, then, otherwise = conditionals[0]
+        branches = [{"allOf": [condition, then]}, {"allOf": [negated, otherwise]}]
+        return {**rest, "allOf": [*kept, {"anyOf": branches}]}
 
     @typing.no_type_check
     def branch(base: dict, selected) -> dict:
@@ -1537,6 +1628,12 @@ class _Rewriter:
         expansions: Sequence = (),
     ):
         self.root = root
+        dialect = root.get("$schema") if isinstance(root, Mapping) else None
+        self.before_draft_7 = isinstance(dialect, str) and any(
+            f"draft-0{n}/" in dialect for n in (3, 4, 6)
+        )
+        """`if`/`then`/`else` came with draft 7: under an earlier `$schema` they are unknown
+        keywords, annotations (as `jsonschema` reads them)."""
         self.property_order = property_order
         self.expansions = list(expansions)
         """The recursive targets' subtrees (`inline_references(recursive=True)`): target `k`'s
@@ -1678,7 +1775,10 @@ class _Rewriter:
             elif excluded is not None:  # `not` of listed strings: the other strings
                 node.pop("not")
                 node = self.merge(node, {_NOT_STRINGS: excluded}, path)
-        if {"if", "then", "else"} & node.keys() or any(
+        if self.before_draft_7:
+            for key in ("if", "then", "else"):
+                node.pop(key, None)
+        elif {"if", "then", "else"} & node.keys() or any(
             _conditional(part) is not None for part in node.get("allOf", ())
         ):
             node = _conditionals_as_branches(node)
@@ -2111,6 +2211,8 @@ class _Rewriter:
         string is left; with `strict=False`, `terminal` itself when it cannot be built."""
         if terminal is NEVER:
             return NEVER
+        if terminal == {"type": "string"}:  # any string: a regex does it
+            return self.marker(_other_strings_regex(excluded))
         regex = self.substitute(self.regex_of(terminal))
         inner = regex[3:-1] if regex.startswith("(?:") and regex.endswith(")") else regex
         strings = self.dfa_texts.get(inner)
@@ -2457,6 +2559,10 @@ class _Rewriter:
             if "number" in allowed:
                 allowed.add("integer")
             values = [v for v in values if _json_type(v) in allowed]
+        excluded = node.get(_NOT_STRINGS, ())
+        values = [v for v in values if not (isinstance(v, str) and v in excluded)]
+        if {k for k in node if _asserts(k)} - {"enum", "const", "type", _NOT_STRINGS}:
+            values = self.values_valid_under(node, values, path)
         if not values:  # an empty enum, or no value of the type / in both: nothing matches
             return NEVER
         if any(_own_constant(v) for v in values):
@@ -2464,6 +2570,24 @@ class _Rewriter:
             # `.` any character) and numbers in one spelling, so those constants are written here
             return self.marker("|".join(f"(?:{self.constant_regex(v, path)})" for v in values))
         return {"enum": values} if len(values) > 1 else {"const": values[0]}
+
+    def values_valid_under(self, node: dict, values: list, path: str) -> list:
+        """The listed `values` that the other keywords beside `enum`/`const` accept (`minLength`,
+        `pattern`, `minimum`, `not`, ...), each judged by `jsonschema` with the root's draft
+        and format checker: a list needs no automaton of those keywords. `values` unchanged,
+        with `refuse("enum")`, when `jsonschema` cannot judge them."""
+        import jsonschema
+
+        cls = jsonschema.validators.validator_for(
+            self.root, default=jsonschema.Draft202012Validator
+        )
+        schema = {k: v for k, v in node.items() if k != _NOT_STRINGS}
+        try:
+            check = cls(schema, format_checker=cls.FORMAT_CHECKER)
+            return [v for v in values if check.is_valid(v)]
+        except Exception as e:  # e.g. an unresolvable `$ref` inside
+            self.refuse("enum", path, f"the listed values cannot be judged by jsonschema: {e}")
+            return values
 
     def constant_regex(self, value, path: str = "") -> str:
         """The regex of the JSON text of one constant value, `self.ws` between its tokens; keys
@@ -2519,6 +2643,16 @@ class _Rewriter:
                 out[key] = list(dict.fromkeys([*out[key], *value]))
             elif key == _NOT_STRINGS:
                 out[key] = sorted({*out[key], *value})
+            elif (
+                key in ("items", "propertyNames")
+                and isinstance(out[key], (Mapping, bool))
+                and isinstance(value, (Mapping, bool))
+                and "prefixItems" not in a
+                and "prefixItems" not in b
+            ):
+                # every item (name) matches both schemas: their `allOf` (with `prefixItems` on
+                # a side, `items` would start at different indices)
+                out[key] = {"allOf": [out[key], value]}
             elif key in ("minimum", "exclusiveMinimum", "minLength", "minItems", "minProperties"):
                 out[key] = max(out[key], value)
             elif key in ("maximum", "exclusiveMaximum", "maxLength", "maxItems", "maxProperties"):

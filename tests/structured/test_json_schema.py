@@ -180,7 +180,7 @@ def test_invalid_schema_is_refused_by_its_metaschema():
 def test_strict_false_drops_unenforceable_keywords_with_one_warning():
     schema = {
         "type": "object",
-        "properties": {"n": {"type": "integer", "multipleOf": 3}, "s": {"not": {"const": "x"}}},
+        "properties": {"n": {"type": "integer", "multipleOf": 3}, "s": {"not": {"pattern": "x"}}},
     }
     with pytest.raises(UnsupportedSchemaError):
         json_schema_regex(schema)
@@ -1282,16 +1282,21 @@ def test_then_and_else_without_if_assert_nothing():
     assert regex.fullmatch("1") and regex.fullmatch("7")
 
 
-def test_conditionals_that_cannot_be_exact_are_still_refused():
-    # the tested property's own values are not listed: "any string but 'a'" has no schema here
+def test_a_single_conditional_on_an_unlisted_string_is_exact():
+    # the tested property's own values are not listed: the `else` side is "any string but
+    # 'a'" (`not` of listed strings) or no `kind`... which the `if` holds for (o39097)
     schema = {
         "type": "object",
         "properties": {"kind": {"type": "string"}, "x": {"type": "integer"}},
         "if": {"properties": {"kind": {"const": "a"}}},
         "then": {"required": ["x"]},
     }
-    with pytest.raises(UnsupportedSchemaError, match="if"):
-        json_schema_regex(schema)
+    documents = [{}, {"x": 1}, {"kind": "a"}, {"kind": "a", "x": 1}, {"kind": "b"}]
+    documents += [{"kind": "ab", "x": 2}, {"kind": ""}, {"kind": 1}]
+    _assert_regex_decides_as_jsonschema(schema, documents)
+
+
+def test_conditionals_that_cannot_be_exact_are_still_refused():
     two_properties = {
         "type": "object",
         "properties": _KXY,
@@ -1397,3 +1402,65 @@ def test_contains_with_item_counts_or_max_contains_is_refused():
     ):
         with pytest.raises(UnsupportedSchemaError, match="ontains"):
             json_schema_regex(schema)
+
+
+def test_items_and_property_names_in_both_schemas_of_an_all_of_are_both_enforced():
+    # MaskBench Github_medium o39097: `items` of one side, `items: {required: [...]}` of the
+    # other (was "cannot combine two different `items`")
+    schema = {
+        "allOf": [
+            {"type": "array", "items": {"type": "object", "properties": {"t": {"type": "string"}}}},
+            {"items": {"required": ["t"]}, "maxItems": 2},
+        ]
+    }
+    documents = [[], [{"t": "a"}], [{"t": 1}], [{}], [{"t": "a"}, {"t": "b", "u": 2}]]
+    documents += [[{"t": "a"}, {"u": 1}], [{"t": "a"}] * 3, [1]]
+    _assert_regex_decides_as_jsonschema(schema, documents)
+    names = {
+        "allOf": [
+            {"type": "object", "propertyNames": {"maxLength": 1}, "maxProperties": 2},
+            {"propertyNames": {"enum": ["t", "uu", "v"]}},
+        ]
+    }
+    documents = [{}, {"t": 1}, {"t": 1, "v": 2}, {"uu": 1}, {"w": 1}, {"t": 1, "w": 2}]
+    _assert_regex_decides_as_jsonschema(names, documents)
+
+
+def test_a_nested_list_of_values_obeys_the_keywords_beside_it():
+    # `enum` beside `maxLength` / `minimum` / `pattern` inside an object: each listed value is
+    # kept only if the other keywords accept it (they were ignored below the top level)
+    schema = {
+        "type": "object",
+        "properties": {
+            "k": {"enum": ["t", "uu", 5, 7], "maxLength": 1, "minimum": 6},
+            "p": {"type": "string", "enum": ["ab", "cd"], "pattern": "^a"},
+        },
+        "required": ["k"],
+        "additionalProperties": False,
+    }
+    documents = [{"k": v} for v in ("t", "uu", 5, 7, "x")]
+    documents += [{"k": "t", "p": v} for v in ("ab", "cd", "a")]
+    _assert_regex_decides_as_jsonschema(schema, documents)
+
+
+def test_conditionals_under_a_draft_before_7_are_annotations():
+    # `if`/`then`/`else` came with draft 7: under draft 4 or 6 they assert nothing, as
+    # jsonschema reads them (MaskBench o39097, a draft-04 schema, labels by that reading)
+    for dialect in (
+        "http://json-schema.org/draft-04/schema#",
+        "http://json-schema.org/draft-06/schema#",
+    ):
+        schema = {
+            "$schema": dialect,
+            "type": "object",
+            "properties": {"kind": {"type": "string"}, "x": {"type": "integer"}},
+            "if": {"properties": {"kind": {"const": "a"}}},
+            "then": {"required": ["x"]},
+            "allOf": [{"if": {"required": ["x"]}, "then": {"required": ["kind"]}}],
+        }
+        regex = re.compile(json_schema_regex(schema))
+        validator = jsonschema.validators.validator_for(schema)(schema)
+        for document in [{}, {"kind": "a"}, {"x": 1}, {"kind": "b", "x": 1}, {"kind": 1}]:
+            text = json.dumps(document, separators=(",", ":"))
+            assert bool(regex.fullmatch(text)) == validator.is_valid(document), (dialect, text)
+        assert regex.fullmatch('{"kind":"a"}')  # what draft 7 would reject

@@ -337,3 +337,55 @@ def test_not_of_every_string_leaves_no_string():
         cache=False,
     )
     assert _accepts(automaton, "1") and not _accepts(automaton, '"a"')
+
+
+def test_a_single_if_on_an_unlisted_property_takes_its_complement():
+    # MaskBench Github_medium o39097: `if` tests `type == "action"`, whose own schema is any
+    # string; the `else` side is the complement (`type` present and another string; a
+    # non-string `type` is invalid under the property's own schema anyway)
+    schema = {
+        "type": "object",
+        "properties": {"type": {"type": "string"}, "c": {"type": "string"}},
+        "additionalProperties": False,
+        "if": {"properties": {"type": {"const": "ab"}}},
+        "then": {"required": ["c"]},
+        "else": {"properties": {"c": {"maxLength": 1}}},
+    }
+    automaton = js.json_schema_compile(schema, BYTES, cache=False)
+    documents = [{}, {"c": "a"}, {"c": "ab"}, {"type": "ab"}, {"type": "ab", "c": "abc"}]
+    documents += [{"type": "b"}, {"type": "b", "c": "a"}, {"type": "b", "c": "ab"}, {"type": "abc"}]
+    verdicts = set()
+    for document in documents:
+        valid = _valid(document, schema)
+        assert _accepts(automaton, json.dumps(document, ensure_ascii=False)) == valid, document
+        verdicts.add(valid)
+    assert verdicts == {True, False}
+
+
+def test_other_strings_regex_excludes_exactly_the_listed_values():
+    # the regex form of `not` for plain strings, over random small sets of values with
+    # characters that JSON escapes (`"`, `\`, newline), one with two spellings (`/`, `\/`) and
+    # class metacharacters; every text of ANY_STRING of up to 3 characters, both spellings
+    from functional_gen.structured.byte_dfa import regex_byte_dfa
+    from functional_gen.structured.formats import ANY_STRING
+
+    alphabet = 'ab/"\\\n-]^é'
+    any_string = re.compile('"' + ANY_STRING + '"')
+    rng = random.Random(0)
+    texts = {}
+    for n in range(4):
+        for chars in itertools.product(alphabet, repeat=n):
+            value = "".join(chars)
+            plain = json.dumps(value, ensure_ascii=False)
+            texts[plain] = texts[plain.replace("/", "\\/")] = value
+    texts = {t: v for t, v in texts.items() if any_string.fullmatch(t)}
+    for _ in range(40):
+        size = rng.randint(1, 3)
+        excluded = sorted(
+            {"".join(rng.choices(alphabet, k=rng.randint(0, 3))) for _ in range(size)}
+        )
+        regex = js._other_strings_regex(excluded)
+        regex_byte_dfa(regex)  # outlines-core compiles it
+        pattern = re.compile(regex)
+        for text, value in texts.items():
+            assert bool(pattern.fullmatch(text)) == (value not in excluded), (excluded, text)
