@@ -785,8 +785,9 @@ DEFAULT_FREE_FORM_DEPTH = None
 """`JsonSchema`'s and `json_schema_compile`'s default `free_form_depth`: free-form values nest
 as deep as the pushdown automaton's stack (`json_schema_pushdown`, or calls of the JSON value
 rule in the grammar form), as the JSON Schema spec allows; where no pushdown automaton can be
-built (a value where other text may also start, a grammar form over its position limit) they
-nest `NESTED_FREE_FORM_DEPTH` level(s), with a `UserWarning` that says why.
+built (a value where other text may also start even with its first two levels read in place,
+`_INLINED_CALLS`; a grammar form over its position limit) they nest `NESTED_FREE_FORM_DEPTH`
+level(s), with a `UserWarning` that says why.
 
 Measured on 2026-11-23 (the five MaskBench splits, `--limit 24`, each schema compiled cold, the
 regex cache emptied, depth 1 and `None` interleaved, the box quiet): both compile 114 of 120,
@@ -803,21 +804,35 @@ which JSON text never holds raw (strings escape it; whitespace is space, tab, CR
 
 class _FreeValueCall:
     """The type of `_CALL`: `json_schema_regex(free_form_depth=_CALL)` writes free-form values as
-    `FREE_VALUE_CALL`."""
+    `FREE_VALUE_CALL`; `_FreeValueCall(levels)` writes them as `levels` levels of arrays and
+    objects whose innermost values are `FREE_VALUE_CALL` (`free_value(levels, ws,
+    innermost=...)`), for a free-form value beside a regular one that starts the same way."""
+
+    def __init__(self, levels: int = 0):
+        self.levels = levels
 
 
 _CALL = _FreeValueCall()
+_INLINED_CALLS = (_FreeValueCall(1), _FreeValueCall(2))
+"""The free-form values `json_schema_compile` tries after `_CALL`, when a call of the JSON value
+rule competes with a regular value for its first byte (o10495: an `anyOf` of open objects where
+one lists `end` as an array of numbers and another takes `end` as an additional free-form
+value): the free-form value's first levels are read in the rule itself, merged with the regular
+value there, and only what lies deeper is a call. Two levels cover an array or object of
+scalars on the regular side."""
 _STRING = r'"(?:[^"\\\x00-\x1F\x7F-\x9F]|\\["\\/bfnrt])*"'
 _NUMBER = r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?"
 
 
-def free_value(depth: int, ws: str = _DEFAULT_WHITESPACE) -> str:
+def free_value(depth: int, ws: str = _DEFAULT_WHITESPACE, innermost: str | None = None) -> str:
     """The regex of any JSON value whose arrays and objects nest at most `depth` levels
-    (`depth=0`: strings, numbers, `true`, `false`, `null` only), `ws` between tokens."""
+    (`depth=0`: strings, numbers, `true`, `false`, `null` only), `ws` between tokens; with
+    `innermost`, the values `depth` levels down are that regex instead of scalars (`depth=0`:
+    `innermost` itself)."""
     scalar = f"(?:{_STRING}|{_NUMBER}|true|false|null)"
     if depth <= 0:
-        return scalar
-    inner = free_value(depth - 1, ws)
+        return scalar if innermost is None else innermost
+    inner = free_value(depth - 1, ws, innermost)
     array = rf"\[{ws}(?:{inner}(?:{ws},{ws}{inner})*)?{ws}\]"
     member = f"{_STRING}{ws}:{ws}{inner}"
     obj = rf"\{{{ws}(?:{member}(?:{ws},{ws}{member})*)?{ws}\}}"
@@ -1661,6 +1676,11 @@ class _Rewriter:
         self.whitespace_pattern, self.max_recursion_depth = whitespace_pattern, max_recursion_depth
         self.ws = _DEFAULT_WHITESPACE if whitespace_pattern is None else f"(?:{whitespace_pattern})"
         self.dropped: list[str] = []
+        self.inlined_levels = 0
+        """With `free_form_depth=None`: how many levels of a free-form value are read before the
+        call of the JSON value rule (`_FreeValueCall.levels`)."""
+        if isinstance(free_form_depth, _FreeValueCall):
+            self.inlined_levels, free_form_depth = free_form_depth.levels, None
         self.free_form_depth = free_form_depth
         self.dfa_terminals: dict[str, tuple[str, str, str]] = {}
         """Markers of strings given as automata (`bounded_string`): name -> (placeholder,
@@ -1681,7 +1701,8 @@ class _Rewriter:
         if self.free_form_depth is None:
             from .regex import escape
 
-            return self.marker(escape(FREE_VALUE_CALL))
+            call = escape(FREE_VALUE_CALL)
+            return self.marker(free_value(self.inlined_levels, self.ws, innermost=call))
         return self.marker(free_value(self.free_form_depth, self.ws))
 
     def regex_of(self, schema) -> str:
@@ -3191,14 +3212,12 @@ def _rewrite(
             return None
     else:
         root = inline_references(schema, max_recursion_depth)
-    if free_form_depth is not _CALL and (
+    if not isinstance(free_form_depth, _FreeValueCall) and (
         isinstance(free_form_depth, bool)
         or not isinstance(free_form_depth, int)
         or free_form_depth < 0
     ):
         raise ValueError(f"`free_form_depth` must be an integer >= 0, got {free_form_depth!r}")
-    if free_form_depth is _CALL:
-        free_form_depth = None
     if property_order not in PROPERTY_ORDERS:
         raise ValueError(
             f"`property_order` must be one of {PROPERTY_ORDERS}, got {property_order!r}"
@@ -3971,7 +3990,8 @@ def json_schema_compile(
     **Returns:** a `TokenAutomaton` or a `PushdownAutomaton`.
 
     **Raises:** as `json_schema_regex` and `json_schema_grammar`. (With `free_form_depth=None`,
-    a schema whose free-form value cannot be called deterministically falls back to depth
+    a free-form value whose call one byte cannot choose is read one, then two levels in place
+    before its call (`_INLINED_CALLS`); when that does not help either, it falls back to depth
     `NESTED_FREE_FORM_DEPTH` with a `UserWarning`, as `JsonSchema` does.)
     """
     if not cache:
@@ -3982,24 +4002,69 @@ def json_schema_compile(
         if recursive is not None:
             return recursive
     free = options.get("free_form_depth", DEFAULT_FREE_FORM_DEPTH)
+    call = _CALL if free is None else free if isinstance(free, _FreeValueCall) else None
     rewriter, regex = _rewrite(
         schema,
-        **{**options, "free_form_depth": _CALL if free is None else free},
+        **{**options, "free_form_depth": call if call is not None else free},
         counted_strings=True,
     )
     from .regex import escape
 
+    def nest_instead(error: NotDeterministic | _TooManyPositions):
+        """A free-form value's call competes with other text for its first byte: read its
+        first levels in the rule (`_INLINED_CALLS`), or else nest it `NESTED_FREE_FORM_DEPTH`
+        level(s) in the token automaton, with a warning."""
+        tries = [_CALL, *_INLINED_CALLS]
+        if isinstance(error, NotDeterministic) and call in tries[:-1]:
+            inlined = tries[tries.index(call) + 1]
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                try:
+                    automaton = json_schema_compile(
+                        schema,
+                        vocabulary,
+                        cache=cache,
+                        stack_depth=stack_depth,
+                        **{
+                            **options,
+                            "free_form_depth": inlined,
+                            # the recursive form was tried at every level already
+                            "max_recursion_depth": options.get(
+                                "max_recursion_depth", DEFAULT_MAX_RECURSION_DEPTH
+                            ),
+                        },
+                    )
+                except (NotDeterministic, _TooManyPositions):
+                    automaton = None
+            if automaton is not None:
+                for warning in caught:
+                    warnings.warn_explicit(
+                        warning.message, warning.category, warning.filename, warning.lineno
+                    )
+                return automaton
+        warnings.warn(
+            f"JSON Schema: no pushdown automaton ({error}); free-form values nest at most "
+            f"{NESTED_FREE_FORM_DEPTH} level(s)",
+            UserWarning,
+            stacklevel=3,
+        )
+        return None
+
     full: str | None
     try:
         full = rewriter.substitute(regex, limit=_SINGLE_REGEX)
-        if free is None and _dfa_placeholders(rewriter, full) and escape(FREE_VALUE_CALL) in full:
+        if (
+            call is not None
+            and _dfa_placeholders(rewriter, full)
+            and escape(FREE_VALUE_CALL) in full
+        ):
             full = None  # the grammar form calls both
     except _RegexTooLarge:
         full = None
     if full is None or len(full) > _GRAMMAR_REGEX or rewriter.weight(regex) > _GRAMMAR_REGEX:
         if not cache:
             _PUSHDOWN_CACHE.clear()
-        if free:
+        if free and call is None:
             # The grammar form is a pushdown automaton already: its free-form values are a call
             # of the JSON value rule, nested as deep as the stack, at no cost over depth 1
             # (15 MaskBench grammar forms: positions -54 each, compile times within noise;
@@ -4020,18 +4085,15 @@ def json_schema_compile(
         except (_TooManyPositions, NotDeterministic) as e:
             if full is not None:
                 pass  # the single regex is within `_SINGLE_REGEX`: compiled below
-            elif free is not None:
+            elif call is None:
                 raise
             else:
                 # A string automaton spliced beside a free-form value (the token automaton
-                # cannot call) made the grammar form too large: nest the values as the default
-                # does.
-                warnings.warn(
-                    f"JSON Schema: no pushdown automaton ({e}); free-form values nest at most "
-                    f"{NESTED_FREE_FORM_DEPTH} level(s)",
-                    UserWarning,
-                    stacklevel=2,
-                )
+                # cannot call) made the grammar form too large, or a call competes with other
+                # text: nest the values as the default does.
+                automaton = nest_instead(e)
+                if automaton is not None:
+                    return automaton
                 return json_schema_compile(
                     schema,
                     vocabulary,
@@ -4050,7 +4112,7 @@ def json_schema_compile(
             lambda: lift(_spliced_dfa(rewriter, full), vocabulary, description),
             cache=cache,
         )
-    if free is None and escape(FREE_VALUE_CALL) in full:
+    if call is not None and escape(FREE_VALUE_CALL) in full:
         options.pop("free_form_depth", None)
         try:
             # `full` is `json_schema_regex(free_form_depth=_CALL)`'s regex: it has no spliced
@@ -4064,12 +4126,9 @@ def json_schema_compile(
                 cache,
             )
         except NotDeterministic as e:
-            warnings.warn(
-                f"JSON Schema: no pushdown automaton ({e}); free-form values nest at most "
-                f"{NESTED_FREE_FORM_DEPTH} level(s)",
-                UserWarning,
-                stacklevel=2,
-            )
+            automaton = nest_instead(e)
+            if automaton is not None:
+                return automaton
             full = json_schema_regex(schema, **options)
     return regex_automaton(
         full, vocabulary, cache=cache, description=f"json schema {_describe(schema)}"
@@ -4096,7 +4155,8 @@ def _recursive_grammar(schema, vocabulary, stack_depth: int, options: dict):
     (`inline_references(recursive=True)`), so that recursion nests as deep as the stack
     (`stack_depth`) instead of `max_recursion_depth` unrolled levels; free-form values are
     calls of the JSON value rule too (unless `free_form_depth=0`; where that is not
-    deterministic, nested `free_form_depth` levels).
+    deterministic, read one or two levels in place before the call, `_INLINED_CALLS`, or else
+    nested `free_form_depth` levels).
 
     **Returns:** the `PushdownAutomaton`, or `None` when the schema has no recursive reference
     or its recursion cannot be rules (a recursive call that a one-byte lookahead cannot choose,
@@ -4107,7 +4167,7 @@ def _recursive_grammar(schema, vocabulary, stack_depth: int, options: dict):
     if not _recurses(schema):
         return None
     free = options.get("free_form_depth", DEFAULT_FREE_FORM_DEPTH)
-    attempts = [_CALL] if free is None else [_CALL, free] if free else [0]
+    attempts = [_CALL, *_INLINED_CALLS] if free is None else [_CALL, free] if free else [0]
     for depth in attempts:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
@@ -4126,7 +4186,10 @@ def _recursive_grammar(schema, vocabulary, stack_depth: int, options: dict):
                     vocabulary,
                     stack_depth=stack_depth,
                     _rewritten=(rewriter, regex),
-                    **{**options, "free_form_depth": None if depth is _CALL else depth},
+                    **{
+                        **options,
+                        "free_form_depth": None if isinstance(depth, _FreeValueCall) else depth,
+                    },
                 )
             except NotDeterministic:
                 continue

@@ -2,6 +2,7 @@
 pushdown automaton instead of being copied into one regex. Checked against `jsonschema`."""
 
 import json
+import warnings
 
 import jsonschema
 import numpy as np
@@ -161,7 +162,7 @@ def test_a_refused_grammar_form_falls_back_to_the_single_regex(small_rules, monk
 
     rng = np.random.default_rng(3)
     counts = _check_against_jsonschema(Walk(), PEOPLE, [_person(rng) for _ in range(100)], rng)
-    assert counts[True] > 20 and counts[False] > 20, counts
+    assert counts[True] >= 10 and counts[False] >= 10, counts
     monkeypatch.setattr(js, "_SINGLE_REGEX", 100)
     with (
         pytest.warns(UserWarning, match="no pushdown automaton"),  # then free-form depth 1
@@ -753,4 +754,110 @@ def test_counted_strings_used_in_many_places_are_one_rule():
             doc[str(rng.choice(list(doc)))] = "x" * int(rng.choice([0, 101]))
         documents.append(doc)
     counts = _check_against_jsonschema(automaton, schema, documents, rng)
-    assert counts[True] > 20 and counts[False] > 20, counts
+    assert counts[True] >= 10 and counts[False] >= 10, counts
+
+
+POINT = {"type": "array", "items": {"type": "number"}}
+PATHS = {
+    "type": "object",
+    "additionalProperties": {
+        "anyOf": [
+            {"type": "object", "properties": {"origin": POINT, "type": {"type": "string"}}},
+            {"type": "object", "properties": {"origin": POINT, "end": POINT}},
+        ]
+    },
+}
+"""Cut down from MaskBench Github_hard o10495 (maker.js models): `end` is an array of numbers
+in one branch and an additional free-form value in the other."""
+MODELS = {
+    "$ref": "#/definitions/model",
+    "definitions": {
+        "model": {
+            "type": "object",
+            "properties": {
+                "paths": PATHS,
+                "models": {
+                    "type": "object",
+                    "additionalProperties": {"$ref": "#/definitions/model"},
+                },
+            },
+        }
+    },
+}
+
+
+def _free(rng, depth: int):
+    """A random JSON value nested up to `depth` levels."""
+    kind = int(rng.integers(5 if depth > 0 else 3))
+    if kind == 0:
+        return int(rng.integers(-9, 99))
+    if kind == 1:
+        return "ab"[: int(rng.integers(3))]
+    if kind == 2:
+        return [None, True, 1.5][int(rng.integers(3))]
+    if kind == 3:
+        return [_free(rng, depth - 1) for _ in range(int(rng.integers(3)))]
+    return {k: _free(rng, depth - 1) for k in "xy"[: int(rng.integers(3))]}
+
+
+def _paths(rng):
+    """Paths in an order the schema's automaton reads when they are valid: `origin`, then the
+    other branch's listed property, then the additional ones."""
+    paths = {}
+    for name in "pq"[: int(rng.integers(1, 3))]:
+        path = {}
+        if rng.random() < 0.6:
+            path["origin"] = (
+                _free(rng, 1) if rng.random() < 0.2 else [1, -2.5][: int(rng.integers(3))]
+            )
+        numbers = rng.random() < 0.5
+        keys = ["end", "type"] if numbers else ["type", "end"]
+        for key in keys:
+            if rng.random() < 0.6:
+                path[key] = (
+                    [3, 4][: int(rng.integers(3))]
+                    if key == "end" and numbers
+                    else "line"
+                    if key == "type" and rng.random() < 0.7
+                    else _free(rng, 5)
+                )
+        paths[name] = path
+    return paths
+
+
+@pytest.mark.parametrize("form", ["pushdown", "grammar", "recursive"])
+def test_a_free_form_value_beside_a_regular_one_is_read_before_its_call(form, monkeypatch):
+    # `[` and then a digit start both the array of numbers and the free-form value, so one byte
+    # cannot choose a call of the JSON value rule there: that refused the pushdown automaton,
+    # free-form values fell back to one level, and o10495's valid instance was rejected. The
+    # free-form value's first two levels are read in the rule instead (merged with the array);
+    # only deeper values are calls, so they still nest as deep as the stack.
+    if form == "grammar":
+        monkeypatch.setattr(js, "_GRAMMAR_REGEX", 0)
+    js._PUSHDOWN_CACHE.clear()
+    schema = MODELS if form == "recursive" else PATHS
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        automaton = js.json_schema_compile(schema, BYTES, cache=False)
+    assert not caught, [str(w.message) for w in caught]  # no fallback to one level
+    assert isinstance(automaton, PushdownAutomaton)
+    rng = np.random.default_rng(5)
+    if form == "recursive":
+        documents = [
+            {"paths": _paths(rng), "m": {"paths": _paths(rng), "n": {"paths": _paths(rng)}}}
+            for _ in range(60)
+        ]
+    else:
+        documents = [_paths(rng) for _ in range(120)]
+    deep = {"p": {"end": [[[[[[1]]]]], {"x": [{"y": [None]}]}]}}
+    assert automaton.accepts(json.dumps(deep if form != "recursive" else {"paths": deep}).encode())
+    validator = jsonschema.Draft202012Validator(schema)
+    counts = {True: 0, False: 0}
+    for document in documents:  # mutated bytes would reorder keys: invalid values instead
+        expected = validator.is_valid(document)
+        for separators in ((",", ":"), (", ", ": ")):
+            text = json.dumps(document, separators=separators).encode()
+            assert automaton.accepts(text) == expected, text
+        counts[expected] += 1
+    assert counts[True] >= 10 and counts[False] >= 10, counts
+    js._PUSHDOWN_CACHE.clear()

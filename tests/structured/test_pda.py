@@ -408,7 +408,14 @@ def test_json_schema_processor_runs_the_pushdown_automaton(tokenizer):
     assert (
         fg.processors.JsonSchema(closed, tokenizer, free_form_depth=None).pushdown is None
     )  # nothing free-form
-    ambiguous = {"anyOf": [{"type": "string"}, {}]}  # `"` starts both a string and a free value
+    # `"` starts both a string and a free value: the free value's strings are read in place
+    shared_start = {"anyOf": [{"type": "string"}, {}]}
+    assert fg.processors.JsonSchema(shared_start, tokenizer).pushdown is not None
+    # three levels of arrays beside a free value: its call would compete with the third `[`
+    # (two levels of it are read in place, `_INLINED_CALLS`)
+    deep = {"type": "array", "items": {"type": "array", "items": {"type": "array"}}}
+    deep["items"]["items"]["items"] = {"type": "integer"}
+    ambiguous = {"anyOf": [deep, {}]}
     with pytest.warns(UserWarning, match="no pushdown automaton"):
         assert fg.processors.JsonSchema(ambiguous, tokenizer, free_form_depth=None).pushdown is None
 
