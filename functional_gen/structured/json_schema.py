@@ -42,7 +42,11 @@ than outlines-core's counted repeat, whose DFA takes 30 s for maxLength 5,000); 
 
 Keywords: unknown keywords are annotations and are ignored (JSON Schema 2020-12 core §4.3.1,
 as every validator does: `id`, `_format`, `javaName`, ...), and so is a `format` that JSON
-Schema does not define (`"int64"`, `"password"`). Known assertions that no regular constraint
+Schema does not define (`"int64"`, `"password"`). "Unknown" is relative to the schema's own
+dialect (its `$schema`, default 2020-12), as `jsonschema` reads it (`in_dialect`): under draft 4
+`const`, `contains`, `propertyNames` and `if` assert nothing; before 2019-09 neither do
+`prefixItems` and `dependentRequired`, nor the keywords beside a `$ref` (draft 7 core §8.3);
+under 2019-09 and 2020-12 `dependencies` and `additionalItems` assert nothing. Known assertions that no regular constraint
 can enforce raise `UnsupportedSchemaError` naming the keyword and where it is, before anything
 is compiled: `not` (except where its complement is a schema, `_negation`: a type, or
 `required` names of which one must then be absent; and a `not` of listed strings, which
@@ -402,6 +406,61 @@ def check_schema(schema) -> None:
         raise InvalidSchemaError(where, e.message[:300]) from None
     except jsonschema.exceptions.UnknownType as e:  # pragma: no cover - defensive
         raise InvalidSchemaError("#", str(e)) from None
+
+
+_LEGACY_DRAFTS = ("Draft4Validator", "Draft6Validator", "Draft7Validator")
+
+
+def in_dialect(schema):
+    """`schema` with the keywords its dialect does not assert removed, as `jsonschema` reads
+    it (the dialect its `$schema` names, default 2020-12): a keyword that is no validator of
+    that dialect is an annotation there, e.g. `const`, `contains` and `propertyNames` under
+    draft 4, `if`/`then`/`else` before draft 7, `prefixItems` and `dependentRequired` before
+    2019-09, `dependencies` and `additionalItems` in 2019-09/2020-12 (draft 3/4's
+    `exclusiveMinimum`/`exclusiveMaximum` stay: they modify `minimum`/`maximum`). Before
+    2019-09, the keywords beside a `$ref` are ignored too ("All other properties in a "$ref"
+    object MUST be ignored", draft 7 core §8.3): only annotations and `definitions` stay there.
+
+    Subschemas are visited where a keyword of any dialect holds them (`properties`, `items`,
+    `allOf`, `definitions`, ...); a subschema only a `$ref` into another member reaches keeps
+    its keywords (stricter, never looser). `schema` is modified in place and returned.
+    """
+    import jsonschema
+
+    if not isinstance(schema, Mapping):
+        return schema
+    cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+    if cls is jsonschema.Draft3Validator:
+        return schema  # another language (`required` per property, `extends`, ...): as is
+    # the keywords `jsonschema` reads inside another one's validator: `minimum`'s (draft 4),
+    # `if`'s and `contains`'s
+    known = set(cls.VALIDATORS) | {"exclusiveMinimum", "exclusiveMaximum"}
+    if "if" in known:
+        known |= {"then", "else"}
+    if "contains" in known and cls not in (jsonschema.Draft6Validator, jsonschema.Draft7Validator):
+        known |= {"minContains", "maxContains"}
+    legacy = cls.__name__ in _LEGACY_DRAFTS
+
+    @typing.no_type_check
+    def visit(node) -> None:
+        if not isinstance(node, dict):
+            return
+        for key in [k for k in node if _asserts(k)]:
+            if key not in known or (legacy and "$ref" in node and key != "$ref"):
+                del node[key]
+        for key in (*_SCHEMA_MAPS, "dependencies"):
+            if isinstance(node.get(key), dict):
+                for value in node[key].values():
+                    visit(value)
+        for key in (*_SCHEMA_VALUES, "items"):
+            visit(node.get(key))
+        for key in (*_SCHEMA_LISTS, "items"):
+            if isinstance(node.get(key), list):
+                for value in node[key]:
+                    visit(value)
+
+    visit(schema)
+    return schema
 
 
 def _listed_values(schema):
@@ -1643,12 +1702,6 @@ class _Rewriter:
         expansions: Sequence = (),
     ):
         self.root = root
-        dialect = root.get("$schema") if isinstance(root, Mapping) else None
-        self.before_draft_7 = isinstance(dialect, str) and any(
-            f"draft-0{n}/" in dialect for n in (3, 4, 6)
-        )
-        """`if`/`then`/`else` came with draft 7: under an earlier `$schema` they are unknown
-        keywords, annotations (as `jsonschema` reads them)."""
         self.property_order = property_order
         self.expansions = list(expansions)
         """The recursive targets' subtrees (`inline_references(recursive=True)`): target `k`'s
@@ -1796,10 +1849,7 @@ class _Rewriter:
             elif excluded is not None:  # `not` of listed strings: the other strings
                 node.pop("not")
                 node = self.merge(node, {_NOT_STRINGS: excluded}, path)
-        if self.before_draft_7:
-            for key in ("if", "then", "else"):
-                node.pop(key, None)
-        elif {"if", "then", "else"} & node.keys() or any(
+        if {"if", "then", "else"} & node.keys() or any(
             _conditional(part) is not None for part in node.get("allOf", ())
         ):
             node = _conditionals_as_branches(node)
@@ -3204,7 +3254,7 @@ def _rewrite(
         )
     schema = schema_as_dict(schema)
     check_schema(schema)
-    schema = _listed_values(schema)
+    schema = _listed_values(in_dialect(schema))
     expansions = ()
     if recursive:
         root, expansions = inline_references(schema, max_recursion_depth, recursive=True)

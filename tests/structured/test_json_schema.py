@@ -1464,3 +1464,77 @@ def test_conditionals_under_a_draft_before_7_are_annotations():
             text = json.dumps(document, separators=(",", ":"))
             assert bool(regex.fullmatch(text)) == validator.is_valid(document), (dialect, text)
         assert regex.fullmatch('{"kind":"a"}')  # what draft 7 would reject
+
+
+_DRAFT_04 = "http://json-schema.org/draft-04/schema#"
+_DRAFT_07 = "http://json-schema.org/draft-07/schema#"
+DIALECT_CASES = {
+    # draft 4-7: the keywords beside a `$ref` are ignored (GOV.UK's content schemas in
+    # MaskBench put `"maxItems": 1` there); from 2019-09 they apply
+    "draft-07 $ref siblings": (
+        {
+            "$schema": _DRAFT_07,
+            "type": "object",
+            "properties": {"links": {"$ref": "#/definitions/links", "maxItems": 1}},
+            "definitions": {"links": {"type": "array", "items": {"type": "integer"}}},
+        },
+        [{"links": [1]}, {"links": [1, 2]}, {"links": ["a"]}],
+    ),
+    "2020-12 $ref siblings": (
+        {
+            "type": "object",
+            "properties": {"links": {"$ref": "#/$defs/links", "maxItems": 1}},
+            "$defs": {"links": {"type": "array", "items": {"type": "integer"}}},
+        },
+        [{"links": [1]}, {"links": [1, 2]}, {"links": ["a"]}],
+    ),
+    # keywords of later drafts are annotations under an earlier `$schema`
+    "draft-04 const, propertyNames, contains": (
+        {
+            "$schema": _DRAFT_04,
+            "type": "object",
+            "properties": {
+                "kind": {"type": "string", "const": "a"},
+                "tags": {"type": "array", "contains": {"type": "integer"}},
+            },
+            "propertyNames": {"maxLength": 1},
+        },
+        [{"kind": "a"}, {"kind": "b", "tags": ["x"]}, {"kind": 1}, {"tags": "x"}],
+    ),
+    "draft-07 prefixItems, dependentRequired": (
+        {
+            "$schema": _DRAFT_07,
+            "type": "object",
+            "properties": {
+                "a": {"type": "array", "prefixItems": [{"type": "string"}]},
+                "b": {"type": "integer"},
+            },
+            "dependentRequired": {"a": ["b"]},
+        },
+        [{"a": [1]}, {"a": ["x"], "b": 1}, {"b": "x"}],
+    ),
+    # and keywords of earlier drafts under 2020-12 (the default)
+    "2020-12 dependencies": (
+        {
+            "type": "object",
+            "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+            "dependencies": {"a": ["b"]},
+        },
+        [{"a": 1}, {"a": 1, "b": 2}, {"a": "x"}],
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(DIALECT_CASES))
+def test_keywords_follow_the_dialect_of_the_schema(name):
+    # What the schema's own dialect does not assert is an annotation, as jsonschema reads it
+    # (MaskBench's labels follow the declared `$schema`; `in_dialect`).
+    schema, documents = DIALECT_CASES[name]
+    regex = re.compile(json_schema_regex(schema))
+    validator = jsonschema.validators.validator_for(schema)(schema)
+    verdicts = set()
+    for document in documents:
+        text = json.dumps(document, separators=(",", ":"))
+        assert bool(regex.fullmatch(text)) == validator.is_valid(document), text
+        verdicts.add(validator.is_valid(document))
+    assert verdicts == {True, False}
