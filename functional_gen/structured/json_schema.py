@@ -55,7 +55,9 @@ discriminated union, `_conditionals_as_branches`: every `if` tests one property,
 schema lists its values, against listed values; or a single `if` whose complement is a schema;
 `then`/`else` without `if` assert nothing and are ignored), `dependentSchemas`,
 `dependencies` whose value is a schema, `contains` beside item counts, `maxContains`,
-`multipleOf` other than a power of ten up to 1 (`0.01` is "at most two fraction digits"),
+`multipleOf` whose remainders no compact regex writes (7, 9, 11, 12, 13, 16, ... on an
+unbounded range; `0.01` is "at most two fraction digits", 5 or 2.5 a remainder automaton written
+as a regex, `multiple_terminal`),
 `uniqueItems: true` (for more than one item),
 `unevaluated*`, overlapping `oneOf` branches, string lengths whose automaton would be too
 large (named with its size), the JSON Schema
@@ -153,7 +155,7 @@ from .patterns import (
 )
 from .pda import DEFAULT_STACK_DEPTH, NotDeterministic, PushdownAutomaton, build_pushdown
 from .processor import AbstractConstraint, register_token_recipe, rows_of
-from .ranges import integer_range_regex, number_range_regex
+from .ranges import integer_range_regex, multiple_of_dfa, number_range_regex
 from .vocabulary import TokenVocabulary, vocabulary_from_tokenizer
 
 # Nested helpers that run per byte, state or schema node are `@typing.no_type_check`: the
@@ -880,6 +882,7 @@ value): the free-form value's first levels are read in the rule itself, merged w
 value there, and only what lies deeper is a call. Two levels cover an array or object of
 scalars on the regular side."""
 _STRING = r'"(?:[^"\\\x00-\x1F\x7F-\x9F]|\\["\\/bfnrt])*"'
+_INTEGER = r"-?(?:0|[1-9][0-9]*)"
 _NUMBER = r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?"
 
 
@@ -2035,8 +2038,8 @@ class _Rewriter:
     def multiple_places(self, node: dict, path: str, integer: bool = False) -> int | None:
         """The fraction digits `multipleOf` allows: `d` for a power of ten `10 ** -d` (`0.01`:
         2; `1`: 0); `None` without `multipleOf`, or for an `integer` when every integer is a
-        multiple (`1 / multipleOf` an integer: `0.25`). Other values (`5`, `0.25` for a number)
-        need a remainder automaton: refused (`refuse`; dropped with `strict=False`).
+        multiple (`1 / multipleOf` an integer: `0.25`), and for other values (`5`, `0.25` for a
+        number), which `other_step` and `multiple_terminal` write.
 
         **Raises:** `UnsupportedSchemaError` for a `multipleOf` that is not a positive number."""
         if "multipleOf" not in node:
@@ -2052,26 +2055,78 @@ class _Rewriter:
         digits = exact.normalize().as_tuple()
         if digits.digits == (1,) and digits.exponent <= 0:
             return -digits.exponent
-        self.refuse(
-            "multipleOf",
-            path,
-            f"{m!r}: only powers of ten up to 1 (0.01, 1) are supported (as a count of "
-            "fraction digits)" + ("" if not integer else ", or divisors of 1 for integers"),
-        )
         return None
 
+    def other_step(self, node: dict, integer: bool):
+        """The node's `multipleOf` when neither a count of fraction digits nor (for an
+        `integer`) a divisor of 1 writes it (`5`, `2.5`; `multiple_terminal`); else `None`."""
+        m = node.get("multipleOf")
+        if isinstance(m, bool) or not isinstance(m, (int, float)):
+            return None
+        if not math.isfinite(m) or m <= 0:
+            return None  # `multiple_places` raises
+        exact = decimal.Decimal(repr(m)) if isinstance(m, float) else decimal.Decimal(m)
+        if integer and (1 / exact) == (1 / exact).to_integral_value():
+            return None
+        digits = exact.normalize().as_tuple()
+        if digits.digits == (1,) and digits.exponent <= 0:
+            return None
+        return m
+
+    def multiple_terminal(self, regex: str, step, integer: bool, path: str):
+        """The numbers of `regex` (a range, or any number) that are multiples of `step`: the
+        intersection of its automaton with the remainder automaton `multiple_of_dfa`, written
+        back as a regex (`dfa_regex`). `NEVER` when no multiple lies in the range. Steps whose
+        regex would exceed `_MAX_MULTIPLE_REGEX` characters (7, 9, 11, 12, 13, 16 and most
+        larger ones: the remainders form a cycle that state elimination writes out) are refused
+        (with `strict=False`: dropped, `None`: the caller writes the node without it)."""
+        try:
+            dfa = intersect_dfas(
+                regex_byte_dfa(regex),
+                multiple_of_dfa(step, integer=integer),
+                max_states=_MAX_STRING_STATES,
+            )
+            return self.marker(dfa_regex(minimize(dfa), max_chars=_MAX_MULTIPLE_REGEX))
+        except ConstraintError:
+            return NEVER
+        except ValueError as e:
+            self.refuse(
+                "multipleOf",
+                path,
+                f"{step!r}: the remainders modulo the step need a longer regex than "
+                f"{_MAX_MULTIPLE_REGEX:,} characters ({e})",
+            )
+            return None
+
     def _integer(self, node: dict, path: str):
-        self.multiple_places(node, path, integer=True)  # refuses other than divisors of 1
+        self.multiple_places(node, path, integer=True)  # raises for a step <= 0
+        step = self.other_step(node, integer=True)
         lo, hi = self.integer_bounds(node, path)
-        if lo is None and hi is None:
+        if lo is None and hi is None and step is None:
             return {"type": "integer"}
         try:
-            return self.marker(integer_range_regex(lo, hi))
+            regex = integer_range_regex(lo, hi) if (lo, hi) != (None, None) else None
         except ValueError as e:
             raise UnsupportedSchemaError("minimum", path, str(e)) from None
+        if step is not None:
+            multiples = self.multiple_terminal(regex or _INTEGER, step, True, path)
+            if multiples is not None:
+                return multiples
+        return {"type": "integer"} if regex is None else self.marker(regex)
 
     def _number(self, node: dict, path: str):
-        places = self.multiple_places(node, path)
+        places = self.multiple_places(node, path)  # raises for a step <= 0
+        step = self.other_step(node, integer=False)
+        if step is not None:
+            lo, lo_excl, hi, hi_excl = self.number_bounds(node, path)
+            try:
+                regex = number_range_regex(lo, hi, lo_exclusive=lo_excl, hi_exclusive=hi_excl)
+            except ValueError as e:
+                keyword = "minimum" if "lower" in str(e) or hi is None else "maximum"
+                raise UnsupportedSchemaError(keyword, path, str(e)) from None
+            multiples = self.multiple_terminal(regex, step, False, path)
+            if multiples is not None:
+                return multiples
         if not {k for k in node if k != "multipleOf"} and places is None:
             return {"type": "number"}
         lo, lo_excl, hi, hi_excl = self.number_bounds(node, path)
@@ -3428,6 +3483,10 @@ def _pushdown_of_regex(
 
 # ------------------------------------------------------------------ grammar form
 
+_MAX_MULTIPLE_REGEX = 20_000
+"""Characters of the regex of the multiples of a `multipleOf` step (`multiple_terminal`): 2, 3,
+4, 5, 6, 8, 10, 15, 20, 25, 1.5, 2.5 take 70-2,400; 7 and 12 about 80,000-95,000; 9, 11, 13,
+16 over 200,000 (measured on 2026-11-24)."""
 _GRAMMAR_REGEX = 100_000
 """Characters of a schema's whole regex beyond which `JsonSchema` compiles the grammar form
 (`json_schema_grammar`) first instead of one regex. 250,000 until 2026-11-23; once the keys of

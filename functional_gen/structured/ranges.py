@@ -394,3 +394,76 @@ def number_range_regex(
     if not parts:
         raise ValueError(f"empty number interval from {lo} to {hi}")
     return parts[0] if len(parts) == 1 else "(?:" + "|".join(parts) + ")"
+
+
+def multiple_of_dfa(step, *, integer: bool):
+    """The byte DFA of the JSON numbers in plain decimal notation (no exponent, as the range
+    regexes here) whose value is a multiple of `step` (JSON Schema's `multipleOf`), for any
+    positive step: `5`, `7`, `2.5`, `0.25`. With `integer`, integers only (`-?(0|[1-9][0-9]*)`);
+    else a fraction may follow (`10.0` and `7.50` are multiples of 2.5).
+
+    `step` is the exact decimal the schema writes (a float: its shortest `repr`), `p / 10**q` in
+    lowest terms; a value `I.F` is a multiple exactly when `I * 10**q + F` (F read to `q`
+    places) is divisible by `p` and `F` has no non-zero digit beyond `q` places. The states
+    follow the remainder modulo `p` digit by digit (Horner's rule), as the textbook DFA of the
+    numbers divisible by `p` does: `p * (q + 3) + 3` states before minimisation.
+
+    **Raises:** `ValueError` for a step that is not a positive finite number.
+
+    Source: the remainder automaton of divisibility (e.g. Hopcroft & Ullman 1979, exercise
+    2.23: binary numbers divisible by a constant), read in base 10.
+    """
+    import numpy as np
+
+    from .byte_dfa import REJECT, ByteDFA, minimize, trim
+
+    exact = Decimal(repr(step)) if isinstance(step, float) else Decimal(step)
+    if not exact.is_finite() or exact <= 0:
+        raise ValueError(f"`multipleOf` must be a positive number, got {step!r}")
+    exponent = exact.normalize().as_tuple().exponent
+    q = max(0, -int(exponent))
+    p = int(exact * 10**q)
+    # States: 0 start, 1 after '-', 2 the integer part "0"; then the integer part's remainder
+    # r (3 + r), and the fraction's (r, j) for j = 0..q+1 digits read (j = q+1: beyond q places,
+    # only zeros), 3 + p * (j + 1) + r.
+    num = 3 + p * (q + 3)
+    delta = np.full((num, 256), REJECT, np.int32)
+    accepting = np.zeros(num, bool)
+
+    @typing.no_type_check
+    def integer_state(r):
+        return 3 + r
+
+    @typing.no_type_check
+    def fraction_state(r, j):
+        return 3 + p * (j + 1) + r
+
+    zero = ord("0")
+    for start in (0, 1):
+        delta[start, zero] = 2
+        delta[start, zero + 1 : zero + 10] = [integer_state(d % p) for d in range(1, 10)]
+    delta[0, ord("-")] = 1
+    accepting[2] = True
+    for r in range(p):
+        s = integer_state(r)
+        delta[s, zero : zero + 10] = [integer_state((10 * r + d) % p) for d in range(10)]
+        accepting[s] = (r * 10**q) % p == 0
+    if not integer:
+        for r, s in [(0, 2)] + [(r, integer_state(r)) for r in range(p)]:
+            # the '.' itself reads no digit: its state is (r, 0), which is not accepting
+            delta[s, ord(".")] = fraction_state(r, 0)
+        for j in range(q + 2):
+            for r in range(p):
+                s = fraction_state(r, j)
+                if j <= q:
+                    accepting[s] = j > 0 and (r * 10 ** (q - j)) % p == 0
+                    if j < q:
+                        delta[s, zero : zero + 10] = [
+                            fraction_state((10 * r + d) % p, j + 1) for d in range(10)
+                        ]
+                    else:
+                        delta[s, zero] = fraction_state(r, q + 1)
+                else:
+                    accepting[s] = r == 0
+                    delta[s, zero] = s
+    return minimize(trim(ByteDFA(delta, accepting, 0)))

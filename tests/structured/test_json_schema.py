@@ -33,7 +33,7 @@ def test_random_documents_validate(vocabulary, name):
     "schema,keyword",
     [
         ({"not": {"type": "string", "pattern": "a"}}, "not"),
-        ({"type": "integer", "multipleOf": 3}, "multipleOf"),
+        ({"type": "integer", "multipleOf": 7}, "multipleOf"),
         ({"type": "array", "items": {"type": "integer"}, "uniqueItems": True}, "uniqueItems"),
         ({"type": "string", "format": "idn-hostname"}, "format"),
         (
@@ -180,7 +180,7 @@ def test_invalid_schema_is_refused_by_its_metaschema():
 def test_strict_false_drops_unenforceable_keywords_with_one_warning():
     schema = {
         "type": "object",
-        "properties": {"n": {"type": "integer", "multipleOf": 3}, "s": {"not": {"pattern": "x"}}},
+        "properties": {"n": {"type": "integer", "multipleOf": 7}, "s": {"not": {"pattern": "x"}}},
     }
     with pytest.raises(UnsupportedSchemaError):
         json_schema_regex(schema)
@@ -1339,9 +1339,17 @@ def test_a_boolean_discriminator_and_an_any_of_beside_the_conditionals():
         {"multipleOf": 0.1},  # untyped: other types unconstrained
         {"type": "number", "multipleOf": 0.01, "minimum": 0.5},  # decimal bounds too (o46322)
         {"type": "number", "multipleOf": 0.01, "minimum": 0, "maximum": 2.95},
+        # other steps: a remainder automaton, written as a regex
+        {"type": "integer", "multipleOf": 5},
+        {"type": "integer", "multipleOf": 3, "minimum": -3, "maximum": 12},
+        {"type": "integer", "multipleOf": 7, "minimum": 0, "maximum": 30},  # a finite range
+        {"type": "number", "multipleOf": 0.25},
+        {"type": "number", "multipleOf": 2.5, "exclusiveMinimum": 0},
+        {"type": "number", "multipleOf": 1.5, "maximum": 3},
+        {"type": ["integer", "string"], "multipleOf": 10},
     ],
 )
-def test_multiple_of_a_power_of_ten_is_exact(schema):
+def test_multiple_of_is_exact(schema):
     # The reference: jsonschema for the other keywords, exact decimal division for
     # `multipleOf` (the spec's "division results in an integer"; jsonschema divides floats,
     # and 100.1 / 0.1 = 1000.9999999999999 fails there)
@@ -1349,6 +1357,7 @@ def test_multiple_of_a_power_of_ten_is_exact(schema):
 
     texts = ["0", "1", "2", "7", "12", "-1", "-3", "0.5", "1.25", "1.50", "2.999", "0.001"]
     texts += ["0.0001", "3", "2.95", "-1.1", "1.0", "8", "100.10", "1.2345", "null", '"x"']
+    texts += ["5", "10", "-15", "21", "28", "0.75", "7.5", "7.50", "4.5", "-1.5", "12.25", "60"]
     if schema.get("type") == "integer":  # (integers are generated without a fraction)
         texts = [t for t in texts if "." not in t]
     regex = re.compile(json_schema_regex(schema))
@@ -1364,10 +1373,10 @@ def test_multiple_of_a_power_of_ten_is_exact(schema):
     assert verdicts == {True, False}
 
 
-def test_other_multiples_are_refused_by_name():
+def test_multiples_without_a_compact_regex_are_refused_by_name():
     for schema in (
-        {"type": "number", "multipleOf": 0.25},
-        {"type": "integer", "multipleOf": 5},
+        {"type": "number", "multipleOf": 0.07},
+        {"type": "integer", "multipleOf": 11},
     ):
         with pytest.raises(UnsupportedSchemaError, match="multipleOf"):
             json_schema_regex(schema)

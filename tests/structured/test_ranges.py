@@ -209,3 +209,35 @@ def test_bound_with_too_many_fraction_digits_is_refused():
 def test_bad_bounds_are_refused(bound):
     with pytest.raises(ValueError, match="bound"):
         number_range_regex(bound, None)
+
+
+@pytest.mark.parametrize("step", [1, 2, 3, 5, 7, 10, 11, 12, 0.5, 0.25, 1.5, 2.5, 0.3, 0.01])
+@pytest.mark.parametrize("integer", [True, False])
+def test_multiple_of_dfa_accepts_exactly_the_multiples(step, integer):
+    # every JSON number text of up to 3 integer and 3 fraction digits (and a few that are not
+    # JSON numbers): accepted iff it is one in plain notation and an exact decimal multiple
+    import itertools
+    import json
+    from decimal import Decimal
+
+    from functional_gen.structured.byte_dfa import REJECT
+    from functional_gen.structured.ranges import multiple_of_dfa
+
+    dfa = multiple_of_dfa(step, integer=integer)
+    plain = re.compile(r"-?(0|[1-9][0-9]*)" + ("" if integer else r"(\.[0-9]+)?"))
+    texts = ["", "-", ".", "-0", "00", "01", "1.", ".5", "1e1", "+1", "1.0.0"]
+    for n in range(1, 4):
+        for digits in itertools.product("0123456789", repeat=n):
+            number = "".join(digits)
+            texts += [number, "-" + number, number[:1] + "." + number[1:], "3" + number[1:] + ".0"]
+    verdicts = set()
+    for text in texts:
+        state = dfa.initial
+        for byte in text.encode():
+            state = dfa.delta[state, byte] if state != REJECT else REJECT
+        accepted = state != REJECT and bool(dfa.accepting[state])
+        expected = bool(plain.fullmatch(text)) and Decimal(text) % Decimal(repr(step)) == 0
+        assert accepted == expected, text
+        assert not expected or isinstance(json.loads(text), (int, float))
+        verdicts.add(expected)
+    assert verdicts == {True, False}
