@@ -1470,6 +1470,16 @@ def _root_resolver(root):
     return registry.resolver(base_uri=base), specification
 
 
+def _id_of(specification, node) -> str | None:
+    """The base URI `node` declares (`$id`, draft 4's `id`), or `None`: also where that keyword
+    is no string, as when a subschema lists properties without `properties` (MaskBench o28532:
+    `"items": {"id": {"type": "string"}, ...}`), which `referencing` would fail on."""
+    key = "id" if specification.name.endswith(("draft-04", "draft-03")) else "$id"
+    if not isinstance(node.get(key, ""), str):
+        return None
+    return specification.id_of(node)
+
+
 _RECURSIVE = "$fgRecursive"
 """The key of `inline_references(recursive=True)`'s placeholder for a recursive reference: its
 value is the index of the reference's target in the returned expansions."""
@@ -1519,7 +1529,7 @@ def inline_references(root, max_recursion_depth: int, *, recursive: bool = False
                 f"(max_recursion_depth={max_recursion_depth}); lower max_recursion_depth",
             )
         node = dict(node)
-        if node is not root and specification.id_of(node):
+        if node is not root and _id_of(specification, node):
             resolver = resolver.in_subresource(specification.create_resource(node))
         if "$ref" in node:
             ref = node.pop("$ref")

@@ -1547,3 +1547,23 @@ def test_keywords_follow_the_dialect_of_the_schema(name):
         assert bool(regex.fullmatch(text)) == validator.is_valid(document), text
         verdicts.add(validator.is_valid(document))
     assert verdicts == {True, False}
+
+
+def test_a_subschema_whose_id_is_no_string_is_read_as_an_annotation():
+    # MaskBench o28532: a `$ref` into an unknown member whose `items` lists properties without
+    # `properties`, one named `id`: draft 4's base-URI keyword with an object value, which
+    # `referencing` failed on (AttributeError) while reading base URIs
+    schema = {
+        "$schema": "http://json-schema.org/draft-04/schema#",
+        "type": "object",
+        "properties": {"cats": {"$ref": "#/lists/cats"}},
+        "required": ["cats"],
+        "lists": {"cats": {"type": "array", "items": {"id": {"type": "integer"}}}},
+    }
+    regex = re.compile(json_schema_regex(schema))
+    validator = jsonschema.validators.validator_for(schema)(schema)
+    for document in [{"cats": []}, {"cats": 1}, {}]:
+        text = json.dumps(document, separators=(",", ":"))
+        assert bool(regex.fullmatch(text)) == validator.is_valid(document), text
+    # (jsonschema itself fails on the items: by hand, `id` asserts nothing, any item is valid)
+    assert regex.fullmatch(json.dumps({"cats": [1, "a", {"id": "x"}]}, separators=(",", ":")))
