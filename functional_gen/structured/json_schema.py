@@ -1733,6 +1733,9 @@ class _Rewriter:
         splices it, sets this)."""
         self.substitutions: dict[str, str] = {}
         self.names: dict[str, str] = {}
+        self.item_repeats: dict[str, tuple[str, int]] = {}
+        """Per marker of an array with a large item count (`counted_items`): the marker of its
+        items and how many more copies of them its counted repeat writes out."""
         self.repeat_weight: dict[str, int] = {}
         """Per marker of a counted plain string (`_SHARED_COUNT_MIN`), the characters its
         counted repeat would add written out (`(count - 1)` times the repeated atom): what its
@@ -2301,6 +2304,8 @@ class _Rewriter:
                         sizes[name] = 4 + size(self.substitutions[name])
                         if weighted:
                             sizes[name] += self.repeat_weight.get(name, 0)
+                            item, copies = self.item_repeats.get(name, (None, 0))
+                            sizes[name] += copies * sizes.get(item, 0)
                 total += sizes[name] - len(match.group(0))
             return total
 
@@ -2435,7 +2440,26 @@ class _Rewriter:
             out.pop("prefixItems", None)
         if "contains" in node:
             return self.contains(node, out, path)
-        return out
+        return self.counted_items(out)
+
+    def counted_items(self, out: dict):
+        """An array `out` whose item count (`minItems` or `maxItems`) reaches
+        `_COUNTED_ITEMS_MIN`: a marker for it, its items a marker too, and `item_repeats`
+        records the copies of the item that the counted repeat writes out (outlines-core's
+        `(,item){0,999}`), so that the size measures see them (`weight`: such a schema goes to
+        the grammar form first) and the grammar form makes the item a rule, called from each
+        copy (`_plan_rules`). Without it, `"maxItems": 1000` of an object made a single-regex
+        automaton of 1,000 object copies that took minutes (MaskBench o9943, o12622). Other
+        arrays are returned as they are."""
+        count = max(out.get("minItems", 0), out.get("maxItems") or 0)
+        item = out.get("items")
+        if count < _COUNTED_ITEMS_MIN or not isinstance(item, Mapping):
+            return out
+        if set(item) != {"const"} or item["const"] not in self.substitutions:
+            item = out["items"] = self.marker(self.regex_of(item))
+        array = self.marker(self.regex_of(out))
+        self.item_repeats[array["const"]] = (item["const"], count - 1)
+        return array
 
     def contains(self, node: dict, out: dict, path: str):
         """An array (`out`, rewritten: `items`, no bounds or prefix) of which at least
@@ -3497,6 +3521,12 @@ _MAX_MULTIPLE_REGEX = 20_000
 """Characters of the regex of the multiples of a `multipleOf` step (`multiple_terminal`): 2, 3,
 4, 5, 6, 8, 10, 15, 20, 25, 1.5, 2.5 take 70-2,400; 7 and 12 about 80,000-95,000; 9, 11, 13,
 16 over 200,000 (measured on 2026-11-24)."""
+_REPEATED_RULE_REGEX = 24
+"""The items of an array with a large item count (`_Rewriter.item_repeats`) become a rule from
+this many characters: the counted repeat then writes a 3-character call per copy."""
+_COUNTED_ITEMS_MIN = 16
+"""An item count (`minItems`/`maxItems`) from which the copies of the item that the counted
+repeat writes out are measured (`_Rewriter.counted_items`)."""
 _GRAMMAR_REGEX = 100_000
 """Characters of a schema's whole regex beyond which `JsonSchema` compiles the grammar form
 (`json_schema_grammar`) first instead of one regex. 250,000 until 2026-11-23; once the keys of
@@ -3590,23 +3620,32 @@ def _plan_rules(rewriter: _Rewriter, regex: str, banned: set) -> tuple[str, list
     for name in recursive:  # after everything they call: their sizes are not needed
         seen.add(name)
         visit(rewriter.substitutions[name])
+    repeated = {
+        item for array, (item, _) in rewriter.item_repeats.items() if array in uses and item in uses
+    }
     size: dict[str, int] = {}
     index: dict[str, int] = {name: i for i, name in enumerate(recursive)}
     call_size = len(_rule_call(0))
 
     @typing.no_type_check
-    def measured(text: str) -> int:
-        total = len(text)
+    def one(name: str) -> int:
+        return call_size if name in index else size[name] + 4
+
+    @typing.no_type_check
+    def measured(text: str, name: str) -> int:
+        total = len(text) + rewriter.repeat_weight.get(name, 0)
         for match in found.finditer(text):
-            name = match.group(1)
-            total += (call_size if name in index else size[name] + 4) - len(match.group(0))
+            total += one(match.group(1)) - len(match.group(0))
+        if name in rewriter.item_repeats:
+            item, copies = rewriter.item_repeats[name]
+            total += copies * one(item)
         return total
 
     for name in order:
         if _dfa_rule(rewriter, name, index, banned):
             continue
         text = rewriter.substitutions[name]
-        size[name] = measured(text) + rewriter.repeat_weight.get(name, 0)
+        size[name] = measured(text, name)
         if size[name] > _RULE_REGEX:
             # too large to be one regex: call its largest subschemas instead, until it fits
             children = sorted(
@@ -3618,8 +3657,14 @@ def _plan_rules(rewriter: _Rewriter, regex: str, banned: set) -> tuple[str, list
                     break
                 if len(index) < _MAX_RULES:
                     index[child] = len(index)
-                    size[name] = measured(text) + rewriter.repeat_weight.get(name, 0)
-        limit = _SHARED_RULE_REGEX if uses[name] > 1 else _RULE_REGEX
+                    size[name] = measured(text, name)
+        limit = (
+            _REPEATED_RULE_REGEX
+            if name in repeated  # one call per copy of a counted repeat instead of the item
+            else _SHARED_RULE_REGEX
+            if uses[name] > 1
+            else _RULE_REGEX
+        )
         if size[name] > limit and name not in banned and len(index) < _MAX_RULES:
             index[name] = len(index)
     expanded: dict[str, str] = {}
@@ -4180,7 +4225,12 @@ def json_schema_compile(
             full = None  # the grammar form calls both
     except _RegexTooLarge:
         full = None
-    if full is None or len(full) > _GRAMMAR_REGEX or rewriter.weight(regex) > _GRAMMAR_REGEX:
+    weight = rewriter.weight(regex)
+    if full is not None and weight > max(len(full), _GRAMMAR_REGEX):
+        # counted repeats (`item_repeats`, `repeat_weight`) written out: no single-regex
+        # fallback when the grammar form is refused (o9943: minutes in the DFA's minimisation)
+        full = None
+    if full is None or len(full) > _GRAMMAR_REGEX or weight > _GRAMMAR_REGEX:
         if not cache:
             _PUSHDOWN_CACHE.clear()
         if free and call is None:

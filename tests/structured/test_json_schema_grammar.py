@@ -861,3 +861,44 @@ def test_a_free_form_value_beside_a_regular_one_is_read_before_its_call(form, mo
         counts[expected] += 1
     assert counts[True] >= 10 and counts[False] >= 10, counts
     js._PUSHDOWN_CACHE.clear()
+
+
+ROLES = {
+    "type": "object",
+    "properties": {
+        "roles": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "properties": {
+                    "id": {"type": "string", "pattern": "^[0-9a-f]{4}-[0-9a-f]{4}$"},
+                    "role": {"enum": ["edit", "view"]},
+                },
+                "required": ["id", "role"],
+                "additionalProperties": False,
+            },
+            "maxItems": 1000,
+        }
+    },
+    "additionalProperties": False,
+}
+"""Cut down from MaskBench o9943 (two such arrays)."""
+
+
+def test_a_large_item_count_calls_the_item_once_per_copy():
+    # The counted repeat `(,item){0,999}` wrote 999 copies of the object into one regex, whose
+    # automaton took minutes for o9943; the copies are now measured (`item_repeats`), so the
+    # schema goes to the grammar form, where each copy calls the item's rule.
+    rewriter, regex = js._rewrite(ROLES, free_form_depth=js._CALL, counted_strings=True)
+    assert rewriter.weight(regex) > js._GRAMMAR_REGEX > len(rewriter.substitute(regex))
+    automaton = js.json_schema_compile(ROLES, BYTES, cache=False)
+    assert isinstance(automaton, PushdownAutomaton)
+    assert automaton.num_positions < 6_000  # a few positions per copy, not the object's 60
+    validator = jsonschema.Draft202012Validator(ROLES)
+    for n in (0, 1, 2, 999, 1000, 1001):
+        document = {"roles": [{"id": f"{i:04x}-{i:04x}", "role": "view"} for i in range(n)]}
+        for separators in ((",", ":"), (", ", ": ")):
+            text = json.dumps(document, separators=separators).encode()
+            assert automaton.accepts(text) == validator.is_valid(document), (n, separators)
+    bad = {"roles": [{"id": "0000-00g0", "role": "view"}]}
+    assert not automaton.accepts(json.dumps(bad).encode()) and not validator.is_valid(bad)
