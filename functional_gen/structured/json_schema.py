@@ -45,8 +45,9 @@ as every validator does: `id`, `_format`, `javaName`, ...), and so is a `format`
 Schema does not define (`"int64"`, `"password"`). "Unknown" is relative to the schema's own
 dialect (its `$schema`, default 2020-12), as `jsonschema` reads it (`in_dialect`): under draft 4
 `const`, `contains`, `propertyNames` and `if` assert nothing; before 2019-09 neither do
-`prefixItems` and `dependentRequired`, nor the keywords beside a `$ref` (draft 7 core §8.3);
-under 2019-09 and 2020-12 `dependencies` and `additionalItems` assert nothing. Known assertions that no regular constraint
+`dependentRequired` nor the keywords beside a `$ref` (draft 7 core §8.3), before 2020-12 neither
+does `prefixItems`;
+from 2019-09 `dependencies` asserts nothing, and in 2020-12 neither does `additionalItems`. Known assertions that no regular constraint
 can enforce raise `UnsupportedSchemaError` naming the keyword and where it is, before anything
 is compiled: `not` (except where its complement is a schema, `_negation`: a type, or
 `required` names of which one must then be absent; and a `not` of listed strings, which
@@ -417,8 +418,8 @@ def in_dialect(schema):
     """`schema` with the keywords its dialect does not assert removed, as `jsonschema` reads
     it (the dialect its `$schema` names, default 2020-12): a keyword that is no validator of
     that dialect is an annotation there, e.g. `const`, `contains` and `propertyNames` under
-    draft 4, `if`/`then`/`else` before draft 7, `prefixItems` and `dependentRequired` before
-    2019-09, `dependencies` and `additionalItems` in 2019-09/2020-12 (draft 3/4's
+    draft 4, `if`/`then`/`else` before draft 7, `dependentRequired` before 2019-09, `prefixItems`
+    before 2020-12, `dependencies` from 2019-09 and `additionalItems` in 2020-12 (draft 3/4's
     `exclusiveMinimum`/`exclusiveMaximum` stay: they modify `minimum`/`maximum`). Before
     2019-09, the keywords beside a `$ref` are ignored too ("All other properties in a "$ref"
     object MUST be ignored", draft 7 core §8.3): only annotations and `definitions` stay there.
