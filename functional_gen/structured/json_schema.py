@@ -46,13 +46,13 @@ Schema does not define (`"int64"`, `"password"`). "Unknown" is relative to the s
 dialect (its `$schema`, default 2020-12), as `jsonschema` reads it (`in_dialect`): under draft 4
 `const`, `contains`, `propertyNames` and `if` assert nothing; before 2019-09 neither do
 `dependentRequired` nor the keywords beside a `$ref` (draft 7 core §8.3), before 2020-12 neither
-does `prefixItems`;
-from 2019-09 `dependencies` asserts nothing, and in 2020-12 neither does `additionalItems`. Known assertions that no regular constraint
-can enforce raise `UnsupportedSchemaError` naming the keyword and where it is, before anything
-is compiled: `not` (except where its complement is a schema, `_negation`: a type, or
-`required` names of which one must then be absent; and a `not` of listed strings, which
-excludes them, in every JSON spelling, from the node's strings), `if`/`then`/`else` (except a
-discriminated union, `_conditionals_as_branches`: every `if` tests one property, whose own
+does `prefixItems`; from 2019-09 `dependencies` asserts nothing, and in 2020-12 neither does
+`additionalItems`. Known assertions that no regular constraint can enforce raise
+`UnsupportedSchemaError` naming the keyword and where it is, before anything is compiled:
+`not` (except where its complement is a schema, `_negation`: a type, or `required` names of
+which one must then be absent; and a `not` of listed strings, which excludes them, in every
+JSON spelling, from the node's strings), `if`/`then`/`else` (except a discriminated union,
+`_conditionals_as_branches`: every `if` tests one property, whose own
 schema lists its values, against listed values; or a single `if` whose complement is a schema;
 `then`/`else` without `if` assert nothing and are ignored), `dependentSchemas`,
 `dependencies` whose value is a schema, `contains` beside item counts, `maxContains`,
@@ -411,9 +411,6 @@ def check_schema(schema) -> None:
         raise InvalidSchemaError("#", str(e)) from None
 
 
-_LEGACY_DRAFTS = ("Draft4Validator", "Draft6Validator", "Draft7Validator")
-
-
 def in_dialect(schema):
     """`schema` with the keywords its dialect does not assert removed, as `jsonschema` reads
     it (the dialect its `$schema` names, default 2020-12): a keyword that is no validator of
@@ -442,7 +439,11 @@ def in_dialect(schema):
         known |= {"then", "else"}
     if "contains" in known and cls not in (jsonschema.Draft6Validator, jsonschema.Draft7Validator):
         known |= {"minContains", "maxContains"}
-    legacy = cls.__name__ in _LEGACY_DRAFTS
+    legacy = cls in (
+        jsonschema.Draft4Validator,
+        jsonschema.Draft6Validator,
+        jsonschema.Draft7Validator,
+    )
 
     @typing.no_type_check
     def visit(node) -> None:
@@ -2049,15 +2050,16 @@ class _Rewriter:
         keys = {k: v for k, v in node.items() if k in _TYPE_KEYWORDS[kind]}
         return getattr(self, "_" + kind)(keys, path)
 
-    def multiple_places(self, node: dict, path: str, integer: bool = False) -> int | None:
-        """The fraction digits `multipleOf` allows: `d` for a power of ten `10 ** -d` (`0.01`:
-        2; `1`: 0); `None` without `multipleOf`, or for an `integer` when every integer is a
-        multiple (`1 / multipleOf` an integer: `0.25`), and for other values (`5`, `0.25` for a
-        number), which `other_step` and `multiple_terminal` write.
+    def multiple_of(self, node: dict, path: str, integer: bool = False):
+        """How `multipleOf` is written: `(places, step)`. `places` is `d` for a power of ten
+        `10 ** -d` (`0.01`: 2; `1`: 0), a count of fraction digits; `step` is any other value
+        (`5`, `2.5`; `0.25` for a number), a remainder automaton (`multiple_terminal`). Both
+        `None` without `multipleOf`, or for an `integer` when every integer is a multiple
+        (`1 / multipleOf` an integer: `0.25`).
 
         **Raises:** `UnsupportedSchemaError` for a `multipleOf` that is not a positive number."""
         if "multipleOf" not in node:
-            return None
+            return None, None
         m = node["multipleOf"]
         if isinstance(m, bool) or not isinstance(m, (int, float)) or not math.isfinite(m) or m <= 0:
             raise UnsupportedSchemaError(
@@ -2065,27 +2067,11 @@ class _Rewriter:
             )
         exact = decimal.Decimal(repr(m)) if isinstance(m, float) else decimal.Decimal(m)
         if integer and (1 / exact) == (1 / exact).to_integral_value():
-            return None
+            return None, None
         digits = exact.normalize().as_tuple()
         if digits.digits == (1,) and digits.exponent <= 0:
-            return -digits.exponent
-        return None
-
-    def other_step(self, node: dict, integer: bool):
-        """The node's `multipleOf` when neither a count of fraction digits nor (for an
-        `integer`) a divisor of 1 writes it (`5`, `2.5`; `multiple_terminal`); else `None`."""
-        m = node.get("multipleOf")
-        if isinstance(m, bool) or not isinstance(m, (int, float)):
-            return None
-        if not math.isfinite(m) or m <= 0:
-            return None  # `multiple_places` raises
-        exact = decimal.Decimal(repr(m)) if isinstance(m, float) else decimal.Decimal(m)
-        if integer and (1 / exact) == (1 / exact).to_integral_value():
-            return None
-        digits = exact.normalize().as_tuple()
-        if digits.digits == (1,) and digits.exponent <= 0:
-            return None
-        return m
+            return -digits.exponent, None
+        return None, m
 
     def multiple_terminal(self, regex: str, step, integer: bool, path: str):
         """The numbers of `regex` (a range, or any number) that are multiples of `step`: the
@@ -2113,8 +2099,7 @@ class _Rewriter:
             return None
 
     def _integer(self, node: dict, path: str):
-        self.multiple_places(node, path, integer=True)  # raises for a step <= 0
-        step = self.other_step(node, integer=True)
+        _, step = self.multiple_of(node, path, integer=True)
         lo, hi = self.integer_bounds(node, path)
         if lo is None and hi is None and step is None:
             return {"type": "integer"}
@@ -2129,8 +2114,7 @@ class _Rewriter:
         return {"type": "integer"} if regex is None else self.marker(regex)
 
     def _number(self, node: dict, path: str):
-        places = self.multiple_places(node, path)  # raises for a step <= 0
-        step = self.other_step(node, integer=False)
+        places, step = self.multiple_of(node, path)
         if step is not None:
             lo, lo_excl, hi, hi_excl = self.number_bounds(node, path)
             try:
