@@ -435,18 +435,28 @@ def json_string_pattern(pattern: str, *, min_length: int = 0, max_length: int | 
     branches = [a for b in branches for a in _alternatives(b)]
     out = []
     anything = (C.MAX_REPEAT, (0, C.MAXREPEAT, sre.SubPattern(sre.State(), [(C.ANY, None)])))
+    bounds = min_length > 0 or max_length is not None
+    groups: dict[tuple[bool, bool], list[str]] = {}
     for branch in branches:
         starts, ends = _starts(branch), _ends(branch)
         branch = _strip_anchors(branch)
+        if not bounds:
+            groups.setdefault((starts, ends), []).append(translator.sequence(branch, top=False))
+            continue
         # ECMA-262 / jsonschema semantics: the pattern is searched for, so an unanchored side
         # may have any text (no control characters, see the module docstring) before or after it.
         branch = ([] if starts else [anything]) + branch + ([] if ends else [anything])
-        bounded = (
-            _bound_lengths(branch, min_length, max_length, pattern)
-            if min_length or max_length is not None
-            else [branch]
-        )
+        bounded = _bound_lengths(branch, min_length, max_length, pattern)
         out += [translator.sequence(b, top=False) for b in bounded]
+    # Without bounds, the alternatives anchored alike share one `.*` on each open side:
+    # `.*(?:a|b|c).*`, not `.*a.*|.*b.*|.*c.*`, whose DFA tracks which of the alternatives
+    # have matched so far, doubling its states with each one (2^11 x the words, o47657).
+    text = translator.sequence([anything], top=False) if groups else ""
+    for (starts, ends), alternatives in groups.items():
+        inner = alternatives[0] if len(alternatives) == 1 else "(?:" + "|".join(alternatives) + ")"
+        if not (starts and ends) and len(alternatives) == 1:
+            inner = "(?:" + inner + ")"
+        out.append(("" if starts else text) + inner + ("" if ends else text))
     if not out:
         raise NoStringError(f"no string matches `pattern` {pattern!r} within the length bounds")
     return out[0] if len(out) == 1 else "(?:" + "|".join(out) + ")"
