@@ -2004,7 +2004,14 @@ class _Rewriter:
                         )  # markers would all look like constants
                     except UnsupportedSchemaError as e:
                         self.refuse("oneOf", path, e.reason + " (kept as `anyOf`)")
-                return combined[0] if len(combined) == 1 else {"anyOf": combined}
+                if len(combined) == 1:
+                    return combined[0]
+                calls = set(self.recursive.values())
+                if any(branch.get("const") in calls for branch in combined):
+                    # its own marker: where a one-byte lookahead cannot choose between the
+                    # recursive targets, the `anyOf` is the rule instead (`_cycle_breakers`)
+                    return self.marker(self.regex_of({"anyOf": combined}))
+                return {"anyOf": combined}
         if "const" in node or "enum" in node:
             return self.enumeration(node, path)
         types = node.get("type")
@@ -3583,10 +3590,8 @@ def _plan_rules(rewriter: _Rewriter, regex: str, banned: set) -> tuple[str, list
     uses: dict[str, int] = {}
     order: list[str] = []
     seen: set = set()
-    recursive = list(rewriter.recursive.values())
+    recursive = _cycle_breakers(rewriter, regex, banned)
     calls = set(recursive)
-    if banned & calls:
-        raise NotDeterministic("a recursive reference is called where one byte cannot choose it")
     if len(recursive) > _MAX_RULES:
         raise _RecursionRefused(f"more than {_MAX_RULES} recursive targets")
 
@@ -3671,6 +3676,111 @@ def _plan_rules(rewriter: _Rewriter, regex: str, banned: set) -> tuple[str, list
         if len(text) > _MAX_REGEX:
             raise _RegexTooLarge(len(text), _MAX_REGEX)
     return texts[0], rules, texts[1:]
+
+
+def _merge_equal_markers(rewriter: _Rewriter, regex: str) -> str:
+    """For the grammar form of a recursive schema: one marker for markers of the same regex
+    once their callees are merged, and none for a marker whose regex is another marker alone
+    (a recursive target's rule is `(?:"X")` when its body was rewritten as marker X), until
+    nothing changes; `regex` with the merged names. Each unrolled copy of a recursive definition
+    names its own callees, so a tree of `anyOf` items of two definitions has several markers of
+    the same `anyOf` whose rules, merged into one automaton, would call different rules at the
+    same state; merged, they call one. Markers of string automata and counted items keep their
+    names (their sizes are recorded by name). Updates `rewriter` in place."""
+    found = re.compile(f'"(FGSUB[0-9]+X{rewriter.tag})"')
+    alone = re.compile(f'\\(\\?:"(FGSUB[0-9]+X{rewriter.tag})"\\)')
+    pinned = {*rewriter.dfa_terminals, *rewriter.item_repeats, *rewriter.repeat_weight}
+    alias: dict[str, str] = {}
+
+    def resolve(name: str) -> str:
+        while name in alias:
+            name = alias[name]
+        return name
+
+    def renamed(text: str) -> str:
+        return found.sub(lambda m: f'"{resolve(m.group(1))}"', text)
+
+    changed = True
+    while changed:
+        changed, first = False, {}
+        for name, text in list(rewriter.substitutions.items()):
+            if name in alias:
+                continue
+            text = rewriter.substitutions[name] = renamed(text)
+            if name not in pinned:
+                single = alone.fullmatch(text)
+                target = single.group(1) if single else first.get(text)
+                if target is not None and resolve(target) != name:
+                    alias[name] = resolve(target)
+                    changed = True
+                    continue
+            first.setdefault(text, name)
+    for name in alias:
+        del rewriter.substitutions[name]
+    rewriter.recursive = {k: resolve(name) for k, name in rewriter.recursive.items()}
+    rewriter.item_repeats = {
+        array: (resolve(item), copies) for array, (item, copies) in rewriter.item_repeats.items()
+    }
+    return renamed(regex)
+
+
+def _cycle_breakers(rewriter: _Rewriter, regex: str, banned: set) -> list[str]:
+    """For `_plan_rules`: the markers that must be rules so that every cycle of the marker graph
+    (from `regex`) passes through one, none of them `banned`. These are the recursive targets
+    (`_Rewriter.recursive`) unless one is banned: a tree whose items are an `anyOf` of two
+    recursive objects (`{"anyOf": [{"$ref": "#/definitions/Leaf"}, {"$ref":
+    "#/definitions/Branch"}]}`, both starting with `{`) cannot call either, so each cycle
+    through a banned target is broken at its nearest marker before it that is not banned (the
+    `anyOf` itself: one rule whose automaton holds both objects, called where the items start).
+
+    **Raises:** `NotDeterministic` when a cycle has only banned markers."""
+    recursive = list(dict.fromkeys(rewriter.recursive.values()))
+    if not banned & set(recursive):
+        return recursive
+    found = re.compile(f'"(FGSUB[0-9]+X{rewriter.tag})"')
+    children: dict[str, list[str]] = {}
+    pending = found.findall(regex)
+    while pending:
+        name = pending.pop()
+        if name not in children:
+            children[name] = list(dict.fromkeys(found.findall(rewriter.substitutions[name])))
+            pending += children[name]
+    breakers = [name for name in recursive if name not in banned]
+    while (cycle := _marker_cycle(children, set(breakers))) is not None:
+        at = next(i for i, name in enumerate(cycle) if name in banned)
+        before = [cycle[at - j] for j in range(1, len(cycle)) if cycle[at - j] not in banned]
+        if not before:
+            raise NotDeterministic(
+                "a recursive reference is called where one byte cannot choose it"
+            )
+        breakers.append(before[0])
+    return breakers
+
+
+def _marker_cycle(children: dict[str, list[str]], cut: set) -> list[str] | None:
+    """A cycle of the marker graph `children` that passes through none of `cut` (its markers in
+    order, each one's successor the next, the last one's the first), or `None`: an iterative
+    depth-first search."""
+    state: dict[str, int] = {}  # 1 on the current path, 2 done
+    for start in children:
+        if start in cut or start in state:
+            continue
+        path, iterators = [start], [iter(children[start])]
+        state[start] = 1
+        while path:
+            child = next(iterators[-1], None)
+            if child is None:
+                state[path.pop()] = 2
+                iterators.pop()
+            elif child in cut or state.get(child) == 2:
+                continue
+            elif state.get(child) == 1:
+                return path[path.index(child) :]
+            else:
+                state[child] = 1
+                path.append(child)
+                iterators.append(iter(children[child]))
+    return None
 
 
 def _dfa_rule(rewriter: _Rewriter, name: str, index: dict, banned: set) -> bool:
@@ -4038,6 +4148,8 @@ def json_schema_grammar(
         options["free_form_depth"] = _CALL
     rewriter, regex = _rewritten if _rewritten is not None else _rewrite(schema, **options)
     _warn_dropped(rewriter)
+    if rewriter.recursive:
+        regex = _merge_equal_markers(rewriter, regex)
     ws = rewriter.ws
     banned: set = set()
     dfas: dict[tuple[str, int, bool], tuple] = {}

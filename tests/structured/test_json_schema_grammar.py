@@ -534,6 +534,23 @@ def _unrolled_accepts(schema, text: bytes) -> bool:
     return bool(automaton.accepting[automaton.walk(list(text))])
 
 
+def _check_deep_documents(automaton, schema, make, *, seed: int, depths: int, per_depth: int):
+    """`make(rng, depth)`'s documents for each depth up to `depths` (and mutated copies) are
+    accepted exactly when `jsonschema` validates them, and some valid ones nest deeper than
+    the unrolled path (`max_recursion_depth` levels) accepts."""
+    rng = np.random.default_rng(seed)
+    documents = [make(rng, depth) for depth in range(1, depths + 1) for _ in range(per_depth)]
+    counts = _check_against_jsonschema(automaton, schema, documents, rng)
+    assert counts[True] > 60 and counts[False] > 30, counts
+    validator = jsonschema.validators.validator_for(schema)(schema)
+    deep = [d for d in documents if validator.is_valid(d) and _depth(d) > 8]
+    assert deep, "no valid document nested beyond max_recursion_depth"
+    for document in deep[:3]:
+        text = json.dumps(document, separators=(",", ":")).encode()
+        assert automaton.accepts(text)
+        assert not _unrolled_accepts(schema, text)  # 3 unrolled levels cut it
+
+
 def test_inline_references_recursive_leaves_placeholders():
     schema, expansions = js.inline_references(LINKED_LIST, 3, recursive=True)
     assert schema["properties"]["next"] == {"$fgRecursive": 0}
@@ -560,17 +577,7 @@ def test_recursive_references_are_rules_as_deep_as_the_stack(name, schema, make)
     automaton = js.json_schema_compile(schema, BYTES, cache=False)
     assert isinstance(automaton, PushdownAutomaton)
     assert len(automaton.rule_names) <= 4  # one rule per recursive target, not per level
-    rng = np.random.default_rng(7)
-    documents = [make(rng, depth) for depth in range(1, 11) for _ in range(12)]
-    counts = _check_against_jsonschema(automaton, schema, documents, rng)
-    assert counts[True] > 60 and counts[False] > 30, counts
-    validator = jsonschema.Draft202012Validator(schema)
-    deep = [d for d in documents if validator.is_valid(d) and _depth(d) > 8]
-    assert deep, "no valid document nested beyond max_recursion_depth"
-    for document in deep[:3]:
-        text = json.dumps(document, separators=(",", ":")).encode()
-        assert automaton.accepts(text)
-        assert not _unrolled_accepts(schema, text)  # 3 unrolled levels cut it
+    _check_deep_documents(automaton, schema, make, seed=7, depths=10, per_depth=12)
 
 
 def test_recursion_depth_is_the_stack_depth():
@@ -624,7 +631,79 @@ merged with `required`, which the rewrite would inline forever."""
 ENDLESS = {"type": "object", "properties": {"next": {"$ref": "#"}}, "required": ["next"]}
 
 
-@pytest.mark.parametrize("schema", [NOT_DETERMINISTIC, MERGED], ids=["anyOf", "merged"])
+SITE = {  # MaskBench Github_hard o15291's navigation tree, shortened
+    "$schema": "http://json-schema.org/draft-07/schema#",
+    "definitions": {
+        "Node": {
+            "type": "object",
+            "properties": {
+                "children": {"type": "array", "items": {"$ref": "#/definitions/Entry"}},
+                "isExternal": {"type": "boolean"},
+                "reference": {"type": "string", "maxLength": 2},
+                "title": {"type": "string", "maxLength": 2},
+            },
+            "required": ["reference", "title"],
+            "additionalProperties": False,
+        },
+        "Branch": {
+            "type": "object",
+            "properties": {
+                "children": {"type": "array", "items": {"$ref": "#/definitions/Entry"}},
+                "title": {"type": "string", "maxLength": 2},
+            },
+            "required": ["children", "title"],
+            "additionalProperties": False,
+        },
+        "Entry": {"anyOf": [{"$ref": "#/definitions/Node"}, {"$ref": "#/definitions/Branch"}]},
+    },
+    "type": "object",
+    "properties": {"structure": {"type": "array", "items": {"$ref": "#/definitions/Entry"}}},
+    "required": ["structure"],
+    "additionalProperties": False,
+}
+"""Items that are an `anyOf` of two recursive objects: `{` cannot choose which to call."""
+
+
+def _entry(rng, depth):
+    title = ["", "ab"][int(rng.integers(2))] if rng.random() < 0.995 else ["abc", 7][depth % 2]
+    children = []
+    if depth > 1:
+        children = [_entry(rng, depth - 1)] + [
+            _entry(rng, int(rng.integers(1, depth))) for _ in range(int(rng.integers(2)))
+        ]
+    if rng.random() < 0.5:  # members in the schema's order
+        doc = {"children": children} if depth > 1 and rng.random() < 0.7 else {}
+        if rng.random() < 0.3:
+            doc["isExternal"] = bool(rng.random() < 0.5)
+        doc |= {"reference": "r", "title": title}
+        return doc if rng.random() < 0.995 else {**doc, "z": 1}
+    return {"children": children, "title": title} if rng.random() < 0.99 else {"title": title}
+
+
+def _site(rng, depth):
+    return {"structure": [_entry(rng, depth) for _ in range(int(rng.integers(1, 3)))]}
+
+
+def _node_or_other(rng, depth):
+    if depth <= 1:
+        return {} if rng.random() < 0.3 else {"z": int(rng.integers(5))}
+    return {"c": _node_or_other(rng, depth - 1)} if rng.random() < 0.95 else {"c": 1}
+
+
+@pytest.mark.parametrize(
+    ("schema", "make"), [(SITE, _site), (NOT_DETERMINISTIC, _node_or_other)], ids=["site", "anyOf"]
+)
+def test_recursion_through_an_anyOf_of_objects_calls_the_anyOf(schema, make):
+    # Neither recursive target can be called where `{` starts both (or another object): the
+    # `anyOf` becomes the rule, its automaton holding both objects. Before, the recursion was
+    # unrolled; o15291's unrolled form timed out (745,575-character rule regexes, 30 s).
+    js._PUSHDOWN_CACHE.clear()
+    automaton = js._recursive_grammar(schema, BYTES, 32, {})
+    assert isinstance(automaton, PushdownAutomaton)
+    _check_deep_documents(automaton, schema, make, seed=3, depths=11, per_depth=10)
+
+
+@pytest.mark.parametrize("schema", [MERGED], ids=["merged"])
 def test_recursion_that_cannot_be_rules_is_unrolled_as_before(schema):
     assert js._recursive_grammar(schema, BYTES, 32, {}) is None
     js._PUSHDOWN_CACHE.clear()
