@@ -97,13 +97,15 @@ grammar form is refused (`ConstraintError`, at once) when its rules' automata ha
 **Recursive `$ref`s.** `json_schema_compile` (unless given an integer `max_recursion_depth`)
 first tries the grammar form with each recursive reference kept as a call (`inline_references(recursive=True)`: a reference met again inside its
 own expansion becomes a placeholder; `_Rewriter.recursive_call` makes it a marker whose
-substitution is the rewritten target, a rule that `_plan_rules` always keeps), so a schema like
+substitution is the rewritten target, a rule that `_plan_rules` keeps), so a schema like
 an expression tree nests as deep as the stack allows, whatever `max_recursion_depth` says, at the
-size of one copy of each recursive definition. It falls back to the unrolled path (and its
-result or error) when the recursion cannot be rules: a recursive call where a one-byte lookahead
-cannot choose (`anyOf` of a recursive object and another object), a recursion through `allOf`
-merges (`{"$ref": "#", "required": [..]}` inside the target), a recursion that never ends, or
-any other error of the grammar form. `json_schema_regex` (one regex) always unrolls.
+size of one copy of each recursive definition. Where a one-byte lookahead cannot choose a
+recursive call (`anyOf` of a recursive object and another object), the `anyOf` is the rule
+instead, one automaton holding both (`_cycle_breakers`, `_merge_equal_markers`). It falls back
+to the unrolled path (and its result or error) when the recursion cannot be rules: a cycle of
+calls none of which one byte can choose, a recursion through `allOf` merges
+(`{"$ref": "#", "required": [..]}` inside the target), a recursion that never ends, or any
+other error of the grammar form. `json_schema_regex` (one regex) always unrolls.
 
 Where we follow llguidance (`docs/json_schema.md`): properties come in the order of
 `properties`; additional properties come after the listed ones; `format` is enforced;
