@@ -1219,12 +1219,13 @@ class _RegexTooLarge(ConstraintError):
 
 
 class _TooManyPositions(ConstraintError):
-    """A grammar form would have more automaton positions than `_MAX_GRAMMAR_POSITIONS`."""
+    """A grammar form would have more automaton positions than its limit
+    (`_MAX_GRAMMAR_POSITIONS`, times `_OVER_REGEX_SCALE` in place of a single regex)."""
 
-    def __init__(self, positions: int, rules: int):
+    def __init__(self, positions: int, rules: int, limit: int):
         super().__init__(
             f"the schema's grammar form has {positions:,} automaton positions in {rules} rules "
-            f"(the limit is {_MAX_GRAMMAR_POSITIONS:,}): its token tables would take too long "
+            f"(the limit is {limit:,}): its token tables would take too long "
             "to build"
         )
 
@@ -3548,6 +3549,13 @@ machine at load 2 (MaskBench Github_hard o21316, 8,219 positions: 2.2 s for the 
 before, 664 s before that, 7 s for the whole compile; o21251, 6,148: 1.8 s; Kubernetes kb_594,
 2,392: 1.0 s; `benchmarks/bench_pda_tables.py`), so up to this the tables take under about 5 s;
 beyond it the schema is refused with the reason."""
+_OVER_REGEX_SCALE = 2
+"""How many times `_MAX_GRAMMAR_POSITIONS` (and `_MAX_POSITIONS_BEFORE_TAILS`) the positions
+limit is for a grammar form that `json_schema_compile` would otherwise replace by the schema's
+single regex (over `_GRAMMAR_REGEX` characters): that regex's automaton inlines every rule, so
+it is at least as large and no faster to build per state (MaskBench
+Github_ultra o25423: grammar form 14,443 positions, 4.8 s; its single regex, 49,305 positions,
+16.5 s; Github_hard o48425: 14,552 positions against a 140,901-character regex, 13 s)."""
 _MAX_POSITIONS_BEFORE_TAILS = 5 * _MAX_GRAMMAR_POSITIONS // 4
 """Positions of a grammar form's rules, before shared tails (`_shared_tails`) are taken out,
 beyond which it is refused as soon as its automata get there: on the 17 MaskBench grammar forms
@@ -3895,6 +3903,23 @@ def _check_productive(automata: list, rules: int) -> None:
             raise _RecursionRefused(f"{name} has text that can never end (endless recursion)")
 
 
+def _check_value_calls(dfa: ByteDFA, calls: np.ndarray, name: str) -> None:
+    """Refuse at once a rule automaton (`_rule_edges`, the free-form value's call in the last
+    column) with a state that both calls the JSON value rule and reads one of a value's first
+    bytes itself: no plan of the other rules can change that, and `build_pushdown` would refuse
+    it only after every rule's automaton and the shared tails (seconds on a large schema, for
+    each free-form depth `json_schema_compile` tries).
+
+    **Raises:** `NotDeterministic` naming the rule and the byte, as `build_pushdown` does."""
+    states = np.flatnonzero(calls[:, -1] != REJECT)
+    clash = (dfa.delta[states] != REJECT) & _VALUE_FIRST
+    if clash.any():
+        byte = bytes([int(np.flatnonzero(clash.any(axis=0))[0])])
+        raise NotDeterministic(
+            f"in rule {name!r} the byte {byte!r} can be read in 2 ways (itself, a call of 'value')"
+        )
+
+
 def _nondeterministic_calls(automata: list, rules: int) -> set[int]:
     """The schema rules called where a one-byte lookahead cannot choose: a call whose first
     bytes another call or a byte edge of the same state also reads, or a rule that matches the
@@ -4114,6 +4139,7 @@ def json_schema_grammar(
     *,
     stack_depth: int = DEFAULT_STACK_DEPTH,
     _rewritten: tuple | None = None,
+    _over_regex: bool = False,
     **options,
 ) -> PushdownAutomaton:
     """The grammar form of a JSON Schema: a `PushdownAutomaton` whose rules are its large
@@ -4135,7 +4161,9 @@ def json_schema_grammar(
 
     **Arguments:** `schema`, `vocabulary`; `stack_depth`: stack slots (nested rule calls,
     free-form values included); `options`: those of `json_schema_regex` (`free_form_depth=None`
-    calls a free-form JSON value rule, as `json_schema_pushdown`).
+    calls a free-form JSON value rule, as `json_schema_pushdown`); `_over_regex` (internal):
+    the form stands in for a single regex over `_GRAMMAR_REGEX` characters, so its positions
+    limit is `_OVER_REGEX_SCALE` times larger.
 
     **Raises:** as `json_schema_regex`; `ConstraintError` (`_RegexTooLarge`) when a single rule
     would still exceed `_MAX_REGEX` characters, or when the rules' automata have more than
@@ -4148,6 +4176,11 @@ def json_schema_grammar(
     free = options.get("free_form_depth", DEFAULT_FREE_FORM_DEPTH)
     if free is None:
         options["free_form_depth"] = _CALL
+    scale = _OVER_REGEX_SCALE if _over_regex else 1
+    max_positions, max_before_tails = (
+        scale * _MAX_GRAMMAR_POSITIONS,
+        scale * _MAX_POSITIONS_BEFORE_TAILS,
+    )
     rewriter, regex = _rewritten if _rewritten is not None else _rewrite(schema, **options)
     _warn_dropped(rewriter)
     if rewriter.recursive:
@@ -4163,14 +4196,21 @@ def json_schema_grammar(
         key = cache_key("json-grammar", f"{stack_depth}\0" + "\0".join([root, *texts]), vocabulary)
         if key in _PUSHDOWN_CACHE:
             return _PUSHDOWN_CACHE[key]
-        automata = []
-        for text in [root, *texts]:
+        built: dict[int, tuple] = {}
+        every = [root, *texts]
+        call = escape(FREE_VALUE_CALL)
+        # the regexes that call a free-form value first: their check may refuse the plan
+        for a in sorted(range(len(every)), key=lambda a: call not in every[a]):
+            text = every[a]
             if (text, len(rules), value) not in dfas:
                 dfas[text, len(rules), value] = _rule_automaton(rewriter, text, len(rules), value)
-            automata.append(dfas[text, len(rules), value])
-            positions = sum(dfa.num_states for dfa, _ in automata)
-            if positions > _MAX_POSITIONS_BEFORE_TAILS:  # refused before the other rules
-                raise _TooManyPositions(positions, len(rules))
+            built[a] = dfas[text, len(rules), value]
+            if value and call in text:
+                _check_value_calls(*built[a], "schema" if a == 0 else f"rule{a - 1}")
+            positions = sum(dfa.num_states for dfa, _ in built.values())
+            if positions > max_before_tails:  # refused before the other rules
+                raise _TooManyPositions(positions, len(rules), max_positions)
+        automata = [built[a] for a in range(len(every))]
         bad = _nondeterministic_calls(automata, len(rules))
         if not bad:
             if rewriter.recursive:
@@ -4184,12 +4224,14 @@ def json_schema_grammar(
     # becomes a rule): over the limit already, the form is refused before that search, which
     # takes minutes on 60,000 states (MaskBench o82710's 5,000-character string).
     largest = max(dfa.num_states for dfa, _ in automata)
-    if largest > _MAX_GRAMMAR_POSITIONS:
-        raise _TooManyPositions(sum(dfa.num_states for dfa, _ in automata), len(automata) - 1)
+    if largest > max_positions:
+        raise _TooManyPositions(
+            sum(dfa.num_states for dfa, _ in automata), len(automata) - 1, max_positions
+        )
     automata, _ = _shared_tails(automata, len(rules), value)
     positions = sum(dfa.num_states for dfa, _ in automata)
-    if positions > _MAX_GRAMMAR_POSITIONS:
-        raise _TooManyPositions(positions, len(automata) - 1)
+    if positions > max_positions:
+        raise _TooManyPositions(positions, len(automata) - 1, max_positions)
 
     def build(automata: list):
         names = ["schema"] + [f"rule{i}" for i in range(len(automata) - 1)]
@@ -4348,7 +4390,12 @@ def json_schema_compile(
                 pass
         try:
             return json_schema_grammar(
-                schema, vocabulary, stack_depth=stack_depth, _rewritten=(rewriter, regex), **options
+                schema,
+                vocabulary,
+                stack_depth=stack_depth,
+                _rewritten=(rewriter, regex),
+                _over_regex=full is not None,
+                **options,
             )
         except (_TooManyPositions, NotDeterministic) as e:
             if full is not None:
