@@ -10,7 +10,8 @@ import pytest
 
 import functional_gen as fg
 from functional_gen.structured import json_schema as js
-from functional_gen.structured.pda import PushdownAutomaton
+from functional_gen.structured.pda import NotDeterministic, PushdownAutomaton
+from functional_gen.structured.regex import escape
 from functional_gen.structured.vocabulary import TokenVocabulary
 
 from .helpers import format_checker
@@ -169,6 +170,35 @@ def test_a_refused_grammar_form_falls_back_to_the_single_regex(small_rules, monk
         pytest.raises(js._TooManyPositions),
     ):
         js.json_schema_compile(PEOPLE, BYTES, cache=False)
+
+
+def test_in_place_of_a_single_regex_the_grammar_form_may_be_larger(small_rules, monkeypatch):
+    """A grammar form standing in for a single regex (one over `_GRAMMAR_REGEX` characters,
+    which the fallback would compile) may have `_OVER_REGEX_SCALE` times the positions: the
+    single regex inlines every rule, so its automaton is no smaller (MaskBench o25423)."""
+    positions = js.json_schema_grammar(PEOPLE, BYTES).num_positions
+    js._PUSHDOWN_CACHE.clear()
+    limit = positions * 2 // 3  # under the positions, over half of them
+    monkeypatch.setattr(js, "_MAX_GRAMMAR_POSITIONS", limit)
+    monkeypatch.setattr(js, "_MAX_POSITIONS_BEFORE_TAILS", 5 * limit // 4)
+    with pytest.raises(js._TooManyPositions, match=f"the limit is {limit:,}"):
+        js.json_schema_grammar(PEOPLE, BYTES)
+    automaton = js.json_schema_compile(PEOPLE, BYTES, cache=False)
+    assert isinstance(automaton, PushdownAutomaton)
+    assert automaton.num_positions == positions
+    rng = np.random.default_rng(5)
+    counts = _check_against_jsonschema(automaton, PEOPLE, [_person(rng) for _ in range(60)], rng)
+    assert counts[True] >= 10 and counts[False] >= 10, counts
+
+
+def test_a_free_value_call_beside_its_first_byte_is_refused_at_once():
+    # `"` both read (a string) and a call of the JSON value rule at one state: no plan of the
+    # other rules changes that, so the rule is refused as soon as its automaton is built
+    dfa, calls = js._rule_edges('(?:\\[(?:"a"|' + escape(js.FREE_VALUE_CALL) + ")\\])", 0, True)
+    with pytest.raises(NotDeterministic, match="in rule 'rule3' the byte b'\"'"):
+        js._check_value_calls(dfa, calls, "rule3")
+    dfa, calls = js._rule_edges("(?:\\[" + escape(js.FREE_VALUE_CALL) + "\\])", 0, True)
+    js._check_value_calls(dfa, calls, "rule3")  # the call alone: one byte chooses
 
 
 def test_calls_one_byte_cannot_choose_are_inlined(small_rules):
