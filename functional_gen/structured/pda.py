@@ -655,6 +655,46 @@ def _unique(values):
     return values[keep]
 
 
+class _HashCollision(Exception):
+    """Two distinct rows of `_token_tables`' walk hashed alike (`_row_hashes`): walk again
+    comparing rows exactly."""
+
+
+_ROW_WEIGHTS = np.random.default_rng(0).integers(1, 2**63, 1 << 16, dtype=np.uint64) | 1
+"""Random odd weights of `_row_hashes` (one per column; wider rows reuse them cyclically)."""
+
+
+def _row_hashes(rows, weights) -> np.ndarray:
+    """A 64-bit hash of each row of a 2-D int32 array: a linear combination of its entries
+    with the random odd `weights` (`_ROW_WEIGHTS`, reused cyclically past their length) mod
+    2**64 (equal rows hash alike; distinct rows collide with probability about 2**-63 per pair,
+    which the callers check)."""
+    weights = np.resize(weights, rows.shape[1])
+    values = rows.astype(np.int64).view(np.uint64)
+    with np.errstate(over="ignore"):
+        return (values * weights).sum(axis=1, dtype=np.uint64)
+
+
+def _hashed_rows(rows, weights) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`(first, inverse, hashes)` for a 2-D int32 array: the index of each distinct row's first
+    occurrence (in order of their hashes), each row's number among them, and their hashes
+    (`_row_hashes` with `weights`). Sorting the hashes instead of hashing each row's bytes in Python: the
+    walk's functions come by the hundred thousand.
+
+    **Raises:** `_HashCollision` when two distinct rows hash alike."""
+    hashes = _row_hashes(rows, weights)
+    order = np.argsort(hashes, kind="stable")
+    ordered = hashes[order]
+    starts = np.ones(rows.shape[0], bool)
+    np.not_equal(ordered[1:], ordered[:-1], out=starts[1:])
+    inverse = np.empty(rows.shape[0], np.int64)
+    inverse[order] = np.cumsum(starts) - 1
+    first = order[starts]
+    if not np.array_equal(rows, rows[first][inverse]):
+        raise _HashCollision
+    return first, inverse, ordered[starts]
+
+
 def _distinct_rows(rows) -> tuple[list[int], np.ndarray]:
     """`(first, inverse)` for a 2-D array: the index of each distinct row's first occurrence, in
     order of appearance, and each row's number among them (by hashing the rows' bytes)."""
@@ -967,6 +1007,19 @@ def _token_tables(
 
     @typing.no_type_check
     def walk(start, prune: bool):
+        """`walk_once` with `_ROW_WEIGHTS`, or, in the unlikely event of a hash collision,
+        with other weights until none collides (the tables it filled stay valid)."""
+        rng = None
+        weights = _ROW_WEIGHTS
+        while True:
+            try:
+                return walk_once(start, prune, weights)
+            except _HashCollision:
+                rng = rng or np.random.default_rng(1)
+                weights = rng.integers(1, 2**63, _ROW_WEIGHTS.size, dtype=np.uint64) | 1
+
+    @typing.no_type_check
+    def walk_once(start, prune: bool, weights):
         """Walk all origins (extended states `start`) over the trie together, as
         `byte_dfa._token_functions` does for a DFA: each trie node has a *function*, the state
         (or set) and poison flag of every origin after the node's bytes (one int32 per origin:
@@ -990,7 +1043,7 @@ def _token_tables(
         # bytes -> id, `moves[f, class]` the id after a byte of the class (-1: not yet), and
         # `coded[f]` the index of its code row (-1: not yet).
         store = (2 * start).astype(np.int32)[None, :]
-        row_ids = {store[0].tobytes(): 0}
+        row_ids = {int(_row_hashes(store, weights)[0]): 0}
         moves = np.full((1, num_classes), -1, np.int64)
         coded = np.full(1, -1, np.int64)
         node_function = np.zeros(num_nodes, np.int64)
@@ -1044,13 +1097,19 @@ def _token_tables(
                     returned[cols[flat[below] % width]] = True
                 new = np.full((pairs.size, width), gone_entry, np.int32)
                 new.reshape(-1)[flat] = out
-                ids = np.empty(pairs.size, np.int64)
+                # one id per distinct row, by a hash of the row (checked exactly below)
+                first, inverse, hashes = _hashed_rows(new, weights)
+                distinct_ids = np.empty(first.size, np.int64)
                 fresh = []
-                for i, row in enumerate(new):
-                    j = row_ids.setdefault(row.tobytes(), len(row_ids))
+                for u, h in enumerate(hashes.tolist()):
+                    j = row_ids.setdefault(h, len(row_ids))
                     if j == store.shape[0] + len(fresh):
-                        fresh.append(i)
-                    ids[i] = j
+                        fresh.append(int(first[u]))
+                    distinct_ids[u] = j
+                old = distinct_ids < store.shape[0]
+                if not np.array_equal(store[distinct_ids[old]], new[first[old]]):
+                    raise _HashCollision
+                ids = distinct_ids[inverse]
                 if fresh:
                     store = np.concatenate([store, new[fresh]])
                     moves = np.concatenate([moves, np.full((len(fresh), num_classes), -1)])
@@ -1069,7 +1128,9 @@ def _token_tables(
                 cols = cols[live_cols]
                 first, number = _distinct_rows(store[funcs][:, live_cols])
                 store = store[funcs[first]][:, live_cols]
-                row_ids = {row.tobytes(): i for i, row in enumerate(store)}
+                row_ids = dict(zip(_row_hashes(store, weights).tolist(), range(store.shape[0])))
+                if len(row_ids) < store.shape[0]:
+                    raise _HashCollision
                 moves = np.full((len(first), num_classes), -1, np.int64)
                 coded = np.full(len(first), -1, np.int64)
                 node_function[a:b] = number[np.searchsorted(funcs, result)]

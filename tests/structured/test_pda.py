@@ -454,6 +454,25 @@ def test_token_tables_equal_the_reference_walk(name, stack_depth, vocabulary, ch
     assert len(checked_token_tables) == 2
 
 
+def test_token_tables_survive_row_hash_collisions(monkeypatch, checked_token_tables):
+    # With every weight 1 a row's hash is the sum of its entries: distinct rows collide at
+    # once (`(1, 2)` and `(2, 1)`), the walk notices and walks again with random weights.
+    from functional_gen.structured import pda as pda_module
+
+    calls = []
+    hashed = pda_module._hashed_rows
+
+    def counted(rows, weights):
+        calls.append(bool((weights == 1).all()))
+        return hashed(rows, weights)
+
+    monkeypatch.setattr(pda_module, "_ROW_WEIGHTS", np.ones(64, np.uint64))
+    monkeypatch.setattr(pda_module, "_hashed_rows", counted)
+    build_pushdown(parse_grammar(PUSHDOWN_GRAMMARS["json"]), BYTES_ONLY, stack_depth=4)
+    assert checked_token_tables  # equal to the reference walk
+    assert calls[0] and not calls[-1]  # the ones collided; the random weights did not
+
+
 def test_per_row_uses_the_token_automaton_of_a_pushdown_json_schema(tokenizer):
     # free_form_depth=None makes an open object a pushdown automaton (free-form values as deep
     # as the stack), which cannot share tables: per_row rebuilds its token form, and says so
