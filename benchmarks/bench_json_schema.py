@@ -264,7 +264,8 @@ def _in_schema_order(data, schema, prefer: int | str | None = None):
     `prefer="valid"`, for each object the branches it validates against first (`jsonschema`),
     so that two items of one array may follow different branches; `$ref` resolved with
     `referencing`),
-    unlisted members after the listed ones in their own order, recursively through property
+    then the `required` names without a schema there (as `JsonSchema` lists them), unlisted
+    members after the listed ones in their own order, recursively through property
     values, `additionalProperties` and `items`. For the report only: a valid instance that a
     compiled schema rejects and accepts in this order was rejected for its property order
     (`JsonSchema` writes listed properties in the schema's order, as llguidance does).
@@ -281,12 +282,19 @@ def _in_schema_order(data, schema, prefer: int | str | None = None):
     registry = referencing.Registry().with_resource("", specification.create_resource(schema))
     resolver = registry.resolver()
 
+    root_validator = None
+
     def satisfies(value, branch) -> bool:
+        # the branch evaluated inside the root (`evolve` keeps its resolver), so that its
+        # `$ref: "#/definitions/..."` resolves against the root, not against the branch alone
         import jsonschema
 
+        nonlocal root_validator
         try:
-            cls = jsonschema.validators.validator_for(schema)
-            return cls(branch, registry=registry).is_valid(value)
+            if root_validator is None:
+                cls = jsonschema.validators.validator_for(schema)
+                root_validator = cls(schema, registry=registry)
+            return root_validator.evolve(schema=branch).is_valid(value)
         except Exception:
             return False
 
@@ -314,6 +322,9 @@ def _in_schema_order(data, schema, prefer: int | str | None = None):
             if name not in values:
                 names.append(name)
                 values[name] = sub
+        for name in node.get("required") or []:  # required without a schema: after them
+            if isinstance(name, str) and name not in values and name not in names:
+                names.append(name)
         for keyword in ("allOf", "anyOf", "oneOf"):
             branches = list(node.get(keyword) or [])
             if keyword != "allOf" and prefer == "valid":
@@ -347,6 +358,11 @@ def _in_schema_order(data, schema, prefer: int | str | None = None):
             return {k: order(value[k], member_schema(k), depth + 1) for k in keys}
         if isinstance(value, list):
             items = node.get("items")
+            if not isinstance(items, dict):  # or the items of the first branch that has them
+                branches = [
+                    resolve(b) for k in ("allOf", "anyOf", "oneOf") for b in node.get(k) or []
+                ]
+                items = next((b["items"] for b in branches if isinstance(b.get("items"), dict)), {})
             return [order(v, items if isinstance(items, dict) else {}, depth + 1) for v in value]
         return value
 
