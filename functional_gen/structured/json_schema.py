@@ -2350,7 +2350,9 @@ class _Rewriter:
         if terminal == {"type": "string"}:  # any string: a regex does it
             return self.marker(_other_strings_regex(excluded))
         regex = self.substitute(self.regex_of(terminal))
-        inner = regex[3:-1] if regex.startswith("(?:") and regex.endswith(")") else regex
+        inner = regex  # a string automaton's placeholder, in the groups of marker and const
+        while inner not in self.dfa_texts and inner.startswith("(?:") and inner.endswith(")"):
+            inner = inner[3:-1]
         strings = self.dfa_texts.get(inner)
         source = f"not\0{regex}\0{json.dumps(excluded)}"
         try:

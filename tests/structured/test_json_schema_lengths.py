@@ -300,6 +300,15 @@ NOT_STRINGS = {
     "plain": {"type": "string", "not": {"enum": ["intramural", "ab"]}},
     "bounded": {"type": "string", "maxLength": 3, "not": {"const": "abc"}},
     "pattern": {"type": "string", "pattern": "^[abc/]+$", "not": {"enum": ["a", "b/"]}},
+    # MaskBench Github_medium o24621 (yotta module names): the pattern with lengths is a string
+    # automaton already; its `not` was taken from a placeholder's text, rejecting every string
+    "pattern and lengths": {
+        "type": "string",
+        "pattern": "^[a-c]+[a-c/]*$",
+        "minLength": 2,
+        "maxLength": 3,
+        "not": {"enum": ["ab", "test"]},
+    },
     "untyped": {"not": {"const": "a"}},  # every non-string value is valid
     "member": {
         "type": "object",
