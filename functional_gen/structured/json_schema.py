@@ -4194,20 +4194,20 @@ def json_schema_grammar(
 
     for _ in range(8):
         root, rules, texts = _plan_rules(rewriter, regex, banned)
-        value = any(escape(FREE_VALUE_CALL) in t for t in [root, *texts])
-        key = cache_key("json-grammar", f"{stack_depth}\0" + "\0".join([root, *texts]), vocabulary)
+        every = [root, *texts]
+        call = escape(FREE_VALUE_CALL)
+        value = any(call in text for text in every)
+        key = cache_key("json-grammar", f"{stack_depth}\0" + "\0".join(every), vocabulary)
         if key in _PUSHDOWN_CACHE:
             return _PUSHDOWN_CACHE[key]
         built: dict[int, tuple] = {}
-        every = [root, *texts]
-        call = escape(FREE_VALUE_CALL)
         # the regexes that call a free-form value first: their check may refuse the plan
         for a in sorted(range(len(every)), key=lambda a: call not in every[a]):
             text = every[a]
             if (text, len(rules), value) not in dfas:
                 dfas[text, len(rules), value] = _rule_automaton(rewriter, text, len(rules), value)
             built[a] = dfas[text, len(rules), value]
-            if value and call in text:
+            if call in text:
                 _check_value_calls(*built[a], "schema" if a == 0 else f"rule{a - 1}")
             positions = sum(dfa.num_states for dfa, _ in built.values())
             if positions > max_before_tails:  # refused before the other rules

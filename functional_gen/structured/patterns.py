@@ -453,9 +453,9 @@ def json_string_pattern(pattern: str, *, min_length: int = 0, max_length: int | 
     # have matched so far, doubling its states with each one (2^11 x the words, o47657).
     text = translator.sequence([anything], top=False) if groups else ""
     for (starts, ends), alternatives in groups.items():
-        inner = alternatives[0] if len(alternatives) == 1 else "(?:" + "|".join(alternatives) + ")"
-        if not (starts and ends) and len(alternatives) == 1:
-            inner = "(?:" + inner + ")"
+        inner = "|".join(alternatives)
+        if len(alternatives) > 1 or not (starts and ends):
+            inner = f"(?:{inner})"
         out.append(("" if starts else text) + inner + ("" if ends else text))
     if not out:
         raise NoStringError(f"no string matches `pattern` {pattern!r} within the length bounds")
