@@ -313,7 +313,9 @@ def trim(dfa: ByteDFA) -> ByteDFA:
 
 def _refine_changed(columns, accepting):
     """Moore's refinement that re-examines only what can change: the coarsest partition stable
-    under every column, as `_refine_exact`, but after the first round only the predecessors of the
+    under every column that refines `accepting` (a bool per state, or any int label that
+    equivalent states share, `_longest_words`), as `_refine_exact`, but after the first round
+    only the predecessors of the
     states that moved to a new block are hashed again (their successors' blocks, a random
     linear hash mod 2**64; the caller checks the result exactly). Within a block, the states not
     re-examined share one hash (the block was uniform when it was last split), so an examined
@@ -402,18 +404,73 @@ def _refine_exact(columns, accepting):
         count = new_count
 
 
+_LONGEST_WORDS_MIN = 256
+"""`minimize` starts from `_longest_words` for automata of at least this many states."""
+
+
+def _longest_words(columns, accepting) -> np.ndarray | None:
+    """A label per state of a trimmed automaton (`columns`: its transitions, `REJECT` for none)
+    that equivalent states share: twice the length of the longest word it accepts (-2 when
+    there is no longest: the state lies on or reaches a cycle), plus one if it accepts.
+
+    Why: Moore's refinement needs as many rounds as the longest word that tells two states
+    apart. A counted repeat (`maxItems: 1000` of 24-character strings, MaskBench o9953) is a
+    chain of states told apart only by how many items remain: 56,150 rounds. Starting from
+    these labels the chain is told apart at once (o9953: 8.6 s -> 0.05 s; o9943's 160,134
+    states: 30 s -> 0.15 s).
+
+    The strongly connected components come from scipy, whose labels are in reverse
+    topological order (each edge leads to an equal or lower label; checked, `None` if not); the
+    longest words are then one pass in that order.
+    """
+    from scipy.sparse import csr_array
+    from scipy.sparse.csgraph import connected_components
+
+    n = columns.shape[0]
+    live = columns != REJECT
+    sources = np.broadcast_to(np.arange(n)[:, None], columns.shape)[live]
+    graph = csr_array(
+        (np.ones(sources.size, np.int8), (sources, columns[live].astype(np.int64))), shape=(n, n)
+    )
+    graph.sum_duplicates()
+    count, component = connected_components(graph, directed=True, connection="strong")
+    indptr, indices = graph.indptr, graph.indices
+    rows = np.repeat(np.arange(n), np.diff(indptr))
+    if not (component[rows] >= component[indices]).all():
+        return None
+    cyclic = np.bincount(component, minlength=count)[component] > 1
+    cyclic[rows[rows == indices]] = True
+    longest = [0] * n
+    starts, successors = indptr.tolist(), indices.tolist()
+    cycles = cyclic.tolist()
+    for state in np.argsort(component, kind="stable").tolist():
+        best = -1 if cycles[state] else 0  # a trimmed state accepts or has a successor
+        for successor in successors[starts[state] : starts[state + 1]] if best == 0 else ():
+            length = longest[successor]
+            if length < 0:
+                best = -1
+                break
+            best = max(best, length + 1)
+        longest[state] = best
+    return np.asarray(longest, np.int64) * 2 + accepting
+
+
 def minimize(dfa: ByteDFA) -> ByteDFA:
     """The minimal DFA of the same language (trimmed, then Moore's partition refinement).
 
-    The refinement compares states by a hash of their successor blocks, then checks the final
-    partition exactly (and redoes it with exact row comparisons in the unlikely event of a
-    collision).
+    The refinement starts from the states' longest accepted words (`_longest_words`, which
+    equivalent states share) instead of accepting or not, and compares states by a hash of
+    their successor blocks, then checks the final partition exactly (and redoes it with exact
+    row comparisons in the unlikely event of a collision).
 
     Source: E. F. Moore, "Gedanken-experiments on sequential machines" (1956).
     """
     dfa = trim(dfa)
     columns, byte_class = unique_columns(dfa.delta)
-    blocks, count = _refine_changed(columns, dfa.accepting)
+    labels = None
+    if dfa.num_states >= _LONGEST_WORDS_MIN:
+        labels = _longest_words(columns, dfa.accepting)
+    blocks, count = _refine_changed(columns, dfa.accepting if labels is None else labels)
     representative = np.zeros(count, np.int64)
     representative[blocks] = np.arange(dfa.num_states)
     successor = np.where(columns != REJECT, blocks[np.maximum(columns, 0)], REJECT)

@@ -303,6 +303,73 @@ def test_hashed_refinement_equals_the_exact_one():
         assert pairs.shape[1] == count
 
 
+def _python_longest_word(columns, accepting, state, seen=()):
+    """The longest word a trimmed automaton accepts from `state` (`None`: no longest), by
+    depth-first search."""
+    best = 0 if accepting[state] else -1
+    for target in {int(t) for t in columns[state] if t >= 0}:
+        if target in seen or target == state:
+            return None
+        length = _python_longest_word(columns, accepting, target, (*seen, state))
+        if length is None:
+            return None
+        best = max(best, length + 1)
+    return best
+
+
+def test_longest_words_are_the_longest_accepted_words():
+    from functional_gen.structured.automaton import unique_columns
+    from functional_gen.structured.byte_dfa import _longest_words, trim
+
+    rng = np.random.default_rng(3)
+    dfas = [regex_byte_dfa(r) for r in ("(?:ab|c){0,12}d?", "[0-9]{2,9}(?:x[a-c]*)?", "abc")]
+    for _ in range(300):  # random acyclic tables with a few back edges
+        n = int(rng.integers(1, 40))
+        delta = np.full((n, 256), -1, np.int32)
+        for state in range(n - 1):
+            delta[state, rng.integers(0, 4, 2)] = rng.integers(state + 1, n, 2)
+        if rng.random() < 0.3:
+            delta[rng.integers(n), 5] = rng.integers(n)
+        accepting = rng.random(n) < 0.3
+        accepting[-1] = True
+        with contextlib.suppress(ValueError):
+            dfas.append(trim(ByteDFA(delta, accepting, 0)))
+    for dfa in dfas:
+        columns = unique_columns(dfa.delta)[0]
+        labels = _longest_words(columns, dfa.accepting)
+        for state in range(dfa.num_states):
+            length = _python_longest_word(columns, dfa.accepting, state)
+            expected = (-1 if length is None else length) * 2 + dfa.accepting[state]
+            assert labels[state] == expected, (state, length)
+
+
+@pytest.mark.parametrize(
+    "pattern",
+    [
+        r"\[(?:\"[0-9a-f]{6}\",){0,400}\]",  # a chain told apart by the items left: 3,600 rounds
+        r"(?:[ab]{1,3};){0,90}(?:c[0-9]*)?",
+        r"(?:x|yz){0,200}|(?:y|xz){0,150}",
+    ],
+)
+def test_minimize_from_longest_words_equals_moores_rounds(pattern):
+    # `minimize` starts large automata from their longest words; the partition must be the one
+    # Moore's rounds reach from accepting / not accepting alone
+    from functional_gen.structured.automaton import unique_columns
+    from functional_gen.structured.byte_dfa import _refine_exact, trim
+
+    dfa = trim(regex_byte_dfa(pattern))
+    assert dfa.num_states >= 256
+    _, expected = _refine_exact(unique_columns(dfa.delta)[0], dfa.accepting)
+    small = minimize(dfa)
+    assert small.num_states == expected
+    python = re.compile(pattern)
+    rng = np.random.default_rng(4)
+    for text in ["[]", '["00aa11"]', "a;bb;c12", "xyzx", "yxz", "", "ab;" * 90 + "c"] + [
+        "".join(rng.choice(list('[]"0af,;abcxyz'), int(rng.integers(0, 30)))) for _ in range(300)
+    ]:
+        assert small.matches(text.encode()) == bool(python.fullmatch(text)), text
+
+
 _CLASS_PATTERNS = [
     r'"(?:[^"\\\x00-\x1F\x7F-\x9F]|\\["\\/bfnrt])*"',  # a JSON string: cut inside U+0080 ..
     r"[a-f0-9]{8}-[A-Z]+\.[ -~]*",  # ranges cut at their endpoints only
