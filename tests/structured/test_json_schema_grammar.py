@@ -1011,3 +1011,44 @@ def test_a_large_item_count_calls_the_item_once_per_copy():
             assert automaton.accepts(text) == validator.is_valid(document), (n, separators)
     bad = {"roles": [{"id": "0000-00g0", "role": "view"}]}
     assert not automaton.accepts(json.dumps(bad).encode()) and not validator.is_valid(bad)
+
+
+def test_equal_string_automata_are_quoted_once(monkeypatch):
+    # o39210 has 398 strings of three length bounds; quoting each again took 8.6 s
+    quoted, original = [], js._quoted
+    monkeypatch.setattr(js, "_quoted", lambda body: quoted.append(body) or original(body))
+    schema = {
+        "type": "object",
+        "properties": {
+            name: {"type": "string", "minLength": 1, "maxLength": 512} for name in "abc"
+        },
+    }
+    rewriter, _ = js._rewrite(schema, free_form_depth=js._CALL, counted_strings=True)
+    assert len(quoted) == 1 and len(rewriter.dfa_texts) == 1
+    automaton = js.json_schema_compile(schema, BYTES, cache=False)
+    validator = jsonschema.Draft202012Validator(schema)
+    for document in ({"a": "x", "c": "y" * 512}, {"b": ""}, {"a": "é" * 513}, {"c": "é" * 512}):
+        text = json.dumps(document, ensure_ascii=False).encode()
+        assert automaton.accepts(text) == validator.is_valid(document), document
+
+
+def test_counted_copies_fall_back_to_the_single_regex(monkeypatch):
+    # When the grammar form of a schema with many counted copies is refused, its single regex
+    # (short: the copies are a counted repeat) still compiles, to a chain of 1,000 objects
+    # that `minimize` splits at once (MaskBench sp_408/409/410: refused after 13 s while a
+    # rule withheld this fallback; o9943's 160,134 states minimised in 0.5 s, not minutes).
+    monkeypatch.setattr(js, "_MAX_GRAMMAR_POSITIONS", 100)
+    monkeypatch.setattr(js, "_MAX_POSITIONS_BEFORE_TAILS", 100)
+    js._PUSHDOWN_CACHE.clear()  # the grammar form another test built
+    rewriter, regex = js._rewrite(ROLES, free_form_depth=js._CALL, counted_strings=True)
+    assert rewriter.weight(regex) > js._GRAMMAR_REGEX > len(rewriter.substitute(regex))
+    with pytest.raises(js._TooManyPositions):
+        js.json_schema_grammar(ROLES, BYTES)
+    automaton = js.json_schema_compile(ROLES, BYTES, cache=False)
+    assert not isinstance(automaton, PushdownAutomaton)
+    validator = jsonschema.Draft202012Validator(ROLES)
+    for n in (0, 1, 999, 1000, 1001):
+        document = {"roles": [{"id": f"{i:04x}-{i:04x}", "role": "view"} for i in range(n)]}
+        text = json.dumps(document, separators=(",", ":")).encode()
+        walked = automaton.walk(list(text))  # over the byte vocabulary, token ids are bytes
+        assert bool(automaton.accepting[walked]) == validator.is_valid(document), n
