@@ -12,6 +12,7 @@ nodes, our own regexes where outlines-core's would let invalid documents through
 | string `pattern` | copied between quotes: `.` can write a raw `"` | JSON-escaped translation, searched as in ECMA-262 (`patterns`), intersected exactly with `minLength`/`maxLength` (below) |
 | `type: [..]` with per-type keywords | keywords of the other types lost | split into `anyOf` |
 | `allOf` | regexes concatenated: invalid JSON | merged into one schema (object members together: each side's `additionalProperties` covers the keys its own `properties`/`patternProperties` leave, `_merge_members`) |
+| `anyOf` beside a branch that allows a whole type (`{"type": "object"}`, annotations only) | every branch kept | the branches whose values are all of that type left out (the same union; one byte could not choose between an open object's value call and another object's string: MaskBench o69208), and not checked for unsupported keywords |
 | `oneOf` | treated as `anyOf` | `anyOf` when the branches are provably disjoint (types, listed discriminators, a property both require whose values cannot be equal, also one level down, a closed object against a required name, `required` also in `allOf`; as llguidance), or made disjoint exactly: finite branches -> the values exactly one lists, a type two branches accept whole taken out, `required`-only branches -> presence choices; else refused |
 | objects | closed: no property beyond `properties` | open unless `additionalProperties: false` (JSON Schema's default; `closed_objects=True` closes them); `patternProperties` (a key no pattern matches is an additional property: its key language is the complement automaton, written back as a regex, `_unmatched_keys`), `propertyNames`, `minProperties`/`maxProperties`, `required` names without a schema (any value) |
 | free-form values (`{}`) | nested 3 levels, a 14,000-character regex that takes minutes to compile | as deep as the stack (default `free_form_depth=None`: a pushdown automaton); nested `free_form_depth` levels for an integer |
@@ -542,6 +543,48 @@ def _json_type(value) -> str:
 
 _MAX_NEGATION_CHOICES = 32
 """Most `anyOf` branches of a negated `required` (`_negation`)."""
+
+
+def _whole_type(schema, closed_objects: bool) -> str | None:
+    """The JSON type whose every value `schema` allows and nothing else (`{"type": "string"}`,
+    `{"type": ["object"], "properties": {}, "title": ...}`: annotations and keywords that
+    assert nothing beside the `type`), else `None`. An object is not whole with
+    `closed_objects` (it then allows only `{}`)."""
+    if not isinstance(schema, Mapping):
+        return None
+    kind = schema.get("type")
+    if isinstance(kind, list) and len(kind) == 1:
+        kind = kind[0]
+    if not isinstance(kind, str) or kind not in _JSON_TYPES:
+        return None
+    if kind == "object" and closed_objects:
+        return None
+    for key, value in schema.items():
+        if key == "type" or not _asserts(key):
+            continue
+        if key in ("properties", "patternProperties", "required") and not value:
+            continue
+        if key in ("additionalProperties", "items") and (value is True or value == {}):
+            continue
+        return None
+    return kind
+
+
+def _value_types(schema) -> set[str] | None:
+    """The JSON types a schema's values may have, as far as its `const`, `enum` or `type`
+    says (`integer` for integral numbers), else `None`."""
+    if not isinstance(schema, Mapping):
+        return None
+    if "const" in schema:
+        return {_json_type(schema["const"])}
+    if isinstance(schema.get("enum"), list):
+        return {_json_type(value) for value in schema["enum"]}
+    kind = schema.get("type")
+    if isinstance(kind, str):
+        return {kind}
+    if isinstance(kind, list) and all(isinstance(k, str) for k in kind):
+        return set(kind)
+    return None
 
 
 def _negation(schema):
@@ -1985,15 +2028,19 @@ class _Rewriter:
                     )
                 if combinator == "oneOf":
                     branches = self.exclusive_branches(node, branches, path)
-                combined, originals = [], []
+                merged = []
                 for i, branch in enumerate(branches):
                     where = f"{path}/{combinator}/{i}"
                     if branch is NEVER or branch is False:
                         continue
                     try:
-                        original = self.merge(node, branch, where) if node else branch
+                        merged.append((where, self.merge(node, branch, where) if node else branch))
                     except _NoCommonType:  # e.g. a non-object branch of an object: no value
                         continue
+                if combinator == "anyOf":
+                    merged = self.absorbed(merged)
+                combined, originals = [], []
+                for where, original in merged:
                     rewritten = self.node(original, where)
                     if rewritten is not NEVER:
                         combined.append(rewritten)
@@ -2038,6 +2085,32 @@ class _Rewriter:
                 else {"anyOf": branches}
             )
         return self.typed(types, node, path)
+
+    def absorbed(self, branches: list) -> list:
+        """The `(path, schema)` branches of an `anyOf` without those whose values are all of
+        types that another branch allows whole (`{"type": "object"}`, `{"type": "string"}`,
+        ... with annotations only, `_whole_type`): the union is the same. Where a branch is an
+        open object without properties, the objects beside it would otherwise start alike with
+        different continuations, a value call where the others read a string (MaskBench
+        o69208's `requirements`: one byte cannot choose). An absorbed branch is not rewritten,
+        so nothing in it is refused."""
+        whole: dict[str, int] = {}
+        for i, (_, schema) in enumerate(branches):
+            kind = _whole_type(schema, self.closed_objects)
+            if kind is not None:
+                whole.setdefault(kind, i)
+        if not whole:
+            return branches
+        kept = set(whole.values())
+        out = []
+        for i, branch in enumerate(branches):
+            kinds = _value_types(branch[1])
+            covered = kinds is not None and all(
+                kind in whole or (kind == "integer" and "number" in whole) for kind in kinds
+            )
+            if i in kept or not covered:
+                out.append(branch)
+        return out
 
     def infer_types(self, node: dict):
         """No `type`: every JSON type is allowed, and each type-specific keyword constrains only

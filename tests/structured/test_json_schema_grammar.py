@@ -1052,3 +1052,47 @@ def test_counted_copies_fall_back_to_the_single_regex(monkeypatch):
         text = json.dumps(document, separators=(",", ":")).encode()
         walked = automaton.walk(list(text))  # over the byte vocabulary, token ids are bytes
         assert bool(automaton.accepting[walked]) == validator.is_valid(document), n
+
+
+_STRINGS = {"type": "array", "items": {"type": "array", "items": {"type": "string"}}}
+REQUIREMENTS = {
+    "type": "array",
+    "items": {
+        "anyOf": [
+            {
+                "type": "object",
+                "properties": {
+                    "class": {"const": "Docker"},
+                    "tags": {"type": "array", "items": {"type": "array", "items": _STRINGS}},
+                    "if": {"type": "string"},
+                },
+                "required": ["class"],
+                "if": {"required": ["tags"]},  # refused where it counts; absorbed here
+                "then": {"required": ["if"]},
+            },
+            {"type": "object", "properties": {}, "title": "any requirement"},
+            {"type": "string", "enum": ["x", "y"]},
+            {"type": "string"},
+        ]
+    },
+}
+"""Cut down from MaskBench o69208 (CWL requirements: specific objects beside an open one)."""
+
+
+def test_an_anyOf_branch_of_a_whole_type_absorbs_the_others_of_that_type():
+    # Every object is valid under the open branch, so the specific object (whose `"class":`
+    # is followed by a string where the open object calls a free value: no one-byte choice)
+    # and its `if` are left out, as are the listed strings: the same union, deterministic
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        automaton = js.json_schema_compile(REQUIREMENTS, BYTES, cache=False)
+    assert isinstance(automaton, PushdownAutomaton)
+    validator = jsonschema.Draft202012Validator(REQUIREMENTS)
+    deep = {"class": {"a": [[[[[1, {"b": None}]]]]]}, "tags": 3}
+    for document in ([], [deep], ["x", "z", {}], [{"class": "Docker", "tags": ["t"]}], [1], [[]]):
+        text = json.dumps(document).encode()
+        assert automaton.accepts(text) == validator.is_valid(document), document
+    for closed in (False, True):
+        rewriter, regex = js._rewrite(REQUIREMENTS, closed_objects=closed, strict=False)
+        # a closed object allows only `{}`: nothing is absorbed
+        assert ('"Docker"' in rewriter.substitute(regex)) == closed
