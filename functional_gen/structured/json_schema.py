@@ -545,6 +545,40 @@ _MAX_NEGATION_CHOICES = 32
 """Most `anyOf` branches of a negated `required` (`_negation`)."""
 
 
+def _first_present(node: dict, branches: list) -> list:
+    """`anyOf: [{"required": [x1]}, {"required": [x2]}, ...]` (at least one of the names,
+    annotations aside) as "the first of them present is x_i": branch i also makes the names
+    before x_i absent (`properties: {x_j: false}`), in the order the object writes its members
+    (`node`'s `properties`, then the others). The union is the same, but the branches no longer
+    overlap, so an automaton reading the members in order follows one branch once a name is
+    seen, where the overlapping form followed every subset of the names still possible:
+    MaskBench o21108's 8 names made outlines-core's DFA 302,634 states. Other `anyOf`s are
+    returned as they are."""
+    names = []
+    for branch in branches:
+        if not isinstance(branch, Mapping) or {k for k in branch if _asserts(k)} != {"required"}:
+            return branches
+        required = branch["required"]
+        if not isinstance(required, list) or len(required) != 1:
+            return branches
+        names.append(required[0])
+    if (
+        len(names) < 3
+        or len(set(names)) != len(names)
+        or not all(isinstance(n, str) for n in names)
+    ):
+        return branches
+    listed = (
+        list(node.get("properties") or {}) if isinstance(node.get("properties"), Mapping) else []
+    )
+    rank = {name: i for i, name in enumerate(listed)}
+    names.sort(key=lambda name: rank.get(name, len(listed)))
+    return [
+        {"required": [name], **({"properties": dict.fromkeys(names[:i], False)} if i else {})}
+        for i, name in enumerate(names)
+    ]
+
+
 def _whole_type(schema, closed_objects: bool) -> str | None:
     """The JSON type whose every value `schema` allows and nothing else (`{"type": "string"}`,
     `{"type": ["object"], "properties": {}, "title": ...}`: annotations and keywords that
@@ -2028,6 +2062,8 @@ class _Rewriter:
                     )
                 if combinator == "oneOf":
                     branches = self.exclusive_branches(node, branches, path)
+                else:
+                    branches = _first_present(node, branches)
                 merged = []
                 for i, branch in enumerate(branches):
                     where = f"{path}/{combinator}/{i}"
