@@ -3693,14 +3693,25 @@ def _rule_call(i: int) -> str:
     return f"\\x{_RULE_CALL:02x}\\x{0x10 + i // 16:02x}\\x{0x10 + i % 16:02x}"
 
 
-def _plan_rules(rewriter: _Rewriter, regex: str, banned: set) -> tuple[str, list[str], list[str]]:
+def _plan_rules(
+    rewriter: _Rewriter,
+    regex: str,
+    banned: set,
+    promoted: dict[str, str] | None = None,
+    frozen: dict[str, set] | None = None,
+) -> tuple[str, list[str], list[str]]:
     """Which markers of `rewriter` become rules, and every regex with them called.
 
     Bottom-up over the markers (a DAG: one marker per distinct regex): a marker's size is its
     regex with its non-rule markers expanded and its rules called; it becomes a rule when that
     size exceeds `_RULE_REGEX`, or `_SHARED_RULE_REGEX` when it is used in more than one place,
     unless it is `banned` (a call that would not be deterministic). A marker over `_RULE_REGEX`
-    first calls its largest subschemas (down to `_MIN_RULE_REGEX` characters) until it fits.
+    first calls its largest subschemas (down to `_MIN_RULE_REGEX` characters) until it fits;
+    `promoted` (filled when given) maps each subschema called that way to that marker. A marker
+    in `frozen` calls only the subschemas listed for it there (those it called in the previous
+    plan that were not banned): when some of its calls were not deterministic, the next largest
+    are alternatives of the same kind (MaskBench o21378: an `anyOf` of 23 objects, 11 banned
+    in one plan and the other 12 in the next, a 76,760-character rule built in vain, 2 s).
     The markers of recursive targets (`_Rewriter.recursive`) are always rules, numbered first:
     every cycle of the marker graph passes through one of them, so the graph without their
     out-edges is a DAG and the bottom-up pass measures the others first.
@@ -3765,12 +3776,16 @@ def _plan_rules(rewriter: _Rewriter, regex: str, banned: set) -> tuple[str, list
                 {m.group(1) for m in found.finditer(text)} - index.keys() - banned,
                 key=lambda child: -size[child],
             )
+            if frozen is not None and name in frozen:
+                children = [child for child in children if child in frozen[name]]
             for child in children:
                 if size[name] <= _RULE_REGEX or size[child] < _MIN_RULE_REGEX:
                     break
                 if len(index) < _MAX_RULES:
                     index[child] = len(index)
                     size[name] = measured(text, name)
+                    if promoted is not None:
+                        promoted[child] = name
         limit = (
             _REPEATED_RULE_REGEX
             if name in repeated  # one call per copy of a counted repeat instead of the item
@@ -4303,8 +4318,10 @@ def json_schema_grammar(
     dfas: dict[tuple[str, int, bool], tuple] = {}
     from .regex import escape
 
+    frozen: dict[str, set] = {}
     for _ in range(8):
-        root, rules, texts = _plan_rules(rewriter, regex, banned)
+        promoted: dict[str, str] = {}
+        root, rules, texts = _plan_rules(rewriter, regex, banned, promoted, frozen)
         every = [root, *texts]
         call = escape(FREE_VALUE_CALL)
         value = any(call in text for text in every)
@@ -4330,6 +4347,10 @@ def json_schema_grammar(
                 _check_productive(automata, len(rules))
             break
         banned |= {rules[r] for r in bad}
+        for r in bad:
+            if rules[r] in promoted:
+                parent = promoted[rules[r]]
+                frozen[parent] = {c for c, p in promoted.items() if p == parent} - banned
     else:
         raise NotDeterministic("the schema's rules cannot be called deterministically")
     plain = automata

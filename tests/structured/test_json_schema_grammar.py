@@ -219,6 +219,56 @@ def test_calls_one_byte_cannot_choose_are_inlined(small_rules):
     assert counts[True] > 30 and counts[False] > 30, counts
 
 
+def _metadata(i: int) -> dict:
+    names = {f"k{i}_{j}": {"enum": [f"v{i}{j}{x}" for x in "abc"]} for j in range(2 + i)}
+    return {"type": "object", "properties": names, "additionalProperties": False}
+
+
+METADATA = {  # MaskBench o21378's `any_metadata`, smaller: an anyOf of objects, all `{...}`
+    "type": "object",
+    "properties": {"metadata": {"anyOf": [_metadata(i) for i in range(8)]}},
+    "additionalProperties": False,
+}
+
+
+def test_alternatives_of_banned_calls_are_not_tried_as_calls_again(monkeypatch):
+    # The anyOf is over `_RULE_REGEX`, so it calls its 4 largest objects, which one byte (`{`)
+    # cannot choose between: banned. The next plan must not call the next 4 (banned in their
+    # turn, one plan later, after building their automata in vain): it inlines all 8.
+    monkeypatch.setattr(js, "_GRAMMAR_REGEX", 0)
+    monkeypatch.setattr(js, "_RULE_REGEX", 1_500)
+    monkeypatch.setattr(js, "_MIN_RULE_REGEX", 50)
+    js._PUSHDOWN_CACHE.clear()
+    plans = []
+    plan_rules = js._plan_rules
+
+    def recorded(*args):
+        root, rules, texts = plan_rules(*args)
+        plans.append(list(rules))
+        return root, rules, texts
+
+    monkeypatch.setattr(js, "_plan_rules", recorded)
+    automaton = js.json_schema_compile(METADATA, BYTES, cache=False)
+    js._PUSHDOWN_CACHE.clear()
+    assert isinstance(automaton, PushdownAutomaton)
+    assert [len(rules) for rules in plans] == [4, 1], plans  # then the anyOf is one rule
+    rng = np.random.default_rng(5)
+    documents = []
+    for _ in range(60):
+        i = int(rng.integers(8))
+        keys = [j for j in range(2 + i) if rng.random() < 0.5]
+        other = int(rng.integers(8)) if rng.random() < 0.2 else i  # a key of another object
+        documents.append(
+            {
+                "metadata": {
+                    f"k{other}_{j}": f"v{other}{j}{'abcd'[int(rng.integers(4))]}" for j in keys
+                }
+            }
+        )
+    counts = _check_against_jsonschema(automaton, METADATA, documents, rng)
+    assert counts[True] > 20 and counts[False] > 20, counts
+
+
 def test_rule_planning_calls_shared_and_large_subschemas():
     rewriter, regex = js._rewrite(_explode(12))
     root, rules, texts = js._plan_rules(rewriter, regex, banned=set())
