@@ -3645,6 +3645,14 @@ _SINGLE_REGEX = 250_000
 """Characters up to which a schema whose grammar form is refused (too many positions, a call
 that one byte cannot choose) still compiles as one regex (MaskBench o21378: 8.6 s). The
 MaskBench schemas whose single regex timed out at 30 s had 0.4-8.9 million characters."""
+_SINGLE_REGEX_WEIGHT = 1_000_000
+"""Most characters of a schema's single regex with its counted copies written out
+(`_Rewriter.weight`) for that regex to be the fallback of a refused grammar form: the regex
+is short, but outlines-core's DFA has a state per written-out character or so. On the whole
+MaskBench dev file the single regexes that compiled weighed up to 646,000 characters (o7515:
+3.8 s; sp_408: 155,000, 6 s; slack-app-manifest: 254,000, 12.9 s) and those over 30 s
+2.3-4.5 million (o9853, o9925, o9958: arrays of up to 100 objects of two 255-character
+strings and 1,000 ids; refused at once since, as before 2026-11-24)."""
 _RULE_REGEX = 20_000
 """A subschema whose regex (its own rules called, not expanded) is longer becomes a rule."""
 _SHARED_RULE_REGEX = 150
@@ -4501,6 +4509,8 @@ def json_schema_compile(
     except _RegexTooLarge:
         full = None
     weight = rewriter.weight(regex)
+    if full is not None and weight > _SINGLE_REGEX_WEIGHT:
+        full = None  # its counted copies written out are too many states for outlines-core
     if full is None or len(full) > _GRAMMAR_REGEX or weight > _GRAMMAR_REGEX:
         if not cache:
             _PUSHDOWN_CACHE.clear()

@@ -1104,6 +1104,23 @@ def test_counted_copies_fall_back_to_the_single_regex(monkeypatch):
         assert bool(automaton.accepting[walked]) == validator.is_valid(document), n
 
 
+def test_no_single_regex_fallback_when_its_written_out_copies_weigh_too_much(monkeypatch):
+    # MaskBench o9925/o9853/o9958: up to 100 objects of two 255-character strings and 1,000
+    # ids, a 1,450-character regex that weighs 4.5 million written out: outlines-core took
+    # over 30 s on it. Over `_SINGLE_REGEX_WEIGHT` the refused grammar form is the answer.
+    monkeypatch.setattr(js, "_MAX_GRAMMAR_POSITIONS", 100)
+    monkeypatch.setattr(js, "_MAX_POSITIONS_BEFORE_TAILS", 100)
+    js._PUSHDOWN_CACHE.clear()
+    rewriter, regex = js._rewrite(ROLES, free_form_depth=js._CALL, counted_strings=True)
+    monkeypatch.setattr(js, "_SINGLE_REGEX_WEIGHT", rewriter.weight(regex) - 1)
+    built = []
+    monkeypatch.setattr(js, "regex_automaton", lambda *args, **kwargs: built.append(args))
+    with pytest.raises(js._TooManyPositions, match="automaton positions"):
+        js.json_schema_compile(ROLES, BYTES, cache=False)
+    assert not built
+    js._PUSHDOWN_CACHE.clear()
+
+
 _STRINGS = {"type": "array", "items": {"type": "array", "items": {"type": "string"}}}
 REQUIREMENTS = {
     "type": "array",
