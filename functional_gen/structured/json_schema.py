@@ -3652,7 +3652,7 @@ is short, but outlines-core's DFA has a state per written-out character or so. O
 MaskBench dev file the single regexes that compiled weighed up to 646,000 characters (o7515:
 3.8 s; sp_408: 155,000, 6 s; slack-app-manifest: 254,000, 12.9 s) and those over 30 s
 2.3-4.5 million (o9853, o9925, o9958: arrays of up to 100 objects of two 255-character
-strings and 1,000 ids; refused at once since, as before 2026-11-24)."""
+strings and 1,000 ids), which this limit refuses at once, as before 2026-11-24."""
 _RULE_REGEX = 20_000
 """A subschema whose regex (its own rules called, not expanded) is longer becomes a rule."""
 _SHARED_RULE_REGEX = 150
