@@ -552,8 +552,8 @@ def _first_present(node: dict, branches: list) -> list:
     (`node`'s `properties`, then the others). The union is the same, but the branches no longer
     overlap, so an automaton reading the members in order follows one branch once a name is
     seen, where the overlapping form followed every subset of the names still possible:
-    MaskBench o21108's 8 names made outlines-core's DFA 302,634 states. Other `anyOf`s are
-    returned as they are."""
+    MaskBench o21108's 8 names made outlines-core's DFA 302,634 states. Other `anyOf`s, and
+    those of fewer than 3 names (small either way), are returned as they are."""
     names = []
     for branch in branches:
         if not isinstance(branch, Mapping) or {k for k in branch if _asserts(k)} != {"required"}:
