@@ -587,13 +587,18 @@ _LEVELS: dict[int, tuple] = {}
 
 
 def _token_functions(delta, trie: TokenTrie):
-    """`(functions, node_function)`: the state-to-state map of every trie node's byte string.
+    """`(domains, images, node_function)`: the state-to-state map of every trie node's byte
+    string, kept sparse.
 
-    `functions[f]` is a map `int32[states]` (value `states`: the walk dies); `node_function[n]`
-    is the map of node `n`. Nodes are handled one depth at a time: a node's map is its parent's
-    map followed by the byte class of its byte, so nodes with the same (parent map, byte class)
-    share one composition, and equal maps get one id. Work: the trie's nodes (a few numpy
-    passes) plus distinct (map, byte class) pairs times states -- not (state, token) pairs.
+    Map `f` is defined on the states `domains[f]` (`int32`, ascending: those from which the walk
+    over the node's bytes lives) and leads them to `images[f]`; `node_function[n]` is the map of
+    node `n`. Nodes are handled one depth at a time: a node's map is its parent's map followed by
+    the byte class of its byte, so nodes with the same (parent map, byte class) share one
+    composition, and equal maps get one id. Work: the trie's nodes (a few numpy passes) plus,
+    for each distinct (map, byte class) pair, the states where the map lives -- not (state,
+    token) pairs, nor every state per pair (most maps live on a few states: a key's letters;
+    MaskBench slack-app-manifest: 12 million live entries against 123 million dense, its lift
+    6.1 -> 3.5 s).
     """
     num_states = delta.shape[0]
     columns, byte_class = unique_columns(delta)
@@ -603,31 +608,29 @@ def _token_functions(delta, trie: TokenTrie):
     parent, level_ptr, _ = _trie_levels(trie)
     node_class = byte_class[trie.byte]
     step_by_class = np.ascontiguousarray(step.T)  # one row per class: a cache-sized `take` table
-    functions = np.empty((64, num_states), np.int32)  # the maps so far: `functions[:count]`
-    functions[0] = np.arange(num_states, dtype=np.int32)  # the empty string: identity
-    count = 1
-    ids = {functions[0].tobytes(): 0}
+    identity = np.arange(num_states, dtype=np.int32)  # the empty string's map
+    domains, images = [identity], [identity]
+    ids = {identity.tobytes() * 2: 0}  # domain and image bytes: equal lengths, so unambiguous
     node_function = np.zeros(trie.num_nodes, np.int64)
     for depth in range(1, level_ptr.size - 1):
         a, b = int(level_ptr[depth]), int(level_ptr[depth + 1])
+        count = len(domains)
         key = node_function[parent[a:b]] * num_classes + node_class[a:b]
         seen = np.zeros(count * num_classes, bool)  # small: no sort needed
         seen[key] = True
         unique = np.flatnonzero(seen)
         inverse = np.cumsum(seen)[key] - 1
         number = np.empty(unique.size, np.int64)
-        row = np.empty(num_states, np.int32)
         for i, (f, c) in enumerate(zip(*np.divmod(unique, num_classes), strict=True)):
-            np.take(step_by_class[c], functions[f], out=row)
-            number[i] = ids.setdefault(row.tobytes(), count)
-            if number[i] == count:  # a new map: append it (the buffer doubles when full)
-                if count == functions.shape[0]:
-                    functions = np.concatenate([functions, np.empty_like(functions)])
-                functions[count] = row
-                count += 1
+            image = step_by_class[c].take(images[f])
+            live = image != num_states
+            domain, image = domains[f][live], image[live]
+            number[i] = ids.setdefault(domain.tobytes() + image.tobytes(), len(domains))
+            if number[i] == len(domains):  # a new map
+                domains.append(domain)
+                images.append(image)
         node_function[a:b] = number[inverse]
-    functions = functions[:count]
-    return functions, node_function
+    return domains, images, node_function
 
 
 def lift(dfa: ByteDFA, vocabulary: TokenVocabulary, description: str = "") -> TokenAutomaton:
@@ -642,7 +645,7 @@ def lift(dfa: ByteDFA, vocabulary: TokenVocabulary, description: str = "") -> To
     """
     dfa = trim(dfa)
     trie = token_trie(vocabulary)
-    functions, node_function = _token_functions(dfa.delta, trie)
+    domains, images, node_function = _token_functions(dfa.delta, trie)
     _, _, token_node = _trie_levels(trie)
     num_states = dfa.num_states
     token_function = np.full(vocabulary.vocab_size, -1, np.int64)
@@ -657,16 +660,16 @@ def lift(dfa: ByteDFA, vocabulary: TokenVocabulary, description: str = "") -> To
     others = np.flatnonzero(np.arange(num_states) != dfa.initial)
     number[dfa.initial] = INITIAL
     number[others] = np.arange(2, others.size + 2)
-    order = np.concatenate([[dfa.initial], others])
     # Maps that die everywhere (and tokens without bytes) are column 0, so that the columns
     # are distinct (pruning aside) and `unique_columns` can skip its gather.
-    alive = (functions != num_states).any(axis=1)[np.maximum(used, 0)] & (used >= 0)
+    sizes = np.fromiter((d.size for d in domains), np.int64, len(domains))
+    alive = (sizes[np.maximum(used, 0)] > 0) & (used >= 0)
     column = np.where(alive, np.cumsum(alive), 0)
-    columns = np.zeros((int(alive.sum()) + 2, num_states + 1), np.int32)  # + the EOS column
-    for g in np.flatnonzero(alive):  # one map at a time: `take` on a cache-sized lookup
-        np.take(number, functions[used[g]][order], out=columns[column[g], 1:])
+    table = np.zeros((num_states + 1, int(alive.sum()) + 2), np.int32)  # + the EOS column
+    for g in np.flatnonzero(alive):
+        table[number[domains[used[g]]], column[g]] = number[images[used[g]]]
     return from_table(
-        np.ascontiguousarray(columns.T),
+        table,
         column[token_map],
         number[np.flatnonzero(dfa.accepting)],
         vocabulary.eos_token_id,
