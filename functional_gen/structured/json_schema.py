@@ -118,6 +118,7 @@ Whitespace between tokens follows outlines-core's default (`[ ]?`: none or one s
 `whitespace_pattern` is given.
 """
 
+import collections
 import contextlib
 import copy
 import decimal
@@ -138,6 +139,7 @@ from .automaton import ConstraintError, cache_key, cached
 from .byte_dfa import (
     REJECT,
     ByteDFA,
+    _relabel,
     lift,
     minimize,
     regex_automaton,
@@ -1299,11 +1301,12 @@ class _TooManyPositions(ConstraintError):
     """A grammar form would have more automaton positions than its limit
     (`_MAX_GRAMMAR_POSITIONS`, times `_OVER_REGEX_SCALE` in place of a single regex)."""
 
-    def __init__(self, positions: int, rules: int, limit: int):
+    def __init__(self, positions: int, rules: int, limit: int, what: str | None = None):
+        what = what or (
+            f"the schema's grammar form has {positions:,} automaton positions in {rules} rules"
+        )
         super().__init__(
-            f"the schema's grammar form has {positions:,} automaton positions in {rules} rules "
-            f"(the limit is {limit:,}): its token tables would take too long "
-            "to build"
+            f"{what} (the limit is {limit:,}): its token tables would take too long to build"
         )
 
 
@@ -2380,6 +2383,18 @@ class _Rewriter:
             return marker
         return {"type": "string", **lengths}
 
+    def markers(self, regex: str) -> set[str]:
+        """The markers `regex` holds, directly or inside the regexes of those it holds."""
+        found = re.compile(f'"(FGSUB[0-9]+X{self.tag})"')
+        seen: set[str] = set()
+        todo = [regex]
+        while todo:
+            for match in found.finditer(todo.pop()):
+                if match.group(1) not in seen:
+                    seen.add(match.group(1))
+                    todo.append(self.substitutions[match.group(1)])
+        return seen
+
     def weight(self, regex: str) -> int:
         """The length of `regex` with its markers expanded and the counted repeats of plain
         strings written out (`repeat_weight`): a measure of its automaton's size that, unlike
@@ -3392,7 +3407,7 @@ def _spliced_dfa(rewriter: "_Rewriter", regex: str) -> ByteDFA:
                     number[keep] = offset + np.arange(keep.size)
                     number[final[0]] = r
                     rows = string.delta[keep]
-                    pieces.append(np.where(rows != REJECT, number[np.maximum(rows, 0)], REJECT))
+                    pieces.append(_relabel(rows, number))
                     extra_accepting.append(np.zeros(keep.size, bool))
                     copies[i, r] = int(number[string.delta[string.initial, quote]])
                     offset += keep.size
@@ -3966,23 +3981,65 @@ def _rule_automaton(rewriter: _Rewriter, text: str, rules: int, free_value: bool
 def _rule_edges(regex: str, rules: int, free_value: bool) -> tuple[ByteDFA, np.ndarray]:
     """The minimal byte DFA of a grammar-form regex with its calls as call columns: `(dfa,
     calls)`, `calls[q, r]` the state after a call of rule `r` from `q` (`REJECT`: none); the
-    callables are the `rules` schema rules, then the free-form JSON value when `free_value`."""
+    callables are the `rules` schema rules, then the free-form JSON value when `free_value`.
+    Memoised by `(regex, free_value)` (`_RULE_EDGES`): the attempts of one compile (the call,
+    then the inlined free-form values, then depth 1; each plan after a ban) rebuild most rules
+    with the same text (MaskBench bamboo-spec: 321 rule automata, 115 distinct texts)."""
+    hit = _RULE_EDGES.get((regex, free_value))
+    if hit is None:
+        hit = _rule_edges_of(regex, free_value)
+        _RULE_EDGES[regex, free_value] = hit
+        _RULE_EDGES.move_to_end((regex, free_value))
+        while sum(dfa.num_states for dfa, _, _ in _RULE_EDGES.values()) > _RULE_EDGES_STATES:
+            _RULE_EDGES.popitem(last=False)
+    else:
+        _RULE_EDGES.move_to_end((regex, free_value))
+    dfa, rule_calls, value_calls = hit
+    if rule_calls.shape[1] > rules:
+        raise RuntimeError(f"internal error: a rule regex calls rule {rule_calls.shape[1] - 1}")
+    calls = np.full((dfa.num_states, rules + free_value), REJECT, np.int32)
+    calls[:, : rule_calls.shape[1]] = rule_calls
+    if free_value:
+        calls[:, rules] = value_calls
+    return dfa, calls
+
+
+_RULE_EDGES: "collections.OrderedDict[tuple[str, bool], tuple]" = collections.OrderedDict()
+_RULE_EDGES_STATES = 200_000
+"""`_rule_edges`' memo, least recently used first, and the states it keeps at most (about
+200 MiB of tables)."""
+
+
+def _rule_edges_of(regex: str, free_value: bool):
+    """`(dfa, rule_calls, value_calls)` for `_rule_edges`: the call columns of the rules that
+    `regex` calls (`rule_calls[:, r]`, up to its largest rule called) and, when `free_value`,
+    of the free-form value (`value_calls`, else `None`)."""
     dfa = minimize(regex_byte_dfa(regex))
     delta = dfa.delta.copy()
-    calls = np.full((dfa.num_states, rules + free_value), REJECT, np.int32)
+    edges = []  # (state, rule, state after the call)
     for q in np.flatnonzero(delta[:, _RULE_CALL] != REJECT):
         first = delta[q, _RULE_CALL]
         for high in np.flatnonzero(delta[first, 0x10:0x20] != REJECT):
             second = delta[first, 0x10 + high]
             for low in np.flatnonzero(delta[second, 0x10:0x20] != REJECT):
-                calls[q, 16 * high + low] = delta[second, 0x10 + low]
+                edges.append((q, 16 * high + low, delta[second, 0x10 + low]))
     delta[:, _RULE_CALL] = REJECT
+    calls = np.full((dfa.num_states, 1 + max((r for _, r, _ in edges), default=-1)), REJECT)
+    for q, r, after in edges:
+        calls[q, r] = after
     if free_value:
         byte = FREE_VALUE_CALL.encode("utf-8")[0]
-        calls[:, rules] = delta[:, byte]
+        calls = np.concatenate([calls, delta[:, byte, None]], axis=1)
         delta[:, byte] = REJECT
-    joined = minimize(ByteDFA(np.concatenate([delta, calls], axis=1), dfa.accepting, dfa.initial))
-    return ByteDFA(joined.delta[:, :256], joined.accepting, joined.initial), joined.delta[:, 256:]
+    joined = minimize(
+        ByteDFA(np.concatenate([delta, calls], axis=1).astype(np.int32), dfa.accepting, dfa.initial)
+    )
+    columns = joined.delta[:, 256:]
+    return (
+        ByteDFA(joined.delta[:, :256], joined.accepting, joined.initial),
+        columns[:, : columns.shape[1] - free_value],
+        columns[:, -1] if free_value else None,
+    )
 
 
 def _check_productive(automata: list, rules: int) -> None:
@@ -4337,8 +4394,11 @@ def json_schema_grammar(
         if key in _PUSHDOWN_CACHE:
             return _PUSHDOWN_CACHE[key]
         built: dict[int, tuple] = {}
-        # the regexes that call a free-form value first: their check may refuse the plan
-        for a in sorted(range(len(every)), key=lambda a: call not in every[a]):
+        # Strings given as automata first (built already: their positions alone may refuse the
+        # form, MaskBench o1052's 60,003 states before a 9 s rule), then the regexes that call a
+        # free-form value: their check may refuse the plan.
+        given = [text.startswith("(?:") and text[3:-1] in rewriter.dfa_texts for text in every]
+        for a in sorted(range(len(every)), key=lambda a: (not given[a], call not in every[a])):
             text = every[a]
             if (text, len(rules), value) not in dfas:
                 dfas[text, len(rules), value] = _rule_automaton(rewriter, text, len(rules), value)
@@ -4514,7 +4574,8 @@ def json_schema_compile(
     if full is None or len(full) > _GRAMMAR_REGEX or weight > _GRAMMAR_REGEX:
         if not cache:
             _PUSHDOWN_CACHE.clear()
-        if free and call is None:
+        hopeless = _strings_too_large(rewriter, regex, full is not None)
+        if free and call is None and hopeless is None:
             # The grammar form is a pushdown automaton already: its free-form values are a call
             # of the JSON value rule, nested as deep as the stack, at no cost over depth 1
             # (15 MaskBench grammar forms: positions -54 each, compile times within noise;
@@ -4529,6 +4590,8 @@ def json_schema_compile(
             except NotDeterministic:  # a free-form value where other text may also start
                 pass
         try:
+            if hopeless is not None:
+                raise hopeless
             return json_schema_grammar(
                 schema,
                 vocabulary,
@@ -4588,6 +4651,27 @@ def json_schema_compile(
     return regex_automaton(
         full, vocabulary, cache=cache, description=f"json schema {_describe(schema)}"
     )
+
+
+def _strings_too_large(
+    rewriter: _Rewriter, regex: str, over_regex: bool
+) -> _TooManyPositions | None:
+    """The refusal of every grammar form of `regex` that its strings given as automata
+    (`_Rewriter.dfa_terminals`) already imply, before any rule is built: one of them alone has
+    more states than the positions a form may have before its tails are shared
+    (`_MAX_POSITIONS_BEFORE_TAILS`, times `_OVER_REGEX_SCALE` when `over_regex`). Each is a rule
+    of the grammar form, and written as a counted regex it needs as many states inside its
+    rule: no form can do with fewer (MaskBench o1052, a 5,000-character string of 60,003
+    states: refused in 2 s instead of after a 7.5 s rule). `None` when no string is that large.
+    """
+    limit = (_OVER_REGEX_SCALE if over_regex else 1) * _MAX_POSITIONS_BEFORE_TAILS
+    for name in sorted(rewriter.markers(regex) & rewriter.dfa_terminals.keys()):
+        placeholder, path, keyword = rewriter.dfa_terminals[name]
+        states = rewriter.dfa_texts[placeholder].num_states
+        if states > limit:
+            what = f"the string automaton of `{keyword}` at {path} has {states:,} states"
+            return _TooManyPositions(states, 1, limit, what)
+    return None
 
 
 def _recurses(schema) -> bool:

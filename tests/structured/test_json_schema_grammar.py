@@ -1163,3 +1163,72 @@ def test_an_anyOf_branch_of_a_whole_type_absorbs_the_others_of_that_type():
         rewriter, regex = js._rewrite(REQUIREMENTS, closed_objects=closed, strict=False)
         # a closed object allows only `{}`: nothing is absorbed
         assert ('"Docker"' in rewriter.substitute(regex)) == closed
+
+
+BIO = {
+    "type": "object",
+    "properties": {"bio": {"type": "string", "maxLength": 300}, "extra": {}},
+    "required": ["bio"],
+    "additionalProperties": False,
+}
+"""A counted string given as an automaton (over `_COUNTED_STRING_MIN` characters) beside a
+free-form value: the grammar form calls both."""
+
+
+def test_a_string_automaton_over_the_positions_limit_skips_every_grammar_form(monkeypatch):
+    # MaskBench o1052: a 5,000-character string (60,003 states) alone exceeds the positions of
+    # any grammar form; two forms were still built (a 7.5 s rule) before the refusal. Now no
+    # rule is built, and depth 1's single regex (the string spliced in) compiles.
+    monkeypatch.setattr(js, "_MAX_POSITIONS_BEFORE_TAILS", 1000)
+    js._PUSHDOWN_CACHE.clear()
+    rewriter, regex = js._rewrite(BIO, free_form_depth=js._CALL, counted_strings=True)
+    refusal = js._strings_too_large(rewriter, regex, over_regex=False)
+    assert refusal is not None
+    assert "the string automaton of `maxLength` at #/properties/bio has" in str(refusal)
+    states = max(dfa.num_states for dfa in rewriter.dfa_texts.values())
+    assert states > 1000  # about 12 states a character: escapes and UTF-8 sequences
+    over = js._strings_too_large(rewriter, regex, over_regex=True)
+    assert (over is None) == (states <= js._OVER_REGEX_SCALE * 1000)
+    built = []
+    original = js._rule_automaton
+    monkeypatch.setattr(js, "_rule_automaton", lambda *a: built.append(a[1]) or original(*a))
+    with pytest.warns(UserWarning, match="the string automaton of `maxLength`"):
+        automaton = js.json_schema_compile(BIO, BYTES, cache=False)
+    assert not built
+    assert not isinstance(automaton, PushdownAutomaton)
+    validator = jsonschema.Draft202012Validator(BIO)
+    for bio in ("", "é" * 150 + "a" * 150, "\\n" * 300, "a" * 301, "é" * 301):
+        for extra in ([], {"a": 1, "b": None}, "x"):  # depth 1: the fallback's nesting
+            document = {"bio": json.loads(f'"{bio}"'), "extra": extra}
+            text = json.dumps(document, separators=(",", ":"), ensure_ascii=False).encode()
+            walked = automaton.walk(list(text))  # over the byte vocabulary, token ids are bytes
+            assert bool(automaton.accepting[walked]) == validator.is_valid(document), text[-40:]
+    monkeypatch.undo()
+    js._PUSHDOWN_CACHE.clear()
+    rewriter, regex = js._rewrite(BIO, free_form_depth=js._CALL, counted_strings=True)
+    assert js._strings_too_large(rewriter, regex, over_regex=False) is None  # 3,600 states
+
+
+def test_rule_edges_are_memoised_by_text_whatever_the_number_of_rules():
+    # The attempts of one compile number their rules differently; a text's automaton and call
+    # columns do not depend on it: the memo serves them all, with the free-form value's column
+    # last (after `rules` rule columns) as without it.
+    regex = "(?:\\[(?:" + js._rule_call(1) + "|" + escape(js.FREE_VALUE_CALL) + "|true)\\])"
+    js._RULE_EDGES.clear()
+    fresh = {rules: js._rule_edges(regex, rules, True) for rules in (2, 5)}
+    assert len(js._RULE_EDGES) == 1
+    js._RULE_EDGES.clear()
+    memo = {rules: js._rule_edges(regex, rules, True) for rules in (5, 2)}
+    for rules in (2, 5):
+        (dfa, calls), (again, calls_again) = fresh[rules], memo[rules]
+        np.testing.assert_array_equal(dfa.delta, again.delta)
+        np.testing.assert_array_equal(calls, calls_again)
+        assert calls.shape == (dfa.num_states, rules + 1)
+        start = dfa.initial
+        opened = dfa.delta[start, ord("[")]
+        assert calls[opened, 1] != js.REJECT and calls[opened, rules] != js.REJECT
+        assert (np.delete(calls, [1, rules], axis=1) == js.REJECT).all()
+        assert calls[opened, 1] == calls[opened, rules]  # both are followed by `]`
+        assert dfa.matches(b"[true]") and not dfa.matches(b"[]")
+    with pytest.raises(RuntimeError, match="calls rule 1"):
+        js._rule_edges(regex, 1, True)
