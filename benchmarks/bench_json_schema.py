@@ -13,8 +13,9 @@ limit (a pathological schema is killed, counted as a timeout, and the worker res
    one rejected in both.
 
 Printed per split: schemas compiled, timeouts, compile p50/p90/p99 (ms, compiled schemas
-only), valid instances accepted (compact / spaced) and invalid ones rejected, then the counted
-causes of compile errors. Every mismatch (a valid instance rejected, an invalid one accepted)
+only), valid instances accepted (compact / spaced) and invalid ones rejected, then the eight
+slowest schemas, compiled or refused (a refusal's time counts toward "no schema over 10 s" too),
+and the counted causes of compile errors. Every mismatch (a valid instance rejected, an invalid one accepted)
 is listed with its file so that it can become a test; `--json PATH` writes every per-schema
 record.
 
@@ -395,6 +396,7 @@ def _run_one(record: dict) -> dict:
     except Exception as e:
         out["error"] = _cause(e)
         out["message"] = str(e)[:300]
+        out["refuse_ms"] = (time.perf_counter() - start) * 1000
         if not isinstance(e, ValueError):
             out["traceback"] = traceback.format_exc(limit=4)[-800:]
         return out
@@ -563,6 +565,19 @@ def summarize(results: list[dict], splits) -> str:
         "|" + "|".join("-" * (w + 2) for w in widths) + "|",
     ]
     lines += ["| " + " | ".join(c.ljust(w) for c, w in zip(r, widths)) + " |" for r in rows]
+    # The target "no schema over 10 s" counts refusals too: the slowest of either kind.
+    took = [(r.get("compile_ms", r.get("refuse_ms")), r) for r in results]
+    slowest = sorted(((ms, r) for ms, r in took if ms is not None), key=lambda x: -x[0])[:8]
+    if slowest:
+        lines += [
+            "",
+            "slowest (compiled or refused): "
+            + ", ".join(
+                f"{r['file'].split('---')[-1]} {ms / 1000:.1f} s"
+                + ("" if "compile_ms" in r else " (refused)")
+                for ms, r in slowest
+            ),
+        ]
     causes = collections.Counter(r["error"] for r in results if "error" in r)
     if causes:
         lines += ["", "| compile-error cause | schemas |", "|---|---|"]
