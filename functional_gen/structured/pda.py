@@ -1065,7 +1065,7 @@ def _token_tables(
                 flat = np.flatnonzero(source != gone_entry)
                 entry = source[flat]
                 state = entry >> 1
-                cls = np.repeat(pairs % num_classes, width)[flat]
+                cls = (pairs % num_classes)[flat // width]  # no pairs x width temporary
                 # `steps[state, class]`: 0 unknown, else `2 * (successor + 3) + returned`
                 # (successor: an extended state, `dead` or `several`, as `lookup` gives)
                 if len(ext_info) > steps.shape[0]:
