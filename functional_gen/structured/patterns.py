@@ -642,6 +642,16 @@ def _length_bounded_dfa(body, min_length: int, max_length: int | None, *, max_st
     else:
         dfa = minimize(regex_byte_dfa(body))
     lexer_next, lexer_counts = _body_lexer()
+    # Bytes that the body DFA and the lexer treat alike are one column (about 20 of 256 for a
+    # plain string body): the product is built over those classes and widened at the end
+    # (maxLength 5,000: 1.7 -> 0.3 s).
+    from .automaton import unique_columns
+
+    _, byte_class = unique_columns(np.concatenate([dfa.delta, lexer_next, lexer_counts]))
+    first_byte = np.zeros(int(byte_class.max()) + 1, np.int64)
+    first_byte[byte_class[::-1]] = np.arange(255, -1, -1)
+    dfa = ByteDFA(dfa.delta[:, first_byte], dfa.accepting, dfa.initial)
+    lexer_next, lexer_counts = lexer_next[:, first_byte], lexer_counts[:, first_byte]
     width = top + 1
 
     @typing.no_type_check
@@ -682,7 +692,8 @@ def _length_bounded_dfa(body, min_length: int, max_length: int | None, *, max_st
     # Trimmed, not minimised: the product of the minimal body DFA with the lexer and the counter
     # has few equivalent states (18,309 reachable against 18,225 minimal for `format: email`
     # with maxLength 1,024), and Moore's refinement takes one round per counted character.
-    product = trim(ByteDFA(delta.astype(np.int32), accepting, int(np.searchsorted(states, start))))
+    delta = delta.astype(np.int32)[:, byte_class]  # the classes' columns back to 256 bytes
+    product = trim(ByteDFA(delta, accepting, int(np.searchsorted(states, start))))
     if product.num_states > max_states:
         raise ValueError(
             f"the strings of {body[:60]!r} with minLength {min_length} / maxLength {max_length} "
