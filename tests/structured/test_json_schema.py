@@ -1,6 +1,7 @@
 """JSON Schema: every document the automaton can produce validates (jsonschema, with formats;
 pydantic for models); what cannot be enforced is refused with the keyword named."""
 
+import collections
 import itertools
 import json
 import re
@@ -175,6 +176,50 @@ def test_invalid_schema_is_refused_by_its_metaschema():
     assert info.value.path == "#/properties/a/type"
     with pytest.raises(InvalidSchemaError, match="minLength"):
         json_schema_regex({"type": "string", "minLength": -1})
+
+
+def test_a_schema_that_passed_its_metaschema_is_not_checked_again(monkeypatch):
+    """`check_schema` remembers the JSON texts that passed (a compile checks once per form it
+    tries: MaskBench kb_1161 spent 2.4 s in two checks); an invalid schema is refused every
+    time, and a changed schema is checked again."""
+    import jsonschema
+
+    from functional_gen.structured import json_schema as js
+
+    calls = []
+    original = jsonschema.Draft202012Validator.check_schema.__func__
+
+    def counted(cls, schema, *args, **kwargs):
+        calls.append(json.dumps(schema, sort_keys=True))
+        return original(cls, schema, *args, **kwargs)
+
+    monkeypatch.setattr(jsonschema.Draft202012Validator, "check_schema", classmethod(counted))
+    monkeypatch.setattr(js, "_CHECKED", collections.OrderedDict())
+    schema = {"type": "object", "properties": {"a": {"type": "integer", "minimum": 3}}}
+    js.check_schema(schema)
+    js.check_schema({"properties": {"a": {"minimum": 3, "type": "integer"}}, "type": "object"})
+    assert len(calls) == 1  # the same schema, keys in another order
+    js.check_schema({**schema, "required": ["a"]})
+    assert len(calls) == 2
+    bad = {"type": "string", "minLength": -1}
+    for _ in range(2):
+        with pytest.raises(InvalidSchemaError, match="minLength"):
+            js.check_schema(bad)
+    assert len(calls) == 4
+
+
+def test_the_keys_other_than_listed_names_are_written_once_per_list():
+    """`_key_not_in` is memoised by the names in order (MaskBench kb_1161's `$ref` expansion
+    writes 12,725 open objects from a few hundred property lists: 9.2 -> 3.9 s with the memo)."""
+    from functional_gen.structured.json_schema import _key_not_in, _key_not_in_memo
+
+    names = [f"memoKey{i}" for i in range(40)]
+    before = _key_not_in_memo.cache_info()
+    first = _key_not_in(names)
+    assert _key_not_in(list(names)) is first
+    after = _key_not_in_memo.cache_info()
+    assert (after.misses - before.misses, after.hits - before.hits) == (1, 1)
+    assert re.fullmatch(_key_not_in(names[::-1]), "memoKey7") is None
 
 
 def test_strict_false_drops_unenforceable_keywords_with_one_warning():
