@@ -3376,6 +3376,41 @@ def _terminal_origin(rewriter: "_Rewriter", placeholder: str) -> tuple[str, str]
     return next((path, kw) for p, path, kw in rewriter.dfa_terminals.values() if p == placeholder)
 
 
+_WEIGHT_PER_STATE = 4
+"""Characters of a regex's weight (`_Rewriter.weight`: its counted copies written out) per state
+of its byte DFA, as a spliced DFA's size is estimated before it is built (`_spliced_too_large`):
+4.3-4.4 in the two MaskBench schemas with spliced strings whose regexes weigh most (o1052:
+290,119 -> 66,238 states, compiled; o74461: 852,372 -> 192,318, refused). 5 let an array of 100
+strings of up to 120 characters (522,723) through to a refusal after the DFA was built."""
+
+
+def _spliced_too_large(
+    rewriter: "_Rewriter", regex: str, weight: int
+) -> UnsupportedSchemaError | None:
+    """The refusal `_spliced_dfa` would reach, known before the schema's DFA is built: each
+    string automaton in `regex` is spliced in once at least, beside the rest of the schema's
+    automaton, about `weight / _WEIGHT_PER_STATE` states (`weight`: `_Rewriter.weight` of the
+    schema's regex with its markers). MaskBench o74461, a 128-character `hostname` of 30,445
+    states beside arrays of 100 counted strings: refused in 0.6 s instead of 10 s, after a
+    192,318-state DFA. `None` when the estimate is within `_MAX_SPLICED_STATES`."""
+    placeholders = _dfa_placeholders(rewriter, regex)
+    if not placeholders:
+        return None
+    sizes = {p: rewriter.dfa_texts[p].num_states for p in placeholders}
+    estimate = weight // _WEIGHT_PER_STATE + sum(sizes.values())
+    if estimate <= _MAX_SPLICED_STATES:
+        return None
+    largest = max(sizes, key=sizes.__getitem__)
+    path, keyword = _terminal_origin(rewriter, largest)
+    return UnsupportedSchemaError(
+        keyword,
+        path,
+        f"its string automaton ({sizes[largest]:,} states) beside the rest of the schema's "
+        f"automaton (about {weight // _WEIGHT_PER_STATE:,} states, estimated from its regex) "
+        f"would be over {_MAX_SPLICED_STATES:,} states in all",
+    )
+
+
 def _spliced_dfa(rewriter: "_Rewriter", regex: str) -> ByteDFA:
     """The minimal byte DFA of a schema's whole `regex` whose strings given as automata
     (placeholders of `_Rewriter.dfa_texts`) are spliced in: each placeholder is compiled as a
@@ -4653,6 +4688,9 @@ def json_schema_compile(
     assert full is not None
     _warn_dropped(rewriter)
     if _dfa_placeholders(rewriter, full):
+        too_large = _spliced_too_large(rewriter, full, weight)
+        if too_large is not None:
+            raise too_large
         description = f"json schema {_describe(schema)}"
         return cached(
             "json-spliced",

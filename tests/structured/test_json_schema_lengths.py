@@ -127,6 +127,41 @@ def test_strings_in_an_array_and_an_object():
         assert _accepts(automaton, text) == _valid(document, schema), text
 
 
+def test_a_spliced_automaton_estimated_too_large_is_refused_before_it_is_built(monkeypatch):
+    """MaskBench o74461 in small: a 128-character `hostname` (30,445 states, too many for any
+    grammar form) beside an array of up to 100 counted strings. The whole regex's DFA would have
+    about 120,000 states before the hostname is spliced in: refused from the regex's weight,
+    before that DFA is built (10 s before). With 2 items it compiles, the hostname spliced in."""
+
+    def schema(max_items):
+        return {
+            "type": "object",
+            "properties": {
+                "website": {"type": "string", "format": "hostname", "maxLength": 128},
+                "tags": {
+                    "type": "array",
+                    "items": {"type": "string", "maxLength": 120},
+                    "maxItems": max_items,
+                },
+            },
+            "required": ["website"],
+            "additionalProperties": False,
+        }
+
+    small = js.json_schema_compile(schema(2), BYTES, cache=False)
+    assert _accepts(small, '{"website":"a.b","tags":["x","y"]}')
+    assert not _accepts(small, '{"website":"a..b"}')
+    assert not _accepts(small, json.dumps({"website": "a" * 64}, separators=(",", ":")))
+
+    def not_built(*args):
+        raise AssertionError("the spliced DFA was built")
+
+    monkeypatch.setattr(js, "_spliced_dfa", not_built)
+    with pytest.raises(UnsupportedSchemaError, match="estimated from its regex") as info:
+        js.json_schema_compile(schema(100), BYTES, cache=False)
+    assert info.value.path == "#/properties/website"
+
+
 def test_grammar_form_calls_the_string_automaton():
     schema = {
         "type": "object",
