@@ -1137,11 +1137,11 @@ def _token_tables(
                 node_function[a:b] = result
             else:
                 cols = cols[live_cols]
-                first, number = _distinct_rows(store[funcs][:, live_cols])
-                store = store[funcs[first]][:, live_cols]
-                row_ids = dict(zip(_row_hashes(store, weights).tolist(), range(store.shape[0])))
-                if len(row_ids) < store.shape[0]:
-                    raise _HashCollision
+                kept = store[funcs][:, live_cols]
+                # one id per distinct row, by their hashes (checked exactly), as above
+                first, number, hashes = _hashed_rows(kept, weights)
+                store = kept[first]
+                row_ids = dict(zip(hashes.tolist(), range(store.shape[0])))
                 moves = np.full((len(first), num_classes), -1, np.int64)
                 coded = np.full(len(first), -1, np.int64)
                 node_function[a:b] = number[np.searchsorted(funcs, result)]
