@@ -4876,8 +4876,11 @@ class JsonSchema(AbstractConstraint):
     decimal bounds (`minimum: 0.5`) are exact too, written without exponents.
 
     **Raises:** `UnsupportedSchemaError` (a `ValueError`) naming the keyword and its location
-    (e.g. `not`, `uniqueItems`, `multipleOf: 5`, an unknown `format`) before any compilation;
-    `ConstraintError` for a schema too large even for the grammar form;
+    (e.g. `not`, `uniqueItems`, `multipleOf: 5`, an unknown `format`) before any compilation,
+    or naming a length-bounded string whose automaton, spliced in, would take the schema's over
+    150,000 states (`_MAX_SPLICED_STATES`; estimated from the regex before its DFA is built);
+    `ConstraintError` for a schema too large even for the grammar form (over 10,000 automaton
+    positions, `_MAX_GRAMMAR_POSITIONS`: its token tables would take more than seconds);
     `ValueError` for invalid JSON text; `TypeError` for a schema of another type.
 
     Source: outlines-core `json_schema.build_regex_from_schema`; JSON Schema 2020-12.
