@@ -4158,6 +4158,11 @@ def _check_productive(automata: list, rules: int) -> None:
             raise _RecursionRefused(f"{name} has text that can never end (endless recursion)")
 
 
+class _ValueCallConflict(NotDeterministic):
+    """`_check_value_calls`' refusal: a state calls the JSON value rule and reads one of a
+    value's first bytes itself."""
+
+
 def _check_value_calls(dfa: ByteDFA, calls: np.ndarray, name: str) -> None:
     """Refuse at once a rule automaton (`_rule_edges`, the free-form value's call in the last
     column) with a state that both calls the JSON value rule and reads one of a value's first
@@ -4170,7 +4175,7 @@ def _check_value_calls(dfa: ByteDFA, calls: np.ndarray, name: str) -> None:
     clash = (dfa.delta[states] != REJECT) & _VALUE_FIRST
     if clash.any():
         byte = bytes([int(np.flatnonzero(clash.any(axis=0))[0])])
-        raise NotDeterministic(
+        raise _ValueCallConflict(
             f"in rule {name!r} the byte {byte!r} can be read in 2 ways (itself, a call of 'value')"
         )
 
@@ -4565,9 +4570,10 @@ def json_schema_compile(
     """
     if not cache:
         _PUSHDOWN_CACHE.clear()
+    conflicts: list = []
     if options.get("max_recursion_depth") is None:
         options.pop("max_recursion_depth", None)
-        recursive = _recursive_grammar(schema, vocabulary, stack_depth, options)
+        recursive = _recursive_grammar(schema, vocabulary, stack_depth, options, conflicts)
         if recursive is not None:
             return recursive
     free = options.get("free_form_depth", DEFAULT_FREE_FORM_DEPTH)
@@ -4584,7 +4590,11 @@ def json_schema_compile(
         first levels in the rule (`_INLINED_CALLS`), or else nest it `NESTED_FREE_FORM_DEPTH`
         level(s) in the token automaton, with a warning."""
         tries = [_CALL, *_INLINED_CALLS]
-        if isinstance(error, NotDeterministic) and call in tries[:-1]:
+        # Where each of them conflicted with a value's first bytes in the recursive form
+        # already, unrolled they conflict too (unrolling only turns recursive calls into more
+        # text beside the value's call): MaskBench jsonld spent 2.3 s on them.
+        hopeless = conflicts == tries
+        if isinstance(error, NotDeterministic) and call in tries[:-1] and not hopeless:
             inlined = tries[tries.index(call) + 1]
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
@@ -4757,7 +4767,9 @@ def _recurses(schema) -> bool:
         return False
 
 
-def _recursive_grammar(schema, vocabulary, stack_depth: int, options: dict):
+def _recursive_grammar(
+    schema, vocabulary, stack_depth: int, options: dict, conflicts: list | None = None
+):
     """For `json_schema_compile`: the grammar form of a schema with recursive references, each
     recursive target a rule and each recursive reference a call of it
     (`inline_references(recursive=True)`), so that recursion nests as deep as the stack
@@ -4771,7 +4783,9 @@ def _recursive_grammar(schema, vocabulary, stack_depth: int, options: dict):
     `NotDeterministic`; a recursion that never ends; any other error of the grammar form, which
     the unrolled path then reports or avoids): the caller unrolls it as before, so every schema
     that compiles unrolled still compiles. Warnings of an attempt that returns `None` are
-    dropped (the unrolled path gives its own)."""
+    dropped (the unrolled path gives its own). `conflicts`, when given, gets each free-form
+    value tried (`_CALL`, then `_INLINED_CALLS`) whose attempt failed because a state both calls
+    the JSON value rule and reads one of its first bytes (`_ValueCallConflict`)."""
     if not _recurses(schema):
         return None
     free = options.get("free_form_depth", DEFAULT_FREE_FORM_DEPTH)
@@ -4799,7 +4813,9 @@ def _recursive_grammar(schema, vocabulary, stack_depth: int, options: dict):
                         "free_form_depth": None if isinstance(depth, _FreeValueCall) else depth,
                     },
                 )
-            except NotDeterministic:
+            except NotDeterministic as e:
+                if conflicts is not None and isinstance(e, _ValueCallConflict):
+                    conflicts.append(depth)
                 continue
             except (ValueError, RecursionError):  # ConstraintError, GrammarError, too deep
                 return None

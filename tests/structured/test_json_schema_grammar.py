@@ -1265,3 +1265,56 @@ def test_the_depth_one_fallback_is_compiled_once(monkeypatch):
     assert [d for d in depths if isinstance(d, int)] == [js.NESTED_FREE_FORM_DEPTH]
     assert len([w for w in caught if "no pushdown automaton" in str(w.message)]) == 1
     js._PUSHDOWN_CACHE.clear()
+
+
+def test_free_value_forms_that_conflicted_in_the_recursive_form_are_not_tried_unrolled(
+    monkeypatch,
+):
+    # A recursive node whose `v` is three levels of arrays or an array of at least two free
+    # values: the free value's call, and its one and two levels read in place, all compete
+    # with the arrays' `[` (or the integers' digits). The recursive form tries those three and
+    # each conflicts; unrolling the recursion adds text beside the call and removes none, so
+    # the unrolled path goes straight to its depth-1 fallback (MaskBench jsonld: 2.3 s of
+    # unrolled attempts saved) and compiles what it compiled after them before.
+    deep = {"type": "array", "items": {"type": "array", "items": {"type": "array"}}}
+    deep["items"]["items"]["items"] = {"type": "integer"}
+    value = {"anyOf": [deep, {"type": "array", "items": {}, "minItems": 2}]}
+    node = {
+        "type": "object",
+        "properties": {"next": {"$ref": "#/$defs/node"}, "v": value},
+        "additionalProperties": False,
+    }
+    recursive = {"$defs": {"node": node}, "$ref": "#/$defs/node"}
+    conflicts = []
+    assert js._recursive_grammar(recursive, BYTES, 32, {}, conflicts) is None
+    assert conflicts == [js._CALL, *js._INLINED_CALLS]
+    depths = []
+    original = js.json_schema_compile
+
+    def compile_(*args, **kwargs):
+        depths.append(kwargs.get("free_form_depth"))
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(js, "json_schema_compile", compile_)
+    for schema, tried in (
+        (recursive, False),
+        ({"type": "object", "properties": {"v": value}}, True),
+    ):
+        depths.clear()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            automaton = js.json_schema_compile(schema, BYTES, cache=False)
+        assert (js._INLINED_CALLS[0] in depths) == tried, schema
+        assert any("no pushdown automaton" in str(w.message) for w in caught)
+        for document, valid in (
+            ({"v": [[[1]]]}, True),
+            ({"v": [1, "a"]}, True),
+            ({"v": [[1, 2], {}]}, True),
+            ({"v": [1]}, False),
+            ({"v": [[["a"]]]}, False),
+        ):
+            if "$defs" in schema:
+                document = {"next": document}
+            assert jsonschema.Draft202012Validator(schema).is_valid(document) == valid
+            text = json.dumps(document, separators=(",", ":"))
+            assert bool(automaton.accepting[automaton.walk(list(text.encode()))]) == valid, text
