@@ -1234,6 +1234,19 @@ def test_rule_edges_are_memoised_by_text_whatever_the_number_of_rules():
         js._rule_edges(regex, 1, True)
 
 
+def _record_free_form_depths(monkeypatch) -> list:
+    """The `free_form_depth` of every `json_schema_compile` call from now on, in order."""
+    depths = []
+    original = js.json_schema_compile
+
+    def compile_(*args, **kwargs):
+        depths.append(kwargs.get("free_form_depth"))
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(js, "json_schema_compile", compile_)
+    return depths
+
+
 def test_the_depth_one_fallback_is_compiled_once(monkeypatch):
     # A free-form value beside three levels of arrays: its call, and its one and two levels read
     # in place, all compete with the third `[`. When depth 1 fails too (here: a grammar form
@@ -1248,14 +1261,7 @@ def test_the_depth_one_fallback_is_compiled_once(monkeypatch):
     deep["items"]["items"]["items"] = {"type": "integer"}
     schema = {"anyOf": [deep, {}]}
     js._PUSHDOWN_CACHE.clear()
-    depths = []
-    original = js.json_schema_compile
-
-    def compile_(*args, **kwargs):
-        depths.append(kwargs.get("free_form_depth"))
-        return original(*args, **kwargs)
-
-    monkeypatch.setattr(js, "json_schema_compile", compile_)
+    depths = _record_free_form_depths(monkeypatch)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         with pytest.raises(js._TooManyPositions):
@@ -1288,14 +1294,7 @@ def test_free_value_forms_that_conflicted_in_the_recursive_form_are_not_tried_un
     conflicts = []
     assert js._recursive_grammar(recursive, BYTES, 32, {}, conflicts) is None
     assert conflicts == [js._CALL, *js._INLINED_CALLS]
-    depths = []
-    original = js.json_schema_compile
-
-    def compile_(*args, **kwargs):
-        depths.append(kwargs.get("free_form_depth"))
-        return original(*args, **kwargs)
-
-    monkeypatch.setattr(js, "json_schema_compile", compile_)
+    depths = _record_free_form_depths(monkeypatch)
     for schema, tried in (
         (recursive, False),
         ({"type": "object", "properties": {"v": value}}, True),
