@@ -3391,7 +3391,7 @@ def _spliced_too_large(
     string automaton in `regex` is spliced in once at least, beside the rest of the schema's
     automaton, about `weight / _WEIGHT_PER_STATE` states (`weight`: `_Rewriter.weight` of the
     schema's regex with its markers). MaskBench o74461, a 128-character `hostname` of 30,445
-    states beside arrays of 100 counted strings: refused in 0.6 s instead of 10 s, after a
+    states beside arrays of 100 counted strings: refused in 0.15 s instead of 10 s, after a
     192,318-state DFA. `None` when the estimate is within `_MAX_SPLICED_STATES`."""
     placeholders = _dfa_placeholders(rewriter, regex)
     if not placeholders:
