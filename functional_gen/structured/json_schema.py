@@ -4593,8 +4593,8 @@ def json_schema_compile(
         # Where each of them conflicted with a value's first bytes in the recursive form
         # already, unrolled they conflict too (unrolling only turns recursive calls into more
         # text beside the value's call): MaskBench jsonld spent 2.3 s on them.
-        hopeless = conflicts == tries
-        if isinstance(error, NotDeterministic) and call in tries[:-1] and not hopeless:
+        all_conflicted = conflicts == tries
+        if isinstance(error, NotDeterministic) and call in tries[:-1] and not all_conflicted:
             inlined = tries[tries.index(call) + 1]
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
