@@ -1,7 +1,10 @@
 """The grammar form of JSON Schemas (`json_schema_grammar`): large subschemas become rules of a
 pushdown automaton instead of being copied into one regex. Checked against `jsonschema`."""
 
+import concurrent.futures
+import dataclasses
 import json
+import threading
 import warnings
 
 import jsonschema
@@ -217,6 +220,54 @@ def test_calls_one_byte_cannot_choose_are_inlined(small_rules):
     ]
     counts = _check_against_jsonschema(automaton, TWO_OBJECTS, documents, rng)
     assert counts[True] > 30 and counts[False] > 30, counts
+
+
+def _threads(monkeypatch, pool):
+    """`_compile_threads` gives `pool` (`None`: no threads) and the memos are empty."""
+    monkeypatch.setattr(js, "_compile_threads", lambda: pool)
+    js._RULE_EDGES.clear()
+    js._PUSHDOWN_CACHE.clear()
+
+
+def test_rule_automata_built_ahead_on_threads_equal_those_built_in_order(small_rules, monkeypatch):
+    # `_build_ahead` builds a plan's rule automata on other threads; the caller still takes
+    # and checks them in order, so the automaton is the one built without threads
+    on_main = []
+    real = js._rule_edges_of
+
+    def recording(regex, free_value):
+        on_main.append(threading.current_thread() is threading.main_thread())
+        return real(regex, free_value)
+
+    monkeypatch.setattr(js, "_rule_edges_of", recording)
+    built = {}
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        for threads in (None, pool):
+            _threads(monkeypatch, threads)
+            on_main.clear()
+            built[threads is not None] = js.json_schema_grammar(_explode(3), BYTES)
+            assert len(on_main) >= 3
+            assert all(on_main) == (threads is None), on_main
+            assert not js._RULE_EDGES_AHEAD
+    serial, threaded = built[False], built[True]
+    for field in dataclasses.fields(PushdownAutomaton):
+        a, b = getattr(serial, field.name), getattr(threaded, field.name)
+        assert np.array_equal(a, b) if isinstance(a, np.ndarray) else a == b, field.name
+
+
+def test_a_plan_refused_before_its_last_rule_leaves_no_rule_building(small_rules, monkeypatch):
+    # the refusal names the positions counted in order up to the rule that crossed the limit,
+    # as without threads, and the rules not taken yet are cancelled or finished, not kept
+    monkeypatch.setattr(js, "_MAX_POSITIONS_BEFORE_TAILS", 40)
+    errors = []
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        for threads in (None, pool):
+            _threads(monkeypatch, threads)
+            with pytest.raises(js._TooManyPositions) as caught:
+                js.json_schema_grammar(_explode(4), BYTES)
+            errors.append(str(caught.value))
+            assert not js._RULE_EDGES_AHEAD
+    assert errors[0] == errors[1], errors
 
 
 def _metadata(i: int) -> dict:
