@@ -4953,7 +4953,9 @@ class JsonSchema(AbstractConstraint):
     `minLength`/`maxLength` is exact (lengths in decoded characters): when no compact regex
     writes it, its automaton (the string's DFA times a character counter) is spliced into the
     schema's, which a list of schemas cannot do (refused there with the reason). Numbers with
-    decimal bounds (`minimum: 0.5`) are exact too, written without exponents.
+    decimal bounds (`minimum: 0.5`) are exact too, written without exponents. The grammar
+    form's rule automata are built on one thread per core (at most 4; outlines-core builds a
+    DFA without the GIL): the result is the same as built one by one.
 
     **Raises:** `UnsupportedSchemaError` (a `ValueError`) naming the keyword and its location
     (e.g. `not`, `uniqueItems`, `multipleOf: 5`, an unknown `format`) before any compilation,
