@@ -11,7 +11,7 @@ nodes, our own regexes where outlines-core's would let invalid documents through
 | string `format` | loose (`2023-02-31`, `\\d`), few formats | strict regexes (`formats`): date, time, date-time, email, uuid, ipv4, ipv6, hostname, uri, uri-reference, uri-template, byte, duration, regex |
 | string `pattern` | copied between quotes: `.` can write a raw `"` | JSON-escaped translation, searched as in ECMA-262 (`patterns`), intersected exactly with `minLength`/`maxLength` (below) |
 | `type: [..]` with per-type keywords | keywords of the other types lost | split into `anyOf` |
-| `allOf` | regexes concatenated: invalid JSON | merged into one schema (object members together: each side's `additionalProperties` covers the keys its own `properties`/`patternProperties` leave, `_merge_members`) |
+| `allOf` | regexes concatenated: invalid JSON | merged into one schema (object members together: each side's `additionalProperties` covers the keys its own `properties`/`patternProperties` leave, `_merge_members`; a later part that lists properties is merged into each branch of an earlier part's `anyOf`/`oneOf`, so a branch's members come first, in the order of the parts, as llguidance writes them, `_Rewriter.into_branches`) |
 | `anyOf` beside a branch that allows a whole type (`{"type": "object"}`, annotations only) | every branch kept | the branches whose values are all of that type left out (the same union; one byte could not choose between an open object's value call and another object's string: MaskBench o69208), and not checked for unsupported keywords |
 | `oneOf` | treated as `anyOf` | `anyOf` when the branches are provably disjoint (types, listed discriminators, a property both require whose values cannot be equal, also one level down, a closed object against a required name, `required` also in `allOf`; as llguidance), or made disjoint exactly: finite branches -> the values exactly one lists, a type two branches accept whole taken out, `required`-only branches -> presence choices; else refused |
 | objects | closed: no property beyond `properties` | open unless `additionalProperties: false` (JSON Schema's default; `closed_objects=True` closes them); `patternProperties` (a key no pattern matches is an additional property: its key language is the complement automaton, written back as a regex, `_unmatched_keys`), `propertyNames`, `minProperties`/`maxProperties`, `required` names without a schema (any value) |
@@ -2074,7 +2074,8 @@ class _Rewriter:
                 if branch is NEVER or branch is False:
                     return NEVER
                 try:
-                    merged = self.merge(merged, branch, where)
+                    into = self.into_branches(merged, branch, where)
+                    merged = into if into is not None else self.merge(merged, branch, where)
                 except _NoCommonType:  # types that share no value: the schema has none
                     return NEVER
             return self.node(merged, path)
@@ -2927,6 +2928,32 @@ class _Rewriter:
         if isinstance(node, Mapping) and _RECURSIVE in node:
             return self.expansions[node[_RECURSIVE]]
         return node
+
+    def into_branches(self, node: dict, part, path: str) -> dict | None:
+        """`node` AND `part` for an `allOf` whose earlier parts gave `node` an `anyOf` or
+        `oneOf` and whose later `part` lists properties: `part` merged into each branch, so that
+        a branch's properties come before `part`'s, in the order of the parts, as llguidance
+        distributes them (MaskBench Github_trivial o64859: `allOf: [{oneOf: [..]}, {properties:
+        {builder, id, target}}]`, whose documents list a branch's members first). The same
+        schema as merging `part` into `node` (`(B1 | B2) & P = (B1 & P) | (B2 & P)`). `None`
+        where that does not apply (no single such combinator, `part` lists no properties or
+        has the same combinator, a recursive reference, a branch without a common type)."""
+        keys = [k for k in ("anyOf", "oneOf") if k in node]
+        if (
+            len(keys) != 1
+            or not isinstance(part, Mapping)
+            or keys[0] in part
+            or not any(k in part for k in _OBJECT_MEMBERS)
+            or _RECURSIVE in part
+            or not isinstance(node[keys[0]], list)
+            or not all(isinstance(b, Mapping) and _RECURSIVE not in b for b in node[keys[0]])
+        ):
+            return None
+        try:
+            branches = [self.merge(b, part, path) for b in node[keys[0]]]
+        except _NoCommonType:
+            return None
+        return {**node, keys[0]: branches}
 
     def merge(self, a, b, path: str) -> dict:
         """The schema of `a` AND `b` (for `allOf` and sibling keywords)."""

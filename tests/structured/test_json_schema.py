@@ -586,6 +586,49 @@ def test_allof_merges_object_members_exactly(name):
     assert seen == {True, False}
 
 
+def test_allof_lists_a_branch_members_before_those_of_a_later_part():
+    # `allOf: [{oneOf: [A, B]}, P]`: a document lists A's (or B's) members, then P's, in the
+    # order of the parts, as llguidance writes them (MaskBench Github_trivial o64859); every
+    # document is still accepted exactly when `jsonschema` validates it in that order
+    import re
+
+    import jsonschema
+
+    schema = {
+        "allOf": [
+            {
+                "oneOf": [
+                    {
+                        "properties": {"state": {"const": "run"}, "done": {"type": "integer"}},
+                        "required": ["state"],
+                    },
+                    {
+                        "properties": {"state": {"const": "stop"}, "why": {"type": "string"}},
+                        "required": ["state"],
+                    },
+                ]
+            },
+            {"properties": {"id": {"type": "integer"}}, "required": ["id"]},
+        ],
+        "type": "object",
+    }
+    regex = re.compile(json_schema_regex(schema, free_form_depth=1))
+    validator = jsonschema.Draft202012Validator(schema)
+    in_order = [
+        {"state": "run", "done": 3, "id": 1},
+        {"state": "run", "id": 1},
+        {"state": "stop", "why": "x", "id": 2},
+        {"state": "stop", "why": 5, "id": 2},  # invalid: `why` is a string
+        {"state": "run", "done": 3},  # invalid: no `id`
+        {"state": "walk", "id": 2},  # invalid: no branch
+    ]
+    for document in in_order:
+        text = json.dumps(document, separators=(",", ":"))
+        assert bool(regex.fullmatch(text)) == validator.is_valid(document), text
+    # the later part's members first: not the order of the parts
+    assert not regex.fullmatch('{"id":1,"state":"run","done":3}')
+
+
 def test_allof_of_two_pattern_sides_with_restricted_keys_is_refused():
     schema = {
         "allOf": [{"patternProperties": {"^a": {}}, "additionalProperties": False}],
