@@ -4552,7 +4552,10 @@ def json_schema_grammar(
         # free-form value: their check may refuse the plan.
         given = [text.startswith("(?:") and text[3:-1] in rewriter.dfa_texts for text in every]
         order = sorted(range(len(every)), key=lambda a: (not given[a], call not in every[a]))
-        ahead = [every[a] for a in order if not given[a]]
+        # the rules not built by an earlier plan (kept in `dfas`; maybe gone from the memo)
+        ahead = [
+            every[a] for a in order if not given[a] and (every[a], len(rules), value) not in dfas
+        ]
         with _build_ahead(ahead, value):
             for a in order:
                 text = every[a]
