@@ -1298,9 +1298,92 @@ def _record_free_form_depths(monkeypatch) -> list:
     return depths
 
 
+def _nested_arrays(levels: int) -> dict:
+    """Arrays nested `levels` deep around integers: regular text deeper than
+    `_inline_value_calls` reads a free-form value in place beside it (`_VALUE_CALL_LEVELS`),
+    even after `_INLINED_CALLS`' two levels."""
+    node: dict = {"type": "integer"}
+    for _ in range(levels):
+        node = {"type": "array", "items": node}
+    return node
+
+
+DEEP_LEVELS = js._VALUE_CALL_LEVELS + 4
+
+
+@pytest.mark.parametrize(
+    "schema, documents",
+    [
+        (  # a free-form array item beside integers nested three deep
+            {
+                "type": "object",
+                "properties": {
+                    "v": {"anyOf": [_nested_arrays(3), {"type": "array", "minItems": 2}]}
+                },
+                "additionalProperties": False,
+            },
+            [
+                {"v": [[[1]]]},
+                {"v": [1, [[[[["x", {"k": [[[{}]]]}]]]]]]},
+                {"v": [[[1]], [[2]]]},
+                {"v": [1]},
+                {"v": [[["a"]]]},
+                {"v": {}},
+            ],
+        ),
+        (  # MaskBench o24467's shape: a member constrained in one branch, free in another
+            {
+                "type": "array",
+                "items": {
+                    "anyOf": [
+                        {
+                            "required": ["q"],
+                            "properties": {"q": {"maxItems": 1}, "n": {"enum": ["a"]}},
+                        },
+                        {"required": ["q"], "properties": {"n": {"enum": ["b"]}}},
+                    ]
+                },
+            },
+            [
+                [{"n": "b", "q": [[[[1]]]]}],
+                [{"q": {"x": [[[{"y": [1, 2]}]]]}, "n": "a"}],
+                [{"q": [1], "n": "a"}, {"n": "b", "q": "s"}],
+                [{"q": [1, 2], "n": "a"}],
+                [{"n": "b"}],
+                [1, "s", [[[{"q": 1}]]]],
+            ],
+        ),
+    ],
+)
+def test_a_free_value_competing_with_regular_text_is_read_in_place(schema, documents):
+    # Where a free-form value's call competes with regular text for its first byte, that call
+    # alone is read a level in place (`_inline_value_calls`), deeper while the regular side
+    # still competes: the schema keeps its pushdown automaton, so free values nest as deep as
+    # the stack. Before, every attempt conflicted and free values nested 1 level.
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        automaton = js.json_schema_compile(schema, BYTES, cache=False)
+    assert not [w for w in caught if "no pushdown automaton" in str(w.message)]
+    assert isinstance(automaton, PushdownAutomaton)
+    validator = jsonschema.Draft202012Validator(schema)
+    verdicts = []
+    for document in documents:
+        valid = validator.is_valid(document)
+        verdicts.append(valid)
+        for text in (json.dumps(document), json.dumps(document, separators=(",", ":"))):
+            assert automaton.accepts(text.encode()) == valid, text
+    assert True in verdicts and False in verdicts
+
+
+def test_inline_value_calls_leaves_an_automaton_without_competing_calls_as_it_is():
+    dfa, calls = js._rule_edges(js.free_value(1, innermost=escape(js.FREE_VALUE_CALL)), 0, True)
+    assert js._inline_value_calls(dfa, calls, js._DEFAULT_WHITESPACE) == (dfa, calls)
+
+
 def test_the_depth_one_fallback_is_compiled_once(monkeypatch):
-    # A free-form value beside three levels of arrays: its call, and its one and two levels read
-    # in place, all compete with the third `[`. When depth 1 fails too (here: a grammar form
+    # A free-form value beside arrays nested deeper than the levels read in place: its call,
+    # and its one and two levels read in place, all compete with a `[` too deep for
+    # `_inline_value_calls`. When depth 1 fails too (here: a grammar form
     # over a tiny positions limit), each inlined attempt used to retry depth 1 on its own
     # before its caller did (MaskBench o48866: depth 1 compiled three times, 12.4 -> 10.2 s).
     # Now only the outermost compile falls back, once, and its refusal stands.
@@ -1308,9 +1391,7 @@ def test_the_depth_one_fallback_is_compiled_once(monkeypatch):
     monkeypatch.setattr(js, "_SINGLE_REGEX", 10)  # ... with no single regex to fall back to
     monkeypatch.setattr(js, "_MAX_GRAMMAR_POSITIONS", 5)
     monkeypatch.setattr(js, "_MAX_POSITIONS_BEFORE_TAILS", 5)
-    deep = {"type": "array", "items": {"type": "array", "items": {"type": "array"}}}
-    deep["items"]["items"]["items"] = {"type": "integer"}
-    schema = {"anyOf": [deep, {}]}
+    schema = {"anyOf": [_nested_arrays(DEEP_LEVELS), {}]}
     js._PUSHDOWN_CACHE.clear()
     depths = _record_free_form_depths(monkeypatch)
     with warnings.catch_warnings(record=True) as caught:
@@ -1327,15 +1408,14 @@ def test_the_depth_one_fallback_is_compiled_once(monkeypatch):
 def test_free_value_forms_that_conflicted_in_the_recursive_form_are_not_tried_unrolled(
     monkeypatch,
 ):
-    # A recursive node whose `v` is three levels of arrays or an array of at least two free
-    # values: the free value's call, and its one and two levels read in place, all compete
-    # with the arrays' `[` (or the integers' digits). The recursive form tries those three and
+    # A recursive node whose `v` is arrays nested deeper than the levels read in place or an
+    # array of at least two free values: the free value's call, and its one and two levels
+    # read in place, all compete with the arrays' `[` (or the integers' digits) deeper than
+    # `_inline_value_calls` reads. The recursive form tries those three and
     # each conflicts; unrolling the recursion adds text beside the call and removes none, so
     # the unrolled path goes straight to its depth-1 fallback (MaskBench jsonld: 2.3 s of
     # unrolled attempts saved) and compiles what it compiled after them before.
-    deep = {"type": "array", "items": {"type": "array", "items": {"type": "array"}}}
-    deep["items"]["items"]["items"] = {"type": "integer"}
-    value = {"anyOf": [deep, {"type": "array", "items": {}, "minItems": 2}]}
+    value = {"anyOf": [_nested_arrays(DEEP_LEVELS), {"type": "array", "items": {}, "minItems": 2}]}
     node = {
         "type": "object",
         "properties": {"next": {"$ref": "#/$defs/node"}, "v": value},
@@ -1357,7 +1437,7 @@ def test_free_value_forms_that_conflicted_in_the_recursive_form_are_not_tried_un
         assert (js._INLINED_CALLS[0] in depths) == tried, schema
         assert any("no pushdown automaton" in str(w.message) for w in caught)
         for document, valid in (
-            ({"v": [[[1]]]}, True),
+            ({"v": json.loads("[" * DEEP_LEVELS + "1" + "]" * DEEP_LEVELS)}, True),
             ({"v": [1, "a"]}, True),
             ({"v": [[1, 2], {}]}, True),
             ({"v": [1]}, False),
@@ -1366,5 +1446,8 @@ def test_free_value_forms_that_conflicted_in_the_recursive_form_are_not_tried_un
             if "$defs" in schema:
                 document = {"next": document}
             assert jsonschema.Draft202012Validator(schema).is_valid(document) == valid
-            text = json.dumps(document, separators=(",", ":"))
-            assert bool(automaton.accepting[automaton.walk(list(text.encode()))]) == valid, text
+            text = json.dumps(document, separators=(",", ":")).encode()
+            if isinstance(automaton, PushdownAutomaton):
+                assert automaton.accepts(text) == valid, text
+            else:
+                assert bool(automaton.accepting[automaton.walk(list(text))]) == valid, text

@@ -14,6 +14,7 @@ import functional_gen as fg
 from functional_gen.structured import (
     GrammarError,
     NotDeterministic,
+    json_schema as js,
     parse_grammar,
     pushdown_automaton,
 )
@@ -411,10 +412,15 @@ def test_json_schema_processor_runs_the_pushdown_automaton(tokenizer):
     # `"` starts both a string and a free value: the free value's strings are read in place
     shared_start = {"anyOf": [{"type": "string"}, {}]}
     assert fg.processors.JsonSchema(shared_start, tokenizer).pushdown is not None
-    # three levels of arrays beside a free value: its call would compete with the third `[`
-    # (two levels of it are read in place, `_INLINED_CALLS`)
-    deep = {"type": "array", "items": {"type": "array", "items": {"type": "array"}}}
-    deep["items"]["items"]["items"] = {"type": "integer"}
+    # three levels of arrays beside a free value: its call competes with each `[`, so it is
+    # read in place three levels deep (`_inline_value_calls`)
+    deep: dict = {"type": "integer"}
+    for _ in range(3):
+        deep = {"type": "array", "items": deep}
+    assert fg.processors.JsonSchema({"anyOf": [deep, {}]}, tokenizer).pushdown is not None
+    # deeper than `_VALUE_CALL_LEVELS` (and `_INLINED_CALLS`' two more): a token automaton
+    for _ in range(js._VALUE_CALL_LEVELS):
+        deep = {"type": "array", "items": deep}
     ambiguous = {"anyOf": [deep, {}]}
     with pytest.warns(UserWarning, match="no pushdown automaton"):
         assert fg.processors.JsonSchema(ambiguous, tokenizer, free_form_depth=None).pushdown is None
