@@ -4275,8 +4275,9 @@ def _inline_value_calls(
     value's first bytes, each state that calls the value enters a copy instead (the state
     after its call is the copy's state returned to); a copy's accepting state also stands for
     its state returned to. Then minimised. MaskBench o24467 (an `anyOf` of 12 open objects
-    whose untyped members are constrained in some branches and free in others): refused
-    before, 1.4 s now.
+    whose untyped members are constrained in some branches and free in others): every attempt
+    conflicted before, and the schema fell back to free values nested 1 level (6.2 s, both
+    valid instances rejected); now its pushdown automaton in 0.75 s, both accepted.
 
     **Returns:** the new `(dfa, calls)`; the same objects when no call competes."""
     states = np.flatnonzero(calls[:, -1] != REJECT)
