@@ -4838,9 +4838,10 @@ def json_schema_compile(
     from .regex import escape
 
     def nest_instead(error: NotDeterministic | _TooManyPositions | _RegexTooLarge):
-        """A free-form value's call competes with other text for its first byte: read its
-        first levels in the rule (`_INLINED_CALLS`), or else nest it `NESTED_FREE_FORM_DEPTH`
-        level(s) in the token automaton, with a warning."""
+        """A free-form value's call competes with other text for its first byte (`error` a
+        `NotDeterministic`), or the grammar form is too large: read the values' first levels
+        in the rule (`_INLINED_CALLS`, for a conflict only), or else nest them
+        `NESTED_FREE_FORM_DEPTH` level(s) in the token automaton, with a warning."""
         tries = [_CALL, *_INLINED_CALLS]
         # Where each of them conflicted with a value's first bytes in the recursive form
         # already, unrolled they conflict too (unrolling only turns recursive calls into more
@@ -5028,9 +5029,12 @@ def _recursive_grammar(
     recursive target a rule and each recursive reference a call of it
     (`inline_references(recursive=True)`), so that recursion nests as deep as the stack
     (`stack_depth`) instead of `max_recursion_depth` unrolled levels; free-form values are
-    calls of the JSON value rule too (unless `free_form_depth=0`; where that is not
-    deterministic, read one or two levels in place before the call, `_INLINED_CALLS`, or else
-    nested `free_form_depth` levels).
+    calls of the JSON value rule too (unless `free_form_depth=0`; where a call competes with
+    other text, read in place there, `_inline_value_calls`; where that leaves a conflict, read
+    one or two levels in place before every call, `_INLINED_CALLS`, or else nested
+    `free_form_depth` levels). An attempt refused for another reason than a value call
+    (a recursive call one byte cannot choose, rules inlined after a ban too large) skips the
+    `_INLINED_CALLS` forms, which cannot change that, and goes on to an integer depth.
 
     **Returns:** the `PushdownAutomaton`, or `None` when the schema has no recursive reference
     or its recursion cannot be rules (a recursive call that a one-byte lookahead cannot choose,

@@ -1377,7 +1377,8 @@ def test_a_free_value_competing_with_regular_text_is_read_in_place(schema, docum
 
 def test_inline_value_calls_leaves_an_automaton_without_competing_calls_as_it_is():
     dfa, calls = js._rule_edges(js.free_value(1, innermost=escape(js.FREE_VALUE_CALL)), 0, True)
-    assert js._inline_value_calls(dfa, calls, js._DEFAULT_WHITESPACE) == (dfa, calls)
+    new_dfa, new_calls = js._inline_value_calls(dfa, calls, js._DEFAULT_WHITESPACE)
+    assert new_dfa is dfa and new_calls is calls
 
 
 def test_the_depth_one_fallback_is_compiled_once(monkeypatch):
