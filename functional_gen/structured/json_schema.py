@@ -970,22 +970,12 @@ which JSON text never holds raw (strings escape it; whitespace is space, tab, CR
 
 class _FreeValueCall:
     """The type of `_CALL`: `json_schema_regex(free_form_depth=_CALL)` writes free-form values as
-    `FREE_VALUE_CALL`; `_FreeValueCall(levels)` writes them as `levels` levels of arrays and
-    objects whose innermost values are `FREE_VALUE_CALL` (`free_value(levels, ws,
-    innermost=...)`), for a free-form value beside a regular one that starts the same way."""
-
-    def __init__(self, levels: int = 0):
-        self.levels = levels
+    `FREE_VALUE_CALL`, which the grammar form turns into a call of its JSON value rule (where
+    such a call competes with other text for a byte, `_inline_value_calls` reads the value in
+    place there)."""
 
 
 _CALL = _FreeValueCall()
-_INLINED_CALLS = (_FreeValueCall(1), _FreeValueCall(2))
-"""The free-form values `json_schema_compile` tries after `_CALL`, when a call of the JSON value
-rule competes with a regular value for its first byte (o10495: an `anyOf` of open objects where
-one lists `end` as an array of numbers and another takes `end` as an additional free-form
-value): the free-form value's first levels are read in the rule itself, merged with the regular
-value there, and only what lies deeper is a call. Two levels cover an array or object of
-scalars on the regular side."""
 _STRING = r'"(?:[^"\\\x00-\x1F\x7F-\x9F]|\\["\\/bfnrt])*"'
 _INTEGER = r"-?(?:0|[1-9][0-9]*)"
 _NUMBER = r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?"
@@ -1860,11 +1850,8 @@ class _Rewriter:
         self.whitespace_pattern, self.max_recursion_depth = whitespace_pattern, max_recursion_depth
         self.ws = _DEFAULT_WHITESPACE if whitespace_pattern is None else f"(?:{whitespace_pattern})"
         self.dropped: list[str] = []
-        self.inlined_levels = 0
-        """With `free_form_depth=None`: how many levels of a free-form value are read before the
-        call of the JSON value rule (`_FreeValueCall.levels`)."""
         if isinstance(free_form_depth, _FreeValueCall):
-            self.inlined_levels, free_form_depth = free_form_depth.levels, None
+            free_form_depth = None
         self.free_form_depth = free_form_depth
         self.dfa_terminals: dict[str, tuple[str, str, str]] = {}
         """Markers of strings given as automata (`bounded_string`): name -> (placeholder,
@@ -1885,8 +1872,7 @@ class _Rewriter:
         if self.free_form_depth is None:
             from .regex import escape
 
-            call = escape(FREE_VALUE_CALL)
-            return self.marker(free_value(self.inlined_levels, self.ws, innermost=call))
+            return self.marker(escape(FREE_VALUE_CALL))
         return self.marker(free_value(self.free_form_depth, self.ws))
 
     def regex_of(self, schema) -> str:
@@ -4267,8 +4253,9 @@ def _inline_value_calls(
     down. Calls that compete with nothing stay calls, so where the regular text beside them
     ends, the calls meet again (the same call, from one state). The language is the same: a
     call reads any value, and so does the level read in place. (Replacing every call of the
-    schema by `levels` levels, as `_INLINED_CALLS` does, does not resolve a conflict whose
-    regular side is an object or array of free values: both sides move down together.)
+    schema by one or two levels read in place, which `json_schema_compile` tried until
+    2026-11-25, does not resolve a conflict whose regular side is an object or array of free
+    values: both sides move down together.)
 
     Built as a subset construction over the automaton and copies of the level's automaton, one
     per state returned to, made as they are needed: in a set of states that reads one of a
@@ -4395,11 +4382,6 @@ def _subset_index(members: tuple, subsets: dict, order: list) -> int:
     return index
 
 
-class _ValueCallConflict(NotDeterministic):
-    """`_check_value_calls`' refusal: a state calls the JSON value rule and reads one of a
-    value's first bytes itself."""
-
-
 def _check_value_calls(dfa: ByteDFA, calls: np.ndarray, name: str) -> None:
     """Refuse at once a rule automaton (`_rule_edges`, the free-form value's call in the last
     column) with a state that both calls the JSON value rule and reads one of a value's first
@@ -4413,7 +4395,7 @@ def _check_value_calls(dfa: ByteDFA, calls: np.ndarray, name: str) -> None:
     clash = (dfa.delta[states] != REJECT) & _VALUE_FIRST
     if clash.any():
         byte = bytes([int(np.flatnonzero(clash.any(axis=0))[0])])
-        raise _ValueCallConflict(
+        raise NotDeterministic(
             f"in rule {name!r} the byte {byte!r} can be read in 2 ways (itself, a call of 'value')"
         )
 
@@ -4815,21 +4797,19 @@ def json_schema_compile(
 
     **Raises:** as `json_schema_regex` and `json_schema_grammar`. (With `free_form_depth=None`,
     a free-form value whose call competes with other text for a byte is read in place there,
-    level by level while it competes (`_inline_value_calls`); if that leaves a call competing,
-    every free-form value is read one, then two levels in place before its call
-    (`_INLINED_CALLS`); when that does not help either, it falls back to depth
+    level by level while it competes (`_inline_value_calls`); if a call still competes
+    `_VALUE_CALL_LEVELS` levels down, or the grammar form is too large, it falls back to depth
     `NESTED_FREE_FORM_DEPTH` with a `UserWarning`, as `JsonSchema` does.)
     """
     if not cache:
         _PUSHDOWN_CACHE.clear()
-    conflicts: list = []
     if options.get("max_recursion_depth") is None:
         options.pop("max_recursion_depth", None)
-        recursive = _recursive_grammar(schema, vocabulary, stack_depth, options, conflicts)
+        recursive = _recursive_grammar(schema, vocabulary, stack_depth, options)
         if recursive is not None:
             return recursive
     free = options.get("free_form_depth", DEFAULT_FREE_FORM_DEPTH)
-    call = _CALL if free is None else free if isinstance(free, _FreeValueCall) else None
+    call = _CALL if free is None else None
     rewriter, regex = _rewrite(
         schema,
         **{**options, "free_form_depth": call if call is not None else free},
@@ -4838,53 +4818,16 @@ def json_schema_compile(
     from .regex import escape
 
     def nest_instead(error: NotDeterministic | _TooManyPositions | _RegexTooLarge):
-        """A free-form value's call competes with other text for its first byte (`error` a
-        `NotDeterministic`), or the grammar form is too large: read the values' first levels
-        in the rule (`_INLINED_CALLS`, for a conflict only), or else nest them
-        `NESTED_FREE_FORM_DEPTH` level(s) in the token automaton, with a warning."""
-        tries = [_CALL, *_INLINED_CALLS]
-        # Where each of them conflicted with a value's first bytes in the recursive form
-        # already, unrolled they conflict too (unrolling only turns recursive calls into more
-        # text beside the value's call): MaskBench jsonld spent 2.3 s on them.
-        all_conflicted = conflicts == tries
-        if isinstance(error, NotDeterministic) and call in tries[:-1] and not all_conflicted:
-            inlined = tries[tries.index(call) + 1]
-            with warnings.catch_warnings(record=True) as caught:
-                warnings.simplefilter("always")
-                try:
-                    automaton = json_schema_compile(
-                        schema,
-                        vocabulary,
-                        cache=cache,
-                        stack_depth=stack_depth,
-                        **{
-                            **options,
-                            "free_form_depth": inlined,
-                            # the recursive form was tried at every level already
-                            "max_recursion_depth": options.get(
-                                "max_recursion_depth", DEFAULT_MAX_RECURSION_DEPTH
-                            ),
-                        },
-                    )
-                except (NotDeterministic, _TooManyPositions):
-                    automaton = None
-            if automaton is not None:
-                for warning in caught:
-                    warnings.warn_explicit(
-                        warning.message, warning.category, warning.filename, warning.lineno
-                    )
-                return automaton
-        if call in _INLINED_CALLS:
-            # an attempt of `nest_instead` one level up: that caller falls back to depth 1,
-            # once (each level did: MaskBench o48866 compiled depth 1 three times, 12 s)
-            raise error
+        """A free-form value's call competes with other text for its first byte deeper than
+        `_inline_value_calls` reads it in place (`error` a `NotDeterministic`), or the grammar
+        form is too large: warn, and the caller nests the values `NESTED_FREE_FORM_DEPTH`
+        level(s) in the token automaton."""
         warnings.warn(
             f"JSON Schema: no pushdown automaton ({error}); free-form values nest at most "
             f"{NESTED_FREE_FORM_DEPTH} level(s)",
             UserWarning,
             stacklevel=3,
         )
-        return None
 
     full: str | None
     try:
@@ -4940,9 +4883,7 @@ def json_schema_compile(
                 # cannot call) made the grammar form too large, or a call competes with other
                 # text (or its rules, inlined where their calls compete, are too large:
                 # MaskBench jsonld): nest the values as the default does.
-                automaton = nest_instead(e)
-                if automaton is not None:
-                    return automaton
+                nest_instead(e)
                 return json_schema_compile(
                     schema,
                     vocabulary,
@@ -4978,9 +4919,7 @@ def json_schema_compile(
                 cache,
             )
         except NotDeterministic as e:
-            automaton = nest_instead(e)
-            if automaton is not None:
-                return automaton
+            nest_instead(e)
             full = json_schema_regex(schema, **options)
     return regex_automaton(
         full, vocabulary, cache=cache, description=f"json schema {_describe(schema)}"
@@ -5022,36 +4961,26 @@ def _recurses(schema) -> bool:
         return False
 
 
-def _recursive_grammar(
-    schema, vocabulary, stack_depth: int, options: dict, conflicts: list | None = None
-):
+def _recursive_grammar(schema, vocabulary, stack_depth: int, options: dict):
     """For `json_schema_compile`: the grammar form of a schema with recursive references, each
     recursive target a rule and each recursive reference a call of it
     (`inline_references(recursive=True)`), so that recursion nests as deep as the stack
     (`stack_depth`) instead of `max_recursion_depth` unrolled levels; free-form values are
     calls of the JSON value rule too (unless `free_form_depth=0`; where a call competes with
-    other text, read in place there, `_inline_value_calls`; where that leaves a conflict, read
-    one or two levels in place before every call, `_INLINED_CALLS`, or else nested
-    `free_form_depth` levels). An attempt refused for another reason than a value call
-    (a recursive call one byte cannot choose, rules inlined after a ban too large) skips the
-    `_INLINED_CALLS` forms, which cannot change that, and goes on to an integer depth.
+    other text, read in place there, `_inline_value_calls`); when that form is refused, an
+    integer `free_form_depth` is tried next, its values nested that many levels.
 
     **Returns:** the `PushdownAutomaton`, or `None` when the schema has no recursive reference
     or its recursion cannot be rules (a recursive call that a one-byte lookahead cannot choose,
     `NotDeterministic`; a recursion that never ends; any other error of the grammar form, which
     the unrolled path then reports or avoids): the caller unrolls it as before, so every schema
     that compiles unrolled still compiles. Warnings of an attempt that returns `None` are
-    dropped (the unrolled path gives its own). `conflicts`, when given, gets each free-form
-    value tried (`_CALL`, then `_INLINED_CALLS`) whose attempt failed because a state both calls
-    the JSON value rule and reads one of its first bytes (`_ValueCallConflict`)."""
+    dropped (the unrolled path gives its own)."""
     if not _recurses(schema):
         return None
     free = options.get("free_form_depth", DEFAULT_FREE_FORM_DEPTH)
-    attempts = [_CALL, *_INLINED_CALLS] if free is None else [_CALL, free] if free else [0]
-    calls_refused = False
+    attempts = [_CALL] if free is None else [_CALL, free] if free else [0]
     for depth in attempts:
-        if calls_refused and isinstance(depth, _FreeValueCall):
-            continue
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             try:
@@ -5074,17 +5003,8 @@ def _recursive_grammar(
                         "free_form_depth": None if isinstance(depth, _FreeValueCall) else depth,
                     },
                 )
-            except (NotDeterministic, _RegexTooLarge) as e:
-                if isinstance(e, _ValueCallConflict):
-                    if conflicts is not None:
-                        conflicts.append(depth)
-                else:
-                    # A recursive or rule call that one byte cannot choose, or the rules
-                    # inlined where their calls compete too large: reading free-form values
-                    # in place (`_INLINED_CALLS`) changes neither (MaskBench jsonld: 2 s of
-                    # attempts); values nested `free` levels have no calls, so still try that.
-                    calls_refused = True
-                continue
+            except (NotDeterministic, _RegexTooLarge):
+                continue  # a call one byte cannot choose, or rules inlined too large
             except (ValueError, RecursionError):  # ConstraintError, GrammarError, too deep
                 return None
         for warning in caught:

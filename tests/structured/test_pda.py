@@ -418,7 +418,7 @@ def test_json_schema_processor_runs_the_pushdown_automaton(tokenizer):
     for _ in range(3):
         deep = {"type": "array", "items": deep}
     assert fg.processors.JsonSchema({"anyOf": [deep, {}]}, tokenizer).pushdown is not None
-    # deeper than `_VALUE_CALL_LEVELS` (and `_INLINED_CALLS`' two more): a token automaton
+    # deeper than `_VALUE_CALL_LEVELS`: a token automaton
     for _ in range(js._VALUE_CALL_LEVELS):
         deep = {"type": "array", "items": deep}
     ambiguous = {"anyOf": [deep, {}]}
