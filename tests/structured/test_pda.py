@@ -460,6 +460,22 @@ def test_token_tables_equal_the_reference_walk(name, stack_depth, vocabulary, ch
     assert len(checked_token_tables) == 2
 
 
+@pytest.mark.parametrize("chunk", [1, 5])
+def test_token_tables_walked_in_chunks_equal_the_reference_walk(
+    chunk, monkeypatch, vocabulary, checked_token_tables
+):
+    # A pass with more origins than `_WALK_CHUNK` is walked in chunks and merged (a token's
+    # code row the concatenation of its chunks' rows): the tables are exactly the reference's,
+    # for each pass and both vocabularies, whether a chunk is one origin or several.
+    from functional_gen.structured import pda as pda_module
+
+    monkeypatch.setattr(pda_module, "_WALK_CHUNK", chunk)
+    for vocab in (vocabulary, BYTES_ONLY):
+        build_pushdown(parse_grammar(PUSHDOWN_GRAMMARS["json"]), vocab, stack_depth=3)
+    assert len(checked_token_tables) == 2
+    assert min(checked_token_tables) > 2 * chunk  # positions: several chunks per pass
+
+
 def test_token_tables_survive_row_hash_collisions(monkeypatch, checked_token_tables):
     # With every weight 1 a row's hash is the sum of its entries: distinct rows collide at
     # once (`(1, 2)` and `(2, 1)`), the walk notices and walks again with random weights.
