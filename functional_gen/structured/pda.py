@@ -1038,7 +1038,8 @@ def _token_tables(
     def walk(start, prune: bool):
         """`walk_checked` over the origins `start` in chunks of `_WALK_CHUNK`, merged: a token's
         code row is the concatenation of its rows in the chunks (one row per distinct
-        combination of the chunks' rows, numbered in the order of their keys). Same results
+        combination of the chunks' rows, numbered in the order of their keys; the codes
+        transposed, as `walk_once` gives them). Same results
         as one walk of every origin (the tests check the tables against
         `tests/structured/pda_reference.py`)."""
         if start.size <= _WALK_CHUNK:
@@ -1049,13 +1050,13 @@ def _token_tables(
         ]
         combination = np.zeros(trie.token_ids.size, np.int64)
         for token_code, codes, _, _ in parts:
-            key = combination * codes.shape[0] + token_code
+            key = combination * codes.shape[1] + token_code
             combination = np.unique(key, return_inverse=True)[1].reshape(-1)
         first = np.empty(int(combination.max(initial=-1)) + 1, np.int64)
         first[combination[::-1]] = np.arange(combination.size - 1, -1, -1)
         return (
             combination,
-            np.concatenate([codes[token_code[first]] for token_code, codes, _, _ in parts], 1),
+            np.concatenate([codes.take(code[first], 1) for code, codes, _, _ in parts]),
             np.concatenate([returned for _, _, returned, _ in parts]),
             np.concatenate([cost for _, _, _, cost in parts]),
         )
@@ -1085,8 +1086,9 @@ def _token_tables(
         repeat) cost a lookup each. The ids hold while the origins walked (`cols`) stay the
         same; when origins are dropped (every function lost them, or they returned with
         `prune`) the functions are renumbered. Returns, per token of `trie.token_ids`, the id of
-        its function's *code* row (`codes`: per origin, the bitmask level of the token,
-        `candidate` or `never`), the codes, which origins returned below their start, and per
+        its function's *code* row (per origin, the bitmask level of the token, `candidate` or
+        `never`), the codes (transposed: origins x code rows), which origins returned below
+        their start, and per
         origin the costliest bitmask token's cost. With `prune`, an origin is dropped (its codes
         left unspecified) once it returned."""
         nonlocal steps
@@ -1214,7 +1216,7 @@ def _token_tables(
         # tokens never reached (their walk died above them): `never`
         codes = np.concatenate([codes, np.full((1, m), never, np.uint8)])
         token_code[token_code < 0] = codes.shape[0] - 1
-        return token_code, codes, returned, cost
+        return token_code, np.ascontiguousarray(codes.T), returned, cost
 
     # Pass 1: each position, whatever is on the stack. Tokens from a position that never
     # returns below its rule do not depend on the stack: their result holds for every slot.
@@ -1242,23 +1244,31 @@ def _token_tables(
     fixed = ~returned[origin_position - 1]
     source_of[fixed] = first_source[origin_position[fixed] - 1]
     source_of[np.asarray(again, np.int64)] = kept.size + np.arange(len(again))
-    pair_key = code1 * codes2.shape[0] + code2
-    if codes1.shape[0] * codes2.shape[0] <= 8 * pair_key.size:  # a presence table, no sort
-        seen = np.zeros(codes1.shape[0] * codes2.shape[0], bool)
+    pair_key = code1 * codes2.shape[1] + code2
+    if codes1.shape[1] * codes2.shape[1] <= 8 * pair_key.size:  # a presence table, no sort
+        seen = np.zeros(codes1.shape[1] * codes2.shape[1], bool)
         seen[pair_key] = True
         used = np.flatnonzero(seen)
         token_row = (np.cumsum(seen) - 1)[pair_key]
     else:
         used, token_row = np.unique(pair_key, return_inverse=True)
         token_row = token_row.reshape(-1)
-    codes = np.concatenate(
-        [codes1[used // codes2.shape[0]][:, kept], codes2[used % codes2.shape[0]]], axis=1
-    )
+    row1, row2 = used // codes2.shape[1], used % codes2.shape[1]
     source_cost = np.concatenate([cost1[kept], cost2])
-    # Classes: sources with the same codes for every token.
-    class_first, class_of = _distinct_rows(codes.T)
+    # Classes: sources with the same codes for every token row. Within a pass, the sources
+    # with equal columns of its codes (every code row of a pass is some token's, so equal
+    # there is equal on the token rows); then the passes' classes, as columns over the token
+    # rows, merged. Numbered by first source as a single pass over all sources would (without
+    # the token rows x sources matrix: 5,193 x 14,772 bytes, 1.1 s, for MaskBench o48425).
+    first1, of1 = _distinct_rows(codes1[kept])  # codes1, codes2: sources x code rows
+    first2, of2 = _distinct_rows(codes2)
+    class_columns = np.concatenate(
+        [codes1[kept[first1]][:, row1], codes2[first2][:, row2]]
+    )  # rows: the passes' classes; columns: token rows
+    class_first, merged = _distinct_rows(class_columns)
+    class_of = np.concatenate([merged[of1], merged[len(first1) + of2]])
     num_classes_t = len(class_first)
-    class_codes = codes[:, class_first]  # rows: token rows, columns: classes
+    class_codes = class_columns[class_first].T  # rows: token rows, columns: classes
     sure_levels = class_codes[class_codes < MAX_LEVELS]
     levels = max(1, int(sure_levels.max()) + 1 if sure_levels.size else 1)
     budget_cost = np.zeros((num_positions, num_slots), np.int32)
@@ -1276,7 +1286,7 @@ def _token_tables(
             if j == len(row_spec):
                 row_spec.append((c, level))
             class_rows[c, level] = j
-    vocab_row = np.full(words * 32, codes.shape[0], np.int64)  # non-trie tokens: never
+    vocab_row = np.full(words * 32, used.size, np.int64)  # non-trie tokens: never
     vocab_row[trie.token_ids] = token_row
     spec_class = np.array([c for c, _ in row_spec], np.int64)
     spec_level = np.array([lv for _, lv in row_spec], np.uint8)
@@ -1305,7 +1315,7 @@ def _token_tables(
 
     # Candidates: per class in the walk's order (depth, trie node), i.e. of `trie.token_ids`.
     by_row = np.argsort(token_row, kind="stable")
-    row_ptr = np.searchsorted(token_row[by_row], np.arange(codes.shape[0] + 1))
+    row_ptr = np.searchsorted(token_row[by_row], np.arange(used.size + 1))
     cand_row, cand_class = np.nonzero(class_codes == candidate)
     held, k = _ragged(row_ptr, cand_row)
     cand_class, cand_order = cand_class[held], by_row[k]
