@@ -226,6 +226,7 @@ def _threads(monkeypatch, pool):
     """`_compile_threads` gives `pool` (`None`: no threads) and the memos are empty."""
     monkeypatch.setattr(js, "_compile_threads", lambda: pool)
     js._RULE_EDGES.clear()
+    js._INLINED_RULE_EDGES.clear()
     js._PUSHDOWN_CACHE.clear()
 
 
@@ -1379,6 +1380,23 @@ def test_inline_value_calls_leaves_an_automaton_without_competing_calls_as_it_is
     dfa, calls = js._rule_edges(js.free_value(1, innermost=escape(js.FREE_VALUE_CALL)), 0, True)
     new_dfa, new_calls = js._inline_value_calls(dfa, calls, js._DEFAULT_WHITESPACE)
     assert new_dfa is dfa and new_calls is calls
+
+
+def test_rules_with_competing_calls_read_in_place_are_memoised():
+    # A rule whose free-form value's call competes with a `[` (arrays of integers beside any
+    # value) is read in place once per (text, rules, whitespace): the attempts of a compile
+    # that build it again get the same automaton, equal to building it afresh.
+    regex = "(?:\\[(?:" + escape(js.FREE_VALUE_CALL) + "|\\[[0-9]\\])\\])"
+    ws = js._DEFAULT_WHITESPACE
+    js._INLINED_RULE_EDGES.clear()
+    first = js._inlined_rule_edges(regex, 2, ws)
+    assert js._inlined_rule_edges(regex, 2, ws) is first
+    assert len(js._INLINED_RULE_EDGES) == 1
+    fresh = js._inline_value_calls(*js._rule_edges(regex, 2, True), ws)
+    assert fresh[0].num_states != js._rule_edges(regex, 2, True)[0].num_states  # read in place
+    np.testing.assert_array_equal(first[0].delta, fresh[0].delta)
+    np.testing.assert_array_equal(first[1], fresh[1])
+    js._INLINED_RULE_EDGES.clear()
 
 
 def test_the_depth_one_fallback_is_compiled_once(monkeypatch):
