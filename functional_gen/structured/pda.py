@@ -759,9 +759,10 @@ def _token_tables(
     module docstring, step 3). Returns `(masks, mask_row, candidates, candidate_bytes,
     budget_cost)`.
 
-    All origins of a pass are walked together, as `byte_dfa._token_functions` walks a DFA: each
-    trie node has a *function*, the state (an extended state, or a *set* of them where an
-    origin's walk branched) and poison flag of every origin after the node's bytes, computed
+    The origins of a pass are walked together (in chunks of `_WALK_CHUNK`), as
+    `byte_dfa._token_functions` walks a DFA: each trie node has a *function*, the state (an
+    extended state, or a *set* of them where an origin's walk branched) and poison flag of
+    every origin after the node's bytes, computed
     from its parent's function and its byte class; nodes with the same (parent function, byte
     class) share the step and equal functions get one id, so the work is per distinct function
     and origin, not per (trie node, state). Each token then has a *code* per origin (its
