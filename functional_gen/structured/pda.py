@@ -762,14 +762,13 @@ def _token_tables(
     The origins of a pass are walked together (in chunks of `_WALK_CHUNK`), as
     `byte_dfa._token_functions` walks a DFA: each trie node has a *function*, the state (an
     extended state, or a *set* of them where an origin's walk branched) and poison flag of
-    every origin after the node's bytes, computed
-    from its parent's function and its byte class; nodes with the same (parent function, byte
-    class) share the step and equal functions get one id, so the work is per distinct function
-    and origin, not per (trie node, state). Each token then has a *code* per origin (its
-    bitmask level, candidate, or never) from its node's function; sources with the same codes
-    are one *class*, and the bitmask rows and candidate lists are built per class. The result
-    is identical to the per-origin walk (`tests/structured/pda_reference.py`, the oracle of the
-    tests)."""
+    every origin after the node's bytes, computed from its parent's function and its byte
+    class; nodes with the same (parent function, byte class) share the step and equal
+    functions get one id, so the work is per distinct function and origin, not per (trie node,
+    state). Each token then has a *code* per origin (its bitmask level, candidate, or never)
+    from its node's function; sources with the same codes are one *class*, and the bitmask rows
+    and candidate lists are built per class. The result is identical to the per-origin walk
+    (`tests/structured/pda_reference.py`, the oracle of the tests)."""
     num_positions = nxt.shape[0]
     vocab = vocabulary.vocab_size
     trie = token_trie(vocabulary)
@@ -1040,9 +1039,8 @@ def _token_tables(
         """`walk_checked` over the origins `start` in chunks of `_WALK_CHUNK`, merged: a token's
         code row is the concatenation of its rows in the chunks (one row per distinct
         combination of the chunks' rows, numbered in the order of their keys; the codes
-        transposed, as `walk_once` gives them). Same results
-        as one walk of every origin (the tests check the tables against
-        `tests/structured/pda_reference.py`)."""
+        transposed, as `walk_once` gives them). Same results as one walk of every origin (the
+        tests check the tables against `tests/structured/pda_reference.py`)."""
         if start.size <= _WALK_CHUNK:
             return walk_checked(start, prune)
         parts = [
@@ -1089,9 +1087,8 @@ def _token_tables(
         `prune`) the functions are renumbered. Returns, per token of `trie.token_ids`, the id of
         its function's *code* row (per origin, the bitmask level of the token, `candidate` or
         `never`), the codes (transposed: origins x code rows), which origins returned below
-        their start, and per
-        origin the costliest bitmask token's cost. With `prune`, an origin is dropped (its codes
-        left unspecified) once it returned."""
+        their start, and per origin the costliest bitmask token's cost. With `prune`, an origin
+        is dropped (its codes left unspecified) once it returned."""
         nonlocal steps
         m = start.size
         returned = np.zeros(m, bool)
