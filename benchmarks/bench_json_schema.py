@@ -267,9 +267,19 @@ _ORDER_BRANCHES = 8
 """`anyOf`/`oneOf` branches the order check prefers in turn (`_in_schema_order`'s `prefer`)."""
 
 
+def _members_first(node: dict, applicator: str) -> bool:
+    """Whether `node`'s own members come before those of its `applicator` (`$ref`, `allOf`,
+    ...): its `properties` or `additionalProperties` come first in the text (the rule of
+    `JsonSchema`, from llguidance 1.9)."""
+    keys = list(node)
+    members = [keys.index(k) for k in ("properties", "additionalProperties") if k in node]
+    return bool(members) and min(members) < keys.index(applicator)
+
+
 def _in_schema_order(data, schema, prefer: int | str | None = None):
     """`data` with every object's members in the order of its schema's `properties` (those of
-    `allOf` / `anyOf` / `oneOf` branches after, in order, or with `prefer=k` the `k`-th branch
+    `allOf` / `anyOf` / `oneOf` branches after, in order, or before where the applicator comes
+    first in the text, `_members_first`; with `prefer=k` the `k`-th branch
     of each `anyOf`/`oneOf` first, its member schemas winning: the document may follow any one
     branch, and a first branch's free-form member would leave a nested object unordered; with
     `prefer="valid"`, for each object the branches it validates against first (`jsonschema`),
@@ -319,7 +329,9 @@ def _in_schema_order(data, schema, prefer: int | str | None = None):
             rest = {k: v for k, v in node.items() if k != "$ref"}
             if isinstance(target, dict) and rest:
                 inner = resolve(target, depth + 1)
-                listed_first = {**(rest.get("properties") or {}), **(inner.get("properties") or {})}
+                own, theirs = rest.get("properties") or {}, inner.get("properties") or {}
+                first = _members_first(node, "$ref")  # the siblings' members first
+                listed_first = {**own, **theirs} if first else {**theirs, **own}
                 target = {**inner, **rest, "properties": listed_first}
             node = target
             depth += 1
@@ -329,14 +341,19 @@ def _in_schema_order(data, schema, prefer: int | str | None = None):
         node = resolve(node)
         if depth > 8:
             return
-        for name, sub in (node.get("properties") or {}).items():
-            if name not in values:
-                names.append(name)
-                values[name] = sub
-        for name in node.get("required") or []:  # required without a schema: after them
-            if isinstance(name, str) and name not in values and name not in names:
-                names.append(name)
-        for keyword in ("allOf", "anyOf", "oneOf"):
+
+        def own():
+            for name, sub in (node.get("properties") or {}).items():
+                if name not in values:
+                    names.append(name)
+                    values[name] = sub
+
+        # the node's own members before or after its applicators' by the keywords' order in
+        # the text, as `JsonSchema` (and llguidance) list them
+        applicators = [k for k in ("allOf", "anyOf", "oneOf") if k in node]
+        if not applicators or _members_first(node, min(applicators, key=list(node).index)):
+            own()
+        for keyword in sorted(applicators, key=list(node).index):
             branches = list(node.get(keyword) or [])
             if keyword != "allOf" and prefer == "valid":
                 branches.sort(key=lambda b: not satisfies(value, b))  # stable: valid first
@@ -344,6 +361,10 @@ def _in_schema_order(data, schema, prefer: int | str | None = None):
                 branches.insert(0, branches.pop(prefer))
             for branch in branches:
                 listed(branch, names, values, value, depth + 1)
+        own()
+        for name in node.get("required") or []:  # required without a schema: after them
+            if isinstance(name, str) and name not in values and name not in names:
+                names.append(name)
 
     def order(value, node, depth=0):
         node = resolve(node)

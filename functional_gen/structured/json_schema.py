@@ -109,7 +109,12 @@ calls none of which one byte can choose, a recursion through `allOf` merges
 other error of the grammar form. `json_schema_regex` (one regex) always unrolls.
 
 Where we follow llguidance (`docs/json_schema.md`): properties come in the order of
-`properties`; additional properties come after the listed ones; `format` is enforced;
+`properties`; where an object's members come from several places (its own `properties` beside
+`allOf`, `anyOf`, `oneOf` or `$ref`), in the order of those keywords in the schema's text, as
+llguidance 1.9 reads them (`_applicator_first`: `{"anyOf": [..], "properties": {..}}` lists a
+branch's members first, `{"properties": {..}, "anyOf": [..]}` the node's own; its docs call
+this order unstable, MaskBench's documents follow it); additional properties come after the
+listed ones; `format` is enforced;
 `oneOf` becomes `anyOf` only when provably equivalent. Where we differ: unanchored `pattern`s
 are searched (the spec's semantics; llguidance anchors them), and a `format` JSON Schema does
 not define is ignored rather than refused.
@@ -1637,6 +1642,9 @@ def inline_references(root, max_recursion_depth: int, *, recursive: bool = False
         if node is not root and _id_of(specification, node):
             resolver = resolver.in_subresource(specification.create_resource(node))
         if "$ref" in node:
+            # siblings' properties first where they come before the `$ref` in the text
+            # (llguidance's order, `_applicator_first`), else the target's
+            siblings_first = bool(node.get("properties")) and not _applicator_first(node, "$ref")
             ref = node.pop("$ref")
             if not isinstance(ref, str):
                 raise UnsupportedSchemaError("$ref", path, f"must be a string, got {ref!r}")
@@ -1661,7 +1669,8 @@ def inline_references(root, max_recursion_depth: int, *, recursive: bool = False
             siblings = {k: v for k, v in node.items() if _asserts(k)}
             if not siblings:
                 return target
-            return {"allOf": [target, walk(siblings, path, stack, resolver)]}
+            parts = [target, walk(siblings, path, stack, resolver)]
+            return {"allOf": parts[::-1] if siblings_first else parts}
         for key in _SCHEMA_MAPS:
             if (
                 key in node
@@ -1715,12 +1724,31 @@ def _both(x, y):
     return {"allOf": [x, y]}
 
 
+def _applicator_first(node: Mapping, keyword: str) -> bool:
+    """Whether the in-place applicator `keyword` (`allOf`, `anyOf`, `oneOf`, `$ref`) comes
+    before the node's own `properties` (and its `additionalProperties`) in the schema's text,
+    so that its members are listed before the node's own, as llguidance 1.9 orders them: it
+    reads a schema's keywords in their order, each applicator intersected with what the
+    keywords before it gave, and an object intersection keeps the left side's properties first;
+    an `additionalProperties` read before the applicator brings the names of `properties` with
+    it (llguidance's "dummy" properties), so they come first then too. `False` without both
+    `keyword` and a non-empty `properties`."""
+    if keyword not in node or not isinstance(node.get("properties"), Mapping):
+        return False
+    if not node["properties"]:
+        return False
+    keys = list(node)
+    members = [keys.index(k) for k in ("properties", "additionalProperties") if k in node]
+    return keys.index(keyword) < min(members)
+
+
 def _flat_all_of(branches, path: str) -> list:
     """`(path, branch)` for each of the `allOf` `branches`, a branch's own `allOf` spliced in
-    after its other keywords (its properties first: a `$ref` beside siblings, inlined as
-    `{"allOf": [target, siblings]}`, lists the target's properties first at every level of
-    nesting). Merging them in this order is the same schema (`allOf` is associative); merging a
-    nested `allOf` last would put an outer level's properties before an inner one's."""
+    beside its other keywords, in the order of the branch's text as llguidance reads it: after
+    them (its properties first: a `$ref` beside siblings, inlined as `{"allOf": [target,
+    siblings]}`, lists the target's properties first at every level of nesting), or before
+    them where `allOf` comes before `properties` (`_applicator_first`). Merging them in this
+    order is the same schema (`allOf` is associative)."""
     if not isinstance(branches, list):
         return [(path, branches)]
     out = []
@@ -1728,9 +1756,15 @@ def _flat_all_of(branches, path: str) -> list:
         where = f"{path}/{i}"
         if isinstance(branch, Mapping) and isinstance(branch.get("allOf"), list):
             own = {k: v for k, v in branch.items() if k != "allOf"}
-            if own:
-                out.append((where, own))
-            out.extend(_flat_all_of(branch["allOf"], f"{where}/allOf"))
+            nested = _flat_all_of(branch["allOf"], f"{where}/allOf")
+            if _applicator_first(branch, "allOf"):
+                out.extend(nested)
+                if own:
+                    out.append((where, own))
+            else:
+                if own:
+                    out.append((where, own))
+                out.extend(nested)
         else:
             out.append((where, branch))
     return out
@@ -2056,14 +2090,30 @@ class _Rewriter:
 
     def structural(self, node: dict, path: str):
         if "allOf" in node:
+            # the node's own members after the parts where `allOf` comes first in its text
+            # (llguidance's order, `_applicator_first`), else before them
+            own = (
+                {k: node.pop(k) for k in _OBJECT_MEMBERS if k in node}
+                if _applicator_first(node, "allOf")
+                else {}
+            )
+            keys = list(node)
+            parts_first = any(  # the node's own `anyOf`/`oneOf` came after `allOf`
+                k in node and keys.index("allOf") < keys.index(k) for k in ("anyOf", "oneOf")
+            )
             merged = node
             for where, branch in _flat_all_of(node.pop("allOf"), f"{path}/allOf"):
                 if branch is NEVER or branch is False:
                     return NEVER
                 try:
-                    into = self.into_branches(merged, branch, where)
+                    into = self.into_branches(merged, branch, where, parts_first)
                     merged = into if into is not None else self.merge(merged, branch, where)
                 except _NoCommonType:  # types that share no value: the schema has none
+                    return NEVER
+            if own:
+                try:
+                    merged = self.merge(merged, own, path)
+                except _NoCommonType:
                     return NEVER
             return self.node(merged, path)
         if "anyOf" in node and "oneOf" in node and isinstance(node["anyOf"], list):
@@ -2075,6 +2125,9 @@ class _Rewriter:
             return self.structural(node, path)
         for combinator in ("anyOf", "oneOf"):
             if combinator in node:
+                # a branch's members before the node's own where the combinator comes first
+                # in the node's text (llguidance's order, `_applicator_first`)
+                branch_first = _applicator_first(node, combinator)
                 branches = node.pop(combinator)
                 if not isinstance(branches, list) or not branches:
                     raise UnsupportedSchemaError(
@@ -2090,7 +2143,12 @@ class _Rewriter:
                     if branch is NEVER or branch is False:
                         continue
                     try:
-                        merged.append((where, self.merge(node, branch, where) if node else branch))
+                        if not node:
+                            merged.append((where, branch))
+                        elif branch_first and isinstance(branch, Mapping):
+                            merged.append((where, self.merge(branch, node, where)))
+                        else:
+                            merged.append((where, self.merge(node, branch, where)))
                     except _NoCommonType:  # e.g. a non-object branch of an object: no value
                         continue
                 if combinator == "anyOf":
@@ -2916,15 +2974,17 @@ class _Rewriter:
             return self.expansions[node[_RECURSIVE]]
         return node
 
-    def into_branches(self, node: dict, part, path: str) -> dict | None:
+    def into_branches(self, node: dict, part, path: str, part_first: bool = False) -> dict | None:
         """`node` AND `part` for an `allOf` whose earlier parts gave `node` an `anyOf` or
         `oneOf` and whose later `part` lists properties: `part` merged into each branch, so that
         a branch's properties come before `part`'s, in the order of the parts, as llguidance
         distributes them (MaskBench Github_trivial o64859: `allOf: [{oneOf: [..]}, {properties:
-        {builder, id, target}}]`, whose documents list a branch's members first). The same
-        schema as merging `part` into `node` (`(B1 | B2) & P = (B1 & P) | (B2 & P)`). `None`
-        where that does not apply (no single such combinator, `part` lists no properties or
-        has the same combinator, a recursive reference, a branch without a common type)."""
+        {builder, id, target}}]`, whose documents list a branch's members first); with
+        `part_first` (the node's `allOf` came before its `anyOf`/`oneOf` in the text), `part`'s
+        before the branch's. The same schema as merging `part` into `node` (`(B1 | B2) & P =
+        (B1 & P) | (B2 & P)`). `None` where that does not apply (no single such combinator,
+        `part` lists no properties or has the same combinator, a recursive reference, a branch
+        without a common type)."""
         keys = [k for k in ("anyOf", "oneOf") if k in node]
         if (
             len(keys) != 1
@@ -2937,7 +2997,21 @@ class _Rewriter:
         ):
             return None
         try:
-            branches = [self.merge(b, part, path) for b in node[keys[0]]]
+            if part_first:
+                branches = [self.merge(part, b, path) for b in node[keys[0]]]
+            else:
+                # the node's own members before `part`'s where they come after its branches'
+                # (`_applicator_first`): llguidance read the node whole before `part`
+                own = (
+                    {k: node[k] for k in _OBJECT_MEMBERS if k in node}
+                    if _applicator_first(node, keys[0])
+                    else {}
+                )
+                branches = [
+                    self.merge(self.merge(b, own, path) if own else b, part, path)
+                    for b in node[keys[0]]
+                ]
+                node = {k: v for k, v in node.items() if k not in own}
         except _NoCommonType:
             return None
         return {**node, keys[0]: branches}
@@ -5053,7 +5127,9 @@ class JsonSchema(AbstractConstraint):
     The schema is checked and turned into a regex (`json_schema_regex`: outlines-core's
     conversion plus exact integer/number ranges, strict formats, JSON-safe string patterns,
     merged `allOf`), then compiled like `Regex`. Properties come in the order of the schema
-    (`property_order="schema_or_required_first"` also accepts the required ones first,
+    (members beside `allOf`/`anyOf`/`oneOf`/`$ref` in the order of those keywords in its text,
+    as llguidance orders them;
+    `property_order="schema_or_required_first"` also accepts the required ones first,
     `"any"` any order for small objects);
     optional properties may be left out; whitespace between tokens is none or one space by
     default. Recursive `$ref`s are calls of a rule of a pushdown automaton, nested as deep as

@@ -629,6 +629,88 @@ def test_allof_lists_a_branch_members_before_those_of_a_later_part():
     assert not regex.fullmatch('{"id":1,"state":"run","done":3}')
 
 
+_I = {"type": "integer"}
+_A, _C = {"properties": {"a": _I}}, {"properties": {"c": _I}}
+_ORDER_CASES = {
+    # the keywords' order in the text decides which members come first (llguidance 1.9)
+    "anyOf, properties": {"anyOf": [_A], "properties": {"b": _I}},
+    "properties, anyOf": {"properties": {"b": _I}, "anyOf": [_A]},
+    "allOf, properties": {"allOf": [_A], "properties": {"b": _I}},
+    "properties, allOf": {"properties": {"b": _I}, "allOf": [_A]},
+    "allOf of two, properties": {"allOf": [_A, _C], "properties": {"b": _I}},
+    "properties, allOf of two": {"properties": {"b": _I}, "allOf": [_A, _C]},
+    "$ref, properties": {"$defs": {"A": _A}, "$ref": "#/$defs/A", "properties": {"b": _I}},
+    "properties, $ref": {"$defs": {"A": _A}, "properties": {"b": _I}, "$ref": "#/$defs/A"},
+    "properties, oneOf": {"properties": {"b": _I}, "oneOf": [_A]},
+    "oneOf, properties": {"oneOf": [_A], "properties": {"b": _I}},
+    "type, anyOf, properties": {"type": "object", "anyOf": [_A], "properties": {"b": _I}},
+    "anyOf, allOf, properties": {"anyOf": [_A], "allOf": [_C], "properties": {"b": _I}},
+    "allOf, anyOf, properties": {"allOf": [_C], "anyOf": [_A], "properties": {"b": _I}},
+    "properties, allOf of anyOf": {"properties": {"b": _I}, "allOf": [{"anyOf": [_A]}, _C]},
+    "allOf of (properties, anyOf)": {"allOf": [{"properties": {"b": _I}, "anyOf": [_A]}, _C]},
+    "allOf of (anyOf, properties)": {"allOf": [{"anyOf": [_A], "properties": {"b": _I}}, _C]},
+    "required, anyOf, properties": {"required": ["b"], "anyOf": [_A], "properties": {"b": _I}},
+    # `additionalProperties` read first brings the names of `properties` with it
+    "additionalProperties, anyOf, properties": {
+        "additionalProperties": True,
+        "anyOf": [_A],
+        "properties": {"b": _I},
+    },
+    "additionalProperties, allOf, properties": {
+        "additionalProperties": True,
+        "allOf": [_A],
+        "properties": {"b": _I},
+    },
+    "additionalProperties, $ref, properties": {
+        "$defs": {"A": _A},
+        "additionalProperties": True,
+        "$ref": "#/$defs/A",
+        "properties": {"b": _I},
+    },
+    # MaskBench Github_easy o10011's shape: closed, the branches between the two
+    "additionalProperties false, anyOf, properties": {
+        "additionalProperties": False,
+        "anyOf": [
+            {"properties": {"g": {"enum": ["x"]}, "r": {"enum": ["code"]}}, "required": ["g"]},
+            {"properties": {"g": {"enum": ["y"]}, "r": {"enum": ["token"]}}, "required": ["g"]},
+        ],
+        "properties": {"g": {"type": "string"}, "u": _I, "r": {"type": "string"}},
+    },
+}
+
+
+@pytest.mark.parametrize("name", sorted(_ORDER_CASES))
+def test_members_beside_an_applicator_come_in_llguidance_order(name):
+    # Which orders of the members a document may list: exactly those llguidance accepts
+    # (MaskBench normalised its documents to llguidance's order; Github_hard o60038,
+    # JsonSchemaStore coffeelint, ... list an `anyOf` branch's members before the node's own).
+    import llguidance
+
+    schema = _ORDER_CASES[name]
+    names = ["a", "b", "c"] if "c" in json.dumps(schema) else ["a", "b"]
+    if "g" in schema.get("properties", {}):
+        values = {"g": "x", "u": 1, "r": "code"}
+    else:
+        values = {n: i for i, n in enumerate(names)}
+    tokenizer = llguidance.LLTokenizer("byte")
+    matcher_grammar = llguidance.LLMatcher.grammar_from_json_schema(schema)
+    assert not llguidance.LLMatcher.validate_grammar(matcher_grammar, tokenizer)
+
+    def llguidance_accepts(text: str) -> bool:
+        matcher = llguidance.LLMatcher(tokenizer, matcher_grammar, log_level=0)
+        return matcher.consume_tokens(tokenizer.tokenize_str(text)) and matcher.is_accepting()
+
+    regex = re.compile(json_schema_regex(schema, free_form_depth=1))
+    accepted = {True: [], False: []}
+    for order in itertools.permutations(values):
+        text = json.dumps({k: values[k] for k in order}, separators=(",", ":"))
+        expected = llguidance_accepts(text)
+        assert bool(regex.fullmatch(text)) == expected, (name, text, expected)
+        accepted[expected].append(text)
+    assert accepted[True], name  # some order is accepted, and (below) not every one
+    assert accepted[False], name
+
+
 def test_allof_of_two_pattern_sides_with_restricted_keys_is_refused():
     schema = {
         "allOf": [{"patternProperties": {"^a": {}}, "additionalProperties": False}],
