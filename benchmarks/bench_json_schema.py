@@ -202,6 +202,7 @@ import re
 import sys
 import time
 import traceback
+import warnings
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's functional_gen first
@@ -415,11 +416,20 @@ def _cause(error: BaseException) -> str:
     return f"{type(error).__name__}: {message[:70]}"
 
 
+_FALLBACK = "no pushdown automaton"
+"""The start of `json_schema_compile`'s warning when it falls back to free-form values nested
+`NESTED_FREE_FORM_DEPTH` level(s) (the grammar form too large, or a value call that competes)."""
+
+
 def _run_one(record: dict) -> dict:
     out = {"split": record["split"], "file": record["file"]}
     start = time.perf_counter()
     try:
-        automaton = _compile(record["schema"])
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            automaton = _compile(record["schema"])
+        if caught:  # e.g. the depth-1 fallback of free-form values, `strict=False` drops
+            out["warnings"] = [str(w.message)[:300] for w in caught]
     except Exception as e:
         out["error"] = _cause(e)
         out["message"] = str(e)[:300]
@@ -604,6 +614,15 @@ def summarize(results: list[dict], splits) -> str:
                 + ("" if "compile_ms" in r else " (refused)")
                 for ms, r in slowest
             ),
+        ]
+    fallbacks = [r for r in results if any(_FALLBACK in w for w in r.get("warnings", ()))]
+    if fallbacks:
+        lines += [
+            "",
+            f"compiled with free-form values nested 1 level only (a '{_FALLBACK}' warning): "
+            f"{len(fallbacks)} schemas, "
+            + ", ".join(r["file"].split("---")[-1] for r in fallbacks[:12])
+            + (", ..." if len(fallbacks) > 12 else ""),
         ]
     causes = collections.Counter(r["error"] for r in results if "error" in r)
     if causes:
