@@ -15,6 +15,9 @@ grammars 0.03-0.9 s. Decode step, 16 steps, best of 3 interleaved rounds: batch 
 unconstrained vs 15.3 ms pushdown (ratio 0.995, median 1.014); batch 8 64.0 vs 62.9 ms (0.982,
 median 0.985); the DFA at depth 4: 0.990 and 1.119. The mask's cost (a bitmask row, <= 12
 candidate walks, the previous token's bytes) is below the noise of the model's step.
+Again on 2026-11-25 (quiet, `--rounds 5`, two runs): JSON grammar built in 33 ms; batch 1
+22.0-22.3 ms unconstrained vs 22.2-22.6 pushdown (ratio 1.006-1.013), batch 8 34.3-34.8 vs
+34.6 (0.995-1.010); the bandwidth bound (printed since then) 16.8-21.7 ms per step.
 
 3. (`--json-schema`, alone) Decode step of a small JSON Schema with a free-form value
    (`SMALL_FREE_FORM`), as the token automaton (`free_form_depth=1`) and as a pushdown
@@ -92,6 +95,21 @@ def builds(vocabulary, repeat: int):
     )
 
 
+def weight_read_ms(model) -> float:
+    """The memory-bandwidth bound of one decode step, ms: the model's weight bytes over the read
+    bandwidth measured now (`bench_generate.measure_bandwidth`); printed once."""
+    from bench_generate import measure_bandwidth
+
+    bandwidth = measure_bandwidth()
+    weight_bytes = sum(w.size * w.dtype.itemsize for w in model.named_weights().values())
+    bound = weight_bytes / (bandwidth * 1e9) * 1e3
+    print(
+        f"memory bandwidth {bandwidth:.1f} GB/s (measured now): one read of the weights takes "
+        f"{bound:.1f} ms, the bound of a decode step at any batch\n"
+    )
+    return bound
+
+
 def decode_step(model, tokenizer, rounds: int, steps: int = 16):
     json_grammar = PUSHDOWN_GRAMMARS["json"]
     pushdown = fg.processors.Grammar(json_grammar, tokenizer)
@@ -107,6 +125,7 @@ def decode_step(model, tokenizer, rounds: int, steps: int = 16):
     def runner(processors, batch):
         return step_timer(model, prompt, processors, batch, steps)
 
+    bound = weight_read_ms(model)
     rows = []
     for batch in (1, 8):
         runs = {
@@ -129,6 +148,7 @@ def decode_step(model, tokenizer, rounds: int, steps: int = 16):
                 "yes" if ratio < 1.10 else "NO",
                 f"{statistics.median(samples['pda']) / statistics.median(samples['none']):.3f}",
                 f"{min(samples['dfa']) / plain:.3f}",
+                f"{bound:.1f}",
             ]
         )
     print("## 2. Decode step (ms per step; JSON grammar vs no processor)\n")
@@ -141,6 +161,7 @@ def decode_step(model, tokenizer, rounds: int, steps: int = 16):
             "< 1.10",
             "ratio (median)",
             "DFA depth 4 ratio (best)",
+            "bandwidth bound",
         ],
         rows,
     )
@@ -168,6 +189,7 @@ def json_schema_step(model, tokenizer, rounds: int, steps: int = 16):
         tokenize=True,
         return_dict=False,
     )
+    bound = weight_read_ms(model)
     rows = []
     for batch in (1, 8):
         runs = {
@@ -190,6 +212,7 @@ def json_schema_step(model, tokenizer, rounds: int, steps: int = 16):
                 f"{best['pda'] / best['dfa']:.3f}",
                 f"{median['pda'] / median['dfa']:.3f}",
                 f"{best['dfa'] / best['none']:.3f}",
+                f"{bound:.1f}",
             ]
         )
     print("## 3. Decode step of a small JSON Schema with a free-form value (ms per step)\n")
@@ -202,6 +225,7 @@ def json_schema_step(model, tokenizer, rounds: int, steps: int = 16):
             "pushdown / DFA (best)",
             "pushdown / DFA (median)",
             "DFA / unconstrained (best)",
+            "bandwidth bound",
         ],
         rows,
     )
