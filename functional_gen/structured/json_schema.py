@@ -943,22 +943,36 @@ _KEY_UNIT = r'(?:[^"\\\x00-\x1F\x7F-\x9F]|\\["\\bfnrt])'
 escapes (no `\\/`, no `\\u`), so every key has exactly one spelling."""
 
 
+_FALLBACK_DEPTHS = (2, 1)
+"""The depths the fallback tries in turn when no pushdown automaton can be built: 2 only as the
+token automaton of a single regex within `_SINGLE_REGEX` (its grammar form is not attempted),
+else `NESTED_FREE_FORM_DEPTH` as before. On the 60 fallbacks among MaskBench's dev schemas, 59
+nest 2 levels, their compile times summed +8% (median per schema 1.08, at most +0.6 s, the
+slowest 2.8 s), and the valid documents of o9795 and sp_193 that nest 2 levels are accepted."""
+
+
+class _NotTokenAutomaton(ConstraintError):
+    """The fallback's deeper attempt would need the grammar form (its regex is too large)."""
+
+
 NESTED_FREE_FORM_DEPTH = 1
 """How deep a free-form value (`{}`, `true`, a schema without type information, the value of an
 additional property) nests arrays and objects where it is a regex (`json_schema_regex`, a list
-of schemas in `JsonSchema`, `per_row`, and the fallback when no pushdown automaton can be
-built): 1 allows `[1, "a"]` and `{"a": null}` but not `{"a": [1]}` (an open object is itself a
-level: its additional values may be such one-level values). Each level multiplies the
-automaton's compile time by about 40 (depth 2: about 2 s, depth 3: over a minute, through
-outlines-core's byte DFA)."""
+of schemas in `JsonSchema`, `per_row`, and the last fallback when no pushdown automaton can be
+built, after depth 2, `_FALLBACK_DEPTHS`): 1 allows `[1, "a"]` and `{"a": null}` but not
+`{"a": [1]}` (an open object is itself a level: its additional values may be such one-level
+values). Each level makes the regex much longer (a free value alone, measured when this default
+was set: depth 2 about 2 s, depth 3 over a minute through outlines-core's byte DFA; inside
+large MaskBench schemas depth 2 now adds about 8%, depth 3 is often refused as too large)."""
 DEFAULT_FREE_FORM_DEPTH = None
 """`JsonSchema`'s and `json_schema_compile`'s default `free_form_depth`: free-form values nest
 as deep as the pushdown automaton's stack (`json_schema_pushdown`, or calls of the JSON value
 rule in the grammar form), as the JSON Schema spec allows; where no pushdown automaton can be
 built (a value beside other text that starts the same way nested deeper than
 `_inline_value_calls` reads it in place, `_VALUE_CALL_LEVELS`; a grammar form over its position
-limit) they nest `NESTED_FREE_FORM_DEPTH`
-level(s), with a `UserWarning` that says why.
+limit) they nest 2 levels where that is a single regex's token automaton, else
+`NESTED_FREE_FORM_DEPTH` level(s) (`_FALLBACK_DEPTHS`), with a `UserWarning` that says why
+and how deep.
 
 Measured on 2026-11-23 (the five MaskBench splits, `--limit 24`, each schema compiled cold, the
 regex cache emptied, depth 1 and `None` interleaved, the box quiet): both compile 114 of 120,
@@ -4902,8 +4916,10 @@ def json_schema_compile(
     a free-form value whose call competes with other text for a byte is read in place there,
     level by level while it competes (`_inline_value_calls`); if a call still competes
     `_VALUE_CALL_LEVELS` levels down, or the grammar form is too large, it falls back to depth
-    `NESTED_FREE_FORM_DEPTH` with a `UserWarning`, as `JsonSchema` does.)
+    2, else `NESTED_FREE_FORM_DEPTH` (`_FALLBACK_DEPTHS`), with a `UserWarning` that names the
+    depth, as `JsonSchema` does.)
     """
+    token_only = options.pop("_token_automaton_only", False)
     if not cache:
         _PUSHDOWN_CACHE.clear()
     if options.get("max_recursion_depth") is None:
@@ -4920,17 +4936,49 @@ def json_schema_compile(
     )
     from .regex import escape
 
-    def nest_instead(error: NotDeterministic | _TooManyPositions | _RegexTooLarge):
+    def nest_instead(
+        error: NotDeterministic | _TooManyPositions | _RegexTooLarge, dropped_warned=False
+    ):
         """A free-form value's call competes with other text for its first byte deeper than
         `_inline_value_calls` reads it in place (`error` a `NotDeterministic`), or the grammar
-        form is too large: warn, and the caller nests the values `NESTED_FREE_FORM_DEPTH`
-        level(s) in the token automaton."""
-        warnings.warn(
-            f"JSON Schema: no pushdown automaton ({error}); free-form values nest at most "
-            f"{NESTED_FREE_FORM_DEPTH} level(s)",
-            UserWarning,
-            stacklevel=3,
-        )
+        form is too large: the values nested 2 levels where that is a token automaton of a
+        single regex within `_SINGLE_REGEX`, else `NESTED_FREE_FORM_DEPTH` level(s)
+        (`_FALLBACK_DEPTHS`), with a warning that names the depth. A recursive schema is not tried deeper: its fallback may
+        still be a pushdown automaton whose recursion nests as deep as the stack, which a token
+        automaton would unroll `DEFAULT_MAX_RECURSION_DEPTH` times. `dropped_warned`: the
+        `strict=False` warning was given already (not repeated)."""
+
+        def warn(depth: int):
+            warnings.warn(
+                f"JSON Schema: no pushdown automaton ({error}); free-form values nest at most "
+                f"{depth} level(s)",
+                UserWarning,
+                stacklevel=4,
+            )
+
+        depths = (NESTED_FREE_FORM_DEPTH,) if _recurses(schema) else _FALLBACK_DEPTHS
+        for depth in depths:
+            deeper = depth != depths[-1]
+            try:
+                with warnings.catch_warnings():
+                    if dropped_warned:
+                        warnings.filterwarnings("ignore", r"JSON Schema: \d+ keyword\(s\) cannot")
+                    automaton = json_schema_compile(
+                        schema,
+                        vocabulary,
+                        cache=cache,
+                        stack_depth=stack_depth,
+                        **{**options, "free_form_depth": depth},
+                        **({"_token_automaton_only": True} if deeper else {}),
+                    )
+            except (ConstraintError, NotDeterministic):
+                if deeper:  # too large that deep: the last depth's result or refusal stands
+                    continue
+                warn(depth)  # (the refusal follows)
+                raise
+            warn(depth)
+            return automaton
+        raise AssertionError("unreachable")
 
     full: str | None
     try:
@@ -4946,7 +4994,9 @@ def json_schema_compile(
     weight = rewriter.weight(regex)
     if full is not None and weight > _SINGLE_REGEX_WEIGHT:
         full = None  # its counted copies written out are too many states for outlines-core
-    if full is None or len(full) > _GRAMMAR_REGEX or weight > _GRAMMAR_REGEX:
+    if token_only and full is None:
+        raise _NotTokenAutomaton("the single regex is too large for a token automaton")
+    if not token_only and (full is None or len(full) > _GRAMMAR_REGEX or weight > _GRAMMAR_REGEX):
         if not cache:
             _PUSHDOWN_CACHE.clear()
         hopeless = _strings_too_large(rewriter, regex, full is not None)
@@ -4986,14 +5036,7 @@ def json_schema_compile(
                 # cannot call) made the grammar form too large, or a call competes with other
                 # text (or its rules, inlined where their calls compete, are too large:
                 # MaskBench jsonld): nest the values as the default does.
-                nest_instead(e)
-                return json_schema_compile(
-                    schema,
-                    vocabulary,
-                    cache=cache,
-                    stack_depth=stack_depth,
-                    **{**options, "free_form_depth": NESTED_FREE_FORM_DEPTH},
-                )
+                return nest_instead(e)
     assert full is not None
     _warn_dropped(rewriter)
     if _dfa_placeholders(rewriter, full):
@@ -5022,8 +5065,7 @@ def json_schema_compile(
                 cache,
             )
         except NotDeterministic as e:
-            nest_instead(e)
-            full = json_schema_regex(schema, **options)
+            return nest_instead(e, dropped_warned=True)
     return regex_automaton(
         full, vocabulary, cache=cache, description=f"json schema {_describe(schema)}"
     )
@@ -5164,8 +5206,9 @@ class JsonSchema(AbstractConstraint):
     - `free_form_depth`: how deep free-form values (`{}`, additional properties of open
       objects, arrays without `items`) nest. `None` (default, `DEFAULT_FREE_FORM_DEPTH`): as
       deep as the stack of a pushdown automaton allows (`json_schema_pushdown`), when the
-      schema has such values and one can be built (otherwise `NESTED_FREE_FORM_DEPTH` = 1,
-      with a `UserWarning` that says why); an integer: that many levels in the token
+      schema has such values and one can be built (otherwise 2 levels in a token automaton
+      where its single regex is small enough, else `NESTED_FREE_FORM_DEPTH` = 1, with a
+      `UserWarning` that says why and how deep); an integer: that many levels in the token
       automaton; a list of schemas nests them 1 level. The grammar form below, a pushdown
       automaton anyway, nests them as deep as the stack for any depth but 0. The pushdown
       form keeps `max_new_tokens` as the token automaton does (rows end inside the language),

@@ -1404,7 +1404,8 @@ def test_the_depth_one_fallback_is_compiled_once(monkeypatch):
     # competes with a `[` too deep for `_inline_value_calls`. When depth 1 fails too (here: a
     # grammar form over a tiny positions limit), that refusal stands: depth 1 is compiled once
     # (MaskBench o48866 once compiled it three times, 12.4 s, through attempts that each fell
-    # back on their own).
+    # back on their own), after one attempt at depth 2 that stops before any automaton is
+    # built (its single regex is over `_GRAMMAR_REGEX`, here 0).
     monkeypatch.setattr(js, "_GRAMMAR_REGEX", 0)  # the grammar form, as for a large schema
     monkeypatch.setattr(js, "_SINGLE_REGEX", 10)  # ... with no single regex to fall back to
     monkeypatch.setattr(js, "_MAX_GRAMMAR_POSITIONS", 5)
@@ -1416,18 +1417,20 @@ def test_the_depth_one_fallback_is_compiled_once(monkeypatch):
         warnings.simplefilter("always")
         with pytest.raises(js._TooManyPositions):
             js.json_schema_compile(schema, BYTES, cache=False)
-    assert depths == [None, js.NESTED_FREE_FORM_DEPTH]
+    assert depths == [None, *js._FALLBACK_DEPTHS] == [None, 2, js.NESTED_FREE_FORM_DEPTH]
     assert len([w for w in caught if "no pushdown automaton" in str(w.message)]) == 1
     js._PUSHDOWN_CACHE.clear()
 
 
-def test_a_free_value_competing_too_deep_falls_back_to_depth_one_with_or_without_recursion():
+def test_a_free_value_competing_too_deep_falls_back_to_depth_two_or_one():
     # A node whose `v` is arrays nested deeper than the levels read in place or an array of
     # at least two free values: the free value's call competes with the arrays' `[` (or the
     # integers' digits) deeper than `_inline_value_calls` reads. The recursive form is refused
-    # (`None`: the caller unrolls), and the schema, recursive or not, compiles with free values
-    # nested `NESTED_FREE_FORM_DEPTH` level(s), with a warning, accepting what `jsonschema`
-    # accepts.
+    # (`None`: the caller unrolls). Without recursion the schema compiles to a token automaton
+    # with free values nested 2 levels; with recursion (whose fallback may still be a pushdown
+    # automaton) `NESTED_FREE_FORM_DEPTH` level(s). Either way with a warning that names the
+    # depth, accepting what `jsonschema` accepts within it (MaskBench Github_medium o9795 and
+    # Snowplow sp_193: valid documents with values nested 2 levels, rejected at depth 1).
     value = {"anyOf": [_nested_arrays(DEEP_LEVELS), {"type": "array", "items": {}, "minItems": 2}]}
     node = {
         "type": "object",
@@ -1436,23 +1439,28 @@ def test_a_free_value_competing_too_deep_falls_back_to_depth_one_with_or_without
     }
     recursive = {"$defs": {"node": node}, "$ref": "#/$defs/node"}
     assert js._recursive_grammar(recursive, BYTES, 32, {}) is None
-    for schema in (recursive, {"type": "object", "properties": {"v": value}}):
+    two_levels = {"v": [[1, [2]], {"a": [3]}]}  # free items that nest 2 levels: valid
+    three_levels = {"v": [[1, [[2]]], {}]}  # ... 3 levels: valid, beyond both depths
+    for schema, depth in ((recursive, 1), ({"type": "object", "properties": {"v": value}}, 2)):
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             automaton = js.json_schema_compile(schema, BYTES, cache=False)
-        assert any("no pushdown automaton" in str(w.message) for w in caught)
-        for document, valid in (
-            ({"v": json.loads("[" * DEEP_LEVELS + "1" + "]" * DEEP_LEVELS)}, True),
-            ({"v": [1, "a"]}, True),
-            ({"v": [[1, 2], {}]}, True),
-            ({"v": [1]}, False),
-            ({"v": [[["a"]]]}, False),
+        fallbacks = [str(w.message) for w in caught if "no pushdown automaton" in str(w.message)]
+        assert len(fallbacks) == 1 and f"nest at most {depth} level(s)" in fallbacks[0]
+        for document, valid, accepted in (
+            ({"v": json.loads("[" * DEEP_LEVELS + "1" + "]" * DEEP_LEVELS)}, True, True),
+            ({"v": [1, "a"]}, True, True),
+            ({"v": [[1, 2], {}]}, True, True),
+            (two_levels, True, depth >= 2),
+            (three_levels, True, False),
+            ({"v": [1]}, False, False),
+            ({"v": [[["a"]]]}, False, False),
         ):
             if "$defs" in schema:
                 document = {"next": document}
             assert jsonschema.Draft202012Validator(schema).is_valid(document) == valid
             text = json.dumps(document, separators=(",", ":")).encode()
             if isinstance(automaton, PushdownAutomaton):
-                assert automaton.accepts(text) == valid, text
+                assert automaton.accepts(text) == accepted, text
             else:
-                assert bool(automaton.accepting[automaton.walk(list(text))]) == valid, text
+                assert bool(automaton.accepting[automaton.walk(list(text))]) == accepted, text

@@ -429,17 +429,22 @@ def test_json_schema_processor_runs_the_pushdown_automaton(tokenizer):
 def test_pushdown_too_large_falls_back_to_the_nested_free_value(vocabulary):
     # A 1,000-character string is a spliced automaton of about 12,000 states: beside a free-form
     # value that needs the grammar form, whose positions are limited to 10,000. The schema then
-    # compiles as with the default depth (MaskBench o82710 and o6237 failed instead).
+    # compiles with free values nested 2 levels, as `free_form_depth=2` does (MaskBench o82710
+    # and o6237 failed instead; until 2026-11-25 the fallback nested them 1 level).
     schema = {
         "type": "object",
         "properties": {"text": {"type": "string", "maxLength": 1000}},
         "additionalProperties": True,
     }
-    with pytest.warns(UserWarning, match="no pushdown automaton.*automaton positions"):
+    with pytest.warns(
+        UserWarning, match=r"no pushdown automaton.*automaton positions.*at most 2 level\(s\)"
+    ):
         automaton = json_schema_compile(schema, vocabulary, cache=False, free_form_depth=None)
     assert not isinstance(automaton, PushdownAutomaton)
-    nested = json_schema_compile(schema, vocabulary, free_form_depth=1)
+    nested = json_schema_compile(schema, vocabulary, free_form_depth=2)
     assert automaton.num_states == nested.num_states
+    one_level = json_schema_compile(schema, vocabulary, free_form_depth=1)
+    assert automaton.num_states != one_level.num_states
 
 
 BYTES_ONLY = fg.structured.TokenVocabulary(
