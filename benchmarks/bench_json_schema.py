@@ -419,7 +419,8 @@ def _cause(error: BaseException) -> str:
 
 _FALLBACK = "no pushdown automaton"
 """The start of `json_schema_compile`'s warning when it falls back to free-form values nested
-`NESTED_FREE_FORM_DEPTH` level(s) (the grammar form too large, or a value call that competes)."""
+2 or 1 level(s) (`_FALLBACK_DEPTHS`: the grammar form too large, or a value call that
+competes); the warning names the depth."""
 
 
 def _run_one(record: dict) -> dict:
@@ -616,14 +617,18 @@ def summarize(results: list[dict], splits) -> str:
                 for ms, r in slowest
             ),
         ]
-    fallbacks = [r for r in results if any(_FALLBACK in w for w in r.get("warnings", ()))]
-    if fallbacks:
+    by_depth = collections.defaultdict(list)  # the fallback's depth -> schemas
+    for r in results:
+        for w in r.get("warnings", ()):
+            if _FALLBACK in w and (depth := re.search(r"nest at most (\d+) level", w)):
+                by_depth[int(depth.group(1))].append(r["file"].split("---")[-1])
+    for depth, files in sorted(by_depth.items()):
         lines += [
             "",
-            f"compiled with free-form values nested 1 level only (a '{_FALLBACK}' warning): "
-            f"{len(fallbacks)} schemas, "
-            + ", ".join(r["file"].split("---")[-1] for r in fallbacks[:12])
-            + (", ..." if len(fallbacks) > 12 else ""),
+            f"compiled with free-form values nested {depth} level(s) only (a '{_FALLBACK}' "
+            f"warning): {len(files)} schemas, "
+            + ", ".join(files[:12])
+            + (", ..." if len(files) > 12 else ""),
         ]
     causes = collections.Counter(r["error"] for r in results if "error" in r)
     if causes:
