@@ -4943,9 +4943,10 @@ def json_schema_compile(
         `_inline_value_calls` reads it in place (`error` a `NotDeterministic`), or the grammar
         form is too large: the values nested 2 levels where that is a token automaton of a
         single regex within `_SINGLE_REGEX`, else `NESTED_FREE_FORM_DEPTH` level(s)
-        (`_FALLBACK_DEPTHS`), with a warning that names the depth. A recursive schema is not tried deeper: its fallback may
-        still be a pushdown automaton whose recursion nests as deep as the stack, which a token
-        automaton would unroll `DEFAULT_MAX_RECURSION_DEPTH` times. `dropped_warned`: the
+        (`_FALLBACK_DEPTHS`), with a warning that names the depth. A recursive schema is not
+        tried deeper: its fallback may still be a pushdown automaton whose recursion nests as
+        deep as the stack, which a token automaton would unroll `DEFAULT_MAX_RECURSION_DEPTH`
+        times. `dropped_warned`: the
         `strict=False` warning was given already (not repeated)."""
 
         def warn(depth: int):
