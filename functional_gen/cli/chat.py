@@ -56,6 +56,7 @@ def run_chat(args: argparse.Namespace) -> int:
         else:
             prompt = state + message
         if args.max_new_tokens == UNTIL_CONTEXT_ENDS:
+            call.pop("generation_config", None)  # a max_length of the model's config
             so_far = 0 if state is None else len(state.row_token_ids()[0])
             call["max_new_tokens"] = max_new_tokens_until_context_ends(
                 model, [so_far + prompt_token_count(tokenizer, message)]
@@ -86,6 +87,8 @@ def run_chat(args: argparse.Namespace) -> int:
                 f"{len(state.row_token_ids()[0])} tokens]",
                 file=sys.stderr,
             )
+    if answer is not None:
+        answer.wait()  # an interrupted answer's last step, before the interpreter shuts down
     return 0
 
 
