@@ -85,7 +85,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(argv)
         return COMMANDS[args.command](args)
     except KeyboardInterrupt:
-        print("\nfunctional-gen: interrupted", file=sys.stderr, flush=True)
+        # on a terminal, the line after the echoed ^C (and after an open "compiling..." notice)
+        start = "\n" if sys.stderr.isatty() else ""
+        print(f"{start}functional-gen: interrupted", file=sys.stderr, flush=True)
         return INTERRUPTED
     except (ValueError, OSError) as e:
         parser.exit(2, f"functional-gen: error: {error_line(e)}\n")
