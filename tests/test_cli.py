@@ -205,7 +205,10 @@ def test_max_new_tokens_must_be_positive(capsys):
     with pytest.raises(SystemExit) as exit_info:
         cli.main(["generate", "hello", "--max-new-tokens", "0"])
     assert exit_info.value.code == 2
-    assert "expected a positive integer, got 0" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    # one line, naming the value, without the usage block
+    assert "expected a positive integer, or -1 for no limit but the context, got '0'" in err
+    assert err.count("\n") == 1 and "usage:" not in err
 
 
 def test_processors_follow_the_options_in_transformers_order():
@@ -542,6 +545,11 @@ def test_top_logprobs_in_jsonl(default_model, capsys):
     row = json.loads(capsys.readouterr().out.strip())
     expected = fg.generate(model, tokenizer, "Hello", max_new_tokens=4, top_logprobs=3)
     ids = np.asarray(expected.top_token_ids)[0]
-    assert [list(map(int, step)) for step in row["top_logprobs"]] == ids[
+    assert [[a["token_id"] for a in step] for step in row["top_logprobs"]] == ids[
         : len(row["top_logprobs"])
     ].tolist()
+    # each alternative carries its text beside its id and logprob, as OpenAI's and vLLM's do
+    top = np.asarray(expected.top_logprobs)[0]
+    for step, want_ids, want_lps in zip(row["top_logprobs"], ids, top):
+        assert [a["token"] for a in step] == [tokenizer.decode([int(i)]) for i in want_ids]
+        np.testing.assert_allclose([a["logprob"] for a in step], want_lps, rtol=1e-5)
