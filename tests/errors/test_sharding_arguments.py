@@ -101,3 +101,10 @@ def test_jnp_arrays_pass_the_rules_check():
     # a jnp array is a leaf like a numpy one
     out = fg.shard({"lm_head": {"weight": jnp.ones((4, 2))}}, fg.make_mesh())
     assert out["lm_head"]["weight"].shape == (4, 2)
+
+
+def test_the_compilation_counter_sees_a_compilation():
+    """The `compiled == []` checks above can fail: a fresh jitted function is counted."""
+    with count_compilations() as compiled:
+        jax.jit(lambda x: x * 3 + 1)(jnp.ones(5))
+    assert "/jax/core/compile/backend_compile_duration" in compiled
