@@ -139,7 +139,7 @@ def _read_json(path: Path) -> dict:
     try:
         value = json.loads(text)
     except json.JSONDecodeError as e:
-        truncated = e.pos >= len(text.rstrip())
+        truncated = e.pos >= len(text.rstrip()) or _ends_inside_a_value(text)
         what = "truncated: the JSON text ends early" if truncated else "not JSON"
         raise CheckpointError(
             f"{path} is {what} ({e.msg} at line {e.lineno}, column {e.colno})"
@@ -147,6 +147,27 @@ def _read_json(path: Path) -> dict:
     if not isinstance(value, dict):
         raise CheckpointError(f"{path} is not a JSON object (found a JSON {type(value).__name__})")
     return value
+
+
+def _ends_inside_a_value(text: str) -> bool:
+    """Whether JSON `text` ends inside a string or with brackets left open (what a file cut
+    short looks like), as opposed to a syntax error in the middle."""
+    depth, in_string, escaped = 0, False, False
+    for char in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                in_string = False
+        elif char == '"':
+            in_string = True
+        elif char in "[{":
+            depth += 1
+        elif char in "]}":
+            depth -= 1
+    return in_string or depth > 0
 
 
 def _safetensors_error(path: Path, error: Exception) -> CheckpointError:
@@ -185,6 +206,8 @@ def load_checkpoint(path: str | os.PathLike, *, dtype=jnp.float32, quantization:
     """
     path = Path(path)
     config = read_config(path)
+    # the tokenizer first: a damaged tokenizer file is refused before the weights are read
+    tokenizer = load_tokenizer(path)
     weights = read_weights(safetensors_files(path))
     model = LlamaForCausalLM.from_weights(
         config,
@@ -193,7 +216,6 @@ def load_checkpoint(path: str | os.PathLike, *, dtype=jnp.float32, quantization:
         generation_config=read_generation_config(path),
         quantization=quantization,
     )
-    tokenizer = load_tokenizer(path)
     return model, tokenizer
 
 
@@ -209,7 +231,9 @@ def read_generation_config(path: Path):
 def load_tokenizer(path: Path):
     """transformers' tokenizer of a checkpoint directory.
 
-    **Raises:** `FileNotFoundError` when the directory has no tokenizer files.
+    **Raises:** `FileNotFoundError` when the directory has no tokenizer files; `CheckpointError`
+    naming the file when transformers fails on a tokenizer JSON file that is truncated or not
+    JSON (`TOKENIZER_JSON_FILES`; only checked after a failure, so a good load pays nothing).
     """
     if not any((path / f).is_file() for f in ("tokenizer.json", "tokenizer.model", "vocab.json")):
         raise FileNotFoundError(
@@ -217,4 +241,20 @@ def load_tokenizer(path: Path):
         )
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    try:
+        return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    except Exception:
+        for name in TOKENIZER_JSON_FILES:
+            if (path / name).is_file():
+                _read_json(path / name)  # raises CheckpointError naming a damaged file
+        raise
+
+
+TOKENIZER_JSON_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.json",
+)
+"""The tokenizer files of a checkpoint directory that are JSON objects."""

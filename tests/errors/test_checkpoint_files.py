@@ -131,3 +131,13 @@ def test_a_file_that_is_not_safetensors_is_named(checkpoint):
     err = load_error(checkpoint)
     assert str(file) in str(err)
     assert "not a safetensors file" in str(err)
+
+
+@pytest.mark.parametrize("name", ["tokenizer.json", "tokenizer_config.json"])
+def test_a_damaged_tokenizer_file_is_named(checkpoint, name):
+    file = checkpoint / name
+    truncate(file, len(file.read_bytes()) // 3)
+    err = load_error(checkpoint)
+    assert str(file) in str(err)
+    assert "truncated" in str(err)
+    assert isinstance(err.__cause__, json.JSONDecodeError)
