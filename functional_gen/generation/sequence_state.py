@@ -665,6 +665,12 @@ class SequenceState:
                 meta = f.metadata() or {}
                 arrays = {name: f.get_tensor(name) for name in f.keys()}  # noqa: SIM118 (safe_open is not iterable)
         except (SafetensorError, OSError, ValueError) as e:
+            cut = ("incomplete metadata", "invalid header length", "header too small")
+            if any(words in str(e) for words in cut):
+                raise SequenceStateFormatError(
+                    f"{path!r} is truncated ({os.path.getsize(path)} bytes, fewer than its "
+                    f"header describes): not a whole saved SequenceState ({e})"
+                ) from e
             raise SequenceStateFormatError(f"{path!r} is not a saved SequenceState: {e}") from e
         try:
             header = json.loads(meta["functional_gen"])
@@ -673,7 +679,11 @@ class SequenceState:
             raise SequenceStateFormatError(
                 f"{path!r} is a safetensors file but not a saved SequenceState"
             ) from None
-        version = header.get("version")
+        if "version" not in header:
+            raise SequenceStateFormatError(
+                f"{path!r} is a damaged SequenceState: its header lacks the field `version`"
+            )
+        version = header["version"]
         if version not in READABLE_VERSIONS:
             raise SequenceStateFormatError(
                 f"{path!r} has SequenceState format version {version!r}; this functional_gen "

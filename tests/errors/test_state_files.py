@@ -62,7 +62,7 @@ def test_a_missing_tensor_is_named(saved, tmp_path, missing):
     assert "tensor" in str(err.value)
 
 
-@pytest.mark.parametrize("missing", ["key_impl", "num_layers", "model_fingerprint"])
+@pytest.mark.parametrize("missing", ["version", "key_impl", "num_layers", "model_fingerprint"])
 def test_a_missing_header_field_is_named(saved, tmp_path, missing):
     tensors, header = read(saved)
     del header[missing]
@@ -70,6 +70,16 @@ def test_a_missing_header_field_is_named(saved, tmp_path, missing):
     write(damaged, tensors, header)
     with pytest.raises(fg.SequenceStateFormatError, match=f"header lacks the field `{missing}`"):
         fg.SequenceState.load(damaged)
+
+
+@pytest.mark.parametrize("keep", [5, 100, -1])
+def test_a_truncated_file_says_truncated(saved, keep):
+    data = saved.read_bytes()
+    saved.write_bytes(data[:keep])
+    with pytest.raises(fg.SequenceStateFormatError, match="is truncated") as err:
+        fg.SequenceState.load(saved)
+    assert str(saved) in str(err.value)
+    assert f"({len(data[:keep])} bytes" in str(err.value)
 
 
 def test_the_tokenizer_fingerprint_is_required_in_version_2_only(saved, tmp_path):
