@@ -43,14 +43,23 @@ DEFAULT_RULES: tuple[tuple[str, P], ...] = (
 MESH_AXES = ("data", "model")
 
 
-def make_mesh(data: int = 1, model: int | None = None) -> Mesh:
+def make_mesh(data=1, model=None) -> Mesh:
     """A `("data", "model")` mesh over the available devices, with Auto axis types (GSPMD).
 
-    **Arguments:** `data`, `model`: axis sizes (`model` defaults to the devices left).
+    **Arguments:** `data`, `model`: axis sizes, positive integers (Python or numpy; `model`
+    defaults to the devices left). Not annotated on purpose: they are checked here, with an
+    error that names them (an annotation would let a runtime type checker answer first).
 
-    **Raises:** `ValueError` if `data * model` differs from the number of devices.
+    **Raises:** `TypeError` naming `data` or `model` when it is not an integer (a bool, a float,
+    a string); `ValueError` naming it when it is zero or negative, or when `data * model`
+    differs from the number of devices.
     """
+    _check_axis_size("data", data)
+    if model is not None:
+        _check_axis_size("model", model)
     n = len(jax.devices())
+    if model is None and n % data:
+        raise ValueError(f"data={data} does not divide the {n} devices; pass model= too")
     model = n // data if model is None else model
     if data * model != n:
         raise ValueError(f"a mesh of {data} x {model} needs {data * model} devices; there are {n}")
@@ -59,12 +68,61 @@ def make_mesh(data: int = 1, model: int | None = None) -> Mesh:
     return jax.make_mesh((data, model), MESH_AXES, axis_types=(AxisType.Auto,) * 2)
 
 
+def _check_axis_size(name: str, size) -> None:
+    """Refuse a mesh axis size that is not a positive integer, naming the argument."""
+    if isinstance(size, bool) or not isinstance(size, (int, np.integer)):
+        raise TypeError(f"make_mesh: `{name}` must be a positive integer, got {size!r}")
+    if size < 1:
+        raise ValueError(f"make_mesh: `{name}` must be a positive integer, got {size!r}")
+
+
+def check_mesh(mesh) -> None:
+    """Refuse anything but a `jax.sharding.Mesh` with the axes `("data", "model")`.
+
+    **Raises:** `TypeError` naming `mesh` for a value that is not a `Mesh` (e.g. the string
+    `"cpu"`: build one with `functional_gen.make_mesh`); `ValueError` naming `mesh` for a mesh
+    with other axes.
+    """
+    if not isinstance(mesh, Mesh):
+        raise TypeError(
+            f"`mesh` must be a jax.sharding.Mesh with axes {MESH_AXES} (build one with "
+            f"functional_gen.make_mesh(data, model)), got {type(mesh).__name__} {mesh!r:.80}"
+        )
+    if tuple(mesh.axis_names) != MESH_AXES:
+        raise ValueError(f"the `mesh` must have axes {MESH_AXES}, got {tuple(mesh.axis_names)}")
+
+
+def check_rules(rules) -> None:
+    """Refuse `rules` that are not a mapping of glob patterns (`str`) to `PartitionSpec`s.
+
+    **Raises:** `TypeError` naming `rules` and the offending pattern or value (a tuple or a
+    string where a `PartitionSpec` belongs, a non-string pattern, a list of pairs).
+    """
+    if rules is None:
+        return
+    if not isinstance(rules, Mapping):
+        raise TypeError(
+            "`rules` must be a mapping of glob patterns to jax.sharding.PartitionSpec, got "
+            f"{type(rules).__name__} {rules!r:.80}"
+        )
+    for pattern, spec in rules.items():
+        if not isinstance(pattern, str):
+            raise TypeError(f"`rules` keys must be glob patterns (str), got {pattern!r}")
+        if not isinstance(spec, P):
+            raise TypeError(
+                f"`rules[{pattern!r}]` must be a jax.sharding.PartitionSpec, e.g. "
+                f"PartitionSpec('model', None), got {type(spec).__name__} {spec!r:.80}"
+            )
+
+
 def partition_spec(name: str, shape: tuple[int, ...], mesh: Mesh, rules=None) -> P:
     """The `PartitionSpec` of weight `name` (dotted Hugging Face name) of `shape` on `mesh`.
 
     **Raises:** `ValueError` when the chosen spec does not divide the weight's shape evenly
-    (naming the weight, its shape and the mesh), or names an axis the mesh lacks.
+    (naming the weight, its shape and the mesh), or names an axis the mesh lacks; `TypeError`
+    for `rules` that are not a mapping of patterns to `PartitionSpec`s (`check_rules`).
     """
+    check_rules(rules)
     rules = tuple((rules or {}).items()) + DEFAULT_RULES
     spec = next((s for pattern, s in rules if fnmatch.fnmatchcase(name, pattern)), P())
     for dim, axis in zip(shape, tuple(spec) + (None,) * (len(shape) - len(spec))):
@@ -84,19 +142,22 @@ def partition_spec(name: str, shape: tuple[int, ...], mesh: Mesh, rules=None) ->
     return spec
 
 
-def shard(model, mesh: Mesh, rules: Mapping[str, P] | None = None):
+def shard(model, mesh, rules=None):
     """Place the weights of `model` on `mesh` (a `("data", "model")` mesh), tensor-parallel over
     `"model"` (see the module docstring); returns the sharded model.
 
     **Arguments:** `model`: an Equinox model whose leaves are named like Hugging Face weights
-    (`LlamaForCausalLM`); `mesh`; `rules`: glob pattern -> `PartitionSpec`, tried before the
-    defaults.
+    (`LlamaForCausalLM`); `mesh`: a `jax.sharding.Mesh` (`make_mesh`); `rules`: a mapping of
+    glob pattern -> `PartitionSpec`, tried before the defaults. `mesh` and `rules` are not
+    annotated: `check_mesh` / `check_rules` check them with errors that name them.
 
-    **Raises:** `ValueError` for a mesh without the axes `("data", "model")` or a weight that a
-    rule cannot split evenly.
+    **Raises:** `TypeError` naming `mesh` for a value that is not a `jax.sharding.Mesh` (e.g.
+    `"cpu"`), naming `rules` for rules that are not a mapping of patterns to `PartitionSpec`s;
+    `ValueError` for a mesh without the axes `("data", "model")` or a weight that a rule cannot
+    split evenly. All are raised before anything is placed or compiled.
     """
-    if tuple(mesh.axis_names) != MESH_AXES:
-        raise ValueError(f"the mesh must have axes {MESH_AXES}, got {tuple(mesh.axis_names)}")
+    check_mesh(mesh)
+    check_rules(rules)
 
     def place(path, leaf):
         if not isinstance(leaf, (jax.Array, np.ndarray)):

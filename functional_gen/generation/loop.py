@@ -514,8 +514,7 @@ def _as_state(
                 f"this SequenceState has logits over {state.arrays.logits.shape[-1]} tokens, the "
                 f"model's vocabulary has {model.vocab_size}"
             )
-        if tokenizer is not None and state.tokenizer is None:
-            state = state._replace(tokenizer=tokenizer)
+        state = state.continued_with(tokenizer)  # refuses another tokenizer, adopts a first one
         return state, True
     prompts = normalize_prompts(prompts)
     ids = [encode_prompt(tokenizer, p, chat_template=chat_template) for p in prompts]

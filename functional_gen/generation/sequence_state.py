@@ -16,8 +16,10 @@ Reordering rows is ONE `jax.tree.map(lambda x: x[idx], ...)` over every per-row 
 constraint 3): tokens, weights, cache, processor states, stop-string states and keys.
 """
 
+import contextlib
 import json
 import os
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -30,12 +32,43 @@ from jaxtyping import Array, Float, Int, Key, PRNGKeyArray, PyTree
 from ..models.kv_cache import KVCache
 from ..processors.base import split_rows
 from ..sharding import to_host
-from ..tokenization import decode, is_chat
+from ..tokenization import decode, is_chat, tokenizer_fingerprint
 
 FORMAT_NAME = "functional_gen.SequenceState"
 """The `format` entry of a saved state's header."""
-FORMAT_VERSION = 1
-"""The version of the saved format this code reads and writes."""
+FORMAT_VERSION = 2
+"""The version of the saved format this code writes. Version 2 added the header field
+`tokenizer_fingerprint`; version 1 files are still read (without a tokenizer check)."""
+READABLE_VERSIONS = (1, 2)
+"""The saved format versions `SequenceState.load` reads."""
+HEADER_FIELDS = {
+    1: ("format", "version", "model_fingerprint", "key_impl", "num_layers", "cache_dtype"),
+    2: (
+        "format",
+        "version",
+        "model_fingerprint",
+        "tokenizer_fingerprint",
+        "key_impl",
+        "num_layers",
+        "cache_dtype",
+    ),
+}
+"""The header fields of each format version (every one must be present; values may be null)."""
+ROW_TENSORS = (
+    "token_ids",
+    "token_logprobs",
+    "length",
+    "cached",
+    "prompt_length",
+    "logits",
+    "key",
+    "key_step",
+)
+"""The tensors every saved state holds, each with a leading batch axis; a state with a cache
+also holds `cache.positions`, `cache.length` and `cache.k.{i}` / `cache.v.{i}` per layer."""
+PARTIAL_SUFFIX = ".fg-partial"
+"""The suffix of the temporary file `save` writes before renaming it over the target:
+`.{name}.{pid}.{random}.fg-partial`, in the target's directory."""
 
 
 class BatchMismatchError(ValueError):
@@ -46,8 +79,15 @@ class ModelMismatchError(ValueError):
     """A `SequenceState` was continued with a model whose config differs from the one that made it."""
 
 
+class TokenizerMismatchError(ModelMismatchError):
+    """A `SequenceState` was continued (or loaded, decoded, joined) with a tokenizer other than
+    the one that made its token ids: their fingerprints (`tokenizer_fingerprint`: vocabulary,
+    special tokens, class) differ. A `ModelMismatchError`, so code catching that catches it."""
+
+
 class SequenceStateFormatError(ValueError):
-    """A file is not a saved `SequenceState`, or has another format version."""
+    """A file is not a saved `SequenceState`, has a format version this code does not read, or
+    lacks a tensor or header field (the message names what is missing)."""
 
 
 class SequenceArrays(eqx.Module):
@@ -119,9 +159,18 @@ class SequenceState:
       `state.lengths`, `state.weights`, `len(state)`.
 
     **Attributes:** `arrays` (`SequenceArrays`), `model_fingerprint` (the model's
-    `config_fingerprint`, or `None` before any model call), `tokenizer` (or `None`), `settings`
-    (the `Settings` of the call that produced it, used when a continuation passes no
-    processors and no sampler; not saved).
+    `config_fingerprint`, or `None` before any model call), `tokenizer` (or `None`),
+    `tokenizer_fingerprint` (see below), `settings` (the `Settings` of the call that produced
+    it, used when a continuation passes no processors and no sampler; not saved).
+
+    **Tokenizer check.** A state records the fingerprint of the tokenizer that made its token
+    ids (`functional_gen.tokenization.tokenizer_fingerprint`: vocabulary, special tokens,
+    class; computed lazily and cached per tokenizer object) and saves it. Continuing it with
+    `fg.generate` / `fg.stream`, loading it with `load(path, tokenizer)`, decoding it with
+    `texts(tokenizer)` or joining another state to it with another tokenizer raises
+    `TokenizerMismatchError`, before anything is compiled. Not checked: states without a known
+    fingerprint (built from token ids without a tokenizer, loaded from a version-1 file, or
+    made with a tokenizer object that has no `get_vocab`).
     """
 
     def __init__(
@@ -131,11 +180,44 @@ class SequenceState:
         model_fingerprint: str | None,
         tokenizer: Any = None,
         settings: Any = None,
+        tokenizer_fingerprint: str | None = None,
     ):
         self.arrays = arrays
         self.model_fingerprint = model_fingerprint
         self.tokenizer = tokenizer
         self.settings = settings
+        self._tokenizer_fingerprint = tokenizer_fingerprint
+
+    @property
+    def tokenizer_fingerprint(self) -> str | None:
+        """The fingerprint of the tokenizer that made this state's token ids: the one recorded
+        (a loaded file's), else that of `self.tokenizer`, else `None` (unknown: not checked)."""
+        if self._tokenizer_fingerprint is None and self.tokenizer is not None:
+            self._tokenizer_fingerprint = tokenizer_fingerprint(self.tokenizer)
+        return self._tokenizer_fingerprint
+
+    def check_tokenizer(self, tokenizer: Any, *, where: str = "this SequenceState") -> None:
+        """Refuse a `tokenizer` other than the one that made this state (see the class
+        docstring); `None`, the state's own tokenizer object, or an unknown fingerprint on
+        either side pass.
+
+        **Raises:** `TokenizerMismatchError` naming both fingerprints and the tokenizers'
+        classes and sizes.
+        """
+        if tokenizer is None or tokenizer is self.tokenizer:
+            return
+        _refuse_other_tokenizer(self.tokenizer_fingerprint, self.tokenizer, tokenizer, where)
+
+    def continued_with(self, tokenizer: Any) -> "SequenceState":
+        """This state, checked against the `tokenizer` of a call that continues it
+        (`check_tokenizer`), keeping that tokenizer when the state has none.
+
+        **Raises:** `TokenizerMismatchError` (see `check_tokenizer`).
+        """
+        self.check_tokenizer(tokenizer)
+        if tokenizer is not None and self.tokenizer is None:
+            return self._replace(tokenizer=tokenizer)
+        return self
 
     # --- construction ---------------------------------------------------------------------
 
@@ -192,6 +274,7 @@ class SequenceState:
             model_fingerprint=self.model_fingerprint,
             tokenizer=self.tokenizer,
             settings=self.settings,
+            tokenizer_fingerprint=self._tokenizer_fingerprint,
         )
         fields.update(kwargs)
         return SequenceState(self.arrays if arrays is None else arrays, **fields)
@@ -246,7 +329,8 @@ class SequenceState:
     def texts(self, tokenizer: Any = None) -> list[str]:
         """The full text of every row (prompt included; special tokens skipped).
 
-        **Raises:** `ValueError` without a tokenizer (given here, or kept from `generate`).
+        **Raises:** `ValueError` without a tokenizer (given here, or kept from `generate`);
+        `TokenizerMismatchError` for a tokenizer other than the one that made the state.
         """
         tokenizer = self._tokenizer(tokenizer)
         return [decode(tokenizer, ids) for ids in self.row_token_ids()]
@@ -260,6 +344,7 @@ class SequenceState:
         return f"SequenceState(batch={self.batch_size}, lengths={lengths}, cached={cached})"
 
     def _tokenizer(self, tokenizer=None):
+        self.check_tokenizer(tokenizer)
         tokenizer = tokenizer if tokenizer is not None else self.tokenizer
         if tokenizer is None:
             raise ValueError(
@@ -390,14 +475,20 @@ class SequenceState:
         prefills only the appended tokens.
 
         **Raises:** `BatchMismatchError` for a state or per-row list of another batch size;
-        `ValueError` for text without a tokenizer or ids outside the vocabulary; `TypeError`
-        for anything else.
+        `TokenizerMismatchError` for a state made by another tokenizer; `ValueError` for text
+        without a tokenizer or ids outside the vocabulary; `TypeError` for anything else.
         """
         n = self.batch_size
         if isinstance(other, SequenceState):
             if other.batch_size != n:
                 raise BatchMismatchError(
                     f"cannot add a SequenceState of {other.batch_size} rows to one of {n} rows"
+                )
+            theirs = other.tokenizer_fingerprint
+            if theirs is not None and self.tokenizer_fingerprint not in (None, theirs):
+                raise TokenizerMismatchError(
+                    "cannot add a SequenceState made by another tokenizer (fingerprint "
+                    f"{theirs}) to one made by {self.tokenizer_fingerprint}"
                 )
             ids, lengths, lps = to_host(
                 (other.arrays.token_ids, other.arrays.length, other.arrays.token_logprobs)
@@ -489,8 +580,15 @@ class SequenceState:
     def save(self, path: str | os.PathLike) -> None:
         """Write the state to a safetensors file: the tokens, logprobs, lengths, next-token
         logits, per-row keys and key steps, the KV cache (as float32), and a JSON header (format
-        name and version, the model fingerprint, the key implementation, the cache's layers and
-        dtype).
+        name and version, the model and tokenizer fingerprints, the key implementation, the
+        cache's layers and dtype).
+
+        The write is atomic and durable: the bytes go to a temporary file beside `path`
+        (`.{name}.{pid}.{random}.fg-partial`), which is `fsync`ed, renamed over `path`
+        (`os.replace`), and then the directory is `fsync`ed, so after a crash or a power cut
+        `path` holds the old state or the new one, never a part. An interrupted save (an
+        exception, Ctrl-C) removes its temporary file; one left by a killed process (its pid no
+        longer running) is removed by the next save into that directory.
 
         Not saved, because they only mean something with Python objects that are not arrays:
         the call's settings (`self.settings`: processors, which may hold a model or an
@@ -506,9 +604,10 @@ class SequenceState:
 
         **Arguments:** `path`: the file to write (overwritten).
 
-        **Raises:** `safetensors.SafetensorError` when the file cannot be written.
+        **Raises:** `OSError` (e.g. `FileNotFoundError` for a missing directory) when the file
+        cannot be written; `path` is then unchanged.
         """
-        from safetensors.numpy import save_file
+        from safetensors.numpy import save as to_bytes
 
         a = self.arrays
         tensors = {
@@ -525,6 +624,7 @@ class SequenceState:
             "format": FORMAT_NAME,
             "version": FORMAT_VERSION,
             "model_fingerprint": self.model_fingerprint,
+            "tokenizer_fingerprint": self.tokenizer_fingerprint,
             "key_impl": str(jax.random.key_impl(a.key)),
             "num_layers": 0 if a.cache is None else len(a.cache.k),
             "cache_dtype": None if a.cache is None else str(a.cache.k[0].dtype),
@@ -536,16 +636,24 @@ class SequenceState:
                 tensors[f"cache.k.{i}"] = k.astype(jnp.float32)
                 tensors[f"cache.v.{i}"] = v.astype(jnp.float32)
         host = {name: np.ascontiguousarray(to_host(x)) for name, x in tensors.items()}
-        save_file(host, os.fspath(path), metadata={"functional_gen": json.dumps(header)})
+        data = to_bytes(host, metadata={"functional_gen": json.dumps(header)})
+        _write_atomically(os.fspath(path), data)
 
     @classmethod
     def load(cls, path: str | os.PathLike, tokenizer: Any = None) -> "SequenceState":
         """Read a state written by `save` (then continue it with `fg.generate`). The state has
         no settings and `processor_states` / `stop_state` are `None` (see `save`); pass the
-        decoding arguments to the continuation. `tokenizer` is kept for `+ "text"` and `texts()`.
+        decoding arguments to the continuation. `tokenizer` is kept for `+ "text"` and `texts()`,
+        and checked against the saved tokenizer fingerprint.
+
+        Reads format versions 1 and 2 (`READABLE_VERSIONS`). A version-1 file records no
+        tokenizer fingerprint: its state is continued with any tokenizer unchecked (it adopts
+        the fingerprint of the first tokenizer it is given).
 
         **Raises:** `FileNotFoundError`; `SequenceStateFormatError` for a file that is not a
-        saved `SequenceState` or has another format version.
+        saved `SequenceState`, has another format version, lacks a header field or a tensor
+        (naming each missing one), or holds tensors of inconsistent shapes;
+        `TokenizerMismatchError` when `tokenizer` is not the tokenizer that made the state.
         """
         from safetensors import SafetensorError, safe_open
 
@@ -557,6 +665,12 @@ class SequenceState:
                 meta = f.metadata() or {}
                 arrays = {name: f.get_tensor(name) for name in f.keys()}  # noqa: SIM118 (safe_open is not iterable)
         except (SafetensorError, OSError, ValueError) as e:
+            cut = ("incomplete metadata", "invalid header length", "header too small")
+            if any(words in str(e) for words in cut):
+                raise SequenceStateFormatError(
+                    f"{path!r} is truncated ({os.path.getsize(path)} bytes, fewer than its "
+                    f"header describes): not a whole saved SequenceState ({e})"
+                ) from e
             raise SequenceStateFormatError(f"{path!r} is not a saved SequenceState: {e}") from e
         try:
             header = json.loads(meta["functional_gen"])
@@ -565,11 +679,20 @@ class SequenceState:
             raise SequenceStateFormatError(
                 f"{path!r} is a safetensors file but not a saved SequenceState"
             ) from None
-        if header.get("version") != FORMAT_VERSION:
+        if "version" not in header:
             raise SequenceStateFormatError(
-                f"{path!r} has SequenceState format version {header.get('version')!r}; this "
-                f"functional_gen reads version {FORMAT_VERSION}"
+                f"{path!r} is a damaged SequenceState: its header lacks the field `version`"
             )
+        version = header["version"]
+        if version not in READABLE_VERSIONS:
+            raise SequenceStateFormatError(
+                f"{path!r} has SequenceState format version {version!r}; this functional_gen "
+                f"reads versions {', '.join(map(str, READABLE_VERSIONS))}"
+            )
+        _check_saved_fields(path, version, header, arrays)
+        if tokenizer is not None:
+            where = f"the SequenceState in {path!r}"
+            _refuse_other_tokenizer(header.get("tokenizer_fingerprint"), None, tokenizer, where)
         cache = None
         if header["num_layers"]:
             dtype = jnp.dtype(header["cache_dtype"])
@@ -595,7 +718,156 @@ class SequenceState:
             processor_states=None,
             stop_state=None,
         )
-        return cls(seq, model_fingerprint=header["model_fingerprint"], tokenizer=tokenizer)
+        return cls(
+            seq,
+            model_fingerprint=header["model_fingerprint"],
+            tokenizer=tokenizer,
+            tokenizer_fingerprint=header.get("tokenizer_fingerprint"),
+        )
+
+
+def _check_saved_fields(path: str, version: int, header: dict, arrays: dict) -> None:
+    """Refuse a saved state that lacks a header field or a tensor of its version, naming every
+    missing one, or whose tensors disagree on the batch size or width."""
+    missing = [f"`{name}`" for name in HEADER_FIELDS[version] if name not in header]
+    if missing:
+        raise SequenceStateFormatError(
+            f"{path!r} is a damaged SequenceState (version {version}): its header lacks the "
+            f"field{'s' if len(missing) > 1 else ''} {', '.join(missing)}"
+        )
+    num_layers = header["num_layers"]
+    if isinstance(num_layers, bool) or not isinstance(num_layers, int) or num_layers < 0:
+        raise SequenceStateFormatError(
+            f"{path!r} is a damaged SequenceState: header field `num_layers` is {num_layers!r}, "
+            "not a count"
+        )
+    if num_layers and not isinstance(header["cache_dtype"], str):
+        raise SequenceStateFormatError(
+            f"{path!r} is a damaged SequenceState: header field `cache_dtype` is "
+            f"{header['cache_dtype']!r} for a cache of {num_layers} layers"
+        )
+    needed = list(ROW_TENSORS)
+    if num_layers:
+        needed += ["cache.positions", "cache.length"]
+        needed += [f"cache.{kv}.{i}" for i in range(num_layers) for kv in ("k", "v")]
+    missing = [f"`{name}`" for name in needed if name not in arrays]
+    if missing:
+        raise SequenceStateFormatError(
+            f"{path!r} is a damaged SequenceState: it lacks the tensor"
+            f"{'s' if len(missing) > 1 else ''} {', '.join(missing)}"
+        )
+    batch = arrays["token_ids"].shape[0] if arrays["token_ids"].ndim == 2 else None
+    for name in ROW_TENSORS:
+        shape = arrays[name].shape
+        if batch is None or not shape or shape[0] != batch:
+            raise SequenceStateFormatError(
+                f"{path!r} is a damaged SequenceState: tensor `{name}` has shape {shape}, "
+                f"token_ids {arrays['token_ids'].shape}; every tensor needs the same batch axis"
+            )
+    if arrays["token_logprobs"].shape != arrays["token_ids"].shape:
+        raise SequenceStateFormatError(
+            f"{path!r} is a damaged SequenceState: tensor `token_logprobs` has shape "
+            f"{arrays['token_logprobs'].shape}, token_ids {arrays['token_ids'].shape}"
+        )
+
+
+def _write_atomically(path: str, data: bytes) -> None:
+    """Write `data` to `path` so that `path` is never partly written: a temporary file in the
+    same directory, `fsync`, `os.replace`, then `fsync` of the directory (POSIX). The temporary
+    file is removed when anything fails or is interrupted; stale ones are removed first."""
+    directory = os.path.dirname(os.path.abspath(path))
+    _remove_stale_partials(directory)
+    name = os.path.basename(path)
+    partial = os.path.join(
+        directory, f".{name}.{os.getpid()}.{os.urandom(4).hex()}{PARTIAL_SUFFIX}"
+    )
+    try:
+        with open(partial, "xb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(partial, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(partial)
+        raise
+    _fsync_directory(directory)
+
+
+def _fsync_directory(directory: str) -> None:
+    """Make a rename in `directory` durable (POSIX; a no-op elsewhere, and on file systems that
+    cannot `fsync` a directory)."""
+    if os.name != "posix":
+        return
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        with contextlib.suppress(OSError):
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _remove_stale_partials(directory: str) -> None:
+    """Remove the temporary files of saves into `directory` whose process is gone (killed
+    mid-save). Those of running processes, this one included, are left alone (they may be
+    saving right now). Elsewhere than POSIX, where a pid cannot be probed safely, files older
+    than an hour count as stale."""
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return
+    for name in names:
+        if not (name.startswith(".") and name.endswith(PARTIAL_SUFFIX)):
+            continue
+        parts = name[: -len(PARTIAL_SUFFIX)].rsplit(".", 2)
+        if len(parts) != 3 or not parts[1].isdigit():
+            continue
+        file = os.path.join(directory, name)
+        if _save_may_be_running(int(parts[1]), file):
+            continue
+        with contextlib.suppress(OSError):
+            os.unlink(file)
+
+
+def _save_may_be_running(pid: int, file: str) -> bool:
+    if os.name != "posix":
+        try:
+            return os.path.getmtime(file) > time.time() - 3600
+        except OSError:
+            return True
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # PermissionError: another user's running process
+        return True
+    return True
+
+
+def _refuse_other_tokenizer(ours: str | None, own: Any, tokenizer: Any, where: str) -> None:
+    """Raise `TokenizerMismatchError` when `tokenizer`'s fingerprint is known and differs from
+    `ours` (the fingerprint of the tokenizer `own`, when that object is at hand)."""
+    if ours is None:
+        return
+    theirs = tokenizer_fingerprint(tokenizer)
+    if theirs is None or theirs == ours:
+        return
+    made_by = f" ({type(own).__name__} of {_size(own)} tokens)" if own is not None else ""
+    raise TokenizerMismatchError(
+        f"{where} was made by another tokenizer: its fingerprint is {ours}{made_by}, the "
+        f"given `tokenizer` ({type(tokenizer).__name__} of {_size(tokenizer)} tokens) has "
+        f"{theirs}; token ids only mean the same text with the tokenizer that made them (pass "
+        "that one, or start again from the text)"
+    )
+
+
+def _size(tokenizer) -> str:
+    try:
+        return str(len(tokenizer))
+    except TypeError:
+        return "?"
 
 
 def _fold(key, j):

@@ -65,10 +65,10 @@ def load_model(
     if mesh is not None:
         import jax
 
-        from ..sharding import MESH_AXES, shard
+        from ..sharding import check_mesh, check_rules, shard
 
-        if tuple(mesh.axis_names) != MESH_AXES:
-            raise ValueError(f"the mesh must have axes {MESH_AXES}, got {tuple(mesh.axis_names)}")
+        check_mesh(mesh)
+        check_rules(rules)
         with jax.default_device(jax.local_devices(backend="cpu")[0]):
             model, tokenizer = load_model(
                 path, dtype=dtype, quantization=quantization, progress=progress

@@ -8,6 +8,7 @@ import logging
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import jax
 import numpy as np
@@ -15,6 +16,7 @@ import pytest
 
 import functional_gen as fg
 from functional_gen.testing import CountingModel, tiny_config
+from functional_gen.tokenization import tokenizer_fingerprint
 
 from ..helpers import tiny_tokenizer
 
@@ -105,6 +107,45 @@ def test_a_loaded_state_continues_like_the_original_token_for_token(tiny, tmp_pa
             np.asarray(again.state.weights), np.asarray(kept.state.weights), rtol=1e-6
         )
         assert again.state.texts() == kept.state.texts()
+
+
+DATA = Path(__file__).parent / "data"
+
+
+def test_a_version_1_file_still_loads_and_continues(tiny):
+    """`data/sequence_state_v1.safetensors` was written by the version-1 code (commit 7ecd793)
+    from this module's tiny model; `sequence_state_v1.json` holds its rows and the tokens that
+    code generated when continuing it greedily by 4. A version-1 file records no tokenizer
+    fingerprint: it loads with any tokenizer (and then takes that tokenizer's)."""
+    model, tok = tiny
+    expected = json.loads((DATA / "sequence_state_v1.json").read_text())
+    loaded = fg.SequenceState.load(DATA / "sequence_state_v1.safetensors")
+    assert loaded.tokenizer_fingerprint is None
+    assert loaded.row_token_ids() == expected["token_ids"]
+    more = fg.generate(model, tok, loaded, max_new_tokens=4, eos_token_id=())
+    assert ids(more) == expected["continuation"]
+    with_tok = fg.SequenceState.load(DATA / "sequence_state_v1.safetensors", tokenizer=tok)
+    assert with_tok.texts()[1] == "t9 t3 t92 t75"  # t100, the EOS, is a special token
+    assert with_tok.tokenizer_fingerprint == tokenizer_fingerprint(tok)
+
+
+def test_saved_files_are_version_2_and_record_the_tokenizer(tiny, tmp_path):
+    from safetensors import safe_open
+
+    model, tok = tiny
+    state = fg.generate(model, tok, PROMPTS, max_new_tokens=2).state
+    state.save(tmp_path / "s.safetensors")
+    with safe_open(str(tmp_path / "s.safetensors"), framework="numpy") as f:
+        header = json.loads(f.metadata()["functional_gen"])
+    assert header["version"] == 2
+    assert header["tokenizer_fingerprint"] == tokenizer_fingerprint(tok)
+    assert header["tokenizer_fingerprint"].startswith("sha256:")
+    loaded = fg.SequenceState.load(tmp_path / "s.safetensors")
+    assert loaded.tokenizer_fingerprint == header["tokenizer_fingerprint"]
+    # a state without a tokenizer records none
+    bare = fg.SequenceState.from_token_ids([[1, 2]], vocab_size=101)
+    bare.save(tmp_path / "bare.safetensors")
+    assert fg.SequenceState.load(tmp_path / "bare.safetensors").tokenizer_fingerprint is None
 
 
 def test_continuing_a_loaded_state_reuses_the_compiled_program(tiny, tmp_path, caplog):
