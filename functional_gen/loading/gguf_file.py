@@ -17,6 +17,7 @@ import equinox as eqx
 import jax.numpy as jnp
 import numpy as np
 
+from ..cache import cache_dir
 from ..models.config import LlamaConfig, UnsupportedConfigError
 from ..models.llama import LlamaForCausalLM
 from ..models.quantization import blocks_of, check_quantization, quantize_int8
@@ -558,16 +559,63 @@ def load_gguf(
 
 
 def open_gguf(path: str | os.PathLike):
-    """A `gguf.GGUFReader` of the file (memory-mapped; reads the header and metadata).
+    """A `gguf.GGUFReader` of the file (memory-mapped; reads the header, the metadata and the
+    tensor table, and checks that every tensor's bytes are in the file).
 
-    **Raises:** `FileNotFoundError` if the file does not exist.
+    **Raises:** `FileNotFoundError` if the file does not exist; `CheckpointError` naming the file
+    when it is not a GGUF file (no `GGUF` magic) or is truncated or damaged (the `gguf`
+    package's exception, e.g. numpy's reshape/view error on a cut-off file, is its `__cause__`).
     """
     from gguf import GGUFReader
 
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"GGUF file not found: {path}")
-    return GGUFReader(str(path))
+    with path.open("rb") as f:
+        magic = f.read(4)
+    if magic != b"GGUF":
+        raise CheckpointError(f"{path} is not a GGUF file: it does not start with b'GGUF'")
+    try:
+        return GGUFReader(str(path))
+    except (ValueError, IndexError, KeyError, OverflowError, UnicodeDecodeError) as e:
+        raise CheckpointError(
+            f"{path} is truncated or damaged ({path.stat().st_size:,} bytes): gguf could not read "
+            f"its header or tensor table ({type(e).__name__}: {e})"
+        ) from e
+
+
+_CACHE_VERSION = 1  # bump when a cached tokenizer's or int8 file's layout changes
+
+
+def gguf_cache_key(path: str | os.PathLike) -> str:
+    """A name for what is cached from a GGUF file: its stem, size and modification time, and a
+    digest of its absolute path (a changed or replaced file gets a new key)."""
+    import hashlib
+
+    path = Path(path).resolve()
+    st = path.stat()
+    digest = hashlib.sha256(f"{path}\0{st.st_size}\0{st.st_mtime_ns}".encode()).hexdigest()[:16]
+    return f"{path.stem}-{st.st_size}-{digest}-v{_CACHE_VERSION}"
+
+
+def _cached_int8_weights(path: Path, reader, config) -> dict[str, np.ndarray]:
+    """`read_gguf_weights(..., quantization="int8")`, cached as one safetensors file in
+    `cache_dir() / "gguf-int8"` (written under a temporary name and renamed, like the default
+    model's float32 conversion); a later call reads that file instead of requantizing."""
+    from safetensors.numpy import load_file, save_file
+
+    target = cache_dir() / "gguf-int8" / f"{gguf_cache_key(path)}.safetensors"
+    if target.is_file():
+        return load_file(str(target))
+    weights = read_gguf_weights(reader, config, quantization="int8")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f"{target.name}.tmp-{os.getpid()}")
+    try:
+        save_file(weights, str(tmp))
+        tmp.replace(target)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return weights
 
 
 def read_gguf(
@@ -577,18 +625,25 @@ def read_gguf(
     dtype=np.float32,
     quantization: str | None = None,
     reader=None,
+    cache: bool = True,
 ):
     """`(config, weights by Hugging Face name)` of a GGUF file (see `read_gguf_weights`; float32
     by default), plus its `GenerationConfig` as a third element when `with_generation_config`.
 
     `reader`: an open `gguf.GGUFReader` of `path` (see `open_gguf`), to read the header once.
+    `cache`: with `quantization="int8"`, the requantized weights are kept in
+    `cache_dir() / "gguf-int8"` (keyed by `gguf_cache_key`) and read from there by later calls
+    (the default model's int8 load: ~13 s of requantization once, then about a second).
 
     **Raises:** `FileNotFoundError` if the file does not exist.
     """
     if reader is None:
         reader = open_gguf(path)
     config = read_gguf_config(reader)
-    weights = read_gguf_weights(reader, config, dtype=dtype, quantization=quantization)
+    if quantization == "int8" and cache:
+        weights = _cached_int8_weights(Path(path), reader, config)
+    else:
+        weights = read_gguf_weights(reader, config, dtype=dtype, quantization=quantization)
     if with_generation_config:
         return config, weights, read_gguf_generation_config(reader, config)
     return config, weights
@@ -647,7 +702,7 @@ def gguf_tokenizer_metadata(reader) -> tuple[str, dict, dict]:
     return _field(reader, "general.architecture"), tokenizer, tokenizer_config
 
 
-def gguf_tokenizer(path: str | os.PathLike, *, reader=None):
+def gguf_tokenizer(path: str | os.PathLike, *, reader=None, cache: bool = True):
     """The transformers tokenizer described by a GGUF file's metadata, built without torch.
 
     The vocabulary, merges, special tokens and chat template are read with `gguf.GGUFReader` and
@@ -656,19 +711,44 @@ def gguf_tokenizer(path: str | os.PathLike, *, reader=None):
     same class and the same encoding as `AutoTokenizer.from_pretrained(dir, gguf_file=name)`,
     whose GGUF reader needs torch.
 
-    **Arguments:** `path`: the `.gguf` file; `reader`: an open `gguf.GGUFReader` of it, to avoid
-    reading the header twice.
+    Converting a large vocabulary is slow (Gemma 3's 262,144 tokens: tens of seconds), so with
+    `cache` the converted tokenizer is saved (`save_pretrained`) in
+    `cache_dir() / "gguf-tokenizers" / gguf_cache_key(path)` and later calls load it from
+    there (about a second).
 
-    **Raises:** `FileNotFoundError` if the file does not exist; `ValueError` (from transformers)
-    for a tokenizer family it cannot build.
+    **Arguments:** `path`: the `.gguf` file; `reader`: an open `gguf.GGUFReader` of it, to avoid
+    reading the header twice; `cache`: read and write the converted tokenizer's cache.
+
+    **Raises:** `FileNotFoundError` if the file does not exist; `CheckpointError` for a damaged
+    file; `ValueError` (from transformers) for a tokenizer family it cannot build.
     """
-    from transformers import TokenizersBackend
+    import shutil
+    import tempfile
+
+    from transformers import AutoTokenizer, TokenizersBackend
     from transformers.integrations.gguf import convert_gguf_tokenizer
 
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"GGUF file not found: {path}")
+    target = cache_dir() / "gguf-tokenizers" / gguf_cache_key(path) if cache else None
+    if target is not None and (target / "tokenizer.json").is_file():
+        return AutoTokenizer.from_pretrained(str(target), local_files_only=True)
     if reader is None:
         reader = open_gguf(path)
     architecture, tokenizer_dict, tokenizer_config = gguf_tokenizer_metadata(reader)
     backend, extra = convert_gguf_tokenizer(architecture, tokenizer_dict)
-    return TokenizersBackend(
-        tokenizer_object=backend, name_or_path=str(Path(path).parent), **tokenizer_config, **extra
+    tokenizer = TokenizersBackend(
+        tokenizer_object=backend, name_or_path=str(path.parent), **tokenizer_config, **extra
     )
+    if target is not None:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=target.name + ".tmp-", dir=target.parent))
+        try:
+            tokenizer.save_pretrained(str(tmp))
+            tmp.rename(target)
+        except OSError:  # another process cached it first
+            pass
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return tokenizer

