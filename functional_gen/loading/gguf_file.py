@@ -9,6 +9,7 @@ interleaved RoPE; they are permuted back to the Hugging Face layout, which repro
 transformers' own GGUF loading bit for bit.
 """
 
+import json
 import os
 import re
 from pathlib import Path
@@ -711,10 +712,10 @@ def gguf_tokenizer(path: str | os.PathLike, *, reader=None, cache: bool = True):
     same class and the same encoding as `AutoTokenizer.from_pretrained(dir, gguf_file=name)`,
     whose GGUF reader needs torch.
 
-    Converting a large vocabulary is slow (Gemma 3's 262,144 tokens: tens of seconds), so with
-    `cache` the converted tokenizer is saved (`save_pretrained`) in
-    `cache_dir() / "gguf-tokenizers" / gguf_cache_key(path)` and later calls load it from
-    there (about a second).
+    Converting a large vocabulary is slow (Gemma 3's 262,144 tokens: ~45 s here), so with
+    `cache` the converted `tokenizers.Tokenizer` (its `tokenizer.json`) and the tokenizer's
+    arguments are saved in `cache_dir() / "gguf-tokenizers" / gguf_cache_key(path)`, and later
+    calls rebuild the same tokenizer from there (a few seconds).
 
     **Arguments:** `path`: the `.gguf` file; `reader`: an open `gguf.GGUFReader` of it, to avoid
     reading the header twice; `cache`: read and write the converted tokenizer's cache.
@@ -722,33 +723,59 @@ def gguf_tokenizer(path: str | os.PathLike, *, reader=None, cache: bool = True):
     **Raises:** `FileNotFoundError` if the file does not exist; `CheckpointError` for a damaged
     file; `ValueError` (from transformers) for a tokenizer family it cannot build.
     """
-    import shutil
-    import tempfile
-
-    from transformers import AutoTokenizer, TokenizersBackend
+    from transformers import TokenizersBackend
     from transformers.integrations.gguf import convert_gguf_tokenizer
 
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"GGUF file not found: {path}")
     target = cache_dir() / "gguf-tokenizers" / gguf_cache_key(path) if cache else None
-    if target is not None and (target / "tokenizer.json").is_file():
-        return AutoTokenizer.from_pretrained(str(target), local_files_only=True)
-    if reader is None:
-        reader = open_gguf(path)
-    architecture, tokenizer_dict, tokenizer_config = gguf_tokenizer_metadata(reader)
-    backend, extra = convert_gguf_tokenizer(architecture, tokenizer_dict)
-    tokenizer = TokenizersBackend(
-        tokenizer_object=backend, name_or_path=str(path.parent), **tokenizer_config, **extra
+    if target is None or not (target / _TOKENIZER_KWARGS).is_file():
+        if reader is None:
+            reader = open_gguf(path)
+        architecture, tokenizer_dict, tokenizer_config = gguf_tokenizer_metadata(reader)
+        backend, extra = convert_gguf_tokenizer(architecture, tokenizer_dict)
+        kwargs = {**tokenizer_config, **extra}
+        if target is not None:
+            _cache_tokenizer(target, backend, kwargs)
+        if target is None or not (target / _TOKENIZER_KWARGS).is_file():
+            return TokenizersBackend(
+                tokenizer_object=backend, name_or_path=str(path.parent), **kwargs
+            )
+    # `tokenizer_file`, not `tokenizer_object`: TokenizersBackend deep-copies an object
+    # (serializing and parsing the 262k vocabulary once more)
+    return TokenizersBackend(
+        tokenizer_file=str(target / _TOKENIZER_BACKEND),
+        name_or_path=str(path.parent),
+        **json.loads((target / _TOKENIZER_KWARGS).read_text()),
     )
-    if target is not None:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=target.name + ".tmp-", dir=target.parent))
-        try:
-            tokenizer.save_pretrained(str(tmp))
-            tmp.rename(target)
-        except OSError:  # another process cached it first
-            pass
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-    return tokenizer
+
+
+_TOKENIZER_BACKEND = "tokenizer.json"
+_TOKENIZER_KWARGS = "tokenizers_backend_kwargs.json"
+
+
+def _cache_tokenizer(target: Path, backend, kwargs: dict) -> None:
+    """Save the converted `tokenizers.Tokenizer` and the `TokenizersBackend` arguments, so that a
+    later `gguf_tokenizer` rebuilds exactly the same tokenizer without converting (and without
+    transformers' slower `from_pretrained`, which parses the 30 MB JSON in Python too). The
+    directory is written under a temporary name and renamed; nothing is cached when the
+    arguments are not JSON."""
+    import shutil
+    import tempfile
+
+    try:
+        text = json.dumps(kwargs)
+    except TypeError:
+        return
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=target.name + ".tmp-", dir=target.parent))
+    try:
+        backend.save(str(tmp / _TOKENIZER_BACKEND))
+        (tmp / _TOKENIZER_KWARGS).write_text(text)
+        tmp.chmod(0o755)
+        tmp.rename(target)
+    except OSError:  # another process cached it first
+        pass
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
