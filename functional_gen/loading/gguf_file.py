@@ -2,11 +2,24 @@
 the tokenizer built from the same file's metadata by transformers' GGUF tokenizer conversion
 (without torch: transformers' own GGUF reader imports it).
 
+Architectures (`general.architecture`): `llama` (and Mistral), `qwen2`, `qwen3`, `gemma3`,
+`phi3`. Each one's metadata becomes a Hugging Face `config.json` dict (`gguf_hf_config`, one
+small function per architecture) and its tensor names Hugging Face weight names
+(`gguf_weight_name`, one small table per architecture); `model_config_from_hf` is the one call
+that turns the dict into the decoder's config (Llama, Mistral and Qwen2 today).
+
 Any tensor type `gguf.quants.dequantize` handles is accepted (F32, F16, BF16, Q8_0, Q4_0, Q4_1,
 Q5_0, Q5_1, the K-quants Q2_K-Q6_K, ...); the weights become dense float arrays of the requested
-dtype. llama.cpp's converter permutes the rows of `attn_q`/`attn_k` of `llama` models for its
-interleaved RoPE; they are permuted back to the Hugging Face layout, which reproduces
-transformers' own GGUF loading bit for bit.
+dtype, or int8 per block of 32 (`requantize_int8`). The file's conventions are undone:
+llama.cpp's converter permutes the rows of `attn_q`/`attn_k` of `llama` models for its
+interleaved RoPE (permuted back to the Hugging Face layout, which reproduces transformers' own
+GGUF loading bit for bit), and stores Gemma's `(1 + weight)` norms as `1 + weight` (returned as
+`weight`, as transformers does).
+
+What is slow to derive from a file is cached in `functional_gen.cache.cache_dir()`, keyed by the
+file's identity (`gguf_cache_key`): the converted tokenizer and the int8 requantization. A
+damaged file raises `CheckpointError` naming the file and what is wrong ("truncated", "missing
+key `gemma3.block_count`").
 """
 
 import json
@@ -533,15 +546,18 @@ def load_gguf(
     - `path`: the `.gguf` file.
     - `dtype`: dtype of the matrices (`jnp.float32` or `jnp.bfloat16`); activations are float32.
     - `quantization`: `None`, or `"int8"`: every matrix requantized to per-block (32) int8
-      from the file's own blocks, one tensor at a time (see `read_gguf_weights`).
+      from the file's own blocks, one tensor at a time (see `read_gguf_weights`); the result is
+      cached and later loads of the same file read it (see `read_gguf`).
     - `tokenizer`: a tokenizer to return instead of building one from the file.
 
     **Returns:** `(LlamaForCausalLM, transformers tokenizer)`; the tokenizer is built by
-    transformers from the file's `tokenizer.ggml.*` metadata (a few seconds).
+    transformers from the file's `tokenizer.ggml.*` metadata, once, then read from the cache
+    (see `gguf_tokenizer`).
 
     **Raises:** `FileNotFoundError` if the file does not exist; `UnsupportedConfigError` for an
-    unsupported architecture, RoPE scaling or tensor type; `ValueError` for an unknown
-    `quantization`.
+    unsupported architecture (or one the decoder does not run yet), RoPE scaling or tensor type;
+    `CheckpointError` for a truncated or damaged file or a missing metadata key; `ValueError`
+    for an unknown `quantization`.
     """
     check_quantization(quantization)
     reader = open_gguf(path)
