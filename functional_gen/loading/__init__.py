@@ -89,7 +89,8 @@ def load_model(
             gguf = named_model_path(path)
             if dtype == "auto":
                 dtype = gguf_file_dtype(gguf)
-            return load_gguf(gguf, dtype=dtype, quantization=quantization)
+            # a named model's size is known: its dequantized weights are cached too
+            return load_gguf(gguf, dtype=dtype, quantization=quantization, cache="all")
     if path is None:
         if quantization is not None:
             return _default_model_quantized(quantization, progress)

@@ -537,7 +537,12 @@ def read_gguf_weights(
 
 
 def load_gguf(
-    path: str | os.PathLike, *, dtype=jnp.float32, quantization: str | None = None, tokenizer=None
+    path: str | os.PathLike,
+    *,
+    dtype=jnp.float32,
+    quantization: str | None = None,
+    tokenizer=None,
+    cache: str | None = "int8",
 ):
     """Load `(model, tokenizer)` from a GGUF file.
 
@@ -549,6 +554,7 @@ def load_gguf(
       from the file's own blocks, one tensor at a time (see `read_gguf_weights`); the result is
       cached and later loads of the same file read it (see `read_gguf`).
     - `tokenizer`: a tokenizer to return instead of building one from the file.
+    - `cache`: which weights to cache (`GGUF_CACHE_MODES`, see `read_gguf`).
 
     **Returns:** `(LlamaForCausalLM, transformers tokenizer)`; the tokenizer is built by
     transformers from the file's `tokenizer.ggml.*` metadata, once, then read from the cache
@@ -560,9 +566,16 @@ def load_gguf(
     for an unknown `quantization`.
     """
     check_quantization(quantization)
+    if cache not in GGUF_CACHE_MODES:
+        raise ValueError(f"unknown cache {cache!r}; expected one of {GGUF_CACHE_MODES}")
     reader = open_gguf(path)
     config, weights, generation_config = read_gguf(
-        path, with_generation_config=True, dtype=dtype, quantization=quantization, reader=reader
+        path,
+        with_generation_config=True,
+        dtype=dtype,
+        quantization=quantization,
+        reader=reader,
+        cache=cache,
     )
     rope_freqs = weights.pop("rope_freqs", None)
     model = LlamaForCausalLM.from_weights(
@@ -615,16 +628,22 @@ def gguf_cache_key(path: str | os.PathLike) -> str:
     return f"{path.stem}-{st.st_size}-{digest}-v{_CACHE_VERSION}"
 
 
-def _cached_int8_weights(path: Path, reader, config) -> dict[str, np.ndarray]:
-    """`read_gguf_weights(..., quantization="int8")`, cached as one safetensors file in
-    `cache_dir() / "gguf-int8"` (written under a temporary name and renamed, like the default
-    model's float32 conversion); a later call reads that file instead of requantizing."""
+GGUF_CACHE_MODES = (None, "int8", "all")
+"""`read_gguf`'s `cache`: nothing, the int8 requantization only, or also the dequantized float
+weights."""
+
+
+def _cached_weights(path: Path, reader, config, *, dtype, quantization) -> dict[str, np.ndarray]:
+    """`read_gguf_weights(...)`, cached as one safetensors file in `cache_dir() / "gguf-weights"`
+    (written under a temporary name and renamed, like the default model's float32 conversion);
+    a later call reads that file instead of decoding the blocks again."""
     from safetensors.numpy import load_file, save_file
 
-    target = cache_dir() / "gguf-int8" / f"{gguf_cache_key(path)}.safetensors"
+    kind = quantization or np.dtype(dtype).name
+    target = cache_dir() / "gguf-weights" / f"{gguf_cache_key(path)}-{kind}.safetensors"
     if target.is_file():
         return load_file(str(target))
-    weights = read_gguf_weights(reader, config, quantization="int8")
+    weights = read_gguf_weights(reader, config, dtype=dtype, quantization=quantization)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f"{target.name}.tmp-{os.getpid()}")
     try:
@@ -642,23 +661,31 @@ def read_gguf(
     dtype=np.float32,
     quantization: str | None = None,
     reader=None,
-    cache: bool = True,
+    cache: str | None = "int8",
 ):
     """`(config, weights by Hugging Face name)` of a GGUF file (see `read_gguf_weights`; float32
     by default), plus its `GenerationConfig` as a third element when `with_generation_config`.
 
     `reader`: an open `gguf.GGUFReader` of `path` (see `open_gguf`), to read the header once.
-    `cache`: with `quantization="int8"`, the requantized weights are kept in
-    `cache_dir() / "gguf-int8"` (keyed by `gguf_cache_key`) and read from there by later calls
-    (the default model's int8 load: ~13 s of requantization once, then about a second).
+    `cache` (one of `GGUF_CACHE_MODES`): `"int8"` (default): with `quantization="int8"`, the
+    requantized weights are kept in `cache_dir() / "gguf-weights"` (keyed by `gguf_cache_key`)
+    and read from there by later calls (the default model's int8 load: ~8 s of requantization
+    once, then ~3 s, under load); `"all"`: the float (`dtype`) weights too (4 bytes a parameter
+    in float32: for the named models, whose size is known; Gemma 3 270M: 1.1 GB); `None`:
+    nothing cached.
 
-    **Raises:** `FileNotFoundError` if the file does not exist.
+    **Raises:** `FileNotFoundError` if the file does not exist; `ValueError` for an unknown
+    `cache`; see `read_gguf_config` and `read_gguf_weights`.
     """
+    if cache not in GGUF_CACHE_MODES:
+        raise ValueError(f"unknown cache {cache!r}; expected one of {GGUF_CACHE_MODES}")
     if reader is None:
         reader = open_gguf(path)
     config = read_gguf_config(reader)
-    if quantization == "int8" and cache:
-        weights = _cached_int8_weights(Path(path), reader, config)
+    if cache == "all" or (cache == "int8" and quantization == "int8"):
+        weights = _cached_weights(
+            Path(path), reader, config, dtype=dtype, quantization=quantization
+        )
     else:
         weights = read_gguf_weights(reader, config, dtype=dtype, quantization=quantization)
     if with_generation_config:

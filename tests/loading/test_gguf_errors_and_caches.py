@@ -86,30 +86,47 @@ def test_not_a_gguf_file(tmp_path):
         fg.load_model(path)
 
 
-def test_int8_requantization_is_cached_and_read_back_identically(tmp_path, monkeypatch):
+@pytest.mark.parametrize(
+    ("quantization", "cache", "dtype"),
+    [("int8", "int8", np.int8), (None, "all", np.float32)],
+)
+def test_weights_are_cached_and_read_back_identically(
+    tmp_path, monkeypatch, quantization, cache, dtype
+):
+    """The int8 requantization (cached by default) and, with cache="all", the float32
+    dequantization: the second read comes from the cache, with identical arrays."""
     path = tmp_path / "tiny.gguf"
     write_tiny_gguf(path, Q.Q4_K, tied=False)
-    _, first = read_gguf(path, quantization="int8")
-    cached = list((cache_dir() / "gguf-int8").glob(f"{gguf_cache_key(path)}*"))
+    _, first = read_gguf(path, quantization=quantization, cache=cache)
+    cached = list((cache_dir() / "gguf-weights").glob(f"{gguf_cache_key(path)}*"))
     assert len(cached) == 1
 
-    def no_requantization(*args, **kwargs):
-        raise AssertionError("requantized again instead of reading the cache")
+    def no_decoding(*args, **kwargs):
+        raise AssertionError("decoded again instead of reading the cache")
 
-    monkeypatch.setattr(gguf_file, "read_gguf_weights", no_requantization)
-    _, second = read_gguf(path, quantization="int8")
+    monkeypatch.setattr(gguf_file, "read_gguf_weights", no_decoding)
+    _, second = read_gguf(path, quantization=quantization, cache=cache)
     assert sorted(first) == sorted(second)
     for name in first:
         assert first[name].dtype == second[name].dtype, name
         np.testing.assert_array_equal(first[name], second[name])
-    assert second["model.layers.0.self_attn.q_proj.weight"].dtype == np.int8
+    assert second["model.layers.0.self_attn.q_proj.weight"].dtype == dtype
     # a changed file gets a new key
     write_tiny_gguf(path, Q.Q4_K, tied=False, seed=1)
     monkeypatch.undo()
-    _, third = read_gguf(path, quantization="int8")
+    _, third = read_gguf(path, quantization=quantization, cache=cache)
     assert not np.array_equal(
         third["model.layers.0.mlp.up_proj.weight"], first["model.layers.0.mlp.up_proj.weight"]
     )
+
+
+def test_float_weights_are_not_cached_by_default(tmp_path):
+    path = tmp_path / "tiny.gguf"
+    write_tiny_gguf(path, Q.Q4_K, tied=True)
+    read_gguf(path)
+    assert not list((cache_dir() / "gguf-weights").glob(f"{gguf_cache_key(path)}*"))
+    with pytest.raises(ValueError, match="unknown cache 'yes'"):
+        read_gguf(path, cache="yes")
 
 
 TEXTS = [
