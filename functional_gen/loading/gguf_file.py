@@ -368,6 +368,20 @@ def read_gguf_generation_config(reader, config: LlamaConfig):
     Sampling keys turn sampling on (`do_sample=True`), as the checkpoint's own
     `generation_config.json` did when llama.cpp's converter wrote them.
     """
+    return _generation_config(config, _gguf_sampling(reader))
+
+
+def _gguf_sampling(reader) -> dict:
+    """The GGUF's `general.sampling.*` values under `GenerationConfig` names."""
+    sampling = {}
+    for key, name in _SAMPLING_KEYS.items():
+        value = _field(reader, f"general.sampling.{key}")
+        if value is not None:
+            sampling[name] = value
+    return sampling
+
+
+def _generation_config(config, sampling: dict):
     from transformers import GenerationConfig
 
     values = {
@@ -375,11 +389,6 @@ def read_gguf_generation_config(reader, config: LlamaConfig):
         "eos_token_id": list(config.eos_token_id) or None,
         "pad_token_id": config.pad_token_id,
     }
-    sampling = {}
-    for key, name in _SAMPLING_KEYS.items():
-        value = _field(reader, f"general.sampling.{key}")
-        if value is not None:
-            sampling[name] = value
     if sampling:
         values.update(do_sample=True, **sampling)
     return GenerationConfig(**values)
@@ -568,7 +577,7 @@ def load_gguf(
     check_quantization(quantization)
     if cache not in GGUF_CACHE_MODES:
         raise ValueError(f"unknown cache {cache!r}; expected one of {GGUF_CACHE_MODES}")
-    reader = open_gguf(path)
+    reader = _LazyReader(path)
     config, weights, generation_config = read_gguf(
         path,
         with_generation_config=True,
@@ -633,7 +642,7 @@ GGUF_CACHE_MODES = (None, "int8", "all")
 weights."""
 
 
-def _cached_weights(path: Path, reader, config, *, dtype, quantization) -> dict[str, np.ndarray]:
+def _cached_weights(path: Path, reader: "_LazyReader", config, *, dtype, quantization):
     """`read_gguf_weights(...)`, cached as one safetensors file in `cache_dir() / "gguf-weights"`
     (written under a temporary name and renamed, like the default model's float32 conversion);
     a later call reads that file instead of decoding the blocks again."""
@@ -643,7 +652,7 @@ def _cached_weights(path: Path, reader, config, *, dtype, quantization) -> dict[
     target = cache_dir() / "gguf-weights" / f"{gguf_cache_key(path)}-{kind}.safetensors"
     if target.is_file():
         return load_file(str(target))
-    weights = read_gguf_weights(reader, config, dtype=dtype, quantization=quantization)
+    weights = read_gguf_weights(reader(), config, dtype=dtype, quantization=quantization)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f"{target.name}.tmp-{os.getpid()}")
     try:
@@ -652,6 +661,44 @@ def _cached_weights(path: Path, reader, config, *, dtype, quantization) -> dict[
     finally:
         tmp.unlink(missing_ok=True)
     return weights
+
+
+class _LazyReader:
+    """Opens the GGUF file on the first call only: a 262k-token vocabulary makes
+    `gguf.GGUFReader` take ~5-20 s, which a load served from the caches never pays."""
+
+    def __init__(self, path, reader=None):
+        self.path, self.reader = path, reader
+
+    def __call__(self):
+        if self.reader is None:
+            self.reader = open_gguf(self.path)
+        return self.reader
+
+
+def _as_reader(path, reader):
+    return reader() if isinstance(reader, _LazyReader) else reader or open_gguf(path)
+
+
+def _cached_metadata(path: Path, lazy: _LazyReader, cache) -> tuple[dict, dict]:
+    """`(gguf_hf_config, general.sampling.* values)`, kept in a JSON file beside the cached
+    weights when `cache` is set."""
+    target = cache_dir() / "gguf-weights" / f"{gguf_cache_key(path)}-metadata.json"
+    if cache is not None and target.is_file():
+        saved = json.loads(target.read_text())
+        return saved["config"], saved["sampling"]
+    reader = lazy()
+    d, sampling = gguf_hf_config(reader), _gguf_sampling(reader)
+    if cache is not None:
+        try:
+            text = json.dumps({"config": d, "sampling": sampling})
+        except TypeError:
+            return d, sampling
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(f"{target.name}.tmp-{os.getpid()}")
+        tmp.write_text(text)
+        tmp.replace(target)
+    return d, sampling
 
 
 def read_gguf(
@@ -669,27 +716,29 @@ def read_gguf(
     `reader`: an open `gguf.GGUFReader` of `path` (see `open_gguf`), to read the header once.
     `cache` (one of `GGUF_CACHE_MODES`): `"int8"` (default): with `quantization="int8"`, the
     requantized weights are kept in `cache_dir() / "gguf-weights"` (keyed by `gguf_cache_key`)
-    and read from there by later calls (the default model's int8 load: ~8 s of requantization
-    once, then ~3 s, under load); `"all"`: the float (`dtype`) weights too (4 bytes a parameter
-    in float32: for the named models, whose size is known; Gemma 3 270M: 1.1 GB); `None`:
-    nothing cached.
+    and read from there by later calls (the default model's int8 load: ~7 s of requantization
+    once, then ~3 s, on this loaded machine); `"all"`: the float (`dtype`) weights too (4 bytes
+    a parameter in float32: for the named models, whose size is known; Gemma 3 270M: 1.1 GB);
+    `None`: nothing cached. With a cache, the file's metadata (`gguf_hf_config`) is cached too,
+    so that a load served from the caches does not open the file.
 
     **Raises:** `FileNotFoundError` if the file does not exist; `ValueError` for an unknown
     `cache`; see `read_gguf_config` and `read_gguf_weights`.
     """
     if cache not in GGUF_CACHE_MODES:
         raise ValueError(f"unknown cache {cache!r}; expected one of {GGUF_CACHE_MODES}")
-    if reader is None:
-        reader = open_gguf(path)
-    config = read_gguf_config(reader)
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"GGUF file not found: {path}")
+    lazy = reader if isinstance(reader, _LazyReader) else _LazyReader(path, reader)
+    d, sampling = _cached_metadata(path, lazy, cache)
+    config = model_config_from_hf(d)
     if cache == "all" or (cache == "int8" and quantization == "int8"):
-        weights = _cached_weights(
-            Path(path), reader, config, dtype=dtype, quantization=quantization
-        )
+        weights = _cached_weights(path, lazy, config, dtype=dtype, quantization=quantization)
     else:
-        weights = read_gguf_weights(reader, config, dtype=dtype, quantization=quantization)
+        weights = read_gguf_weights(lazy(), config, dtype=dtype, quantization=quantization)
     if with_generation_config:
-        return config, weights, read_gguf_generation_config(reader, config)
+        return config, weights, _generation_config(config, sampling)
     return config, weights
 
 
@@ -774,9 +823,9 @@ def gguf_tokenizer(path: str | os.PathLike, *, reader=None, cache: bool = True):
         raise FileNotFoundError(f"GGUF file not found: {path}")
     target = cache_dir() / "gguf-tokenizers" / gguf_cache_key(path) if cache else None
     if target is None or not (target / _TOKENIZER_KWARGS).is_file():
-        if reader is None:
-            reader = open_gguf(path)
-        architecture, tokenizer_dict, tokenizer_config = gguf_tokenizer_metadata(reader)
+        architecture, tokenizer_dict, tokenizer_config = gguf_tokenizer_metadata(
+            _as_reader(path, reader)
+        )
         backend, extra = convert_gguf_tokenizer(architecture, tokenizer_dict)
         kwargs = {**tokenizer_config, **extra}
         if target is not None:

@@ -98,7 +98,7 @@ def test_weights_are_cached_and_read_back_identically(
     path = tmp_path / "tiny.gguf"
     write_tiny_gguf(path, Q.Q4_K, tied=False)
     _, first = read_gguf(path, quantization=quantization, cache=cache)
-    cached = list((cache_dir() / "gguf-weights").glob(f"{gguf_cache_key(path)}*"))
+    cached = list((cache_dir() / "gguf-weights").glob(f"{gguf_cache_key(path)}*.safetensors"))
     assert len(cached) == 1
 
     def no_decoding(*args, **kwargs):
@@ -124,7 +124,7 @@ def test_float_weights_are_not_cached_by_default(tmp_path):
     path = tmp_path / "tiny.gguf"
     write_tiny_gguf(path, Q.Q4_K, tied=True)
     read_gguf(path)
-    assert not list((cache_dir() / "gguf-weights").glob(f"{gguf_cache_key(path)}*"))
+    assert not list((cache_dir() / "gguf-weights").glob(f"{gguf_cache_key(path)}*.safetensors"))
     with pytest.raises(ValueError, match="unknown cache 'yes'"):
         read_gguf(path, cache="yes")
 
