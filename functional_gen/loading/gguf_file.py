@@ -169,9 +169,18 @@ def _qwen3_keys(reader, arch, d, tensor_names):
 
 def _gemma3_keys(reader, arch, d, tensor_names):
     layers, hidden, heads = d["num_hidden_layers"], d["hidden_size"], d["num_attention_heads"]
-    pattern = int(
-        _field(reader, f"{arch}.attention.sliding_window_pattern", _GEMMA3_SLIDING_WINDOW_PATTERN)
+    pattern = _field(
+        reader, f"{arch}.attention.sliding_window_pattern", _GEMMA3_SLIDING_WINDOW_PATTERN
     )
+    if isinstance(pattern, list):  # newer llama.cpp: one flag per layer, true = sliding window
+        sliding = [bool(x) for x in pattern]
+    else:
+        sliding = [(i + 1) % int(pattern) != 0 for i in range(layers)]
+    if len(sliding) != layers:
+        raise CheckpointError(
+            f"{_file_name(reader)}: `{arch}.attention.sliding_window_pattern` has "
+            f"{len(sliding)} flags for {layers} layers"
+        )
     global_rope = {
         "rope_type": "default",
         "rope_theta": float(_field(reader, f"{arch}.rope.freq_base", 1000000.0)),
@@ -181,11 +190,7 @@ def _gemma3_keys(reader, arch, d, tensor_names):
         model_type="gemma3_text",
         hidden_activation="gelu_pytorch_tanh",
         sliding_window=int(_require(reader, f"{arch}.attention.sliding_window")),
-        sliding_window_pattern=pattern,
-        layer_types=[
-            "full_attention" if (i + 1) % pattern == 0 else "sliding_attention"
-            for i in range(layers)
-        ],
+        layer_types=["sliding_attention" if flag else "full_attention" for flag in sliding],
         rope_parameters={
             # linear scaling (Gemma 3 4B and larger) applies to the global layers only
             "full_attention": _rope_scaling(reader, arch, global_rope),

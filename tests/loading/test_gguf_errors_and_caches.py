@@ -15,10 +15,12 @@ from functional_gen.loading.gguf_file import gguf_cache_key, gguf_hf_config, ope
 from tests.loading.test_gguf import write_tiny_gguf
 
 
-def write_gemma3_metadata_only(path, *, skip=()):
-    """A gemma3 GGUF with the metadata llama.cpp's Gemma3Model writes (minus `skip`) and one
-    tensor."""
+def write_gemma3_metadata_only(path, *, skip=(), pattern=None):
+    """A gemma3 GGUF with the metadata llama.cpp's Gemma3Model writes (minus `skip`; with
+    `pattern`, newer llama.cpp's per-layer sliding-window flags) and one tensor."""
     writer = gguf.GGUFWriter(str(path), arch="gemma3")
+    if pattern is not None:
+        writer.add_array("gemma3.attention.sliding_window_pattern", pattern)
     calls = {
         "context_length": ("add_context_length", 32768),
         "embedding_length": ("add_embedding_length", 640),
@@ -61,6 +63,21 @@ def test_complete_metadata_reads(tmp_path):
     d = gguf_hf_config(open_gguf(path))
     assert (d["num_hidden_layers"], d["hidden_size"], d["sliding_window"]) == (18, 640, 512)
     assert d["query_pre_attn_scalar"] == 256
+    assert d["layer_types"] == (["sliding_attention"] * 5 + ["full_attention"]) * 3
+    assert d["rope_parameters"]["sliding_attention"]["rope_theta"] == 10000.0
+    assert d["rope_parameters"]["full_attention"]["rope_theta"] == 1e6
+
+
+def test_per_layer_sliding_window_flags(tmp_path):
+    """Newer llama.cpp writes the pattern as one flag per layer (true: sliding window)."""
+    flags = [i % 3 != 2 for i in range(18)]
+    path = tmp_path / "gemma.gguf"
+    write_gemma3_metadata_only(path, pattern=flags)
+    d = gguf_hf_config(open_gguf(path))
+    assert d["layer_types"] == ["sliding_attention" if f else "full_attention" for f in flags]
+    write_gemma3_metadata_only(path, pattern=flags[:-1])
+    with pytest.raises(CheckpointError, match="17 flags for 18 layers"):
+        gguf_hf_config(open_gguf(path))
 
 
 @pytest.mark.parametrize("fraction", [0.001, 0.01, 0.3, 0.9, 0.999])
