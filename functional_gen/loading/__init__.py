@@ -52,8 +52,9 @@ def load_model(
       the `KVCache` and the logits are float32 whatever the weights.
     - `quantization`: `None`, or `"int8"`: weight-only int8 with a float32 scale per block of 32
       inputs (see `functional_gen.models.quantization`); `dtype` is then unused. A GGUF file's
-      quantized blocks (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K, ...) are requantized to int8 directly (Q8_0
-      is copied), one tensor at a time; the default model is loaded this way from its Q4_1 file.
+      quantized blocks (Q8_0, Q4_0, Q4_1, Q5_0, Q4_K, Q5_K, Q6_K, ...) are requantized to int8
+      directly (Q8_0 is copied), one tensor at a time, and cached for later loads; the default
+      model is loaded this way from its Q4_1 file.
     - `progress`: called with a message before slow first-time work (converting the default model).
     - `mesh`: a `jax.sharding.Mesh` with axes `("data", "model")` (`functional_gen.make_mesh`):
       the weights are built in host memory and placed straight into their shards

@@ -412,9 +412,9 @@ _CHUNK_BYTES = 16 * 2**20  # float32 bytes decoded at a time when requantizing a
 
 
 def requantize_int8(tensor) -> tuple[np.ndarray, np.ndarray]:
-    """A GGUF matrix (any type `gguf.quants.dequantize` reads: Q8_0, Q4_0, Q4_1, Q4_K, Q6_K, F16,
-    ...) as int8 with one float32 scale per block of 32 inputs (`functional_gen.models
-    .quantization.quantize_int8`), a few rows of blocks at a time.
+    """A GGUF matrix (any type `gguf.quants.dequantize` reads: Q8_0, Q4_0, Q4_1, Q5_0, Q4_K,
+    Q5_K, Q6_K, F16, ...) as int8 with one float32 scale per block of 32 inputs
+    (`functional_gen.models.quantization.quantize_int8`), a few rows of blocks at a time.
 
     Q8_0 is that format already (32 int8 values and a float16 scale per block): its values and
     scales are copied, without rounding. Any other type is decoded from its own blocks by
