@@ -226,7 +226,14 @@ def _phi3_keys(reader, arch, d, tensor_names):
                 "rope_factors_short.weight", factors["rope_factors_long.weight"]
             ),
         )
-    rope = _rope_scaling(reader, arch, rope) if rope["rope_type"] == "default" else rope
+    original = int(
+        _field(reader, f"{arch}.rope.scaling.original_context_length", d["max_position_embeddings"])
+    )
+    if rope["rope_type"] == "longrope":
+        # transformers 5's form: longrope's attention factor follows from this ratio
+        rope["factor"] = d["max_position_embeddings"] / original
+    else:
+        rope = _rope_scaling(reader, arch, rope)
     if rotary != head_dim:
         rope["partial_rotary_factor"] = rotary / head_dim
     window = _field(reader, f"{arch}.attention.sliding_window")
@@ -234,11 +241,7 @@ def _phi3_keys(reader, arch, d, tensor_names):
         model_type="phi3",
         head_dim=head_dim,
         rope_parameters=rope,
-        original_max_position_embeddings=int(
-            _field(
-                reader, f"{arch}.rope.scaling.original_context_length", d["max_position_embeddings"]
-            )
-        ),
+        original_max_position_embeddings=original,
         sliding_window=int(window) if window else None,
     )
 

@@ -287,6 +287,7 @@ def test_phi3_config_and_fused_weight_names(tmp_path):
     rope = d["rope_parameters"]
     assert rope["rope_type"] == "longrope"
     assert rope["partial_rotary_factor"] == 0.75
+    assert rope["factor"] == 1024 / 256
     np.testing.assert_allclose(rope["long_factor"], long_factor.astype(np.float32))
     np.testing.assert_allclose(rope["short_factor"], short_factor.astype(np.float32))
     from transformers import Phi3Config
