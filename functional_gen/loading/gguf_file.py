@@ -2,13 +2,27 @@
 the tokenizer built from the same file's metadata by transformers' GGUF tokenizer conversion
 (without torch: transformers' own GGUF reader imports it).
 
+Architectures (`general.architecture`): `llama` (and Mistral), `qwen2`, `qwen3`, `gemma3`,
+`phi3`. Each one's metadata becomes a Hugging Face `config.json` dict (`gguf_hf_config`, one
+small function per architecture) and its tensor names Hugging Face weight names
+(`gguf_weight_name`, one small table per architecture); `model_config_from_hf` is the one call
+that turns the dict into the decoder's config (Llama, Mistral and Qwen2 today).
+
 Any tensor type `gguf.quants.dequantize` handles is accepted (F32, F16, BF16, Q8_0, Q4_0, Q4_1,
 Q5_0, Q5_1, the K-quants Q2_K-Q6_K, ...); the weights become dense float arrays of the requested
-dtype. llama.cpp's converter permutes the rows of `attn_q`/`attn_k` of `llama` models for its
-interleaved RoPE; they are permuted back to the Hugging Face layout, which reproduces
-transformers' own GGUF loading bit for bit.
+dtype, or int8 per block of 32 (`requantize_int8`). The file's conventions are undone:
+llama.cpp's converter permutes the rows of `attn_q`/`attn_k` of `llama` models for its
+interleaved RoPE (permuted back to the Hugging Face layout, which reproduces transformers' own
+GGUF loading bit for bit), and stores Gemma's `(1 + weight)` norms as `1 + weight` (returned as
+`weight`, as transformers does).
+
+What is slow to derive from a file is cached in `functional_gen.cache.cache_dir()`, keyed by the
+file's identity (`gguf_cache_key`): the converted tokenizer and the int8 requantization. A
+damaged file raises `CheckpointError` naming the file and what is wrong ("truncated", "missing
+key `gemma3.block_count`").
 """
 
+import json
 import os
 import re
 from pathlib import Path
@@ -17,15 +31,23 @@ import equinox as eqx
 import jax.numpy as jnp
 import numpy as np
 
+from ..cache import cache_dir
 from ..models.config import LlamaConfig, UnsupportedConfigError
 from ..models.llama import LlamaForCausalLM
 from ..models.quantization import blocks_of, check_quantization, quantize_int8
 from ..tokenization import END_OF_GENERATION_TEXTS
+from .errors import CheckpointError
 
-SUPPORTED_GGUF_ARCHITECTURES = ("llama", "qwen2")
-"""`general.architecture` values accepted (llama.cpp writes Mistral models as `llama`)."""
+SUPPORTED_GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3", "phi3")
+"""`general.architecture` values whose metadata and tensor names are read (llama.cpp writes
+Mistral models as `llama`). `gguf_hf_config` reads all of them; `read_gguf_config` builds a model
+config for `LLAMA_FAMILY_MODEL_TYPES` only, until the decoder runs the others."""
 
-_LAYER_TENSORS = {
+LLAMA_FAMILY_MODEL_TYPES = ("llama", "mistral", "qwen2")
+"""`model_type`s that `LlamaConfig.from_hf` builds today."""
+
+# Tensor names inside a block (`blk.N.<name>.weight`), common to every architecture.
+_COMMON_LAYER_TENSORS = {
     "attn_q": "self_attn.q_proj",
     "attn_k": "self_attn.k_proj",
     "attn_v": "self_attn.v_proj",
@@ -36,11 +58,50 @@ _LAYER_TENSORS = {
     "attn_norm": "input_layernorm",
     "ffn_norm": "post_attention_layernorm",
 }
+# Per architecture, what differs from `_COMMON_LAYER_TENSORS` (llama.cpp's
+# gguf-py/gguf/tensor_mapping.py read backwards, as transformers' GGUF loader does).
+_ARCH_LAYER_TENSORS = {
+    "llama": {},
+    "qwen2": {},
+    # Qwen3: RMSNorm of each query/key head before RoPE.
+    "qwen3": {"attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm"},
+    # Gemma 3: norms before and after attention and MLP, q/k norms.
+    "gemma3": {
+        "attn_q_norm": "self_attn.q_norm",
+        "attn_k_norm": "self_attn.k_norm",
+        "post_attention_norm": "post_attention_layernorm",
+        "ffn_norm": "pre_feedforward_layernorm",
+        "post_ffw_norm": "post_feedforward_layernorm",
+    },
+    # Phi-3: fused q/k/v rows and fused gate/up rows (HF's own fused names; the decoder splits).
+    "phi3": {"attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"},
+}
 _GLOBAL_TENSORS = {
     "token_embd.weight": "model.embed_tokens.weight",
     "output_norm.weight": "model.norm.weight",
     "output.weight": "lm_head.weight",
 }
+# Tensors that are config, not weights: Llama 3.1's RoPE divisors (returned as `rope_freqs`),
+# Phi-3's longrope factors (read into the config by `gguf_hf_config`).
+_CONFIG_TENSORS = {"rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight"}
+
+# llama.cpp's converter permutes the rows of attn_q/attn_k only for its `llama` architecture
+# (`LlamaModel.permute`, for interleaved RoPE); Qwen2/3, Gemma 3 and Phi-3 use NeoX-style RoPE,
+# stored as is.
+_PERMUTED_ARCHITECTURES = ("llama",)
+
+# Gemma's RMSNorm multiplies by (1 + weight); llama.cpp's converter (`Gemma2Model/Gemma3Model
+# .modify_tensors`: `data_torch = data_torch + 1` for every tensor whose name ends in
+# "norm.weight") stores 1 + weight, and transformers' GGUF loader (`Gemma2TensorProcessor`, used
+# for gemma3 too) subtracts 1 again. We return the Hugging Face convention, weight.
+_PLUS_ONE_NORM_ARCHITECTURES = ("gemma3",)
+
+# Gemma 3's local layers: llama.cpp's defaults where the converter writes no key
+# (llama-model.cpp, LLM_ARCH_GEMMA3: `hparams.set_swa_pattern(6)`,
+# `hparams.rope_freq_base_train_swa = 10000.0f`), which are also transformers'
+# `Gemma3TextConfig` defaults (`sliding_window_pattern=6`, `rope_local_base_freq=10000`).
+_GEMMA3_SLIDING_WINDOW_PATTERN = 6
+_GEMMA3_LOCAL_ROPE_BASE = 10000.0
 
 
 def _field(reader, key, default=None):
@@ -50,17 +111,177 @@ def _field(reader, key, default=None):
     return field.contents()
 
 
-def read_gguf_config(reader) -> LlamaConfig:
-    """The `LlamaConfig` described by a GGUF file's metadata.
+def _file_name(reader) -> str:
+    return str(getattr(reader.data, "filename", None) or "the GGUF file")
+
+
+def _require(reader, key: str):
+    """The value of metadata `key`; a `CheckpointError` naming the file and the key if absent."""
+    value = _field(reader, key)
+    if value is None:
+        raise CheckpointError(f"{_file_name(reader)}: missing key `{key}` in the GGUF metadata")
+    return value
+
+
+def _rope_scaling(reader, arch: str, rope: dict) -> dict:
+    """`rope` with the linear RoPE scaling of `{arch}.rope.scaling.*`, if any."""
+    scaling = _field(reader, f"{arch}.rope.scaling.type")
+    if scaling in ("linear",):
+        factor = float(_require(reader, f"{arch}.rope.scaling.factor"))
+        return {**rope, "rope_type": "linear", "factor": factor}
+    if scaling not in (None, "none"):
+        raise UnsupportedConfigError(
+            f"GGUF rope.scaling.type {scaling!r} is not supported; supported: none, linear "
+            "(and llama3 scaling stored as rope_freqs.weight)"
+        )
+    return rope
+
+
+def _llama_keys(reader, arch, d, tensor_names):
+    rope = {
+        "rope_type": "default",
+        "rope_theta": float(_field(reader, f"{arch}.rope.freq_base", 10000.0)),
+    }
+    d["rope_parameters"] = _rope_scaling(reader, arch, rope)
+    window = _field(reader, f"{arch}.attention.sliding_window")
+    if arch == "qwen2":
+        d["model_type"] = "qwen2"
+        if window is not None:
+            d.update(use_sliding_window=True, sliding_window=int(window), max_window_layers=0)
+    elif window is not None:
+        d.update(model_type="mistral", sliding_window=int(window))
+    else:
+        d["model_type"] = "llama"
+
+
+def _qwen3_keys(reader, arch, d, tensor_names):
+    rope = {
+        "rope_type": "default",
+        "rope_theta": float(_field(reader, f"{arch}.rope.freq_base", 1000000.0)),
+    }
+    d.update(model_type="qwen3", rope_parameters=_rope_scaling(reader, arch, rope))
+    window = _field(reader, f"{arch}.attention.sliding_window")
+    d.update(
+        use_sliding_window=window is not None,
+        sliding_window=None if window is None else int(window),
+    )
+
+
+def _gemma3_keys(reader, arch, d, tensor_names):
+    layers, hidden, heads = d["num_hidden_layers"], d["hidden_size"], d["num_attention_heads"]
+    pattern = _field(
+        reader, f"{arch}.attention.sliding_window_pattern", _GEMMA3_SLIDING_WINDOW_PATTERN
+    )
+    if isinstance(pattern, list):  # newer llama.cpp: one flag per layer, true = sliding window
+        sliding = [bool(x) for x in pattern]
+    else:
+        sliding = [(i + 1) % int(pattern) != 0 for i in range(layers)]
+    if len(sliding) != layers:
+        raise CheckpointError(
+            f"{_file_name(reader)}: `{arch}.attention.sliding_window_pattern` has "
+            f"{len(sliding)} flags for {layers} layers"
+        )
+    global_rope = {
+        "rope_type": "default",
+        "rope_theta": float(_field(reader, f"{arch}.rope.freq_base", 1000000.0)),
+    }
+    local_base = float(_field(reader, f"{arch}.rope.freq_base_swa", _GEMMA3_LOCAL_ROPE_BASE))
+    d.update(
+        model_type="gemma3_text",
+        hidden_activation="gelu_pytorch_tanh",
+        sliding_window=int(_require(reader, f"{arch}.attention.sliding_window")),
+        layer_types=["sliding_attention" if flag else "full_attention" for flag in sliding],
+        rope_parameters={
+            # linear scaling (Gemma 3 4B and larger) applies to the global layers only
+            "full_attention": _rope_scaling(reader, arch, global_rope),
+            "sliding_attention": {"rope_type": "default", "rope_theta": local_base},
+        },
+        # llama.cpp's `f_attention_scale`: 1/sqrt(hidden/heads) for the 27B model (62 layers),
+        # 1/sqrt(head_dim) for the others, i.e. transformers' query_pre_attn_scalar.
+        query_pre_attn_scalar=hidden // heads if layers == 62 else d["head_dim"],
+        final_logit_softcapping=_field(reader, f"{arch}.final_logit_softcapping"),
+        attn_logit_softcapping=_field(reader, f"{arch}.attn_logit_softcapping"),
+    )
+
+
+def _phi3_keys(reader, arch, d, tensor_names):
+    head_dim = d["hidden_size"] // d["num_attention_heads"]
+    rotary = int(_field(reader, f"{arch}.rope.dimension_count", head_dim))
+    rope = {
+        "rope_type": "default",
+        "rope_theta": float(_field(reader, f"{arch}.rope.freq_base", 10000.0)),
+    }
+    if "rope_factors_long.weight" in tensor_names:
+        # Phi-3 128k / Phi-3.5 / Phi-4-mini: llama.cpp's converter writes longrope's factors as
+        # tensors (`Phi3MiniModel.generate_extra_tensors`).
+        factors = {
+            t.name: [float(x) for x in np.asarray(t.data).reshape(-1)]
+            for t in reader.tensors
+            if t.name in _CONFIG_TENSORS
+        }
+        rope.update(
+            rope_type="longrope",
+            long_factor=factors["rope_factors_long.weight"],
+            short_factor=factors.get(
+                "rope_factors_short.weight", factors["rope_factors_long.weight"]
+            ),
+        )
+    original = int(
+        _field(reader, f"{arch}.rope.scaling.original_context_length", d["max_position_embeddings"])
+    )
+    if rope["rope_type"] == "longrope":
+        # transformers 5's form: longrope's attention factor follows from this ratio
+        rope["factor"] = d["max_position_embeddings"] / original
+    else:
+        rope = _rope_scaling(reader, arch, rope)
+    if rotary != head_dim:
+        rope["partial_rotary_factor"] = rotary / head_dim
+    window = _field(reader, f"{arch}.attention.sliding_window")
+    d.update(
+        model_type="phi3",
+        head_dim=head_dim,
+        rope_parameters=rope,
+        original_max_position_embeddings=original,
+        sliding_window=int(window) if window else None,
+    )
+
+
+# Per architecture: the keys of its Hugging Face `config.json` that differ from the common ones.
+_ARCH_CONFIG = {
+    "llama": _llama_keys,
+    "qwen2": _llama_keys,
+    "qwen3": _qwen3_keys,
+    "gemma3": _gemma3_keys,
+    "phi3": _phi3_keys,
+}
+
+
+def gguf_hf_config(reader) -> dict:
+    """The Hugging Face `config.json` dict (`{"model_type": ..., ...}`, transformers 5 names:
+    `rope_parameters`, `layer_types`) described by a GGUF file's metadata, for the
+    architectures in `SUPPORTED_GGUF_ARCHITECTURES`, as llama.cpp's `convert_hf_to_gguf.py`
+    writes them.
+
+    `gemma3` becomes `model_type="gemma3_text"`: `sliding_window` from the file, 5 local + 1
+    global layers (`layer_types`; llama.cpp's pattern of 6), RoPE base 1M on global and 10k on
+    local layers (llama.cpp's defaults where the file has no key), `query_pre_attn_scalar`,
+    GELU-tanh, soft-capping when the file has it. `phi3`: `partial_rotary_factor` from
+    `rope.dimension_count`, longrope factors from `rope_factors_long/short.weight`. The output
+    head is tied when the file has no `output.weight`.
 
     EOS ids follow llama.cpp: `tokenizer.ggml.eos_token_id`, `eot_token_id`, `eom_token_id`, plus
     the control tokens whose text llama.cpp treats as end of generation (`<|im_end|>`,
-    `<|endoftext|>`, `<|eot_id|>`, ...).
+    `<|endoftext|>`, `<end_of_turn>`, ...).
+
+    **Arguments:** `reader`: a `gguf.GGUFReader` (see `open_gguf`).
 
     **Raises:** `UnsupportedConfigError` for an architecture outside
-    `SUPPORTED_GGUF_ARCHITECTURES` or an unsupported RoPE scaling type.
+    `SUPPORTED_GGUF_ARCHITECTURES` or an unsupported RoPE scaling type; `CheckpointError`
+    naming the file and the key when a required metadata key is missing.
     """
     arch = _field(reader, "general.architecture")
+    if arch is None:
+        _require(reader, "general.architecture")
     if arch not in SUPPORTED_GGUF_ARCHITECTURES:
         raise UnsupportedConfigError(
             f"unknown GGUF architecture {arch!r}; supported: {SUPPORTED_GGUF_ARCHITECTURES}"
@@ -70,22 +291,12 @@ def read_gguf_config(reader) -> LlamaConfig:
     def meta(key, default=None):
         return _field(reader, f"{arch}.{key}", default)
 
+    def required(key):
+        return _require(reader, f"{arch}.{key}")
+
     tokens = _field(reader, "tokenizer.ggml.tokens") or []
-    hidden = int(meta("embedding_length"))
-    heads = int(meta("attention.head_count"))
-    head_dim = int(meta("attention.key_length", meta("rope.dimension_count", hidden // heads)))
-    num_layers = int(meta("block_count"))
-
-    rope: dict = {"rope_type": "default", "rope_theta": float(meta("rope.freq_base", 10000.0))}
-    scaling = meta("rope.scaling.type")
-    if scaling in ("linear",):
-        rope = {**rope, "rope_type": "linear", "factor": float(meta("rope.scaling.factor"))}
-    elif scaling not in (None, "none"):
-        raise UnsupportedConfigError(
-            f"GGUF rope.scaling.type {scaling!r} is not supported; supported: none, linear "
-            "(and llama3 scaling stored as rope_freqs.weight)"
-        )
-
+    hidden = int(required("embedding_length"))
+    heads = int(required("attention.head_count"))
     eos = []
     for key in ("eos_token_id", "eot_token_id", "eom_token_id"):
         value = _field(reader, f"tokenizer.ggml.{key}")
@@ -94,19 +305,17 @@ def read_gguf_config(reader) -> LlamaConfig:
     for i, text in enumerate(tokens):
         if text in END_OF_GENERATION_TEXTS and i not in eos:
             eos.append(i)
-
-    window = meta("attention.sliding_window")
     d = {
-        "model_type": "qwen2" if arch == "qwen2" else "llama",
         "vocab_size": int(meta("vocab_size", len(tokens))),
         "hidden_size": hidden,
-        "intermediate_size": int(meta("feed_forward_length")),
-        "num_hidden_layers": num_layers,
+        "intermediate_size": int(required("feed_forward_length")),
+        "num_hidden_layers": int(required("block_count")),
         "num_attention_heads": heads,
         "num_key_value_heads": int(meta("attention.head_count_kv", heads)),
-        "head_dim": head_dim,
+        "head_dim": int(
+            meta("attention.key_length", meta("rope.dimension_count", hidden // heads))
+        ),
         "rms_norm_eps": float(meta("attention.layer_norm_rms_epsilon", 1e-6)),
-        "rope_parameters": rope,
         "max_position_embeddings": int(meta("context_length", 2048)),
         "tie_word_embeddings": "output.weight" not in tensor_names,
         "attention_bias": "blk.0.attn_q.bias" in tensor_names,
@@ -114,12 +323,34 @@ def read_gguf_config(reader) -> LlamaConfig:
         "eos_token_id": eos,
         "pad_token_id": _field(reader, "tokenizer.ggml.padding_token_id"),
     }
-    if window is not None:
-        if arch == "qwen2":
-            d.update(use_sliding_window=True, sliding_window=int(window), max_window_layers=0)
-        else:
-            d.update(model_type="mistral", sliding_window=int(window))
+    _ARCH_CONFIG[arch](reader, arch, d, tensor_names)
+    return d
+
+
+def model_config_from_hf(d: dict) -> LlamaConfig:
+    """The model config of a Hugging Face config dict: the one call between a GGUF's metadata
+    (`gguf_hf_config`) and the decoder.
+
+    **Raises:** `UnsupportedConfigError` for a `model_type` the decoder does not run yet
+    (Gemma 3, Qwen3 and Phi-3 GGUFs are read by `gguf_hf_config` and `read_gguf_weights`).
+    """
+    if d["model_type"] not in LLAMA_FAMILY_MODEL_TYPES:
+        raise UnsupportedConfigError(
+            f"GGUF model_type {d['model_type']!r} is read (gguf_hf_config, read_gguf_weights) but "
+            f"the decoder does not run it yet; runnable GGUF model types: {LLAMA_FAMILY_MODEL_TYPES}"
+        )
     return LlamaConfig.from_hf(d)
+
+
+def read_gguf_config(reader) -> LlamaConfig:
+    """The model config described by a GGUF file's metadata: `model_config_from_hf` of
+    `gguf_hf_config(reader)`.
+
+    **Raises:** `UnsupportedConfigError` for an architecture outside
+    `SUPPORTED_GGUF_ARCHITECTURES`, one the decoder does not run yet, or an unsupported RoPE
+    scaling type; `CheckpointError` for a missing metadata key.
+    """
+    return model_config_from_hf(gguf_hf_config(reader))
 
 
 # llama.cpp's general.sampling.* keys (written from generation_config.json by its converter) and
@@ -145,6 +376,20 @@ def read_gguf_generation_config(reader, config: LlamaConfig):
     Sampling keys turn sampling on (`do_sample=True`), as the checkpoint's own
     `generation_config.json` did when llama.cpp's converter wrote them.
     """
+    return _generation_config(config, _gguf_sampling(reader))
+
+
+def _gguf_sampling(reader) -> dict:
+    """The GGUF's `general.sampling.*` values under `GenerationConfig` names."""
+    sampling = {}
+    for key, name in _SAMPLING_KEYS.items():
+        value = _field(reader, f"general.sampling.{key}")
+        if value is not None:
+            sampling[name] = value
+    return sampling
+
+
+def _generation_config(config, sampling: dict):
     from transformers import GenerationConfig
 
     values = {
@@ -152,11 +397,6 @@ def read_gguf_generation_config(reader, config: LlamaConfig):
         "eos_token_id": list(config.eos_token_id) or None,
         "pad_token_id": config.pad_token_id,
     }
-    sampling = {}
-    for key, name in _SAMPLING_KEYS.items():
-        value = _field(reader, f"general.sampling.{key}")
-        if value is not None:
-            sampling[name] = value
     if sampling:
         values.update(do_sample=True, **sampling)
     return GenerationConfig(**values)
@@ -175,9 +415,9 @@ _CHUNK_BYTES = 16 * 2**20  # float32 bytes decoded at a time when requantizing a
 
 
 def requantize_int8(tensor) -> tuple[np.ndarray, np.ndarray]:
-    """A GGUF matrix (any type `gguf.quants.dequantize` reads: Q8_0, Q4_0, Q4_1, Q4_K, Q6_K, F16,
-    ...) as int8 with one float32 scale per block of 32 inputs (`functional_gen.models
-    .quantization.quantize_int8`), a few rows of blocks at a time.
+    """A GGUF matrix (any type `gguf.quants.dequantize` reads: Q8_0, Q4_0, Q4_1, Q5_0, Q4_K,
+    Q5_K, Q6_K, F16, ...) as int8 with one float32 scale per block of 32 inputs
+    (`functional_gen.models.quantization.quantize_int8`), a few rows of blocks at a time.
 
     Q8_0 is that format already (32 int8 values and a float16 scale per block): its values and
     scales are copied, without rounding. Any other type is decoded from its own blocks by
@@ -217,8 +457,30 @@ def requantize_int8(tensor) -> tuple[np.ndarray, np.ndarray]:
     return q, scale
 
 
+def _config_value(config, name: str):
+    return config[name] if isinstance(config, dict) else getattr(config, name)
+
+
+def gguf_weight_name(arch: str, gguf_name: str) -> str:
+    """The Hugging Face weight name of a GGUF tensor of architecture `arch`
+    (`blk.3.attn_q.weight` -> `model.layers.3.self_attn.q_proj.weight`; Gemma 3's `ffn_norm`
+    -> `pre_feedforward_layernorm`; Phi-3's fused `attn_qkv` -> `self_attn.qkv_proj` and
+    `ffn_up` -> `mlp.gate_up_proj`).
+
+    **Raises:** `UnsupportedConfigError` for a tensor name the architecture does not have.
+    """
+    if gguf_name in _GLOBAL_TENSORS:
+        return _GLOBAL_TENSORS[gguf_name]
+    m = re.fullmatch(r"blk\.(\d+)\.(\w+)\.(weight|bias)", gguf_name)
+    table = {**_COMMON_LAYER_TENSORS, **_ARCH_LAYER_TENSORS.get(arch, {})}
+    if m is None or m.group(2) not in table:
+        raise UnsupportedConfigError(f"unexpected GGUF tensor {gguf_name!r} for a {arch!r} model")
+    layer, kind, param = m.groups()
+    return f"model.layers.{layer}.{table[kind]}.{param}"
+
+
 def read_gguf_weights(
-    reader, config: LlamaConfig, *, dtype=np.float32, quantization: str | None = None
+    reader, config, *, dtype=np.float32, quantization: str | None = None
 ) -> dict[str, np.ndarray]:
     """Every tensor of a GGUF file under Hugging Face names, one tensor at a time.
 
@@ -226,7 +488,15 @@ def read_gguf_weights(
     arrays, or with `quantization="int8"` an int8 `....weight` plus its float32 `....scale`
     requantized from the file's own blocks (`requantize_int8`; no float32 copy of the model is
     ever built). A `rope_freqs.weight` tensor (llama.cpp's form of Llama 3.1 RoPE scaling) is
-    returned under `rope_freqs`, the divisors of the RoPE inverse frequencies.
+    returned under `rope_freqs`, the divisors of the RoPE inverse frequencies; Phi-3's
+    `rope_factors_*` tensors are config (`gguf_hf_config`), not weights.
+
+    The file's conventions are undone: `llama` q/k rows are un-permuted; Gemma 3's norms, stored
+    by llama.cpp as `1 + weight`, are returned as `weight` (transformers' convention, applied as
+    `1 + weight`), as transformers' GGUF loader does.
+
+    **Arguments:** `reader`: a `gguf.GGUFReader`; `config`: the model config or its Hugging
+    Face dict (`gguf_hf_config`), for the head counts.
 
     **Raises:** `UnsupportedConfigError` for a tensor name or a tensor type the loader does not
     know; `ValueError` for an unknown `quantization`.
@@ -236,7 +506,13 @@ def read_gguf_weights(
     from ..progress import progress_bar
 
     check_quantization(quantization)
-    permute = config.model_type in ("llama", "mistral")
+    arch = _field(reader, "general.architecture")
+    permute = arch in _PERMUTED_ARCHITECTURES
+    plus_one_norms = arch in _PLUS_ONE_NORM_ARCHITECTURES
+    heads = {
+        "attn_q": _config_value(config, "num_attention_heads"),
+        "attn_k": _config_value(config, "num_key_value_heads"),
+    }
     weights: dict[str, np.ndarray] = {}
     action = (
         "Requantizing GGUF tensors to int8"
@@ -244,20 +520,15 @@ def read_gguf_weights(
         else "Dequantizing GGUF tensors"
     )
     for t in progress_bar(reader.tensors, desc=action, unit="tensor"):
-        if t.name in _GLOBAL_TENSORS:
-            name = _GLOBAL_TENSORS[t.name]
-            kind = None
-        elif t.name == "rope_freqs.weight":
-            name, kind = "rope_freqs", None
+        kind = None
+        if t.name == "rope_freqs.weight":
+            name = "rope_freqs"
+        elif t.name in _CONFIG_TENSORS:
+            continue
         else:
-            m = re.fullmatch(r"blk\.(\d+)\.(\w+)\.(weight|bias)", t.name)
-            if m is None or m.group(2) not in _LAYER_TENSORS:
-                raise UnsupportedConfigError(
-                    f"unexpected GGUF tensor {t.name!r} for a Llama-family model"
-                )
-            layer, kind, param = m.groups()
-            name = f"model.layers.{layer}.{_LAYER_TENSORS[kind]}.{param}"
-        heads = {"attn_q": config.num_attention_heads, "attn_k": config.num_key_value_heads}
+            name = gguf_weight_name(arch, t.name)
+            m = re.fullmatch(r"blk\.\d+\.(\w+)\.\w+", t.name)
+            kind = m.group(1) if m else None
         n_head = heads.get(kind) if permute else None
         matrix = len(t.shape) == 2 and name != "rope_freqs"
         if matrix and quantization == "int8":
@@ -276,12 +547,19 @@ def read_gguf_weights(
         array = np.asarray(data, dtype=np.float32).reshape([int(n) for n in reversed(t.shape)])
         if n_head is not None:
             array = _unpermute(array, n_head)
+        if plus_one_norms and t.name.endswith("norm.weight"):
+            array = array - np.float32(1)
         weights[name] = array.astype(dtype) if matrix else array
     return weights
 
 
 def load_gguf(
-    path: str | os.PathLike, *, dtype=jnp.float32, quantization: str | None = None, tokenizer=None
+    path: str | os.PathLike,
+    *,
+    dtype=jnp.float32,
+    quantization: str | None = None,
+    tokenizer=None,
+    cache: str | None = "int8",
 ):
     """Load `(model, tokenizer)` from a GGUF file.
 
@@ -290,20 +568,31 @@ def load_gguf(
     - `path`: the `.gguf` file.
     - `dtype`: dtype of the matrices (`jnp.float32` or `jnp.bfloat16`); activations are float32.
     - `quantization`: `None`, or `"int8"`: every matrix requantized to per-block (32) int8
-      from the file's own blocks, one tensor at a time (see `read_gguf_weights`).
+      from the file's own blocks, one tensor at a time (see `read_gguf_weights`); the result is
+      cached and later loads of the same file read it (see `read_gguf`).
     - `tokenizer`: a tokenizer to return instead of building one from the file.
+    - `cache`: which weights to cache (`GGUF_CACHE_MODES`, see `read_gguf`).
 
     **Returns:** `(LlamaForCausalLM, transformers tokenizer)`; the tokenizer is built by
-    transformers from the file's `tokenizer.ggml.*` metadata (a few seconds).
+    transformers from the file's `tokenizer.ggml.*` metadata, once, then read from the cache
+    (see `gguf_tokenizer`).
 
     **Raises:** `FileNotFoundError` if the file does not exist; `UnsupportedConfigError` for an
-    unsupported architecture, RoPE scaling or tensor type; `ValueError` for an unknown
-    `quantization`.
+    unsupported architecture (or one the decoder does not run yet), RoPE scaling or tensor type;
+    `CheckpointError` for a truncated or damaged file or a missing metadata key; `ValueError`
+    for an unknown `quantization`.
     """
     check_quantization(quantization)
-    reader = open_gguf(path)
+    if cache not in GGUF_CACHE_MODES:
+        raise ValueError(f"unknown cache {cache!r}; expected one of {GGUF_CACHE_MODES}")
+    reader = _LazyReader(path)
     config, weights, generation_config = read_gguf(
-        path, with_generation_config=True, dtype=dtype, quantization=quantization, reader=reader
+        path,
+        with_generation_config=True,
+        dtype=dtype,
+        quantization=quantization,
+        reader=reader,
+        cache=cache,
     )
     rope_freqs = weights.pop("rope_freqs", None)
     model = LlamaForCausalLM.from_weights(
@@ -317,16 +606,107 @@ def load_gguf(
 
 
 def open_gguf(path: str | os.PathLike):
-    """A `gguf.GGUFReader` of the file (memory-mapped; reads the header and metadata).
+    """A `gguf.GGUFReader` of the file (memory-mapped; reads the header, the metadata and the
+    tensor table, and checks that every tensor's bytes are in the file).
 
-    **Raises:** `FileNotFoundError` if the file does not exist.
+    **Raises:** `FileNotFoundError` if the file does not exist; `CheckpointError` naming the file
+    when it is not a GGUF file (no `GGUF` magic) or is truncated or damaged (the `gguf`
+    package's exception, e.g. numpy's reshape/view error on a cut-off file, is its `__cause__`).
     """
     from gguf import GGUFReader
 
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"GGUF file not found: {path}")
-    return GGUFReader(str(path))
+    with path.open("rb") as f:
+        magic = f.read(4)
+    if magic != b"GGUF":
+        raise CheckpointError(f"{path} is not a GGUF file: it does not start with b'GGUF'")
+    try:
+        return GGUFReader(str(path))
+    except (ValueError, IndexError, KeyError, OverflowError, UnicodeDecodeError) as e:
+        raise CheckpointError(
+            f"{path} is truncated or damaged ({path.stat().st_size:,} bytes): gguf could not read "
+            f"its header or tensor table ({type(e).__name__}: {e})"
+        ) from e
+
+
+_CACHE_VERSION = 1  # bump when a cached tokenizer's or int8 file's layout changes
+
+
+def gguf_cache_key(path: str | os.PathLike) -> str:
+    """A name for what is cached from a GGUF file: its stem, size and modification time, and a
+    digest of its absolute path (a changed or replaced file gets a new key)."""
+    import hashlib
+
+    path = Path(path).resolve()
+    st = path.stat()
+    digest = hashlib.sha256(f"{path}\0{st.st_size}\0{st.st_mtime_ns}".encode()).hexdigest()[:16]
+    return f"{path.stem}-{st.st_size}-{digest}-v{_CACHE_VERSION}"
+
+
+GGUF_CACHE_MODES = (None, "int8", "all")
+"""`read_gguf`'s `cache`: nothing, the int8 requantization only, or also the dequantized float
+weights."""
+
+
+def _cached_weights(path: Path, reader: "_LazyReader", config, *, dtype, quantization):
+    """`read_gguf_weights(...)`, cached as one safetensors file in `cache_dir() / "gguf-weights"`
+    (written under a temporary name and renamed, like the default model's float32 conversion);
+    a later call reads that file instead of decoding the blocks again."""
+    from safetensors.numpy import load_file, save_file
+
+    kind = quantization or np.dtype(dtype).name
+    target = cache_dir() / "gguf-weights" / f"{gguf_cache_key(path)}-{kind}.safetensors"
+    if target.is_file():
+        return load_file(str(target))
+    weights = read_gguf_weights(reader(), config, dtype=dtype, quantization=quantization)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f"{target.name}.tmp-{os.getpid()}")
+    try:
+        save_file(weights, str(tmp))
+        tmp.replace(target)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return weights
+
+
+class _LazyReader:
+    """Opens the GGUF file on the first call only: a 262k-token vocabulary makes
+    `gguf.GGUFReader` take ~5-20 s, which a load served from the caches never pays."""
+
+    def __init__(self, path, reader=None):
+        self.path, self.reader = path, reader
+
+    def __call__(self):
+        if self.reader is None:
+            self.reader = open_gguf(self.path)
+        return self.reader
+
+
+def _as_reader(path, reader):
+    return reader() if isinstance(reader, _LazyReader) else reader or open_gguf(path)
+
+
+def _cached_metadata(path: Path, lazy: _LazyReader, cache) -> tuple[dict, dict]:
+    """`(gguf_hf_config, general.sampling.* values)`, kept in a JSON file beside the cached
+    weights when `cache` is set."""
+    target = cache_dir() / "gguf-weights" / f"{gguf_cache_key(path)}-metadata.json"
+    if cache is not None and target.is_file():
+        saved = json.loads(target.read_text())
+        return saved["config"], saved["sampling"]
+    reader = lazy()
+    d, sampling = gguf_hf_config(reader), _gguf_sampling(reader)
+    if cache is not None:
+        try:
+            text = json.dumps({"config": d, "sampling": sampling})
+        except TypeError:
+            return d, sampling
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(f"{target.name}.tmp-{os.getpid()}")
+        tmp.write_text(text)
+        tmp.replace(target)
+    return d, sampling
 
 
 def read_gguf(
@@ -336,20 +716,37 @@ def read_gguf(
     dtype=np.float32,
     quantization: str | None = None,
     reader=None,
+    cache: str | None = "int8",
 ):
     """`(config, weights by Hugging Face name)` of a GGUF file (see `read_gguf_weights`; float32
     by default), plus its `GenerationConfig` as a third element when `with_generation_config`.
 
     `reader`: an open `gguf.GGUFReader` of `path` (see `open_gguf`), to read the header once.
+    `cache` (one of `GGUF_CACHE_MODES`): `"int8"` (default): with `quantization="int8"`, the
+    requantized weights are kept in `cache_dir() / "gguf-weights"` (keyed by `gguf_cache_key`)
+    and read from there by later calls (the default model's int8 load: ~7 s of requantization
+    once, then ~3 s, on this loaded machine); `"all"`: the float (`dtype`) weights too (4 bytes
+    a parameter in float32: for the named models, whose size is known; Gemma 3 270M: 1.1 GB);
+    `None`: nothing cached. With a cache, the file's metadata (`gguf_hf_config`) is cached too,
+    so that a load served from the caches does not open the file.
 
-    **Raises:** `FileNotFoundError` if the file does not exist.
+    **Raises:** `FileNotFoundError` if the file does not exist; `ValueError` for an unknown
+    `cache`; see `read_gguf_config` and `read_gguf_weights`.
     """
-    if reader is None:
-        reader = open_gguf(path)
-    config = read_gguf_config(reader)
-    weights = read_gguf_weights(reader, config, dtype=dtype, quantization=quantization)
+    if cache not in GGUF_CACHE_MODES:
+        raise ValueError(f"unknown cache {cache!r}; expected one of {GGUF_CACHE_MODES}")
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"GGUF file not found: {path}")
+    lazy = reader if isinstance(reader, _LazyReader) else _LazyReader(path, reader)
+    d, sampling = _cached_metadata(path, lazy, cache)
+    config = model_config_from_hf(d)
+    if cache == "all" or (cache == "int8" and quantization == "int8"):
+        weights = _cached_weights(path, lazy, config, dtype=dtype, quantization=quantization)
+    else:
+        weights = read_gguf_weights(lazy(), config, dtype=dtype, quantization=quantization)
     if with_generation_config:
-        return config, weights, read_gguf_generation_config(reader, config)
+        return config, weights, _generation_config(config, sampling)
     return config, weights
 
 
@@ -406,7 +803,7 @@ def gguf_tokenizer_metadata(reader) -> tuple[str, dict, dict]:
     return _field(reader, "general.architecture"), tokenizer, tokenizer_config
 
 
-def gguf_tokenizer(path: str | os.PathLike, *, reader=None):
+def gguf_tokenizer(path: str | os.PathLike, *, reader=None, cache: bool = True):
     """The transformers tokenizer described by a GGUF file's metadata, built without torch.
 
     The vocabulary, merges, special tokens and chat template are read with `gguf.GGUFReader` and
@@ -415,19 +812,70 @@ def gguf_tokenizer(path: str | os.PathLike, *, reader=None):
     same class and the same encoding as `AutoTokenizer.from_pretrained(dir, gguf_file=name)`,
     whose GGUF reader needs torch.
 
-    **Arguments:** `path`: the `.gguf` file; `reader`: an open `gguf.GGUFReader` of it, to avoid
-    reading the header twice.
+    Converting a large vocabulary is slow (Gemma 3's 262,144 tokens: ~45 s here), so with
+    `cache` the converted `tokenizers.Tokenizer` (its `tokenizer.json`) and the tokenizer's
+    arguments are saved in `cache_dir() / "gguf-tokenizers" / gguf_cache_key(path)`, and later
+    calls rebuild the same tokenizer from there (a few seconds).
 
-    **Raises:** `FileNotFoundError` if the file does not exist; `ValueError` (from transformers)
-    for a tokenizer family it cannot build.
+    **Arguments:** `path`: the `.gguf` file; `reader`: an open `gguf.GGUFReader` of it, to avoid
+    reading the header twice; `cache`: read and write the converted tokenizer's cache.
+
+    **Raises:** `FileNotFoundError` if the file does not exist; `CheckpointError` for a damaged
+    file; `ValueError` (from transformers) for a tokenizer family it cannot build.
     """
     from transformers import TokenizersBackend
     from transformers.integrations.gguf import convert_gguf_tokenizer
 
-    if reader is None:
-        reader = open_gguf(path)
-    architecture, tokenizer_dict, tokenizer_config = gguf_tokenizer_metadata(reader)
-    backend, extra = convert_gguf_tokenizer(architecture, tokenizer_dict)
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"GGUF file not found: {path}")
+    target = cache_dir() / "gguf-tokenizers" / gguf_cache_key(path) if cache else None
+    if target is None or not (target / _TOKENIZER_KWARGS).is_file():
+        architecture, tokenizer_dict, tokenizer_config = gguf_tokenizer_metadata(
+            _as_reader(path, reader)
+        )
+        backend, extra = convert_gguf_tokenizer(architecture, tokenizer_dict)
+        kwargs = {**tokenizer_config, **extra}
+        if target is not None:
+            _cache_tokenizer(target, backend, kwargs)
+        if target is None or not (target / _TOKENIZER_KWARGS).is_file():
+            return TokenizersBackend(
+                tokenizer_object=backend, name_or_path=str(path.parent), **kwargs
+            )
+    # `tokenizer_file`, not `tokenizer_object`: TokenizersBackend deep-copies an object
+    # (serializing and parsing the 262k vocabulary once more)
     return TokenizersBackend(
-        tokenizer_object=backend, name_or_path=str(Path(path).parent), **tokenizer_config, **extra
+        tokenizer_file=str(target / _TOKENIZER_BACKEND),
+        name_or_path=str(path.parent),
+        **json.loads((target / _TOKENIZER_KWARGS).read_text()),
     )
+
+
+_TOKENIZER_BACKEND = "tokenizer.json"
+_TOKENIZER_KWARGS = "tokenizers_backend_kwargs.json"
+
+
+def _cache_tokenizer(target: Path, backend, kwargs: dict) -> None:
+    """Save the converted `tokenizers.Tokenizer` and the `TokenizersBackend` arguments, so that a
+    later `gguf_tokenizer` rebuilds exactly the same tokenizer without converting (and without
+    transformers' slower `from_pretrained`, which parses the 30 MB JSON in Python too). The
+    directory is written under a temporary name and renamed; nothing is cached when the
+    arguments are not JSON."""
+    import shutil
+    import tempfile
+
+    try:
+        text = json.dumps(kwargs)
+    except TypeError:
+        return
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=target.name + ".tmp-", dir=target.parent))
+    try:
+        backend.save(str(tmp / _TOKENIZER_BACKEND))
+        (tmp / _TOKENIZER_KWARGS).write_text(text)
+        tmp.chmod(0o755)
+        tmp.rename(target)
+    except OSError:  # another process cached it first
+        pass
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
