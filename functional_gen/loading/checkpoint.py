@@ -12,12 +12,18 @@ import jax.numpy as jnp
 import ml_dtypes  # noqa: F401  (registers numpy's bfloat16, which safetensors' numpy reader needs)
 import numpy as np
 
-from ..models.config import SUPPORTED_MODEL_TYPES, LlamaConfig, UnsupportedConfigError
-from ..models.llama import LlamaForCausalLM
+from ..models.config import (
+    SUPPORTED_MODEL_TYPES,
+    DecoderConfig,
+    UnsupportedConfigError,
+    config_from_hf,
+)
+from ..models.decoder import DecoderForCausalLM
 
 
-def read_config(path: Path) -> LlamaConfig:
-    """The `LlamaConfig` of a checkpoint directory.
+def read_config(path: Path) -> DecoderConfig:
+    """The `DecoderConfig` of a checkpoint directory, for any supported `model_type` (the family
+    is chosen by `config.json`'s `model_type`, see `functional_gen.models.families`).
 
     EOS ids are the union of `config.json`'s and `generation_config.json`'s `eos_token_id` (as
     transformers' `generate` uses the latter).
@@ -47,7 +53,7 @@ def read_config(path: Path) -> LlamaConfig:
         eos = json.loads(gen_file.read_text()).get("eos_token_id")
         if eos is not None:
             extra_eos = [eos] if isinstance(eos, int) else list(eos)
-    return LlamaConfig.from_hf(hf_config, extra_eos_token_ids=extra_eos)
+    return config_from_hf(hf_config, extra_eos_token_ids=extra_eos)
 
 
 def checkpoint_dtype(path: Path):
@@ -114,7 +120,7 @@ def load_checkpoint(path: str | os.PathLike, *, dtype=jnp.float32, quantization:
     - `quantization`: `None` or `"int8"` (int8 matrices with a scale per block of 32 inputs, quantized one
       memory-mapped tensor at a time).
 
-    **Returns:** `(LlamaForCausalLM, transformers tokenizer)`.
+    **Returns:** `(DecoderForCausalLM, transformers tokenizer)`.
 
     **Raises:** `FileNotFoundError` for missing files; `UnsupportedConfigError` for unsupported
     architectures or config values; `ValueError` when the weights do not match the config.
@@ -122,7 +128,7 @@ def load_checkpoint(path: str | os.PathLike, *, dtype=jnp.float32, quantization:
     path = Path(path)
     config = read_config(path)
     weights = read_weights(safetensors_files(path))
-    model = LlamaForCausalLM.from_weights(
+    model = DecoderForCausalLM.from_weights(
         config,
         weights,
         dtype=dtype,
