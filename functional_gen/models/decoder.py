@@ -62,7 +62,10 @@ class RMSNorm(eqx.Module):
 
     def __call__(self, x: Float[Array, "hidden tokens"]) -> Float[Array, "hidden tokens"]:
         """Normalise each column (token) of the feature-major `x` over its `hidden` features."""
-        return self.over_axis(x, 0)
+        x32 = x.astype(jnp.float32)
+        x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=0, keepdims=True) + self.eps)
+        weight = self.weight + 1.0 if self.unit_offset else self.weight
+        return weight[:, None] * x32.astype(x.dtype)
 
     def over_axis(self, x: Array, axis: int) -> Array:
         """Normalise `x` over `axis`, whose length is `weight`'s (e.g. `head_dim` of
@@ -226,13 +229,14 @@ class Attention(eqx.Module):
         groups = self.num_heads // kvh
 
         q = self.q_proj(x).reshape(self.num_heads, hd, -1)
-        k = self.k_proj(x).reshape(kvh, hd, -1)
         if self.q_norm is not None:
             q = self.q_norm.over_axis(q, 1)
+        if self.use_rope:
+            q = RotaryEmbedding.rotate(q, rope)
+        k = self.k_proj(x).reshape(kvh, hd, -1)
         if self.k_norm is not None:
             k = self.k_norm.over_axis(k, 1)
         if self.use_rope:
-            q = RotaryEmbedding.rotate(q, rope)
             k = RotaryEmbedding.rotate(k, rope)
         v = self.v_proj(x).reshape(kvh, hd, -1)
 
