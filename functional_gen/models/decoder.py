@@ -213,7 +213,9 @@ class Attention(eqx.Module):
         - `x`: `Float[Array, "hidden tokens"]`, the normed residual stream, feature-major, the
           `batch * seq` tokens of all rows flattened (row-major).
         - `positions`: `Int[Array, "batch seq"]`, RoPE positions of the tokens, `-1` for padding.
-        - `rope`: `(cos, sin)` of the positions (from `RotaryEmbedding.cos_sin`).
+        - `rope`: `(cos, sin)` of the positions (from `RotaryEmbedding.cos_sin`): the model's
+          global RoPE, or the sliding layers' own (`DecoderModel.rotary_emb_local`); unused when
+          `use_rope` is off.
         - `cache`: this layer's `LayerCache`; the new keys/values are written at `write_index`.
         - `prefix_length`: per row, positions below it attend bidirectionally (prefix-LM);
           `None`: causal.

@@ -292,3 +292,50 @@ def test_every_key_transformers_writes_is_known(cls, tmp_path):
     getattr(transformers, cls)(**SMALL).save_pretrained(str(tmp_path))
     config_from_hf(json.loads((tmp_path / "config.json").read_text()))
     config_from_hf(transformers.AutoConfig.from_pretrained(str(tmp_path)))
+
+
+def test_phi4_mini_hub_config_json_is_accepted():
+    """The keys of microsoft/Phi-4-mini-instruct's config.json as published (its remote-code
+    `auto_map` and knobs included), sizes shrunk: longrope with partial rotary."""
+    rotary_half = 6  # head_dim 16 * 0.75 / 2
+    published = {
+        "architectures": ["Phi3ForCausalLM"],
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "auto_map": {
+            "AutoConfig": "configuration_phi3.Phi3Config",
+            "AutoModelForCausalLM": "modeling_phi3.Phi3ForCausalLM",
+            "AutoTokenizer": "Xenova/gpt-4o",
+        },
+        "embd_pdrop": 0.0,
+        "full_attn_mod": 1,
+        "hidden_act": "silu",
+        "initializer_range": 0.02,
+        "interpolate_factor": 1,
+        "lm_head_bias": False,
+        "mlp_bias": False,
+        "model_type": "phi3",
+        "original_max_position_embeddings": 4096,
+        "partial_rotary_factor": 0.75,
+        "resid_pdrop": 0.0,
+        "rms_norm_eps": 1e-05,
+        "rope_scaling": {
+            "long_factor": [1.0 + i for i in range(rotary_half)],
+            "short_factor": [1.0] * rotary_half,
+            "type": "longrope",
+        },
+        "rope_theta": 10000.0,
+        "sliding_window": 262144,
+        "torch_dtype": "bfloat16",
+        "transformers_version": "4.45.0",
+        "use_cache": True,
+        **SMALL,
+        "max_position_embeddings": 131072,
+        "tie_word_embeddings": True,
+    }
+    config = config_from_hf(published)
+    assert (config.rope_type, config.rotary_dim, config.rope_factor) == ("longrope", 12, 32.0)
+    expected = (1 + np.log(32.0) / np.log(4096)) ** 0.5  # _compute_longrope_parameters
+    np.testing.assert_allclose(config.rope_attention_factor, expected, rtol=1e-12)
+    with pytest.raises(UnsupportedConfigError, match="lm_head_bias=True"):
+        config_from_hf({**published, "lm_head_bias": True})

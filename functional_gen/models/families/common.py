@@ -146,9 +146,13 @@ def check_config_keys(d: Mapping[str, Any], used: Iterable[str]) -> None:
         )
 
 
-def check_common(d: Mapping[str, Any], supported: Sequence[str]) -> None:
+def check_common(
+    d: Mapping[str, Any], supported: Sequence[str], *, allow_auto_map: bool = False
+) -> None:
     """The refusals every family shares: interleaved rotary halves, custom modeling code
-    (`auto_map`), a quantized checkpoint, `pretraining_tp` other than 1.
+    (`auto_map`, unless `allow_auto_map`: Microsoft ships Phi-3's remote code beside the
+    implementation transformers has had since 4.40, which `AutoModel` uses without
+    `trust_remote_code`), a quantized checkpoint, `pretraining_tp` other than 1.
 
     **Raises:** `UnsupportedConfigError` naming the key and its value.
     """
@@ -157,7 +161,7 @@ def check_common(d: Mapping[str, Any], supported: Sequence[str]) -> None:
             "rope_interleaved=True is not supported; the decoder rotates halves (rotate_half)"
         )
     custom = sorted(k for k in d.get("auto_map") or {} if k.startswith("AutoModel"))
-    if custom:
+    if custom and not allow_auto_map:
         raise UnsupportedConfigError(
             f"auto_map names custom modeling code for {custom}; only the standard "
             f"{tuple(supported)} architectures are supported"

@@ -30,8 +30,24 @@ USED_KEYS = COMMON_USED_KEYS | {
     "partial_rotary_factor",
     "original_max_position_embeddings",
     "sliding_window",
+    # knobs of Microsoft's remote code (Phi-4-mini's config.json) that transformers' Phi3 does
+    # not read; accepted at the values that mean "off" only (`REMOTE_CODE_DEFAULTS`)
+    "attention_bias",
+    "mlp_bias",
+    "lm_head_bias",
+    "full_attn_mod",
+    "interpolate_factor",
 }
 """`config.json` keys read for Phi-3 (see `common.check_config_keys`)."""
+
+REMOTE_CODE_DEFAULTS = {
+    "attention_bias": False,
+    "mlp_bias": False,
+    "lm_head_bias": False,
+    "full_attn_mod": 1,
+    "interpolate_factor": 1,
+}
+"""The only accepted value of each remote-code knob in a Phi-3 `config.json`."""
 
 
 def config_fields(
@@ -43,9 +59,15 @@ def config_fields(
     unsupported RoPE type.
     """
     check_config_keys(d, USED_KEYS)
-    check_common(d, supported)
+    check_common(d, supported, allow_auto_map=True)
     if activation(d, "hidden_act", "silu") != "silu":
         raise UnsupportedConfigError(f"hidden_act={d['hidden_act']!r} is not supported for Phi-3")
+    for key, off in REMOTE_CODE_DEFAULTS.items():
+        if d.get(key, off) not in (off, None):
+            raise UnsupportedConfigError(
+                f"{key}={d[key]!r} is not supported for Phi-3; expected {off!r} (transformers' "
+                "Phi3 has no such option)"
+            )
     rope = rope_parameters(d)
     if d.get("partial_rotary_factor") is not None:
         rope.setdefault("partial_rotary_factor", d["partial_rotary_factor"])
