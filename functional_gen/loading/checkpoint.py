@@ -12,13 +12,19 @@ import jax.numpy as jnp
 import ml_dtypes  # noqa: F401  (registers numpy's bfloat16, which safetensors' numpy reader needs)
 import numpy as np
 
-from ..models.config import SUPPORTED_MODEL_TYPES, LlamaConfig, UnsupportedConfigError
-from ..models.llama import LlamaForCausalLM
+from ..models.config import (
+    SUPPORTED_MODEL_TYPES,
+    DecoderConfig,
+    UnsupportedConfigError,
+    config_from_hf,
+)
+from ..models.decoder import DecoderForCausalLM
 from .errors import CheckpointError
 
 
-def read_config(path: Path) -> LlamaConfig:
-    """The `LlamaConfig` of a checkpoint directory.
+def read_config(path: Path) -> DecoderConfig:
+    """The `DecoderConfig` of a checkpoint directory, for any supported `model_type` (the family
+    is chosen by `config.json`'s `model_type`, see `functional_gen.models.families`).
 
     EOS ids are the union of `config.json`'s and `generation_config.json`'s `eos_token_id` (as
     transformers' `generate` uses the latter).
@@ -49,7 +55,7 @@ def read_config(path: Path) -> LlamaConfig:
         eos = _read_json(gen_file).get("eos_token_id")
         if eos is not None:
             extra_eos = [eos] if isinstance(eos, int) else list(eos)
-    return LlamaConfig.from_hf(hf_config, extra_eos_token_ids=extra_eos)
+    return config_from_hf(hf_config, extra_eos_token_ids=extra_eos)
 
 
 def checkpoint_dtype(path: Path):
@@ -197,7 +203,7 @@ def load_checkpoint(path: str | os.PathLike, *, dtype=jnp.float32, quantization:
     - `quantization`: `None` or `"int8"` (int8 matrices with a scale per block of 32 inputs, quantized one
       memory-mapped tensor at a time).
 
-    **Returns:** `(LlamaForCausalLM, transformers tokenizer)`.
+    **Returns:** `(DecoderForCausalLM, transformers tokenizer)`.
 
     **Raises:** `FileNotFoundError` for missing files; `CheckpointError` for a damaged file (a
     JSON file that is not JSON or truncated, a truncated safetensors file), naming it;
@@ -209,7 +215,7 @@ def load_checkpoint(path: str | os.PathLike, *, dtype=jnp.float32, quantization:
     # the tokenizer first: a damaged tokenizer file is refused before the weights are read
     tokenizer = load_tokenizer(path)
     weights = read_weights(safetensors_files(path))
-    model = LlamaForCausalLM.from_weights(
+    model = DecoderForCausalLM.from_weights(
         config,
         weights,
         dtype=dtype,

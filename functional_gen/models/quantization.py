@@ -403,13 +403,14 @@ def with_batched_int8(
     **Returns:** the new model (the original is unchanged). Its `named_weights()` also lists the
     copies (`....batched.blocks.N`, `....batched.scale`), which `from_weights` does not accept.
 
-    **Raises:** `TypeError` for a model that is not a `LlamaForCausalLM`; `ValueError` if a part
+    **Raises:** `TypeError` for a model that is not a `DecoderForCausalLM` (`LlamaForCausalLM`); `ValueError` if a part
     count does not divide a matrix's input size, or if the model holds no int8-block matrix.
     """
-    from .llama import Embedding, Linear, LlamaForCausalLM  # llama.py imports this module
-
-    if not isinstance(model, LlamaForCausalLM):
-        raise TypeError(f"with_batched_int8 needs a LlamaForCausalLM, got {type(model).__name__}")
+    if not isinstance(model, eqx.Module) or not hasattr(model, "lm_head"):
+        raise TypeError(
+            "with_batched_int8 needs a functional_gen.models.DecoderForCausalLM, got "
+            f"{type(model).__name__}"
+        )
     found = []
     untied = model.lm_head is not None  # then the embedding is a lookup only
 
@@ -543,6 +544,9 @@ __all__ = [
     "FORMULATIONS",
     "QUANTIZATIONS",
     "WEIGHT_DTYPES",
+    "BatchedInt8",
+    "Embedding",
+    "Linear",
     "blocks_of",
     "check_quantization",
     "dequantize_int8",
@@ -552,4 +556,46 @@ __all__ = [
     "quantize_int8",
     "run_formulation",
     "weight_format",
+    "with_batched_int8",
 ]
+
+
+class Linear(eqx.Module):
+    """`y = weight @ x + bias` on feature-major activations, for float32, bfloat16 or int8 weights.
+
+    The matmul formulation is chosen per weight format and token count from measurements (see
+    the formulations of this module); activations and outputs are float32.
+
+    **Attributes:** `weight`: `Float[Array, "out in"]` (torch layout; float32 or bfloat16) or
+    `Int8[Array, "out in"]`; `bias`: float32 `Float[Array, " out"]` or `None`; `scale`: the
+    float32 `Float[Array, "out blocks"]` of an int8 weight, one per block of `in / blocks` inputs
+    (`dequantize_int8(weight, scale)` is the real weight), else `None`; `batched`:
+    `None`, or an opt-in second int8 copy for products of a few tokens
+    (`with_batched_int8`).
+    """
+
+    weight: Float[Array, "out in"] | Int8[Array, "out in"]
+    bias: Float[Array, " out"] | None
+    scale: Float[Array, "out blocks"] | None = None
+    batched: "BatchedInt8 | None" = None
+
+    def __call__(self, x: Float[Array, "in tokens"]) -> Float[Array, "out tokens"]:
+        y = matmul(self.weight, self.scale, x, self.batched)
+        if self.bias is not None:
+            y = y + self.bias[:, None]
+        return y
+
+
+class Embedding(eqx.Module):
+    """Token embedding table (float32, bfloat16, or int8 with per-block scales); lookups are
+    float32. **Attributes:** `weight`: `Float[Array, "vocab hidden"]` or
+    `Int8[Array, "vocab hidden"]`; `scale`: `Float[Array, "vocab blocks"]` for int8, else
+    `None`; `batched`: `None` or the tied output head's second int8 copy
+    (`with_batched_int8`)."""
+
+    weight: Float[Array, "vocab hidden"] | Int8[Array, "vocab hidden"]
+    scale: Float[Array, "vocab blocks"] | None = None
+    batched: "BatchedInt8 | None" = None
+
+    def __call__(self, token_ids: Int[Array, " tokens"]) -> Float[Array, "hidden tokens"]:
+        return embed(self.weight, self.scale, token_ids)

@@ -85,7 +85,8 @@ def test_missing_shard_is_named(hf_model, tmp_path):
     [
         (
             {"model_type": "gpt2"},
-            r"unknown architecture.*'gpt2'.*supported model types: \('llama', 'mistral', 'qwen2'\)",
+            r"unknown architecture.*'gpt2'.*supported model types: \('llama', 'mistral', 'qwen2', "
+            r"'qwen3', 'gemma2', 'gemma3_text', 'phi3', 'smollm3'\)",
         ),
         (
             {"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 2.0}},

@@ -1,0 +1,904 @@
+"""The one decoder in Equinox, for every supported family: Llama 2/3 and SmolLM2, Mistral, Qwen2,
+Qwen3, Gemma 2, Gemma 3 (text), Phi-3 / Phi-4-mini, SmolLM3.
+
+Source: Touvron et al. 2023, "LLaMA" (RMSNorm, RoPE, SwiGLU) and "Llama 2" (grouped-query
+attention); the reference implementation is transformers' `modeling_llama.py`, which the tests
+compare against logit for logit, as they compare each family against its own modeling file.
+How a family differs from Llama is declared in `DecoderConfig` (norms, activation, q/k norms,
+soft-capping, per-layer attention kind and RoPE, partial rotary, ...); each difference is a
+static field read by a Python `if` at trace time, so it costs nothing where it is off. The
+family modules (`functional_gen.models.families`) map `config.json` and weight names onto it.
+
+Module attribute names are the Hugging Face weight keys (`model.embed_tokens`,
+`model.layers.{n}.self_attn.q_proj`, `model.layers.{n}.mlp.gate_proj`, `model.norm`, `lm_head`,
+...), so loading a checkpoint is matching names (see `DecoderForCausalLM.from_weights`), and every
+`Linear.weight` has torch's `(out, in)` layout: no transposes.
+
+One call path serves **prefill** (the whole prompt in one call, writing the `KVCache`) and
+**decode** (one token per row): `model(token_ids, positions, cache) -> (logits, cache)`.
+
+Note on layout: inside the model, activations are *feature-major*, `[hidden, tokens]`, where the
+tokens of all rows are flattened. Every projection is then `weight @ x`, whose output layout XLA's
+CPU backend computes about twice as fast as `x @ weight.T` for the few-token matmuls of batched
+decoding (see `benchmarks/`); the public inputs and outputs are ordinary `[batch, seq, ...]`.
+
+Words: `seq` is the number of tokens in this call, `max_len` the cache slots per row, `kv_seq`
+the slots attended over (= `max_len`).
+"""
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Float, Int, PRNGKeyArray
+
+from . import quantization as _quantization
+from .base import AbstractCausalLM, fingerprint
+from .config import DecoderConfig
+from .families import hf_weights
+from .kv_cache import KVCache
+from .quantization import Embedding, Linear
+
+_PREFILL_CHUNK = 128  # query block of prefill attention (tokens)
+
+
+class RMSNorm(eqx.Module):
+    """Root-mean-square layer norm (Zhang & Sennrich 2019), computed in float32 as transformers'
+    `LlamaRMSNorm` does, then cast back and scaled by `weight` (or by `1 + weight`, Gemma's
+    `Gemma3RMSNorm`; the same in float32 activations).
+
+    **Attributes:** `weight`: `Float[Array, " hidden"]` (`" head_dim"` for a q/k norm); `eps`: the
+    epsilon added to the mean square; `unit_offset` (static): scale by `1 + weight`
+    (`DecoderConfig.rms_norm_unit_offset`).
+    """
+
+    weight: Float[Array, " hidden"]
+    eps: float = eqx.field(static=True)
+    unit_offset: bool = eqx.field(static=True, default=False)
+
+    def __call__(self, x: Float[Array, "hidden tokens"]) -> Float[Array, "hidden tokens"]:
+        """Normalise each column (token) of the feature-major `x` over its `hidden` features."""
+        x32 = x.astype(jnp.float32)
+        x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=0, keepdims=True) + self.eps)
+        weight = self.weight + 1.0 if self.unit_offset else self.weight
+        return weight[:, None] * x32.astype(x.dtype)
+
+    def over_axis(self, x: Array, axis: int) -> Array:
+        """Normalise `x` over `axis`, whose length is `weight`'s (e.g. `head_dim` of
+        `Float[Array, "heads head_dim tokens"]` for a per-head q/k norm)."""
+        x32 = x.astype(jnp.float32)
+        x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=axis, keepdims=True) + self.eps)
+        weight = self.weight + 1.0 if self.unit_offset else self.weight
+        shape = [1] * x.ndim
+        shape[axis] = -1
+        return weight.reshape(shape) * x32.astype(x.dtype)
+
+
+class RotaryEmbedding(eqx.Module):
+    """Rotary position embedding (Su et al. 2021, "RoFormer"), in transformers' `rotate_half`
+    convention (the two halves of a head, not interleaved pairs).
+
+    **Attributes:** `inv_freq`: `Float[Array, " rotary_dim/2"]`, from
+    `DecoderConfig.rope_inv_freq` (default, linear, llama3 or longrope scaling; `rotary_dim` is
+    `head_dim` unless `partial_rotary_factor` < 1). Not a checkpoint weight.
+    `attention_scaling` (static): the factor on `cos` and `sin` (`longrope`'s attention factor,
+    else 1).
+    """
+
+    inv_freq: Float[Array, " half_rotary_dim"]
+    attention_scaling: float = eqx.field(static=True, default=1.0)
+
+    def cos_sin(
+        self, positions: Int[Array, " tokens"]
+    ) -> tuple[Float[Array, "rotary_dim tokens"], Float[Array, "rotary_dim tokens"]]:
+        """The rotation of each position: `cos` and `sin` of `position * inv_freq`, both halves."""
+        angles = self.inv_freq[:, None] * positions[None, :].astype(jnp.float32)
+        angles = jnp.concatenate([angles, angles], axis=0)  # [rotary_dim, tokens]
+        if self.attention_scaling != 1.0:
+            return jnp.cos(angles) * self.attention_scaling, jnp.sin(
+                angles
+            ) * self.attention_scaling
+        return jnp.cos(angles), jnp.sin(angles)
+
+    @staticmethod
+    def rotate(
+        x: Float[Array, "heads head_dim tokens"],
+        cos_sin: tuple[Float[Array, "rotary_dim tokens"], Float[Array, "rotary_dim tokens"]],
+    ) -> Float[Array, "heads head_dim tokens"]:
+        """Rotate `x` by angles from `cos_sin` (computed once per forward, shared by all layers).
+
+        With fewer rotary dimensions than `head_dim` (partial rotary, Phi-3's
+        `apply_rotary_pos_emb`), only the first `rotary_dim` of each head rotate; the rest pass.
+        """
+        cos, sin = (t.astype(x.dtype) for t in cos_sin)
+        if cos.shape[0] < x.shape[1]:
+            rotary = cos.shape[0]
+            turned = RotaryEmbedding.rotate(x[:, :rotary], (cos, sin))
+            return jnp.concatenate([turned, x[:, rotary:]], axis=1)
+        half = x.shape[1] // 2
+        rotated = jnp.concatenate([-x[:, half:], x[:, :half]], axis=1)
+        return x * cos + rotated * sin
+
+
+ATTENTION_BLOCK = 256
+"""Decode attention reads the cache in static lengths `ATTENTION_BLOCK * 2**i` (see
+`attention_lengths`)."""
+
+
+def attention_lengths(max_len: int) -> tuple[int, ...]:
+    """The static cache lengths attention may read for a cache of `max_len` slots: multiples of
+    `ATTENTION_BLOCK` (256, 512, 768, 1024), then doubling (2048, 4096, ...), each at most half
+    of `max_len`, then `max_len` itself (just `(max_len,)` for a cache of fewer than 512 slots).
+
+    Fine steps where a conversation usually is (a chat passing 512 slots reads 768, not 1024),
+    doubling beyond, so the number of compiled branches stays logarithmic and the slots read
+    within 2x of the written ones. A shorter branch slices the cache, which XLA copies (a
+    strided copy of every head); above half of `max_len` that copy costs more than reading the
+    whole cache in place (batch 1, 1,024 slots, 600 written: 25.0 ms per step with a 768-slot
+    branch, 23.5 ms reading all 1,024)."""
+    lengths = []
+    n = ATTENTION_BLOCK
+    while 2 * n <= max_len:
+        lengths.append(n)
+        n = n + ATTENTION_BLOCK if n < 4 * ATTENTION_BLOCK else 2 * n
+    return (*lengths, max_len)
+
+
+class LayerCache(eqx.Module):
+    """One layer's view of the `KVCache` during a model call.
+
+    **Attributes:**
+
+    - `k`, `v`: `Float[Array, "batch kv_heads max_len head_dim"]`, this layer's buffers.
+    - `positions`: `Int[Array, "batch max_len"]`, the RoPE position of every slot, this call's
+      tokens already recorded (shared by all layers; `-1` = padding or empty).
+    - `write_index`: `Int[Array, ""]`, the first slot this call writes (all rows in lockstep).
+    """
+
+    k: Float[Array, "batch kv_heads max_len head_dim"]
+    v: Float[Array, "batch kv_heads max_len head_dim"]
+    positions: Int[Array, "batch max_len"]
+    write_index: Int[Array, ""]
+
+
+class Attention(eqx.Module):
+    """Grouped-query self-attention over the `KVCache` of one layer.
+
+    Multi-head when `num_key_value_heads == num_attention_heads`, multi-query when it is 1
+    (Ainslie et al. 2023, "GQA"). Scores are scaled by `head_dim ** -0.5` (or
+    `query_pre_attn_scalar ** -0.5`), optionally soft-capped, masked by the slot positions
+    (causal, padding, optional sliding window, optional bidirectional prefix) and softmaxed in
+    float32.
+
+    **Attributes:** `q_proj`, `k_proj`, `v_proj`, `o_proj`: the projections; `num_heads`,
+    `num_kv_heads`, `head_dim` (static); `sliding_window` (static): the window in tokens or
+    `None`; `q_norm`, `k_norm`: per-head `RMSNorm`s before RoPE, or `None`
+    (`DecoderConfig.qk_norm`); `use_rope` (static, `DecoderConfig.use_rope`);
+    `query_pre_attn_scalar`, `softcap` (static, `DecoderConfig.query_pre_attn_scalar` and
+    `attn_logit_softcapping`, `None` when off).
+    """
+
+    q_proj: Linear
+    k_proj: Linear
+    v_proj: Linear
+    o_proj: Linear
+    num_heads: int = eqx.field(static=True)
+    num_kv_heads: int = eqx.field(static=True)
+    head_dim: int = eqx.field(static=True)
+    sliding_window: int | None = eqx.field(static=True)
+    q_norm: RMSNorm | None = None
+    k_norm: RMSNorm | None = None
+    use_rope: bool = eqx.field(static=True, default=True)
+    query_pre_attn_scalar: float | None = eqx.field(static=True, default=None)
+    softcap: float | None = eqx.field(static=True, default=None)
+
+    def __call__(
+        self,
+        x: Float[Array, "hidden tokens"],
+        positions: Int[Array, "batch seq"],
+        rope: tuple[Float[Array, "rotary_dim tokens"], Float[Array, "rotary_dim tokens"]],
+        cache: LayerCache,
+        *,
+        prefix_length: Int[Array, " batch"] | None = None,
+        prefill_chunk: int | None = None,
+    ) -> tuple[Float[Array, "hidden tokens"], LayerCache]:
+        """Attend from this call's tokens to every valid cache slot, this call's tokens included.
+
+        **Arguments:**
+
+        - `x`: `Float[Array, "hidden tokens"]`, the normed residual stream, feature-major, the
+          `batch * seq` tokens of all rows flattened (row-major).
+        - `positions`: `Int[Array, "batch seq"]`, RoPE positions of the tokens, `-1` for padding.
+        - `rope`: `(cos, sin)` of the positions (from `RotaryEmbedding.cos_sin`): the model's
+          global RoPE, or the sliding layers' own (`DecoderModel.rotary_emb_local`); unused when
+          `use_rope` is off.
+        - `cache`: this layer's `LayerCache`; the new keys/values are written at `write_index`.
+        - `prefix_length`: per row, positions below it attend bidirectionally (prefix-LM);
+          `None`: causal.
+        - `prefill_chunk`: static; when set, the cache holds exactly this call's tokens (slot i =
+          column i) and queries are processed in blocks of this many tokens, each reading only the
+          slots causality allows (with `prefix_length`, all slots).
+
+        **Returns:** `(out, cache)`: `Float[Array, "hidden tokens"]` (after `o_proj`) and the
+        layer cache with this call's keys/values written.
+        """
+        batch, seq = positions.shape
+        kvh, hd = self.num_kv_heads, self.head_dim
+        groups = self.num_heads // kvh
+
+        q = self.q_proj(x).reshape(self.num_heads, hd, -1)
+        if self.q_norm is not None:
+            q = self.q_norm.over_axis(q, 1)
+        if self.use_rope:
+            q = RotaryEmbedding.rotate(q, rope)
+        k = self.k_proj(x).reshape(kvh, hd, -1)
+        if self.k_norm is not None:
+            k = self.k_norm.over_axis(k, 1)
+        if self.use_rope:
+            k = RotaryEmbedding.rotate(k, rope)
+        v = self.v_proj(x).reshape(kvh, hd, -1)
+
+        # Write this call's keys/values into slots [write_index, write_index + seq) of every row.
+        def to_cache(t):  # [kv_heads, head_dim, batch*seq] -> [batch, kv_heads, seq, head_dim]
+            t = t.reshape(kvh, hd, batch, seq).transpose(2, 0, 3, 1).astype(cache.k.dtype)
+            # Fenced: with the transpose fused in, XLA's CPU backend rewrote every slot of the
+            # cache instead of updating it in place (0.11 ms per layer and step at batch 8).
+            return jax.lax.optimization_barrier(t)
+
+        start = (0, 0, cache.write_index, 0)
+        k_cache = jax.lax.dynamic_update_slice(cache.k, to_cache(k), start)
+        v_cache = jax.lax.dynamic_update_slice(cache.v, to_cache(v), start)
+
+        q = q.reshape(kvh, groups, hd, batch, seq)
+        if prefill_chunk is None:
+            out = self._attend_written(
+                q,
+                k_cache,
+                v_cache,
+                cache.positions,
+                positions,
+                prefix_length,
+                cache.write_index + seq,
+            )
+        else:
+            # The cache holds exactly this call's tokens, slot i = column i, so causality is
+            # known statically: queries [c0, c1) only need slots [0, c1) (all with a prefix).
+            def upto(c0):
+                return seq if prefix_length is not None else c0 + prefill_chunk
+
+            out = jnp.concatenate(
+                [
+                    self._attend(
+                        q[..., c0 : c0 + prefill_chunk],
+                        k_cache[:, :, : upto(c0)],
+                        v_cache[:, :, : upto(c0)],
+                        cache.positions[:, : upto(c0)],
+                        positions[:, c0 : c0 + prefill_chunk],
+                        prefix_length,
+                    )
+                    for c0 in range(0, seq, prefill_chunk)
+                ],
+                axis=-1,
+            )
+        out = out.reshape(self.num_heads * hd, batch * seq).astype(x.dtype)
+        new_cache = LayerCache(k_cache, v_cache, cache.positions, cache.write_index)
+        return self.o_proj(out), new_cache
+
+    def _attend_written(self, q, k_cache, v_cache, kv_positions, positions, prefix_length, used):
+        """`_attend` over the slots `[0, used)` only, rounded up to a static length.
+
+        Slots at and after `write_index + seq` hold no token yet (rows are written in lockstep,
+        `KVCache`), so attending over them only adds masked work: a decode step over a
+        4,096-slot cache took 1.5x (batch 1) to 3x (batch 4) the time of one over 256 slots.
+        The lengths `attention_lengths(max_len)` are static; `lax.switch` picks the shortest
+        one that holds `used` slots at run time, so the result equals attention over every
+        slot (the skipped ones have weight exactly 0) at the cost of the written part.
+        """
+        lengths = attention_lengths(k_cache.shape[-2])
+        if len(lengths) == 1:
+            # Behind a conditional (both branches the same) so that the updated cache is one
+            # materialised operand: called directly, XLA's CPU fusion duplicated each
+            # `dynamic_update_slice` into the dot's operand fusion and copied every key and value
+            # buffer 4 times per step (240 copies at batch 1; 3-4% of a 160-slot decode step,
+            # 6x the step time at 2,048 slots).
+            def attend(*operands):
+                return self._attend(*operands)
+
+            return jax.lax.cond(
+                used >= 0,
+                attend,
+                attend,
+                q,
+                k_cache,
+                v_cache,
+                kv_positions,
+                positions,
+                prefix_length,
+            )
+
+        def upto(n):
+            def attend(q, k_cache, v_cache, kv_positions, positions, prefix_length):
+                return self._attend(
+                    q,
+                    k_cache[..., :n, :],
+                    v_cache[..., :n, :],
+                    kv_positions[..., :n],
+                    positions,
+                    prefix_length,
+                )
+
+            return attend
+
+        index = jnp.searchsorted(jnp.asarray(lengths, jnp.int32), used.astype(jnp.int32))
+        index = jnp.minimum(index, len(lengths) - 1)
+        return jax.lax.switch(
+            index,
+            [upto(n) for n in lengths],
+            q,
+            k_cache,
+            v_cache,
+            kv_positions,
+            positions,
+            prefix_length,
+        )
+
+    def _attend(
+        self,
+        q: Float[Array, "kv_heads groups head_dim batch seq"],
+        k_cache: Float[Array, "batch kv_heads kv_seq head_dim"],
+        v_cache: Float[Array, "batch kv_heads kv_seq head_dim"],
+        kv_positions: Int[Array, "batch kv_seq"],
+        positions: Int[Array, "batch seq"],
+        prefix_length: Int[Array, " batch"] | None,
+    ) -> Float[Array, "kv_heads groups head_dim batch seq"]:
+        """Masked softmax attention of queries over cache slots (scores in float32)."""
+        # Keys [slots, head_dim] as the row-major left operand: XLA's CPU dot reads them in place.
+        # As the right operand (one `kgdbs,bktd` einsum) it copied every key into a [head_dim,
+        # slots] layout first: 1.6 ms per decode step over 768 slots at batch 1.
+        kvh, groups, hd, batch, seq = q.shape
+        q_cols = q.transpose(3, 0, 2, 1, 4).reshape(batch, kvh, hd, groups * seq)
+        scores = jnp.matmul(k_cache, q_cols, preferred_element_type=jnp.float32)
+        scores = scores.reshape(batch, kvh, -1, groups, seq).transpose(0, 1, 3, 4, 2)
+        scores = scores * ((self.query_pre_attn_scalar or self.head_dim) ** -0.5)
+        if self.softcap is not None:
+            scores = self.softcap * jnp.tanh(scores / self.softcap)
+        kv_pos = kv_positions[:, None, :]  # [batch, 1, kv_seq]
+        q_pos = positions[:, :, None]  # [batch, seq, 1]
+        visible = kv_pos <= q_pos
+        if prefix_length is not None:
+            # prefix-LM: a prefix token sees the whole prefix; later tokens see it anyway.
+            in_prefix = (kv_pos < prefix_length[:, None, None]) & (q_pos >= 0)
+            visible = visible | in_prefix
+        allowed = (kv_pos >= 0) & visible
+        if self.sliding_window is not None:
+            allowed = allowed & (q_pos - kv_pos < self.sliding_window)
+        scores = jnp.where(allowed[:, None, None], scores, jnp.finfo(jnp.float32).min)
+        probs = jax.nn.softmax(scores, axis=-1).astype(v_cache.dtype)
+        # Written with the cache's slot axis contracted as the major axis of a row-major [t, d]
+        # operand: XLA's CPU dot then reads the values in place. The `kgdbs` output in one
+        # einsum made XLA copy every value slot into a [d, t] layout first (2 ms per decode
+        # step at 1,024 slots, batch 1).
+        out = jnp.einsum("bkgst,bktd->bkgsd", probs, v_cache)
+        return out.transpose(1, 2, 4, 0, 3)
+
+
+class MLP(eqx.Module):
+    """Gated feed-forward block (Shazeer 2020): `down_proj(act(gate_proj(x)) * up_proj(x))`,
+    SwiGLU with `act = silu`, GeGLU with the tanh approximation of GELU (Gemma's
+    `gelu_pytorch_tanh`).
+
+    **Attributes:** `gate_proj`, `up_proj`, `down_proj`; `hidden_act` (static): `"silu"` or
+    `"gelu_pytorch_tanh"` (`DecoderConfig.hidden_act`).
+    """
+
+    gate_proj: Linear
+    up_proj: Linear
+    down_proj: Linear
+    hidden_act: str = eqx.field(static=True, default="silu")
+
+    def __call__(self, x: Float[Array, "hidden tokens"]) -> Float[Array, "hidden tokens"]:
+        """The block's output for feature-major tokens `x` (same shape)."""
+        gate = self.gate_proj(x)
+        if self.hidden_act == "gelu_pytorch_tanh":
+            gate = jax.nn.gelu(gate, approximate=True)
+        else:
+            gate = jax.nn.silu(gate)
+        return self.down_proj(gate * self.up_proj(x))
+
+
+class DecoderLayer(eqx.Module):
+    """Pre-norm transformer block: `x + attn(norm(x))`, then `x + mlp(norm(x))`; with sandwich
+    norms (Gemma 2/3, `DecoderConfig.sandwich_norms`) `x + norm(attn(norm(x)))`, then
+    `x + norm(mlp(norm(x)))`.
+
+    **Attributes:** `self_attn`, `mlp`; `input_layernorm` (before attention);
+    `post_attention_layernorm`: before the MLP (Llama), or on the attention output when
+    `pre_feedforward_layernorm` is set (Gemma); `pre_feedforward_layernorm`,
+    `post_feedforward_layernorm`: Gemma's norms before and after the MLP, else `None`.
+    """
+
+    self_attn: Attention
+    mlp: MLP
+    input_layernorm: RMSNorm
+    post_attention_layernorm: RMSNorm
+    pre_feedforward_layernorm: RMSNorm | None = None
+    post_feedforward_layernorm: RMSNorm | None = None
+
+    def __call__(
+        self,
+        x: Float[Array, "hidden tokens"],
+        positions: Int[Array, "batch seq"],
+        rope: tuple[Float[Array, "rotary_dim tokens"], Float[Array, "rotary_dim tokens"]],
+        cache: LayerCache,
+        *,
+        prefix_length: Int[Array, " batch"] | None = None,
+        prefill_chunk: int | None = None,
+    ) -> tuple[Float[Array, "hidden tokens"], LayerCache]:
+        """One block on the feature-major residual stream `x` (`batch * seq` tokens).
+
+        **Arguments:** as `Attention.__call__`. **Returns:** `(x, cache)`: the new residual
+        stream (same shape) and the layer cache with this call's keys/values.
+        """
+        h, cache = self.self_attn(
+            self.input_layernorm(x),
+            positions,
+            rope,
+            cache,
+            prefix_length=prefix_length,
+            prefill_chunk=prefill_chunk,
+        )
+        if self.pre_feedforward_layernorm is None:
+            x = x + h
+            return x + self.mlp(self.post_attention_layernorm(x)), cache
+        x = x + self.post_attention_layernorm(h)
+        h = self.mlp(self.pre_feedforward_layernorm(x))
+        return x + self.post_feedforward_layernorm(h), cache
+
+
+class DecoderModel(eqx.Module):
+    """The decoder stack without the output head (transformers' `LlamaModel`, `Gemma3TextModel`, ...).
+
+    **Attributes:** `embed_tokens`, `layers` (a tuple, one `DecoderLayer` per layer; kept as
+    separate arrays rather than stacked, since slicing stacked weights inside XLA's loops copies
+    them), `norm`, `rotary_emb`; `rotary_emb_local`: the sliding-window layers' own RoPE
+    (`DecoderConfig.local_rope_theta`, Gemma 3) or `None`; `embed_scale` (static): the factor on
+    the embeddings (`sqrt(hidden_size)` with `DecoderConfig.scale_embeddings`) or `None`.
+    """
+
+    embed_tokens: Embedding
+    layers: tuple[DecoderLayer, ...]
+    norm: RMSNorm
+    rotary_emb: RotaryEmbedding
+    rotary_emb_local: RotaryEmbedding | None = None
+    embed_scale: float | None = eqx.field(static=True, default=None)
+
+    def __call__(
+        self,
+        token_ids: Int[Array, "batch seq"],
+        positions: Int[Array, "batch seq"],
+        cache: KVCache,
+        *,
+        prefix_length: Int[Array, " batch"] | None = None,
+        prefill_chunk: int | None = None,
+    ) -> tuple[Float[Array, "hidden tokens"], KVCache]:
+        """Embed `seq` new tokens per row, run every layer against `cache`, and norm.
+
+        **Arguments:** `token_ids`, `positions` (`-1` = padding), `cache` (the new tokens go to
+        slots `[cache.length, cache.length + seq)`), `prefix_length` and `prefill_chunk` as in
+        `Attention.__call__`.
+
+        **Returns:** `(hidden, cache)`: the final normed hidden states, feature-major
+        `Float[Array, "hidden tokens"]` with `tokens = batch * seq` in row-major order, and the
+        updated `KVCache` (its `length` advanced by `seq`).
+        """
+        _, seq = token_ids.shape
+        write_index = cache.length[0]
+        slot_positions = jax.lax.dynamic_update_slice(
+            cache.positions, positions.astype(jnp.int32), (0, write_index)
+        )
+        x = self.embed_tokens(token_ids.reshape(-1))  # [hidden, batch*seq]
+        if self.embed_scale is not None:
+            # Gemma: `hidden_size**0.5` rounded to the activations' dtype, then multiplied.
+            x = x * jnp.asarray(self.embed_scale, x.dtype)
+        rope = self.rotary_emb.cos_sin(positions.reshape(-1))
+        local_rope = rope
+        if self.rotary_emb_local is not None:
+            local_rope = self.rotary_emb_local.cos_sin(positions.reshape(-1))
+        new_k, new_v = [], []
+        for layer, k, v in zip(self.layers, cache.k, cache.v):
+            x, view = layer(
+                x,
+                positions,
+                rope if layer.self_attn.sliding_window is None else local_rope,
+                LayerCache(k, v, slot_positions, write_index),
+                prefix_length=prefix_length,
+                prefill_chunk=prefill_chunk,
+            )
+            new_k.append(view.k)
+            new_v.append(view.v)
+        new_cache = KVCache(
+            k=tuple(new_k), v=tuple(new_v), positions=slot_positions, length=cache.length + seq
+        )
+        return self.norm(x), new_cache
+
+
+class DecoderForCausalLM(AbstractCausalLM):
+    """A causal language model of any supported family: decoder plus output head.
+
+    Construct it with `DecoderForCausalLM.from_weights(config, weights)` (what the loaders do;
+    Hugging Face weight names of any family) or, for tests, with random weights:
+    `DecoderForCausalLM(config, key=jax.random.key(0))`. `LlamaForCausalLM` is the same class.
+
+    **Attributes:**
+
+    - `config`: the `DecoderConfig` (static).
+    - `model`: the `DecoderModel`.
+    - `lm_head`: the output `Linear`, or `None` when `config.tie_word_embeddings` (the output head
+      is then `model.embed_tokens.weight`).
+    - `generation_config`: the checkpoint's default generation settings (a
+      `transformers.GenerationConfig`, static), or `None`; `functional_gen.generate` uses them
+      when it is given no processors or sampler.
+    """
+
+    config: DecoderConfig = eqx.field(static=True)
+    model: DecoderModel
+    lm_head: Linear | None
+    generation_config: Any = eqx.field(static=True)
+
+    def __init__(
+        self,
+        config: DecoderConfig,
+        *,
+        key: PRNGKeyArray,
+        dtype=jnp.float32,
+        std: float = 0.02,
+        generation_config=None,
+        quantization: str | None = None,
+    ):
+        """Random weights: normal with standard deviation `std`, norm weights 1, biases normal.
+
+        **Arguments:** `config`; `key` (keyword-only PRNG key); `dtype` of the matrices
+        (`jnp.float32` or `jnp.bfloat16`; norms and biases stay float32); `std`;
+        `generation_config` (a `transformers.GenerationConfig` or `None`); `quantization`:
+        `None` or `"int8"` (every matrix, embedding included, quantized per output channel with
+        `quantization.quantize_int8`; `dtype` is then unused).
+
+        **Raises:** `ValueError` for an unknown `quantization` or an unsupported `dtype`.
+        """
+        c = config
+        _quantization.check_quantization(quantization)
+        matrix_format = _quantization.weight_format(jnp.zeros((), dtype))
+        if matrix_format == "int8":
+            raise ValueError(
+                "`dtype` must be float32 or bfloat16; use quantization='int8' for int8"
+            )
+        keys = iter(jax.random.split(key, 16 * c.num_hidden_layers + 4))
+
+        def normal(*shape):
+            return std * jax.random.normal(next(keys), shape, jnp.float32)
+
+        def matrix(out_features, in_features):
+            w = normal(out_features, in_features)
+            if quantization == "int8":
+                return _quantization.quantize_int8(w)
+            return w.astype(dtype), None
+
+        def linear(out_features, in_features, bias):
+            w, scale = matrix(out_features, in_features)
+            return Linear(w, normal(out_features) if bias else None, scale)
+
+        def norm(size=c.hidden_size):
+            # ones for `weight`, zeros for `1 + weight`: the identity scale either way
+            init = jnp.zeros if c.rms_norm_unit_offset else jnp.ones
+            return RMSNorm(init((size,), jnp.float32), c.rms_norm_eps, c.rms_norm_unit_offset)
+
+        qd, kvd = c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
+        layers = tuple(
+            DecoderLayer(
+                self_attn=Attention(
+                    q_proj=linear(qd, c.hidden_size, c.attention_bias),
+                    k_proj=linear(kvd, c.hidden_size, c.attention_bias),
+                    v_proj=linear(kvd, c.hidden_size, c.attention_bias),
+                    o_proj=linear(c.hidden_size, qd, c.attention_out_bias),
+                    num_heads=c.num_attention_heads,
+                    num_kv_heads=c.num_key_value_heads,
+                    head_dim=c.head_dim,
+                    sliding_window=c.sliding_window[i],
+                    q_norm=norm(c.head_dim) if c.qk_norm else None,
+                    k_norm=norm(c.head_dim) if c.qk_norm else None,
+                    use_rope=c.use_rope[i],
+                    query_pre_attn_scalar=c.query_pre_attn_scalar,
+                    softcap=c.attn_logit_softcapping,
+                ),
+                mlp=MLP(
+                    gate_proj=linear(c.intermediate_size, c.hidden_size, c.mlp_bias),
+                    up_proj=linear(c.intermediate_size, c.hidden_size, c.mlp_bias),
+                    down_proj=linear(c.hidden_size, c.intermediate_size, c.mlp_bias),
+                    hidden_act=c.hidden_act,
+                ),
+                input_layernorm=norm(),
+                post_attention_layernorm=norm(),
+                pre_feedforward_layernorm=norm() if c.sandwich_norms else None,
+                post_feedforward_layernorm=norm() if c.sandwich_norms else None,
+            )
+            for i in range(c.num_hidden_layers)
+        )
+        self.config = config
+        local = c.local_rope_theta is not None and any(w is not None for w in c.sliding_window)
+        self.model = DecoderModel(
+            embed_tokens=Embedding(*matrix(c.vocab_size, c.hidden_size)),
+            layers=layers,
+            norm=norm(),
+            rotary_emb=RotaryEmbedding(jnp.asarray(c.rope_inv_freq()), c.rope_attention_factor),
+            rotary_emb_local=RotaryEmbedding(jnp.asarray(c.rope_inv_freq(local=True)))
+            if local
+            else None,
+            embed_scale=c.hidden_size**0.5 if c.scale_embeddings else None,
+        )
+        self.lm_head = None if c.tie_word_embeddings else linear(c.vocab_size, c.hidden_size, False)
+        self.generation_config = generation_config
+
+    @property
+    def dtype(self):
+        """The dtype of the activations, the `KVCache` and the logits: always float32 (the
+        weights may be stored as bfloat16 or int8, see `weight_format`)."""
+        return jnp.float32
+
+    @property
+    def weight_format(self) -> str:
+        """How the matrices are stored: `"float32"`, `"bfloat16"` or `"int8"` (per-output-channel
+        int8 with float32 scales; see `functional_gen.models.quantization`)."""
+        return _quantization.weight_format(self.model.embed_tokens.weight)
+
+    def init_cache(self, batch_size: int, max_len: int) -> KVCache:
+        """An empty `KVCache` for this model: `batch_size` rows of `max_len` slots (see `KVCache.init`)."""
+        return KVCache.init(self.config, batch_size, max_len, self.dtype)
+
+    @property
+    def vocab_size(self) -> int:
+        """`config.vocab_size`."""
+        return self.config.vocab_size
+
+    @property
+    def eos_token_id(self) -> tuple[int, ...]:
+        """`config.eos_token_id`: every id that ends a row (config and generation config merged)."""
+        return self.config.eos_token_id
+
+    @property
+    def pad_token_id(self) -> int | None:
+        """`config.pad_token_id`."""
+        return self.config.pad_token_id
+
+    @property
+    def max_position_embeddings(self) -> int | None:
+        """`config.max_position_embeddings`."""
+        return self.config.max_position_embeddings
+
+    @property
+    def config_fingerprint(self) -> str:
+        """Digest of the class, the `DecoderConfig` and the weight dtype."""
+        return fingerprint(type(self).__name__, self.config, str(self.dtype))
+
+    def __call__(
+        self,
+        token_ids: Int[Array, "batch seq"],
+        positions: Int[Array, "batch seq"],
+        cache: KVCache,
+        *,
+        logits_to_keep: int = 0,
+        prefix_length: Int[Array, " batch"] | None = None,
+    ) -> tuple[Float[Array, "batch keep vocab"], KVCache]:
+        """Run the decoder on `seq` new tokens per row, reading and extending `cache`.
+
+        Decode passes one token per row; prefill passes the whole (left-padded) prompt (see also
+        `prefill`, which starts from an empty cache). The tokens are written to cache slots
+        `[cache.length, cache.length + seq)` of every row.
+
+        **Arguments:**
+
+        - `token_ids`: `Int[Array, "batch seq"]`, the new tokens.
+        - `positions`: `Int[Array, "batch seq"]`, their 0-based RoPE positions; `-1` marks padding
+          (never attended to).
+        - `cache`: the `KVCache` holding the earlier tokens; it must have at least `seq` free slots.
+        - `logits_to_keep`: static; `0` returns logits for every new token, `n > 0` only for the
+          last `n` per row (prefill needs just the last one).
+        - `prefix_length`: `Int[Array, " batch"]` or `None`; tokens at positions below it attend
+          to each other bidirectionally (prefix-LM, "cache-init" mode of flax PR #1316), every
+          other token causally. `None` (default): causal everywhere.
+
+        **Returns:** `(logits, cache)`: `logits` is float32 `[batch, keep, vocab]` (unnormalised
+        next-token scores for the token after each kept position; `keep` is `seq` or
+        `logits_to_keep`), and the updated cache.
+
+        Writing past `max_len` is not checked here (shapes are static inside `jit`);
+        `functional_gen.generate` sizes the cache before it calls the model.
+        """
+        return self._forward(token_ids, positions, cache, logits_to_keep, None, prefix_length)
+
+    def prefill(
+        self,
+        token_ids: Int[Array, "batch seq"],
+        positions: Int[Array, "batch seq"],
+        *,
+        max_len: int,
+        logits_to_keep: int = 1,
+        prefix_length: Int[Array, " batch"] | None = None,
+    ) -> tuple[Float[Array, "batch keep vocab"], KVCache]:
+        """Prefill: ONE call over whole (left-padded) prompts that fills a new `KVCache`.
+
+        Equal to `model(token_ids, positions, model.init_cache(batch, max_len))`, but faster: the
+        prompt goes into a cache of exactly `seq` slots, so attention reads no empty slots and
+        skips the blocks that causality masks out, and the cache is then extended to `max_len`.
+
+        **Arguments:** `token_ids`, `positions`, `prefix_length` as in `__call__`; `max_len`
+        (static): slots of the returned cache, at least `seq`; `logits_to_keep` (static): as in
+        `__call__`, default 1 (the next-token logits only).
+
+        **Returns:** `(logits, cache)` as in `__call__`.
+
+        **Raises:** `ValueError` if `max_len < seq`.
+        """
+        batch, seq = token_ids.shape
+        if max_len < seq:
+            raise ValueError(f"`max_len` ({max_len}) must be at least the prompt length ({seq})")
+        cache = self.init_cache(batch, seq)
+        logits, cache = self._forward(
+            token_ids, positions, cache, logits_to_keep, _PREFILL_CHUNK, prefix_length
+        )
+        return logits, cache.extend(max_len)
+
+    def _forward(self, token_ids, positions, cache, logits_to_keep, prefill_chunk, prefix_length):
+        batch, seq = token_ids.shape
+        x, new_cache = self.model(
+            token_ids,
+            positions,
+            cache,
+            prefix_length=prefix_length,
+            prefill_chunk=prefill_chunk,
+        )
+        keep = seq if logits_to_keep == 0 else min(logits_to_keep, seq)
+        if keep != seq:
+            x = x.reshape(-1, batch, seq)[:, :, seq - keep :].reshape(-1, batch * keep)
+        head = self.model.embed_tokens if self.lm_head is None else self.lm_head
+        logits = _quantization.matmul(head.weight, head.scale, x, head.batched)  # [vocab, b*keep]
+        # Fenced: otherwise XLA folds the transpose below into the dot and computes the
+        # token-major [batch*keep, vocab] product, whose CPU kernel took 43 ms at 2-4 tokens
+        # (3 ms fenced; profile of a decode step with jax.profiler, 2026-11-22).
+        logits = jax.lax.optimization_barrier(logits)
+        cap = self.config.final_logit_softcapping
+        if cap is not None:  # Gemma 2: `Gemma2ForCausalLM.forward`'s final soft-capping
+            logits = cap * jnp.tanh(logits / cap)
+        return logits.T.reshape(batch, keep, -1), new_cache
+
+    @classmethod
+    def from_weights(
+        cls,
+        config: DecoderConfig,
+        weights: Mapping[str, np.ndarray | Array],
+        *,
+        dtype=jnp.float32,
+        generation_config=None,
+        quantization: str | None = None,
+    ) -> "DecoderForCausalLM":
+        """Build the model of any supported family from a mapping of Hugging Face weight names
+        to arrays.
+
+        The names are the module paths (`model.layers.0.self_attn.q_proj.weight`, ...), so the
+        mapping table is the module tree itself, after the family's own renames
+        (`functional_gen.models.families`: Phi-3's fused `qkv_proj` and `gate_up_proj` are
+        split here). `lm_head.weight` may be absent when the embeddings are tied, and is
+        ignored then.
+
+        **Arguments:**
+
+        - `config`: the `DecoderConfig` (e.g. from `config_from_hf`).
+        - `weights`: name -> array (numpy or JAX, any float dtype), in torch layout. For an int8
+          model a matrix may also come already quantized: an int8 `....weight` with its float32
+          `[out, blocks]` `....scale` (what the GGUF loader passes); float matrices are quantized
+          here, one at a time.
+        - `dtype`: dtype of the matrices (`jnp.float32` or `jnp.bfloat16`); norms and biases are
+          float32.
+        - `generation_config`: the checkpoint's `transformers.GenerationConfig`, or `None`.
+        - `quantization`: `None` or `"int8"` (per-output-channel int8 matrices, see
+          `functional_gen.models.quantization`).
+
+        **Returns:** the `DecoderForCausalLM`.
+
+        **Raises:** `ValueError` naming the missing or unexpected weights, the weight whose
+        shape differs from the config's, or an unknown `quantization`.
+        """
+        _quantization.check_quantization(quantization)
+        weights = hf_weights(config.model_type, weights, config.num_hidden_layers)
+        skeleton = eqx.filter_eval_shape(
+            cls,
+            config,
+            key=jax.random.key(0),
+            dtype=dtype,
+            generation_config=generation_config,
+            quantization=quantization,
+        )
+        leaves, treedef = jax.tree_util.tree_flatten_with_path(skeleton)
+        names = [_path_name(path) for path, _ in leaves]
+        computed = {"model.rotary_emb.inv_freq", "model.rotary_emb_local.inv_freq"}
+        scales = {n for n in names if n.endswith(".scale")}  # int8 scales: computed if absent
+        expected = set(names) - computed - scales
+        ignorable = {"lm_head.weight", "lm_head.scale"} if config.tie_word_embeddings else set()
+        ignorable |= {n for n in weights if n.endswith("rotary_emb.inv_freq")}
+        missing = sorted(expected - set(weights))
+        unexpected = sorted(set(weights) - expected - ignorable - scales)
+        if missing or unexpected:
+            raise ValueError(
+                "checkpoint weights do not match the config: "
+                f"missing {missing[:8]}{' ...' if len(missing) > 8 else ''}, "
+                f"unexpected {unexpected[:8]}{' ...' if len(unexpected) > 8 else ''}"
+            )
+        quantized = {}  # name of a scale -> the scale computed with its weight
+        arrays = []
+        for name, (_, spec) in zip(names, leaves):
+            if name in computed:
+                local = name == "model.rotary_emb_local.inv_freq"
+                arrays.append(jnp.asarray(config.rope_inv_freq(local=local)))
+                continue
+            if name in scales:
+                arrays.append(jnp.asarray(quantized.pop(name), dtype=jnp.float32))
+                continue
+            w = weights[name]
+            if tuple(w.shape) != tuple(spec.shape):
+                raise ValueError(
+                    f"weight {name!r} has shape {tuple(w.shape)}, expected {tuple(spec.shape)} "
+                    "from the config"
+                )
+            if spec.dtype == jnp.int8:
+                scale_name = name.removesuffix("weight") + "scale"
+                if np.dtype(w.dtype) == np.int8:
+                    if scale_name not in weights:
+                        raise ValueError(f"int8 weight {name!r} comes without {scale_name!r}")
+                    scale = weights[scale_name]
+                else:
+                    w, scale = _quantization.quantize_int8(np.asarray(w))
+                quantized[scale_name] = scale
+            elif np.dtype(w.dtype) == np.int8:
+                raise ValueError(f"weight {name!r} is int8 but the model is not quantized")
+            arrays.append(jnp.asarray(w, dtype=spec.dtype))
+        return jax.tree_util.tree_unflatten(treedef, arrays)
+
+    def named_weights(self) -> dict[str, Array]:
+        """The weights under their Hugging Face names (the inverse of `from_weights`).
+
+        **Returns:** name -> array, under the decoder's names (Phi-3's projections split); the
+        computed `model.rotary_emb.inv_freq` and `model.rotary_emb_local.inv_freq` are left out.
+        """
+        leaves = jax.tree_util.tree_flatten_with_path(self)[0]
+        out = {_path_name(path): leaf for path, leaf in leaves}
+        out.pop("model.rotary_emb.inv_freq", None)
+        out.pop("model.rotary_emb_local.inv_freq", None)
+        return out
+
+
+def _path_name(path) -> str:
+    parts = []
+    for entry in path:
+        if isinstance(entry, jax.tree_util.GetAttrKey):
+            parts.append(entry.name)
+        elif isinstance(entry, jax.tree_util.SequenceKey):
+            parts.append(str(entry.idx))
+        else:  # pragma: no cover - the module tree has only attributes and tuples
+            raise TypeError(f"unexpected path entry {entry!r}")
+    return ".".join(parts)
+
+
+def num_parameters(model: DecoderForCausalLM) -> int:
+    """Number of weights (the tied output head counted once)."""
+    return sum(math.prod(w.shape) for w in model.named_weights().values())
+
+
+LlamaForCausalLM = DecoderForCausalLM
+"""The older name of `DecoderForCausalLM` (the Llama family is the decoder with every declared
+difference of `DecoderConfig` at its default)."""
+
+LlamaModel = DecoderModel
+"""The older name of `DecoderModel`."""
