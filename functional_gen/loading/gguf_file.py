@@ -32,19 +32,15 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..cache import cache_dir
-from ..models.config import LlamaConfig, UnsupportedConfigError
-from ..models.llama import LlamaForCausalLM
+from ..models.config import DecoderConfig, UnsupportedConfigError, config_from_hf
+from ..models.decoder import DecoderForCausalLM
 from ..models.quantization import blocks_of, check_quantization, quantize_int8
 from ..tokenization import END_OF_GENERATION_TEXTS
 from .errors import CheckpointError
 
 SUPPORTED_GGUF_ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3", "phi3")
 """`general.architecture` values whose metadata and tensor names are read (llama.cpp writes
-Mistral models as `llama`). `gguf_hf_config` reads all of them; `read_gguf_config` builds a model
-config for `LLAMA_FAMILY_MODEL_TYPES` only, until the decoder runs the others."""
-
-LLAMA_FAMILY_MODEL_TYPES = ("llama", "mistral", "qwen2")
-"""`model_type`s that `LlamaConfig.from_hf` builds today."""
+Mistral models as `llama`; `gemma3` is the `gemma3_text` family)."""
 
 # Tensor names inside a block (`blk.N.<name>.weight`), common to every architecture.
 _COMMON_LAYER_TENSORS = {
@@ -306,7 +302,7 @@ def gguf_hf_config(reader) -> dict:
         if text in END_OF_GENERATION_TEXTS and i not in eos:
             eos.append(i)
     d = {
-        "vocab_size": int(meta("vocab_size", len(tokens))),
+        "vocab_size": int(meta("vocab_size", len(tokens) or _embedding_rows(reader))),
         "hidden_size": hidden,
         "intermediate_size": int(required("feed_forward_length")),
         "num_hidden_layers": int(required("block_count")),
@@ -327,22 +323,26 @@ def gguf_hf_config(reader) -> dict:
     return d
 
 
-def model_config_from_hf(d: dict) -> LlamaConfig:
+def _embedding_rows(reader) -> int:
+    """The vocabulary size as the rows of `token_embd.weight` (GGML lists a tensor's dimensions
+    innermost first: `[hidden, vocab]`), for a file without `tokenizer.ggml.tokens`; 0 without it."""
+    for t in reader.tensors:
+        if t.name == "token_embd.weight":
+            return int(t.shape[-1])
+    return 0
+
+
+def model_config_from_hf(d: dict) -> DecoderConfig:
     """The model config of a Hugging Face config dict: the one call between a GGUF's metadata
-    (`gguf_hf_config`) and the decoder.
+    (`gguf_hf_config`) and the decoder (`functional_gen.models.config_from_hf`, which picks the
+    family by `model_type`).
 
-    **Raises:** `UnsupportedConfigError` for a `model_type` the decoder does not run yet
-    (Gemma 3, Qwen3 and Phi-3 GGUFs are read by `gguf_hf_config` and `read_gguf_weights`).
+    **Raises:** `UnsupportedConfigError` for a config value the decoder does not implement.
     """
-    if d["model_type"] not in LLAMA_FAMILY_MODEL_TYPES:
-        raise UnsupportedConfigError(
-            f"GGUF model_type {d['model_type']!r} is read (gguf_hf_config, read_gguf_weights) but "
-            f"the decoder does not run it yet; runnable GGUF model types: {LLAMA_FAMILY_MODEL_TYPES}"
-        )
-    return LlamaConfig.from_hf(d)
+    return config_from_hf(d)
 
 
-def read_gguf_config(reader) -> LlamaConfig:
+def read_gguf_config(reader) -> DecoderConfig:
     """The model config described by a GGUF file's metadata: `model_config_from_hf` of
     `gguf_hf_config(reader)`.
 
@@ -370,7 +370,7 @@ _SAMPLING_KEYS = {
 }
 
 
-def read_gguf_generation_config(reader, config: LlamaConfig):
+def read_gguf_generation_config(reader, config: DecoderConfig):
     """A `transformers.GenerationConfig` from the GGUF's token ids and `general.sampling.*` keys.
 
     Sampling keys turn sampling on (`do_sample=True`), as the checkpoint's own
@@ -573,7 +573,7 @@ def load_gguf(
     - `tokenizer`: a tokenizer to return instead of building one from the file.
     - `cache`: which weights to cache (`GGUF_CACHE_MODES`, see `read_gguf`).
 
-    **Returns:** `(LlamaForCausalLM, transformers tokenizer)`; the tokenizer is built by
+    **Returns:** `(DecoderForCausalLM, transformers tokenizer)`; the tokenizer is built by
     transformers from the file's `tokenizer.ggml.*` metadata, once, then read from the cache
     (see `gguf_tokenizer`).
 
@@ -595,7 +595,7 @@ def load_gguf(
         cache=cache,
     )
     rope_freqs = weights.pop("rope_freqs", None)
-    model = LlamaForCausalLM.from_weights(
+    model = DecoderForCausalLM.from_weights(
         config, weights, dtype=dtype, generation_config=generation_config, quantization=quantization
     )
     del weights

