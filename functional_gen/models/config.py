@@ -26,6 +26,16 @@ from .families.common import (
 )
 
 
+class _Verbatim:
+    """An object whose `repr` is the given text (a fingerprint part)."""
+
+    def __init__(self, text: str):
+        self.text = text
+
+    def __repr__(self) -> str:
+        return self.text
+
+
 @dataclasses.dataclass(frozen=True)
 class DecoderConfig:
     """Hyperparameters of the decoder-only language model of `functional_gen.models.decoder`.
@@ -140,6 +150,18 @@ class DecoderConfig:
     rope_short_factor: tuple[float, ...] = ()
     rope_long_factor: tuple[float, ...] = ()
     rope_attention_factor: float = 1.0
+
+    def fingerprint_parts(self, model_class: str) -> tuple[str, Any]:
+        """`(class name, config)` for `DecoderForCausalLM.config_fingerprint`, stable across the
+        move from `LlamaConfig` to `DecoderConfig`: a config that uses none of the fields the
+        other families added (every Llama, Mistral and Qwen2 checkpoint) is named and printed as
+        `LlamaForCausalLM` / `LlamaConfig(...)` with only the fields that class had, so a
+        `SequenceState` saved before the move still matches its model."""
+        legacy = {name: getattr(self, name) for name in LEGACY_FIELDS}
+        if self != type(self)(**legacy):
+            return model_class, self
+        text = ", ".join(f"{name}={value!r}" for name, value in legacy.items())
+        return "LlamaForCausalLM", _Verbatim(f"LlamaConfig({text})")
 
     def __post_init__(self):
         if not self.sliding_window:
@@ -342,3 +364,8 @@ _ARCHITECTURES = {
     "mistral": "MistralForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
 }
+
+
+LEGACY_FIELDS = tuple(f.name for f in dataclasses.fields(DecoderConfig))[:24]
+"""The fields of `LlamaConfig` before the families joined (up to `pad_token_id`), in order: the
+fingerprint of a config that needs no other field is computed from them alone."""

@@ -680,8 +680,10 @@ class DecoderForCausalLM(AbstractCausalLM):
 
     @property
     def config_fingerprint(self) -> str:
-        """Digest of the class, the `DecoderConfig` and the weight dtype."""
-        return fingerprint(type(self).__name__, self.config, str(self.dtype))
+        """Digest of the class, the `DecoderConfig` and the weight dtype (see
+        `DecoderConfig.fingerprint_parts`: unchanged for Llama-family configs since the
+        families joined)."""
+        return fingerprint(*self.config.fingerprint_parts(type(self).__name__), str(self.dtype))
 
     def __call__(
         self,
