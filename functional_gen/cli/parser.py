@@ -232,9 +232,10 @@ def model_options() -> argparse.ArgumentParser:
     group.add_argument(
         "-m",
         "--model",
-        metavar="PATH",
+        metavar="NAME_OR_PATH",
         default=None,
-        help="a Hugging Face checkpoint directory (config.json, *.safetensors, tokenizer files) "
+        help="a named model found in its installed package (smollm2-135m-instruct, gemma-3-270m), "
+        "a Hugging Face checkpoint directory (config.json, *.safetensors, tokenizer files) "
         "or a .gguf file; default: the embedded SmolLM2-135M-Instruct",
     )
     group.add_argument(
