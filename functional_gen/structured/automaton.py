@@ -320,7 +320,7 @@ def from_table(
     distance = _bfs_distance((backward.indptr, backward.indices), accepting, num_states)
     if distance[INITIAL] >= INFINITE_DISTANCE:
         raise ConstraintError(
-            f"the vocabulary cannot write any text that satisfies the constraint {_short(description)}"
+            f"the vocabulary cannot write any text that satisfies the constraint {shorten(description)}"
         )
     hopeless = distance >= INFINITE_DISTANCE
     hopeless[DEAD] = False
@@ -466,7 +466,9 @@ def clear_memory_cache() -> None:
         _memory_cache.clear()
 
 
-def _short(text: str, limit: int = 120) -> str:
+def shorten(text: str, limit: int = 120) -> str:
+    """`repr(text)` for error messages, cut after `limit` characters (then saying how long
+    `text` was)."""
     return (
         repr(text) if len(text) <= limit else repr(text[:limit]) + f"... ({len(text)} characters)"
     )

@@ -4,7 +4,7 @@ from collections.abc import Sequence
 
 from .byte_dfa import regex_automaton
 from .processor import AbstractConstraint, rows_of
-from .regex import escape
+from .regex_syntax import escape
 from .vocabulary import vocabulary_from_tokenizer
 
 

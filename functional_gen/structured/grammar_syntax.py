@@ -32,7 +32,7 @@ import ast
 import dataclasses
 import re
 
-from .regex import escape
+from .regex_syntax import escape
 
 # lark's common.lark, with ESCAPED_STRING written without look-behind (the same language).
 COMMON_TERMINALS = {

@@ -146,11 +146,14 @@ from .automaton import ConstraintError, cache_key, cached, unique_columns
 from .byte_dfa import (
     REJECT,
     ByteDFA,
-    _relabel,
     lift,
     minimize,
+    reachable_states,
+    refine_changed,
+    refine_exact,
     regex_automaton,
     regex_byte_dfa,
+    relabel_states,
     trim,
 )
 from .formats import ANY_STRING, FORMATS, SPEC_FORMATS
@@ -158,8 +161,8 @@ from .grammar_syntax import Alt, GrammarSpec, Ref, Repeat, Seq, Terminal
 from .patterns import (
     LengthBoundError,
     NoStringError,
-    _class_char,
     bounded_length,
+    class_char,
     dfa_regex,
     difference_dfas,
     intersect_dfas,
@@ -169,6 +172,7 @@ from .patterns import (
 from .pda import DEFAULT_STACK_DEPTH, NotDeterministic, PushdownAutomaton, build_pushdown
 from .processor import AbstractConstraint, register_token_recipe, rows_of
 from .ranges import integer_range_regex, multiple_of_dfa, number_range_regex
+from .regex_syntax import escape
 from .vocabulary import TokenVocabulary, vocabulary_from_tokenizer
 
 # Nested helpers that run per byte, state or schema node are `@typing.no_type_check`: the
@@ -261,7 +265,6 @@ def _json_spellings(value: str) -> str:
     """A regex of the JSON texts whose value is the string `value`: each character written
     as itself (where JSON allows it raw), as its short escape, or as a `\\u` escape in either
     case (a pair of them beyond the BMP)."""
-    from .regex import escape
 
     @typing.no_type_check
     def u_escape(unit: int) -> str:
@@ -302,7 +305,6 @@ def _other_strings_regex(excluded: list[str]) -> str:
     (unless a value ends there), go on with a character no value continues with and then
     anything, or follow a child. Linear in the values' length (a regex, so a plain string
     beside it in an `anyOf` stays a regex)."""
-    from .regex import escape
 
     @typing.no_type_check
     def raw(c: str) -> bool:  # written as itself in ANY_STRING
@@ -1042,7 +1044,6 @@ def _number_regex(value: int | float, path: str = "") -> str:
     number (`1.00`, `10e-1`) are not accepted, so generation never loops on zeros.
 
     **Raises:** `InvalidSchemaError` for a value that is not finite (not a JSON number)."""
-    from .regex import escape
 
     if isinstance(value, float) and not math.isfinite(value):
         raise InvalidSchemaError(path, f"the constant {value!r} is not a JSON number")
@@ -1071,7 +1072,6 @@ def _number_regex(value: int | float, path: str = "") -> str:
 
 def _literal_key(name: str) -> str:
     """The regex of the JSON text of a literal key (quotes included)."""
-    from .regex import escape
 
     return escape(json.dumps(name, ensure_ascii=False))
 
@@ -1098,7 +1098,7 @@ def _ascii_class(codes: list[int]) -> str:
         j = i
         while j + 1 < len(codes) and codes[j + 1] == codes[j] + 1:
             j += 1
-        lo, hi = _class_char(codes[i]), _class_char(codes[j])
+        lo, hi = class_char(codes[i]), class_char(codes[j])
         parts.append(lo if i == j else f"{lo}{hi}" if j == i + 1 else f"{lo}-{hi}")
         i = j + 1
     return f"[{''.join(parts)}]"
@@ -1130,7 +1130,6 @@ def _key_not_in(names: list[str]) -> str:
 @functools.lru_cache(maxsize=4096)
 def _key_not_in_memo(names: tuple[str, ...]) -> str:
     """`_key_not_in`, memoised."""
-    from .regex import escape
 
     if all(c in _PLAIN_KEY_CODES for name in names for c in map(ord, name)):
         trie: dict = {}
@@ -1171,7 +1170,6 @@ def _key_not_in_memo(names: tuple[str, ...]) -> str:
 
 def _key_not_in_units(names: list[str]) -> str:
     """`_key_not_in` for any names: a trie of the names' units, leaving it at any point."""
-    from .regex import escape
 
     trie: dict = {}
     for name in names:
@@ -1299,7 +1297,6 @@ def _name_checker(schema, substitute):
 
 def _overlap(regexes: list[str]) -> bool:
     """Whether two of the regexes can match one text (product of their byte DFAs)."""
-    from .byte_dfa import REJECT, regex_byte_dfa
 
     dfas = [regex_byte_dfa(r) for r in regexes]
     for i in range(len(dfas)):
@@ -1918,8 +1915,6 @@ class _Rewriter:
         or, with `free_form_depth=None`, the character `FREE_VALUE_CALL` that the pushdown
         automaton turns into a call of its recursive JSON value rule."""
         if self.free_form_depth is None:
-            from .regex import escape
-
             return self.marker(escape(FREE_VALUE_CALL))
         return self.marker(free_value(self.free_form_depth, self.ws))
 
@@ -3573,7 +3568,7 @@ def _spliced_dfa(rewriter: "_Rewriter", regex: str) -> ByteDFA:
                     number[keep] = offset + np.arange(keep.size)
                     number[final[0]] = r
                     rows = string.delta[keep]
-                    pieces.append(_relabel(rows, number))
+                    pieces.append(relabel_states(rows, number))
                     extra_accepting.append(np.zeros(keep.size, bool))
                     copies[i, r] = int(number[string.delta[string.initial, quote]])
                     offset += keep.size
@@ -3773,7 +3768,6 @@ def json_schema_pushdown(
     regex = json_schema_regex(
         schema, whitespace_pattern=whitespace_pattern, free_form_depth=_CALL, **options
     )
-    from .regex import escape
 
     if escape(FREE_VALUE_CALL) not in regex:
         return None
@@ -4297,14 +4291,13 @@ def _check_productive(automata: list, rules: int) -> None:
     it accepts, or reads a byte or calls a rule that can finish into a state that can; a rule
     can finish when its initial state can. Computed in phases: the states that reach an
     accepting state of their automaton over bytes and calls of the rules known to finish (one
-    backward breadth-first search of all automata at once, `byte_dfa._reachable`), then the
+    backward breadth-first search of all automata at once, `byte_dfa.reachable_states`), then the
     rules that finish with them, until no rule is added (at most `rules + 1` phases).
 
     **Arguments:** as `_nondeterministic_calls` (the free-form value, call column `rules`
     when present, always finishes).
 
     **Raises:** `_RecursionRefused` naming the first rule that cannot finish."""
-    from .byte_dfa import _reachable
 
     offsets = np.cumsum([0] + [dfa.num_states for dfa, _ in automata])
     total = int(offsets[-1])
@@ -4333,7 +4326,7 @@ def _check_productive(automata: list, rules: int) -> None:
         dst = np.concatenate([byte_src, call_src[usable]])
         order = np.argsort(src, kind="stable")
         indptr = np.searchsorted(src[order], np.arange(total + 1))
-        done = _reachable(indptr, dst[order], accepting, total)
+        done = reachable_states(indptr, dst[order], accepting, total)
         now = np.append(done[initial], True)
         if np.array_equal(now, productive):
             break
@@ -4380,7 +4373,6 @@ def _inline_value_calls(
     states = np.flatnonzero(calls[:, -1] != REJECT)
     if not ((dfa.delta[states] != REJECT) & _VALUE_FIRST).any():
         return dfa, calls
-    from .regex import escape
 
     level_dfa, _, level_value = _rule_edges_of(
         free_value(1, ws, innermost=escape(FREE_VALUE_CALL)), True
@@ -4568,8 +4560,6 @@ def _joint_blocks(automata: list) -> np.ndarray:
     by their residual language: Moore's refinement of the union, a call edge labelled by its
     callee (hashed signatures, checked exactly as `byte_dfa.minimize` does). Returns each joint
     state's block."""
-    from .automaton import unique_columns
-    from .byte_dfa import _refine_changed, _refine_exact
 
     offsets = np.cumsum([0] + [dfa.num_states for dfa, _ in automata])
     rows, accepting = [], []
@@ -4579,7 +4569,7 @@ def _joint_blocks(automata: list) -> np.ndarray:
         accepting.append(dfa.accepting)
     columns, _ = unique_columns(np.concatenate(rows))
     accepting = np.concatenate(accepting)
-    blocks, count = _refine_changed(columns, accepting)
+    blocks, count = refine_changed(columns, accepting)
     representative = np.zeros(count, np.int64)
     representative[blocks] = np.arange(blocks.size)
     successor = np.where(columns != REJECT, blocks[np.maximum(columns, 0)], REJECT)
@@ -4587,7 +4577,7 @@ def _joint_blocks(automata: list) -> np.ndarray:
         np.array_equal(successor, successor[representative[blocks]])
         and np.array_equal(accepting, accepting[representative[blocks]])
     ):  # a hash collision merged different states
-        blocks, _ = _refine_exact(columns, accepting)
+        blocks, _ = refine_exact(columns, accepting)
     return blocks
 
 
@@ -4787,7 +4777,6 @@ def json_schema_grammar(
     ws = rewriter.ws
     banned: set = set()
     dfas: dict[tuple[str, int, bool], tuple] = {}
-    from .regex import escape
 
     frozen: dict[str, set] = {}
     for _ in range(8):
@@ -4934,7 +4923,6 @@ def json_schema_compile(
         **{**options, "free_form_depth": call if call is not None else free},
         counted_strings=True,
     )
-    from .regex import escape
 
     def nest_instead(
         error: NotDeterministic | _TooManyPositions | _RegexTooLarge, dropped_warned=False

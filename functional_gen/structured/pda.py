@@ -8,9 +8,9 @@ int32 scalars and an `int32[stack_depth]` array, so the depth costs memory, not 
 
 **Compilation (host, numpy).**
 
-1. The rules that break every cycle of the rule graph are cut (`grammar.cut_rules`: `value` for
+1. The rules that break every cycle of the rule graph are cut (`grammar_rules.cut_rules`: `value` for
    JSON); every other reference is inlined. The start rule and each cut rule become minimal
-   automata over byte classes and call symbols (`grammar._Builder`). Their states, numbered in
+   automata over byte classes and call symbols (`grammar_rules.RuleBuilder`). Their states, numbered in
    one space, are the *positions* (position 0 is dead).
 2. Each (position, byte) gets ONE action: read the byte in the current rule (`next > 0`),
    possibly after calls into rules that start with it (the return positions to push, at most
@@ -79,9 +79,10 @@ import numpy as np
 from jaxtyping import Array, Bool, Float, Int, UInt8, UInt32
 
 from ..processors.base import AbstractLogitsProcessor, Context, per_row_field
-from .byte_dfa import REJECT, ByteDFA, _ragged, _trie_levels, token_trie
+from .buckets import bucket
+from .byte_dfa import REJECT, ByteDFA, ragged_rows, token_trie, trie_levels
+from .grammar_rules import RuleBuilder, cut_rules
 from .grammar_syntax import GrammarError, GrammarSpec
-from .processor import _bucket
 from .vocabulary import TokenVocabulary
 
 # Nested helpers that run per byte, state or schema node are `@typing.no_type_check`: the
@@ -289,7 +290,7 @@ def build_pushdown(
     (`REJECT`: none). JSON Schemas use it: the schema's DFA calls a free-form JSON value.
     `rules`: the general form of `top`, rules given as byte DFAs: `(name, dfa, calls)` each,
     the first one the bottom frame; the *callable* rules are `rules[1:]` followed by the
-    grammar's recursive rules (`grammar.cut_rules(spec)`), and `calls[q, r]` (`states x
+    grammar's recursive rules (`grammar_rules.cut_rules(spec)`), and `calls[q, r]` (`states x
     callables`) is the state of `dfa` reached from `q` after a call of callable `r` (`REJECT`:
     none). `spec` may then be `None` (no grammar rules). JSON Schemas compiled to a grammar use
     it: one rule per large subschema (`json_schema.json_schema_grammar`).
@@ -298,8 +299,6 @@ def build_pushdown(
     matches the empty string or is left-recursive; `GrammarError` for an empty language;
     `ValueError` for `top` and `rules` together or a `calls` table of the wrong width.
     """
-    from .grammar import _Builder, cut_rules  # here: grammar.py imports this module
-
     if top is not None:
         if rules is not None:
             raise ValueError("build_pushdown: give `top` or `rules`, not both")
@@ -314,7 +313,7 @@ def build_pushdown(
         rules = [("schema", dfa, calls)]
     if rules is None:
         cut = cut_rules(spec)
-        builder = _Builder(spec, cut)
+        builder = RuleBuilder(spec, cut)
         called = [builder.rule_dfa(spec.rules[name], top=False) for name in cut]
         nc, byte_class = builder.num_classes, builder.byte_class
         automata = [builder.rule_dfa(spec.rules[spec.start], top=True), *called]
@@ -479,7 +478,7 @@ def build_pushdown(
     byte_tokens = np.concatenate(
         [
             byte_tokens,
-            np.full(_bucket(byte_tokens.size, 8) - byte_tokens.size, vocabulary.vocab_size),
+            np.full(bucket(byte_tokens.size, 8) - byte_tokens.size, vocabulary.vocab_size),
         ]
     ).astype(np.int32)
     return PushdownAutomaton(
@@ -513,8 +512,6 @@ def _byte_rule_automata(spec: GrammarSpec | None, rules):
     """The automata of `build_pushdown(rules=...)`: the byte rules' DFAs and the grammar's
     recursive rules over common byte classes (bytes every DFA and terminal treats alike), each
     with one call column per callable rule. Returns `(automata, names, classes, byte_class)`."""
-    from .grammar import _Builder, cut_rules
-
     cut = cut_rules(spec) if spec is not None else []
     if spec is not None:
         # The grammar's own rules do not depend on the byte rules: memoised per grammar (JSON
@@ -522,7 +519,7 @@ def _byte_rule_automata(spec: GrammarSpec | None, rules):
         key = (repr(spec.rules), repr(spec.ignore), spec.start)
         hit = _CALLED_RULES.get(key)
         if hit is None:
-            builder = _Builder(spec, cut)
+            builder = RuleBuilder(spec, cut)
             called = [builder.rule_dfa(spec.rules[name], top=False) for name in cut]
             hit = (called, builder.byte_class, builder.num_classes)
             for array in [builder.byte_class, *(a for d in called for a in (d.delta, d.accepting))]:
@@ -611,7 +608,7 @@ def _distances(nxt, push, final, byte_class, vocabulary: TokenVocabulary):
         better = best < distance[source[starts]]
         changed = source[starts][better]
         distance[changed] = best[better]
-        active = np.unique(by[_ragged(users_ptr, changed)[1]]) if changed.size else changed
+        active = np.unique(by[ragged_rows(users_ptr, changed)[1]]) if changed.size else changed
     return distance.astype(np.int32)
 
 
@@ -1024,7 +1021,7 @@ def _token_tables(
                     gone[i] = True
         return vals, gone, death, below
 
-    parent, level_ptr, token_node = _trie_levels(trie)
+    parent, level_ptr, token_node = trie_levels(trie)
     num_classes = int(byte_class.max()) + 1
     node_class = byte_class[trie.byte]
     class_byte = np.zeros(num_classes, np.int64)  # a byte of each class (`lookup` is per byte)
@@ -1315,12 +1312,12 @@ def _token_tables(
     by_row = np.argsort(token_row, kind="stable")
     row_ptr = np.searchsorted(token_row[by_row], np.arange(used.size + 1))
     cand_row, cand_class = np.nonzero(class_codes == candidate)
-    held, k = _ragged(row_ptr, cand_row)
+    held, k = ragged_rows(row_ptr, cand_row)
     cand_class, cand_order = cand_class[held], by_row[k]
     order = np.lexsort((cand_order, cand_class))
     cand_class, cand_token = cand_class[order], trie.token_ids[cand_order[order]].astype(np.int32)
     per_class = np.bincount(cand_class, minlength=num_classes_t)
-    width = _bucket(int(per_class.max(initial=0)), 8)
+    width = bucket(int(per_class.max(initial=0)), 8)
     class_candidates = np.full((num_classes_t, width), vocab, np.int32)
     slot = np.arange(cand_class.size) - (np.cumsum(per_class) - per_class)[cand_class]
     class_candidates[cand_class, slot] = cand_token

@@ -42,16 +42,8 @@ from jaxtyping import Array, Float, Int
 
 from ..processors.base import AbstractLogitsProcessor, Context, per_row_field
 from .automaton import DEAD, INFINITE_DISTANCE, INITIAL, TokenAutomaton
-
-
-def _bucket(n: int, smallest: int = 8) -> int:
-    """`n` rounded up to the next of 8, 12, 16, 24, 32, 48, ... (powers of two and 1.5 times
-    powers of two): table shapes in buckets, so that a new constraint of a similar size reuses the
-    compiled generation loop (as prompt lengths do)."""
-    size = smallest
-    while size < n:
-        size = size * 3 // 2 if size & (size - 1) == 0 else size * 4 // 3
-    return size
+from .buckets import bucket
+from .pda import PushdownConstraint
 
 
 def _concatenate(automata: Sequence[TokenAutomaton]):
@@ -69,9 +61,9 @@ def _concatenate(automata: Sequence[TokenAutomaton]):
         raise ValueError(
             f"constraints with different end-of-generation ids cannot share a batch: {sorted(eos)}"
         )
-    num_classes = _bucket(max(a.num_classes for a in automata))
+    num_classes = bucket(max(a.num_classes for a in automata))
     offsets = np.cumsum([0] + [a.num_states - 1 for a in automata[:-1]])
-    total = _bucket(1 + sum(a.num_states - 1 for a in automata), 16)
+    total = bucket(1 + sum(a.num_states - 1 for a in automata), 16)
     transitions = np.zeros((total, num_classes), np.int32)
     distance = np.full(total, INFINITE_DISTANCE, np.int32)
     for a, offset in zip(automata, offsets):
@@ -115,7 +107,7 @@ class AbstractConstraint(AbstractLogitsProcessor):
     initial_state: Int[Array, " constraints"]
     constraint_id: Int[Array, "*rows"] = per_row_field()
     eos_token_id: tuple[int, ...] = eqx.field(static=True)
-    pushdown: "PushdownConstraint | None" = None  # noqa: F821 (structured.pda imports this module)
+    pushdown: PushdownConstraint | None = None
     token_recipe: Int[Array, ""] | None = None
     """For a pushdown automaton that also has a token-automaton form (a `JsonSchema`): the key
     of the function that builds it (`register_token_recipe`), which `per_row` calls. An int32
@@ -135,8 +127,6 @@ class AbstractConstraint(AbstractLogitsProcessor):
     def _set_pushdown(self, automaton, constraint_id) -> None:
         """Run a `PushdownAutomaton` instead of token automata (`structured.pda`); the token
         automaton fields then hold one constraint that allows nothing and are not used."""
-        from .pda import PushdownConstraint
-
         self.pushdown = PushdownConstraint(automaton, constraint_id)
         self.token_class = jnp.zeros((1, 1), jnp.int32)
         self.transitions = jnp.zeros((2, 1), jnp.int32)
