@@ -304,6 +304,7 @@ def from_table(
     # scipy (a counting sort, linear in the edges). Dead entries lead to state 0, which has no
     # successor and accepts nothing: they are left out (most of a large table: 12 of 90 million
     # entries live for MaskBench slack-app-manifest).
+    # deferred on purpose: scipy.sparse is slow to import, needed only to build
     from scipy.sparse import csr_array
 
     table = np.ascontiguousarray(table, np.int32)

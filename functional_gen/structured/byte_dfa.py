@@ -76,6 +76,7 @@ class ByteDFA:
 @functools.lru_cache(maxsize=64)
 def _byte_vocabulary(representatives: tuple[int, ...] = tuple(range(256))):
     """An outlines-core `Vocabulary` of the single bytes `representatives` (token id = byte)."""
+    # deferred on purpose: the Rust extension loads only when a regex compiles
     from outlines_core import Vocabulary
 
     return Vocabulary(256, {bytes([b]): [b] for b in representatives})
@@ -176,6 +177,7 @@ def regex_byte_dfa(regex: str) -> ByteDFA:
 
     **Raises:** `ConstraintError` naming the regex when it does not compile or matches nothing.
     """
+    # deferred on purpose: the Rust extension loads only when a regex compiles
     from outlines_core import Index
 
     prefixed = not _anchored_at_start(regex)
@@ -261,6 +263,7 @@ def reachable_states(indptr, indices, sources, num_states: int) -> Bool[np.ndarr
     """The states reachable from any of `sources` over the CSR graph `(indptr, indices)` (rows
     may repeat a successor): scipy's breadth-first search, run from an extra node whose
     successors are the sources."""
+    # deferred on purpose: scipy.sparse is slow to import, needed only to build
     from scipy.sparse import csr_array
     from scipy.sparse.csgraph import breadth_first_order
 
@@ -303,6 +306,7 @@ def trim(dfa: ByteDFA) -> ByteDFA:
     successors = dfa.delta[live].astype(index)
     reach = reachable_states(indptr, successors, [dfa.initial], n)
     # The reversed edges, grouped by their target: the CSC layout of the same matrix.
+    # deferred on purpose: scipy.sparse is slow to import, needed only to build
     from scipy.sparse import csr_array
 
     back = csr_array((np.ones(successors.size, np.int8), successors, indptr), shape=(n, n)).tocsc()
@@ -436,6 +440,7 @@ def _longest_words(columns, accepting) -> np.ndarray | None:
     topological order (each edge leads to an equal or lower label; checked, `None` if not); the
     longest words are then one pass in that order.
     """
+    # deferred on purpose: scipy.sparse is slow to import, needed only to build
     from scipy.sparse import csr_array
     from scipy.sparse.csgraph import connected_components
 

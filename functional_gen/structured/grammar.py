@@ -38,8 +38,11 @@ import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
+import jax.numpy as jnp
 import numpy as np
+from jaxtyping import Array, Int
 
+from ..processors.base import per_row_field
 from .automaton import ConstraintError, TokenAutomaton, cache_key, cached
 from .byte_dfa import REJECT, ByteDFA, lift, minimize
 from .grammar_rules import RuleBuilder, cut_rules
@@ -49,13 +52,19 @@ from .grammar_syntax import (
     gbnf_to_lark,
     parse_grammar,
 )
-from .pda import (
+from .processor import (
+    AbstractConstraint,
+    ConstraintTables,
+    automata_tables,
+    pushdown_tables,
+    rows_of,
+)
+from .pushdown import (
     DEFAULT_STACK_DEPTH,
     NotDeterministic,
     PushdownAutomaton,
     build_pushdown,
 )
-from .processor import AbstractConstraint, rows_of
 from .vocabulary import TokenVocabulary, vocabulary_from_tokenizer
 
 # Nested helpers that run per byte, state or schema node are `@typing.no_type_check`: the
@@ -213,7 +222,7 @@ class Grammar(AbstractConstraint):
     Two compilations, chosen automatically:
 
     - **pushdown automaton** (the default for a recursive grammar): one automaton per recursive
-      rule, a stack of `stack_depth` return positions per row (`functional_gen.structured.pda`).
+      rule, a stack of `stack_depth` return positions per row (`functional_gen.structured.pushdown`).
       Exact up to `stack_depth` open calls (JSON: nesting depth ~`stack_depth`), compiled in
       well under a second, and its size does not grow with the depth.
     - **bounded-depth DFA** (a grammar without recursion, a list of grammars, an explicit
@@ -259,6 +268,9 @@ class Grammar(AbstractConstraint):
     approximation of context-free grammars (Pereira & Wright 1991); Lark's grammar format.
     """
 
+    tables: ConstraintTables
+    constraint_id: Int[Array, "*rows"] = per_row_field()
+
     def __init__(
         self,
         grammar: str | Path | Sequence[str | Path | None],
@@ -292,12 +304,14 @@ class Grammar(AbstractConstraint):
                     stacklevel=2,
                 )
             else:
-                self._set_pushdown(automaton, ids)
+                self.tables = pushdown_tables(automaton, ids)
+                self.constraint_id = jnp.asarray(ids, jnp.int32)
                 return
         depth = DEFAULT_MAX_DEPTH if max_depth is None else max_depth
-        self._set_automata(
-            [grammar_automaton(t, vocabulary, start=start, max_depth=depth) for t in texts], ids
+        self.tables = automata_tables(
+            [grammar_automaton(t, vocabulary, start=start, max_depth=depth) for t in texts]
         )
+        self.constraint_id = jnp.asarray(ids, jnp.int32)
 
     @classmethod
     def from_gbnf(

@@ -140,8 +140,11 @@ import uuid
 import warnings
 from collections.abc import Mapping, Sequence
 
+import jax.numpy as jnp
 import numpy as np
+from jaxtyping import Array, Int
 
+from ..processors.base import per_row_field
 from .automaton import ConstraintError, cache_key, cached, unique_columns
 from .byte_dfa import (
     REJECT,
@@ -169,8 +172,15 @@ from .patterns import (
     json_string_pattern,
     length_bounded_dfa,
 )
-from .pda import DEFAULT_STACK_DEPTH, NotDeterministic, PushdownAutomaton, build_pushdown
-from .processor import AbstractConstraint, register_token_recipe, rows_of
+from .processor import (
+    AbstractConstraint,
+    ConstraintTables,
+    automata_tables,
+    pushdown_tables,
+    register_token_recipe,
+    rows_of,
+)
+from .pushdown import DEFAULT_STACK_DEPTH, NotDeterministic, PushdownAutomaton, build_pushdown
 from .ranges import integer_range_regex, multiple_of_dfa, number_range_regex
 from .regex_syntax import escape
 from .vocabulary import TokenVocabulary, vocabulary_from_tokenizer
@@ -416,6 +426,7 @@ def check_schema(schema) -> None:
 
     **Raises:** `InvalidSchemaError` naming the place and the metaschema's complaint.
     """
+    # deferred on purpose: jsonschema loads only to check a schema
     import jsonschema
 
     try:
@@ -458,6 +469,7 @@ def in_dialect(schema):
     `allOf`, `definitions`, ...); a subschema only a `$ref` into another member reaches keeps
     its keywords (stricter, never looser). `schema` is modified in place and returned.
     """
+    # deferred on purpose: jsonschema loads only to check a schema
     import jsonschema
 
     if not isinstance(schema, Mapping):
@@ -522,6 +534,7 @@ def _listed_values(schema):
                 lists.append(branch["enum"])
     if not lists or {k for k in schema if _asserts(k)} <= {"enum", "const"}:
         return schema  # nothing listed, or nothing beside the list
+    # deferred on purpose: jsonschema loads only to check a schema
     import jsonschema
 
     cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
@@ -983,7 +996,7 @@ against 52.6 s; small schemas pay up to 15 ms (kb_432 17 -> 30 ms), large open o
 to 2x faster (o41296 1.29 -> 0.63 s). Every valid instance that depth 1 rejected for nesting is
 accepted (o13687, o21865, o12281, kb_688). Depth 1 was the default while the pushdown tables
 cost 60-90 ms more per schema; the token walk that remembers each (function, byte class) step
-(`pda._token_tables`) removed that."""
+(`pushdown.token_tables`) removed that."""
 FREE_VALUE_CALL = "\x01"
 """Stands for a free-form value in a schema's regex on the pushdown path: a control character,
 which JSON text never holds raw (strings escape it; whitespace is space, tab, CR, LF)."""
@@ -1287,6 +1300,7 @@ def _name_checker(schema, substitute):
     if schema is NEVER:
         return lambda name: False
     try:
+        # deferred on purpose: the Rust extension loads only when a regex compiles
         from outlines_core.json_schema import build_regex_from_schema
 
         regex = re.compile(substitute(build_regex_from_schema(json.dumps(schema))))
@@ -1568,6 +1582,7 @@ the target) would inline it forever; beyond, the recursion is unrolled instead."
 def _root_resolver(root):
     """A `referencing` resolver for `root`, in the dialect its `$schema` names (default 2020-12),
     with every embedded resource (`$id`, draft-4 `id`) and `$anchor` registered."""
+    # deferred on purpose: referencing loads only for schemas with `$ref`
     from referencing import Registry
     from referencing.jsonschema import DRAFT202012, specification_with
 
@@ -1630,6 +1645,7 @@ def inline_references(root, max_recursion_depth: int, *, recursive: bool = False
     **Raises:** `UnsupportedSchemaError` for remote (not embedded) or unresolvable references,
     and when the expansion exceeds `_MAX_INLINED_NODES` schema nodes.
     """
+    # deferred on purpose: referencing loads only for schemas with `$ref`
     from referencing.exceptions import Unresolvable
 
     resolver, specification = _root_resolver(root)
@@ -1920,6 +1936,7 @@ class _Rewriter:
 
     def regex_of(self, schema) -> str:
         """The regex of a rewritten schema (markers left in, substituted at the end)."""
+        # deferred on purpose: the Rust extension loads only when a regex compiles
         from outlines_core.json_schema import build_regex_from_schema
 
         if schema is NEVER:
@@ -2943,6 +2960,7 @@ class _Rewriter:
         `pattern`, `minimum`, `not`, ...), each judged by `jsonschema` with the root's draft
         and format checker: a list needs no automaton of those keywords. `values` unchanged,
         with `refuse("enum")`, when `jsonschema` cannot judge them."""
+        # deferred on purpose: jsonschema loads only to check a schema
         import jsonschema
 
         cls = jsonschema.validators.validator_for(
@@ -3216,6 +3234,7 @@ class _Rewriter:
         """`{"enum": [...]}` of the values exactly one of the finite branches `merged` accepts
         (judged by `jsonschema` with the root's draft and format checker), or `None` when
         `jsonschema` cannot judge a branch."""
+        # deferred on purpose: jsonschema loads only to check a schema
         import jsonschema
 
         cls = jsonschema.validators.validator_for(
@@ -3843,7 +3862,7 @@ positions many return slots.)"""
 _MAX_GRAMMAR_POSITIONS = 10_000
 """Most positions (states of all the rules' byte DFAs) of a grammar form: its token tables walk
 the vocabulary from every position. Since the walk shares the trie's subtrees between positions
-and slots (`pda._token_tables`) that takes 0.27-0.45 ms per position on the 2-core development
+and slots (`pushdown.token_tables`) that takes 0.27-0.45 ms per position on the 2-core development
 machine at load 2 (MaskBench Github_hard o21316, 8,219 positions: 2.2 s for the tables, 11 s
 before, 664 s before that, 7 s for the whole compile; o21251, 6,148: 1.8 s; Kubernetes kb_594,
 2,392: 1.0 s; `benchmarks/bench_pda_tables.py`), so up to this the tables take under about 5 s;
@@ -5229,6 +5248,9 @@ class JsonSchema(AbstractConstraint):
     Source: outlines-core `json_schema.build_regex_from_schema`; JSON Schema 2020-12.
     """
 
+    tables: ConstraintTables
+    constraint_id: Int[Array, "*rows"] = per_row_field()
+
     def __init__(
         self,
         schema,
@@ -5271,8 +5293,8 @@ class JsonSchema(AbstractConstraint):
                 free_form_depth=free_form_depth,
                 property_order=property_order,
             )
+            self.constraint_id = jnp.asarray(ids, jnp.int32)
             if isinstance(automaton, PushdownAutomaton):
-                self._set_pushdown(automaton, ids)
                 options = dict(
                     whitespace_pattern=whitespace_pattern,
                     strict=strict,
@@ -5288,7 +5310,7 @@ class JsonSchema(AbstractConstraint):
                     ),
                 )
                 source = schemas[0]
-                self.token_recipe = register_token_recipe(
+                recipe = register_token_recipe(
                     lambda: regex_automaton(
                         json_schema_regex(source, **options),
                         vocabulary,
@@ -5297,8 +5319,9 @@ class JsonSchema(AbstractConstraint):
                     f"free-form values nest {options['free_form_depth']} level(s), recursive "
                     f"references unrolled {options['max_recursion_depth']} times",
                 )
+                self.tables = pushdown_tables(automaton, ids, token_recipe=recipe)
             else:
-                self._set_automata([automaton], ids)
+                self.tables = automata_tables([automaton])
             return
         if free_form_depth is None:
             free_form_depth = NESTED_FREE_FORM_DEPTH  # one token automaton per row
@@ -5323,7 +5346,8 @@ class JsonSchema(AbstractConstraint):
             regex_automaton(r, vocabulary, description=f"json schema {_describe(s)}")
             for s, r in zip(schemas, regexes)
         ]
-        self._set_automata(automata, ids)
+        self.tables = automata_tables(automata)
+        self.constraint_id = jnp.asarray(ids, jnp.int32)
 
 
 def _describe(schema) -> str:

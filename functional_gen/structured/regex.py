@@ -2,8 +2,17 @@
 
 from collections.abc import Sequence
 
+import jax.numpy as jnp
+from jaxtyping import Array, Int
+
+from ..processors.base import per_row_field
 from .byte_dfa import regex_automaton
-from .processor import AbstractConstraint, rows_of
+from .processor import (
+    AbstractConstraint,
+    ConstraintTables,
+    automata_tables,
+    rows_of,
+)
 from .regex_syntax import ascii_classes as ascii_classes, escape as escape
 from .vocabulary import vocabulary_from_tokenizer
 
@@ -55,6 +64,9 @@ class Regex(AbstractConstraint):
     the in-graph tables are ours.
     """
 
+    tables: ConstraintTables
+    constraint_id: Int[Array, "*rows"] = per_row_field()
+
     def __init__(
         self,
         pattern: str | Sequence[str | None],
@@ -70,4 +82,5 @@ class Regex(AbstractConstraint):
         patterns, ids = rows_of(pattern, lambda p: isinstance(p, str), "pattern", "a regex string")
         if not unicode:
             patterns = [ascii_classes(p) for p in patterns]
-        self._set_automata([regex_automaton(p, vocabulary) for p in patterns], ids)
+        self.tables = automata_tables([regex_automaton(p, vocabulary) for p in patterns])
+        self.constraint_id = jnp.asarray(ids, jnp.int32)

@@ -72,6 +72,7 @@ class TokenVocabulary:
         end-of-generation id (or `vocab_size` when there is none) and export EOS transitions for
         all of `eos_token_id` ourselves (see `functional_gen.structured.automaton`).
         """
+        # deferred on purpose: the Rust extension loads only when a regex compiles
         from outlines_core import Vocabulary
 
         return Vocabulary(self.outlines_eos_id, self.byte_map)

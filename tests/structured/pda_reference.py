@@ -1,13 +1,13 @@
-"""The token-table walk of `functional_gen.structured.pda` as it was before it was made
+"""The token-table walk of `functional_gen.structured.pushdown` as it was before it was made
 faster (one walk per pass-1 position spread over its slots, every origin merged whenever one
-branches): the reference that `test_pda.py` checks the fast `_token_tables` against, table
+branches): the reference that `test_pda.py` checks the fast `token_tables` against, table
 for table."""
 
 import numpy as np
 
 from functional_gen.structured.buckets import bucket
 from functional_gen.structured.byte_dfa import ragged_rows, token_trie
-from functional_gen.structured.pda import _BOTTOM, MAX_LEVELS, POP
+from functional_gen.structured.pushdown import BOTTOM, MAX_LEVELS, POP
 from functional_gen.structured.vocabulary import TokenVocabulary
 
 
@@ -63,14 +63,14 @@ def token_tables_reference(
                     work.append((stack[-1], stack[:-1], low, first))
                 elif first is not None:
                     returned = True
-                    if first == _BOTTOM:
+                    if first == BOTTOM:
                         death = True
                     else:
                         work.append((first, (), low - 1, None))
                 else:
                     returned = True
                     for s in position_sites[p]:
-                        if s == _BOTTOM or low - 1 < -stack_depth:
+                        if s == BOTTOM or low - 1 < -stack_depth:
                             death = True
                         elif s not in seen:
                             seen.add(s)

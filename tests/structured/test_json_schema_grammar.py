@@ -13,7 +13,7 @@ import pytest
 
 import functional_gen as fg
 from functional_gen.structured import json_schema as js
-from functional_gen.structured.pda import NotDeterministic, PushdownAutomaton
+from functional_gen.structured.pushdown import NotDeterministic, PushdownAutomaton
 from functional_gen.structured.regex import escape
 from functional_gen.structured.vocabulary import TokenVocabulary
 
@@ -380,7 +380,7 @@ def test_json_schema_chooses_the_grammar_form_for_large_schemas(tokenizer, monke
 def test_grammar_form_token_tables_equal_the_reference_walk(
     name, small_rules, vocabulary, checked_token_tables
 ):
-    # The fast `pda._token_tables` gives exactly the old walk's tables on schema grammar forms
+    # The fast `pushdown.token_tables` gives exactly the old walk's tables on schema grammar forms
     # (rules with call edges and a free-form value rule), real and byte vocabularies.
     schema = {"people": PEOPLE, "two_objects": TWO_OBJECTS, "explode": _explode(3)}[name]
     for vocab in (vocabulary, BYTES):

@@ -13,7 +13,7 @@ import pytest
 
 from functional_gen.structured import UnsupportedSchemaError, json_schema as js, json_schema_regex
 from functional_gen.structured.formats import EMAIL
-from functional_gen.structured.pda import PushdownAutomaton
+from functional_gen.structured.pushdown import PushdownAutomaton
 from functional_gen.structured.vocabulary import TokenVocabulary
 
 from .helpers import format_checker
