@@ -2271,7 +2271,7 @@ class _Rewriter:
         if kind not in _JSON_TYPES:
             raise UnsupportedSchemaError("type", path, f"unknown type {kind!r}")
         keys = {k: v for k, v in node.items() if k in _TYPE_KEYWORDS[kind]}
-        return getattr(self, "_" + kind)(keys, path)
+        return self.BY_TYPE[kind](self, keys, path)
 
     def multiple_of(self, node: dict, path: str, integer: bool = False):
         """How `multipleOf` is written: `(places, step)`. `places` is `d` for a power of ten
@@ -2929,6 +2929,17 @@ class _Rewriter:
 
     def _null(self, node: dict, path: str):
         return {"type": "null"}
+
+    BY_TYPE: typing.ClassVar[dict] = {
+        "integer": _integer,
+        "number": _number,
+        "string": _string,
+        "array": _array,
+        "object": _object,
+        "boolean": _boolean,
+        "null": _null,
+    }
+    """The rewrite of a node of each JSON type (`typed`): `(rewriter, keywords, path) -> node`."""
 
     def enumeration(self, node: dict, path: str):
         values = [node["const"]] if "const" in node else node["enum"]
