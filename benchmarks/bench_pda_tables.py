@@ -6,7 +6,7 @@ checked identical.
 Inputs: the Lark JSON grammar at stack depth 32 (as `bench_pushdown.py` builds it) and the
 grammar forms of MaskBench schemas from `/work/shared/data/maskbench-dev.jsonl.gz` (Github_hard
 o32921, o41296, o21316, o21251; Kubernetes kb_972, kb_594), compiled with
-`json_schema._MAX_GRAMMAR_POSITIONS` lifted so that every one builds. For each: the whole
+`json_schema.MAX_GRAMMAR_POSITIONS` lifted so that every one builds. For each: the whole
 compile once (`json_schema_compile`, new tables), then `--rounds` rounds of old and new tables
 alternated; the best of each is reported, with their ratio.
 
@@ -148,7 +148,7 @@ def tables(vocabulary, rounds: int):
     from functional_gen.structured import pushdown_automaton
     from tests.structured.cases import PUSHDOWN_GRAMMARS
 
-    json_schema_module._MAX_GRAMMAR_POSITIONS = 10**9
+    json_schema_module.MAX_GRAMMAR_POSITIONS = 10**9
     cases = [
         (
             "Lark JSON, depth 32",
@@ -188,7 +188,7 @@ def tables(vocabulary, rounds: int):
 
 
 def free_form(vocabulary, rounds: int):
-    json_schema_module._MAX_GRAMMAR_POSITIONS = 10**9
+    json_schema_module.MAX_GRAMMAR_POSITIONS = 10**9
     real = pda_module.token_tables
     print("\n| schema (free_form_depth=None) | compile s new | compile s old | old / new |")
     print("|---|---|---|---|")

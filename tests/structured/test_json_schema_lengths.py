@@ -263,8 +263,8 @@ def test_free_form_values_and_string_automata_go_through_the_grammar_form():
 
 
 def test_long_plain_string_is_a_counted_automaton_as_exact_as_the_regex():
-    # over `_COUNTED_STRING_MIN` characters a plain string is an automaton, not a counted repeat
-    lo, hi = js._COUNTED_STRING_MIN + 1, js._COUNTED_STRING_MIN + 40
+    # over `COUNTED_STRING_MIN` characters a plain string is an automaton, not a counted repeat
+    lo, hi = js.COUNTED_STRING_MIN + 1, js.COUNTED_STRING_MIN + 40
     schema = {
         "type": "object",
         "properties": {"s": {"type": "string", "minLength": lo, "maxLength": hi}},

@@ -28,17 +28,17 @@ exact and compact, the bounds go into the string's regex (`patterns.json_string_
 pattern's own lengths already within them, or one repeated character per alternative after
 distributing fixed-width alternations, `^(png|jpeg):[a-z]*$`); otherwise the string's byte DFA
 is intersected with a character counter (`patterns.length_bounded_dfa`, up to
-`_MAX_STRING_STATES` states and counts up to `patterns.MAX_COUNTED_REPEAT`). Such a string has
+`MAX_STRING_STATES` states and counts up to `patterns.MAX_COUNTED_REPEAT`). Such a string has
 no compact regex: `json_schema_compile` splices its automaton into the schema's byte DFA
 (`_spliced_dfa`, a token automaton), or, in the grammar form, calls it as a rule; the regex
 interface (`json_schema_regex`, `JsonSchema` with one schema per row) refuses it. MaskBench:
 `^[a-zA-Z0-9\\-]+(\\s[a-zA-Z0-9\\-]+)*$` with maxLength 64 is 437 states, `format: email` with
 maxLength 1,024 is 18,309 (the schema compiles in about 6 s), a `{0,29}`-word pattern with
 maxLength 300 63,212; refused with the sizes: the same with maxLength 400, a repeat to 32,745
-characters. A plain string (no `pattern` or `format`) with a bound over `_COUNTED_STRING_MIN`
+characters. A plain string (no `pattern` or `format`) with a bound over `COUNTED_STRING_MIN`
 (256) characters takes the same path in `json_schema_compile` (12 states per character: cheaper
 than outlines-core's counted repeat, whose DFA takes 30 s for maxLength 5,000); over
-`_MAX_STRING_STATES` states (maxLength 5,333) it is refused at once. MaskBench's larger bounds
+`MAX_STRING_STATES` states (maxLength 5,333) it is refused at once. MaskBench's larger bounds
 (8,192; 32,767: 75 schemas; 65,535: 46) would need a counter register on the device.
 
 Keywords: unknown keywords are annotations and are ignored (JSON Schema 2020-12 core §4.3.1,
@@ -77,15 +77,15 @@ printable ASCII without `"` and `\\` (where the pattern translation is exact); a
 complement is too large to write (MaskBench's BCP 47 language tags) leaves only the keys that
 do not start like one of its keys; a pattern that also matches a listed property keeps its
 printable-ASCII keys other than the listed names. A schema whose
-whole regex would exceed `_MAX_REGEX` (a million characters: many optional properties, or
+whole regex would exceed `MAX_REGEX` (a million characters: many optional properties, or
 definitions used many times) makes `json_schema_regex` raise `ConstraintError` at once, before
 the regex is built.
 
 **Grammar form.** `JsonSchema` (through `json_schema_compile`) uses the single regex's token
-automaton while that regex has at most `_GRAMMAR_REGEX` characters (100,000); beyond, it
+automaton while that regex has at most `GRAMMAR_REGEX` characters (100,000); beyond, it
 compiles the schema's *grammar form* (`json_schema_grammar`; when that is refused, the single
-regex up to `_SINGLE_REGEX` characters, 250,000): each large subschema (its regex
-over `_RULE_REGEX` characters, or over `_SHARED_RULE_REGEX` when used in several places: a
+regex up to `SINGLE_REGEX` characters, 250,000): each large subschema (its regex
+over `RULE_REGEX` characters, or over `SHARED_RULE_REGEX` when used in several places: a
 definition referenced many times) becomes a rule of a pushdown automaton, called from its
 users' regexes instead of copied into them; only terminals (strings with patterns, formats and
 lengths, number ranges, keys) and small subschemas stay inlined regexes. A call site where one
@@ -93,7 +93,7 @@ byte cannot choose between two rules (an `anyOf` of two objects) inlines them th
 several rules' automata share (the members after a recursive property, in each unrolled copy of
 the definition) becomes one more rule that each of them tail-calls (`_shared_tails`). The
 grammar form is refused (`ConstraintError`, at once) when its rules' automata have more than
-`_MAX_GRAMMAR_POSITIONS` states in all: the pushdown token tables would take too long.
+`MAX_GRAMMAR_POSITIONS` states in all: the pushdown token tables would take too long.
 
 **Recursive `$ref`s.** `json_schema_compile` (unless given an integer `max_recursion_depth`)
 first tries the grammar form with each recursive reference kept as a call (`inline_references(recursive=True)`: a reference met again inside its
@@ -144,9 +144,9 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Int
 
-from ..processors.base import per_row_field
-from .automaton import ConstraintError, cache_key, cached, unique_columns
-from .byte_dfa import (
+from ...processors.base import per_row_field
+from ..automaton import ConstraintError, cache_key, cached, unique_columns
+from ..byte_dfa import (
     REJECT,
     ByteDFA,
     lift,
@@ -159,9 +159,9 @@ from .byte_dfa import (
     relabel_states,
     trim,
 )
-from .formats import ANY_STRING, FORMATS, SPEC_FORMATS
-from .grammar_syntax import Alt, GrammarSpec, Ref, Repeat, Seq, Terminal
-from .patterns import (
+from ..formats import ANY_STRING, FORMATS, SPEC_FORMATS
+from ..grammar_syntax import Alt, GrammarSpec, Ref, Repeat, Seq, Terminal
+from ..patterns import (
     LengthBoundError,
     NoStringError,
     bounded_length,
@@ -172,7 +172,7 @@ from .patterns import (
     json_string_pattern,
     length_bounded_dfa,
 )
-from .processor import (
+from ..processor import (
     AbstractConstraint,
     ConstraintTables,
     automata_tables,
@@ -180,10 +180,53 @@ from .processor import (
     register_token_recipe,
     rows_of,
 )
-from .pushdown import DEFAULT_STACK_DEPTH, NotDeterministic, PushdownAutomaton, build_pushdown
-from .ranges import integer_range_regex, multiple_of_dfa, number_range_regex
-from .regex_syntax import escape
-from .vocabulary import TokenVocabulary, vocabulary_from_tokenizer
+from ..pushdown import DEFAULT_STACK_DEPTH, NotDeterministic, PushdownAutomaton, build_pushdown
+from ..ranges import integer_range_regex, multiple_of_dfa, number_range_regex
+from ..regex_syntax import escape
+from ..vocabulary import TokenVocabulary, vocabulary_from_tokenizer
+from .budgets import (
+    ANY_ORDER_BUDGET,
+    ANY_ORDER_MAX,
+    COUNTED_ITEMS_MIN,
+    COUNTED_STRING_MIN,
+    GRAMMAR_REGEX,
+    MAX_CHECKED,
+    MAX_COMPILE_THREADS,
+    MAX_CONDITIONAL_BRANCHES,
+    MAX_CONTAINS,
+    MAX_DEPENDENCIES,
+    MAX_GRAMMAR_POSITIONS,
+    MAX_INLINED_NODES,
+    MAX_KEY_REGEX,
+    MAX_KEY_REGEX_STATES,
+    MAX_KEY_STATES,
+    MAX_MULTIPLE_REGEX,
+    MAX_NEGATION_CHOICES,
+    MAX_OBJECT_REGEX,
+    MAX_PLAIN_DIGITS,
+    MAX_POSITIONS_BEFORE_TAILS,
+    MAX_PRESENCE_CHOICES,
+    MAX_RECURSIVE_MERGES,
+    MAX_REGEX,
+    MAX_RULES,
+    MAX_SHARED_TAILS,
+    MAX_SPLICED_STATES,
+    MAX_STRING_STATES,
+    MIN_RULE_REGEX,
+    MIN_SHARED_TAIL,
+    OVER_REGEX_SCALE,
+    PLAIN_STRING_STATES,
+    REPEATED_RULE_REGEX,
+    RULE_EDGES_STATES,
+    RULE_REGEX,
+    SECOND_ORDER_BUDGET,
+    SHARED_COUNT_MIN,
+    SHARED_RULE_REGEX,
+    SHARED_TAIL_TRIES,
+    SINGLE_REGEX,
+    SINGLE_REGEX_WEIGHT,
+    WEIGHT_PER_STATE,
+)
 
 # Nested helpers that run per byte, state or schema node are `@typing.no_type_check`: the
 # tests' jaxtyping import hook would wrap every call of them (30-40 us each, and a fresh
@@ -446,13 +489,12 @@ def check_schema(schema) -> None:
         raise InvalidSchemaError("#", str(e)) from None
     if text is not None:
         _CHECKED[text] = None
-        while len(_CHECKED) > _MAX_CHECKED:
+        while len(_CHECKED) > MAX_CHECKED:
             _CHECKED.popitem(last=False)
 
 
 _CHECKED: collections.OrderedDict[str, None] = collections.OrderedDict()
 """JSON texts of the schemas `check_schema` passed, least recently used first."""
-_MAX_CHECKED = 64
 
 
 def in_dialect(schema):
@@ -584,10 +626,6 @@ def _json_type(value) -> str:
     return "object"
 
 
-_MAX_NEGATION_CHOICES = 32
-"""Most `anyOf` branches of a negated `required` (`_negation`)."""
-
-
 def _first_present(node: dict, branches: list) -> list:
     """`anyOf: [{"required": [x1]}, {"required": [x2]}, ...]` (at least one of the names,
     annotations aside) as "the first of them present is x_i": branch i also makes the names
@@ -671,7 +709,7 @@ def _negation(schema):
     - `{"type": T}` -> the other JSON types (`integer`'s complement is not a type: `None`);
     - `{"required": R}` (beside vacuous `properties`) -> an object that lacks one of `R` (its
       property schema `false`); `{"anyOf": [{"required": R1}, ...]}` -> an object that lacks
-      one of each `Ri` (at most `_MAX_NEGATION_CHOICES` choices). `required` holds only for
+      one of each `Ri` (at most `MAX_NEGATION_CHOICES` choices). `required` holds only for
       objects, so every other value matches it and fails the `not`.
 
     Annotations are ignored. MaskBench's docker-compose schemas use the `required` forms."""
@@ -720,19 +758,11 @@ def _negation(schema):
         return None
     if any(not names for names in sets):  # `required: []` holds for every value
         return False
-    choices = list(itertools.islice(itertools.product(*sets), _MAX_NEGATION_CHOICES + 1))
-    if len(choices) > _MAX_NEGATION_CHOICES:
+    choices = list(itertools.islice(itertools.product(*sets), MAX_NEGATION_CHOICES + 1))
+    if len(choices) > MAX_NEGATION_CHOICES:
         return None
     branches = [{"properties": dict.fromkeys(absent, False)} for absent in choices]
     return {"type": "object", **({"anyOf": branches} if len(branches) > 1 else branches[0])}
-
-
-_MAX_CONTAINS = 8
-"""Largest `minContains` written out (the regex repeats the item `minContains` times)."""
-
-_MAX_CONDITIONAL_BRANCHES = 64
-"""Most `anyOf` branches `_conditionals_as_branches` writes (one per group of discriminator
-values that select the same `then`/`else` parts, plus absent and non-object values)."""
 
 
 def _conditional(part):
@@ -879,7 +909,7 @@ def _conditionals_as_branches(node: dict) -> dict:
     branches.append(branch({"type": "object", "properties": {name: False}}, absent))
     vacuous = {i for i, f in enumerate(found) if not f[3]}
     branches.append(branch({"type": sorted(_JSON_TYPES - {"object", "integer"})}, vacuous))
-    if len(branches) > _MAX_CONDITIONAL_BRANCHES:
+    if len(branches) > MAX_CONDITIONAL_BRANCHES:
         return node
     return {**rest, "allOf": [*kept, {"anyOf": branches}]}
 
@@ -948,11 +978,6 @@ NEVER = _Never()
 
 _DEFAULT_WHITESPACE = "[ ]?"
 """outlines-core's default whitespace between JSON tokens: none or one space."""
-_MAX_DEPENDENCIES = 3
-"""Most `dependentRequired` entries one object may have (2^k alternatives)."""
-_MAX_OBJECT_REGEX = 2_000_000
-"""Longest regex an object may become (about 100 optional properties): beyond, compiling it
-would take minutes, so the schema is refused with the reason instead."""
 _KEY_UNIT = r'(?:[^"\\\x00-\x1F\x7F-\x9F]|\\["\\bfnrt])'
 """One character of a generated additional key: a plain character or one of the short JSON
 escapes (no `\\/`, no `\\u`), so every key has exactly one spelling."""
@@ -960,7 +985,7 @@ escapes (no `\\/`, no `\\u`), so every key has exactly one spelling."""
 
 _FALLBACK_DEPTHS = (2, 1)
 """The depths the fallback tries in turn when no pushdown automaton can be built: 2 only as the
-token automaton of a single regex within `_SINGLE_REGEX` (its grammar form is not attempted),
+token automaton of a single regex within `SINGLE_REGEX` (its grammar form is not attempted),
 else `NESTED_FREE_FORM_DEPTH` as before. On the 60 fallbacks among MaskBench's dev schemas, 59
 nest 2 levels, their compile times summed +8% (median per schema 1.08, at most +0.6 s, the
 slowest 2.8 s), and the valid documents of o9795 and sp_193 that nest 2 levels are accepted."""
@@ -1041,12 +1066,6 @@ def _own_constant(value) -> bool:
     return isinstance(value, list) and any(_own_constant(v) for v in value)
 
 
-_MAX_PLAIN_DIGITS = 40
-"""Longest plain decimal spelling `_number_regex` offers for a float beside its exponent form
-(`1e-50` is not also written with 50 zeros); integers are always written in full, as JSON
-serialisers write them."""
-
-
 def _number_regex(value: int | float, path: str = "") -> str:
     """The regex of the JSON texts of numbers equal to `value` as serialisers write them: the
     shortest round-trip form (`json.dumps`, `repr`), the same without an exponent where that
@@ -1067,11 +1086,11 @@ def _number_regex(value: int | float, path: str = "") -> str:
     spellings = []
     if magnitude == magnitude.to_integral_value():
         digits = str(int(magnitude))
-        if len(digits) <= _MAX_PLAIN_DIGITS or not isinstance(value, float):
+        if len(digits) <= MAX_PLAIN_DIGITS or not isinstance(value, float):
             spellings.append(digits + r"(?:\.0)?")
     else:
         plain = format(magnitude, "f")
-        if len(plain) <= _MAX_PLAIN_DIGITS:
+        if len(plain) <= MAX_PLAIN_DIGITS:
             spellings.append(escape(plain))
     short = repr(float(magnitude)) if isinstance(value, float) else ""
     if "e" in short:
@@ -1218,17 +1237,10 @@ _KEY_ALPHABET = r"[\x20\x21\x23-\x5b\x5d-\x7e]"
 """The characters of a key that `patternProperties` leaves to `additionalProperties`
 (`_unmatched_keys`): printable ASCII but `"` and `\\`, on which `json_string_pattern` is exact
 (its `\\w`, `.`, `[^...]` differ from Python's only on control and non-ASCII characters)."""
-_MAX_KEY_REGEX = 20_000
-"""Most characters of the regex of the keys no `patternProperties` pattern matches."""
-_MAX_KEY_REGEX_STATES = 300
-"""Most states of a minimal key automaton that `patterns.dfa_regex` writes back as a regex
-(larger ones widen the patterns first, `_KEY_PREFIX_DEPTHS`)."""
-_MAX_KEY_STATES = 4_000
-"""Most states of the automata `_unmatched_keys` builds on the way to that regex."""
 
 
 class _KeysTooComplex(ValueError):
-    """The keys no pattern matches need a regex over `_MAX_KEY_REGEX` characters."""
+    """The keys no pattern matches need a regex over `MAX_KEY_REGEX` characters."""
 
 
 @functools.lru_cache(maxsize=256)
@@ -1242,8 +1254,8 @@ def _unmatched_keys(
     minus each (`patterns.difference_dfas`), minimised, written back as a regex
     (`patterns.dfa_regex`). `None` when there is no such key.
 
-    **Raises:** `_KeysTooComplex` when an automaton exceeds `_MAX_KEY_STATES` states or the
-    regex `_MAX_KEY_REGEX` characters (MaskBench's BCP 47 language-tag patterns)."""
+    **Raises:** `_KeysTooComplex` when an automaton exceeds `MAX_KEY_STATES` states or the
+    regex `MAX_KEY_REGEX` characters (MaskBench's BCP 47 language-tag patterns)."""
     plain = [n for n in names if re.fullmatch(f"{_KEY_ALPHABET}*", n)]
     excluded = [regex_byte_dfa(body) for body in bodies]
     named = "|".join("".join(f"\\x{ord(c):02x}" for c in n) for n in plain)
@@ -1252,16 +1264,16 @@ def _unmatched_keys(
         dfa = regex_byte_dfa(f"{_KEY_ALPHABET}*")
         try:
             if within is not None:
-                dfa = intersect_dfas(dfa, regex_byte_dfa(within), max_states=_MAX_KEY_STATES)
+                dfa = intersect_dfas(dfa, regex_byte_dfa(within), max_states=MAX_KEY_STATES)
             for body in excluded:
                 wider = body if depth is None else _prefix_closure(body, depth)
-                dfa = difference_dfas(dfa, wider, max_states=_MAX_KEY_STATES)
+                dfa = difference_dfas(dfa, wider, max_states=MAX_KEY_STATES)
             if named:
-                dfa = difference_dfas(dfa, regex_byte_dfa(named), max_states=_MAX_KEY_STATES)
+                dfa = difference_dfas(dfa, regex_byte_dfa(named), max_states=MAX_KEY_STATES)
             dfa = minimize(dfa)
-            if dfa.num_states > _MAX_KEY_REGEX_STATES:  # elimination is quadratic in states
+            if dfa.num_states > MAX_KEY_REGEX_STATES:  # elimination is quadratic in states
                 raise ValueError(f"{dfa.num_states:,} states to write as a regex")
-            return dfa_regex(dfa, max_chars=_MAX_KEY_REGEX)
+            return dfa_regex(dfa, max_chars=MAX_KEY_REGEX)
         except ConstraintError:  # the language is empty
             return None
         except ValueError as e:
@@ -1330,13 +1342,8 @@ def _overlap(regexes: list[str]) -> bool:
     return False
 
 
-_MAX_REGEX = 1_000_000
-"""Characters of a schema's whole regex beyond which it is refused at once: the regex -> byte
-DFA step then takes tens of seconds to minutes (measured on the MaskBench sample)."""
-
-
 class _RegexTooLarge(ConstraintError):
-    """A schema's single regex would exceed a size limit (`_MAX_REGEX`, or `_GRAMMAR_REGEX`
+    """A schema's single regex would exceed a size limit (`MAX_REGEX`, or `GRAMMAR_REGEX`
     where the grammar form is tried): `JsonSchema` then compiles the grammar form."""
 
     def __init__(self, size: int, limit: int):
@@ -1349,7 +1356,7 @@ class _RegexTooLarge(ConstraintError):
 
 class _TooManyPositions(ConstraintError):
     """A grammar form would have more automaton positions than its limit
-    (`_MAX_GRAMMAR_POSITIONS`, times `_OVER_REGEX_SCALE` in place of a single regex)."""
+    (`MAX_GRAMMAR_POSITIONS`, times `OVER_REGEX_SCALE` in place of a single regex)."""
 
     def __init__(self, positions: int, rules: int, limit: int, what: str | None = None):
         what = what or (
@@ -1371,7 +1378,7 @@ class _NoCommonType(UnsupportedSchemaError):
 
 
 class _TooLarge(Exception):
-    """An object regex over `_MAX_OBJECT_REGEX` characters (caught by `_Rewriter._object`)."""
+    """An object regex over `MAX_OBJECT_REGEX` characters (caught by `_Rewriter._object`)."""
 
 
 _MEMBER_BLOCK = 32
@@ -1416,7 +1423,7 @@ def _listed_members(items, sep: str) -> tuple[str | None, bool]:
             written = f"{written}(?:{sep}{regex})?"
         if required:
             empty = False
-    if written is not None and len(written) > _MAX_OBJECT_REGEX:
+    if written is not None and len(written) > MAX_OBJECT_REGEX:
         raise _TooLarge(len(written))
     return written, empty
 
@@ -1425,8 +1432,8 @@ def _members_any_order(items, sep: str) -> tuple[str | None, bool]:
     """As `_listed_members`, in any order: `(regex, empty)`, `regex` matching every non-empty
     set of `items` (each member's regex and whether it is required) that keeps the required
     ones, written in any order, members separated by `sep`. The regex follows the set written so
-    far, so each member appears `2 ** (n - 1)` times: for small objects only (`_ANY_ORDER_MAX`,
-    `_ANY_ORDER_BUDGET`). Deterministic: each member starts with its own key."""
+    far, so each member appears `2 ** (n - 1)` times: for small objects only (`ANY_ORDER_MAX`,
+    `ANY_ORDER_BUDGET`). Deterministic: each member starts with its own key."""
     if not items:
         return None, True
     n = len(items)
@@ -1527,7 +1534,7 @@ def _object_regex(
                 out = alternatives[0]
             else:
                 out = "(?:" + "|".join(f"(?:{a})" for a in alternatives) + ")"
-        if out is not None and len(out) > _MAX_OBJECT_REGEX:
+        if out is not None and len(out) > MAX_OBJECT_REGEX:
             raise _TooLarge(len(out))
         memo[(i, c)] = out
         return out
@@ -1569,14 +1576,7 @@ _SCHEMA_VALUES = (
 )
 
 
-_MAX_INLINED_NODES = 100_000
-"""How many schema nodes reference inlining may produce: beyond, the schema is refused with the
-reason (mutually recursive definitions grow exponentially with `max_recursion_depth`)."""
 _ROOT_URI = "urn:functional-gen:root"
-_MAX_RECURSIVE_MERGES = 64
-"""How many times the rewrite may merge a recursive target's subtree with other keywords
-(`_Rewriter.merge`): a recursion through such merges (`{"$ref": "#", "required": [..]}` inside
-the target) would inline it forever; beyond, the recursion is unrolled instead."""
 
 
 def _root_resolver(root):
@@ -1643,7 +1643,7 @@ def inline_references(root, max_recursion_depth: int, *, recursive: bool = False
     `expansions` a list of the recursive targets' subtrees (empty when nothing recurses).
 
     **Raises:** `UnsupportedSchemaError` for remote (not embedded) or unresolvable references,
-    and when the expansion exceeds `_MAX_INLINED_NODES` schema nodes.
+    and when the expansion exceeds `MAX_INLINED_NODES` schema nodes.
     """
     # deferred on purpose: referencing loads only for schemas with `$ref`
     from referencing.exceptions import Unresolvable
@@ -1658,11 +1658,11 @@ def inline_references(root, max_recursion_depth: int, *, recursive: bool = False
         if not isinstance(node, Mapping):
             return node
         count[0] += 1
-        if count[0] > _MAX_INLINED_NODES:
+        if count[0] > MAX_INLINED_NODES:
             raise UnsupportedSchemaError(
                 "$ref",
                 path,
-                f"the references expand to more than {_MAX_INLINED_NODES:,} schema nodes "
+                f"the references expand to more than {MAX_INLINED_NODES:,} schema nodes "
                 f"(max_recursion_depth={max_recursion_depth}); lower max_recursion_depth",
             )
         node = dict(node)
@@ -1894,7 +1894,7 @@ class _Rewriter:
         """Target index -> the regex of the rewritten target (its rule's body)."""
         self.recursive_merges = 0
         self.counted_strings = counted_strings
-        """Write a plain string with a length bound over `_COUNTED_STRING_MIN` as an automaton
+        """Write a plain string with a length bound over `COUNTED_STRING_MIN` as an automaton
         (`bounded_string`) instead of a counted regex repeat (only `json_schema_compile`, which
         splices it, sets this)."""
         self.substitutions: dict[str, str] = {}
@@ -1903,7 +1903,7 @@ class _Rewriter:
         """Per marker of an array with a large item count (`counted_items`): the marker of its
         items and how many more copies of them its counted repeat writes out."""
         self.repeat_weight: dict[str, int] = {}
-        """Per marker of a counted plain string (`_SHARED_COUNT_MIN`), the characters its
+        """Per marker of a counted plain string (`SHARED_COUNT_MIN`), the characters its
         counted repeat would add written out (`(count - 1)` times the repeated atom): what its
         automaton costs beyond the regex's length, for `weight` and `_plan_rules`."""
         self.tag = uuid.uuid4().hex[:12]
@@ -1963,7 +1963,7 @@ class _Rewriter:
             self.substitutions[name] = regex
         return {"const": name}
 
-    def substitute(self, regex: str, limit: int = _MAX_REGEX) -> str:
+    def substitute(self, regex: str, limit: int = MAX_REGEX) -> str:
         """`regex` with every marker (outlines-core's regex of the marker's `const`, the name
         between quotes) replaced by its regex, markers inside those expanded too: one pass per
         distinct marker, each expanded once (replacing them one at a time over the whole regex
@@ -2079,7 +2079,7 @@ class _Rewriter:
     def dependent_required(self, node: dict, path: str) -> dict:
         """`dependentRequired` as an `anyOf` of objects: for each dependency `name: [needed]`,
         either `name` is absent (its schema `false`) or it and `needed` are required. Regular:
-        at most `_MAX_DEPENDENCIES` dependencies (2^k branches)."""
+        at most `MAX_DEPENDENCIES` dependencies (2^k branches)."""
         dependencies = node.pop("dependentRequired")
         if not isinstance(dependencies, Mapping) or not all(
             isinstance(v, list) and all(isinstance(n, str) for n in v)
@@ -2091,12 +2091,12 @@ class _Rewriter:
                 f"must map property names to lists of names, got {dependencies!r}",
             )
         dependencies = {k: v for k, v in dependencies.items() if v}
-        if len(dependencies) > _MAX_DEPENDENCIES:
+        if len(dependencies) > MAX_DEPENDENCIES:
             self.refuse(
                 "dependentRequired",
                 path,
                 f"{len(dependencies)} dependencies (at most "
-                f"{_MAX_DEPENDENCIES}: each doubles the alternatives)",
+                f"{MAX_DEPENDENCIES}: each doubles the alternatives)",
             )
             return node
         branches = [node]
@@ -2300,16 +2300,16 @@ class _Rewriter:
         """The numbers of `regex` (a range, or any number) that are multiples of `step`: the
         intersection of its automaton with the remainder automaton `multiple_of_dfa`, written
         back as a regex (`dfa_regex`). `NEVER` when no multiple lies in the range. Steps whose
-        regex would exceed `_MAX_MULTIPLE_REGEX` characters (7, 9, 11, 12, 13, 16 and most
+        regex would exceed `MAX_MULTIPLE_REGEX` characters (7, 9, 11, 12, 13, 16 and most
         larger ones: the remainders form a cycle that state elimination writes out) are refused
         (with `strict=False`: dropped, `None`: the caller writes the node without it)."""
         try:
             dfa = intersect_dfas(
                 regex_byte_dfa(regex),
                 multiple_of_dfa(step, integer=integer),
-                max_states=_MAX_STRING_STATES,
+                max_states=MAX_STRING_STATES,
             )
-            return self.marker(dfa_regex(minimize(dfa), max_chars=_MAX_MULTIPLE_REGEX))
+            return self.marker(dfa_regex(minimize(dfa), max_chars=MAX_MULTIPLE_REGEX))
         except ConstraintError:
             return NEVER
         except ValueError as e:
@@ -2317,7 +2317,7 @@ class _Rewriter:
                 "multipleOf",
                 path,
                 f"{step!r}: the remainders modulo the step need a longer regex than "
-                f"{_MAX_MULTIPLE_REGEX:,} characters ({e})",
+                f"{MAX_MULTIPLE_REGEX:,} characters ({e})",
             )
             return None
 
@@ -2461,20 +2461,20 @@ class _Rewriter:
                 self.refuse("pattern", path, str(e))
                 return {"type": "string", **lengths}
             return self.marker('"' + body + '"')
-        if self.counted_strings and max(lengths.values(), default=0) > _COUNTED_STRING_MIN:
+        if self.counted_strings and max(lengths.values(), default=0) > COUNTED_STRING_MIN:
             keyword = "maxLength" if "maxLength" in lengths else "minLength"
-            states = _PLAIN_STRING_STATES * max(lengths.values())
-            if states > _MAX_STRING_STATES:  # refused before building it
+            states = PLAIN_STRING_STATES * max(lengths.values())
+            if states > MAX_STRING_STATES:  # refused before building it
                 self.refuse(
                     keyword,
                     path,
                     f"a string of {lengths} needs an automaton of about {states:,} states (the "
-                    f"limit is {_MAX_STRING_STATES:,})",
+                    f"limit is {MAX_STRING_STATES:,})",
                 )
                 return {"type": "string"}
             terminal = self.bounded_string(ANY_STRING, lengths, path, keyword)
             return {"type": "string"} if terminal is None else terminal  # None: bounds dropped
-        if self.counted_strings and max(lengths.values(), default=0) >= _SHARED_COUNT_MIN:
+        if self.counted_strings and max(lengths.values(), default=0) >= SHARED_COUNT_MIN:
             # one marker per distinct bounds, so that the grammar form may call one rule for
             # every such string instead of a copy of its counter per use (MaskBench o61653:
             # 40 strings of maxLength 256 in one object, 98,812 states spliced, 28 s)
@@ -2541,7 +2541,7 @@ class _Rewriter:
             body = intersect_dfas(
                 regex_byte_dfa(FORMATS[fmt]),
                 regex_byte_dfa(json_string_pattern(pattern)),
-                max_states=_MAX_STRING_STATES,
+                max_states=MAX_STRING_STATES,
             )
         except ConstraintError:  # no string is in the format and matches the pattern
             return NEVER
@@ -2585,7 +2585,7 @@ class _Rewriter:
         try:
             strings = strings if strings is not None else regex_byte_dfa(regex)
             forbidden = regex_byte_dfa("|".join(map(_json_spellings, excluded)))
-            rest = difference_dfas(strings, forbidden, max_states=_MAX_STRING_STATES)
+            rest = difference_dfas(strings, forbidden, max_states=MAX_STRING_STATES)
         except ConstraintError:  # every string of `terminal` is excluded
             return NEVER
         except ValueError as e:
@@ -2598,12 +2598,12 @@ class _Rewriter:
         `lengths` (`minLength`/`maxLength`), when no regex writes that compactly: a marker whose
         regex is a placeholder and whose automaton is `length_bounded_dfa`'s, quoted
         (`dfa_terminals`; only the grammar form can call it, `_dfa_rule`). `NEVER` when no
-        string has the lengths; `None` when the automaton would exceed `_MAX_STRING_STATES`
+        string has the lengths; `None` when the automaton would exceed `MAX_STRING_STATES`
         states and `strict=False` dropped the bounds (with `strict=True`,
         `UnsupportedSchemaError` naming `keyword` and the sizes)."""
         lo, hi = lengths.get("minLength", 0), lengths.get("maxLength")
         try:
-            dfa = length_bounded_dfa(body, lo, hi, max_states=_MAX_STRING_STATES)
+            dfa = length_bounded_dfa(body, lo, hi, max_states=MAX_STRING_STATES)
         except ConstraintError:  # no string of these lengths matches
             return NEVER
         except ValueError as e:
@@ -2668,7 +2668,7 @@ class _Rewriter:
 
     def counted_items(self, out: dict):
         """An array `out` whose item count (`minItems` or `maxItems`) reaches
-        `_COUNTED_ITEMS_MIN`: a marker for it, its items a marker too, and `item_repeats`
+        `COUNTED_ITEMS_MIN`: a marker for it, its items a marker too, and `item_repeats`
         records the copies of the item that the counted repeat writes out (outlines-core's
         `(,item){0,999}`), so that the size measures see them (`weight`: such a schema goes to
         the grammar form first) and the grammar form makes the item a rule, called from each
@@ -2677,7 +2677,7 @@ class _Rewriter:
         arrays are returned as they are."""
         count = max(out.get("minItems", 0), out.get("maxItems") or 0)
         item = out.get("items")
-        if count < _COUNTED_ITEMS_MIN or not isinstance(item, Mapping):
+        if count < COUNTED_ITEMS_MIN or not isinstance(item, Mapping):
             return out
         if set(item) != {"const"} or item["const"] not in self.substitutions:
             item = out["items"] = self.marker(self.regex_of(item))
@@ -2698,11 +2698,11 @@ class _Rewriter:
             )
         if count == 0:
             return out
-        if {"minItems", "maxItems", "prefixItems"} & out.keys() or count > _MAX_CONTAINS:
+        if {"minItems", "maxItems", "prefixItems"} & out.keys() or count > MAX_CONTAINS:
             self.refuse(
                 "contains",
                 path,
-                f"together with item counts or `prefixItems`, or minContains over {_MAX_CONTAINS}",
+                f"together with item counts or `prefixItems`, or minContains over {MAX_CONTAINS}",
             )
             return out
         items = node.get("items", True)
@@ -2896,7 +2896,7 @@ class _Rewriter:
         """With `property_order="schema_or_required_first"`: the indices of an object's listed
         members (`items`, their `names`, in schema order) with the required ones first, in the
         order of `required`, then the others in schema order; `None` when that is the schema
-        order, or when the members' regexes, expanded, exceed `_SECOND_ORDER_BUDGET`
+        order, or when the members' regexes, expanded, exceed `SECOND_ORDER_BUDGET`
         characters (the object is then in schema order only)."""
         if self.property_order != "schema_or_required_first":
             return None
@@ -2906,23 +2906,23 @@ class _Rewriter:
         if order == list(range(len(names))):
             return None
         try:
-            size = sum(len(self.substitute(r, limit=_SECOND_ORDER_BUDGET)) for r, _ in items)
+            size = sum(len(self.substitute(r, limit=SECOND_ORDER_BUDGET)) for r, _ in items)
         except _RegexTooLarge:
             return None
-        return order if size <= _SECOND_ORDER_BUDGET else None
+        return order if size <= SECOND_ORDER_BUDGET else None
 
     def any_order(self, items) -> bool:
         """Whether an object's listed members (`items`) may come in any order: with
-        `property_order="any"`, 2 to `_ANY_ORDER_MAX` members whose regexes, expanded and
+        `property_order="any"`, 2 to `ANY_ORDER_MAX` members whose regexes, expanded and
         copied once per set of the others (`_members_any_order`), stay within
-        `_ANY_ORDER_BUDGET` characters."""
-        if self.property_order != "any" or not 2 <= len(items) <= _ANY_ORDER_MAX:
+        `ANY_ORDER_BUDGET` characters."""
+        if self.property_order != "any" or not 2 <= len(items) <= ANY_ORDER_MAX:
             return False
         try:
-            size = sum(len(self.substitute(r, limit=_ANY_ORDER_BUDGET)) for r, _ in items)
+            size = sum(len(self.substitute(r, limit=ANY_ORDER_BUDGET)) for r, _ in items)
         except _RegexTooLarge:
             return False
-        return size << (len(items) - 1) <= _ANY_ORDER_BUDGET
+        return size << (len(items) - 1) <= ANY_ORDER_BUDGET
 
     def _boolean(self, node: dict, path: str):
         return {"type": "boolean"}
@@ -3063,7 +3063,7 @@ class _Rewriter:
             a, b = self.deref(a, path), self.deref(b, path)
             if a != {} and b is not True and b != {}:
                 self.recursive_merges += 1
-            if self.recursive_merges > _MAX_RECURSIVE_MERGES:
+            if self.recursive_merges > MAX_RECURSIVE_MERGES:
                 raise _RecursionRefused(
                     f"a recursive reference merged with other keywords at {path}"
                 )
@@ -3114,7 +3114,7 @@ class _Rewriter:
                 key == "anyOf"
                 and isinstance(out[key], list)
                 and isinstance(value, list)
-                and len(out[key]) * len(value) <= _MAX_CONDITIONAL_BRANCHES
+                and len(out[key]) * len(value) <= MAX_CONDITIONAL_BRANCHES
             ):
                 # (x1 | x2) & (y1 | y2) = (x1 & y1) | (x1 & y2) | ...: e.g. a discriminated
                 # union (`_conditionals_as_branches`) beside an `anyOf` of the schema's own
@@ -3214,7 +3214,7 @@ class _Rewriter:
         """Branches that only require properties (`{"required": [...]}`, the "exactly one of
         these fields" idiom): an object matches exactly branch `i` when it has `R_i` and, for
         every other branch `j`, lacks one of `R_j` (a property schema `false`). One `anyOf` of
-        those choices (at most `_MAX_PRESENCE_CHOICES`); `None` when the branches are not of
+        those choices (at most `MAX_PRESENCE_CHOICES`); `None` when the branches are not of
         this form (a non-object value matches all of them or none: objects only)."""
         sets = []
         for b in branches:
@@ -3237,7 +3237,7 @@ class _Rewriter:
                 continue  # having `mine` means having another branch's names too
             for absent in itertools.product(*others):
                 choices.append({"required": mine, "properties": dict.fromkeys(absent, False)})
-                if len(choices) > _MAX_PRESENCE_CHOICES:
+                if len(choices) > MAX_PRESENCE_CHOICES:
                     return None
         return [{"type": "object", "anyOf": choices}] if choices else [NEVER]
 
@@ -3413,27 +3413,8 @@ def json_schema_regex(
 _DFA_TERMINAL = "\x03FGDFA"
 """Starts the placeholder regex of a string given as an automaton (`_Rewriter.bounded_string`):
 a control character no schema regex holds, then a digest of the string's regex and lengths."""
-_MAX_STRING_STATES = 64_000
-"""Most states of a string terminal's automaton (`patterns.length_bounded_dfa`). Spliced into
-the schema's token automaton (`_spliced_dfa`), it costs about 0.05-0.1 ms per state to build and
-lift (a grammar-form rule costs more: its positions are limited to `_MAX_GRAMMAR_POSITIONS` in
-all). A plain string takes 12 states per character: maxLength 5,000 (16 MaskBench schemas) is
-60,001 states and a 50 MiB token table (MaskBench Github_hard o82849, 75,927 states in all: 7.2 s
-to compile, 15.4 s before `lift` built a dense class table); MaskBench's larger bounds (8,192, 32,767, 65,535, ...)
-would need a counter register on the device, not a chain of states.
-Measured: 437 states for MaskBench's `^[a-zA-Z0-9\\-]+(\\s[a-zA-Z0-9\\-]+)*$` with maxLength 64,
-1,593 for `format: email` with maxLength 100, 18,225 with maxLength 1,024, 56,571 for
-`^(?:\\S+\\s+){0,29}\\S+$` with maxLength 300."""
 
 
-_ANY_ORDER_MAX = 6
-"""Most listed properties of an object whose members may come in any order."""
-_ANY_ORDER_BUDGET = 12_000
-"""Most characters of an any-order object's members, each copied `2 ** (n - 1)` times."""
-_SECOND_ORDER_BUDGET = 8_000
-"""Most characters of an object's expanded members for `"schema_or_required_first"`: the union
-of two orders doubles an object's automaton, and nested objects multiply (unbounded, one
-MaskBench schema, o65883, compiled 9.7x slower: 4,196 -> 8,394 states)."""
 PROPERTY_ORDERS = ("schema", "schema_or_required_first", "any")
 """Values of `property_order`:
 
@@ -3441,42 +3422,17 @@ PROPERTY_ORDERS = ("schema", "schema_or_required_first", "any")
   XGrammar generate.
 - `"schema_or_required_first"`: that order, or the required properties first (in the order of
   `required`) and then the others in schema order, for objects whose members stay within
-  `_SECOND_ORDER_BUDGET`. Schemas often list `properties` alphabetically while `required`
+  `SECOND_ORDER_BUDGET`. Schemas often list `properties` alphabetically while `required`
   keeps the author's order, and documents follow either: of MaskBench's valid instances, the
   objects of two or more listed properties whose two orders differ follow the schema order
   6,745 times, required-first 147 times, neither 79 times (dev file, all splits). On the five
   splits (24 each): valid instances accepted 145 -> 148 of 157, automaton states +17%, so
   opt-in (the compile p50 target is 100 ms).
-- `"any"`: small objects (`_ANY_ORDER_MAX` listed properties or fewer, within
-  `_ANY_ORDER_BUDGET`) in any order; larger ones in schema order. Measured on the five splits
+- `"any"`: small objects (`ANY_ORDER_MAX` listed properties or fewer, within
+  `ANY_ORDER_BUDGET`) in any order; larger ones in schema order. Measured on the five splits
   (24 each, same process, order schema / any): compile p50 114 / 177 ms, total 111 / 159 s,
   automaton states +27%, valid instances accepted 143 / 144 of 157 (the rest list large
   objects out of order): opt-in."""
-
-_MAX_PRESENCE_CHOICES = 32
-"""Most `anyOf` branches of a `oneOf` of `required`-only branches (`exclusive_presence`)."""
-
-_SHARED_COUNT_MIN = 64
-"""A plain string with a length bound from this up to `_COUNTED_STRING_MIN` is a marker of its
-own (`_Rewriter.repeat_weight`): strings of the same bounds become one rule of the grammar form
-when they are used in several places, and their counted repeats count in the choice of that
-form."""
-_COUNTED_STRING_MIN = 256
-"""A plain string (no `pattern` or `format`) whose `minLength` or `maxLength` is larger is
-compiled by `json_schema_compile` as a string automaton (`patterns.length_bounded_dfa`, spliced),
-not as outlines-core's counted repeat `"[^"...]{0,N}"`, whose regex -> DFA and minimisation
-grow quadratically (a schema with one such string, maxLength 2,000: 4.0 s; 5,000: 30 s; as an
-automaton 0.6 and 3.5 s)."""
-
-_PLAIN_STRING_STATES = 12
-"""States per counted character of a plain string's automaton (`length_bounded_dfa` of
-`ANY_STRING`: the UTF-8 and escape states of the body; maxLength 1,000: 12,001 states)."""
-
-_MAX_SPLICED_STATES = 150_000
-"""Most states of a schema's automaton with its string automata spliced in (`_spliced_dfa`):
-one copy of a string's automaton per place that calls it, so an array of such strings whose
-items are counted (`maxItems`) multiplies it. About 0.05-0.1 ms per state to build and lift (the
-four largest of a 1,000-schema MaskBench sample, 51-76k states: 3.3-7.2 s a compile)."""
 
 
 def _quoted(body: ByteDFA) -> ByteDFA:
@@ -3505,29 +3461,21 @@ def _terminal_origin(rewriter: "_Rewriter", placeholder: str) -> tuple[str, str]
     return next((path, kw) for p, path, kw in rewriter.dfa_terminals.values() if p == placeholder)
 
 
-_WEIGHT_PER_STATE = 4
-"""Characters of a regex's weight (`_Rewriter.weight`: its counted copies written out) per state
-of its byte DFA, as a spliced DFA's size is estimated before it is built (`_spliced_too_large`):
-4.3-4.4 in the two MaskBench schemas with spliced strings whose regexes weigh most (o1052:
-290,119 -> 66,238 states, compiled; o74461: 852,372 -> 192,318, refused). 5 let an array of 100
-strings of up to 120 characters (522,723) through to a refusal after the DFA was built."""
-
-
 def _spliced_too_large(
     rewriter: "_Rewriter", regex: str, weight: int
 ) -> UnsupportedSchemaError | None:
     """The refusal `_spliced_dfa` would reach, known before the schema's DFA is built: each
     string automaton in `regex` is spliced in once at least, beside the rest of the schema's
-    automaton, about `weight / _WEIGHT_PER_STATE` states (`weight`: `_Rewriter.weight` of the
+    automaton, about `weight / WEIGHT_PER_STATE` states (`weight`: `_Rewriter.weight` of the
     schema's regex with its markers). MaskBench o74461, a 128-character `hostname` of 30,445
     states beside arrays of 100 counted strings: refused in 0.15 s instead of 10 s, after a
-    192,318-state DFA. `None` when the estimate is within `_MAX_SPLICED_STATES`."""
+    192,318-state DFA. `None` when the estimate is within `MAX_SPLICED_STATES`."""
     placeholders = _dfa_placeholders(rewriter, regex)
     if not placeholders:
         return None
     sizes = {p: rewriter.dfa_texts[p].num_states for p in placeholders}
-    estimate = weight // _WEIGHT_PER_STATE + sum(sizes.values())
-    if estimate <= _MAX_SPLICED_STATES:
+    estimate = weight // WEIGHT_PER_STATE + sum(sizes.values())
+    if estimate <= MAX_SPLICED_STATES:
         return None
     largest = max(sizes, key=sizes.__getitem__)
     path, keyword = _terminal_origin(rewriter, largest)
@@ -3535,8 +3483,8 @@ def _spliced_too_large(
         keyword,
         path,
         f"its string automaton ({sizes[largest]:,} states) beside the rest of the schema's "
-        f"automaton (about {weight // _WEIGHT_PER_STATE:,} states, estimated from its regex) "
-        f"would be over {_MAX_SPLICED_STATES:,} states in all",
+        f"automaton (about {weight // WEIGHT_PER_STATE:,} states, estimated from its regex) "
+        f"would be over {MAX_SPLICED_STATES:,} states in all",
     )
 
 
@@ -3580,14 +3528,14 @@ def _spliced_dfa(rewriter: "_Rewriter", regex: str) -> ByteDFA:
                     )
                 if (i, r) not in copies:
                     string = rewriter.dfa_texts[placeholders[i]]
-                    if offset + string.num_states > _MAX_SPLICED_STATES:
+                    if offset + string.num_states > MAX_SPLICED_STATES:
                         path, keyword = _terminal_origin(rewriter, placeholders[i])
                         raise UnsupportedSchemaError(
                             keyword,
                             path,
                             f"its string automaton ({string.num_states:,} states) is needed at "
                             f"{len(copies) + 1} or more places of the schema's automaton (e.g. "
-                            f"array items counted by maxItems): over {_MAX_SPLICED_STATES:,} "
+                            f"array items counted by maxItems): over {MAX_SPLICED_STATES:,} "
                             "states in all",
                         )
                     final = np.flatnonzero(string.accepting)
@@ -3833,73 +3781,10 @@ def _pushdown_of_regex(
 
 # ------------------------------------------------------------------ grammar form
 
-_MAX_MULTIPLE_REGEX = 20_000
-"""Characters of the regex of the multiples of a `multipleOf` step (`multiple_terminal`): 2, 3,
-4, 5, 6, 8, 10, 15, 20, 25, 1.5, 2.5 take 70-2,400; 7 and 12 about 80,000-95,000; 9, 11, 13,
-16 over 200,000 (measured on 2026-11-24)."""
-_REPEATED_RULE_REGEX = 24
-"""The items of an array with a large item count (`_Rewriter.item_repeats`) become a rule from
-this many characters: the counted repeat then writes a 3-character call per copy."""
-_COUNTED_ITEMS_MIN = 16
-"""An item count (`minItems`/`maxItems`) from which the copies of the item that the counted
-repeat writes out are measured (`_Rewriter.counted_items`)."""
-_GRAMMAR_REGEX = 100_000
-"""Characters of a schema's whole regex beyond which `JsonSchema` compiles the grammar form
-(`json_schema_grammar`) first instead of one regex. 250,000 until 2026-11-23; once the keys of
-open objects were written compactly (`_key_not_in`), schemas of 100,000-250,000 characters
-compiled 2-3x faster as grammars (five splits, `--limit 24`: compile time summed over the
-schemas 0.67x of the 250,000 setting's, p99 2.7 s against 3.3 s)."""
-_SINGLE_REGEX = 250_000
-"""Characters up to which a schema whose grammar form is refused (too many positions, a call
-that one byte cannot choose) still compiles as one regex (MaskBench o21378: 8.6 s). The
-MaskBench schemas whose single regex timed out at 30 s had 0.4-8.9 million characters."""
-_SINGLE_REGEX_WEIGHT = 1_000_000
-"""Most characters of a schema's single regex with its counted copies written out
-(`_Rewriter.weight`) for that regex to be the fallback of a refused grammar form: the regex
-is short, but outlines-core's DFA has a state per written-out character or so. On the whole
-MaskBench dev file the single regexes that compiled weighed up to 646,000 characters (o7515:
-3.8 s; sp_408: 155,000, 6 s; slack-app-manifest: 254,000, 12.9 s) and those over 30 s
-2.3-4.5 million (o9853, o9925, o9958: arrays of up to 100 objects of two 255-character
-strings and 1,000 ids), which this limit refuses at once, as before 2026-11-24."""
-_RULE_REGEX = 20_000
-"""A subschema whose regex (its own rules called, not expanded) is longer becomes a rule."""
-_SHARED_RULE_REGEX = 150
-"""A subschema used in more than one place becomes a rule from this many characters: a uuid
-pattern (103 characters, 39 states) used 300 times, or a small object used in several places,
-is then one rule instead of a copy per use. (2,000 before: MaskBench Github_hard o62820 had
-9,166 positions and 9.0 s of token tables with it, 4,497 and 5.1 s with 150; at 60 the
-tables of o62820 and o52904 took longer again: small rules called from many places give their
-positions many return slots.)"""
-_MAX_GRAMMAR_POSITIONS = 10_000
-"""Most positions (states of all the rules' byte DFAs) of a grammar form: its token tables walk
-the vocabulary from every position. Since the walk shares the trie's subtrees between positions
-and slots (`pushdown.token_tables`) that takes 0.27-0.45 ms per position on the 2-core development
-machine at load 2 (MaskBench Github_hard o21316, 8,219 positions: 2.2 s for the tables, 11 s
-before, 664 s before that, 7 s for the whole compile; o21251, 6,148: 1.8 s; Kubernetes kb_594,
-2,392: 1.0 s; `benchmarks/bench_pda_tables.py`), so up to this the tables take under about 5 s;
-beyond it the schema is refused with the reason."""
-_OVER_REGEX_SCALE = 2
-"""How many times `_MAX_GRAMMAR_POSITIONS` (and `_MAX_POSITIONS_BEFORE_TAILS`) the positions
-limit is for a grammar form that `json_schema_compile` would otherwise replace by the schema's
-single regex (over `_GRAMMAR_REGEX` characters): that regex's automaton inlines every rule, so
-it is at least as large and no faster to build per state (MaskBench
-Github_ultra o25423: grammar form 14,443 positions, 4.8 s; its single regex, 49,305 positions,
-16.5 s; Github_hard o48425: 14,552 positions against a 140,901-character regex, 13 s)."""
-_MAX_POSITIONS_BEFORE_TAILS = 5 * _MAX_GRAMMAR_POSITIONS // 4
-"""Positions of a grammar form's rules, before shared tails (`_shared_tails`) are taken out,
-beyond which it is refused as soon as its automata get there: on the 17 MaskBench grammar forms
-that took over 0.8 s (two dev samples), shared tails saved 0-8% of the positions, so 1.25 times
-the limit cannot come under it. (JsonSchemaStore detekt-1.22.0: 35,966 positions in 100 rules,
-refused after building all of them twice in 34 s; 13 s at twice the limit, 7 s at 1.25 times.
-Github_ultra o21378's recursive attempt, 16,283 positions after tails: refused after 5 s at
-twice the limit, at once at 1.25 times; the whole compile 12.9 -> 7.8 s.)"""
-_MIN_RULE_REGEX = 300
-"""The smallest subschema regex that becomes a rule so that a larger one fits `_RULE_REGEX`."""
 _RULE_CALL = 0x02
 """The byte that starts a rule call in a grammar-form regex, followed by two digit bytes
 `0x10 + i // 16`, `0x10 + i % 16` (rule `i`): control characters, which JSON text never holds
 raw (strings escape them, whitespace is space, tab, CR and LF)."""
-_MAX_RULES = 256
 _VALUE_FIRST = np.zeros(256, bool)
 _VALUE_FIRST[list(b'{["-0123456789tfn')] = True  # the first bytes of any JSON value
 
@@ -3920,9 +3805,9 @@ def _plan_rules(
 
     Bottom-up over the markers (a DAG: one marker per distinct regex): a marker's size is its
     regex with its non-rule markers expanded and its rules called; it becomes a rule when that
-    size exceeds `_RULE_REGEX`, or `_SHARED_RULE_REGEX` when it is used in more than one place,
-    unless it is `banned` (a call that would not be deterministic). A marker over `_RULE_REGEX`
-    first calls its largest subschemas (down to `_MIN_RULE_REGEX` characters) until it fits;
+    size exceeds `RULE_REGEX`, or `SHARED_RULE_REGEX` when it is used in more than one place,
+    unless it is `banned` (a call that would not be deterministic). A marker over `RULE_REGEX`
+    first calls its largest subschemas (down to `MIN_RULE_REGEX` characters) until it fits;
     `promoted` (filled when given) maps each subschema called that way to that marker. A marker
     in `frozen` calls only the subschemas listed for it there (those it called in the previous
     plan that were not banned): when some of its calls were not deterministic, the next largest
@@ -3935,15 +3820,15 @@ def _plan_rules(
     names, rule regexes)`, the regexes with each rule's marker replaced by `_rule_call`.
 
     **Raises:** `NotDeterministic` when a recursive target's rule is `banned` (it cannot be
-    inlined); `_RecursionRefused` beyond `_MAX_RULES` recursive targets."""
+    inlined); `_RecursionRefused` beyond `MAX_RULES` recursive targets."""
     found = re.compile(f'"(FGSUB[0-9]+X{rewriter.tag})"')
     uses: dict[str, int] = {}
     order: list[str] = []
     seen: set = set()
     recursive = _cycle_breakers(rewriter, regex, banned)
     calls = set(recursive)
-    if len(recursive) > _MAX_RULES:
-        raise _RecursionRefused(f"more than {_MAX_RULES} recursive targets")
+    if len(recursive) > MAX_RULES:
+        raise _RecursionRefused(f"more than {MAX_RULES} recursive targets")
 
     @typing.no_type_check
     def visit(text: str) -> None:
@@ -3986,7 +3871,7 @@ def _plan_rules(
             continue
         text = rewriter.substitutions[name]
         size[name] = measured(text, name)
-        if size[name] > _RULE_REGEX:
+        if size[name] > RULE_REGEX:
             # too large to be one regex: call its largest subschemas instead, until it fits
             children = sorted(
                 {m.group(1) for m in found.finditer(text)} - index.keys() - banned,
@@ -3995,21 +3880,21 @@ def _plan_rules(
             if frozen is not None and name in frozen:
                 children = [child for child in children if child in frozen[name]]
             for child in children:
-                if size[name] <= _RULE_REGEX or size[child] < _MIN_RULE_REGEX:
+                if size[name] <= RULE_REGEX or size[child] < MIN_RULE_REGEX:
                     break
-                if len(index) < _MAX_RULES:
+                if len(index) < MAX_RULES:
                     index[child] = len(index)
                     size[name] = measured(text, name)
                     if promoted is not None:
                         promoted[child] = name
         limit = (
-            _REPEATED_RULE_REGEX
+            REPEATED_RULE_REGEX
             if name in repeated  # one call per copy of a counted repeat instead of the item
-            else _SHARED_RULE_REGEX
+            else SHARED_RULE_REGEX
             if uses[name] > 1
-            else _RULE_REGEX
+            else RULE_REGEX
         )
-        if size[name] > limit and name not in banned and len(index) < _MAX_RULES:
+        if size[name] > limit and name not in banned and len(index) < MAX_RULES:
             index[name] = len(index)
     expanded: dict[str, str] = {}
 
@@ -4027,8 +3912,8 @@ def _plan_rules(
         "(?:" + found.sub(expand, rewriter.substitutions[name]) + ")" for name in rules
     ]
     for text in texts:
-        if len(text) > _MAX_REGEX:
-            raise _RegexTooLarge(len(text), _MAX_REGEX)
+        if len(text) > MAX_REGEX:
+            raise _RegexTooLarge(len(text), MAX_REGEX)
     return texts[0], rules, texts[1:]
 
 
@@ -4143,7 +4028,7 @@ def _dfa_rule(rewriter: _Rewriter, name: str, index: dict, banned: set) -> bool:
 
     **Raises:** `UnsupportedSchemaError` when it is `banned` (called where one byte of
     lookahead cannot choose it, e.g. an `anyOf` of it and another string);
-    `ConstraintError` beyond `_MAX_RULES` rules."""
+    `ConstraintError` beyond `MAX_RULES` rules."""
     if name not in rewriter.dfa_terminals:
         return False
     _, path, keyword = rewriter.dfa_terminals[name]
@@ -4155,8 +4040,8 @@ def _dfa_rule(rewriter: _Rewriter, name: str, index: dict, banned: set) -> bool:
             "(e.g. `anyOf` with another string): the grammar form cannot choose it",
         )
     if name not in index:
-        if len(index) >= _MAX_RULES:
-            raise ConstraintError(f"the schema needs more than {_MAX_RULES} grammar rules")
+        if len(index) >= MAX_RULES:
+            raise ConstraintError(f"the schema needs more than {MAX_RULES} grammar rules")
         index[name] = len(index)
     return True
 
@@ -4187,7 +4072,7 @@ def _rule_edges(regex: str, rules: int, free_value: bool) -> tuple[ByteDFA, np.n
             hit = _rule_edges_of(regex, free_value)
         _RULE_EDGES[regex, free_value] = hit
         _RULE_EDGES.move_to_end((regex, free_value))
-        while sum(dfa.num_states for dfa, _, _ in _RULE_EDGES.values()) > _RULE_EDGES_STATES:
+        while sum(dfa.num_states for dfa, _, _ in _RULE_EDGES.values()) > RULE_EDGES_STATES:
             _RULE_EDGES.popitem(last=False)
     else:
         _RULE_EDGES.move_to_end((regex, free_value))
@@ -4204,14 +4089,14 @@ def _rule_edges(regex: str, rules: int, free_value: bool) -> tuple[ByteDFA, np.n
 def _inlined_rule_edges(regex: str, rules: int, ws: str) -> tuple[ByteDFA, np.ndarray]:
     """`_rule_edges(regex, rules, True)` with the free-form value's calls that compete read in
     place (`_inline_value_calls` with whitespace `ws`). Memoised by its arguments
-    (`_INLINED_RULE_EDGES`, least recently used dropped past `_RULE_EDGES_STATES` states): the
+    (`_INLINED_RULE_EDGES`, least recently used dropped past `RULE_EDGES_STATES` states): the
     attempts of one compile build many rules again with the same text (MaskBench o7573: each of
     9 rules twice, up to 10,900 sets of states each; its refusal 5.6 -> 4.5 s)."""
     key = (regex, rules, ws)
     hit = _INLINED_RULE_EDGES.get(key)
     if hit is None:
         hit = _INLINED_RULE_EDGES[key] = _inline_value_calls(*_rule_edges(regex, rules, True), ws)
-        while sum(dfa.num_states for dfa, _ in _INLINED_RULE_EDGES.values()) > _RULE_EDGES_STATES:
+        while sum(dfa.num_states for dfa, _ in _INLINED_RULE_EDGES.values()) > RULE_EDGES_STATES:
             _INLINED_RULE_EDGES.popitem(last=False)
     _INLINED_RULE_EDGES.move_to_end(key)
     return hit
@@ -4224,9 +4109,6 @@ _INLINED_RULE_EDGES: "collections.OrderedDict[tuple[str, int, str], tuple]" = (
 
 
 _RULE_EDGES: "collections.OrderedDict[tuple[str, bool], tuple]" = collections.OrderedDict()
-_RULE_EDGES_STATES = 100_000
-"""`_rule_edges`' memo, least recently used first, and the states it keeps at most (about
-100 MiB of tables; one MaskBench compile leaves up to 37,000: bamboo-spec)."""
 
 
 _RULE_EDGES_AHEAD: "dict[tuple[str, bool], concurrent.futures.Future]" = {}
@@ -4236,12 +4118,12 @@ free_value)`: `_rule_edges` takes (or cancels and builds) them."""
 
 def _compile_threads() -> "concurrent.futures.ThreadPoolExecutor | None":
     """The threads that build rule automata ahead (`_build_ahead`): one per core this process may
-    run on, at most `_MAX_COMPILE_THREADS`; `None` with a single core. One pool per process: a
+    run on, at most `MAX_COMPILE_THREADS`; `None` with a single core. One pool per process: a
     child forked after the pool started has none of its threads, so it starts its own."""
     pid = os.getpid()
     if pid not in _POOLS:
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-        workers = min(cores or 1, _MAX_COMPILE_THREADS)
+        workers = min(cores or 1, MAX_COMPILE_THREADS)
         _POOLS.clear()
         _POOLS[pid] = (
             concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="functional_gen")
@@ -4252,7 +4134,6 @@ def _compile_threads() -> "concurrent.futures.ThreadPoolExecutor | None":
 
 
 _POOLS: dict = {}
-_MAX_COMPILE_THREADS = 4
 
 
 @contextlib.contextmanager
@@ -4577,14 +4458,6 @@ def _nondeterministic_calls(automata: list, rules: int) -> set[int]:
     return bad
 
 
-_MIN_SHARED_TAIL = 16
-"""Fewest positions a shared tail must save to become a rule of its own (`_shared_tails`)."""
-_MAX_SHARED_TAILS = 32
-"""Most tails `_shared_tails` extracts from one grammar form."""
-_SHARED_TAIL_TRIES = 4
-"""Candidates `_shared_tails` tries per step before it stops (the largest estimates first)."""
-
-
 def _joint_blocks(automata: list) -> np.ndarray:
     """The states of every automaton (`(dfa, calls)` each), numbered one after another, grouped
     by their residual language: Moore's refinement of the union, a call edge labelled by its
@@ -4635,7 +4508,7 @@ def _shared_tails(automata: list, rules: int, free_value: bool) -> tuple[list, i
     the most positions to save (its states reachable from the block, once per automaton beyond
     the first) becomes a rule (its states copied from one automaton; an existing rule when the
     block holds a rule's initial state), each automaton is minimised again, and so on while a
-    tail saves `_MIN_SHARED_TAIL` positions, at most `_MAX_SHARED_TAILS` times. Equal residual
+    tail saves `MIN_SHARED_TAIL` positions, at most `MAX_SHARED_TAILS` times. Equal residual
     languages make the language the same; an accepting block is never a tail (a rule may not
     match the empty string).
 
@@ -4647,8 +4520,8 @@ def _shared_tails(automata: list, rules: int, free_value: bool) -> tuple[list, i
     inserted before the free-form value's).
     """
     automata = list(automata)
-    for _ in range(_MAX_SHARED_TAILS):
-        if rules >= _MAX_RULES:
+    for _ in range(MAX_SHARED_TAILS):
+        if rules >= MAX_RULES:
             break
         blocks = _joint_blocks(automata)
         offsets = np.cumsum([0] + [dfa.num_states for dfa, _ in automata])
@@ -4680,12 +4553,12 @@ def _shared_tails(automata: list, rules: int, free_value: bool) -> tuple[list, i
             dfa, calls = automata[a]
             size = int(_reach(dfa, calls, states[0] - int(offsets[a])).sum())
             saving = (len(states) - 1) * size - len(states) - 1
-            if saving >= _MIN_SHARED_TAIL:
+            if saving >= MIN_SHARED_TAIL:
                 candidates.append((-saving, block))
         total = int(offsets[-1])
-        for _, block in sorted(candidates)[:_SHARED_TAIL_TRIES]:
+        for _, block in sorted(candidates)[:SHARED_TAIL_TRIES]:
             new, grew = _extract_tail(automata, rules, free_value, members[block], owner, offsets)
-            if sum(dfa.num_states for dfa, _ in new) <= total - _MIN_SHARED_TAIL:
+            if sum(dfa.num_states for dfa, _ in new) <= total - MIN_SHARED_TAIL:
                 break  # the estimate counted states that other paths still reach: check
         else:
             break
@@ -4766,8 +4639,8 @@ def json_schema_grammar(
     optional properties, are compiled once instead of copied into one regex.
 
     The schema is rewritten as for `json_schema_regex` (one marker per distinct subschema
-    regex); a marker whose regex (its own rules called) exceeds `_RULE_REGEX` characters, or
-    `_SHARED_RULE_REGEX` when it is used more than once, becomes a rule: in its callers' regexes
+    regex); a marker whose regex (its own rules called) exceeds `RULE_REGEX` characters, or
+    `SHARED_RULE_REGEX` when it is used more than once, becomes a rule: in its callers' regexes
     it is a call (three control characters, `_rule_call`), and its own regex becomes a byte DFA
     with call edges (`_rule_edges`), as the free-form value's call does in
     `json_schema_pushdown`. Only terminals stay regexes: strings with patterns and formats,
@@ -4781,12 +4654,12 @@ def json_schema_grammar(
     **Arguments:** `schema`, `vocabulary`; `stack_depth`: stack slots (nested rule calls,
     free-form values included); `options`: those of `json_schema_regex` (`free_form_depth=None`
     calls a free-form JSON value rule, as `json_schema_pushdown`); `_over_regex` (internal):
-    the form stands in for a single regex over `_GRAMMAR_REGEX` characters, so its positions
-    limit is `_OVER_REGEX_SCALE` times larger.
+    the form stands in for a single regex over `GRAMMAR_REGEX` characters, so its positions
+    limit is `OVER_REGEX_SCALE` times larger.
 
     **Raises:** as `json_schema_regex`; `ConstraintError` (`_RegexTooLarge`) when a single rule
-    would still exceed `_MAX_REGEX` characters, or when the rules' automata have more than
-    `_MAX_GRAMMAR_POSITIONS` states in all (too slow to build the token tables); `NotDeterministic` when the rules cannot run
+    would still exceed `MAX_REGEX` characters, or when the rules' automata have more than
+    `MAX_GRAMMAR_POSITIONS` states in all (too slow to build the token tables); `NotDeterministic` when the rules cannot run
     deterministically even with the conflicting calls inlined.
 
     Source: the rule/terminal split of llguidance (github.com/guidance-ai/llguidance,
@@ -4795,10 +4668,10 @@ def json_schema_grammar(
     free = options.get("free_form_depth", DEFAULT_FREE_FORM_DEPTH)
     if free is None:
         options["free_form_depth"] = _CALL
-    scale = _OVER_REGEX_SCALE if _over_regex else 1
+    scale = OVER_REGEX_SCALE if _over_regex else 1
     max_positions, max_before_tails = (
-        scale * _MAX_GRAMMAR_POSITIONS,
-        scale * _MAX_POSITIONS_BEFORE_TAILS,
+        scale * MAX_GRAMMAR_POSITIONS,
+        scale * MAX_POSITIONS_BEFORE_TAILS,
     )
     rewriter, regex = _rewritten if _rewritten is not None else _rewrite(schema, **options)
     _warn_dropped(rewriter)
@@ -4904,7 +4777,7 @@ def json_schema_compile(
 ):
     """The automaton `JsonSchema` runs for one schema, chosen automatically: the token
     automaton of the schema's single regex (`json_schema_automaton`: smaller and faster) while
-    that regex has at most `_GRAMMAR_REGEX` characters (with the automata of length-bounded
+    that regex has at most `GRAMMAR_REGEX` characters (with the automata of length-bounded
     strings that no compact regex writes spliced in, `_spliced_dfa`), else the grammar form
     (`json_schema_grammar`, a `PushdownAutomaton`), whose free-form values nest as deep as the
     stack unless `free_form_depth=0` (a call of its JSON value rule, where that stays
@@ -4960,7 +4833,7 @@ def json_schema_compile(
         """A free-form value's call competes with other text for its first byte deeper than
         `_inline_value_calls` reads it in place (`error` a `NotDeterministic`), or the grammar
         form is too large: the values nested 2 levels where that is a token automaton of a
-        single regex within `_SINGLE_REGEX`, else `NESTED_FREE_FORM_DEPTH` level(s)
+        single regex within `SINGLE_REGEX`, else `NESTED_FREE_FORM_DEPTH` level(s)
         (`_FALLBACK_DEPTHS`), with a warning that names the depth. A recursive schema is not
         tried deeper: its fallback may still be a pushdown automaton whose recursion nests as
         deep as the stack, which a token automaton would unroll `DEFAULT_MAX_RECURSION_DEPTH`
@@ -5001,7 +4874,7 @@ def json_schema_compile(
 
     full: str | None
     try:
-        full = rewriter.substitute(regex, limit=_SINGLE_REGEX)
+        full = rewriter.substitute(regex, limit=SINGLE_REGEX)
         if (
             call is not None
             and _dfa_placeholders(rewriter, full)
@@ -5011,11 +4884,11 @@ def json_schema_compile(
     except _RegexTooLarge:
         full = None
     weight = rewriter.weight(regex)
-    if full is not None and weight > _SINGLE_REGEX_WEIGHT:
+    if full is not None and weight > SINGLE_REGEX_WEIGHT:
         full = None  # its counted copies written out are too many states for outlines-core
     if token_only and full is None:
         raise _NotTokenAutomaton("the single regex is too large for a token automaton")
-    if not token_only and (full is None or len(full) > _GRAMMAR_REGEX or weight > _GRAMMAR_REGEX):
+    if not token_only and (full is None or len(full) > GRAMMAR_REGEX or weight > GRAMMAR_REGEX):
         if not cache:
             _PUSHDOWN_CACHE.clear()
         hopeless = _strings_too_large(rewriter, regex, full is not None)
@@ -5047,7 +4920,7 @@ def json_schema_compile(
             )
         except (_TooManyPositions, NotDeterministic, _RegexTooLarge) as e:
             if full is not None:
-                pass  # the single regex is within `_SINGLE_REGEX`: compiled below
+                pass  # the single regex is within `SINGLE_REGEX`: compiled below
             elif call is None:
                 raise
             else:
@@ -5096,12 +4969,12 @@ def _strings_too_large(
     """The refusal of every grammar form of `regex` that its strings given as automata
     (`_Rewriter.dfa_terminals`) already imply, before any rule is built: one of them alone has
     more states than the positions a form may have before its tails are shared
-    (`_MAX_POSITIONS_BEFORE_TAILS`, times `_OVER_REGEX_SCALE` when `over_regex`). Each is a rule
+    (`MAX_POSITIONS_BEFORE_TAILS`, times `OVER_REGEX_SCALE` when `over_regex`). Each is a rule
     of the grammar form, and written as a counted regex it needs as many states inside its
     rule: no form can do with fewer (MaskBench o1052, a 5,000-character string of 60,003
     states: refused in 2 s instead of after a 7.5 s rule). `None` when no string is that large.
     """
-    limit = (_OVER_REGEX_SCALE if over_regex else 1) * _MAX_POSITIONS_BEFORE_TAILS
+    limit = (OVER_REGEX_SCALE if over_regex else 1) * MAX_POSITIONS_BEFORE_TAILS
     for name in sorted(rewriter.markers(regex) & rewriter.dfa_terminals.keys()):
         placeholder, path, keyword = rewriter.dfa_terminals[name]
         states = rewriter.dfa_texts[placeholder].num_states
@@ -5238,7 +5111,7 @@ class JsonSchema(AbstractConstraint):
       `PROPERTY_ORDERS`.
 
     The automaton is chosen automatically (`json_schema_compile`): a single schema whose regex
-    would exceed `_GRAMMAR_REGEX` characters compiles to its grammar form, a pushdown
+    would exceed `GRAMMAR_REGEX` characters compiles to its grammar form, a pushdown
     automaton whose rules are its large subschemas (`json_schema_grammar`); a list of schemas
     (one per row) always uses token automata. A `pattern` or `format` with
     `minLength`/`maxLength` is exact (lengths in decoded characters): when no compact regex
@@ -5251,9 +5124,9 @@ class JsonSchema(AbstractConstraint):
     **Raises:** `UnsupportedSchemaError` (a `ValueError`) naming the keyword and its location
     (e.g. `not`, `uniqueItems`, `multipleOf: 5`, an unknown `format`) before any compilation,
     or naming a length-bounded string whose automaton, spliced in, would take the schema's over
-    150,000 states (`_MAX_SPLICED_STATES`; estimated from the regex before its DFA is built);
+    150,000 states (`MAX_SPLICED_STATES`; estimated from the regex before its DFA is built);
     `ConstraintError` for a schema too large even for the grammar form (over 10,000 automaton
-    positions, `_MAX_GRAMMAR_POSITIONS`: its token tables would take more than seconds);
+    positions, `MAX_GRAMMAR_POSITIONS`: its token tables would take more than seconds);
     `ValueError` for invalid JSON text; `TypeError` for a schema of another type.
 
     Source: outlines-core `json_schema.build_regex_from_schema`; JSON Schema 2020-12.
