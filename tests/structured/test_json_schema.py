@@ -194,7 +194,7 @@ def test_a_schema_that_passed_its_metaschema_is_not_checked_again(monkeypatch):
         return original(cls, schema, *args, **kwargs)
 
     monkeypatch.setattr(jsonschema.Draft202012Validator, "check_schema", classmethod(counted))
-    monkeypatch.setattr(js, "_CHECKED", collections.OrderedDict())
+    monkeypatch.setattr(js.dialect, "CHECKED", collections.OrderedDict())
     schema = {"type": "object", "properties": {"a": {"type": "integer", "minimum": 3}}}
     js.check_schema(schema)
     js.check_schema({"properties": {"a": {"minimum": 3, "type": "integer"}}, "type": "object"})

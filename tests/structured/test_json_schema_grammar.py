@@ -155,7 +155,7 @@ def test_a_refused_grammar_form_falls_back_to_the_single_regex(small_rules, monk
     (MaskBench o21378); beyond `SINGLE_REGEX` the refusal stands."""
     monkeypatch.setattr(js, "MAX_GRAMMAR_POSITIONS", 10)
     monkeypatch.setattr(js, "MAX_POSITIONS_BEFORE_TAILS", 10)
-    with pytest.raises(js._TooManyPositions):
+    with pytest.raises(js.TooManyPositions):
         js.json_schema_grammar(PEOPLE, BYTES)
     automaton = js.json_schema_compile(PEOPLE, BYTES, cache=False)
     assert not isinstance(automaton, PushdownAutomaton)
@@ -170,7 +170,7 @@ def test_a_refused_grammar_form_falls_back_to_the_single_regex(small_rules, monk
     monkeypatch.setattr(js, "SINGLE_REGEX", 100)
     with (
         pytest.warns(UserWarning, match="no pushdown automaton"),  # then free-form depth 1
-        pytest.raises(js._TooManyPositions),
+        pytest.raises(js.TooManyPositions),
     ):
         js.json_schema_compile(PEOPLE, BYTES, cache=False)
 
@@ -184,7 +184,7 @@ def test_in_place_of_a_single_regex_the_grammar_form_may_be_larger(small_rules, 
     limit = positions * 2 // 3  # under the positions, over half of them
     monkeypatch.setattr(js, "MAX_GRAMMAR_POSITIONS", limit)
     monkeypatch.setattr(js, "MAX_POSITIONS_BEFORE_TAILS", 5 * limit // 4)
-    with pytest.raises(js._TooManyPositions, match=f"the limit is {limit:,}"):
+    with pytest.raises(js.TooManyPositions, match=f"the limit is {limit:,}"):
         js.json_schema_grammar(PEOPLE, BYTES)
     automaton = js.json_schema_compile(PEOPLE, BYTES, cache=False)
     assert isinstance(automaton, PushdownAutomaton)
@@ -264,7 +264,7 @@ def test_a_plan_refused_before_its_last_rule_leaves_no_rule_building(small_rules
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
         for threads in (None, pool):
             _threads(monkeypatch, threads)
-            with pytest.raises(js._TooManyPositions) as caught:
+            with pytest.raises(js.TooManyPositions) as caught:
                 js.json_schema_grammar(_explode(4), BYTES)
             errors.append(str(caught.value))
             assert not js._RULE_EDGES_AHEAD
@@ -1144,7 +1144,7 @@ def test_counted_copies_fall_back_to_the_single_regex(monkeypatch):
     js._PUSHDOWN_CACHE.clear()  # the grammar form another test built
     rewriter, regex = js._rewrite(ROLES, free_form_depth=js._CALL, counted_strings=True)
     assert rewriter.weight(regex) > js.GRAMMAR_REGEX > len(rewriter.substitute(regex))
-    with pytest.raises(js._TooManyPositions):
+    with pytest.raises(js.TooManyPositions):
         js.json_schema_grammar(ROLES, BYTES)
     automaton = js.json_schema_compile(ROLES, BYTES, cache=False)
     assert not isinstance(automaton, PushdownAutomaton)
@@ -1167,7 +1167,7 @@ def test_no_single_regex_fallback_when_its_written_out_copies_weigh_too_much(mon
     monkeypatch.setattr(js, "SINGLE_REGEX_WEIGHT", rewriter.weight(regex) - 1)
     built = []
     monkeypatch.setattr(js, "regex_automaton", lambda *args, **kwargs: built.append(args))
-    with pytest.raises(js._TooManyPositions, match="automaton positions"):
+    with pytest.raises(js.TooManyPositions, match="automaton positions"):
         js.json_schema_compile(ROLES, BYTES, cache=False)
     assert not built
     js._PUSHDOWN_CACHE.clear()
@@ -1415,7 +1415,7 @@ def test_the_depth_one_fallback_is_compiled_once(monkeypatch):
     depths = _record_free_form_depths(monkeypatch)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        with pytest.raises(js._TooManyPositions):
+        with pytest.raises(js.TooManyPositions):
             js.json_schema_compile(schema, BYTES, cache=False)
     assert depths == [None, *js._FALLBACK_DEPTHS] == [None, 2, js.NESTED_FREE_FORM_DEPTH]
     assert len([w for w in caught if "no pushdown automaton" in str(w.message)]) == 1

@@ -111,7 +111,7 @@ other error of the grammar form. `json_schema_regex` (one regex) always unrolls.
 Where we follow llguidance (`docs/json_schema.md`): properties come in the order of
 `properties`; where an object's members come from several places (its own `properties` beside
 `allOf`, `anyOf`, `oneOf` or `$ref`), in the order of those keywords in the schema's text, as
-llguidance 1.9 reads them (`_applicator_first`: `{"anyOf": [..], "properties": {..}}` lists a
+llguidance 1.9 reads them (`applicator_first`: `{"anyOf": [..], "properties": {..}}` lists a
 branch's members first, `{"properties": {..}, "anyOf": [..]}` the node's own; its docs call
 this order unstable, MaskBench's documents follow it); additional properties come after the
 listed ones; `format` is enforced;
@@ -126,7 +126,6 @@ Whitespace between tokens follows outlines-core's default (`[ ]?`: none or one s
 import collections
 import concurrent.futures
 import contextlib
-import copy
 import decimal
 import functools
 import hashlib
@@ -184,19 +183,47 @@ from ..pushdown import DEFAULT_STACK_DEPTH, NotDeterministic, PushdownAutomaton,
 from ..ranges import integer_range_regex, multiple_of_dfa, number_range_regex
 from ..regex_syntax import escape
 from ..vocabulary import TokenVocabulary, vocabulary_from_tokenizer
+from .errors import (
+    InvalidSchemaError,
+    KeysTooComplex,
+    NoCommonType,
+    NotTokenAutomaton,
+    RecursionRefused,
+    RegexTooLarge,
+    TooLarge,
+    TooManyPositions,
+    UnsupportedSchemaError,
+)
+from .keywords import (
+    JSON_TYPES,
+    KNOWN,
+    NOT_STRINGS,
+    TYPE_KEYWORDS,
+    UNSUPPORTED,
+    asserts,
+)
+from .dialect import (
+    check_schema,
+    in_dialect,
+    schema_as_dict,
+)
+from .references import (
+    NEVER,
+    RECURSIVE,
+    applicator_first,
+    inline_references,
+)
 from .budgets import (
     ANY_ORDER_BUDGET,
     ANY_ORDER_MAX,
     COUNTED_ITEMS_MIN,
     COUNTED_STRING_MIN,
     GRAMMAR_REGEX,
-    MAX_CHECKED,
     MAX_COMPILE_THREADS,
     MAX_CONDITIONAL_BRANCHES,
     MAX_CONTAINS,
     MAX_DEPENDENCIES,
     MAX_GRAMMAR_POSITIONS,
-    MAX_INLINED_NODES,
     MAX_KEY_REGEX,
     MAX_KEY_REGEX_STATES,
     MAX_KEY_STATES,
@@ -235,69 +262,14 @@ from .budgets import (
 DEFAULT_MAX_RECURSION_DEPTH = 3
 """How many times a recursive `$ref` is unrolled (outlines-core's default)."""
 
-_UNSUPPORTED = {
-    "not": "negation is not regular in general",
-    "if": "conditional schemas are supported only as discriminated unions (every `if` tests "
-    "one property whose own schema lists its values) or where the `if` has a complement",
-    "then": "conditional schemas are not supported here (see `if`)",
-    "else": "conditional schemas are not supported here (see `if`)",
-    "dependentSchemas": "property dependencies are not supported",
-    "dependencies": "property dependencies are not supported",  # (lists become dependentRequired)
-    "unevaluatedProperties": "unevaluated* keywords are not supported",
-    "unevaluatedItems": "unevaluated* keywords are not supported",
-    "maxContains": "an upper bound on the items that match `contains` is not supported",
-    "$dynamicRef": "dynamic references are not supported",
-    "$recursiveRef": "dynamic references are not supported",
-}
-"""Keywords JSON Schema defines as assertions that no regular constraint here enforces: refused
-with `strict=True`, dropped (with one warning) with `strict=False`."""
-_KNOWN = {
-    "type",
-    "enum",
-    "const",
-    "anyOf",
-    "oneOf",
-    "allOf",
-    "$ref",
-    "properties",
-    "required",
-    "additionalProperties",
-    "items",
-    "prefixItems",
-    "minItems",
-    "maxItems",
-    "uniqueItems",
-    "minLength",
-    "maxLength",
-    "pattern",
-    "format",
-    "minimum",
-    "maximum",
-    "exclusiveMinimum",
-    "exclusiveMaximum",
-    "minProperties",
-    "maxProperties",
-    "additionalItems",
-    "patternProperties",
-    "propertyNames",
-    "dependentRequired",
-    "multipleOf",
-    "contains",
-    "minContains",
-}
-"""Keywords that are enforced. Every other keyword that is not in `_UNSUPPORTED` is an
-annotation (JSON Schema 2020-12 core §4.3.1: unknown keywords are ignored) and is dropped."""
-_NOT_STRINGS = "\x03notStrings"
-"""Internal keyword (a control character no schema key holds): the strings a `not` of listed
-strings excludes (`_excluded_strings`), enforced on the node's string values (`_string`)."""
-_KNOWN.add(_NOT_STRINGS)
+KNOWN.add(NOT_STRINGS)
 
 
 def _excluded_strings(schema) -> list[str] | None:
     """The values of a `not` whose schema lists strings only (`const` or `enum`, beside
     `"type": "string"` at most): a value is then valid exactly when it is not one of them (every
     non-string value is), or `None` for any other `not`."""
-    if not isinstance(schema, Mapping) or not {k for k in schema if _asserts(k)} <= {
+    if not isinstance(schema, Mapping) or not {k for k in schema if asserts(k)} <= {
         "const",
         "enum",
         "type",
@@ -401,159 +373,6 @@ def _other_strings_regex(excluded: list[str]) -> str:
     return '"' + rest(trie) + '"'
 
 
-def _asserts(keyword) -> bool:
-    """Whether `keyword` asserts anything (enforced, or refused as unenforceable): every other
-    keyword (`title`, `default`, `x-taplo`, draft 4's `id`, ...) is an annotation, ignored when
-    schemas are combined (`allOf`, a `$ref` with siblings) as when they are checked."""
-    return keyword in _KNOWN or keyword in _UNSUPPORTED
-
-
-_TYPE_KEYWORDS = {
-    "integer": {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"},
-    "number": {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"},
-    "string": {"minLength", "maxLength", "pattern", "format", _NOT_STRINGS},
-    "array": {
-        "items",
-        "prefixItems",
-        "additionalItems",
-        "minItems",
-        "maxItems",
-        "uniqueItems",
-        "contains",
-        "minContains",
-    },
-    "object": {
-        "properties",
-        "required",
-        "additionalProperties",
-        "minProperties",
-        "maxProperties",
-        "patternProperties",
-        "propertyNames",
-    },
-    "boolean": set(),
-    "null": set(),
-}
-_JSON_TYPES = set(_TYPE_KEYWORDS)
-
-
-class UnsupportedSchemaError(ConstraintError):
-    """A JSON Schema keyword (or value) that cannot be enforced by a regular constraint.
-
-    **Attributes:** `keyword`: the keyword; `path`: where it is, as a JSON pointer.
-    """
-
-    def __init__(self, keyword: str, path: str, reason: str):
-        self.keyword, self.path, self.reason = keyword, path, reason
-        super().__init__(f"JSON Schema keyword `{keyword}` at {path} is not supported: {reason}")
-
-
-class InvalidSchemaError(ConstraintError):
-    """A schema that is not valid under its own dialect's metaschema (`jsonschema`'s
-    `check_schema`), e.g. `{"type": "strnig"}` or `{"minLength": -1}`.
-
-    **Attributes:** `path`: where, as a JSON pointer; `reason`: the metaschema's message.
-    """
-
-    def __init__(self, path: str, reason: str):
-        self.path, self.reason = path, reason
-        super().__init__(f"not a valid JSON Schema at {path}: {reason}")
-
-
-def check_schema(schema) -> None:
-    """Check `schema` against the metaschema of its dialect (`$schema`, default 2020-12) with
-    `jsonschema.validators.validator_for(schema).check_schema`.
-
-    A schema that passed is remembered by its JSON text (`_CHECKED`): one compile checks it
-    once per attempt of a form (MaskBench kb_1161: 1.2 s a check).
-
-    **Raises:** `InvalidSchemaError` naming the place and the metaschema's complaint.
-    """
-    # deferred on purpose: jsonschema loads only to check a schema
-    import jsonschema
-
-    try:
-        text = json.dumps(schema, sort_keys=True)
-    except (TypeError, ValueError):
-        text = None  # not JSON (e.g. a non-string key): `check_schema` says what
-    if text is not None and text in _CHECKED:
-        _CHECKED.move_to_end(text)
-        return
-    cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
-    try:
-        cls.check_schema(schema)
-    except jsonschema.exceptions.SchemaError as e:
-        where = "#" + "".join(f"/{p}" for p in e.absolute_path)
-        raise InvalidSchemaError(where, e.message[:300]) from None
-    except jsonschema.exceptions.UnknownType as e:  # pragma: no cover - defensive
-        raise InvalidSchemaError("#", str(e)) from None
-    if text is not None:
-        _CHECKED[text] = None
-        while len(_CHECKED) > MAX_CHECKED:
-            _CHECKED.popitem(last=False)
-
-
-_CHECKED: collections.OrderedDict[str, None] = collections.OrderedDict()
-"""JSON texts of the schemas `check_schema` passed, least recently used first."""
-
-
-def in_dialect(schema):
-    """`schema` with the keywords its dialect does not assert removed, as `jsonschema` reads
-    it (the dialect its `$schema` names, default 2020-12): a keyword that is no validator of
-    that dialect is an annotation there, e.g. `const`, `contains` and `propertyNames` under
-    draft 4, `if`/`then`/`else` before draft 7, `dependentRequired` before 2019-09, `prefixItems`
-    before 2020-12, `dependencies` from 2019-09 and `additionalItems` in 2020-12 (draft 3/4's
-    `exclusiveMinimum`/`exclusiveMaximum` stay: they modify `minimum`/`maximum`). Before
-    2019-09, the keywords beside a `$ref` are ignored too ("All other properties in a "$ref"
-    object MUST be ignored", draft 7 core §8.3): only annotations and `definitions` stay there.
-
-    Subschemas are visited where a keyword of any dialect holds them (`properties`, `items`,
-    `allOf`, `definitions`, ...); a subschema only a `$ref` into another member reaches keeps
-    its keywords (stricter, never looser). `schema` is modified in place and returned.
-    """
-    # deferred on purpose: jsonschema loads only to check a schema
-    import jsonschema
-
-    if not isinstance(schema, Mapping):
-        return schema
-    cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
-    if cls is jsonschema.Draft3Validator:
-        return schema  # another language (`required` per property, `extends`, ...): as is
-    # the keywords `jsonschema` reads inside another one's validator: `minimum`'s (draft 4),
-    # `if`'s and `contains`'s
-    known = set(cls.VALIDATORS) | {"exclusiveMinimum", "exclusiveMaximum"}
-    if "if" in known:
-        known |= {"then", "else"}
-    if "contains" in known and cls not in (jsonschema.Draft6Validator, jsonschema.Draft7Validator):
-        known |= {"minContains", "maxContains"}
-    legacy = cls in (
-        jsonschema.Draft4Validator,
-        jsonschema.Draft6Validator,
-        jsonschema.Draft7Validator,
-    )
-
-    @typing.no_type_check
-    def visit(node) -> None:
-        if not isinstance(node, dict):
-            return
-        for key in [k for k in node if _asserts(k)]:
-            if key not in known or (legacy and "$ref" in node and key != "$ref"):
-                del node[key]
-        for key in (*_SCHEMA_MAPS, "dependencies"):
-            if isinstance(node.get(key), dict):
-                for value in node[key].values():
-                    visit(value)
-        for key in (*_SCHEMA_VALUES, "items"):
-            visit(node.get(key))
-        for key in (*_SCHEMA_LISTS, "items"):
-            if isinstance(node.get(key), list):
-                for value in node[key]:
-                    visit(value)
-
-    visit(schema)
-    return schema
-
-
 def _listed_values(schema):
     """A schema that lists its values (`enum` or `const` at the top, or in a branch of a
     top-level `allOf`) beside other keywords: `{"enum": [the listed values the whole schema
@@ -574,7 +393,7 @@ def _listed_values(schema):
                 lists.append([branch["const"]])
             elif isinstance(branch.get("enum"), list):
                 lists.append(branch["enum"])
-    if not lists or {k for k in schema if _asserts(k)} <= {"enum", "const"}:
+    if not lists or {k for k in schema if asserts(k)} <= {"enum", "const"}:
         return schema  # nothing listed, or nothing beside the list
     # deferred on purpose: jsonschema loads only to check a schema
     import jsonschema
@@ -586,28 +405,6 @@ def _listed_values(schema):
     except Exception:  # e.g. referencing's `Unresolvable` (an external `$ref`): the rewriter
         return schema  # then refuses or compiles the schema as it would without a list
     return {"enum": kept}
-
-
-def schema_as_dict(schema) -> dict:
-    """A JSON Schema as a dict, from a dict, a JSON string, or a pydantic model class
-    (`model_json_schema()`).
-
-    **Raises:** `ValueError` for a string that is not JSON; `TypeError` for anything else.
-    """
-    if isinstance(schema, type) and hasattr(schema, "model_json_schema"):
-        return schema.model_json_schema()
-    if isinstance(schema, str):
-        try:
-            schema = json.loads(schema)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"the JSON Schema string is not valid JSON: {e}") from None
-    if isinstance(schema, bool):
-        return schema
-    if not isinstance(schema, Mapping):
-        raise TypeError(
-            f"a JSON Schema must be a dict, a JSON string or a pydantic model class, got {type(schema).__name__}"
-        )
-    return copy.deepcopy(dict(schema))
 
 
 def _json_type(value) -> str:
@@ -637,7 +434,7 @@ def _first_present(node: dict, branches: list) -> list:
     those of fewer than 3 names (small either way), are returned as they are."""
     names = []
     for branch in branches:
-        if not isinstance(branch, Mapping) or {k for k in branch if _asserts(k)} != {"required"}:
+        if not isinstance(branch, Mapping) or {k for k in branch if asserts(k)} != {"required"}:
             return branches
         required = branch["required"]
         if not isinstance(required, list) or len(required) != 1:
@@ -670,12 +467,12 @@ def _whole_type(schema, closed_objects: bool) -> str | None:
     kind = schema.get("type")
     if isinstance(kind, list) and len(kind) == 1:
         kind = kind[0]
-    if not isinstance(kind, str) or kind not in _JSON_TYPES:
+    if not isinstance(kind, str) or kind not in JSON_TYPES:
         return None
     if kind == "object" and closed_objects:
         return None
     for key, value in schema.items():
-        if key == "type" or not _asserts(key):
+        if key == "type" or not asserts(key):
             continue
         if key in ("properties", "patternProperties", "required") and not value:
             continue
@@ -719,13 +516,13 @@ def _negation(schema):
         return True
     if not isinstance(schema, Mapping):
         return None
-    keys = {k for k in schema if _asserts(k)}
+    keys = {k for k in schema if asserts(k)}
     if keys == {"type"}:
         t = schema["type"]
         types = {t} if isinstance(t, str) else set(t) if isinstance(t, list) else None
-        if not types or not types <= _JSON_TYPES or types & {"integer", "number"} == {"integer"}:
+        if not types or not types <= JSON_TYPES or types & {"integer", "number"} == {"integer"}:
             return None
-        rest = sorted(_JSON_TYPES - types - {"integer", "number"})
+        rest = sorted(JSON_TYPES - types - {"integer", "number"})
         if not types & {"number", "integer"}:
             rest.append("number")
         return {"type": rest} if rest else False
@@ -737,7 +534,7 @@ def _negation(schema):
         vacuous = all(v is True or v == {} for v in part.get("properties", {}).values())
         names = part.get("required")
         if (
-            {k for k in part if _asserts(k)} <= {"required", "properties"}
+            {k for k in part if asserts(k)} <= {"required", "properties"}
             and vacuous
             and isinstance(names, list)
             and all(isinstance(n, str) for n in names)
@@ -770,7 +567,7 @@ def _conditional(part):
     else `None`; `then`/`else` default to `true`."""
     if not isinstance(part, Mapping) or "if" not in part:
         return None
-    if {k for k in part if _asserts(k)} - {"if", "then", "else"}:
+    if {k for k in part if asserts(k)} - {"if", "then", "else"}:
         return None
     return part["if"], part.get("then", True), part.get("else", True)
 
@@ -783,7 +580,7 @@ def _discriminator(condition):
     if not isinstance(condition, Mapping):
         return None
     properties = condition.get("properties")
-    if {k for k in condition if _asserts(k)} - {"properties", "required", "type"}:
+    if {k for k in condition if asserts(k)} - {"properties", "required", "type"}:
         return None
     if not isinstance(properties, Mapping) or len(properties) != 1:
         return None
@@ -792,12 +589,12 @@ def _discriminator(condition):
     (name, schema), required = next(iter(properties.items())), condition.get("required", [])
     if required not in ([], [name]) or not isinstance(schema, Mapping):
         return None
-    if {k for k in schema if _asserts(k)} - {"const", "enum", "type"}:
+    if {k for k in schema if asserts(k)} - {"const", "enum", "type"}:
         return None
     values = [schema["const"]] if "const" in schema else schema.get("enum")
     if not isinstance(values, list):
         return None
-    types = schema.get("type", sorted(_JSON_TYPES))
+    types = schema.get("type", sorted(JSON_TYPES))
     types = {types} if isinstance(types, str) else set(types)
     if "number" in types:
         types.add("integer")
@@ -827,7 +624,7 @@ def _discriminator_negation(condition):
     if required:
         branches.append({"type": "object", "properties": {name: False}})
     if object_only:
-        branches.append({"type": sorted(_JSON_TYPES - {"object", "integer"})})
+        branches.append({"type": sorted(JSON_TYPES - {"object", "integer"})})
     return branches[0] if len(branches) == 1 else {"anyOf": branches}
 
 
@@ -868,7 +665,7 @@ def _conditionals_as_branches(node: dict) -> dict:
     name = found[0][0]
     properties = node.get("properties")
     own = properties.get(name) if isinstance(properties, Mapping) else None
-    if isinstance(own, Mapping) and {k for k in own if _asserts(k)} == {"type"}:
+    if isinstance(own, Mapping) and {k for k in own if asserts(k)} == {"type"}:
         # the finite types list their values
         finite = {"boolean": [False, True], "null": [None]}
         types = [own["type"]] if isinstance(own["type"], str) else own["type"]
@@ -908,7 +705,7 @@ def _conditionals_as_branches(node: dict) -> dict:
     absent = {i for i, f in enumerate(found) if not f[2]}
     branches.append(branch({"type": "object", "properties": {name: False}}, absent))
     vacuous = {i for i, f in enumerate(found) if not f[3]}
-    branches.append(branch({"type": sorted(_JSON_TYPES - {"object", "integer"})}, vacuous))
+    branches.append(branch({"type": sorted(JSON_TYPES - {"object", "integer"})}, vacuous))
     if len(branches) > MAX_CONDITIONAL_BRANCHES:
         return node
     return {**rest, "allOf": [*kept, {"anyOf": branches}]}
@@ -967,15 +764,6 @@ def _canonical(value) -> str:
     return json.dumps(value, sort_keys=True)
 
 
-class _Never:
-    """The schema that no value satisfies (`false`), e.g. a recursion cut at its depth bound."""
-
-    def __repr__(self):
-        return "NEVER"
-
-
-NEVER = _Never()
-
 _DEFAULT_WHITESPACE = "[ ]?"
 """outlines-core's default whitespace between JSON tokens: none or one space."""
 _KEY_UNIT = r'(?:[^"\\\x00-\x1F\x7F-\x9F]|\\["\\bfnrt])'
@@ -989,10 +777,6 @@ token automaton of a single regex within `SINGLE_REGEX` (its grammar form is not
 else `NESTED_FREE_FORM_DEPTH` as before. On the 60 fallbacks among MaskBench's dev schemas, 59
 nest 2 levels, their compile times summed +8% (median per schema 1.08, at most +0.6 s, the
 slowest 2.8 s), and the valid documents of o9795 and sp_193 that nest 2 levels are accepted."""
-
-
-class _NotTokenAutomaton(ConstraintError):
-    """The fallback's deeper attempt would need the grammar form (its regex is too large)."""
 
 
 NESTED_FREE_FORM_DEPTH = 1
@@ -1239,10 +1023,6 @@ _KEY_ALPHABET = r"[\x20\x21\x23-\x5b\x5d-\x7e]"
 (its `\\w`, `.`, `[^...]` differ from Python's only on control and non-ASCII characters)."""
 
 
-class _KeysTooComplex(ValueError):
-    """The keys no pattern matches need a regex over `MAX_KEY_REGEX` characters."""
-
-
 @functools.lru_cache(maxsize=256)
 def _unmatched_keys(
     bodies: tuple[str, ...], names: tuple[str, ...], within: str | None = None
@@ -1254,7 +1034,7 @@ def _unmatched_keys(
     minus each (`patterns.difference_dfas`), minimised, written back as a regex
     (`patterns.dfa_regex`). `None` when there is no such key.
 
-    **Raises:** `_KeysTooComplex` when an automaton exceeds `MAX_KEY_STATES` states or the
+    **Raises:** `KeysTooComplex` when an automaton exceeds `MAX_KEY_STATES` states or the
     regex `MAX_KEY_REGEX` characters (MaskBench's BCP 47 language-tag patterns)."""
     plain = [n for n in names if re.fullmatch(f"{_KEY_ALPHABET}*", n)]
     excluded = [regex_byte_dfa(body) for body in bodies]
@@ -1278,7 +1058,7 @@ def _unmatched_keys(
             return None
         except ValueError as e:
             error = error or e
-    raise _KeysTooComplex(str(error))
+    raise KeysTooComplex(str(error))
 
 
 _KEY_PREFIX_DEPTHS = (16, 8, 4, 2, 1)
@@ -1342,45 +1122,6 @@ def _overlap(regexes: list[str]) -> bool:
     return False
 
 
-class _RegexTooLarge(ConstraintError):
-    """A schema's single regex would exceed a size limit (`MAX_REGEX`, or `GRAMMAR_REGEX`
-    where the grammar form is tried): `JsonSchema` then compiles the grammar form."""
-
-    def __init__(self, size: int, limit: int):
-        self.size, self.limit = size, limit
-        super().__init__(
-            f"the schema's regex would have {size:,} characters (the limit is {limit:,}): "
-            "too large to compile into an automaton in reasonable time"
-        )
-
-
-class _TooManyPositions(ConstraintError):
-    """A grammar form would have more automaton positions than its limit
-    (`MAX_GRAMMAR_POSITIONS`, times `OVER_REGEX_SCALE` in place of a single regex)."""
-
-    def __init__(self, positions: int, rules: int, limit: int, what: str | None = None):
-        what = what or (
-            f"the schema's grammar form has {positions:,} automaton positions in {rules} rules"
-        )
-        super().__init__(
-            f"{what} (the limit is {limit:,}): its token tables would take too long to build"
-        )
-
-
-class _RecursionRefused(ConstraintError):
-    """Internal: the grammar form cannot keep this schema's recursion as rules
-    (`json_schema_compile` then unrolls it)."""
-
-
-class _NoCommonType(UnsupportedSchemaError):
-    """`allOf` of schemas whose types share no value (`_Rewriter.merge`): no value satisfies
-    it (`NEVER`: an `anyOf` branch or an optional property that cannot be)."""
-
-
-class _TooLarge(Exception):
-    """An object regex over `MAX_OBJECT_REGEX` characters (caught by `_Rewriter._object`)."""
-
-
 _MEMBER_BLOCK = 32
 """Members of an object nested in one `_listed_members` regex before they are grouped in blocks."""
 
@@ -1424,7 +1165,7 @@ def _listed_members(items, sep: str) -> tuple[str | None, bool]:
         if required:
             empty = False
     if written is not None and len(written) > MAX_OBJECT_REGEX:
-        raise _TooLarge(len(written))
+        raise TooLarge(len(written))
     return written, empty
 
 
@@ -1535,7 +1276,7 @@ def _object_regex(
             else:
                 out = "(?:" + "|".join(f"(?:{a})" for a in alternatives) + ")"
         if out is not None and len(out) > MAX_OBJECT_REGEX:
-            raise _TooLarge(len(out))
+            raise TooLarge(len(out))
         memo[(i, c)] = out
         return out
 
@@ -1560,180 +1301,6 @@ def _object_regex(
     return None if body is None else rf"\{{{ws}{body}{ws}\}}"
 
 
-_SCHEMA_MAPS = ("properties", "$defs", "definitions", "dependentSchemas", "patternProperties")
-_SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
-_SCHEMA_VALUES = (
-    "additionalProperties",
-    "additionalItems",
-    "not",
-    "if",
-    "then",
-    "else",
-    "contains",
-    "propertyNames",
-    "unevaluatedProperties",
-    "unevaluatedItems",
-)
-
-
-_ROOT_URI = "urn:functional-gen:root"
-
-
-def _root_resolver(root):
-    """A `referencing` resolver for `root`, in the dialect its `$schema` names (default 2020-12),
-    with every embedded resource (`$id`, draft-4 `id`) and `$anchor` registered."""
-    # deferred on purpose: referencing loads only for schemas with `$ref`
-    from referencing import Registry
-    from referencing.jsonschema import DRAFT202012, specification_with
-
-    dialect = root.get("$schema") if isinstance(root, Mapping) else None
-    specification = (
-        specification_with(dialect, default=DRAFT202012)
-        if isinstance(dialect, str)
-        else DRAFT202012
-    )
-    resource = specification.create_resource(root)
-    base = resource.id() or _ROOT_URI
-    registry = Registry().with_resource(base, resource)
-    if base != _ROOT_URI:
-        registry = registry.with_resource(_ROOT_URI, resource)
-    # `referencing` reads a subschema's id in the dialect of its own `$schema`: a draft-4
-    # subschema holding a boolean schema (`"items": true`, draft 6+) makes that a TypeError
-    # (JsonSchemaStore config.json). Uncrawled, references by JSON pointer and to the root
-    # still resolve; one to an embedded `$id` then fails with `UnsupportedSchemaError`.
-    with contextlib.suppress(TypeError, AttributeError):
-        registry = registry.crawl()
-    return registry.resolver(base_uri=base), specification
-
-
-def _id_of(specification, node) -> str | None:
-    """The base URI `node` declares (`$id`, draft 4's `id`), or `None`: also where that keyword
-    is no string, as when a subschema lists properties without `properties` (MaskBench o28532:
-    `"items": {"id": {"type": "string"}, ...}`), which `referencing` would fail on."""
-    key = "id" if specification.name.endswith(("draft-04", "draft-03")) else "$id"
-    if not isinstance(node.get(key, ""), str):
-        return None
-    return specification.id_of(node)
-
-
-_RECURSIVE = "$fgRecursive"
-"""The key of `inline_references(recursive=True)`'s placeholder for a recursive reference: its
-value is the index of the reference's target in the returned expansions."""
-
-
-def inline_references(root, max_recursion_depth: int, *, recursive: bool = False):
-    """`root` with every `$ref` replaced by (a copy of) its target, resolved by the
-    `referencing` library as `jsonschema` resolves it (`$id` / draft-4 `id` base URIs,
-    `$anchor`, JSON pointers, percent-encoding). A reference met again inside its own expansion
-    is expanded at most `max_recursion_depth` times on one path; beyond, it becomes `NEVER` (the
-    value is then left out where the schema allows it: an optional property, an empty array,
-    another `anyOf` branch).
-
-    outlines-core unrolls recursion itself but cuts it by dropping the property, which leaves a
-    dangling comma (`{"value": 1, }`); we cut it where JSON stays valid instead.
-
-    With `recursive=True` nothing is unrolled or cut (`max_recursion_depth` is not used): a
-    reference met again inside its own expansion (the root counts as the expansion of `#`)
-    becomes the placeholder `{"$fgRecursive": k}`, and the subtree built where target `k` was
-    expanded (any of them: none is cut, so they all mean the target) is `expansions[k]`. The
-    grammar form makes each such target a rule and each placeholder a call of it
-    (`_Rewriter.recursive_call`), so recursion nests as deep as the pushdown stack.
-
-    **Returns:** the inlined schema; with `recursive=True`, `(schema, expansions)`,
-    `expansions` a list of the recursive targets' subtrees (empty when nothing recurses).
-
-    **Raises:** `UnsupportedSchemaError` for remote (not embedded) or unresolvable references,
-    and when the expansion exceeds `MAX_INLINED_NODES` schema nodes.
-    """
-    # deferred on purpose: referencing loads only for schemas with `$ref`
-    from referencing.exceptions import Unresolvable
-
-    resolver, specification = _root_resolver(root)
-    count = [0]
-    targets: dict[int, int] = {}  # id of a recursive target's contents -> its index
-    expansions: dict[int, object] = {}
-
-    @typing.no_type_check
-    def walk(node, path: str, stack: tuple, resolver):
-        if not isinstance(node, Mapping):
-            return node
-        count[0] += 1
-        if count[0] > MAX_INLINED_NODES:
-            raise UnsupportedSchemaError(
-                "$ref",
-                path,
-                f"the references expand to more than {MAX_INLINED_NODES:,} schema nodes "
-                f"(max_recursion_depth={max_recursion_depth}); lower max_recursion_depth",
-            )
-        node = dict(node)
-        if node is not root and _id_of(specification, node):
-            resolver = resolver.in_subresource(specification.create_resource(node))
-        if "$ref" in node:
-            # siblings' properties first where they come before the `$ref` in the text
-            # (llguidance's order, `_applicator_first`), else the target's
-            siblings_first = bool(node.get("properties")) and not _applicator_first(node, "$ref")
-            ref = node.pop("$ref")
-            if not isinstance(ref, str):
-                raise UnsupportedSchemaError("$ref", path, f"must be a string, got {ref!r}")
-            try:
-                resolved = resolver.lookup(ref)
-            except Unresolvable as e:
-                raise UnsupportedSchemaError(
-                    "$ref",
-                    path,
-                    f"the reference {ref!r} does not resolve within the schema "
-                    f"(remote references are not fetched): {type(e).__name__}",
-                ) from None
-            key = id(resolved.contents)
-            if recursive and key in stack:
-                target = {_RECURSIVE: targets.setdefault(key, len(targets))}
-            elif stack.count(key) >= max_recursion_depth:
-                return NEVER
-            else:
-                target = walk(resolved.contents, f"{path}/$ref", stack + (key,), resolved.resolver)
-                if key in targets:
-                    expansions.setdefault(targets[key], target)
-            siblings = {k: v for k, v in node.items() if _asserts(k)}
-            if not siblings:
-                return target
-            parts = [target, walk(siblings, path, stack, resolver)]
-            return {"allOf": parts[::-1] if siblings_first else parts}
-        for key in _SCHEMA_MAPS:
-            if (
-                key in node
-                and isinstance(node[key], Mapping)
-                and key not in ("$defs", "definitions")
-            ):
-                node[key] = {
-                    k: walk(v, f"{path}/{key}/{k}", stack, resolver) for k, v in node[key].items()
-                }
-        node.pop("$defs", None)
-        node.pop("definitions", None)
-        for key in _SCHEMA_LISTS:
-            if key in node and isinstance(node[key], list):
-                node[key] = [
-                    walk(v, f"{path}/{key}/{i}", stack, resolver) for i, v in enumerate(node[key])
-                ]
-        if "items" in node:
-            items = node["items"]
-            node["items"] = (
-                [walk(v, f"{path}/items/{i}", stack, resolver) for i, v in enumerate(items)]
-                if isinstance(items, list)
-                else walk(items, f"{path}/items", stack, resolver)
-            )
-        for key in _SCHEMA_VALUES:
-            if key in node:
-                node[key] = walk(node[key], f"{path}/{key}", stack, resolver)
-        return node
-
-    if not recursive:
-        return walk(root, "#", (), resolver)
-    schema = walk(root, "#", (id(root),), resolver)
-    if id(root) in targets:
-        expansions.setdefault(targets[id(root)], schema)
-    return schema, [expansions[k] for k in range(len(targets))]
-
-
 _OBJECT_MEMBERS = ("properties", "patternProperties", "additionalProperties")
 """An object's member keywords: `additionalProperties` applies to the keys that its own schema's
 `properties` and `patternProperties` leave, so two schemas' members merge together
@@ -1751,30 +1318,12 @@ def _both(x, y):
     return {"allOf": [x, y]}
 
 
-def _applicator_first(node: Mapping, keyword: str) -> bool:
-    """Whether the in-place applicator `keyword` (`allOf`, `anyOf`, `oneOf`, `$ref`) comes
-    before the node's own `properties` (and its `additionalProperties`) in the schema's text,
-    so that its members are listed before the node's own, as llguidance 1.9 orders them: it
-    reads a schema's keywords in their order, each applicator intersected with what the
-    keywords before it gave, and an object intersection keeps the left side's properties first;
-    an `additionalProperties` read before the applicator brings the names of `properties` with
-    it (llguidance's "dummy" properties), so they come first then too. `False` without both
-    `keyword` and a non-empty `properties`."""
-    if keyword not in node or not isinstance(node.get("properties"), Mapping):
-        return False
-    if not node["properties"]:
-        return False
-    keys = list(node)
-    members = [keys.index(k) for k in ("properties", "additionalProperties") if k in node]
-    return keys.index(keyword) < min(members)
-
-
 def _flat_all_of(branches, path: str) -> list:
     """`(path, branch)` for each of the `allOf` `branches`, a branch's own `allOf` spliced in
     beside its other keywords, in the order of the branch's text as llguidance reads it: after
     them (its properties first: a `$ref` beside siblings, inlined as `{"allOf": [target,
     siblings]}`, lists the target's properties first at every level of nesting), or before
-    them where `allOf` comes before `properties` (`_applicator_first`). Merging them in this
+    them where `allOf` comes before `properties` (`applicator_first`). Merging them in this
     order is the same schema (`allOf` is associative)."""
     if not isinstance(branches, list):
         return [(path, branches)]
@@ -1784,7 +1333,7 @@ def _flat_all_of(branches, path: str) -> list:
         if isinstance(branch, Mapping) and isinstance(branch.get("allOf"), list):
             own = {k: v for k, v in branch.items() if k != "allOf"}
             nested = _flat_all_of(branch["allOf"], f"{where}/allOf")
-            if _applicator_first(branch, "allOf"):
+            if applicator_first(branch, "allOf"):
                 out.extend(nested)
                 if own:
                     out.append((where, own))
@@ -1969,11 +1518,11 @@ class _Rewriter:
         distinct marker, each expanded once (replacing them one at a time over the whole regex
         is quadratic: 9 s for a schema with 17,000 markers).
 
-        **Raises:** `_RegexTooLarge` (a `ConstraintError`) when the result would have more than
+        **Raises:** `RegexTooLarge` (a `ConstraintError`) when the result would have more than
         `limit` characters (checked before it is built)."""
         found = re.compile(f'"(FGSUB[0-9]+X{self.tag})"')
         if (total := self._expanded_size(regex)) > limit:
-            raise _RegexTooLarge(total, limit)
+            raise RegexTooLarge(total, limit)
         expanded: dict[str, str] = {}
 
         @typing.no_type_check
@@ -1992,8 +1541,8 @@ class _Rewriter:
 
     def node(self, node, path: str):
         """The rewritten schema, or `NEVER` when no value can satisfy it."""
-        if isinstance(node, Mapping) and _RECURSIVE in node:
-            return self.recursive_call(node[_RECURSIVE])
+        if isinstance(node, Mapping) and RECURSIVE in node:
+            return self.recursive_call(node[RECURSIVE])
         k = self.bodies.get(id(node)) if isinstance(node, Mapping) else None
         if k is not None and k not in self.filled:  # a recursive target: its rule's body too
             self.filled.add(k)
@@ -2025,15 +1574,15 @@ class _Rewriter:
                 node["allOf"] = [*node.get("allOf", []), negated]
             elif excluded is not None:  # `not` of listed strings: the other strings
                 node.pop("not")
-                node = self.merge(node, {_NOT_STRINGS: excluded}, path)
+                node = self.merge(node, {NOT_STRINGS: excluded}, path)
         if {"if", "then", "else"} & node.keys() or any(
             _conditional(part) is not None for part in node.get("allOf", ())
         ):
             node = _conditionals_as_branches(node)
         for key in list(node):
-            if key in _UNSUPPORTED:
-                self.refuse(key, path, _UNSUPPORTED[key])
-            if key not in _KNOWN:  # an annotation or an unknown keyword: asserts nothing
+            if key in UNSUPPORTED:
+                self.refuse(key, path, UNSUPPORTED[key])
+            if key not in KNOWN:  # an annotation or an unknown keyword: asserts nothing
                 del node[key]
         if "dependentRequired" in node:
             return self.node(self.dependent_required(node, path), path)
@@ -2055,10 +1604,10 @@ class _Rewriter:
     def fill_recursive(self, k: int, rewritten, path: str) -> None:
         """Make `rewritten` (recursive target `k`, rewritten) the body of `k`'s rule.
 
-        **Raises:** `_RecursionRefused` when no value satisfies the target (its recursion never
+        **Raises:** `RecursionRefused` when no value satisfies the target (its recursion never
         ends; the unrolled path cuts it where it may)."""
         if rewritten is NEVER:
-            raise _RecursionRefused(f"no value satisfies the recursive target at {path}")
+            raise RecursionRefused(f"no value satisfies the recursive target at {path}")
         self.filled.add(k)
         self.body_regex[k] = self.regex_of(rewritten)
         if k in self.recursive:
@@ -2117,10 +1666,10 @@ class _Rewriter:
     def structural(self, node: dict, path: str):
         if "allOf" in node:
             # the node's own members after the parts where `allOf` comes first in its text
-            # (llguidance's order, `_applicator_first`), else before them
+            # (llguidance's order, `applicator_first`), else before them
             own = (
                 {k: node.pop(k) for k in _OBJECT_MEMBERS if k in node}
-                if _applicator_first(node, "allOf")
+                if applicator_first(node, "allOf")
                 else {}
             )
             keys = list(node)
@@ -2134,12 +1683,12 @@ class _Rewriter:
                 try:
                     into = self.into_branches(merged, branch, where, parts_first)
                     merged = into if into is not None else self.merge(merged, branch, where)
-                except _NoCommonType:  # types that share no value: the schema has none
+                except NoCommonType:  # types that share no value: the schema has none
                     return NEVER
             if own:
                 try:
                     merged = self.merge(merged, own, path)
-                except _NoCommonType:
+                except NoCommonType:
                     return NEVER
             return self.node(merged, path)
         if "anyOf" in node and "oneOf" in node and isinstance(node["anyOf"], list):
@@ -2152,8 +1701,8 @@ class _Rewriter:
         for combinator in ("anyOf", "oneOf"):
             if combinator in node:
                 # a branch's members before the node's own where the combinator comes first
-                # in the node's text (llguidance's order, `_applicator_first`)
-                branch_first = _applicator_first(node, combinator)
+                # in the node's text (llguidance's order, `applicator_first`)
+                branch_first = applicator_first(node, combinator)
                 branches = node.pop(combinator)
                 if not isinstance(branches, list) or not branches:
                     raise UnsupportedSchemaError(
@@ -2175,7 +1724,7 @@ class _Rewriter:
                             merged.append((where, self.merge(branch, node, where)))
                         else:
                             merged.append((where, self.merge(node, branch, where)))
-                    except _NoCommonType:  # e.g. a non-object branch of an object: no value
+                    except NoCommonType:  # e.g. a non-object branch of an object: no value
                         continue
                 if combinator == "anyOf":
                     merged = self.absorbed(merged)
@@ -2256,7 +1805,7 @@ class _Rewriter:
         """No `type`: every JSON type is allowed, and each type-specific keyword constrains only
         values of its type (`{"properties": {...}}` also accepts `"text"` or `3`), as validators
         read it. `None` when no type-specific keyword is present (any value)."""
-        present = [t for t, keys in _TYPE_KEYWORDS.items() if keys & node.keys() and t != "integer"]
+        present = [t for t, keys in TYPE_KEYWORDS.items() if keys & node.keys() and t != "integer"]
         if not present:
             return None
         return present + [
@@ -2268,9 +1817,9 @@ class _Rewriter:
     def typed(self, kind, node: dict, path: str):
         if kind is None:  # no type information: any JSON value
             return self.any_value()
-        if kind not in _JSON_TYPES:
+        if kind not in JSON_TYPES:
             raise UnsupportedSchemaError("type", path, f"unknown type {kind!r}")
-        keys = {k: v for k, v in node.items() if k in _TYPE_KEYWORDS[kind]}
+        keys = {k: v for k, v in node.items() if k in TYPE_KEYWORDS[kind]}
         return self.BY_TYPE[kind](self, keys, path)
 
     def multiple_of(self, node: dict, path: str, integer: bool = False):
@@ -2402,9 +1951,9 @@ class _Rewriter:
         return lo, lo_excl, hi, hi_excl
 
     def _string(self, node: dict, path: str):
-        if _NOT_STRINGS in node:
+        if NOT_STRINGS in node:
             node = dict(node)
-            excluded = node.pop(_NOT_STRINGS)
+            excluded = node.pop(NOT_STRINGS)
             return self.excluding(self._string(node, path), excluded, path)
         fmt, pattern = node.get("format"), node.get("pattern")
         lengths = {k: node[k] for k in ("minLength", "maxLength") if k in node}
@@ -2505,7 +2054,7 @@ class _Rewriter:
     def _expanded_size(self, regex: str, weighted: bool = False) -> int:
         """The length of `regex` with every marker expanded (each distinct marker measured
         once), without building it; `weighted`: plus `repeat_weight` per expanded marker, and
-        recursive markers count nothing instead of raising `_RecursionRefused` (a recursive
+        recursive markers count nothing instead of raising `RecursionRefused` (a recursive
         rule has no single regex)."""
         found = re.compile(f'"(FGSUB[0-9]+X{self.tag})"')
         sizes: dict[str, int] = {}
@@ -2517,7 +2066,7 @@ class _Rewriter:
             for match in found.finditer(text):
                 name = match.group(1)
                 if name in calls and not weighted:
-                    raise _RecursionRefused("a recursive rule has no single regex")
+                    raise RecursionRefused("a recursive rule has no single regex")
                 if name not in sizes:
                     sizes[name] = 0  # a recursion reached again counts nothing more
                     if name not in calls:
@@ -2797,7 +2346,7 @@ class _Rewriter:
                     # the pattern's keys but the listed ones (printable ASCII keys only)
                     try:
                         body = _unmatched_keys((), tuple(named), within=body)
-                    except _KeysTooComplex as e:
+                    except KeysTooComplex as e:
                         self.refuse(
                             "patternProperties",
                             path,
@@ -2835,7 +2384,7 @@ class _Rewriter:
             elif other is not NEVER and bodies is not None:
                 try:
                     body = _unmatched_keys(tuple(bodies), tuple(named))
-                except _KeysTooComplex as e:
+                except KeysTooComplex as e:
                     self.refuse(
                         "additionalProperties",
                         path,
@@ -2880,7 +2429,7 @@ class _Rewriter:
                 any_order=self.any_order(items),
                 second_order=self.second_order(items, item_names, required),
             )
-        except _TooLarge as e:
+        except TooLarge as e:
             raise UnsupportedSchemaError(
                 "properties",
                 path,
@@ -2907,7 +2456,7 @@ class _Rewriter:
             return None
         try:
             size = sum(len(self.substitute(r, limit=SECOND_ORDER_BUDGET)) for r, _ in items)
-        except _RegexTooLarge:
+        except RegexTooLarge:
             return None
         return order if size <= SECOND_ORDER_BUDGET else None
 
@@ -2920,7 +2469,7 @@ class _Rewriter:
             return False
         try:
             size = sum(len(self.substitute(r, limit=ANY_ORDER_BUDGET)) for r, _ in items)
-        except _RegexTooLarge:
+        except RegexTooLarge:
             return False
         return size << (len(items) - 1) <= ANY_ORDER_BUDGET
 
@@ -2954,9 +2503,9 @@ class _Rewriter:
             if "number" in allowed:
                 allowed.add("integer")
             values = [v for v in values if _json_type(v) in allowed]
-        excluded = node.get(_NOT_STRINGS, ())
+        excluded = node.get(NOT_STRINGS, ())
         values = [v for v in values if not (isinstance(v, str) and v in excluded)]
-        if {k for k in node if _asserts(k)} - {"enum", "const", "type", _NOT_STRINGS}:
+        if {k for k in node if asserts(k)} - {"enum", "const", "type", NOT_STRINGS}:
             values = self.values_valid_under(node, values, path)
         if not values:  # an empty enum, or no value of the type / in both: nothing matches
             return NEVER
@@ -2977,7 +2526,7 @@ class _Rewriter:
         cls = jsonschema.validators.validator_for(
             self.root, default=jsonschema.Draft202012Validator
         )
-        schema = {k: v for k, v in node.items() if k != _NOT_STRINGS}
+        schema = {k: v for k, v in node.items() if k != NOT_STRINGS}
         try:
             check = cls(schema, format_checker=cls.FORMAT_CHECKER)
             return [v for v in values if check.is_valid(v)]
@@ -3008,8 +2557,8 @@ class _Rewriter:
     def deref(self, node, path: str):
         """`node` itself (references are inlined before the rewrite, `inline_references`), or
         for a recursive placeholder its target's subtree."""
-        if isinstance(node, Mapping) and _RECURSIVE in node:
-            return self.expansions[node[_RECURSIVE]]
+        if isinstance(node, Mapping) and RECURSIVE in node:
+            return self.expansions[node[RECURSIVE]]
         return node
 
     def into_branches(self, node: dict, part, path: str, part_first: bool = False) -> dict | None:
@@ -3029,9 +2578,9 @@ class _Rewriter:
             or not isinstance(part, Mapping)
             or keys[0] in part
             or not any(k in part for k in _OBJECT_MEMBERS)
-            or _RECURSIVE in part
+            or RECURSIVE in part
             or not isinstance(node[keys[0]], list)
-            or not all(isinstance(b, Mapping) and _RECURSIVE not in b for b in node[keys[0]])
+            or not all(isinstance(b, Mapping) and RECURSIVE not in b for b in node[keys[0]])
         ):
             return None
         try:
@@ -3039,10 +2588,10 @@ class _Rewriter:
                 branches = [self.merge(part, b, path) for b in node[keys[0]]]
             else:
                 # the node's own members before `part`'s where they come after its branches'
-                # (`_applicator_first`): llguidance read the node whole before `part`
+                # (`applicator_first`): llguidance read the node whole before `part`
                 own = (
                     {k: node[k] for k in _OBJECT_MEMBERS if k in node}
-                    if _applicator_first(node, keys[0])
+                    if applicator_first(node, keys[0])
                     else {}
                 )
                 branches = [
@@ -3050,13 +2599,13 @@ class _Rewriter:
                     for b in node[keys[0]]
                 ]
                 node = {k: v for k, v in node.items() if k not in own}
-        except _NoCommonType:
+        except NoCommonType:
             return None
         return {**node, keys[0]: branches}
 
     def merge(self, a, b, path: str) -> dict:
         """The schema of `a` AND `b` (for `allOf` and sibling keywords)."""
-        if any(isinstance(x, Mapping) and _RECURSIVE in x for x in (a, b)):
+        if any(isinstance(x, Mapping) and RECURSIVE in x for x in (a, b)):
             # a recursive target merged with other keywords: its subtree, one level inlined
             # (its own references still call the target's rule); a recursion through such
             # merges would unroll forever, so their number is bounded
@@ -3064,7 +2613,7 @@ class _Rewriter:
             if a != {} and b is not True and b != {}:
                 self.recursive_merges += 1
             if self.recursive_merges > MAX_RECURSIVE_MERGES:
-                raise _RecursionRefused(
+                raise RecursionRefused(
                     f"a recursive reference merged with other keywords at {path}"
                 )
         if b is True or b == {}:
@@ -3073,13 +2622,13 @@ class _Rewriter:
             raise UnsupportedSchemaError("allOf", path, f"cannot combine with {b!r}")
         out = dict(a)
         for key, value in b.items():
-            if not _asserts(key):  # an annotation: the first one is kept, nothing to combine
+            if not asserts(key):  # an annotation: the first one is kept, nothing to combine
                 out.setdefault(key, value)
             elif key not in out:
                 out[key] = value
             elif key == "required":
                 out[key] = list(dict.fromkeys([*out[key], *value]))
-            elif key == _NOT_STRINGS:
+            elif key == NOT_STRINGS:
                 out[key] = sorted({*out[key], *value})
             elif (
                 key in ("items", "propertyNames")
@@ -3104,7 +2653,7 @@ class _Rewriter:
                     right.add("integer")
                 both = sorted(left & right)
                 if not both:
-                    raise _NoCommonType(
+                    raise NoCommonType(
                         "allOf", path, f"types {out[key]!r} and {value!r} have no value in common"
                     )
                 out[key] = both[0] if len(both) == 1 else both
@@ -3162,26 +2711,26 @@ class _Rewriter:
         if presence is not None:
             return presence
         kinds = ("null", "boolean", "object", "array", "string", "integer", "fraction")
-        type_keywords = {"type"}.union(*_TYPE_KEYWORDS.values())
+        type_keywords = {"type"}.union(*TYPE_KEYWORDS.values())
         free = []  # per branch: the kinds of value it accepts whole
         for b in merged:
-            asserting = {k for k in b if _asserts(k)}
+            asserting = {k for k in b if asserts(k)}
             if not asserting <= type_keywords:  # e.g. `enum`, `anyOf`: nothing is known whole
                 free.append(set())
                 continue
-            declared = b.get("type", sorted(_JSON_TYPES))
+            declared = b.get("type", sorted(JSON_TYPES))
             declared = {declared} if isinstance(declared, str) else set(declared)
             accepted = {k for k in kinds if k in declared}
             if "number" in declared:
                 accepted |= {"integer", "fraction"}
-            constrained = {t for t, keys in _TYPE_KEYWORDS.items() if keys & asserting}
+            constrained = {t for t, keys in TYPE_KEYWORDS.items() if keys & asserting}
             if constrained & {"number", "integer"}:
                 constrained |= {"integer", "fraction"}
             free.append(accepted - constrained)
         shared = {k for k in kinds if sum(k in f for f in free) >= 2}
         if not shared or ("integer" in shared and "fraction" not in shared):
             return branches  # nothing shared whole, or "numbers but not integers": no `type`
-        kept = sorted(t for t in _JSON_TYPES - {"number", "integer"} if t not in shared)
+        kept = sorted(t for t in JSON_TYPES - {"number", "integer"} if t not in shared)
         if "integer" not in shared:
             kept.append("integer" if "fraction" in shared else "number")
         out = []
@@ -3221,7 +2770,7 @@ class _Rewriter:
             if not isinstance(b, Mapping) or b.get("type", "object") != "object":
                 return None
             required = b.get("required")
-            if not {k for k in b if _asserts(k)} <= {"required", "type"} or not (
+            if not {k for k in b if asserts(k)} <= {"required", "type"} or not (
                 isinstance(required, list) and all(isinstance(n, str) for n in required)
             ):
                 return None
@@ -3820,7 +3369,7 @@ def _plan_rules(
     names, rule regexes)`, the regexes with each rule's marker replaced by `_rule_call`.
 
     **Raises:** `NotDeterministic` when a recursive target's rule is `banned` (it cannot be
-    inlined); `_RecursionRefused` beyond `MAX_RULES` recursive targets."""
+    inlined); `RecursionRefused` beyond `MAX_RULES` recursive targets."""
     found = re.compile(f'"(FGSUB[0-9]+X{rewriter.tag})"')
     uses: dict[str, int] = {}
     order: list[str] = []
@@ -3828,7 +3377,7 @@ def _plan_rules(
     recursive = _cycle_breakers(rewriter, regex, banned)
     calls = set(recursive)
     if len(recursive) > MAX_RULES:
-        raise _RecursionRefused(f"more than {MAX_RULES} recursive targets")
+        raise RecursionRefused(f"more than {MAX_RULES} recursive targets")
 
     @typing.no_type_check
     def visit(text: str) -> None:
@@ -3913,7 +3462,7 @@ def _plan_rules(
     ]
     for text in texts:
         if len(text) > MAX_REGEX:
-            raise _RegexTooLarge(len(text), MAX_REGEX)
+            raise RegexTooLarge(len(text), MAX_REGEX)
     return texts[0], rules, texts[1:]
 
 
@@ -4208,7 +3757,7 @@ def _check_productive(automata: list, rules: int) -> None:
     **Arguments:** as `_nondeterministic_calls` (the free-form value, call column `rules`
     when present, always finishes).
 
-    **Raises:** `_RecursionRefused` naming the first rule that cannot finish."""
+    **Raises:** `RecursionRefused` naming the first rule that cannot finish."""
 
     offsets = np.cumsum([0] + [dfa.num_states for dfa, _ in automata])
     total = int(offsets[-1])
@@ -4245,7 +3794,7 @@ def _check_productive(automata: list, rules: int) -> None:
     for a in range(len(automata)):
         if not done[offsets[a] : offsets[a + 1]].all():
             name = "the schema" if a == 0 else f"rule {a - 1}"
-            raise _RecursionRefused(f"{name} has text that can never end (endless recursion)")
+            raise RecursionRefused(f"{name} has text that can never end (endless recursion)")
 
 
 _VALUE_CALL_LEVELS = 8
@@ -4657,7 +4206,7 @@ def json_schema_grammar(
     the form stands in for a single regex over `GRAMMAR_REGEX` characters, so its positions
     limit is `OVER_REGEX_SCALE` times larger.
 
-    **Raises:** as `json_schema_regex`; `ConstraintError` (`_RegexTooLarge`) when a single rule
+    **Raises:** as `json_schema_regex`; `ConstraintError` (`RegexTooLarge`) when a single rule
     would still exceed `MAX_REGEX` characters, or when the rules' automata have more than
     `MAX_GRAMMAR_POSITIONS` states in all (too slow to build the token tables); `NotDeterministic` when the rules cannot run
     deterministically even with the conflicting calls inlined.
@@ -4715,7 +4264,7 @@ def json_schema_grammar(
                     _check_value_calls(*built[a], "schema" if a == 0 else f"rule{a - 1}")
                 positions = sum(dfa.num_states for dfa, _ in built.values())
                 if positions > max_before_tails:  # refused before the other rules
-                    raise _TooManyPositions(positions, len(rules), max_positions)
+                    raise TooManyPositions(positions, len(rules), max_positions)
         automata = [built[a] for a in range(len(every))]
         bad = _nondeterministic_calls(automata, len(rules))
         if not bad:
@@ -4735,13 +4284,13 @@ def json_schema_grammar(
     # takes minutes on 60,000 states (MaskBench o82710's 5,000-character string).
     largest = max(dfa.num_states for dfa, _ in automata)
     if largest > max_positions:
-        raise _TooManyPositions(
+        raise TooManyPositions(
             sum(dfa.num_states for dfa, _ in automata), len(automata) - 1, max_positions
         )
     automata, _ = _shared_tails(automata, len(rules), value)
     positions = sum(dfa.num_states for dfa, _ in automata)
     if positions > max_positions:
-        raise _TooManyPositions(positions, len(automata) - 1, max_positions)
+        raise TooManyPositions(positions, len(automata) - 1, max_positions)
 
     def build(automata: list):
         names = ["schema"] + [f"rule{i}" for i in range(len(automata) - 1)]
@@ -4828,7 +4377,7 @@ def json_schema_compile(
     )
 
     def nest_instead(
-        error: NotDeterministic | _TooManyPositions | _RegexTooLarge, dropped_warned=False
+        error: NotDeterministic | TooManyPositions | RegexTooLarge, dropped_warned=False
     ):
         """A free-form value's call competes with other text for its first byte deeper than
         `_inline_value_calls` reads it in place (`error` a `NotDeterministic`), or the grammar
@@ -4881,13 +4430,13 @@ def json_schema_compile(
             and escape(FREE_VALUE_CALL) in full
         ):
             full = None  # the grammar form calls both
-    except _RegexTooLarge:
+    except RegexTooLarge:
         full = None
     weight = rewriter.weight(regex)
     if full is not None and weight > SINGLE_REGEX_WEIGHT:
         full = None  # its counted copies written out are too many states for outlines-core
     if token_only and full is None:
-        raise _NotTokenAutomaton("the single regex is too large for a token automaton")
+        raise NotTokenAutomaton("the single regex is too large for a token automaton")
     if not token_only and (full is None or len(full) > GRAMMAR_REGEX or weight > GRAMMAR_REGEX):
         if not cache:
             _PUSHDOWN_CACHE.clear()
@@ -4904,7 +4453,7 @@ def json_schema_compile(
                     stack_depth=stack_depth,
                     **{**options, "free_form_depth": None},
                 )
-            except (NotDeterministic, _RegexTooLarge):
+            except (NotDeterministic, RegexTooLarge):
                 pass  # a free-form value where other text may also start (or, its rules
                 # inlined where their calls compete, too large: MaskBench jsonld)
         try:
@@ -4918,7 +4467,7 @@ def json_schema_compile(
                 _over_regex=full is not None,
                 **options,
             )
-        except (_TooManyPositions, NotDeterministic, _RegexTooLarge) as e:
+        except (TooManyPositions, NotDeterministic, RegexTooLarge) as e:
             if full is not None:
                 pass  # the single regex is within `SINGLE_REGEX`: compiled below
             elif call is None:
@@ -4965,7 +4514,7 @@ def json_schema_compile(
 
 def _strings_too_large(
     rewriter: _Rewriter, regex: str, over_regex: bool
-) -> _TooManyPositions | None:
+) -> TooManyPositions | None:
     """The refusal of every grammar form of `regex` that its strings given as automata
     (`_Rewriter.dfa_terminals`) already imply, before any rule is built: one of them alone has
     more states than the positions a form may have before its tails are shared
@@ -4980,7 +4529,7 @@ def _strings_too_large(
         states = rewriter.dfa_texts[placeholder].num_states
         if states > limit:
             what = f"the string automaton of `{keyword}` at {path} has {states:,} states"
-            return _TooManyPositions(states, 1, limit, what)
+            return TooManyPositions(states, 1, limit, what)
     return None
 
 
@@ -5040,7 +4589,7 @@ def _recursive_grammar(schema, vocabulary, stack_depth: int, options: dict):
                         "free_form_depth": None if isinstance(depth, _FreeValueCall) else depth,
                     },
                 )
-            except (NotDeterministic, _RegexTooLarge):
+            except (NotDeterministic, RegexTooLarge):
                 continue  # a call one byte cannot choose, or rules inlined too large
             except (ValueError, RecursionError):  # ConstraintError, GrammarError, too deep
                 return None
