@@ -20,7 +20,7 @@ nodes, our own regexes where outlines-core's would let invalid documents through
 | `allOf` | regexes concatenated: invalid JSON | merged into one schema (object members together: each side's `additionalProperties` covers the keys its own `properties`/`patternProperties` leave, `_merge_members`; a later part that lists properties is merged into each branch of an earlier part's `anyOf`/`oneOf`, so a branch's members come first, in the order of the parts, as llguidance writes them, `_Rewriter.into_branches`) |
 | `anyOf` beside a branch that allows a whole type (`{"type": "object"}`, annotations only) | every branch kept | the branches whose values are all of that type left out (the same union; one byte could not choose between an open object's value call and another object's string: MaskBench o69208), and not checked for unsupported keywords |
 | `oneOf` | treated as `anyOf` | `anyOf` when the branches are provably disjoint (types, listed discriminators, a property both require whose values cannot be equal, also one level down, a closed object against a required name, `required` also in `allOf`; as llguidance), or made disjoint exactly: finite branches -> the values exactly one lists, a type two branches accept whole taken out, `required`-only branches -> presence choices; else refused |
-| objects | closed: no property beyond `properties` | open unless `additionalProperties: false` (JSON Schema's default; `closed_objects=True` closes them); `patternProperties` (a key no pattern matches is an additional property: its key language is the complement automaton, written back as a regex, `_unmatched_keys`), `propertyNames`, `minProperties`/`maxProperties`, `required` names without a schema (any value) |
+| objects | closed: no property beyond `properties` | open unless `additionalProperties: false` (JSON Schema's default; `closed_objects=True` closes them); `patternProperties` (a key no pattern matches is an additional property: its key language is the complement automaton, written back as a regex, `unmatched_keys`), `propertyNames`, `minProperties`/`maxProperties`, `required` names without a schema (any value) |
 | free-form values (`{}`) | nested 3 levels, a 14,000-character regex that takes minutes to compile | as deep as the stack (default `free_form_depth=None`: a pushdown automaton); nested `free_form_depth` levels for an integer |
 | `enum`/`const` at the top (or in a top-level `allOf` branch) beside other keywords | the other keywords' regexes joined | the enum of the listed values `jsonschema` accepts under the whole schema (`not`, `if`, `contains`, ... exact on them) |
 | recursive `$ref` | unrolled `max_recursion_depth` times, the property dropped at the bound: dangling `,` | `json_schema_compile` (`max_recursion_depth=None`, `JsonSchema`'s default): a call of a grammar rule for its target, nested as deep as the stack (`stack_depth`, default 32); with an integer `max_recursion_depth`, where that cannot run deterministically, and in `json_schema_regex`, unrolled `max_recursion_depth` times with the bottom value left out where JSON stays valid |
@@ -77,7 +77,7 @@ three become an `anyOf`: the property absent, or it and its dependencies present
 them), with one warning that lists them all, like llguidance's lenient mode. Beside `patternProperties`, the additional
 properties of an open object (any value unless `additionalProperties` says otherwise) have the
 keys no pattern matches and no listed property names: the byte automaton of printable-ASCII
-keys minus each pattern's, written back as a regex (`_unmatched_keys`). Known gaps, not
+keys minus each pattern's, written back as a regex (`unmatched_keys`). Known gaps, not
 refused (valid documents rejected, never invalid ones generated): such additional keys are
 printable ASCII without `"` and `\\` (where the pattern translation is exact); a pattern whose
 complement is too large to write (MaskBench's BCP 47 language tags) leaves only the keys that
@@ -133,7 +133,6 @@ import collections
 import concurrent.futures
 import contextlib
 import decimal
-import functools
 import hashlib
 import itertools
 import json
@@ -170,7 +169,6 @@ from ..patterns import (
     LengthBoundError,
     NoStringError,
     bounded_length,
-    class_char,
     dfa_regex,
     difference_dfas,
     intersect_dfas,
@@ -219,6 +217,13 @@ from .references import (
     applicator_first,
     inline_references,
 )
+from .keys import (
+    key_not_in,
+    literal_key,
+    name_checker,
+    overlap,
+    unmatched_keys,
+)
 from .budgets import (
     ANY_ORDER_BUDGET,
     ANY_ORDER_MAX,
@@ -230,9 +235,6 @@ from .budgets import (
     MAX_CONTAINS,
     MAX_DEPENDENCIES,
     MAX_GRAMMAR_POSITIONS,
-    MAX_KEY_REGEX,
-    MAX_KEY_REGEX_STATES,
-    MAX_KEY_STATES,
     MAX_MULTIPLE_REGEX,
     MAX_NEGATION_CHOICES,
     MAX_OBJECT_REGEX,
@@ -772,9 +774,6 @@ def _canonical(value) -> str:
 
 _DEFAULT_WHITESPACE = "[ ]?"
 """outlines-core's default whitespace between JSON tokens: none or one space."""
-_KEY_UNIT = r'(?:[^"\\\x00-\x1F\x7F-\x9F]|\\["\\bfnrt])'
-"""One character of a generated additional key: a plain character or one of the short JSON
-escapes (no `\\/`, no `\\u`), so every key has exactly one spelling."""
 
 
 _FALLBACK_DEPTHS = (2, 1)
@@ -890,242 +889,6 @@ def _number_regex(value: int | float, path: str = "") -> str:
         pad = "0?" if abs(power) < 10 else ""
         spellings.append(f"{escape(mantissa)}[eE]{mark}{pad}{abs(power)}")
     return sign + (spellings[0] if len(spellings) == 1 else f"(?:{'|'.join(spellings)})")
-
-
-def _literal_key(name: str) -> str:
-    """The regex of the JSON text of a literal key (quotes included)."""
-
-    return escape(json.dumps(name, ensure_ascii=False))
-
-
-def _key_units(name: str) -> list[str]:
-    """The JSON text of a key's body as spelled units (a character or a short escape)."""
-    body = json.dumps(name, ensure_ascii=False)[1:-1]
-    units, i = [], 0
-    while i < len(body):
-        if body[i] == "\\":
-            step = 6 if body[i + 1] == "u" else 2
-            units.append(body[i : i + step])
-            i += step
-        else:
-            units.append(body[i])
-            i += 1
-    return units
-
-
-def _ascii_class(codes: list[int]) -> str:
-    """A regex character class of printable ASCII `codes` (sorted), as ranges."""
-    parts, i = [], 0
-    while i < len(codes):
-        j = i
-        while j + 1 < len(codes) and codes[j + 1] == codes[j] + 1:
-            j += 1
-        lo, hi = class_char(codes[i]), class_char(codes[j])
-        parts.append(lo if i == j else f"{lo}{hi}" if j == i + 1 else f"{lo}-{hi}")
-        i = j + 1
-    return f"[{''.join(parts)}]"
-
-
-_PLAIN_KEY_CODES = [c for c in range(0x20, 0x7F) if c not in (ord('"'), ord("\\"))]
-"""The printable ASCII characters a key spells as themselves (not `"` or `\\`)."""
-_PLAIN_KEY = _ascii_class(_PLAIN_KEY_CODES)
-_OTHER_KEY_UNIT = r'(?:[^\x00-\x9F]|\\["\\bfnrt])'
-"""A unit of `_KEY_UNIT` that is not a plain ASCII character: U+00A0 and above, or an escape."""
-
-
-def _key_not_in(names: list[str]) -> str:
-    """The regex of a JSON string body that is none of `names`, in units of `_KEY_UNIT`
-    (memoised by the names in order: MaskBench kb_1161's `$ref` expansion writes 12,725 open
-    objects from a few hundred distinct property lists, 5 s of this function without it).
-
-    When every name is plain printable ASCII (almost all keys): a body that holds any other
-    unit is none of them, and an ASCII one leaves the names' trie either by a character no
-    name continues with (then any ASCII) or by ending at a node that is no name. Written as
-    `diverged [ASCII]* | non-name prefix | [ASCII]* other-unit unit*`, the three tails are
-    shared, so the automaton has about two states per trie node. (The general form below
-    repeats a tail of any units at every node: for the 108 keys of MaskBench o61596 a
-    141,000-character regex whose automaton has 37,000 states before minimisation, 2.5 s;
-    this form takes about a tenth of that.)"""
-    return _key_not_in_memo(tuple(names))
-
-
-@functools.lru_cache(maxsize=4096)
-def _key_not_in_memo(names: tuple[str, ...]) -> str:
-    """`_key_not_in`, memoised."""
-
-    if all(c in _PLAIN_KEY_CODES for name in names for c in map(ord, name)):
-        trie: dict = {}
-        for name in names:
-            node = trie
-            for ch in name:
-                node = node.setdefault(ch, {})
-            node[None] = {}
-
-        @typing.no_type_check
-        def diverged(node) -> str:  # a path of the trie, then a character that leaves it
-            others = [c for c in _PLAIN_KEY_CODES if chr(c) not in node]
-            alternatives = [_ascii_class(others)] if others else []
-            alternatives += [escape(ch) + diverged(child) for ch, child in node.items() if ch]
-            return "(?:" + "|".join(alternatives) + ")"  # never empty: a leaf has `others`
-
-        @typing.no_type_check
-        def prefix(node) -> str | None:  # a path of the trie that ends at no name
-            alternatives = [] if None in node else [""]
-            for ch, child in node.items():
-                if ch is not None and (rest := prefix(child)) is not None:
-                    alternatives.append(escape(ch) + rest)
-            if not alternatives:
-                return None
-            if alternatives == [""]:
-                return ""
-            body = "|".join(a for a in alternatives if a)
-            return f"(?:{body})" + ("?" if "" in alternatives else "")
-
-        short = prefix(trie)
-        parts = [f"{diverged(trie)}{_PLAIN_KEY}*"]
-        if short is not None:
-            parts.append(short)
-        parts.append(f"{_PLAIN_KEY}*{_OTHER_KEY_UNIT}{_KEY_UNIT}*")
-        return "(?:" + "|".join(parts) + ")"
-    return _key_not_in_units(list(names))
-
-
-def _key_not_in_units(names: list[str]) -> str:
-    """`_key_not_in` for any names: a trie of the names' units, leaving it at any point."""
-
-    trie: dict = {}
-    for name in names:
-        node = trie
-        for unit in _key_units(name):
-            node = node.setdefault(unit, {})
-        node[None] = {}
-
-    @typing.no_type_check
-    def other_than(children) -> str:
-        chars = [u for u in children if u is not None and len(u) == 1]
-        escapes = [u[1] for u in children if u is not None and len(u) == 2]
-        plain = "".join("\\" + c if c in "\\]^-[&~" else c for c in chars)
-        parts = [rf'[^"\\\x00-\x1F\x7F-\x9F{plain}]']
-        left = [e for e in '"\\bfnrt' if e not in escapes]
-        if left:
-            parts.append("\\\\[" + "".join("\\" + e if e in "\\]^-[" else e for e in left) + "]")
-        return "(?:" + "|".join(parts) + ")"
-
-    @typing.no_type_check
-    def walk(node) -> str:
-        alternatives = [other_than(node) + _KEY_UNIT + "*"]
-        for unit, child in node.items():
-            if unit is not None:
-                alternatives.append(escape(unit) + walk(child))
-        body = "(?:" + "|".join(alternatives) + ")"
-        return body if None in node else body + "?"
-
-    return walk(trie)
-
-
-_KEY_ALPHABET = r"[\x20\x21\x23-\x5b\x5d-\x7e]"
-"""The characters of a key that `patternProperties` leaves to `additionalProperties`
-(`_unmatched_keys`): printable ASCII but `"` and `\\`, on which `json_string_pattern` is exact
-(its `\\w`, `.`, `[^...]` differ from Python's only on control and non-ASCII characters)."""
-
-
-@functools.lru_cache(maxsize=256)
-def _unmatched_keys(
-    bodies: tuple[str, ...], names: tuple[str, ...], within: str | None = None
-) -> str | None:
-    """The regex of the JSON text between the quotes of a key of `_KEY_ALPHABET` characters
-    (that the regex `within` matches, if given) that none of the regexes `bodies` (key bodies:
-    `json_string_pattern` of each `patternProperties` pattern) matches and that is none of
-    `names`: the byte DFA of `_KEY_ALPHABET*` (times `within`'s, `patterns.intersect_dfas`)
-    minus each (`patterns.difference_dfas`), minimised, written back as a regex
-    (`patterns.dfa_regex`). `None` when there is no such key.
-
-    **Raises:** `KeysTooComplex` when an automaton exceeds `MAX_KEY_STATES` states or the
-    regex `MAX_KEY_REGEX` characters (MaskBench's BCP 47 language-tag patterns)."""
-    plain = [n for n in names if re.fullmatch(f"{_KEY_ALPHABET}*", n)]
-    excluded = [regex_byte_dfa(body) for body in bodies]
-    named = "|".join("".join(f"\\x{ord(c):02x}" for c in n) for n in plain)
-    error = None
-    for depth in (None, *_KEY_PREFIX_DEPTHS):
-        dfa = regex_byte_dfa(f"{_KEY_ALPHABET}*")
-        try:
-            if within is not None:
-                dfa = intersect_dfas(dfa, regex_byte_dfa(within), max_states=MAX_KEY_STATES)
-            for body in excluded:
-                wider = body if depth is None else _prefix_closure(body, depth)
-                dfa = difference_dfas(dfa, wider, max_states=MAX_KEY_STATES)
-            if named:
-                dfa = difference_dfas(dfa, regex_byte_dfa(named), max_states=MAX_KEY_STATES)
-            dfa = minimize(dfa)
-            if dfa.num_states > MAX_KEY_REGEX_STATES:  # elimination is quadratic in states
-                raise ValueError(f"{dfa.num_states:,} states to write as a regex")
-            return dfa_regex(dfa, max_chars=MAX_KEY_REGEX)
-        except ConstraintError:  # the language is empty
-            return None
-        except ValueError as e:
-            error = error or e
-    raise KeysTooComplex(str(error))
-
-
-_KEY_PREFIX_DEPTHS = (16, 8, 4, 2, 1)
-"""Prefix lengths `_unmatched_keys` tries, longest first, when the exact set of keys no pattern
-matches is too complex to write: each pattern is widened to the keys whose first `depth`
-characters start one of its keys (`_prefix_closure`), so fewer keys are left to
-`additionalProperties` (never one a pattern matches). MaskBench's BCP 47 language-tag patterns
-(`^(description_(...))$`) leave the keys that do not start with `description_`."""
-
-
-def _prefix_closure(dfa: ByteDFA, depth: int) -> ByteDFA:
-    """A byte DFA of the texts `dfa` accepts and of every text whose first `depth` bytes some
-    text of `dfa` starts with (a superset of `dfa`'s language; `dfa` trimmed): `dfa`'s states
-    counted up to `depth` bytes, then one state that accepts everything."""
-    n, width = dfa.num_states, dfa.delta.shape[1]
-    everything = n * depth
-    delta = np.full((everything + 1, width), everything, np.int32)
-    level = np.arange(n * depth) // n
-    state = np.arange(n * depth) % n
-    target = dfa.delta[state]
-    inner = np.where(level[:, None] + 1 < depth, (level[:, None] + 1) * n + target, everything)
-    delta[:everything] = np.where(target != REJECT, inner, REJECT)
-    accepting = np.append(dfa.accepting[state], True)
-    return trim(ByteDFA(delta, accepting, dfa.initial))
-
-
-def _name_checker(schema, substitute):
-    """A function telling whether a property name satisfies a (rewritten) `propertyNames` schema,
-    or `None` when its regex cannot be built. `substitute` expands the rewriter's markers (a
-    `pattern` or `format` of the names is a marker, whose placeholder alone matches no name)."""
-    if schema is NEVER:
-        return lambda name: False
-    try:
-        # deferred on purpose: the Rust extension loads only when a regex compiles
-        from outlines_core.json_schema import build_regex_from_schema
-
-        regex = re.compile(substitute(build_regex_from_schema(json.dumps(schema))))
-    except (ValueError, RuntimeError, re.error, ConstraintError):
-        return None
-    return lambda name: bool(regex.fullmatch(json.dumps(name, ensure_ascii=False)))
-
-
-def _overlap(regexes: list[str]) -> bool:
-    """Whether two of the regexes can match one text (product of their byte DFAs)."""
-
-    dfas = [regex_byte_dfa(r) for r in regexes]
-    for i in range(len(dfas)):
-        for j in range(i + 1, len(dfas)):
-            a, b = dfas[i], dfas[j]
-            seen, frontier = {(a.initial, b.initial)}, [(a.initial, b.initial)]
-            while frontier:
-                x, y = frontier.pop()
-                if a.accepting[x] and b.accepting[y]:
-                    return True
-                both = (a.delta[x] != REJECT) & (b.delta[y] != REJECT)
-                for byte in map(int, both.nonzero()[0]):
-                    pair = (int(a.delta[x, byte]), int(b.delta[y, byte]))
-                    if pair not in seen:
-                        seen.add(pair)
-                        frontier.append(pair)
-    return False
 
 
 _MEMBER_BLOCK = 32
@@ -2298,7 +2061,7 @@ class _Rewriter:
                     )
         if names_schema is not None:
             names_schema = self.node(names_schema, f"{path}/propertyNames")
-            check = _name_checker(names_schema, self.substitute)
+            check = name_checker(names_schema, self.substitute)
             if check is None:
                 self.refuse(
                     "propertyNames",
@@ -2329,7 +2092,7 @@ class _Rewriter:
                 if name in required:
                     return NEVER
                 continue
-            key = _literal_key(name)
+            key = literal_key(name)
             items.append((f"{key}{self.ws}:{self.ws}{self.regex_of(r)}", name in required))
             item_names.append(name)
         extras = []
@@ -2348,10 +2111,10 @@ class _Rewriter:
                 if r is NEVER:
                     continue
                 key = '"' + body + '"'
-                if any(re.fullmatch(key, _literal_key(n)) for n in named):
+                if any(re.fullmatch(key, literal_key(n)) for n in named):
                     # the pattern's keys but the listed ones (printable ASCII keys only)
                     try:
-                        body = _unmatched_keys((), tuple(named), within=body)
+                        body = unmatched_keys((), tuple(named), within=body)
                     except KeysTooComplex as e:
                         self.refuse(
                             "patternProperties",
@@ -2366,7 +2129,7 @@ class _Rewriter:
                 extras.append((key, r, schema))
             if len(
                 {json.dumps(s, sort_keys=True, default=str) for _, _, s in extras}
-            ) > 1 and _overlap([k for k, _, _ in extras]):
+            ) > 1 and overlap([k for k, _, _ in extras]):
                 self.refuse(
                     "patternProperties",
                     path,
@@ -2389,7 +2152,7 @@ class _Rewriter:
                 )
             elif other is not NEVER and bodies is not None:
                 try:
-                    body = _unmatched_keys(tuple(bodies), tuple(named))
+                    body = unmatched_keys(tuple(bodies), tuple(named))
                 except KeysTooComplex as e:
                     self.refuse(
                         "additionalProperties",
@@ -2419,7 +2182,7 @@ class _Rewriter:
                         )
                         key = None
                 else:
-                    key = '"' + _key_not_in(list(named)) + '"'
+                    key = '"' + key_not_in(list(named)) + '"'
                 if key is not None:
                     extras.append(f"{key}{self.ws}:{self.ws}{self.regex_of(other)}")
         for k, v in (("minProperties", min_count), ("maxProperties", max_count)):
@@ -2549,8 +2312,7 @@ class _Rewriter:
             return _number_regex(value, path)
         if isinstance(value, Mapping):
             members = [
-                f"{_literal_key(k)}{ws}:{ws}{self.constant_regex(v, path)}"
-                for k, v in value.items()
+                f"{literal_key(k)}{ws}:{ws}{self.constant_regex(v, path)}" for k, v in value.items()
             ]
             return rf"\{{{ws}" + f"{ws},{ws}".join(members) + (rf"{ws}\}}" if members else r"\}")
         if isinstance(value, list):
