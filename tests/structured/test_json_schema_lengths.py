@@ -429,7 +429,7 @@ def test_other_strings_regex_excludes_exactly_the_listed_values():
         excluded = sorted(
             {"".join(rng.choices(alphabet, k=rng.randint(0, 3))) for _ in range(size)}
         )
-        regex = js._other_strings_regex(excluded)
+        regex = js.other_strings_regex(excluded)
         regex_byte_dfa(regex)  # outlines-core compiles it
         pattern = re.compile(regex)
         for text, value in texts.items():

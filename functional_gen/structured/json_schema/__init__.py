@@ -188,8 +188,8 @@ from ..pushdown import DEFAULT_STACK_DEPTH, NotDeterministic, PushdownAutomaton,
 from ..ranges import integer_range_regex, multiple_of_dfa, number_range_regex
 from ..regex_syntax import escape
 from ..vocabulary import TokenVocabulary, vocabulary_from_tokenizer
+from .errors import InvalidSchemaError as InvalidSchemaError
 from .errors import (
-    InvalidSchemaError,
     KeysTooComplex,
     NoCommonType,
     NotTokenAutomaton,
@@ -225,6 +225,15 @@ from .keys import (
     overlap,
     unmatched_keys,
 )
+from .scalars import (
+    INTEGER,
+    NUMBER,
+    STRING,
+    excluded_strings,
+    json_spellings,
+    number_regex,
+    other_strings_regex,
+)
 from .budgets import (
     ANY_ORDER_BUDGET,
     ANY_ORDER_MAX,
@@ -239,7 +248,6 @@ from .budgets import (
     MAX_MULTIPLE_REGEX,
     MAX_NEGATION_CHOICES,
     MAX_OBJECT_REGEX,
-    MAX_PLAIN_DIGITS,
     MAX_POSITIONS_BEFORE_TAILS,
     MAX_PRESENCE_CHOICES,
     MAX_RECURSIVE_MERGES,
@@ -272,114 +280,6 @@ DEFAULT_MAX_RECURSION_DEPTH = 3
 """How many times a recursive `$ref` is unrolled (outlines-core's default)."""
 
 KNOWN.add(NOT_STRINGS)
-
-
-def _excluded_strings(schema) -> list[str] | None:
-    """The values of a `not` whose schema lists strings only (`const` or `enum`, beside
-    `"type": "string"` at most): a value is then valid exactly when it is not one of them (every
-    non-string value is), or `None` for any other `not`."""
-    if not isinstance(schema, Mapping) or not {k for k in schema if asserts(k)} <= {
-        "const",
-        "enum",
-        "type",
-    }:
-        return None
-    if "const" in schema and "enum" in schema:
-        return None
-    values = [schema["const"]] if "const" in schema else schema.get("enum")
-    kind = schema.get("type", "string")
-    if not isinstance(values, list) or kind not in ("string", ["string"]):
-        return None
-    if not values or not all(isinstance(v, str) for v in values):
-        return None
-    return sorted(set(values))
-
-
-def _json_spellings(value: str) -> str:
-    """A regex of the JSON texts whose value is the string `value`: each character written
-    as itself (where JSON allows it raw), as its short escape, or as a `\\u` escape in either
-    case (a pair of them beyond the BMP)."""
-
-    @typing.no_type_check
-    def u_escape(unit: int) -> str:
-        digits = "".join(d if d.isdigit() else f"[{d}{d.upper()}]" for d in f"{unit:04x}")
-        return escape("\\u") + digits
-
-    parts = []
-    for c in value:
-        code = ord(c)
-        alternatives = [] if c in '"\\' or code < 0x20 else [escape(c)]
-        if c in _SHORT_ESCAPES:
-            alternatives.append(escape("\\" + _SHORT_ESCAPES[c]))
-        if code <= 0xFFFF:
-            alternatives.append(u_escape(code))
-        else:
-            high, low = 0xD800 + ((code - 0x10000) >> 10), 0xDC00 + ((code - 0x10000) & 0x3FF)
-            alternatives.append(u_escape(high) + u_escape(low))
-        parts.append("(?:" + "|".join(alternatives) + ")")
-    return '"' + "".join(parts) + '"'
-
-
-_SHORT_ESCAPES = {
-    '"': '"',
-    "\\": "\\",
-    "/": "/",
-    "\b": "b",
-    "\f": "f",
-    "\n": "n",
-    "\r": "r",
-    "\t": "t",
-}
-"""The characters JSON writes with a two-character escape, and the escape's letter."""
-
-
-def _other_strings_regex(excluded: list[str]) -> str:
-    """A regex of the JSON strings (`ANY_STRING`'s spellings, quotes included) whose value is
-    none of `excluded`: over the trie of the excluded values, at each node the text may end
-    (unless a value ends there), go on with a character no value continues with and then
-    anything, or follow a child. Linear in the values' length (a regex, so a plain string
-    beside it in an `anyOf` stays a regex)."""
-
-    @typing.no_type_check
-    def raw(c: str) -> bool:  # written as itself in ANY_STRING
-        code = ord(c)
-        return c not in '"\\' and code >= 0x20 and not 0x7F <= code <= 0x9F
-
-    @typing.no_type_check
-    def spellings(c: str) -> list[str]:
-        out = [escape(c)] if raw(c) else []
-        if c in _SHORT_ESCAPES:
-            out.append(escape("\\" + _SHORT_ESCAPES[c]))
-        return out
-
-    @typing.no_type_check
-    def other_unit(chars) -> str:  # one character not in `chars`
-        excluded_raw = "".join(escape(c) for c in sorted(chars) if raw(c))
-        letters = "".join(escape(letter) for c, letter in _SHORT_ESCAPES.items() if c not in chars)
-        parts = [f'[^"\\\\\\x00-\\x1F\\x7F-\\x9F{excluded_raw}]']
-        if letters:
-            parts.append(f"\\\\[{letters}]")
-        return "(?:" + "|".join(parts) + ")"
-
-    trie: dict = {}
-    for value in excluded:
-        node = trie
-        for c in value:
-            node = node.setdefault(c, {})
-        node[None] = True  # a value ends here
-
-    @typing.no_type_check
-    def rest(node) -> str:
-        children = [c for c in node if c is not None]
-        alternatives = [other_unit(children) + ANY_STRING]
-        for c in children:
-            spelled = spellings(c)
-            if spelled:
-                alternatives.append("(?:" + "|".join(spelled) + ")" + rest(node[c]))
-        body = "(?:" + "|".join(alternatives) + ")"
-        return body if None in node else body + "?"
-
-    return '"' + rest(trie) + '"'
 
 
 def _listed_values(schema):
@@ -616,7 +516,7 @@ def _discriminator(condition):
 def _discriminator_negation(condition):
     """A schema equal to `{"not": condition}` for a discriminator `if` (`_discriminator`), or
     `None`: an object that has the property with a value the `if` does not list (`not` of the
-    listed values: compiled for strings, `_excluded_strings`), or lacks it where the `if`
+    listed values: compiled for strings, `excluded_strings`), or lacks it where the `if`
     requires it, or a non-object value where the `if` says `"type": "object"`."""
     found = _discriminator(condition)
     if found is None:
@@ -825,9 +725,6 @@ class _FreeValueCall:
 
 
 _CALL = _FreeValueCall()
-_STRING = r'"(?:[^"\\\x00-\x1F\x7F-\x9F]|\\["\\/bfnrt])*"'
-_INTEGER = r"-?(?:0|[1-9][0-9]*)"
-_NUMBER = r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?"
 
 
 def free_value(depth: int, ws: str = _DEFAULT_WHITESPACE, innermost: str | None = None) -> str:
@@ -835,12 +732,12 @@ def free_value(depth: int, ws: str = _DEFAULT_WHITESPACE, innermost: str | None 
     (`depth=0`: strings, numbers, `true`, `false`, `null` only), `ws` between tokens; with
     `innermost`, the values `depth` levels down are that regex instead of scalars (`depth=0`:
     `innermost` itself)."""
-    scalar = f"(?:{_STRING}|{_NUMBER}|true|false|null)"
+    scalar = f"(?:{STRING}|{NUMBER}|true|false|null)"
     if depth <= 0:
         return scalar if innermost is None else innermost
     inner = free_value(depth - 1, ws, innermost)
     array = rf"\[{ws}(?:{inner}(?:{ws},{ws}{inner})*)?{ws}\]"
-    member = f"{_STRING}{ws}:{ws}{inner}"
+    member = f"{STRING}{ws}:{ws}{inner}"
     obj = rf"\{{{ws}(?:{member}(?:{ws},{ws}{member})*)?{ws}\}}"
     return f"(?:{scalar}|{array}|{obj})"
 
@@ -854,42 +751,6 @@ def _own_constant(value) -> bool:
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return True
     return isinstance(value, list) and any(_own_constant(v) for v in value)
-
-
-def _number_regex(value: int | float, path: str = "") -> str:
-    """The regex of the JSON texts of numbers equal to `value` as serialisers write them: the
-    shortest round-trip form (`json.dumps`, `repr`), the same without an exponent where that
-    is short (`1e-07` -> `0.0000001`), an exponent with or without its leading zero and `+`
-    (`1e-07` and JavaScript's `1e-7`; `1e+20`, `1e20`) in `e` or `E`, and for an integral value
-    the integer and the integer with `.0` (`1` and `1.0` are one number in JSON Schema).
-    Equality is numeric, as JSON Schema's `const`/`enum` require; other spellings of the same
-    number (`1.00`, `10e-1`) are not accepted, so generation never loops on zeros.
-
-    **Raises:** `InvalidSchemaError` for a value that is not finite (not a JSON number)."""
-
-    if isinstance(value, float) and not math.isfinite(value):
-        raise InvalidSchemaError(path, f"the constant {value!r} is not a JSON number")
-    exact = decimal.Decimal(repr(value) if isinstance(value, float) else value)
-    negative = exact < 0 or (exact == 0 and math.copysign(1.0, float(value)) < 0)
-    magnitude = abs(exact)
-    sign = "-?" if magnitude == 0 else "-" if negative else ""
-    spellings = []
-    if magnitude == magnitude.to_integral_value():
-        digits = str(int(magnitude))
-        if len(digits) <= MAX_PLAIN_DIGITS or not isinstance(value, float):
-            spellings.append(digits + r"(?:\.0)?")
-    else:
-        plain = format(magnitude, "f")
-        if len(plain) <= MAX_PLAIN_DIGITS:
-            spellings.append(escape(plain))
-    short = repr(float(magnitude)) if isinstance(value, float) else ""
-    if "e" in short:
-        mantissa, exponent = short.split("e")
-        power = int(exponent)
-        mark = r"\+?" if power >= 0 else "-"
-        pad = "0?" if abs(power) < 10 else ""
-        spellings.append(f"{escape(mantissa)}[eE]{mark}{pad}{abs(power)}")
-    return sign + (spellings[0] if len(spellings) == 1 else f"(?:{'|'.join(spellings)})")
 
 
 _MEMBER_BLOCK = 32
@@ -1337,7 +1198,7 @@ class _Rewriter:
         if "not" in node:
             negated = _negation(node["not"])
             excluded = (
-                None if negated is not None else _excluded_strings(self.deref(node["not"], path))
+                None if negated is not None else excluded_strings(self.deref(node["not"], path))
             )
             if negated is not None:  # `not` of a shape whose complement is a schema: exact
                 node.pop("not")
@@ -1650,7 +1511,7 @@ class _Rewriter:
         except ValueError as e:
             raise UnsupportedSchemaError("minimum", path, str(e)) from None
         if step is not None:
-            multiples = self.multiple_terminal(regex or _INTEGER, step, True, path)
+            multiples = self.multiple_terminal(regex or INTEGER, step, True, path)
             if multiples is not None:
                 return multiples
         return {"type": "integer"} if regex is None else self.marker(regex)
@@ -1894,7 +1755,7 @@ class _Rewriter:
         if terminal is NEVER:
             return NEVER
         if terminal == {"type": "string"}:  # any string: a regex does it
-            return self.marker(_other_strings_regex(excluded))
+            return self.marker(other_strings_regex(excluded))
         regex = self.substitute(self.regex_of(terminal))
         inner = regex  # a string automaton's placeholder, in the groups of marker and const
         while inner not in self.dfa_texts and inner.startswith("(?:") and inner.endswith(")"):
@@ -1903,7 +1764,7 @@ class _Rewriter:
         source = f"not\0{regex}\0{json.dumps(excluded)}"
         try:
             strings = strings if strings is not None else regex_byte_dfa(regex)
-            forbidden = regex_byte_dfa("|".join(map(_json_spellings, excluded)))
+            forbidden = regex_byte_dfa("|".join(map(json_spellings, excluded)))
             rest = difference_dfas(strings, forbidden, max_states=MAX_STRING_STATES)
         except ConstraintError:  # every string of `terminal` is excluded
             return NEVER
@@ -2306,11 +2167,11 @@ class _Rewriter:
 
     def constant_regex(self, value, path: str = "") -> str:
         """The regex of the JSON text of one constant value, `self.ws` between its tokens; keys
-        in the value's order, numbers by `_number_regex`, other scalars as outlines-core
+        in the value's order, numbers by `number_regex`, other scalars as outlines-core
         writes them."""
         ws = self.ws
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return _number_regex(value, path)
+            return number_regex(value, path)
         if isinstance(value, Mapping):
             members = [
                 f"{literal_key(k)}{ws}:{ws}{self.constant_regex(v, path)}" for k, v in value.items()
@@ -2993,7 +2854,7 @@ def json_schema_automaton(schema, vocabulary, *, cache: bool = True, **options):
 
 def _free_value_grammar(ws: str) -> GrammarSpec:
     """Any JSON value with `ws` between tokens, as a grammar whose rule `value` recurses."""
-    space, string, number = Terminal(ws), Terminal(_STRING), Terminal(_NUMBER)
+    space, string, number = Terminal(ws), Terminal(STRING), Terminal(NUMBER)
     member = Seq((string, space, Terminal(":"), space, Ref("value")))
 
     @typing.no_type_check
