@@ -1,11 +1,11 @@
 """`JsonSchema`: generated text that is a JSON document valid under a JSON Schema.
 
 The package's modules: `errors`, `keywords` (the schema vocabulary), `dialect`
-(`check_schema`), `references` (`$ref`, `$id`), `keys` (object keys as regexes), `budgets`
-(every size limit, with the measurement that set it). This module still holds the rest (about
-4,550 lines: rewriting by JSON type, property order, the regex, grammar and pushdown forms,
-compiling, `JsonSchema`) until it is split by concept as well (issue 39, item 4); it
-re-exports the public names.
+(`check_schema`), `references` (`$ref`, `$id`), `keys` (object keys), `scalars` (strings and
+numbers as regexes), `budgets` (every size limit, with the measurement that set it). This
+module still holds the rest (about 4,400 lines: rewriting by JSON type, property order, the
+regex, grammar and pushdown forms, compiling, `JsonSchema`) until it is split by concept as
+well (issue 39, item 4); it re-exports the public names.
 
 The schema is first checked against its dialect's metaschema (`jsonschema`'s `check_schema`),
 its `$ref`s are resolved with the `referencing` library (`$id`, `$anchor`, JSON pointers) and
