@@ -1,12 +1,12 @@
-"""Benchmark of the pushdown automaton's token tables (`functional_gen.structured.pda.
-_token_tables`): the shared walk against the per-origin walk it replaced (`_token_tables_old`:
+"""Benchmark of the pushdown automaton's token tables (`functional_gen.structured.pushdown.
+building.token_tables`): the shared walk against the per-origin walk it replaced (`_token_tables_old`:
 `pda.py` at git revision `BASELINE`, 98cf923, loaded with `git show`), interleaved in one process on the same inputs, tables
 checked identical.
 
 Inputs: the Lark JSON grammar at stack depth 32 (as `bench_pushdown.py` builds it) and the
 grammar forms of MaskBench schemas from `/work/shared/data/maskbench-dev.jsonl.gz` (Github_hard
 o32921, o41296, o21316, o21251; Kubernetes kb_972, kb_594), compiled with
-`json_schema._MAX_GRAMMAR_POSITIONS` lifted so that every one builds. For each: the whole
+`json_schema.MAX_GRAMMAR_POSITIONS` lifted so that every one builds. For each: the whole
 compile once (`json_schema_compile`, new tables), then `--rounds` rounds of old and new tables
 alternated; the best of each is reported, with their ratio.
 
@@ -51,7 +51,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import numpy as np
 
-from functional_gen.structured import json_schema as json_schema_module, pda as pda_module
+from functional_gen.structured import json_schema as json_schema_module
+from functional_gen.structured.pushdown import building as pda_module
 
 DATA = "/work/shared/data/maskbench-dev.jsonl.gz"
 SCHEMAS = (
@@ -128,18 +129,18 @@ def _timed(fn, *args, **kwargs):
 def _capture(build):
     """Run `build()` with the new tables; returns `(total seconds, table seconds, table args)`,
     the last two `None` when it built no pushdown tables."""
-    real, seen = pda_module._token_tables, {}
+    real, seen = pda_module.token_tables, {}
 
     def spy(*args):
         seen["args"] = args
         out, seen["seconds"] = _timed(real, *args)
         return out
 
-    pda_module._token_tables = spy
+    pda_module.token_tables = spy
     try:
         _, total = _timed(build)
     finally:
-        pda_module._token_tables = real
+        pda_module.token_tables = real
     return total, seen.get("seconds"), seen.get("args")
 
 
@@ -147,7 +148,7 @@ def tables(vocabulary, rounds: int):
     from functional_gen.structured import pushdown_automaton
     from tests.structured.cases import PUSHDOWN_GRAMMARS
 
-    json_schema_module._MAX_GRAMMAR_POSITIONS = 10**9
+    json_schema_module.MAX_GRAMMAR_POSITIONS = 10**9
     cases = [
         (
             "Lark JSON, depth 32",
@@ -176,7 +177,7 @@ def tables(vocabulary, rounds: int):
         for _ in range(rounds):
             old, seconds = _timed(_token_tables_old, *args)
             old_times.append(seconds)
-            new, seconds = _timed(pda_module._token_tables, *args)
+            new, seconds = _timed(pda_module.token_tables, *args)
             new_times.append(seconds)
             _equal(new, old)
         print(
@@ -187,15 +188,15 @@ def tables(vocabulary, rounds: int):
 
 
 def free_form(vocabulary, rounds: int):
-    json_schema_module._MAX_GRAMMAR_POSITIONS = 10**9
-    real = pda_module._token_tables
+    json_schema_module.MAX_GRAMMAR_POSITIONS = 10**9
+    real = pda_module.token_tables
     print("\n| schema (free_form_depth=None) | compile s new | compile s old | old / new |")
     print("|---|---|---|---|")
     for name, schema in _schemas(FREE_FORM).items():
         times = {"new": [], "old": []}
         for _ in range(rounds):
             for label, fn in (("old", _token_tables_old), ("new", real)):
-                pda_module._token_tables = fn
+                pda_module.token_tables = fn
                 json_schema_module._PUSHDOWN_CACHE.clear()  # kept even with cache=False
                 try:
                     _, seconds = _timed(
@@ -209,7 +210,7 @@ def free_form(vocabulary, rounds: int):
                     seconds = float("nan")
                     print(f"{name} {label}: {type(error).__name__}: {error}"[:200])
                 finally:
-                    pda_module._token_tables = real
+                    pda_module.token_tables = real
                 times[label].append(seconds)
         new, old = min(times["new"]), min(times["old"])
         print(f"| {name} | {new:.2f} | {old:.2f} | {old / new:.2f} |", flush=True)

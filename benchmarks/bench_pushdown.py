@@ -1,4 +1,4 @@
-"""Benchmark of the grammar pushdown automaton (`functional_gen.structured.pda`), every
+"""Benchmark of the grammar pushdown automaton (`functional_gen.structured.pushdown`), every
 comparison measured in one run (ratios, since the machine is shared).
 
 1. Build time of five recursive grammars at stack depth 32 (JSON, arithmetic, a tiny SQL, a

@@ -1,6 +1,6 @@
 """Compile time of JSON Schemas as pushdown automata (`json_schema_compile(schema,
-free_form_depth=None, cache=False)`): this checkout's `functional_gen/structured/pda.py`
-against the same file at a git revision (`--rev`, default `main`), interleaved in one process
+free_form_depth=None, cache=False)`): this checkout's `functional_gen/structured/pushdown/`
+(before issue 39's split: `pda.py`) against `pda.py` at a git revision (`--rev`, default `main`), interleaved in one process
 on the same inputs (the shared machine's load drifts: compare ratios, not absolute times), and
 every table of the two automata checked identical (`PushdownAutomaton` fields, dtype, shape
 and values). The baseline's `build_pushdown` is patched into `json_schema` for its turns; all
@@ -42,7 +42,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import numpy as np
 
-from functional_gen.structured import json_schema as json_schema_module, pda as pda_module
+from functional_gen.structured import json_schema as json_schema_module, pushdown as pda_module
 
 DATA = "/work/shared/data/maskbench-dev.jsonl.gz"
 SMALL = {

@@ -49,10 +49,10 @@ from .json_schema import (
     json_schema_regex as json_schema_regex,
 )
 from .options import constraint_from_options as constraint_from_options
-from .pda import DEFAULT_STACK_DEPTH as DEFAULT_STACK_DEPTH
-from .pda import NotDeterministic as NotDeterministic
-from .pda import PushdownAutomaton as PushdownAutomaton
-from .pda import PushdownConstraint as PushdownConstraint
+from .pushdown import DEFAULT_STACK_DEPTH as DEFAULT_STACK_DEPTH
+from .pushdown import NotDeterministic as NotDeterministic
+from .pushdown import PushdownAutomaton as PushdownAutomaton
+from .pushdown import PushdownConstraint as PushdownConstraint
 from .processor import AbstractConstraint as AbstractConstraint
 from .processor import TokenConstraint as TokenConstraint
 from .processor import per_row as per_row

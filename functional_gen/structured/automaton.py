@@ -304,6 +304,7 @@ def from_table(
     # scipy (a counting sort, linear in the edges). Dead entries lead to state 0, which has no
     # successor and accepts nothing: they are left out (most of a large table: 12 of 90 million
     # entries live for MaskBench slack-app-manifest).
+    # deferred on purpose: scipy.sparse is slow to import, needed only to build
     from scipy.sparse import csr_array
 
     table = np.ascontiguousarray(table, np.int32)
@@ -320,7 +321,7 @@ def from_table(
     distance = _bfs_distance((backward.indptr, backward.indices), accepting, num_states)
     if distance[INITIAL] >= INFINITE_DISTANCE:
         raise ConstraintError(
-            f"the vocabulary cannot write any text that satisfies the constraint {_short(description)}"
+            f"the vocabulary cannot write any text that satisfies the constraint {shorten(description)}"
         )
     hopeless = distance >= INFINITE_DISTANCE
     hopeless[DEAD] = False
@@ -466,7 +467,9 @@ def clear_memory_cache() -> None:
         _memory_cache.clear()
 
 
-def _short(text: str, limit: int = 120) -> str:
+def shorten(text: str, limit: int = 120) -> str:
+    """`repr(text)` for error messages, cut after `limit` characters (then saying how long
+    `text` was)."""
     return (
         repr(text) if len(text) <= limit else repr(text[:limit]) + f"... ({len(text)} characters)"
     )

@@ -29,9 +29,9 @@ from .automaton import (
     INITIAL,
     ConstraintError,
     TokenAutomaton,
-    _short,
     cached,
     from_table,
+    shorten,
     unique_columns,
 )
 from .vocabulary import TokenVocabulary
@@ -76,6 +76,7 @@ class ByteDFA:
 @functools.lru_cache(maxsize=64)
 def _byte_vocabulary(representatives: tuple[int, ...] = tuple(range(256))):
     """An outlines-core `Vocabulary` of the single bytes `representatives` (token id = byte)."""
+    # deferred on purpose: the Rust extension loads only when a regex compiles
     from outlines_core import Vocabulary
 
     return Vocabulary(256, {bytes([b]): [b] for b in representatives})
@@ -176,6 +177,7 @@ def regex_byte_dfa(regex: str) -> ByteDFA:
 
     **Raises:** `ConstraintError` naming the regex when it does not compile or matches nothing.
     """
+    # deferred on purpose: the Rust extension loads only when a regex compiles
     from outlines_core import Index
 
     prefixed = not _anchored_at_start(regex)
@@ -191,7 +193,7 @@ def regex_byte_dfa(regex: str) -> ByteDFA:
     except (ValueError, RuntimeError) as e:
         message = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise ConstraintError(
-            f"invalid regex {_short(regex)}: outlines-core (Rust `regex` syntax, no look-around "
+            f"invalid regex {shorten(regex)}: outlines-core (Rust `regex` syntax, no look-around "
             f"or backreferences) cannot compile it: {message}{_regex_hint(regex)}"
         ) from None
     table = index.get_transitions()
@@ -199,7 +201,7 @@ def regex_byte_dfa(regex: str) -> ByteDFA:
     if prefixed:
         initial = table.get(initial, {}).get(_PREFIX_BYTE)
         if initial is None:  # nothing follows the prefix
-            raise ConstraintError(f"the language of the regex {_short(regex)} is empty")
+            raise ConstraintError(f"the language of the regex {shorten(regex)} is empty")
     return _index_dfa(table, initial, index.get_final_states(), columns)
 
 
@@ -257,10 +259,11 @@ _TRIMMED: "weakref.WeakSet[ByteDFA]" = weakref.WeakSet()
 are instead of searching them again)."""
 
 
-def _reachable(indptr, indices, sources, num_states: int) -> Bool[np.ndarray, " states"]:
+def reachable_states(indptr, indices, sources, num_states: int) -> Bool[np.ndarray, " states"]:
     """The states reachable from any of `sources` over the CSR graph `(indptr, indices)` (rows
     may repeat a successor): scipy's breadth-first search, run from an extra node whose
     successors are the sources."""
+    # deferred on purpose: scipy.sparse is slow to import, needed only to build
     from scipy.sparse import csr_array
     from scipy.sparse.csgraph import breadth_first_order
 
@@ -276,7 +279,7 @@ def _reachable(indptr, indices, sources, num_states: int) -> Bool[np.ndarray, " 
     return reached[:num_states]
 
 
-def _relabel(table, labels, dtype=np.int32):
+def relabel_states(table, labels, dtype=np.int32):
     """`labels[table]` with `REJECT` entries kept `REJECT`: one gather through `labels` with
     `REJECT` appended (a `REJECT` entry, -1, reads that last slot), into `dtype`. Instead of
     `np.where(table != REJECT, labels[np.maximum(table, 0)], REJECT)`, whose int64 temporaries
@@ -301,12 +304,15 @@ def trim(dfa: ByteDFA) -> ByteDFA:
     index = np.int32 if int(live.sum()) < 2**31 - 256 else np.int64
     indptr = np.concatenate([[0], np.cumsum(live.sum(axis=1))]).astype(index)
     successors = dfa.delta[live].astype(index)
-    reach = _reachable(indptr, successors, [dfa.initial], n)
+    reach = reachable_states(indptr, successors, [dfa.initial], n)
     # The reversed edges, grouped by their target: the CSC layout of the same matrix.
+    # deferred on purpose: scipy.sparse is slow to import, needed only to build
     from scipy.sparse import csr_array
 
     back = csr_array((np.ones(successors.size, np.int8), successors, indptr), shape=(n, n)).tocsc()
-    alive = reach & _reachable(back.indptr, back.indices, np.flatnonzero(dfa.accepting & reach), n)
+    alive = reach & reachable_states(
+        back.indptr, back.indices, np.flatnonzero(dfa.accepting & reach), n
+    )
     if not alive[dfa.initial]:
         raise ConstraintError("the language is empty: no text reaches an accepting state")
     if alive.all():
@@ -316,16 +322,16 @@ def trim(dfa: ByteDFA) -> ByteDFA:
     renumber = np.full(n, REJECT, np.int64)
     renumber[keep] = np.arange(keep.size)
     trimmed = ByteDFA(
-        _relabel(dfa.delta[keep], renumber), dfa.accepting[keep], int(renumber[dfa.initial])
+        relabel_states(dfa.delta[keep], renumber), dfa.accepting[keep], int(renumber[dfa.initial])
     )
     _TRIMMED.add(trimmed)
     return trimmed
 
 
-def _refine_changed(columns, accepting):
+def refine_changed(columns, accepting):
     """Moore's refinement that re-examines only what can change: the coarsest partition stable
     under every column that refines `accepting` (a bool per state, or any int label that
-    equivalent states share, `_longest_words`), as `_refine_exact`, but after the first round
+    equivalent states share, `_longest_words`), as `refine_exact`, but after the first round
     only the predecessors of the states that moved to a new block are hashed again (their
     successors' blocks, a random linear hash mod 2**64; the caller checks the result exactly).
     Within a block, the states not re-examined share one hash (the block was uniform when it was
@@ -399,7 +405,7 @@ def _refine_changed(columns, accepting):
         affected = np.flatnonzero(mark)
 
 
-def _refine_exact(columns, accepting):
+def refine_exact(columns, accepting):
     """Moore's refinement with exact comparisons: the coarsest partition stable under every
     column, each round's signatures (a state's block and its successors' blocks, `REJECT` for
     none) compared as rows. The fallback of `minimize` after a hash collision."""
@@ -434,6 +440,7 @@ def _longest_words(columns, accepting) -> np.ndarray | None:
     topological order (each edge leads to an equal or lower label; checked, `None` if not); the
     longest words are then one pass in that order.
     """
+    # deferred on purpose: scipy.sparse is slow to import, needed only to build
     from scipy.sparse import csr_array
     from scipy.sparse.csgraph import connected_components
 
@@ -481,19 +488,19 @@ def minimize(dfa: ByteDFA) -> ByteDFA:
     labels = None
     if dfa.num_states >= _LONGEST_WORDS_MIN:
         labels = _longest_words(columns, dfa.accepting)
-    blocks, count = _refine_changed(columns, dfa.accepting if labels is None else labels)
+    blocks, count = refine_changed(columns, dfa.accepting if labels is None else labels)
     representative = np.zeros(count, np.int64)
     representative[blocks] = np.arange(dfa.num_states)
-    successor = _relabel(columns, blocks, np.int64)
+    successor = relabel_states(columns, blocks, np.int64)
     consistent = np.array_equal(successor, successor[representative[blocks]]) and np.array_equal(
         dfa.accepting, dfa.accepting[representative[blocks]]
     )
     if not consistent:  # a hash collision merged different states
-        blocks, count = _refine_exact(columns, dfa.accepting)
+        blocks, count = refine_exact(columns, dfa.accepting)
         representative = np.zeros(count, np.int64)
         representative[blocks] = np.arange(dfa.num_states)
     rows = columns[representative]
-    merged = _relabel(rows, blocks)[:, byte_class]
+    merged = relabel_states(rows, blocks)[:, byte_class]
     minimal = ByteDFA(merged, dfa.accepting[representative], int(blocks[dfa.initial]))
     _TRIMMED.add(minimal)  # the blocks of a trimmed DFA's states are reachable and live
     return minimal
@@ -566,7 +573,7 @@ def token_trie(vocabulary: TokenVocabulary) -> TokenTrie:
     return trie
 
 
-def _ragged(ptr, rows):
+def ragged_rows(ptr, rows):
     """`(owner, index)`: for each row `r`, the indices `ptr[r]:ptr[r + 1]`, and which row."""
     starts, counts = ptr[rows], ptr[rows + 1] - ptr[rows]
     owner = np.repeat(np.arange(rows.size), counts)
@@ -574,7 +581,7 @@ def _ragged(ptr, rows):
     return owner, index
 
 
-def _trie_levels(trie: TokenTrie):
+def trie_levels(trie: TokenTrie):
     """`(parent, level_ptr, token_node)`: each node's parent (-1 for the root), the node range of
     each depth (nodes are numbered depth by depth: depth `d` is `level_ptr[d]:level_ptr[d + 1]`),
     and the node each token of `trie.token_ids` ends at. Memoised per trie."""
@@ -614,7 +621,7 @@ def _token_functions(delta, trie: TokenTrie):
     num_classes = columns.shape[1]
     step = np.full((num_states + 1, num_classes), num_states, np.int32)  # row `states`: dead
     step[:num_states] = np.where(columns == REJECT, num_states, columns)
-    parent, level_ptr, _ = _trie_levels(trie)
+    parent, level_ptr, _ = trie_levels(trie)
     node_class = byte_class[trie.byte]
     step_by_class = np.ascontiguousarray(step.T)  # one row per class: a cache-sized `take` table
     identity = np.arange(num_states, dtype=np.int32)  # the empty string's map
@@ -655,7 +662,7 @@ def lift(dfa: ByteDFA, vocabulary: TokenVocabulary, description: str = "") -> To
     dfa = trim(dfa)
     trie = token_trie(vocabulary)
     domains, images, node_function = _token_functions(dfa.delta, trie)
-    _, _, token_node = _trie_levels(trie)
+    _, _, token_node = trie_levels(trie)
     num_states = dfa.num_states
     token_function = np.full(vocabulary.vocab_size, -1, np.int64)
     token_function[trie.token_ids] = node_function[token_node]

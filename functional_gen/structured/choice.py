@@ -2,9 +2,18 @@
 
 from collections.abc import Sequence
 
+import jax.numpy as jnp
+from jaxtyping import Array, Int
+
+from ..processors.base import per_row_field
 from .byte_dfa import regex_automaton
-from .processor import AbstractConstraint, rows_of
-from .regex import escape
+from .processor import (
+    AbstractConstraint,
+    ConstraintTables,
+    automata_tables,
+    rows_of,
+)
+from .regex_syntax import escape
 from .vocabulary import vocabulary_from_tokenizer
 
 
@@ -70,6 +79,9 @@ class Choice(AbstractConstraint):
     Source: outlines' `choice` (`generate.choice`), compiled through outlines-core.
     """
 
+    tables: ConstraintTables
+    constraint_id: Int[Array, "*rows"] = per_row_field()
+
     def __init__(
         self,
         options: Sequence[str] | Sequence[Sequence[str] | None],
@@ -90,4 +102,5 @@ class Choice(AbstractConstraint):
             automata.append(
                 regex_automaton(pattern, vocabulary, description=f"choice {list(group)!r}")
             )
-        self._set_automata(automata, ids)
+        self.tables = automata_tables(automata)
+        self.constraint_id = jnp.asarray(ids, jnp.int32)

@@ -32,7 +32,7 @@ import ast
 import dataclasses
 import re
 
-from .regex import escape
+from .regex_syntax import escape
 
 # lark's common.lark, with ESCAPED_STRING written without look-behind (the same language).
 COMMON_TERMINALS = {
@@ -186,6 +186,7 @@ def parse_grammar(text: str, start: str = "start") -> GrammarSpec:
     """
     if not isinstance(text, str):
         raise TypeError(f"a grammar must be a str, got {type(text).__name__}")
+    # deferred on purpose: lark loads only when a grammar is parsed
     import lark
     from lark.load_grammar import GrammarBuilder
 
@@ -218,6 +219,7 @@ def parse_grammar(text: str, start: str = "start") -> GrammarSpec:
         return resolved[name]
 
     def convert(tree, terminal: bool = False):
+        # deferred on purpose: lark loads only when a grammar is parsed
         from lark import Tree
         from lark.grammar import NonTerminal, Terminal as LarkTerminal
 
@@ -390,6 +392,7 @@ def gbnf_to_lark(text: str) -> str:
     """
     if not isinstance(text, str):
         raise TypeError(f"a GBNF grammar must be a str, got {type(text).__name__}")
+    # deferred on purpose: llguidance (native) loads only for GBNF
     from llguidance.gbnf_to_lark import GbnfToLarkError, gbnf_to_lark as convert
 
     try:

@@ -32,6 +32,9 @@ import typing
 
 import numpy as np
 
+from .automaton import unique_columns
+from .byte_dfa import REJECT, ByteDFA, minimize, regex_byte_dfa, trim
+
 # Nested helpers that run per byte, state or schema node are `@typing.no_type_check`: the
 # tests' jaxtyping import hook would wrap every call of them (30-40 us each, and a fresh
 # wrapper per definition), which was most of the structured tests' time.
@@ -95,7 +98,9 @@ def _intersect(a, b):
     return _normalize(out)
 
 
-def _class_char(cp: int) -> str:
+def class_char(cp: int) -> str:
+    """The code point `cp` written for inside a regex character class (`[...]`), escaped where
+    it would be read as syntax or is a control character."""
     ch = chr(cp)
     if ch in "\\]^-[&~" or cp < 0x20 or cp == 0x7F:
         return f"\\x{{{cp:x}}}" if cp < 0x20 or cp == 0x7F else "\\" + ch
@@ -129,7 +134,7 @@ def _emit_set(ranges, *, broad: bool = False) -> str:
             alternatives.append(_literal(plain[0][0]))
         else:
             body = "".join(
-                _class_char(lo) if lo == hi else f"{_class_char(lo)}-{_class_char(hi)}"
+                class_char(lo) if lo == hi else f"{class_char(lo)}-{class_char(hi)}"
                 for lo, hi in plain
             )
             alternatives.append(f"[{body}]")
@@ -509,7 +514,6 @@ def _count_levels(dfa, lexer_next, lexer_counts, top: int, saturate: bool) -> li
     new characters. The pairs entering count `c + 1` depend only on those entering `c`: once two
     counts in a row are entered by the same pairs, every count up to `top - 1` repeats that level,
     so a counter of thousands costs a few levels, not one numpy pass per counted character."""
-    from .byte_dfa import REJECT
 
     pairs = dfa.num_states * _LEXER_STATES
 
@@ -560,7 +564,6 @@ def intersect_dfas(a, b, *, max_states: int):
     Source: the product construction of finite automata (Rabin & Scott 1959, "Finite automata
     and their decision problems").
     """
-    from .byte_dfa import REJECT, ByteDFA, trim
 
     width = b.num_states
     start = a.initial * width + b.initial
@@ -627,7 +630,6 @@ _LENGTH_BOUNDED_MEMO = 16
 
 def _length_bounded_dfa(body, min_length: int, max_length: int | None, *, max_states: int):
     """`length_bounded_dfa` without the memo."""
-    from .byte_dfa import REJECT, ByteDFA, minimize, regex_byte_dfa, trim
 
     if min_length < 0 or (max_length is not None and max_length < min_length):
         raise ValueError(f"bad string lengths: minLength {min_length}, maxLength {max_length}")
@@ -645,7 +647,6 @@ def _length_bounded_dfa(body, min_length: int, max_length: int | None, *, max_st
     # Bytes that the body DFA and the lexer treat alike are one column (about 20 of 256 for a
     # plain string body): the product is built over those classes and widened at the end
     # (maxLength 5,000: 1.7 -> 0.3 s).
-    from .automaton import unique_columns
 
     _, byte_class = unique_columns(np.concatenate([dfa.delta, lexer_next, lexer_counts]))
     first_byte = np.zeros(int(byte_class.max()) + 1, np.int64)
@@ -711,7 +712,6 @@ def difference_dfas(a, b, *, max_states: int):
     **Raises:** as `intersect_dfas`: `ValueError` beyond `max_states` reachable pairs,
     `ConstraintError` when every text of `a` is also in `b`.
     """
-    from .byte_dfa import REJECT, ByteDFA
 
     sink = b.num_states
     delta = np.full((sink + 1, b.delta.shape[1]), sink, np.int32)
@@ -734,7 +734,6 @@ def dfa_regex(dfa, *, max_chars: int) -> str:
     when the regex, or any edge during the elimination, would exceed `max_chars` characters (a
     DFA of a few dozen states can need an exponentially long regex).
     """
-    from .byte_dfa import REJECT
 
     live = dfa.delta != REJECT
     if live[:, :0x20].any() or live[:, 0x7F:].any():

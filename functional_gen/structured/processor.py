@@ -42,16 +42,8 @@ from jaxtyping import Array, Float, Int
 
 from ..processors.base import AbstractLogitsProcessor, Context, per_row_field
 from .automaton import DEAD, INFINITE_DISTANCE, INITIAL, TokenAutomaton
-
-
-def _bucket(n: int, smallest: int = 8) -> int:
-    """`n` rounded up to the next of 8, 12, 16, 24, 32, 48, ... (powers of two and 1.5 times
-    powers of two): table shapes in buckets, so that a new constraint of a similar size reuses the
-    compiled generation loop (as prompt lengths do)."""
-    size = smallest
-    while size < n:
-        size = size * 3 // 2 if size & (size - 1) == 0 else size * 4 // 3
-    return size
+from .buckets import bucket
+from .pushdown import PushdownConstraint
 
 
 def _concatenate(automata: Sequence[TokenAutomaton]):
@@ -69,9 +61,9 @@ def _concatenate(automata: Sequence[TokenAutomaton]):
         raise ValueError(
             f"constraints with different end-of-generation ids cannot share a batch: {sorted(eos)}"
         )
-    num_classes = _bucket(max(a.num_classes for a in automata))
+    num_classes = bucket(max(a.num_classes for a in automata))
     offsets = np.cumsum([0] + [a.num_states - 1 for a in automata[:-1]])
-    total = _bucket(1 + sum(a.num_states - 1 for a in automata), 16)
+    total = bucket(1 + sum(a.num_states - 1 for a in automata), 16)
     transitions = np.zeros((total, num_classes), np.int32)
     distance = np.full(total, INFINITE_DISTANCE, np.int32)
     for a, offset in zip(automata, offsets):
@@ -87,12 +79,11 @@ def _concatenate(automata: Sequence[TokenAutomaton]):
     return token_class, transitions, distance, initial, next(iter(eos))
 
 
-class AbstractConstraint(AbstractLogitsProcessor):
-    """Base of the structured-generation processors (`Regex`, `JsonSchema`, `Choice`,
-    `Grammar`): a stack of token automata evaluated on the device.
+class ConstraintTables(eqx.Module):
+    """The device tables of a constraint processor, shared by all its rows: token automata in
+    one state space (see the module docstring), or a pushdown automaton.
 
-    Subclasses only compile their inputs to `TokenAutomaton`s and call `_set_automata`; the
-    state, the mask and the advance live here (see the module docstring).
+    Build it with `automata_tables` or `pushdown_tables`.
 
     **Attributes:**
 
@@ -102,48 +93,112 @@ class AbstractConstraint(AbstractLogitsProcessor):
       state); classes are padded to the widest constraint.
     - `distance`: `Int[Array, " states"]`, fewest tokens to an accepting state.
     - `initial_state`: `Int[Array, " constraints"]`, each constraint's initial state.
-    - `constraint_id`: `Int[Array, "*rows"]`, which constraint a row follows: a scalar for all
-      rows, or one value per row; `-1` leaves a row unconstrained.
     - `eos_token_id`: static tuple of the end-of-generation ids the tables allow in accepting
       states. Generation must stop on these ids (the default of `generate` for the model's EOS
       ids; pass the model's ids to the constructor if they differ).
+    - `pushdown`: the `PushdownConstraint` that runs instead of the token automata (which then
+      hold one constraint that allows nothing and are not used), or `None`.
+    - `token_recipe`: for a pushdown automaton that also has a token-automaton form (a
+      `JsonSchema`): the key of the function that builds it (`register_token_recipe`), which
+      `per_row` calls. An int32 array, not a static field: processors of different schemas keep
+      one tree structure, so `generate` does not recompile for a new schema of the same table
+      sizes.
     """
 
     token_class: Int[Array, "constraints vocab"]
     transitions: Int[Array, "states classes"]
     distance: Int[Array, " states"]
     initial_state: Int[Array, " constraints"]
-    constraint_id: Int[Array, "*rows"] = per_row_field()
     eos_token_id: tuple[int, ...] = eqx.field(static=True)
-    pushdown: "PushdownConstraint | None" = None  # noqa: F821 (structured.pda imports this module)
+    pushdown: PushdownConstraint | None = None
     token_recipe: Int[Array, ""] | None = None
-    """For a pushdown automaton that also has a token-automaton form (a `JsonSchema`): the key
-    of the function that builds it (`register_token_recipe`), which `per_row` calls. An int32
-    array, not a static field: processors of different schemas keep one tree structure, so
-    `generate` does not recompile for a new schema of the same table sizes."""
 
-    def _set_automata(self, automata: Sequence[TokenAutomaton], constraint_id) -> None:
-        self.pushdown = None
-        token_class, transitions, distance, initial, eos = _concatenate(automata)
-        self.token_class = jnp.asarray(token_class)
-        self.transitions = jnp.asarray(transitions)
-        self.distance = jnp.asarray(distance)
-        self.initial_state = jnp.asarray(initial)
-        self.constraint_id = jnp.asarray(constraint_id, jnp.int32)
-        self.eos_token_id = tuple(eos)
 
-    def _set_pushdown(self, automaton, constraint_id) -> None:
-        """Run a `PushdownAutomaton` instead of token automata (`structured.pda`); the token
-        automaton fields then hold one constraint that allows nothing and are not used."""
-        from .pda import PushdownConstraint
+def automata_tables(automata: Sequence[TokenAutomaton]) -> ConstraintTables:
+    """The tables of token automata in one state space, padded to buckets (`_concatenate`).
 
-        self.pushdown = PushdownConstraint(automaton, constraint_id)
-        self.token_class = jnp.zeros((1, 1), jnp.int32)
-        self.transitions = jnp.zeros((2, 1), jnp.int32)
-        self.distance = jnp.zeros(2, jnp.int32)
-        self.initial_state = jnp.ones(1, jnp.int32)
-        self.constraint_id = jnp.asarray(constraint_id, jnp.int32)
-        self.eos_token_id = tuple(automaton.eos_token_id)
+    **Raises:** `ValueError` for automata of different vocabularies or EOS ids."""
+    token_class, transitions, distance, initial, eos = _concatenate(automata)
+    return ConstraintTables(
+        token_class=jnp.asarray(token_class),
+        transitions=jnp.asarray(transitions),
+        distance=jnp.asarray(distance),
+        initial_state=jnp.asarray(initial),
+        eos_token_id=tuple(eos),
+    )
+
+
+def pushdown_tables(
+    automaton, constraint_id, token_recipe: Int[Array, ""] | None = None
+) -> ConstraintTables:
+    """The tables that run a `PushdownAutomaton` (`structured.pushdown`) for the rows of
+    `constraint_id`; the token-automaton tables then hold one constraint that allows nothing
+    and are not used. `token_recipe`: see `ConstraintTables`."""
+    return ConstraintTables(
+        token_class=jnp.zeros((1, 1), jnp.int32),
+        transitions=jnp.zeros((2, 1), jnp.int32),
+        distance=jnp.zeros(2, jnp.int32),
+        initial_state=jnp.ones(1, jnp.int32),
+        eos_token_id=tuple(automaton.eos_token_id),
+        pushdown=PushdownConstraint(automaton, constraint_id),
+        token_recipe=token_recipe,
+    )
+
+
+class AbstractConstraint(AbstractLogitsProcessor):
+    """Base of the structured-generation processors (`Regex`, `JsonSchema`, `Choice`,
+    `Grammar`, `TokenConstraint`): a stack of token automata evaluated on the device.
+
+    A subclass only compiles its inputs to `TokenAutomaton`s (or a `PushdownAutomaton`) and
+    declares two fields: `tables` (`automata_tables(...)` or `pushdown_tables(...)`) and
+    `constraint_id` (a `per_row_field`); the state, the mask and the advance live here (see the
+    module docstring). The tables' fields read as the processor's own (`token_class`,
+    `transitions`, `distance`, `initial_state`, `eos_token_id`, `pushdown`, `token_recipe`).
+
+    **Attributes:**
+
+    - `tables`: the `ConstraintTables`, shared by all rows.
+    - `constraint_id`: `Int[Array, "*rows"]`, which constraint a row follows: a scalar for all
+      rows, or one value per row; `-1` leaves a row unconstrained.
+    """
+
+    tables: eqx.AbstractVar[ConstraintTables]
+    constraint_id: eqx.AbstractVar[Int[Array, "*rows"]]
+
+    @property
+    def token_class(self) -> Int[Array, "constraints vocab"]:
+        """Each token's class per constraint (`ConstraintTables.token_class`)."""
+        return self.tables.token_class
+
+    @property
+    def transitions(self) -> Int[Array, "states classes"]:
+        """Next state per state and class (`ConstraintTables.transitions`)."""
+        return self.tables.transitions
+
+    @property
+    def distance(self) -> Int[Array, " states"]:
+        """Fewest tokens to an accepting state (`ConstraintTables.distance`)."""
+        return self.tables.distance
+
+    @property
+    def initial_state(self) -> Int[Array, " constraints"]:
+        """Each constraint's initial state (`ConstraintTables.initial_state`)."""
+        return self.tables.initial_state
+
+    @property
+    def eos_token_id(self) -> tuple[int, ...]:
+        """The end-of-generation ids the tables allow (`ConstraintTables.eos_token_id`)."""
+        return self.tables.eos_token_id
+
+    @property
+    def pushdown(self) -> PushdownConstraint | None:
+        """The pushdown automaton that runs instead of the token automata, or `None`."""
+        return self.tables.pushdown
+
+    @property
+    def token_recipe(self) -> Int[Array, ""] | None:
+        """The key of a pushdown constraint's token-automaton form (`register_token_recipe`)."""
+        return self.tables.token_recipe
 
     @property
     def num_constraints(self) -> int:
@@ -207,6 +262,9 @@ class TokenConstraint(AbstractConstraint):
     **Raises:** `ValueError` for automata of different vocabularies, or ids out of range.
     """
 
+    tables: ConstraintTables
+    constraint_id: Int[Array, "*rows"] = per_row_field()
+
     def __init__(self, automata: TokenAutomaton | Sequence[TokenAutomaton], constraint_id=None):
         if isinstance(automata, TokenAutomaton):
             automata = [automata]
@@ -229,7 +287,8 @@ class TokenConstraint(AbstractConstraint):
             raise ValueError(
                 f"`constraint_id` must be an int or one int per row in [-1, {len(automata)}), got {constraint_id!r}"
             )
-        self._set_automata(automata, ids)
+        self.tables = automata_tables(automata)
+        self.constraint_id = jnp.asarray(ids, jnp.int32)
 
 
 _TOKEN_RECIPES: dict[int, tuple[Callable[[], TokenAutomaton], str]] = {}

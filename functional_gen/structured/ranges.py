@@ -23,6 +23,10 @@ the syntax common to Rust's `regex` and Python's `re`.
 import typing
 from decimal import Decimal
 
+import numpy as np
+
+from .byte_dfa import REJECT, ByteDFA, minimize, trim
+
 # Nested helpers that run per byte, state or schema node are `@typing.no_type_check`: the
 # tests' jaxtyping import hook would wrap every call of them (30-40 us each, and a fresh
 # wrapper per definition), which was most of the structured tests' time.
@@ -413,9 +417,6 @@ def multiple_of_dfa(step, *, integer: bool):
     Source: the remainder automaton of divisibility (e.g. Hopcroft & Ullman 1979, exercise
     2.23: binary numbers divisible by a constant), read in base 10.
     """
-    import numpy as np
-
-    from .byte_dfa import REJECT, ByteDFA, minimize, trim
 
     exact = Decimal(repr(step)) if isinstance(step, float) else Decimal(step)
     if not exact.is_finite() or exact <= 0:

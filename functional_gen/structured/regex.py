@@ -2,80 +2,19 @@
 
 from collections.abc import Sequence
 
+import jax.numpy as jnp
+from jaxtyping import Array, Int
+
+from ..processors.base import per_row_field
 from .byte_dfa import regex_automaton
-from .processor import AbstractConstraint, rows_of
+from .processor import (
+    AbstractConstraint,
+    ConstraintTables,
+    automata_tables,
+    rows_of,
+)
+from .regex_syntax import ascii_classes as ascii_classes, escape as escape
 from .vocabulary import vocabulary_from_tokenizer
-
-_META = set("\\.+*?()|[]{}^$#&-~")
-
-
-def escape(text: str) -> str:
-    """A regex (Rust `regex` syntax, also valid for Python's `re`) matching exactly `text`."""
-    out = []
-    for ch in text:
-        if ch in _META:
-            out.append("\\" + ch)
-        elif ch == "\n":
-            out.append("\\n")
-        elif ch == "\t":
-            out.append("\\t")
-        elif ch == "\r":
-            out.append("\\r")
-        elif ord(ch) < 0x20 or ord(ch) == 0x7F:
-            out.append(f"\\x{ord(ch):02x}")
-        else:
-            out.append(ch)
-    return "".join(out)
-
-
-_ASCII_CLASSES = {"d": "0-9", "w": "0-9A-Za-z_"}
-
-
-def ascii_classes(pattern: str) -> str:
-    """`pattern` (Rust `regex` syntax) with `\\d`, `\\D`, `\\w`, `\\W` made ASCII, as in
-    ECMA-262 (JavaScript) and in Python's `re.ASCII`: `\\d` is `[0-9]`, `\\w` is
-    `[0-9A-Za-z_]`, inside character classes too. `\\s` and `\\b` are left as they are.
-
-    Rust's `regex` (outlines-core's engine) reads them as Unicode classes: `\\d{3}` then also
-    allows `٣` or `🯸` (U+1FBF8), and its automaton is about 10 times bigger.
-    """
-    out, i, depth = [], 0, 0
-    while i < len(pattern):
-        ch = pattern[i]
-        if ch == "\\" and i + 1 < len(pattern):
-            nxt = pattern[i + 1]
-            if nxt.lower() in _ASCII_CLASSES:
-                members = _ASCII_CLASSES[nxt.lower()]
-                if nxt.islower():
-                    out.append(members if depth else f"[{members}]")
-                else:
-                    out.append(f"[^{members}]")
-            else:
-                out.append(pattern[i : i + 2])
-            i += 2
-            continue
-        if ch == "[":
-            if depth and pattern.startswith("[:", i):  # an ASCII class like [:alpha:]
-                end = pattern.find(":]", i + 2)
-                if end != -1:
-                    out.append(pattern[i : end + 2])
-                    i = end + 2
-                    continue
-            depth += 1
-            out.append(ch)
-            i += 1
-            if pattern.startswith("^", i):
-                out.append("^")
-                i += 1
-            if pattern.startswith("]", i):  # a leading ] is a literal
-                out.append("]")
-                i += 1
-            continue
-        if ch == "]" and depth:
-            depth -= 1
-        out.append(ch)
-        i += 1
-    return "".join(out)
 
 
 class Regex(AbstractConstraint):
@@ -125,6 +64,9 @@ class Regex(AbstractConstraint):
     the in-graph tables are ours.
     """
 
+    tables: ConstraintTables
+    constraint_id: Int[Array, "*rows"] = per_row_field()
+
     def __init__(
         self,
         pattern: str | Sequence[str | None],
@@ -140,4 +82,5 @@ class Regex(AbstractConstraint):
         patterns, ids = rows_of(pattern, lambda p: isinstance(p, str), "pattern", "a regex string")
         if not unicode:
             patterns = [ascii_classes(p) for p in patterns]
-        self._set_automata([regex_automaton(p, vocabulary) for p in patterns], ids)
+        self.tables = automata_tables([regex_automaton(p, vocabulary) for p in patterns])
+        self.constraint_id = jnp.asarray(ids, jnp.int32)

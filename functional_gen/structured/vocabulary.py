@@ -72,6 +72,7 @@ class TokenVocabulary:
         end-of-generation id (or `vocab_size` when there is none) and export EOS transitions for
         all of `eos_token_id` ourselves (see `functional_gen.structured.automaton`).
         """
+        # deferred on purpose: the Rust extension loads only when a regex compiles
         from outlines_core import Vocabulary
 
         return Vocabulary(self.outlines_eos_id, self.byte_map)
@@ -128,12 +129,32 @@ def _normalize_eos(eos_token_id, vocab_size: int) -> tuple[int, ...]:
 
 
 _MEMO: "weakref.WeakKeyDictionary[object, dict]" = weakref.WeakKeyDictionary()
+"""The one cache of tokenizer conversions (see `vocabulary_from_tokenizer`): per tokenizer
+object, held by a weak reference (an entry goes with its tokenizer), a dict keyed by
+`("bytes", len(tokenizer), vocab_size)` for the converted token bytes, `("eos",
+len(tokenizer))` for the default EOS ids, and `(len(tokenizer), vocab_size, eos ids)` for the
+`TokenVocabulary`."""
+
+
+def _length(tokenizer) -> int | None:
+    """`len(tokenizer)` (it grows when tokens are added), or None for an object without one."""
+    try:
+        return len(tokenizer)
+    except TypeError:
+        return None
 
 
 def vocabulary_from_tokenizer(
     tokenizer, *, eos_token_id: int | Sequence[int] | None = None, vocab_size: int | None = None
 ) -> TokenVocabulary:
-    """The `TokenVocabulary` of a transformers tokenizer (memoised per tokenizer object).
+    """The `TokenVocabulary` of a transformers tokenizer, converted once per tokenizer.
+
+    Every constraint (`Regex`, `JsonSchema`, `Choice`, `Grammar`) takes its vocabulary from
+    here, so the tokenizer's tokens are converted to bytes (`token_bytes_table`) once per
+    tokenizer object, its length (`len(tokenizer)`, which changes when tokens are added) and
+    `vocab_size`, however many constraints are built; the `TokenVocabulary` itself once more per
+    set of EOS ids. The cache holds the tokenizer by a weak reference (`_MEMO`); a tokenizer that
+    cannot be weakly referenced is converted on every call.
 
     **Arguments:**
 
@@ -144,7 +165,8 @@ def vocabulary_from_tokenizer(
     - `vocab_size`: ids to cover, e.g. the model's `vocab_size` when its embedding has unused
       rows; default: the tokenizer's.
 
-    **Returns:** a `TokenVocabulary`; end-of-generation ids never count as text.
+    **Returns:** a `TokenVocabulary`; end-of-generation ids never count as text. The same object
+    for the same tokenizer, length, `vocab_size` and EOS ids.
 
     **Raises:** `ValueError` for EOS ids outside the vocabulary or a `vocab_size` smaller than the
     tokenizer's vocabulary.
@@ -153,22 +175,26 @@ def vocabulary_from_tokenizer(
         memo = _MEMO.setdefault(tokenizer, {})
     except TypeError:  # not weak-referenceable: no memo
         memo = {}
-    key = (
-        None if eos_token_id is None else tuple(np.atleast_1d(eos_token_id).tolist()),
-        vocab_size,
-    )
+    length = _length(tokenizer)
+    bytes_key = ("bytes", length, vocab_size)
+    if bytes_key not in memo:
+        memo[bytes_key] = tuple(token_bytes_table(tokenizer, vocab_size)[0])
+    table = memo[bytes_key]
+    if eos_token_id is None:
+        if ("eos", length) not in memo:
+            memo["eos", length] = default_eos_token_ids(tokenizer)
+        eos_token_id = memo["eos", length]
+    eos = _normalize_eos(eos_token_id, len(table))
+    key = (length, vocab_size, eos)
     if key in memo:
         return memo[key]
-    table, _ = token_bytes_table(tokenizer, vocab_size)
-    eos = _normalize_eos(
-        default_eos_token_ids(tokenizer) if eos_token_id is None else eos_token_id, len(table)
-    )
+    token_bytes = list(table)
     for i in eos:
-        table[i] = None
+        token_bytes[i] = None
     digest = hashlib.sha256()
     digest.update(repr(eos).encode())
-    for b in table:
+    for b in token_bytes:
         digest.update(b"\xff" if b is None else len(b).to_bytes(4, "little") + b)
-    vocabulary = TokenVocabulary(tuple(table), eos, digest.hexdigest())
+    vocabulary = TokenVocabulary(tuple(token_bytes), eos, digest.hexdigest())
     memo[key] = vocabulary
     return vocabulary

@@ -37,7 +37,7 @@ def random_model(tokenizer):
 
 
 def _assert_tables_equal(new, old):
-    """Two `pda._token_tables` results are identical: arrays in dtype, shape and value."""
+    """Two `pushdown.token_tables` results are identical: arrays in dtype, shape and value."""
     assert len(new) == len(old)
     for a, b in zip(new, old):
         if isinstance(b, np.ndarray):
@@ -49,13 +49,13 @@ def _assert_tables_equal(new, old):
 
 @pytest.fixture
 def checked_token_tables(monkeypatch):
-    """`pda._token_tables` checked, table for table, against the old walk
+    """`pushdown.token_tables` checked, table for table, against the old walk
     (`tests/structured/pda_reference.py`) on every build; yields the list of checked builds."""
-    from functional_gen.structured import pda as pda_module
+    from functional_gen.structured.pushdown import building
 
     from .pda_reference import token_tables_reference
 
-    fast, checked = pda_module._token_tables, []
+    fast, checked = building.token_tables, []
 
     def both(*args):
         new = fast(*args)
@@ -63,5 +63,5 @@ def checked_token_tables(monkeypatch):
         checked.append(args[0].shape[0])
         return new
 
-    monkeypatch.setattr(pda_module, "_token_tables", both)
+    monkeypatch.setattr(building, "token_tables", both)
     return checked

@@ -1,13 +1,13 @@
-"""The token-table walk of `functional_gen.structured.pda` as it was before it was made
+"""The token-table walk of `functional_gen.structured.pushdown` as it was before it was made
 faster (one walk per pass-1 position spread over its slots, every origin merged whenever one
-branches): the reference that `test_pda.py` checks the fast `_token_tables` against, table
+branches): the reference that `test_pda.py` checks the fast `token_tables` against, table
 for table."""
 
 import numpy as np
 
-from functional_gen.structured.byte_dfa import _ragged, token_trie
-from functional_gen.structured.pda import _BOTTOM, MAX_LEVELS, POP
-from functional_gen.structured.processor import _bucket
+from functional_gen.structured.buckets import bucket
+from functional_gen.structured.byte_dfa import ragged_rows, token_trie
+from functional_gen.structured.pushdown import BOTTOM, MAX_LEVELS, POP
 from functional_gen.structured.vocabulary import TokenVocabulary
 
 
@@ -63,14 +63,14 @@ def token_tables_reference(
                     work.append((stack[-1], stack[:-1], low, first))
                 elif first is not None:
                     returned = True
-                    if first == _BOTTOM:
+                    if first == BOTTOM:
                         death = True
                     else:
                         work.append((first, (), low - 1, None))
                 else:
                     returned = True
                     for s in position_sites[p]:
-                        if s == _BOTTOM or low - 1 < -stack_depth:
+                        if s == BOTTOM or low - 1 < -stack_depth:
                             death = True
                         elif s not in seen:
                             seen.add(s)
@@ -155,7 +155,7 @@ def token_tables_reference(
         unique_keys = True  # one extended state per (origin, node): no merging needed
         found = ([], [], [], [], [])
         while origin.size:
-            owner, child = _ragged(trie.child_ptr, node)
+            owner, child = ragged_rows(trie.child_ptr, node)
             if not owner.size:
                 break
             e, b = ext[owner], trie.byte[child]
@@ -211,7 +211,7 @@ def token_tables_reference(
                 np.maximum.at(kpeak, inv2, info_peak[kext])
                 kcost = np.zeros(reached.size, np.int64)
                 np.maximum.at(kcost, inv2, cost[kext])
-            holder, tindex = _ragged(trie.token_ptr, reached % num_nodes)
+            holder, tindex = ragged_rows(trie.token_ptr, reached % num_nodes)
             found[0].append(reached[holder] // num_nodes)
             found[1].append(trie.token_ids[tindex])
             found[2].append(~poison[first][holder])
@@ -274,7 +274,7 @@ def token_tables_reference(
 
     cand_origin, cand_token = f_origin[~sure], f_token[~sure]
     per_origin = np.bincount(cand_origin, minlength=num_origins)
-    width = _bucket(int(per_origin.max(initial=0)), 8)
+    width = bucket(int(per_origin.max(initial=0)), 8)
     candidates = np.full((num_positions, num_slots, width), vocab, np.int32)
     order = np.argsort(cand_origin, kind="stable")
     cand_origin, cand_token = cand_origin[order], cand_token[order]

@@ -100,7 +100,7 @@ def _walk_lift(dfa, vocabulary):
     """The reference lifting: walk every (state, trie node) pair along the trie, level by level
     (what `lift` did before it composed per-node state maps)."""
     from functional_gen.structured.automaton import from_transitions
-    from functional_gen.structured.byte_dfa import REJECT, _ragged, token_trie, trim
+    from functional_gen.structured.byte_dfa import REJECT, ragged_rows, token_trie, trim
 
     dfa = trim(dfa)
     trie = token_trie(vocabulary)
@@ -108,11 +108,11 @@ def _walk_lift(dfa, vocabulary):
     origin, current, node = states, states, np.zeros(states.size, np.int64)
     src, tok, dst = [], [], []
     while origin.size:
-        owner, child = _ragged(trie.child_ptr, node)
+        owner, child = ragged_rows(trie.child_ptr, node)
         nxt = dfa.delta[current[owner], trie.byte[child]]
         alive = nxt != REJECT
         origin, current, node = origin[owner[alive]], nxt[alive].astype(np.int64), child[alive]
-        holder, index = _ragged(trie.token_ptr, node)
+        holder, index = ragged_rows(trie.token_ptr, node)
         src.append(origin[holder])
         tok.append(trie.token_ids[index])
         dst.append(current[holder])
@@ -285,12 +285,12 @@ def test_trim_equals_a_python_reachability_search():
 
 
 def test_hashed_refinement_equals_the_exact_one():
-    # `_refine_changed` (hashes, only the predecessors of moved states re-examined) against
+    # `refine_changed` (hashes, only the predecessors of moved states re-examined) against
     # Moore's rounds with exact row comparisons: schema automata, random trimmed DFAs, and
     # small random tables with unreachable and dead states and few symbols (long chains of
     # splits)
     from functional_gen.structured.automaton import unique_columns
-    from functional_gen.structured.byte_dfa import _refine_changed, _refine_exact, trim
+    from functional_gen.structured.byte_dfa import refine_changed, refine_exact, trim
 
     rng = np.random.default_rng(2)
     dfas = [regex_byte_dfa(json_schema_regex(SCHEMAS[n][1])) for n in ("person", "order", "tree")]
@@ -305,8 +305,8 @@ def test_hashed_refinement_equals_the_exact_one():
         n, c = int(rng.integers(1, 60)), int(rng.integers(1, 5))
         tables.append((rng.integers(-1, n, (n, c)), rng.random(n) < 0.3))
     for columns, accepting in tables:
-        hashed, count = _refine_changed(columns, accepting)
-        exact, exact_count = _refine_exact(columns, accepting)
+        hashed, count = refine_changed(columns, accepting)
+        exact, exact_count = refine_exact(columns, accepting)
         assert count == exact_count
         # the same partition (block ids may differ)
         pairs = np.unique(np.stack([hashed, exact]), axis=1)
@@ -365,11 +365,11 @@ def test_minimize_from_longest_words_equals_moores_rounds(pattern):
     # `minimize` starts large automata from their longest words; the partition must be the one
     # Moore's rounds reach from accepting / not accepting alone
     from functional_gen.structured.automaton import unique_columns
-    from functional_gen.structured.byte_dfa import _refine_exact, trim
+    from functional_gen.structured.byte_dfa import refine_exact, trim
 
     dfa = trim(regex_byte_dfa(pattern))
     assert dfa.num_states >= 256
-    _, expected = _refine_exact(unique_columns(dfa.delta)[0], dfa.accepting)
+    _, expected = refine_exact(unique_columns(dfa.delta)[0], dfa.accepting)
     small = minimize(dfa)
     assert small.num_states == expected
     python = re.compile(pattern)

@@ -194,7 +194,7 @@ def test_a_schema_that_passed_its_metaschema_is_not_checked_again(monkeypatch):
         return original(cls, schema, *args, **kwargs)
 
     monkeypatch.setattr(jsonschema.Draft202012Validator, "check_schema", classmethod(counted))
-    monkeypatch.setattr(js, "_CHECKED", collections.OrderedDict())
+    monkeypatch.setattr(js.dialect, "CHECKED", collections.OrderedDict())
     schema = {"type": "object", "properties": {"a": {"type": "integer", "minimum": 3}}}
     js.check_schema(schema)
     js.check_schema({"properties": {"a": {"minimum": 3, "type": "integer"}}, "type": "object"})
@@ -209,17 +209,17 @@ def test_a_schema_that_passed_its_metaschema_is_not_checked_again(monkeypatch):
 
 
 def test_the_keys_other_than_listed_names_are_written_once_per_list():
-    """`_key_not_in` is memoised by the names in order (MaskBench kb_1161's `$ref` expansion
+    """`key_not_in` is memoised by the names in order (MaskBench kb_1161's `$ref` expansion
     writes 12,725 open objects from a few hundred property lists: 9.2 -> 3.9 s with the memo)."""
-    from functional_gen.structured.json_schema import _key_not_in, _key_not_in_memo
+    from functional_gen.structured.json_schema.keys import key_not_in, key_not_in_memo
 
     names = [f"memoKey{i}" for i in range(40)]
-    before = _key_not_in_memo.cache_info()
-    first = _key_not_in(names)
-    assert _key_not_in(list(names)) is first
-    after = _key_not_in_memo.cache_info()
+    before = key_not_in_memo.cache_info()
+    first = key_not_in(names)
+    assert key_not_in(list(names)) is first
+    after = key_not_in_memo.cache_info()
     assert (after.misses - before.misses, after.hits - before.hits) == (1, 1)
-    assert re.fullmatch(_key_not_in(names[::-1]), "memoKey7") is None
+    assert re.fullmatch(key_not_in(names[::-1]), "memoKey7") is None
 
 
 def test_strict_false_drops_unenforceable_keywords_with_one_warning():
@@ -486,20 +486,20 @@ def test_number_constants_accept_the_spellings_of_other_serialisers():
     ],
 )
 def test_additional_keys_of_plain_names_are_the_same_language_as_the_general_form(names):
-    """`_key_not_in` writes the keys other than plain ASCII names with shared tails (about a
+    """`key_not_in` writes the keys other than plain ASCII names with shared tails (about a
     tenth of the automaton); the language is the general trie form's."""
     from functional_gen.structured.automaton import ConstraintError
     from functional_gen.structured.byte_dfa import minimize, regex_byte_dfa
-    from functional_gen.structured.json_schema import _key_not_in, _key_not_in_units
+    from functional_gen.structured.json_schema.keys import key_not_in, key_not_in_units
     from functional_gen.structured.patterns import difference_dfas
 
-    fast = minimize(regex_byte_dfa(_key_not_in(names)))
-    general = minimize(regex_byte_dfa(_key_not_in_units(names)))
-    assert _key_not_in(names) != _key_not_in_units(names)
+    fast = minimize(regex_byte_dfa(key_not_in(names)))
+    general = minimize(regex_byte_dfa(key_not_in_units(names)))
+    assert key_not_in(names) != key_not_in_units(names)
     for a, b in ((fast, general), (general, fast)):
         with pytest.raises(ConstraintError):  # nothing in one and not in the other
             difference_dfas(a, b, max_states=10**6)
-    keys = re.compile(_key_not_in(names))
+    keys = re.compile(key_not_in(names))
     for text in [*names, "", "a", "ab", "zz", "é", "a\\n", "allowCloud1x", "allowCloud11"]:
         assert bool(keys.fullmatch(text)) == (text not in names), text
 
@@ -733,7 +733,7 @@ def test_complex_pattern_properties_leave_keys_that_do_not_start_like_them():
 
     import jsonschema
 
-    from functional_gen.structured.json_schema import _KEY_PREFIX_DEPTHS
+    from functional_gen.structured.json_schema.keys import KEY_PREFIX_DEPTHS
 
     schema = {
         "type": "object",
@@ -753,8 +753,8 @@ def test_complex_pattern_properties_leave_keys_that_do_not_start_like_them():
         assert not validator.is_valid(document) and not regex.fullmatch(json.dumps(document))
     # the documented gap: a key that starts like a language tag but is none (the pattern does
     # not match it, so any value is valid) is not offered; nothing invalid is
-    # (its first `_KEY_PREFIX_DEPTHS[0]` characters start a language tag)
-    assert len("description_abcd") == _KEY_PREFIX_DEPTHS[0]
+    # (its first `KEY_PREFIX_DEPTHS[0]` characters start a language tag)
+    assert len("description_abcd") == KEY_PREFIX_DEPTHS[0]
     gap = {"description_abcd-x": 1, "description_zz-": 2}
     assert validator.is_valid(gap) and not regex.fullmatch(json.dumps(gap))
     assert regex.fullmatch(json.dumps({"description_zz-": 2}))  # shorter: decided exactly

@@ -13,7 +13,7 @@ import pytest
 
 import functional_gen as fg
 from functional_gen.structured import json_schema as js
-from functional_gen.structured.pda import NotDeterministic, PushdownAutomaton
+from functional_gen.structured.pushdown import NotDeterministic, PushdownAutomaton
 from functional_gen.structured.regex import escape
 from functional_gen.structured.vocabulary import TokenVocabulary
 
@@ -85,9 +85,9 @@ def _explode(levels: int) -> dict:
 @pytest.fixture
 def small_rules(monkeypatch):
     """Every schema compiles to the grammar form, and subschemas of 200 characters are rules."""
-    monkeypatch.setattr(js, "_GRAMMAR_REGEX", 0)
-    monkeypatch.setattr(js, "_RULE_REGEX", 200)
-    monkeypatch.setattr(js, "_SHARED_RULE_REGEX", 200)
+    monkeypatch.setattr(js, "GRAMMAR_REGEX", 0)
+    monkeypatch.setattr(js, "RULE_REGEX", 200)
+    monkeypatch.setattr(js, "SHARED_RULE_REGEX", 200)
     js._PUSHDOWN_CACHE.clear()
     yield
     js._PUSHDOWN_CACHE.clear()
@@ -150,12 +150,12 @@ def test_definitions_become_rules_and_accept_what_jsonschema_accepts(small_rules
 
 
 def test_a_refused_grammar_form_falls_back_to_the_single_regex(small_rules, monkeypatch):
-    """Above `_GRAMMAR_REGEX` the grammar form comes first; when it is refused (here: too many
-    positions) a regex within `_SINGLE_REGEX` still compiles, to the single regex's automaton
-    (MaskBench o21378); beyond `_SINGLE_REGEX` the refusal stands."""
-    monkeypatch.setattr(js, "_MAX_GRAMMAR_POSITIONS", 10)
-    monkeypatch.setattr(js, "_MAX_POSITIONS_BEFORE_TAILS", 10)
-    with pytest.raises(js._TooManyPositions):
+    """Above `GRAMMAR_REGEX` the grammar form comes first; when it is refused (here: too many
+    positions) a regex within `SINGLE_REGEX` still compiles, to the single regex's automaton
+    (MaskBench o21378); beyond `SINGLE_REGEX` the refusal stands."""
+    monkeypatch.setattr(js, "MAX_GRAMMAR_POSITIONS", 10)
+    monkeypatch.setattr(js, "MAX_POSITIONS_BEFORE_TAILS", 10)
+    with pytest.raises(js.TooManyPositions):
         js.json_schema_grammar(PEOPLE, BYTES)
     automaton = js.json_schema_compile(PEOPLE, BYTES, cache=False)
     assert not isinstance(automaton, PushdownAutomaton)
@@ -167,24 +167,24 @@ def test_a_refused_grammar_form_falls_back_to_the_single_regex(small_rules, monk
     rng = np.random.default_rng(3)
     counts = _check_against_jsonschema(Walk(), PEOPLE, [_person(rng) for _ in range(100)], rng)
     assert counts[True] >= 10 and counts[False] >= 10, counts
-    monkeypatch.setattr(js, "_SINGLE_REGEX", 100)
+    monkeypatch.setattr(js, "SINGLE_REGEX", 100)
     with (
         pytest.warns(UserWarning, match="no pushdown automaton"),  # then free-form depth 1
-        pytest.raises(js._TooManyPositions),
+        pytest.raises(js.TooManyPositions),
     ):
         js.json_schema_compile(PEOPLE, BYTES, cache=False)
 
 
 def test_in_place_of_a_single_regex_the_grammar_form_may_be_larger(small_rules, monkeypatch):
-    """A grammar form standing in for a single regex (one over `_GRAMMAR_REGEX` characters,
-    which the fallback would compile) may have `_OVER_REGEX_SCALE` times the positions: the
+    """A grammar form standing in for a single regex (one over `GRAMMAR_REGEX` characters,
+    which the fallback would compile) may have `OVER_REGEX_SCALE` times the positions: the
     single regex inlines every rule, so its automaton is no smaller (MaskBench o25423)."""
     positions = js.json_schema_grammar(PEOPLE, BYTES).num_positions
     js._PUSHDOWN_CACHE.clear()
     limit = positions * 2 // 3  # under the positions, over half of them
-    monkeypatch.setattr(js, "_MAX_GRAMMAR_POSITIONS", limit)
-    monkeypatch.setattr(js, "_MAX_POSITIONS_BEFORE_TAILS", 5 * limit // 4)
-    with pytest.raises(js._TooManyPositions, match=f"the limit is {limit:,}"):
+    monkeypatch.setattr(js, "MAX_GRAMMAR_POSITIONS", limit)
+    monkeypatch.setattr(js, "MAX_POSITIONS_BEFORE_TAILS", 5 * limit // 4)
+    with pytest.raises(js.TooManyPositions, match=f"the limit is {limit:,}"):
         js.json_schema_grammar(PEOPLE, BYTES)
     automaton = js.json_schema_compile(PEOPLE, BYTES, cache=False)
     assert isinstance(automaton, PushdownAutomaton)
@@ -259,12 +259,12 @@ def test_rule_automata_built_ahead_on_threads_equal_those_built_in_order(small_r
 def test_a_plan_refused_before_its_last_rule_leaves_no_rule_building(small_rules, monkeypatch):
     # the refusal names the positions counted in order up to the rule that crossed the limit,
     # as without threads, and the rules not taken yet are cancelled or finished, not kept
-    monkeypatch.setattr(js, "_MAX_POSITIONS_BEFORE_TAILS", 40)
+    monkeypatch.setattr(js, "MAX_POSITIONS_BEFORE_TAILS", 40)
     errors = []
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
         for threads in (None, pool):
             _threads(monkeypatch, threads)
-            with pytest.raises(js._TooManyPositions) as caught:
+            with pytest.raises(js.TooManyPositions) as caught:
                 js.json_schema_grammar(_explode(4), BYTES)
             errors.append(str(caught.value))
             assert not js._RULE_EDGES_AHEAD
@@ -284,12 +284,12 @@ METADATA = {  # MaskBench o21378's `any_metadata`, smaller: an anyOf of objects,
 
 
 def test_alternatives_of_banned_calls_are_not_tried_as_calls_again(monkeypatch):
-    # The anyOf is over `_RULE_REGEX`, so it calls its 4 largest objects, which one byte (`{`)
+    # The anyOf is over `RULE_REGEX`, so it calls its 4 largest objects, which one byte (`{`)
     # cannot choose between: banned. The next plan must not call the next 4 (banned in their
     # turn, one plan later, after building their automata in vain): it inlines all 8.
-    monkeypatch.setattr(js, "_GRAMMAR_REGEX", 0)
-    monkeypatch.setattr(js, "_RULE_REGEX", 1_500)
-    monkeypatch.setattr(js, "_MIN_RULE_REGEX", 50)
+    monkeypatch.setattr(js, "GRAMMAR_REGEX", 0)
+    monkeypatch.setattr(js, "RULE_REGEX", 1_500)
+    monkeypatch.setattr(js, "MIN_RULE_REGEX", 50)
     js._PUSHDOWN_CACHE.clear()
     plans = []
     plan_rules = js._plan_rules
@@ -324,7 +324,7 @@ def test_alternatives_of_banned_calls_are_not_tried_as_calls_again(monkeypatch):
 def test_rule_planning_calls_shared_and_large_subschemas():
     rewriter, regex = js._rewrite(_explode(12))
     root, rules, texts = js._plan_rules(rewriter, regex, banned=set())
-    assert rules and max(map(len, [root, *texts])) <= js._RULE_REGEX
+    assert rules and max(map(len, [root, *texts])) <= js.RULE_REGEX
     # a call is three control characters, never JSON text
     assert any(js._rule_call(i) in root for i in range(len(rules)))
     assert js._rule_call(17) == "\\x02\\x11\\x11"
@@ -334,7 +334,7 @@ def test_rule_planning_calls_shared_and_large_subschemas():
 
 
 def test_a_schema_whose_regex_is_over_the_limit_compiles_as_a_grammar():
-    # 4,096 copies of a date-time regex in one regex: over `_MAX_REGEX`, refused by
+    # 4,096 copies of a date-time regex in one regex: over `MAX_REGEX`, refused by
     # `json_schema_regex`; the grammar form has one rule per level and compiles.
     schema = _explode(12)
     with pytest.raises(fg.structured.ConstraintError, match="too large"):
@@ -364,12 +364,12 @@ def test_a_schema_whose_regex_is_over_the_limit_compiles_as_a_grammar():
 
 
 def test_json_schema_chooses_the_grammar_form_for_large_schemas(tokenizer, monkeypatch):
-    # PEOPLE's regex has about 3,000 characters: a token automaton below `_GRAMMAR_REGEX`, the
+    # PEOPLE's regex has about 3,000 characters: a token automaton below `GRAMMAR_REGEX`, the
     # grammar form (a pushdown automaton) above it.
     small = fg.processors.JsonSchema(PEOPLE, tokenizer)
     assert small.pushdown is None
-    monkeypatch.setattr(js, "_GRAMMAR_REGEX", 1_000)
-    monkeypatch.setattr(js, "_RULE_REGEX", 200)
+    monkeypatch.setattr(js, "GRAMMAR_REGEX", 1_000)
+    monkeypatch.setattr(js, "RULE_REGEX", 200)
     js._PUSHDOWN_CACHE.clear()
     large = fg.processors.JsonSchema(PEOPLE, tokenizer)
     assert large.pushdown is not None
@@ -380,7 +380,7 @@ def test_json_schema_chooses_the_grammar_form_for_large_schemas(tokenizer, monke
 def test_grammar_form_token_tables_equal_the_reference_walk(
     name, small_rules, vocabulary, checked_token_tables
 ):
-    # The fast `pda._token_tables` gives exactly the old walk's tables on schema grammar forms
+    # The fast `pushdown.token_tables` gives exactly the old walk's tables on schema grammar forms
     # (rules with call edges and a free-form value rule), real and byte vocabularies.
     schema = {"people": PEOPLE, "two_objects": TWO_OBJECTS, "explode": _explode(3)}[name]
     for vocab in (vocabulary, BYTES):
@@ -424,9 +424,9 @@ def _tree(rng, depth):
 
 
 def test_shared_tails_become_one_rule_and_keep_the_language(small_rules, monkeypatch):
-    monkeypatch.setattr(js, "_MIN_SHARED_TAIL", 4)
+    monkeypatch.setattr(js, "MIN_SHARED_TAIL", 4)
     shared = js.json_schema_grammar(TREE, BYTES)
-    monkeypatch.setattr(js, "_MAX_SHARED_TAILS", 0)
+    monkeypatch.setattr(js, "MAX_SHARED_TAILS", 0)
     js._PUSHDOWN_CACHE.clear()
     plain = js.json_schema_grammar(TREE, BYTES)
     assert len(shared.rule_names) > len(plain.rule_names)  # the tail is a rule
@@ -450,7 +450,7 @@ def test_shared_tails_on_hand_built_automata(monkeypatch):
     # Two rules end with the same tail `xyzxyz` (then return): it becomes rule 2, called once
     # from each at the state before `x`; the root calls both rules. Languages compared on
     # texts around the boundaries (the walk below is the oracle).
-    monkeypatch.setattr(js, "_MIN_SHARED_TAIL", 2)
+    monkeypatch.setattr(js, "MIN_SHARED_TAIL", 2)
 
     def automaton(regex, rules):
         return js._rule_edges(regex, rules, False)
@@ -939,7 +939,7 @@ def test_a_tail_shared_by_two_states_of_one_automaton():
 
 
 def test_counted_strings_used_in_many_places_are_one_rule():
-    """Plain strings of the same length bounds are one marker (`_SHARED_COUNT_MIN`), weighed by
+    """Plain strings of the same length bounds are one marker (`SHARED_COUNT_MIN`), weighed by
     their counted repeats written out: 24 strings of maxLength 100 compile to the grammar form
     with one rule for the string (a few hundred positions) instead of a copy of the 100-step
     counter per property in one regex's automaton (MaskBench o61653: 40 strings of maxLength
@@ -1044,7 +1044,7 @@ def test_a_free_form_value_beside_a_regular_one_is_read_before_its_call(form, mo
     # free-form value's first two levels are read in the rule instead (merged with the array);
     # only deeper values are calls, so they still nest as deep as the stack.
     if form == "grammar":
-        monkeypatch.setattr(js, "_GRAMMAR_REGEX", 0)
+        monkeypatch.setattr(js, "GRAMMAR_REGEX", 0)
     js._PUSHDOWN_CACHE.clear()
     schema = MODELS if form == "recursive" else PATHS
     with warnings.catch_warnings(record=True) as caught:
@@ -1101,7 +1101,7 @@ def test_a_large_item_count_calls_the_item_once_per_copy():
     # automaton took minutes for o9943; the copies are now measured (`item_repeats`), so the
     # schema goes to the grammar form, where each copy calls the item's rule.
     rewriter, regex = js._rewrite(ROLES, free_form_depth=js._CALL, counted_strings=True)
-    assert rewriter.weight(regex) > js._GRAMMAR_REGEX > len(rewriter.substitute(regex))
+    assert rewriter.weight(regex) > js.GRAMMAR_REGEX > len(rewriter.substitute(regex))
     automaton = js.json_schema_compile(ROLES, BYTES, cache=False)
     assert isinstance(automaton, PushdownAutomaton)
     assert automaton.num_positions < 6_000  # a few positions per copy, not the object's 60
@@ -1139,12 +1139,12 @@ def test_counted_copies_fall_back_to_the_single_regex(monkeypatch):
     # (short: the copies are a counted repeat) still compiles, to a chain of 1,000 objects
     # that `minimize` splits at once (MaskBench sp_408/409/410: refused after 13 s while a
     # rule withheld this fallback; o9943's 160,134 states minimised in 0.5 s, not minutes).
-    monkeypatch.setattr(js, "_MAX_GRAMMAR_POSITIONS", 100)
-    monkeypatch.setattr(js, "_MAX_POSITIONS_BEFORE_TAILS", 100)
+    monkeypatch.setattr(js, "MAX_GRAMMAR_POSITIONS", 100)
+    monkeypatch.setattr(js, "MAX_POSITIONS_BEFORE_TAILS", 100)
     js._PUSHDOWN_CACHE.clear()  # the grammar form another test built
     rewriter, regex = js._rewrite(ROLES, free_form_depth=js._CALL, counted_strings=True)
-    assert rewriter.weight(regex) > js._GRAMMAR_REGEX > len(rewriter.substitute(regex))
-    with pytest.raises(js._TooManyPositions):
+    assert rewriter.weight(regex) > js.GRAMMAR_REGEX > len(rewriter.substitute(regex))
+    with pytest.raises(js.TooManyPositions):
         js.json_schema_grammar(ROLES, BYTES)
     automaton = js.json_schema_compile(ROLES, BYTES, cache=False)
     assert not isinstance(automaton, PushdownAutomaton)
@@ -1159,15 +1159,15 @@ def test_counted_copies_fall_back_to_the_single_regex(monkeypatch):
 def test_no_single_regex_fallback_when_its_written_out_copies_weigh_too_much(monkeypatch):
     # MaskBench o9925/o9853/o9958: up to 100 objects of two 255-character strings and 1,000
     # ids, a 1,450-character regex that weighs 4.5 million written out: outlines-core took
-    # over 30 s on it. Over `_SINGLE_REGEX_WEIGHT` the refused grammar form is the answer.
-    monkeypatch.setattr(js, "_MAX_GRAMMAR_POSITIONS", 100)
-    monkeypatch.setattr(js, "_MAX_POSITIONS_BEFORE_TAILS", 100)
+    # over 30 s on it. Over `SINGLE_REGEX_WEIGHT` the refused grammar form is the answer.
+    monkeypatch.setattr(js, "MAX_GRAMMAR_POSITIONS", 100)
+    monkeypatch.setattr(js, "MAX_POSITIONS_BEFORE_TAILS", 100)
     js._PUSHDOWN_CACHE.clear()
     rewriter, regex = js._rewrite(ROLES, free_form_depth=js._CALL, counted_strings=True)
-    monkeypatch.setattr(js, "_SINGLE_REGEX_WEIGHT", rewriter.weight(regex) - 1)
+    monkeypatch.setattr(js, "SINGLE_REGEX_WEIGHT", rewriter.weight(regex) - 1)
     built = []
     monkeypatch.setattr(js, "regex_automaton", lambda *args, **kwargs: built.append(args))
-    with pytest.raises(js._TooManyPositions, match="automaton positions"):
+    with pytest.raises(js.TooManyPositions, match="automaton positions"):
         js.json_schema_compile(ROLES, BYTES, cache=False)
     assert not built
     js._PUSHDOWN_CACHE.clear()
@@ -1223,7 +1223,7 @@ BIO = {
     "required": ["bio"],
     "additionalProperties": False,
 }
-"""A counted string given as an automaton (over `_COUNTED_STRING_MIN` characters) beside a
+"""A counted string given as an automaton (over `COUNTED_STRING_MIN` characters) beside a
 free-form value: the grammar form calls both."""
 
 
@@ -1231,7 +1231,7 @@ def test_a_string_automaton_over_the_positions_limit_skips_every_grammar_form(mo
     # MaskBench o1052: a 5,000-character string (60,003 states) alone exceeds the positions of
     # any grammar form; two forms were still built (a 7.5 s rule) before the refusal. Now no
     # rule is built, and depth 1's single regex (the string spliced in) compiles.
-    monkeypatch.setattr(js, "_MAX_POSITIONS_BEFORE_TAILS", 1000)
+    monkeypatch.setattr(js, "MAX_POSITIONS_BEFORE_TAILS", 1000)
     js._PUSHDOWN_CACHE.clear()
     rewriter, regex = js._rewrite(BIO, free_form_depth=js._CALL, counted_strings=True)
     refusal = js._strings_too_large(rewriter, regex, over_regex=False)
@@ -1240,7 +1240,7 @@ def test_a_string_automaton_over_the_positions_limit_skips_every_grammar_form(mo
     states = max(dfa.num_states for dfa in rewriter.dfa_texts.values())
     assert states > 1000  # about 12 states a character: escapes and UTF-8 sequences
     over = js._strings_too_large(rewriter, regex, over_regex=True)
-    assert (over is None) == (states <= js._OVER_REGEX_SCALE * 1000)
+    assert (over is None) == (states <= js.OVER_REGEX_SCALE * 1000)
     built = []
     original = js._rule_automaton
     monkeypatch.setattr(js, "_rule_automaton", lambda *a: built.append(a[1]) or original(*a))
@@ -1405,17 +1405,17 @@ def test_the_depth_one_fallback_is_compiled_once(monkeypatch):
     # grammar form over a tiny positions limit), that refusal stands: depth 1 is compiled once
     # (MaskBench o48866 once compiled it three times, 12.4 s, through attempts that each fell
     # back on their own), after one attempt at depth 2 that stops before any automaton is
-    # built (its single regex is over `_GRAMMAR_REGEX`, here 0).
-    monkeypatch.setattr(js, "_GRAMMAR_REGEX", 0)  # the grammar form, as for a large schema
-    monkeypatch.setattr(js, "_SINGLE_REGEX", 10)  # ... with no single regex to fall back to
-    monkeypatch.setattr(js, "_MAX_GRAMMAR_POSITIONS", 5)
-    monkeypatch.setattr(js, "_MAX_POSITIONS_BEFORE_TAILS", 5)
+    # built (its single regex is over `GRAMMAR_REGEX`, here 0).
+    monkeypatch.setattr(js, "GRAMMAR_REGEX", 0)  # the grammar form, as for a large schema
+    monkeypatch.setattr(js, "SINGLE_REGEX", 10)  # ... with no single regex to fall back to
+    monkeypatch.setattr(js, "MAX_GRAMMAR_POSITIONS", 5)
+    monkeypatch.setattr(js, "MAX_POSITIONS_BEFORE_TAILS", 5)
     schema = {"anyOf": [_nested_arrays(DEEP_LEVELS), {}]}
     js._PUSHDOWN_CACHE.clear()
     depths = _record_free_form_depths(monkeypatch)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        with pytest.raises(js._TooManyPositions):
+        with pytest.raises(js.TooManyPositions):
             js.json_schema_compile(schema, BYTES, cache=False)
     assert depths == [None, *js._FALLBACK_DEPTHS] == [None, 2, js.NESTED_FREE_FORM_DEPTH]
     assert len([w for w in caught if "no pushdown automaton" in str(w.message)]) == 1

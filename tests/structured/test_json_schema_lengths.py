@@ -13,7 +13,7 @@ import pytest
 
 from functional_gen.structured import UnsupportedSchemaError, json_schema as js, json_schema_regex
 from functional_gen.structured.formats import EMAIL
-from functional_gen.structured.pda import PushdownAutomaton
+from functional_gen.structured.pushdown import PushdownAutomaton
 from functional_gen.structured.vocabulary import TokenVocabulary
 
 from .helpers import format_checker
@@ -263,8 +263,8 @@ def test_free_form_values_and_string_automata_go_through_the_grammar_form():
 
 
 def test_long_plain_string_is_a_counted_automaton_as_exact_as_the_regex():
-    # over `_COUNTED_STRING_MIN` characters a plain string is an automaton, not a counted repeat
-    lo, hi = js._COUNTED_STRING_MIN + 1, js._COUNTED_STRING_MIN + 40
+    # over `COUNTED_STRING_MIN` characters a plain string is an automaton, not a counted repeat
+    lo, hi = js.COUNTED_STRING_MIN + 1, js.COUNTED_STRING_MIN + 40
     schema = {
         "type": "object",
         "properties": {"s": {"type": "string", "minLength": lo, "maxLength": hi}},
@@ -429,7 +429,7 @@ def test_other_strings_regex_excludes_exactly_the_listed_values():
         excluded = sorted(
             {"".join(rng.choices(alphabet, k=rng.randint(0, 3))) for _ in range(size)}
         )
-        regex = js._other_strings_regex(excluded)
+        regex = js.other_strings_regex(excluded)
         regex_byte_dfa(regex)  # outlines-core compiles it
         pattern = re.compile(regex)
         for text, value in texts.items():

@@ -4,6 +4,7 @@ byte_dfa.py (which builds on it). Checked on the source with `ast`, so that a la
 inside a function counts too."""
 
 import ast
+import dataclasses
 from pathlib import Path
 
 import functional_gen as fg
@@ -31,7 +32,7 @@ def _imports(path: Path) -> set[str]:
 
 
 def test_structured_does_not_import_loading_or_generation():
-    for path in (PACKAGE / "structured").glob("*.py"):
+    for path in (PACKAGE / "structured").rglob("*.py"):
         bad = {
             m
             for m in _imports(path)
@@ -67,3 +68,28 @@ def test_public_names_still_work():
     for name in ("Regex", "JsonSchema", "Choice", "Grammar"):
         assert getattr(fg.processors, name) is getattr(fg.structured, name)
         assert name in dir(fg.processors)
+
+
+def test_constraint_base_holds_no_fields_and_no_method_is_overridden():
+    # Equinox's abstract/final pattern (issue 39): `AbstractConstraint` requires `tables` and
+    # `constraint_id` (AbstractVars) and fills nothing itself; every constraint declares exactly
+    # those two fields and overrides none of the base's concrete methods or properties.
+    from functional_gen.structured import (
+        AbstractConstraint,
+        Choice,
+        Grammar,
+        JsonSchema,
+        Regex,
+        TokenConstraint,
+    )
+
+    assert dataclasses.fields(AbstractConstraint) == ()
+    base = {
+        name
+        for name, value in vars(AbstractConstraint).items()
+        if callable(value) or isinstance(value, property)
+    } - {"__init__"}
+    assert {"init", "process", "token_class", "pushdown"} <= base
+    for cls in (Regex, JsonSchema, Choice, Grammar, TokenConstraint):
+        assert {f.name for f in dataclasses.fields(cls)} == {"tables", "constraint_id"}, cls
+        assert not base & set(vars(cls)), (cls, base & set(vars(cls)))

@@ -19,7 +19,7 @@ from functional_gen.structured import (
     pushdown_automaton,
 )
 from functional_gen.structured.json_schema import json_schema_compile
-from functional_gen.structured.pda import PushdownAutomaton, build_pushdown, state_stack
+from functional_gen.structured.pushdown import PushdownAutomaton, build_pushdown, state_stack
 
 from .cases import JSON_GRAMMAR, PUSHDOWN_GRAMMARS, SPACED_FUNCTION_CALLS
 from .grammar_strings import mutate, sample
@@ -472,7 +472,7 @@ def test_token_tables_walked_in_chunks_equal_the_reference_walk(
     # A pass with more origins than `_WALK_CHUNK` is walked in chunks and merged (a token's
     # code row the concatenation of its chunks' rows): the tables are exactly the reference's,
     # for each pass and both vocabularies, whether a chunk is one origin or several.
-    from functional_gen.structured import pda as pda_module
+    from functional_gen.structured.pushdown import token_tables as pda_module
 
     monkeypatch.setattr(pda_module, "_WALK_CHUNK", chunk)
     for vocab in (vocabulary, BYTES_ONLY):
@@ -484,7 +484,7 @@ def test_token_tables_walked_in_chunks_equal_the_reference_walk(
 def test_token_tables_survive_row_hash_collisions(monkeypatch, checked_token_tables):
     # With every weight 1 a row's hash is the sum of its entries: distinct rows collide at
     # once (`(1, 2)` and `(2, 1)`), the walk notices and walks again with random weights.
-    from functional_gen.structured import pda as pda_module
+    from functional_gen.structured.pushdown import token_tables as pda_module
 
     calls = []
     hashed = pda_module._hashed_rows
@@ -536,7 +536,7 @@ def _plain_distances(pda, vocabulary):
     """The fixed point of `distance` the slow way: every (position, one-byte token) edge
     relaxed in Python until nothing changes (0 where the rule may end; else 1 + the next
     position's distance + the pushed positions' distances, over the one-byte tokens)."""
-    from functional_gen.structured.pda import UNREACHABLE
+    from functional_gen.structured.pushdown import UNREACHABLE
 
     single = [t for t in range(vocabulary.vocab_size) if vocabulary.token_length[t] == 1]
     classes = sorted({int(pda.byte_class[vocabulary.token_bytes[t][0]]) for t in single})

@@ -1,9 +1,17 @@
 """Token bytes from the tokenizer's conventions (byte-level BPE, byte fallback), EOS defaults."""
 
+import copy
 import json
 
 import pytest
 
+from functional_gen.structured import (
+    Choice,
+    Grammar,
+    JsonSchema,
+    Regex,
+    vocabulary as vocabulary_module,
+)
 from functional_gen.structured.vocabulary import (
     default_eos_token_ids,
     token_bytes_table,
@@ -88,3 +96,38 @@ def test_byte_fallback_tokenizer():
     assert json.loads(tok.backend_tokenizer.to_str())["model"]["byte_fallback"]
     # The bytes of a byte-fallback sequence are what the decoder writes.
     assert (table[5] + table[6]).decode() == tok.decode([5, 6]) == "ñ"
+
+
+def test_constraints_for_one_tokenizer_convert_its_vocabulary_once(default_model, monkeypatch):
+    # A fresh tokenizer object (nothing cached for it), four kinds of constraint: the tokens are
+    # converted to bytes once and the default EOS ids looked up once; adding a token (a new
+    # length) converts again.
+    tokenizer = copy.deepcopy(default_model[1])
+    calls = {"bytes": 0, "eos": 0}
+    real_bytes, real_eos = (
+        vocabulary_module.token_bytes_table,
+        vocabulary_module.default_eos_token_ids,
+    )
+
+    def counted_bytes(*args):
+        calls["bytes"] += 1
+        return real_bytes(*args)
+
+    def counted_eos(*args):
+        calls["eos"] += 1
+        return real_eos(*args)
+
+    monkeypatch.setattr(vocabulary_module, "token_bytes_table", counted_bytes)
+    monkeypatch.setattr(vocabulary_module, "default_eos_token_ids", counted_eos)
+    Regex("[0-9]{2}", tokenizer)
+    Choice(["yes", "no"], tokenizer)
+    JsonSchema({"type": "boolean"}, tokenizer)
+    Grammar('start: "a"+', tokenizer, max_depth=2)
+    Regex("[a-z]", tokenizer, eos_token_id=(2, 0))  # the default ids, given explicitly
+    assert calls == {"bytes": 1, "eos": 1}
+    assert vocabulary_from_tokenizer(tokenizer) is vocabulary_from_tokenizer(
+        tokenizer, eos_token_id=[2, 0]
+    )
+    tokenizer.add_tokens(["<a-new-token>"])
+    assert vocabulary_from_tokenizer(tokenizer).vocab_size == 49_153
+    assert calls == {"bytes": 2, "eos": 2}

@@ -1,5 +1,12 @@
 """`JsonSchema`: generated text that is a JSON document valid under a JSON Schema.
 
+The package's modules: `errors`, `keywords` (the schema vocabulary), `dialect`
+(`check_schema`), `references` (`$ref`, `$id`), `keys` (object keys), `scalars` (strings and
+numbers as regexes), `budgets` (every size limit, with the measurement that set it). This
+module still holds the rest (about 4,400 lines: rewriting by JSON type, property order, the
+regex, grammar and pushdown forms, compiling, `JsonSchema`) until it is split by concept as
+well (issue 39, item 4); it re-exports the public names.
+
 The schema is first checked against its dialect's metaschema (`jsonschema`'s `check_schema`),
 its `$ref`s are resolved with the `referencing` library (`$id`, `$anchor`, JSON pointers) and
 inlined, then it becomes a regex: outlines-core's `build_regex_from_schema` for the simple
@@ -14,7 +21,7 @@ nodes, our own regexes where outlines-core's would let invalid documents through
 | `allOf` | regexes concatenated: invalid JSON | merged into one schema (object members together: each side's `additionalProperties` covers the keys its own `properties`/`patternProperties` leave, `_merge_members`; a later part that lists properties is merged into each branch of an earlier part's `anyOf`/`oneOf`, so a branch's members come first, in the order of the parts, as llguidance writes them, `_Rewriter.into_branches`) |
 | `anyOf` beside a branch that allows a whole type (`{"type": "object"}`, annotations only) | every branch kept | the branches whose values are all of that type left out (the same union; one byte could not choose between an open object's value call and another object's string: MaskBench o69208), and not checked for unsupported keywords |
 | `oneOf` | treated as `anyOf` | `anyOf` when the branches are provably disjoint (types, listed discriminators, a property both require whose values cannot be equal, also one level down, a closed object against a required name, `required` also in `allOf`; as llguidance), or made disjoint exactly: finite branches -> the values exactly one lists, a type two branches accept whole taken out, `required`-only branches -> presence choices; else refused |
-| objects | closed: no property beyond `properties` | open unless `additionalProperties: false` (JSON Schema's default; `closed_objects=True` closes them); `patternProperties` (a key no pattern matches is an additional property: its key language is the complement automaton, written back as a regex, `_unmatched_keys`), `propertyNames`, `minProperties`/`maxProperties`, `required` names without a schema (any value) |
+| objects | closed: no property beyond `properties` | open unless `additionalProperties: false` (JSON Schema's default; `closed_objects=True` closes them); `patternProperties` (a key no pattern matches is an additional property: its key language is the complement automaton, written back as a regex, `unmatched_keys`), `propertyNames`, `minProperties`/`maxProperties`, `required` names without a schema (any value) |
 | free-form values (`{}`) | nested 3 levels, a 14,000-character regex that takes minutes to compile | as deep as the stack (default `free_form_depth=None`: a pushdown automaton); nested `free_form_depth` levels for an integer |
 | `enum`/`const` at the top (or in a top-level `allOf` branch) beside other keywords | the other keywords' regexes joined | the enum of the listed values `jsonschema` accepts under the whole schema (`not`, `if`, `contains`, ... exact on them) |
 | recursive `$ref` | unrolled `max_recursion_depth` times, the property dropped at the bound: dangling `,` | `json_schema_compile` (`max_recursion_depth=None`, `JsonSchema`'s default): a call of a grammar rule for its target, nested as deep as the stack (`stack_depth`, default 32); with an integer `max_recursion_depth`, where that cannot run deterministically, and in `json_schema_regex`, unrolled `max_recursion_depth` times with the bottom value left out where JSON stays valid |
@@ -28,17 +35,17 @@ exact and compact, the bounds go into the string's regex (`patterns.json_string_
 pattern's own lengths already within them, or one repeated character per alternative after
 distributing fixed-width alternations, `^(png|jpeg):[a-z]*$`); otherwise the string's byte DFA
 is intersected with a character counter (`patterns.length_bounded_dfa`, up to
-`_MAX_STRING_STATES` states and counts up to `patterns.MAX_COUNTED_REPEAT`). Such a string has
+`MAX_STRING_STATES` states and counts up to `patterns.MAX_COUNTED_REPEAT`). Such a string has
 no compact regex: `json_schema_compile` splices its automaton into the schema's byte DFA
 (`_spliced_dfa`, a token automaton), or, in the grammar form, calls it as a rule; the regex
 interface (`json_schema_regex`, `JsonSchema` with one schema per row) refuses it. MaskBench:
 `^[a-zA-Z0-9\\-]+(\\s[a-zA-Z0-9\\-]+)*$` with maxLength 64 is 437 states, `format: email` with
 maxLength 1,024 is 18,309 (the schema compiles in about 6 s), a `{0,29}`-word pattern with
 maxLength 300 63,212; refused with the sizes: the same with maxLength 400, a repeat to 32,745
-characters. A plain string (no `pattern` or `format`) with a bound over `_COUNTED_STRING_MIN`
+characters. A plain string (no `pattern` or `format`) with a bound over `COUNTED_STRING_MIN`
 (256) characters takes the same path in `json_schema_compile` (12 states per character: cheaper
 than outlines-core's counted repeat, whose DFA takes 30 s for maxLength 5,000); over
-`_MAX_STRING_STATES` states (maxLength 5,333) it is refused at once. MaskBench's larger bounds
+`MAX_STRING_STATES` states (maxLength 5,333) it is refused at once. MaskBench's larger bounds
 (8,192; 32,767: 75 schemas; 65,535: 46) would need a counter register on the device.
 
 Keywords: unknown keywords are annotations and are ignored (JSON Schema 2020-12 core §4.3.1,
@@ -71,21 +78,21 @@ three become an `anyOf`: the property absent, or it and its dependencies present
 them), with one warning that lists them all, like llguidance's lenient mode. Beside `patternProperties`, the additional
 properties of an open object (any value unless `additionalProperties` says otherwise) have the
 keys no pattern matches and no listed property names: the byte automaton of printable-ASCII
-keys minus each pattern's, written back as a regex (`_unmatched_keys`). Known gaps, not
+keys minus each pattern's, written back as a regex (`unmatched_keys`). Known gaps, not
 refused (valid documents rejected, never invalid ones generated): such additional keys are
 printable ASCII without `"` and `\\` (where the pattern translation is exact); a pattern whose
 complement is too large to write (MaskBench's BCP 47 language tags) leaves only the keys that
 do not start like one of its keys; a pattern that also matches a listed property keeps its
 printable-ASCII keys other than the listed names. A schema whose
-whole regex would exceed `_MAX_REGEX` (a million characters: many optional properties, or
+whole regex would exceed `MAX_REGEX` (a million characters: many optional properties, or
 definitions used many times) makes `json_schema_regex` raise `ConstraintError` at once, before
 the regex is built.
 
 **Grammar form.** `JsonSchema` (through `json_schema_compile`) uses the single regex's token
-automaton while that regex has at most `_GRAMMAR_REGEX` characters (100,000); beyond, it
+automaton while that regex has at most `GRAMMAR_REGEX` characters (100,000); beyond, it
 compiles the schema's *grammar form* (`json_schema_grammar`; when that is refused, the single
-regex up to `_SINGLE_REGEX` characters, 250,000): each large subschema (its regex
-over `_RULE_REGEX` characters, or over `_SHARED_RULE_REGEX` when used in several places: a
+regex up to `SINGLE_REGEX` characters, 250,000): each large subschema (its regex
+over `RULE_REGEX` characters, or over `SHARED_RULE_REGEX` when used in several places: a
 definition referenced many times) becomes a rule of a pushdown automaton, called from its
 users' regexes instead of copied into them; only terminals (strings with patterns, formats and
 lengths, number ranges, keys) and small subschemas stay inlined regexes. A call site where one
@@ -93,7 +100,7 @@ byte cannot choose between two rules (an `anyOf` of two objects) inlines them th
 several rules' automata share (the members after a recursive property, in each unrolled copy of
 the definition) becomes one more rule that each of them tail-calls (`_shared_tails`). The
 grammar form is refused (`ConstraintError`, at once) when its rules' automata have more than
-`_MAX_GRAMMAR_POSITIONS` states in all: the pushdown token tables would take too long.
+`MAX_GRAMMAR_POSITIONS` states in all: the pushdown token tables would take too long.
 
 **Recursive `$ref`s.** `json_schema_compile` (unless given an integer `max_recursion_depth`)
 first tries the grammar form with each recursive reference kept as a call (`inline_references(recursive=True)`: a reference met again inside its
@@ -111,7 +118,7 @@ other error of the grammar form. `json_schema_regex` (one regex) always unrolls.
 Where we follow llguidance (`docs/json_schema.md`): properties come in the order of
 `properties`; where an object's members come from several places (its own `properties` beside
 `allOf`, `anyOf`, `oneOf` or `$ref`), in the order of those keywords in the schema's text, as
-llguidance 1.9 reads them (`_applicator_first`: `{"anyOf": [..], "properties": {..}}` lists a
+llguidance 1.9 reads them (`applicator_first`: `{"anyOf": [..], "properties": {..}}` lists a
 branch's members first, `{"properties": {..}, "anyOf": [..]}` the node's own; its docs call
 this order unstable, MaskBench's documents follow it); additional properties come after the
 listed ones; `format` is enforced;
@@ -126,9 +133,7 @@ Whitespace between tokens follows outlines-core's default (`[ ]?`: none or one s
 import collections
 import concurrent.futures
 import contextlib
-import copy
 import decimal
-import functools
 import hashlib
 import itertools
 import json
@@ -140,25 +145,30 @@ import uuid
 import warnings
 from collections.abc import Mapping, Sequence
 
+import jax.numpy as jnp
 import numpy as np
+from jaxtyping import Array, Int
 
-from .automaton import ConstraintError, cache_key, cached, unique_columns
-from .byte_dfa import (
+from ...processors.base import per_row_field
+from ..automaton import ConstraintError, cache_key, cached, unique_columns
+from ..byte_dfa import (
     REJECT,
     ByteDFA,
-    _relabel,
     lift,
     minimize,
+    reachable_states,
+    refine_changed,
+    refine_exact,
     regex_automaton,
     regex_byte_dfa,
+    relabel_states,
     trim,
 )
-from .formats import ANY_STRING, FORMATS, SPEC_FORMATS
-from .grammar_syntax import Alt, GrammarSpec, Ref, Repeat, Seq, Terminal
-from .patterns import (
+from ..formats import ANY_STRING, FORMATS, SPEC_FORMATS
+from ..grammar_syntax import Alt, GrammarSpec, Ref, Repeat, Seq, Terminal
+from ..patterns import (
     LengthBoundError,
     NoStringError,
-    _class_char,
     bounded_length,
     dfa_regex,
     difference_dfas,
@@ -166,10 +176,101 @@ from .patterns import (
     json_string_pattern,
     length_bounded_dfa,
 )
-from .pda import DEFAULT_STACK_DEPTH, NotDeterministic, PushdownAutomaton, build_pushdown
-from .processor import AbstractConstraint, register_token_recipe, rows_of
-from .ranges import integer_range_regex, multiple_of_dfa, number_range_regex
-from .vocabulary import TokenVocabulary, vocabulary_from_tokenizer
+from ..processor import (
+    AbstractConstraint,
+    ConstraintTables,
+    automata_tables,
+    pushdown_tables,
+    register_token_recipe,
+    rows_of,
+)
+from ..pushdown import DEFAULT_STACK_DEPTH, NotDeterministic, PushdownAutomaton, build_pushdown
+from ..ranges import integer_range_regex, multiple_of_dfa, number_range_regex
+from ..regex_syntax import escape
+from ..vocabulary import TokenVocabulary, vocabulary_from_tokenizer
+from .errors import InvalidSchemaError as InvalidSchemaError
+from .errors import (
+    KeysTooComplex,
+    NoCommonType,
+    NotTokenAutomaton,
+    RecursionRefused,
+    RegexTooLarge,
+    TooLarge,
+    TooManyPositions,
+    UnsupportedSchemaError,
+)
+from .keywords import (
+    JSON_TYPES,
+    KNOWN,
+    NOT_STRINGS,
+    TYPE_KEYWORDS,
+    UNSUPPORTED,
+    asserts,
+)
+from .dialect import (
+    check_schema,
+    in_dialect,
+    schema_as_dict,
+)
+from .references import (
+    NEVER,
+    RECURSIVE,
+    applicator_first,
+    inline_references,
+)
+from .keys import (
+    key_not_in,
+    literal_key,
+    name_checker,
+    overlap,
+    unmatched_keys,
+)
+from .scalars import (
+    INTEGER,
+    NUMBER,
+    STRING,
+    excluded_strings,
+    json_spellings,
+    number_regex,
+    other_strings_regex,
+)
+from .budgets import (
+    ANY_ORDER_BUDGET,
+    ANY_ORDER_MAX,
+    COUNTED_ITEMS_MIN,
+    COUNTED_STRING_MIN,
+    GRAMMAR_REGEX,
+    MAX_COMPILE_THREADS,
+    MAX_CONDITIONAL_BRANCHES,
+    MAX_CONTAINS,
+    MAX_DEPENDENCIES,
+    MAX_GRAMMAR_POSITIONS,
+    MAX_MULTIPLE_REGEX,
+    MAX_NEGATION_CHOICES,
+    MAX_OBJECT_REGEX,
+    MAX_POSITIONS_BEFORE_TAILS,
+    MAX_PRESENCE_CHOICES,
+    MAX_RECURSIVE_MERGES,
+    MAX_REGEX,
+    MAX_RULES,
+    MAX_SHARED_TAILS,
+    MAX_SPLICED_STATES,
+    MAX_STRING_STATES,
+    MIN_RULE_REGEX,
+    MIN_SHARED_TAIL,
+    OVER_REGEX_SCALE,
+    PLAIN_STRING_STATES,
+    REPEATED_RULE_REGEX,
+    RULE_EDGES_STATES,
+    RULE_REGEX,
+    SECOND_ORDER_BUDGET,
+    SHARED_COUNT_MIN,
+    SHARED_RULE_REGEX,
+    SHARED_TAIL_TRIES,
+    SINGLE_REGEX,
+    SINGLE_REGEX_WEIGHT,
+    WEIGHT_PER_STATE,
+)
 
 # Nested helpers that run per byte, state or schema node are `@typing.no_type_check`: the
 # tests' jaxtyping import hook would wrap every call of them (30-40 us each, and a fresh
@@ -178,324 +279,7 @@ from .vocabulary import TokenVocabulary, vocabulary_from_tokenizer
 DEFAULT_MAX_RECURSION_DEPTH = 3
 """How many times a recursive `$ref` is unrolled (outlines-core's default)."""
 
-_UNSUPPORTED = {
-    "not": "negation is not regular in general",
-    "if": "conditional schemas are supported only as discriminated unions (every `if` tests "
-    "one property whose own schema lists its values) or where the `if` has a complement",
-    "then": "conditional schemas are not supported here (see `if`)",
-    "else": "conditional schemas are not supported here (see `if`)",
-    "dependentSchemas": "property dependencies are not supported",
-    "dependencies": "property dependencies are not supported",  # (lists become dependentRequired)
-    "unevaluatedProperties": "unevaluated* keywords are not supported",
-    "unevaluatedItems": "unevaluated* keywords are not supported",
-    "maxContains": "an upper bound on the items that match `contains` is not supported",
-    "$dynamicRef": "dynamic references are not supported",
-    "$recursiveRef": "dynamic references are not supported",
-}
-"""Keywords JSON Schema defines as assertions that no regular constraint here enforces: refused
-with `strict=True`, dropped (with one warning) with `strict=False`."""
-_KNOWN = {
-    "type",
-    "enum",
-    "const",
-    "anyOf",
-    "oneOf",
-    "allOf",
-    "$ref",
-    "properties",
-    "required",
-    "additionalProperties",
-    "items",
-    "prefixItems",
-    "minItems",
-    "maxItems",
-    "uniqueItems",
-    "minLength",
-    "maxLength",
-    "pattern",
-    "format",
-    "minimum",
-    "maximum",
-    "exclusiveMinimum",
-    "exclusiveMaximum",
-    "minProperties",
-    "maxProperties",
-    "additionalItems",
-    "patternProperties",
-    "propertyNames",
-    "dependentRequired",
-    "multipleOf",
-    "contains",
-    "minContains",
-}
-"""Keywords that are enforced. Every other keyword that is not in `_UNSUPPORTED` is an
-annotation (JSON Schema 2020-12 core §4.3.1: unknown keywords are ignored) and is dropped."""
-_NOT_STRINGS = "\x03notStrings"
-"""Internal keyword (a control character no schema key holds): the strings a `not` of listed
-strings excludes (`_excluded_strings`), enforced on the node's string values (`_string`)."""
-_KNOWN.add(_NOT_STRINGS)
-
-
-def _excluded_strings(schema) -> list[str] | None:
-    """The values of a `not` whose schema lists strings only (`const` or `enum`, beside
-    `"type": "string"` at most): a value is then valid exactly when it is not one of them (every
-    non-string value is), or `None` for any other `not`."""
-    if not isinstance(schema, Mapping) or not {k for k in schema if _asserts(k)} <= {
-        "const",
-        "enum",
-        "type",
-    }:
-        return None
-    if "const" in schema and "enum" in schema:
-        return None
-    values = [schema["const"]] if "const" in schema else schema.get("enum")
-    kind = schema.get("type", "string")
-    if not isinstance(values, list) or kind not in ("string", ["string"]):
-        return None
-    if not values or not all(isinstance(v, str) for v in values):
-        return None
-    return sorted(set(values))
-
-
-def _json_spellings(value: str) -> str:
-    """A regex of the JSON texts whose value is the string `value`: each character written
-    as itself (where JSON allows it raw), as its short escape, or as a `\\u` escape in either
-    case (a pair of them beyond the BMP)."""
-    from .regex import escape
-
-    @typing.no_type_check
-    def u_escape(unit: int) -> str:
-        digits = "".join(d if d.isdigit() else f"[{d}{d.upper()}]" for d in f"{unit:04x}")
-        return escape("\\u") + digits
-
-    parts = []
-    for c in value:
-        code = ord(c)
-        alternatives = [] if c in '"\\' or code < 0x20 else [escape(c)]
-        if c in _SHORT_ESCAPES:
-            alternatives.append(escape("\\" + _SHORT_ESCAPES[c]))
-        if code <= 0xFFFF:
-            alternatives.append(u_escape(code))
-        else:
-            high, low = 0xD800 + ((code - 0x10000) >> 10), 0xDC00 + ((code - 0x10000) & 0x3FF)
-            alternatives.append(u_escape(high) + u_escape(low))
-        parts.append("(?:" + "|".join(alternatives) + ")")
-    return '"' + "".join(parts) + '"'
-
-
-_SHORT_ESCAPES = {
-    '"': '"',
-    "\\": "\\",
-    "/": "/",
-    "\b": "b",
-    "\f": "f",
-    "\n": "n",
-    "\r": "r",
-    "\t": "t",
-}
-"""The characters JSON writes with a two-character escape, and the escape's letter."""
-
-
-def _other_strings_regex(excluded: list[str]) -> str:
-    """A regex of the JSON strings (`ANY_STRING`'s spellings, quotes included) whose value is
-    none of `excluded`: over the trie of the excluded values, at each node the text may end
-    (unless a value ends there), go on with a character no value continues with and then
-    anything, or follow a child. Linear in the values' length (a regex, so a plain string
-    beside it in an `anyOf` stays a regex)."""
-    from .regex import escape
-
-    @typing.no_type_check
-    def raw(c: str) -> bool:  # written as itself in ANY_STRING
-        code = ord(c)
-        return c not in '"\\' and code >= 0x20 and not 0x7F <= code <= 0x9F
-
-    @typing.no_type_check
-    def spellings(c: str) -> list[str]:
-        out = [escape(c)] if raw(c) else []
-        if c in _SHORT_ESCAPES:
-            out.append(escape("\\" + _SHORT_ESCAPES[c]))
-        return out
-
-    @typing.no_type_check
-    def other_unit(chars) -> str:  # one character not in `chars`
-        excluded_raw = "".join(escape(c) for c in sorted(chars) if raw(c))
-        letters = "".join(escape(letter) for c, letter in _SHORT_ESCAPES.items() if c not in chars)
-        parts = [f'[^"\\\\\\x00-\\x1F\\x7F-\\x9F{excluded_raw}]']
-        if letters:
-            parts.append(f"\\\\[{letters}]")
-        return "(?:" + "|".join(parts) + ")"
-
-    trie: dict = {}
-    for value in excluded:
-        node = trie
-        for c in value:
-            node = node.setdefault(c, {})
-        node[None] = True  # a value ends here
-
-    @typing.no_type_check
-    def rest(node) -> str:
-        children = [c for c in node if c is not None]
-        alternatives = [other_unit(children) + ANY_STRING]
-        for c in children:
-            spelled = spellings(c)
-            if spelled:
-                alternatives.append("(?:" + "|".join(spelled) + ")" + rest(node[c]))
-        body = "(?:" + "|".join(alternatives) + ")"
-        return body if None in node else body + "?"
-
-    return '"' + rest(trie) + '"'
-
-
-def _asserts(keyword) -> bool:
-    """Whether `keyword` asserts anything (enforced, or refused as unenforceable): every other
-    keyword (`title`, `default`, `x-taplo`, draft 4's `id`, ...) is an annotation, ignored when
-    schemas are combined (`allOf`, a `$ref` with siblings) as when they are checked."""
-    return keyword in _KNOWN or keyword in _UNSUPPORTED
-
-
-_TYPE_KEYWORDS = {
-    "integer": {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"},
-    "number": {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"},
-    "string": {"minLength", "maxLength", "pattern", "format", _NOT_STRINGS},
-    "array": {
-        "items",
-        "prefixItems",
-        "additionalItems",
-        "minItems",
-        "maxItems",
-        "uniqueItems",
-        "contains",
-        "minContains",
-    },
-    "object": {
-        "properties",
-        "required",
-        "additionalProperties",
-        "minProperties",
-        "maxProperties",
-        "patternProperties",
-        "propertyNames",
-    },
-    "boolean": set(),
-    "null": set(),
-}
-_JSON_TYPES = set(_TYPE_KEYWORDS)
-
-
-class UnsupportedSchemaError(ConstraintError):
-    """A JSON Schema keyword (or value) that cannot be enforced by a regular constraint.
-
-    **Attributes:** `keyword`: the keyword; `path`: where it is, as a JSON pointer.
-    """
-
-    def __init__(self, keyword: str, path: str, reason: str):
-        self.keyword, self.path, self.reason = keyword, path, reason
-        super().__init__(f"JSON Schema keyword `{keyword}` at {path} is not supported: {reason}")
-
-
-class InvalidSchemaError(ConstraintError):
-    """A schema that is not valid under its own dialect's metaschema (`jsonschema`'s
-    `check_schema`), e.g. `{"type": "strnig"}` or `{"minLength": -1}`.
-
-    **Attributes:** `path`: where, as a JSON pointer; `reason`: the metaschema's message.
-    """
-
-    def __init__(self, path: str, reason: str):
-        self.path, self.reason = path, reason
-        super().__init__(f"not a valid JSON Schema at {path}: {reason}")
-
-
-def check_schema(schema) -> None:
-    """Check `schema` against the metaschema of its dialect (`$schema`, default 2020-12) with
-    `jsonschema.validators.validator_for(schema).check_schema`.
-
-    A schema that passed is remembered by its JSON text (`_CHECKED`): one compile checks it
-    once per attempt of a form (MaskBench kb_1161: 1.2 s a check).
-
-    **Raises:** `InvalidSchemaError` naming the place and the metaschema's complaint.
-    """
-    import jsonschema
-
-    try:
-        text = json.dumps(schema, sort_keys=True)
-    except (TypeError, ValueError):
-        text = None  # not JSON (e.g. a non-string key): `check_schema` says what
-    if text is not None and text in _CHECKED:
-        _CHECKED.move_to_end(text)
-        return
-    cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
-    try:
-        cls.check_schema(schema)
-    except jsonschema.exceptions.SchemaError as e:
-        where = "#" + "".join(f"/{p}" for p in e.absolute_path)
-        raise InvalidSchemaError(where, e.message[:300]) from None
-    except jsonschema.exceptions.UnknownType as e:  # pragma: no cover - defensive
-        raise InvalidSchemaError("#", str(e)) from None
-    if text is not None:
-        _CHECKED[text] = None
-        while len(_CHECKED) > _MAX_CHECKED:
-            _CHECKED.popitem(last=False)
-
-
-_CHECKED: collections.OrderedDict[str, None] = collections.OrderedDict()
-"""JSON texts of the schemas `check_schema` passed, least recently used first."""
-_MAX_CHECKED = 64
-
-
-def in_dialect(schema):
-    """`schema` with the keywords its dialect does not assert removed, as `jsonschema` reads
-    it (the dialect its `$schema` names, default 2020-12): a keyword that is no validator of
-    that dialect is an annotation there, e.g. `const`, `contains` and `propertyNames` under
-    draft 4, `if`/`then`/`else` before draft 7, `dependentRequired` before 2019-09, `prefixItems`
-    before 2020-12, `dependencies` from 2019-09 and `additionalItems` in 2020-12 (draft 3/4's
-    `exclusiveMinimum`/`exclusiveMaximum` stay: they modify `minimum`/`maximum`). Before
-    2019-09, the keywords beside a `$ref` are ignored too ("All other properties in a "$ref"
-    object MUST be ignored", draft 7 core §8.3): only annotations and `definitions` stay there.
-
-    Subschemas are visited where a keyword of any dialect holds them (`properties`, `items`,
-    `allOf`, `definitions`, ...); a subschema only a `$ref` into another member reaches keeps
-    its keywords (stricter, never looser). `schema` is modified in place and returned.
-    """
-    import jsonschema
-
-    if not isinstance(schema, Mapping):
-        return schema
-    cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
-    if cls is jsonschema.Draft3Validator:
-        return schema  # another language (`required` per property, `extends`, ...): as is
-    # the keywords `jsonschema` reads inside another one's validator: `minimum`'s (draft 4),
-    # `if`'s and `contains`'s
-    known = set(cls.VALIDATORS) | {"exclusiveMinimum", "exclusiveMaximum"}
-    if "if" in known:
-        known |= {"then", "else"}
-    if "contains" in known and cls not in (jsonschema.Draft6Validator, jsonschema.Draft7Validator):
-        known |= {"minContains", "maxContains"}
-    legacy = cls in (
-        jsonschema.Draft4Validator,
-        jsonschema.Draft6Validator,
-        jsonschema.Draft7Validator,
-    )
-
-    @typing.no_type_check
-    def visit(node) -> None:
-        if not isinstance(node, dict):
-            return
-        for key in [k for k in node if _asserts(k)]:
-            if key not in known or (legacy and "$ref" in node and key != "$ref"):
-                del node[key]
-        for key in (*_SCHEMA_MAPS, "dependencies"):
-            if isinstance(node.get(key), dict):
-                for value in node[key].values():
-                    visit(value)
-        for key in (*_SCHEMA_VALUES, "items"):
-            visit(node.get(key))
-        for key in (*_SCHEMA_LISTS, "items"):
-            if isinstance(node.get(key), list):
-                for value in node[key]:
-                    visit(value)
-
-    visit(schema)
-    return schema
+KNOWN.add(NOT_STRINGS)
 
 
 def _listed_values(schema):
@@ -518,8 +302,9 @@ def _listed_values(schema):
                 lists.append([branch["const"]])
             elif isinstance(branch.get("enum"), list):
                 lists.append(branch["enum"])
-    if not lists or {k for k in schema if _asserts(k)} <= {"enum", "const"}:
+    if not lists or {k for k in schema if asserts(k)} <= {"enum", "const"}:
         return schema  # nothing listed, or nothing beside the list
+    # deferred on purpose: jsonschema loads only to check a schema
     import jsonschema
 
     cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
@@ -529,28 +314,6 @@ def _listed_values(schema):
     except Exception:  # e.g. referencing's `Unresolvable` (an external `$ref`): the rewriter
         return schema  # then refuses or compiles the schema as it would without a list
     return {"enum": kept}
-
-
-def schema_as_dict(schema) -> dict:
-    """A JSON Schema as a dict, from a dict, a JSON string, or a pydantic model class
-    (`model_json_schema()`).
-
-    **Raises:** `ValueError` for a string that is not JSON; `TypeError` for anything else.
-    """
-    if isinstance(schema, type) and hasattr(schema, "model_json_schema"):
-        return schema.model_json_schema()
-    if isinstance(schema, str):
-        try:
-            schema = json.loads(schema)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"the JSON Schema string is not valid JSON: {e}") from None
-    if isinstance(schema, bool):
-        return schema
-    if not isinstance(schema, Mapping):
-        raise TypeError(
-            f"a JSON Schema must be a dict, a JSON string or a pydantic model class, got {type(schema).__name__}"
-        )
-    return copy.deepcopy(dict(schema))
 
 
 def _json_type(value) -> str:
@@ -569,10 +332,6 @@ def _json_type(value) -> str:
     return "object"
 
 
-_MAX_NEGATION_CHOICES = 32
-"""Most `anyOf` branches of a negated `required` (`_negation`)."""
-
-
 def _first_present(node: dict, branches: list) -> list:
     """`anyOf: [{"required": [x1]}, {"required": [x2]}, ...]` (at least one of the names,
     annotations aside) as "the first of them present is x_i": branch i also makes the names
@@ -584,7 +343,7 @@ def _first_present(node: dict, branches: list) -> list:
     those of fewer than 3 names (small either way), are returned as they are."""
     names = []
     for branch in branches:
-        if not isinstance(branch, Mapping) or {k for k in branch if _asserts(k)} != {"required"}:
+        if not isinstance(branch, Mapping) or {k for k in branch if asserts(k)} != {"required"}:
             return branches
         required = branch["required"]
         if not isinstance(required, list) or len(required) != 1:
@@ -617,12 +376,12 @@ def _whole_type(schema, closed_objects: bool) -> str | None:
     kind = schema.get("type")
     if isinstance(kind, list) and len(kind) == 1:
         kind = kind[0]
-    if not isinstance(kind, str) or kind not in _JSON_TYPES:
+    if not isinstance(kind, str) or kind not in JSON_TYPES:
         return None
     if kind == "object" and closed_objects:
         return None
     for key, value in schema.items():
-        if key == "type" or not _asserts(key):
+        if key == "type" or not asserts(key):
             continue
         if key in ("properties", "patternProperties", "required") and not value:
             continue
@@ -656,7 +415,7 @@ def _negation(schema):
     - `{"type": T}` -> the other JSON types (`integer`'s complement is not a type: `None`);
     - `{"required": R}` (beside vacuous `properties`) -> an object that lacks one of `R` (its
       property schema `false`); `{"anyOf": [{"required": R1}, ...]}` -> an object that lacks
-      one of each `Ri` (at most `_MAX_NEGATION_CHOICES` choices). `required` holds only for
+      one of each `Ri` (at most `MAX_NEGATION_CHOICES` choices). `required` holds only for
       objects, so every other value matches it and fails the `not`.
 
     Annotations are ignored. MaskBench's docker-compose schemas use the `required` forms."""
@@ -666,13 +425,13 @@ def _negation(schema):
         return True
     if not isinstance(schema, Mapping):
         return None
-    keys = {k for k in schema if _asserts(k)}
+    keys = {k for k in schema if asserts(k)}
     if keys == {"type"}:
         t = schema["type"]
         types = {t} if isinstance(t, str) else set(t) if isinstance(t, list) else None
-        if not types or not types <= _JSON_TYPES or types & {"integer", "number"} == {"integer"}:
+        if not types or not types <= JSON_TYPES or types & {"integer", "number"} == {"integer"}:
             return None
-        rest = sorted(_JSON_TYPES - types - {"integer", "number"})
+        rest = sorted(JSON_TYPES - types - {"integer", "number"})
         if not types & {"number", "integer"}:
             rest.append("number")
         return {"type": rest} if rest else False
@@ -684,7 +443,7 @@ def _negation(schema):
         vacuous = all(v is True or v == {} for v in part.get("properties", {}).values())
         names = part.get("required")
         if (
-            {k for k in part if _asserts(k)} <= {"required", "properties"}
+            {k for k in part if asserts(k)} <= {"required", "properties"}
             and vacuous
             and isinstance(names, list)
             and all(isinstance(n, str) for n in names)
@@ -705,19 +464,11 @@ def _negation(schema):
         return None
     if any(not names for names in sets):  # `required: []` holds for every value
         return False
-    choices = list(itertools.islice(itertools.product(*sets), _MAX_NEGATION_CHOICES + 1))
-    if len(choices) > _MAX_NEGATION_CHOICES:
+    choices = list(itertools.islice(itertools.product(*sets), MAX_NEGATION_CHOICES + 1))
+    if len(choices) > MAX_NEGATION_CHOICES:
         return None
     branches = [{"properties": dict.fromkeys(absent, False)} for absent in choices]
     return {"type": "object", **({"anyOf": branches} if len(branches) > 1 else branches[0])}
-
-
-_MAX_CONTAINS = 8
-"""Largest `minContains` written out (the regex repeats the item `minContains` times)."""
-
-_MAX_CONDITIONAL_BRANCHES = 64
-"""Most `anyOf` branches `_conditionals_as_branches` writes (one per group of discriminator
-values that select the same `then`/`else` parts, plus absent and non-object values)."""
 
 
 def _conditional(part):
@@ -725,7 +476,7 @@ def _conditional(part):
     else `None`; `then`/`else` default to `true`."""
     if not isinstance(part, Mapping) or "if" not in part:
         return None
-    if {k for k in part if _asserts(k)} - {"if", "then", "else"}:
+    if {k for k in part if asserts(k)} - {"if", "then", "else"}:
         return None
     return part["if"], part.get("then", True), part.get("else", True)
 
@@ -738,7 +489,7 @@ def _discriminator(condition):
     if not isinstance(condition, Mapping):
         return None
     properties = condition.get("properties")
-    if {k for k in condition if _asserts(k)} - {"properties", "required", "type"}:
+    if {k for k in condition if asserts(k)} - {"properties", "required", "type"}:
         return None
     if not isinstance(properties, Mapping) or len(properties) != 1:
         return None
@@ -747,12 +498,12 @@ def _discriminator(condition):
     (name, schema), required = next(iter(properties.items())), condition.get("required", [])
     if required not in ([], [name]) or not isinstance(schema, Mapping):
         return None
-    if {k for k in schema if _asserts(k)} - {"const", "enum", "type"}:
+    if {k for k in schema if asserts(k)} - {"const", "enum", "type"}:
         return None
     values = [schema["const"]] if "const" in schema else schema.get("enum")
     if not isinstance(values, list):
         return None
-    types = schema.get("type", sorted(_JSON_TYPES))
+    types = schema.get("type", sorted(JSON_TYPES))
     types = {types} if isinstance(types, str) else set(types)
     if "number" in types:
         types.add("integer")
@@ -765,7 +516,7 @@ def _discriminator(condition):
 def _discriminator_negation(condition):
     """A schema equal to `{"not": condition}` for a discriminator `if` (`_discriminator`), or
     `None`: an object that has the property with a value the `if` does not list (`not` of the
-    listed values: compiled for strings, `_excluded_strings`), or lacks it where the `if`
+    listed values: compiled for strings, `excluded_strings`), or lacks it where the `if`
     requires it, or a non-object value where the `if` says `"type": "object"`."""
     found = _discriminator(condition)
     if found is None:
@@ -782,7 +533,7 @@ def _discriminator_negation(condition):
     if required:
         branches.append({"type": "object", "properties": {name: False}})
     if object_only:
-        branches.append({"type": sorted(_JSON_TYPES - {"object", "integer"})})
+        branches.append({"type": sorted(JSON_TYPES - {"object", "integer"})})
     return branches[0] if len(branches) == 1 else {"anyOf": branches}
 
 
@@ -823,7 +574,7 @@ def _conditionals_as_branches(node: dict) -> dict:
     name = found[0][0]
     properties = node.get("properties")
     own = properties.get(name) if isinstance(properties, Mapping) else None
-    if isinstance(own, Mapping) and {k for k in own if _asserts(k)} == {"type"}:
+    if isinstance(own, Mapping) and {k for k in own if asserts(k)} == {"type"}:
         # the finite types list their values
         finite = {"boolean": [False, True], "null": [None]}
         types = [own["type"]] if isinstance(own["type"], str) else own["type"]
@@ -863,8 +614,8 @@ def _conditionals_as_branches(node: dict) -> dict:
     absent = {i for i, f in enumerate(found) if not f[2]}
     branches.append(branch({"type": "object", "properties": {name: False}}, absent))
     vacuous = {i for i, f in enumerate(found) if not f[3]}
-    branches.append(branch({"type": sorted(_JSON_TYPES - {"object", "integer"})}, vacuous))
-    if len(branches) > _MAX_CONDITIONAL_BRANCHES:
+    branches.append(branch({"type": sorted(JSON_TYPES - {"object", "integer"})}, vacuous))
+    if len(branches) > MAX_CONDITIONAL_BRANCHES:
         return node
     return {**rest, "allOf": [*kept, {"anyOf": branches}]}
 
@@ -922,37 +673,16 @@ def _canonical(value) -> str:
     return json.dumps(value, sort_keys=True)
 
 
-class _Never:
-    """The schema that no value satisfies (`false`), e.g. a recursion cut at its depth bound."""
-
-    def __repr__(self):
-        return "NEVER"
-
-
-NEVER = _Never()
-
 _DEFAULT_WHITESPACE = "[ ]?"
 """outlines-core's default whitespace between JSON tokens: none or one space."""
-_MAX_DEPENDENCIES = 3
-"""Most `dependentRequired` entries one object may have (2^k alternatives)."""
-_MAX_OBJECT_REGEX = 2_000_000
-"""Longest regex an object may become (about 100 optional properties): beyond, compiling it
-would take minutes, so the schema is refused with the reason instead."""
-_KEY_UNIT = r'(?:[^"\\\x00-\x1F\x7F-\x9F]|\\["\\bfnrt])'
-"""One character of a generated additional key: a plain character or one of the short JSON
-escapes (no `\\/`, no `\\u`), so every key has exactly one spelling."""
 
 
 _FALLBACK_DEPTHS = (2, 1)
 """The depths the fallback tries in turn when no pushdown automaton can be built: 2 only as the
-token automaton of a single regex within `_SINGLE_REGEX` (its grammar form is not attempted),
+token automaton of a single regex within `SINGLE_REGEX` (its grammar form is not attempted),
 else `NESTED_FREE_FORM_DEPTH` as before. On the 60 fallbacks among MaskBench's dev schemas, 59
 nest 2 levels, their compile times summed +8% (median per schema 1.08, at most +0.6 s, the
 slowest 2.8 s), and the valid documents of o9795 and sp_193 that nest 2 levels are accepted."""
-
-
-class _NotTokenAutomaton(ConstraintError):
-    """The fallback's deeper attempt would need the grammar form (its regex is too large)."""
 
 
 NESTED_FREE_FORM_DEPTH = 1
@@ -981,7 +711,7 @@ against 52.6 s; small schemas pay up to 15 ms (kb_432 17 -> 30 ms), large open o
 to 2x faster (o41296 1.29 -> 0.63 s). Every valid instance that depth 1 rejected for nesting is
 accepted (o13687, o21865, o12281, kb_688). Depth 1 was the default while the pushdown tables
 cost 60-90 ms more per schema; the token walk that remembers each (function, byte class) step
-(`pda._token_tables`) removed that."""
+(`pushdown.token_tables`) removed that."""
 FREE_VALUE_CALL = "\x01"
 """Stands for a free-form value in a schema's regex on the pushdown path: a control character,
 which JSON text never holds raw (strings escape it; whitespace is space, tab, CR, LF)."""
@@ -995,9 +725,6 @@ class _FreeValueCall:
 
 
 _CALL = _FreeValueCall()
-_STRING = r'"(?:[^"\\\x00-\x1F\x7F-\x9F]|\\["\\/bfnrt])*"'
-_INTEGER = r"-?(?:0|[1-9][0-9]*)"
-_NUMBER = r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?"
 
 
 def free_value(depth: int, ws: str = _DEFAULT_WHITESPACE, innermost: str | None = None) -> str:
@@ -1005,12 +732,12 @@ def free_value(depth: int, ws: str = _DEFAULT_WHITESPACE, innermost: str | None 
     (`depth=0`: strings, numbers, `true`, `false`, `null` only), `ws` between tokens; with
     `innermost`, the values `depth` levels down are that regex instead of scalars (`depth=0`:
     `innermost` itself)."""
-    scalar = f"(?:{_STRING}|{_NUMBER}|true|false|null)"
+    scalar = f"(?:{STRING}|{NUMBER}|true|false|null)"
     if depth <= 0:
         return scalar if innermost is None else innermost
     inner = free_value(depth - 1, ws, innermost)
     array = rf"\[{ws}(?:{inner}(?:{ws},{ws}{inner})*)?{ws}\]"
-    member = f"{_STRING}{ws}:{ws}{inner}"
+    member = f"{STRING}{ws}:{ws}{inner}"
     obj = rf"\{{{ws}(?:{member}(?:{ws},{ws}{member})*)?{ws}\}}"
     return f"(?:{scalar}|{array}|{obj})"
 
@@ -1024,343 +751,6 @@ def _own_constant(value) -> bool:
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return True
     return isinstance(value, list) and any(_own_constant(v) for v in value)
-
-
-_MAX_PLAIN_DIGITS = 40
-"""Longest plain decimal spelling `_number_regex` offers for a float beside its exponent form
-(`1e-50` is not also written with 50 zeros); integers are always written in full, as JSON
-serialisers write them."""
-
-
-def _number_regex(value: int | float, path: str = "") -> str:
-    """The regex of the JSON texts of numbers equal to `value` as serialisers write them: the
-    shortest round-trip form (`json.dumps`, `repr`), the same without an exponent where that
-    is short (`1e-07` -> `0.0000001`), an exponent with or without its leading zero and `+`
-    (`1e-07` and JavaScript's `1e-7`; `1e+20`, `1e20`) in `e` or `E`, and for an integral value
-    the integer and the integer with `.0` (`1` and `1.0` are one number in JSON Schema).
-    Equality is numeric, as JSON Schema's `const`/`enum` require; other spellings of the same
-    number (`1.00`, `10e-1`) are not accepted, so generation never loops on zeros.
-
-    **Raises:** `InvalidSchemaError` for a value that is not finite (not a JSON number)."""
-    from .regex import escape
-
-    if isinstance(value, float) and not math.isfinite(value):
-        raise InvalidSchemaError(path, f"the constant {value!r} is not a JSON number")
-    exact = decimal.Decimal(repr(value) if isinstance(value, float) else value)
-    negative = exact < 0 or (exact == 0 and math.copysign(1.0, float(value)) < 0)
-    magnitude = abs(exact)
-    sign = "-?" if magnitude == 0 else "-" if negative else ""
-    spellings = []
-    if magnitude == magnitude.to_integral_value():
-        digits = str(int(magnitude))
-        if len(digits) <= _MAX_PLAIN_DIGITS or not isinstance(value, float):
-            spellings.append(digits + r"(?:\.0)?")
-    else:
-        plain = format(magnitude, "f")
-        if len(plain) <= _MAX_PLAIN_DIGITS:
-            spellings.append(escape(plain))
-    short = repr(float(magnitude)) if isinstance(value, float) else ""
-    if "e" in short:
-        mantissa, exponent = short.split("e")
-        power = int(exponent)
-        mark = r"\+?" if power >= 0 else "-"
-        pad = "0?" if abs(power) < 10 else ""
-        spellings.append(f"{escape(mantissa)}[eE]{mark}{pad}{abs(power)}")
-    return sign + (spellings[0] if len(spellings) == 1 else f"(?:{'|'.join(spellings)})")
-
-
-def _literal_key(name: str) -> str:
-    """The regex of the JSON text of a literal key (quotes included)."""
-    from .regex import escape
-
-    return escape(json.dumps(name, ensure_ascii=False))
-
-
-def _key_units(name: str) -> list[str]:
-    """The JSON text of a key's body as spelled units (a character or a short escape)."""
-    body = json.dumps(name, ensure_ascii=False)[1:-1]
-    units, i = [], 0
-    while i < len(body):
-        if body[i] == "\\":
-            step = 6 if body[i + 1] == "u" else 2
-            units.append(body[i : i + step])
-            i += step
-        else:
-            units.append(body[i])
-            i += 1
-    return units
-
-
-def _ascii_class(codes: list[int]) -> str:
-    """A regex character class of printable ASCII `codes` (sorted), as ranges."""
-    parts, i = [], 0
-    while i < len(codes):
-        j = i
-        while j + 1 < len(codes) and codes[j + 1] == codes[j] + 1:
-            j += 1
-        lo, hi = _class_char(codes[i]), _class_char(codes[j])
-        parts.append(lo if i == j else f"{lo}{hi}" if j == i + 1 else f"{lo}-{hi}")
-        i = j + 1
-    return f"[{''.join(parts)}]"
-
-
-_PLAIN_KEY_CODES = [c for c in range(0x20, 0x7F) if c not in (ord('"'), ord("\\"))]
-"""The printable ASCII characters a key spells as themselves (not `"` or `\\`)."""
-_PLAIN_KEY = _ascii_class(_PLAIN_KEY_CODES)
-_OTHER_KEY_UNIT = r'(?:[^\x00-\x9F]|\\["\\bfnrt])'
-"""A unit of `_KEY_UNIT` that is not a plain ASCII character: U+00A0 and above, or an escape."""
-
-
-def _key_not_in(names: list[str]) -> str:
-    """The regex of a JSON string body that is none of `names`, in units of `_KEY_UNIT`
-    (memoised by the names in order: MaskBench kb_1161's `$ref` expansion writes 12,725 open
-    objects from a few hundred distinct property lists, 5 s of this function without it).
-
-    When every name is plain printable ASCII (almost all keys): a body that holds any other
-    unit is none of them, and an ASCII one leaves the names' trie either by a character no
-    name continues with (then any ASCII) or by ending at a node that is no name. Written as
-    `diverged [ASCII]* | non-name prefix | [ASCII]* other-unit unit*`, the three tails are
-    shared, so the automaton has about two states per trie node. (The general form below
-    repeats a tail of any units at every node: for the 108 keys of MaskBench o61596 a
-    141,000-character regex whose automaton has 37,000 states before minimisation, 2.5 s;
-    this form takes about a tenth of that.)"""
-    return _key_not_in_memo(tuple(names))
-
-
-@functools.lru_cache(maxsize=4096)
-def _key_not_in_memo(names: tuple[str, ...]) -> str:
-    """`_key_not_in`, memoised."""
-    from .regex import escape
-
-    if all(c in _PLAIN_KEY_CODES for name in names for c in map(ord, name)):
-        trie: dict = {}
-        for name in names:
-            node = trie
-            for ch in name:
-                node = node.setdefault(ch, {})
-            node[None] = {}
-
-        @typing.no_type_check
-        def diverged(node) -> str:  # a path of the trie, then a character that leaves it
-            others = [c for c in _PLAIN_KEY_CODES if chr(c) not in node]
-            alternatives = [_ascii_class(others)] if others else []
-            alternatives += [escape(ch) + diverged(child) for ch, child in node.items() if ch]
-            return "(?:" + "|".join(alternatives) + ")"  # never empty: a leaf has `others`
-
-        @typing.no_type_check
-        def prefix(node) -> str | None:  # a path of the trie that ends at no name
-            alternatives = [] if None in node else [""]
-            for ch, child in node.items():
-                if ch is not None and (rest := prefix(child)) is not None:
-                    alternatives.append(escape(ch) + rest)
-            if not alternatives:
-                return None
-            if alternatives == [""]:
-                return ""
-            body = "|".join(a for a in alternatives if a)
-            return f"(?:{body})" + ("?" if "" in alternatives else "")
-
-        short = prefix(trie)
-        parts = [f"{diverged(trie)}{_PLAIN_KEY}*"]
-        if short is not None:
-            parts.append(short)
-        parts.append(f"{_PLAIN_KEY}*{_OTHER_KEY_UNIT}{_KEY_UNIT}*")
-        return "(?:" + "|".join(parts) + ")"
-    return _key_not_in_units(list(names))
-
-
-def _key_not_in_units(names: list[str]) -> str:
-    """`_key_not_in` for any names: a trie of the names' units, leaving it at any point."""
-    from .regex import escape
-
-    trie: dict = {}
-    for name in names:
-        node = trie
-        for unit in _key_units(name):
-            node = node.setdefault(unit, {})
-        node[None] = {}
-
-    @typing.no_type_check
-    def other_than(children) -> str:
-        chars = [u for u in children if u is not None and len(u) == 1]
-        escapes = [u[1] for u in children if u is not None and len(u) == 2]
-        plain = "".join("\\" + c if c in "\\]^-[&~" else c for c in chars)
-        parts = [rf'[^"\\\x00-\x1F\x7F-\x9F{plain}]']
-        left = [e for e in '"\\bfnrt' if e not in escapes]
-        if left:
-            parts.append("\\\\[" + "".join("\\" + e if e in "\\]^-[" else e for e in left) + "]")
-        return "(?:" + "|".join(parts) + ")"
-
-    @typing.no_type_check
-    def walk(node) -> str:
-        alternatives = [other_than(node) + _KEY_UNIT + "*"]
-        for unit, child in node.items():
-            if unit is not None:
-                alternatives.append(escape(unit) + walk(child))
-        body = "(?:" + "|".join(alternatives) + ")"
-        return body if None in node else body + "?"
-
-    return walk(trie)
-
-
-_KEY_ALPHABET = r"[\x20\x21\x23-\x5b\x5d-\x7e]"
-"""The characters of a key that `patternProperties` leaves to `additionalProperties`
-(`_unmatched_keys`): printable ASCII but `"` and `\\`, on which `json_string_pattern` is exact
-(its `\\w`, `.`, `[^...]` differ from Python's only on control and non-ASCII characters)."""
-_MAX_KEY_REGEX = 20_000
-"""Most characters of the regex of the keys no `patternProperties` pattern matches."""
-_MAX_KEY_REGEX_STATES = 300
-"""Most states of a minimal key automaton that `patterns.dfa_regex` writes back as a regex
-(larger ones widen the patterns first, `_KEY_PREFIX_DEPTHS`)."""
-_MAX_KEY_STATES = 4_000
-"""Most states of the automata `_unmatched_keys` builds on the way to that regex."""
-
-
-class _KeysTooComplex(ValueError):
-    """The keys no pattern matches need a regex over `_MAX_KEY_REGEX` characters."""
-
-
-@functools.lru_cache(maxsize=256)
-def _unmatched_keys(
-    bodies: tuple[str, ...], names: tuple[str, ...], within: str | None = None
-) -> str | None:
-    """The regex of the JSON text between the quotes of a key of `_KEY_ALPHABET` characters
-    (that the regex `within` matches, if given) that none of the regexes `bodies` (key bodies:
-    `json_string_pattern` of each `patternProperties` pattern) matches and that is none of
-    `names`: the byte DFA of `_KEY_ALPHABET*` (times `within`'s, `patterns.intersect_dfas`)
-    minus each (`patterns.difference_dfas`), minimised, written back as a regex
-    (`patterns.dfa_regex`). `None` when there is no such key.
-
-    **Raises:** `_KeysTooComplex` when an automaton exceeds `_MAX_KEY_STATES` states or the
-    regex `_MAX_KEY_REGEX` characters (MaskBench's BCP 47 language-tag patterns)."""
-    plain = [n for n in names if re.fullmatch(f"{_KEY_ALPHABET}*", n)]
-    excluded = [regex_byte_dfa(body) for body in bodies]
-    named = "|".join("".join(f"\\x{ord(c):02x}" for c in n) for n in plain)
-    error = None
-    for depth in (None, *_KEY_PREFIX_DEPTHS):
-        dfa = regex_byte_dfa(f"{_KEY_ALPHABET}*")
-        try:
-            if within is not None:
-                dfa = intersect_dfas(dfa, regex_byte_dfa(within), max_states=_MAX_KEY_STATES)
-            for body in excluded:
-                wider = body if depth is None else _prefix_closure(body, depth)
-                dfa = difference_dfas(dfa, wider, max_states=_MAX_KEY_STATES)
-            if named:
-                dfa = difference_dfas(dfa, regex_byte_dfa(named), max_states=_MAX_KEY_STATES)
-            dfa = minimize(dfa)
-            if dfa.num_states > _MAX_KEY_REGEX_STATES:  # elimination is quadratic in states
-                raise ValueError(f"{dfa.num_states:,} states to write as a regex")
-            return dfa_regex(dfa, max_chars=_MAX_KEY_REGEX)
-        except ConstraintError:  # the language is empty
-            return None
-        except ValueError as e:
-            error = error or e
-    raise _KeysTooComplex(str(error))
-
-
-_KEY_PREFIX_DEPTHS = (16, 8, 4, 2, 1)
-"""Prefix lengths `_unmatched_keys` tries, longest first, when the exact set of keys no pattern
-matches is too complex to write: each pattern is widened to the keys whose first `depth`
-characters start one of its keys (`_prefix_closure`), so fewer keys are left to
-`additionalProperties` (never one a pattern matches). MaskBench's BCP 47 language-tag patterns
-(`^(description_(...))$`) leave the keys that do not start with `description_`."""
-
-
-def _prefix_closure(dfa: ByteDFA, depth: int) -> ByteDFA:
-    """A byte DFA of the texts `dfa` accepts and of every text whose first `depth` bytes some
-    text of `dfa` starts with (a superset of `dfa`'s language; `dfa` trimmed): `dfa`'s states
-    counted up to `depth` bytes, then one state that accepts everything."""
-    n, width = dfa.num_states, dfa.delta.shape[1]
-    everything = n * depth
-    delta = np.full((everything + 1, width), everything, np.int32)
-    level = np.arange(n * depth) // n
-    state = np.arange(n * depth) % n
-    target = dfa.delta[state]
-    inner = np.where(level[:, None] + 1 < depth, (level[:, None] + 1) * n + target, everything)
-    delta[:everything] = np.where(target != REJECT, inner, REJECT)
-    accepting = np.append(dfa.accepting[state], True)
-    return trim(ByteDFA(delta, accepting, dfa.initial))
-
-
-def _name_checker(schema, substitute):
-    """A function telling whether a property name satisfies a (rewritten) `propertyNames` schema,
-    or `None` when its regex cannot be built. `substitute` expands the rewriter's markers (a
-    `pattern` or `format` of the names is a marker, whose placeholder alone matches no name)."""
-    if schema is NEVER:
-        return lambda name: False
-    try:
-        from outlines_core.json_schema import build_regex_from_schema
-
-        regex = re.compile(substitute(build_regex_from_schema(json.dumps(schema))))
-    except (ValueError, RuntimeError, re.error, ConstraintError):
-        return None
-    return lambda name: bool(regex.fullmatch(json.dumps(name, ensure_ascii=False)))
-
-
-def _overlap(regexes: list[str]) -> bool:
-    """Whether two of the regexes can match one text (product of their byte DFAs)."""
-    from .byte_dfa import REJECT, regex_byte_dfa
-
-    dfas = [regex_byte_dfa(r) for r in regexes]
-    for i in range(len(dfas)):
-        for j in range(i + 1, len(dfas)):
-            a, b = dfas[i], dfas[j]
-            seen, frontier = {(a.initial, b.initial)}, [(a.initial, b.initial)]
-            while frontier:
-                x, y = frontier.pop()
-                if a.accepting[x] and b.accepting[y]:
-                    return True
-                both = (a.delta[x] != REJECT) & (b.delta[y] != REJECT)
-                for byte in map(int, both.nonzero()[0]):
-                    pair = (int(a.delta[x, byte]), int(b.delta[y, byte]))
-                    if pair not in seen:
-                        seen.add(pair)
-                        frontier.append(pair)
-    return False
-
-
-_MAX_REGEX = 1_000_000
-"""Characters of a schema's whole regex beyond which it is refused at once: the regex -> byte
-DFA step then takes tens of seconds to minutes (measured on the MaskBench sample)."""
-
-
-class _RegexTooLarge(ConstraintError):
-    """A schema's single regex would exceed a size limit (`_MAX_REGEX`, or `_GRAMMAR_REGEX`
-    where the grammar form is tried): `JsonSchema` then compiles the grammar form."""
-
-    def __init__(self, size: int, limit: int):
-        self.size, self.limit = size, limit
-        super().__init__(
-            f"the schema's regex would have {size:,} characters (the limit is {limit:,}): "
-            "too large to compile into an automaton in reasonable time"
-        )
-
-
-class _TooManyPositions(ConstraintError):
-    """A grammar form would have more automaton positions than its limit
-    (`_MAX_GRAMMAR_POSITIONS`, times `_OVER_REGEX_SCALE` in place of a single regex)."""
-
-    def __init__(self, positions: int, rules: int, limit: int, what: str | None = None):
-        what = what or (
-            f"the schema's grammar form has {positions:,} automaton positions in {rules} rules"
-        )
-        super().__init__(
-            f"{what} (the limit is {limit:,}): its token tables would take too long to build"
-        )
-
-
-class _RecursionRefused(ConstraintError):
-    """Internal: the grammar form cannot keep this schema's recursion as rules
-    (`json_schema_compile` then unrolls it)."""
-
-
-class _NoCommonType(UnsupportedSchemaError):
-    """`allOf` of schemas whose types share no value (`_Rewriter.merge`): no value satisfies
-    it (`NEVER`: an `anyOf` branch or an optional property that cannot be)."""
-
-
-class _TooLarge(Exception):
-    """An object regex over `_MAX_OBJECT_REGEX` characters (caught by `_Rewriter._object`)."""
 
 
 _MEMBER_BLOCK = 32
@@ -1405,8 +795,8 @@ def _listed_members(items, sep: str) -> tuple[str | None, bool]:
             written = f"{written}(?:{sep}{regex})?"
         if required:
             empty = False
-    if written is not None and len(written) > _MAX_OBJECT_REGEX:
-        raise _TooLarge(len(written))
+    if written is not None and len(written) > MAX_OBJECT_REGEX:
+        raise TooLarge(len(written))
     return written, empty
 
 
@@ -1414,8 +804,8 @@ def _members_any_order(items, sep: str) -> tuple[str | None, bool]:
     """As `_listed_members`, in any order: `(regex, empty)`, `regex` matching every non-empty
     set of `items` (each member's regex and whether it is required) that keeps the required
     ones, written in any order, members separated by `sep`. The regex follows the set written so
-    far, so each member appears `2 ** (n - 1)` times: for small objects only (`_ANY_ORDER_MAX`,
-    `_ANY_ORDER_BUDGET`). Deterministic: each member starts with its own key."""
+    far, so each member appears `2 ** (n - 1)` times: for small objects only (`ANY_ORDER_MAX`,
+    `ANY_ORDER_BUDGET`). Deterministic: each member starts with its own key."""
     if not items:
         return None, True
     n = len(items)
@@ -1516,8 +906,8 @@ def _object_regex(
                 out = alternatives[0]
             else:
                 out = "(?:" + "|".join(f"(?:{a})" for a in alternatives) + ")"
-        if out is not None and len(out) > _MAX_OBJECT_REGEX:
-            raise _TooLarge(len(out))
+        if out is not None and len(out) > MAX_OBJECT_REGEX:
+            raise TooLarge(len(out))
         memo[(i, c)] = out
         return out
 
@@ -1542,185 +932,6 @@ def _object_regex(
     return None if body is None else rf"\{{{ws}{body}{ws}\}}"
 
 
-_SCHEMA_MAPS = ("properties", "$defs", "definitions", "dependentSchemas", "patternProperties")
-_SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
-_SCHEMA_VALUES = (
-    "additionalProperties",
-    "additionalItems",
-    "not",
-    "if",
-    "then",
-    "else",
-    "contains",
-    "propertyNames",
-    "unevaluatedProperties",
-    "unevaluatedItems",
-)
-
-
-_MAX_INLINED_NODES = 100_000
-"""How many schema nodes reference inlining may produce: beyond, the schema is refused with the
-reason (mutually recursive definitions grow exponentially with `max_recursion_depth`)."""
-_ROOT_URI = "urn:functional-gen:root"
-_MAX_RECURSIVE_MERGES = 64
-"""How many times the rewrite may merge a recursive target's subtree with other keywords
-(`_Rewriter.merge`): a recursion through such merges (`{"$ref": "#", "required": [..]}` inside
-the target) would inline it forever; beyond, the recursion is unrolled instead."""
-
-
-def _root_resolver(root):
-    """A `referencing` resolver for `root`, in the dialect its `$schema` names (default 2020-12),
-    with every embedded resource (`$id`, draft-4 `id`) and `$anchor` registered."""
-    from referencing import Registry
-    from referencing.jsonschema import DRAFT202012, specification_with
-
-    dialect = root.get("$schema") if isinstance(root, Mapping) else None
-    specification = (
-        specification_with(dialect, default=DRAFT202012)
-        if isinstance(dialect, str)
-        else DRAFT202012
-    )
-    resource = specification.create_resource(root)
-    base = resource.id() or _ROOT_URI
-    registry = Registry().with_resource(base, resource)
-    if base != _ROOT_URI:
-        registry = registry.with_resource(_ROOT_URI, resource)
-    # `referencing` reads a subschema's id in the dialect of its own `$schema`: a draft-4
-    # subschema holding a boolean schema (`"items": true`, draft 6+) makes that a TypeError
-    # (JsonSchemaStore config.json). Uncrawled, references by JSON pointer and to the root
-    # still resolve; one to an embedded `$id` then fails with `UnsupportedSchemaError`.
-    with contextlib.suppress(TypeError, AttributeError):
-        registry = registry.crawl()
-    return registry.resolver(base_uri=base), specification
-
-
-def _id_of(specification, node) -> str | None:
-    """The base URI `node` declares (`$id`, draft 4's `id`), or `None`: also where that keyword
-    is no string, as when a subschema lists properties without `properties` (MaskBench o28532:
-    `"items": {"id": {"type": "string"}, ...}`), which `referencing` would fail on."""
-    key = "id" if specification.name.endswith(("draft-04", "draft-03")) else "$id"
-    if not isinstance(node.get(key, ""), str):
-        return None
-    return specification.id_of(node)
-
-
-_RECURSIVE = "$fgRecursive"
-"""The key of `inline_references(recursive=True)`'s placeholder for a recursive reference: its
-value is the index of the reference's target in the returned expansions."""
-
-
-def inline_references(root, max_recursion_depth: int, *, recursive: bool = False):
-    """`root` with every `$ref` replaced by (a copy of) its target, resolved by the
-    `referencing` library as `jsonschema` resolves it (`$id` / draft-4 `id` base URIs,
-    `$anchor`, JSON pointers, percent-encoding). A reference met again inside its own expansion
-    is expanded at most `max_recursion_depth` times on one path; beyond, it becomes `NEVER` (the
-    value is then left out where the schema allows it: an optional property, an empty array,
-    another `anyOf` branch).
-
-    outlines-core unrolls recursion itself but cuts it by dropping the property, which leaves a
-    dangling comma (`{"value": 1, }`); we cut it where JSON stays valid instead.
-
-    With `recursive=True` nothing is unrolled or cut (`max_recursion_depth` is not used): a
-    reference met again inside its own expansion (the root counts as the expansion of `#`)
-    becomes the placeholder `{"$fgRecursive": k}`, and the subtree built where target `k` was
-    expanded (any of them: none is cut, so they all mean the target) is `expansions[k]`. The
-    grammar form makes each such target a rule and each placeholder a call of it
-    (`_Rewriter.recursive_call`), so recursion nests as deep as the pushdown stack.
-
-    **Returns:** the inlined schema; with `recursive=True`, `(schema, expansions)`,
-    `expansions` a list of the recursive targets' subtrees (empty when nothing recurses).
-
-    **Raises:** `UnsupportedSchemaError` for remote (not embedded) or unresolvable references,
-    and when the expansion exceeds `_MAX_INLINED_NODES` schema nodes.
-    """
-    from referencing.exceptions import Unresolvable
-
-    resolver, specification = _root_resolver(root)
-    count = [0]
-    targets: dict[int, int] = {}  # id of a recursive target's contents -> its index
-    expansions: dict[int, object] = {}
-
-    @typing.no_type_check
-    def walk(node, path: str, stack: tuple, resolver):
-        if not isinstance(node, Mapping):
-            return node
-        count[0] += 1
-        if count[0] > _MAX_INLINED_NODES:
-            raise UnsupportedSchemaError(
-                "$ref",
-                path,
-                f"the references expand to more than {_MAX_INLINED_NODES:,} schema nodes "
-                f"(max_recursion_depth={max_recursion_depth}); lower max_recursion_depth",
-            )
-        node = dict(node)
-        if node is not root and _id_of(specification, node):
-            resolver = resolver.in_subresource(specification.create_resource(node))
-        if "$ref" in node:
-            # siblings' properties first where they come before the `$ref` in the text
-            # (llguidance's order, `_applicator_first`), else the target's
-            siblings_first = bool(node.get("properties")) and not _applicator_first(node, "$ref")
-            ref = node.pop("$ref")
-            if not isinstance(ref, str):
-                raise UnsupportedSchemaError("$ref", path, f"must be a string, got {ref!r}")
-            try:
-                resolved = resolver.lookup(ref)
-            except Unresolvable as e:
-                raise UnsupportedSchemaError(
-                    "$ref",
-                    path,
-                    f"the reference {ref!r} does not resolve within the schema "
-                    f"(remote references are not fetched): {type(e).__name__}",
-                ) from None
-            key = id(resolved.contents)
-            if recursive and key in stack:
-                target = {_RECURSIVE: targets.setdefault(key, len(targets))}
-            elif stack.count(key) >= max_recursion_depth:
-                return NEVER
-            else:
-                target = walk(resolved.contents, f"{path}/$ref", stack + (key,), resolved.resolver)
-                if key in targets:
-                    expansions.setdefault(targets[key], target)
-            siblings = {k: v for k, v in node.items() if _asserts(k)}
-            if not siblings:
-                return target
-            parts = [target, walk(siblings, path, stack, resolver)]
-            return {"allOf": parts[::-1] if siblings_first else parts}
-        for key in _SCHEMA_MAPS:
-            if (
-                key in node
-                and isinstance(node[key], Mapping)
-                and key not in ("$defs", "definitions")
-            ):
-                node[key] = {
-                    k: walk(v, f"{path}/{key}/{k}", stack, resolver) for k, v in node[key].items()
-                }
-        node.pop("$defs", None)
-        node.pop("definitions", None)
-        for key in _SCHEMA_LISTS:
-            if key in node and isinstance(node[key], list):
-                node[key] = [
-                    walk(v, f"{path}/{key}/{i}", stack, resolver) for i, v in enumerate(node[key])
-                ]
-        if "items" in node:
-            items = node["items"]
-            node["items"] = (
-                [walk(v, f"{path}/items/{i}", stack, resolver) for i, v in enumerate(items)]
-                if isinstance(items, list)
-                else walk(items, f"{path}/items", stack, resolver)
-            )
-        for key in _SCHEMA_VALUES:
-            if key in node:
-                node[key] = walk(node[key], f"{path}/{key}", stack, resolver)
-        return node
-
-    if not recursive:
-        return walk(root, "#", (), resolver)
-    schema = walk(root, "#", (id(root),), resolver)
-    if id(root) in targets:
-        expansions.setdefault(targets[id(root)], schema)
-    return schema, [expansions[k] for k in range(len(targets))]
-
-
 _OBJECT_MEMBERS = ("properties", "patternProperties", "additionalProperties")
 """An object's member keywords: `additionalProperties` applies to the keys that its own schema's
 `properties` and `patternProperties` leave, so two schemas' members merge together
@@ -1738,30 +949,12 @@ def _both(x, y):
     return {"allOf": [x, y]}
 
 
-def _applicator_first(node: Mapping, keyword: str) -> bool:
-    """Whether the in-place applicator `keyword` (`allOf`, `anyOf`, `oneOf`, `$ref`) comes
-    before the node's own `properties` (and its `additionalProperties`) in the schema's text,
-    so that its members are listed before the node's own, as llguidance 1.9 orders them: it
-    reads a schema's keywords in their order, each applicator intersected with what the
-    keywords before it gave, and an object intersection keeps the left side's properties first;
-    an `additionalProperties` read before the applicator brings the names of `properties` with
-    it (llguidance's "dummy" properties), so they come first then too. `False` without both
-    `keyword` and a non-empty `properties`."""
-    if keyword not in node or not isinstance(node.get("properties"), Mapping):
-        return False
-    if not node["properties"]:
-        return False
-    keys = list(node)
-    members = [keys.index(k) for k in ("properties", "additionalProperties") if k in node]
-    return keys.index(keyword) < min(members)
-
-
 def _flat_all_of(branches, path: str) -> list:
     """`(path, branch)` for each of the `allOf` `branches`, a branch's own `allOf` spliced in
     beside its other keywords, in the order of the branch's text as llguidance reads it: after
     them (its properties first: a `$ref` beside siblings, inlined as `{"allOf": [target,
     siblings]}`, lists the target's properties first at every level of nesting), or before
-    them where `allOf` comes before `properties` (`_applicator_first`). Merging them in this
+    them where `allOf` comes before `properties` (`applicator_first`). Merging them in this
     order is the same schema (`allOf` is associative)."""
     if not isinstance(branches, list):
         return [(path, branches)]
@@ -1771,7 +964,7 @@ def _flat_all_of(branches, path: str) -> list:
         if isinstance(branch, Mapping) and isinstance(branch.get("allOf"), list):
             own = {k: v for k, v in branch.items() if k != "allOf"}
             nested = _flat_all_of(branch["allOf"], f"{where}/allOf")
-            if _applicator_first(branch, "allOf"):
+            if applicator_first(branch, "allOf"):
                 out.extend(nested)
                 if own:
                     out.append((where, own))
@@ -1881,7 +1074,7 @@ class _Rewriter:
         """Target index -> the regex of the rewritten target (its rule's body)."""
         self.recursive_merges = 0
         self.counted_strings = counted_strings
-        """Write a plain string with a length bound over `_COUNTED_STRING_MIN` as an automaton
+        """Write a plain string with a length bound over `COUNTED_STRING_MIN` as an automaton
         (`bounded_string`) instead of a counted regex repeat (only `json_schema_compile`, which
         splices it, sets this)."""
         self.substitutions: dict[str, str] = {}
@@ -1890,7 +1083,7 @@ class _Rewriter:
         """Per marker of an array with a large item count (`counted_items`): the marker of its
         items and how many more copies of them its counted repeat writes out."""
         self.repeat_weight: dict[str, int] = {}
-        """Per marker of a counted plain string (`_SHARED_COUNT_MIN`), the characters its
+        """Per marker of a counted plain string (`SHARED_COUNT_MIN`), the characters its
         counted repeat would add written out (`(count - 1)` times the repeated atom): what its
         automaton costs beyond the regex's length, for `weight` and `_plan_rules`."""
         self.tag = uuid.uuid4().hex[:12]
@@ -1918,13 +1111,12 @@ class _Rewriter:
         or, with `free_form_depth=None`, the character `FREE_VALUE_CALL` that the pushdown
         automaton turns into a call of its recursive JSON value rule."""
         if self.free_form_depth is None:
-            from .regex import escape
-
             return self.marker(escape(FREE_VALUE_CALL))
         return self.marker(free_value(self.free_form_depth, self.ws))
 
     def regex_of(self, schema) -> str:
         """The regex of a rewritten schema (markers left in, substituted at the end)."""
+        # deferred on purpose: the Rust extension loads only when a regex compiles
         from outlines_core.json_schema import build_regex_from_schema
 
         if schema is NEVER:
@@ -1951,17 +1143,17 @@ class _Rewriter:
             self.substitutions[name] = regex
         return {"const": name}
 
-    def substitute(self, regex: str, limit: int = _MAX_REGEX) -> str:
+    def substitute(self, regex: str, limit: int = MAX_REGEX) -> str:
         """`regex` with every marker (outlines-core's regex of the marker's `const`, the name
         between quotes) replaced by its regex, markers inside those expanded too: one pass per
         distinct marker, each expanded once (replacing them one at a time over the whole regex
         is quadratic: 9 s for a schema with 17,000 markers).
 
-        **Raises:** `_RegexTooLarge` (a `ConstraintError`) when the result would have more than
+        **Raises:** `RegexTooLarge` (a `ConstraintError`) when the result would have more than
         `limit` characters (checked before it is built)."""
         found = re.compile(f'"(FGSUB[0-9]+X{self.tag})"')
         if (total := self._expanded_size(regex)) > limit:
-            raise _RegexTooLarge(total, limit)
+            raise RegexTooLarge(total, limit)
         expanded: dict[str, str] = {}
 
         @typing.no_type_check
@@ -1980,8 +1172,8 @@ class _Rewriter:
 
     def node(self, node, path: str):
         """The rewritten schema, or `NEVER` when no value can satisfy it."""
-        if isinstance(node, Mapping) and _RECURSIVE in node:
-            return self.recursive_call(node[_RECURSIVE])
+        if isinstance(node, Mapping) and RECURSIVE in node:
+            return self.recursive_call(node[RECURSIVE])
         k = self.bodies.get(id(node)) if isinstance(node, Mapping) else None
         if k is not None and k not in self.filled:  # a recursive target: its rule's body too
             self.filled.add(k)
@@ -2006,22 +1198,22 @@ class _Rewriter:
         if "not" in node:
             negated = _negation(node["not"])
             excluded = (
-                None if negated is not None else _excluded_strings(self.deref(node["not"], path))
+                None if negated is not None else excluded_strings(self.deref(node["not"], path))
             )
             if negated is not None:  # `not` of a shape whose complement is a schema: exact
                 node.pop("not")
                 node["allOf"] = [*node.get("allOf", []), negated]
             elif excluded is not None:  # `not` of listed strings: the other strings
                 node.pop("not")
-                node = self.merge(node, {_NOT_STRINGS: excluded}, path)
+                node = self.merge(node, {NOT_STRINGS: excluded}, path)
         if {"if", "then", "else"} & node.keys() or any(
             _conditional(part) is not None for part in node.get("allOf", ())
         ):
             node = _conditionals_as_branches(node)
         for key in list(node):
-            if key in _UNSUPPORTED:
-                self.refuse(key, path, _UNSUPPORTED[key])
-            if key not in _KNOWN:  # an annotation or an unknown keyword: asserts nothing
+            if key in UNSUPPORTED:
+                self.refuse(key, path, UNSUPPORTED[key])
+            if key not in KNOWN:  # an annotation or an unknown keyword: asserts nothing
                 del node[key]
         if "dependentRequired" in node:
             return self.node(self.dependent_required(node, path), path)
@@ -2043,10 +1235,10 @@ class _Rewriter:
     def fill_recursive(self, k: int, rewritten, path: str) -> None:
         """Make `rewritten` (recursive target `k`, rewritten) the body of `k`'s rule.
 
-        **Raises:** `_RecursionRefused` when no value satisfies the target (its recursion never
+        **Raises:** `RecursionRefused` when no value satisfies the target (its recursion never
         ends; the unrolled path cuts it where it may)."""
         if rewritten is NEVER:
-            raise _RecursionRefused(f"no value satisfies the recursive target at {path}")
+            raise RecursionRefused(f"no value satisfies the recursive target at {path}")
         self.filled.add(k)
         self.body_regex[k] = self.regex_of(rewritten)
         if k in self.recursive:
@@ -2067,7 +1259,7 @@ class _Rewriter:
     def dependent_required(self, node: dict, path: str) -> dict:
         """`dependentRequired` as an `anyOf` of objects: for each dependency `name: [needed]`,
         either `name` is absent (its schema `false`) or it and `needed` are required. Regular:
-        at most `_MAX_DEPENDENCIES` dependencies (2^k branches)."""
+        at most `MAX_DEPENDENCIES` dependencies (2^k branches)."""
         dependencies = node.pop("dependentRequired")
         if not isinstance(dependencies, Mapping) or not all(
             isinstance(v, list) and all(isinstance(n, str) for n in v)
@@ -2079,12 +1271,12 @@ class _Rewriter:
                 f"must map property names to lists of names, got {dependencies!r}",
             )
         dependencies = {k: v for k, v in dependencies.items() if v}
-        if len(dependencies) > _MAX_DEPENDENCIES:
+        if len(dependencies) > MAX_DEPENDENCIES:
             self.refuse(
                 "dependentRequired",
                 path,
                 f"{len(dependencies)} dependencies (at most "
-                f"{_MAX_DEPENDENCIES}: each doubles the alternatives)",
+                f"{MAX_DEPENDENCIES}: each doubles the alternatives)",
             )
             return node
         branches = [node]
@@ -2105,10 +1297,10 @@ class _Rewriter:
     def structural(self, node: dict, path: str):
         if "allOf" in node:
             # the node's own members after the parts where `allOf` comes first in its text
-            # (llguidance's order, `_applicator_first`), else before them
+            # (llguidance's order, `applicator_first`), else before them
             own = (
                 {k: node.pop(k) for k in _OBJECT_MEMBERS if k in node}
-                if _applicator_first(node, "allOf")
+                if applicator_first(node, "allOf")
                 else {}
             )
             keys = list(node)
@@ -2122,12 +1314,12 @@ class _Rewriter:
                 try:
                     into = self.into_branches(merged, branch, where, parts_first)
                     merged = into if into is not None else self.merge(merged, branch, where)
-                except _NoCommonType:  # types that share no value: the schema has none
+                except NoCommonType:  # types that share no value: the schema has none
                     return NEVER
             if own:
                 try:
                     merged = self.merge(merged, own, path)
-                except _NoCommonType:
+                except NoCommonType:
                     return NEVER
             return self.node(merged, path)
         if "anyOf" in node and "oneOf" in node and isinstance(node["anyOf"], list):
@@ -2140,8 +1332,8 @@ class _Rewriter:
         for combinator in ("anyOf", "oneOf"):
             if combinator in node:
                 # a branch's members before the node's own where the combinator comes first
-                # in the node's text (llguidance's order, `_applicator_first`)
-                branch_first = _applicator_first(node, combinator)
+                # in the node's text (llguidance's order, `applicator_first`)
+                branch_first = applicator_first(node, combinator)
                 branches = node.pop(combinator)
                 if not isinstance(branches, list) or not branches:
                     raise UnsupportedSchemaError(
@@ -2163,7 +1355,7 @@ class _Rewriter:
                             merged.append((where, self.merge(branch, node, where)))
                         else:
                             merged.append((where, self.merge(node, branch, where)))
-                    except _NoCommonType:  # e.g. a non-object branch of an object: no value
+                    except NoCommonType:  # e.g. a non-object branch of an object: no value
                         continue
                 if combinator == "anyOf":
                     merged = self.absorbed(merged)
@@ -2244,7 +1436,7 @@ class _Rewriter:
         """No `type`: every JSON type is allowed, and each type-specific keyword constrains only
         values of its type (`{"properties": {...}}` also accepts `"text"` or `3`), as validators
         read it. `None` when no type-specific keyword is present (any value)."""
-        present = [t for t, keys in _TYPE_KEYWORDS.items() if keys & node.keys() and t != "integer"]
+        present = [t for t, keys in TYPE_KEYWORDS.items() if keys & node.keys() and t != "integer"]
         if not present:
             return None
         return present + [
@@ -2256,10 +1448,10 @@ class _Rewriter:
     def typed(self, kind, node: dict, path: str):
         if kind is None:  # no type information: any JSON value
             return self.any_value()
-        if kind not in _JSON_TYPES:
+        if kind not in JSON_TYPES:
             raise UnsupportedSchemaError("type", path, f"unknown type {kind!r}")
-        keys = {k: v for k, v in node.items() if k in _TYPE_KEYWORDS[kind]}
-        return getattr(self, "_" + kind)(keys, path)
+        keys = {k: v for k, v in node.items() if k in TYPE_KEYWORDS[kind]}
+        return self.BY_TYPE[kind](self, keys, path)
 
     def multiple_of(self, node: dict, path: str, integer: bool = False):
         """How `multipleOf` is written: `(places, step)`. `places` is `d` for a power of ten
@@ -2288,16 +1480,16 @@ class _Rewriter:
         """The numbers of `regex` (a range, or any number) that are multiples of `step`: the
         intersection of its automaton with the remainder automaton `multiple_of_dfa`, written
         back as a regex (`dfa_regex`). `NEVER` when no multiple lies in the range. Steps whose
-        regex would exceed `_MAX_MULTIPLE_REGEX` characters (7, 9, 11, 12, 13, 16 and most
+        regex would exceed `MAX_MULTIPLE_REGEX` characters (7, 9, 11, 12, 13, 16 and most
         larger ones: the remainders form a cycle that state elimination writes out) are refused
         (with `strict=False`: dropped, `None`: the caller writes the node without it)."""
         try:
             dfa = intersect_dfas(
                 regex_byte_dfa(regex),
                 multiple_of_dfa(step, integer=integer),
-                max_states=_MAX_STRING_STATES,
+                max_states=MAX_STRING_STATES,
             )
-            return self.marker(dfa_regex(minimize(dfa), max_chars=_MAX_MULTIPLE_REGEX))
+            return self.marker(dfa_regex(minimize(dfa), max_chars=MAX_MULTIPLE_REGEX))
         except ConstraintError:
             return NEVER
         except ValueError as e:
@@ -2305,7 +1497,7 @@ class _Rewriter:
                 "multipleOf",
                 path,
                 f"{step!r}: the remainders modulo the step need a longer regex than "
-                f"{_MAX_MULTIPLE_REGEX:,} characters ({e})",
+                f"{MAX_MULTIPLE_REGEX:,} characters ({e})",
             )
             return None
 
@@ -2319,7 +1511,7 @@ class _Rewriter:
         except ValueError as e:
             raise UnsupportedSchemaError("minimum", path, str(e)) from None
         if step is not None:
-            multiples = self.multiple_terminal(regex or _INTEGER, step, True, path)
+            multiples = self.multiple_terminal(regex or INTEGER, step, True, path)
             if multiples is not None:
                 return multiples
         return {"type": "integer"} if regex is None else self.marker(regex)
@@ -2390,9 +1582,9 @@ class _Rewriter:
         return lo, lo_excl, hi, hi_excl
 
     def _string(self, node: dict, path: str):
-        if _NOT_STRINGS in node:
+        if NOT_STRINGS in node:
             node = dict(node)
-            excluded = node.pop(_NOT_STRINGS)
+            excluded = node.pop(NOT_STRINGS)
             return self.excluding(self._string(node, path), excluded, path)
         fmt, pattern = node.get("format"), node.get("pattern")
         lengths = {k: node[k] for k in ("minLength", "maxLength") if k in node}
@@ -2449,20 +1641,20 @@ class _Rewriter:
                 self.refuse("pattern", path, str(e))
                 return {"type": "string", **lengths}
             return self.marker('"' + body + '"')
-        if self.counted_strings and max(lengths.values(), default=0) > _COUNTED_STRING_MIN:
+        if self.counted_strings and max(lengths.values(), default=0) > COUNTED_STRING_MIN:
             keyword = "maxLength" if "maxLength" in lengths else "minLength"
-            states = _PLAIN_STRING_STATES * max(lengths.values())
-            if states > _MAX_STRING_STATES:  # refused before building it
+            states = PLAIN_STRING_STATES * max(lengths.values())
+            if states > MAX_STRING_STATES:  # refused before building it
                 self.refuse(
                     keyword,
                     path,
                     f"a string of {lengths} needs an automaton of about {states:,} states (the "
-                    f"limit is {_MAX_STRING_STATES:,})",
+                    f"limit is {MAX_STRING_STATES:,})",
                 )
                 return {"type": "string"}
             terminal = self.bounded_string(ANY_STRING, lengths, path, keyword)
             return {"type": "string"} if terminal is None else terminal  # None: bounds dropped
-        if self.counted_strings and max(lengths.values(), default=0) >= _SHARED_COUNT_MIN:
+        if self.counted_strings and max(lengths.values(), default=0) >= SHARED_COUNT_MIN:
             # one marker per distinct bounds, so that the grammar form may call one rule for
             # every such string instead of a copy of its counter per use (MaskBench o61653:
             # 40 strings of maxLength 256 in one object, 98,812 states spliced, 28 s)
@@ -2493,7 +1685,7 @@ class _Rewriter:
     def _expanded_size(self, regex: str, weighted: bool = False) -> int:
         """The length of `regex` with every marker expanded (each distinct marker measured
         once), without building it; `weighted`: plus `repeat_weight` per expanded marker, and
-        recursive markers count nothing instead of raising `_RecursionRefused` (a recursive
+        recursive markers count nothing instead of raising `RecursionRefused` (a recursive
         rule has no single regex)."""
         found = re.compile(f'"(FGSUB[0-9]+X{self.tag})"')
         sizes: dict[str, int] = {}
@@ -2505,7 +1697,7 @@ class _Rewriter:
             for match in found.finditer(text):
                 name = match.group(1)
                 if name in calls and not weighted:
-                    raise _RecursionRefused("a recursive rule has no single regex")
+                    raise RecursionRefused("a recursive rule has no single regex")
                 if name not in sizes:
                     sizes[name] = 0  # a recursion reached again counts nothing more
                     if name not in calls:
@@ -2529,7 +1721,7 @@ class _Rewriter:
             body = intersect_dfas(
                 regex_byte_dfa(FORMATS[fmt]),
                 regex_byte_dfa(json_string_pattern(pattern)),
-                max_states=_MAX_STRING_STATES,
+                max_states=MAX_STRING_STATES,
             )
         except ConstraintError:  # no string is in the format and matches the pattern
             return NEVER
@@ -2563,7 +1755,7 @@ class _Rewriter:
         if terminal is NEVER:
             return NEVER
         if terminal == {"type": "string"}:  # any string: a regex does it
-            return self.marker(_other_strings_regex(excluded))
+            return self.marker(other_strings_regex(excluded))
         regex = self.substitute(self.regex_of(terminal))
         inner = regex  # a string automaton's placeholder, in the groups of marker and const
         while inner not in self.dfa_texts and inner.startswith("(?:") and inner.endswith(")"):
@@ -2572,8 +1764,8 @@ class _Rewriter:
         source = f"not\0{regex}\0{json.dumps(excluded)}"
         try:
             strings = strings if strings is not None else regex_byte_dfa(regex)
-            forbidden = regex_byte_dfa("|".join(map(_json_spellings, excluded)))
-            rest = difference_dfas(strings, forbidden, max_states=_MAX_STRING_STATES)
+            forbidden = regex_byte_dfa("|".join(map(json_spellings, excluded)))
+            rest = difference_dfas(strings, forbidden, max_states=MAX_STRING_STATES)
         except ConstraintError:  # every string of `terminal` is excluded
             return NEVER
         except ValueError as e:
@@ -2586,12 +1778,12 @@ class _Rewriter:
         `lengths` (`minLength`/`maxLength`), when no regex writes that compactly: a marker whose
         regex is a placeholder and whose automaton is `length_bounded_dfa`'s, quoted
         (`dfa_terminals`; only the grammar form can call it, `_dfa_rule`). `NEVER` when no
-        string has the lengths; `None` when the automaton would exceed `_MAX_STRING_STATES`
+        string has the lengths; `None` when the automaton would exceed `MAX_STRING_STATES`
         states and `strict=False` dropped the bounds (with `strict=True`,
         `UnsupportedSchemaError` naming `keyword` and the sizes)."""
         lo, hi = lengths.get("minLength", 0), lengths.get("maxLength")
         try:
-            dfa = length_bounded_dfa(body, lo, hi, max_states=_MAX_STRING_STATES)
+            dfa = length_bounded_dfa(body, lo, hi, max_states=MAX_STRING_STATES)
         except ConstraintError:  # no string of these lengths matches
             return NEVER
         except ValueError as e:
@@ -2656,7 +1848,7 @@ class _Rewriter:
 
     def counted_items(self, out: dict):
         """An array `out` whose item count (`minItems` or `maxItems`) reaches
-        `_COUNTED_ITEMS_MIN`: a marker for it, its items a marker too, and `item_repeats`
+        `COUNTED_ITEMS_MIN`: a marker for it, its items a marker too, and `item_repeats`
         records the copies of the item that the counted repeat writes out (outlines-core's
         `(,item){0,999}`), so that the size measures see them (`weight`: such a schema goes to
         the grammar form first) and the grammar form makes the item a rule, called from each
@@ -2665,7 +1857,7 @@ class _Rewriter:
         arrays are returned as they are."""
         count = max(out.get("minItems", 0), out.get("maxItems") or 0)
         item = out.get("items")
-        if count < _COUNTED_ITEMS_MIN or not isinstance(item, Mapping):
+        if count < COUNTED_ITEMS_MIN or not isinstance(item, Mapping):
             return out
         if set(item) != {"const"} or item["const"] not in self.substitutions:
             item = out["items"] = self.marker(self.regex_of(item))
@@ -2686,11 +1878,11 @@ class _Rewriter:
             )
         if count == 0:
             return out
-        if {"minItems", "maxItems", "prefixItems"} & out.keys() or count > _MAX_CONTAINS:
+        if {"minItems", "maxItems", "prefixItems"} & out.keys() or count > MAX_CONTAINS:
             self.refuse(
                 "contains",
                 path,
-                f"together with item counts or `prefixItems`, or minContains over {_MAX_CONTAINS}",
+                f"together with item counts or `prefixItems`, or minContains over {MAX_CONTAINS}",
             )
             return out
         items = node.get("items", True)
@@ -2731,7 +1923,7 @@ class _Rewriter:
                     )
         if names_schema is not None:
             names_schema = self.node(names_schema, f"{path}/propertyNames")
-            check = _name_checker(names_schema, self.substitute)
+            check = name_checker(names_schema, self.substitute)
             if check is None:
                 self.refuse(
                     "propertyNames",
@@ -2762,7 +1954,7 @@ class _Rewriter:
                 if name in required:
                     return NEVER
                 continue
-            key = _literal_key(name)
+            key = literal_key(name)
             items.append((f"{key}{self.ws}:{self.ws}{self.regex_of(r)}", name in required))
             item_names.append(name)
         extras = []
@@ -2781,11 +1973,11 @@ class _Rewriter:
                 if r is NEVER:
                     continue
                 key = '"' + body + '"'
-                if any(re.fullmatch(key, _literal_key(n)) for n in named):
+                if any(re.fullmatch(key, literal_key(n)) for n in named):
                     # the pattern's keys but the listed ones (printable ASCII keys only)
                     try:
-                        body = _unmatched_keys((), tuple(named), within=body)
-                    except _KeysTooComplex as e:
+                        body = unmatched_keys((), tuple(named), within=body)
+                    except KeysTooComplex as e:
                         self.refuse(
                             "patternProperties",
                             path,
@@ -2799,7 +1991,7 @@ class _Rewriter:
                 extras.append((key, r, schema))
             if len(
                 {json.dumps(s, sort_keys=True, default=str) for _, _, s in extras}
-            ) > 1 and _overlap([k for k, _, _ in extras]):
+            ) > 1 and overlap([k for k, _, _ in extras]):
                 self.refuse(
                     "patternProperties",
                     path,
@@ -2822,8 +2014,8 @@ class _Rewriter:
                 )
             elif other is not NEVER and bodies is not None:
                 try:
-                    body = _unmatched_keys(tuple(bodies), tuple(named))
-                except _KeysTooComplex as e:
+                    body = unmatched_keys(tuple(bodies), tuple(named))
+                except KeysTooComplex as e:
                     self.refuse(
                         "additionalProperties",
                         path,
@@ -2852,7 +2044,7 @@ class _Rewriter:
                         )
                         key = None
                 else:
-                    key = '"' + _key_not_in(list(named)) + '"'
+                    key = '"' + key_not_in(list(named)) + '"'
                 if key is not None:
                     extras.append(f"{key}{self.ws}:{self.ws}{self.regex_of(other)}")
         for k, v in (("minProperties", min_count), ("maxProperties", max_count)):
@@ -2868,7 +2060,7 @@ class _Rewriter:
                 any_order=self.any_order(items),
                 second_order=self.second_order(items, item_names, required),
             )
-        except _TooLarge as e:
+        except TooLarge as e:
             raise UnsupportedSchemaError(
                 "properties",
                 path,
@@ -2884,7 +2076,7 @@ class _Rewriter:
         """With `property_order="schema_or_required_first"`: the indices of an object's listed
         members (`items`, their `names`, in schema order) with the required ones first, in the
         order of `required`, then the others in schema order; `None` when that is the schema
-        order, or when the members' regexes, expanded, exceed `_SECOND_ORDER_BUDGET`
+        order, or when the members' regexes, expanded, exceed `SECOND_ORDER_BUDGET`
         characters (the object is then in schema order only)."""
         if self.property_order != "schema_or_required_first":
             return None
@@ -2894,29 +2086,40 @@ class _Rewriter:
         if order == list(range(len(names))):
             return None
         try:
-            size = sum(len(self.substitute(r, limit=_SECOND_ORDER_BUDGET)) for r, _ in items)
-        except _RegexTooLarge:
+            size = sum(len(self.substitute(r, limit=SECOND_ORDER_BUDGET)) for r, _ in items)
+        except RegexTooLarge:
             return None
-        return order if size <= _SECOND_ORDER_BUDGET else None
+        return order if size <= SECOND_ORDER_BUDGET else None
 
     def any_order(self, items) -> bool:
         """Whether an object's listed members (`items`) may come in any order: with
-        `property_order="any"`, 2 to `_ANY_ORDER_MAX` members whose regexes, expanded and
+        `property_order="any"`, 2 to `ANY_ORDER_MAX` members whose regexes, expanded and
         copied once per set of the others (`_members_any_order`), stay within
-        `_ANY_ORDER_BUDGET` characters."""
-        if self.property_order != "any" or not 2 <= len(items) <= _ANY_ORDER_MAX:
+        `ANY_ORDER_BUDGET` characters."""
+        if self.property_order != "any" or not 2 <= len(items) <= ANY_ORDER_MAX:
             return False
         try:
-            size = sum(len(self.substitute(r, limit=_ANY_ORDER_BUDGET)) for r, _ in items)
-        except _RegexTooLarge:
+            size = sum(len(self.substitute(r, limit=ANY_ORDER_BUDGET)) for r, _ in items)
+        except RegexTooLarge:
             return False
-        return size << (len(items) - 1) <= _ANY_ORDER_BUDGET
+        return size << (len(items) - 1) <= ANY_ORDER_BUDGET
 
     def _boolean(self, node: dict, path: str):
         return {"type": "boolean"}
 
     def _null(self, node: dict, path: str):
         return {"type": "null"}
+
+    BY_TYPE: typing.ClassVar[dict] = {
+        "integer": _integer,
+        "number": _number,
+        "string": _string,
+        "array": _array,
+        "object": _object,
+        "boolean": _boolean,
+        "null": _null,
+    }
+    """The rewrite of a node of each JSON type (`typed`): `(rewriter, keywords, path) -> node`."""
 
     def enumeration(self, node: dict, path: str):
         values = [node["const"]] if "const" in node else node["enum"]
@@ -2931,9 +2134,9 @@ class _Rewriter:
             if "number" in allowed:
                 allowed.add("integer")
             values = [v for v in values if _json_type(v) in allowed]
-        excluded = node.get(_NOT_STRINGS, ())
+        excluded = node.get(NOT_STRINGS, ())
         values = [v for v in values if not (isinstance(v, str) and v in excluded)]
-        if {k for k in node if _asserts(k)} - {"enum", "const", "type", _NOT_STRINGS}:
+        if {k for k in node if asserts(k)} - {"enum", "const", "type", NOT_STRINGS}:
             values = self.values_valid_under(node, values, path)
         if not values:  # an empty enum, or no value of the type / in both: nothing matches
             return NEVER
@@ -2948,12 +2151,13 @@ class _Rewriter:
         `pattern`, `minimum`, `not`, ...), each judged by `jsonschema` with the root's draft
         and format checker: a list needs no automaton of those keywords. `values` unchanged,
         with `refuse("enum")`, when `jsonschema` cannot judge them."""
+        # deferred on purpose: jsonschema loads only to check a schema
         import jsonschema
 
         cls = jsonschema.validators.validator_for(
             self.root, default=jsonschema.Draft202012Validator
         )
-        schema = {k: v for k, v in node.items() if k != _NOT_STRINGS}
+        schema = {k: v for k, v in node.items() if k != NOT_STRINGS}
         try:
             check = cls(schema, format_checker=cls.FORMAT_CHECKER)
             return [v for v in values if check.is_valid(v)]
@@ -2963,15 +2167,14 @@ class _Rewriter:
 
     def constant_regex(self, value, path: str = "") -> str:
         """The regex of the JSON text of one constant value, `self.ws` between its tokens; keys
-        in the value's order, numbers by `_number_regex`, other scalars as outlines-core
+        in the value's order, numbers by `number_regex`, other scalars as outlines-core
         writes them."""
         ws = self.ws
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return _number_regex(value, path)
+            return number_regex(value, path)
         if isinstance(value, Mapping):
             members = [
-                f"{_literal_key(k)}{ws}:{ws}{self.constant_regex(v, path)}"
-                for k, v in value.items()
+                f"{literal_key(k)}{ws}:{ws}{self.constant_regex(v, path)}" for k, v in value.items()
             ]
             return rf"\{{{ws}" + f"{ws},{ws}".join(members) + (rf"{ws}\}}" if members else r"\}")
         if isinstance(value, list):
@@ -2984,8 +2187,8 @@ class _Rewriter:
     def deref(self, node, path: str):
         """`node` itself (references are inlined before the rewrite, `inline_references`), or
         for a recursive placeholder its target's subtree."""
-        if isinstance(node, Mapping) and _RECURSIVE in node:
-            return self.expansions[node[_RECURSIVE]]
+        if isinstance(node, Mapping) and RECURSIVE in node:
+            return self.expansions[node[RECURSIVE]]
         return node
 
     def into_branches(self, node: dict, part, path: str, part_first: bool = False) -> dict | None:
@@ -3005,9 +2208,9 @@ class _Rewriter:
             or not isinstance(part, Mapping)
             or keys[0] in part
             or not any(k in part for k in _OBJECT_MEMBERS)
-            or _RECURSIVE in part
+            or RECURSIVE in part
             or not isinstance(node[keys[0]], list)
-            or not all(isinstance(b, Mapping) and _RECURSIVE not in b for b in node[keys[0]])
+            or not all(isinstance(b, Mapping) and RECURSIVE not in b for b in node[keys[0]])
         ):
             return None
         try:
@@ -3015,10 +2218,10 @@ class _Rewriter:
                 branches = [self.merge(part, b, path) for b in node[keys[0]]]
             else:
                 # the node's own members before `part`'s where they come after its branches'
-                # (`_applicator_first`): llguidance read the node whole before `part`
+                # (`applicator_first`): llguidance read the node whole before `part`
                 own = (
                     {k: node[k] for k in _OBJECT_MEMBERS if k in node}
-                    if _applicator_first(node, keys[0])
+                    if applicator_first(node, keys[0])
                     else {}
                 )
                 branches = [
@@ -3026,21 +2229,21 @@ class _Rewriter:
                     for b in node[keys[0]]
                 ]
                 node = {k: v for k, v in node.items() if k not in own}
-        except _NoCommonType:
+        except NoCommonType:
             return None
         return {**node, keys[0]: branches}
 
     def merge(self, a, b, path: str) -> dict:
         """The schema of `a` AND `b` (for `allOf` and sibling keywords)."""
-        if any(isinstance(x, Mapping) and _RECURSIVE in x for x in (a, b)):
+        if any(isinstance(x, Mapping) and RECURSIVE in x for x in (a, b)):
             # a recursive target merged with other keywords: its subtree, one level inlined
             # (its own references still call the target's rule); a recursion through such
             # merges would unroll forever, so their number is bounded
             a, b = self.deref(a, path), self.deref(b, path)
             if a != {} and b is not True and b != {}:
                 self.recursive_merges += 1
-            if self.recursive_merges > _MAX_RECURSIVE_MERGES:
-                raise _RecursionRefused(
+            if self.recursive_merges > MAX_RECURSIVE_MERGES:
+                raise RecursionRefused(
                     f"a recursive reference merged with other keywords at {path}"
                 )
         if b is True or b == {}:
@@ -3049,13 +2252,13 @@ class _Rewriter:
             raise UnsupportedSchemaError("allOf", path, f"cannot combine with {b!r}")
         out = dict(a)
         for key, value in b.items():
-            if not _asserts(key):  # an annotation: the first one is kept, nothing to combine
+            if not asserts(key):  # an annotation: the first one is kept, nothing to combine
                 out.setdefault(key, value)
             elif key not in out:
                 out[key] = value
             elif key == "required":
                 out[key] = list(dict.fromkeys([*out[key], *value]))
-            elif key == _NOT_STRINGS:
+            elif key == NOT_STRINGS:
                 out[key] = sorted({*out[key], *value})
             elif (
                 key in ("items", "propertyNames")
@@ -3080,7 +2283,7 @@ class _Rewriter:
                     right.add("integer")
                 both = sorted(left & right)
                 if not both:
-                    raise _NoCommonType(
+                    raise NoCommonType(
                         "allOf", path, f"types {out[key]!r} and {value!r} have no value in common"
                     )
                 out[key] = both[0] if len(both) == 1 else both
@@ -3090,7 +2293,7 @@ class _Rewriter:
                 key == "anyOf"
                 and isinstance(out[key], list)
                 and isinstance(value, list)
-                and len(out[key]) * len(value) <= _MAX_CONDITIONAL_BRANCHES
+                and len(out[key]) * len(value) <= MAX_CONDITIONAL_BRANCHES
             ):
                 # (x1 | x2) & (y1 | y2) = (x1 & y1) | (x1 & y2) | ...: e.g. a discriminated
                 # union (`_conditionals_as_branches`) beside an `anyOf` of the schema's own
@@ -3138,26 +2341,26 @@ class _Rewriter:
         if presence is not None:
             return presence
         kinds = ("null", "boolean", "object", "array", "string", "integer", "fraction")
-        type_keywords = {"type"}.union(*_TYPE_KEYWORDS.values())
+        type_keywords = {"type"}.union(*TYPE_KEYWORDS.values())
         free = []  # per branch: the kinds of value it accepts whole
         for b in merged:
-            asserting = {k for k in b if _asserts(k)}
+            asserting = {k for k in b if asserts(k)}
             if not asserting <= type_keywords:  # e.g. `enum`, `anyOf`: nothing is known whole
                 free.append(set())
                 continue
-            declared = b.get("type", sorted(_JSON_TYPES))
+            declared = b.get("type", sorted(JSON_TYPES))
             declared = {declared} if isinstance(declared, str) else set(declared)
             accepted = {k for k in kinds if k in declared}
             if "number" in declared:
                 accepted |= {"integer", "fraction"}
-            constrained = {t for t, keys in _TYPE_KEYWORDS.items() if keys & asserting}
+            constrained = {t for t, keys in TYPE_KEYWORDS.items() if keys & asserting}
             if constrained & {"number", "integer"}:
                 constrained |= {"integer", "fraction"}
             free.append(accepted - constrained)
         shared = {k for k in kinds if sum(k in f for f in free) >= 2}
         if not shared or ("integer" in shared and "fraction" not in shared):
             return branches  # nothing shared whole, or "numbers but not integers": no `type`
-        kept = sorted(t for t in _JSON_TYPES - {"number", "integer"} if t not in shared)
+        kept = sorted(t for t in JSON_TYPES - {"number", "integer"} if t not in shared)
         if "integer" not in shared:
             kept.append("integer" if "fraction" in shared else "number")
         out = []
@@ -3190,14 +2393,14 @@ class _Rewriter:
         """Branches that only require properties (`{"required": [...]}`, the "exactly one of
         these fields" idiom): an object matches exactly branch `i` when it has `R_i` and, for
         every other branch `j`, lacks one of `R_j` (a property schema `false`). One `anyOf` of
-        those choices (at most `_MAX_PRESENCE_CHOICES`); `None` when the branches are not of
+        those choices (at most `MAX_PRESENCE_CHOICES`); `None` when the branches are not of
         this form (a non-object value matches all of them or none: objects only)."""
         sets = []
         for b in branches:
             if not isinstance(b, Mapping) or b.get("type", "object") != "object":
                 return None
             required = b.get("required")
-            if not {k for k in b if _asserts(k)} <= {"required", "type"} or not (
+            if not {k for k in b if asserts(k)} <= {"required", "type"} or not (
                 isinstance(required, list) and all(isinstance(n, str) for n in required)
             ):
                 return None
@@ -3213,7 +2416,7 @@ class _Rewriter:
                 continue  # having `mine` means having another branch's names too
             for absent in itertools.product(*others):
                 choices.append({"required": mine, "properties": dict.fromkeys(absent, False)})
-                if len(choices) > _MAX_PRESENCE_CHOICES:
+                if len(choices) > MAX_PRESENCE_CHOICES:
                     return None
         return [{"type": "object", "anyOf": choices}] if choices else [NEVER]
 
@@ -3221,6 +2424,7 @@ class _Rewriter:
         """`{"enum": [...]}` of the values exactly one of the finite branches `merged` accepts
         (judged by `jsonschema` with the root's draft and format checker), or `None` when
         `jsonschema` cannot judge a branch."""
+        # deferred on purpose: jsonschema loads only to check a schema
         import jsonschema
 
         cls = jsonschema.validators.validator_for(
@@ -3388,27 +2592,8 @@ def json_schema_regex(
 _DFA_TERMINAL = "\x03FGDFA"
 """Starts the placeholder regex of a string given as an automaton (`_Rewriter.bounded_string`):
 a control character no schema regex holds, then a digest of the string's regex and lengths."""
-_MAX_STRING_STATES = 64_000
-"""Most states of a string terminal's automaton (`patterns.length_bounded_dfa`). Spliced into
-the schema's token automaton (`_spliced_dfa`), it costs about 0.05-0.1 ms per state to build and
-lift (a grammar-form rule costs more: its positions are limited to `_MAX_GRAMMAR_POSITIONS` in
-all). A plain string takes 12 states per character: maxLength 5,000 (16 MaskBench schemas) is
-60,001 states and a 50 MiB token table (MaskBench Github_hard o82849, 75,927 states in all: 7.2 s
-to compile, 15.4 s before `lift` built a dense class table); MaskBench's larger bounds (8,192, 32,767, 65,535, ...)
-would need a counter register on the device, not a chain of states.
-Measured: 437 states for MaskBench's `^[a-zA-Z0-9\\-]+(\\s[a-zA-Z0-9\\-]+)*$` with maxLength 64,
-1,593 for `format: email` with maxLength 100, 18,225 with maxLength 1,024, 56,571 for
-`^(?:\\S+\\s+){0,29}\\S+$` with maxLength 300."""
 
 
-_ANY_ORDER_MAX = 6
-"""Most listed properties of an object whose members may come in any order."""
-_ANY_ORDER_BUDGET = 12_000
-"""Most characters of an any-order object's members, each copied `2 ** (n - 1)` times."""
-_SECOND_ORDER_BUDGET = 8_000
-"""Most characters of an object's expanded members for `"schema_or_required_first"`: the union
-of two orders doubles an object's automaton, and nested objects multiply (unbounded, one
-MaskBench schema, o65883, compiled 9.7x slower: 4,196 -> 8,394 states)."""
 PROPERTY_ORDERS = ("schema", "schema_or_required_first", "any")
 """Values of `property_order`:
 
@@ -3416,42 +2601,17 @@ PROPERTY_ORDERS = ("schema", "schema_or_required_first", "any")
   XGrammar generate.
 - `"schema_or_required_first"`: that order, or the required properties first (in the order of
   `required`) and then the others in schema order, for objects whose members stay within
-  `_SECOND_ORDER_BUDGET`. Schemas often list `properties` alphabetically while `required`
+  `SECOND_ORDER_BUDGET`. Schemas often list `properties` alphabetically while `required`
   keeps the author's order, and documents follow either: of MaskBench's valid instances, the
   objects of two or more listed properties whose two orders differ follow the schema order
   6,745 times, required-first 147 times, neither 79 times (dev file, all splits). On the five
   splits (24 each): valid instances accepted 145 -> 148 of 157, automaton states +17%, so
   opt-in (the compile p50 target is 100 ms).
-- `"any"`: small objects (`_ANY_ORDER_MAX` listed properties or fewer, within
-  `_ANY_ORDER_BUDGET`) in any order; larger ones in schema order. Measured on the five splits
+- `"any"`: small objects (`ANY_ORDER_MAX` listed properties or fewer, within
+  `ANY_ORDER_BUDGET`) in any order; larger ones in schema order. Measured on the five splits
   (24 each, same process, order schema / any): compile p50 114 / 177 ms, total 111 / 159 s,
   automaton states +27%, valid instances accepted 143 / 144 of 157 (the rest list large
   objects out of order): opt-in."""
-
-_MAX_PRESENCE_CHOICES = 32
-"""Most `anyOf` branches of a `oneOf` of `required`-only branches (`exclusive_presence`)."""
-
-_SHARED_COUNT_MIN = 64
-"""A plain string with a length bound from this up to `_COUNTED_STRING_MIN` is a marker of its
-own (`_Rewriter.repeat_weight`): strings of the same bounds become one rule of the grammar form
-when they are used in several places, and their counted repeats count in the choice of that
-form."""
-_COUNTED_STRING_MIN = 256
-"""A plain string (no `pattern` or `format`) whose `minLength` or `maxLength` is larger is
-compiled by `json_schema_compile` as a string automaton (`patterns.length_bounded_dfa`, spliced),
-not as outlines-core's counted repeat `"[^"...]{0,N}"`, whose regex -> DFA and minimisation
-grow quadratically (a schema with one such string, maxLength 2,000: 4.0 s; 5,000: 30 s; as an
-automaton 0.6 and 3.5 s)."""
-
-_PLAIN_STRING_STATES = 12
-"""States per counted character of a plain string's automaton (`length_bounded_dfa` of
-`ANY_STRING`: the UTF-8 and escape states of the body; maxLength 1,000: 12,001 states)."""
-
-_MAX_SPLICED_STATES = 150_000
-"""Most states of a schema's automaton with its string automata spliced in (`_spliced_dfa`):
-one copy of a string's automaton per place that calls it, so an array of such strings whose
-items are counted (`maxItems`) multiplies it. About 0.05-0.1 ms per state to build and lift (the
-four largest of a 1,000-schema MaskBench sample, 51-76k states: 3.3-7.2 s a compile)."""
 
 
 def _quoted(body: ByteDFA) -> ByteDFA:
@@ -3480,29 +2640,21 @@ def _terminal_origin(rewriter: "_Rewriter", placeholder: str) -> tuple[str, str]
     return next((path, kw) for p, path, kw in rewriter.dfa_terminals.values() if p == placeholder)
 
 
-_WEIGHT_PER_STATE = 4
-"""Characters of a regex's weight (`_Rewriter.weight`: its counted copies written out) per state
-of its byte DFA, as a spliced DFA's size is estimated before it is built (`_spliced_too_large`):
-4.3-4.4 in the two MaskBench schemas with spliced strings whose regexes weigh most (o1052:
-290,119 -> 66,238 states, compiled; o74461: 852,372 -> 192,318, refused). 5 let an array of 100
-strings of up to 120 characters (522,723) through to a refusal after the DFA was built."""
-
-
 def _spliced_too_large(
     rewriter: "_Rewriter", regex: str, weight: int
 ) -> UnsupportedSchemaError | None:
     """The refusal `_spliced_dfa` would reach, known before the schema's DFA is built: each
     string automaton in `regex` is spliced in once at least, beside the rest of the schema's
-    automaton, about `weight / _WEIGHT_PER_STATE` states (`weight`: `_Rewriter.weight` of the
+    automaton, about `weight / WEIGHT_PER_STATE` states (`weight`: `_Rewriter.weight` of the
     schema's regex with its markers). MaskBench o74461, a 128-character `hostname` of 30,445
     states beside arrays of 100 counted strings: refused in 0.15 s instead of 10 s, after a
-    192,318-state DFA. `None` when the estimate is within `_MAX_SPLICED_STATES`."""
+    192,318-state DFA. `None` when the estimate is within `MAX_SPLICED_STATES`."""
     placeholders = _dfa_placeholders(rewriter, regex)
     if not placeholders:
         return None
     sizes = {p: rewriter.dfa_texts[p].num_states for p in placeholders}
-    estimate = weight // _WEIGHT_PER_STATE + sum(sizes.values())
-    if estimate <= _MAX_SPLICED_STATES:
+    estimate = weight // WEIGHT_PER_STATE + sum(sizes.values())
+    if estimate <= MAX_SPLICED_STATES:
         return None
     largest = max(sizes, key=sizes.__getitem__)
     path, keyword = _terminal_origin(rewriter, largest)
@@ -3510,8 +2662,8 @@ def _spliced_too_large(
         keyword,
         path,
         f"its string automaton ({sizes[largest]:,} states) beside the rest of the schema's "
-        f"automaton (about {weight // _WEIGHT_PER_STATE:,} states, estimated from its regex) "
-        f"would be over {_MAX_SPLICED_STATES:,} states in all",
+        f"automaton (about {weight // WEIGHT_PER_STATE:,} states, estimated from its regex) "
+        f"would be over {MAX_SPLICED_STATES:,} states in all",
     )
 
 
@@ -3555,14 +2707,14 @@ def _spliced_dfa(rewriter: "_Rewriter", regex: str) -> ByteDFA:
                     )
                 if (i, r) not in copies:
                     string = rewriter.dfa_texts[placeholders[i]]
-                    if offset + string.num_states > _MAX_SPLICED_STATES:
+                    if offset + string.num_states > MAX_SPLICED_STATES:
                         path, keyword = _terminal_origin(rewriter, placeholders[i])
                         raise UnsupportedSchemaError(
                             keyword,
                             path,
                             f"its string automaton ({string.num_states:,} states) is needed at "
                             f"{len(copies) + 1} or more places of the schema's automaton (e.g. "
-                            f"array items counted by maxItems): over {_MAX_SPLICED_STATES:,} "
+                            f"array items counted by maxItems): over {MAX_SPLICED_STATES:,} "
                             "states in all",
                         )
                     final = np.flatnonzero(string.accepting)
@@ -3573,7 +2725,7 @@ def _spliced_dfa(rewriter: "_Rewriter", regex: str) -> ByteDFA:
                     number[keep] = offset + np.arange(keep.size)
                     number[final[0]] = r
                     rows = string.delta[keep]
-                    pieces.append(_relabel(rows, number))
+                    pieces.append(relabel_states(rows, number))
                     extra_accepting.append(np.zeros(keep.size, bool))
                     copies[i, r] = int(number[string.delta[string.initial, quote]])
                     offset += keep.size
@@ -3702,7 +2854,7 @@ def json_schema_automaton(schema, vocabulary, *, cache: bool = True, **options):
 
 def _free_value_grammar(ws: str) -> GrammarSpec:
     """Any JSON value with `ws` between tokens, as a grammar whose rule `value` recurses."""
-    space, string, number = Terminal(ws), Terminal(_STRING), Terminal(_NUMBER)
+    space, string, number = Terminal(ws), Terminal(STRING), Terminal(NUMBER)
     member = Seq((string, space, Terminal(":"), space, Ref("value")))
 
     @typing.no_type_check
@@ -3773,7 +2925,6 @@ def json_schema_pushdown(
     regex = json_schema_regex(
         schema, whitespace_pattern=whitespace_pattern, free_form_depth=_CALL, **options
     )
-    from .regex import escape
 
     if escape(FREE_VALUE_CALL) not in regex:
         return None
@@ -3809,73 +2960,10 @@ def _pushdown_of_regex(
 
 # ------------------------------------------------------------------ grammar form
 
-_MAX_MULTIPLE_REGEX = 20_000
-"""Characters of the regex of the multiples of a `multipleOf` step (`multiple_terminal`): 2, 3,
-4, 5, 6, 8, 10, 15, 20, 25, 1.5, 2.5 take 70-2,400; 7 and 12 about 80,000-95,000; 9, 11, 13,
-16 over 200,000 (measured on 2026-11-24)."""
-_REPEATED_RULE_REGEX = 24
-"""The items of an array with a large item count (`_Rewriter.item_repeats`) become a rule from
-this many characters: the counted repeat then writes a 3-character call per copy."""
-_COUNTED_ITEMS_MIN = 16
-"""An item count (`minItems`/`maxItems`) from which the copies of the item that the counted
-repeat writes out are measured (`_Rewriter.counted_items`)."""
-_GRAMMAR_REGEX = 100_000
-"""Characters of a schema's whole regex beyond which `JsonSchema` compiles the grammar form
-(`json_schema_grammar`) first instead of one regex. 250,000 until 2026-11-23; once the keys of
-open objects were written compactly (`_key_not_in`), schemas of 100,000-250,000 characters
-compiled 2-3x faster as grammars (five splits, `--limit 24`: compile time summed over the
-schemas 0.67x of the 250,000 setting's, p99 2.7 s against 3.3 s)."""
-_SINGLE_REGEX = 250_000
-"""Characters up to which a schema whose grammar form is refused (too many positions, a call
-that one byte cannot choose) still compiles as one regex (MaskBench o21378: 8.6 s). The
-MaskBench schemas whose single regex timed out at 30 s had 0.4-8.9 million characters."""
-_SINGLE_REGEX_WEIGHT = 1_000_000
-"""Most characters of a schema's single regex with its counted copies written out
-(`_Rewriter.weight`) for that regex to be the fallback of a refused grammar form: the regex
-is short, but outlines-core's DFA has a state per written-out character or so. On the whole
-MaskBench dev file the single regexes that compiled weighed up to 646,000 characters (o7515:
-3.8 s; sp_408: 155,000, 6 s; slack-app-manifest: 254,000, 12.9 s) and those over 30 s
-2.3-4.5 million (o9853, o9925, o9958: arrays of up to 100 objects of two 255-character
-strings and 1,000 ids), which this limit refuses at once, as before 2026-11-24."""
-_RULE_REGEX = 20_000
-"""A subschema whose regex (its own rules called, not expanded) is longer becomes a rule."""
-_SHARED_RULE_REGEX = 150
-"""A subschema used in more than one place becomes a rule from this many characters: a uuid
-pattern (103 characters, 39 states) used 300 times, or a small object used in several places,
-is then one rule instead of a copy per use. (2,000 before: MaskBench Github_hard o62820 had
-9,166 positions and 9.0 s of token tables with it, 4,497 and 5.1 s with 150; at 60 the
-tables of o62820 and o52904 took longer again: small rules called from many places give their
-positions many return slots.)"""
-_MAX_GRAMMAR_POSITIONS = 10_000
-"""Most positions (states of all the rules' byte DFAs) of a grammar form: its token tables walk
-the vocabulary from every position. Since the walk shares the trie's subtrees between positions
-and slots (`pda._token_tables`) that takes 0.27-0.45 ms per position on the 2-core development
-machine at load 2 (MaskBench Github_hard o21316, 8,219 positions: 2.2 s for the tables, 11 s
-before, 664 s before that, 7 s for the whole compile; o21251, 6,148: 1.8 s; Kubernetes kb_594,
-2,392: 1.0 s; `benchmarks/bench_pda_tables.py`), so up to this the tables take under about 5 s;
-beyond it the schema is refused with the reason."""
-_OVER_REGEX_SCALE = 2
-"""How many times `_MAX_GRAMMAR_POSITIONS` (and `_MAX_POSITIONS_BEFORE_TAILS`) the positions
-limit is for a grammar form that `json_schema_compile` would otherwise replace by the schema's
-single regex (over `_GRAMMAR_REGEX` characters): that regex's automaton inlines every rule, so
-it is at least as large and no faster to build per state (MaskBench
-Github_ultra o25423: grammar form 14,443 positions, 4.8 s; its single regex, 49,305 positions,
-16.5 s; Github_hard o48425: 14,552 positions against a 140,901-character regex, 13 s)."""
-_MAX_POSITIONS_BEFORE_TAILS = 5 * _MAX_GRAMMAR_POSITIONS // 4
-"""Positions of a grammar form's rules, before shared tails (`_shared_tails`) are taken out,
-beyond which it is refused as soon as its automata get there: on the 17 MaskBench grammar forms
-that took over 0.8 s (two dev samples), shared tails saved 0-8% of the positions, so 1.25 times
-the limit cannot come under it. (JsonSchemaStore detekt-1.22.0: 35,966 positions in 100 rules,
-refused after building all of them twice in 34 s; 13 s at twice the limit, 7 s at 1.25 times.
-Github_ultra o21378's recursive attempt, 16,283 positions after tails: refused after 5 s at
-twice the limit, at once at 1.25 times; the whole compile 12.9 -> 7.8 s.)"""
-_MIN_RULE_REGEX = 300
-"""The smallest subschema regex that becomes a rule so that a larger one fits `_RULE_REGEX`."""
 _RULE_CALL = 0x02
 """The byte that starts a rule call in a grammar-form regex, followed by two digit bytes
 `0x10 + i // 16`, `0x10 + i % 16` (rule `i`): control characters, which JSON text never holds
 raw (strings escape them, whitespace is space, tab, CR and LF)."""
-_MAX_RULES = 256
 _VALUE_FIRST = np.zeros(256, bool)
 _VALUE_FIRST[list(b'{["-0123456789tfn')] = True  # the first bytes of any JSON value
 
@@ -3896,9 +2984,9 @@ def _plan_rules(
 
     Bottom-up over the markers (a DAG: one marker per distinct regex): a marker's size is its
     regex with its non-rule markers expanded and its rules called; it becomes a rule when that
-    size exceeds `_RULE_REGEX`, or `_SHARED_RULE_REGEX` when it is used in more than one place,
-    unless it is `banned` (a call that would not be deterministic). A marker over `_RULE_REGEX`
-    first calls its largest subschemas (down to `_MIN_RULE_REGEX` characters) until it fits;
+    size exceeds `RULE_REGEX`, or `SHARED_RULE_REGEX` when it is used in more than one place,
+    unless it is `banned` (a call that would not be deterministic). A marker over `RULE_REGEX`
+    first calls its largest subschemas (down to `MIN_RULE_REGEX` characters) until it fits;
     `promoted` (filled when given) maps each subschema called that way to that marker. A marker
     in `frozen` calls only the subschemas listed for it there (those it called in the previous
     plan that were not banned): when some of its calls were not deterministic, the next largest
@@ -3911,15 +2999,15 @@ def _plan_rules(
     names, rule regexes)`, the regexes with each rule's marker replaced by `_rule_call`.
 
     **Raises:** `NotDeterministic` when a recursive target's rule is `banned` (it cannot be
-    inlined); `_RecursionRefused` beyond `_MAX_RULES` recursive targets."""
+    inlined); `RecursionRefused` beyond `MAX_RULES` recursive targets."""
     found = re.compile(f'"(FGSUB[0-9]+X{rewriter.tag})"')
     uses: dict[str, int] = {}
     order: list[str] = []
     seen: set = set()
     recursive = _cycle_breakers(rewriter, regex, banned)
     calls = set(recursive)
-    if len(recursive) > _MAX_RULES:
-        raise _RecursionRefused(f"more than {_MAX_RULES} recursive targets")
+    if len(recursive) > MAX_RULES:
+        raise RecursionRefused(f"more than {MAX_RULES} recursive targets")
 
     @typing.no_type_check
     def visit(text: str) -> None:
@@ -3962,7 +3050,7 @@ def _plan_rules(
             continue
         text = rewriter.substitutions[name]
         size[name] = measured(text, name)
-        if size[name] > _RULE_REGEX:
+        if size[name] > RULE_REGEX:
             # too large to be one regex: call its largest subschemas instead, until it fits
             children = sorted(
                 {m.group(1) for m in found.finditer(text)} - index.keys() - banned,
@@ -3971,21 +3059,21 @@ def _plan_rules(
             if frozen is not None and name in frozen:
                 children = [child for child in children if child in frozen[name]]
             for child in children:
-                if size[name] <= _RULE_REGEX or size[child] < _MIN_RULE_REGEX:
+                if size[name] <= RULE_REGEX or size[child] < MIN_RULE_REGEX:
                     break
-                if len(index) < _MAX_RULES:
+                if len(index) < MAX_RULES:
                     index[child] = len(index)
                     size[name] = measured(text, name)
                     if promoted is not None:
                         promoted[child] = name
         limit = (
-            _REPEATED_RULE_REGEX
+            REPEATED_RULE_REGEX
             if name in repeated  # one call per copy of a counted repeat instead of the item
-            else _SHARED_RULE_REGEX
+            else SHARED_RULE_REGEX
             if uses[name] > 1
-            else _RULE_REGEX
+            else RULE_REGEX
         )
-        if size[name] > limit and name not in banned and len(index) < _MAX_RULES:
+        if size[name] > limit and name not in banned and len(index) < MAX_RULES:
             index[name] = len(index)
     expanded: dict[str, str] = {}
 
@@ -4003,8 +3091,8 @@ def _plan_rules(
         "(?:" + found.sub(expand, rewriter.substitutions[name]) + ")" for name in rules
     ]
     for text in texts:
-        if len(text) > _MAX_REGEX:
-            raise _RegexTooLarge(len(text), _MAX_REGEX)
+        if len(text) > MAX_REGEX:
+            raise RegexTooLarge(len(text), MAX_REGEX)
     return texts[0], rules, texts[1:]
 
 
@@ -4119,7 +3207,7 @@ def _dfa_rule(rewriter: _Rewriter, name: str, index: dict, banned: set) -> bool:
 
     **Raises:** `UnsupportedSchemaError` when it is `banned` (called where one byte of
     lookahead cannot choose it, e.g. an `anyOf` of it and another string);
-    `ConstraintError` beyond `_MAX_RULES` rules."""
+    `ConstraintError` beyond `MAX_RULES` rules."""
     if name not in rewriter.dfa_terminals:
         return False
     _, path, keyword = rewriter.dfa_terminals[name]
@@ -4131,8 +3219,8 @@ def _dfa_rule(rewriter: _Rewriter, name: str, index: dict, banned: set) -> bool:
             "(e.g. `anyOf` with another string): the grammar form cannot choose it",
         )
     if name not in index:
-        if len(index) >= _MAX_RULES:
-            raise ConstraintError(f"the schema needs more than {_MAX_RULES} grammar rules")
+        if len(index) >= MAX_RULES:
+            raise ConstraintError(f"the schema needs more than {MAX_RULES} grammar rules")
         index[name] = len(index)
     return True
 
@@ -4163,7 +3251,7 @@ def _rule_edges(regex: str, rules: int, free_value: bool) -> tuple[ByteDFA, np.n
             hit = _rule_edges_of(regex, free_value)
         _RULE_EDGES[regex, free_value] = hit
         _RULE_EDGES.move_to_end((regex, free_value))
-        while sum(dfa.num_states for dfa, _, _ in _RULE_EDGES.values()) > _RULE_EDGES_STATES:
+        while sum(dfa.num_states for dfa, _, _ in _RULE_EDGES.values()) > RULE_EDGES_STATES:
             _RULE_EDGES.popitem(last=False)
     else:
         _RULE_EDGES.move_to_end((regex, free_value))
@@ -4180,14 +3268,14 @@ def _rule_edges(regex: str, rules: int, free_value: bool) -> tuple[ByteDFA, np.n
 def _inlined_rule_edges(regex: str, rules: int, ws: str) -> tuple[ByteDFA, np.ndarray]:
     """`_rule_edges(regex, rules, True)` with the free-form value's calls that compete read in
     place (`_inline_value_calls` with whitespace `ws`). Memoised by its arguments
-    (`_INLINED_RULE_EDGES`, least recently used dropped past `_RULE_EDGES_STATES` states): the
+    (`_INLINED_RULE_EDGES`, least recently used dropped past `RULE_EDGES_STATES` states): the
     attempts of one compile build many rules again with the same text (MaskBench o7573: each of
     9 rules twice, up to 10,900 sets of states each; its refusal 5.6 -> 4.5 s)."""
     key = (regex, rules, ws)
     hit = _INLINED_RULE_EDGES.get(key)
     if hit is None:
         hit = _INLINED_RULE_EDGES[key] = _inline_value_calls(*_rule_edges(regex, rules, True), ws)
-        while sum(dfa.num_states for dfa, _ in _INLINED_RULE_EDGES.values()) > _RULE_EDGES_STATES:
+        while sum(dfa.num_states for dfa, _ in _INLINED_RULE_EDGES.values()) > RULE_EDGES_STATES:
             _INLINED_RULE_EDGES.popitem(last=False)
     _INLINED_RULE_EDGES.move_to_end(key)
     return hit
@@ -4200,9 +3288,6 @@ _INLINED_RULE_EDGES: "collections.OrderedDict[tuple[str, int, str], tuple]" = (
 
 
 _RULE_EDGES: "collections.OrderedDict[tuple[str, bool], tuple]" = collections.OrderedDict()
-_RULE_EDGES_STATES = 100_000
-"""`_rule_edges`' memo, least recently used first, and the states it keeps at most (about
-100 MiB of tables; one MaskBench compile leaves up to 37,000: bamboo-spec)."""
 
 
 _RULE_EDGES_AHEAD: "dict[tuple[str, bool], concurrent.futures.Future]" = {}
@@ -4212,12 +3297,12 @@ free_value)`: `_rule_edges` takes (or cancels and builds) them."""
 
 def _compile_threads() -> "concurrent.futures.ThreadPoolExecutor | None":
     """The threads that build rule automata ahead (`_build_ahead`): one per core this process may
-    run on, at most `_MAX_COMPILE_THREADS`; `None` with a single core. One pool per process: a
+    run on, at most `MAX_COMPILE_THREADS`; `None` with a single core. One pool per process: a
     child forked after the pool started has none of its threads, so it starts its own."""
     pid = os.getpid()
     if pid not in _POOLS:
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-        workers = min(cores or 1, _MAX_COMPILE_THREADS)
+        workers = min(cores or 1, MAX_COMPILE_THREADS)
         _POOLS.clear()
         _POOLS[pid] = (
             concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="functional_gen")
@@ -4228,7 +3313,6 @@ def _compile_threads() -> "concurrent.futures.ThreadPoolExecutor | None":
 
 
 _POOLS: dict = {}
-_MAX_COMPILE_THREADS = 4
 
 
 @contextlib.contextmanager
@@ -4297,14 +3381,13 @@ def _check_productive(automata: list, rules: int) -> None:
     it accepts, or reads a byte or calls a rule that can finish into a state that can; a rule
     can finish when its initial state can. Computed in phases: the states that reach an
     accepting state of their automaton over bytes and calls of the rules known to finish (one
-    backward breadth-first search of all automata at once, `byte_dfa._reachable`), then the
+    backward breadth-first search of all automata at once, `byte_dfa.reachable_states`), then the
     rules that finish with them, until no rule is added (at most `rules + 1` phases).
 
     **Arguments:** as `_nondeterministic_calls` (the free-form value, call column `rules`
     when present, always finishes).
 
-    **Raises:** `_RecursionRefused` naming the first rule that cannot finish."""
-    from .byte_dfa import _reachable
+    **Raises:** `RecursionRefused` naming the first rule that cannot finish."""
 
     offsets = np.cumsum([0] + [dfa.num_states for dfa, _ in automata])
     total = int(offsets[-1])
@@ -4333,7 +3416,7 @@ def _check_productive(automata: list, rules: int) -> None:
         dst = np.concatenate([byte_src, call_src[usable]])
         order = np.argsort(src, kind="stable")
         indptr = np.searchsorted(src[order], np.arange(total + 1))
-        done = _reachable(indptr, dst[order], accepting, total)
+        done = reachable_states(indptr, dst[order], accepting, total)
         now = np.append(done[initial], True)
         if np.array_equal(now, productive):
             break
@@ -4341,7 +3424,7 @@ def _check_productive(automata: list, rules: int) -> None:
     for a in range(len(automata)):
         if not done[offsets[a] : offsets[a + 1]].all():
             name = "the schema" if a == 0 else f"rule {a - 1}"
-            raise _RecursionRefused(f"{name} has text that can never end (endless recursion)")
+            raise RecursionRefused(f"{name} has text that can never end (endless recursion)")
 
 
 _VALUE_CALL_LEVELS = 8
@@ -4380,7 +3463,6 @@ def _inline_value_calls(
     states = np.flatnonzero(calls[:, -1] != REJECT)
     if not ((dfa.delta[states] != REJECT) & _VALUE_FIRST).any():
         return dfa, calls
-    from .regex import escape
 
     level_dfa, _, level_value = _rule_edges_of(
         free_value(1, ws, innermost=escape(FREE_VALUE_CALL)), True
@@ -4555,21 +3637,11 @@ def _nondeterministic_calls(automata: list, rules: int) -> set[int]:
     return bad
 
 
-_MIN_SHARED_TAIL = 16
-"""Fewest positions a shared tail must save to become a rule of its own (`_shared_tails`)."""
-_MAX_SHARED_TAILS = 32
-"""Most tails `_shared_tails` extracts from one grammar form."""
-_SHARED_TAIL_TRIES = 4
-"""Candidates `_shared_tails` tries per step before it stops (the largest estimates first)."""
-
-
 def _joint_blocks(automata: list) -> np.ndarray:
     """The states of every automaton (`(dfa, calls)` each), numbered one after another, grouped
     by their residual language: Moore's refinement of the union, a call edge labelled by its
     callee (hashed signatures, checked exactly as `byte_dfa.minimize` does). Returns each joint
     state's block."""
-    from .automaton import unique_columns
-    from .byte_dfa import _refine_changed, _refine_exact
 
     offsets = np.cumsum([0] + [dfa.num_states for dfa, _ in automata])
     rows, accepting = [], []
@@ -4579,7 +3651,7 @@ def _joint_blocks(automata: list) -> np.ndarray:
         accepting.append(dfa.accepting)
     columns, _ = unique_columns(np.concatenate(rows))
     accepting = np.concatenate(accepting)
-    blocks, count = _refine_changed(columns, accepting)
+    blocks, count = refine_changed(columns, accepting)
     representative = np.zeros(count, np.int64)
     representative[blocks] = np.arange(blocks.size)
     successor = np.where(columns != REJECT, blocks[np.maximum(columns, 0)], REJECT)
@@ -4587,7 +3659,7 @@ def _joint_blocks(automata: list) -> np.ndarray:
         np.array_equal(successor, successor[representative[blocks]])
         and np.array_equal(accepting, accepting[representative[blocks]])
     ):  # a hash collision merged different states
-        blocks, _ = _refine_exact(columns, accepting)
+        blocks, _ = refine_exact(columns, accepting)
     return blocks
 
 
@@ -4615,7 +3687,7 @@ def _shared_tails(automata: list, rules: int, free_value: bool) -> tuple[list, i
     the most positions to save (its states reachable from the block, once per automaton beyond
     the first) becomes a rule (its states copied from one automaton; an existing rule when the
     block holds a rule's initial state), each automaton is minimised again, and so on while a
-    tail saves `_MIN_SHARED_TAIL` positions, at most `_MAX_SHARED_TAILS` times. Equal residual
+    tail saves `MIN_SHARED_TAIL` positions, at most `MAX_SHARED_TAILS` times. Equal residual
     languages make the language the same; an accepting block is never a tail (a rule may not
     match the empty string).
 
@@ -4627,8 +3699,8 @@ def _shared_tails(automata: list, rules: int, free_value: bool) -> tuple[list, i
     inserted before the free-form value's).
     """
     automata = list(automata)
-    for _ in range(_MAX_SHARED_TAILS):
-        if rules >= _MAX_RULES:
+    for _ in range(MAX_SHARED_TAILS):
+        if rules >= MAX_RULES:
             break
         blocks = _joint_blocks(automata)
         offsets = np.cumsum([0] + [dfa.num_states for dfa, _ in automata])
@@ -4660,12 +3732,12 @@ def _shared_tails(automata: list, rules: int, free_value: bool) -> tuple[list, i
             dfa, calls = automata[a]
             size = int(_reach(dfa, calls, states[0] - int(offsets[a])).sum())
             saving = (len(states) - 1) * size - len(states) - 1
-            if saving >= _MIN_SHARED_TAIL:
+            if saving >= MIN_SHARED_TAIL:
                 candidates.append((-saving, block))
         total = int(offsets[-1])
-        for _, block in sorted(candidates)[:_SHARED_TAIL_TRIES]:
+        for _, block in sorted(candidates)[:SHARED_TAIL_TRIES]:
             new, grew = _extract_tail(automata, rules, free_value, members[block], owner, offsets)
-            if sum(dfa.num_states for dfa, _ in new) <= total - _MIN_SHARED_TAIL:
+            if sum(dfa.num_states for dfa, _ in new) <= total - MIN_SHARED_TAIL:
                 break  # the estimate counted states that other paths still reach: check
         else:
             break
@@ -4746,8 +3818,8 @@ def json_schema_grammar(
     optional properties, are compiled once instead of copied into one regex.
 
     The schema is rewritten as for `json_schema_regex` (one marker per distinct subschema
-    regex); a marker whose regex (its own rules called) exceeds `_RULE_REGEX` characters, or
-    `_SHARED_RULE_REGEX` when it is used more than once, becomes a rule: in its callers' regexes
+    regex); a marker whose regex (its own rules called) exceeds `RULE_REGEX` characters, or
+    `SHARED_RULE_REGEX` when it is used more than once, becomes a rule: in its callers' regexes
     it is a call (three control characters, `_rule_call`), and its own regex becomes a byte DFA
     with call edges (`_rule_edges`), as the free-form value's call does in
     `json_schema_pushdown`. Only terminals stay regexes: strings with patterns and formats,
@@ -4761,12 +3833,12 @@ def json_schema_grammar(
     **Arguments:** `schema`, `vocabulary`; `stack_depth`: stack slots (nested rule calls,
     free-form values included); `options`: those of `json_schema_regex` (`free_form_depth=None`
     calls a free-form JSON value rule, as `json_schema_pushdown`); `_over_regex` (internal):
-    the form stands in for a single regex over `_GRAMMAR_REGEX` characters, so its positions
-    limit is `_OVER_REGEX_SCALE` times larger.
+    the form stands in for a single regex over `GRAMMAR_REGEX` characters, so its positions
+    limit is `OVER_REGEX_SCALE` times larger.
 
-    **Raises:** as `json_schema_regex`; `ConstraintError` (`_RegexTooLarge`) when a single rule
-    would still exceed `_MAX_REGEX` characters, or when the rules' automata have more than
-    `_MAX_GRAMMAR_POSITIONS` states in all (too slow to build the token tables); `NotDeterministic` when the rules cannot run
+    **Raises:** as `json_schema_regex`; `ConstraintError` (`RegexTooLarge`) when a single rule
+    would still exceed `MAX_REGEX` characters, or when the rules' automata have more than
+    `MAX_GRAMMAR_POSITIONS` states in all (too slow to build the token tables); `NotDeterministic` when the rules cannot run
     deterministically even with the conflicting calls inlined.
 
     Source: the rule/terminal split of llguidance (github.com/guidance-ai/llguidance,
@@ -4775,10 +3847,10 @@ def json_schema_grammar(
     free = options.get("free_form_depth", DEFAULT_FREE_FORM_DEPTH)
     if free is None:
         options["free_form_depth"] = _CALL
-    scale = _OVER_REGEX_SCALE if _over_regex else 1
+    scale = OVER_REGEX_SCALE if _over_regex else 1
     max_positions, max_before_tails = (
-        scale * _MAX_GRAMMAR_POSITIONS,
-        scale * _MAX_POSITIONS_BEFORE_TAILS,
+        scale * MAX_GRAMMAR_POSITIONS,
+        scale * MAX_POSITIONS_BEFORE_TAILS,
     )
     rewriter, regex = _rewritten if _rewritten is not None else _rewrite(schema, **options)
     _warn_dropped(rewriter)
@@ -4787,7 +3859,6 @@ def json_schema_grammar(
     ws = rewriter.ws
     banned: set = set()
     dfas: dict[tuple[str, int, bool], tuple] = {}
-    from .regex import escape
 
     frozen: dict[str, set] = {}
     for _ in range(8):
@@ -4823,7 +3894,7 @@ def json_schema_grammar(
                     _check_value_calls(*built[a], "schema" if a == 0 else f"rule{a - 1}")
                 positions = sum(dfa.num_states for dfa, _ in built.values())
                 if positions > max_before_tails:  # refused before the other rules
-                    raise _TooManyPositions(positions, len(rules), max_positions)
+                    raise TooManyPositions(positions, len(rules), max_positions)
         automata = [built[a] for a in range(len(every))]
         bad = _nondeterministic_calls(automata, len(rules))
         if not bad:
@@ -4843,13 +3914,13 @@ def json_schema_grammar(
     # takes minutes on 60,000 states (MaskBench o82710's 5,000-character string).
     largest = max(dfa.num_states for dfa, _ in automata)
     if largest > max_positions:
-        raise _TooManyPositions(
+        raise TooManyPositions(
             sum(dfa.num_states for dfa, _ in automata), len(automata) - 1, max_positions
         )
     automata, _ = _shared_tails(automata, len(rules), value)
     positions = sum(dfa.num_states for dfa, _ in automata)
     if positions > max_positions:
-        raise _TooManyPositions(positions, len(automata) - 1, max_positions)
+        raise TooManyPositions(positions, len(automata) - 1, max_positions)
 
     def build(automata: list):
         names = ["schema"] + [f"rule{i}" for i in range(len(automata) - 1)]
@@ -4885,7 +3956,7 @@ def json_schema_compile(
 ):
     """The automaton `JsonSchema` runs for one schema, chosen automatically: the token
     automaton of the schema's single regex (`json_schema_automaton`: smaller and faster) while
-    that regex has at most `_GRAMMAR_REGEX` characters (with the automata of length-bounded
+    that regex has at most `GRAMMAR_REGEX` characters (with the automata of length-bounded
     strings that no compact regex writes spliced in, `_spliced_dfa`), else the grammar form
     (`json_schema_grammar`, a `PushdownAutomaton`), whose free-form values nest as deep as the
     stack unless `free_form_depth=0` (a call of its JSON value rule, where that stays
@@ -4934,15 +4005,14 @@ def json_schema_compile(
         **{**options, "free_form_depth": call if call is not None else free},
         counted_strings=True,
     )
-    from .regex import escape
 
     def nest_instead(
-        error: NotDeterministic | _TooManyPositions | _RegexTooLarge, dropped_warned=False
+        error: NotDeterministic | TooManyPositions | RegexTooLarge, dropped_warned=False
     ):
         """A free-form value's call competes with other text for its first byte deeper than
         `_inline_value_calls` reads it in place (`error` a `NotDeterministic`), or the grammar
         form is too large: the values nested 2 levels where that is a token automaton of a
-        single regex within `_SINGLE_REGEX`, else `NESTED_FREE_FORM_DEPTH` level(s)
+        single regex within `SINGLE_REGEX`, else `NESTED_FREE_FORM_DEPTH` level(s)
         (`_FALLBACK_DEPTHS`), with a warning that names the depth. A recursive schema is not
         tried deeper: its fallback may still be a pushdown automaton whose recursion nests as
         deep as the stack, which a token automaton would unroll `DEFAULT_MAX_RECURSION_DEPTH`
@@ -4983,21 +4053,21 @@ def json_schema_compile(
 
     full: str | None
     try:
-        full = rewriter.substitute(regex, limit=_SINGLE_REGEX)
+        full = rewriter.substitute(regex, limit=SINGLE_REGEX)
         if (
             call is not None
             and _dfa_placeholders(rewriter, full)
             and escape(FREE_VALUE_CALL) in full
         ):
             full = None  # the grammar form calls both
-    except _RegexTooLarge:
+    except RegexTooLarge:
         full = None
     weight = rewriter.weight(regex)
-    if full is not None and weight > _SINGLE_REGEX_WEIGHT:
+    if full is not None and weight > SINGLE_REGEX_WEIGHT:
         full = None  # its counted copies written out are too many states for outlines-core
     if token_only and full is None:
-        raise _NotTokenAutomaton("the single regex is too large for a token automaton")
-    if not token_only and (full is None or len(full) > _GRAMMAR_REGEX or weight > _GRAMMAR_REGEX):
+        raise NotTokenAutomaton("the single regex is too large for a token automaton")
+    if not token_only and (full is None or len(full) > GRAMMAR_REGEX or weight > GRAMMAR_REGEX):
         if not cache:
             _PUSHDOWN_CACHE.clear()
         hopeless = _strings_too_large(rewriter, regex, full is not None)
@@ -5013,7 +4083,7 @@ def json_schema_compile(
                     stack_depth=stack_depth,
                     **{**options, "free_form_depth": None},
                 )
-            except (NotDeterministic, _RegexTooLarge):
+            except (NotDeterministic, RegexTooLarge):
                 pass  # a free-form value where other text may also start (or, its rules
                 # inlined where their calls compete, too large: MaskBench jsonld)
         try:
@@ -5027,9 +4097,9 @@ def json_schema_compile(
                 _over_regex=full is not None,
                 **options,
             )
-        except (_TooManyPositions, NotDeterministic, _RegexTooLarge) as e:
+        except (TooManyPositions, NotDeterministic, RegexTooLarge) as e:
             if full is not None:
-                pass  # the single regex is within `_SINGLE_REGEX`: compiled below
+                pass  # the single regex is within `SINGLE_REGEX`: compiled below
             elif call is None:
                 raise
             else:
@@ -5074,22 +4144,22 @@ def json_schema_compile(
 
 def _strings_too_large(
     rewriter: _Rewriter, regex: str, over_regex: bool
-) -> _TooManyPositions | None:
+) -> TooManyPositions | None:
     """The refusal of every grammar form of `regex` that its strings given as automata
     (`_Rewriter.dfa_terminals`) already imply, before any rule is built: one of them alone has
     more states than the positions a form may have before its tails are shared
-    (`_MAX_POSITIONS_BEFORE_TAILS`, times `_OVER_REGEX_SCALE` when `over_regex`). Each is a rule
+    (`MAX_POSITIONS_BEFORE_TAILS`, times `OVER_REGEX_SCALE` when `over_regex`). Each is a rule
     of the grammar form, and written as a counted regex it needs as many states inside its
     rule: no form can do with fewer (MaskBench o1052, a 5,000-character string of 60,003
     states: refused in 2 s instead of after a 7.5 s rule). `None` when no string is that large.
     """
-    limit = (_OVER_REGEX_SCALE if over_regex else 1) * _MAX_POSITIONS_BEFORE_TAILS
+    limit = (OVER_REGEX_SCALE if over_regex else 1) * MAX_POSITIONS_BEFORE_TAILS
     for name in sorted(rewriter.markers(regex) & rewriter.dfa_terminals.keys()):
         placeholder, path, keyword = rewriter.dfa_terminals[name]
         states = rewriter.dfa_texts[placeholder].num_states
         if states > limit:
             what = f"the string automaton of `{keyword}` at {path} has {states:,} states"
-            return _TooManyPositions(states, 1, limit, what)
+            return TooManyPositions(states, 1, limit, what)
     return None
 
 
@@ -5149,7 +4219,7 @@ def _recursive_grammar(schema, vocabulary, stack_depth: int, options: dict):
                         "free_form_depth": None if isinstance(depth, _FreeValueCall) else depth,
                     },
                 )
-            except (NotDeterministic, _RegexTooLarge):
+            except (NotDeterministic, RegexTooLarge):
                 continue  # a call one byte cannot choose, or rules inlined too large
             except (ValueError, RecursionError):  # ConstraintError, GrammarError, too deep
                 return None
@@ -5220,7 +4290,7 @@ class JsonSchema(AbstractConstraint):
       `PROPERTY_ORDERS`.
 
     The automaton is chosen automatically (`json_schema_compile`): a single schema whose regex
-    would exceed `_GRAMMAR_REGEX` characters compiles to its grammar form, a pushdown
+    would exceed `GRAMMAR_REGEX` characters compiles to its grammar form, a pushdown
     automaton whose rules are its large subschemas (`json_schema_grammar`); a list of schemas
     (one per row) always uses token automata. A `pattern` or `format` with
     `minLength`/`maxLength` is exact (lengths in decoded characters): when no compact regex
@@ -5233,13 +4303,16 @@ class JsonSchema(AbstractConstraint):
     **Raises:** `UnsupportedSchemaError` (a `ValueError`) naming the keyword and its location
     (e.g. `not`, `uniqueItems`, `multipleOf: 5`, an unknown `format`) before any compilation,
     or naming a length-bounded string whose automaton, spliced in, would take the schema's over
-    150,000 states (`_MAX_SPLICED_STATES`; estimated from the regex before its DFA is built);
+    150,000 states (`MAX_SPLICED_STATES`; estimated from the regex before its DFA is built);
     `ConstraintError` for a schema too large even for the grammar form (over 10,000 automaton
-    positions, `_MAX_GRAMMAR_POSITIONS`: its token tables would take more than seconds);
+    positions, `MAX_GRAMMAR_POSITIONS`: its token tables would take more than seconds);
     `ValueError` for invalid JSON text; `TypeError` for a schema of another type.
 
     Source: outlines-core `json_schema.build_regex_from_schema`; JSON Schema 2020-12.
     """
+
+    tables: ConstraintTables
+    constraint_id: Int[Array, "*rows"] = per_row_field()
 
     def __init__(
         self,
@@ -5283,8 +4356,8 @@ class JsonSchema(AbstractConstraint):
                 free_form_depth=free_form_depth,
                 property_order=property_order,
             )
+            self.constraint_id = jnp.asarray(ids, jnp.int32)
             if isinstance(automaton, PushdownAutomaton):
-                self._set_pushdown(automaton, ids)
                 options = dict(
                     whitespace_pattern=whitespace_pattern,
                     strict=strict,
@@ -5300,7 +4373,7 @@ class JsonSchema(AbstractConstraint):
                     ),
                 )
                 source = schemas[0]
-                self.token_recipe = register_token_recipe(
+                recipe = register_token_recipe(
                     lambda: regex_automaton(
                         json_schema_regex(source, **options),
                         vocabulary,
@@ -5309,8 +4382,9 @@ class JsonSchema(AbstractConstraint):
                     f"free-form values nest {options['free_form_depth']} level(s), recursive "
                     f"references unrolled {options['max_recursion_depth']} times",
                 )
+                self.tables = pushdown_tables(automaton, ids, token_recipe=recipe)
             else:
-                self._set_automata([automaton], ids)
+                self.tables = automata_tables([automaton])
             return
         if free_form_depth is None:
             free_form_depth = NESTED_FREE_FORM_DEPTH  # one token automaton per row
@@ -5335,7 +4409,8 @@ class JsonSchema(AbstractConstraint):
             regex_automaton(r, vocabulary, description=f"json schema {_describe(s)}")
             for s, r in zip(schemas, regexes)
         ]
-        self._set_automata(automata, ids)
+        self.tables = automata_tables(automata)
+        self.constraint_id = jnp.asarray(ids, jnp.int32)
 
 
 def _describe(schema) -> str:

@@ -1,0 +1,84 @@
+"""`PushdownAutomaton`: a context-free grammar run on the device with a bounded stack.
+
+Modules: `automaton` (the tables and constants), `building` (`build_pushdown`), `token_tables`
+(step 3 below), `constraint` (`PushdownConstraint`, the device side).
+
+The bounded-depth DFA of `functional_gen.structured.grammar` unrolls recursion, and its states
+double with every level of JSON nesting. Here the grammar keeps its recursion: it becomes a
+*recursive transition network*, one minimal automaton per recursive rule, whose "call" edges
+push a return position on a stack. Each row's state is `(position, stack, stack_pointer)`:
+int32 scalars and an `int32[stack_depth]` array, so the depth costs memory, not states.
+
+**Compilation (host, numpy).**
+
+1. The rules that break every cycle of the rule graph are cut (`grammar_rules.cut_rules`: `value` for
+   JSON); every other reference is inlined. The start rule and each cut rule become minimal
+   automata over byte classes and call symbols (`grammar_rules.RuleBuilder`). Their states, numbered in
+   one space, are the *positions* (position 0 is dead).
+2. Each (position, byte) gets ONE action: read the byte in the current rule (`next > 0`),
+   possibly after calls into rules that start with it (the return positions to push, at most
+   `pushes` of them, in `push`); or return (`next == POP`) when the rule may end here and cannot
+   read the byte, so the byte is retried at the position popped from the stack; or reject. A
+   grammar in which one byte could be read in two ways (the byte itself and a call, two calls,
+   a rule that matches the empty string, left recursion) is refused with `NotDeterministic`
+   (`Grammar` then falls back to the bounded-depth DFA). Returning only when the rule cannot
+   continue is the longest-match rule of lexers; so that it never hides a text, a rule that may
+   end before a byte and also read that byte itself, where one of its return positions reads it
+   too, is refused as well (a one-byte lookahead cannot tell). A call whose return position
+   can only end the rule is a tail call and pushes nothing. (JSON Schemas use a byte DFA with
+   call edges to a JSON value rule as the bottom frame instead of a start rule: `top`.)
+3. Token masks. A token either reads its bytes inside the rules it enters (whatever is below on
+   the stack), or returns from the current rule and then depends on the return positions on the
+   stack. We walk every token from every position along the vocabulary's byte trie (as
+   `byte_dfa.lift` does). Positions from which no token returns are walked once; the others once
+   per *slot*, the return position on top of the stack (slot 0: the stack is empty), since the
+   first return goes there (the once-walk of a position stops at its first return, and a
+   position's slots share one walk's tables). A further return below branches over every
+   return position its rule has in the grammar (a superset of what the stack can hold). A
+   token accepted on every branch is *context-independent*: it goes into a packed bitmask per
+   (position, slot, free stack slots it needs), so a nearly full stack drops the tokens that
+   would overflow it. A token accepted on some branches only is a *candidate*: the padded list
+   `candidates[position, slot]` (at most `K` of them; 3-10 for the test grammars) is checked on
+   the device. Tokens rejected on every branch are never allowed. (Cf. XGrammar's
+   context-independent and context-dependent tokens, Dong et al. 2024, arXiv 2411.15100.)
+   The walks share their work: all origins of a pass walk the trie together, each trie node
+   holding the state of every origin after its bytes (one function per node, shared by the
+   nodes with the same parent function and byte class, as `byte_dfa.lift` does), so the cost
+   is per distinct function, not per (trie node, state).
+
+**On the device, per step and row** (`PushdownConstraint.process`):
+
+1. advance on the previous token: its bytes one by one (`token_bytes`, a `while_loop` over its
+   length), each byte popping while the position says `POP`, then reading or pushing;
+2. mask: the bitmask row `masks[mask_row[position, slot, min(room, levels - 1)]]` unpacked over
+   the vocabulary (`slot` from the top of the stack, `room` the free stack slots), plus the `K`
+   candidates walked from the row's real stack (vectorised, a
+   fixed-length loop over their bytes); a token that would push beyond `stack_depth` is not
+   allowed; the end-of-generation ids are allowed when the position and every return position
+   on the stack may end;
+3. the budget, as the DFA processors keep it: with `r` tokens left (this one included), a
+   token is allowed only if the configuration after it can end within `r - 1` tokens. The
+   bound is `need = distance[position] + sum(distance[stack])`, where `distance` is the fewest
+   *one-byte tokens* that finish a rule (a fixed point over `next`/`push` at build time, over
+   the bytes that are tokens by themselves): the vocabulary can always achieve it, so a row
+   that keeps `need <= r` always has a token left and ends inside the language, and at
+   `r = 1` only tokens that complete the text (or EOS) remain. The bitmask row is used whole
+   while `sum(distance[stack]) + budget_cost[position, slot] <= r - 1` (`budget_cost`: the
+   largest `need` a bitmask token leaves above the stack); closer to the end it is dropped and
+   only the one-byte tokens and the candidates, walked exactly with their `need`, are allowed.
+   (The bound ignores `stack_depth`: a completion that would overflow a full stack is not
+   available, and such a row may end with `"constraint"`.)
+4. every other logit becomes `-inf`; a row left with nothing ends with `"constraint"`.
+"""
+
+from .automaton import BOTTOM as BOTTOM
+from .automaton import DEAD as DEAD
+from .automaton import DEFAULT_STACK_DEPTH as DEFAULT_STACK_DEPTH
+from .automaton import MAX_LEVELS as MAX_LEVELS
+from .automaton import POP as POP
+from .automaton import UNREACHABLE as UNREACHABLE
+from .automaton import NotDeterministic as NotDeterministic
+from .automaton import PushdownAutomaton as PushdownAutomaton
+from .building import build_pushdown as build_pushdown
+from .constraint import PushdownConstraint as PushdownConstraint
+from .constraint import state_stack as state_stack

@@ -1,0 +1,192 @@
+"""The pushdown automaton as data: `PushdownAutomaton` (the host tables, with a host-side
+reference walk), its constants (`DEAD`, `POP`, `BOTTOM`, `MAX_LEVELS`, `UNREACHABLE`,
+`DEFAULT_STACK_DEPTH`) and `NotDeterministic`. See `functional_gen.structured.pushdown` for the
+construction.
+"""
+
+import dataclasses
+
+import numpy as np
+from jaxtyping import Bool, Int, UInt8, UInt32
+
+from ..grammar_syntax import GrammarError
+
+DEAD = 0
+"""The dead position: nothing is read there."""
+POP = -1
+"""`next` entry: the current rule ends here; return and retry the byte."""
+DEFAULT_STACK_DEPTH = 32
+"""Default number of stack slots (return positions) per row."""
+MAX_LEVELS = 8
+"""Tokens that push more than `MAX_LEVELS - 1` return positions are candidates, not bitmask
+entries."""
+UNREACHABLE = 1 << 20
+"""`distance` of positions from which no end of the rule is reachable (small enough that a
+stack's worth of them sums without overflow in int32)."""
+BOTTOM = -1
+"""A return site meaning: the rule may be the bottom frame (a return from it fails)."""
+
+
+class NotDeterministic(GrammarError):
+    """The grammar cannot run as a deterministic pushdown automaton (the message says why)."""
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class PushdownAutomaton:
+    """The host tables of a grammar's pushdown automaton (see the module docstring).
+
+    **Attributes:**
+
+    - `byte_class`: `Int[np.ndarray, " 256"]`, the class of each byte.
+    - `next`: `Int[np.ndarray, "positions classes"]`, the action per position and byte class:
+      `> 0` the next position, `POP` (-1) return, `DEAD` (0) reject.
+    - `push`: `Int[np.ndarray, "positions classes pushes"]`, return positions pushed (in order,
+      0-padded) before moving to `next`.
+    - `final`: `Bool[np.ndarray, " positions"]`, where the current rule may end.
+    - `initial`: the start position.
+    - `mask_row`: `Int[np.ndarray, "positions levels"]`, the row of `masks` per position and
+      free stack slots (clamped to `levels - 1`).
+    - `masks`: `UInt32[np.ndarray, "rows words"]`, packed bitmasks (token `t` is bit `t % 32` of
+      word `t // 32`) of the context-independent tokens.
+    - `candidates`: `Int[np.ndarray, "positions candidates"]`, the stack-dependent tokens,
+      padded with `vocab_size`.
+    - `token_bytes`: `UInt8[np.ndarray, "vocab max_bytes"]`, `token_length`:
+      `Int[np.ndarray, " vocab"]`, each token's bytes (length 0: never text).
+    - `candidate_bytes`: the longest candidate, in bytes.
+    - `stack_depth`, `eos_token_id`, `description`.
+    - `position_rule`: `Int[np.ndarray, " positions"]` and `rule_names`: which rule each
+      position belongs to (for messages and drawings).
+    - `distance`: `Int[np.ndarray, " positions"]`, the fewest single-byte tokens from each
+      position to one where its rule may end (`UNREACHABLE` if none); a configuration needs at
+      most `distance[position] + sum(distance[stack])` tokens to end (see `need`).
+    - `budget_cost`: `Int[np.ndarray, "positions slots"]`, per (position, slot) the largest
+      `distance[position'] + sum(distance[pushed])` after a bitmask token: the bitmask row
+      holds within the budget when the stack's distances plus this fit in it.
+    - `byte_tokens`: `Int[np.ndarray, " byte_tokens"]`, the one-byte tokens (padded with
+      `vocab_size`), checked exactly near the end of the budget.
+    """
+
+    byte_class: Int[np.ndarray, " 256"]
+    next: Int[np.ndarray, "positions classes"]
+    push: Int[np.ndarray, "positions classes pushes"]
+    final: Bool[np.ndarray, " positions"]
+    initial: int
+    mask_row: Int[np.ndarray, "positions slots levels"]
+    slot_of: Int[np.ndarray, "rules positions"]
+    masks: UInt32[np.ndarray, "rows words"]
+    candidates: Int[np.ndarray, "positions slots candidates"]
+    token_bytes: UInt8[np.ndarray, "vocab max_bytes"]
+    token_length: Int[np.ndarray, " vocab"]
+    candidate_bytes: int
+    stack_depth: int
+    eos_token_id: tuple[int, ...]
+    position_rule: Int[np.ndarray, " positions"]
+    rule_names: tuple[str, ...]
+    distance: Int[np.ndarray, " positions"]
+    budget_cost: Int[np.ndarray, "positions slots"]
+    byte_tokens: Int[np.ndarray, " byte_tokens"]
+    description: str = ""
+
+    @property
+    def num_positions(self) -> int:
+        """Positions, the dead position 0 included."""
+        return self.next.shape[0]
+
+    @property
+    def vocab_size(self) -> int:
+        """Token ids covered."""
+        return self.token_length.shape[0]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the device tables."""
+        return sum(
+            a.nbytes
+            for a in (
+                self.next,
+                self.push,
+                self.final,
+                self.mask_row,
+                self.slot_of,
+                self.masks,
+                self.candidates,
+                self.token_bytes,
+                self.token_length,
+                self.distance,
+                self.budget_cost,
+                self.byte_tokens,
+            )
+        )
+
+    # ------------------------------------------------------------------ host reference
+
+    def step(self, config, byte: int):
+        """One byte from `config = (position, stack)` (stack a tuple, top last): the next
+        configuration, or `None` when the byte is not allowed (or the stack overflows)."""
+        pos, stack = config
+        c = self.byte_class[byte]
+        while self.next[pos, c] == POP and stack:
+            pos, stack = stack[-1], stack[:-1]
+        target = int(self.next[pos, c])
+        if target <= 0:
+            return None
+        pushed = tuple(int(p) for p in self.push[pos, c] if p)
+        if len(stack) + len(pushed) > self.stack_depth:
+            return None
+        return target, stack + pushed
+
+    def walk(self, data: bytes, config=None):
+        """The configuration after `data` (from the initial one), or `None`."""
+        config = (self.initial, ()) if config is None else config
+        for b in data:
+            config = self.step(config, b)
+            if config is None:
+                return None
+        return config
+
+    def can_end(self, config) -> bool:
+        """Whether generation may end in `config` (the position and every return position final)."""
+        pos, stack = config
+        return bool(self.final[pos]) and all(self.final[p] for p in stack)
+
+    def accepts(self, data: bytes) -> bool:
+        """Whether the automaton accepts `data` as a whole text."""
+        config = self.walk(data)
+        return config is not None and self.can_end(config)
+
+    def need(self, config) -> int:
+        """An upper bound on the tokens that end the text from `config`: the fewest one-byte
+        tokens that finish the current rule and then each rule on the stack."""
+        pos, stack = config
+        return int(self.distance[pos]) + sum(int(self.distance[p]) for p in stack)
+
+    def allowed(self, config, remaining: int | None = None) -> Bool[np.ndarray, " vocab"]:
+        """The tokens the device allows in `config` with `remaining` tokens left to generate
+        (this one included; `None`: no budget), computed from the tables as the device does
+        (bitmask row + candidates and one-byte tokens walked exactly), EOS included."""
+        pos, stack = config
+        room = self.stack_depth - len(stack)
+        slot = self.slot_of[self.position_rule[pos], stack[-1] if stack else 0]
+        row = self.masks[self.mask_row[pos, slot, min(room, self.mask_row.shape[2] - 1)]]
+        bits = np.unpackbits(row.view(np.uint8), bitorder="little")[: self.vocab_size].astype(bool)
+        below = self.need(config) - int(self.distance[pos])
+        if remaining is not None and below + int(self.budget_cost[pos, slot]) > remaining - 1:
+            bits[:] = False  # near the end of the budget: exact checks only
+
+        def exact(t) -> bool:
+            data = bytes(self.token_bytes[t, : self.token_length[t]])
+            after = self.walk(data, config)
+            return after is not None and (remaining is None or self.need(after) <= remaining - 1)
+
+        for t in (*self.byte_tokens, *self.candidates[pos, slot]):
+            if t < self.vocab_size:
+                bits[t] = exact(t)
+        bits[list(self.eos_token_id)] = self.can_end(config)
+        return bits
+
+    def __repr__(self):
+        return (
+            f"PushdownAutomaton({self.description!r}, positions={self.num_positions}, "
+            f"slots={self.candidates.shape[1]}, candidates={self.candidates.shape[2]}, stack_depth={self.stack_depth}, "
+            f"{self.nbytes / 2**20:.2f} MiB)"
+        )

@@ -1,0 +1,372 @@
+"""Building a `PushdownAutomaton` (`build_pushdown`): each (position, byte) gets one action
+(steps 1 and 2 of `functional_gen.structured.pushdown`), the budget distances, then the token
+tables (`token_tables`, step 3).
+"""
+
+import typing
+from collections.abc import Sequence
+
+import numpy as np
+from jaxtyping import Int
+
+from ..buckets import bucket
+from ..byte_dfa import REJECT, ByteDFA, ragged_rows
+from ..grammar_rules import RuleBuilder, cut_rules
+from ..grammar_syntax import GrammarError, GrammarSpec
+from ..vocabulary import TokenVocabulary
+from .automaton import (
+    BOTTOM,
+    DEAD,
+    DEFAULT_STACK_DEPTH,
+    POP,
+    UNREACHABLE,
+    NotDeterministic,
+    PushdownAutomaton,
+)
+from .token_tables import token_byte_matrix, token_tables, unique_rows
+
+# Nested helpers that run per byte, state or schema node are `@typing.no_type_check`: the
+# tests' jaxtyping import hook would wrap every call of them (30-40 us each, and a fresh
+# wrapper per definition), which was most of the structured tests' time.
+
+
+# ------------------------------------------------------------------------------ build
+
+
+def build_pushdown(
+    spec: GrammarSpec | None,
+    vocabulary: TokenVocabulary,
+    *,
+    stack_depth: int = DEFAULT_STACK_DEPTH,
+    description: str = "",
+    top: tuple[ByteDFA, Int[np.ndarray, " states"], str] | None = None,
+    rules: Sequence[tuple[str, ByteDFA, np.ndarray]] | None = None,
+) -> PushdownAutomaton:
+    """Compile a parsed grammar into a `PushdownAutomaton` (see the module docstring).
+
+    **Arguments:** `spec`, `vocabulary`, `stack_depth`, `description`; `top`: instead of the
+    start rule, a byte DFA for the bottom frame with call edges: `(dfa, call, rule)` where
+    `call[q]` is the state reached after a call of the recursive rule `rule` from state `q`
+    (`REJECT`: none). JSON Schemas use it: the schema's DFA calls a free-form JSON value.
+    `rules`: the general form of `top`, rules given as byte DFAs: `(name, dfa, calls)` each,
+    the first one the bottom frame; the *callable* rules are `rules[1:]` followed by the
+    grammar's recursive rules (`grammar_rules.cut_rules(spec)`), and `calls[q, r]` (`states x
+    callables`) is the state of `dfa` reached from `q` after a call of callable `r` (`REJECT`:
+    none). `spec` may then be `None` (no grammar rules). JSON Schemas compiled to a grammar use
+    it: one rule per large subschema (`json_schema.json_schema_grammar`).
+
+    **Raises:** `NotDeterministic` when a byte could be read in two ways, a recursive rule
+    matches the empty string or is left-recursive; `GrammarError` for an empty language;
+    `ValueError` for `top` and `rules` together or a `calls` table of the wrong width.
+    """
+    if top is not None:
+        if rules is not None:
+            raise ValueError("build_pushdown: give `top` or `rules`, not both")
+        dfa, call, rule = top
+        cut = cut_rules(spec)
+        if rule not in cut:
+            raise GrammarError(
+                f"the called rule {rule!r} is not a recursive rule of the grammar ({cut})"
+            )
+        calls = np.full((dfa.num_states, len(cut)), REJECT, np.int32)
+        calls[:, cut.index(rule)] = call
+        rules = [("schema", dfa, calls)]
+    if rules is None:
+        cut = cut_rules(spec)
+        builder = RuleBuilder(spec, cut)
+        called = [builder.rule_dfa(spec.rules[name], top=False) for name in cut]
+        nc, byte_class = builder.num_classes, builder.byte_class
+        automata = [builder.rule_dfa(spec.rules[spec.start], top=True), *called]
+        names = (spec.start, *cut)
+    else:
+        automata, names, nc, byte_class = _byte_rule_automata(spec, rules)
+    offsets = np.cumsum([1] + [a.num_states for a in automata])
+    num_positions = int(offsets[-1])
+    position_rule = np.zeros(num_positions, np.int32)
+    final = np.zeros(num_positions, bool)
+    for a, dfa in enumerate(automata):
+        position_rule[offsets[a] : offsets[a + 1]] = a
+        final[offsets[a] : offsets[a + 1]] = dfa.accepting
+        if a and dfa.accepting[dfa.initial]:
+            raise NotDeterministic(f"the recursive rule {names[a]!r} matches the empty string")
+
+    @typing.no_type_check
+    def tail(a: int, ret: int) -> bool:
+        dfa = automata[a]
+        return bool(dfa.accepting[ret]) and bool((dfa.delta[ret] == REJECT).all())
+
+    memo: dict = {}
+    busy: set = set()
+
+    @typing.no_type_check
+    def action(a: int, q: int, c: int):
+        dfa = automata[a]
+        options = []
+        t = int(dfa.delta[q, c])
+        if t != REJECT:
+            options.append(((), int(offsets[a]) + t, None))
+        for r in np.flatnonzero(dfa.delta[q, nc:] != REJECT):
+            ret = int(dfa.delta[q, nc + r])
+            e = entry(int(r), c)
+            if e is not None:
+                pushed = () if tail(a, ret) else (int(offsets[a]) + ret,)
+                options.append((pushed + e[0], e[1], names[1 + r]))
+        if len(options) > 1:
+            byte = bytes([int(np.flatnonzero(byte_class == c)[0])])
+            ways = ", ".join("itself" if o[2] is None else f"a call of {o[2]!r}" for o in options)
+            raise NotDeterministic(
+                f"in rule {names[a]!r} the byte {byte!r} can be read in {len(options)} ways ({ways})"
+            )
+        return options[0][:2] if options else None
+
+    @typing.no_type_check
+    def entry(r: int, c: int):
+        key = (r, c)
+        if key in memo:
+            return memo[key]
+        if key in busy:
+            raise NotDeterministic(f"the rule {names[1 + r]!r} is left-recursive")
+        busy.add(key)
+        memo[key] = action(1 + r, automata[1 + r].initial, c)
+        busy.discard(key)
+        return memo[key]
+
+    nxt = np.zeros((num_positions, nc), np.int32)
+    pushes: dict = {}
+    for a, dfa in enumerate(automata):
+        # A state without call edges reads its bytes itself or rejects them (one option at
+        # most, no error possible): filled at once. The states with calls go through `action`
+        # in the same order as before, so the same first conflict is reported.
+        calling = (dfa.delta[:, nc:] != REJECT).any(axis=1)
+        plain = np.flatnonzero(~calling)
+        delta = dfa.delta[plain, :nc]
+        fallback = POP if a else 0
+        nxt[int(offsets[a]) + plain] = np.where(
+            delta != REJECT,
+            int(offsets[a]) + delta,
+            np.where(dfa.accepting[plain], fallback, 0)[:, None],
+        )
+        for q in np.flatnonzero(calling).tolist():
+            pos = int(offsets[a]) + q
+            for c in range(nc):
+                act = action(a, q, c)
+                if act is not None:
+                    nxt[pos, c] = act[1]
+                    if act[0]:
+                        pushes[pos, c] = act[0]
+                elif a and dfa.accepting[q]:
+                    nxt[pos, c] = POP
+    width = max((len(p) for p in pushes.values()), default=0)
+    push = np.zeros((num_positions, nc, max(width, 1)), np.int32)
+    for (pos, c), p in pushes.items():
+        push[pos, c, : len(p)] = p
+
+    # Return sites of each recursive rule (tail calls inherit their caller's sites).
+    callables = len(automata) - 1
+    sites = [set() for _ in range(callables)]
+    tails = [set() for _ in range(callables)]
+    for a, dfa in enumerate(automata):
+        for q in range(dfa.num_states):
+            for r in np.flatnonzero(dfa.delta[q, nc:] != REJECT):
+                ret = int(dfa.delta[q, nc + r])
+                (tails[r].add(a) if tail(a, ret) else sites[r].add(int(offsets[a]) + ret))
+    changed = True
+    while changed:
+        changed = False
+        for r in range(callables):
+            for a in tails[r]:
+                extra = {BOTTOM} if a == 0 else sites[a - 1]
+                if not extra <= sites[r]:
+                    sites[r] |= extra
+                    changed = True
+    # Returning only when the rule cannot read the byte must not hide a text that returns and
+    # reads it in the caller: refuse a rule that may end and also read a byte that one of its
+    # return positions (after any further returns) reads.
+    memo_after: dict = {}
+
+    @typing.no_type_check
+    def read_after_return(rule: int, c: int, busy: frozenset = frozenset()) -> bool:
+        if (rule, c) in memo_after:
+            return memo_after[rule, c]
+        found = False
+        for s in sites[rule - 1]:
+            if s == BOTTOM:
+                continue
+            act = nxt[s, c]
+            if act > 0 or (
+                act == POP
+                and position_rule[s] not in busy
+                and read_after_return(int(position_rule[s]), c, busy | {rule})
+            ):
+                found = True
+                break
+        memo_after[rule, c] = found
+        return found
+
+    for p in np.flatnonzero(final & (position_rule > 0)):
+        for c in np.flatnonzero(nxt[p] > 0):
+            if read_after_return(int(position_rule[p]), int(c)):
+                byte = bytes([int(np.flatnonzero(byte_class == c)[0])])
+                raise NotDeterministic(
+                    f"the rule {names[position_rule[p]]!r} may end before the byte {byte!r} or read "
+                    "it itself (a one-byte lookahead cannot tell)"
+                )
+
+    # Slots: slot 0 is the empty stack; slot k >= 1 the k-th return site of the rule.
+    rule_sites = [(BOTTOM,)] + [tuple(sorted(sites[r] - {BOTTOM})) for r in range(callables)]
+    slot_of = np.zeros((len(automata), num_positions), np.int32)
+    for rule, listed in enumerate(rule_sites):
+        for k, site in enumerate(listed):
+            if site != BOTTOM:
+                slot_of[rule, site] = k + 1
+    position_sites = [()] + [
+        (BOTTOM,) if position_rule[p] == 0 else tuple(sorted(sites[position_rule[p] - 1]))
+        for p in range(1, num_positions)
+    ]
+    position_slots = [()] + [
+        (BOTTOM,) + (() if position_rule[p] == 0 else rule_sites[position_rule[p]])
+        for p in range(1, num_positions)
+    ]
+
+    initial = int(offsets[0]) + automata[0].initial
+    distance = _distances(nxt, push, final, byte_class, vocabulary)
+    masks, mask_row, candidates, candidate_bytes, budget_cost = token_tables(
+        nxt, push, byte_class, position_sites, position_slots, vocabulary, stack_depth, distance
+    )
+    token_bytes, token_length = token_byte_matrix(vocabulary)
+    byte_tokens = np.flatnonzero(vocabulary.token_length == 1)
+    byte_tokens = np.concatenate(
+        [
+            byte_tokens,
+            np.full(bucket(byte_tokens.size, 8) - byte_tokens.size, vocabulary.vocab_size),
+        ]
+    ).astype(np.int32)
+    return PushdownAutomaton(
+        byte_class=byte_class.astype(np.int32),
+        next=nxt,
+        push=push,
+        final=final,
+        initial=initial,
+        mask_row=mask_row,
+        slot_of=slot_of,
+        masks=masks,
+        candidates=candidates,
+        token_bytes=token_bytes,
+        token_length=token_length,
+        candidate_bytes=candidate_bytes,
+        stack_depth=stack_depth,
+        eos_token_id=tuple(vocabulary.eos_token_id),
+        position_rule=position_rule,
+        rule_names=names,
+        distance=distance,
+        budget_cost=budget_cost,
+        byte_tokens=byte_tokens,
+        description=description,
+    )
+
+
+_CALLED_RULES: dict = {}
+
+
+def _byte_rule_automata(spec: GrammarSpec | None, rules):
+    """The automata of `build_pushdown(rules=...)`: the byte rules' DFAs and the grammar's
+    recursive rules over common byte classes (bytes every DFA and terminal treats alike), each
+    with one call column per callable rule. Returns `(automata, names, classes, byte_class)`."""
+    cut = cut_rules(spec) if spec is not None else []
+    if spec is not None:
+        # The grammar's own rules do not depend on the byte rules: memoised per grammar (JSON
+        # Schemas call the same JSON value grammar every time; its automaton costs ~3 ms).
+        key = (repr(spec.rules), repr(spec.ignore), spec.start)
+        hit = _CALLED_RULES.get(key)
+        if hit is None:
+            builder = RuleBuilder(spec, cut)
+            called = [builder.rule_dfa(spec.rules[name], top=False) for name in cut]
+            hit = (called, builder.byte_class, builder.num_classes)
+            for array in [builder.byte_class, *(a for d in called for a in (d.delta, d.accepting))]:
+                array.setflags(write=False)  # shared by every automaton built from `spec`
+            if len(_CALLED_RULES) >= 8:
+                _CALLED_RULES.pop(next(iter(_CALLED_RULES)))
+            _CALLED_RULES[key] = hit
+        called, grammar_class, grammar_nc = hit
+    else:
+        called, grammar_class, grammar_nc = [], np.zeros(256, np.int64), 1
+    width = len(rules) - 1 + len(cut)
+    for name, dfa, calls in rules:
+        if calls.shape != (dfa.num_states, width):
+            raise ValueError(
+                f"build_pushdown: the calls of rule {name!r} have shape {calls.shape}, expected "
+                f"{(dfa.num_states, width)} (states x callable rules)"
+            )
+    _, byte_class = unique_rows(
+        np.concatenate([grammar_class[None, :], *[dfa.delta for _, dfa, _ in rules]]).T
+    )
+    representative = np.zeros(int(byte_class.max()) + 1, np.int64)
+    representative[byte_class] = np.arange(256)
+    old = grammar_class[representative]
+    none = len(rules) - 1  # grammar rules call no byte rule
+    called = [
+        ByteDFA(
+            np.concatenate(
+                [
+                    d.delta[:, old],
+                    np.full((d.num_states, none), REJECT, d.delta.dtype),
+                    d.delta[:, grammar_nc:],
+                ],
+                axis=1,
+            ),
+            d.accepting,
+            d.initial,
+        )
+        for d in called
+    ]
+    automata = [
+        ByteDFA(
+            np.concatenate([dfa.delta[:, representative], calls.astype(dfa.delta.dtype)], axis=1),
+            dfa.accepting,
+            dfa.initial,
+        )
+        for _, dfa, calls in rules
+    ] + called
+    names = tuple(name for name, _, _ in rules) + tuple(cut)
+    return automata, names, representative.size, byte_class
+
+
+def _distances(nxt, push, final, byte_class, vocabulary: TokenVocabulary):
+    """The fewest one-byte tokens from each position to one where its rule may end: 0 where
+    it may, else `1 + distance[next] + sum(distance[pushed])` minimised over the bytes that are
+    tokens by themselves (a shortest-path fixed point over the tables). Summed over a
+    configuration's position and stack it bounds the tokens that end the text: the one-byte
+    token of the first byte of that shortest completion exists and lowers the sum by one (a
+    rule that may end never reads a byte that a return position below reads, so the byte
+    returns as the sum assumes)."""
+    single = vocabulary.token_length == 1
+    readable = np.zeros(int(byte_class.max()) + 1, bool)
+    readable[byte_class[[vocabulary.token_bytes[t][0] for t in np.flatnonzero(single)]]] = True
+    # The edges as flat lists (positions in order, as `np.nonzero` gives them). A worklist:
+    # each round re-evaluates only the edges whose target or pushed positions changed in the
+    # last one (every edge every round took one round per step of the longest completion: 2 s
+    # for a schema with strings of maxLength 256, MaskBench Github_ultra o34345).
+    at, cls = np.nonzero((nxt > 0) & readable[None, : nxt.shape[1]])
+    target = nxt[at, cls]
+    pushes = push[at, cls]
+    pushing = pushes > 0
+    edge = np.arange(at.size)
+    users = np.concatenate([target, pushes[pushing]])  # edge `by[i]` depends on `users[i]`
+    by = np.concatenate([edge, np.broadcast_to(edge[:, None], pushes.shape)[pushing]])
+    order = np.argsort(users, kind="stable")
+    users_ptr = np.searchsorted(users[order], np.arange(nxt.shape[0] + 1))
+    by = by[order]
+    distance = np.where(final, 0, UNREACHABLE).astype(np.int64)
+    distance[DEAD] = UNREACHABLE
+    active = edge
+    while active.size:
+        pushed = np.where(pushing[active], distance[pushes[active]], 0).sum(axis=-1)
+        value = np.minimum(1 + distance[target[active]] + pushed, UNREACHABLE)
+        source = at[active]  # sorted, as `active` is
+        starts = np.flatnonzero(np.diff(source, prepend=-1))
+        best = np.minimum.reduceat(value, starts)
+        better = best < distance[source[starts]]
+        changed = source[starts][better]
+        distance[changed] = best[better]
+        active = np.unique(by[ragged_rows(users_ptr, changed)[1]]) if changed.size else changed
+    return distance.astype(np.int32)

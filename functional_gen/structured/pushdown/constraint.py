@@ -1,0 +1,186 @@
+"""`PushdownConstraint`: the logits processor that runs a `PushdownAutomaton` on the device
+(see "On the device" in `functional_gen.structured.pushdown`), and `state_stack`.
+"""
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Bool, Float, Int, UInt8, UInt32
+
+from ...processors.base import AbstractLogitsProcessor, Context, per_row_field
+from .automaton import DEAD, POP, PushdownAutomaton
+
+# ----------------------------------------------------------------------------- device
+
+
+class PushdownConstraint(AbstractLogitsProcessor):
+    """The logits processor that runs a `PushdownAutomaton` inside the jitted step.
+
+    Per row the state is `(position, stack, stack_pointer)`: `Int[Array, ""]`,
+    `Int[Array, " stack_depth"]`, `Int[Array, ""]` (see the module docstring for the step).
+    The tables are fields, shared by all rows; `constraint_id` is 0 for constrained rows and -1
+    for unconstrained ones (a scalar, or one per row).
+
+    **Arguments:** `automaton`: a `PushdownAutomaton`; `constraint_id`: 0 (default) or -1, or
+    one per row.
+    """
+
+    byte_class: Int[Array, " 256"]
+    next: Int[Array, "positions classes"]
+    push: Int[Array, "positions classes pushes"]
+    final: Bool[Array, " positions"]
+    initial: Int[Array, ""]
+    position_rule: Int[Array, " positions"]
+    slot_of: Int[Array, "rules positions"]
+    mask_row: Int[Array, "positions slots levels"]
+    masks: UInt32[Array, "rows words"]
+    candidates: Int[Array, "positions slots candidates"]
+    token_bytes: UInt8[Array, "vocab max_bytes"]
+    token_length: Int[Array, " vocab"]
+    distance: Int[Array, " positions"]
+    budget_cost: Int[Array, "positions slots"]
+    byte_tokens: Int[Array, " byte_tokens"]
+    constraint_id: Int[Array, "*rows"] = per_row_field()
+    candidate_bytes: int = eqx.field(static=True)
+    stack_depth: int = eqx.field(static=True)
+    eos_token_id: tuple[int, ...] = eqx.field(static=True)
+
+    def __init__(self, automaton: PushdownAutomaton, constraint_id=0):
+        a = automaton
+        self.byte_class = jnp.asarray(a.byte_class, jnp.int32)
+        self.next = jnp.asarray(a.next)
+        self.push = jnp.asarray(a.push)
+        self.final = jnp.asarray(a.final)
+        self.initial = jnp.asarray(a.initial, jnp.int32)
+        self.position_rule = jnp.asarray(a.position_rule)
+        self.slot_of = jnp.asarray(a.slot_of)
+        self.mask_row = jnp.asarray(a.mask_row)
+        self.masks = jnp.asarray(a.masks)
+        self.candidates = jnp.asarray(a.candidates)
+        self.token_bytes = jnp.asarray(a.token_bytes)
+        self.token_length = jnp.asarray(a.token_length)
+        self.distance = jnp.asarray(a.distance)
+        self.budget_cost = jnp.asarray(a.budget_cost)
+        self.byte_tokens = jnp.asarray(a.byte_tokens)
+        ids = np.asarray(constraint_id)
+        if (
+            ids.ndim > 1
+            or not np.issubdtype(ids.dtype, np.integer)
+            or np.any((ids != 0) & (ids != -1))
+        ):
+            raise ValueError(
+                f"`constraint_id` must be 0 or -1, or one of them per row, got {constraint_id!r}"
+            )
+        self.constraint_id = jnp.asarray(ids, jnp.int32)
+        self.candidate_bytes = int(a.candidate_bytes)
+        self.stack_depth = int(a.stack_depth)
+        self.eos_token_id = tuple(a.eos_token_id)
+
+    def init(self, context: Context):
+        """`(initial position, empty stack, 0)`."""
+        return (self.initial, jnp.zeros(self.stack_depth, jnp.int32), jnp.zeros((), jnp.int32))
+
+    def _byte(self, config, byte):
+        """One byte from `(position, stack, stack_pointer)`; position 0 when not allowed."""
+        pos, stack, sp = config
+        c = self.byte_class[byte]
+
+        def pops(s):
+            p, n = s
+            return (self.next[p, c] == POP) & (n > 0)
+
+        def pop(s):
+            _, n = s
+            return stack[n - 1], n - 1
+
+        pos, sp = jax.lax.while_loop(pops, pop, (pos, sp))
+        target = self.next[pos, c]
+        alive = target > 0
+        for i in range(self.push.shape[-1]):
+            value = self.push[pos, c, i]
+            do = alive & (value > 0)
+            overflow = do & (sp >= self.stack_depth)
+            stack = jnp.where(
+                do & ~overflow, stack.at[jnp.minimum(sp, self.stack_depth - 1)].set(value), stack
+            )
+            sp = sp + (do & ~overflow).astype(jnp.int32)
+            alive = alive & ~overflow
+        return jnp.where(alive, target, DEAD).astype(jnp.int32), stack, sp
+
+    def _token(self, config, token_id, num_bytes: int | None = None):
+        """The configuration after all bytes of `token_id` (a `while_loop` over its length, or a
+        fixed loop of `num_bytes` when given)."""
+        length = self.token_length[token_id]
+        row = self.token_bytes[token_id]
+
+        def body(j, config):
+            stepped = self._byte(config, row[j])
+            return jax.tree.map(lambda new, old: jnp.where(j < length, new, old), stepped, config)
+
+        if num_bytes is None:
+
+            def cond(s):
+                j, config = s
+                return (j < length) & (config[0] != DEAD)
+
+            return jax.lax.while_loop(
+                cond, lambda s: (s[0] + 1, self._byte(s[1], row[s[0]])), (0, config)
+            )[1]
+        return jax.lax.fori_loop(0, num_bytes, body, config)
+
+    def _need(self, config) -> Int[Array, ""]:
+        """`PushdownAutomaton.need`: the distance of the position plus those on the stack."""
+        pos, stack, sp = config
+        on_stack = jnp.arange(self.stack_depth) < sp
+        return self.distance[pos] + jnp.where(on_stack, self.distance[stack], 0).sum()
+
+    def process(self, state, logits: Float[Array, " vocab"], context: Context):
+        """Advance on the previous token, then mask (see the module docstring).
+
+        **Returns:** `(state, logits)` with the state's shapes unchanged.
+        """
+        advanced = self._token(
+            state, jnp.minimum(context.last_token_id, self.token_length.shape[0] - 1)
+        )
+        state = jax.tree.map(
+            lambda new, old: jnp.where(context.num_generated > 0, new, old), advanced, state
+        )
+        pos, stack, sp = state
+        vocab = self.token_length.shape[0]
+        room = self.stack_depth - sp
+        top = jnp.where(sp > 0, stack[jnp.maximum(sp - 1, 0)], 0)
+        slot = self.slot_of[self.position_rule[pos], top]
+        words = self.masks[self.mask_row[pos, slot, jnp.minimum(room, self.mask_row.shape[2] - 1)]]
+        iota = jnp.arange(vocab)
+        allowed = ((words[iota >> 5] >> (iota & 31).astype(jnp.uint32)) & 1).astype(bool)
+        # The budget: a token may leave at most `remaining - 1` tokens to end the text. The
+        # bitmask row holds when its costliest token does; otherwise only the exact checks below.
+        remaining = context.max_new_tokens - context.num_generated  # this token included
+        below = self._need(state) - self.distance[pos]
+        allowed = allowed & (below + self.budget_cost[pos, slot] <= remaining - 1)
+
+        def exact(allowed, tokens, num_bytes):
+            safe = jnp.minimum(tokens, vocab - 1)
+            after = jax.vmap(lambda t: self._token(state, t, num_bytes))(safe)
+            ok = (after[0] != DEAD) & (jax.vmap(self._need)(after) <= remaining - 1)
+            return allowed.at[tokens].set(ok, mode="drop")
+
+        allowed = exact(allowed, self.byte_tokens, 1)
+        allowed = exact(allowed, self.candidates[pos, slot], self.candidate_bytes)
+        on_stack = jnp.arange(self.stack_depth) < sp
+        can_end = self.final[pos] & jnp.all(jnp.where(on_stack, self.final[stack], True))
+        allowed = allowed.at[jnp.asarray(self.eos_token_id, jnp.int32)].set(can_end)
+        width = logits.shape[-1]
+        if vocab < width:
+            allowed = jnp.pad(allowed, (0, width - vocab))
+        allowed = allowed[:width]
+        constrained = self.constraint_id >= 0
+        logits = jnp.where(constrained & ~allowed, -jnp.inf, logits).astype(logits.dtype)
+        return state, logits
+
+
+def state_stack(state) -> list[int]:
+    """The return positions on a row's stack, bottom first (host helper for drawings)."""
+    _, stack, sp = state
+    return [int(v) for v in np.asarray(stack)[: int(sp)]]
