@@ -11,10 +11,10 @@ from . import samplers as samplers
 from .loop import (
     GenerationResult as GenerationResult,
 )
-from .loop import (
+from .buckets import (
     bucket_batch as bucket_batch,
 )
-from .loop import (
+from .buckets import (
     bucket_length as bucket_length,
 )
 from .loop import (

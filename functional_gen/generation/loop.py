@@ -28,36 +28,21 @@ import numpy as np
 from jaxtyping import Array, Bool, Float, Int, Key, PRNGKeyArray
 
 from ..models.base import AbstractCausalLM
-from ..processors.base import Context, as_processors, init_states, vmap_rows
-from ..sharding import to_host
+from ..processors.base import Context, as_processors, extend_state, init_states, vmap_rows
+from ..processors.classifier_free_guidance import ClassifierFreeGuidance
+from ..sharding import mesh_of, place_rows, replicate, to_host
 from ..tokenization import Prompt, decode, encode_prompt, normalize_prompts
-from .beam_search import BeamSearch, BeamState
+from .buckets import MIN_BUCKET, bucket_batch, bucket_length, grow_capacity
+from .guidance import CFG_MODES, GuidedModel
 from .samplers import AbstractSampler
+from .search import AbstractSearch
 from .sequence_state import ModelMismatchError, SequenceArrays, SequenceState
-from .settings import Settings, resolve_settings
+from .settings import Settings, check_max_new_tokens, resolve_settings
 from .state import FINISH_REASONS, RUNNING, GenerationState
-from .step import Step
+from .step import Step, make_step
 from .stop_strings import StopStrings, truncate_at_stop
 
-_MIN_BUCKET = 16
 _INIT_KEY_SALT = 0x7FFFFFFF  # processors' init gets fold_in(row_key, salt); steps use 0, 1, ...
-
-
-def bucket_length(n: int, minimum: int = _MIN_BUCKET) -> int:
-    """The padded size for `n`: the next of 16, 24, 32, 48, 64, 96, 128, 192, 256, ... (powers
-    of two and 1.5 times powers of two, from `minimum`): at most a third of a bucket is
-    padding, and sizes between two buckets share one compiled program. Used for prompt
-    lengths, `max_new_tokens` and cache capacities."""
-    bucket = minimum
-    while bucket < n:
-        bucket = bucket + bucket // 2 if (bucket & (bucket - 1)) == 0 else bucket + bucket // 3
-    return bucket
-
-
-def bucket_batch(n: int) -> int:
-    """The padded batch size for `n` rows: 1, 2, 4, 6, 8, 12, 16, 24, ... (padding rows are
-    marked finished before the first step and dropped from the result)."""
-    return n if n <= 2 else bucket_length(n, minimum=4)
 
 
 @dataclasses.dataclass
@@ -209,7 +194,7 @@ def _start(
     if plan.carry and arrays.processor_states is not None:
         # the same processors go on; states sized by the text's capacity grow with it
         processor_states = tuple(
-            jax.vmap(lambda st, p=p: p.extend_state(st, plan.token_len))(st)
+            jax.vmap(lambda st, p=p: extend_state(p, st, plan.token_len))(st)
             for p, st in zip(step.processors, arrays.processor_states)
         )
     else:
@@ -243,9 +228,7 @@ def _start(
         stop_state=stop_state,
         key=arrays.key,
         key_step=arrays.key_step,
-        beam=BeamState.init(batch // plan.num_beams, plan.num_beams, plan.steps)
-        if plan.num_beams
-        else None,
+        search_state=step.search.init(batch, plan.steps),
     )
 
 
@@ -318,8 +301,6 @@ def _rows_of_step(step: Step, prompts: int, fork: int, padded: int, finals: int)
 
     **Raises:** `ValueError` naming a per-row value of another length.
     """
-    import dataclasses as dc
-
     loop_rows = padded * fork
     prompt_of = np.minimum(np.arange(loop_rows) // fork, prompts - 1)
     prompt_of = np.where(np.arange(loop_rows) // fork < prompts, prompt_of, 0)
@@ -331,7 +312,7 @@ def _rows_of_step(step: Step, prompts: int, fork: int, padded: int, finals: int)
     )
     new = []
     for p in step.processors:
-        for f in dc.fields(p):
+        for f in dataclasses.fields(p):
             value = getattr(p, f.name, None)
             row_ndim = f.metadata.get("row_ndim", 0)
             if not f.metadata.get("per_row") or getattr(value, "ndim", 0) <= row_ndim:
@@ -349,17 +330,6 @@ def _rows_of_step(step: Step, prompts: int, fork: int, padded: int, finals: int)
             p = eqx.tree_at(lambda m, name=f.name: getattr(m, name), p, value)
         new.append(p)
     return eqx.tree_at(lambda s: s.processors, step, tuple(new))
-
-
-def _grow_capacity(current: int, needed: int) -> int:
-    """A continued state's capacity (cache slots, token columns): kept while it suffices, else the
-    bucket (`bucket_length`) of one and a half times what is needed, so the turns of a chat share
-    few compiled shapes (a new capacity serves until the text grows by half) while the cache
-    stays within 2x of the text: decode attention reads the cache in place when it is at most
-    half empty (`attention_lengths`), so a cache 4x the text made each step ~10% slower."""
-    if needed <= current:
-        return current
-    return bucket_length(needed + needed // 2)
 
 
 @dataclasses.dataclass
@@ -400,8 +370,7 @@ def _prepare(
             is_leaf=lambda x: x is None,
         )
     rows = seq.batch_size
-    sampler = settings.step.sampler
-    num_beams = sampler.num_beams if isinstance(sampler, BeamSearch) else 0
+    num_beams = settings.step.search.num_beams
     n_return = num_beams or settings.num_return_sequences  # rows per prompt in the loop
     returned = settings.num_return_sequences  # rows per prompt in the result
     if num_beams and settings.stop_strings:
@@ -419,7 +388,7 @@ def _prepare(
     pending = length - cached
     most = int(pending.max())
     # a continuation's new tokens (a chat turn, an appended text) share buckets from 32 up
-    minimum = _MIN_BUCKET if fresh else 2 * _MIN_BUCKET
+    minimum = MIN_BUCKET if fresh else 2 * MIN_BUCKET
     width = 0 if most == 0 else (bucket_length(most, minimum) if bucket_prompt else most)
     new_ids = np.full((rows, width), settings.pad_token_id, np.int32)
     new_pos = np.full((rows, width), -1, np.int32)
@@ -454,7 +423,7 @@ def _prepare(
     elif fresh:
         token_len = max(int(ids.shape[1]), bucket_length(longest + steps))
     else:
-        token_len = _grow_capacity(int(ids.shape[1]), longest + steps)
+        token_len = grow_capacity(int(ids.shape[1]), longest + steps)
     if fresh:
         cache_len = width + steps
         write_index = 0
@@ -462,7 +431,7 @@ def _prepare(
         write_index = int(to_host(a.cache.length)[0])
         needed = write_index + width + steps
         cache_len = (
-            _grow_capacity(a.cache.max_len, needed) if bucket else max(a.cache.max_len, needed)
+            grow_capacity(a.cache.max_len, needed) if bucket else max(a.cache.max_len, needed)
         )
     plan = _Plan(
         cache_len=cache_len,
@@ -603,8 +572,6 @@ def plan_call(
 def _on_mesh(prepared: _Prepared, model) -> _Prepared:
     """On a sharded model (`fg.shard`), put the per-row inputs on its mesh, split over `"data"`,
     and replicate the processors and the sampler; GSPMD partitions the compiled loop."""
-    from ..sharding import mesh_of, place_rows, replicate
-
     mesh = mesh_of(model)
     if mesh is None:
         return prepared
@@ -639,8 +606,6 @@ def _guidance(
     model, tokenizer, scale, negative_prompt, rescale, cfg, *, chat_template, prefill_mode
 ):
     """Classifier-free guidance settings: `(model, processors to put first)`."""
-    from .guidance import CFG_MODES, GuidedModel
-
     if cfg not in CFG_MODES:
         raise ValueError(f"`cfg` must be one of {CFG_MODES}, got {cfg!r}")
     if scale is None:
@@ -661,8 +626,6 @@ def _guidance(
         if prefill_mode == "forced":
             raise ValueError("batched guidance prefills both branches in one pass; use one_pass")
         return GuidedModel(model, scale, ids, rescale), ()
-    from ..processors import ClassifierFreeGuidance
-
     return model, (ClassifierFreeGuidance(model, scale, ids, rescale),)
 
 
@@ -726,7 +689,7 @@ def _beam_result(model, tokenizer, settings, prepared, final, prompt_lp) -> Gene
     `SequenceState` of them (without a cache: continuing it prefills their text once)."""
     nb, n = prepared.plan.num_beams, settings.max_new_tokens
     nrs = settings.num_return_sequences
-    beam = final.beam
+    beam = final.search_state
     host = to_host(
         (
             beam.tokens,
@@ -812,7 +775,7 @@ def generate(
     *,
     max_new_tokens: int | None = None,
     processors: Sequence[Any] | None = None,
-    sampler: AbstractSampler | None = None,
+    sampler: AbstractSampler | AbstractSearch | None = None,
     key: PRNGKeyArray | None = None,
     chat_template: bool | None = None,
     eos_token_id: int | Sequence[int] | None = None,
@@ -997,9 +960,6 @@ def _token_settings(
     *,
     key,
 ) -> Settings:
-    from .settings import check_max_new_tokens
-    from .step import make_step
-
     check_max_new_tokens(max_new_tokens)
     rows = [list(ids) for ids in prompt_token_ids]
     longest = max((len(r) for r in rows), default=0)
@@ -1038,7 +998,7 @@ def generate_token_ids(
     *,
     max_new_tokens: int,
     processors: Sequence[Any] | None = (),
-    sampler: AbstractSampler | None = None,
+    sampler: AbstractSampler | AbstractSearch | None = None,
     key: PRNGKeyArray | None = None,
     eos_token_id: int | Sequence[int] | None = None,
     pad_token_id: int | None = None,

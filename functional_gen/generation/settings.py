@@ -30,7 +30,10 @@ import numpy as np
 
 from ..models.base import AbstractCausalLM
 from ..processors.base import as_processors
+from ..processors.classifier_free_guidance import ClassifierFreeGuidance, check_guidance_first
+from .generation_config import settings_from_generation_config
 from .samplers import AbstractSampler
+from .search import AbstractSearch
 from .step import Step, make_step
 from .stop_strings import StopStrings
 
@@ -83,7 +86,9 @@ def check_max_new_tokens(max_new_tokens: Any, name: str = "max_new_tokens") -> N
         raise ValueError(f"`{name}` must be a positive integer, got {max_new_tokens!r}")
 
 
-def check_key(sampler: AbstractSampler | None, key, *, sampler_given: bool) -> None:
+def check_key(
+    sampler: AbstractSampler | AbstractSearch | None, key, *, sampler_given: bool
+) -> None:
     """Raise a clear error when a random sampler has no PRNG key (before any compilation)."""
     if key is not None or sampler is None or not sampler.needs_key:
         return
@@ -132,7 +137,7 @@ def resolve_settings(
     *,
     max_new_tokens: int | None,
     processors: Sequence[Any] | None,
-    sampler: AbstractSampler | None,
+    sampler: AbstractSampler | AbstractSearch | None,
     key,
     eos_token_id: int | Sequence[int] | None,
     pad_token_id: int | None,
@@ -166,8 +171,6 @@ def resolve_settings(
     generation config that asks for an unsupported method; `TypeError` for bad processors,
     sampler or model.
     """
-    from ..generation_config import settings_from_generation_config
-
     if not isinstance(model, AbstractCausalLM):
         raise TypeError(
             "`model` must implement functional_gen.models.AbstractCausalLM (e.g. a model from "
@@ -227,8 +230,6 @@ def resolve_settings(
             and not first_processors
             and (generation_config is not None or not own_decoding)
         ):
-            from ..processors import ClassifierFreeGuidance
-
             first_processors = (ClassifierFreeGuidance(model, settings.guidance_scale),)
     if num_return_sequences is not None:
         n_return = num_return_sequences
@@ -251,8 +252,6 @@ def resolve_settings(
         raise ValueError(f"stop strings must be non-empty strings, got {stop_strings!r}")
     if first_processors and not carry:
         processors_ = tuple(first_processors) + tuple(processors_)
-    from ..processors.classifier_free_guidance import check_guidance_first
-
     check_guidance_first(processors_)
     step = make_step(
         model,

@@ -19,6 +19,7 @@ from ..sharding import to_host
 from ..tokenization import IncrementalDecoder, Prompt, is_chat
 from .loop import GenerationResult, build_result, finish_generation, plan_call, start_generation
 from .samplers import AbstractSampler
+from .search import AbstractSearch
 from .sequence_state import SequenceState
 from .state import FINISH_REASONS
 from .stop_strings import truncate_at_stop
@@ -61,7 +62,7 @@ def stream(
     *,
     max_new_tokens: int | None = None,
     processors: Sequence[Any] | None = None,
-    sampler: AbstractSampler | None = None,
+    sampler: AbstractSampler | AbstractSearch | None = None,
     key: PRNGKeyArray | None = None,
     chat_template: bool | None = None,
     eos_token_id: int | Sequence[int] | None = None,
@@ -133,7 +134,7 @@ def stream(
 def _beam_prefix(state, num_beams: int):
     """Per prompt: how many generated tokens every live beam and every finished hypothesis
     share (the settled text), beam 0's generated tokens, and the prompts' done flags."""
-    beam = state.beam
+    beam = state.search_state
     rows = state.batch_size
     prompts = rows // num_beams
     steps = state.logprobs.shape[1]
