@@ -1,5 +1,6 @@
-"""The generation loop: settings, state, step, prefill, `lax.while_loop`, streaming, samplers,
-stop strings, and the resumable `SequenceState`.
+"""Generation: a call's options, planning, the compiled prefill and `lax.while_loop`, the
+result, the step and its searches, streaming, samplers, stop strings, and the resumable
+`SequenceState`.
 
 Modules: `options` (`GenerationOptions`, every per-call choice), `settings` (ONE resolver
 shared by `generate` and `stream`), `search` (`AbstractSearch`: how a step advances the rows;

@@ -24,6 +24,8 @@ The finished hypotheses live in fixed-shape arrays in `BeamState`, so nothing le
 device per step.
 """
 
+import math
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -53,8 +55,8 @@ class BeamSearch(AbstractSearch):
       processed distribution (`softmax` of the accumulated scores) instead of taking the top
       `K`.
 
-    **Raises:** `ValueError` for `num_beams < 1` or an `early_stopping` outside `(True, False,
-    "never")`.
+    **Raises:** `ValueError` for `num_beams < 1`, a NaN or infinite `length_penalty`, or an
+    `early_stopping` outside `(True, False, "never")`.
 
     Source: transformers `generate(num_beams=..., length_penalty=..., early_stopping=...,
     do_sample=...)`.
@@ -80,6 +82,8 @@ class BeamSearch(AbstractSearch):
             raise ValueError(
                 f"`early_stopping` must be True, False or 'never', got {early_stopping!r}"
             )
+        if not math.isfinite(float(length_penalty)):
+            raise ValueError(f"`length_penalty` must be a finite number, got {length_penalty!r}")
         self.num_beams = num_beams
         self.length_penalty = jnp.asarray(length_penalty, jnp.float32)
         self.early_stopping = early_stopping

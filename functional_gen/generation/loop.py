@@ -14,7 +14,7 @@ Shapes decide compilation: see `functional_gen.generation.buckets`.
 from collections.abc import Sequence
 from typing import Any
 
-from jaxtyping import PRNGKeyArray
+from jaxtyping import Array, Key
 
 from ..models.base import AbstractCausalLM
 from ..tokenization import Prompt
@@ -35,7 +35,7 @@ def generate(
     *,
     processors: Sequence[Any] | None = None,
     sampler: AbstractSampler | AbstractSearch | None = None,
-    key: PRNGKeyArray | None = None,
+    key: Key[Array, ""] | None = None,
     **overrides: Any,
 ) -> GenerationResult:
     """Generate text for a batch of prompts, or continue a `SequenceState`.

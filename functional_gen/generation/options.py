@@ -127,7 +127,7 @@ class GenerationOptions:
 
     def __post_init__(self):
         # sequences become tuples, so that options compare and hash by value
-        for name in ("eos_token_id", "stop_strings", "negative_prompt"):
+        for name in ("eos_token_id", "stop_strings"):
             value = getattr(self, name)
             if isinstance(value, list):
                 object.__setattr__(self, name, tuple(value))

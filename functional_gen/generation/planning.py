@@ -23,14 +23,14 @@ from jaxtyping import Array, Bool, Int, Key, PRNGKeyArray
 from ..models.base import AbstractCausalLM
 from ..processors.classifier_free_guidance import ClassifierFreeGuidance
 from ..sharding import mesh_of, place_rows, replicate, to_host
-from ..tokenization import encode_prompt, normalize_prompts
+from ..tokenization import encode_prompt, is_chat, normalize_prompts
 from .buckets import MIN_BUCKET, bucket_batch, bucket_length, grow_capacity
 from .guidance import CFG_MODES, GuidedModel
 from .options import GenerationOptions, with_overrides
 from .samplers import AbstractSampler
 from .search import AbstractSearch
 from .sequence_state import ModelMismatchError, SequenceArrays, SequenceState
-from .settings import Settings, resolve_settings
+from .settings import Settings, check_prng_key, check_token_id_option, resolve_settings
 from .step import Step
 
 
@@ -143,6 +143,11 @@ def prepare(
     num_beams = settings.step.search.num_beams
     n_return = num_beams or settings.num_return_sequences  # rows per prompt in the loop
     returned = settings.num_return_sequences  # rows per prompt in the result
+    if num_beams and (settings.step.top_logprobs or settings.prompt_logprobs):
+        raise ValueError(
+            "beam search does not return top_logprobs or prompt_logprobs yet (the returned "
+            "hypotheses keep only their chosen tokens' logprobs); use Greedy()/Multinomial()"
+        )
     if num_beams and settings.stop_strings:
         raise ValueError(
             "stop strings are not supported with beam search yet; use eos_token_id, or "
@@ -271,7 +276,7 @@ def plan_call(
     *,
     processors: Sequence[Any] | None = None,
     sampler: AbstractSampler | AbstractSearch | None = None,
-    key: PRNGKeyArray | None = None,
+    key: Key[Array, ""] | None = None,
     bucket: bool = True,
     **overrides: Any,
 ) -> tuple[AbstractCausalLM, Settings, Prepared]:
@@ -285,7 +290,12 @@ def plan_call(
     **Raises:** as `generate`.
     """
     options = with_overrides(options, overrides)
-    model, first = _guidance(model, tokenizer, options)
+    check_prng_key(key)
+    if isinstance(model, AbstractCausalLM):  # (else resolve_settings names the wrong model)
+        check_token_id_option("eos_token_id", options.eos_token_id, model.vocab_size)
+        check_token_id_option("pad_token_id", options.pad_token_id, model.vocab_size)
+    rows = prompts.batch_size if isinstance(prompts, SequenceState) else None
+    model, first = _guidance(model, tokenizer, options, rows or len(normalize_prompts(prompts)))
     batched_guidance = options.guidance_scale is not None and options.cfg == "batched"
     if batched_guidance and (options.prefix_lm or options.prompt_logprobs):
         raise ValueError(
@@ -349,8 +359,13 @@ def _on_mesh(prepared: Prepared, model) -> Prepared:
     )
 
 
-def _guidance(model, tokenizer, options: GenerationOptions):
-    """Classifier-free guidance of the options: `(model, processors to put first)`."""
+def _guidance(model, tokenizer, options: GenerationOptions, prompts: int):
+    """Classifier-free guidance of the options for `prompts` prompts: `(model, processors to put
+    first)`.
+
+    **Raises:** `ValueError` for an unknown `cfg`, guidance options without `guidance_scale`, an
+    empty `negative_prompt` or one with another number of rows than the prompts.
+    """
     scale, negative_prompt, rescale, cfg = (
         options.guidance_scale,
         options.negative_prompt,
@@ -363,9 +378,45 @@ def _guidance(model, tokenizer, options: GenerationOptions):
         if negative_prompt is not None or rescale is not None:
             raise ValueError("negative_prompt and guidance_rescale need a guidance_scale")
         return model, ()
+    per_row = (
+        isinstance(negative_prompt, (list, tuple))
+        and not is_chat(negative_prompt)
+        and not all(isinstance(t, (int, np.integer)) for t in negative_prompt)
+    )
     if negative_prompt is None:
         ids = None
-    elif isinstance(negative_prompt, (list, tuple)) and all(
+    elif isinstance(negative_prompt, (str, list, tuple)) and len(negative_prompt) == 0:
+        raise ValueError(
+            "`negative_prompt` is empty; pass None for the default (each row's last prompt token)"
+        )
+    elif per_row:  # one negative prompt per prompt: text, a chat, or token ids each
+        if len(negative_prompt) != prompts:
+            raise ValueError(
+                f"`negative_prompt` has {len(negative_prompt)} rows for {prompts} prompts; pass "
+                "one negative prompt for all, or one per prompt"
+            )
+        if cfg == "batched":
+            raise ValueError(
+                "batched guidance shares one `negative_prompt` across the rows; use "
+                "cfg='processor' for one per prompt"
+            )
+        ids = [_negative_ids(tokenizer, p, options) for p in negative_prompt]
+    else:
+        ids = _negative_ids(tokenizer, negative_prompt, options)
+    if cfg == "batched":
+        if options.prefill_mode == "forced":
+            raise ValueError("batched guidance prefills both branches in one pass; use one_pass")
+        return GuidedModel(model, scale, ids, rescale), ()
+    return model, (ClassifierFreeGuidance(model, scale, ids, rescale),)
+
+
+def _negative_ids(tokenizer, negative_prompt, options: GenerationOptions) -> list[int]:
+    """One negative prompt's token ids (given as ids, or text / a chat, tokenized like the
+    prompts).
+
+    **Raises:** `ValueError` for text without a tokenizer, or one that is empty.
+    """
+    if isinstance(negative_prompt, (list, tuple)) and all(
         isinstance(t, (int, np.integer)) for t in negative_prompt
     ):
         ids = [int(t) for t in negative_prompt]
@@ -373,8 +424,6 @@ def _guidance(model, tokenizer, options: GenerationOptions):
         if tokenizer is None:
             raise ValueError("a text negative_prompt needs the tokenizer")
         ids = encode_prompt(tokenizer, negative_prompt, chat_template=options.chat_template)
-    if cfg == "batched":
-        if options.prefill_mode == "forced":
-            raise ValueError("batched guidance prefills both branches in one pass; use one_pass")
-        return GuidedModel(model, scale, ids, rescale), ()
-    return model, (ClassifierFreeGuidance(model, scale, ids, rescale),)
+    if not ids:
+        raise ValueError(f"`negative_prompt` {negative_prompt!r} has no tokens")
+    return ids

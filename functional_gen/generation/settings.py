@@ -29,6 +29,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
+import jax
 import numpy as np
 
 from ..models.base import AbstractCausalLM
@@ -109,6 +110,51 @@ def check_key(
     )
 
 
+def check_prng_key(key: Any) -> None:
+    """Refuse a `key` that is not ONE typed JAX PRNG key (before anything compiles).
+
+    **Raises:** `TypeError` for anything but a `jax.random.key(...)` (an int seed, a raw uint32
+    key, a list); `ValueError` for a batch of keys (the rows' keys are derived from one).
+    """
+    if key is None:
+        return
+    if not isinstance(key, jax.Array) or not jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key):
+        what = f"{type(key).__name__} {key!r}" if not isinstance(key, jax.Array) else key.dtype
+        raise TypeError(
+            f"`key` must be one typed JAX PRNG key, e.g. key=jax.random.key(0), got {what}"
+        )
+    if key.shape != ():
+        raise ValueError(
+            f"`key` must be a single PRNG key, got a batch of shape {key.shape}; pass one key "
+            "(row r uses fold_in(key, r))"
+        )
+
+
+def check_token_id_option(name: str, value: Any, vocab_size: int) -> None:
+    """Refuse an `eos_token_id` / `pad_token_id` (`name`) that is not token ids of the model's
+    vocabulary (text, a float, an id outside `[0, vocab_size)`); `None` is not set.
+
+    **Raises:** `TypeError` for a value that is not integer ids; `ValueError` for an id outside
+    the vocabulary.
+    """
+    if value is None:
+        return
+    many = name == "eos_token_id"
+    listed = many and isinstance(value, Sequence) and not isinstance(value, (str, bytes))
+    ids = list(value) if listed else [value]
+    for i in ids:
+        if isinstance(i, bool) or not isinstance(i, (int, np.integer)):
+            kind = "token ids (an int or a list of ints)" if many else "a token id (an int)"
+            raise TypeError(
+                f"`{name}` must be {kind}, got {value!r}; convert text with "
+                "tokenizer.convert_tokens_to_ids"
+            )
+        if not 0 <= int(i) < vocab_size:
+            raise ValueError(
+                f"`{name}`={value!r} is outside the model's vocabulary [0, {vocab_size})"
+            )
+
+
 _STOP_STRING_CACHE: dict = {}
 
 
@@ -177,6 +223,8 @@ def resolve_settings(
             "`model` must implement functional_gen.models.AbstractCausalLM (e.g. a model from "
             f"functional_gen.load_model), got {type(model).__name__}"
         )
+    check_token_id_option("eos_token_id", eos_token_id, model.vocab_size)
+    check_token_id_option("pad_token_id", pad_token_id, model.vocab_size)
     if prefill_mode not in PREFILL_MODES:
         raise ValueError(f"`prefill_mode` must be one of {PREFILL_MODES}, got {prefill_mode!r}")
     if options.prefix_lm and prefill_mode == "forced":

@@ -12,7 +12,7 @@ from typing import Any
 import equinox as eqx
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import PRNGKeyArray
+from jaxtyping import Array, Key
 
 from ..models.base import AbstractCausalLM
 from ..sharding import to_host
@@ -66,7 +66,7 @@ def stream(
     *,
     processors: Sequence[Any] | None = None,
     sampler: AbstractSampler | AbstractSearch | None = None,
-    key: PRNGKeyArray | None = None,
+    key: Key[Array, ""] | None = None,
     **overrides: Any,
 ) -> Stream:
     """Generate, yielding text pieces as tokens are produced.

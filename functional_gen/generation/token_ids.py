@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import jax
-from jaxtyping import PRNGKeyArray
+from jaxtyping import Array, Key
 
 from ..models.base import AbstractCausalLM
 from ..processors.base import as_processors
@@ -20,7 +20,7 @@ from .program import run_generation, start_generation
 from .samplers import AbstractSampler
 from .search import AbstractSearch
 from .sequence_state import SequenceState
-from .settings import Settings, check_max_new_tokens, resolve_settings
+from .settings import Settings, check_max_new_tokens, check_prng_key, resolve_settings
 from .state import GenerationState
 from .step import make_step
 from .stop_strings import StopStrings
@@ -32,7 +32,7 @@ def init_state(
     *,
     max_new_tokens: int,
     processors: Sequence[Any] | None = (),
-    key: PRNGKeyArray | None = None,
+    key: Key[Array, ""] | None = None,
     pad_token_id: int | None = None,
     stop_strings: StopStrings | None = None,
     bucket: bool = True,
@@ -100,6 +100,7 @@ def _token_settings(
     key,
 ) -> Settings:
     check_max_new_tokens(max_new_tokens)
+    check_prng_key(key)
     rows = [list(ids) for ids in prompt_token_ids]
     longest = max((len(r) for r in rows), default=0)
     settings = resolve_settings(
@@ -136,7 +137,7 @@ def generate_token_ids(
     max_new_tokens: int,
     processors: Sequence[Any] | None = (),
     sampler: AbstractSampler | AbstractSearch | None = None,
-    key: PRNGKeyArray | None = None,
+    key: Key[Array, ""] | None = None,
     eos_token_id: int | Sequence[int] | None = None,
     pad_token_id: int | None = None,
     stop_strings: StopStrings | None = None,
