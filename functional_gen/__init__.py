@@ -19,6 +19,7 @@ from .cache import enable_compilation_cache as enable_compilation_cache
 from .generation import (
     FINISH_REASONS as FINISH_REASONS,
     BatchMismatchError as BatchMismatchError,
+    GenerationOptions as GenerationOptions,
     GenerationResult as GenerationResult,
     GenerationState as GenerationState,
     ModelMismatchError as ModelMismatchError,

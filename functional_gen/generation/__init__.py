@@ -1,30 +1,38 @@
-"""The generation loop: settings, state, step, prefill, `lax.while_loop`, streaming, samplers,
-stop strings, and the resumable `SequenceState`.
+"""Generation: a call's options, planning, the compiled prefill and `lax.while_loop`, the
+result, the step and its searches, streaming, samplers, stop strings, and the resumable
+`SequenceState`.
 
-Modules: `settings` (ONE resolver shared by `generate` and `stream`), `state`
+Modules: `options` (`GenerationOptions`, every per-call choice), `settings` (ONE resolver
+shared by `generate` and `stream`), `search` (`AbstractSearch`: how a step advances the rows;
+`sampling.Sample`, `beam_search.BeamSearch`), `buckets` (padded sizes), `state`
 (`GenerationState`, the loop carry), `sequence_state` (`SequenceState`, what a call returns and
-the next one continues), `step` (`make_step`), `loop` (`generate`, `generate_token_ids`,
-`init_state`), `streaming` (`stream`), `samplers`, `stop_strings`.
+the next one continues), `step` (`make_step`), `planning` (`plan_call`: options -> settings -> padded inputs), `program`
+(the compiled prefill and `while_loop`), `result` (`GenerationResult`), `loop` (`generate`:
+plan -> run -> result), `token_ids` (`generate_token_ids`, `init_state`), `streaming`
+(`stream`), `samplers`, `stop_strings`, `generation_config` (transformers' `GenerationConfig`).
 """
 
 from . import samplers as samplers
-from .loop import (
+from .result import (
     GenerationResult as GenerationResult,
 )
-from .loop import (
+from .buckets import (
     bucket_batch as bucket_batch,
 )
-from .loop import (
+from .buckets import (
     bucket_length as bucket_length,
 )
 from .loop import (
     generate as generate,
 )
-from .loop import (
+from .token_ids import (
     generate_token_ids as generate_token_ids,
 )
-from .loop import (
+from .token_ids import (
     init_state as init_state,
+)
+from .options import (
+    GenerationOptions as GenerationOptions,
 )
 from .sequence_state import (
     BatchMismatchError as BatchMismatchError,

@@ -24,18 +24,21 @@ The finished hypotheses live in fixed-shape arrays in `BeamState`, so nothing le
 device per step.
 """
 
+import math
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray
+from jaxtyping import Array, Bool, Float, Int
 
-from .samplers import AbstractSampler
+from .search import AbstractSearch, process_rows
+from .state import LENGTH, GenerationState
 
 EARLY_STOPPING = (True, False, "never")
 _NEG = -1.0e9
 
 
-class BeamSearch(AbstractSampler):
+class BeamSearch(AbstractSearch):
     """Beam search (`num_beams` hypotheses per prompt), with transformers' semantics.
 
     **Arguments:**
@@ -52,8 +55,8 @@ class BeamSearch(AbstractSampler):
       processed distribution (`softmax` of the accumulated scores) instead of taking the top
       `K`.
 
-    **Raises:** `ValueError` for `num_beams < 1` or an `early_stopping` outside `(True, False,
-    "never")`.
+    **Raises:** `ValueError` for `num_beams < 1`, a NaN or infinite `length_penalty`, or an
+    `early_stopping` outside `(True, False, "never")`.
 
     Source: transformers `generate(num_beams=..., length_penalty=..., early_stopping=...,
     do_sample=...)`.
@@ -79,20 +82,26 @@ class BeamSearch(AbstractSampler):
             raise ValueError(
                 f"`early_stopping` must be True, False or 'never', got {early_stopping!r}"
             )
+        if not math.isfinite(float(length_penalty)):
+            raise ValueError(f"`length_penalty` must be a finite number, got {length_penalty!r}")
         self.num_beams = num_beams
         self.length_penalty = jnp.asarray(length_penalty, jnp.float32)
         self.early_stopping = early_stopping
         self.do_sample = bool(do_sample)
 
-    def __call__(self, logits: Float[Array, " vocab"], *, key: PRNGKeyArray) -> Int[Array, ""]:
-        """Not used per row: beam search chooses across the beams of a prompt (see
-        `beam_step`). Returns the argmax, so a one-row call is greedy."""
-        return jnp.argmax(logits).astype(jnp.int32)
-
     @property
     def needs_key(self) -> bool:
         """Only beam sampling is random."""
         return self.do_sample
+
+    def init(self, rows: int, steps: int) -> "BeamState":
+        """The bookkeeping of `rows // num_beams` prompts before the first step."""
+        return BeamState.init(rows // self.num_beams, self.num_beams, steps)
+
+    def __call__(self, step, state: GenerationState) -> GenerationState:
+        """One beam-search step of `step` (the `Step`) on `state` (its `search_state` a
+        `BeamState`): see the module docstring."""
+        return beam_step(self, step, state)
 
 
 class BeamState(eqx.Module):
@@ -144,17 +153,13 @@ def _gather(x, idx):
     return jnp.take_along_axis(x, idx.reshape(idx.shape + (1,) * (x.ndim - idx.ndim)), axis=1)
 
 
-def beam_step(step, state):
-    """One beam-search step of `step` (a `Step` whose sampler is a `BeamSearch`) on `state`
-    (a `GenerationState` with `beam` set): see the module docstring."""
-    from .state import LENGTH
-    from .step import process_rows
-
-    sampler: BeamSearch = step.sampler
+def beam_step(sampler: BeamSearch, step, state: GenerationState) -> GenerationState:
+    """One beam-search step of `sampler` (the search) with `step` (the `Step`) on `state` (a
+    `GenerationState` whose `search_state` is a `BeamState`): see the module docstring."""
     nb = sampler.num_beams
     rows = state.batch_size
     prompts = rows // nb
-    beam: BeamState = state.beam
+    beam: BeamState = state.search_state
     vocab = state.logits.shape[-1]
     steps = state.logprobs.shape[1]
     n_gen = state.num_generated  # equal within a prompt (beams advance together)
@@ -332,7 +337,7 @@ def beam_step(step, state):
             s.processor_states,
             s.stop_state,
             s.key,
-            s.beam,
+            s.search_state,
         ),
         state,
         (

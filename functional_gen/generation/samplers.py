@@ -1,7 +1,11 @@
 """Samplers: turn one row's processed logits into the next token id.
 
 A sampler is an immutable `equinox.Module` called per row (vmapped over the batch by the
-generation loop) with that row's key for this step.
+generation loop, through the `Sample` search) with that row's key for this step.
+
+`BeamSearch` is a search, not a sampler (it advances a prompt's beams together, see
+`functional_gen.generation.search`); it is re-exported here because `generate(...,
+sampler=fg.samplers.BeamSearch(...))` is where users pass it.
 """
 
 import abc
@@ -13,16 +17,17 @@ from jaxtyping import Array, Float, Int, PRNGKeyArray
 
 
 class AbstractSampler(eqx.Module):
-    """Base class of samplers: `sampler(logits, key=key) -> token id` for ONE sequence."""
+    """Base class of samplers: `sampler(logits, key=key) -> token id` for ONE sequence.
+
+    Subclasses implement `__call__` and `needs_key` (a field or a property: whether the
+    sampler is random, then `generate` requires a `key`).
+    """
+
+    needs_key: eqx.AbstractVar[bool]
 
     @abc.abstractmethod
     def __call__(self, logits: Float[Array, " vocab"], *, key: PRNGKeyArray) -> Int[Array, ""]:
         """The next token id, an int32 scalar, drawn from the processed `logits` of one row."""
-
-    @property
-    def needs_key(self) -> bool:
-        """Whether the sampler is random (then `generate` requires a `key`)."""
-        return True
 
 
 class Greedy(AbstractSampler):
@@ -36,6 +41,7 @@ class Greedy(AbstractSampler):
 
     @property
     def needs_key(self) -> bool:
+        """`False`: greedy decoding is deterministic."""
         return False
 
 
@@ -50,6 +56,10 @@ class Multinomial(AbstractSampler):
     def __call__(self, logits: Float[Array, " vocab"], *, key: PRNGKeyArray) -> Int[Array, ""]:
         return jax.random.categorical(key, logits).astype(jnp.int32)
 
+    @property
+    def needs_key(self) -> bool:
+        """`True`: every draw uses the row's key."""
+        return True
 
-# after the samplers above: beam_search imports them
-from .beam_search import BeamSearch as BeamSearch  # noqa: E402
+
+from .beam_search import BeamSearch as BeamSearch  # noqa: E402  (a search, passed as `sampler`)

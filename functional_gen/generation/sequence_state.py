@@ -33,6 +33,7 @@ from ..models.kv_cache import KVCache
 from ..processors.base import split_rows
 from ..sharding import to_host
 from ..tokenization import decode, is_chat, tokenizer_fingerprint
+from .buckets import bucket_length
 
 FORMAT_NAME = "functional_gen.SequenceState"
 """The `format` entry of a saved state's header."""
@@ -245,8 +246,6 @@ class SequenceState:
             if not ids:
                 raise ValueError(f"prompt {i} has no tokens")
         _check_ids(rows, vocab_size)
-        from .loop import bucket_length
-
         batch, longest = len(rows), max(map(len, rows))
         ids = np.zeros((batch, bucket_length(longest)), np.int32)
         for i, r in enumerate(rows):
@@ -524,8 +523,6 @@ class SequenceState:
         )
 
     def _append(self, rows: list[list[int]], weights=None) -> "SequenceState":
-        from .loop import bucket_length
-
         a = self.arrays
         vocab = a.logits.shape[-1]
         _check_ids(rows, vocab)

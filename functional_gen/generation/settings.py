@@ -1,14 +1,17 @@
-"""ONE settings resolver, shared by `generate` and `stream`.
+"""ONE settings resolver, shared by `generate` and `stream`: `GenerationOptions` -> `Settings`.
 
-It validates every argument where it enters (before anything compiles), merges the call with a
-generation config, settles the EOS and pad ids once, builds the stop-string matcher and the
-`Step` once.
+It validates every argument where it enters (before anything compiles), merges the call's
+options with a generation config, settles the EOS and pad ids once, builds the stop-string
+matcher and the `Step` once.
 
 Precedence (transformers merges its generation config with `generate`'s keyword arguments key
 by key; so do we):
 
-1. The call's own arguments win, key by key: `max_new_tokens`, `eos_token_id`, `pad_token_id`,
-   `stop_strings`, `processors`, `sampler`.
+1. The call's own choices win, key by key: its keyword arguments over its `GenerationOptions`
+   (`functional_gen.generation.options.with_overrides`), then those over the config:
+   `max_new_tokens`, `eos_token_id`, `pad_token_id`, `stop_strings`, `processors`, `sampler`.
+   Decoding options (`temperature`, `top_p`, `num_beams`, ...) are written over the config
+   (`decoding_config`), which then counts as passed explicitly.
 2. A `generation_config` given to the call, else the model's own (`model.generation_config`),
    supplies what the call leaves out: its lengths (`max_new_tokens`, or `max_length` minus the
    longest prompt), EOS and pad ids, stop strings and `num_return_sequences` always; its
@@ -26,11 +29,16 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
+import jax
 import numpy as np
 
 from ..models.base import AbstractCausalLM
 from ..processors.base import as_processors
+from ..processors.classifier_free_guidance import ClassifierFreeGuidance, check_guidance_first
+from .generation_config import settings_from_generation_config
+from .options import GenerationOptions, decoding_config, with_overrides
 from .samplers import AbstractSampler
+from .search import AbstractSearch
 from .step import Step, make_step
 from .stop_strings import StopStrings
 
@@ -83,7 +91,9 @@ def check_max_new_tokens(max_new_tokens: Any, name: str = "max_new_tokens") -> N
         raise ValueError(f"`{name}` must be a positive integer, got {max_new_tokens!r}")
 
 
-def check_key(sampler: AbstractSampler | None, key, *, sampler_given: bool) -> None:
+def check_key(
+    sampler: AbstractSampler | AbstractSearch | None, key, *, sampler_given: bool
+) -> None:
     """Raise a clear error when a random sampler has no PRNG key (before any compilation)."""
     if key is not None or sampler is None or not sampler.needs_key:
         return
@@ -98,6 +108,51 @@ def check_key(sampler: AbstractSampler | None, key, *, sampler_given: bool) -> N
     raise ValueError(
         f"{type(sampler).__name__} sampling needs a PRNG key: pass key=jax.random.key(seed){hint}"
     )
+
+
+def check_prng_key(key: Any) -> None:
+    """Refuse a `key` that is not ONE typed JAX PRNG key (before anything compiles).
+
+    **Raises:** `TypeError` for anything but a `jax.random.key(...)` (an int seed, a raw uint32
+    key, a list); `ValueError` for a batch of keys (the rows' keys are derived from one).
+    """
+    if key is None:
+        return
+    if not isinstance(key, jax.Array) or not jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key):
+        what = f"{type(key).__name__} {key!r}" if not isinstance(key, jax.Array) else key.dtype
+        raise TypeError(
+            f"`key` must be one typed JAX PRNG key, e.g. key=jax.random.key(0), got {what}"
+        )
+    if key.shape != ():
+        raise ValueError(
+            f"`key` must be a single PRNG key, got a batch of shape {key.shape}; pass one key "
+            "(row r uses fold_in(key, r))"
+        )
+
+
+def check_token_id_option(name: str, value: Any, vocab_size: int) -> None:
+    """Refuse an `eos_token_id` / `pad_token_id` (`name`) that is not token ids of the model's
+    vocabulary (text, a float, an id outside `[0, vocab_size)`); `None` is not set.
+
+    **Raises:** `TypeError` for a value that is not integer ids; `ValueError` for an id outside
+    the vocabulary.
+    """
+    if value is None:
+        return
+    many = name == "eos_token_id"
+    listed = many and isinstance(value, Sequence) and not isinstance(value, (str, bytes))
+    ids = list(value) if listed else [value]
+    for i in ids:
+        if isinstance(i, bool) or not isinstance(i, (int, np.integer)):
+            kind = "token ids (an int or a list of ints)" if many else "a token id (an int)"
+            raise TypeError(
+                f"`{name}` must be {kind}, got {value!r}; convert text with "
+                "tokenizer.convert_tokens_to_ids"
+            )
+        if not 0 <= int(i) < vocab_size:
+            raise ValueError(
+                f"`{name}`={value!r} is outside the model's vocabulary [0, {vocab_size})"
+            )
 
 
 _STOP_STRING_CACHE: dict = {}
@@ -129,53 +184,50 @@ def resolve_settings(
     model: AbstractCausalLM,
     tokenizer,
     longest_prompt: int,
+    options: GenerationOptions | None = None,
     *,
-    max_new_tokens: int | None,
-    processors: Sequence[Any] | None,
-    sampler: AbstractSampler | None,
-    key,
-    eos_token_id: int | Sequence[int] | None,
-    pad_token_id: int | None,
-    stop_strings: str | Sequence[str] | None,
-    generation_config: Any,
-    num_return_sequences: int | None = None,
-    prefix_lm: bool = False,
-    prefill_mode: str = "one_pass",
+    processors: Sequence[Any] | None = None,
+    sampler: AbstractSampler | AbstractSearch | None = None,
+    key=None,
     previous: "Settings | None" = None,
-    top_logprobs: int = 0,
-    logprobs_mode: str = "processed",
-    prompt_logprobs: bool = False,
     use_generation_config: bool = True,
     first_processors: tuple = (),
+    **overrides: Any,
 ) -> Settings:
-    """Merge a call's arguments with a generation config (see the module docstring for the
+    """Merge a call's options with a generation config (see the module docstring for the
     precedence) and validate them.
 
-    **Arguments:** those of `functional_gen.generate`; `longest_prompt` is the longest row in
-    tokens (prompt, or everything a continued state holds), used with a config's `max_length`
-    and to check the model's context; `previous` is the `Settings` of the call that produced a
-    continued `SequenceState` (or `None`); `use_generation_config=False` ignores the model's
-    generation config (the token-id functions `generate_token_ids` and `init_state`);
-    `first_processors` go before every other processor (classifier-free guidance).
+    **Arguments:** `options` (a `GenerationOptions`) and `overrides` (keyword arguments named
+    like its fields, which win over it), `processors`, `sampler` and `key` as in
+    `functional_gen.generate`; `longest_prompt` is the longest row in tokens (prompt, or
+    everything a continued state holds), used with a config's `max_length` and to check the
+    model's context; `previous` is the `Settings` of the call that produced a continued
+    `SequenceState` (or `None`); `use_generation_config=False` ignores the model's generation
+    config (the token-id functions `generate_token_ids` and `init_state`); `first_processors` go
+    before every other processor (classifier-free guidance).
 
     **Returns:** the `Settings`.
 
     **Raises:** `ValueError` for a non-positive `max_new_tokens` or `num_return_sequences`, a
     random sampler without `key`, rows plus `max_new_tokens` longer than the model's
     `max_position_embeddings`, an unknown `prefill_mode`, `prefix_lm` with forced prefill, or a
-    generation config that asks for an unsupported method; `TypeError` for bad processors,
-    sampler or model.
+    generation config that asks for an unsupported method; `TypeError` for an unknown option,
+    bad processors, sampler or model.
     """
-    from ..generation_config import settings_from_generation_config
-
+    options = with_overrides(options, overrides)
+    max_new_tokens, num_return_sequences = options.max_new_tokens, options.num_return_sequences
+    eos_token_id, pad_token_id = options.eos_token_id, options.pad_token_id
+    stop_strings, prefill_mode = options.stop_strings, options.prefill_mode
     if not isinstance(model, AbstractCausalLM):
         raise TypeError(
             "`model` must implement functional_gen.models.AbstractCausalLM (e.g. a model from "
             f"functional_gen.load_model), got {type(model).__name__}"
         )
+    check_token_id_option("eos_token_id", eos_token_id, model.vocab_size)
+    check_token_id_option("pad_token_id", pad_token_id, model.vocab_size)
     if prefill_mode not in PREFILL_MODES:
         raise ValueError(f"`prefill_mode` must be one of {PREFILL_MODES}, got {prefill_mode!r}")
-    if prefix_lm and prefill_mode == "forced":
+    if options.prefix_lm and prefill_mode == "forced":
         raise ValueError(
             "prefix_lm=True needs the one-pass prefill (a prompt fed token by token cannot "
             "attend to later prompt tokens); use prefill_mode='one_pass'"
@@ -184,8 +236,16 @@ def resolve_settings(
         check_max_new_tokens(max_new_tokens)
     if num_return_sequences is not None:
         check_max_new_tokens(num_return_sequences, "num_return_sequences")
+    explicit_config = options.generation_config
+    if explicit_config is None and use_generation_config:
+        config = model.generation_config
+    else:
+        config = explicit_config if use_generation_config else None
+    with_decoding = decoding_config(options, config)
+    if with_decoding is not config:  # the options set decoding fields: the call's own choice
+        config = explicit_config = with_decoding
     own_decoding = processors is not None or sampler is not None
-    carry = previous is not None and not own_decoding and generation_config is None
+    carry = previous is not None and not own_decoding and explicit_config is None
     if carry:
         processors_, sampler_ = previous.step.processors, previous.step.sampler
         eos_token_id = previous.eos_token_id if eos_token_id is None else eos_token_id
@@ -194,15 +254,12 @@ def resolve_settings(
     else:
         processors_, sampler_ = as_processors(processors), sampler
 
-    config = generation_config if generation_config is not None else model.generation_config
-    if not use_generation_config:
-        config = None
     n_return = 1
     if config is not None and not carry:
         settings = settings_from_generation_config(
             config, eos_token_id=model.eos_token_id, vocab_size=model.vocab_size
         )
-        if generation_config is not None or not own_decoding:
+        if explicit_config is not None or not own_decoding:
             processors_ = settings.processors + processors_
             sampler_ = sampler if sampler is not None else settings.sampler
         if eos_token_id is None:
@@ -225,10 +282,8 @@ def resolve_settings(
         if (
             settings.guidance_scale is not None
             and not first_processors
-            and (generation_config is not None or not own_decoding)
+            and (explicit_config is not None or not own_decoding)
         ):
-            from ..processors import ClassifierFreeGuidance
-
             first_processors = (ClassifierFreeGuidance(model, settings.guidance_scale),)
     if num_return_sequences is not None:
         n_return = num_return_sequences
@@ -251,8 +306,6 @@ def resolve_settings(
         raise ValueError(f"stop strings must be non-empty strings, got {stop_strings!r}")
     if first_processors and not carry:
         processors_ = tuple(first_processors) + tuple(processors_)
-    from ..processors.classifier_free_guidance import check_guidance_first
-
     check_guidance_first(processors_)
     step = make_step(
         model,
@@ -261,16 +314,16 @@ def resolve_settings(
         eos_token_id=eos_token_id,
         pad_token_id=pad_token_id,
         stop_strings=build_stop_strings(stop_strings, tokenizer, model),
-        top_logprobs=top_logprobs,
-        logprobs_mode=logprobs_mode,
+        top_logprobs=options.top_logprobs,
+        logprobs_mode=options.logprobs_mode,
     )
     return Settings(
         step=step,
         max_new_tokens=int(max_new_tokens),
         stop_strings=stop_strings,
         num_return_sequences=int(n_return),
-        prefix_lm=bool(prefix_lm),
+        prefix_lm=bool(options.prefix_lm),
         prefill_mode=prefill_mode,
         carry_processor_states=carry,
-        prompt_logprobs=bool(prompt_logprobs),
+        prompt_logprobs=bool(options.prompt_logprobs),
     )

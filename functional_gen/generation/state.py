@@ -50,8 +50,9 @@ class GenerationState(eqx.Module):
       over every call that continued it) uses `fold_in(key, n)`, so rows never share randomness.
     - `key_step`: `Int[Array, " batch"]`, sampling steps taken by earlier calls (the `n` of
       this call's first step).
-    - `beam`: a `functional_gen.generation.beam_search.BeamState` under beam search (the rows
-      are then `prompts * num_beams` beams), else `None`.
+    - `search_state`: the search's own carry (`AbstractSearch.init`): a
+      `functional_gen.generation.beam_search.BeamState` under beam search (the rows are then
+      `prompts * num_beams` beams), `None` when sampling.
     """
 
     token_ids: Int[Array, "batch max_len"]
@@ -70,7 +71,7 @@ class GenerationState(eqx.Module):
     stop_state: Int[Array, "batch stops"]
     key: Key[Array, " batch"]
     key_step: Int[Array, " batch"]
-    beam: Any = None
+    search_state: Any = None
 
     @property
     def num_generated(self) -> Int[Array, " batch"]:

@@ -1,6 +1,6 @@
 """`stream`: generate and yield the text as it is produced, for one prompt or a batch.
 
-The same settings resolver, prefill and `Step` as `generate`, but the loop runs in Python, one
+The same planning, prefill and `Step` as `generate`, but the loop runs in Python, one
 jitted step per token (the state donated, so the `KVCache` is updated in place), so each new
 piece of text can be handed out as soon as its token exists. Each step costs ONE
 device-to-host transfer: the new token, done flag and finish reason of every row together.
@@ -12,13 +12,17 @@ from typing import Any
 import equinox as eqx
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import PRNGKeyArray
+from jaxtyping import Array, Key
 
 from ..models.base import AbstractCausalLM
 from ..sharding import to_host
 from ..tokenization import IncrementalDecoder, Prompt, is_chat
-from .loop import GenerationResult, build_result, finish_generation, plan_call, start_generation
+from .options import GenerationOptions
+from .planning import plan_call
+from .program import finish_generation, repeat_rows, start_generation
+from .result import GenerationResult, build_result
 from .samplers import AbstractSampler
+from .search import AbstractSearch
 from .sequence_state import SequenceState
 from .state import FINISH_REASONS
 from .stop_strings import truncate_at_stop
@@ -58,30 +62,17 @@ def stream(
     model: AbstractCausalLM,
     tokenizer,
     prompts: Prompt | Sequence[Prompt] | SequenceState,
+    options: GenerationOptions | None = None,
     *,
-    max_new_tokens: int | None = None,
     processors: Sequence[Any] | None = None,
-    sampler: AbstractSampler | None = None,
-    key: PRNGKeyArray | None = None,
-    chat_template: bool | None = None,
-    eos_token_id: int | Sequence[int] | None = None,
-    pad_token_id: int | None = None,
-    stop_strings: str | Sequence[str] | None = None,
-    generation_config: Any = None,
-    num_return_sequences: int | None = None,
-    prefix_lm: bool = False,
-    prefill_mode: str = "one_pass",
-    top_logprobs: int = 0,
-    logprobs_mode: str = "processed",
-    prompt_logprobs: bool = False,
-    guidance_scale: float | None = None,
-    negative_prompt: Any = None,
-    guidance_rescale: float | None = None,
-    cfg: str = "processor",
+    sampler: AbstractSampler | AbstractSearch | None = None,
+    key: Key[Array, ""] | None = None,
+    **overrides: Any,
 ) -> Stream:
     """Generate, yielding text pieces as tokens are produced.
 
-    Arguments are those of `functional_gen.generate` (everything is validated before the first
+    Arguments are those of `functional_gen.generate` (`options` and keyword `overrides` alike;
+    everything is validated before the first
     compilation, when `stream` is called). Pieces never split a UTF-8 character; a row's pieces
     joined equal `generate(...).texts[row]` for the same arguments (no EOS, no special tokens,
     nothing from a stop string on: with stop strings, the last few characters of a row are held
@@ -97,25 +88,11 @@ def stream(
         model,
         tokenizer,
         prompts,
-        max_new_tokens=max_new_tokens,
+        options,
         processors=processors,
         sampler=sampler,
         key=key,
-        chat_template=chat_template,
-        eos_token_id=eos_token_id,
-        pad_token_id=pad_token_id,
-        stop_strings=stop_strings,
-        generation_config=generation_config,
-        num_return_sequences=num_return_sequences,
-        prefix_lm=prefix_lm,
-        prefill_mode=prefill_mode,
-        top_logprobs=top_logprobs,
-        logprobs_mode=logprobs_mode,
-        prompt_logprobs=prompt_logprobs,
-        guidance_scale=guidance_scale,
-        negative_prompt=negative_prompt,
-        guidance_rescale=guidance_rescale,
-        cfg=cfg,
+        **overrides,
     )
     if tokenizer is None and isinstance(prompts, SequenceState):
         tokenizer = prompts.tokenizer
@@ -133,7 +110,7 @@ def stream(
 def _beam_prefix(state, num_beams: int):
     """Per prompt: how many generated tokens every live beam and every finished hypothesis
     share (the settled text), beam 0's generated tokens, and the prompts' done flags."""
-    beam = state.beam
+    beam = state.search_state
     rows = state.batch_size
     prompts = rows // num_beams
     steps = state.logprobs.shape[1]
@@ -196,9 +173,7 @@ def _pieces(model, tokenizer, settings, prepared, out: Stream):
     if prepared.plan.num_beams:
         yield from _beam_pieces(model, tokenizer, settings, prepared, out, state, prompt_lp)
         return
-    token_logprobs = prepared.arrays.token_logprobs
-    if prepared.plan.repeat > 1:
-        token_logprobs = jnp.repeat(token_logprobs, prepared.plan.repeat, axis=0)
+    token_logprobs = repeat_rows(prepared.arrays.token_logprobs, prepared.plan.repeat)
     rows = prepared.rows
     decoders = [IncrementalDecoder(tokenizer) for _ in range(rows)]
     eos = set(settings.eos_token_id)

@@ -161,13 +161,27 @@ class AbstractLogitsProcessor(eqx.Module):
         **Returns:** `(state, logits)`, the state with unchanged structure, shapes and dtypes.
         """
 
+
+class AbstractGrowingStateProcessor(AbstractLogitsProcessor):
+    """A processor whose state is sized by the text's capacity (`Context.token_ids`' columns),
+    e.g. classifier-free guidance's cache: it implements `extend_state` as well.
+
+    States of other processors do not depend on that length; `extend_state` (the function)
+    returns them as they are.
+    """
+
+    @abc.abstractmethod
     def extend_state(self, state: State, max_len: int) -> State:
         """One row's state when a continued generation's `Context.token_ids` grows to `max_len`
-        columns (a `SequenceState` continued with the same processors). Most states do not
-        depend on that length and are returned as they are; a processor whose state is sized by
-        it (classifier-free guidance's cache) grows it here."""
-        del max_len
-        return state
+        columns (a `SequenceState` continued with the same processors)."""
+
+
+def extend_state(processor: AbstractLogitsProcessor, state: State, max_len: int) -> State:
+    """One row's state of `processor` for a text capacity of `max_len` columns: grown by an
+    `AbstractGrowingStateProcessor`, as it is for every other processor."""
+    if isinstance(processor, AbstractGrowingStateProcessor):
+        return processor.extend_state(state, max_len)
+    return state
 
 
 class AbstractStatelessLogitsProcessor(AbstractLogitsProcessor):

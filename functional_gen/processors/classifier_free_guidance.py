@@ -18,7 +18,7 @@ from jaxtyping import Array, Bool, Float, Int
 from ..models.base import AbstractCausalLM
 from ..models.kv_cache import KVCache
 from ._validation import float_param
-from .base import AbstractLogitsProcessor, Context, as_processors, per_row_field
+from .base import AbstractGrowingStateProcessor, Context, as_processors, per_row_field
 
 
 class ClassifierFreeGuidanceState(eqx.Module):
@@ -114,7 +114,7 @@ def _negative_prompt_param(value, vocab_size: int | None):
     return jnp.asarray(padded)
 
 
-class ClassifierFreeGuidance(AbstractLogitsProcessor):
+class ClassifierFreeGuidance(AbstractGrowingStateProcessor):
     """Classifier-free guidance (CFG) for language models, the two-forward-pass form.
 
     Each step mixes the conditional next-token log-probabilities (the logits this processor

@@ -166,7 +166,8 @@ def test_processor_states_move_with_their_beams(tiny_pair):
     )
     # the running beams' states: their recorded history equals their own tokens
     del result  # the returned hypotheses are rebuilt without processor states; check the loop
-    from functional_gen.generation.loop import _generate_jit, plan_call
+    from functional_gen.generation.planning import plan_call
+    from functional_gen.generation.program import run_generation
 
     _, settings, prepared = plan_call(
         model,
@@ -185,7 +186,7 @@ def test_processor_states_move_with_their_beams(tiny_pair):
         prefix_lm=False,
         prefill_mode="one_pass",
     )
-    final, _, _ = _generate_jit(
+    final, _, _ = run_generation(
         settings.step,
         prepared.plan,
         prepared.arrays,
