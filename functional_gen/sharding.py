@@ -18,9 +18,14 @@ default axis type is Explicit, under which sharded contractions need annotations
 import fnmatch
 from collections.abc import Mapping
 
+import equinox as eqx
 import jax
+import jax.numpy as jnp
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
+
+from .models.decoder import DecoderForCausalLM
+from .models.kv_cache import KVCache
 
 DEFAULT_RULES: tuple[tuple[str, P], ...] = (
     ("*.self_attn.q_proj.weight", P("model", None)),
@@ -263,13 +268,6 @@ def plan(config, mesh_shape: tuple[int, int], batch: int, max_len: int, dtype="b
     **Raises:** `ValueError` when there are fewer devices than the mesh needs, or a weight does
     not split evenly.
     """
-    import equinox as eqx
-    import jax.numpy as jnp
-    from jax.sharding import AxisType
-
-    from .models.kv_cache import KVCache
-    from .models.llama import LlamaForCausalLM
-
     data, model_axis = mesh_shape
     devices = jax.devices()
     if data * model_axis > len(devices):
@@ -284,7 +282,7 @@ def plan(config, mesh_shape: tuple[int, int], batch: int, max_len: int, dtype="b
         devices=devices[: data * model_axis],
     )
     dtype = jnp.dtype(dtype)
-    skeleton = eqx.filter_eval_shape(LlamaForCausalLM, config, key=jax.random.key(0), dtype=dtype)
+    skeleton = eqx.filter_eval_shape(DecoderForCausalLM, config, key=jax.random.key(0), dtype=dtype)
     is_struct = lambda x: isinstance(x, jax.ShapeDtypeStruct)  # noqa: E731
 
     def annotate(path, leaf):

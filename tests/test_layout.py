@@ -20,57 +20,12 @@ import functional_gen as fg
 
 PACKAGE = Path(fg.__file__).parent
 
-# Circles that exist today outside structured/ (issue 39 lists them); the helpers restructuring
-# generation/ and models/ remove them, and this list shrinks at merge time.
-KNOWN_CIRCLES: list[set[str]] = [
-    # beam search <-> samplers <-> step: `BeamSearch` poses as a sampler (issue 39, item 2).
-    {
-        "functional_gen.generation.beam_search",
-        "functional_gen.generation.samplers",
-        "functional_gen.generation.step",
-    },
-    # the loop <-> the sequence state (`bucket_length`, imported at the end of a module).
-    {"functional_gen.generation.loop", "functional_gen.generation.sequence_state"},
-    # llama <-> quantization (`with_batched_int8`).
-    {"functional_gen.models.llama", "functional_gen.models.quantization"},
-]
-
-# Imports of `functional_gen` modules inside functions, as `(importing module, imported module)`,
-# that exist today outside structured/; their owners move them to the top, and this list shrinks
-# at merge time.
-KNOWN_FUNCTION_IMPORTS: set[tuple[str, str]] = {
-    # cli.py (becomes cli/, issue 39 item 7): the package and its helpers, imported per command.
-    ("functional_gen.cli", "functional_gen"),
-    ("functional_gen.cli", "functional_gen.cache"),
-    ("functional_gen.cli", "functional_gen.generation_config"),
-    ("functional_gen.cli", "functional_gen.progress"),
-    ("functional_gen.cli", "functional_gen.structured"),
-    ("functional_gen.cli", "functional_gen.tokenization"),
-    # beam search <-> step (the circle above).
-    ("functional_gen.generation.beam_search", "functional_gen.generation.state"),
-    ("functional_gen.generation.beam_search", "functional_gen.generation.step"),
-    # the loop and its settings (issue 39 items 1 and 3).
-    ("functional_gen.generation.loop", "functional_gen.generation.guidance"),
-    ("functional_gen.generation.loop", "functional_gen.generation.settings"),
-    ("functional_gen.generation.loop", "functional_gen.generation.step"),
-    ("functional_gen.generation.loop", "functional_gen.processors"),
-    ("functional_gen.generation.loop", "functional_gen.sharding"),
-    ("functional_gen.generation.sequence_state", "functional_gen.generation.loop"),
-    ("functional_gen.generation.settings", "functional_gen.generation_config"),
-    ("functional_gen.generation.settings", "functional_gen.processors"),
-    ("functional_gen.generation.settings", "functional_gen.processors.classifier_free_guidance"),
-    # loading: sharding and progress bars, imported when a checkpoint is read.
-    ("functional_gen.loading", "functional_gen.sharding"),
-    ("functional_gen.loading.checkpoint", "functional_gen.progress"),
-    ("functional_gen.loading.default_model", "functional_gen.loading.gguf_file"),
-    ("functional_gen.loading.default_model", "functional_gen.progress"),
-    ("functional_gen.loading.gguf_file", "functional_gen.progress"),
-    # llama <-> quantization (the circle above).
-    ("functional_gen.models.quantization", "functional_gen.models.llama"),
-    # sharding reads the model's layout.
-    ("functional_gen.sharding", "functional_gen.models.kv_cache"),
-    ("functional_gen.sharding", "functional_gen.models.llama"),
-}
+# Known circles and function-level imports of `functional_gen` modules: none. Issue 39 removed the
+# last of them (generation's beam search <-> samplers <-> step and loop <-> sequence state, models'
+# llama <-> quantization, structured's grammar/pda/processor/regex, and the per-command imports of
+# cli.py, loading and sharding). Add an entry here only with a comment saying why it must be.
+KNOWN_CIRCLES: list[set[str]] = []
+KNOWN_FUNCTION_IMPORTS: set[tuple[str, str]] = set()
 
 # Packages whose imports inside functions are deferred on purpose (heavy or optional third-party
 # dependencies; the importing line says why in a comment). Not checked: only `functional_gen`

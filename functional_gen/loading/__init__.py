@@ -4,9 +4,11 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
+import jax
 import jax.numpy as jnp
 
 from ..models.quantization import check_quantization
+from ..sharding import check_mesh, check_rules, shard
 from .checkpoint import checkpoint_dtype, load_tokenizer
 from .checkpoint import load_checkpoint as load_checkpoint
 from .default_model import (
@@ -72,10 +74,6 @@ def load_model(
     if not (isinstance(dtype, str) and dtype == "auto"):
         dtype = _resolve_dtype(dtype)
     if mesh is not None:
-        import jax
-
-        from ..sharding import check_mesh, check_rules, shard
-
         check_mesh(mesh)
         check_rules(rules)
         with jax.default_device(jax.local_devices(backend="cpu")[0]):

@@ -19,6 +19,7 @@ from ..models.config import (
     config_from_hf,
 )
 from ..models.decoder import DecoderForCausalLM
+from ..progress import progress_bar
 from .errors import CheckpointError
 
 
@@ -108,8 +109,6 @@ def read_weights(files: list[Path]) -> dict[str, np.ndarray]:
     file (see `_safetensors_error`).
     """
     from safetensors import SafetensorError, safe_open
-
-    from ..progress import progress_bar
 
     weights: dict[str, np.ndarray] = {}
     if len(files) > 1:

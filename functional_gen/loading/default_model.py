@@ -14,6 +14,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..cache import cache_dir as cache_dir  # its former home; the helper lives in cache
+from ..progress import progress_bar
+from .gguf_file import gguf_tokenizer, open_gguf, read_gguf
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 DEFAULT_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -78,9 +80,6 @@ def convert_gguf_to_checkpoint(gguf_path: Path, target: Path) -> None:
     conversion never leaves a half-written checkpoint behind.
     """
     from safetensors.numpy import save_file
-
-    from ..progress import progress_bar
-    from .gguf_file import gguf_tokenizer, open_gguf, read_gguf
 
     stages = progress_bar(
         ["read and dequantize", "write weights", "write tokenizer"],

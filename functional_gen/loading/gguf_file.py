@@ -35,6 +35,7 @@ from ..cache import cache_dir
 from ..models.config import DecoderConfig, UnsupportedConfigError, config_from_hf
 from ..models.decoder import DecoderForCausalLM
 from ..models.quantization import blocks_of, check_quantization, quantize_int8
+from ..progress import progress_bar
 from ..tokenization import END_OF_GENERATION_TEXTS
 from .errors import CheckpointError
 
@@ -502,8 +503,6 @@ def read_gguf_weights(
     know; `ValueError` for an unknown `quantization`.
     """
     from gguf.quants import dequantize
-
-    from ..progress import progress_bar
 
     check_quantization(quantization)
     arch = _field(reader, "general.architecture")
