@@ -157,9 +157,11 @@ class DecoderConfig:
         other families added (every Llama, Mistral and Qwen2 checkpoint) is named and printed as
         `LlamaForCausalLM` / `LlamaConfig(...)` with only the fields that class had, so a
         `SequenceState` saved before the move still matches its model."""
-        legacy = {name: getattr(self, name) for name in LEGACY_FIELDS}
-        if self != type(self)(**legacy):
+        unused = {f.name: f.default for f in dataclasses.fields(self)[len(LEGACY_FIELDS) :]}
+        unused["use_rope"] = (True,) * self.num_hidden_layers  # `()` as `__post_init__` fills it
+        if any(getattr(self, name) != value for name, value in unused.items()):
             return model_class, self
+        legacy = {name: getattr(self, name) for name in LEGACY_FIELDS}
         text = ", ".join(f"{name}={value!r}" for name, value in legacy.items())
         return "LlamaForCausalLM", _Verbatim(f"LlamaConfig({text})")
 

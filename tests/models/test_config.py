@@ -1,5 +1,7 @@
 """`LlamaConfig`: Hugging Face names in, supported values checked, RoPE as transformers computes it."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -186,3 +188,29 @@ def test_unknown_key_in_a_checkpoint_is_refused_before_loading_weights(tmp_path)
     )
     with pytest.raises(UnsupportedConfigError, match=r"attn_logit_softcapping=30\.0"):
         fg.load_model(tmp_path)
+
+
+def test_fingerprint_parts_keep_the_llama_name_only_when_no_new_field_is_used():
+    """A Llama-family config is fingerprinted as the `LlamaConfig` it was before the families
+    joined (saved `SequenceState`s keep matching); any family-specific field makes it a
+    `DecoderConfig` fingerprint, so two configs that differ in one never share one."""
+    import dataclasses
+
+    config = tiny_config()
+    name, printed = config.fingerprint_parts("DecoderForCausalLM")
+    assert name == "LlamaForCausalLM"
+    assert repr(printed).startswith("LlamaConfig(vocab_size=")
+    assert "qk_norm" not in repr(printed)
+    for change in (
+        {"qk_norm": True},
+        {"hidden_act": "gelu_pytorch_tanh"},
+        {"final_logit_softcapping": 30.0},
+        {"use_rope": (False,) + (True,) * (config.num_hidden_layers - 1)},
+        {
+            "rope_type": "longrope",
+            "rope_short_factor": (1.0,) * (config.head_dim // 2),
+            "rope_long_factor": (2.0,) * (config.head_dim // 2),
+        },
+    ):
+        other = dataclasses.replace(config, **change)
+        assert other.fingerprint_parts("DecoderForCausalLM") == ("DecoderForCausalLM", other)
