@@ -194,8 +194,6 @@ def test_fingerprint_parts_keep_the_llama_name_only_when_no_new_field_is_used():
     """A Llama-family config is fingerprinted as the `LlamaConfig` it was before the families
     joined (saved `SequenceState`s keep matching); any family-specific field makes it a
     `DecoderConfig` fingerprint, so two configs that differ in one never share one."""
-    import dataclasses
-
     config = tiny_config()
     name, printed = config.fingerprint_parts("DecoderForCausalLM")
     assert name == "LlamaForCausalLM"
