@@ -27,6 +27,7 @@ from .generation import (
     SequenceStateFormatError as SequenceStateFormatError,
     Step as Step,
     Stream as Stream,
+    TokenizerMismatchError as TokenizerMismatchError,
     bucket_length as bucket_length,
     generate as generate,
     generate_token_ids as generate_token_ids,

@@ -242,9 +242,7 @@ def check_before_loading(args: argparse.Namespace) -> None:
             text = path.read_text(encoding="utf-8")
         try:
             parse_grammar(gbnf_to_lark(text))
-        except GrammarError:
-            raise
-        except Exception as e:  # llguidance's converter raises a bare Exception (undefined rule)
+        except GrammarError as e:
             raise GrammarError(f"--grammar: {e}") from e
     if args.lark_grammar is not None:
         path = Path(os.path.expanduser(args.lark_grammar))

@@ -47,6 +47,9 @@ from .sequence_state import (
     SequenceState as SequenceState,
 )
 from .sequence_state import (
+    TokenizerMismatchError as TokenizerMismatchError,
+)
+from .sequence_state import (
     SequenceStateFormatError as SequenceStateFormatError,
 )
 from .settings import (

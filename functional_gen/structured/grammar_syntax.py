@@ -388,7 +388,8 @@ def gbnf_to_lark(text: str) -> str:
     character classes -> regexes, terminal-only rules -> terminals); its `%llguidance` header
     and `{m,n}` repetitions are then rewritten into plain Lark.
 
-    **Raises:** `GrammarError` with llguidance's message (it names the line) for bad GBNF.
+    **Raises:** `GrammarError` with llguidance's message (it names the line, or the undefined
+    rule) for bad GBNF, llguidance's own exception kept as `__cause__`.
     """
     if not isinstance(text, str):
         raise TypeError(f"a GBNF grammar must be a str, got {type(text).__name__}")
@@ -398,5 +399,7 @@ def gbnf_to_lark(text: str) -> str:
     try:
         converted = convert(text)
     except (GbnfToLarkError, ValueError, KeyError, IndexError) as e:
-        raise GrammarError(f"not a valid GBNF grammar: {e}") from None
+        raise GrammarError(f"not a valid GBNF grammar: {e}") from e
+    except Exception as e:  # llguidance raises a bare Exception, e.g. "Rule 'foo' not found"
+        raise GrammarError(f"not a valid GBNF grammar: {e}") from e
     return _plain_lark(converted)

@@ -11,6 +11,7 @@ from functional_gen.structured.grammar_syntax import (
     Repeat,
     Seq,
     Terminal,
+    gbnf_to_lark,
     parse_grammar,
 )
 
@@ -83,6 +84,16 @@ def test_errors_name_the_problem(text, message):
 def test_error_names_the_line():
     with pytest.raises(GrammarError, match="line 3"):
         parse_grammar('start: a\na: "x"\nb: "y" )')
+
+
+def test_an_undefined_gbnf_rule_is_a_grammar_error_naming_it():
+    """llguidance raises a bare `Exception` for an undefined rule; we raise `GrammarError`
+    naming the rule, llguidance's exception kept as the cause."""
+    with pytest.raises(GrammarError, match="'digit' not found") as info:
+        gbnf_to_lark('root ::= "(" digit ")"')
+    assert type(info.value.__cause__) is Exception
+    with pytest.raises(GrammarError, match="not a valid GBNF grammar"):
+        gbnf_to_lark("root ::= (")
 
 
 def test_lark_features_override_extend_and_imports():
