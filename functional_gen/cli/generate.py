@@ -91,6 +91,7 @@ def _load_and_generate(args: argparse.Namespace, prompts: list[str]) -> int:
     done = time.perf_counter()
     if result is not None:
         print_result(args, prompts, result, tokenizer)
+        sys.stdout.flush()  # the answer before the summary on stderr, also when both are one file
     if args.verbose:
         print_timings(compiled, prompts, inputs, tokenizer, result, start, loaded, done)
     elif not args.quiet and result is not None:
