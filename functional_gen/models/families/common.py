@@ -303,3 +303,18 @@ def layer_windows(d: Mapping[str, Any], window: int | None) -> tuple[int | None,
             f"layer_types has {len(types)} entries for num_hidden_layers={n}"
         )
     return tuple(window if t == "sliding_attention" else None for t in types)
+
+
+def qwen_windows(d: Mapping[str, Any]) -> tuple[int | None, ...]:
+    """Per layer, the sliding window of a Qwen2/Qwen3 config: `sliding_window` where
+    `use_sliding_window` is on, on the layers `layer_types` marks as sliding or, without it, the
+    layers from `max_window_layers` on (transformers' `Qwen2Config.__init__`); else `None`.
+
+    **Raises:** `UnsupportedConfigError` for an unknown `layer_types` entry.
+    """
+    window = d.get("sliding_window") if d.get("use_sliding_window") else None
+    if d.get("layer_types"):
+        return layer_windows(d, window)
+    n = d["num_hidden_layers"]
+    first = d.get("max_window_layers", n)
+    return tuple(window if i >= first else None for i in range(n))

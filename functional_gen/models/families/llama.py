@@ -14,7 +14,7 @@ from .common import (
     activation,
     check_common,
     check_config_keys,
-    layer_windows,
+    qwen_windows,
     rope_fields,
     rope_parameters,
     size_fields,
@@ -70,12 +70,7 @@ def config_fields(
     num_layers = d["num_hidden_layers"]
     if model_type == "qwen2":
         qkv_bias, out_bias, mlp_bias = True, False, False
-        window = d.get("sliding_window") if d.get("use_sliding_window") else None
-        if d.get("layer_types"):
-            sliding = layer_windows(d, window)
-        else:
-            first = d.get("max_window_layers", num_layers)
-            sliding = tuple(window if i >= first else None for i in range(num_layers))
+        sliding = qwen_windows(d)
     else:
         qkv_bias = out_bias = bool(d.get("attention_bias", False))
         mlp_bias = bool(d.get("mlp_bias", False))

@@ -12,7 +12,7 @@ from .common import (
     activation,
     check_common,
     check_config_keys,
-    layer_windows,
+    qwen_windows,
     rope_fields,
     rope_parameters,
     size_fields,
@@ -45,13 +45,7 @@ def config_fields(
     check_common(d, supported)
     if activation(d, "hidden_act", "silu") != "silu":
         raise UnsupportedConfigError(f"hidden_act={d['hidden_act']!r} is not supported for Qwen3")
-    window = d.get("sliding_window") if d.get("use_sliding_window") else None
-    if d.get("layer_types"):
-        sliding = layer_windows(d, window)
-    else:
-        n = d["num_hidden_layers"]
-        first = d.get("max_window_layers", n)
-        sliding = tuple(window if i >= first else None for i in range(n))
+    sliding = qwen_windows(d)
     bias = bool(d.get("attention_bias", False))
     return {
         **size_fields(d),
