@@ -3,6 +3,8 @@
 (`RegexTooLarge`, `TooManyPositions`, ...).
 """
 
+import json
+
 from ..automaton import ConstraintError
 
 
@@ -74,3 +76,11 @@ class NoCommonType(UnsupportedSchemaError):
 
 class TooLarge(Exception):
     """An object regex over `MAX_OBJECT_REGEX` characters (caught by `_Rewriter._object`)."""
+
+
+def describe(schema) -> str:
+    """`schema` (a dict, JSON text or a type) in at most 80 characters, for messages and cache keys."""
+    if isinstance(schema, type):
+        return schema.__name__
+    text = schema if isinstance(schema, str) else json.dumps(schema, sort_keys=True)
+    return text if len(text) <= 80 else text[:77] + "..."
