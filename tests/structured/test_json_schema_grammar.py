@@ -1318,7 +1318,9 @@ def _record_free_form_depths(monkeypatch) -> list:
         depths.append(kwargs.get("free_form_depth"))
         return original(*args, **kwargs)
 
-    # called by `JsonSchema` and by `json_schema_compile` itself (its fallbacks)
+    # called by the tests (the package's name), `JsonSchema` and `json_schema_compile` itself
+    # (its fallbacks)
+    monkeypatch.setattr(js, "json_schema_compile", compile_)
     monkeypatch.setattr(js.compiling, "json_schema_compile", compile_)
     monkeypatch.setattr(js.constraint, "json_schema_compile", compile_)
     return depths
