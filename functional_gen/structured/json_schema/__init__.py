@@ -170,8 +170,10 @@ from .errors import NoCommonType as NoCommonType
 from .errors import NotTokenAutomaton as NotTokenAutomaton
 from .errors import RecursionRefused as RecursionRefused
 from .errors import RegexTooLarge as RegexTooLarge
+from .errors import SchemaTooLargeError as SchemaTooLargeError
 from .errors import TooLarge as TooLarge
 from .errors import TooManyPositions as TooManyPositions
+from .errors import UnsatisfiableSchemaError as UnsatisfiableSchemaError
 from .errors import UnsupportedSchemaError as UnsupportedSchemaError
 from .keywords import JSON_TYPES as JSON_TYPES
 from .keywords import KNOWN as KNOWN
@@ -180,6 +182,7 @@ from .keywords import TYPE_KEYWORDS as TYPE_KEYWORDS
 from .keywords import UNSUPPORTED as UNSUPPORTED
 from .keywords import asserts as asserts
 from .dialect import check_schema as check_schema
+from .dialect import check_schema_size as check_schema_size
 from .dialect import in_dialect as in_dialect
 from .dialect import schema_as_dict as schema_as_dict
 from .references import NEVER as NEVER
@@ -204,6 +207,7 @@ from .budgets import MAX_PRESENCE_CHOICES as MAX_PRESENCE_CHOICES
 from .budgets import MAX_RECURSIVE_MERGES as MAX_RECURSIVE_MERGES
 from .budgets import MAX_REGEX as MAX_REGEX
 from .budgets import MAX_RULES as MAX_RULES
+from .budgets import MAX_SCHEMA_BYTES as MAX_SCHEMA_BYTES
 from .budgets import MAX_SHARED_TAILS as MAX_SHARED_TAILS
 from .budgets import MAX_SPLICED_STATES as MAX_SPLICED_STATES
 from .budgets import MAX_STRING_STATES as MAX_STRING_STATES

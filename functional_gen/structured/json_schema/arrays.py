@@ -61,7 +61,10 @@ def rewrite_array(rewriter: "Rewriter", node: dict, path: str):
         else:
             out["items"] = r
     if out.get("minItems", 0) > out.get("maxItems", out.get("minItems", 0)):
-        return NEVER
+        listed = "maxItems" if "maxItems" in node else "prefixItems"  # (items: false after it)
+        return rewriter.admits_none(
+            listed, path, f"minItems {out['minItems']} > {listed} {out['maxItems']}"
+        )
     if out.get("maxItems") == 0:
         out.pop("items", None)
         out.pop("prefixItems", None)

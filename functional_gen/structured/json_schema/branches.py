@@ -170,13 +170,13 @@ def structural(rewriter: "Rewriter", node: dict, path: str):
             try:
                 into = into_branches(rewriter, merged, branch, where, parts_first)
                 merged = into if into is not None else merge(rewriter, merged, branch, where)
-            except NoCommonType:  # types that share no value: the schema has none
-                return NEVER
+            except NoCommonType as e:  # types that share no value: the schema has none
+                return rewriter.admits_none("allOf", e.path, e.reason)
         if own:
             try:
                 merged = merge(rewriter, merged, own, path)
-            except NoCommonType:
-                return NEVER
+            except NoCommonType as e:
+                return rewriter.admits_none("allOf", e.path, e.reason)
         return rewriter.node(merged, path)
     if "anyOf" in node and "oneOf" in node and isinstance(node["anyOf"], list):
         # (a1 | a2) & oneOf(O) = (a1 & oneOf(O)) | (a2 & oneOf(O)). (As one `allOf` of the

@@ -5,6 +5,16 @@ Each constant has a one-line comment: what it bounds, and the measurement that s
 measured" where none did (`git log -S NAME` found none).
 """
 
+# Bounds a schema's JSON text (bytes); measured: MaskBench's largest dev schema is 938,085 bytes (kb_1161, check_schema 2.6 s), 10 MB ran minutes.
+MAX_SCHEMA_BYTES = 1_048_576
+"""Most bytes of a schema's JSON text (a string's UTF-8 bytes; a dict's compact JSON text),
+checked before the text is parsed or `check_schema` runs: a larger schema is refused with
+`SchemaTooLargeError` at once. 1 MiB admits all 9,681 MaskBench dev schemas (the largest,
+Kubernetes kb_1161, 938,085 bytes: `check_schema` alone 2.6 s on the 2-core machine under load;
+a synthetic 1.28 MB object of 10,000 properties 4.9 s); a 10 MB schema ran for minutes before
+this limit (issue 43, item 5), and is now refused in about 0.03 s (its text counted only up to
+the limit, `dialect.check_schema_size`)."""
+
 # Bounds the memo of schemas `check_schema` passed; size not measured (the memo itself: MaskBench kb_1161 9.2 -> 3.1 s, 9fc1d6b).
 MAX_CHECKED = 64
 """Most schemas `check_schema` remembers as passed (`dialect.CHECKED`, least recently used out)."""

@@ -21,6 +21,7 @@ from .dialect import (
 from .errors import (
     NotTokenAutomaton,
     RegexTooLarge,
+    SchemaTooLargeError,
     TooManyPositions,
     describe,
 )
@@ -274,6 +275,8 @@ def _recurses(schema) -> bool:
         if '"$ref"' not in json.dumps(schema):
             return False
         return bool(inline_references(schema, 1, recursive=True)[1])
+    except SchemaTooLargeError:
+        raise  # refused at once, not once more by the unrolled path
     except (ValueError, TypeError, RecursionError):
         return False
 

@@ -95,7 +95,11 @@ class JsonSchema(AbstractConstraint):
     form's rule automata are built on one thread per core (at most 4; outlines-core builds a
     DFA without the GIL): the result is the same as built one by one.
 
-    **Raises:** `UnsupportedSchemaError` (a `ValueError`) naming the keyword and its location
+    **Raises:** `SchemaTooLargeError` for a schema over 1 MiB of JSON text
+    (`budgets.MAX_SCHEMA_BYTES`), before it is checked; `InvalidSchemaError` for a schema its
+    metaschema rejects; `UnsatisfiableSchemaError` for a schema no value satisfies, naming the
+    subschema and keyword (`#/properties/a: minLength 5 > maxLength 2`);
+    `UnsupportedSchemaError` (a `ValueError`) naming the keyword and its location
     (e.g. `not`, `uniqueItems`, `multipleOf: 5`, an unknown `format`) before any compilation,
     or naming a length-bounded string whose automaton, spliced in, would take the schema's over
     150,000 states (`MAX_SPLICED_STATES`; estimated from the regex before its DFA is built);

@@ -17,9 +17,6 @@ from .keywords import (
     NOT_STRINGS,
     asserts,
 )
-from .references import (
-    NEVER,
-)
 from .scalars import (
     number_regex,
 )
@@ -115,7 +112,14 @@ def enumeration(rewriter: "Rewriter", node: dict, path: str):
     if {k for k in node if asserts(k)} - {"enum", "const", "type", NOT_STRINGS}:
         values = values_valid_under(rewriter, node, values, path)
     if not values:  # an empty enum, or no value of the type / in both: nothing matches
-        return NEVER
+        if node.get("enum") == [] and "const" not in node:
+            return rewriter.admits_none("enum", path, "enum is empty")
+        keyword = "const" if "const" in node else "enum"
+        return rewriter.admits_none(
+            keyword,
+            path,
+            f"no value listed by `{keyword}` is valid under the node's other keywords",
+        )
     if any(_own_constant(v) for v in values):
         # outlines-core writes object keys of constants unescaped (`"$a.b"`: `$` an anchor,
         # `.` any character) and numbers in one spelling, so those constants are written here

@@ -20,9 +20,6 @@ from . import budgets
 from .errors import (
     UnsupportedSchemaError,
 )
-from .references import (
-    NEVER,
-)
 from .scalars import (
     INTEGER,
 )
@@ -68,7 +65,9 @@ def multiple_terminal(rewriter: "Rewriter", regex: str, step, integer: bool, pat
         )
         return rewriter.marker(dfa_regex(minimize(dfa), max_chars=budgets.MAX_MULTIPLE_REGEX))
     except ConstraintError:
-        return NEVER
+        return rewriter.admits_none(
+            "multipleOf", path, f"no multiple of {step!r} lies within the node's bounds"
+        )
     except ValueError as e:
         rewriter.refuse(
             "multipleOf",
@@ -79,9 +78,43 @@ def multiple_terminal(rewriter: "Rewriter", regex: str, step, integer: bool, pat
         return None
 
 
+def empty_interval(node: dict, lo, lo_excl: bool, hi, hi_excl: bool) -> tuple[str, str] | None:
+    """`(keyword, reason)` when no number lies within the bounds `number_bounds` read from
+    `node` (`("maximum", "minimum 3 > maximum 1")`, `exclusiveMinimum 1 >= maximum 1`), else
+    `None`. The keywords named are those that set each bound."""
+    if lo is None or hi is None or lo < hi or (lo == hi and not (lo_excl or hi_excl)):
+        return None
+    lo_keyword = (
+        "exclusiveMinimum"
+        if lo_excl and not isinstance(node.get("exclusiveMinimum"), bool)
+        else "minimum"
+    )
+    hi_keyword = (
+        "exclusiveMaximum"
+        if hi_excl and not isinstance(node.get("exclusiveMaximum"), bool)
+        else "maximum"
+    )
+    relation = ">" if lo > hi else ">="
+    return hi_keyword, f"{lo_keyword} {lo!r} {relation} {hi_keyword} {hi!r}"
+
+
 def rewrite_integer(rewriter: "Rewriter", node: dict, path: str):
     _, step = multiple_of(rewriter, node, path, integer=True)
+    bounds = number_bounds(rewriter, node, path)
+    if (empty := empty_interval(node, *bounds)) is not None:
+        return rewriter.admits_none(empty[0], path, empty[1])
     lo, hi = integer_bounds(rewriter, node, path)
+    if lo is not None and hi is not None and hi < lo:
+        return rewriter.admits_none(
+            "maximum",
+            path,
+            "no integer lies within "
+            + ", ".join(
+                f"{k} {node[k]!r}"
+                for k in ("minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum")
+                if k in node
+            ),
+        )
     if lo is None and hi is None and step is None:
         return {"type": "integer"}
     try:
@@ -97,6 +130,8 @@ def rewrite_integer(rewriter: "Rewriter", node: dict, path: str):
 
 def rewrite_number(rewriter: "Rewriter", node: dict, path: str):
     places, step = multiple_of(rewriter, node, path)
+    if (empty := empty_interval(node, *number_bounds(rewriter, node, path))) is not None:
+        return rewriter.admits_none(empty[0], path, empty[1])
     if step is not None:
         lo, lo_excl, hi, hi_excl = number_bounds(rewriter, node, path)
         try:
@@ -120,16 +155,13 @@ def rewrite_number(rewriter: "Rewriter", node: dict, path: str):
 
 
 def integer_bounds(rewriter: "Rewriter", node: dict, path: str):
-    """`(lo, hi)`: the smallest and largest integers the node's bounds allow (`None`: open)."""
+    """`(lo, hi)`: the smallest and largest integers the node's bounds allow (`None`: open;
+    `hi < lo` when none lies between them)."""
     lo, lo_excl, hi, hi_excl = number_bounds(rewriter, node, path)
     if lo is not None:
         lo = math.floor(lo) + 1 if lo_excl else math.ceil(lo)
     if hi is not None:
         hi = math.ceil(hi) - 1 if hi_excl else math.floor(hi)
-    if lo is not None and hi is not None and hi < lo:
-        raise UnsupportedSchemaError(
-            "maximum", path, f"no integer lies between the bounds of {node}"
-        )
     return lo, hi
 
 

@@ -105,7 +105,11 @@ def rewrite_object(rewriter: "Rewriter", node: dict, path: str):
         for name in list(named):
             if not check(name):
                 if name in required:
-                    return NEVER
+                    return rewriter.admits_none(
+                        "propertyNames",
+                        path,
+                        f"required property {name!r} is not a name `propertyNames` allows",
+                    )
                 del named[name]
     # a listed property whose name a pattern matches must satisfy both schemas
     for pattern, schema in patterns.items():
@@ -122,6 +126,10 @@ def rewrite_object(rewriter: "Rewriter", node: dict, path: str):
     for name, schema in named.items():
         r = rewriter.node(schema, f"{path}/properties/{name}")
         if r is NEVER:
+            if name in required and schema is False:
+                return rewriter.admits_none(
+                    "required", path, f"required property {name!r} is not allowed"
+                )
             if name in required:
                 return NEVER
             continue
@@ -221,6 +229,16 @@ def rewrite_object(rewriter: "Rewriter", node: dict, path: str):
     for k, v in (("minProperties", min_count), ("maxProperties", max_count)):
         if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
             raise UnsupportedSchemaError(k, path, f"must be a non-negative integer, got {v!r}")
+    if max_count is not None and min_count > max_count:
+        return rewriter.admits_none(
+            "maxProperties", path, f"minProperties {min_count} > maxProperties {max_count}"
+        )
+    if max_count is not None and len(required) > max_count:
+        return rewriter.admits_none(
+            "maxProperties",
+            path,
+            f"{len(required)} required properties > maxProperties {max_count}",
+        )
     try:
         regex = object_regex(
             items,

@@ -51,8 +51,11 @@ def json_schema_regex(
     `"schema_or_required_first"` (or the required properties first) or `"any"` (the listed
     properties of small objects in any order); see `PROPERTY_ORDERS`.
 
-    **Raises:** `InvalidSchemaError` for a schema its metaschema rejects;
-    `UnsupportedSchemaError` naming the keyword and its location for what a regular constraint
+    **Raises:** `SchemaTooLargeError` for a schema over `budgets.MAX_SCHEMA_BYTES` bytes of
+    JSON text (before anything else); `InvalidSchemaError` for a schema its metaschema rejects
+    (where, in the schema and in the metaschema); `UnsatisfiableSchemaError` when no value
+    satisfies the schema, naming the subschema and keyword that exclude every value
+    (`#/properties/a: enum is empty`); `UnsupportedSchemaError` naming the keyword and its location for what a regular constraint
     cannot enforce (with `strict=True`), and for a string whose length bounds need an
     automaton that no compact regex writes (`pattern` with `maxLength` where the pattern has
     several variable parts: `json_schema_compile` compiles those); `ValueError` /

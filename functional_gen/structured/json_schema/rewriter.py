@@ -30,6 +30,7 @@ from .enums import listed_values
 from .errors import (
     RecursionRefused,
     RegexTooLarge,
+    UnsatisfiableSchemaError,
     UnsupportedSchemaError,
 )
 from .free_values import (
@@ -109,6 +110,7 @@ class Rewriter:
         counted_strings: bool = False,
         property_order: str = "schema",
         expansions: Sequence = (),
+        origins: Mapping | None = None,
     ):
         self.root = root
         self.property_order = property_order
@@ -147,8 +149,23 @@ class Rewriter:
         self.dfa_terminals: dict[str, tuple[str, str, str]] = {}
         """Markers of strings given as automata (`bounded_string`): name -> (placeholder,
         path, keyword)."""
+        self.origins = origins or {}
+        """`id(subtree) -> (subtree, location)` of the subtrees that references inlined
+        (`inline_references(origins=...)`): a node found there is rewritten under its own
+        location (`#/$defs/x`), so that what is said of it names the subschema itself."""
+        self.empty: list[tuple[str, str, str]] = []
+        """`(path, keyword, reason)` of each subschema found to admit no value
+        (`admits_none`), in the order met: what `rewrite` names when the whole schema admits
+        none."""
         self.dfa_texts: dict[str, ByteDFA] = {}
         """The quoted string DFA of each placeholder of `dfa_terminals`."""
+
+    def admits_none(self, keyword: str, path: str, reason: str):
+        """`NEVER` for the subschema at `path`, which no value satisfies because of `keyword`
+        (`reason`, e.g. `minLength 5 > maxLength 2`), remembered in `empty`: where the schema
+        allows it the value is left out (an optional property), else `rewrite` names it."""
+        self.empty.append((path, keyword, reason))
+        return NEVER
 
     def refuse(self, keyword: str, path: str, reason: str) -> None:
         """A keyword that cannot be enforced: raise (`strict`), or remember it as dropped."""
@@ -220,6 +237,9 @@ class Rewriter:
 
     def node(self, node, path: str):
         """The rewritten schema, or `NEVER` when no value can satisfy it."""
+        origin = self.origins.get(id(node)) if isinstance(node, Mapping) else None
+        if origin is not None and origin[0] is node:  # inlined from a `$ref`: named there
+            path = origin[1]
         if isinstance(node, Mapping) and RECURSIVE in node:
             return self.recursive_call(node[RECURSIVE])
         k = self.bodies.get(id(node)) if isinstance(node, Mapping) else None
@@ -397,12 +417,15 @@ def rewrite(
     check_schema(schema)
     schema = listed_values(in_dialect(schema))
     expansions = ()
+    origins: dict = {}
     if recursive:
-        root, expansions = inline_references(schema, max_recursion_depth, recursive=True)
+        root, expansions = inline_references(
+            schema, max_recursion_depth, recursive=True, origins=origins
+        )
         if not expansions:
             return None
     else:
-        root = inline_references(schema, max_recursion_depth)
+        root = inline_references(schema, max_recursion_depth, origins=origins)
     if not isinstance(free_form_depth, FreeValueCall) and (
         isinstance(free_form_depth, bool)
         or not isinstance(free_form_depth, int)
@@ -423,9 +446,13 @@ def rewrite(
         counted_strings=counted_strings,
         property_order=property_order,
         expansions=expansions,
+        origins=origins,
     )
     normalized = rewriter.node(root, "#")
     rewriter.finish_recursive()
+    if normalized is NEVER and rewriter.empty:
+        (path, keyword, reason), *others = rewriter.empty
+        raise UnsatisfiableSchemaError(keyword, path, reason, tuple(others[:3]))
     if normalized is NEVER:
         raise UnsupportedSchemaError(
             "$ref",

@@ -59,7 +59,11 @@ def rewrite_string(rewriter: "Rewriter", node: dict, path: str):
         and "maxLength" in lengths
         and lengths["maxLength"] < lengths["minLength"]
     ):
-        return NEVER
+        return rewriter.admits_none(
+            "maxLength",
+            path,
+            f"minLength {lengths['minLength']} > maxLength {lengths['maxLength']}",
+        )
     if fmt is not None and fmt not in FORMATS:
         if fmt in SPEC_FORMATS:
             rewriter.refuse(
@@ -93,7 +97,9 @@ def rewrite_string(rewriter: "Rewriter", node: dict, path: str):
                 max_length=lengths.get("maxLength"),
             )
         except NoStringError:  # no value here: left out where the schema allows it
-            return NEVER
+            return rewriter.admits_none(
+                "pattern", path, f"no string matches pattern {pattern!r} within {lengths}"
+            )
         except LengthBoundError:  # the pattern's automaton times a character counter
             try:
                 body = json_string_pattern(pattern)
