@@ -19,6 +19,8 @@ if typing.TYPE_CHECKING:  # annotations only: the rewriter imports this module
 
 
 def rewrite_array(rewriter: "Rewriter", node: dict, path: str):
+    """`type: array` (`BY_TYPE`): `prefixItems`, `items`, `minItems`/`maxItems`, `contains`,
+    as a node outlines-core writes or a marker. `NEVER` when no array satisfies the counts."""
     out = {"type": "array"}
     for k in ("minItems", "maxItems"):
         if k in node:

@@ -151,6 +151,9 @@ def _listed_value_keys(schema) -> set | None:
 
 
 def structural(rewriter: "Rewriter", node: dict, path: str):
+    """The node after its applicators: `allOf` merged into one schema, `anyOf`/`oneOf` as
+    branches (`oneOf` made disjoint, `exclusive_branches`), `enum`/`const` listed, else the
+    node of its type(s) (`Rewriter.typed`). `NEVER` when no value satisfies it."""
     if "allOf" in node:
         # the node's own members after the parts where `allOf` comes first in its text
         # (llguidance's order, `applicator_first`), else before them
@@ -447,6 +450,8 @@ def check_disjoint(rewriter: "Rewriter", branches: list, path: str) -> None:
 
 
 def signature(rewriter: "Rewriter", node, path: str, depth: int = 0):
+    """A summary of the values `node` admits for `disjoint` (its types, listed values,
+    required names and their values, one level down), or `None` where none is known."""
     node = rewriter.deref(node, path)
     if not isinstance(node, Mapping) or depth > 8:
         return None
@@ -497,6 +502,7 @@ def required_names(rewriter: "Rewriter", node, path: str, depth: int = 0) -> set
 
 
 def disjoint(rewriter: "Rewriter", a, b) -> bool:
+    """Whether two `signature`s provably share no value (`False` where unknown)."""
     if a is None or b is None:
         return False
     if a[0] == "union":

@@ -60,6 +60,7 @@ def listed_values(schema):
 
 
 def json_type(value) -> str:
+    """The JSON type of a Python value (`"integer"` for an integral float, as JSON Schema counts it)."""
     if value is None:
         return "null"
     if isinstance(value, bool):
@@ -95,6 +96,8 @@ def _own_constant(value) -> bool:
 
 
 def enumeration(rewriter: "Rewriter", node: dict, path: str):
+    """`enum`/`const` (beside `type` and other keywords): the listed values the node accepts,
+    as `enum`/`const` or a marker of their regexes. `NEVER` (`admits_none`) when none is left."""
     values = [node["const"]] if "const" in node else node["enum"]
     if not isinstance(values, list):
         raise UnsupportedSchemaError("enum", path, "must be a list")

@@ -99,6 +99,8 @@ def empty_interval(node: dict, lo, lo_excl: bool, hi, hi_excl: bool) -> tuple[st
 
 
 def rewrite_integer(rewriter: "Rewriter", node: dict, path: str):
+    """`type: integer` (`BY_TYPE`): its bounds as an exact range regex, `multipleOf` as digits
+    or a remainder automaton. `NEVER` (`admits_none`) when no integer lies within the bounds."""
     _, step = multiple_of(rewriter, node, path, integer=True)
     bounds = number_bounds(rewriter, node, path)
     if (empty := empty_interval(node, *bounds)) is not None:
@@ -129,6 +131,9 @@ def rewrite_integer(rewriter: "Rewriter", node: dict, path: str):
 
 
 def rewrite_number(rewriter: "Rewriter", node: dict, path: str):
+    """`type: number` (`BY_TYPE`): bounds (decimal ones too) as an exact range regex,
+    `multipleOf` as fraction digits or a remainder automaton. `NEVER` (`admits_none`) for an
+    empty interval."""
     places, step = multiple_of(rewriter, node, path)
     if (empty := empty_interval(node, *number_bounds(rewriter, node, path))) is not None:
         return rewriter.admits_none(empty[0], path, empty[1])
@@ -166,6 +171,11 @@ def integer_bounds(rewriter: "Rewriter", node: dict, path: str):
 
 
 def number_bounds(rewriter: "Rewriter", node: dict, path: str):
+    """`(lo, lo_exclusive, hi, hi_exclusive)` from `minimum`/`maximum` and `exclusive*`
+    (draft 4's flags too), the tighter of each pair; `None` where open.
+
+    **Raises:** `UnsupportedSchemaError` for a bound that is not a finite number."""
+
     @typing.no_type_check
     def number(key):
         value = node.get(key)

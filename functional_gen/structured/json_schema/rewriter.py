@@ -325,6 +325,10 @@ class Rewriter:
             raise RuntimeError("internal error: a recursive rule without a body")
 
     def typed(self, kind, node: dict, path: str):
+        """The node of JSON type `kind` (its keywords of that type only) by its handler in
+        `BY_TYPE`; any value for `None`.
+
+        **Raises:** `UnsupportedSchemaError` for a type JSON Schema does not define."""
         if kind is None:  # no type information: any JSON value
             return self.any_value()
         if kind not in JSON_TYPES:

@@ -45,6 +45,9 @@ if typing.TYPE_CHECKING:  # annotations only: the rewriter imports this module
 
 
 def rewrite_string(rewriter: "Rewriter", node: dict, path: str):
+    """`type: string` (`BY_TYPE`): `format`, `pattern`, `minLength`/`maxLength` and excluded
+    strings, as a regex marker or a string automaton (`bounded_string`). `NEVER`
+    (`admits_none`) when no string satisfies them."""
     if NOT_STRINGS in node:
         node = dict(node)
         excluded = node.pop(NOT_STRINGS)
