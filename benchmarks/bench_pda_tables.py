@@ -148,7 +148,7 @@ def tables(vocabulary, rounds: int):
     from functional_gen.structured import pushdown_automaton
     from tests.structured.cases import PUSHDOWN_GRAMMARS
 
-    json_schema_module.MAX_GRAMMAR_POSITIONS = 10**9
+    json_schema_module.budgets.MAX_GRAMMAR_POSITIONS = 10**9
     cases = [
         (
             "Lark JSON, depth 32",
@@ -188,7 +188,7 @@ def tables(vocabulary, rounds: int):
 
 
 def free_form(vocabulary, rounds: int):
-    json_schema_module.MAX_GRAMMAR_POSITIONS = 10**9
+    json_schema_module.budgets.MAX_GRAMMAR_POSITIONS = 10**9
     real = pda_module.token_tables
     print("\n| schema (free_form_depth=None) | compile s new | compile s old | old / new |")
     print("|---|---|---|---|")
@@ -197,7 +197,7 @@ def free_form(vocabulary, rounds: int):
         for _ in range(rounds):
             for label, fn in (("old", _token_tables_old), ("new", real)):
                 pda_module.token_tables = fn
-                json_schema_module._PUSHDOWN_CACHE.clear()  # kept even with cache=False
+                json_schema_module.pushdown_form.PUSHDOWN_CACHE.clear()  # kept even with cache=False
                 try:
                     _, seconds = _timed(
                         json_schema_module.json_schema_compile,

@@ -3,7 +3,7 @@ free_form_depth=None, cache=False)`): this checkout's `functional_gen/structured
 (before issue 39's split: `pda.py`) against `pda.py` at a git revision (`--rev`, default `main`), interleaved in one process
 on the same inputs (the shared machine's load drifts: compare ratios, not absolute times), and
 every table of the two automata checked identical (`PushdownAutomaton` fields, dtype, shape
-and values). The baseline's `build_pushdown` is patched into `json_schema` for its turns; all
+and values). The baseline's `build_pushdown` is patched into `json_schema`'s grammar and pushdown forms for its turns; all
 other modules are this checkout's.
 
 Inputs: a small schema with one free-form value (`SMALL`: 126 positions) and the MaskBench
@@ -125,7 +125,8 @@ def main():
             best, built = {"old": np.inf, "new": np.inf}, {}
             for _ in range(args.rounds):
                 for side, module in sides.items():
-                    json_schema_module.build_pushdown = module.build_pushdown
+                    json_schema_module.grammar_form.build_pushdown = module.build_pushdown
+                    json_schema_module.pushdown_form.build_pushdown = module.build_pushdown
                     start = time.perf_counter()
                     built[side] = json_schema_module.json_schema_compile(
                         schema, vocabulary, cache=False, free_form_depth=None
@@ -138,7 +139,8 @@ def main():
                 flush=True,
             )
     finally:
-        json_schema_module.build_pushdown = pda_module.build_pushdown
+        json_schema_module.grammar_form.build_pushdown = pda_module.build_pushdown
+        json_schema_module.pushdown_form.build_pushdown = pda_module.build_pushdown
 
 
 if __name__ == "__main__":

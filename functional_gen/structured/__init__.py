@@ -43,6 +43,12 @@ from .json_schema import (
     JsonSchema as JsonSchema,
 )
 from .json_schema import (
+    SchemaTooLargeError as SchemaTooLargeError,
+)
+from .json_schema import (
+    UnsatisfiableSchemaError as UnsatisfiableSchemaError,
+)
+from .json_schema import (
     UnsupportedSchemaError as UnsupportedSchemaError,
 )
 from .json_schema import (

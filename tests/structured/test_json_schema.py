@@ -993,7 +993,7 @@ def test_listed_members_are_exactly_the_ordered_subsets_that_keep_the_required(r
     # the definition: a subsequence of the members in order, the required ones kept.
     import re
 
-    from functional_gen.structured.json_schema import _listed_members
+    from functional_gen.structured.json_schema.property_order import _listed_members
 
     names = "abcde"
     items = [(f'"{n}":{i}', str(i) in required) for i, n in enumerate(names)]
@@ -1021,8 +1021,8 @@ def test_many_optional_members_give_a_linear_regex_within_the_nesting_limit():
     from functional_gen.structured.byte_dfa import minimize, regex_byte_dfa
 
     items = [(f'"p{i}":[0-9]', i == 300) for i in range(600)]
-    regex, empty = js._listed_members(items, ",")
-    half, _ = js._listed_members(items[:300], ",")
+    regex, empty = js.property_order._listed_members(items, ",")
+    half, _ = js.property_order._listed_members(items[:300], ",")
     assert not empty and len(regex) < 2.5 * len(half)  # linear, not quadratic
     dfa = minimize(regex_byte_dfa(regex))  # outlines-core parses it
     assert dfa.num_states > 600

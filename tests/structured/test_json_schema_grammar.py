@@ -13,6 +13,7 @@ import pytest
 
 import functional_gen as fg
 from functional_gen.structured import json_schema as js
+from functional_gen.structured.byte_dfa import REJECT
 from functional_gen.structured.pushdown import NotDeterministic, PushdownAutomaton
 from functional_gen.structured.regex import escape
 from functional_gen.structured.vocabulary import TokenVocabulary
@@ -85,12 +86,12 @@ def _explode(levels: int) -> dict:
 @pytest.fixture
 def small_rules(monkeypatch):
     """Every schema compiles to the grammar form, and subschemas of 200 characters are rules."""
-    monkeypatch.setattr(js, "GRAMMAR_REGEX", 0)
-    monkeypatch.setattr(js, "RULE_REGEX", 200)
-    monkeypatch.setattr(js, "SHARED_RULE_REGEX", 200)
-    js._PUSHDOWN_CACHE.clear()
+    monkeypatch.setattr(js.budgets, "GRAMMAR_REGEX", 0)
+    monkeypatch.setattr(js.budgets, "RULE_REGEX", 200)
+    monkeypatch.setattr(js.budgets, "SHARED_RULE_REGEX", 200)
+    js.pushdown_form.PUSHDOWN_CACHE.clear()
     yield
-    js._PUSHDOWN_CACHE.clear()
+    js.pushdown_form.PUSHDOWN_CACHE.clear()
 
 
 def _address(rng):
@@ -153,8 +154,8 @@ def test_a_refused_grammar_form_falls_back_to_the_single_regex(small_rules, monk
     """Above `GRAMMAR_REGEX` the grammar form comes first; when it is refused (here: too many
     positions) a regex within `SINGLE_REGEX` still compiles, to the single regex's automaton
     (MaskBench o21378); beyond `SINGLE_REGEX` the refusal stands."""
-    monkeypatch.setattr(js, "MAX_GRAMMAR_POSITIONS", 10)
-    monkeypatch.setattr(js, "MAX_POSITIONS_BEFORE_TAILS", 10)
+    monkeypatch.setattr(js.budgets, "MAX_GRAMMAR_POSITIONS", 10)
+    monkeypatch.setattr(js.budgets, "MAX_POSITIONS_BEFORE_TAILS", 10)
     with pytest.raises(js.TooManyPositions):
         js.json_schema_grammar(PEOPLE, BYTES)
     automaton = js.json_schema_compile(PEOPLE, BYTES, cache=False)
@@ -167,7 +168,7 @@ def test_a_refused_grammar_form_falls_back_to_the_single_regex(small_rules, monk
     rng = np.random.default_rng(3)
     counts = _check_against_jsonschema(Walk(), PEOPLE, [_person(rng) for _ in range(100)], rng)
     assert counts[True] >= 10 and counts[False] >= 10, counts
-    monkeypatch.setattr(js, "SINGLE_REGEX", 100)
+    monkeypatch.setattr(js.budgets, "SINGLE_REGEX", 100)
     with (
         pytest.warns(UserWarning, match="no pushdown automaton"),  # then free-form depth 1
         pytest.raises(js.TooManyPositions),
@@ -180,10 +181,10 @@ def test_in_place_of_a_single_regex_the_grammar_form_may_be_larger(small_rules, 
     which the fallback would compile) may have `OVER_REGEX_SCALE` times the positions: the
     single regex inlines every rule, so its automaton is no smaller (MaskBench o25423)."""
     positions = js.json_schema_grammar(PEOPLE, BYTES).num_positions
-    js._PUSHDOWN_CACHE.clear()
+    js.pushdown_form.PUSHDOWN_CACHE.clear()
     limit = positions * 2 // 3  # under the positions, over half of them
-    monkeypatch.setattr(js, "MAX_GRAMMAR_POSITIONS", limit)
-    monkeypatch.setattr(js, "MAX_POSITIONS_BEFORE_TAILS", 5 * limit // 4)
+    monkeypatch.setattr(js.budgets, "MAX_GRAMMAR_POSITIONS", limit)
+    monkeypatch.setattr(js.budgets, "MAX_POSITIONS_BEFORE_TAILS", 5 * limit // 4)
     with pytest.raises(js.TooManyPositions, match=f"the limit is {limit:,}"):
         js.json_schema_grammar(PEOPLE, BYTES)
     automaton = js.json_schema_compile(PEOPLE, BYTES, cache=False)
@@ -197,11 +198,15 @@ def test_in_place_of_a_single_regex_the_grammar_form_may_be_larger(small_rules, 
 def test_a_free_value_call_beside_its_first_byte_is_refused_at_once():
     # `"` both read (a string) and a call of the JSON value rule at one state: no plan of the
     # other rules changes that, so the rule is refused as soon as its automaton is built
-    dfa, calls = js._rule_edges('(?:\\[(?:"a"|' + escape(js.FREE_VALUE_CALL) + ")\\])", 0, True)
+    dfa, calls = js.rule_automata.rule_edges(
+        '(?:\\[(?:"a"|' + escape(js.FREE_VALUE_CALL) + ")\\])", 0, True
+    )
     with pytest.raises(NotDeterministic, match="in rule 'rule3' the byte b'\"'"):
-        js._check_value_calls(dfa, calls, "rule3")
-    dfa, calls = js._rule_edges("(?:\\[" + escape(js.FREE_VALUE_CALL) + "\\])", 0, True)
-    js._check_value_calls(dfa, calls, "rule3")  # the call alone: one byte chooses
+        js.rule_automata.check_value_calls(dfa, calls, "rule3")
+    dfa, calls = js.rule_automata.rule_edges(
+        "(?:\\[" + escape(js.FREE_VALUE_CALL) + "\\])", 0, True
+    )
+    js.rule_automata.check_value_calls(dfa, calls, "rule3")  # the call alone: one byte chooses
 
 
 def test_calls_one_byte_cannot_choose_are_inlined(small_rules):
@@ -224,23 +229,23 @@ def test_calls_one_byte_cannot_choose_are_inlined(small_rules):
 
 def _threads(monkeypatch, pool):
     """`_compile_threads` gives `pool` (`None`: no threads) and the memos are empty."""
-    monkeypatch.setattr(js, "_compile_threads", lambda: pool)
-    js._RULE_EDGES.clear()
-    js._INLINED_RULE_EDGES.clear()
-    js._PUSHDOWN_CACHE.clear()
+    monkeypatch.setattr(js.rule_automata, "_compile_threads", lambda: pool)
+    js.rule_automata._RULE_EDGES.clear()
+    js.rule_automata._INLINED_RULE_EDGES.clear()
+    js.pushdown_form.PUSHDOWN_CACHE.clear()
 
 
 def test_rule_automata_built_ahead_on_threads_equal_those_built_in_order(small_rules, monkeypatch):
     # `_build_ahead` builds a plan's rule automata on other threads; the caller still takes
     # and checks them in order, so the automaton is the one built without threads
     on_main = []
-    real = js._rule_edges_of
+    real = js.rule_automata._rule_edges_of
 
     def recording(regex, free_value):
         on_main.append(threading.current_thread() is threading.main_thread())
         return real(regex, free_value)
 
-    monkeypatch.setattr(js, "_rule_edges_of", recording)
+    monkeypatch.setattr(js.rule_automata, "_rule_edges_of", recording)
     built = {}
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
         for threads in (None, pool):
@@ -249,7 +254,7 @@ def test_rule_automata_built_ahead_on_threads_equal_those_built_in_order(small_r
             built[threads is not None] = js.json_schema_grammar(_explode(3), BYTES)
             assert len(on_main) >= 3
             assert all(on_main) == (threads is None), on_main
-            assert not js._RULE_EDGES_AHEAD
+            assert not js.rule_automata._RULE_EDGES_AHEAD
     serial, threaded = built[False], built[True]
     for field in dataclasses.fields(PushdownAutomaton):
         a, b = getattr(serial, field.name), getattr(threaded, field.name)
@@ -259,7 +264,7 @@ def test_rule_automata_built_ahead_on_threads_equal_those_built_in_order(small_r
 def test_a_plan_refused_before_its_last_rule_leaves_no_rule_building(small_rules, monkeypatch):
     # the refusal names the positions counted in order up to the rule that crossed the limit,
     # as without threads, and the rules not taken yet are cancelled or finished, not kept
-    monkeypatch.setattr(js, "MAX_POSITIONS_BEFORE_TAILS", 40)
+    monkeypatch.setattr(js.budgets, "MAX_POSITIONS_BEFORE_TAILS", 40)
     errors = []
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
         for threads in (None, pool):
@@ -267,7 +272,7 @@ def test_a_plan_refused_before_its_last_rule_leaves_no_rule_building(small_rules
             with pytest.raises(js.TooManyPositions) as caught:
                 js.json_schema_grammar(_explode(4), BYTES)
             errors.append(str(caught.value))
-            assert not js._RULE_EDGES_AHEAD
+            assert not js.rule_automata._RULE_EDGES_AHEAD
     assert errors[0] == errors[1], errors
 
 
@@ -287,21 +292,21 @@ def test_alternatives_of_banned_calls_are_not_tried_as_calls_again(monkeypatch):
     # The anyOf is over `RULE_REGEX`, so it calls its 4 largest objects, which one byte (`{`)
     # cannot choose between: banned. The next plan must not call the next 4 (banned in their
     # turn, one plan later, after building their automata in vain): it inlines all 8.
-    monkeypatch.setattr(js, "GRAMMAR_REGEX", 0)
-    monkeypatch.setattr(js, "RULE_REGEX", 1_500)
-    monkeypatch.setattr(js, "MIN_RULE_REGEX", 50)
-    js._PUSHDOWN_CACHE.clear()
+    monkeypatch.setattr(js.budgets, "GRAMMAR_REGEX", 0)
+    monkeypatch.setattr(js.budgets, "RULE_REGEX", 1_500)
+    monkeypatch.setattr(js.budgets, "MIN_RULE_REGEX", 50)
+    js.pushdown_form.PUSHDOWN_CACHE.clear()
     plans = []
-    plan_rules = js._plan_rules
+    plan_rules = js.rule_plan.plan_rules
 
     def recorded(*args):
         root, rules, texts = plan_rules(*args)
         plans.append(list(rules))
         return root, rules, texts
 
-    monkeypatch.setattr(js, "_plan_rules", recorded)
+    monkeypatch.setattr(js.grammar_form, "plan_rules", recorded)  # where it is called
     automaton = js.json_schema_compile(METADATA, BYTES, cache=False)
-    js._PUSHDOWN_CACHE.clear()
+    js.pushdown_form.PUSHDOWN_CACHE.clear()
     assert isinstance(automaton, PushdownAutomaton)
     assert [len(rules) for rules in plans] == [4, 1], plans  # then the anyOf is one rule
     rng = np.random.default_rng(5)
@@ -322,14 +327,14 @@ def test_alternatives_of_banned_calls_are_not_tried_as_calls_again(monkeypatch):
 
 
 def test_rule_planning_calls_shared_and_large_subschemas():
-    rewriter, regex = js._rewrite(_explode(12))
-    root, rules, texts = js._plan_rules(rewriter, regex, banned=set())
-    assert rules and max(map(len, [root, *texts])) <= js.RULE_REGEX
+    rewriter, regex = js.rewriter.rewrite(_explode(12))
+    root, rules, texts = js.rule_plan.plan_rules(rewriter, regex, banned=set())
+    assert rules and max(map(len, [root, *texts])) <= js.budgets.RULE_REGEX
     # a call is three control characters, never JSON text
-    assert any(js._rule_call(i) in root for i in range(len(rules)))
-    assert js._rule_call(17) == "\\x02\\x11\\x11"
+    assert any(js.rule_plan.rule_call(i) in root for i in range(len(rules)))
+    assert js.rule_plan.rule_call(17) == "\\x02\\x11\\x11"
     # a banned subschema is expanded where it is used instead
-    _, fewer, _ = js._plan_rules(rewriter, regex, banned={rules[0]})
+    _, fewer, _ = js.rule_plan.plan_rules(rewriter, regex, banned={rules[0]})
     assert rules[0] not in fewer
 
 
@@ -368,12 +373,12 @@ def test_json_schema_chooses_the_grammar_form_for_large_schemas(tokenizer, monke
     # grammar form (a pushdown automaton) above it.
     small = fg.processors.JsonSchema(PEOPLE, tokenizer)
     assert small.pushdown is None
-    monkeypatch.setattr(js, "GRAMMAR_REGEX", 1_000)
-    monkeypatch.setattr(js, "RULE_REGEX", 200)
-    js._PUSHDOWN_CACHE.clear()
+    monkeypatch.setattr(js.budgets, "GRAMMAR_REGEX", 1_000)
+    monkeypatch.setattr(js.budgets, "RULE_REGEX", 200)
+    js.pushdown_form.PUSHDOWN_CACHE.clear()
     large = fg.processors.JsonSchema(PEOPLE, tokenizer)
     assert large.pushdown is not None
-    js._PUSHDOWN_CACHE.clear()
+    js.pushdown_form.PUSHDOWN_CACHE.clear()
 
 
 @pytest.mark.parametrize("name", ["people", "two_objects", "explode"])
@@ -384,7 +389,7 @@ def test_grammar_form_token_tables_equal_the_reference_walk(
     # (rules with call edges and a free-form value rule), real and byte vocabularies.
     schema = {"people": PEOPLE, "two_objects": TWO_OBJECTS, "explode": _explode(3)}[name]
     for vocab in (vocabulary, BYTES):
-        js._PUSHDOWN_CACHE.clear()
+        js.pushdown_form.PUSHDOWN_CACHE.clear()
         assert isinstance(js.json_schema_grammar(schema, vocab), PushdownAutomaton)
     assert len(checked_token_tables) == 2, checked_token_tables
 
@@ -424,10 +429,10 @@ def _tree(rng, depth):
 
 
 def test_shared_tails_become_one_rule_and_keep_the_language(small_rules, monkeypatch):
-    monkeypatch.setattr(js, "MIN_SHARED_TAIL", 4)
+    monkeypatch.setattr(js.budgets, "MIN_SHARED_TAIL", 4)
     shared = js.json_schema_grammar(TREE, BYTES)
-    monkeypatch.setattr(js, "MAX_SHARED_TAILS", 0)
-    js._PUSHDOWN_CACHE.clear()
+    monkeypatch.setattr(js.budgets, "MAX_SHARED_TAILS", 0)
+    js.pushdown_form.PUSHDOWN_CACHE.clear()
     plain = js.json_schema_grammar(TREE, BYTES)
     assert len(shared.rule_names) > len(plain.rule_names)  # the tail is a rule
     assert shared.num_positions < plain.num_positions - 20, (
@@ -450,15 +455,15 @@ def test_shared_tails_on_hand_built_automata(monkeypatch):
     # Two rules end with the same tail `xyzxyz` (then return): it becomes rule 2, called once
     # from each at the state before `x`; the root calls both rules. Languages compared on
     # texts around the boundaries (the walk below is the oracle).
-    monkeypatch.setattr(js, "MIN_SHARED_TAIL", 2)
+    monkeypatch.setattr(js.budgets, "MIN_SHARED_TAIL", 2)
 
     def automaton(regex, rules):
-        return js._rule_edges(regex, rules, False)
+        return js.rule_automata.rule_edges(regex, rules, False)
 
-    root = automaton(f"(?:{js._rule_call(0)}|{js._rule_call(1)})!", 2)
+    root = automaton(f"(?:{js.rule_plan.rule_call(0)}|{js.rule_plan.rule_call(1)})!", 2)
     first = automaton("a+xyzxyz", 2)
     second = automaton("bxyzxyz", 2)
-    automata, rules = js._shared_tails([root, first, second], 2, False)
+    automata, rules = js.grammar_form._shared_tails([root, first, second], 2, False)
     assert rules == 3
     before = root[0].num_states + first[0].num_states + second[0].num_states
     assert sum(dfa.num_states for dfa, _ in automata) < before
@@ -485,9 +490,9 @@ def _walk_rules(automata, rule, data, start=0):
         results = []
         if dfa.accepting[state]:
             results.append(i)
-        if i < len(data) and dfa.delta[state, data[i]] != js.REJECT:
+        if i < len(data) and dfa.delta[state, data[i]] != REJECT:
             results += run(r, int(dfa.delta[state, data[i]]), i + 1)
-        for callee in np.flatnonzero(calls[state] != js.REJECT):
+        for callee in np.flatnonzero(calls[state] != REJECT):
             for j in run(int(callee) + 1, automata[int(callee) + 1][0].initial, i):
                 if j > i:
                     results += run(r, int(calls[state, callee]), j)
@@ -541,7 +546,7 @@ def test_grammar_form_nests_free_form_values_as_deep_as_the_stack(small_rules):
     deep = json.dumps({"id": 1, "meta": _nested(rng, 6)}, separators=(",", ":")).encode()
     assert automaton.accepts(deep)
     # depth 0 keeps its meaning in the grammar form: free-form values are scalars only
-    js._PUSHDOWN_CACHE.clear()
+    js.pushdown_form.PUSHDOWN_CACHE.clear()
     scalars = js.json_schema_compile(FREE_FORM, BYTES, free_form_depth=0)
     assert not scalars.accepts(deep)
     assert scalars.accepts(b'{"id":1,"meta":"x"}')
@@ -705,7 +710,7 @@ def test_inline_references_recursive_leaves_placeholders():
     ],
 )
 def test_recursive_references_are_rules_as_deep_as_the_stack(name, schema, make):
-    js._PUSHDOWN_CACHE.clear()
+    js.pushdown_form.PUSHDOWN_CACHE.clear()
     automaton = js.json_schema_compile(schema, BYTES, cache=False)
     assert isinstance(automaton, PushdownAutomaton)
     assert len(automaton.rule_names) <= 4  # one rule per recursive target, not per level
@@ -713,7 +718,7 @@ def test_recursive_references_are_rules_as_deep_as_the_stack(name, schema, make)
 
 
 def test_recursion_depth_is_the_stack_depth():
-    js._PUSHDOWN_CACHE.clear()
+    js.pushdown_form.PUSHDOWN_CACHE.clear()
     automaton = js.json_schema_compile(LINKED_LIST, BYTES, cache=False, stack_depth=6)
     rng = np.random.default_rng(0)
     depths = []
@@ -829,16 +834,16 @@ def test_recursion_through_an_anyOf_of_objects_calls_the_anyOf(schema, make):
     # Neither recursive target can be called where `{` starts both (or another object): the
     # `anyOf` becomes the rule, its automaton holding both objects. Before, the recursion was
     # unrolled; o15291's unrolled form timed out (745,575-character rule regexes, 30 s).
-    js._PUSHDOWN_CACHE.clear()
-    automaton = js._recursive_grammar(schema, BYTES, 32, {})
+    js.pushdown_form.PUSHDOWN_CACHE.clear()
+    automaton = js.compiling._recursive_grammar(schema, BYTES, 32, {})
     assert isinstance(automaton, PushdownAutomaton)
     _check_deep_documents(automaton, schema, make, seed=3, depths=11, per_depth=10)
 
 
 @pytest.mark.parametrize("schema", [MERGED], ids=["merged"])
 def test_recursion_that_cannot_be_rules_is_unrolled_as_before(schema):
-    assert js._recursive_grammar(schema, BYTES, 32, {}) is None
-    js._PUSHDOWN_CACHE.clear()
+    assert js.compiling._recursive_grammar(schema, BYTES, 32, {}) is None
+    js.pushdown_form.PUSHDOWN_CACHE.clear()
     automaton = js.json_schema_compile(schema, BYTES, cache=False)
     before = js.json_schema_automaton(schema, BYTES, cache=False)
     assert not isinstance(automaton, PushdownAutomaton)
@@ -862,7 +867,7 @@ def test_endless_recursion_is_refused_as_before():
     with pytest.raises(js.UnsupportedSchemaError, match="no JSON value satisfies"):
         js.json_schema_compile(ENDLESS, BYTES, cache=False)
     # one way out (`next` optional at the second level): a rule, with no cut
-    js._PUSHDOWN_CACHE.clear()
+    js.pushdown_form.PUSHDOWN_CACHE.clear()
     schema = {"anyOf": [{"type": "null"}, ENDLESS]}
     automaton = js.json_schema_compile(schema, BYTES, cache=False)
     assert isinstance(automaton, PushdownAutomaton)
@@ -872,7 +877,7 @@ def test_endless_recursion_is_refused_as_before():
 
 def test_an_integer_max_recursion_depth_unrolls_as_before():
     # what `per_row` needs: a token automaton, recursion cut after 3 levels
-    js._PUSHDOWN_CACHE.clear()
+    js.pushdown_form.PUSHDOWN_CACHE.clear()
     automaton = js.json_schema_compile(LINKED_LIST, BYTES, cache=False, max_recursion_depth=3)
     assert not isinstance(automaton, PushdownAutomaton)
     for depth, accepted in ((3, True), (4, True), (5, False)):
@@ -1044,8 +1049,8 @@ def test_a_free_form_value_beside_a_regular_one_is_read_before_its_call(form, mo
     # free-form value's first two levels are read in the rule instead (merged with the array);
     # only deeper values are calls, so they still nest as deep as the stack.
     if form == "grammar":
-        monkeypatch.setattr(js, "GRAMMAR_REGEX", 0)
-    js._PUSHDOWN_CACHE.clear()
+        monkeypatch.setattr(js.budgets, "GRAMMAR_REGEX", 0)
+    js.pushdown_form.PUSHDOWN_CACHE.clear()
     schema = MODELS if form == "recursive" else PATHS
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -1071,7 +1076,7 @@ def test_a_free_form_value_beside_a_regular_one_is_read_before_its_call(form, mo
             assert automaton.accepts(text) == expected, text
         counts[expected] += 1
     assert counts[True] >= 10 and counts[False] >= 10, counts
-    js._PUSHDOWN_CACHE.clear()
+    js.pushdown_form.PUSHDOWN_CACHE.clear()
 
 
 ROLES = {
@@ -1100,8 +1105,10 @@ def test_a_large_item_count_calls_the_item_once_per_copy():
     # The counted repeat `(,item){0,999}` wrote 999 copies of the object into one regex, whose
     # automaton took minutes for o9943; the copies are now measured (`item_repeats`), so the
     # schema goes to the grammar form, where each copy calls the item's rule.
-    rewriter, regex = js._rewrite(ROLES, free_form_depth=js._CALL, counted_strings=True)
-    assert rewriter.weight(regex) > js.GRAMMAR_REGEX > len(rewriter.substitute(regex))
+    rewriter, regex = js.rewriter.rewrite(
+        ROLES, free_form_depth=js.free_values.CALL, counted_strings=True
+    )
+    assert rewriter.weight(regex) > js.budgets.GRAMMAR_REGEX > len(rewriter.substitute(regex))
     automaton = js.json_schema_compile(ROLES, BYTES, cache=False)
     assert isinstance(automaton, PushdownAutomaton)
     assert automaton.num_positions < 6_000  # a few positions per copy, not the object's 60
@@ -1117,15 +1124,17 @@ def test_a_large_item_count_calls_the_item_once_per_copy():
 
 def test_equal_string_automata_are_quoted_once(monkeypatch):
     # o39210 has 398 strings of three length bounds; quoting each again took 8.6 s
-    quoted, original = [], js._quoted
-    monkeypatch.setattr(js, "_quoted", lambda body: quoted.append(body) or original(body))
+    quoted, original = [], js.strings._quoted
+    monkeypatch.setattr(js.strings, "_quoted", lambda body: quoted.append(body) or original(body))
     schema = {
         "type": "object",
         "properties": {
             name: {"type": "string", "minLength": 1, "maxLength": 512} for name in "abc"
         },
     }
-    rewriter, _ = js._rewrite(schema, free_form_depth=js._CALL, counted_strings=True)
+    rewriter, _ = js.rewriter.rewrite(
+        schema, free_form_depth=js.free_values.CALL, counted_strings=True
+    )
     assert len(quoted) == 1 and len(rewriter.dfa_texts) == 1
     automaton = js.json_schema_compile(schema, BYTES, cache=False)
     validator = jsonschema.Draft202012Validator(schema)
@@ -1139,11 +1148,13 @@ def test_counted_copies_fall_back_to_the_single_regex(monkeypatch):
     # (short: the copies are a counted repeat) still compiles, to a chain of 1,000 objects
     # that `minimize` splits at once (MaskBench sp_408/409/410: refused after 13 s while a
     # rule withheld this fallback; o9943's 160,134 states minimised in 0.5 s, not minutes).
-    monkeypatch.setattr(js, "MAX_GRAMMAR_POSITIONS", 100)
-    monkeypatch.setattr(js, "MAX_POSITIONS_BEFORE_TAILS", 100)
-    js._PUSHDOWN_CACHE.clear()  # the grammar form another test built
-    rewriter, regex = js._rewrite(ROLES, free_form_depth=js._CALL, counted_strings=True)
-    assert rewriter.weight(regex) > js.GRAMMAR_REGEX > len(rewriter.substitute(regex))
+    monkeypatch.setattr(js.budgets, "MAX_GRAMMAR_POSITIONS", 100)
+    monkeypatch.setattr(js.budgets, "MAX_POSITIONS_BEFORE_TAILS", 100)
+    js.pushdown_form.PUSHDOWN_CACHE.clear()  # the grammar form another test built
+    rewriter, regex = js.rewriter.rewrite(
+        ROLES, free_form_depth=js.free_values.CALL, counted_strings=True
+    )
+    assert rewriter.weight(regex) > js.budgets.GRAMMAR_REGEX > len(rewriter.substitute(regex))
     with pytest.raises(js.TooManyPositions):
         js.json_schema_grammar(ROLES, BYTES)
     automaton = js.json_schema_compile(ROLES, BYTES, cache=False)
@@ -1160,17 +1171,19 @@ def test_no_single_regex_fallback_when_its_written_out_copies_weigh_too_much(mon
     # MaskBench o9925/o9853/o9958: up to 100 objects of two 255-character strings and 1,000
     # ids, a 1,450-character regex that weighs 4.5 million written out: outlines-core took
     # over 30 s on it. Over `SINGLE_REGEX_WEIGHT` the refused grammar form is the answer.
-    monkeypatch.setattr(js, "MAX_GRAMMAR_POSITIONS", 100)
-    monkeypatch.setattr(js, "MAX_POSITIONS_BEFORE_TAILS", 100)
-    js._PUSHDOWN_CACHE.clear()
-    rewriter, regex = js._rewrite(ROLES, free_form_depth=js._CALL, counted_strings=True)
-    monkeypatch.setattr(js, "SINGLE_REGEX_WEIGHT", rewriter.weight(regex) - 1)
+    monkeypatch.setattr(js.budgets, "MAX_GRAMMAR_POSITIONS", 100)
+    monkeypatch.setattr(js.budgets, "MAX_POSITIONS_BEFORE_TAILS", 100)
+    js.pushdown_form.PUSHDOWN_CACHE.clear()
+    rewriter, regex = js.rewriter.rewrite(
+        ROLES, free_form_depth=js.free_values.CALL, counted_strings=True
+    )
+    monkeypatch.setattr(js.budgets, "SINGLE_REGEX_WEIGHT", rewriter.weight(regex) - 1)
     built = []
-    monkeypatch.setattr(js, "regex_automaton", lambda *args, **kwargs: built.append(args))
+    monkeypatch.setattr(js.compiling, "regex_automaton", lambda *args, **kwargs: built.append(args))
     with pytest.raises(js.TooManyPositions, match="automaton positions"):
         js.json_schema_compile(ROLES, BYTES, cache=False)
     assert not built
-    js._PUSHDOWN_CACHE.clear()
+    js.pushdown_form.PUSHDOWN_CACHE.clear()
 
 
 _STRINGS = {"type": "array", "items": {"type": "array", "items": {"type": "string"}}}
@@ -1212,7 +1225,7 @@ def test_an_anyOf_branch_of_a_whole_type_absorbs_the_others_of_that_type():
         text = json.dumps(document).encode()
         assert automaton.accepts(text) == validator.is_valid(document), document
     for closed in (False, True):
-        rewriter, regex = js._rewrite(REQUIREMENTS, closed_objects=closed, strict=False)
+        rewriter, regex = js.rewriter.rewrite(REQUIREMENTS, closed_objects=closed, strict=False)
         # a closed object allows only `{}`: nothing is absorbed
         assert ('"Docker"' in rewriter.substitute(regex)) == closed
 
@@ -1231,19 +1244,23 @@ def test_a_string_automaton_over_the_positions_limit_skips_every_grammar_form(mo
     # MaskBench o1052: a 5,000-character string (60,003 states) alone exceeds the positions of
     # any grammar form; two forms were still built (a 7.5 s rule) before the refusal. Now no
     # rule is built, and depth 1's single regex (the string spliced in) compiles.
-    monkeypatch.setattr(js, "MAX_POSITIONS_BEFORE_TAILS", 1000)
-    js._PUSHDOWN_CACHE.clear()
-    rewriter, regex = js._rewrite(BIO, free_form_depth=js._CALL, counted_strings=True)
-    refusal = js._strings_too_large(rewriter, regex, over_regex=False)
+    monkeypatch.setattr(js.budgets, "MAX_POSITIONS_BEFORE_TAILS", 1000)
+    js.pushdown_form.PUSHDOWN_CACHE.clear()
+    rewriter, regex = js.rewriter.rewrite(
+        BIO, free_form_depth=js.free_values.CALL, counted_strings=True
+    )
+    refusal = js.compiling._strings_too_large(rewriter, regex, over_regex=False)
     assert refusal is not None
     assert "the string automaton of `maxLength` at #/properties/bio has" in str(refusal)
     states = max(dfa.num_states for dfa in rewriter.dfa_texts.values())
     assert states > 1000  # about 12 states a character: escapes and UTF-8 sequences
-    over = js._strings_too_large(rewriter, regex, over_regex=True)
-    assert (over is None) == (states <= js.OVER_REGEX_SCALE * 1000)
+    over = js.compiling._strings_too_large(rewriter, regex, over_regex=True)
+    assert (over is None) == (states <= js.budgets.OVER_REGEX_SCALE * 1000)
     built = []
-    original = js._rule_automaton
-    monkeypatch.setattr(js, "_rule_automaton", lambda *a: built.append(a[1]) or original(*a))
+    original = js.rule_automata.rule_automaton
+    monkeypatch.setattr(
+        js.grammar_form, "rule_automaton", lambda *a: built.append(a[1]) or original(*a)
+    )
     with pytest.warns(UserWarning, match="the string automaton of `maxLength`"):
         automaton = js.json_schema_compile(BIO, BYTES, cache=False)
     assert not built
@@ -1256,21 +1273,27 @@ def test_a_string_automaton_over_the_positions_limit_skips_every_grammar_form(mo
             walked = automaton.walk(list(text))  # over the byte vocabulary, token ids are bytes
             assert bool(automaton.accepting[walked]) == validator.is_valid(document), text[-40:]
     monkeypatch.undo()
-    js._PUSHDOWN_CACHE.clear()
-    rewriter, regex = js._rewrite(BIO, free_form_depth=js._CALL, counted_strings=True)
-    assert js._strings_too_large(rewriter, regex, over_regex=False) is None  # 3,600 states
+    js.pushdown_form.PUSHDOWN_CACHE.clear()
+    rewriter, regex = js.rewriter.rewrite(
+        BIO, free_form_depth=js.free_values.CALL, counted_strings=True
+    )
+    assert (
+        js.compiling._strings_too_large(rewriter, regex, over_regex=False) is None
+    )  # 3,600 states
 
 
 def test_rule_edges_are_memoised_by_text_whatever_the_number_of_rules():
     # The attempts of one compile number their rules differently; a text's automaton and call
     # columns do not depend on it: the memo serves them all, with the free-form value's column
     # last (after `rules` rule columns) as without it.
-    regex = "(?:\\[(?:" + js._rule_call(1) + "|" + escape(js.FREE_VALUE_CALL) + "|true)\\])"
-    js._RULE_EDGES.clear()
-    fresh = {rules: js._rule_edges(regex, rules, True) for rules in (2, 5)}
-    assert len(js._RULE_EDGES) == 1
-    js._RULE_EDGES.clear()
-    memo = {rules: js._rule_edges(regex, rules, True) for rules in (5, 2)}
+    regex = (
+        "(?:\\[(?:" + js.rule_plan.rule_call(1) + "|" + escape(js.FREE_VALUE_CALL) + "|true)\\])"
+    )
+    js.rule_automata._RULE_EDGES.clear()
+    fresh = {rules: js.rule_automata.rule_edges(regex, rules, True) for rules in (2, 5)}
+    assert len(js.rule_automata._RULE_EDGES) == 1
+    js.rule_automata._RULE_EDGES.clear()
+    memo = {rules: js.rule_automata.rule_edges(regex, rules, True) for rules in (5, 2)}
     for rules in (2, 5):
         (dfa, calls), (again, calls_again) = fresh[rules], memo[rules]
         np.testing.assert_array_equal(dfa.delta, again.delta)
@@ -1278,12 +1301,12 @@ def test_rule_edges_are_memoised_by_text_whatever_the_number_of_rules():
         assert calls.shape == (dfa.num_states, rules + 1)
         start = dfa.initial
         opened = dfa.delta[start, ord("[")]
-        assert calls[opened, 1] != js.REJECT and calls[opened, rules] != js.REJECT
-        assert (np.delete(calls, [1, rules], axis=1) == js.REJECT).all()
+        assert calls[opened, 1] != REJECT and calls[opened, rules] != REJECT
+        assert (np.delete(calls, [1, rules], axis=1) == REJECT).all()
         assert calls[opened, 1] == calls[opened, rules]  # both are followed by `]`
         assert dfa.matches(b"[true]") and not dfa.matches(b"[]")
     with pytest.raises(RuntimeError, match="calls rule 1"):
-        js._rule_edges(regex, 1, True)
+        js.rule_automata.rule_edges(regex, 1, True)
 
 
 def _record_free_form_depths(monkeypatch) -> list:
@@ -1295,7 +1318,11 @@ def _record_free_form_depths(monkeypatch) -> list:
         depths.append(kwargs.get("free_form_depth"))
         return original(*args, **kwargs)
 
+    # called by the tests (the package's name), `JsonSchema` and `json_schema_compile` itself
+    # (its fallbacks)
     monkeypatch.setattr(js, "json_schema_compile", compile_)
+    monkeypatch.setattr(js.compiling, "json_schema_compile", compile_)
+    monkeypatch.setattr(js.constraint, "json_schema_compile", compile_)
     return depths
 
 
@@ -1309,7 +1336,7 @@ def _nested_arrays(levels: int) -> dict:
     return node
 
 
-DEEP_LEVELS = js._VALUE_CALL_LEVELS + 4
+DEEP_LEVELS = js.rule_automata._VALUE_CALL_LEVELS + 4
 
 
 @pytest.mark.parametrize(
@@ -1377,8 +1404,12 @@ def test_a_free_value_competing_with_regular_text_is_read_in_place(schema, docum
 
 
 def test_inline_value_calls_leaves_an_automaton_without_competing_calls_as_it_is():
-    dfa, calls = js._rule_edges(js.free_value(1, innermost=escape(js.FREE_VALUE_CALL)), 0, True)
-    new_dfa, new_calls = js._inline_value_calls(dfa, calls, js._DEFAULT_WHITESPACE)
+    dfa, calls = js.rule_automata.rule_edges(
+        js.free_value(1, innermost=escape(js.FREE_VALUE_CALL)), 0, True
+    )
+    new_dfa, new_calls = js.rule_automata.inline_value_calls(
+        dfa, calls, js.free_values.DEFAULT_WHITESPACE
+    )
     assert new_dfa is dfa and new_calls is calls
 
 
@@ -1387,16 +1418,18 @@ def test_rules_with_competing_calls_read_in_place_are_memoised():
     # value) is read in place once per (text, rules, whitespace): the attempts of a compile
     # that build it again get the same automaton, equal to building it afresh.
     regex = "(?:\\[(?:" + escape(js.FREE_VALUE_CALL) + "|\\[[0-9]\\])\\])"
-    ws = js._DEFAULT_WHITESPACE
-    js._INLINED_RULE_EDGES.clear()
-    first = js._inlined_rule_edges(regex, 2, ws)
-    assert js._inlined_rule_edges(regex, 2, ws) is first
-    assert len(js._INLINED_RULE_EDGES) == 1
-    fresh = js._inline_value_calls(*js._rule_edges(regex, 2, True), ws)
-    assert fresh[0].num_states != js._rule_edges(regex, 2, True)[0].num_states  # read in place
+    ws = js.free_values.DEFAULT_WHITESPACE
+    js.rule_automata._INLINED_RULE_EDGES.clear()
+    first = js.rule_automata.inlined_rule_edges(regex, 2, ws)
+    assert js.rule_automata.inlined_rule_edges(regex, 2, ws) is first
+    assert len(js.rule_automata._INLINED_RULE_EDGES) == 1
+    fresh = js.rule_automata.inline_value_calls(*js.rule_automata.rule_edges(regex, 2, True), ws)
+    assert (
+        fresh[0].num_states != js.rule_automata.rule_edges(regex, 2, True)[0].num_states
+    )  # read in place
     np.testing.assert_array_equal(first[0].delta, fresh[0].delta)
     np.testing.assert_array_equal(first[1], fresh[1])
-    js._INLINED_RULE_EDGES.clear()
+    js.rule_automata._INLINED_RULE_EDGES.clear()
 
 
 def test_the_depth_one_fallback_is_compiled_once(monkeypatch):
@@ -1406,20 +1439,20 @@ def test_the_depth_one_fallback_is_compiled_once(monkeypatch):
     # (MaskBench o48866 once compiled it three times, 12.4 s, through attempts that each fell
     # back on their own), after one attempt at depth 2 that stops before any automaton is
     # built (its single regex is over `GRAMMAR_REGEX`, here 0).
-    monkeypatch.setattr(js, "GRAMMAR_REGEX", 0)  # the grammar form, as for a large schema
-    monkeypatch.setattr(js, "SINGLE_REGEX", 10)  # ... with no single regex to fall back to
-    monkeypatch.setattr(js, "MAX_GRAMMAR_POSITIONS", 5)
-    monkeypatch.setattr(js, "MAX_POSITIONS_BEFORE_TAILS", 5)
+    monkeypatch.setattr(js.budgets, "GRAMMAR_REGEX", 0)  # the grammar form, as for a large schema
+    monkeypatch.setattr(js.budgets, "SINGLE_REGEX", 10)  # ... with no single regex to fall back to
+    monkeypatch.setattr(js.budgets, "MAX_GRAMMAR_POSITIONS", 5)
+    monkeypatch.setattr(js.budgets, "MAX_POSITIONS_BEFORE_TAILS", 5)
     schema = {"anyOf": [_nested_arrays(DEEP_LEVELS), {}]}
-    js._PUSHDOWN_CACHE.clear()
+    js.pushdown_form.PUSHDOWN_CACHE.clear()
     depths = _record_free_form_depths(monkeypatch)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         with pytest.raises(js.TooManyPositions):
             js.json_schema_compile(schema, BYTES, cache=False)
-    assert depths == [None, *js._FALLBACK_DEPTHS] == [None, 2, js.NESTED_FREE_FORM_DEPTH]
+    assert depths == [None, *js.compiling._FALLBACK_DEPTHS] == [None, 2, js.NESTED_FREE_FORM_DEPTH]
     assert len([w for w in caught if "no pushdown automaton" in str(w.message)]) == 1
-    js._PUSHDOWN_CACHE.clear()
+    js.pushdown_form.PUSHDOWN_CACHE.clear()
 
 
 def test_a_free_value_competing_too_deep_falls_back_to_depth_two_or_one():
@@ -1438,7 +1471,7 @@ def test_a_free_value_competing_too_deep_falls_back_to_depth_two_or_one():
         "additionalProperties": False,
     }
     recursive = {"$defs": {"node": node}, "$ref": "#/$defs/node"}
-    assert js._recursive_grammar(recursive, BYTES, 32, {}) is None
+    assert js.compiling._recursive_grammar(recursive, BYTES, 32, {}) is None
     two_levels = {"v": [[1, [2]], {"a": [3]}]}  # free items that nest 2 levels: valid
     three_levels = {"v": [[1, [[2]]], {}]}  # ... 3 levels: valid, beyond both depths
     for schema, depth in ((recursive, 1), ({"type": "object", "properties": {"v": value}}, 2)):

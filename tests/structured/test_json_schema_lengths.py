@@ -156,7 +156,7 @@ def test_a_spliced_automaton_estimated_too_large_is_refused_before_it_is_built(m
     def not_built(*args):
         raise AssertionError("the spliced DFA was built")
 
-    monkeypatch.setattr(js, "_spliced_dfa", not_built)
+    monkeypatch.setattr(js.compiling, "spliced_dfa", not_built)  # where it is called
     with pytest.raises(UnsupportedSchemaError, match="estimated from its regex") as info:
         js.json_schema_compile(schema(100), BYTES, cache=False)
     assert info.value.path == "#/properties/website"
@@ -264,7 +264,7 @@ def test_free_form_values_and_string_automata_go_through_the_grammar_form():
 
 def test_long_plain_string_is_a_counted_automaton_as_exact_as_the_regex():
     # over `COUNTED_STRING_MIN` characters a plain string is an automaton, not a counted repeat
-    lo, hi = js.COUNTED_STRING_MIN + 1, js.COUNTED_STRING_MIN + 40
+    lo, hi = js.budgets.COUNTED_STRING_MIN + 1, js.budgets.COUNTED_STRING_MIN + 40
     schema = {
         "type": "object",
         "properties": {"s": {"type": "string", "minLength": lo, "maxLength": hi}},

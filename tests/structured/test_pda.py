@@ -383,14 +383,14 @@ def test_json_schema_compile_without_cache_builds_the_pushdown_afresh(vocabulary
     from functional_gen.structured import json_schema as js
 
     schema = {"type": "object", "properties": {"tags": {"type": "array"}}}
-    js._PUSHDOWN_CACHE.clear()
+    js.pushdown_form.PUSHDOWN_CACHE.clear()
     first = js.json_schema_compile(schema, vocabulary, cache=False, free_form_depth=None)
-    assert isinstance(first, PushdownAutomaton) and not js._PUSHDOWN_CACHE
+    assert isinstance(first, PushdownAutomaton) and not js.pushdown_form.PUSHDOWN_CACHE
     second = js.json_schema_compile(schema, vocabulary, cache=False, free_form_depth=None)
     assert second is not first
     np.testing.assert_array_equal(second.masks, first.masks)  # the same tables, rebuilt
     cached = js.json_schema_compile(schema, vocabulary, free_form_depth=None)
-    assert cached is not first and js._PUSHDOWN_CACHE
+    assert cached is not first and js.pushdown_form.PUSHDOWN_CACHE
     assert js.json_schema_compile(schema, vocabulary, free_form_depth=None) is cached
 
 
@@ -419,7 +419,7 @@ def test_json_schema_processor_runs_the_pushdown_automaton(tokenizer):
         deep = {"type": "array", "items": deep}
     assert fg.processors.JsonSchema({"anyOf": [deep, {}]}, tokenizer).pushdown is not None
     # deeper than `_VALUE_CALL_LEVELS`: a token automaton
-    for _ in range(js._VALUE_CALL_LEVELS):
+    for _ in range(js.rule_automata._VALUE_CALL_LEVELS):
         deep = {"type": "array", "items": deep}
     ambiguous = {"anyOf": [deep, {}]}
     with pytest.warns(UserWarning, match="no pushdown automaton"):

@@ -1,6 +1,7 @@
 """The dialect of a JSON Schema and its validity: `check_schema` (the metaschema of the schema's
-own `$schema`, memoised), `in_dialect` (older drafts read as 2020-12) and `schema_as_dict`
-(a dict, JSON text or pydantic model class as a dict).
+own `$schema`, memoised), `in_dialect` (older drafts read as 2020-12), `schema_as_dict`
+(a dict, JSON text or pydantic model class as a dict) and `check_schema_size` (the size limit,
+checked by `schema_as_dict` before anything else reads the schema).
 """
 
 import collections
@@ -9,8 +10,9 @@ import json
 import typing
 from collections.abc import Mapping
 
+from . import budgets
 from .budgets import MAX_CHECKED
-from .errors import InvalidSchemaError
+from .errors import InvalidSchemaError, SchemaTooLargeError
 from .keywords import SCHEMA_LISTS, SCHEMA_MAPS, SCHEMA_VALUES, asserts
 
 
@@ -21,7 +23,9 @@ def check_schema(schema) -> None:
     A schema that passed is remembered by its JSON text (`CHECKED`): one compile checks it
     once per attempt of a form (MaskBench kb_1161: 1.2 s a check).
 
-    **Raises:** `InvalidSchemaError` naming the place and the metaschema's complaint.
+    **Raises:** `InvalidSchemaError` naming the place in the schema (`path`) and in the
+    metaschema (`schema_path`) and the metaschema's complaint, `jsonschema`'s `SchemaError` as
+    its `__cause__`.
     """
     # deferred on purpose: jsonschema loads only to check a schema
     import jsonschema
@@ -37,10 +41,11 @@ def check_schema(schema) -> None:
     try:
         cls.check_schema(schema)
     except jsonschema.exceptions.SchemaError as e:
-        where = "#" + "".join(f"/{p}" for p in e.absolute_path)
-        raise InvalidSchemaError(where, e.message[:300]) from None
+        raise InvalidSchemaError(
+            _pointer(e.absolute_path), e.message[:300], _pointer(e.absolute_schema_path)
+        ) from e
     except jsonschema.exceptions.UnknownType as e:  # pragma: no cover - defensive
-        raise InvalidSchemaError("#", str(e)) from None
+        raise InvalidSchemaError("#", str(e)) from e
     if text is not None:
         CHECKED[text] = None
         while len(CHECKED) > MAX_CHECKED:
@@ -49,6 +54,41 @@ def check_schema(schema) -> None:
 
 CHECKED: collections.OrderedDict[str, None] = collections.OrderedDict()
 """JSON texts of the schemas `check_schema` passed, least recently used first."""
+
+
+def _pointer(parts) -> str:
+    """A JSON pointer (RFC 6901, `~` and `/` escaped) from a path's parts, `#` first."""
+    return "#" + "".join("/" + str(p).replace("~", "~0").replace("/", "~1") for p in parts)
+
+
+def check_schema_size(schema) -> None:
+    """Refuse a schema whose JSON text is over `budgets.MAX_SCHEMA_BYTES` bytes, cheaply: a
+    string by its UTF-8 length, before it is parsed; a dict (or list) by its compact JSON text,
+    encoded piece by piece and counted only until the count passes the limit, so a 10 MB schema
+    is refused after encoding about 1 MB of it (0.03 s), not serialised in full.
+
+    **Raises:** `SchemaTooLargeError` naming the size and the limit. A value that is not JSON is
+    left to the checks that follow (`check_schema` names it).
+    """
+    limit = budgets.MAX_SCHEMA_BYTES
+    if isinstance(schema, (str, bytes)):
+        size = len(schema.encode()) if isinstance(schema, str) else len(schema)
+        if size > limit:
+            raise SchemaTooLargeError(size, limit)
+        return
+    if not isinstance(schema, (Mapping, list)):
+        return
+    encoder = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
+    size = 0
+    try:
+        for piece in encoder.iterencode(schema):
+            size += len(piece) if piece.isascii() else len(piece.encode())
+            if size > limit:
+                break
+    except (TypeError, ValueError, RecursionError):
+        return  # not JSON: `check_schema` says what
+    if size > limit:
+        raise SchemaTooLargeError(size, limit, exact=False)
 
 
 def in_dialect(schema):
@@ -112,10 +152,15 @@ def schema_as_dict(schema) -> dict:
     """A JSON Schema as a dict, from a dict, a JSON string, or a pydantic model class
     (`model_json_schema()`).
 
-    **Raises:** `ValueError` for a string that is not JSON; `TypeError` for anything else.
+    **Raises:** `SchemaTooLargeError` for a schema over `budgets.MAX_SCHEMA_BYTES` bytes of
+    JSON text (`check_schema_size`, before a string is parsed); `ValueError` for a string that
+    is not JSON; `TypeError` for anything else.
     """
     if isinstance(schema, type) and hasattr(schema, "model_json_schema"):
-        return schema.model_json_schema()
+        schema = schema.model_json_schema()
+        check_schema_size(schema)
+        return schema
+    check_schema_size(schema)
     if isinstance(schema, str):
         try:
             schema = json.loads(schema)

@@ -68,7 +68,9 @@ RECURSIVE = "$fgRecursive"
 value is the index of the reference's target in the returned expansions."""
 
 
-def inline_references(root, max_recursion_depth: int, *, recursive: bool = False):
+def inline_references(
+    root, max_recursion_depth: int, *, recursive: bool = False, origins: dict | None = None
+):
     """`root` with every `$ref` replaced by (a copy of) its target, resolved by the
     `referencing` library as `jsonschema` resolves it (`$id` / draft-4 `id` base URIs,
     `$anchor`, JSON pointers, percent-encoding). A reference met again inside its own expansion
@@ -84,7 +86,12 @@ def inline_references(root, max_recursion_depth: int, *, recursive: bool = False
     becomes the placeholder `{"$fgRecursive": k}`, and the subtree built where target `k` was
     expanded (any of them: none is cut, so they all mean the target) is `expansions[k]`. The
     grammar form makes each such target a rule and each placeholder a call of it
-    (`_Rewriter.recursive_call`), so recursion nests as deep as the pushdown stack.
+    (`Rewriter.recursive_call`), so recursion nests as deep as the pushdown stack.
+
+    With `origins` (a dict), each inlined target is recorded there as `id(subtree) ->
+    (subtree, location)`: the JSON pointer of the target in `root` where the reference is
+    written (`#/$defs/x`), so that an error found in it names the subschema itself, not the
+    place that references it (the reference as written where the target is not in `root`).
 
     **Returns:** the inlined schema; with `recursive=True`, `(schema, expansions)`,
     `expansions` a list of the recursive targets' subtrees (empty when nothing recurses).
@@ -96,6 +103,24 @@ def inline_references(root, max_recursion_depth: int, *, recursive: bool = False
     from referencing.exceptions import Unresolvable
 
     resolver, specification = root_resolver(root)
+    pointers: dict[int, str] = {}  # id of a node of `root` -> its JSON pointer (on first use)
+
+    @typing.no_type_check
+    def index(node, pointer: str) -> None:
+        if isinstance(node, Mapping):
+            pointers.setdefault(id(node), pointer)
+            for key, value in node.items():
+                index(value, f"{pointer}/{key}")
+        elif isinstance(node, list):
+            for i, value in enumerate(node):
+                index(value, f"{pointer}/{i}")
+
+    @typing.no_type_check
+    def location(contents, ref: str) -> str:
+        if not pointers:
+            index(root, "#")
+        return pointers.get(id(contents), ref)
+
     count = [0]
     targets: dict[int, int] = {}  # id of a recursive target's contents -> its index
     expansions: dict[int, object] = {}
@@ -138,6 +163,8 @@ def inline_references(root, max_recursion_depth: int, *, recursive: bool = False
                 return NEVER
             else:
                 target = walk(resolved.contents, f"{path}/$ref", stack + (key,), resolved.resolver)
+                if origins is not None and isinstance(target, Mapping):
+                    origins[id(target)] = (target, location(resolved.contents, ref))
                 if key in targets:
                     expansions.setdefault(targets[key], target)
             siblings = {k: v for k, v in node.items() if asserts(k)}
