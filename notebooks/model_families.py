@@ -115,7 +115,8 @@ SIZE_FIELDS = {
 declared = differences(gemma.config, smollm.config)
 print("Gemma 3 270M differs from SmolLM2 (a Llama), sizes aside, in:")
 for field, value in declared.items():
-    if field not in SIZE_FIELDS:
+    # (an explicit all-True `use_rope` says what the default `()` says: RoPE on every layer)
+    if field not in SIZE_FIELDS and not (field == "use_rope" and all(value)):
         print(f"  {field} = {value!r}")
 
 # %% [markdown]
