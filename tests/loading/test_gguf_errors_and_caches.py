@@ -15,10 +15,13 @@ from functional_gen.loading.gguf_file import gguf_cache_key, gguf_hf_config, ope
 from tests.loading.test_gguf import write_tiny_gguf
 
 
-def write_gemma3_metadata_only(path, *, skip=(), pattern=None):
+def write_gemma3_metadata_only(path, *, skip=(), pattern=None, extra=()):
     """A gemma3 GGUF with the metadata llama.cpp's Gemma3Model writes (minus `skip`; with
-    `pattern`, newer llama.cpp's per-layer sliding-window flags) and one tensor."""
+    `pattern`, newer llama.cpp's per-layer sliding-window flags; plus `extra`, pairs of a
+    `GGUFWriter` method and its value) and one tensor."""
     writer = gguf.GGUFWriter(str(path), arch="gemma3")
+    for method, value in extra:
+        getattr(writer, method)(value)
     if pattern is not None:
         writer.add_array("gemma3.attention.sliding_window_pattern", pattern)
     calls = {

