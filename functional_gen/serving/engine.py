@@ -37,6 +37,7 @@ from jaxtyping import Array, Bool, Float, Int, Key
 
 from .. import processors as P
 from ..generation.buckets import bucket_length
+from ..generation.options import SAMPLING_FIELDS, GenerationOptions
 from ..generation.samplers import Multinomial
 from ..generation.state import GenerationState
 from ..generation.step import make_step
@@ -44,6 +45,8 @@ from ..models.base import AbstractCausalLM
 from ..models.kv_cache import KVCache
 from ..processors.base import AbstractStatelessLogitsProcessor, Context, per_row_field
 from ..progress import progress_bar
+from ..tokenization import Prompt, encode_prompt
+from .orchestrator import Error, Finished, Orchestrator
 
 DEFAULT_NUM_STEPS = 8
 """Decode steps per `generate` dispatch (the host sees new tokens every `num_steps` steps).
@@ -516,8 +519,7 @@ class Engine:
 
     def prefill(self, request: Request) -> Prefix:
         """Prefill `request` at once (all of `prefill_chunks`). **Returns:** its `Prefix`."""
-        for prefix in self.prefill_chunks(request):
-            pass
+        *_, prefix = self.prefill_chunks(request)
         return prefix
 
     def _prefix(self, request: Request, logits, cache) -> Prefix:
@@ -594,3 +596,86 @@ class Engine:
                 state, _ = self.generate(state)
             else:
                 state = self.insert(self.prefill(self.request([0] * n, 1)), state, 0)
+
+    # ---- the orchestrated, asynchronous side -------------------------------------------------
+
+    @property
+    def orchestrator(self) -> Orchestrator:
+        """The `Orchestrator` that runs this engine for many callers (started on first use)."""
+        if self._orchestrator is None:
+            self._orchestrator = Orchestrator(self)
+            self._orchestrator.start()
+        return self._orchestrator
+
+    def close(self) -> None:
+        """Stop the orchestrator's thread (requests in flight end with an error)."""
+        if self._orchestrator is not None:
+            self._orchestrator.close()
+            self._orchestrator = None
+
+    def request_from_options(
+        self, prompt: Prompt, options: GenerationOptions | None = None, *, seed: int | None = None
+    ) -> tuple[Request, tuple[str, ...]]:
+        """The `Request` and stop strings of a prompt (raw text, or a chat rendered with the
+        chat template) and `GenerationOptions`, as `generate` reads them: `temperature`,
+        `top_p`, `min_p` (any of them implies sampling unless `do_sample=False`),
+        `do_sample`, `repetition_penalty`, `max_new_tokens` (default 128), `stop_strings`,
+        `chat_template`; `seed` picks the key (see the module docstring).
+
+        **Raises:** `ValueError` naming an option the engine does not serve (`top_k`,
+        `typical_p`, beams, guidance, ...) or a value out of range (see `request`).
+        """
+        options = options or GenerationOptions()
+        served = {"max_new_tokens", "stop_strings", "do_sample", "temperature", "top_p", "min_p",
+                  "repetition_penalty", "chat_template", "prefill_mode"}  # fmt: skip
+        defaults = GenerationOptions()
+        unserved = [
+            f.name
+            for f in dataclasses.fields(options)
+            if f.name not in served and getattr(options, f.name) != getattr(defaults, f.name)
+        ]
+        if unserved:
+            raise ValueError(f"the serving engine does not support these options: {unserved}")
+        ids = encode_prompt(self.tokenizer, prompt, chat_template=options.chat_template)
+        sampled = options.do_sample
+        if sampled is None:
+            sampled = any(getattr(options, name) is not None for name in SAMPLING_FIELDS)
+        temperature = options.temperature if options.temperature is not None else 1.0
+        if not sampled or temperature == 0:
+            knobs = {"temperature": 0.0}
+        else:
+            knobs = {
+                "temperature": float(temperature),
+                "top_p": 1.0 if options.top_p is None else float(options.top_p),
+                "min_p": 0.0 if options.min_p is None else float(options.min_p),
+            }
+        if options.repetition_penalty is not None:
+            knobs["repetition_penalty"] = float(options.repetition_penalty)
+        stops = options.stop_strings or ()
+        stops = (stops,) if isinstance(stops, str) else tuple(stops)
+        max_new = 128 if options.max_new_tokens is None else options.max_new_tokens
+        return self.request(ids, max_new, seed=seed, **knobs), stops
+
+    async def stream(
+        self, prompt: Prompt, options: GenerationOptions | None = None, *, seed: int | None = None
+    ):
+        """Generate for `prompt` among the other callers, yielding `str` pieces as they come
+        (never half a UTF-8 character; no EOS; nothing from a stop string on). Their
+        concatenation equals `generate(model, tokenizer, prompt, options,
+        key=jax.random.key(seed)).texts[0]`.
+
+        **Raises:** `ValueError` (see `request_from_options`), before anything is queued;
+        `RuntimeError` when the engine stops before the request finished.
+        """
+        request, stops = self.request_from_options(prompt, options, seed=seed)
+        handle = self.orchestrator.submit(request, stops)
+        try:
+            async for event in handle.events():
+                if isinstance(event, Error):
+                    raise RuntimeError(event.message)
+                if isinstance(event, Finished):
+                    return
+                if event.text:
+                    yield event.text
+        finally:
+            handle.cancel()
