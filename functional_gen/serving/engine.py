@@ -241,42 +241,75 @@ class DecodeState(eqx.Module):
     params: SlotParams
 
 
-def _step(model, eos_token_id, pad_token_id, params):
+def _step(model, eos_token_id, pad_token_id, params, top_logprobs):
     return make_step(
         SlotModel(model),
         [SlotDecoding(**{f.name: getattr(params, f.name) for f in dataclasses.fields(params)})],
         Multinomial(),
         eos_token_id=eos_token_id,
         pad_token_id=pad_token_id,
+        top_logprobs=top_logprobs,
         logprobs_mode="raw",
     )
 
 
 def _generate(model, state: DecodeState, num_steps: int, eos_token_id, pad_token_id):
-    step = _step(model, eos_token_id, pad_token_id, state.params)
+    k = state.generation.top_token_ids.shape[-1]
+    step = _step(model, eos_token_id, pad_token_id, state.params, k)
     slots = state.generation.batch_size
     rows = jnp.arange(slots)
 
     def body(carry):
-        i, gen, tokens, logprobs = carry
+        i, gen, out = carry
         new = step(gen)
         took = new.length > gen.length
         last = jnp.maximum(new.length - 1, 0)
-        token = jnp.where(took, new.token_ids[rows, last], -1)
         col = jnp.minimum(jnp.maximum(new.num_generated - 1, 0), new.logprobs.shape[1] - 1)
-        lp = jnp.where(took, new.logprobs[rows, col], 0.0)
-        return i + 1, new, tokens.at[i].set(token), logprobs.at[i].set(lp)
+        now = StepOutput(
+            token_ids=jnp.where(took, new.token_ids[rows, last], -1),
+            logprobs=jnp.where(took, new.logprobs[rows, col], 0.0),
+            top_token_ids=new.top_token_ids[rows, col],
+            top_logprobs=new.top_logprobs[rows, col],
+            done=new.done,
+            finish_reason=new.finish_reason,
+        )
+        out = jax.tree.map(lambda a, b: a.at[i].set(b), out, now)
+        return i + 1, new, out
 
     def cond(carry):
-        i, gen, _, _ = carry
+        i, gen, _ = carry
         return (i < num_steps) & ~jnp.all(gen.done)
 
-    tokens = jnp.full((num_steps, slots), -1, jnp.int32)
-    logprobs = jnp.zeros((num_steps, slots), jnp.float32)
-    _, gen, tokens, logprobs = jax.lax.while_loop(
-        cond, body, (jnp.asarray(0), state.generation, tokens, logprobs)
+    gen = state.generation
+    out = StepOutput(
+        token_ids=jnp.full((num_steps, slots), -1, jnp.int32),
+        logprobs=jnp.zeros((num_steps, slots), jnp.float32),
+        top_token_ids=jnp.zeros((num_steps, slots, k), jnp.int32),
+        top_logprobs=jnp.zeros((num_steps, slots, k), jnp.float32),
+        done=jnp.zeros((num_steps, slots), bool),
+        finish_reason=jnp.zeros((num_steps, slots), jnp.int32),
     )
-    return DecodeState(gen, state.params), (tokens, logprobs, gen.done, gen.finish_reason)
+    _, gen, out = jax.lax.while_loop(cond, body, (jnp.asarray(0), gen, out))
+    out = eqx.tree_at(lambda o: (o.done, o.finish_reason), out, (gen.done, gen.finish_reason))
+    return DecodeState(gen, state.params), out
+
+
+class StepOutput(eqx.Module):
+    """What one `generate` dispatch hands to the host (`steps` = the dispatch's `num_steps`).
+
+    **Attributes:** `token_ids: Int[Array, "steps batch"]` (the token each slot took at each
+    step, -1 where none), `logprobs: Float[Array, "steps batch"]` (the model's raw logprob of
+    each), `top_token_ids`, `top_logprobs: [steps, batch, k]` (the `k` most likely tokens,
+    `Engine(top_logprobs=k)`), `done`, `finish_reason: [batch]` after the dispatch (codes of
+    `FINISH_REASONS`).
+    """
+
+    token_ids: Int[Array, "steps batch"]
+    logprobs: Float[Array, "steps batch"]
+    top_token_ids: Int[Array, "steps batch k"]
+    top_logprobs: Float[Array, "steps batch k"]
+    done: Bool[Array, " batch"]
+    finish_reason: Int[Array, " batch"]
 
 
 def _insert(prefix: Prefix, state: DecodeState, slot: Int[Array, ""]) -> DecodeState:
@@ -353,6 +386,7 @@ class Engine:
       requests are refused.
     - `num_steps`: decode steps per `generate` dispatch (`DEFAULT_NUM_STEPS`).
     - `prefill_chunk`: prompts longer than this are prefilled in chunks (`DEFAULT_PREFILL_CHUNK`).
+    - `top_logprobs`: how many most likely alternatives each step reports (static; 0 = none).
 
     **Raises:** `ValueError` for a non-positive `max_slots`, `max_len` or `num_steps`, or a
     `max_len` beyond the model's context.
@@ -367,6 +401,7 @@ class Engine:
         max_len: int = 1024,
         num_steps: int = DEFAULT_NUM_STEPS,
         prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
+        top_logprobs: int = 0,
     ):
         for name, value in (("max_slots", max_slots), ("max_len", max_len),
                             ("num_steps", num_steps), ("prefill_chunk", prefill_chunk)):  # fmt: skip
@@ -384,6 +419,9 @@ class Engine:
         self.max_len = max_len
         self.num_steps = num_steps
         self.prefill_chunk = prefill_chunk
+        if isinstance(top_logprobs, bool) or not isinstance(top_logprobs, int) or top_logprobs < 0:
+            raise ValueError(f"`top_logprobs` must be a non-negative integer, got {top_logprobs!r}")
+        self.top_logprobs = top_logprobs
         eos = list(model.eos_token_id)
         config = model.generation_config
         config_eos = getattr(config, "eos_token_id", None) if config is not None else None
@@ -427,8 +465,8 @@ class Engine:
             finish_reason=zeros_i(),
             logits=jnp.zeros((slots, vocab), jnp.float32),
             logprobs=jnp.zeros((slots, self.max_len), jnp.float32),
-            top_token_ids=jnp.zeros((slots, self.max_len, 0), jnp.int32),
-            top_logprobs=jnp.zeros((slots, self.max_len, 0), jnp.float32),
+            top_token_ids=jnp.zeros((slots, self.max_len, self.top_logprobs), jnp.int32),
+            top_logprobs=jnp.zeros((slots, self.max_len, self.top_logprobs), jnp.float32),
             cache=self.model.init_cache(slots, self.max_len),
             processor_states=((),),
             stop_state=jnp.zeros((slots, 0), jnp.int32),
@@ -570,10 +608,8 @@ class Engine:
 
         **Arguments:** `decode_state` (donated).
 
-        **Returns:** `(decode_state, (token_ids, logprobs, done, finish_reason))`:
-        `token_ids: Int[Array, "steps batch"]` the token each slot took at each step, `-1` where
-        it took none; `logprobs: Float[Array, "steps batch"]` the model's (raw) logprob of each;
-        `done`, `finish_reason: [batch]` after the last step (codes of `FINISH_REASONS`).
+        **Returns:** `(decode_state, output)`, `output` a `StepOutput` (`output.token_ids:
+        Int[Array, "steps batch"]`, the token each slot took at each step, `-1` where none).
         """
         n = self.num_steps if num_steps is None else num_steps
         return _generate_jit(self.model, decode_state, n, self.eos_token_id, self.pad_token_id)

@@ -26,7 +26,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
-import numpy as np
+import jax
 
 from ..generation.state import FINISH_REASONS
 from ..generation.stop_strings import truncate_at_stop
@@ -42,11 +42,13 @@ OPENAI_FINISH_REASONS = {"eos": "stop", "stop_string": "stop", "length": "length
 @dataclasses.dataclass
 class Piece:
     """New text of a request: `text`, and the `token_ids` and raw `logprobs` behind it (the
-    tokens may run ahead of the text by an incomplete character or a held-back stop string)."""
+    tokens may run ahead of the text by an incomplete character or a held-back stop string), and
+    per token its `top_logprobs` alternatives as `(token id, logprob)` pairs (`Engine(top_logprobs=k)`)."""
 
     text: str
     token_ids: list[int]
     logprobs: list[float]
+    top_logprobs: list[list[tuple[int, float]]]
 
 
 @dataclasses.dataclass
@@ -110,14 +112,16 @@ class _Slot:
         self.generated = 0
         self.pending_ids: list[int] = []
         self.pending_lps: list[float] = []
+        self.pending_top: list[list[tuple[int, float]]] = []
         strings = handle.stop_strings
         self.hold = max((len(s) for s in strings), default=1) - 1
 
-    def push(self, token: int, logprob: float) -> bool:
+    def push(self, token: int, logprob: float, top: list[tuple[int, float]]) -> bool:
         """Take one token; `True` when the text now holds a stop string."""
         self.generated += 1
         self.pending_ids.append(token)
         self.pending_lps.append(logprob)
+        self.pending_top.append(top)
         if token not in self.eos:
             self.text += self.decoder.push(token)
         if self.handle.stop_strings:
@@ -135,10 +139,10 @@ class _Slot:
             end = len(self.text) - self.hold
         if end <= self.emitted and not (final and self.pending_ids):
             return None
-        piece = Piece(self.text[self.emitted : max(end, self.emitted)], self.pending_ids,
-                      self.pending_lps)  # fmt: skip
+        text = self.text[self.emitted : max(end, self.emitted)]
+        piece = Piece(text, self.pending_ids, self.pending_lps, self.pending_top)
         self.emitted = max(end, self.emitted)
-        self.pending_ids, self.pending_lps = [], []
+        self.pending_ids, self.pending_lps, self.pending_top = [], [], []
         return piece
 
 
@@ -223,10 +227,9 @@ class Orchestrator:
                         self._wake.wait(0.5)
                         self._wake.clear()
                     continue
-                state, (tokens, logprobs, done, reason) = engine.generate(state)
-                tokens, logprobs, done, reason = (np.asarray(x) for x in
-                                                  (tokens, logprobs, done, reason))  # fmt: skip
-                state = self._deliver(state, tokens, logprobs, done, reason)
+                state, out = engine.generate(state)
+                out = jax.device_get(out)  # one transfer per dispatch
+                state = self._deliver(state, out)
         except BaseException as error:
             self.error = error
             message = f"the serving engine failed: {type(error).__name__}: {error}"
@@ -273,20 +276,24 @@ class Orchestrator:
         self._slots[slot] = _Slot(handle, self.engine.tokenizer, self._eos)
         return state
 
-    def _deliver(self, state, tokens, logprobs, done, reason):
+    def _deliver(self, state, out):
+        done, reason = out.done, out.finish_reason
         for i, slot in enumerate(self._slots):
             if slot is None:
                 continue
             stopped = False
-            for t, lp in zip(tokens[:, i].tolist(), logprobs[:, i].tolist()):
+            for j, (t, lp) in enumerate(
+                zip(out.token_ids[:, i].tolist(), out.logprobs[:, i].tolist())
+            ):
                 if t < 0:
                     break
+                top = list(zip(out.top_token_ids[j, i].tolist(), out.top_logprobs[j, i].tolist()))
                 if slot.generated == 0:
                     slot.handle.first_token = time.perf_counter()
                     if self.on_first_token is not None:
                         self.on_first_token(slot.handle.first_token - slot.handle.submitted)
                 self.generated_tokens += 1
-                if slot.push(int(t), float(lp)):
+                if slot.push(int(t), float(lp), top):
                     stopped = True
                     break
             finished = stopped or bool(done[i])
