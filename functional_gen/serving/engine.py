@@ -79,21 +79,21 @@ class Request:
 
 
 class SlotParams(eqx.Module):
-    """Sampling parameters of every slot (leading axis: the slots, `batch`).
+    """Sampling parameters of every slot (leading axis: the slots, `batch`; none in a `Prefix`).
 
-    **Attributes:** `greedy: Bool[Array, " batch"]`; `temperature`, `top_p`, `min_p`,
-    `repetition_penalty`, `presence_penalty`, `frequency_penalty`: `Float[Array, " batch"]`;
-    `logit_bias: Float[Array, "batch vocab"]` (added to the logits first).
+    **Attributes:** `greedy: Bool[Array, "*batch"]`; `temperature`, `top_p`, `min_p`,
+    `repetition_penalty`, `presence_penalty`, `frequency_penalty`: `Float[Array, "*batch"]`;
+    `logit_bias: Float[Array, "*batch vocab"]` (added to the logits first).
     """
 
-    greedy: Bool[Array, " batch"]
-    temperature: Float[Array, " batch"]
-    top_p: Float[Array, " batch"]
-    min_p: Float[Array, " batch"]
-    repetition_penalty: Float[Array, " batch"]
-    presence_penalty: Float[Array, " batch"]
-    frequency_penalty: Float[Array, " batch"]
-    logit_bias: Float[Array, "batch vocab"]
+    greedy: Bool[Array, "*batch"]
+    temperature: Float[Array, "*batch"]
+    top_p: Float[Array, "*batch"]
+    min_p: Float[Array, "*batch"]
+    repetition_penalty: Float[Array, "*batch"]
+    presence_penalty: Float[Array, "*batch"]
+    frequency_penalty: Float[Array, "*batch"]
+    logit_bias: Float[Array, "*batch vocab"]
 
 
 # Templates whose (per-row) knob is replaced inside the jitted step (`eqx.tree_at` does not
@@ -138,15 +138,27 @@ class SlotDecoding(AbstractStatelessLogitsProcessor):
             return jnp.where(on, _with(template, name, value)(x, context), x)
 
         x = logits + self.logit_bias
-        x = apply(self.repetition_penalty != 1, _REPETITION, "repetition_penalty",
-                  self.repetition_penalty, x)  # fmt: skip
-        x = apply(self.presence_penalty != 0, _PRESENCE, "presence_penalty",
-                  self.presence_penalty, x)  # fmt: skip
-        x = apply(self.frequency_penalty != 0, _FREQUENCY, "frequency_penalty",
-                  self.frequency_penalty, x)  # fmt: skip
+        x = apply(
+            self.repetition_penalty != 1,
+            _REPETITION,
+            "repetition_penalty",
+            self.repetition_penalty,
+            x,
+        )
+        x = apply(
+            self.presence_penalty != 0, _PRESENCE, "presence_penalty", self.presence_penalty, x
+        )
+        x = apply(
+            self.frequency_penalty != 0, _FREQUENCY, "frequency_penalty", self.frequency_penalty, x
+        )
         sampled = ~self.greedy
-        x = apply(sampled & (self.temperature != 1), _TEMPERATURE, "temperature",
-                  jnp.where(self.temperature > 0, self.temperature, 1.0), x)  # fmt: skip
+        x = apply(
+            sampled & (self.temperature != 1),
+            _TEMPERATURE,
+            "temperature",
+            jnp.where(self.temperature > 0, self.temperature, 1.0),
+            x,
+        )
         x = apply(sampled & (self.top_p < 1), _TOP_P, "top_p", self.top_p, x)
         x = apply(sampled & (self.min_p > 0), _MIN_P, "min_p", self.min_p, x)
         best = jnp.arange(x.shape[-1]) == jnp.argmax(x)
@@ -265,13 +277,11 @@ def _generate(model, state: DecodeState, num_steps: int, eos_token_id, pad_token
         took = new.length > gen.length
         last = jnp.maximum(new.length - 1, 0)
         col = jnp.minimum(jnp.maximum(new.num_generated - 1, 0), new.logprobs.shape[1] - 1)
-        now = StepOutput(
-            token_ids=jnp.where(took, new.token_ids[rows, last], -1),
-            logprobs=jnp.where(took, new.logprobs[rows, col], 0.0),
-            top_token_ids=new.top_token_ids[rows, col],
-            top_logprobs=new.top_logprobs[rows, col],
-            done=new.done,
-            finish_reason=new.finish_reason,
+        now = (
+            jnp.where(took, new.token_ids[rows, last], -1),
+            jnp.where(took, new.logprobs[rows, col], 0.0),
+            new.top_token_ids[rows, col],
+            new.top_logprobs[rows, col],
         )
         out = jax.tree.map(lambda a, b: a.at[i].set(b), out, now)
         return i + 1, new, out
@@ -281,16 +291,14 @@ def _generate(model, state: DecodeState, num_steps: int, eos_token_id, pad_token
         return (i < num_steps) & ~jnp.all(gen.done)
 
     gen = state.generation
-    out = StepOutput(
-        token_ids=jnp.full((num_steps, slots), -1, jnp.int32),
-        logprobs=jnp.zeros((num_steps, slots), jnp.float32),
-        top_token_ids=jnp.zeros((num_steps, slots, k), jnp.int32),
-        top_logprobs=jnp.zeros((num_steps, slots, k), jnp.float32),
-        done=jnp.zeros((num_steps, slots), bool),
-        finish_reason=jnp.zeros((num_steps, slots), jnp.int32),
+    out = (
+        jnp.full((num_steps, slots), -1, jnp.int32),
+        jnp.zeros((num_steps, slots), jnp.float32),
+        jnp.zeros((num_steps, slots, k), jnp.int32),
+        jnp.zeros((num_steps, slots, k), jnp.float32),
     )
     _, gen, out = jax.lax.while_loop(cond, body, (jnp.asarray(0), gen, out))
-    out = eqx.tree_at(lambda o: (o.done, o.finish_reason), out, (gen.done, gen.finish_reason))
+    out = StepOutput(*out, done=gen.done, finish_reason=gen.finish_reason)
     return DecodeState(gen, state.params), out
 
 
@@ -403,8 +411,12 @@ class Engine:
         prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
         top_logprobs: int = 0,
     ):
-        for name, value in (("max_slots", max_slots), ("max_len", max_len),
-                            ("num_steps", num_steps), ("prefill_chunk", prefill_chunk)):  # fmt: skip
+        for name, value in (
+            ("max_slots", max_slots),
+            ("max_len", max_len),
+            ("num_steps", num_steps),
+            ("prefill_chunk", prefill_chunk),
+        ):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"`{name}` must be a positive integer, got {value!r}")
         limit = model.max_position_embeddings
@@ -662,8 +674,17 @@ class Engine:
         `typical_p`, beams, guidance, ...) or a value out of range (see `request`).
         """
         options = options or GenerationOptions()
-        served = {"max_new_tokens", "stop_strings", "do_sample", "temperature", "top_p", "min_p",
-                  "repetition_penalty", "chat_template", "prefill_mode"}  # fmt: skip
+        served = {
+            "max_new_tokens",
+            "stop_strings",
+            "do_sample",
+            "temperature",
+            "top_p",
+            "min_p",
+            "repetition_penalty",
+            "chat_template",
+            "prefill_mode",
+        }
         defaults = GenerationOptions()
         unserved = [
             f.name

@@ -267,7 +267,12 @@ class Orchestrator:
                 handle = self._queue.popleft()
             self._prefilling = (handle, self.engine.prefill_chunks(handle.request))
         handle, chunks = self._prefilling
-        prefix = next(chunks)
+        try:
+            prefix = next(chunks)
+        except Exception as error:  # noqa: BLE001 - this request fails, the others go on
+            self._prefilling = None
+            handle._put(Error(f"prefill failed: {type(error).__name__}: {error}"))
+            return state
         if prefix is None:
             return state
         self._prefilling = None

@@ -1,0 +1,240 @@
+"""The OpenAI-compatible server, driven by the official `openai` client against a server started
+here (uvicorn in a thread, on a free loopback port) on the default model: answers equal
+`fg.generate` with the same options, concurrency, disconnects, refusals."""
+
+import asyncio
+import json
+import socket
+import threading
+import time
+import urllib.request
+
+import jax
+import pytest
+
+import functional_gen as fg
+
+openai = pytest.importorskip("openai")
+uvicorn = pytest.importorskip("uvicorn")
+
+from functional_gen.serving import app as serving_app  # noqa: E402
+
+MODEL = "smollm2-test"
+MAX_SLOTS = 4
+MAX_LEN = 128
+API_KEY = "test-key"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(default_model):
+    """`(base_url, engine)` of a server in this process."""
+    model, tokenizer = default_model
+    engine = fg.serving.Engine(model, tokenizer, max_slots=MAX_SLOTS, max_len=MAX_LEN,
+                               top_logprobs=2)  # fmt: skip
+    limits = serving_app.Limits(max_n=2, max_body_bytes=20_000)
+    app = serving_app.create_app(engine, model_name=MODEL, api_key=API_KEY, limits=limits)
+    port = free_port()
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning")
+    srv = uvicorn.Server(config)
+    thread = threading.Thread(target=srv.run, daemon=True)
+    thread.start()
+    deadline = time.time() + 60
+    while not srv.started:
+        assert time.time() < deadline, "the server did not start"
+        time.sleep(0.05)
+    yield f"http://127.0.0.1:{port}", engine
+    srv.should_exit = True
+    thread.join(30)
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server[0] + "/v1", api_key=API_KEY, max_retries=0, timeout=120)
+
+
+def async_client(base: str):
+    """An async client for one `asyncio.run` (its connections belong to that event loop)."""
+    return openai.AsyncOpenAI(base_url=base + "/v1", api_key=API_KEY, max_retries=0, timeout=120)
+
+
+def metrics(base: str) -> dict[str, float]:
+    text = urllib.request.urlopen(base + "/metrics").read().decode()
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            out[name] = float(value)
+    return out
+
+
+def test_completions_equal_generate_greedy_and_seeded(client, default_model):
+    model, tokenizer = default_model
+    prompt = "The capital of France is"
+    got = client.completions.create(model=MODEL, prompt=prompt, max_tokens=10, temperature=0)
+    want = fg.generate(model, tokenizer, prompt, max_new_tokens=10)
+    assert got.choices[0].text == want.texts[0]
+    assert got.usage.prompt_tokens == len(tokenizer(prompt)["input_ids"])
+    assert got.usage.completion_tokens == 10
+    assert got.choices[0].finish_reason == "length"
+
+    got = client.completions.create(model=MODEL, prompt=prompt, max_tokens=10, temperature=0.8,
+                                    top_p=0.9, seed=7)  # fmt: skip
+    want = fg.generate(model, tokenizer, prompt, max_new_tokens=10, temperature=0.8, top_p=0.9,
+                       key=jax.random.key(7))  # fmt: skip
+    assert got.choices[0].text == want.texts[0]
+
+    pieces = client.completions.create(model=MODEL, prompt=prompt, max_tokens=10, temperature=0.8,
+                                       top_p=0.9, seed=7, stream=True)  # fmt: skip
+    chunks = list(pieces)
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == want.texts[0]
+    assert chunks[-1].usage.completion_tokens == 10
+
+
+def test_chat_equal_generate_streaming_and_not(client, default_model):
+    model, tokenizer = default_model
+    chat = [{"role": "user", "content": "Name a colour."}]
+    want = fg.generate(model, tokenizer, [chat], max_new_tokens=12)
+    got = client.chat.completions.create(model=MODEL, messages=chat, max_tokens=12, temperature=0)
+    assert got.choices[0].message.content == want.texts[0]
+    assert got.usage.total_tokens == got.usage.prompt_tokens + got.usage.completion_tokens
+    stream = client.chat.completions.create(model=MODEL, messages=chat, max_tokens=12,
+                                            temperature=0, stream=True,
+                                            stream_options={"include_usage": True})  # fmt: skip
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == want.texts[0]
+    assert chunks[-1].usage.completion_tokens == got.usage.completion_tokens
+
+
+def test_logprobs_are_the_models(client, default_model):
+    """The reported logprob of each token is log_softmax of the model's logits (transformers'
+    definition, vLLM's default raw mode), and the top alternatives are sorted."""
+    model, tokenizer = default_model
+    prompt = "1, 2, 3,"
+    got = client.completions.create(model=MODEL, prompt=prompt, max_tokens=4, temperature=0,
+                                    logprobs=2)  # fmt: skip
+    want = fg.generate(model, tokenizer, prompt, max_new_tokens=4, logprobs_mode="raw")
+    lp = got.choices[0].logprobs
+    assert lp.token_logprobs == pytest.approx(want.logprobs[0].tolist(), abs=1e-4)
+    for top, chosen in zip(lp.top_logprobs, lp.token_logprobs):
+        assert max(top.values()) == pytest.approx(chosen, abs=1e-4)  # greedy: the best one
+
+
+def test_concurrent_requests_each_equal_alone(server, client):
+    """24 requests with different parameters, lengths and stop strings at once (more than the
+    slots): every one completes and equals the same request sent alone."""
+    prompts = ["Once upon a time", "The capital of France is", "List three fruits:", "def f(x):"]
+    kinds = [
+        dict(temperature=0),
+        dict(temperature=0.9, top_p=0.8, seed=3),
+        dict(temperature=0.7, seed=11, presence_penalty=0.5, frequency_penalty=0.3),
+        dict(temperature=0, stop=[","]),
+        dict(temperature=1.0, seed=5, logit_bias={"13": -100}),
+        dict(temperature=0.5, seed=1, stop=["\n"]),
+    ]
+    requests = [dict(prompt=p, max_tokens=4 + (i % 5) * 3, **kinds[i % len(kinds)])
+                for i, p in enumerate(prompts * 6)]  # fmt: skip
+
+    async def everything():
+        async with async_client(server[0]) as aclient:
+
+            async def one(r):
+                out = await aclient.completions.create(model=MODEL, **r)
+                return out.choices[0].text, out.choices[0].finish_reason
+
+            return await asyncio.gather(*(one(r) for r in requests))
+
+    together = asyncio.run(everything())
+    for r, got in zip(requests, together):
+        alone = client.completions.create(model=MODEL, **r)
+        assert got == (alone.choices[0].text, alone.choices[0].finish_reason), r
+        if "stop" in r:
+            assert not any(s in got[0] for s in r["stop"])
+
+
+def test_disconnects_free_every_slot(server, client):
+    base, _ = server
+
+    async def twenty():
+        async with async_client(base) as aclient:
+
+            async def leave_early():
+                stream = await aclient.completions.create(
+                    model=MODEL, prompt="Tell me a story", max_tokens=100, temperature=0,
+                    stream=True,
+                )  # fmt: skip
+                async for _ in stream:
+                    break
+                await stream.close()
+
+            await asyncio.gather(*(leave_early() for _ in range(20)))
+
+    asyncio.run(twenty())
+    deadline = time.time() + 30
+    while True:
+        m = metrics(base)
+        if m["functional_gen_busy_slots"] == 0 and m["functional_gen_queue_length"] == 0:
+            break
+        assert time.time() < deadline, m
+        time.sleep(0.2)
+    out = client.completions.create(model=MODEL, prompt="Hello", max_tokens=3, temperature=0)
+    assert out.usage.completion_tokens == 3
+    assert m["functional_gen_time_to_first_token_seconds_count"] >= 1
+
+
+def post(base: str, path: str, body, key: str | None = API_KEY):
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    headers = {"Content-Type": "application/json"}
+    if key is not None:
+        headers["Authorization"] = f"Bearer {key}"
+    request = urllib.request.Request(base + path, data=data, headers=headers)
+    try:
+        with urllib.request.urlopen(request) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+@pytest.mark.parametrize(
+    "body, status, words",
+    [
+        (b"{not json", 400, "not valid JSON"),
+        ({"prompt": "hi", "max_tokens": 2, "frobnicate": 1}, 400, "frobnicate"),
+        ({"prompt": "hi " * 200, "max_tokens": 2}, 400, "max_len"),
+        ({"prompt": "hi", "max_tokens": 500}, 400, "max_tokens=500"),
+        ({"prompt": "hi", "max_tokens": 2, "n": 3}, 400, "n=3"),
+        ({"prompt": "hi", "max_tokens": 2, "temperature": -1}, 400, "temperature"),
+        ({"prompt": "hi", "max_tokens": 2, "model": "gpt-4"}, 404, "gpt-4"),
+        ({"prompt": "hi", "max_tokens": 2, "logprobs": 9}, 400, "logprobs=9"),
+        ({"prompt": "x" * 30_000}, 400, "limit"),
+    ],
+)
+def test_refusals(server, body, status, words):
+    base, _ = server
+    code, answer = post(base, "/v1/completions", body)
+    assert code == status
+    assert words in answer["error"]["message"]
+    assert set(answer["error"]) == {"message", "type", "param", "code"}
+
+
+def test_api_key_and_endpoints(server, client):
+    base, _ = server
+    code, answer = post(base, "/v1/completions", {"prompt": "hi"}, key="wrong")
+    assert code == 401 and "API key" in answer["error"]["message"]
+    code, _ = post(base, "/v1/completions", {"prompt": "hi"}, key=None)
+    assert code == 401
+    bad = openai.OpenAI(base_url=base + "/v1", api_key="nope", max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        bad.models.list()
+    assert [m.id for m in client.models.list()] == [MODEL]
+    health = json.loads(urllib.request.urlopen(base + "/health").read())
+    assert health == {"status": "ok"}
+    m = metrics(base)
+    assert m["functional_gen_max_slots"] == MAX_SLOTS
+    assert m["functional_gen_generated_tokens_total"] > 0
