@@ -508,7 +508,19 @@ class Engine:
                 f"the prompt has {len(ids)} tokens (padded to {width}) and max_new_tokens="
                 f"{max_new_tokens}: more than this engine's max_len={self.max_len}"
             )
-        request = Request(ids, max_new_tokens, **sampling)
+        unknown = sorted(set(sampling) - {f.name for f in dataclasses.fields(Request)})
+        if unknown:
+            raise ValueError(f"unknown sampling parameters: {unknown}")
+        knobs = dict(sampling)
+        for name in ("temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty",
+                     "frequency_penalty"):  # fmt: skip
+            if name in knobs:
+                value = knobs[name]
+                if isinstance(value, bool) or not isinstance(value, (int, float)):
+                    raise ValueError(f"`{name}` must be a number, got {value!r}")
+                knobs[name] = float(value)
+        knobs["logit_bias"] = tuple((int(t), float(b)) for t, b in knobs.get("logit_bias", ()))
+        request = Request(ids, max_new_tokens, **knobs)
         checks = (
             ("temperature", request.temperature, 0.0, float("inf")),
             ("top_p", request.top_p, 0.0, 1.0),

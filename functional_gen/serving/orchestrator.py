@@ -269,7 +269,7 @@ class Orchestrator:
         handle, chunks = self._prefilling
         try:
             prefix = next(chunks)
-        except Exception as error:  # noqa: BLE001 - this request fails, the others go on
+        except Exception as error:  # this request fails, the others go on
             self._prefilling = None
             handle._put(Error(f"prefill failed: {type(error).__name__}: {error}"))
             return state

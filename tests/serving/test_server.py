@@ -23,6 +23,7 @@ MODEL = "smollm2-test"
 MAX_SLOTS = 4
 MAX_LEN = 128
 API_KEY = "test-key"
+CHUNK = 32  # prompts longer than this are prefilled in chunks
 
 
 def free_port() -> int:
@@ -36,7 +37,7 @@ def server(default_model):
     """`(base_url, engine)` of a server in this process."""
     model, tokenizer = default_model
     engine = fg.serving.Engine(model, tokenizer, max_slots=MAX_SLOTS, max_len=MAX_LEN,
-                               top_logprobs=2)  # fmt: skip
+                               top_logprobs=2, prefill_chunk=CHUNK)  # fmt: skip
     limits = serving_app.Limits(max_n=2, max_body_bytes=20_000)
     app = serving_app.create_app(engine, model_name=MODEL, api_key=API_KEY, limits=limits)
     port = free_port()
@@ -73,57 +74,61 @@ def metrics(base: str) -> dict[str, float]:
     return out
 
 
-def test_completions_equal_generate_greedy_and_seeded(client, default_model):
+PROMPT = "The capital of France is"
+CHAT = [{"role": "user", "content": "Name a colour."}]
+STEPS = 10
+
+
+@pytest.fixture(scope="module")
+def greedy_reference(default_model):
+    """`fg.generate`'s greedy answers to PROMPT and CHAT (one compiled call), raw logprobs."""
     model, tokenizer = default_model
-    prompt = "The capital of France is"
-    got = client.completions.create(model=MODEL, prompt=prompt, max_tokens=10, temperature=0)
-    want = fg.generate(model, tokenizer, prompt, max_new_tokens=10)
+    return fg.generate(model, tokenizer, [PROMPT, CHAT], max_new_tokens=STEPS,
+                       logprobs_mode="raw")  # fmt: skip
+
+
+def test_completions_equal_generate_greedy_and_seeded(client, default_model, greedy_reference):
+    model, tokenizer = default_model
+    got = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=STEPS, temperature=0,
+                                    logprobs=2)  # fmt: skip
+    want = greedy_reference
     assert got.choices[0].text == want.texts[0]
-    assert got.usage.prompt_tokens == len(tokenizer(prompt)["input_ids"])
-    assert got.usage.completion_tokens == 10
+    assert got.usage.prompt_tokens == len(tokenizer(PROMPT)["input_ids"])
+    assert got.usage.completion_tokens == STEPS
     assert got.choices[0].finish_reason == "length"
+    # the logprob of each token is the model's log_softmax (vLLM's default raw mode), and the
+    # greedy token is the most likely of the reported alternatives
+    lp = got.choices[0].logprobs
+    assert lp.token_logprobs == pytest.approx(want.logprobs[0].tolist(), abs=1e-4)
+    for top, chosen in zip(lp.top_logprobs, lp.token_logprobs):
+        assert max(top.values()) == pytest.approx(chosen, abs=1e-4)
 
-    got = client.completions.create(model=MODEL, prompt=prompt, max_tokens=10, temperature=0.8,
-                                    top_p=0.9, seed=7)  # fmt: skip
-    want = fg.generate(model, tokenizer, prompt, max_new_tokens=10, temperature=0.8, top_p=0.9,
-                       key=jax.random.key(7))  # fmt: skip
+    # sampled with a seed: seed s is generate's key=jax.random.key(s)
+    got = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=STEPS,
+                                    temperature=0.8, top_p=0.9, seed=7)  # fmt: skip
+    want = fg.generate(model, tokenizer, PROMPT, max_new_tokens=STEPS, temperature=0.8,
+                       top_p=0.9, key=jax.random.key(7))  # fmt: skip
     assert got.choices[0].text == want.texts[0]
-
-    pieces = client.completions.create(model=MODEL, prompt=prompt, max_tokens=10, temperature=0.8,
-                                       top_p=0.9, seed=7, stream=True)  # fmt: skip
-    chunks = list(pieces)
+    stream = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=STEPS,
+                                       temperature=0.8, top_p=0.9, seed=7, stream=True)  # fmt: skip
+    chunks = list(stream)
     assert "".join(c.choices[0].text for c in chunks if c.choices) == want.texts[0]
-    assert chunks[-1].usage.completion_tokens == 10
+    assert chunks[-1].usage.completion_tokens == STEPS
 
 
-def test_chat_equal_generate_streaming_and_not(client, default_model):
-    model, tokenizer = default_model
-    chat = [{"role": "user", "content": "Name a colour."}]
-    want = fg.generate(model, tokenizer, [chat], max_new_tokens=12)
-    got = client.chat.completions.create(model=MODEL, messages=chat, max_tokens=12, temperature=0)
-    assert got.choices[0].message.content == want.texts[0]
+def test_chat_equal_generate_streaming_and_not(client, greedy_reference):
+    want = greedy_reference.texts[1]
+    got = client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=STEPS,
+                                         temperature=0)  # fmt: skip
+    assert got.choices[0].message.content == want
     assert got.usage.total_tokens == got.usage.prompt_tokens + got.usage.completion_tokens
-    stream = client.chat.completions.create(model=MODEL, messages=chat, max_tokens=12,
+    stream = client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=STEPS,
                                             temperature=0, stream=True,
                                             stream_options={"include_usage": True})  # fmt: skip
     chunks = list(stream)
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-    assert text == want.texts[0]
+    assert text == want
     assert chunks[-1].usage.completion_tokens == got.usage.completion_tokens
-
-
-def test_logprobs_are_the_models(client, default_model):
-    """The reported logprob of each token is log_softmax of the model's logits (transformers'
-    definition, vLLM's default raw mode), and the top alternatives are sorted."""
-    model, tokenizer = default_model
-    prompt = "1, 2, 3,"
-    got = client.completions.create(model=MODEL, prompt=prompt, max_tokens=4, temperature=0,
-                                    logprobs=2)  # fmt: skip
-    want = fg.generate(model, tokenizer, prompt, max_new_tokens=4, logprobs_mode="raw")
-    lp = got.choices[0].logprobs
-    assert lp.token_logprobs == pytest.approx(want.logprobs[0].tolist(), abs=1e-4)
-    for top, chosen in zip(lp.top_logprobs, lp.token_logprobs):
-        assert max(top.values()) == pytest.approx(chosen, abs=1e-4)  # greedy: the best one
 
 
 def test_concurrent_requests_each_equal_alone(server, client):
@@ -238,3 +243,45 @@ def test_api_key_and_endpoints(server, client):
     m = metrics(base)
     assert m["functional_gen_max_slots"] == MAX_SLOTS
     assert m["functional_gen_generated_tokens_total"] > 0
+
+
+def run_alone_or_among(engine, request, slot, neighbours=()):
+    """The tokens `request` gets in `slot` of a fresh decode state, `neighbours` (`(slot,
+    request)` pairs) inserted first."""
+    state = engine.init_decode_state()
+    for s, r in neighbours:
+        state = engine.insert(engine.prefill(r), state, s)
+    state = engine.insert(engine.prefill(request), state, slot)
+    tokens = []
+    while True:
+        state, out = engine.generate(state)
+        column = out.token_ids[:, slot].tolist()
+        tokens += [t for t in column if t >= 0]
+        if bool(out.done[slot]):
+            return tokens
+
+
+def test_engine_rows_do_not_depend_on_slot_or_neighbours(server, default_model):
+    """The engine's three functions, directly: a request's tokens are the same alone in slot 0
+    and in slot 3 among other requests (greedy and seeded sampling), and a prompt prefilled in
+    chunks continues as one prefilled at once."""
+    _, engine = server
+    _, tokenizer = default_model
+    ids = tokenizer("Once upon a time, in a land far away,")["input_ids"]
+    others = [(0, engine.request(tokenizer("Hello")["input_ids"], 12, temperature=0)),
+              (1, engine.request(ids, 5, temperature=1.0, seed=2))]  # fmt: skip
+    for knobs in (dict(temperature=0), dict(temperature=0.9, top_p=0.95, seed=3)):
+        request = engine.request(ids, 8, **knobs)
+        alone = run_alone_or_among(engine, request, 0)
+        assert len(alone) == 8
+        assert run_alone_or_among(engine, request, 3, others) == alone
+
+    long_ids = tokenizer(" ".join(["river"] * 45))["input_ids"]
+    assert len(long_ids) > CHUNK
+    once = fg.serving.Engine(engine.model, tokenizer, max_slots=MAX_SLOTS, max_len=MAX_LEN)
+    chunked = engine.prefill(engine.request(long_ids, 4))
+    whole = once.prefill(once.request(long_ids, 4))
+    assert chunked.cache.max_len == 2 * CHUNK and whole.cache.max_len == 48
+    assert jax.numpy.allclose(chunked.logits, whole.logits, atol=1e-3)
+    request = engine.request(long_ids, 6, temperature=0)
+    assert run_alone_or_among(engine, request, 2) == run_alone_or_among(once, request, 2)
