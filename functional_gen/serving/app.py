@@ -22,6 +22,7 @@ import asyncio
 import dataclasses
 import hmac
 import json
+import threading
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -34,6 +35,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from pydantic import ValidationError
 
+from ..structured import Choice, Grammar, JsonSchema, Regex
 from ..tokenization import encode_prompt
 from .engine import Engine
 from .orchestrator import Error, Finished, Handle, Piece, QueueFull
@@ -268,9 +270,12 @@ def create_app(
 
     async def respond(body, ids: list[int], *, chat: bool, k: int | None):
         requests, stops = _requests(engine, body, ids, limits, chat=chat, k=k)
+        # automaton tables are built here, in a worker thread: not on the event loop, nor on
+        # the device thread
+        constraint = await asyncio.to_thread(_locked_constraint, engine, body)
         o = engine.orchestrator
         try:
-            handles = [o.submit(r, stops) for r in requests]
+            handles = [o.submit(r, stops, constraint=constraint) for r in requests]
         except QueueFull as e:
             raise APIError(429, str(e), code="queue_full", type="rate_limit_error") from None
         except RuntimeError as e:
@@ -389,6 +394,75 @@ def _completion_prompt(engine: Engine, body: CompletionRequest) -> list[int]:
     return list(prompt)
 
 
+_CONSTRAINT_LOCK = threading.Lock()
+
+
+def _locked_constraint(engine: Engine, body):
+    """`_constraint`, one at a time: the structured package imports its third-party builders
+    (outlines-core, lark, llguidance, scipy) on first use, and two threads importing one
+    extension module at once can fail (seen: `No module named 'outlines_core.json_schema'`)."""
+    with _CONSTRAINT_LOCK:
+        return _constraint(engine, body)
+
+
+def _constraint(engine: Engine, body):
+    """The structured-generation processor a body asks for (`response_format` `json_object` /
+    `json_schema`, `guided_json`, `guided_regex`, `guided_choice`, `guided_grammar` (GBNF
+    text)), or `None`.
+
+    **Raises:** `APIError` (400) for more than one, or naming what the constraint refuses (a bad
+    regex, an invalid or too large schema, a grammar error).
+    """
+    given = {}
+    fmt = body.response_format
+    if fmt is not None and fmt.type == "json_object":
+        given["response_format"] = ("json", {"type": "object"})
+    elif fmt is not None and fmt.type == "json_schema":
+        if fmt.json_schema is None or fmt.json_schema.schema_ is None:
+            raise APIError(
+                400, "response_format json_schema needs json_schema.schema", param="response_format"
+            )
+        given["response_format"] = ("json", fmt.json_schema.schema_)
+    if body.guided_json is not None:
+        schema = body.guided_json
+        if isinstance(schema, str):
+            try:
+                schema = json.loads(schema)
+            except json.JSONDecodeError as e:
+                raise APIError(
+                    400, f"guided_json is not valid JSON: {e}", param="guided_json"
+                ) from None
+        given["guided_json"] = ("json", schema)
+    for name, kind in (
+        ("guided_regex", "regex"),
+        ("guided_choice", "choice"),
+        ("guided_grammar", "grammar"),
+    ):
+        if getattr(body, name) is not None:
+            given[name] = (kind, getattr(body, name))
+    if not given:
+        return None
+    if len(given) > 1:
+        raise APIError(
+            400, f"give at most one constraint, got {', '.join(given)}", param=list(given)[1]
+        )
+    ((name, (kind, value)),) = given.items()
+    tokenizer, eos = engine.tokenizer, list(engine.eos_token_id)
+    vocab = engine.model.vocab_size
+    try:
+        if kind == "json":
+            return JsonSchema(value, tokenizer, eos_token_id=eos, vocab_size=vocab)
+        if kind == "regex":
+            return Regex(value, tokenizer, eos_token_id=eos, vocab_size=vocab)
+        if kind == "choice":
+            if not value or not all(isinstance(v, str) and v for v in value):
+                raise ValueError("guided_choice must be a list of non-empty strings")
+            return Choice(value, tokenizer, eos_token_id=eos, vocab_size=vocab)
+        return Grammar.from_gbnf(value, tokenizer, eos_token_id=eos, vocab_size=vocab)
+    except (ValueError, TypeError) as e:
+        raise APIError(400, f"{name}: {e}", param=name, code="invalid_constraint") from None
+
+
 def _default_temperature(engine: Engine) -> float:
     """The model's generation config's choice: its temperature when it samples, else greedy."""
     config = engine.model.generation_config
@@ -400,20 +474,6 @@ def _default_temperature(engine: Engine) -> float:
 
 def _requests(engine, body, ids, limits: Limits, *, chat: bool, k: int | None):
     """The engine requests (one per choice) and the stop strings of a parsed body."""
-    constraints = [
-        n
-        for n in ("guided_regex", "guided_grammar", "guided_choice", "guided_json")
-        if getattr(body, n) is not None
-    ]
-    if body.response_format is not None and body.response_format.type != "text":
-        constraints.append("response_format")
-    if constraints:
-        raise APIError(
-            400,
-            f"constrained decoding ({', '.join(constraints)}) is not served yet",
-            param=constraints[0],
-            code="unsupported",
-        )
     if body.n > limits.max_n:
         raise APIError(400, f"n={body.n} is more than the limit of {limits.max_n}", param="n")
     if k is not None and k > engine.top_logprobs:

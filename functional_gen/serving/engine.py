@@ -37,8 +37,10 @@ from jaxtyping import Array, Bool, Float, Int, Key
 
 from .. import processors as P
 from ..generation.buckets import bucket_length
+from ..generation.loop import generate as generate_call
 from ..generation.options import SAMPLING_FIELDS, GenerationOptions
-from ..generation.samplers import Multinomial
+from ..generation.samplers import Greedy, Multinomial
+from ..generation.sequence_state import SequenceState
 from ..generation.state import GenerationState
 from ..generation.step import make_step
 from ..models.base import AbstractCausalLM
@@ -512,8 +514,14 @@ class Engine:
         if unknown:
             raise ValueError(f"unknown sampling parameters: {unknown}")
         knobs = dict(sampling)
-        for name in ("temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty",
-                     "frequency_penalty"):  # fmt: skip
+        for name in (
+            "temperature",
+            "top_p",
+            "min_p",
+            "repetition_penalty",
+            "presence_penalty",
+            "frequency_penalty",
+        ):
             if name in knobs:
                 value = knobs[name]
                 if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -656,6 +664,70 @@ class Engine:
                 state, _ = self.generate(state)
             else:
                 state = self.insert(self.prefill(self.request([0] * n, 1)), state, 0)
+
+    def generate_alone(
+        self, request: Request, constraint
+    ) -> tuple[list[int], list[float], list, str]:
+        """Run `request` on its own with `constraint` (a structured-generation processor, e.g.
+        `fg.processors.Regex`) through `fg.generate`, whose processors are `[constraint]` then
+        the request's knobs in `SlotDecoding`'s order.
+
+        This is how the server runs constrained requests for now: the engine's slots do not
+        carry constraint tables, so the orchestrator runs such a request between two decode
+        dispatches and the other slots wait for it; each new table shape compiles a program.
+
+        **Returns:** `(token_ids, logprobs, top_logprobs, finish_reason)` (a `FINISH_REASONS`
+        name).
+        """
+        processors = [constraint]
+        if request.logit_bias:
+            bias: dict[int, float] = {}
+            for token, value in request.logit_bias:
+                bias[token] = bias.get(token, 0.0) + value
+            processors.append(P.LogitBias(bias))
+        if request.repetition_penalty != 1:
+            processors.append(P.RepetitionPenalty(request.repetition_penalty))
+        if request.presence_penalty:
+            processors.append(P.PresencePenalty(request.presence_penalty))
+        if request.frequency_penalty:
+            processors.append(P.FrequencyPenalty(request.frequency_penalty))
+        sampler = Greedy()
+        if request.temperature > 0:
+            sampler = Multinomial()
+            if request.temperature != 1:
+                processors.append(P.Temperature(request.temperature))
+            if request.top_p < 1:
+                processors.append(P.TopP(request.top_p))
+            if request.min_p > 0:
+                processors.append(P.MinP(request.min_p))
+        seed = request.seed
+        if seed is None:
+            seed = int.from_bytes(os.urandom(4), "little")
+        state = SequenceState.from_token_ids(
+            [list(request.token_ids)], vocab_size=self.model.vocab_size, tokenizer=self.tokenizer
+        )
+        result = generate_call(
+            self.model,
+            self.tokenizer,
+            state,
+            processors=processors,
+            sampler=sampler,
+            key=jax.random.key(seed),
+            max_new_tokens=request.max_new_tokens,
+            top_logprobs=self.top_logprobs,
+            logprobs_mode="raw",
+        )
+        n = int(result.state.arrays.length[0]) - len(request.token_ids)
+        ids = [int(t) for t in np.asarray(result.token_ids[0, :n])]
+        lps = [float(x) for x in np.asarray(result.logprobs[0, :n])]
+        tops = [[] for _ in range(n)]
+        if self.top_logprobs:
+            top_ids, top_lps = (
+                np.asarray(result.top_token_ids[0]),
+                np.asarray(result.top_logprobs[0]),
+            )
+            tops = [list(zip(top_ids[j].tolist(), top_lps[j].tolist())) for j in range(n)]
+        return ids, lps, tops, result.finish_reasons[0]
 
     # ---- the orchestrated, asynchronous side -------------------------------------------------
 

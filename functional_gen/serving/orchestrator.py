@@ -73,8 +73,9 @@ class Handle:
     """One submitted request: iterate `events()` (async) for `Piece`, then `Finished` or `Error`;
     `cancel()` frees its slot at the next dispatch."""
 
-    def __init__(self, request: "Request", stop_strings: tuple[str, ...], loop):
+    def __init__(self, request: "Request", stop_strings: tuple[str, ...], loop, constraint=None):
         self.request = request
+        self.constraint = constraint
         self.stop_strings = stop_strings
         self.cancelled = False
         self.submitted = time.perf_counter()
@@ -198,14 +199,18 @@ class Orchestrator:
             self._thread.join(timeout)
             self._thread = None
 
-    def submit(self, request: "Request", stop_strings=(), loop=None) -> Handle:
-        """Queue `request` (from the asyncio side; returns at once).
+    def submit(self, request: "Request", stop_strings=(), loop=None, constraint=None) -> Handle:
+        """Queue `request` (from the asyncio side; returns at once). With a `constraint` (a
+        structured-generation processor, built by the caller off this thread), the request runs
+        on its own (`Engine.generate_alone`) when its turn comes; the slots wait meanwhile.
 
         **Raises:** `QueueFull` when `max_queue` requests wait; `RuntimeError` when closed.
         """
         if not self._running:
             raise RuntimeError("the serving engine is not running (closed, or not started)")
-        handle = Handle(request, tuple(stop_strings), loop or asyncio.get_running_loop())
+        handle = Handle(
+            request, tuple(stop_strings), loop or asyncio.get_running_loop(), constraint
+        )
         with self._lock:
             if len(self._queue) >= self.max_queue:
                 raise QueueFull(f"{self.max_queue} requests are already waiting; retry later")
@@ -265,6 +270,9 @@ class Orchestrator:
                 if not self._queue:
                     return state
                 handle = self._queue.popleft()
+            if handle.constraint is not None:
+                self._run_alone(handle)
+                return state
             self._prefilling = (handle, self.engine.prefill_chunks(handle.request))
         handle, chunks = self._prefilling
         try:
@@ -280,6 +288,36 @@ class Orchestrator:
         state = self.engine.insert(prefix, state, slot)
         self._slots[slot] = _Slot(handle, self.engine.tokenizer, self._eos)
         return state
+
+    def _run_alone(self, handle: Handle) -> None:
+        """A constrained request, through `Engine.generate_alone`, delivered at once."""
+        try:
+            ids, lps, tops, why = self.engine.generate_alone(handle.request, handle.constraint)
+        except Exception as error:  # this request fails, the others go on
+            handle._put(Error(f"generation failed: {type(error).__name__}: {error}"))
+            return
+        slot = _Slot(handle, self.engine.tokenizer, self._eos)
+        handle.first_token = time.perf_counter()
+        if self.on_first_token is not None and ids:
+            self.on_first_token(handle.first_token - handle.submitted)
+        stopped = False
+        for t, lp, top in zip(ids, lps, tops):
+            self.generated_tokens += 1
+            if slot.push(t, lp, top):
+                stopped = True
+                break
+        piece = slot.piece(final=True)
+        if piece is not None:
+            handle._put(piece)
+        why = "stop_string" if stopped else why
+        handle._put(
+            Finished(
+                OPENAI_FINISH_REASONS.get(why, why),
+                len(handle.request.token_ids),
+                slot.generated,
+                slot.text,
+            )
+        )
 
     def _deliver(self, state, out):
         done, reason = out.done, out.finish_reason

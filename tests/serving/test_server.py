@@ -4,6 +4,7 @@ here (uvicorn in a thread, on a free loopback port) on the default model: answer
 
 import asyncio
 import json
+import re
 import socket
 import threading
 import time
@@ -56,12 +57,12 @@ def server(default_model):
 
 @pytest.fixture(scope="module")
 def client(server):
-    return openai.OpenAI(base_url=server[0] + "/v1", api_key=API_KEY, max_retries=0, timeout=120)
+    return openai.OpenAI(base_url=server[0] + "/v1", api_key=API_KEY, max_retries=0, timeout=600)
 
 
 def async_client(base: str):
     """An async client for one `asyncio.run` (its connections belong to that event loop)."""
-    return openai.AsyncOpenAI(base_url=base + "/v1", api_key=API_KEY, max_retries=0, timeout=120)
+    return openai.AsyncOpenAI(base_url=base + "/v1", api_key=API_KEY, max_retries=0, timeout=600)
 
 
 def metrics(base: str) -> dict[str, float]:
@@ -163,6 +164,48 @@ def test_concurrent_requests_each_equal_alone(server, client):
             assert not any(s in got[0] for s in r["stop"])
 
 
+def test_constrained_requests_validate_and_equal_alone(server, client):
+    """A JSON Schema, a regex and a choice, sent together with a free request: each constrained
+    output validates, and each equals the same request sent alone."""
+    jsonschema = pytest.importorskip("jsonschema")
+    schema = {
+        "type": "object",
+        "properties": {"name": {"enum": ["Ann", "Bob"]},
+                       "age": {"type": "integer", "minimum": 0, "maximum": 99}},
+        "required": ["name", "age"],
+        "additionalProperties": False,
+    }  # fmt: skip
+    ask = lambda text: [{"role": "user", "content": text}]  # noqa: E731
+    requests = [
+        dict(messages=ask("A person as JSON."), max_tokens=30, temperature=0,
+             response_format={"type": "json_schema", "json_schema": {"name": "p",
+                                                                     "schema": schema}}),
+        dict(messages=ask("A date?"), max_tokens=12, temperature=0,
+             extra_body={"guided_regex": "[0-9]{4}-[0-9]{2}-[0-9]{2}"}),
+        dict(messages=ask("Is the sky blue?"), max_tokens=4, temperature=0.7, seed=1,
+             extra_body={"guided_choice": ["yes", "no"]}),
+        dict(messages=ask("Hello!"), max_tokens=6, temperature=0),
+    ]  # fmt: skip
+
+    async def everything():
+        async with async_client(server[0]) as aclient:
+
+            async def one(r):
+                out = await aclient.chat.completions.create(model=MODEL, **r)
+                return out.choices[0].message.content, out.choices[0].finish_reason
+
+            return await asyncio.gather(*(one(r) for r in requests))
+
+    together = asyncio.run(everything())
+    person, date, answer = (text for text, _ in together[:3])
+    jsonschema.validate(json.loads(person), schema)
+    assert re.fullmatch("[0-9]{4}-[0-9]{2}-[0-9]{2}", date)
+    assert answer in ("yes", "no")
+    for r, got in zip(requests, together):
+        alone = client.chat.completions.create(model=MODEL, **r)
+        assert got == (alone.choices[0].message.content, alone.choices[0].finish_reason)
+
+
 def test_disconnects_free_every_slot(server, client):
     base, _ = server
 
@@ -218,6 +261,19 @@ def post(base: str, path: str, body, key: str | None = API_KEY):
         ({"prompt": "hi", "max_tokens": 2, "model": "gpt-4"}, 404, "gpt-4"),
         ({"prompt": "hi", "max_tokens": 2, "logprobs": 9}, 400, "logprobs=9"),
         ({"prompt": "x" * 30_000}, 400, "limit"),
+        ({"prompt": "hi", "guided_regex": "(unclosed"}, 400, "guided_regex"),
+        (
+            {
+                "prompt": "hi",
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "x", "schema": {"type": "strnig"}},
+                },
+            },
+            400,
+            "response_format",
+        ),
+        ({"prompt": "hi", "guided_regex": "a", "guided_choice": ["b"]}, 400, "at most one"),
     ],
 )
 def test_refusals(server, body, status, words):
