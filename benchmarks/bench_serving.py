@@ -28,6 +28,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -65,11 +66,19 @@ def make_trace(tokenizer, n: int, rate: float, seed: int, short: bool):
     return list(zip(arrivals.tolist(), prompts, output_lengths.tolist()))
 
 
-def wait_healthy(url: str, process, timeout: float) -> None:
+def start_server(command, env=None):
+    """A server subprocess whose output goes to a temporary file (a pipe nobody reads would fill
+    up and block the server)."""
+    log = tempfile.TemporaryFile()  # noqa: SIM115 - open as long as the server runs
+    return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env), log
+
+
+def wait_healthy(url: str, process, log, timeout: float) -> None:
     deadline = time.time() + timeout
     while True:
         if process.poll() is not None:
-            raise RuntimeError(f"the server exited:\n{process.stdout.read().decode()[-2000:]}")
+            log.seek(0)
+            raise RuntimeError(f"the server exited:\n{log.read().decode()[-2000:]}")
         try:
             urllib.request.urlopen(url, timeout=2)
             return
@@ -92,8 +101,14 @@ async def run_trace(base: str, model: str, trace, eos: list[int]):
         await asyncio.sleep(max(0.0, start + arrival - time.perf_counter()))
         sent = start + arrival
         last, first, tokens = None, None, 0
-        stream = await client.completions.create(model=model, prompt=prompt, max_tokens=max_tokens,
-                                                 temperature=0, logit_bias=bias, stream=True)  # fmt: skip
+        stream = await client.completions.create(
+            model=model,
+            prompt=prompt,
+            max_tokens=max_tokens,
+            temperature=0,
+            logit_bias=bias,
+            stream=True,
+        )
         async for chunk in stream:
             now = time.perf_counter()
             if chunk.choices and chunk.choices[0].text:
@@ -120,8 +135,13 @@ def run_sequential(model, tokenizer, trace, eos: list[int]):
     for arrival, prompt, max_tokens in trace:
         time.sleep(max(0.0, start + arrival - time.perf_counter()))
         sent, first, last = start + arrival, None, None
-        stream = fg.stream(model, tokenizer, prompt, max_new_tokens=max_tokens,
-                           processors=[fg.processors.SuppressTokens(eos)])  # fmt: skip
+        stream = fg.stream(
+            model,
+            tokenizer,
+            prompt,
+            max_new_tokens=max_tokens,
+            processors=[fg.processors.SuppressTokens(eos)],
+        )
         for _ in stream:
             now = time.perf_counter()
             if first is None:
@@ -137,8 +157,11 @@ def run_sequential(model, tokenizer, trace, eos: list[int]):
 def row(name, rate, result):
     tokens, wall, ttfts, itls = result
     p = lambda xs, q: float(np.percentile(xs, q)) if xs else float("nan")  # noqa: E731
-    print(f"| {name} | {rate:g} | {tokens / wall:7.1f} | {p(ttfts, 50):6.2f} | {p(ttfts, 99):6.2f} "
-          f"| {1000 * p(itls, 50):6.0f} | {1000 * p(itls, 99):6.0f} |", flush=True)  # fmt: skip
+    print(
+        f"| {name} | {rate:g} | {tokens / wall:7.1f} | {p(ttfts, 50):6.2f} | {p(ttfts, 99):6.2f} "
+        f"| {1000 * p(itls, 50):6.0f} | {1000 * p(itls, 99):6.0f} |",
+        flush=True,
+    )
 
 
 def main(argv=None) -> int:
@@ -147,11 +170,17 @@ def main(argv=None) -> int:
     parser.add_argument("--rates", default="0.5,1,2", help="arrival rates, requests per second")
     parser.add_argument("--slots", type=int, default=8)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--llama-cpp-python", default="/work/llamacpp-venv/bin/python",
-                        help="a Python with llama-cpp-python[server] installed")  # fmt: skip
+    parser.add_argument(
+        "--llama-cpp-python",
+        default="/work/llamacpp-venv/bin/python",
+        help="a Python with llama-cpp-python[server] installed",
+    )
     parser.add_argument("--no-sequential", action="store_true")
-    parser.add_argument("--quick", action="store_true",
-                        help="6 requests, short prompts and outputs, one rate: to see it works")  # fmt: skip
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="6 requests, short prompts and outputs, one rate: to see it works",
+    )
     args = parser.parse_args(argv)
     if args.quick:
         args.requests, args.rates = 6, args.rates.split(",")[0]
@@ -161,40 +190,69 @@ def main(argv=None) -> int:
     name = "SmolLM2-135M-Instruct"
     max_len = 128 if args.quick else 512
 
-    print("| system | rate (req/s) | output tok/s | TTFT p50 (s) | TTFT p99 (s) | ITL p50 (ms) "
-          "| ITL p99 (ms) |\n|---|---|---|---|---|---|---|")  # fmt: skip
+    print(
+        "| system | rate (req/s) | output tok/s | TTFT p50 (s) | TTFT p99 (s) | ITL p50 (ms) "
+        "| ITL p99 (ms) |\n|---|---|---|---|---|---|---|"
+    )
     servers = []
     port = free_port()
-    ours = subprocess.Popen(
-        [sys.executable, "-m", "functional_gen.cli", "serve", "--port", str(port), "--max-slots",
-         str(args.slots), "--max-len", str(max_len), "--precompile", "--quiet"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    ours, log = start_server(
+        [
+            sys.executable,
+            "-m",
+            "functional_gen.cli",
+            "serve",
+            "--port",
+            str(port),
+            "--max-slots",
+            str(args.slots),
+            "--max-len",
+            str(max_len),
+            "--precompile",
+            "--quiet",
+        ],
         env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])},
-    )  # fmt: skip
-    servers.append(("functional_gen", f"http://127.0.0.1:{port}", ours, name))
+    )
+    servers.append(("functional_gen", f"http://127.0.0.1:{port}", ours, log, name))
     llama_python = Path(args.llama_cpp_python)
     if llama_python.exists():
         lport = free_port()
-        llama = subprocess.Popen(
-            [str(llama_python), "-m", "llama_cpp.server", "--model", str(default_gguf_path()),
-             "--port", str(lport), "--n_ctx", str(max_len * args.slots)],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        )  # fmt: skip
-        servers.append(("llama.cpp", f"http://127.0.0.1:{lport}", llama, str(default_gguf_path())))
+        llama, llama_log = start_server(
+            [
+                str(llama_python),
+                "-m",
+                "llama_cpp.server",
+                "--model",
+                str(default_gguf_path()),
+                "--port",
+                str(lport),
+                "--n_ctx",
+                str(max_len * args.slots),
+                "--verbose",
+                "false",
+            ],
+        )
+        servers.append(
+            ("llama.cpp", f"http://127.0.0.1:{lport}", llama, llama_log, str(default_gguf_path()))
+        )
     else:
         print(f"(note: no llama-cpp-python at {llama_python}: the llama.cpp rows are skipped)")
     try:
-        for label, base, process, model_name in servers:
-            wait_healthy(base + ("/health" if label == "functional_gen" else "/v1/models"),
-                         process, 900)  # fmt: skip
+        for label, base, process, log, model_name in servers:
+            wait_healthy(
+                base + ("/health" if label == "functional_gen" else "/v1/models"), process, log, 900
+            )
             warm = make_trace(tokenizer, 2, 100.0, args.seed + 1, True)
             asyncio.run(run_trace(base + "/v1", model_name, warm, eos))
             for rate in rates:
                 trace = make_trace(tokenizer, args.requests, rate, args.seed, args.quick)
-                row(f"{label} ({args.slots} slots)" if label == "functional_gen" else label,
-                    rate, asyncio.run(run_trace(base + "/v1", model_name, trace, eos)))  # fmt: skip
+                row(
+                    f"{label} ({args.slots} slots)" if label == "functional_gen" else label,
+                    rate,
+                    asyncio.run(run_trace(base + "/v1", model_name, trace, eos)),
+                )
     finally:
-        for _, _, process, _ in servers:
+        for _, _, process, _, _ in servers:
             process.terminate()
             try:
                 process.wait(30)
