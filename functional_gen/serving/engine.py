@@ -52,7 +52,13 @@ from .orchestrator import Error, Finished, Orchestrator
 
 DEFAULT_NUM_STEPS = 8
 """Decode steps per `generate` dispatch (the host sees new tokens every `num_steps` steps).
-Measured on the 2-core CPU with SmolLM2-135M, 8 slots (see docs/serving.md)."""
+
+Measured with SmolLM2-135M, 8 busy slots, `max_len=256`, on the project's shared 2-core CPU
+(load average ~12, so noisy): 158, 188, 208 and 123 ms per step at 1, 4, 8 and 16 steps per
+dispatch. On this CPU a step (~100+ ms) dwarfs the host round trip, so the count makes no
+difference that the noise lets one see; on an accelerator, where a step takes milliseconds, the
+round trip per dispatch is what several steps save. 8 keeps that saving while bounding what a
+finished, stopped (stop string) or cancelled request may decode past its end to 7 steps."""
 
 DEFAULT_PREFILL_CHUNK = 256
 """Prompts longer than this are prefilled in chunks of this many tokens."""
