@@ -38,6 +38,7 @@ from .generation import (
 )
 from .loading import load_model as load_model
 from .sharding import make_mesh as make_mesh, shard as shard
+from . import serving as serving  # the engine only: the HTTP app (FastAPI) is not imported
 from .models import (
     AbstractCausalLM as AbstractCausalLM,
     KVCache as KVCache,

@@ -553,3 +553,20 @@ def test_top_logprobs_in_jsonl(default_model, capsys):
     for step, want_ids, want_lps in zip(row["top_logprobs"], ids, top):
         assert [a["token"] for a in step] == [tokenizer.decode([int(i)]) for i in want_ids]
         np.testing.assert_allclose([a["logprob"] for a in step], want_lps, rtol=1e-5)
+
+
+def test_serve_help_lists_its_options(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["serve", "--help"])
+    assert exit_.value.code == 0
+    text = capsys.readouterr().out
+    for flag in ("--model", "--host", "--port", "--max-slots", "--api-key", "--precompile"):
+        assert flag in text
+    assert "127.0.0.1" in text
+
+
+def test_serve_refuses_a_bad_port(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["serve", "--port", "0"])
+    assert exit_.value.code == 2
+    assert "--port" in capsys.readouterr().err

@@ -2,7 +2,7 @@
 
 Modules: `parser` (the argument parser and its option tables), `arguments` (options -> the
 keyword arguments of `generate` / `stream`, the prompts, the checks made before the model
-loads), `generate` and `chat` (the subcommands), `output` (text and jsonl printing, the timing
+loads), `generate`, `chat` and `serve` (the subcommands), `output` (text and jsonl printing, the timing
 summary), `interrupt` (Ctrl-C at any moment: the work runs in a worker thread).
 
 Every error of the project (`ValueError` and its subclasses such as `UnsupportedConfigError`,
@@ -48,6 +48,7 @@ from .arguments import (
 )
 from .chat import run_chat as run_chat
 from .generate import run_generate as run_generate
+from .serve import run_serve as run_serve
 from .interrupt import INTERRUPTED as INTERRUPTED
 from .parser import PENALTY_OPTIONS as PENALTY_OPTIONS
 from .parser import SAMPLING_DEFAULTS as SAMPLING_DEFAULTS
@@ -57,7 +58,7 @@ from .parser import decoding_options as decoding_options
 from .parser import model_options as model_options
 from .parser import output_options as output_options
 
-COMMANDS = {"generate": run_generate, "chat": run_chat}
+COMMANDS = {"generate": run_generate, "chat": run_chat, "serve": run_serve}
 """The function that runs each subcommand."""
 
 

@@ -524,7 +524,78 @@ def build_parser() -> argparse.ArgumentParser:
     )
     chat.add_argument("--quiet", action="store_true", help="no progress or notices on stderr")
     chat.set_defaults(raw=False, top_logprobs=None, stream=True, output="text")
+    serve_options(sub)
     return parser
+
+
+_SERVE_DESCRIPTION = """\
+Serve the model over HTTP with an OpenAI-compatible API (continuous batching over --max-slots
+slots): POST /v1/completions and /v1/chat/completions ("stream": true for server-sent events),
+GET /v1/models, /health and /metrics (Prometheus). Needs the serve extra:
+pip install "functional_gen[serve]".
+
+Binds to 127.0.0.1 unless --host says otherwise; with --api-key, every /v1 request must send
+"Authorization: Bearer KEY". SIGTERM or Ctrl-C lets open streams finish (a few seconds), then
+exits.
+
+examples:
+  functional-gen serve
+  functional-gen serve --model gemma-3-270m --port 8080 --max-slots 4 --precompile
+"""
+
+
+def serve_options(sub) -> argparse.ArgumentParser:
+    """The `serve` subcommand's parser (added to the subparsers `sub`)."""
+    serve = sub.add_parser(
+        "serve",
+        help="an OpenAI-compatible HTTP server with continuous batching",
+        description=_SERVE_DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        parents=[model_options()],
+    )
+    group = serve.add_argument_group("server")
+    group.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
+    group.add_argument("--port", type=_positive_int, default=8000, help="port (default: 8000)")
+    group.add_argument(
+        "--max-slots", type=_positive_int, default=8, help="requests decoded together (default: 8)"
+    )
+    group.add_argument(
+        "--max-len",
+        type=_positive_int,
+        default=1024,
+        help="tokens per slot, prompt plus generated (default: 1024)",
+    )
+    group.add_argument(
+        "--max-n",
+        type=_positive_int,
+        default=8,
+        help="the largest n (choices per request) accepted (default: 8)",
+    )
+    group.add_argument(
+        "--max-tokens",
+        type=_positive_int,
+        default=None,
+        help="the largest max_tokens accepted (default: what max-len leaves)",
+    )
+    group.add_argument(
+        "--api-key",
+        default=None,
+        metavar="KEY",
+        help="require Authorization: Bearer KEY on /v1 requests",
+    )
+    group.add_argument(
+        "--served-model-name",
+        default=None,
+        metavar="NAME",
+        help="the model's name in the API (default: --model, or the default model's name)",
+    )
+    group.add_argument(
+        "--precompile",
+        action="store_true",
+        help="compile every prompt bucket before serving (a progress bar)",
+    )
+    group.add_argument("--quiet", action="store_true", help="no progress or notices on stderr")
+    return serve
 
 
 class Parser(argparse.ArgumentParser):

@@ -1,0 +1,271 @@
+"""Serving a request trace: our server (`functional-gen serve`) against llama.cpp's server
+(llama-cpp-python) and against sequential `fg.stream` calls, in one run.
+
+    .venv/bin/python benchmarks/bench_serving.py [--requests 64] [--rates 0.5,1,2] [--slots 8]
+        [--llama-cpp-python /work/llamacpp-venv/bin/python] [--quick]
+
+The trace: `--requests` requests, prompt lengths (16-256 tokens of English prose) and output
+lengths (16-128 tokens, EOS ignored: `max_tokens` exactly, by suppressing the EOS ids with
+`logit_bias`) drawn from `--seed`, arriving as a Poisson process at each rate (requests per
+second). Greedy decoding. Every system sees the same trace:
+
+- `functional_gen`: a `functional-gen serve --precompile --max-slots S` subprocess, streamed
+  through the OpenAI client (warmed up with one request first);
+- `llama.cpp`: `python -m llama_cpp.server` of the given interpreter on the same GGUF file
+  (`--n_parallel`-style slots are not offered by llama-cpp-python's server: it serves one
+  request at a time; the row is skipped with a note when the interpreter is absent);
+- `sequential`: `fg.stream` in this process, one request after another in arrival order.
+
+Reported per system and rate: output tokens per second (all generated tokens / wall time from
+the first arrival to the last token), time to first token p50/p99 (from the request's arrival),
+inter-token latency p50/p99 (per request, (last token - first token) / (tokens - 1): our
+server hands out several tokens per dispatch, so gaps between chunks would overstate it). Default model: SmolLM2-135M-Instruct.
+"""
+
+import argparse
+import asyncio
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import numpy as np
+
+import functional_gen as fg
+from functional_gen.loading import default_gguf_path
+
+TEXT = (
+    "The history of the Roman Empire spans many centuries, from the founding of the city of Rome "
+    "to the fall of Constantinople. Historians often divide it into periods, and each one has "
+    "its own emperors, wars, buildings and writers. "
+) * 20
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def make_trace(tokenizer, n: int, rate: float, seed: int, short: bool):
+    rng = np.random.default_rng(seed)
+    ids = tokenizer(TEXT)["input_ids"]
+    high_prompt, high_out = (48, 24) if short else (256, 128)
+    prompt_lengths = rng.integers(16, high_prompt + 1, n)
+    output_lengths = rng.integers(8 if short else 16, high_out + 1, n)
+    arrivals = np.cumsum(rng.exponential(1 / rate, n))
+    arrivals -= arrivals[0]
+    starts = rng.integers(0, len(ids) - high_prompt, n)
+    prompts = [tokenizer.decode(ids[s : s + p]) for s, p in zip(starts, prompt_lengths)]
+    return list(zip(arrivals.tolist(), prompts, output_lengths.tolist()))
+
+
+def start_server(command, env=None):
+    """A server subprocess whose output goes to a temporary file (a pipe nobody reads would fill
+    up and block the server)."""
+    log = tempfile.TemporaryFile()  # noqa: SIM115 - open as long as the server runs
+    return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env), log
+
+
+def wait_healthy(url: str, process, log, timeout: float) -> None:
+    deadline = time.time() + timeout
+    while True:
+        if process.poll() is not None:
+            log.seek(0)
+            raise RuntimeError(f"the server exited:\n{log.read().decode()[-2000:]}")
+        try:
+            urllib.request.urlopen(url, timeout=2)
+            return
+        except OSError:
+            if time.time() > deadline:
+                raise RuntimeError(f"{url} did not answer in {timeout} s") from None
+            time.sleep(1)
+
+
+async def run_trace(base: str, model: str, trace, eos: list[int]):
+    """`(output tokens, wall seconds, ttfts, inter-token latencies)` of the trace on a server."""
+    import openai
+
+    client = openai.AsyncOpenAI(base_url=base, api_key="none", max_retries=0, timeout=600)
+    bias = {str(i): -100 for i in eos}
+    start = time.perf_counter()
+    ttfts, itls, counts = [], [], []
+
+    async def one(arrival, prompt, max_tokens):
+        await asyncio.sleep(max(0.0, start + arrival - time.perf_counter()))
+        sent = start + arrival
+        last, first, tokens = None, None, 0
+        stream = await client.completions.create(
+            model=model,
+            prompt=prompt,
+            max_tokens=max_tokens,
+            temperature=0,
+            logit_bias=bias,
+            stream=True,
+        )
+        async for chunk in stream:
+            now = time.perf_counter()
+            if chunk.choices and chunk.choices[0].text:
+                if first is None:
+                    first = now
+                    ttfts.append(now - sent)
+                last = now
+            if getattr(chunk, "usage", None) is not None:
+                tokens = chunk.usage.completion_tokens
+        tokens = tokens or max_tokens
+        if tokens > 1 and first is not None:
+            itls.append((last - first) / (tokens - 1))
+        counts.append(tokens)
+        return last or time.perf_counter()
+
+    ends = await asyncio.gather(*(one(*r) for r in trace))
+    await client.close()
+    return sum(counts), max(ends) - start, ttfts, itls
+
+
+def run_sequential(model, tokenizer, trace, eos: list[int]):
+    start = time.perf_counter()
+    ttfts, itls, total = [], [], 0
+    for arrival, prompt, max_tokens in trace:
+        time.sleep(max(0.0, start + arrival - time.perf_counter()))
+        sent, first, last = start + arrival, None, None
+        stream = fg.stream(
+            model,
+            tokenizer,
+            prompt,
+            max_new_tokens=max_tokens,
+            processors=[fg.processors.SuppressTokens(eos)],
+        )
+        for _ in stream:
+            now = time.perf_counter()
+            if first is None:
+                first = now
+                ttfts.append(now - sent)
+            last = now
+        if max_tokens > 1 and last is not None:
+            itls.append((last - first) / (max_tokens - 1))
+        total += max_tokens
+    return total, time.perf_counter() - start, ttfts, itls
+
+
+def row(name, rate, result):
+    tokens, wall, ttfts, itls = result
+    p = lambda xs, q: float(np.percentile(xs, q)) if xs else float("nan")  # noqa: E731
+    print(
+        f"| {name} | {rate:g} | {tokens / wall:7.1f} | {p(ttfts, 50):6.2f} | {p(ttfts, 99):6.2f} "
+        f"| {1000 * p(itls, 50):6.0f} | {1000 * p(itls, 99):6.0f} |",
+        flush=True,
+    )
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--requests", type=int, default=64)
+    parser.add_argument("--rates", default="0.5,1,2", help="arrival rates, requests per second")
+    parser.add_argument("--slots", type=int, default=8)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--llama-cpp-python",
+        default="/work/llamacpp-venv/bin/python",
+        help="a Python with llama-cpp-python[server] installed",
+    )
+    parser.add_argument("--no-sequential", action="store_true")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="6 requests, short prompts and outputs, one rate: to see it works",
+    )
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.requests, args.rates = 6, args.rates.split(",")[0]
+    rates = [float(r) for r in args.rates.split(",")]
+    model, tokenizer = fg.load_model()
+    eos = list(model.eos_token_id)
+    name = "SmolLM2-135M-Instruct"
+    max_len = 128 if args.quick else 512
+
+    print(
+        "| system | rate (req/s) | output tok/s | TTFT p50 (s) | TTFT p99 (s) | ITL p50 (ms) "
+        "| ITL p99 (ms) |\n|---|---|---|---|---|---|---|"
+    )
+    servers = []
+    port = free_port()
+    ours, log = start_server(
+        [
+            sys.executable,
+            "-m",
+            "functional_gen.cli",
+            "serve",
+            "--port",
+            str(port),
+            "--max-slots",
+            str(args.slots),
+            "--max-len",
+            str(max_len),
+            "--precompile",
+            "--quiet",
+        ],
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])},
+    )
+    servers.append(("functional_gen", f"http://127.0.0.1:{port}", ours, log, name))
+    llama_python = Path(args.llama_cpp_python)
+    if llama_python.exists():
+        lport = free_port()
+        llama, llama_log = start_server(
+            [
+                str(llama_python),
+                "-m",
+                "llama_cpp.server",
+                "--model",
+                str(default_gguf_path()),
+                "--port",
+                str(lport),
+                "--n_ctx",
+                str(max_len * args.slots),
+                "--verbose",
+                "false",
+            ],
+        )
+        servers.append(
+            ("llama.cpp", f"http://127.0.0.1:{lport}", llama, llama_log, str(default_gguf_path()))
+        )
+    else:
+        print(f"(note: no llama-cpp-python at {llama_python}: the llama.cpp rows are skipped)")
+    try:
+        for label, base, process, log, model_name in servers:
+            wait_healthy(
+                base + ("/health" if label == "functional_gen" else "/v1/models"), process, log, 900
+            )
+            warm = make_trace(tokenizer, 2, 100.0, args.seed + 1, True)
+            asyncio.run(run_trace(base + "/v1", model_name, warm, eos))
+            for rate in rates:
+                trace = make_trace(tokenizer, args.requests, rate, args.seed, args.quick)
+                row(
+                    f"{label} ({args.slots} slots)" if label == "functional_gen" else label,
+                    rate,
+                    asyncio.run(run_trace(base + "/v1", model_name, trace, eos)),
+                )
+    finally:
+        for _, _, process, _, _ in servers:
+            process.terminate()
+            try:
+                process.wait(30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+    if not args.no_sequential:
+        warm = make_trace(tokenizer, 2, 100.0, args.seed + 1, True)
+        run_sequential(model, tokenizer, warm, eos)
+        for rate in rates:
+            trace = make_trace(tokenizer, args.requests, rate, args.seed, args.quick)
+            row("sequential fg.stream", rate, run_sequential(model, tokenizer, trace, eos))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,54 @@
+"""`functional-gen serve`: load the model, build the `Engine`, run the OpenAI-compatible server.
+
+The HTTP stack (FastAPI, uvicorn, prometheus-client) is the `serve` extra: it is imported here,
+at the top, only when installed, so that `generate` and `chat` work without it and `serve`
+says what to install.
+"""
+
+import argparse
+
+from .. import enable_compilation_cache, load_model, progress
+from ..loading import DEFAULT_MODEL_NAME
+from ..serving import Engine
+
+try:
+    from ..serving import app as serving_app
+except ImportError as error:  # the serve extra is not installed
+    serving_app = None
+    _MISSING = error
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    """Run `functional-gen serve` (until SIGTERM / Ctrl-C). **Returns:** 0.
+
+    **Raises:** `ValueError` for bad settings (e.g. `--max-len` beyond the model's context) and
+    when the serve extra is missing; `OSError` for a model path that cannot be read.
+    """
+    if serving_app is None:
+        raise ValueError(
+            f"functional-gen serve needs the serve extra ({_MISSING}); install it with "
+            'pip install "functional_gen[serve]"'
+        )
+    progress.set_quiet(args.quiet)
+    enable_compilation_cache()
+    model, tokenizer = load_model(
+        args.model, dtype=args.dtype, quantization=args.quantization, progress=progress.notice
+    )
+    engine = Engine(
+        model, tokenizer, max_slots=args.max_slots, max_len=args.max_len, top_logprobs=5
+    )
+    if args.precompile:
+        engine.precompile(progress=not args.quiet)
+    name = args.served_model_name or args.model or DEFAULT_MODEL_NAME
+    limits = serving_app.Limits(max_n=args.max_n, max_tokens=args.max_tokens)
+    progress.notice(f"serving {name} on http://{args.host}:{args.port}/v1")
+    serving_app.serve(
+        engine,
+        model_name=name,
+        host=args.host,
+        port=args.port,
+        api_key=args.api_key,
+        limits=limits,
+        log_level="warning" if args.quiet else "info",
+    )
+    return 0

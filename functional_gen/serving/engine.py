@@ -1,0 +1,828 @@
+"""`Engine`: continuous batching from the pure generation state (JetStream's three functions).
+
+    request --prefill--> Prefix  (one prompt's KVCache, next-token logits, sampling parameters)
+    Prefix --insert(prefix, decode_state, slot)--> decode_state   (the slot's row overwritten)
+    decode_state --generate(decode_state, num_steps)--> (decode_state, token_ids[num_steps, slots])
+
+The decode state is a `GenerationState` over `max_slots` rows plus each slot's sampling
+parameters (`SlotParams`), so one compiled step serves requests with different temperatures,
+`top_p`, `min_p`, penalties, logit biases, seeds and `max_new_tokens`. All three functions are
+jitted and donate the decode state (its `KVCache` is updated in place).
+
+**Per-slot cache.** `KVCache` rows of one batch are written in lockstep (one write index); the
+slots of a server start and end at different times, so the decode model here is the model
+`vmap`ped over rows (`SlotModel`): each slot's cache has its own write index, and an idle or
+finished slot (position -1) does not advance it. A row's computation then never mixes with its
+neighbours' (batch invariance: a request's tokens do not depend on its slot or its batch mates).
+
+**Shapes.** Prompts are left-padded to `bucket_length` (as `generate` pads them, so the prefill
+computes the same logits), prompts longer than `prefill_chunk` are prefilled in chunks of
+`prefill_chunk` tokens (`prefill_chunks`, so a long prompt does not hold up the other streams
+for its whole prefill). After `precompile()`, no request shape compiles anything new.
+
+**Seeds.** A request with `seed=s` samples with the key `fold_in(jax.random.key(s), 0)`: the key
+`generate(..., key=jax.random.key(s))` gives its first row, so a one-prompt `generate` call and the
+engine draw the same tokens.
+"""
+
+import dataclasses
+import os
+from collections.abc import Iterator, Sequence
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Bool, Float, Int, Key
+
+from .. import processors as P
+from ..generation.buckets import bucket_length
+from ..generation.loop import generate as generate_call
+from ..generation.options import SAMPLING_FIELDS, GenerationOptions
+from ..generation.samplers import Greedy, Multinomial
+from ..generation.sequence_state import SequenceState
+from ..generation.state import GenerationState
+from ..generation.step import make_step
+from ..models.base import AbstractCausalLM
+from ..models.kv_cache import KVCache
+from ..processors.base import AbstractStatelessLogitsProcessor, Context, per_row_field
+from ..progress import progress_bar
+from ..tokenization import Prompt, encode_prompt
+from .orchestrator import Error, Finished, Orchestrator
+
+DEFAULT_NUM_STEPS = 8
+"""Decode steps per `generate` dispatch (the host sees new tokens every `num_steps` steps).
+
+Measured with SmolLM2-135M, 8 busy slots, `max_len=256`, on the project's shared 2-core CPU
+(load average ~12, so noisy): 158, 188, 208 and 123 ms per step at 1, 4, 8 and 16 steps per
+dispatch. On this CPU a step (~100+ ms) dwarfs the host round trip, so the count makes no
+difference that the noise lets one see; on an accelerator, where a step takes milliseconds, the
+round trip per dispatch is what several steps save. 8 keeps that saving while bounding what a
+finished, stopped (stop string) or cancelled request may decode past its end to 7 steps."""
+
+DEFAULT_PREFILL_CHUNK = 256
+"""Prompts longer than this are prefilled in chunks of this many tokens."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Request:
+    """One generation request as the engine sees it (host values, validated by `Engine.request`).
+
+    **Attributes:** `token_ids` (the prompt), `max_new_tokens`, `temperature` (0 = greedy),
+    `top_p` (1 = off), `min_p` (0 = off), `repetition_penalty` (1 = off), `presence_penalty`,
+    `frequency_penalty` (0 = off; OpenAI's), `logit_bias` (token id -> bias added to its
+    logit), `seed` (the key is `fold_in(jax.random.key(seed), 0)`; `None` draws one).
+    """
+
+    token_ids: tuple[int, ...]
+    max_new_tokens: int
+    temperature: float = 0.0
+    top_p: float = 1.0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    seed: int | None = None
+
+
+class SlotParams(eqx.Module):
+    """Sampling parameters of every slot (leading axis: the slots, `batch`; none in a `Prefix`).
+
+    **Attributes:** `greedy: Bool[Array, "*batch"]`; `temperature`, `top_p`, `min_p`,
+    `repetition_penalty`, `presence_penalty`, `frequency_penalty`: `Float[Array, "*batch"]`;
+    `logit_bias: Float[Array, "*batch vocab"]` (added to the logits first).
+    """
+
+    greedy: Bool[Array, "*batch"]
+    temperature: Float[Array, "*batch"]
+    top_p: Float[Array, "*batch"]
+    min_p: Float[Array, "*batch"]
+    repetition_penalty: Float[Array, "*batch"]
+    presence_penalty: Float[Array, "*batch"]
+    frequency_penalty: Float[Array, "*batch"]
+    logit_bias: Float[Array, "*batch vocab"]
+
+
+# Templates whose (per-row) knob is replaced inside the jitted step (`eqx.tree_at` does not
+# validate, so a traced value is fine); built once, with valid values.
+_REPETITION = P.RepetitionPenalty(1.5)
+_PRESENCE = P.PresencePenalty(0.5)
+_FREQUENCY = P.FrequencyPenalty(0.5)
+_TEMPERATURE = P.Temperature(0.5)
+_TOP_P = P.TopP(0.5)
+_MIN_P = P.MinP(0.5)
+
+
+def _with(template, name: str, value):
+    return eqx.tree_at(lambda p: getattr(p, name), template, value)
+
+
+class SlotDecoding(AbstractStatelessLogitsProcessor):
+    """The processors of a slot, with every knob per row: logit bias, `RepetitionPenalty`,
+    `PresencePenalty`, `FrequencyPenalty`, then (sampled rows) `Temperature`, `TopP`, `MinP`,
+    in the order `generate` builds them from a generation config. A knob at its neutral value
+    leaves the logits exactly as they are (each processor is selected per row, not applied), so
+    a slot computes what `generate` with only that request's options computes. A greedy row
+    keeps only its largest logit (the first on ties), so `Multinomial` draws it: `Greedy`'s token.
+
+    **Attributes:** the fields of `SlotParams`, one value per row.
+
+    Source: transformers' `LogitsProcessorList` order; OpenAI's `presence_penalty`,
+    `frequency_penalty`, `logit_bias`.
+    """
+
+    greedy: Bool[Array, "*rows"] = per_row_field()
+    temperature: Float[Array, "*rows"] = per_row_field()
+    top_p: Float[Array, "*rows"] = per_row_field()
+    min_p: Float[Array, "*rows"] = per_row_field()
+    repetition_penalty: Float[Array, "*rows"] = per_row_field()
+    presence_penalty: Float[Array, "*rows"] = per_row_field()
+    frequency_penalty: Float[Array, "*rows"] = per_row_field()
+    logit_bias: Float[Array, "*rows vocab"] = per_row_field(row_ndim=1)
+
+    def __call__(self, logits: Float[Array, " vocab"], context: Context) -> Float[Array, " vocab"]:
+        def apply(on, template, name, value, x):
+            return jnp.where(on, _with(template, name, value)(x, context), x)
+
+        x = logits + self.logit_bias
+        x = apply(
+            self.repetition_penalty != 1,
+            _REPETITION,
+            "repetition_penalty",
+            self.repetition_penalty,
+            x,
+        )
+        x = apply(
+            self.presence_penalty != 0, _PRESENCE, "presence_penalty", self.presence_penalty, x
+        )
+        x = apply(
+            self.frequency_penalty != 0, _FREQUENCY, "frequency_penalty", self.frequency_penalty, x
+        )
+        sampled = ~self.greedy
+        x = apply(
+            sampled & (self.temperature != 1),
+            _TEMPERATURE,
+            "temperature",
+            jnp.where(self.temperature > 0, self.temperature, 1.0),
+            x,
+        )
+        x = apply(sampled & (self.top_p < 1), _TOP_P, "top_p", self.top_p, x)
+        x = apply(sampled & (self.min_p > 0), _MIN_P, "min_p", self.min_p, x)
+        best = jnp.arange(x.shape[-1]) == jnp.argmax(x)
+        return jnp.where(self.greedy & ~best, -jnp.inf, x)
+
+
+class SlotModel(AbstractCausalLM):
+    """A model `vmap`ped over rows, each row with its own `KVCache` write index (see the module
+    docstring). Decode only (`__call__`); a row whose position is -1 (idle, finished) writes
+    nothing that counts and keeps its write index.
+
+    **Attributes:** `model`, the wrapped `AbstractCausalLM`.
+    """
+
+    model: AbstractCausalLM
+    generation_config: None = eqx.field(static=True, default=None)
+
+    def init_cache(self, batch_size: int, max_len: int) -> KVCache:
+        """`model.init_cache`."""
+        return self.model.init_cache(batch_size, max_len)
+
+    def __call__(self, token_ids, positions, cache, *, logits_to_keep=0, prefix_length=None):
+        """`Float[Array, "batch seq vocab"]` logits and the cache, every row on its own."""
+        del prefix_length
+
+        def one(ids, pos, row):
+            row = jax.tree.map(lambda x: x[None], row)
+            logits, new = self.model(ids[None], pos[None], row, logits_to_keep=logits_to_keep)
+            new = jax.tree.map(lambda x: x[0], new)
+            took = jnp.any(pos >= 0)
+            new = eqx.tree_at(lambda c: c.length, new, jnp.where(took, new.length, row.length[0]))
+            return logits[0], new
+
+        return jax.vmap(one)(token_ids, positions, cache)
+
+    def prefill(self, token_ids, positions, *, max_len, logits_to_keep=1, prefix_length=None):
+        """`model.prefill`."""
+        return self.model.prefill(
+            token_ids, positions, max_len=max_len, logits_to_keep=logits_to_keep
+        )
+
+    @property
+    def vocab_size(self) -> int:
+        """The wrapped model's."""
+        return self.model.vocab_size
+
+    @property
+    def eos_token_id(self) -> tuple[int, ...]:
+        """The wrapped model's."""
+        return self.model.eos_token_id
+
+    @property
+    def pad_token_id(self) -> int | None:
+        """The wrapped model's."""
+        return self.model.pad_token_id
+
+    @property
+    def max_position_embeddings(self) -> int | None:
+        """The wrapped model's."""
+        return self.model.max_position_embeddings
+
+    @property
+    def config_fingerprint(self) -> str:
+        """The wrapped model's."""
+        return self.model.config_fingerprint
+
+
+class Prefix(eqx.Module):
+    """One prefilled request, ready to `insert` into a slot.
+
+    **Attributes:** `token_ids: Int[Array, " max_len"]` (the prompt from column 0, padding
+    after), `length: Int[Array, ""]` (prompt tokens), `max_new_tokens: Int[Array, ""]`,
+    `logits: Float[Array, " vocab"]` (after the prompt's last token), `cache` (a `KVCache` of
+    one row whose `kv_seq` slots hold the left-padded prompt), `key` (the row's PRNG key),
+    `params` (a `SlotParams` of one row, no leading axis).
+    """
+
+    token_ids: Int[Array, " max_len"]
+    length: Int[Array, ""]
+    max_new_tokens: Int[Array, ""]
+    logits: Float[Array, " vocab"]
+    cache: KVCache
+    key: Key[Array, ""]
+    params: SlotParams
+
+
+class DecodeState(eqx.Module):
+    """What `generate` carries: `generation` (a `GenerationState` over the slots; an idle slot is
+    `done`) and `params` (each slot's `SlotParams`)."""
+
+    generation: GenerationState
+    params: SlotParams
+
+
+def _step(model, eos_token_id, pad_token_id, params, top_logprobs):
+    return make_step(
+        SlotModel(model),
+        [SlotDecoding(**{f.name: getattr(params, f.name) for f in dataclasses.fields(params)})],
+        Multinomial(),
+        eos_token_id=eos_token_id,
+        pad_token_id=pad_token_id,
+        top_logprobs=top_logprobs,
+        logprobs_mode="raw",
+    )
+
+
+def _generate(model, state: DecodeState, num_steps: int, eos_token_id, pad_token_id):
+    k = state.generation.top_token_ids.shape[-1]
+    step = _step(model, eos_token_id, pad_token_id, state.params, k)
+    slots = state.generation.batch_size
+    rows = jnp.arange(slots)
+
+    def body(carry):
+        i, gen, out = carry
+        new = step(gen)
+        took = new.length > gen.length
+        last = jnp.maximum(new.length - 1, 0)
+        col = jnp.minimum(jnp.maximum(new.num_generated - 1, 0), new.logprobs.shape[1] - 1)
+        now = (
+            jnp.where(took, new.token_ids[rows, last], -1),
+            jnp.where(took, new.logprobs[rows, col], 0.0),
+            new.top_token_ids[rows, col],
+            new.top_logprobs[rows, col],
+        )
+        out = jax.tree.map(lambda a, b: a.at[i].set(b), out, now)
+        return i + 1, new, out
+
+    def cond(carry):
+        i, gen, _ = carry
+        return (i < num_steps) & ~jnp.all(gen.done)
+
+    gen = state.generation
+    out = (
+        jnp.full((num_steps, slots), -1, jnp.int32),
+        jnp.zeros((num_steps, slots), jnp.float32),
+        jnp.zeros((num_steps, slots, k), jnp.int32),
+        jnp.zeros((num_steps, slots, k), jnp.float32),
+    )
+    _, gen, out = jax.lax.while_loop(cond, body, (jnp.asarray(0), gen, out))
+    out = StepOutput(*out, done=gen.done, finish_reason=gen.finish_reason)
+    return DecodeState(gen, state.params), out
+
+
+class StepOutput(eqx.Module):
+    """What one `generate` dispatch hands to the host (`steps` = the dispatch's `num_steps`).
+
+    **Attributes:** `token_ids: Int[Array, "steps batch"]` (the token each slot took at each
+    step, -1 where none), `logprobs: Float[Array, "steps batch"]` (the model's raw logprob of
+    each), `top_token_ids`, `top_logprobs: [steps, batch, k]` (the `k` most likely tokens,
+    `Engine(top_logprobs=k)`), `done`, `finish_reason: [batch]` after the dispatch (codes of
+    `FINISH_REASONS`).
+    """
+
+    token_ids: Int[Array, "steps batch"]
+    logprobs: Float[Array, "steps batch"]
+    top_token_ids: Int[Array, "steps batch k"]
+    top_logprobs: Float[Array, "steps batch k"]
+    done: Bool[Array, " batch"]
+    finish_reason: Int[Array, " batch"]
+
+
+def _insert(prefix: Prefix, state: DecodeState, slot: Int[Array, ""]) -> DecodeState:
+    gen = state.generation
+    width = prefix.cache.max_len
+    cache = gen.cache
+
+    def put_slots(buffer, row):  # buffer [slots, kv_heads, max_len, head_dim], row [1, ...]
+        fresh = jnp.zeros((1,) + buffer.shape[1:], buffer.dtype)
+        fresh = jax.lax.dynamic_update_slice(fresh, row.astype(buffer.dtype), (0, 0, 0, 0))
+        return jax.lax.dynamic_update_slice(buffer, fresh, (slot, 0, 0, 0))
+
+    positions = jnp.full((cache.max_len,), -1, jnp.int32).at[:width].set(prefix.cache.positions[0])
+    cache = KVCache(
+        k=tuple(put_slots(b, r) for b, r in zip(cache.k, prefix.cache.k)),
+        v=tuple(put_slots(b, r) for b, r in zip(cache.v, prefix.cache.v)),
+        positions=cache.positions.at[slot].set(positions),
+        length=cache.length.at[slot].set(width),
+    )
+    gen = GenerationState(
+        token_ids=gen.token_ids.at[slot].set(prefix.token_ids),
+        length=gen.length.at[slot].set(prefix.length),
+        prompt_length=gen.prompt_length.at[slot].set(prefix.length),
+        start_length=gen.start_length.at[slot].set(prefix.length),
+        max_new_tokens=gen.max_new_tokens.at[slot].set(prefix.max_new_tokens),
+        done=gen.done.at[slot].set(False),
+        finish_reason=gen.finish_reason.at[slot].set(0),
+        logits=gen.logits.at[slot].set(prefix.logits),
+        logprobs=gen.logprobs,
+        top_token_ids=gen.top_token_ids,
+        top_logprobs=gen.top_logprobs,
+        cache=cache,
+        processor_states=gen.processor_states,
+        stop_state=gen.stop_state,
+        key=gen.key.at[slot].set(prefix.key),
+        key_step=gen.key_step.at[slot].set(0),
+        search_state=gen.search_state,
+    )
+    params = jax.tree.map(lambda a, b: a.at[slot].set(b), state.params, prefix.params)
+    return DecodeState(gen, params)
+
+
+def _free(state: DecodeState, slot: Int[Array, ""]) -> DecodeState:
+    gen = state.generation
+    return eqx.tree_at(lambda s: s.generation.done, state, gen.done.at[slot].set(True))
+
+
+def _prefill(model, token_ids, positions):
+    logits, cache = model.prefill(token_ids, positions, max_len=token_ids.shape[1])
+    return logits[0, -1], cache
+
+
+def _prefill_chunk(model, cache, token_ids, positions):
+    logits, cache = model(token_ids, positions, cache, logits_to_keep=1)
+    return logits[0, -1], cache
+
+
+_generate_jit = eqx.filter_jit(_generate, donate="all-except-first")
+_insert_jit = eqx.filter_jit(_insert, donate="all-except-first")
+_free_jit = eqx.filter_jit(_free, donate="all")
+_prefill_jit = eqx.filter_jit(_prefill)
+_prefill_chunk_jit = eqx.filter_jit(_prefill_chunk, donate="all-except-first")
+
+
+class Engine:
+    """A continuous-batching engine over `max_slots` slots (JetStream's `prefill` / `insert` /
+    `generate`), and an `async` streaming API through its orchestrator (`stream`).
+
+    **Arguments:**
+
+    - `model`, `tokenizer`: from `functional_gen.load_model`.
+    - `max_slots`: requests decoded together (the batch of the decode step).
+    - `max_len`: tokens per slot, prompt (padded to its bucket) plus `max_new_tokens`; longer
+      requests are refused.
+    - `num_steps`: decode steps per `generate` dispatch (`DEFAULT_NUM_STEPS`).
+    - `prefill_chunk`: prompts longer than this are prefilled in chunks (`DEFAULT_PREFILL_CHUNK`).
+    - `top_logprobs`: how many most likely alternatives each step reports (static; 0 = none).
+
+    **Raises:** `ValueError` for a non-positive `max_slots`, `max_len` or `num_steps`, or a
+    `max_len` beyond the model's context.
+    """
+
+    def __init__(
+        self,
+        model: AbstractCausalLM,
+        tokenizer,
+        max_slots: int = 8,
+        *,
+        max_len: int = 1024,
+        num_steps: int = DEFAULT_NUM_STEPS,
+        prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
+        top_logprobs: int = 0,
+    ):
+        for name, value in (
+            ("max_slots", max_slots),
+            ("max_len", max_len),
+            ("num_steps", num_steps),
+            ("prefill_chunk", prefill_chunk),
+        ):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"`{name}` must be a positive integer, got {value!r}")
+        limit = model.max_position_embeddings
+        if limit is not None and max_len > limit:
+            raise ValueError(
+                f"`max_len`={max_len} is longer than the model's context "
+                f"(max_position_embeddings={limit})"
+            )
+        self.model = model
+        self.tokenizer = tokenizer
+        self.max_slots = max_slots
+        self.max_len = max_len
+        self.num_steps = num_steps
+        self.prefill_chunk = prefill_chunk
+        if isinstance(top_logprobs, bool) or not isinstance(top_logprobs, int) or top_logprobs < 0:
+            raise ValueError(f"`top_logprobs` must be a non-negative integer, got {top_logprobs!r}")
+        self.top_logprobs = top_logprobs
+        eos = list(model.eos_token_id)
+        config = model.generation_config
+        config_eos = getattr(config, "eos_token_id", None) if config is not None else None
+        if config_eos is not None:
+            eos = [config_eos] if isinstance(config_eos, int) else list(config_eos)
+        self.eos_token_id = tuple(int(i) for i in eos)
+        pad = model.pad_token_id
+        self.pad_token_id = int(pad if pad is not None else (eos[0] if eos else 0))
+        self._orchestrator = None
+
+    # ---- the three functions -------------------------------------------------------------
+
+    def init_decode_state(self) -> DecodeState:
+        """An empty decode state: every slot idle (`done`)."""
+        slots, vocab = self.max_slots, self.model.vocab_size
+
+        def zeros_f():
+            return jnp.zeros((slots,), jnp.float32)
+
+        params = SlotParams(
+            greedy=jnp.ones((slots,), bool),
+            temperature=zeros_f() + 1,
+            top_p=zeros_f() + 1,
+            min_p=zeros_f(),
+            repetition_penalty=zeros_f() + 1,
+            presence_penalty=zeros_f(),
+            frequency_penalty=zeros_f(),
+            logit_bias=jnp.zeros((slots, vocab), jnp.float32),
+        )
+
+        def zeros_i():  # a buffer of its own per field (the state is donated)
+            return jnp.zeros((slots,), jnp.int32)
+
+        gen = GenerationState(
+            token_ids=jnp.full((slots, self.max_len), self.pad_token_id, jnp.int32),
+            length=zeros_i(),
+            prompt_length=zeros_i(),
+            start_length=zeros_i(),
+            max_new_tokens=zeros_i(),
+            done=jnp.ones((slots,), bool),
+            finish_reason=zeros_i(),
+            logits=jnp.zeros((slots, vocab), jnp.float32),
+            logprobs=jnp.zeros((slots, self.max_len), jnp.float32),
+            top_token_ids=jnp.zeros((slots, self.max_len, self.top_logprobs), jnp.int32),
+            top_logprobs=jnp.zeros((slots, self.max_len, self.top_logprobs), jnp.float32),
+            cache=self.model.init_cache(slots, self.max_len),
+            processor_states=((),),
+            stop_state=jnp.zeros((slots, 0), jnp.int32),
+            key=jax.random.split(jax.random.key(0), slots),
+            key_step=zeros_i(),
+            search_state=None,
+        )
+        return DecodeState(gen, params)
+
+    def request(self, token_ids: Sequence[int], max_new_tokens: int, **sampling) -> Request:
+        """A validated `Request` (see its attributes for `sampling`).
+
+        **Raises:** `ValueError` naming the value: an empty prompt, a non-positive
+        `max_new_tokens`, a prompt (padded to its bucket) plus `max_new_tokens` beyond `max_len`,
+        a knob out of range, a `logit_bias` id outside the vocabulary.
+        """
+        ids = tuple(int(i) for i in token_ids)
+        if not ids:
+            raise ValueError("the prompt encodes to no tokens")
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int):
+            raise ValueError(f"`max_new_tokens` must be a positive integer, got {max_new_tokens!r}")
+        if max_new_tokens < 1:
+            raise ValueError(f"`max_new_tokens` must be a positive integer, got {max_new_tokens!r}")
+        width = self.prefill_width(len(ids))
+        if width + max_new_tokens > self.max_len:
+            raise ValueError(
+                f"the prompt has {len(ids)} tokens (padded to {width}) and max_new_tokens="
+                f"{max_new_tokens}: more than this engine's max_len={self.max_len}"
+            )
+        unknown = sorted(set(sampling) - {f.name for f in dataclasses.fields(Request)})
+        if unknown:
+            raise ValueError(f"unknown sampling parameters: {unknown}")
+        knobs = dict(sampling)
+        for name in (
+            "temperature",
+            "top_p",
+            "min_p",
+            "repetition_penalty",
+            "presence_penalty",
+            "frequency_penalty",
+        ):
+            if name in knobs:
+                value = knobs[name]
+                if isinstance(value, bool) or not isinstance(value, (int, float)):
+                    raise ValueError(f"`{name}` must be a number, got {value!r}")
+                knobs[name] = float(value)
+        knobs["logit_bias"] = tuple((int(t), float(b)) for t, b in knobs.get("logit_bias", ()))
+        request = Request(ids, max_new_tokens, **knobs)
+        checks = (
+            ("temperature", request.temperature, 0.0, float("inf")),
+            ("top_p", request.top_p, 0.0, 1.0),
+            ("min_p", request.min_p, 0.0, 1.0),
+            ("repetition_penalty", request.repetition_penalty, 1e-6, float("inf")),
+            ("presence_penalty", request.presence_penalty, -2.0, 2.0),
+            ("frequency_penalty", request.frequency_penalty, -2.0, 2.0),
+        )
+        for name, value, low, high in checks:
+            if not (isinstance(value, (int, float)) and low <= value <= high) or (
+                name == "top_p" and value == 0
+            ):
+                raise ValueError(f"`{name}`={value!r} is outside [{low}, {high}]")
+        for token, bias in request.logit_bias:
+            if not 0 <= token < self.model.vocab_size:
+                raise ValueError(
+                    f"logit_bias names token {token}, outside the vocabulary "
+                    f"[0, {self.model.vocab_size})"
+                )
+            if not -100 <= bias <= 100:
+                raise ValueError(f"logit_bias {bias} for token {token} is outside [-100, 100]")
+        return request
+
+    def prefill_width(self, prompt_length: int) -> int:
+        """Cache slots a prompt of `prompt_length` tokens takes: its bucket, or a multiple of
+        `prefill_chunk` when it is chunked."""
+        if prompt_length > self.prefill_chunk:
+            return -(-prompt_length // self.prefill_chunk) * self.prefill_chunk
+        return bucket_length(prompt_length)
+
+    def prefill_chunks(self, request: Request) -> Iterator[Prefix | None]:
+        """Prefill `request`, yielding `None` between chunks (the orchestrator decodes the other
+        slots there) and the `Prefix` last. A prompt of at most `prefill_chunk` tokens is ONE
+        model call over the left-padded prompt (what `generate` computes); a longer one runs
+        `prefill_chunk` tokens per call into a cache of the padded width."""
+        ids = np.asarray(request.token_ids, np.int32)
+        n = len(ids)
+        width = self.prefill_width(n)
+        token_ids = np.full((1, width), self.pad_token_id, np.int32)
+        positions = np.full((1, width), -1, np.int32)
+        token_ids[0, width - n :] = ids
+        positions[0, width - n :] = np.arange(n)
+        if n <= self.prefill_chunk:
+            logits, cache = _prefill_jit(self.model, jnp.asarray(token_ids), jnp.asarray(positions))
+        else:
+            cache = self.model.init_cache(1, width)
+            c = self.prefill_chunk
+            for start in range(0, width, c):
+                logits, cache = _prefill_chunk_jit(
+                    self.model,
+                    cache,
+                    jnp.asarray(token_ids[:, start : start + c]),
+                    jnp.asarray(positions[:, start : start + c]),
+                )
+                if start + c < width:
+                    yield None
+        yield self._prefix(request, logits, cache)
+
+    def prefill(self, request: Request) -> Prefix:
+        """Prefill `request` at once (all of `prefill_chunks`). **Returns:** its `Prefix`."""
+        *_, prefix = self.prefill_chunks(request)
+        return prefix
+
+    def _prefix(self, request: Request, logits, cache) -> Prefix:
+        row = np.full((self.max_len,), self.pad_token_id, np.int32)
+        row[: len(request.token_ids)] = request.token_ids
+        bias = np.zeros((self.model.vocab_size,), np.float32)
+        for token, value in request.logit_bias:
+            bias[token] += value
+        seed = request.seed
+        if seed is None:
+            seed = int.from_bytes(os.urandom(4), "little")
+        f32 = lambda x: jnp.asarray(x, jnp.float32)  # noqa: E731
+        params = SlotParams(
+            greedy=jnp.asarray(request.temperature == 0),
+            temperature=f32(request.temperature),
+            top_p=f32(request.top_p),
+            min_p=f32(request.min_p),
+            repetition_penalty=f32(request.repetition_penalty),
+            presence_penalty=f32(request.presence_penalty),
+            frequency_penalty=f32(request.frequency_penalty),
+            logit_bias=jnp.asarray(bias),
+        )
+        return Prefix(
+            token_ids=jnp.asarray(row),
+            length=jnp.asarray(len(request.token_ids), jnp.int32),
+            max_new_tokens=jnp.asarray(request.max_new_tokens, jnp.int32),
+            logits=logits,
+            cache=cache,
+            key=jax.random.fold_in(jax.random.key(seed), 0),
+            params=params,
+        )
+
+    def insert(self, prefix: Prefix, decode_state: DecodeState, slot: int) -> DecodeState:
+        """Put `prefix` into `slot` of `decode_state` (donated: do not use it afterwards).
+
+        **Raises:** `ValueError` for a slot outside `[0, max_slots)`."""
+        if not 0 <= slot < self.max_slots:
+            raise ValueError(f"slot {slot} is outside [0, {self.max_slots})")
+        return _insert_jit(prefix, decode_state, jnp.asarray(slot, jnp.int32))
+
+    def free(self, decode_state: DecodeState, slot: int) -> DecodeState:
+        """Mark `slot` finished (a cancelled request); `decode_state` is donated."""
+        return _free_jit(decode_state, jnp.asarray(slot, jnp.int32))
+
+    def generate(self, decode_state: DecodeState, num_steps: int | None = None):
+        """Run up to `num_steps` decode steps (default `self.num_steps`) in ONE dispatch
+        (a `lax.while_loop`, left early when every slot is done).
+
+        **Arguments:** `decode_state` (donated).
+
+        **Returns:** `(decode_state, output)`, `output` a `StepOutput` (`output.token_ids:
+        Int[Array, "steps batch"]`, the token each slot took at each step, `-1` where none).
+        """
+        n = self.num_steps if num_steps is None else num_steps
+        return _generate_jit(self.model, decode_state, n, self.eos_token_id, self.pad_token_id)
+
+    def precompile(self, *, progress: bool = True) -> None:
+        """Compile every prefill bucket, chunk, insert and the decode step now (a `tqdm` bar
+        when `progress`), so that no request compiles later."""
+        widths = []
+        w = bucket_length(1)
+        while w <= min(self.prefill_chunk, self.max_len - 1):
+            widths.append(w)
+            w = bucket_length(w + 1)
+        chunked = list(range(2 * self.prefill_chunk, self.max_len, self.prefill_chunk))
+        lengths = widths + chunked
+        state = self.init_decode_state()
+        jobs = [*lengths, None]
+        for n in progress_bar(jobs, desc="compiling", unit="shape") if progress else jobs:
+            if n is None:
+                state = self.free(state, 0)
+                state, _ = self.generate(state)
+            else:
+                state = self.insert(self.prefill(self.request([0] * n, 1)), state, 0)
+
+    def generate_alone(
+        self, request: Request, constraint
+    ) -> tuple[list[int], list[float], list, str]:
+        """Run `request` on its own with `constraint` (a structured-generation processor, e.g.
+        `fg.processors.Regex`) through `fg.generate`, whose processors are `[constraint]` then
+        the request's knobs in `SlotDecoding`'s order.
+
+        This is how the server runs constrained requests for now: the engine's slots do not
+        carry constraint tables, so the orchestrator runs such a request between two decode
+        dispatches and the other slots wait for it; each new table shape compiles a program.
+
+        **Returns:** `(token_ids, logprobs, top_logprobs, finish_reason)` (a `FINISH_REASONS`
+        name).
+        """
+        processors = [constraint]
+        if request.logit_bias:
+            bias: dict[int, float] = {}
+            for token, value in request.logit_bias:
+                bias[token] = bias.get(token, 0.0) + value
+            processors.append(P.LogitBias(bias))
+        if request.repetition_penalty != 1:
+            processors.append(P.RepetitionPenalty(request.repetition_penalty))
+        if request.presence_penalty:
+            processors.append(P.PresencePenalty(request.presence_penalty))
+        if request.frequency_penalty:
+            processors.append(P.FrequencyPenalty(request.frequency_penalty))
+        sampler = Greedy()
+        if request.temperature > 0:
+            sampler = Multinomial()
+            if request.temperature != 1:
+                processors.append(P.Temperature(request.temperature))
+            if request.top_p < 1:
+                processors.append(P.TopP(request.top_p))
+            if request.min_p > 0:
+                processors.append(P.MinP(request.min_p))
+        seed = request.seed
+        if seed is None:
+            seed = int.from_bytes(os.urandom(4), "little")
+        state = SequenceState.from_token_ids(
+            [list(request.token_ids)], vocab_size=self.model.vocab_size, tokenizer=self.tokenizer
+        )
+        result = generate_call(
+            self.model,
+            self.tokenizer,
+            state,
+            processors=processors,
+            sampler=sampler,
+            key=jax.random.key(seed),
+            max_new_tokens=request.max_new_tokens,
+            top_logprobs=self.top_logprobs,
+            logprobs_mode="raw",
+        )
+        n = int(result.state.arrays.length[0]) - len(request.token_ids)
+        ids = [int(t) for t in np.asarray(result.token_ids[0, :n])]
+        lps = [float(x) for x in np.asarray(result.logprobs[0, :n])]
+        tops = [[] for _ in range(n)]
+        if self.top_logprobs:
+            top_ids, top_lps = (
+                np.asarray(result.top_token_ids[0]),
+                np.asarray(result.top_logprobs[0]),
+            )
+            tops = [list(zip(top_ids[j].tolist(), top_lps[j].tolist())) for j in range(n)]
+        return ids, lps, tops, result.finish_reasons[0]
+
+    # ---- the orchestrated, asynchronous side -------------------------------------------------
+
+    @property
+    def orchestrator(self) -> Orchestrator:
+        """The `Orchestrator` that runs this engine for many callers (started on first use)."""
+        if self._orchestrator is None:
+            self._orchestrator = Orchestrator(self)
+            self._orchestrator.start()
+        return self._orchestrator
+
+    def close(self) -> None:
+        """Stop the orchestrator's thread (requests in flight end with an error)."""
+        if self._orchestrator is not None:
+            self._orchestrator.close()
+            self._orchestrator = None
+
+    def request_from_options(
+        self, prompt: Prompt, options: GenerationOptions | None = None, *, seed: int | None = None
+    ) -> tuple[Request, tuple[str, ...]]:
+        """The `Request` and stop strings of a prompt (raw text, or a chat rendered with the
+        chat template) and `GenerationOptions`, as `generate` reads them: `temperature`,
+        `top_p`, `min_p` (any of them implies sampling unless `do_sample=False`),
+        `do_sample`, `repetition_penalty`, `max_new_tokens` (default 128), `stop_strings`,
+        `chat_template`; `seed` picks the key (see the module docstring).
+
+        **Raises:** `ValueError` naming an option the engine does not serve (`top_k`,
+        `typical_p`, beams, guidance, ...) or a value out of range (see `request`).
+        """
+        options = options or GenerationOptions()
+        served = {
+            "max_new_tokens",
+            "stop_strings",
+            "do_sample",
+            "temperature",
+            "top_p",
+            "min_p",
+            "repetition_penalty",
+            "chat_template",
+            "prefill_mode",
+        }
+        defaults = GenerationOptions()
+        unserved = [
+            f.name
+            for f in dataclasses.fields(options)
+            if f.name not in served and getattr(options, f.name) != getattr(defaults, f.name)
+        ]
+        if unserved:
+            raise ValueError(f"the serving engine does not support these options: {unserved}")
+        ids = encode_prompt(self.tokenizer, prompt, chat_template=options.chat_template)
+        sampled = options.do_sample
+        if sampled is None:
+            sampled = any(getattr(options, name) is not None for name in SAMPLING_FIELDS)
+        temperature = options.temperature if options.temperature is not None else 1.0
+        if not sampled or temperature == 0:
+            knobs = {"temperature": 0.0}
+        else:
+            knobs = {
+                "temperature": float(temperature),
+                "top_p": 1.0 if options.top_p is None else float(options.top_p),
+                "min_p": 0.0 if options.min_p is None else float(options.min_p),
+            }
+        if options.repetition_penalty is not None:
+            knobs["repetition_penalty"] = float(options.repetition_penalty)
+        stops = options.stop_strings or ()
+        stops = (stops,) if isinstance(stops, str) else tuple(stops)
+        max_new = 128 if options.max_new_tokens is None else options.max_new_tokens
+        return self.request(ids, max_new, seed=seed, **knobs), stops
+
+    async def stream(
+        self, prompt: Prompt, options: GenerationOptions | None = None, *, seed: int | None = None
+    ):
+        """Generate for `prompt` among the other callers, yielding `str` pieces as they come
+        (never half a UTF-8 character; no EOS; nothing from a stop string on). Their
+        concatenation equals `generate(model, tokenizer, prompt, options,
+        key=jax.random.key(seed)).texts[0]`.
+
+        **Raises:** `ValueError` (see `request_from_options`), before anything is queued;
+        `RuntimeError` when the engine stops before the request finished.
+        """
+        request, stops = self.request_from_options(prompt, options, seed=seed)
+        handle = self.orchestrator.submit(request, stops)
+        try:
+            async for event in handle.events():
+                if isinstance(event, Error):
+                    raise RuntimeError(event.message)
+                if isinstance(event, Finished):
+                    return
+                if event.text:
+                    yield event.text
+        finally:
+            handle.cancel()

@@ -1,0 +1,363 @@
+"""The orchestrator: the host loop around an `Engine`'s three functions.
+
+ONE background thread owns the device and the decode state. Each turn of its loop it
+
+1. drops the requests whose caller went away (`Handle.cancel`; a slot they held is freed before
+   this turn's dispatch),
+2. admits queued requests into free slots: one prefill chunk per turn (a prompt longer than
+   `Engine.prefill_chunk` takes several turns, with decode dispatches between them, so the
+   other streams keep going), then `insert`,
+3. runs `generate` (`Engine.num_steps` steps in one dispatch) when any slot is busy, and
+4. turns each slot's new tokens into text pieces (`IncrementalDecoder`: never half a UTF-8
+   character), cuts them at stop strings (on the host: the text is held back by the length of
+   the longest stop string minus one character, as `fg.stream` does), and hands them to the
+   request's `asyncio` queue with `loop.call_soon_threadsafe`.
+
+The asyncio side only queues: `submit` returns a `Handle` at once, whose `events()` yields
+`Piece`s and then one `Finished` (or an `Error`).
+"""
+
+import asyncio
+import collections
+import contextlib
+import dataclasses
+import threading
+import time
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
+
+import jax
+
+from ..generation.state import FINISH_REASONS
+from ..generation.stop_strings import truncate_at_stop
+from ..tokenization import IncrementalDecoder
+
+if TYPE_CHECKING:  # (engine.py imports this module for `Engine.stream`)
+    from .engine import Engine, Request
+
+OPENAI_FINISH_REASONS = {"eos": "stop", "stop_string": "stop", "length": "length"}
+"""`FINISH_REASONS` names as OpenAI's `finish_reason` ("constraint" is kept as it is)."""
+
+
+@dataclasses.dataclass
+class Piece:
+    """New text of a request: `text`, and the `token_ids` and raw `logprobs` behind it (the
+    tokens may run ahead of the text by an incomplete character or a held-back stop string), and
+    per token its `top_logprobs` alternatives as `(token id, logprob)` pairs (`Engine(top_logprobs=k)`)."""
+
+    text: str
+    token_ids: list[int]
+    logprobs: list[float]
+    top_logprobs: list[list[tuple[int, float]]]
+
+
+@dataclasses.dataclass
+class Finished:
+    """The end of a request: `finish_reason` (OpenAI's: "stop", "length"), `prompt_tokens`,
+    `completion_tokens` (tokens generated, an EOS included), `text` (all of it)."""
+
+    finish_reason: str
+    prompt_tokens: int
+    completion_tokens: int
+    text: str
+
+
+@dataclasses.dataclass
+class Error:
+    """A request that ended without finishing (`message`), e.g. the server shutting down."""
+
+    message: str
+
+
+class Handle:
+    """One submitted request: iterate `events()` (async) for `Piece`, then `Finished` or `Error`;
+    `cancel()` frees its slot at the next dispatch."""
+
+    def __init__(self, request: "Request", stop_strings: tuple[str, ...], loop, constraint=None):
+        self.request = request
+        self.constraint = constraint
+        self.stop_strings = stop_strings
+        self.cancelled = False
+        self.submitted = time.perf_counter()
+        self.first_token: float | None = None
+        self._loop = loop
+        self._queue: asyncio.Queue = asyncio.Queue()
+
+    def cancel(self) -> None:
+        """Give the request up; its slot is freed before the next dispatch."""
+        self.cancelled = True
+
+    def _put(self, event) -> None:
+        # a closed event loop raises RuntimeError: nobody is listening any more
+        with contextlib.suppress(RuntimeError):
+            self._loop.call_soon_threadsafe(self._queue.put_nowait, event)
+
+    async def events(self) -> AsyncIterator[Piece | Finished | Error]:
+        """The request's events, ending with its `Finished` or `Error`."""
+        while True:
+            event = await self._queue.get()
+            yield event
+            if isinstance(event, (Finished, Error)):
+                return
+
+
+class _Slot:
+    """Host bookkeeping of a busy slot."""
+
+    def __init__(self, handle: Handle, tokenizer, eos: set[int]):
+        self.handle = handle
+        self.decoder = IncrementalDecoder(tokenizer)
+        self.eos = eos
+        self.text = ""
+        self.emitted = 0
+        self.generated = 0
+        self.pending_ids: list[int] = []
+        self.pending_lps: list[float] = []
+        self.pending_top: list[list[tuple[int, float]]] = []
+        strings = handle.stop_strings
+        self.hold = max((len(s) for s in strings), default=1) - 1
+
+    def push(self, token: int, logprob: float, top: list[tuple[int, float]]) -> bool:
+        """Take one token; `True` when the text now holds a stop string."""
+        self.generated += 1
+        self.pending_ids.append(token)
+        self.pending_lps.append(logprob)
+        self.pending_top.append(top)
+        if token not in self.eos:
+            self.text += self.decoder.push(token)
+        if self.handle.stop_strings:
+            return truncate_at_stop(self.text, self.handle.stop_strings)[1]
+        return False
+
+    def piece(self, final: bool) -> Piece | None:
+        """The text that may be handed out now (all of it when `final`)."""
+        if final:
+            self.text += self.decoder.flush()
+            if self.handle.stop_strings:
+                self.text = truncate_at_stop(self.text, self.handle.stop_strings)[0]
+            end = len(self.text)
+        else:
+            end = len(self.text) - self.hold
+        if end <= self.emitted and not (final and self.pending_ids):
+            return None
+        text = self.text[self.emitted : max(end, self.emitted)]
+        piece = Piece(text, self.pending_ids, self.pending_lps, self.pending_top)
+        self.emitted = max(end, self.emitted)
+        self.pending_ids, self.pending_lps, self.pending_top = [], [], []
+        return piece
+
+
+class Orchestrator:
+    """Runs an `Engine` for many callers (see the module docstring).
+
+    **Arguments:** `engine`; `max_queue`: requests waiting beyond the slots (more are refused
+    with `QueueFull`).
+
+    **Attributes (read by the metrics):** `queue_length`, `busy_slots`, `generated_tokens`
+    (total), `on_first_token` (a callable given the seconds from submission to the first
+    token, or `None`).
+    """
+
+    def __init__(self, engine: "Engine", *, max_queue: int = 256):
+        self.engine = engine
+        self.max_queue = max_queue
+        self.generated_tokens = 0
+        self.on_first_token = None
+        self._queue: collections.deque[Handle] = collections.deque()
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._slots: list[_Slot | None] = [None] * engine.max_slots
+        self._prefilling: tuple[Handle, object] | None = None
+        self._running = False
+        self._thread: threading.Thread | None = None
+        self._eos = set(engine.eos_token_id)
+        self.error: BaseException | None = None
+
+    @property
+    def queue_length(self) -> int:
+        """Requests submitted and not yet in a slot."""
+        return len(self._queue) + (self._prefilling is not None)
+
+    @property
+    def busy_slots(self) -> int:
+        """Slots holding a request."""
+        return sum(s is not None for s in self._slots)
+
+    def start(self) -> None:
+        """Start the device thread (idempotent)."""
+        if self._thread is not None:
+            return
+        self._running = True
+        self._thread = threading.Thread(target=self._run, name="functional-gen-engine", daemon=True)
+        self._thread.start()
+
+    def close(self, timeout: float | None = 10.0) -> None:
+        """Stop the device thread; every request not finished gets an `Error` event."""
+        self._running = False
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
+
+    def submit(self, request: "Request", stop_strings=(), loop=None, constraint=None) -> Handle:
+        """Queue `request` (from the asyncio side; returns at once). With a `constraint` (a
+        structured-generation processor, built by the caller off this thread), the request runs
+        on its own (`Engine.generate_alone`) when its turn comes; the slots wait meanwhile.
+
+        **Raises:** `QueueFull` when `max_queue` requests wait; `RuntimeError` when closed.
+        """
+        if not self._running:
+            raise RuntimeError("the serving engine is not running (closed, or not started)")
+        handle = Handle(
+            request, tuple(stop_strings), loop or asyncio.get_running_loop(), constraint
+        )
+        with self._lock:
+            if len(self._queue) >= self.max_queue:
+                raise QueueFull(f"{self.max_queue} requests are already waiting; retry later")
+            self._queue.append(handle)
+        self._wake.set()
+        return handle
+
+    # ---- the device thread -----------------------------------------------------------------
+
+    def _run(self) -> None:
+        engine = self.engine
+        state = engine.init_decode_state()
+        try:
+            while self._running:
+                state = self._drop_cancelled(state)
+                state = self._admit(state)
+                if self.busy_slots == 0:
+                    if self._prefilling is None and not self._queue:
+                        self._wake.wait(0.5)
+                        self._wake.clear()
+                    continue
+                state, out = engine.generate(state)
+                out = jax.device_get(out)  # one transfer per dispatch
+                state = self._deliver(state, out)
+        except BaseException as error:
+            self.error = error
+            message = f"the serving engine failed: {type(error).__name__}: {error}"
+        else:
+            message = "the server is shutting down"
+        self._running = False
+        with self._lock:
+            waiting = list(self._queue) + [s.handle for s in self._slots if s is not None]
+            if self._prefilling is not None:
+                waiting.append(self._prefilling[0])
+            self._queue.clear()
+        for handle in waiting:
+            handle._put(Error(message))
+
+    def _drop_cancelled(self, state):
+        for i, slot in enumerate(self._slots):
+            if slot is not None and slot.handle.cancelled:
+                state = self.engine.free(state, i)
+                self._slots[i] = None
+        if self._prefilling is not None and self._prefilling[0].cancelled:
+            self._prefilling = None
+        with self._lock:
+            if any(h.cancelled for h in self._queue):
+                self._queue = collections.deque(h for h in self._queue if not h.cancelled)
+        return state
+
+    def _admit(self, state):
+        """At most one prefill chunk per turn; inserts a finished prefill into a free slot."""
+        if None not in self._slots:
+            return state
+        if self._prefilling is None:
+            with self._lock:
+                if not self._queue:
+                    return state
+                handle = self._queue.popleft()
+            if handle.constraint is not None:
+                self._run_alone(handle)
+                return state
+            self._prefilling = (handle, self.engine.prefill_chunks(handle.request))
+        handle, chunks = self._prefilling
+        try:
+            prefix = next(chunks)
+        except Exception as error:  # this request fails, the others go on
+            self._prefilling = None
+            handle._put(Error(f"prefill failed: {type(error).__name__}: {error}"))
+            return state
+        if prefix is None:
+            return state
+        self._prefilling = None
+        slot = self._slots.index(None)
+        state = self.engine.insert(prefix, state, slot)
+        self._slots[slot] = _Slot(handle, self.engine.tokenizer, self._eos)
+        return state
+
+    def _run_alone(self, handle: Handle) -> None:
+        """A constrained request, through `Engine.generate_alone`, delivered at once."""
+        try:
+            ids, lps, tops, why = self.engine.generate_alone(handle.request, handle.constraint)
+        except Exception as error:  # this request fails, the others go on
+            handle._put(Error(f"generation failed: {type(error).__name__}: {error}"))
+            return
+        slot = _Slot(handle, self.engine.tokenizer, self._eos)
+        handle.first_token = time.perf_counter()
+        if self.on_first_token is not None and ids:
+            self.on_first_token(handle.first_token - handle.submitted)
+        stopped = False
+        for t, lp, top in zip(ids, lps, tops):
+            self.generated_tokens += 1
+            if slot.push(t, lp, top):
+                stopped = True
+                break
+        piece = slot.piece(final=True)
+        if piece is not None:
+            handle._put(piece)
+        why = "stop_string" if stopped else why
+        handle._put(
+            Finished(
+                OPENAI_FINISH_REASONS.get(why, why),
+                len(handle.request.token_ids),
+                slot.generated,
+                slot.text,
+            )
+        )
+
+    def _deliver(self, state, out):
+        done, reason = out.done, out.finish_reason
+        for i, slot in enumerate(self._slots):
+            if slot is None:
+                continue
+            stopped = False
+            for j, (t, lp) in enumerate(
+                zip(out.token_ids[:, i].tolist(), out.logprobs[:, i].tolist())
+            ):
+                if t < 0:
+                    break
+                top = list(zip(out.top_token_ids[j, i].tolist(), out.top_logprobs[j, i].tolist()))
+                if slot.generated == 0:
+                    slot.handle.first_token = time.perf_counter()
+                    if self.on_first_token is not None:
+                        self.on_first_token(slot.handle.first_token - slot.handle.submitted)
+                self.generated_tokens += 1
+                if slot.push(int(t), float(lp), top):
+                    stopped = True
+                    break
+            finished = stopped or bool(done[i])
+            piece = slot.piece(final=finished)
+            if piece is not None:
+                slot.handle._put(piece)
+            if finished:
+                why = "stop_string" if stopped else FINISH_REASONS[int(reason[i])]
+                slot.handle._put(
+                    Finished(
+                        finish_reason=OPENAI_FINISH_REASONS.get(why, why),
+                        prompt_tokens=len(slot.handle.request.token_ids),
+                        completion_tokens=slot.generated,
+                        text=slot.text,
+                    )
+                )
+                if not bool(done[i]):
+                    state = self.engine.free(state, i)
+                self._slots[i] = None
+        return state
+
+
+class QueueFull(RuntimeError):
+    """Too many requests are waiting (`Orchestrator.max_queue`)."""
