@@ -57,7 +57,9 @@ def build_pushdown(
     it: one rule per large subschema (`json_schema.json_schema_grammar`).
 
     **Raises:** `NotDeterministic` when a byte could be read in two ways, a recursive rule
-    matches the empty string or is left-recursive; `GrammarError` for an empty language;
+    matches the empty string or is left-recursive; `GrammarError` for a language without a
+    finite sentence (naming the rules that never end), or without one that fits within
+    `stack_depth` open calls and can be spelled with the vocabulary's tokens;
     `ValueError` for `top` and `rules` together or a `calls` table of the wrong width.
     """
     if top is not None:
@@ -382,7 +384,13 @@ def _distances(nxt, push, final, byte_class, vocabulary: TokenVocabulary | None)
     """The fewest one-byte tokens from each position to one where its rule may end: 0 where
     it may, else `1 + distance[next] + sum(distance[pushed])` minimised over the bytes that are
     tokens by themselves (every byte with `vocabulary=None`: the fewest bytes, whatever the
-    vocabulary; a shortest-path fixed point over the tables; the stack depth ignored)."""
+    vocabulary; a shortest-path fixed point over the tables; the stack depth ignored). Summed
+    over a configuration's position and stack they bound the tokens that end the text without
+    a stack limit: the one-byte token of the first byte of that shortest completion exists and
+    lowers the sum by one (a rule that may end never reads a byte that a return position below
+    reads, so the byte returns as the sum assumes). The device budget uses the token-level
+    `budget.token_budget` instead; these remain the byte-level reference (and, without a
+    vocabulary, the test that the language has a sentence at all)."""
 
     def value(target, pushed, pushing):
         return np.minimum(1 + target + np.where(pushing, pushed, 0).sum(axis=-1), UNREACHABLE)
@@ -411,11 +419,7 @@ def _min_rooms(nxt, push, final, byte_class, vocabulary: TokenVocabulary, stack_
 def _fixed_point(nxt, push, final, readable, value):
     """The least fixed point of `out[p] = 0` where `p` is final, else the least `value(out[next],
     out[pushed], pushing)` over the readable byte classes that `p` reads (`UNREACHABLE` where
-    none), `value` monotone and at least its target's. Summed over a configuration's position
-    and stack the distances bound the tokens that end the text: the one-byte token of the first
-    byte of that shortest completion exists and lowers the sum by one (a rule that may end
-    never reads a byte that a return position below reads, so the byte returns as the sum
-    assumes)."""
+    none), `value` monotone and at least its target's (`_distances`, `_min_rooms`)."""
     # The edges as flat lists (positions in order, as `np.nonzero` gives them). A worklist:
     # each round re-evaluates only the edges whose target or pushed positions changed in the
     # last one (every edge every round took one round per step of the longest completion: 2 s
