@@ -232,7 +232,10 @@ def build_pushdown(
     ]
 
     initial = int(offsets[0]) + automata[0].initial
-    ends = _distances(nxt, push, final, byte_class, None)
+    distance = _distances(nxt, push, final, byte_class, vocabulary)
+    ends = distance
+    if distance[initial] >= UNREACHABLE:  # the one-byte tokens cannot end it: can any bytes?
+        ends = _distances(nxt, push, final, byte_class, None)
     if ends[initial] >= UNREACHABLE:
         starts = offsets[:-1] + np.asarray([a.initial for a in automata])
         endless = [names[a] for a in range(len(automata)) if ends[starts[a]] >= UNREACHABLE]
@@ -243,7 +246,6 @@ def build_pushdown(
             f"{', '.join(map(repr, endless))} never end{'' if many else 's'} (every derivation "
             "calls a rule again)"
         )
-    distance = _distances(nxt, push, final, byte_class, vocabulary)
     min_room = _min_rooms(nxt, push, final, byte_class, vocabulary, stack_depth)
     masks, mask_row, candidates, candidate_bytes, _, moves = token_tables(
         nxt,
