@@ -26,8 +26,10 @@ from functional_gen.structured import (
     parse_grammar,
     vocabulary_from_tokenizer,
 )
+from functional_gen.structured.byte_dfa import regex_automaton
 from functional_gen.structured.json_schema import json_schema_pushdown
 from functional_gen.structured.pushdown import PushdownConstraint, build_pushdown, state_stack
+from functional_gen.structured.regex_syntax import escape
 from functional_gen.testing import tiny_config
 
 from ..structured.helpers import context_for
@@ -235,6 +237,15 @@ def test_json_schema_pushdown_budget_counts_tokens(smollm_tokenizer, smollm_rand
         for text, reason in zip(result.texts, result.finish_reasons):
             assert reason in ("eos", "length"), (max_new_tokens, text, reason)
             assert set(json.loads(text)) >= {"identifier", "description"}, text
+
+
+def test_the_regex_budget_counts_tokens_too(smollm_tokenizer):
+    # The token automaton of a regex: `distance` is a breadth-first search over token
+    # transitions, so the same 34-byte document needs its few tokens, not 34.
+    vocabulary = vocabulary_from_tokenizer(smollm_tokenizer)
+    document = '{"identifier":"","description":""}'
+    automaton = regex_automaton(escape(document), vocabulary)
+    assert int(automaton.distance[1]) <= len(smollm_tokenizer.encode(document)) < len(document)
 
 
 def test_device_masks_equal_the_host_near_the_stack_and_the_budget():
