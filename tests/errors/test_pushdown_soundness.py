@@ -224,7 +224,7 @@ def test_json_schema_pushdown_budget_counts_tokens(smollm_tokenizer, smollm_rand
     assert pda.distance[pda.initial] == len(b'{"identifier":"","description":""}')
     need = pda.need(start)
     assert need <= 8  # SmolLM2's own tokenization of that document has 8 tokens
-    for max_new_tokens in (need, 24):
+    for max_new_tokens in (need,):  # 24, the issue's budget, is larger still (one compile)
         result = fg.generate(
             smollm_random_model,
             smollm_tokenizer,
