@@ -283,7 +283,67 @@ def parse_grammar(text: str, start: str = "start") -> GrammarSpec:
             continue  # a template: refused where it is used
         rules[name] = convert(definitions[name].tree)
     ignore = [terminal_regex(str(n)) for n in builder._ignore_names]
+    _check_finite(rules, start)
     return GrammarSpec(rules=rules, ignore=ignore, start=start)
+
+
+def _check_finite(rules: dict, start: str) -> None:
+    """Refuse a grammar whose start rule derives no finite sentence (`start: "a" start`), as an
+    empty regex is refused: the rules that can end are found by the textbook fixed point (a
+    terminal ends; a sequence when all its items do, an alternative when one does, a repetition
+    when it may repeat zero times or its item ends, a reference when its rule does).
+
+    **Raises:** `GrammarError` naming the rules reachable from `start` that never end."""
+    ends: set = set()
+
+    def can_end(node) -> bool:
+        if isinstance(node, Terminal):
+            return True
+        if isinstance(node, Ref):
+            return node.name in ends
+        if isinstance(node, Seq):
+            return all(can_end(item) for item in node.items)
+        if isinstance(node, Alt):
+            return any(can_end(option) for option in node.options)
+        if isinstance(node, Repeat):
+            return node.low == 0 or can_end(node.item)
+        return True
+
+    changed = True
+    while changed:
+        changed = False
+        for name, body in rules.items():
+            if name not in ends and can_end(body):
+                ends.add(name)
+                changed = True
+    if start in ends:
+        return
+    reached, work = [], [start]
+    while work:
+        name = work.pop()
+        if name in reached or name in ends or name not in rules:
+            continue
+        reached.append(name)
+        work.extend(_referenced(rules[name]))
+    many = len(reached) > 1
+    raise GrammarError(
+        f"the grammar's language has no finite sentence: the rule{'s' if many else ''} "
+        f"{', '.join(map(repr, reached))} never end{'' if many else 's'} (every derivation "
+        "calls a rule again)"
+    )
+
+
+def _referenced(node) -> list[str]:
+    """The rule names that `node` refers to, in order."""
+    if isinstance(node, Ref):
+        return [node.name]
+    if isinstance(node, Seq):
+        return [n for item in node.items for n in _referenced(item)]
+    if isinstance(node, Alt):
+        return [n for option in node.options for n in _referenced(option)]
+    if isinstance(node, Repeat):
+        return _referenced(node.item)
+    return []
 
 
 def _regex_of(node) -> str:

@@ -59,7 +59,7 @@ def checked_token_tables(monkeypatch):
 
     def both(*args):
         new = fast(*args)
-        _assert_tables_equal(new, token_tables_reference(*args))
+        _assert_tables_equal(new[:5], token_tables_reference(*args))  # new[5]: the moves
         checked.append(args[0].shape[0])
         return new
 

@@ -20,6 +20,7 @@ def token_tables_reference(
     vocabulary: TokenVocabulary,
     stack_depth: int,
     distance,
+    min_room,
 ):
     """Walk every token from every (position, top of stack) over the vocabulary's trie (see the
     module docstring, step 3). Returns `(masks, mask_row, candidates, candidate_bytes,
@@ -199,7 +200,19 @@ def token_tables_reference(
                 unique_keys = reached.size == new_key.size
                 kext = ext
             # Tokens ending at the reached nodes.
-            info_peak = np.fromiter((x[3] for x in ext_info), np.int64, len(ext_info))
+            # a token's bitmask level: its peak, and the free slots that the text needs to end
+            # after it (`min_room` of its position and pushes, at the heights they run with)
+            info_peak = np.fromiter(
+                (
+                    max(
+                        [x[3], int(min_room[x[0]]) + len(x[1]) + x[2]]
+                        + [int(min_room[v]) + i + x[2] for i, v in enumerate(x[1])]
+                    )
+                    for x in ext_info
+                ),
+                np.int64,
+                len(ext_info),
+            )
             while len(info_cost) < len(ext_info):
                 x = ext_info[len(info_cost)]
                 info_cost.append(int(distance[x[0]]) + sum(int(distance[v]) for v in x[1]))

@@ -1,7 +1,8 @@
 """`PushdownAutomaton`: a context-free grammar run on the device with a bounded stack.
 
 Modules: `automaton` (the tables and constants), `building` (`build_pushdown`), `token_tables`
-(step 3 below), `constraint` (`PushdownConstraint`, the device side).
+(step 3 below), `budget` (the token budget and stack room, step 3 on the device), `constraint`
+(`PushdownConstraint`, the device side).
 
 The bounded-depth DFA of `functional_gen.structured.grammar` unrolls recursion, and its states
 double with every level of JSON nesting. Here the grammar keeps its recursion: it becomes a
@@ -56,18 +57,20 @@ int32 scalars and an `int32[stack_depth]` array, so the depth costs memory, not 
    fixed-length loop over their bytes); a token that would push beyond `stack_depth` is not
    allowed; the end-of-generation ids are allowed when the position and every return position
    on the stack may end;
-3. the budget, as the DFA processors keep it: with `r` tokens left (this one included), a
-   token is allowed only if the configuration after it can end within `r - 1` tokens. The
-   bound is `need = distance[position] + sum(distance[stack])`, where `distance` is the fewest
-   *one-byte tokens* that finish a rule (a fixed point over `next`/`push` at build time, over
-   the bytes that are tokens by themselves): the vocabulary can always achieve it, so a row
-   that keeps `need <= r` always has a token left and ends inside the language, and at
-   `r = 1` only tokens that complete the text (or EOS) remain. The bitmask row is used whole
-   while `sum(distance[stack]) + budget_cost[position, slot] <= r - 1` (`budget_cost`: the
-   largest `need` a bitmask token leaves above the stack); closer to the end it is dropped and
-   only the one-byte tokens and the candidates, walked exactly with their `need`, are allowed.
-   (The bound ignores `stack_depth`: a completion that would overflow a full stack is not
-   available, and such a row may end with `"constraint"`.)
+3. the budget and the stack, as the DFA processors keep the budget: with `r` tokens left (this
+   one included), a token is allowed only if the configuration after it can end within `r - 1`
+   tokens *and within the stack*. The bound is `need = token_distance[position, room] +
+   sum_j token_distance[stack[j], stack_depth - j]`, the fewest tokens that finish each frame
+   with the free stack slots it runs with (`pushdown.budget`: a shortest path over the token
+   moves the walk of step 3 saw, per room; `UNREACHABLE` where nothing fits). The first token
+   of the top frame's shortest completion (`best_token`) always exists and lowers `need` by one,
+   so a row that keeps `need <= r` always has a token left, never runs out of stack, and ends
+   inside the language; at `r = 1` only tokens that complete the text (or EOS) remain. Bitmask
+   tokens are in a room's row only from their *level* on (their peak and the free slots that
+   finishing the text after them needs, `building._min_rooms`). The bitmask row is used whole
+   while the stack's `need` plus `token_cost[position, slot]` (the largest `need` a bitmask
+   token leaves above the stack) fits in `r - 1`; closer to the end only the one-byte tokens,
+   the candidates and the best tokens, walked exactly with their `need`, are allowed.
 4. every other logit becomes `-inf`; a row left with nothing ends with `"constraint"`.
 """
 

@@ -57,11 +57,15 @@ class PushdownAutomaton:
     - `position_rule`: `Int[np.ndarray, " positions"]` and `rule_names`: which rule each
       position belongs to (for messages and drawings).
     - `distance`: `Int[np.ndarray, " positions"]`, the fewest single-byte tokens from each
-      position to one where its rule may end (`UNREACHABLE` if none); a configuration needs at
-      most `distance[position] + sum(distance[stack])` tokens to end (see `need`).
-    - `budget_cost`: `Int[np.ndarray, "positions slots"]`, per (position, slot) the largest
-      `distance[position'] + sum(distance[pushed])` after a bitmask token: the bitmask row
-      holds within the budget when the stack's distances plus this fit in it.
+      position to one where its rule may end (`UNREACHABLE` if none; the stack depth ignored).
+    - `token_distance`: `Int[np.ndarray, "positions rooms"]`, the fewest tokens that finish
+      each position's rule with `room` free stack slots (column `min(room, rooms - 1)`;
+      `UNREACHABLE`: none fits), and `best_token` (same shape) the first token of such a
+      completion (`vocab_size`: none, or the rule may end); `best_bytes` the longest best token.
+      See `functional_gen.structured.pushdown.budget`; `need` sums them over a configuration.
+    - `token_cost`: `Int[np.ndarray, "positions slots"]`, per (position, slot) the largest
+      `need` a bitmask token leaves above the stack (at any room): the bitmask row holds within
+      the budget when the stack's `need` plus this fits in it.
     - `byte_tokens`: `Int[np.ndarray, " byte_tokens"]`, the one-byte tokens (padded with
       `vocab_size`), checked exactly near the end of the budget.
     """
@@ -83,7 +87,10 @@ class PushdownAutomaton:
     position_rule: Int[np.ndarray, " positions"]
     rule_names: tuple[str, ...]
     distance: Int[np.ndarray, " positions"]
-    budget_cost: Int[np.ndarray, "positions slots"]
+    token_distance: Int[np.ndarray, "positions rooms"]
+    best_token: Int[np.ndarray, "positions rooms"]
+    best_bytes: int
+    token_cost: Int[np.ndarray, "positions slots"]
     byte_tokens: Int[np.ndarray, " byte_tokens"]
     description: str = ""
 
@@ -112,8 +119,9 @@ class PushdownAutomaton:
                 self.candidates,
                 self.token_bytes,
                 self.token_length,
-                self.distance,
-                self.budget_cost,
+                self.token_distance,
+                self.best_token,
+                self.token_cost,
                 self.byte_tokens,
             )
         )
@@ -154,31 +162,52 @@ class PushdownAutomaton:
         config = self.walk(data)
         return config is not None and self.can_end(config)
 
-    def need(self, config) -> int:
-        """An upper bound on the tokens that end the text from `config`: the fewest one-byte
-        tokens that finish the current rule and then each rule on the stack."""
+    def _frames(self, config):
+        """`(position, room)` of the current frame and of each frame on the stack, top first."""
         pos, stack = config
-        return int(self.distance[pos]) + sum(int(self.distance[p]) for p in stack)
+        rooms = self.token_distance.shape[1] - 1
+        frames = [(pos, self.stack_depth - len(stack))]
+        frames += [(p, self.stack_depth - j) for j, p in reversed(list(enumerate(stack)))]
+        return [(int(p), min(r, rooms)) for p, r in frames]
+
+    def need(self, config) -> int:
+        """An upper bound on the tokens that end the text from `config` within the stack depth:
+        `token_distance` of the position and of each return position on the stack, each at the
+        free slots it runs with (`UNREACHABLE` or more: none fits; see `pushdown.budget`)."""
+        return sum(int(self.token_distance[p, r]) for p, r in self._frames(config))
+
+    def best_tokens(self, config) -> list[int]:
+        """The tokens that the device checks exactly because they may be the only ones that keep
+        `need` within the budget: the best token of the current frame and of the first frame
+        from the top whose rule cannot end yet (`vocab_size` where none)."""
+        frames = self._frames(config)
+        below = [f for f in frames[1:] if not self.final[f[0]]]
+        tokens = [int(self.best_token[frames[0]])]
+        tokens.append(int(self.best_token[below[0]]) if below else self.vocab_size)
+        return tokens
 
     def allowed(self, config, remaining: int | None = None) -> Bool[np.ndarray, " vocab"]:
         """The tokens the device allows in `config` with `remaining` tokens left to generate
-        (this one included; `None`: no budget), computed from the tables as the device does
-        (bitmask row + candidates and one-byte tokens walked exactly), EOS included."""
+        (this one included; `None`: no budget, only the stack depth), computed from the tables
+        as the device does (bitmask row + one-byte, candidate and best tokens walked exactly),
+        EOS included."""
         pos, stack = config
+        budget = UNREACHABLE - 1 if remaining is None else min(remaining - 1, UNREACHABLE - 1)
         room = self.stack_depth - len(stack)
         slot = self.slot_of[self.position_rule[pos], stack[-1] if stack else 0]
         row = self.masks[self.mask_row[pos, slot, min(room, self.mask_row.shape[2] - 1)]]
         bits = np.unpackbits(row.view(np.uint8), bitorder="little")[: self.vocab_size].astype(bool)
-        below = self.need(config) - int(self.distance[pos])
-        if remaining is not None and below + int(self.budget_cost[pos, slot]) > remaining - 1:
+        below = self.need(config) - int(self.token_distance[self._frames(config)[0]])
+        if below + int(self.token_cost[pos, slot]) > budget:
             bits[:] = False  # near the end of the budget: exact checks only
 
         def exact(t) -> bool:
             data = bytes(self.token_bytes[t, : self.token_length[t]])
             after = self.walk(data, config)
-            return after is not None and (remaining is None or self.need(after) <= remaining - 1)
+            return after is not None and self.need(after) <= budget
 
-        for t in (*self.byte_tokens, *self.candidates[pos, slot]):
+        tokens = (*self.byte_tokens, *self.candidates[pos, slot], *self.best_tokens(config))
+        for t in tokens:
             if t < self.vocab_size:
                 bits[t] = exact(t)
         bits[list(self.eos_token_id)] = self.can_end(config)

@@ -23,6 +23,7 @@ from .automaton import (
     NotDeterministic,
     PushdownAutomaton,
 )
+from .budget import token_budget
 from .token_tables import token_byte_matrix, token_tables, unique_rows
 
 # Nested helpers that run per byte, state or schema node are `@typing.no_type_check`: the
@@ -56,7 +57,9 @@ def build_pushdown(
     it: one rule per large subschema (`json_schema.json_schema_grammar`).
 
     **Raises:** `NotDeterministic` when a byte could be read in two ways, a recursive rule
-    matches the empty string or is left-recursive; `GrammarError` for an empty language;
+    matches the empty string or is left-recursive; `GrammarError` for a language without a
+    finite sentence (naming the rules that never end), or without one that fits within
+    `stack_depth` open calls and can be spelled with the vocabulary's tokens;
     `ValueError` for `top` and `rules` together or a `calls` table of the wrong width.
     """
     if top is not None:
@@ -230,8 +233,41 @@ def build_pushdown(
 
     initial = int(offsets[0]) + automata[0].initial
     distance = _distances(nxt, push, final, byte_class, vocabulary)
-    masks, mask_row, candidates, candidate_bytes, budget_cost = token_tables(
-        nxt, push, byte_class, position_sites, position_slots, vocabulary, stack_depth, distance
+    ends = distance
+    if distance[initial] >= UNREACHABLE:  # the one-byte tokens cannot end it: can any bytes?
+        ends = _distances(nxt, push, final, byte_class, None)
+    if ends[initial] >= UNREACHABLE:
+        starts = offsets[:-1] + np.asarray([a.initial for a in automata])
+        endless = [names[a] for a in range(len(automata)) if ends[starts[a]] >= UNREACHABLE]
+        endless = list(dict.fromkeys(endless))  # the start rule may also be called
+        many = len(endless) > 1
+        raise GrammarError(
+            f"the grammar's language has no finite sentence: the rule{'s' if many else ''} "
+            f"{', '.join(map(repr, endless))} never end{'' if many else 's'} (every derivation "
+            "calls a rule again)"
+        )
+    min_room = _min_rooms(nxt, push, final, byte_class, vocabulary, stack_depth)
+    masks, mask_row, candidates, candidate_bytes, _, moves = token_tables(
+        nxt,
+        push,
+        byte_class,
+        position_sites,
+        position_slots,
+        vocabulary,
+        stack_depth,
+        distance,
+        min_room,
+    )
+    token_distance, best_token, token_cost = token_budget(
+        moves, final, mask_row.shape[1], stack_depth, vocabulary.vocab_size, num_positions
+    )
+    if token_distance[initial, -1] >= UNREACHABLE:
+        raise GrammarError(
+            f"no sentence of the grammar fits within stack_depth={stack_depth} open calls "
+            "(or can be spelled with the vocabulary's tokens): raise `stack_depth`"
+        )
+    best_bytes = int(
+        vocabulary.token_length[best_token[best_token < vocabulary.vocab_size]].max(initial=1)
     )
     token_bytes, token_length = token_byte_matrix(vocabulary)
     byte_tokens = np.flatnonzero(vocabulary.token_length == 1)
@@ -259,7 +295,10 @@ def build_pushdown(
         position_rule=position_rule,
         rule_names=names,
         distance=distance,
-        budget_cost=budget_cost,
+        token_distance=token_distance,
+        best_token=best_token,
+        best_bytes=best_bytes,
+        token_cost=token_cost,
         byte_tokens=byte_tokens,
         description=description,
     )
@@ -331,17 +370,58 @@ def _byte_rule_automata(spec: GrammarSpec | None, rules):
     return automata, names, representative.size, byte_class
 
 
-def _distances(nxt, push, final, byte_class, vocabulary: TokenVocabulary):
+def _readable(byte_class, vocabulary: TokenVocabulary | None):
+    """Per byte class, whether one of its bytes is a token by itself (every class without a
+    vocabulary)."""
+    readable = np.zeros(int(byte_class.max()) + 1, bool)
+    if vocabulary is None:
+        readable[:] = True
+    else:
+        single = np.flatnonzero(vocabulary.token_length == 1)
+        readable[byte_class[[vocabulary.token_bytes[t][0] for t in single]]] = True
+    return readable
+
+
+def _distances(nxt, push, final, byte_class, vocabulary: TokenVocabulary | None):
     """The fewest one-byte tokens from each position to one where its rule may end: 0 where
     it may, else `1 + distance[next] + sum(distance[pushed])` minimised over the bytes that are
-    tokens by themselves (a shortest-path fixed point over the tables). Summed over a
-    configuration's position and stack it bounds the tokens that end the text: the one-byte
-    token of the first byte of that shortest completion exists and lowers the sum by one (a
-    rule that may end never reads a byte that a return position below reads, so the byte
-    returns as the sum assumes)."""
-    single = vocabulary.token_length == 1
-    readable = np.zeros(int(byte_class.max()) + 1, bool)
-    readable[byte_class[[vocabulary.token_bytes[t][0] for t in np.flatnonzero(single)]]] = True
+    tokens by themselves (every byte with `vocabulary=None`: the fewest bytes, whatever the
+    vocabulary; a shortest-path fixed point over the tables; the stack depth ignored). Summed
+    over a configuration's position and stack they bound the tokens that end the text without
+    a stack limit: the one-byte token of the first byte of that shortest completion exists and
+    lowers the sum by one (a rule that may end never reads a byte that a return position below
+    reads, so the byte returns as the sum assumes). The device budget uses the token-level
+    `budget.token_budget` instead; these remain the byte-level reference (and, without a
+    vocabulary, the test that the language has a sentence at all)."""
+
+    def value(target, pushed, pushing):
+        return np.minimum(1 + target + np.where(pushing, pushed, 0).sum(axis=-1), UNREACHABLE)
+
+    readable = _readable(byte_class, vocabulary)
+    return _fixed_point(nxt, push, final, readable, value)
+
+
+def _min_rooms(nxt, push, final, byte_class, vocabulary: TokenVocabulary, stack_depth: int):
+    """The fewest free stack slots with which each position's rule can end, over the bytes that
+    are tokens by themselves: 0 where it may end, else `max(room[next] + k, room[pushed_i] + i)`
+    (`k` pushes, `pushed_i` the `i`-th, bottom first) minimised; `UNREACHABLE` where that
+    exceeds `stack_depth` or nothing ends. A token whose configuration after it needs no more
+    slots than are free can be finished (`token_tables` uses it for the bitmask levels)."""
+    lanes = np.arange(push.shape[-1])
+
+    def value(target, pushed, pushing):
+        count = pushing.sum(axis=-1)
+        need = np.maximum(target + count, np.where(pushing, pushed + lanes, 0).max(axis=-1))
+        return np.where(need > stack_depth, UNREACHABLE, need)
+
+    readable = _readable(byte_class, vocabulary)
+    return _fixed_point(nxt, push, final, readable, value)
+
+
+def _fixed_point(nxt, push, final, readable, value):
+    """The least fixed point of `out[p] = 0` where `p` is final, else the least `value(out[next],
+    out[pushed], pushing)` over the readable byte classes that `p` reads (`UNREACHABLE` where
+    none), `value` monotone and at least its target's (`_distances`, `_min_rooms`)."""
     # The edges as flat lists (positions in order, as `np.nonzero` gives them). A worklist:
     # each round re-evaluates only the edges whose target or pushed positions changed in the
     # last one (every edge every round took one round per step of the longest completion: 2 s
@@ -360,11 +440,10 @@ def _distances(nxt, push, final, byte_class, vocabulary: TokenVocabulary):
     distance[DEAD] = UNREACHABLE
     active = edge
     while active.size:
-        pushed = np.where(pushing[active], distance[pushes[active]], 0).sum(axis=-1)
-        value = np.minimum(1 + distance[target[active]] + pushed, UNREACHABLE)
+        values = value(distance[target[active]], distance[pushes[active]], pushing[active])
         source = at[active]  # sorted, as `active` is
         starts = np.flatnonzero(np.diff(source, prepend=-1))
-        best = np.minimum.reduceat(value, starts)
+        best = np.minimum.reduceat(values, starts)
         better = best < distance[source[starts]]
         changed = source[starts][better]
         distance[changed] = best[better]

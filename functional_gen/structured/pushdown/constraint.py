@@ -9,7 +9,7 @@ import numpy as np
 from jaxtyping import Array, Bool, Float, Int, UInt8, UInt32
 
 from ...processors.base import AbstractLogitsProcessor, Context, per_row_field
-from .automaton import DEAD, POP, PushdownAutomaton
+from .automaton import DEAD, POP, UNREACHABLE, PushdownAutomaton
 
 # ----------------------------------------------------------------------------- device
 
@@ -38,11 +38,13 @@ class PushdownConstraint(AbstractLogitsProcessor):
     candidates: Int[Array, "positions slots candidates"]
     token_bytes: UInt8[Array, "vocab max_bytes"]
     token_length: Int[Array, " vocab"]
-    distance: Int[Array, " positions"]
-    budget_cost: Int[Array, "positions slots"]
+    token_distance: Int[Array, "positions rooms"]
+    best_token: Int[Array, "positions rooms"]
+    token_cost: Int[Array, "positions slots"]
     byte_tokens: Int[Array, " byte_tokens"]
     constraint_id: Int[Array, "*rows"] = per_row_field()
     candidate_bytes: int = eqx.field(static=True)
+    best_bytes: int = eqx.field(static=True)
     stack_depth: int = eqx.field(static=True)
     eos_token_id: tuple[int, ...] = eqx.field(static=True)
 
@@ -60,8 +62,9 @@ class PushdownConstraint(AbstractLogitsProcessor):
         self.candidates = jnp.asarray(a.candidates)
         self.token_bytes = jnp.asarray(a.token_bytes)
         self.token_length = jnp.asarray(a.token_length)
-        self.distance = jnp.asarray(a.distance)
-        self.budget_cost = jnp.asarray(a.budget_cost)
+        self.token_distance = jnp.asarray(a.token_distance)
+        self.best_token = jnp.asarray(a.best_token)
+        self.token_cost = jnp.asarray(a.token_cost)
         self.byte_tokens = jnp.asarray(a.byte_tokens)
         ids = np.asarray(constraint_id)
         if (
@@ -74,6 +77,7 @@ class PushdownConstraint(AbstractLogitsProcessor):
             )
         self.constraint_id = jnp.asarray(ids, jnp.int32)
         self.candidate_bytes = int(a.candidate_bytes)
+        self.best_bytes = int(a.best_bytes)
         self.stack_depth = int(a.stack_depth)
         self.eos_token_id = tuple(a.eos_token_id)
 
@@ -129,11 +133,39 @@ class PushdownConstraint(AbstractLogitsProcessor):
             )[1]
         return jax.lax.fori_loop(0, num_bytes, body, config)
 
-    def _need(self, config) -> Int[Array, ""]:
-        """`PushdownAutomaton.need`: the distance of the position plus those on the stack."""
-        pos, stack, sp = config
+    def _frames(self, config):
+        """The free stack slots of the current frame (a scalar) and of each stack entry's frame
+        (`[stack_depth]`), clamped to the columns of `token_distance`."""
+        _, _, sp = config
+        last = self.token_distance.shape[1] - 1
+        below = self.stack_depth - jnp.arange(self.stack_depth)
+        return jnp.minimum(self.stack_depth - sp, last), jnp.minimum(below, last)
+
+    def _stack_need(self, config) -> Int[Array, ""]:
+        """`PushdownAutomaton.need` less the current frame's: the stack's frames."""
+        _, stack, sp = config
         on_stack = jnp.arange(self.stack_depth) < sp
-        return self.distance[pos] + jnp.where(on_stack, self.distance[stack], 0).sum()
+        _, rooms = self._frames(config)
+        return jnp.where(on_stack, self.token_distance[stack, rooms], 0).sum()
+
+    def _need(self, config) -> Int[Array, ""]:
+        """`PushdownAutomaton.need`: the token distances of the position and of the stack."""
+        room, _ = self._frames(config)
+        return self.token_distance[config[0], room] + self._stack_need(config)
+
+    def _best_tokens(self, config) -> Int[Array, " 2"]:
+        """`PushdownAutomaton.best_tokens`: the current frame's best token and that of the
+        first frame from the top whose rule cannot end (`vocab` where none)."""
+        pos, stack, sp = config
+        room, rooms = self._frames(config)
+        waiting = (jnp.arange(self.stack_depth) < sp) & ~self.final[stack]
+        j = jnp.max(jnp.where(waiting, jnp.arange(self.stack_depth), -1))
+        below = jnp.where(
+            j >= 0,
+            self.best_token[stack[jnp.maximum(j, 0)], rooms[jnp.maximum(j, 0)]],
+            self.token_length.shape[0],
+        )
+        return jnp.stack([self.best_token[pos, room], below])
 
     def process(self, state, logits: Float[Array, " vocab"], context: Context):
         """Advance on the previous token, then mask (see the module docstring).
@@ -154,20 +186,23 @@ class PushdownConstraint(AbstractLogitsProcessor):
         words = self.masks[self.mask_row[pos, slot, jnp.minimum(room, self.mask_row.shape[2] - 1)]]
         iota = jnp.arange(vocab)
         allowed = ((words[iota >> 5] >> (iota & 31).astype(jnp.uint32)) & 1).astype(bool)
-        # The budget: a token may leave at most `remaining - 1` tokens to end the text. The
-        # bitmask row holds when its costliest token does; otherwise only the exact checks below.
+        # The budget: a token may leave at most `remaining - 1` tokens to end the text, within
+        # the stack. The bitmask row holds when its costliest token does (its tokens can all be
+        # finished within the stack: their levels say so); otherwise only the exact checks below.
         remaining = context.max_new_tokens - context.num_generated  # this token included
-        below = self._need(state) - self.distance[pos]
-        allowed = allowed & (below + self.budget_cost[pos, slot] <= remaining - 1)
+        budget = jnp.minimum(remaining - 1, UNREACHABLE - 1)
+        fits = self._stack_need(state) + self.token_cost[pos, slot] <= budget
+        allowed = allowed & fits
 
         def exact(allowed, tokens, num_bytes):
             safe = jnp.minimum(tokens, vocab - 1)
             after = jax.vmap(lambda t: self._token(state, t, num_bytes))(safe)
-            ok = (after[0] != DEAD) & (jax.vmap(self._need)(after) <= remaining - 1)
+            ok = (after[0] != DEAD) & (jax.vmap(self._need)(after) <= budget)
             return allowed.at[tokens].set(ok, mode="drop")
 
         allowed = exact(allowed, self.byte_tokens, 1)
         allowed = exact(allowed, self.candidates[pos, slot], self.candidate_bytes)
+        allowed = exact(allowed, self._best_tokens(state), self.best_bytes)
         on_stack = jnp.arange(self.stack_depth) < sp
         can_end = self.final[pos] & jnp.all(jnp.where(on_stack, self.final[stack], True))
         allowed = allowed.at[jnp.asarray(self.eos_token_id, jnp.int32)].set(can_end)

@@ -7,6 +7,7 @@ it holds); `token_tables` is its entry point. The module stays whole (about 870 
 row-hashing helpers above the class serve only its walk.
 """
 
+import dataclasses
 import typing
 
 import numpy as np
@@ -161,6 +162,26 @@ _NEVER, _CANDIDATE = 255, 254
 """Token codes beside the bitmask levels `0..MAX_LEVELS-1`."""
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
+class TokenMoves:
+    """What the token walk of `TokenTables` saw, for `budget.token_budget`: every (origin,
+    state) pair that some token reaches from the origin without a branch dying (`origin`,
+    `state`, `token` (one such token) and `peak` (the state's, or a set's most), `Int[np.ndarray,
+    " moves"]` each); the extended states `ext_info` (`(position, pushed, below, peak, top)`
+    per id) and the sets `sets` (a state `s < 0` is the set `sets[-1 - s]`); and per (position,
+    slot) pair with a walk, its `pair_position`, `pair_slot` and walk origin `pair_origin`."""
+
+    origin: np.ndarray
+    state: np.ndarray
+    token: np.ndarray
+    peak: np.ndarray
+    ext_info: list
+    sets: list
+    pair_position: np.ndarray
+    pair_slot: np.ndarray
+    pair_origin: np.ndarray
+
+
 class TokenTables:
     """The walk behind `token_tables`, as one object: the inputs, the extended states met so
     far and the memo tables that the walk's steps share. Build it and call `tables()` once.
@@ -198,6 +219,7 @@ class TokenTables:
         vocabulary: TokenVocabulary,
         stack_depth: int,
         distance,
+        min_room,
     ):
         num_positions = nxt.shape[0]
         vocab = vocabulary.vocab_size
@@ -219,6 +241,7 @@ class TokenTables:
         context_ids: dict = {}
         contexts: list = []
         distance_list = distance.tolist()
+        min_room_list = min_room.tolist()
 
         filled = [0]
 
@@ -275,6 +298,7 @@ class TokenTables:
         self.context_ids = context_ids
         self.contexts = contexts
         self.distance_list = distance_list
+        self.min_room_list = min_room_list
         self.filled = filled
         self.nxt_list = nxt_list
         self.class_list = class_list
@@ -296,6 +320,7 @@ class TokenTables:
         self.class_byte = class_byte
         self.token_depth = token_depth
         self.steps = steps
+        self.moves = []  # see `record_moves`
 
     @typing.no_type_check
     def intern(self, key) -> int:
@@ -305,7 +330,7 @@ class TokenTables:
         if i is None:
             i = ext_ids[key] = len(ext_info)
             ext_info.append(key)
-            pos, pushed, below, peak, _ = key
+            pos, pushed, below, _, _ = key
             context = key[1:]
             ct = context_ids.get(context)
             if ct is None:
@@ -313,10 +338,24 @@ class TokenTables:
                 contexts.append(context)
             ext_lists[0].append(pos)
             ext_lists[1].append(not pushed and below == 0)
-            ext_lists[2].append(peak)
+            ext_lists[2].append(self.level(key))
             ext_lists[3].append(distance_list[pos] + sum(distance_list[v] for v in pushed))
             ext_lists[4].append(ct)
         return i
+
+    @typing.no_type_check
+    def level(self, key) -> int:
+        """The free stack slots a token that ends in the extended state `key` needs: its peak,
+        and enough that the text can still end after it (`min_room` of its position and of each
+        position it pushed, at the height each runs with: `k` pushed after `-below` returns).
+        `UNREACHABLE` or more where it never can."""
+        pos, pushed, below, peak, _ = key
+        rooms = self.min_room_list
+        k = len(pushed)
+        need = max(peak, rooms[pos] + k + below)
+        for i, v in enumerate(pushed):
+            need = max(need, rooms[v] + i + below)
+        return need
 
     @typing.no_type_check
     def columns(self):
@@ -525,6 +564,23 @@ class TokenTables:
         return vals, gone, death, below
 
     @typing.no_type_check
+    def record_moves(self, origins, functions, peak, at, need, lo: int):
+        """Keep, for `token_budget`, every (origin, state or set) that a token of the functions
+        `need` reaches unpoisoned, with one such token and the state's peak (`moves`)."""
+        ok = (functions != _GONE_ENTRY) & ((functions & 1) == 0)
+        rows, columns = np.nonzero(ok)
+        if not rows.size:
+            return
+        distinct, first_at = np.unique(at, return_index=True)
+        token = self.trie.token_ids[lo + first_at[np.searchsorted(distinct, need)]]
+        states = (functions[rows, columns] >> 1).astype(np.int64)
+        origin = origins[columns].astype(np.int64)
+        _, keep = np.unique((origin << 32) + (states + (1 << 31)), return_index=True)
+        self.moves.append(
+            (origin[keep], states[keep], token[rows[keep]], peak[rows, columns][keep])
+        )
+
+    @typing.no_type_check
     def walk(self, start, prune: bool):
         """`walk_checked` over the origins `start` in chunks of `_WALK_CHUNK`, merged: a token's
         code row is the concatenation of its rows in the chunks (one row per distinct
@@ -706,6 +762,7 @@ class TokenTables:
                     if cols.size:
                         cost[cols] = np.maximum(cost[cols], np.where(sure, c, 0).max(axis=0))
                     code_rows.append(code)
+                    self.record_moves(start[cols], f, peak, at, need, lo)
                     coded[need] = num_codes + np.arange(need.size)
                     num_codes += need.size
                 token_code[lo:hi] = coded[at]
@@ -718,7 +775,7 @@ class TokenTables:
     def tables(self):
         """Walk the tokens (pass 1 per position, pass 2 per slot of the positions that return)
         and build the tables. **Returns:** `(masks, mask_row, candidates, candidate_bytes,
-        budget_cost)`, as `token_tables`."""
+        budget_cost, moves)`, as `token_tables`."""
         num_positions, num_slots, vocab = self.num_positions, self.num_slots, self.vocab
         trie, position_slots, vocabulary = self.trie, self.position_slots, self.vocabulary
         walk, intern = self.walk, self.intern
@@ -842,12 +899,30 @@ class TokenTables:
         candidates[origin_position, origin_slot] = class_candidates[class_of[source_of]]
         lengths = vocabulary.token_length
         candidate_bytes = int(lengths[cand_token].max(initial=1))
+        # The walk's origin of each (position, slot): pass 2's where the position returns.
+        pair_origin = np.asarray([intern((p, (), 0, 0, None)) for p, _, _ in pairs], np.int64)
+        for i in again:
+            pair_origin[i] = intern((pairs[i][0], (), 0, 0, pairs[i][2]))
+        found = [np.concatenate(part) for part in zip(*self.moves)] if self.moves else None
+        found = found or [np.zeros(0, np.int64)] * 4
+        moves = TokenMoves(
+            origin=found[0],
+            state=found[1],
+            token=found[2],
+            peak=found[3],
+            ext_info=self.ext_info,
+            sets=self.sets,
+            pair_position=origin_position,
+            pair_slot=origin_slot,
+            pair_origin=pair_origin,
+        )
         return (
             np.ascontiguousarray(masks.astype(np.uint32)),
             mask_row.astype(np.int32),
             candidates,
             candidate_bytes,
             budget_cost,
+            moves,
         )
 
 
@@ -860,10 +935,11 @@ def token_tables(
     vocabulary: TokenVocabulary,
     stack_depth: int,
     distance,
+    min_room,
 ):
     """Walk every token from every (position, top of stack) over the vocabulary's trie (see the
     module docstring, step 3). Returns `(masks, mask_row, candidates, candidate_bytes,
-    budget_cost)`.
+    budget_cost, moves)`, `moves` a `TokenMoves` (the token-level moves for the budget).
 
     The origins of a pass are walked together (in chunks of `_WALK_CHUNK`), as
     `byte_dfa._token_functions` walks a DFA: each trie node has a *function*, the state (an
@@ -876,5 +952,13 @@ def token_tables(
     and candidate lists are built per class. The result is identical to the per-origin walk
     (`tests/structured/pda_reference.py`, the oracle of the tests)."""
     return TokenTables(
-        nxt, push, byte_class, position_sites, position_slots, vocabulary, stack_depth, distance
+        nxt,
+        push,
+        byte_class,
+        position_sites,
+        position_slots,
+        vocabulary,
+        stack_depth,
+        distance,
+        min_room,
     ).tables()
