@@ -883,10 +883,8 @@ def _check_ids(rows: Sequence[Sequence[int]], vocab_size: int) -> None:
 
 def _take_settings(settings, batch: int, idx: np.ndarray):
     """The settings with every per-row processor value gathered like the rows."""
-    import dataclasses
-
     step = settings.step
     rows, shared = split_rows(step.processors, batch)
     rows = jax.tree.map(lambda x: x[jnp.asarray(idx)], rows)
     processors = eqx.combine(rows, shared)
-    return dataclasses.replace(settings, step=eqx.tree_at(lambda s: s.processors, step, processors))
+    return settings.with_step(eqx.tree_at(lambda s: s.processors, step, processors))
