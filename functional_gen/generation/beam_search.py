@@ -354,10 +354,16 @@ def _reorder_and_decode(
     active: Bool[Array, " rows"],
 ) -> GenerationState:
     """Reorder: ONE gather moves every per-row leaf with its beam (tokens, cache, processor
-    states, stop-string states, keys, logprobs, alternatives, beam indices) from row `src[r]`
-    to row `r`; then the `active` rows append `new_tokens` (with their logprobs, alternatives and
-    source rows) and run them through the model (decode). `done` and the finished hypotheses
-    are left to the caller."""
+    states, stop-string states, keys, logprobs, beam indices) from row `src[r]` to row `r`; then
+    the `active` rows append `new_tokens` (with their logprobs and source rows) and run them
+    through the model (decode). `done` and the finished hypotheses are left to the caller.
+
+    The alternatives (`top_token_ids`, `top_logprobs`, with `Step.top_logprobs`) are the one
+    exception: under beam search they form a table by time and row, not a per-row history. Row
+    `r`'s top-`k` at this step are written to `[r, this step]` before the reorder, and never
+    moved; a hypothesis's alternatives at step `t` are then the table's entry at its beam index
+    (the row its token came from, `BeamState.beam_indices`) and `t` (see `hypothesis_alternatives`),
+    for running and finished hypotheses alike, with no copy per hypothesis."""
     rows = state.batch_size
     steps = state.logprobs.shape[1]
     n_gen = state.num_generated
@@ -365,8 +371,6 @@ def _reorder_and_decode(
         state.token_ids,
         state.length,
         state.logprobs,
-        state.top_token_ids,
-        state.top_logprobs,
         state.cache,
         processor_states,
         state.stop_state,
@@ -377,8 +381,6 @@ def _reorder_and_decode(
         token_ids,
         length,
         row_logprobs,
-        top_ids,
-        top_lps,
         cache,
         processor_states,
         stop_state,
@@ -396,11 +398,12 @@ def _reorder_and_decode(
     row_logprobs = row_logprobs.at[row_ids, lp_col].set(chosen, mode="drop")
     running_bidx = running_bidx.at[row_ids, lp_col].set(src.astype(jnp.int32), mode="drop")
     length = length + active.astype(jnp.int32)
-    if step.top_logprobs:
+    top_ids, top_lps = state.top_token_ids, state.top_logprobs
+    if step.top_logprobs:  # by source row, before the reorder (see above)
         source = (
             logprobs if step.logprobs_mode == "processed" else jax.nn.log_softmax(state.logits, -1)
         )
-        values, ids = jax.lax.top_k(source[src], step.top_logprobs)
+        values, ids = jax.lax.top_k(source, step.top_logprobs)
         top_ids = top_ids.at[row_ids, lp_col].set(ids.astype(jnp.int32), mode="drop")
         top_lps = top_lps.at[row_ids, lp_col].set(values, mode="drop")
 
@@ -437,3 +440,20 @@ def _reorder_and_decode(
             search_state,
         ),
     )
+
+
+def hypothesis_alternatives(
+    table_ids: Int[Array, "rows steps k"],
+    table_logprobs: Float[Array, "rows steps k"],
+    beam_indices: Int[Array, "batch steps"],
+) -> tuple[Int[Array, "batch steps k"], Float[Array, "batch steps k"]]:
+    """The top-`k` alternatives of hypotheses from the beam-search table (`GenerationState.
+    top_token_ids` / `top_logprobs` after beam steps, by row and step): at each step `t`, those
+    of the row the hypothesis's token came from (`beam_indices[h, t]`); zeros where
+    `beam_indices` is -1 (no token), as after a row's end in plain generation."""
+    steps = jnp.arange(beam_indices.shape[1])[None, :]
+    rows = jnp.maximum(beam_indices, 0)
+    used = (beam_indices >= 0)[:, :, None]
+    ids = jnp.where(used, table_ids[rows, steps], 0)
+    logprobs = jnp.where(used, table_logprobs[rows, steps], 0.0)
+    return ids, logprobs
