@@ -1,6 +1,7 @@
 """Benchmark of the pushdown automaton's token tables (`functional_gen.structured.pushdown.
 building.token_tables`): the shared walk against the per-origin walk it replaced (`_token_tables_old`:
-`pda.py` at git revision `BASELINE`, 98cf923, loaded with `git show`), interleaved in one process on the same inputs, tables
+`pda.py` at git revision `BASELINE`, 98cf923, imported from a `git archive` copy of the package
+at that revision by `compare_pushdown.baseline_pda`), interleaved in one process on the same inputs, tables
 checked identical.
 
 Inputs: the Lark JSON grammar at stack depth 32 (as `bench_pushdown.py` builds it) and the
@@ -35,7 +36,8 @@ successor table, one argsort per depth to deduplicate); positions are still walk
 per slot below the first bytes from which a token returns; the tiny Lark grammar pays a fixed
 cost per depth (81 depths) that the old walk paid too.
 
-Run: `python benchmarks/bench_pda_tables.py [--rounds 2] [--free-form]` (about 5 minutes).
+Run: `python benchmarks/bench_pda_tables.py [--rounds 2] [--free-form] [--schemas ...]` (about 5
+minutes; `--schemas` with no names times the Lark grammar alone).
 """
 
 import argparse
@@ -79,7 +81,8 @@ baseline: read from git at run time, not copied here."""
 
 def _baseline_token_tables(rev: str = BASELINE):
     """`pda._token_tables` as it was at git revision `rev` of this checkout
-    (`compare_pushdown.baseline_pda`: the module at that revision, loaded into this package).
+    (`compare_pushdown.baseline_pda`: the module at that revision, in the package at that
+    revision, imported under its own name).
 
     **Raises:** `subprocess.CalledProcessError` when `rev` is not in this checkout's history."""
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -144,7 +147,7 @@ def _capture(build):
     return total, seen.get("seconds"), seen.get("args")
 
 
-def tables(vocabulary, rounds: int):
+def tables(vocabulary, rounds: int, schemas=SCHEMAS):
     from functional_gen.structured import pushdown_automaton
     from tests.structured.cases import PUSHDOWN_GRAMMARS
 
@@ -157,7 +160,7 @@ def tables(vocabulary, rounds: int):
             ),
         )
     ]
-    for name, schema in _schemas(SCHEMAS).items():
+    for name, schema in _schemas(schemas).items():
         cases.append(
             (
                 name,
@@ -218,13 +221,16 @@ def free_form(vocabulary, rounds: int):
 
 def main():
     global _token_tables_old
-    _token_tables_old = _baseline_token_tables()
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--free-form", action="store_true")
+    parser.add_argument(
+        "--schemas", nargs="*", default=list(SCHEMAS), help="MaskBench file names (none: Lark only)"
+    )
     options = parser.parse_args()
+    _token_tables_old = _baseline_token_tables()
     vocabulary = _vocabulary()
-    tables(vocabulary, options.rounds)
+    tables(vocabulary, options.rounds, options.schemas)
     if options.free_form:
         free_form(vocabulary, options.rounds)
 

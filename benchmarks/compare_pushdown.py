@@ -1,10 +1,11 @@
 """Compile time of JSON Schemas as pushdown automata (`json_schema_compile(schema,
 free_form_depth=None, cache=False)`): this checkout's `functional_gen/structured/pushdown/`
-(before issue 39's split: `pda.py`) against `pda.py` at a git revision (`--rev`, default `main`), interleaved in one process
-on the same inputs (the shared machine's load drifts: compare ratios, not absolute times), and
-every table of the two automata checked identical (`PushdownAutomaton` fields, dtype, shape
-and values). The baseline's `build_pushdown` is patched into `json_schema`'s grammar and pushdown forms for its turns; all
-other modules are this checkout's.
+(before issue 39's split: `pda.py`) against the same at a git revision (`--rev`, default
+`main`; the whole package at that revision is imported under its own name, see
+`baseline_package`), interleaved in one process on the same inputs (the shared machine's load
+drifts: compare ratios, not absolute times), and every table of the two automata checked identical (`PushdownAutomaton` fields, dtype, shape
+and values). Each side compiles with its own package (JSON Schema rewriting included), so the
+times are of the whole compile at each revision.
 
 Inputs: a small schema with one free-form value (`SMALL`: 126 positions) and the MaskBench
 schemas that need free-form nesting deeper than one level, or are large open objects
@@ -28,13 +29,19 @@ Run: `python benchmarks/compare_pushdown.py [--rev main] [--rounds 3] [--files .
 """
 
 import argparse
+import atexit
 import dataclasses
 import gzip
-import importlib.util
+import importlib
+import io
 import json
 import os
+import re
+import shutil
 import subprocess
 import sys
+import tarfile
+import tempfile
 import time
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -42,7 +49,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import numpy as np
 
-from functional_gen.structured import json_schema as json_schema_module, pushdown as pda_module
+import functional_gen
+from functional_gen.structured import pushdown as pda_module
 
 DATA = "/work/shared/data/maskbench-dev.jsonl.gz"
 SMALL = {
@@ -58,25 +66,38 @@ FILES = (
 )
 
 
-def baseline_pda(rev: str):
-    """`functional_gen/structured/pda.py` at git revision `rev` of this checkout, loaded as a
-    module of the current package (its relative imports resolve to the current modules).
+def baseline_package(rev: str):
+    """The `functional_gen` package at git revision `rev` of this checkout, imported under its own
+    name (`functional_gen_at_<rev>`) from a temporary copy (`git archive`), so that its modules
+    import each other as they were at `rev` (modules later moved or renamed included).
 
     **Raises:** `subprocess.CalledProcessError` when `rev` is not in this checkout's history."""
+    name = "functional_gen_at_" + re.sub(r"\W", "_", rev)
+    if name in sys.modules:
+        return sys.modules[name]
     root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
-    source = subprocess.run(
-        ["git", "show", f"{rev}:functional_gen/structured/pda.py"],
-        cwd=root,
-        capture_output=True,
-        text=True,
-        check=True,
+    archive = subprocess.run(
+        ["git", "archive", rev, "functional_gen"], cwd=root, capture_output=True, check=True
     ).stdout
-    name = "functional_gen.structured._pda_compare"
-    module = importlib.util.module_from_spec(importlib.util.spec_from_loader(name, loader=None))
-    module.__package__ = "functional_gen.structured"
-    sys.modules[name] = module  # dataclasses look their module up while the source runs
-    exec(compile(source, f"{rev}:functional_gen/structured/pda.py", "exec"), module.__dict__)
-    return module
+    folder = tempfile.mkdtemp(prefix="fg-baseline-")
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        tar.extractall(folder, filter="data")
+    os.rename(os.path.join(folder, "functional_gen"), os.path.join(folder, name))
+    sys.path.insert(0, folder)
+    return importlib.import_module(name)
+
+
+def baseline_pda(rev: str):
+    """The pushdown module at git revision `rev`: `structured/pda.py` before issue 39's split,
+    `structured/pushdown/building.py` after it (see `baseline_package`).
+
+    **Raises:** `subprocess.CalledProcessError` when `rev` is not in this checkout's history."""
+    package = baseline_package(rev).__name__
+    try:
+        return importlib.import_module(f"{package}.structured.pda")
+    except ModuleNotFoundError:
+        return importlib.import_module(f"{package}.structured.pushdown.building")
 
 
 def identical(a, b) -> bool:
@@ -91,27 +112,35 @@ def identical(a, b) -> bool:
     return True
 
 
-def _vocabulary():
+def _tokenizer():
     from transformers import AutoTokenizer
 
     from functional_gen.loading.default_model import (
         converted_default_dir,
         ensure_default_checkpoint,
     )
-    from functional_gen.structured import vocabulary_from_tokenizer
 
     ensure_default_checkpoint()
-    return vocabulary_from_tokenizer(AutoTokenizer.from_pretrained(str(converted_default_dir())))
+    return AutoTokenizer.from_pretrained(str(converted_default_dir()))
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rev", default="main", help="git revision of the baseline pda.py")
+    parser.add_argument(
+        "--rev", default="main", help="git revision of the baseline pushdown module"
+    )
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (best kept)")
     parser.add_argument("--files", nargs="*", default=list(FILES), help="MaskBench file names")
     args = parser.parse_args()
-    vocabulary = _vocabulary()
-    sides = {"old": baseline_pda(args.rev), "new": pda_module}
+    tokenizer = _tokenizer()
+    # each side compiles with its own package: modules of two revisions do not mix
+    packages = {"old": baseline_package(args.rev).__name__, "new": functional_gen.__name__}
+    structured = {s: importlib.import_module(f"{p}.structured") for s, p in packages.items()}
+    compile_ = {
+        s: importlib.import_module(f"{p}.structured.json_schema").json_schema_compile
+        for s, p in packages.items()
+    }
+    vocabularies = {s: m.vocabulary_from_tokenizer(tokenizer) for s, m in structured.items()}
     schemas = {"SMALL": SMALL}
     with gzip.open(DATA, "rt") as f:
         for line in f:
@@ -120,27 +149,21 @@ def main():
                 schemas[record["file"]] = record["schema"]
     print("| schema | positions | old ms | new ms | new / old | identical |")
     print("|---|---|---|---|---|---|")
-    try:
-        for name, schema in schemas.items():
-            best, built = {"old": np.inf, "new": np.inf}, {}
-            for _ in range(args.rounds):
-                for side, module in sides.items():
-                    json_schema_module.grammar_form.build_pushdown = module.build_pushdown
-                    json_schema_module.pushdown_form.build_pushdown = module.build_pushdown
-                    start = time.perf_counter()
-                    built[side] = json_schema_module.json_schema_compile(
-                        schema, vocabulary, cache=False, free_form_depth=None
-                    )
-                    best[side] = min(best[side], time.perf_counter() - start)
-            print(
-                f"| {name} | {built['new'].num_positions} | {best['old'] * 1e3:.0f} | "
-                f"{best['new'] * 1e3:.0f} | {best['new'] / best['old']:.2f} | "
-                f"{identical(built['old'], built['new'])} |",
-                flush=True,
-            )
-    finally:
-        json_schema_module.grammar_form.build_pushdown = pda_module.build_pushdown
-        json_schema_module.pushdown_form.build_pushdown = pda_module.build_pushdown
+    for name, schema in schemas.items():
+        best, built = {"old": np.inf, "new": np.inf}, {}
+        for _ in range(args.rounds):
+            for side in packages:
+                start = time.perf_counter()
+                built[side] = compile_[side](
+                    schema, vocabularies[side], cache=False, free_form_depth=None
+                )
+                best[side] = min(best[side], time.perf_counter() - start)
+        print(
+            f"| {name} | {built['new'].num_positions} | {best['old'] * 1e3:.0f} | "
+            f"{best['new'] * 1e3:.0f} | {best['new'] / best['old']:.2f} | "
+            f"{identical(built['old'], built['new'])} |",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 import functional_gen as fg
-from functional_gen import cli
+from functional_gen import cli, program_start
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -156,11 +156,11 @@ class Program:
     """`python -m functional_gen.cli ARGS` with stdout (and stdin) on pipes and stderr on a
     pseudo-terminal, both read in the background."""
 
-    def __init__(self, *args: str, stdin: bool = False):
+    def __init__(self, *args: str, stdin: bool = False, python_options: tuple[str, ...] = ()):
         master, slave = pty.openpty()
         env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "functional_gen.cli", *args],
+            [sys.executable, *python_options, "-m", "functional_gen.cli", *args],
             stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=slave,
@@ -232,6 +232,34 @@ def _assert_interrupted(p: Program) -> None:
     err = p.err.decode()
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
     assert p.stderr_lines()[-1] == "functional-gen: interrupted", err
+
+
+def test_ctrl_c_while_the_program_starts(program):
+    """Ctrl-C while `import jax` runs, before `cli.main` can catch anything: one line, 130.
+
+    `-X importtime` prints a line on stderr as each module finishes importing; the handler is
+    installed when `functional_gen.program_start`'s line appears, and JAX, transformers and the
+    rest of the package are still to come (seconds)."""
+    p = program(
+        "generate", "hello", "-m", "/nonexistent/model", python_options=("-X", "importtime")
+    )
+    p.wait_for(lambda p: b"functional_gen.program_start" in p.err, timeout=60)
+    early = b"functional_gen.generation" not in p.err  # the package's import still runs
+    p.interrupt_and_wait(within=10)
+    _assert_interrupted(p)
+    assert early, "the package was imported before the signal could be sent: nothing was tested"
+
+
+def test_only_the_program_takes_ctrl_c_at_import():
+    """`functional_gen.program_start` recognises the program, and only the program."""
+    python = sys.executable
+    assert program_start.is_program([python, "-m", "functional_gen.cli", "generate"], "-m")
+    assert program_start.is_program(
+        [python, "/venv/bin/functional-gen", "chat"], "/venv/bin/functional-gen"
+    )
+    assert not program_start.is_program([python, "-m", "pytest", "-m", "functional_gen.cli"], "-m")
+    assert not program_start.is_program([python, "script.py"], "script.py")
+    assert not program_start.is_program([python, "-c", "import functional_gen"], "-c")
 
 
 def test_ctrl_c_while_compiling_and_while_a_non_streamed_generate_runs(

@@ -16,6 +16,7 @@ import os
 import sys
 from collections.abc import Sequence
 
+from .. import program_start
 from .arguments import (
     UNTIL_CONTEXT_ENDS as UNTIL_CONTEXT_ENDS,
 )
@@ -83,6 +84,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
     parser = build_parser()
     try:
+        program_start.release()  # from here on, Ctrl-C is a KeyboardInterrupt caught below
         args = parser.parse_args(argv)
         return COMMANDS[args.command](args)
     except KeyboardInterrupt:

@@ -12,8 +12,7 @@ import threading
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-INTERRUPTED = 130
-"""The exit status after Ctrl-C (128 + SIGINT), as shells and llama.cpp report it."""
+from ..program_start import INTERRUPTED as INTERRUPTED
 
 _POLL_SECONDS = 0.1
 

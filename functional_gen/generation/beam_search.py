@@ -25,6 +25,7 @@ device per step.
 """
 
 import math
+from typing import NamedTuple
 
 import equinox as eqx
 import jax
@@ -153,30 +154,89 @@ def _gather(x, idx):
     return jnp.take_along_axis(x, idx.reshape(idx.shape + (1,) * (x.ndim - idx.ndim)), axis=1)
 
 
-def beam_step(sampler: BeamSearch, step, state: GenerationState) -> GenerationState:
-    """One beam-search step of `sampler` (the search) with `step` (the `Step`) on `state` (a
-    `GenerationState` whose `search_state` is a `BeamState`): see the module docstring."""
-    nb = sampler.num_beams
-    rows = state.batch_size
-    prompts = rows // nb
+class _Continuations(NamedTuple):
+    """The top `K` continuations of every prompt (arrays `[prompts, K]`, best first)."""
+
+    scores: Float[Array, "prompts k"]  # running score + processed logprob of the token
+    src_row: Int[Array, "prompts k"]  # the row (beam) each continues
+    tokens: Int[Array, "prompts k"]  # the token each appends
+    token_logprobs: Float[Array, "prompts k"]  # that token's processed logprob
+    ends: Bool[Array, "prompts k"]  # an EOS, or the prompt's `max_new_tokens` reached
+    dead: Bool[Array, "prompts k"]  # a `-inf` score: no continuation at all
+
+
+def beam_step(search: BeamSearch, step, state: GenerationState) -> GenerationState:
+    """One beam-search step of `search` with `step` (the `Step`) on `state` (a
+    `GenerationState` whose `search_state` is a `BeamState`), in the module docstring's order:
+    scores, top-k over beams, the running beams, the finished hypotheses, the stopping
+    heuristic, then one reorder of every row and the decode."""
+    nb = search.num_beams
+    prompts = state.batch_size // nb
     beam: BeamState = state.search_state
-    vocab = state.logits.shape[-1]
-    steps = state.logprobs.shape[1]
-    n_gen = state.num_generated  # equal within a prompt (beams advance together)
     prompt_done = state.done.reshape(prompts, nb)[:, 0]
+    gen_after = state.num_generated.reshape(prompts, nb)[:, 0] + 1  # generated after this step
+    budget = state.max_new_tokens.reshape(prompts, nb)[:, 0]
 
     processor_states, logprobs, sample_keys = process_rows(
         step, state, jax.nn.log_softmax(state.logits, axis=-1)
     )
     logprobs = jnp.where(jnp.isnan(logprobs), -jnp.inf, logprobs)
+    cont = _top_k_continuations(search, step, beam, logprobs, sample_keys, gen_after, budget)
+    new_scores, new_src, new_tokens = _running_beams(cont, nb)
+    finished = _update_finished(search, state, beam, cont, gen_after)
+    improvable, stop = _early_stop(search, beam, cont, new_scores, finished, gen_after, budget)
 
-    # Top-K continuations over the beams of every prompt.
-    n_eos = len(step.eos_token_id)
-    k = max(2, 1 + n_eos) * nb
-    acc = (logprobs.reshape(prompts, nb, vocab) + beam.running_scores[:, :, None]).reshape(
-        prompts, nb * vocab
+    # A prompt already done keeps everything as it is.
+    base = (jnp.arange(prompts) * nb)[:, None]
+    src = jnp.where(prompt_done[:, None], base + jnp.arange(nb)[None, :], new_src)
+    state = _reorder_and_decode(
+        step,
+        state,
+        processor_states,
+        logprobs,
+        src.reshape(-1),
+        new_tokens.reshape(-1),
+        active=~jnp.repeat(prompt_done, nb),
     )
-    if sampler.do_sample:
+
+    done_prompt = prompt_done | stop
+    reason = jnp.where(done_prompt & ~prompt_done, LENGTH, 0)
+    finish_reason = jnp.where(state.done, state.finish_reason, jnp.repeat(reason, nb))
+
+    def old_or(new, old):
+        return jnp.where(prompt_done.reshape((prompts,) + (1,) * (new.ndim - 1)), old, new)
+
+    new_beam = BeamState(
+        running_scores=old_or(new_scores, beam.running_scores),
+        running_beam_indices=state.search_state.running_beam_indices,
+        improvable=old_or(improvable, beam.improvable),
+        **{name: old_or(value, getattr(beam, name)) for name, value in finished.items()},
+    )
+    return eqx.tree_at(
+        lambda s: (s.done, s.finish_reason, s.search_state),
+        state,
+        (jnp.repeat(done_prompt, nb), finish_reason.astype(jnp.int32), new_beam),
+    )
+
+
+def _top_k_continuations(
+    search: BeamSearch,
+    step,
+    beam: BeamState,
+    logprobs: Float[Array, "rows vocab"],
+    sample_keys,
+    gen_after: Int[Array, " prompts"],
+    budget: Int[Array, " prompts"],
+) -> _Continuations:
+    """Scores and top-k over beams: each beam's running score plus its processed `logprobs`,
+    and the best `K = max(2, 1 + #eos) * num_beams` of them over all beams of a prompt (or `K`
+    drawn without replacement with the Gumbel-top-k trick for beam sampling)."""
+    nb = search.num_beams
+    prompts, vocab = beam.running_scores.shape[0], logprobs.shape[-1]
+    k = max(2, 1 + len(step.eos_token_id)) * nb
+    per_beam = logprobs.reshape(prompts, nb, vocab)
+    acc = (per_beam + beam.running_scores[:, :, None]).reshape(prompts, nb * vocab)
+    if search.do_sample:
         prompt_keys = sample_keys.reshape(prompts, nb)[:, 0]
         gumbel = jax.vmap(lambda key: jax.random.gumbel(key, (nb * vocab,)))(prompt_keys)
         finite = jnp.isfinite(acc)
@@ -187,148 +247,174 @@ def beam_step(sampler: BeamSearch, step, state: GenerationState) -> GenerationSt
         top_lp, top_idx = jax.lax.top_k(acc, k)
     src_beam = top_idx // vocab
     tokens = (top_idx % vocab).astype(jnp.int32)
-    base = (jnp.arange(prompts) * nb)[:, None]
-    src_row = base + src_beam  # [prompts, K]
-    gen_after = n_gen.reshape(prompts, nb)[:, 0] + 1  # generated tokens after this step
-    budget = state.max_new_tokens.reshape(prompts, nb)[:, 0]
     is_eos = jnp.isin(tokens, jnp.asarray(step.eos_token_id, jnp.int32))
-    out_of_budget = (gen_after >= budget)[:, None]
-    hits = is_eos | out_of_budget
-    dead = ~jnp.isfinite(top_lp)
+    return _Continuations(
+        scores=top_lp,
+        src_row=(jnp.arange(prompts) * nb)[:, None] + src_beam,
+        tokens=tokens,
+        token_logprobs=per_beam[jnp.arange(prompts)[:, None], src_beam, tokens],
+        ends=is_eos | (gen_after >= budget)[:, None],
+        dead=~jnp.isfinite(top_lp),
+    )
 
-    # e. the best num_beams continuations that do not end become the running beams
-    running_lp = top_lp + jnp.where(hits, _NEG, 0.0)
+
+def _running_beams(cont: _Continuations, nb: int):
+    """The best `nb` continuations that do not end become the running beams: their scores, the
+    rows they continue and their tokens (`[prompts, nb]` each; an ending one scores `-1e9`)."""
+    running_lp = cont.scores + jnp.where(cont.ends, _NEG, 0.0)
     next_idx = jax.lax.top_k(running_lp, nb)[1]
-    new_scores = _gather(running_lp, next_idx)
-    new_src = _gather(src_row, next_idx)
-    new_tokens = _gather(tokens, next_idx)
+    return (
+        _gather(running_lp, next_idx),
+        _gather(cont.src_row, next_idx),
+        _gather(cont.tokens, next_idx),
+    )
 
-    # f. candidates that end compete for the finished list
-    cols = jnp.arange(steps)[None, :]
-    gen_cols = state.start_length[:, None] + cols
+
+def _update_finished(
+    search: BeamSearch,
+    state: GenerationState,
+    beam: BeamState,
+    cont: _Continuations,
+    gen_after: Int[Array, " prompts"],
+) -> dict:
+    """Finished hypotheses: the continuations among the first `num_beams` that end compete with
+    the finished list (scored with the length penalty); the best `num_beams` stay.
+
+    **Returns:** the new values of `BeamState`'s `tokens`, `beam_indices`, `token_logprobs`,
+    `lengths`, `scores` and `finished`, by field name.
+    """
+    nb = search.num_beams
+    prompts, k = cont.scores.shape
+    steps = state.logprobs.shape[1]
+    cols = jnp.arange(steps)[None, None, :]
+    n_before = (gen_after - 1)[:, None, None]  # the column this step writes
+
+    def history(rows, value, fill):
+        """Each candidate's history: its source row's, with this step's `value` written."""
+        out = jnp.where(cols == n_before, value[:, :, None], rows[cont.src_row])
+        return out if fill is None else jnp.where(cols <= n_before, out, fill)
+
+    gen_cols = state.start_length[:, None] + jnp.arange(steps)[None, :]
     gen_tokens = jnp.take_along_axis(
         state.token_ids, jnp.minimum(gen_cols, state.token_ids.shape[1] - 1), 1
     )  # [rows, steps]
-    cand_tokens = gen_tokens[src_row]  # [prompts, K, steps]
-    n_before = (gen_after - 1)[:, None, None]
-    cand_tokens = jnp.where(cols[None] == n_before, tokens[:, :, None], cand_tokens)
-    cand_tokens = jnp.where(cols[None] <= n_before, cand_tokens, 0)
-    chosen_c = logprobs.reshape(prompts, nb, vocab)[
-        jnp.arange(prompts)[:, None], src_beam, tokens
-    ]  # [prompts, K]: the processed logprob of each candidate token
-    cand_lps = state.logprobs[src_row]
-    cand_lps = jnp.where(cols[None] == n_before, chosen_c[:, :, None], cand_lps)
-    cand_lps = jnp.where(cols[None] <= n_before, cand_lps, 0.0)
-    cand_bidx = beam.running_beam_indices[src_row]
-    cand_bidx = jnp.where(cols[None] == n_before, src_row[:, :, None], cand_bidx)
-    top_mask = jnp.arange(k) < nb
-    just_finished = hits & top_mask[None, :] & ~dead
-    scored = top_lp / (gen_after[:, None].astype(jnp.float32) ** sampler.length_penalty)
-    full = jnp.all(beam.finished, axis=1, keepdims=True) & (sampler.early_stopping is True)
+    candidates = {
+        "tokens": history(gen_tokens, cont.tokens, 0),
+        "beam_indices": history(beam.running_beam_indices, cont.src_row, None),
+        "token_logprobs": history(state.logprobs, cont.token_logprobs, 0.0),
+        "lengths": jnp.broadcast_to(gen_after[:, None], (prompts, k)),
+    }
+    just_finished = cont.ends & (jnp.arange(k) < nb)[None, :] & ~cont.dead
+    scored = cont.scores / (gen_after[:, None].astype(jnp.float32) ** search.length_penalty)
+    full = jnp.all(beam.finished, axis=1, keepdims=True) & (search.early_stopping is True)
     scored = scored + jnp.where(full, _NEG, 0.0)
     scored = scored + jnp.where(beam.improvable[:, None], 0.0, _NEG)
     scored = scored + jnp.where(just_finished, 0.0, _NEG)
-    scored = jnp.where(dead, -jnp.inf, scored)
+    scored = jnp.where(cont.dead, -jnp.inf, scored)
     merged_scores = jnp.concatenate([beam.scores, scored], axis=1)
     keep = jax.lax.top_k(merged_scores, nb)[1]
-    lengths_c = jnp.broadcast_to(gen_after[:, None], (prompts, k))
-    fin_tokens = _gather(jnp.concatenate([beam.tokens, cand_tokens], 1), keep)
-    fin_bidx = _gather(jnp.concatenate([beam.beam_indices, cand_bidx], 1), keep)
-    fin_lps = _gather(jnp.concatenate([beam.token_logprobs, cand_lps], 1), keep)
-    fin_lengths = _gather(jnp.concatenate([beam.lengths, lengths_c], 1), keep)
-    fin_scores = _gather(merged_scores, keep)
-    fin_done = _gather(jnp.concatenate([beam.finished, just_finished], 1), keep)
+    out = {
+        name: _gather(jnp.concatenate([getattr(beam, name), value], 1), keep)
+        for name, value in candidates.items()
+    }
+    out["scores"] = _gather(merged_scores, keep)
+    out["finished"] = _gather(jnp.concatenate([beam.finished, just_finished], 1), keep)
+    return out
 
-    # g. the stopping heuristic (transformers' _check_early_stop_heuristic)
-    if sampler.early_stopping == "never":
-        best_len = jnp.where(sampler.length_penalty > 0.0, budget, gen_after)
+
+def _early_stop(search: BeamSearch, beam, cont, new_scores, finished, gen_after, budget):
+    """transformers' `_check_early_stop_heuristic`: whether the best running beam can still
+    beat the worst finished hypothesis (`improvable`), and which prompts stop (`[prompts]`)."""
+    if search.early_stopping == "never":
+        best_len = jnp.where(search.length_penalty > 0.0, budget, gen_after)
     else:
         best_len = gen_after
-    best_running = new_scores[:, 0] / (best_len.astype(jnp.float32) ** sampler.length_penalty)
+    best_running = new_scores[:, 0] / (best_len.astype(jnp.float32) ** search.length_penalty)
+    fin_done, fin_scores = finished["finished"], finished["scores"]
     worst = jnp.where(fin_done, jnp.min(fin_scores, axis=1, keepdims=True), _NEG)
     improvable = beam.improvable & jnp.any(best_running[:, None] > worst, axis=1)
-    all_full = jnp.all(fin_done, axis=1) & (sampler.early_stopping is True)
-    stop = ~improvable | all_full | jnp.all(hits, axis=1) | jnp.all(new_scores <= _NEG / 2, axis=1)
+    all_full = jnp.all(fin_done, axis=1) & (search.early_stopping is True)
+    stop = (
+        ~improvable
+        | all_full
+        | jnp.all(cont.ends, axis=1)
+        | jnp.all(new_scores <= _NEG / 2, axis=1)
+    )
+    return improvable, stop
 
-    # A prompt already done keeps everything as it is.
-    keep_old = prompt_done
-    flat_src = jnp.where(keep_old[:, None], base + jnp.arange(nb)[None, :], new_src).reshape(rows)
 
-    # ONE gather moves every per-row leaf with its beam: tokens, cache, processor states,
-    # stop-string states, keys, logprobs.
+def _reorder_and_decode(
+    step,
+    state: GenerationState,
+    processor_states,
+    logprobs: Float[Array, "rows vocab"],
+    src: Int[Array, " rows"],
+    new_tokens: Int[Array, " rows"],
+    *,
+    active: Bool[Array, " rows"],
+) -> GenerationState:
+    """Reorder: ONE gather moves every per-row leaf with its beam (tokens, cache, processor
+    states, stop-string states, keys, logprobs, beam indices) from row `src[r]` to row `r`; then
+    the `active` rows append `new_tokens` (with their logprobs and source rows) and run them
+    through the model (decode). `done` and the finished hypotheses are left to the caller.
+
+    The alternatives (`top_token_ids`, `top_logprobs`, with `Step.top_logprobs`) are the one
+    exception: under beam search they form a table by time and row, not a per-row history. Row
+    `r`'s top-`k` at this step are written to `[r, this step]` before the reorder, and never
+    moved; a hypothesis's alternatives at step `t` are then the table's entry at its beam index
+    (the row its token came from, `BeamState.beam_indices`) and `t` (see `hypothesis_alternatives`),
+    for running and finished hypotheses alike, with no copy per hypothesis."""
+    rows = state.batch_size
+    steps = state.logprobs.shape[1]
+    n_gen = state.num_generated
     carried = (
         state.token_ids,
         state.length,
         state.logprobs,
-        state.top_token_ids,
-        state.top_logprobs,
         state.cache,
         processor_states,
         state.stop_state,
         state.key,
-        beam.running_beam_indices,
+        state.search_state.running_beam_indices,
     )
     (
         token_ids,
         length,
         row_logprobs,
-        top_ids,
-        top_lps,
         cache,
         processor_states,
         stop_state,
         key,
         running_bidx,
-    ) = jax.tree.map(lambda x: x[flat_src], carried)
-    active = ~jnp.repeat(keep_old, nb)
-    flat_tokens = jnp.where(active, new_tokens.reshape(rows), step.pad_token_id)
+    ) = jax.tree.map(lambda x: x[src], carried)
+    flat_tokens = jnp.where(active, new_tokens, step.pad_token_id)
     row_ids = jnp.arange(rows)
     write_col = jnp.where(active, length, token_ids.shape[1])
     token_ids = token_ids.at[row_ids, write_col].set(flat_tokens, mode="drop")
-    chosen = logprobs[flat_src, flat_tokens]
+    chosen = logprobs[src, flat_tokens]
     if step.logprobs_mode == "raw":
-        chosen = jax.nn.log_softmax(state.logits, axis=-1)[flat_src, flat_tokens]
+        chosen = jax.nn.log_softmax(state.logits, axis=-1)[src, flat_tokens]
     lp_col = jnp.where(active, n_gen, steps)
     row_logprobs = row_logprobs.at[row_ids, lp_col].set(chosen, mode="drop")
-    running_bidx = running_bidx.at[row_ids, lp_col].set(flat_src.astype(jnp.int32), mode="drop")
+    running_bidx = running_bidx.at[row_ids, lp_col].set(src.astype(jnp.int32), mode="drop")
     length = length + active.astype(jnp.int32)
-    if step.top_logprobs:
+    top_ids, top_lps = state.top_token_ids, state.top_logprobs
+    if step.top_logprobs:  # by source row, before the reorder (see above)
         source = (
             logprobs if step.logprobs_mode == "processed" else jax.nn.log_softmax(state.logits, -1)
         )
-        values, ids = jax.lax.top_k(source[flat_src], step.top_logprobs)
+        values, ids = jax.lax.top_k(source, step.top_logprobs)
         top_ids = top_ids.at[row_ids, lp_col].set(ids.astype(jnp.int32), mode="drop")
         top_lps = top_lps.at[row_ids, lp_col].set(values, mode="drop")
 
     positions = jnp.where(active, length - 1, -1)
     next_logits, cache = step.model(flat_tokens[:, None], positions[:, None], cache)
-    next_logits = jnp.where(active[:, None], next_logits[:, -1, :], state.logits[flat_src])
-
-    done_prompt = prompt_done | stop
-    done = jnp.repeat(done_prompt, nb)
-    reason = jnp.where(done_prompt & ~prompt_done, LENGTH, 0)
-    finish_reason = jnp.where(state.done, state.finish_reason, jnp.repeat(reason, nb))
-
-    def old_or(new, old):
-        return jnp.where(prompt_done.reshape((prompts,) + (1,) * (new.ndim - 1)), old, new)
-
-    new_beam = BeamState(
-        running_scores=old_or(new_scores, beam.running_scores),
-        running_beam_indices=running_bidx,
-        tokens=old_or(fin_tokens, beam.tokens),
-        lengths=old_or(fin_lengths, beam.lengths),
-        scores=old_or(fin_scores, beam.scores),
-        beam_indices=old_or(fin_bidx, beam.beam_indices),
-        token_logprobs=old_or(fin_lps, beam.token_logprobs),
-        finished=old_or(fin_done, beam.finished),
-        improvable=old_or(improvable, beam.improvable),
-    )
+    next_logits = jnp.where(active[:, None], next_logits[:, -1, :], state.logits[src])
+    search_state = eqx.tree_at(lambda b: b.running_beam_indices, state.search_state, running_bidx)
     return eqx.tree_at(
         lambda s: (
             s.token_ids,
             s.length,
-            s.done,
-            s.finish_reason,
             s.logits,
             s.logprobs,
             s.top_token_ids,
@@ -343,8 +429,6 @@ def beam_step(sampler: BeamSearch, step, state: GenerationState) -> GenerationSt
         (
             token_ids,
             length,
-            done,
-            finish_reason.astype(jnp.int32),
             next_logits,
             row_logprobs,
             top_ids,
@@ -353,6 +437,23 @@ def beam_step(sampler: BeamSearch, step, state: GenerationState) -> GenerationSt
             processor_states,
             stop_state,
             key,
-            new_beam,
+            search_state,
         ),
     )
+
+
+def hypothesis_alternatives(
+    table_ids: Int[Array, "rows steps k"],
+    table_logprobs: Float[Array, "rows steps k"],
+    beam_indices: Int[Array, "batch steps"],
+) -> tuple[Int[Array, "batch steps k"], Float[Array, "batch steps k"]]:
+    """The top-`k` alternatives of hypotheses from the beam-search table (`GenerationState.
+    top_token_ids` / `top_logprobs` after beam steps, by row and step): at each step `t`, those
+    of the row the hypothesis's token came from (`beam_indices[h, t]`); zeros where
+    `beam_indices` is -1 (no token), as after a row's end in plain generation."""
+    steps = jnp.arange(beam_indices.shape[1])[None, :]
+    rows = jnp.maximum(beam_indices, 0)
+    used = (beam_indices >= 0)[:, :, None]
+    ids = jnp.where(used, table_ids[rows, steps], 0)
+    logprobs = jnp.where(used, table_logprobs[rows, steps], 0.0)
+    return ids, logprobs

@@ -24,14 +24,13 @@ The checks are allow-lists. The decoding method comes from transformers' own
 search, multinomial sampling, beam search and beam sampling) is refused by name: group beam
 search, contrastive search, assisted generation, DoLa, constrained beam search. `num_beams`,
 `length_penalty` and `early_stopping` choose `fg.samplers.BeamSearch`; `guidance_scale` (other
-than 1) puts classifier-free guidance first in the chain (`GenerationSettings.guidance_scale`). Every setting the config sets to a non-default value is
-either read here (`USED_GENERATION_KEYS`), known not to change the generated tokens or read only by
+than 1) puts classifier-free guidance first in the chain (`Settings.guidance_scale`). Every setting the config sets
+to a non-default value is either read here (`USED_GENERATION_KEYS`), known not to change the generated tokens or read only by
 a refused mode (`IGNORED_GENERATION_KEYS`), a feature not implemented yet
 (`UNSUPPORTED_GENERATION_KEYS`: watermarking, ...), or an error that
 names it, so a setting that a later transformers adds is never silently dropped.
 """
 
-import dataclasses
 import json
 import os
 from collections.abc import Mapping
@@ -40,6 +39,7 @@ from typing import Any
 
 from .. import processors as P
 from .beam_search import BeamSearch
+from .call_settings import Settings
 from .samplers import AbstractSampler, Greedy, Multinomial
 from .search import AbstractSearch
 
@@ -184,26 +184,9 @@ MIROSTAT_DEFAULTS = {"mirostat_tau": 5.0, "mirostat_eta": 0.1}
 """llama.cpp's defaults of XTC's threshold and of Mirostat's target surprise and learning rate."""
 
 
-@dataclasses.dataclass(frozen=True)
-class GenerationSettings:
-    """What a `GenerationConfig` asks `generate` to do.
-
-    **Attributes:** `processors` (tuple, in transformers' order); `sampler`; `max_new_tokens`
-    (`None`: not set); `max_length` (total length including the prompt, `None`: not set);
-    `eos_token_id` (tuple or `None`: the model's); `pad_token_id` (or `None`); `stop_strings`
-    (tuple); `num_return_sequences`; `guidance_scale` (`None` unless classifier-free guidance is
-    asked for: a scale other than 1).
-    """
-
-    processors: tuple
-    sampler: AbstractSampler | AbstractSearch
-    max_new_tokens: int | None
-    max_length: int | None
-    eos_token_id: tuple[int, ...] | None
-    pad_token_id: int | None
-    stop_strings: tuple[str, ...]
-    num_return_sequences: int
-    guidance_scale: float | None = None
+GenerationSettings = Settings
+"""The former name of what `settings_from_generation_config` returns: it is the one `Settings`
+type (`functional_gen.generation.call_settings`), with `step` left `None`."""
 
 
 def load_generation_config(generation_config: Any):
@@ -303,7 +286,7 @@ def settings_from_generation_config(
     eos_token_id: tuple[int, ...],
     vocab_size: int,
     tokenizer: Any = None,
-) -> GenerationSettings:
+) -> Settings:
     """Translate a generation config into processors, a sampler and length settings.
 
     **Arguments:**
@@ -315,7 +298,7 @@ def settings_from_generation_config(
     - `tokenizer`: tokenizes `dry_sequence_breakers` given as text (llama.cpp's form); with a
       tokenizer, DRY without breakers gets llama.cpp's defaults (`DRY_SEQUENCE_BREAKERS`).
 
-    **Returns:** a `GenerationSettings`.
+    **Returns:** a `Settings` (`functional_gen.generation.call_settings`) without a `step`.
 
     **Raises:** `ValueError` naming a generation mode other than greedy search or sampling,
     unsupported or unknown settings (see `check_generation_config`), and any error of the
@@ -412,7 +395,7 @@ def settings_from_generation_config(
     explicit = gc.to_diff_dict()
     stop = gc.stop_strings
     stop = () if stop is None else ((stop,) if isinstance(stop, str) else tuple(stop))
-    return GenerationSettings(
+    return Settings(
         processors=tuple(procs),
         sampler=_sampler(gc),
         max_new_tokens=gc.max_new_tokens,

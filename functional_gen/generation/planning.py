@@ -143,11 +143,6 @@ def prepare(
     num_beams = settings.step.search.num_beams
     n_return = num_beams or settings.num_return_sequences  # rows per prompt in the loop
     returned = settings.num_return_sequences  # rows per prompt in the result
-    if num_beams and (settings.step.top_logprobs or settings.prompt_logprobs):
-        raise ValueError(
-            "beam search does not return top_logprobs or prompt_logprobs yet (the returned "
-            "hypotheses keep only their chosen tokens' logprobs); use Greedy()/Multinomial()"
-        )
     if num_beams and settings.stop_strings:
         raise ValueError(
             "stop strings are not supported with beam search yet; use eos_token_id, or "

@@ -15,6 +15,7 @@ from jaxtyping import Array, Float, Int
 
 from ..sharding import to_host
 from ..tokenization import decode
+from .beam_search import hypothesis_alternatives
 from .planning import Prepared, rows_of_step
 from .sequence_state import SequenceState
 from .settings import Settings
@@ -43,10 +44,12 @@ class GenerationResult:
       tokenizer, result.state, ...)`, slice it, fork it, save it.
     - `top_token_ids`, `top_logprobs`: with `top_logprobs=k`, per generated token the `k` most
       likely tokens and their logprobs (most likely first; the distribution `logprobs_mode`
-      names), `[batch, max_new_tokens, k]`, zeros after a row's end; else `None`.
+      names), `[batch, max_new_tokens, k]`, zeros after a row's end; else `None`. Under beam
+      search, each returned sequence's are those of the beam that produced each of its tokens.
     - `prompt_logprobs`: with `prompt_logprobs=True`, per row the logprob (natural log, the
       model's own distribution) of every token this call prefilled given the tokens before it,
-      `None` for a fresh prompt's first token (as vLLM); else `None`.
+      `None` for a fresh prompt's first token (as vLLM); else `None`. Under beam search, every
+      sequence of a prompt has the prompt's (prefilled once).
     - `sequences_scores`: under beam search, each returned hypothesis's score (summed processed
       logprobs divided by `length ** length_penalty`, as transformers); else `None`.
     - `beam_indices`: under beam search, for each returned hypothesis and generated token, the
@@ -117,7 +120,7 @@ def build_result(
         arrays,
         model_fingerprint=model.config_fingerprint,
         tokenizer=tokenizer,
-        settings=dataclasses.replace(settings, step=kept),
+        settings=settings.with_step(kept),
     )
     return GenerationResult(
         texts=texts,
@@ -189,6 +192,17 @@ def _beam_result(model, tokenizer, settings, prepared, final, prompt_lp) -> Gene
         tokenizer=tokenizer,
         settings=None,
     )
+    top_ids = top_lps = None
+    if final.top_token_ids.shape[-1]:  # each hypothesis's alternatives, by its beam indices
+        chosen = bidx[:prompts, :nrs].reshape(prompts * nrs, -1)
+        top_ids, top_lps = hypothesis_alternatives(
+            final.top_token_ids, final.top_logprobs, jnp.asarray(chosen)
+        )
+        top_ids, top_lps = top_ids[:, :n], top_lps[:, :n]
+    prompt_logprobs = None
+    if settings.prompt_logprobs:  # prefilled once per prompt: its first loop row's, per sequence
+        first_rows = np.repeat(np.arange(prompts) * nb, nrs)
+        prompt_logprobs = _prompt_logprobs(prompt_lp[first_rows], prepared, prompts * nrs)
     return GenerationResult(
         texts=texts,
         token_ids=jnp.asarray(out_ids),
@@ -199,7 +213,9 @@ def _beam_result(model, tokenizer, settings, prepared, final, prompt_lp) -> Gene
         state=state,
         sequences_scores=jnp.asarray(scores[:prompts, :nrs].reshape(-1)),
         beam_indices=jnp.asarray(out_bidx),
-        prompt_logprobs=None,
+        top_token_ids=top_ids,
+        top_logprobs=top_lps,
+        prompt_logprobs=prompt_logprobs,
     )
 
 

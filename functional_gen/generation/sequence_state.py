@@ -14,10 +14,12 @@ logits after a row's last token whenever `cached == length`; the next call prefi
 
 Reordering rows is ONE `jax.tree.map(lambda x: x[idx], ...)` over every per-row leaf (design
 constraint 3): tokens, weights, cache, processor states, stop-string states and keys.
+
+The saved file format (its tensors, header fields, versions and checks) is in
+`functional_gen.generation.state_file`; `save` here writes its bytes durably.
 """
 
 import contextlib
-import json
 import os
 import time
 from collections.abc import Sequence
@@ -34,39 +36,17 @@ from ..processors.base import split_rows
 from ..sharding import to_host
 from ..tokenization import decode, is_chat, tokenizer_fingerprint
 from .buckets import bucket_length
-
-FORMAT_NAME = "functional_gen.SequenceState"
-"""The `format` entry of a saved state's header."""
-FORMAT_VERSION = 2
-"""The version of the saved format this code writes. Version 2 added the header field
-`tokenizer_fingerprint`; version 1 files are still read (without a tokenizer check)."""
-READABLE_VERSIONS = (1, 2)
-"""The saved format versions `SequenceState.load` reads."""
-HEADER_FIELDS = {
-    1: ("format", "version", "model_fingerprint", "key_impl", "num_layers", "cache_dtype"),
-    2: (
-        "format",
-        "version",
-        "model_fingerprint",
-        "tokenizer_fingerprint",
-        "key_impl",
-        "num_layers",
-        "cache_dtype",
-    ),
-}
-"""The header fields of each format version (every one must be present; values may be null)."""
-ROW_TENSORS = (
-    "token_ids",
-    "token_logprobs",
-    "length",
-    "cached",
-    "prompt_length",
-    "logits",
-    "key",
-    "key_step",
+from .state_file import (  # the file format's names, also public here where they were first
+    FORMAT_NAME as FORMAT_NAME,
+    FORMAT_VERSION as FORMAT_VERSION,
+    HEADER_FIELDS as HEADER_FIELDS,
+    READABLE_VERSIONS as READABLE_VERSIONS,
+    ROW_TENSORS as ROW_TENSORS,
+    SequenceStateFormatError as SequenceStateFormatError,
+    decode_state,
+    encode_state,
 )
-"""The tensors every saved state holds, each with a leading batch axis; a state with a cache
-also holds `cache.positions`, `cache.length` and `cache.k.{i}` / `cache.v.{i}` per layer."""
+
 PARTIAL_SUFFIX = ".fg-partial"
 """The suffix of the temporary file `save` writes before renaming it over the target:
 `.{name}.{pid}.{random}.fg-partial`, in the target's directory."""
@@ -84,11 +64,6 @@ class TokenizerMismatchError(ModelMismatchError):
     """A `SequenceState` was continued (or loaded, decoded, joined) with a tokenizer other than
     the one that made its token ids: their fingerprints (`tokenizer_fingerprint`: vocabulary,
     special tokens, class) differ. A `ModelMismatchError`, so code catching that catches it."""
-
-
-class SequenceStateFormatError(ValueError):
-    """A file is not a saved `SequenceState`, has a format version this code does not read, or
-    lacks a tensor or header field (the message names what is missing)."""
 
 
 class SequenceArrays(eqx.Module):
@@ -604,8 +579,6 @@ class SequenceState:
         **Raises:** `OSError` (e.g. `FileNotFoundError` for a missing directory) when the file
         cannot be written; `path` is then unchanged.
         """
-        from safetensors.numpy import save as to_bytes
-
         a = self.arrays
         tensors = {
             "token_ids": a.token_ids,
@@ -618,8 +591,6 @@ class SequenceState:
             "key_step": a.key_step,
         }
         header = {
-            "format": FORMAT_NAME,
-            "version": FORMAT_VERSION,
             "model_fingerprint": self.model_fingerprint,
             "tokenizer_fingerprint": self.tokenizer_fingerprint,
             "key_impl": str(jax.random.key_impl(a.key)),
@@ -633,8 +604,7 @@ class SequenceState:
                 tensors[f"cache.k.{i}"] = k.astype(jnp.float32)
                 tensors[f"cache.v.{i}"] = v.astype(jnp.float32)
         host = {name: np.ascontiguousarray(to_host(x)) for name, x in tensors.items()}
-        data = to_bytes(host, metadata={"functional_gen": json.dumps(header)})
-        _write_atomically(os.fspath(path), data)
+        _write_atomically(os.fspath(path), encode_state(host, header))
 
     @classmethod
     def load(cls, path: str | os.PathLike, tokenizer: Any = None) -> "SequenceState":
@@ -652,41 +622,8 @@ class SequenceState:
         (naming each missing one), or holds tensors of inconsistent shapes;
         `TokenizerMismatchError` when `tokenizer` is not the tokenizer that made the state.
         """
-        from safetensors import SafetensorError, safe_open
-
         path = os.fspath(path)
-        if not os.path.exists(path):
-            raise FileNotFoundError(f"no saved SequenceState at {path!r}")
-        try:
-            with safe_open(path, framework="numpy") as f:
-                meta = f.metadata() or {}
-                arrays = {name: f.get_tensor(name) for name in f.keys()}  # noqa: SIM118 (safe_open is not iterable)
-        except (SafetensorError, OSError, ValueError) as e:
-            cut = ("incomplete metadata", "invalid header length", "header too small")
-            if any(words in str(e) for words in cut):
-                raise SequenceStateFormatError(
-                    f"{path!r} is truncated ({os.path.getsize(path)} bytes, fewer than its "
-                    f"header describes): not a whole saved SequenceState ({e})"
-                ) from e
-            raise SequenceStateFormatError(f"{path!r} is not a saved SequenceState: {e}") from e
-        try:
-            header = json.loads(meta["functional_gen"])
-            assert header["format"] == FORMAT_NAME
-        except (KeyError, ValueError, AssertionError, TypeError):
-            raise SequenceStateFormatError(
-                f"{path!r} is a safetensors file but not a saved SequenceState"
-            ) from None
-        if "version" not in header:
-            raise SequenceStateFormatError(
-                f"{path!r} is a damaged SequenceState: its header lacks the field `version`"
-            )
-        version = header["version"]
-        if version not in READABLE_VERSIONS:
-            raise SequenceStateFormatError(
-                f"{path!r} has SequenceState format version {version!r}; this functional_gen "
-                f"reads versions {', '.join(map(str, READABLE_VERSIONS))}"
-            )
-        _check_saved_fields(path, version, header, arrays)
+        header, arrays = decode_state(path)
         if tokenizer is not None:
             where = f"the SequenceState in {path!r}"
             _refuse_other_tokenizer(header.get("tokenizer_fingerprint"), None, tokenizer, where)
@@ -720,51 +657,6 @@ class SequenceState:
             model_fingerprint=header["model_fingerprint"],
             tokenizer=tokenizer,
             tokenizer_fingerprint=header.get("tokenizer_fingerprint"),
-        )
-
-
-def _check_saved_fields(path: str, version: int, header: dict, arrays: dict) -> None:
-    """Refuse a saved state that lacks a header field or a tensor of its version, naming every
-    missing one, or whose tensors disagree on the batch size or width."""
-    missing = [f"`{name}`" for name in HEADER_FIELDS[version] if name not in header]
-    if missing:
-        raise SequenceStateFormatError(
-            f"{path!r} is a damaged SequenceState (version {version}): its header lacks the "
-            f"field{'s' if len(missing) > 1 else ''} {', '.join(missing)}"
-        )
-    num_layers = header["num_layers"]
-    if isinstance(num_layers, bool) or not isinstance(num_layers, int) or num_layers < 0:
-        raise SequenceStateFormatError(
-            f"{path!r} is a damaged SequenceState: header field `num_layers` is {num_layers!r}, "
-            "not a count"
-        )
-    if num_layers and not isinstance(header["cache_dtype"], str):
-        raise SequenceStateFormatError(
-            f"{path!r} is a damaged SequenceState: header field `cache_dtype` is "
-            f"{header['cache_dtype']!r} for a cache of {num_layers} layers"
-        )
-    needed = list(ROW_TENSORS)
-    if num_layers:
-        needed += ["cache.positions", "cache.length"]
-        needed += [f"cache.{kv}.{i}" for i in range(num_layers) for kv in ("k", "v")]
-    missing = [f"`{name}`" for name in needed if name not in arrays]
-    if missing:
-        raise SequenceStateFormatError(
-            f"{path!r} is a damaged SequenceState: it lacks the tensor"
-            f"{'s' if len(missing) > 1 else ''} {', '.join(missing)}"
-        )
-    batch = arrays["token_ids"].shape[0] if arrays["token_ids"].ndim == 2 else None
-    for name in ROW_TENSORS:
-        shape = arrays[name].shape
-        if batch is None or not shape or shape[0] != batch:
-            raise SequenceStateFormatError(
-                f"{path!r} is a damaged SequenceState: tensor `{name}` has shape {shape}, "
-                f"token_ids {arrays['token_ids'].shape}; every tensor needs the same batch axis"
-            )
-    if arrays["token_logprobs"].shape != arrays["token_ids"].shape:
-        raise SequenceStateFormatError(
-            f"{path!r} is a damaged SequenceState: tensor `token_logprobs` has shape "
-            f"{arrays['token_logprobs'].shape}, token_ids {arrays['token_ids'].shape}"
         )
 
 
@@ -883,10 +775,8 @@ def _check_ids(rows: Sequence[Sequence[int]], vocab_size: int) -> None:
 
 def _take_settings(settings, batch: int, idx: np.ndarray):
     """The settings with every per-row processor value gathered like the rows."""
-    import dataclasses
-
     step = settings.step
     rows, shared = split_rows(step.processors, batch)
     rows = jax.tree.map(lambda x: x[jnp.asarray(idx)], rows)
     processors = eqx.combine(rows, shared)
-    return dataclasses.replace(settings, step=eqx.tree_at(lambda s: s.processors, step, processors))
+    return settings.with_step(eqx.tree_at(lambda s: s.processors, step, processors))

@@ -1,5 +1,8 @@
 """ONE settings resolver, shared by `generate` and `stream`: `GenerationOptions` -> `Settings`.
 
+`Settings` (`functional_gen.generation.call_settings`) is the one type for what a call decided;
+a generation config alone fills the same type (`settings_from_generation_config`).
+
 It validates every argument where it enters (before anything compiles), merges the call's
 options with a generation config, settles the EOS and pad ids once, builds the stop-string
 matcher and the `Step` once.
@@ -25,7 +28,6 @@ by key; so do we):
 4. Defaults: `max_new_tokens` = `DEFAULT_MAX_NEW_TOKENS`, greedy decoding, the model's EOS ids.
 """
 
-import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
@@ -35,11 +37,12 @@ import numpy as np
 from ..models.base import AbstractCausalLM
 from ..processors.base import as_processors
 from ..processors.classifier_free_guidance import ClassifierFreeGuidance, check_guidance_first
+from .call_settings import Settings
 from .generation_config import settings_from_generation_config
 from .options import GenerationOptions, decoding_config, with_overrides
 from .samplers import AbstractSampler
 from .search import AbstractSearch
-from .step import Step, make_step
+from .step import make_step
 from .stop_strings import StopStrings
 
 DEFAULT_MAX_NEW_TOKENS = 128
@@ -48,36 +51,6 @@ DEFAULT_MAX_NEW_TOKENS = 128
 PREFILL_MODES = ("one_pass", "forced")
 """`prefill_mode` values: one model call over the whole prompt, or the prompt teacher-forced
 token by token through the decode path (for teaching and as a test oracle)."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Settings:
-    """Everything a generation call decided before compiling.
-
-    **Attributes:** `step` (the `Step`: model, processors, sampler, stop-string matcher, EOS and
-    pad ids), `max_new_tokens` (tokens to generate per row, excluding what is already there),
-    `stop_strings` (the texts), `num_return_sequences`, `prefix_lm`, `prefill_mode`,
-    `carry_processor_states` (a continuation of the same processors), `prompt_logprobs`.
-    """
-
-    step: Step
-    max_new_tokens: int
-    stop_strings: tuple[str, ...]
-    num_return_sequences: int
-    prefix_lm: bool
-    prefill_mode: str
-    carry_processor_states: bool
-    prompt_logprobs: bool = False
-
-    @property
-    def eos_token_id(self) -> tuple[int, ...]:
-        """Every token id that ends a row."""
-        return self.step.eos_token_id
-
-    @property
-    def pad_token_id(self) -> int:
-        """The id written after a row's end."""
-        return self.step.pad_token_id
 
 
 def check_max_new_tokens(max_new_tokens: Any, name: str = "max_new_tokens") -> None:
@@ -247,7 +220,7 @@ def resolve_settings(
     own_decoding = processors is not None or sampler is not None
     carry = previous is not None and not own_decoding and explicit_config is None
     if carry:
-        processors_, sampler_ = previous.step.processors, previous.step.sampler
+        processors_, sampler_ = previous.step.processors, previous.step.search
         eos_token_id = previous.eos_token_id if eos_token_id is None else eos_token_id
         pad_token_id = previous.pad_token_id if pad_token_id is None else pad_token_id
         stop_strings = previous.stop_strings if stop_strings is None else stop_strings
@@ -256,35 +229,35 @@ def resolve_settings(
 
     n_return = 1
     if config is not None and not carry:
-        settings = settings_from_generation_config(
+        from_config = settings_from_generation_config(
             config, eos_token_id=model.eos_token_id, vocab_size=model.vocab_size
         )
         if explicit_config is not None or not own_decoding:
-            processors_ = settings.processors + processors_
-            sampler_ = sampler if sampler is not None else settings.sampler
+            processors_ = from_config.processors + processors_
+            sampler_ = sampler if sampler is not None else from_config.sampler
         if eos_token_id is None:
-            eos_token_id = settings.eos_token_id
+            eos_token_id = from_config.eos_token_id
         if pad_token_id is None:
-            pad_token_id = settings.pad_token_id
+            pad_token_id = from_config.pad_token_id
         if stop_strings is None:
-            stop_strings = settings.stop_strings
+            stop_strings = from_config.stop_strings
         if max_new_tokens is None:
-            if settings.max_new_tokens is not None:
-                max_new_tokens = settings.max_new_tokens
-            elif settings.max_length is not None:
-                max_new_tokens = settings.max_length - longest_prompt
+            if from_config.max_new_tokens is not None:
+                max_new_tokens = from_config.max_new_tokens
+            elif from_config.max_length is not None:
+                max_new_tokens = from_config.max_length - longest_prompt
                 if max_new_tokens < 1:
                     raise ValueError(
-                        f"the generation config's max_length={settings.max_length} leaves no room "
+                        f"the generation config's max_length={from_config.max_length} leaves no room "
                         f"after {longest_prompt} tokens; pass max_new_tokens"
                     )
-        n_return = settings.num_return_sequences
+        n_return = from_config.num_return_sequences
         if (
-            settings.guidance_scale is not None
+            from_config.guidance_scale is not None
             and not first_processors
             and (explicit_config is not None or not own_decoding)
         ):
-            first_processors = (ClassifierFreeGuidance(model, settings.guidance_scale),)
+            first_processors = (ClassifierFreeGuidance(model, from_config.guidance_scale),)
     if num_return_sequences is not None:
         n_return = num_return_sequences
     if max_new_tokens is None:
@@ -318,12 +291,11 @@ def resolve_settings(
         logprobs_mode=options.logprobs_mode,
     )
     return Settings(
-        step=step,
         max_new_tokens=int(max_new_tokens),
         stop_strings=stop_strings,
         num_return_sequences=int(n_return),
         prefix_lm=bool(options.prefix_lm),
         prefill_mode=prefill_mode,
-        carry_processor_states=carry,
         prompt_logprobs=bool(options.prompt_logprobs),
-    )
+        carry_processor_states=carry,
+    ).with_step(step)

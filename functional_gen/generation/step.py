@@ -64,8 +64,11 @@ class Step(eqx.Module):
 
     @property
     def sampler(self) -> AbstractSampler | AbstractSearch:
-        """What `make_step` was given as `sampler`: the sampler of `Sample`, else the search."""
-        return self.search.sampler if isinstance(self.search, Sample) else self.search
+        """What `make_step` was given as `sampler`: the `sampler` its search holds (`Sample`'s),
+        else the search itself (`BeamSearch`, which picks tokens for whole groups of rows).
+
+        Read from the search's own attribute, so no search type is singled out here."""
+        return getattr(self.search, "sampler", self.search)
 
 
 def make_step(

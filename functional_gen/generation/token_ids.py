@@ -119,14 +119,14 @@ def _token_settings(
         step = make_step(
             model,
             settings.step.processors,
-            settings.step.sampler,
+            settings.step.search,
             eos_token_id=settings.eos_token_id,
             pad_token_id=settings.pad_token_id,
             stop_strings=stop_strings,
         )
         settings = dataclasses.replace(
-            settings, step=step, stop_strings=tuple(stop_strings.stop_strings)
-        )
+            settings, stop_strings=tuple(stop_strings.stop_strings)
+        ).with_step(step)
     return settings
 
 

@@ -139,6 +139,52 @@ def test_beam_indices_and_eos_finish(tiny_pair, eos_id):
     assert "eos" in result.finish_reasons  # the EOS case is exercised
 
 
+def test_beam_search_returns_each_sequences_alternatives_and_the_prompt_logprobs(tiny_pair, eos_id):
+    """Issue 43 item 2: `top_logprobs` and `prompt_logprobs` under beam search. For every returned
+    sequence and generated position, the alternatives are those of the beam that produced the
+    token: checked against transformers' PyTorch model run on the sequence's own prefix (its
+    `log_softmax`, no processors), and against the chosen token's logprob that the result
+    reports. The prompt's logprobs are those of plain generation (one prefill per prompt)."""
+    hf, model, tok = tiny_pair
+    k = 5  # >= 2 * num_beams: every chosen token is among its beam's alternatives
+    result = ours(
+        model,
+        tok,
+        PROMPTS,
+        max_new_tokens=6,
+        eos_token_id=eos_id,
+        num_return_sequences=2,
+        sampler=BeamSearch(2),
+        top_logprobs=k,
+        prompt_logprobs=True,
+    )
+    assert result.top_token_ids.shape == (4, 6, k) and result.top_logprobs.shape == (4, 6, k)
+    top_ids, top_lps = np.asarray(result.top_token_ids), np.asarray(result.top_logprobs)
+    chosen_lps = np.asarray(result.logprobs)
+    for r, (row, n) in enumerate(zip(np.asarray(result.token_ids).tolist(), result.num_tokens)):
+        prompt = PROMPTS[r // 2]
+        with torch.no_grad():
+            logits = hf(torch.tensor([prompt + row[: n - 1]])).logits[0, len(prompt) - 1 :]
+        reference = torch.log_softmax(logits.double(), -1).numpy()  # [n, vocab]
+        for t in range(n):
+            order = np.argsort(-reference[t], kind="stable")[:k]
+            np.testing.assert_allclose(top_lps[r, t], reference[t, order], atol=1e-4)
+            assert set(top_ids[r, t].tolist()) == set(order.tolist())  # ties aside, same ids
+            (where,) = np.nonzero(top_ids[r, t] == row[t])
+            assert where.size == 1, (r, t)  # the chosen token is among its beam's alternatives
+            np.testing.assert_allclose(top_lps[r, t, where[0]], chosen_lps[r, t], atol=1e-5)
+            assert top_lps[r, t, 0] >= chosen_lps[r, t]
+        assert not top_ids[r, n:].any() and not top_lps[r, n:].any()  # zeros after the end
+    plain = ours(model, tok, PROMPTS, max_new_tokens=1, prompt_logprobs=True)
+    expected = [plain.prompt_logprobs[r // 2] for r in range(4)]
+    assert [v[0] for v in result.prompt_logprobs] == [None] * 4
+    np.testing.assert_allclose(
+        np.concatenate([v[1:] for v in result.prompt_logprobs]),
+        np.concatenate([v[1:] for v in expected]),
+        atol=1e-6,
+    )
+
+
 def test_processor_states_move_with_their_beams(tiny_pair):
     """A processor that records, in its state, the tokens it has seen: after the search every
     returned hypothesis's state equals its own tokens (no reorder code in the processor)."""

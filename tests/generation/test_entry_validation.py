@@ -108,12 +108,6 @@ def test_one_negative_prompt_per_prompt_guides_each_row():
     assert cfg.negative_prompt_ids.shape[0] == 2  # one negative prompt per row
 
 
-@pytest.mark.parametrize("kwargs", [dict(top_logprobs=2), dict(prompt_logprobs=True)])
-def test_beam_search_refuses_the_logprob_options_it_does_not_return(call, kwargs):
-    with pytest.raises(ValueError, match="beam search does not return"):
-        call(sampler=fg.samplers.BeamSearch(2), strict=False, **kwargs)
-
-
 @pytest.mark.parametrize("penalty", [float("nan"), float("inf"), -float("inf")])
 def test_a_length_penalty_that_is_not_finite_is_refused(penalty):
     with pytest.raises(ValueError, match="`length_penalty` must be a finite number"):
