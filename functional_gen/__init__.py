@@ -14,7 +14,7 @@ result = fg.generate(model, tokenizer, ["Once upon a time"], max_new_tokens=32,
 ```
 """
 
-from . import models as models, processors as processors
+from . import models as models, processors as processors, speculative as speculative
 from .cache import enable_compilation_cache as enable_compilation_cache
 from .generation import (
     FINISH_REASONS as FINISH_REASONS,
