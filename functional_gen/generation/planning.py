@@ -30,8 +30,8 @@ from .options import GenerationOptions, with_overrides
 from .samplers import AbstractSampler
 from .search import AbstractSearch
 from .sequence_state import ModelMismatchError, SequenceArrays, SequenceState
-from .speculative import Speculative
 from .settings import Settings, check_prng_key, check_token_id_option, resolve_settings
+from .speculative import Speculative
 from .step import Step
 
 

@@ -16,6 +16,8 @@ lossless: a token `x` comes out at a position either as an accepted guess, with 
 probability is `1 - sum_y min(q(y), p(y)) = sum_y max(p(y) - q(y), 0)`; the two add up to
 `min(q(x), p(x)) + max(p(x) - q(x), 0) = p(x)`.
 
+Shapes: `seq = k + 1` target positions, `k` guesses.
+
 Source: transformers' `_speculative_sampling` (`generation/utils.py`) and vLLM's
 `rejection_sampler.py`.
 """
@@ -25,7 +27,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
 
-def exact_match(drafts: Int[Array, " k"], target_tokens: Int[Array, " k+1"]) -> Int[Array, ""]:
+def exact_match(drafts: Int[Array, " k"], target_tokens: Int[Array, " seq"]) -> Int[Array, ""]:
     """How many leading guesses equal the target's own choices (greedy verification).
 
     **Arguments:** `drafts`: the guesses `d_1 .. d_k`; `target_tokens`: the target's choice
@@ -38,7 +40,7 @@ def exact_match(drafts: Int[Array, " k"], target_tokens: Int[Array, " k+1"]) -> 
 
 
 def accepted_count(
-    p: Float[Array, "k+1 vocab"],
+    p: Float[Array, "seq vocab"],
     q: Float[Array, "k vocab"] | None,
     drafts: Int[Array, " k"],
     uniforms: Float[Array, " k"],
@@ -73,7 +75,7 @@ def residual(
 
 
 def rejection_sample(
-    p: Float[Array, "k+1 vocab"],
+    p: Float[Array, "seq vocab"],
     q: Float[Array, "k vocab"] | None,
     drafts: Int[Array, " k"],
     *,

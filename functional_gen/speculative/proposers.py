@@ -30,7 +30,7 @@ class AbstractProposer(eqx.Module):
     num_tokens: eqx.AbstractVar[int]
 
     @abc.abstractmethod
-    def init(self, target: AbstractCausalLM, rows: int, capacity: int) -> PyTree:
+    def init(self, target: AbstractCausalLM | None, rows: int, capacity: int) -> PyTree:
         """The proposer's carry before the first step, for `rows` rows whose `token_ids` have
         `capacity` columns (`None` when it needs none)."""
 
@@ -38,7 +38,7 @@ class AbstractProposer(eqx.Module):
     def propose(
         self,
         carry: PyTree,
-        target: AbstractCausalLM,
+        target: AbstractCausalLM | None,
         token_ids: Int[Array, "batch max_len"],
         length: Int[Array, " batch"],
         active: Bool[Array, " batch"],
@@ -89,7 +89,7 @@ class PromptLookup(AbstractProposer):
         _check_positive("num_tokens", self.num_tokens)
         _check_positive("max_ngram_size", self.max_ngram_size)
 
-    def init(self, target: AbstractCausalLM, rows: int, capacity: int) -> None:
+    def init(self, target: AbstractCausalLM | None, rows: int, capacity: int) -> None:
         """No carry."""
         return None
 
