@@ -7,7 +7,6 @@ distribution), the exact distribution of the first tokens enumerated from the mo
 logits, and transformers' `_speculative_sampling` (Leviathan et al.'s Algorithm 1).
 """
 
-import itertools
 
 import equinox as eqx
 import jax
