@@ -7,7 +7,6 @@ distribution), the exact distribution of the first tokens enumerated from the mo
 logits, and transformers' `_speculative_sampling` (Leviathan et al.'s Algorithm 1).
 """
 
-
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -399,3 +398,18 @@ def test_refusals(tiny):
         fg.speculative.PromptLookup(num_tokens=0)
     with pytest.raises(TypeError, match="AbstractCausalLM"):
         fg.speculative.DraftModel("not a model")
+
+
+def test_stream_with_speculation(tiny):
+    """`stream` yields every token of a speculative run; the joined pieces are generate's texts,
+    and its result equals plain decoding's."""
+    model, tok = tiny
+    spec = fg.speculative.PromptLookup(num_tokens=4, max_ngram_size=3)
+    kwargs = dict(max_new_tokens=20, eos_token_id=[], stop_strings=["t42"])
+    plain = fg.generate(model, tok, PROMPTS, **kwargs)
+    s = fg.stream(model, tok, PROMPTS, speculative=spec, **kwargs)
+    texts = [""] * len(PROMPTS)
+    for row, piece in s:
+        texts[row] += piece
+    assert texts == plain.texts
+    _assert_same(s.result, plain)
