@@ -413,3 +413,30 @@ def test_stream_with_speculation(tiny):
         texts[row] += piece
     assert texts == plain.texts
     _assert_same(s.result, plain)
+
+
+EDIT_PROMPTS = [
+    "Rewrite with the names in capitals: alice met bob in paris. alice met bob in paris again.",
+    'Fix the typo: def add(a, b):\n    retrun a + b\n\ndef sub(a, b):\n    retrun a - b\n',
+    "Once upon a time",
+]
+
+
+def test_default_model_json_schema_is_lossless(default_model):
+    """The real model: prompt lookup under a JSON Schema constraint gives greedy's tokens."""
+    model, tok = default_model
+    schema = {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}
+    kwargs = dict(max_new_tokens=24, processors=[fg.processors.JsonSchema(schema, tok)])
+    plain = fg.generate(model, tok, EDIT_PROMPTS, **kwargs)
+    spec = fg.speculative.PromptLookup(num_tokens=6, max_ngram_size=3)
+    fast = fg.generate(model, tok, EDIT_PROMPTS, speculative=spec, **kwargs)
+    _assert_same(fast, plain)
+
+
+def test_default_model_early_exit_is_lossless(default_model):
+    """The real model's first 8 of 30 layers as the draft: greedy's tokens."""
+    model, tok = default_model
+    plain = fg.generate(model, tok, EDIT_PROMPTS, max_new_tokens=16)
+    spec = fg.speculative.EarlyExit(num_layers=8, num_tokens=3)
+    fast = fg.generate(model, tok, EDIT_PROMPTS, max_new_tokens=16, speculative=spec)
+    _assert_same(fast, plain)
