@@ -17,7 +17,7 @@ transformers' assisted generation takes one row), float32, 2 threads. `DraftMode
 measured: no second model with SmolLM2's vocabulary is installed.
 
 Every figure is generated tokens / wall time of whole calls (prefill included, the same for
-every system; compilation excluded by a warm-up call of the same shapes), rows of one task
+every system; compilation excluded: every group runs once untimed first), rows of one task
 batched `B` at a time. `max_new_tokens` is `--new-tokens`, EOS ends a row (so the counts of
 rows differ; the table gives the mean). The acceptance rate is emitted guesses / verified
 guesses; `tok/step` is tokens per target call. The bandwidth bound of plain decoding,
@@ -110,7 +110,8 @@ def run_ours(model, tokenizer, prompts, batch, new_tokens, speculative):
         return final, len(rows)
 
     groups = [prompts[i : i + batch] for i in range(0, len(prompts), batch)]
-    call(groups[0])  # warm-up: compilation of these shapes
+    for rows in groups:  # warm-up: compile every shape (prompt-length buckets differ)
+        call(rows)
     tokens = seconds = accepted = proposed = steps = 0
     for rows in groups:
         t = time.perf_counter()
