@@ -35,7 +35,6 @@
 import time
 
 import equinox as eqx
-import jax
 import jax.numpy as jnp
 import matplotlib.pyplot as plt
 import numpy as np
