@@ -143,11 +143,8 @@ class Speculative(AbstractSearch):
         **Returns:** the next `GenerationState`, with the same tree structure, shapes and dtypes.
         """
         k = self.num_tokens
-        batch = state.batch_size
-        rows = jnp.arange(batch)
         spec: SpeculativeState = state.search_state
         length, token_ids = state.length, state.token_ids
-        cols = token_ids.shape[1]
         active = ~state.done & ~spec.finished
         settle = ~state.done & spec.finished
         step_keys = jax.vmap(jax.random.fold_in)(state.key, state.key_step + state.num_generated)
@@ -165,11 +162,41 @@ class Speculative(AbstractSearch):
             sample=not greedy,
         )
 
+        # a proposer may guess fewer than k tokens (-1: no guess); when no row guesses anything
+        # the step is a plain decode step (a call over one position), not a verification
+        num_guesses = jnp.sum(jnp.cumprod((drafts >= 0).astype(jnp.int32), axis=1), axis=1)
+        num_guesses = jnp.where(active, num_guesses, 0)
+        last = jnp.take_along_axis(token_ids, jnp.maximum(length - 1, 0)[:, None], axis=1)
+        drafts = jnp.where(drafts >= 0, drafts, last)
+        args = (step, state, drafts, q, num_guesses, carry, active, settle, step_keys)
+        return jax.lax.cond(
+            jnp.any(num_guesses > 0),
+            lambda: self._verify(*args, width=k),
+            lambda: self._verify(*args, width=0),
+        )
+
+    def _verify(
+        self, step, state, drafts, q, num_guesses, carry, active, settle, step_keys, *, width
+    ):
+        """Verify the first `width` guesses of every row (static; 0: a plain decode step)."""
+        k = width
+        drafts = drafts[:, :k]
+        q = None if q is None else q[:, :k]
+        num_guesses = jnp.minimum(num_guesses, k)
+        batch = state.batch_size
+        rows = jnp.arange(batch)
+        spec: SpeculativeState = state.search_state
+        length, token_ids = state.length, state.token_ids
+        cols = token_ids.shape[1]
+        salted = jax.vmap(jax.random.fold_in, (0, None))
+        greedy = not self.sampler.needs_key
+
         # 2. one target call over [last token, guesses]
         last = jnp.take_along_axis(token_ids, jnp.maximum(length - 1, 0)[:, None], axis=1)
         ids = jnp.concatenate([last, drafts], axis=1)
         first_pos = jnp.where(spec.pending & (active | settle), length - 1, -1)
-        draft_pos = jnp.where(active[:, None], length[:, None] + jnp.arange(k)[None, :], -1)
+        guessed = jnp.arange(k)[None, :] < num_guesses[:, None]
+        draft_pos = jnp.where(guessed, length[:, None] + jnp.arange(k)[None, :], -1)
         positions = jnp.concatenate([first_pos[:, None], draft_pos], axis=1)
         cache = make_room(state.cache, k + 1)
         out, cache = step.model(ids, positions, cache)
@@ -196,14 +223,14 @@ class Speculative(AbstractSearch):
         # 4. acceptance
         if greedy:
             targets = jnp.where(dead, -1, jnp.argmax(processed, axis=-1)).astype(jnp.int32)
-            n = jax.vmap(exact_match)(drafts, targets)
+            n = jax.vmap(exact_match)(drafts, targets, num_guesses)
             next_token = targets[rows, n]
         else:
             p = jnp.where(dead[..., None], 0.0, jax.nn.softmax(processed, axis=-1))
             n, next_token = jax.vmap(
-                lambda p, q, d, key: rejection_sample(p, q, d, key=key),
-                in_axes=(0, None if q is None else 0, 0, 0),
-            )(p, q, drafts, salted(step_keys, _ACCEPT_SALT))
+                lambda p, q, d, num, key: rejection_sample(p, q, d, num, key=key),
+                in_axes=(0, None if q is None else 0, 0, 0, 0),
+            )(p, q, drafts, num_guesses, salted(step_keys, _ACCEPT_SALT))
         dead_n = dead[rows, n]
         emitted = n + (~dead_n).astype(jnp.int32)  # before any cut
         tokens = jnp.concatenate([drafts, jnp.zeros((batch, 1), jnp.int32)], axis=1)
@@ -284,7 +311,7 @@ class Speculative(AbstractSearch):
             pending=pending,
             finished=finished,
             proposer=carry,
-            proposed=spec.proposed + k * active.astype(jnp.int32),
+            proposed=spec.proposed + num_guesses,
             accepted=spec.accepted + jnp.where(active, accepted, 0),
             steps=spec.steps + active.astype(jnp.int32),
         )

@@ -27,15 +27,20 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
 
-def exact_match(drafts: Int[Array, " k"], target_tokens: Int[Array, " seq"]) -> Int[Array, ""]:
+def exact_match(
+    drafts: Int[Array, " k"], target_tokens: Int[Array, " seq"], num_guesses=None
+) -> Int[Array, ""]:
     """How many leading guesses equal the target's own choices (greedy verification).
 
     **Arguments:** `drafts`: the guesses `d_1 .. d_k`; `target_tokens`: the target's choice
     after each prefix (`argmax p_1 .. argmax p_{k+1}`).
 
-    **Returns:** `n` in `[0, k]`; the emitted tokens are `target_tokens[: n + 1]`.
+    `num_guesses` (default `k`): only the first `num_guesses` guesses count (a proposer may
+    guess fewer than `k`).
+
+    **Returns:** `n` in `[0, num_guesses]`; the emitted tokens are `target_tokens[: n + 1]`.
     """
-    agree = drafts == target_tokens[:-1]
+    agree = (drafts == target_tokens[:-1]) & _guessed(drafts, num_guesses)
     return jnp.sum(jnp.cumprod(agree.astype(jnp.int32))).astype(jnp.int32)
 
 
@@ -44,20 +49,22 @@ def accepted_count(
     q: Float[Array, "k vocab"] | None,
     drafts: Int[Array, " k"],
     uniforms: Float[Array, " k"],
+    num_guesses=None,
 ) -> Int[Array, ""]:
     """Leading guesses accepted by the rule `u_j <= p_j(d_j) / q_j(d_j)`.
 
     **Arguments:** `p`: the target's probabilities after each prefix; `q`: the proposer's
     probabilities of each guess's position, `None` for one-hot (a deterministic proposer:
-    `q_j(d_j) = 1`); `drafts`: the guesses; `uniforms`: one `U[0, 1)` draw per guess.
+    `q_j(d_j) = 1`); `drafts`: the guesses; `uniforms`: one `U[0, 1)` draw per guess;
+    `num_guesses` (default `k`): only the first `num_guesses` guesses count.
 
-    **Returns:** `n` in `[0, k]`.
+    **Returns:** `n` in `[0, num_guesses]`.
     """
     k = drafts.shape[0]
     p_d = p[jnp.arange(k), drafts]
     q_d = jnp.ones_like(p_d) if q is None else q[jnp.arange(k), drafts]
     accept = uniforms * q_d <= p_d  # u <= p/q without dividing by a zero q
-    accept = accept & (p_d > 0)  # a guess the target forbids is never accepted
+    accept = accept & (p_d > 0) & _guessed(drafts, num_guesses)  # forbidden: never accepted
     return jnp.sum(jnp.cumprod(accept.astype(jnp.int32))).astype(jnp.int32)
 
 
@@ -78,6 +85,7 @@ def rejection_sample(
     p: Float[Array, "seq vocab"],
     q: Float[Array, "k vocab"] | None,
     drafts: Int[Array, " k"],
+    num_guesses=None,
     *,
     key: jax.Array,
 ) -> tuple[Int[Array, ""], Int[Array, ""]]:
@@ -85,17 +93,33 @@ def rejection_sample(
 
     **Arguments:** `p`: the target's probabilities after each of the `k + 1` prefixes (its
     processed distribution); `q`: the proposer's probabilities for the `k` guessed positions
-    (`None`: one-hot at the guesses); `drafts`: the guesses; `key`: a PRNG key.
+    (`None`: one-hot at the guesses); `drafts`: the guesses; `num_guesses` (default `k`): the
+    guesses that count (the position after the last one has no guess: drawn from `p`); `key`: a
+    PRNG key.
 
-    **Returns:** `n` in `[0, k]` and the token after the `n` accepted guesses, drawn from the
-    residual at position `n` (or from `p_{k+1}` when all are accepted).
+    **Returns:** `n` in `[0, num_guesses]` and the token after the `n` accepted guesses, drawn
+    from the residual at position `n` (or from `p_{n+1}` when all guesses were accepted).
     """
     k = drafts.shape[0]
     accept_key, draw_key = jax.random.split(key)
-    n = accepted_count(p, q, drafts, jax.random.uniform(accept_key, (k,)))
+    if k == 0:
+        return jnp.zeros((), jnp.int32), jax.random.categorical(draw_key, _log(p[0])).astype(
+            jnp.int32
+        )
+    limit = k if num_guesses is None else num_guesses
+    n = accepted_count(p, q, drafts, jax.random.uniform(accept_key, (k,)), num_guesses)
     p_n = p[n]
     draft_n = drafts[jnp.minimum(n, k - 1)]
     q_n = None if q is None else q[jnp.minimum(n, k - 1)]
-    dist = jnp.where(n < k, residual(p_n, q_n, draft_n), p_n)
-    logits = jnp.where(dist > 0, jnp.log(jnp.where(dist > 0, dist, 1.0)), -jnp.inf)
-    return n, jax.random.categorical(draw_key, logits).astype(jnp.int32)
+    dist = jnp.where(n < limit, residual(p_n, q_n, draft_n), p_n)
+    return n, jax.random.categorical(draw_key, _log(dist)).astype(jnp.int32)
+
+
+def _log(dist):
+    return jnp.where(dist > 0, jnp.log(jnp.where(dist > 0, dist, 1.0)), -jnp.inf)
+
+
+def _guessed(drafts, num_guesses):
+    if num_guesses is None:
+        return jnp.ones(drafts.shape, bool)
+    return jnp.arange(drafts.shape[0]) < num_guesses

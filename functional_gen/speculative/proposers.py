@@ -53,7 +53,8 @@ class AbstractProposer(eqx.Module):
         others' guesses are ignored), `key` (one PRNG key per row), `sample` (static: draw the guesses
         from the proposer's distribution instead of taking its most likely tokens).
 
-        **Returns:** `(carry, guesses, q)`: `q` is the proposer's probabilities at each guessed
+        **Returns:** `(carry, guesses, q)`: `guesses` may end in `-1`s (fewer guesses in that
+        row; a `-1` ends the row's guesses); `q` is the proposer's probabilities at each guessed
         position, `None` when the guesses are deterministic (one-hot `q`).
         """
 
@@ -70,9 +71,10 @@ class PromptLookup(AbstractProposer):
 
     For `n` from `max_ngram_size` down to 1, the row's last `n` tokens are looked up in the row's
     own prompt and generated tokens; the first (leftmost) occurrence followed by at least one
-    token gives the guesses: the up to `num_tokens` tokens after it. A row without any match
-    guesses its last token repeated (verification rejects what is wrong; the output is the same
-    either way). Everything is array code with fixed shapes, on the device.
+    token gives the guesses: the up to `num_tokens` tokens after it. Positions without a guess
+    (a continuation shorter than `num_tokens`, or no match at all) are `-1`; when no row guesses
+    anything, the step is a plain one-position decode step. Everything is array code with fixed
+    shapes, on the device.
 
     **Arguments:** `num_tokens` (static, `k`), `max_ngram_size` (static, the longest n-gram).
 
@@ -120,10 +122,9 @@ class PromptLookup(AbstractProposer):
             found = found | hit
         cand_cols = start + jnp.arange(k)
         guesses = ids[jnp.clip(cand_cols, 0, cols - 1)]
-        last_token = ids[jnp.clip(length - 1, 0, cols - 1)]
-        # past the row's end (a short continuation) or without a match: repeat the last token
+        # past the row's end (a short continuation) or without a match: no guess (-1)
         valid = found & (cand_cols < length)
-        return jnp.where(valid, guesses, last_token).astype(jnp.int32)
+        return jnp.where(valid, guesses, -1).astype(jnp.int32)
 
 
 class DraftCarry(eqx.Module):

@@ -198,8 +198,7 @@ def test_prompt_lookup_matches_transformers_candidates():
         assert q is None
         got = np.asarray(guesses)[0]
         np.testing.assert_array_equal(got[: len(expected)], expected)
-        if len(expected) == 0:
-            assert np.all(got == ids[-1])  # no match: the last token repeated
+        assert np.all(got[len(expected) :] == -1)  # no guess past the match's continuation
 
 
 # --- the acceptance rule ------------------------------------------------------------------------
@@ -222,6 +221,10 @@ def test_acceptance_rule_by_hand():
     r = fg.speculative.residual(p[1], None, jnp.asarray(1))
     np.testing.assert_allclose(np.asarray(r), [0.25, 0.0, 0.75], atol=1e-6)
     assert int(fg.speculative.exact_match(jnp.asarray([2, 1, 0]), jnp.asarray([2, 1, 1, 0]))) == 2
+    # fewer guesses than k: only the first num_guesses count
+    assert int(fg.speculative.accepted_count(p, q, drafts, jnp.asarray([0.0, 0.0]), 1)) == 1
+    short = fg.speculative.exact_match(jnp.asarray([2, 1, 0]), jnp.asarray([2, 1, 0, 0]), 1)
+    assert int(short) == 1
 
 
 def test_acceptance_rule_matches_transformers():
@@ -417,7 +420,7 @@ def test_stream_with_speculation(tiny):
 
 EDIT_PROMPTS = [
     "Rewrite with the names in capitals: alice met bob in paris. alice met bob in paris again.",
-    'Fix the typo: def add(a, b):\n    retrun a + b\n\ndef sub(a, b):\n    retrun a - b\n',
+    "Fix the typo: def add(a, b):\n    retrun a + b\n\ndef sub(a, b):\n    retrun a - b\n",
     "Once upon a time",
 ]
 
