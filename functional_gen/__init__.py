@@ -16,7 +16,7 @@ result = fg.generate(model, tokenizer, ["Once upon a time"], max_new_tokens=32,
 
 # first, before the heavy imports: Ctrl-C while the `functional-gen` program starts is one line
 from . import program_start  # noqa: F401  # isort: skip  (its import installs the handler)
-from . import models as models, processors as processors
+from . import models as models, processors as processors, speculative as speculative
 from .cache import enable_compilation_cache as enable_compilation_cache
 from .generation import (
     FINISH_REASONS as FINISH_REASONS,

@@ -89,6 +89,11 @@ class GenerationOptions:
     token ids; default each row's last prompt token), `guidance_rescale` (in [0, 1]), `cfg`
     (`"processor"` or `"batched"`).
 
+    **Speculative decoding:** `speculative`: a proposer of `functional_gen.speculative`
+    (`PromptLookup`, `DraftModel`, `EarlyExit`) that guesses tokens for the model to verify,
+    losslessly (`functional_gen.generation.speculative`); `None`: none, unless the generation
+    config sets `prompt_lookup_num_tokens`.
+
     **Config:** `generation_config`: a `transformers.GenerationConfig`, a dict, or a path to a
     `generation_config.json`, used instead of the checkpoint's own.
 
@@ -124,6 +129,7 @@ class GenerationOptions:
     guidance_rescale: float | None = None
     cfg: str = "processor"
     generation_config: Any = None
+    speculative: Any = None
 
     def __post_init__(self):
         # sequences become tuples, so that options compare and hash by value

@@ -31,6 +31,7 @@ from .samplers import AbstractSampler
 from .search import AbstractSearch
 from .sequence_state import ModelMismatchError, SequenceArrays, SequenceState
 from .settings import Settings, check_prng_key, check_token_id_option, resolve_settings
+from .speculative import Speculative
 from .step import Step
 
 
@@ -203,6 +204,11 @@ def prepare(
         cache_len = (
             grow_capacity(a.cache.max_len, needed) if bucket else max(a.cache.max_len, needed)
         )
+    step = settings.step
+    if isinstance(step.search, Speculative):
+        # verification writes k + 1 slots past the text; the proposer's carry is sized by it
+        cache_len += step.search.cache_slots
+        step = eqx.tree_at(lambda s: s.search, step, step.search.sized(token_len, step.model))
     plan = Plan(
         cache_len=cache_len,
         token_len=token_len,
@@ -218,7 +224,7 @@ def prepare(
     )
     budget = np.full((padded_rows * n_return,), settings.max_new_tokens, np.int32)
     return Prepared(
-        step=rows_of_step(settings.step, rows, n_return, padded_rows, rows * returned),
+        step=rows_of_step(step, rows, n_return, padded_rows, rows * returned),
         step_rows=padded_rows * n_return,
         plan=plan,
         arrays=a,
@@ -291,6 +297,11 @@ def plan_call(
     rows = prompts.batch_size if isinstance(prompts, SequenceState) else None
     model, first = _guidance(model, tokenizer, options, rows or len(normalize_prompts(prompts)))
     batched_guidance = options.guidance_scale is not None and options.cfg == "batched"
+    if batched_guidance and options.speculative is not None:
+        raise ValueError(
+            "speculative decoding is not supported with cfg='batched' (its cache holds two "
+            "branches per row); use cfg='processor' for classifier-free guidance with it"
+        )
     if batched_guidance and (options.prefix_lm or options.prompt_logprobs):
         raise ValueError(
             "batched classifier-free guidance scores the next token only, causally: no "

@@ -28,6 +28,7 @@ by key; so do we):
 4. Defaults: `max_new_tokens` = `DEFAULT_MAX_NEW_TOKENS`, greedy decoding, the model's EOS ids.
 """
 
+import copy
 from collections.abc import Sequence
 from typing import Any
 
@@ -37,11 +38,13 @@ import numpy as np
 from ..models.base import AbstractCausalLM
 from ..processors.base import as_processors
 from ..processors.classifier_free_guidance import ClassifierFreeGuidance, check_guidance_first
+from ..speculative.proposers import PromptLookup
 from .call_settings import Settings
-from .generation_config import settings_from_generation_config
+from .generation_config import load_generation_config, settings_from_generation_config
 from .options import GenerationOptions, decoding_config, with_overrides
 from .samplers import AbstractSampler
 from .search import AbstractSearch
+from .speculative import Speculative, speculative_search
 from .step import make_step
 from .stop_strings import StopStrings
 
@@ -153,6 +156,24 @@ def build_stop_strings(
     return _STOP_STRING_CACHE[key][1]
 
 
+def _prompt_lookup_of(config, speculative):
+    """`(config, speculative)`: a generation config's `prompt_lookup_num_tokens` (transformers'
+    prompt-lookup decoding) as a `PromptLookup` proposer, unless the call gave `speculative`,
+    and the config without it (it is then no decoding mode of its own)."""
+    if config is None:
+        return config, speculative
+    gc = load_generation_config(config)
+    num = getattr(gc, "prompt_lookup_num_tokens", None)
+    if not num:
+        return config, speculative
+    gc = copy.deepcopy(gc)
+    gc.prompt_lookup_num_tokens = None
+    if speculative is None:
+        ngram = getattr(gc, "max_matching_ngram_size", None) or 2
+        speculative = PromptLookup(num_tokens=int(num), max_ngram_size=int(ngram))
+    return gc, speculative
+
+
 def resolve_settings(
     model: AbstractCausalLM,
     tokenizer,
@@ -214,6 +235,7 @@ def resolve_settings(
         config = model.generation_config
     else:
         config = explicit_config if use_generation_config else None
+    config, speculative = _prompt_lookup_of(config, options.speculative)
     with_decoding = decoding_config(options, config)
     if with_decoding is not config:  # the options set decoding fields: the call's own choice
         config = explicit_config = with_decoding
@@ -277,6 +299,10 @@ def resolve_settings(
     stop_strings = tuple(stop_strings)
     if any(not isinstance(s, str) or not s for s in stop_strings):
         raise ValueError(f"stop strings must be non-empty strings, got {stop_strings!r}")
+    if speculative is not None:
+        sampler_ = speculative_search(speculative, sampler_, model)
+    elif isinstance(sampler_, Speculative) and not carry:
+        sampler_ = sampler_.sampler
     if first_processors and not carry:
         processors_ = tuple(first_processors) + tuple(processors_)
     check_guidance_first(processors_)

@@ -24,6 +24,7 @@ from .result import GenerationResult, build_result
 from .samplers import AbstractSampler
 from .search import AbstractSearch
 from .sequence_state import SequenceState
+from .speculative import Speculative
 from .state import FINISH_REASONS
 from .stop_strings import truncate_at_stop
 
@@ -31,10 +32,13 @@ _step_jit = eqx.filter_jit(lambda step, state: step(state), donate="all-except-f
 
 
 @eqx.filter_jit
-def _last_tokens(state):
+def _last_tokens(state, width: int):
+    """Each row's last `width` tokens (`[batch, width]`, oldest first), length, done flags and
+    finish reasons: what a step may have appended (one token, or a speculative run)."""
     rows = jnp.arange(state.batch_size)
-    last = state.token_ids[rows, jnp.maximum(state.length - 1, 0)]
-    return last, state.done, state.finish_reason
+    cols = state.length[:, None] - width + jnp.arange(width)[None, :]
+    last = state.token_ids[rows[:, None], jnp.maximum(cols, 0)]
+    return last, state.length, state.done, state.finish_reason
 
 
 class Stream:
@@ -181,15 +185,21 @@ def _pieces(model, tokenizer, settings, prepared, out: Stream):
     hold = max((len(x) for x in strings), default=1) - 1  # chars that may start a stop string
     texts, emitted = [""] * rows, [0] * rows
     finished = np.zeros(rows, bool)
+    search = prepared.step.search
+    width = search.num_tokens + 1 if isinstance(search, Speculative) else 1
+    seen = np.array(to_host(state.length))[:rows]
     while not finished.all():
         state = _step_jit(prepared.step, state)
-        last, done, reason = to_host(_last_tokens(state))  # one transfer per step
+        last, length, done, reason = to_host(_last_tokens(state, width))  # one transfer per step
         for row in np.flatnonzero(~finished):
-            is_done = bool(done[row])
             why = FINISH_REASONS[int(reason[row])]
-            token = int(last[row])
-            if not (is_done and (why == "constraint" or token in eos)):
-                texts[row] += decoders[row].push(token)
+            is_done = bool(done[row]) or why != ""  # (a speculative row may settle one step later)
+            new = int(length[row]) - int(seen[row])
+            seen[row] = length[row]
+            for i in range(width - new, width):
+                token = int(last[row, i])
+                if not (is_done and i == width - 1 and token in eos):
+                    texts[row] += decoders[row].push(token)
             if is_done:
                 finished[row] = True
                 text = texts[row] + decoders[row].flush()
@@ -201,5 +211,7 @@ def _pieces(model, tokenizer, settings, prepared, out: Stream):
             elif len(texts[row]) - hold > emitted[row]:
                 yield row, texts[row][emitted[row] : len(texts[row]) - hold]
                 emitted[row] = len(texts[row]) - hold
+    while not bool(np.all(to_host(state.done))):  # rows whose last token is still to be fed
+        state = _step_jit(prepared.step, state)
     arrays = finish_generation(state, token_logprobs)
     out.result = build_result(model, tokenizer, settings, prepared, state, arrays, prompt_lp)

@@ -26,6 +26,7 @@ Words: `seq` is the number of tokens in this call, `max_len` the cache slots per
 the slots attended over (= `max_len`).
 """
 
+import dataclasses
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -879,6 +880,31 @@ class DecoderForCausalLM(AbstractCausalLM):
         out.pop("model.rotary_emb.inv_freq", None)
         out.pop("model.rotary_emb_local.inv_freq", None)
         return out
+
+    def first_layers(self, num_layers: int) -> "DecoderForCausalLM":
+        """The same model cut after its first `num_layers` layers (the same weights, the same
+        final norm and output head): an early-exit draft (`functional_gen.speculative.EarlyExit`).
+
+        **Raises:** `ValueError` unless `1 <= num_layers <= config.num_hidden_layers`.
+        """
+        c = self.config
+        if not 1 <= num_layers <= c.num_hidden_layers:
+            raise ValueError(
+                f"`num_layers` must be in [1, {c.num_hidden_layers}], got {num_layers!r}"
+            )
+        config = dataclasses.replace(
+            c,
+            num_hidden_layers=num_layers,
+            sliding_window=c.sliding_window[:num_layers],
+            use_rope=c.use_rope[:num_layers],
+        )
+        decoder = eqx.tree_at(lambda m: m.layers, self.model, self.model.layers[:num_layers])
+        cut = object.__new__(type(self))  # `config` is static: set the fields directly
+        for field in dataclasses.fields(self):
+            object.__setattr__(cut, field.name, getattr(self, field.name))
+        object.__setattr__(cut, "config", config)
+        object.__setattr__(cut, "model", decoder)
+        return cut
 
 
 def _path_name(path) -> str:

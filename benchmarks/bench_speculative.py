@@ -1,0 +1,225 @@
+"""Speculative decoding on the default model: tokens/s with and without each proposer, the
+acceptance rate, and transformers' `prompt_lookup_num_tokens` on the same prompts, in one run.
+
+    .venv/bin/python benchmarks/bench_speculative.py [--new-tokens 128] [--batches 1 8]
+        [--precisions float32 int8] [--no-transformers] [--quick]
+
+Tasks (chat prompts, greedy, SmolLM2-135M-Instruct):
+
+- grounded (`GROUNDED`, 24 prompts): rewrite or extract from a given text, edit a given code
+  snippet; the answer copies long spans of the prompt, which prompt lookup guesses;
+- open-ended (`OPEN`, 8 prompts): stories and explanations, little to copy.
+
+Systems: `plain` (no speculation), `lookup` (`PromptLookup(num_tokens=10, max_ngram_size=3)`),
+`early-exit` (`EarlyExit(num_layers=8, num_tokens=4)`), and `hf-lookup` / `hf-plain`:
+transformers' `generate(prompt_lookup_num_tokens=10)` and plain `generate` (batch 1 only:
+transformers' assisted generation takes one row), float32, 2 threads. `DraftModel` is not
+measured: no second model with SmolLM2's vocabulary is installed.
+
+Every figure is generated tokens / wall time of whole calls (prefill included, the same for
+every system; compilation excluded: every group runs once untimed first), rows of one task
+batched `B` at a time. `max_new_tokens` is `--new-tokens`, EOS ends a row (so the counts of
+rows differ; the table gives the mean). The acceptance rate is emitted guesses / verified
+guesses; `tok/step` is tokens per target call. The bandwidth bound of plain decoding,
+`B * bandwidth / weight bytes` (bandwidth measured now, as `bench_generate.py`), is printed:
+speculation may pass it, since one target call emits several tokens.
+
+`--quick` (a check that the script works): 2 prompts, 32 tokens, batch 1, float32.
+"""
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's functional_gen
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import jax
+import numpy as np
+from bench_generate import measure_bandwidth
+
+import functional_gen as fg
+from functional_gen.generation.planning import plan_call
+from functional_gen.generation.program import run_generation
+
+PASSAGES = [
+    "The river Thames flows through London. It is 346 kilometres long and passes Oxford, "
+    "Reading and Windsor before it reaches the North Sea. Many bridges cross it in the city.",
+    "Marie Curie was born in Warsaw in 1867. She moved to Paris in 1891, studied physics and "
+    "mathematics, and won the Nobel Prize in Physics in 1903 and in Chemistry in 1911.",
+    "Our meeting is on Tuesday at 10 am in room 4B. Please bring the quarterly report, the "
+    "budget draft and your laptop. Lunch will be served at noon in the main hall.",
+    "The recipe needs two cups of flour, one cup of sugar, three eggs, half a cup of butter and a "
+    "teaspoon of vanilla. Bake it at 180 degrees for forty minutes.",
+]
+CODE = [
+    "def total(items):\n    s = 0\n    for i in items:\n        s = s + i\n    return s\n",
+    "def greet(name):\n    print('Hello ' + name)\n    print('Welcome ' + name)\n",
+    "class Point:\n    def __init__(self, x, y):\n        self.x = x\n        self.y = y\n",
+    "def mean(values):\n    total = sum(values)\n    count = len(values)\n    return total / count\n",
+]
+GROUNDED = (
+    [f"Rewrite this text in the past tense, keeping every detail:\n\n{p}" for p in PASSAGES]
+    + [f"Repeat this text exactly, then list its key facts:\n\n{p}" for p in PASSAGES]
+    + [f"Rewrite this text with every sentence on its own line:\n\n{p}" for p in PASSAGES]
+    + [f"Rename the variables of this code to longer names and show the code:\n\n{c}" for c in CODE]
+    + [f"Add a docstring to this function and show the whole code:\n\n{c}" for c in CODE]
+    + [f"Add type hints to this code and show the whole code:\n\n{c}" for c in CODE]
+)
+OPEN = [
+    "Write a short story about a dragon who learns to cook.",
+    "Explain why the sky is blue.",
+    "Write a poem about autumn.",
+    "What are three tips for learning a new language?",
+    "Describe a day in the life of a lighthouse keeper.",
+    "Tell me about the history of chess.",
+    "Write a letter to a friend about a recent trip.",
+    "Explain how a bicycle works.",
+]
+
+
+def chat(prompt: str):
+    return [{"role": "user", "content": prompt}]
+
+
+def run_ours(model, tokenizer, prompts, batch, new_tokens, speculative):
+    """`(generated tokens, seconds, emitted guesses, verified guesses, target steps)`."""
+
+    def call(rows):
+        _, _, prepared = plan_call(
+            model,
+            tokenizer,
+            [chat(p) for p in rows],
+            max_new_tokens=new_tokens,
+            speculative=speculative,
+        )
+        final, _, _ = run_generation(
+            prepared.step,
+            prepared.plan,
+            prepared.arrays,
+            prepared.new_ids,
+            prepared.new_pos,
+            prepared.budget,
+            prepared.padding_rows,
+            prepared.keys,
+        )
+        jax.block_until_ready(final)
+        return final, len(rows)
+
+    groups = [prompts[i : i + batch] for i in range(0, len(prompts), batch)]
+    for rows in groups:  # warm-up: compile every shape (prompt-length buckets differ)
+        call(rows)
+    tokens = seconds = accepted = proposed = steps = 0
+    for rows in groups:
+        t = time.perf_counter()
+        final, n = call(rows)
+        seconds += time.perf_counter() - t
+        tokens += int(np.sum(np.asarray(final.num_generated)[:n]))
+        spec = final.search_state
+        if spec is not None:
+            accepted += int(np.sum(np.asarray(spec.accepted)[:n]))
+            proposed += int(np.sum(np.asarray(spec.proposed)[:n]))
+            steps += int(np.sum(np.asarray(spec.steps)[:n]))
+    return tokens, seconds, accepted, proposed, steps
+
+
+def run_hf(hf, tokenizer, prompts, new_tokens, lookup):
+    import torch
+
+    tokens = seconds = 0
+    for i, p in enumerate(prompts):
+        ids = tokenizer.apply_chat_template(
+            chat(p), add_generation_prompt=True, return_tensors="pt"
+        )
+        ids = ids["input_ids"] if hasattr(ids, "keys") else ids
+        kwargs = dict(prompt_lookup_num_tokens=10, max_matching_ngram_size=3) if lookup else {}
+        with torch.inference_mode():
+            t = time.perf_counter()
+            out = hf.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                do_sample=False,
+                max_new_tokens=new_tokens,
+                pad_token_id=2,
+                **kwargs,
+            )
+            if i > 0:  # the first call warms up
+                seconds += time.perf_counter() - t
+                tokens += out.shape[1] - ids.shape[1]
+    return tokens, seconds
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 8])
+    parser.add_argument("--precisions", nargs="+", default=["float32", "int8"])
+    parser.add_argument("--no-transformers", action="store_true")
+    parser.add_argument("--quick", action="store_true", help="2 prompts, 32 tokens, batch 1")
+    args = parser.parse_args(argv)
+    tasks = {"grounded": GROUNDED, "open": OPEN}
+    if args.quick:
+        tasks = {"grounded": GROUNDED[:2], "open": OPEN[:2]}
+        args.new_tokens, args.batches, args.precisions = 32, [1], ["float32"]
+    systems = {
+        "plain": None,
+        "lookup": fg.speculative.PromptLookup(num_tokens=10, max_ngram_size=3),
+        "early-exit": fg.speculative.EarlyExit(num_layers=8, num_tokens=4),
+    }
+    bandwidth = measure_bandwidth()
+    print(
+        f"# speculative decoding, SmolLM2-135M-Instruct, {args.new_tokens} new tokens at most; "
+        f"jax {jax.__version__}, {os.cpu_count()} CPUs, bandwidth {bandwidth:.1f} GB/s (now)"
+    )
+    print("| precision | batch | task | system | tok/s | x plain | accept | tok/step | bound |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for precision in args.precisions:
+        load = {"quantization": "int8"} if precision == "int8" else {}
+        model, tokenizer = fg.load_model(**load)
+        weight_bytes = sum(w.nbytes for w in model.named_weights().values())
+        for batch in args.batches:
+            bound = batch * bandwidth * 1e9 / weight_bytes
+            for task, prompts in tasks.items():
+                plain_rate = None
+                for name, spec in systems.items():
+                    tokens, seconds, acc, prop, steps = run_ours(
+                        model, tokenizer, prompts, batch, args.new_tokens, spec
+                    )
+                    rate = tokens / seconds
+                    plain_rate = plain_rate or rate
+                    accept = f"{acc / prop:.2f}" if prop else "-"
+                    per_step = f"{tokens / steps:.2f}" if steps else "1"
+                    print(
+                        f"| {precision} | {batch} | {task} | {name} | {rate:.1f} | "
+                        f"{rate / plain_rate:.2f} | {accept} | {per_step} | {bound:.1f} |",
+                        flush=True,
+                    )
+    if not args.no_transformers:
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        from functional_gen.loading import ensure_default_checkpoint
+
+        torch.set_num_threads(2)
+        hf = AutoModelForCausalLM.from_pretrained(
+            str(ensure_default_checkpoint()), dtype=torch.float32
+        ).eval()
+        _, tokenizer = fg.load_model()
+        for task, prompts in tasks.items():
+            rates = {}
+            for name, lookup in (("hf-plain", False), ("hf-lookup", True)):
+                tokens, seconds = run_hf(hf, tokenizer, prompts, args.new_tokens, lookup)
+                rates[name] = tokens / seconds if seconds else float("nan")
+                print(
+                    f"| float32 | 1 | {task} | {name} | {rates[name]:.1f} | "
+                    f"{rates[name] / rates['hf-plain']:.2f} | - | - | - |",
+                    flush=True,
+                )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,377 @@
+"""`Speculative`: the search of speculative decoding (a third search beside `Sample` and beams).
+
+One step of the compiled loop, for every row at once:
+
+1. the proposer (`functional_gen.speculative`) guesses `k` tokens per row;
+2. the target model runs ONCE over `k + 1` positions per row: the row's last token (when the
+   previous step emitted it without feeding it) and the `k` guesses;
+3. the processors run position by position (a `lax.scan` of `process_rows`), each position
+   from the state the previous one left, so every position has its own processor and
+   constraint state;
+4. each row accepts the longest prefix of guesses the target agrees with (`exact_match` when
+   greedy, `rejection_sample` when sampling) and emits it plus one token of the target's;
+5. EOS, stop strings and `max_new_tokens` cut inside the emitted run; the row keeps the
+   processor and stop-string states of its last emitted position (selected, no rollback) and
+   advances by its own count;
+6. the target's cache forgets the rejected guesses by position (`keep_below`), the
+   proposer's carry likewise (`AbstractProposer.update`).
+
+The last emitted token of a row is usually the target's own (a correction or a bonus token): it
+is not in the cache yet and is fed at the start of the next step (`SpeculativeState.pending`).
+A row that finishes on such a token takes one more step, feeding only that token, so that the
+finished state has every token cached and the logits after the last one, exactly as `Sample`
+leaves it (a `SequenceState` continues from it).
+
+Source: Leviathan, Kalman & Matias 2023 (Algorithm 1); Chen et al. 2023; transformers'
+`_assisted_decoding` (one batch row, outside a compiled loop).
+"""
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Bool, Int, PyTree
+
+from ..models.base import AbstractCausalLM
+from ..speculative.acceptance import exact_match, rejection_sample
+from ..speculative.cache import keep_below, make_room
+from ..speculative.proposers import AbstractProposer, DraftModel, EarlyExit
+from .samplers import AbstractSampler, Greedy, Multinomial
+from .search import AbstractSearch, process_rows
+from .state import CONSTRAINT, EOS, LENGTH, STOP_STRING, GenerationState
+
+_DRAFT_SALT = 0x5EED01  # the proposer's keys: fold_in(step key, salt)
+_ACCEPT_SALT = 0x5EED02  # the acceptance draws
+
+
+class SpeculativeState(eqx.Module):
+    """The search's carry (`GenerationState.search_state`).
+
+    **Attributes:** `pending` (`Bool[Array, " batch"]`: the row's last token is not in the
+    target's cache, and `GenerationState.logits` are not yet the logits after it); `finished`
+    (the row has finished but its last token is still to be fed); `proposer` (the proposer's
+    carry); `proposed`, `accepted`, `steps` (`Int[Array, " batch"]`: guesses verified, guesses
+    emitted, verification steps; `accepted / proposed` is the acceptance rate and
+    `generated / steps` the tokens per step).
+    """
+
+    pending: Bool[Array, " batch"]
+    finished: Bool[Array, " batch"]
+    proposer: PyTree
+    proposed: Int[Array, " batch"]
+    accepted: Int[Array, " batch"]
+    steps: Int[Array, " batch"]
+
+
+class Speculative(AbstractSearch):
+    """Speculative decoding: every row advances by the guesses the target accepts, plus one.
+
+    Lossless: greedy output equals `Sample(Greedy())` token for token, sampled output has the
+    distribution of `Sample(Multinomial())`, with any processors and constraints.
+
+    **Arguments:** `proposer` (an `AbstractProposer`: `PromptLookup`, `DraftModel`,
+    `EarlyExit`); `sampler` (`Greedy()` or `Multinomial()`); `capacity` (static: the columns of
+    the rows' `token_ids`, set when a call is planned, `sized`); `model` (the target, for
+    proposers that build their draft from it, set by `sized`).
+
+    **Raises:** `TypeError` for a proposer that is not an `AbstractProposer` or a sampler other
+    than `Greedy` or `Multinomial` (other samplers have no rejection rule here).
+    """
+
+    proposer: AbstractProposer
+    sampler: AbstractSampler
+    capacity: int = eqx.field(static=True, default=0)
+    model: AbstractCausalLM | None = None
+
+    def __check_init__(self):
+        if not isinstance(self.proposer, AbstractProposer):
+            raise TypeError(
+                "`speculative` must be a functional_gen.speculative proposer (PromptLookup, "
+                f"DraftModel, EarlyExit), got {type(self.proposer).__name__}"
+            )
+        if not isinstance(self.sampler, (Greedy, Multinomial)):
+            raise TypeError(
+                "speculative decoding verifies greedy (Greedy) or sampled (Multinomial) "
+                f"decoding, got the sampler {type(self.sampler).__name__}"
+            )
+
+    @property
+    def needs_key(self) -> bool:
+        """Whether the sampler is random."""
+        return self.sampler.needs_key
+
+    @property
+    def num_beams(self) -> int:
+        """0: rows advance on their own."""
+        return 0
+
+    @property
+    def num_tokens(self) -> int:
+        """Guesses per step, `k`."""
+        return self.proposer.num_tokens
+
+    @property
+    def cache_slots(self) -> int:
+        """Extra target-cache slots a call reserves: one verification's `k + 1` writes twice
+        over (compaction frees dead slots when they run out)."""
+        return 2 * (self.num_tokens + 1)
+
+    def sized(self, capacity: int, model: AbstractCausalLM) -> "Speculative":
+        """This search for rows of `capacity` columns, decoding `model` (kept only for
+        `EarlyExit`, whose draft cache is shaped by it)."""
+        keep = model if isinstance(self.proposer, EarlyExit) else None
+        return Speculative(self.proposer, self.sampler, capacity, keep)
+
+    def init(self, rows: int, steps: int) -> SpeculativeState:
+        """Nothing pending, no counts yet, the proposer's initial carry."""
+        del steps
+        zeros = jnp.zeros((rows,), jnp.int32)
+        return SpeculativeState(
+            pending=jnp.zeros((rows,), bool),
+            finished=jnp.zeros((rows,), bool),
+            proposer=self.proposer.init(self.model, rows, self.capacity),
+            proposed=zeros,
+            accepted=zeros,
+            steps=zeros,
+        )
+
+    def __call__(self, step, state: GenerationState) -> GenerationState:
+        """One verification step for every row (see the module docstring).
+
+        **Arguments:** `step`, the `Step`; `state`, a `GenerationState` whose `search_state` is
+        a `SpeculativeState`.
+
+        **Returns:** the next `GenerationState`, with the same tree structure, shapes and dtypes.
+        """
+        k = self.num_tokens
+        spec: SpeculativeState = state.search_state
+        length, token_ids = state.length, state.token_ids
+        active = ~state.done & ~spec.finished
+        settle = ~state.done & spec.finished
+        step_keys = jax.vmap(jax.random.fold_in)(state.key, state.key_step + state.num_generated)
+        salted = jax.vmap(jax.random.fold_in, (0, None))
+        greedy = not self.sampler.needs_key
+
+        # 1. guesses
+        carry, drafts, q = self.proposer.propose(
+            spec.proposer,
+            step.model,
+            token_ids,
+            length,
+            active,
+            key=salted(step_keys, _DRAFT_SALT),
+            sample=not greedy,
+        )
+
+        # a proposer may guess fewer than k tokens (-1: no guess); when no row guesses anything
+        # the step is a plain decode step (a call over one position), not a verification
+        num_guesses = jnp.sum(jnp.cumprod((drafts >= 0).astype(jnp.int32), axis=1), axis=1)
+        num_guesses = jnp.where(active, num_guesses, 0)
+        last = jnp.take_along_axis(token_ids, jnp.maximum(length - 1, 0)[:, None], axis=1)
+        drafts = jnp.where(drafts >= 0, drafts, last)
+        args = (step, state, drafts, q, num_guesses, carry, active, settle, step_keys)
+        return jax.lax.cond(
+            jnp.any(num_guesses > 0),
+            lambda: self._verify(*args, width=k),
+            lambda: self._verify(*args, width=0),
+        )
+
+    def _verify(
+        self, step, state, drafts, q, num_guesses, carry, active, settle, step_keys, *, width
+    ):
+        """Verify the first `width` guesses of every row (static; 0: a plain decode step)."""
+        k = width
+        drafts = drafts[:, :k]
+        q = None if q is None else q[:, :k]
+        num_guesses = jnp.minimum(num_guesses, k)
+        batch = state.batch_size
+        rows = jnp.arange(batch)
+        spec: SpeculativeState = state.search_state
+        length, token_ids = state.length, state.token_ids
+        cols = token_ids.shape[1]
+        salted = jax.vmap(jax.random.fold_in, (0, None))
+        greedy = not self.sampler.needs_key
+
+        # 2. one target call over [last token, guesses]
+        last = jnp.take_along_axis(token_ids, jnp.maximum(length - 1, 0)[:, None], axis=1)
+        ids = jnp.concatenate([last, drafts], axis=1)
+        first_pos = jnp.where(spec.pending & (active | settle), length - 1, -1)
+        guessed = jnp.arange(k)[None, :] < num_guesses[:, None]
+        draft_pos = jnp.where(guessed, length[:, None] + jnp.arange(k)[None, :], -1)
+        positions = jnp.concatenate([first_pos[:, None], draft_pos], axis=1)
+        cache = make_room(state.cache, k + 1)
+        out, cache = step.model(ids, positions, cache)
+        first = jnp.where(spec.pending[:, None], out[:, 0], state.logits)
+        raw = jnp.concatenate([first[:, None], out[:, 1:]], axis=1)  # [batch, k+1, vocab]
+
+        # 3. processors, position by position, from the row's state
+        draft_cols = jnp.where(active[:, None], length[:, None] + jnp.arange(k)[None, :], cols)
+        ext_ids = token_ids.at[rows[:, None], draft_cols].set(drafts, mode="drop")
+
+        def process(states, j):
+            at_j = eqx.tree_at(
+                lambda s: (s.token_ids, s.length, s.processor_states, s.done),
+                state,
+                (ext_ids, length + j, states, ~active),
+            )
+            states, logits, _ = process_rows(step, at_j, raw[:, j])
+            return states, (states, logits)
+
+        _, (states_at, processed) = jax.lax.scan(process, state.processor_states, jnp.arange(k + 1))
+        processed = processed.transpose(1, 0, 2)  # [batch, k+1, vocab]
+        dead = jnp.all(processed == -jnp.inf, axis=-1)  # no token possible at that position
+
+        # 4. acceptance
+        if greedy:
+            targets = jnp.where(dead, -1, jnp.argmax(processed, axis=-1)).astype(jnp.int32)
+            n = jax.vmap(exact_match)(drafts, targets, num_guesses)
+            next_token = targets[rows, n]
+        else:
+            p = jnp.where(dead[..., None], 0.0, jax.nn.softmax(processed, axis=-1))
+            n, next_token = jax.vmap(
+                lambda p, q, d, num, key: rejection_sample(p, q, d, num, key=key),
+                in_axes=(0, None if q is None else 0, 0, 0, 0),
+            )(p, q, drafts, num_guesses, salted(step_keys, _ACCEPT_SALT))
+        dead_n = dead[rows, n]
+        emitted = n + (~dead_n).astype(jnp.int32)  # before any cut
+        tokens = jnp.concatenate([drafts, jnp.zeros((batch, 1), jnp.int32)], axis=1)
+        tokens = tokens.at[rows, n].set(next_token)
+
+        # 5. cuts: EOS, stop strings, max_new_tokens (the first one ends the run)
+        j = jnp.arange(k + 1)[None, :]
+        is_eos = jnp.isin(tokens, jnp.asarray(step.eos_token_id, jnp.int32))
+        out_of_budget = (
+            length[:, None] - state.start_length[:, None] + j + 1 >= (state.max_new_tokens[:, None])
+        )
+        if step.stop_strings is not None:
+
+            def advance(stop_state, column):
+                stop_state, matched = step.stop_strings.advance(stop_state, column)
+                return stop_state, (stop_state, matched)
+
+            _, (stop_states, hit_stop) = jax.lax.scan(advance, state.stop_state, tokens.T)
+            hit_stop = hit_stop.T
+        else:
+            stop_states = jnp.broadcast_to(state.stop_state, (k + 1, *state.stop_state.shape))
+            hit_stop = jnp.zeros_like(is_eos)
+        ends = (is_eos | hit_stop | out_of_budget) & (j < emitted[:, None])
+        cut = jnp.argmax(ends, axis=1)  # the first end, if any
+        has_end = jnp.any(ends, axis=1)
+        count = jnp.where(has_end, cut + 1, emitted)
+        count = jnp.where(active, count, 0)
+        at_cut = (rows, cut)
+        reason = jnp.select(
+            [is_eos[at_cut], hit_stop[at_cut], out_of_budget[at_cut]], [EOS, STOP_STRING, LENGTH]
+        )
+        reason = jnp.where(has_end, reason, CONSTRAINT)
+        finishing = active & (has_end | dead_n)
+        finish_reason = jnp.where(finishing, reason, state.finish_reason).astype(jnp.int32)
+
+        # write the emitted tokens and their logprobs
+        write = j < count[:, None]
+        new_ids = token_ids.at[rows[:, None], jnp.where(write, length[:, None] + j, cols)].set(
+            tokens, mode="drop"
+        )
+        scored = processed if step.logprobs_mode == "processed" else raw
+        all_logprobs = jax.nn.log_softmax(scored, axis=-1)
+        chosen = jnp.take_along_axis(all_logprobs, tokens[..., None], axis=-1)[..., 0]
+        steps_cols = state.logprobs.shape[1]
+        lp_cols = jnp.where(write, state.num_generated[:, None] + j, steps_cols)
+        logprobs = state.logprobs.at[rows[:, None], lp_cols].set(chosen, mode="drop")
+        top_ids, top_values = state.top_token_ids, state.top_logprobs
+        if step.top_logprobs:
+            values, top = jax.lax.top_k(all_logprobs, step.top_logprobs)
+            top_ids = top_ids.at[rows[:, None], lp_cols].set(top.astype(jnp.int32), mode="drop")
+            top_values = top_values.at[rows[:, None], lp_cols].set(values, mode="drop")
+        new_length = length + count
+
+        # the states of the last processed position (a constraint's dead end is processed too)
+        used = count - 1 + (active & ~has_end & dead_n).astype(jnp.int32)
+        used = jnp.clip(used, 0, k)
+        processor_states = jax.tree.map(lambda x: jnp.moveaxis(x, 0, 1)[rows, used], states_at)
+        stop_state = jnp.where(
+            (active & (count > 0))[:, None],
+            jnp.moveaxis(stop_states, 0, 1)[rows, jnp.maximum(count - 1, 0)],
+            state.stop_state,
+        )
+
+        # 6. caches: what is fed, and the logits after the last token
+        fed_last = active & (count > 0) & (count <= n)  # the run ends on an accepted guess
+        pending = jnp.where(active, (count > 0) & ~fed_last, jnp.where(settle, False, spec.pending))
+        logits = jnp.where(
+            (active | settle)[:, None], raw[rows, jnp.minimum(count, k)], state.logits
+        )
+        logits = jnp.where(settle[:, None], raw[:, 0], logits)
+        cache = keep_below(cache, new_length - pending.astype(jnp.int32))
+        carry = self.proposer.update(carry, new_ids, new_length)
+
+        done = state.done | settle | (finishing & ~pending)
+        finished = spec.finished | (finishing & pending)
+        accepted = jnp.minimum(n, count)
+        spec = SpeculativeState(
+            pending=pending,
+            finished=finished,
+            proposer=carry,
+            proposed=spec.proposed + num_guesses,
+            accepted=spec.accepted + jnp.where(active, accepted, 0),
+            steps=spec.steps + active.astype(jnp.int32),
+        )
+        return GenerationState(
+            token_ids=new_ids,
+            length=new_length,
+            prompt_length=state.prompt_length,
+            start_length=state.start_length,
+            max_new_tokens=state.max_new_tokens,
+            done=done,
+            finish_reason=finish_reason,
+            logits=logits,
+            logprobs=logprobs,
+            top_token_ids=top_ids,
+            top_logprobs=top_values,
+            cache=cache,
+            processor_states=processor_states,
+            stop_state=stop_state,
+            key=state.key,
+            key_step=state.key_step,
+            search_state=spec,
+        )
+
+
+def speculative_search(
+    proposer: AbstractProposer, sampler: AbstractSampler | AbstractSearch | None, model
+) -> Speculative:
+    """The `Speculative` search of a call that asks for `speculative=proposer`, checked against
+    the target `model` before anything compiles.
+
+    **Arguments:** `proposer`: the call's `speculative` option; `sampler`: the call's sampler or
+    search (`None`: greedy; a `Speculative` from a continued state: its sampler); `model`: the
+    target.
+
+    **Raises:** `ValueError` for beam search (named with speculative decoding), a draft model
+    whose vocabulary size differs from the target's, or an `EarlyExit` with as many layers as
+    the target or more; `TypeError` for a proposer that is not one, or a sampler that cannot
+    be verified (see `Speculative`).
+    """
+    if isinstance(sampler, Speculative):
+        sampler = sampler.sampler
+    if sampler is None:
+        sampler = Greedy()
+    if isinstance(sampler, AbstractSearch):
+        raise ValueError(
+            f"speculative decoding ({type(proposer).__name__}) cannot be combined with "
+            f"{type(sampler).__name__}: it verifies one row's greedy or sampled tokens; drop "
+            "`speculative` or use Greedy()/Multinomial()"
+        )
+    if isinstance(proposer, DraftModel) and proposer.draft.vocab_size != model.vocab_size:
+        raise ValueError(
+            f"the draft model's vocabulary has {proposer.draft.vocab_size} tokens, the "
+            f"target's {model.vocab_size}: a draft must share the target's vocabulary"
+        )
+    if isinstance(proposer, EarlyExit):
+        layers = getattr(getattr(model, "config", None), "num_hidden_layers", None)
+        if layers is not None and proposer.num_layers >= layers:
+            raise ValueError(
+                f"EarlyExit(num_layers={proposer.num_layers}) must use fewer layers than the "
+                f"target's {layers}"
+            )
+        proposer.draft_of(model)  # refuses a model without `first_layers`
+    return Speculative(proposer, sampler)

@@ -1,0 +1,329 @@
+"""Proposers: who guesses the next `num_tokens` tokens of every row for the target to verify.
+
+Equinox's abstract/final pattern: `AbstractProposer` declares, `PromptLookup`, `DraftModel` and
+`EarlyExit` implement. A proposer is pure: `init` returns its carry (a draft model's `KVCache`;
+it lives in `GenerationState.search_state`), `propose` returns the guesses (and the
+distributions they were drawn from), and `update` brings the carry in line with the tokens the
+rows actually kept. Nothing is copied back on the host.
+"""
+
+import abc
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Bool, Float, Int, Key, PyTree
+
+from ..models.base import AbstractCausalLM
+from ..models.kv_cache import KVCache
+from .cache import keep_below, make_room
+
+
+class AbstractProposer(eqx.Module):
+    """Base class of proposers (`functional_gen.speculative`).
+
+    Subclasses implement `num_tokens` (a field: the guesses per step, `k`) and the methods
+    below; every method is pure and works on the whole batch.
+    """
+
+    num_tokens: eqx.AbstractVar[int]
+
+    @abc.abstractmethod
+    def init(self, target: AbstractCausalLM | None, rows: int, capacity: int) -> PyTree:
+        """The proposer's carry before the first step, for `rows` rows whose `token_ids` have
+        `capacity` columns (`None` when it needs none)."""
+
+    @abc.abstractmethod
+    def propose(
+        self,
+        carry: PyTree,
+        target: AbstractCausalLM | None,
+        token_ids: Int[Array, "batch max_len"],
+        length: Int[Array, " batch"],
+        active: Bool[Array, " batch"],
+        *,
+        key: Key[Array, " batch"],
+        sample: bool,
+    ) -> tuple[PyTree, Int[Array, "batch k"], Float[Array, "batch k vocab"] | None]:
+        """Guess the `k` tokens after each row's `length` tokens.
+
+        **Arguments:** `carry` (from `init` or the last `update`), `target` (the model being
+        decoded), the rows' `token_ids` and `length`, `active` (rows that still generate; the
+        others' guesses are ignored), `key` (one PRNG key per row), `sample` (static: draw the guesses
+        from the proposer's distribution instead of taking its most likely tokens).
+
+        **Returns:** `(carry, guesses, q)`: `guesses` may end in `-1`s (fewer guesses in that
+        row; a `-1` ends the row's guesses); `q` is the proposer's probabilities at each guessed
+        position, `None` when the guesses are deterministic (one-hot `q`).
+        """
+
+    @abc.abstractmethod
+    def update(
+        self, carry: PyTree, token_ids: Int[Array, "batch max_len"], length: Int[Array, " batch"]
+    ) -> PyTree:
+        """The carry after verification, the rows now holding `length` tokens of `token_ids`."""
+
+
+class PromptLookup(AbstractProposer):
+    """Prompt-lookup decoding: guess that the text goes on as it did after an earlier
+    occurrence of its last tokens.
+
+    For `n` from `max_ngram_size` down to 1, the row's last `n` tokens are looked up in the row's
+    own prompt and generated tokens; the first (leftmost) occurrence followed by at least one
+    token gives the guesses: the up to `num_tokens` tokens after it. Positions without a guess
+    (a continuation shorter than `num_tokens`, or no match at all) are `-1`; when no row guesses
+    anything, the step is a plain one-position decode step. Everything is array code with fixed
+    shapes, on the device.
+
+    **Arguments:** `num_tokens` (static, `k`), `max_ngram_size` (static, the longest n-gram).
+
+    **Raises:** `ValueError` for a `num_tokens` or `max_ngram_size` below 1.
+
+    Source: Saxena's prompt-lookup decoding; transformers' `PromptLookupCandidateGenerator`
+    (`generate(prompt_lookup_num_tokens=...)`, `max_matching_ngram_size`).
+    """
+
+    num_tokens: int = eqx.field(static=True, default=10)
+    max_ngram_size: int = eqx.field(static=True, default=2)
+
+    def __check_init__(self):
+        _check_positive("num_tokens", self.num_tokens)
+        _check_positive("max_ngram_size", self.max_ngram_size)
+
+    def init(self, target: AbstractCausalLM | None, rows: int, capacity: int) -> None:
+        """No carry."""
+        return None
+
+    def propose(self, carry, target, token_ids, length, active, *, key, sample):
+        """The looked-up guesses (see the class); `q` is `None` (deterministic)."""
+        del target, active, key, sample
+        return carry, jax.vmap(self._lookup)(token_ids, length), None
+
+    def update(self, carry, token_ids, length):
+        """No carry."""
+        return carry
+
+    def _lookup(self, ids: Int[Array, " max_len"], length: Int[Array, ""]) -> Int[Array, " k"]:
+        cols = ids.shape[0]
+        k = self.num_tokens
+        index = jnp.arange(cols)
+        found = jnp.zeros((), bool)
+        start = jnp.zeros((), jnp.int32)
+        for n in range(self.max_ngram_size, 0, -1):
+            # windows starting at i: ids[i .. i + n) == the last n tokens, and a token after
+            match = (index + n < length) & (length - n >= 1)
+            for m in range(n):
+                last = ids[jnp.clip(length - n + m, 0, cols - 1)]
+                match = match & (ids[jnp.clip(index + m, 0, cols - 1)] == last)
+            hit = jnp.any(match)
+            first = jnp.argmax(match).astype(jnp.int32) + n
+            start = jnp.where(~found & hit, first, start)
+            found = found | hit
+        cand_cols = start + jnp.arange(k)
+        guesses = ids[jnp.clip(cand_cols, 0, cols - 1)]
+        # past the row's end (a short continuation) or without a match: no guess (-1)
+        valid = found & (cand_cols < length)
+        return jnp.where(valid, guesses, -1).astype(jnp.int32)
+
+
+class DraftCarry(eqx.Module):
+    """A draft model's carry: its `cache` and, per row, `cached` (leading tokens whose keys and
+    values the cache holds, always below the row's length), the last step's `guesses` and the
+    row `start` length they followed (to tell which were kept)."""
+
+    cache: KVCache
+    cached: Int[Array, " batch"]
+    guesses: Int[Array, "batch k"]
+    start: Int[Array, " batch"]
+
+
+class DraftModel(AbstractProposer):
+    """A smaller model of the same vocabulary guesses `num_tokens` tokens, one at a time.
+
+    Its own `KVCache` is in the carry: the first step feeds it every row's text (a prefill), each
+    later step the at most two tokens it has not seen (the target's correction and, after a
+    fully accepted run, the last guess), then `num_tokens - 1` guesses. After verification the
+    slots of rejected guesses are dropped by position (`keep_below`), not copied.
+
+    **Arguments:** `draft` (an `AbstractCausalLM`; its `vocab_size` must be the target's,
+    checked when the call is planned), `num_tokens` (static, `k`).
+
+    **Raises:** `TypeError` for a draft that is not an `AbstractCausalLM`; `ValueError` for a
+    `num_tokens` below 1.
+
+    Source: Leviathan, Kalman & Matias 2023; transformers' assisted generation
+    (`assistant_model`).
+    """
+
+    draft: AbstractCausalLM
+    num_tokens: int = eqx.field(static=True, default=4)
+
+    def __check_init__(self):
+        if not isinstance(self.draft, AbstractCausalLM):
+            raise TypeError(
+                "DraftModel's `draft` must be an AbstractCausalLM (e.g. from "
+                f"functional_gen.load_model), got {type(self.draft).__name__}"
+            )
+        _check_positive("num_tokens", self.num_tokens)
+
+    def init(self, target, rows, capacity):
+        """An empty draft cache (room for the text and the steps' guesses)."""
+        return _draft_init(self.draft, self.num_tokens, rows, capacity)
+
+    def propose(self, carry, target, token_ids, length, active, *, key, sample):
+        """The draft's guesses and probabilities (see the class)."""
+        return _draft_propose(
+            self.draft, self.num_tokens, carry, token_ids, length, active, key, sample
+        )
+
+    def update(self, carry, token_ids, length):
+        """Drop the draft's cached guesses that the rows did not keep."""
+        return _draft_update(carry, token_ids, length)
+
+
+class EarlyExit(AbstractProposer):
+    """Self-speculation: the target's first `num_layers` layers, its final norm and its output
+    head are the draft (LayerSkip's early exit; the same weights, no second model).
+
+    The draft's cache is its own (the first layers' keys and values are computed again, not
+    shared with the target's cache).
+
+    **Arguments:** `num_layers` (static, at least 1 and fewer than the target's layers, checked
+    when the call is planned), `num_tokens` (static, `k`).
+
+    **Raises:** `ValueError` for `num_layers` or `num_tokens` below 1.
+
+    Source: Elhoushi et al. 2024 (LayerSkip); transformers' `assistant_early_exit`.
+    """
+
+    num_layers: int = eqx.field(static=True)
+    num_tokens: int = eqx.field(static=True, default=4)
+
+    def __check_init__(self):
+        _check_positive("num_layers", self.num_layers)
+        _check_positive("num_tokens", self.num_tokens)
+
+    def draft_of(self, target: AbstractCausalLM) -> AbstractCausalLM:
+        """The draft: `target.first_layers(num_layers)`.
+
+        **Raises:** `TypeError` for a target without `first_layers`; `ValueError` for
+        `num_layers` not below the target's layer count.
+        """
+        if not hasattr(type(target), "first_layers"):
+            raise TypeError(
+                f"EarlyExit needs a model with `first_layers` (a DecoderForCausalLM), got "
+                f"{type(target).__name__}"
+            )
+        return target.first_layers(self.num_layers)
+
+    def init(self, target, rows, capacity):
+        """An empty cache of the first layers."""
+        return _draft_init(self.draft_of(target), self.num_tokens, rows, capacity)
+
+    def propose(self, carry, target, token_ids, length, active, *, key, sample):
+        """The early exit's guesses and probabilities."""
+        return _draft_propose(
+            self.draft_of(target), self.num_tokens, carry, token_ids, length, active, key, sample
+        )
+
+    def update(self, carry, token_ids, length):
+        """Drop the cached guesses that the rows did not keep."""
+        return _draft_update(carry, token_ids, length)
+
+
+def _check_positive(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"`{name}` must be a positive integer, got {value!r}")
+
+
+def draft_cache_len(num_tokens: int, capacity: int) -> int:
+    """Slots of a draft's cache for rows of `capacity` columns: the text, then room for one
+    step's writes (`num_tokens + 1`) twice over (compaction frees the rest)."""
+    return capacity + 2 * (num_tokens + 1)
+
+
+def _draft_init(draft, k, rows, capacity) -> DraftCarry:
+    return DraftCarry(
+        cache=draft.init_cache(rows, draft_cache_len(k, capacity)),
+        cached=jnp.zeros((rows,), jnp.int32),
+        guesses=jnp.zeros((rows, k), jnp.int32),
+        start=jnp.zeros((rows,), jnp.int32),
+    )
+
+
+def _draft_propose(draft, k, carry: DraftCarry, token_ids, length, active, key, sample):
+    batch, cols = token_ids.shape
+    cache, cached = carry.cache, carry.cached
+
+    def feed(cache, ids, pos):
+        cache = make_room(cache, ids.shape[1])
+        logits, cache = draft(ids, pos, cache, logits_to_keep=1)
+        return logits[:, -1, :], cache
+
+    # 1. A row whose cache lags by more than two tokens (the first step: nothing cached) gets
+    #    everything but its last token fed in one call (a prefill).
+    def prefill(cache):
+        col = jnp.arange(cols)[None, :]
+        fed = active[:, None] & (col >= cached[:, None]) & (col < length[:, None] - 1)
+        pos = jnp.where(fed, col, -1)
+        return feed(cache, token_ids, pos)[1]
+
+    lagging = jnp.any(active & (length - cached > 2))
+    cache = jax.lax.cond(lagging, prefill, lambda c: c, cache)
+    cached = jnp.where(lagging & active, jnp.maximum(cached, length - 1), cached)
+    # 2. The last one or two tokens, which gives the draft's logits after the row's text.
+    cols2 = length[:, None] - 2 + jnp.arange(2)[None, :]
+    ids2 = jnp.take_along_axis(token_ids, jnp.clip(cols2, 0, cols - 1), axis=1)
+    pos2 = jnp.where(active[:, None] & (cols2 >= 0) & (cols2 >= cached[:, None]), cols2, -1)
+    logits, cache = feed(cache, ids2, pos2)
+
+    # 3. k guesses, feeding each but the last.
+    def choose(logits, j):
+        probs = jax.nn.softmax(logits, axis=-1)
+        if sample:  # row r's j-th guess uses fold_in(key[r], j)
+            keys = jax.vmap(jax.random.fold_in, (0, None))(key, j)
+            token = jax.vmap(jax.random.categorical)(keys, logits)
+        else:
+            token = jnp.argmax(logits, axis=-1)
+        return token.astype(jnp.int32), probs
+
+    def guess(carry, j):
+        cache, logits = carry
+        token, probs = choose(logits, j)
+        pos = jnp.where(active, length + j, -1)
+        logits, cache = feed(cache, token[:, None], pos[:, None])
+        return (cache, logits), (token, probs)
+
+    (cache, logits), (tokens, probs) = jax.lax.scan(guess, (cache, logits), jnp.arange(k - 1))
+    last, last_probs = choose(logits, k - 1)
+    guesses = jnp.concatenate([tokens.T.reshape(batch, k - 1), last[:, None]], axis=1)
+    q = None
+    if sample:
+        q = jnp.concatenate(
+            [probs.transpose(1, 0, 2).reshape(batch, k - 1, -1), last_probs[:, None, :]], axis=1
+        )
+    carry = DraftCarry(
+        cache=cache,
+        cached=jnp.where(active, length, cached),
+        guesses=jnp.where(active[:, None], guesses, carry.guesses),
+        start=jnp.where(active, length, carry.start),
+    )
+    return carry, guesses, q
+
+
+def _draft_update(carry: DraftCarry, token_ids, length) -> DraftCarry:
+    """Keep the fed guesses that the rows kept; always leave the row's last token uncached (the
+    next step feeds it to get the draft's logits after it)."""
+    k = carry.guesses.shape[1]
+    cols = carry.start[:, None] + jnp.arange(k - 1)[None, :]
+    kept = jnp.take_along_axis(token_ids, jnp.clip(cols, 0, token_ids.shape[1] - 1), axis=1)
+    match = (cols < length[:, None]) & (kept == carry.guesses[:, : k - 1])
+    m = jnp.sum(jnp.cumprod(match.astype(jnp.int32), axis=1), axis=1)
+    cached = jnp.maximum(jnp.minimum(carry.start + m, length - 1), 0)
+    return DraftCarry(
+        cache=keep_below(carry.cache, cached),
+        cached=cached,
+        guesses=carry.guesses,
+        start=carry.start,
+    )
