@@ -508,22 +508,119 @@ class DecoderModel(eqx.Module):
         local_rope = rope
         if self.rotary_emb_local is not None:
             local_rope = self.rotary_emb_local.cos_sin(positions.reshape(-1))
+        tokens = token_ids.size
+        period = layer_period(self.layers)
+        scan = prefill_chunk is not None and tokens >= SCAN_MIN_TOKENS and period is not None
+        run = self._scan_layers if scan else self._unrolled_layers
+        x, new_k, new_v = run(
+            x,
+            positions,
+            (rope, local_rope),
+            cache,
+            slot_positions,
+            write_index,
+            prefix_length=prefix_length,
+            prefill_chunk=prefill_chunk,
+        )
+        new_cache = KVCache(
+            k=tuple(new_k), v=tuple(new_v), positions=slot_positions, length=cache.length + seq
+        )
+        return self.norm(x), new_cache
+
+
+    def _unrolled_layers(self, x, positions, ropes, cache, slot_positions, write_index, **kw):
+        """Every layer in turn, one traced copy per layer (decode, and short prefills)."""
         new_k, new_v = [], []
         for layer, k, v in zip(self.layers, cache.k, cache.v):
             x, view = layer(
                 x,
                 positions,
-                rope if layer.self_attn.sliding_window is None else local_rope,
+                ropes[layer.self_attn.sliding_window is not None],
                 LayerCache(k, v, slot_positions, write_index),
-                prefix_length=prefix_length,
-                prefill_chunk=prefill_chunk,
+                **kw,
             )
             new_k.append(view.k)
             new_v.append(view.v)
-        new_cache = KVCache(
-            k=tuple(new_k), v=tuple(new_v), positions=slot_positions, length=cache.length + seq
-        )
-        return self.norm(x), new_cache
+        return x, new_k, new_v
+
+    def _scan_layers(self, x, positions, ropes, cache, slot_positions, write_index, **kw):
+        """The layers as a `jax.lax.scan` over groups of `layer_period(layers)` layers (1 for
+        Llama, 6 for Gemma 3's 5 local + 1 global), so XLA compiles one group instead of every
+        layer (Equinox's scan-over-layers: `eqx.partition` into arrays and static parts, the
+        arrays stacked along a leading `layers / period` axis, `eqx.combine` in the body).
+
+        The stacked weights are a copy made in this call (the model keeps one array per layer),
+        which XLA's CPU backend would also make per layer inside the loop (a `dynamic-slice` of a
+        stacked weight is materialised before its dot): negligible against a long prefill's
+        arithmetic, but it would slow decode (see `SCAN_MIN_TOKENS`). Same result as
+        `_unrolled_layers`."""
+        period = layer_period(self.layers)
+        groups = len(self.layers) // period
+
+        def stack(*xs):
+            return jnp.stack(xs)
+
+        params, statics = [], []
+        for j in range(period):
+            members = [self.layers[g * period + j] for g in range(groups)]
+            arrays = [eqx.filter(m, eqx.is_array) for m in members]
+            params.append(jax.tree.map(stack, *arrays))
+            statics.append(eqx.partition(members[0], eqx.is_array)[1])
+
+        def body(x, params):
+            out_k, out_v = [], []
+            for j, (p, static) in enumerate(zip(params, statics)):
+                layer = eqx.combine(p, static)
+                # a prefill's cache is empty (`DecoderForCausalLM.prefill`): zeros made here
+                # instead of the given ones stacked (same values, less to compile and copy)
+                k, v = jnp.zeros_like(cache.k[j]), jnp.zeros_like(cache.v[j])
+                x, view = layer(
+                    x,
+                    positions,
+                    ropes[layer.self_attn.sliding_window is not None],
+                    LayerCache(k, v, slot_positions, write_index),
+                    **kw,
+                )
+                out_k.append(view.k)
+                out_v.append(view.v)
+            return x, (tuple(out_k), tuple(out_v))
+
+        x, (out_k, out_v) = jax.lax.scan(body, x, tuple(params))
+        order = [(g, j) for g in range(groups) for j in range(period)]
+        new_k = [out_k[j][g] for g, j in order]
+        new_v = [out_v[j][g] for g, j in order]
+        return x, new_k, new_v
+
+
+SCAN_MIN_TOKENS = 256
+"""Prefill calls of at least this many tokens (`batch * seq`) run the layers as a `lax.scan`
+(`DecoderModel._scan_layers`); shorter calls and every decode step run them unrolled.
+
+Scanning compiles one layer group instead of every layer (a 4,096-token SmolLM2 prefill: see
+`benchmarks/bench_startup.py`), but XLA's CPU backend copies each layer's weights out of the
+stacked array before its matmuls (a `dynamic-slice` fusion per weight and layer; measured on a
+30-layer SmolLM2-sized stack: 25-30% slower per decode step than one array per layer). That copy
+is noise beside a long prefill's arithmetic, and not beside a decode step, which only reads the
+weights once."""
+
+
+def layer_period(layers: tuple["DecoderLayer", ...]) -> int | None:
+    """The smallest `p` dividing `len(layers)` such that layer `i` has the structure (static
+    fields, `None` parts, shapes and dtypes) of layer `i % p`: 1 for Llama, Qwen3 or Phi-3, 6 for
+    Gemma 3's 5 local + 1 global pattern over 18 layers; `None` when no `p < len(layers)` fits
+    (then scanning would save nothing)."""
+
+    def signature(layer):
+        arrays, static = eqx.partition(layer, eqx.is_array)
+        shapes = [(a.shape, a.dtype) for a in jax.tree.leaves(arrays)]
+        return jax.tree.structure(arrays), static, shapes
+
+    signatures = [signature(layer) for layer in layers]
+    n = len(layers)
+    for p in range(1, n):
+        if n % p == 0 and all(signatures[i] == signatures[i % p] for i in range(p, n)):
+            return p
+    return None
 
 
 class DecoderForCausalLM(AbstractCausalLM):
