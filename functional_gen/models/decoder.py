@@ -527,7 +527,6 @@ class DecoderModel(eqx.Module):
         )
         return self.norm(x), new_cache
 
-
     def _unrolled_layers(self, x, positions, ropes, cache, slot_positions, write_index, **kw):
         """Every layer in turn, one traced copy per layer (decode, and short prefills)."""
         new_k, new_v = [], []
