@@ -26,6 +26,8 @@ Words: `seq` is the number of tokens in this call, `max_len` the cache slots per
 the slots attended over (= `max_len`).
 """
 
+import copy
+import dataclasses
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -963,6 +965,36 @@ class DecoderForCausalLM(AbstractCausalLM):
                 raise ValueError(f"weight {name!r} is int8 but the model is not quantized")
             arrays.append(jnp.asarray(w, dtype=spec.dtype))
         return jax.tree_util.tree_unflatten(treedef, arrays)
+
+    def first_layers(self, num_layers: int) -> "DecoderForCausalLM":
+        """The model truncated to its first `num_layers` decoder layers, with the same final norm,
+        output head, embeddings and RoPE: the draft of early-exit (self-speculative) decoding
+        (Elhoushi et al. 2024, "LayerSkip"). Weights are shared, not copied.
+
+        **Arguments:** `num_layers`: how many layers to keep, `1 <= num_layers <=
+        config.num_hidden_layers`.
+
+        **Returns:** a `DecoderForCausalLM` whose config has `num_hidden_layers=num_layers` (and the
+        first `num_layers` entries of the per-layer `sliding_window` and `use_rope`); its
+        `init_cache` makes a cache of that many layers.
+
+        **Raises:** `ValueError` if `num_layers` is out of range.
+        """
+        total = self.config.num_hidden_layers
+        if isinstance(num_layers, bool) or not isinstance(num_layers, int):
+            raise ValueError(f"`num_layers` must be an int, got {num_layers!r}")
+        if not 1 <= num_layers <= total:
+            raise ValueError(f"`num_layers` must be between 1 and {total}, got {num_layers}")
+        config = dataclasses.replace(
+            self.config,
+            num_hidden_layers=num_layers,
+            sliding_window=self.config.sliding_window[:num_layers],
+            use_rope=self.config.use_rope[:num_layers],
+        )
+        model = eqx.tree_at(lambda m: m.model.layers, self, self.model.layers[:num_layers])
+        model = copy.copy(model)
+        object.__setattr__(model, "config", config)  # a static field: not reachable by tree_at
+        return model
 
     def named_weights(self) -> dict[str, Array]:
         """The weights under their Hugging Face names (the inverse of `from_weights`).

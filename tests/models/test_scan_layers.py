@@ -8,6 +8,8 @@ twice (period 3). `SCAN_MIN_TOKENS` and the prefill chunk are lowered so that a 
 batch takes the scanned path with several query chunks.
 """
 
+import copy
+
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -86,3 +88,30 @@ def test_scanned_prefill_matches_transformers_and_the_unrolled_prefill(case, mon
             position_ids=torch.as_tensor(np.maximum(np.concatenate([positions, next_pos], 1), 0)),
         ).logits.numpy()
     np.testing.assert_allclose(np.asarray(logits)[:, 0], full[:, -1], atol=1e-4, rtol=0)
+
+
+def test_first_layers_is_transformers_model_truncated(case):
+    """`first_layers(2)`: the logits of transformers' model with only its first 2 layers (same
+    final norm and head), weights shared with the full model; bad counts are refused."""
+    hf, model, _ = case
+    draft = model.first_layers(2)
+    assert draft.config.num_hidden_layers == 2 and len(draft.init_cache(1, 4).k) == 2
+    assert draft.model.layers[1].mlp.up_proj.weight is model.model.layers[1].mlp.up_proj.weight
+    truncated = copy.deepcopy(hf)
+    truncated.model.layers = truncated.model.layers[:2]
+    truncated.config.num_hidden_layers = 2
+    if getattr(truncated.config, "layer_types", None) is not None:
+        truncated.config.layer_types = truncated.config.layer_types[:2]
+    token_ids, mask, positions = left_padded(np.random.default_rng(2), [10, 6], 10)
+    with torch.no_grad():
+        expected = truncated(
+            torch.as_tensor(token_ids),
+            attention_mask=torch.as_tensor(mask),
+            position_ids=torch.as_tensor(np.maximum(positions, 0)),
+        ).logits.numpy()
+    logits, _ = draft(jnp.asarray(token_ids), jnp.asarray(positions), draft.init_cache(2, 10))
+    valid = mask == 1
+    np.testing.assert_allclose(np.asarray(logits)[valid], expected[valid], atol=1e-4, rtol=0)
+    for bad in (0, model.config.num_hidden_layers + 1):
+        with pytest.raises(ValueError, match="num_layers"):
+            model.first_layers(bad)
