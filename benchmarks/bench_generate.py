@@ -3,7 +3,11 @@ llama.cpp at the same precision, in one run.
 
     .venv/bin/python benchmarks/bench_generate.py [--repeats 3] [--new-tokens 128]
         [--systems ours-f32 ours-bf16 ours-int8 ours-int8-copy hf-f32 hf-bf16 llama-f32
-                   llama-bf16 llama-q8_0]
+                   llama-bf16 llama-q8_0] [--prefill 512,4096]
+
+`--prefill 512,4096` measures only prefill, at each length (the text repeated to length), for
+every chosen system in one run: first call (ours: compile included), compile time and the
+median time, with the ratio to the first system.
 
 All systems run SmolLM2-135M-Instruct (the embedded default model) on the CPU, greedy, with a
 32-token prompt (the same token ids for all):
@@ -322,6 +326,31 @@ PEERS = {  # each of ours against the others at the same (or the nearest) precis
 }
 
 
+def prefill_table(systems, ids: list[int], lengths: list[int], repeats: int) -> None:
+    """Prefill time at each prompt length (`--prefill 512,4096`), every system in this run: the
+    first call (ours: compile included, the compile time is first call minus the median) and
+    the median of `repeats` calls, alternating systems; then ours / each peer."""
+    print(f"\nprefill (one forward filling the cache), median of {repeats}, shared machine")
+    print("| tokens | system | first call s | compile s | prefill s | ratio to first system |")
+    print("|---|---|---|---|---|---|")
+    for n in lengths:
+        prompt = (ids * (n // len(ids) + 1))[:n]
+        first = {s.name: timed(lambda s=s, p=prompt: s.prefill(p)) for s in systems}
+        samples = {s.name: [] for s in systems}
+        for _ in range(repeats):
+            for system in systems:
+                samples[system.name].append(timed(lambda s=system, p=prompt: s.prefill(p)))
+        median = {k: statistics.median(v) for k, v in samples.items()}
+        base = systems[0].name
+        for s in systems:
+            compiled = first[s.name] - median[s.name] if isinstance(s, Ours) else float("nan")
+            print(
+                f"| {n} | {s.name} | {first[s.name]:.2f} | {compiled:.2f} | "
+                f"{median[s.name]:.2f} | {median[s.name] / median[base]:.2f} |",
+                flush=True,
+            )
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=3)
@@ -329,6 +358,11 @@ def main(argv=None) -> int:
     parser.add_argument("--prefill-tokens", type=int, default=512)
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--systems", nargs="+", default=list(SYSTEMS), choices=list(SYSTEMS))
+    parser.add_argument(
+        "--prefill",
+        default=None,
+        help="comma-separated prompt lengths, e.g. 512,4096: measure only prefill at each length",
+    )
     args = parser.parse_args(argv)
     n = args.new_tokens
 
@@ -349,6 +383,10 @@ def main(argv=None) -> int:
     ids = tokenizer(TEXT)["input_ids"]
     prompt = ids[:32]
     long_prompt = ids[: args.prefill_tokens]
+    if args.prefill:
+        lengths = [int(x) for x in args.prefill.split(",")]
+        prefill_table(systems, ids, lengths, args.repeats)
+        return 0
 
     # First call: compilation included (ours); the others have nothing to compile.
     first = {s.name: timed(lambda s=s: s.generate([prompt], n)) for s in systems}
