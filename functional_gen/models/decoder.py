@@ -45,7 +45,24 @@ from .families import hf_weights
 from .kv_cache import KVCache
 from .quantization import Embedding, Linear
 
-_PREFILL_CHUNK = 128  # query block of prefill attention (tokens)
+_PREFILL_CHUNK = 128  # smallest query block of prefill attention (tokens)
+_PREFILL_MAX_CHUNKS = 16  # longer prompts get longer blocks (`prefill_block`)
+
+
+def prefill_block(seq: int) -> int:
+    """The query block of a prefill of `seq` tokens: `_PREFILL_CHUNK` (128) tokens, or for prompts
+    of more than `_PREFILL_MAX_CHUNKS` (16) such blocks, the multiple of 128 that makes 16 blocks.
+
+    Each block is traced separately (it reads only the key slots causality allows, a static
+    length), so the block count sets the compile time of prefill attention. SmolLM2, 4,096
+    tokens, layers scanned, one run on the shared 2-core machine: 32 blocks of 128 compiled in
+    19.7 s and ran in 55.5 s; 8 blocks of 512 compiled in 5.7 s and ran in 58.6 s (the keys
+    read grow from `(n + 1) / 2n` of the full square to 56% at 8 blocks); 16 blocks of 256
+    sit between."""
+    blocks = -(-seq // _PREFILL_CHUNK)
+    if blocks <= _PREFILL_MAX_CHUNKS:
+        return _PREFILL_CHUNK
+    return _PREFILL_CHUNK * -(-blocks // _PREFILL_MAX_CHUNKS)
 
 
 class RMSNorm(eqx.Module):
@@ -847,7 +864,7 @@ class DecoderForCausalLM(AbstractCausalLM):
             raise ValueError(f"`max_len` ({max_len}) must be at least the prompt length ({seq})")
         cache = self.init_cache(batch, seq)
         logits, cache = self._forward(
-            token_ids, positions, cache, logits_to_keep, _PREFILL_CHUNK, prefix_length
+            token_ids, positions, cache, logits_to_keep, prefill_block(seq), prefix_length
         )
         return logits, cache.extend(max_len)
 
