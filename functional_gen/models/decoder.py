@@ -483,7 +483,8 @@ class DecoderModel(eqx.Module):
 
     **Attributes:** `embed_tokens`, `layers` (a tuple, one `DecoderLayer` per layer; kept as
     separate arrays rather than stacked, since slicing stacked weights inside XLA's loops copies
-    them), `norm`, `rotary_emb`; `rotary_emb_local`: the sliding-window layers' own RoPE
+    them: decode runs them unrolled, and a prefill of at least `SCAN_MIN_TOKENS` tokens stacks
+    them for the call and runs a `jax.lax.scan`, see `_scan_layers`), `norm`, `rotary_emb`; `rotary_emb_local`: the sliding-window layers' own RoPE
     (`DecoderConfig.local_rope_theta`, Gemma 3) or `None`; `embed_scale` (static): the factor on
     the embeddings (`sqrt(hidden_size)` with `DecoderConfig.scale_embeddings`) or `None`.
     """
