@@ -615,12 +615,13 @@ SCAN_MIN_TOKENS = 256
 """Prefill calls of at least this many tokens (`batch * seq`) run the layers as a `lax.scan`
 (`DecoderModel._scan_layers`); shorter calls and every decode step run them unrolled.
 
-Scanning compiles one layer group instead of every layer (a 4,096-token SmolLM2 prefill: see
-`benchmarks/bench_startup.py`), but XLA's CPU backend copies each layer's weights out of the
-stacked array before its matmuls (a `dynamic-slice` fusion per weight and layer; measured on a
-30-layer SmolLM2-sized stack: 25-30% slower per decode step than one array per layer). That copy
-is noise beside a long prefill's arithmetic, and not beside a decode step, which only reads the
-weights once."""
+Scanning compiles one layer group instead of every layer (SmolLM2, 1,024 tokens, one run on the
+shared machine: 4.7 s against 18.4 s), but XLA's CPU backend copies each layer's weights out of
+the stacked array before its matmuls (a `dynamic-slice` fusion per weight and layer). In a
+prefill that copy and the stacking cost ~9% of the run time at 1,024 tokens (3.47 s against
+3.17 s), less for longer prompts; in a decode step, which reads each weight once, it cost 25-30%
+(a 30-layer SmolLM2-sized matvec stack), so decode stays unrolled. See
+`docs/concepts/long_prompts.md`."""
 
 
 def layer_period(layers: tuple["DecoderLayer", ...]) -> int | None:
