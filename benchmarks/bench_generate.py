@@ -5,6 +5,11 @@ llama.cpp at the same precision, in one run.
         [--repeats 3] [--new-tokens 128] [--prefill-tokens 512 4096] [--batches 1 8]
         [--systems ours-f32 ours-bf16 ours-int8 ours-int8-copy hf-f32 hf-bf16 llama-f32
                    llama-bf16 llama-q8_0 llama-gguf] [--llama-python OTHER_VENV/bin/python]
+        [--prefill 512,4096]
+
+`--prefill 512,4096` measures only prefill, at each length (the text repeated to length), for
+every chosen system in one run: first call (ours: compile included), compile time and the
+median time, with the ratio to the first system.
 
 All systems run one model on the CPU, greedy, with a 32-token prompt (the same token ids for
 all): `--model smollm2-135m-instruct` (the embedded default, from its Q4_1 GGUF; prefill of 512
@@ -248,6 +253,31 @@ def llama_cpp_elsewhere(python: str, names, model, prompt, long_prompts, args) -
     return json.loads(run.stdout.strip().splitlines()[-1])
 
 
+def prefill_table(systems, ids: list[int], lengths: list[int], repeats: int) -> None:
+    """Prefill time at each prompt length (`--prefill 512,4096`), every system in this run: the
+    first call (ours: compile included, the compile time is first call minus the median) and
+    the median of `repeats` calls, alternating systems; then ours / each peer."""
+    print(f"\nprefill (one forward filling the cache), median of {repeats}, shared machine")
+    print("| tokens | system | first call s | compile s | prefill s | ratio to first system |")
+    print("|---|---|---|---|---|---|")
+    for n in lengths:
+        prompt = (ids * (n // len(ids) + 1))[:n]
+        first = {s.name: timed(lambda s=s, p=prompt: s.prefill(p)) for s in systems}
+        samples = {s.name: [] for s in systems}
+        for _ in range(repeats):
+            for system in systems:
+                samples[system.name].append(timed(lambda s=system, p=prompt: s.prefill(p)))
+        median = {k: statistics.median(v) for k, v in samples.items()}
+        base = systems[0].name
+        for s in systems:
+            compiled = first[s.name] - median[s.name] if isinstance(s, Ours) else float("nan")
+            print(
+                f"| {n} | {s.name} | {first[s.name]:.2f} | {compiled:.2f} | "
+                f"{median[s.name]:.2f} | {median[s.name] / median[base]:.2f} |",
+                flush=True,
+            )
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="smollm2-135m-instruct", choices=list(MODELS))
@@ -262,6 +292,11 @@ def main(argv=None) -> int:
         "--llama-python",
         help="a Python that can import llama_cpp, to run the llama.cpp systems in when this one "
         "cannot (e.g. /work/llamacpp-venv/bin/python)",
+    )
+    parser.add_argument(
+        "--prefill",
+        default=None,
+        help="comma-separated prompt lengths, e.g. 512,4096: measure only prefill at each length",
     )
     args = parser.parse_args(argv)
     n = args.new_tokens
@@ -290,6 +325,10 @@ def main(argv=None) -> int:
     long_prompts = [ids[:k] for k in prefill_lengths]
     if any(len(p) < k for p, k in zip(long_prompts, prefill_lengths)):
         parser.error(f"--prefill-tokens: the text has only {len(ids)} tokens")
+    if args.prefill:
+        lengths = [int(x) for x in args.prefill.split(",")]
+        prefill_table(systems, ids, lengths, args.repeats)
+        return 0
 
     weights = {s.name: (s.weight_bytes, s.parameters) for s in systems}
     # First call: compilation included (ours); the others have nothing to compile.

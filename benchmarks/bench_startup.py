@@ -1,7 +1,8 @@
 """Start-up time of the command line: a first call (empty compilation cache) against a repeated
 call that finds its compiled programs in JAX's persistent compilation cache.
 
-Run: `python benchmarks/bench_startup.py [--repeats 2] [--new-tokens 8]`
+Run: `python benchmarks/bench_startup.py [--repeats 2] [--new-tokens 8]
+[--models smollm2-135m-instruct gemma-3-270m] [--baseline PATH] [--skip-cli]`
 
 Each call is a fresh process, `functional-gen generate PROMPT -n N --verbose`, on the default
 model, as a user types it. The cache directory is a temporary copy that holds only the converted
@@ -10,6 +11,14 @@ repeated ones find them there. The table gives the wall time of the process and 
 time the CLI reports (tracing + lowering + XLA compilation, or loading from the cache); the
 ratios compare each repeated call with the first, measured in this run. On a shared machine the
 absolute figures move between runs; the ratios are what to compare.
+
+A second table gives, per named model (`--models`; default SmolLM2-135M and Gemma 3 270M), the
+compile time of the first `fg.generate` call in a fresh Python process (the first call's wall
+time minus the best of two repeated calls; no persistent compilation cache) and the decode
+tokens/s at batch 1 (`128 / (T_129 - T_1)`, greedy, EOS disabled). With `--baseline PATH` (a
+checkout of another commit, e.g. `git worktree add ../base main`) the same figures are measured
+from that checkout's `functional_gen` in the same run, the two alternating, and the ratios
+printed: this is how a change to compile time is reported.
 """
 
 import argparse
@@ -60,11 +69,73 @@ def run_cli(cache: Path, new_tokens: int) -> tuple[float, float]:
     return wall, compile_ms / 1e3
 
 
+PROBE = r"""
+import os, sys, time
+sys.path.insert(0, sys.argv[1])
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+import jax
+import functional_gen as fg
+model, tokenizer = fg.load_model(sys.argv[2])
+def call(n):
+    start = time.perf_counter()
+    result = fg.generate(model, tokenizer, sys.argv[3], max_new_tokens=n,
+                         sampler=fg.samplers.Greedy(), eos_token_id=[])
+    jax.block_until_ready(result.token_ids)
+    return time.perf_counter() - start
+first = call(8)
+again = min(call(8) for _ in range(2))
+call(129)
+t1 = min(call(1) for _ in range(3))
+tn = min(call(129) for _ in range(3))
+print(first - again, 128 / (tn - t1))
+"""
+
+
+def probe(checkout: Path, model: str) -> tuple[float, float]:
+    """`(compile seconds of the first generate, decode tokens/s at batch 1)` of `model` with the
+    `functional_gen` of `checkout`, in a fresh process."""
+    env = {k: v for k, v in os.environ.items() if k != "JAX_COMPILATION_CACHE_DIR"}
+    env["PYTHONPATH"] = str(checkout)
+    proc = subprocess.run(
+        [sys.executable, "-c", PROBE, str(checkout), model, PROMPT],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    compile_s, tokens_per_s = proc.stdout.split()[-2:]
+    return float(compile_s), float(tokens_per_s)
+
+
+def compile_table(models: list[str], baseline: Path | None) -> None:
+    """Print the compile time of the first generate and decode tokens/s of each model (and of
+    the baseline checkout, alternating, with ratios)."""
+    print("\n| model | checkout | compile of first generate (s) | decode tok/s, batch 1 |")
+    print("|---|---|---|---|")
+    for model in models:
+        ours = probe(ROOT, model)
+        print(f"| {model} | this | {ours[0]:.2f} | {ours[1]:.1f} |", flush=True)
+        if baseline is None:
+            continue
+        base = probe(baseline, model)
+        print(f"| {model} | baseline | {base[0]:.2f} | {base[1]:.1f} |", flush=True)
+        print(
+            f"| {model} | this / baseline | {ours[0] / base[0]:.2f} | {ours[1] / base[1]:.3f} |",
+            flush=True,
+        )
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=2, help="repeated calls after the first")
     parser.add_argument("--new-tokens", type=int, default=8)
+    parser.add_argument("--models", nargs="*", default=["smollm2-135m-instruct", "gemma-3-270m"])
+    parser.add_argument("--baseline", type=Path, default=None, help="another checkout")
+    parser.add_argument("--skip-cli", action="store_true", help="only the per-model table")
     args = parser.parse_args(argv)
+    if args.skip_cli:
+        compile_table(args.models, args.baseline)
+        return 0
     source = ensure_default_checkpoint()
     with tempfile.TemporaryDirectory(prefix="fg-startup-") as tmp:
         cache = Path(tmp)
@@ -83,6 +154,7 @@ def main(argv=None) -> int:
     print(f"| first (empty compilation cache) | {first[0]:.1f} | {first[1]:.1f} |")
     print(f"| repeated (median of {args.repeats}) | {wall:.1f} | {comp:.1f} |")
     print(f"| repeated / first | {wall / first[0]:.2f} | {comp / first[1]:.2f} |")
+    compile_table(args.models, args.baseline)
     return 0
 
 

@@ -26,6 +26,7 @@ Words: `seq` is the number of tokens in this call, `max_len` the cache slots per
 the slots attended over (= `max_len`).
 """
 
+import copy
 import dataclasses
 import math
 from collections.abc import Mapping
@@ -44,7 +45,24 @@ from .families import hf_weights
 from .kv_cache import KVCache
 from .quantization import Embedding, Linear
 
-_PREFILL_CHUNK = 128  # query block of prefill attention (tokens)
+_PREFILL_CHUNK = 128  # smallest query block of prefill attention (tokens)
+_PREFILL_MAX_CHUNKS = 16  # longer prompts get longer blocks (`prefill_block`)
+
+
+def prefill_block(seq: int) -> int:
+    """The query block of a prefill of `seq` tokens: `_PREFILL_CHUNK` (128) tokens, or for prompts
+    of more than `_PREFILL_MAX_CHUNKS` (16) such blocks, the multiple of 128 that makes 16 blocks.
+
+    Each block is traced separately (it reads only the key slots causality allows, a static
+    length), so the block count sets the compile time of prefill attention. SmolLM2, 4,096
+    tokens, layers scanned, one run on the shared 2-core machine: 32 blocks of 128 compiled in
+    19.7 s and ran in 55.5 s; 8 blocks of 512 compiled in 5.7 s and ran in 58.6 s (the keys
+    read grow from `(n + 1) / 2n` of the full square to 56% at 8 blocks); 16 blocks of 256
+    sit between."""
+    blocks = -(-seq // _PREFILL_CHUNK)
+    if blocks <= _PREFILL_MAX_CHUNKS:
+        return _PREFILL_CHUNK
+    return _PREFILL_CHUNK * -(-blocks // _PREFILL_MAX_CHUNKS)
 
 
 class RMSNorm(eqx.Module):
@@ -465,7 +483,8 @@ class DecoderModel(eqx.Module):
 
     **Attributes:** `embed_tokens`, `layers` (a tuple, one `DecoderLayer` per layer; kept as
     separate arrays rather than stacked, since slicing stacked weights inside XLA's loops copies
-    them), `norm`, `rotary_emb`; `rotary_emb_local`: the sliding-window layers' own RoPE
+    them: decode runs them unrolled, and a prefill of at least `SCAN_MIN_TOKENS` tokens stacks
+    them for the call and runs a `jax.lax.scan`, see `_scan_layers`), `norm`, `rotary_emb`; `rotary_emb_local`: the sliding-window layers' own RoPE
     (`DecoderConfig.local_rope_theta`, Gemma 3) or `None`; `embed_scale` (static): the factor on
     the embeddings (`sqrt(hidden_size)` with `DecoderConfig.scale_embeddings`) or `None`.
     """
@@ -509,22 +528,119 @@ class DecoderModel(eqx.Module):
         local_rope = rope
         if self.rotary_emb_local is not None:
             local_rope = self.rotary_emb_local.cos_sin(positions.reshape(-1))
+        tokens = token_ids.size
+        period = layer_period(self.layers)
+        scan = prefill_chunk is not None and tokens >= SCAN_MIN_TOKENS and period is not None
+        run = self._scan_layers if scan else self._unrolled_layers
+        x, new_k, new_v = run(
+            x,
+            positions,
+            (rope, local_rope),
+            cache,
+            slot_positions,
+            write_index,
+            prefix_length=prefix_length,
+            prefill_chunk=prefill_chunk,
+        )
+        new_cache = KVCache(
+            k=tuple(new_k), v=tuple(new_v), positions=slot_positions, length=cache.length + seq
+        )
+        return self.norm(x), new_cache
+
+    def _unrolled_layers(self, x, positions, ropes, cache, slot_positions, write_index, **kw):
+        """Every layer in turn, one traced copy per layer (decode, and short prefills)."""
         new_k, new_v = [], []
         for layer, k, v in zip(self.layers, cache.k, cache.v):
             x, view = layer(
                 x,
                 positions,
-                rope if layer.self_attn.sliding_window is None else local_rope,
+                ropes[layer.self_attn.sliding_window is not None],
                 LayerCache(k, v, slot_positions, write_index),
-                prefix_length=prefix_length,
-                prefill_chunk=prefill_chunk,
+                **kw,
             )
             new_k.append(view.k)
             new_v.append(view.v)
-        new_cache = KVCache(
-            k=tuple(new_k), v=tuple(new_v), positions=slot_positions, length=cache.length + seq
-        )
-        return self.norm(x), new_cache
+        return x, new_k, new_v
+
+    def _scan_layers(self, x, positions, ropes, cache, slot_positions, write_index, **kw):
+        """The layers as a `jax.lax.scan` over groups of `layer_period(layers)` layers (1 for
+        Llama, 6 for Gemma 3's 5 local + 1 global), so XLA compiles one group instead of every
+        layer (Equinox's scan-over-layers: `eqx.partition` into arrays and static parts, the
+        arrays stacked along a leading `layers / period` axis, `eqx.combine` in the body).
+
+        The stacked weights are a copy made in this call (the model keeps one array per layer),
+        which XLA's CPU backend would also make per layer inside the loop (a `dynamic-slice` of a
+        stacked weight is materialised before its dot): negligible against a long prefill's
+        arithmetic, but it would slow decode (see `SCAN_MIN_TOKENS`). Same result as
+        `_unrolled_layers`."""
+        period = layer_period(self.layers)
+        groups = len(self.layers) // period
+
+        def stack(*xs):
+            return jnp.stack(xs)
+
+        params, statics = [], []
+        for j in range(period):
+            members = [self.layers[g * period + j] for g in range(groups)]
+            arrays = [eqx.filter(m, eqx.is_array) for m in members]
+            params.append(jax.tree.map(stack, *arrays))
+            statics.append(eqx.partition(members[0], eqx.is_array)[1])
+
+        def body(x, params):
+            out_k, out_v = [], []
+            for j, (p, static) in enumerate(zip(params, statics)):
+                layer = eqx.combine(p, static)
+                # a prefill's cache is empty (`DecoderForCausalLM.prefill`): zeros made here
+                # instead of the given ones stacked (same values, less to compile and copy)
+                k, v = jnp.zeros_like(cache.k[j]), jnp.zeros_like(cache.v[j])
+                x, view = layer(
+                    x,
+                    positions,
+                    ropes[layer.self_attn.sliding_window is not None],
+                    LayerCache(k, v, slot_positions, write_index),
+                    **kw,
+                )
+                out_k.append(view.k)
+                out_v.append(view.v)
+            return x, (tuple(out_k), tuple(out_v))
+
+        x, (out_k, out_v) = jax.lax.scan(body, x, tuple(params))
+        order = [(g, j) for g in range(groups) for j in range(period)]
+        new_k = [out_k[j][g] for g, j in order]
+        new_v = [out_v[j][g] for g, j in order]
+        return x, new_k, new_v
+
+
+SCAN_MIN_TOKENS = 256
+"""Prefill calls of at least this many tokens (`batch * seq`) run the layers as a `lax.scan`
+(`DecoderModel._scan_layers`); shorter calls and every decode step run them unrolled.
+
+Scanning compiles one layer group instead of every layer (SmolLM2, 1,024 tokens, one run on the
+shared machine: 4.7 s against 18.4 s), but XLA's CPU backend copies each layer's weights out of
+the stacked array before its matmuls (a `dynamic-slice` fusion per weight and layer). In a
+prefill that copy and the stacking cost ~9% of the run time at 1,024 tokens (3.47 s against
+3.17 s), less for longer prompts; in a decode step, which reads each weight once, it cost 25-30%
+(a 30-layer SmolLM2-sized matvec stack), so decode stays unrolled. See
+`docs/concepts/long_prompts.md`."""
+
+
+def layer_period(layers: tuple["DecoderLayer", ...]) -> int | None:
+    """The smallest `p` dividing `len(layers)` such that layer `i` has the structure (static
+    fields, `None` parts, shapes and dtypes) of layer `i % p`: 1 for Llama, Qwen3 or Phi-3, 6 for
+    Gemma 3's 5 local + 1 global pattern over 18 layers; `None` when no `p < len(layers)` fits
+    (then scanning would save nothing)."""
+
+    def signature(layer):
+        arrays, static = eqx.partition(layer, eqx.is_array)
+        shapes = [(a.shape, a.dtype) for a in jax.tree.leaves(arrays)]
+        return jax.tree.structure(arrays), static, shapes
+
+    signatures = [signature(layer) for layer in layers]
+    n = len(layers)
+    for p in range(1, n):
+        if n % p == 0 and all(signatures[i] == signatures[i % p] for i in range(p, n)):
+            return p
+    return None
 
 
 class DecoderForCausalLM(AbstractCausalLM):
@@ -750,7 +866,7 @@ class DecoderForCausalLM(AbstractCausalLM):
             raise ValueError(f"`max_len` ({max_len}) must be at least the prompt length ({seq})")
         cache = self.init_cache(batch, seq)
         logits, cache = self._forward(
-            token_ids, positions, cache, logits_to_keep, _PREFILL_CHUNK, prefix_length
+            token_ids, positions, cache, logits_to_keep, prefill_block(seq), prefix_length
         )
         return logits, cache.extend(max_len)
 
@@ -869,6 +985,36 @@ class DecoderForCausalLM(AbstractCausalLM):
             arrays.append(jnp.asarray(w, dtype=spec.dtype))
         return jax.tree_util.tree_unflatten(treedef, arrays)
 
+    def first_layers(self, num_layers: int) -> "DecoderForCausalLM":
+        """The model truncated to its first `num_layers` decoder layers, with the same final norm,
+        output head, embeddings and RoPE: the draft of early-exit (self-speculative) decoding
+        (Elhoushi et al. 2024, "LayerSkip"). Weights are shared, not copied.
+
+        **Arguments:** `num_layers`: how many layers to keep, `1 <= num_layers <=
+        config.num_hidden_layers`.
+
+        **Returns:** a `DecoderForCausalLM` whose config has `num_hidden_layers=num_layers` (and the
+        first `num_layers` entries of the per-layer `sliding_window` and `use_rope`); its
+        `init_cache` makes a cache of that many layers.
+
+        **Raises:** `ValueError` if `num_layers` is out of range.
+        """
+        total = self.config.num_hidden_layers
+        if isinstance(num_layers, bool) or not isinstance(num_layers, int):
+            raise ValueError(f"`num_layers` must be an int, got {num_layers!r}")
+        if not 1 <= num_layers <= total:
+            raise ValueError(f"`num_layers` must be between 1 and {total}, got {num_layers}")
+        config = dataclasses.replace(
+            self.config,
+            num_hidden_layers=num_layers,
+            sliding_window=self.config.sliding_window[:num_layers],
+            use_rope=self.config.use_rope[:num_layers],
+        )
+        model = eqx.tree_at(lambda m: m.model.layers, self, self.model.layers[:num_layers])
+        model = copy.copy(model)
+        object.__setattr__(model, "config", config)  # a static field: not reachable by tree_at
+        return model
+
     def named_weights(self) -> dict[str, Array]:
         """The weights under their Hugging Face names (the inverse of `from_weights`).
 
@@ -880,31 +1026,6 @@ class DecoderForCausalLM(AbstractCausalLM):
         out.pop("model.rotary_emb.inv_freq", None)
         out.pop("model.rotary_emb_local.inv_freq", None)
         return out
-
-    def first_layers(self, num_layers: int) -> "DecoderForCausalLM":
-        """The same model cut after its first `num_layers` layers (the same weights, the same
-        final norm and output head): an early-exit draft (`functional_gen.speculative.EarlyExit`).
-
-        **Raises:** `ValueError` unless `1 <= num_layers <= config.num_hidden_layers`.
-        """
-        c = self.config
-        if not 1 <= num_layers <= c.num_hidden_layers:
-            raise ValueError(
-                f"`num_layers` must be in [1, {c.num_hidden_layers}], got {num_layers!r}"
-            )
-        config = dataclasses.replace(
-            c,
-            num_hidden_layers=num_layers,
-            sliding_window=c.sliding_window[:num_layers],
-            use_rope=c.use_rope[:num_layers],
-        )
-        decoder = eqx.tree_at(lambda m: m.layers, self.model, self.model.layers[:num_layers])
-        cut = object.__new__(type(self))  # `config` is static: set the fields directly
-        for field in dataclasses.fields(self):
-            object.__setattr__(cut, field.name, getattr(self, field.name))
-        object.__setattr__(cut, "config", config)
-        object.__setattr__(cut, "model", decoder)
-        return cut
 
 
 def _path_name(path) -> str:
