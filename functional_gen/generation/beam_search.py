@@ -95,6 +95,12 @@ class BeamSearch(AbstractSearch):
         """Only beam sampling is random."""
         return self.do_sample
 
+    @property
+    def sampler(self) -> "BeamSearch":
+        """A beam search picks the tokens of whole groups of rows itself: it is its own
+        sampler (what `make_step(sampler=BeamSearch(...))` was given)."""
+        return self
+
     def init(self, rows: int, steps: int) -> "BeamState":
         """The bookkeeping of `rows // num_beams` prompts before the first step."""
         return BeamState.init(rows // self.num_beams, self.num_beams, steps)

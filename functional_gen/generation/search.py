@@ -44,10 +44,14 @@ class AbstractSearch(eqx.Module):
       `generate` requires a `key`).
     - `num_beams` (a field or a property): rows per prompt that advance together (the loop forks
       each prompt's prefilled row this many times); 0 when every row advances on its own.
+    - `sampler` (a field or a property): what picks the tokens, i.e. what `make_step(sampler=...)`
+      was given: the `AbstractSampler` a search applies per row (`Sample`, speculative decoding),
+      or the search itself when it picks tokens for whole groups of rows (`BeamSearch`).
     """
 
     needs_key: eqx.AbstractVar[bool]
     num_beams: eqx.AbstractVar[int]
+    sampler: eqx.AbstractVar[Any]
 
     @abc.abstractmethod
     def init(self, rows: int, steps: int) -> PyTree:

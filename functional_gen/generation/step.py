@@ -64,11 +64,10 @@ class Step(eqx.Module):
 
     @property
     def sampler(self) -> AbstractSampler | AbstractSearch:
-        """What `make_step` was given as `sampler`: the `sampler` its search holds (`Sample`'s),
-        else the search itself (`BeamSearch`, which picks tokens for whole groups of rows).
-
-        Read from the search's own attribute, so no search type is singled out here."""
-        return getattr(self.search, "sampler", self.search)
+        """What `make_step` was given as `sampler`: the search's declared `sampler`
+        (`AbstractSearch.sampler`: `Sample`'s sampler, or `BeamSearch` itself), so no search type
+        is singled out here."""
+        return self.search.sampler
 
 
 def make_step(
