@@ -1,0 +1,346 @@
+"""Self-attention of the decoder: rotary position embedding, the per-layer slice of the `KVCache`,
+and grouped-query attention over the written cache slots, for prefill (query blocks) and decode
+(attention-length branches).
+
+Source: Vaswani et al. 2017 (scaled dot-product attention), Ainslie et al. 2023 (grouped-query
+attention), Su et al. 2021 (RoPE); the reference implementation is transformers'
+`modeling_llama.py` (`LlamaAttention`, `apply_rotary_pos_emb`), with each family's differences
+(q/k norms, `query_pre_attn_scalar`, soft-capping, sliding windows, partial rotary) declared in
+`DecoderConfig` and read here as static fields. Split out of `functional_gen.models.decoder`
+(which re-exports these names) so that the decoder module holds the layers and the model.
+"""
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Float, Int
+
+from .norms import RMSNorm
+from .quantization import Linear
+
+_PREFILL_CHUNK = 128  # smallest query block of prefill attention (tokens)
+_PREFILL_MAX_CHUNKS = 16  # longer prompts get longer blocks (`prefill_block`)
+
+
+def prefill_block(seq: int) -> int:
+    """The query block of a prefill of `seq` tokens: `_PREFILL_CHUNK` (128) tokens, or for prompts
+    of more than `_PREFILL_MAX_CHUNKS` (16) such blocks, the multiple of 128 that makes 16 blocks.
+
+    Each block is traced separately (it reads only the key slots causality allows, a static
+    length), so the block count sets the compile time of prefill attention. SmolLM2, 4,096
+    tokens, layers scanned, one run on the shared 2-core machine: 32 blocks of 128 compiled in
+    19.7 s and ran in 55.5 s; 8 blocks of 512 compiled in 5.7 s and ran in 58.6 s (the keys
+    read grow from `(n + 1) / 2n` of the full square to 56% at 8 blocks); 16 blocks of 256
+    sit between."""
+    blocks = -(-seq // _PREFILL_CHUNK)
+    if blocks <= _PREFILL_MAX_CHUNKS:
+        return _PREFILL_CHUNK
+    return _PREFILL_CHUNK * -(-blocks // _PREFILL_MAX_CHUNKS)
+
+
+class RotaryEmbedding(eqx.Module):
+    """Rotary position embedding (Su et al. 2021, "RoFormer"), in transformers' `rotate_half`
+    convention (the two halves of a head, not interleaved pairs).
+
+    **Attributes:** `inv_freq`: `Float[Array, " rotary_dim/2"]`, from
+    `DecoderConfig.rope_inv_freq` (default, linear, llama3 or longrope scaling; `rotary_dim` is
+    `head_dim` unless `partial_rotary_factor` < 1). Not a checkpoint weight.
+    `attention_scaling` (static): the factor on `cos` and `sin` (`longrope`'s attention factor,
+    else 1).
+    """
+
+    inv_freq: Float[Array, " half_rotary_dim"]
+    attention_scaling: float = eqx.field(static=True, default=1.0)
+
+    def cos_sin(
+        self, positions: Int[Array, " tokens"]
+    ) -> tuple[Float[Array, "rotary_dim tokens"], Float[Array, "rotary_dim tokens"]]:
+        """The rotation of each position: `cos` and `sin` of `position * inv_freq`, both halves."""
+        angles = self.inv_freq[:, None] * positions[None, :].astype(jnp.float32)
+        angles = jnp.concatenate([angles, angles], axis=0)  # [rotary_dim, tokens]
+        if self.attention_scaling != 1.0:
+            return jnp.cos(angles) * self.attention_scaling, jnp.sin(
+                angles
+            ) * self.attention_scaling
+        return jnp.cos(angles), jnp.sin(angles)
+
+    @staticmethod
+    def rotate(
+        x: Float[Array, "heads head_dim tokens"],
+        cos_sin: tuple[Float[Array, "rotary_dim tokens"], Float[Array, "rotary_dim tokens"]],
+    ) -> Float[Array, "heads head_dim tokens"]:
+        """Rotate `x` by angles from `cos_sin` (computed once per forward, shared by all layers).
+
+        With fewer rotary dimensions than `head_dim` (partial rotary, Phi-3's
+        `apply_rotary_pos_emb`), only the first `rotary_dim` of each head rotate; the rest pass.
+        """
+        cos, sin = (t.astype(x.dtype) for t in cos_sin)
+        if cos.shape[0] < x.shape[1]:
+            rotary = cos.shape[0]
+            turned = RotaryEmbedding.rotate(x[:, :rotary], (cos, sin))
+            return jnp.concatenate([turned, x[:, rotary:]], axis=1)
+        half = x.shape[1] // 2
+        rotated = jnp.concatenate([-x[:, half:], x[:, :half]], axis=1)
+        return x * cos + rotated * sin
+
+
+ATTENTION_BLOCK = 256
+"""Decode attention reads the cache in static lengths `ATTENTION_BLOCK * 2**i` (see
+`attention_lengths`)."""
+
+
+def attention_lengths(max_len: int) -> tuple[int, ...]:
+    """The static cache lengths attention may read for a cache of `max_len` slots: multiples of
+    `ATTENTION_BLOCK` (256, 512, 768, 1024), then doubling (2048, 4096, ...), each at most half
+    of `max_len`, then `max_len` itself (just `(max_len,)` for a cache of fewer than 512 slots).
+
+    Fine steps where a conversation usually is (a chat passing 512 slots reads 768, not 1024),
+    doubling beyond, so the number of compiled branches stays logarithmic and the slots read
+    within 2x of the written ones. A shorter branch slices the cache, which XLA copies (a
+    strided copy of every head); above half of `max_len` that copy costs more than reading the
+    whole cache in place (batch 1, 1,024 slots, 600 written: 25.0 ms per step with a 768-slot
+    branch, 23.5 ms reading all 1,024)."""
+    lengths = []
+    n = ATTENTION_BLOCK
+    while 2 * n <= max_len:
+        lengths.append(n)
+        n = n + ATTENTION_BLOCK if n < 4 * ATTENTION_BLOCK else 2 * n
+    return (*lengths, max_len)
+
+
+class LayerCache(eqx.Module):
+    """One layer's view of the `KVCache` during a model call.
+
+    **Attributes:**
+
+    - `k`, `v`: `Float[Array, "batch kv_heads max_len head_dim"]`, this layer's buffers.
+    - `positions`: `Int[Array, "batch max_len"]`, the RoPE position of every slot, this call's
+      tokens already recorded (shared by all layers; `-1` = padding or empty).
+    - `write_index`: `Int[Array, ""]`, the first slot this call writes (all rows in lockstep).
+    """
+
+    k: Float[Array, "batch kv_heads max_len head_dim"]
+    v: Float[Array, "batch kv_heads max_len head_dim"]
+    positions: Int[Array, "batch max_len"]
+    write_index: Int[Array, ""]
+
+
+class Attention(eqx.Module):
+    """Grouped-query self-attention over the `KVCache` of one layer.
+
+    Multi-head when `num_key_value_heads == num_attention_heads`, multi-query when it is 1
+    (Ainslie et al. 2023, "GQA"). Scores are scaled by `head_dim ** -0.5` (or
+    `query_pre_attn_scalar ** -0.5`), optionally soft-capped, masked by the slot positions
+    (causal, padding, optional sliding window, optional bidirectional prefix) and softmaxed in
+    float32.
+
+    **Attributes:** `q_proj`, `k_proj`, `v_proj`, `o_proj`: the projections; `num_heads`,
+    `num_kv_heads`, `head_dim` (static); `sliding_window` (static): the window in tokens or
+    `None`; `q_norm`, `k_norm`: per-head `RMSNorm`s before RoPE, or `None`
+    (`DecoderConfig.qk_norm`); `use_rope` (static, `DecoderConfig.use_rope`);
+    `query_pre_attn_scalar`, `softcap` (static, `DecoderConfig.query_pre_attn_scalar` and
+    `attn_logit_softcapping`, `None` when off).
+    """
+
+    q_proj: Linear
+    k_proj: Linear
+    v_proj: Linear
+    o_proj: Linear
+    num_heads: int = eqx.field(static=True)
+    num_kv_heads: int = eqx.field(static=True)
+    head_dim: int = eqx.field(static=True)
+    sliding_window: int | None = eqx.field(static=True)
+    q_norm: RMSNorm | None = None
+    k_norm: RMSNorm | None = None
+    use_rope: bool = eqx.field(static=True, default=True)
+    query_pre_attn_scalar: float | None = eqx.field(static=True, default=None)
+    softcap: float | None = eqx.field(static=True, default=None)
+
+    def __call__(
+        self,
+        x: Float[Array, "hidden tokens"],
+        positions: Int[Array, "batch seq"],
+        rope: tuple[Float[Array, "rotary_dim tokens"], Float[Array, "rotary_dim tokens"]],
+        cache: LayerCache,
+        *,
+        prefix_length: Int[Array, " batch"] | None = None,
+        prefill_chunk: int | None = None,
+    ) -> tuple[Float[Array, "hidden tokens"], LayerCache]:
+        """Attend from this call's tokens to every valid cache slot, this call's tokens included.
+
+        **Arguments:**
+
+        - `x`: `Float[Array, "hidden tokens"]`, the normed residual stream, feature-major, the
+          `batch * seq` tokens of all rows flattened (row-major).
+        - `positions`: `Int[Array, "batch seq"]`, RoPE positions of the tokens, `-1` for padding.
+        - `rope`: `(cos, sin)` of the positions (from `RotaryEmbedding.cos_sin`): the model's
+          global RoPE, or the sliding layers' own (`DecoderModel.rotary_emb_local`); unused when
+          `use_rope` is off.
+        - `cache`: this layer's `LayerCache`; the new keys/values are written at `write_index`.
+        - `prefix_length`: per row, positions below it attend bidirectionally (prefix-LM);
+          `None`: causal.
+        - `prefill_chunk`: static; when set, the cache holds exactly this call's tokens (slot i =
+          column i) and queries are processed in blocks of this many tokens, each reading only the
+          slots causality allows (with `prefix_length`, all slots).
+
+        **Returns:** `(out, cache)`: `Float[Array, "hidden tokens"]` (after `o_proj`) and the
+        layer cache with this call's keys/values written.
+        """
+        batch, seq = positions.shape
+        kvh, hd = self.num_kv_heads, self.head_dim
+        groups = self.num_heads // kvh
+
+        q = self.q_proj(x).reshape(self.num_heads, hd, -1)
+        if self.q_norm is not None:
+            q = self.q_norm.over_axis(q, 1)
+        if self.use_rope:
+            q = RotaryEmbedding.rotate(q, rope)
+        k = self.k_proj(x).reshape(kvh, hd, -1)
+        if self.k_norm is not None:
+            k = self.k_norm.over_axis(k, 1)
+        if self.use_rope:
+            k = RotaryEmbedding.rotate(k, rope)
+        v = self.v_proj(x).reshape(kvh, hd, -1)
+
+        # Write this call's keys/values into slots [write_index, write_index + seq) of every row.
+        def to_cache(t):  # [kv_heads, head_dim, batch*seq] -> [batch, kv_heads, seq, head_dim]
+            t = t.reshape(kvh, hd, batch, seq).transpose(2, 0, 3, 1).astype(cache.k.dtype)
+            # Fenced: with the transpose fused in, XLA's CPU backend rewrote every slot of the
+            # cache instead of updating it in place (0.11 ms per layer and step at batch 8).
+            return jax.lax.optimization_barrier(t)
+
+        start = (0, 0, cache.write_index, 0)
+        k_cache = jax.lax.dynamic_update_slice(cache.k, to_cache(k), start)
+        v_cache = jax.lax.dynamic_update_slice(cache.v, to_cache(v), start)
+
+        q = q.reshape(kvh, groups, hd, batch, seq)
+        if prefill_chunk is None:
+            out = self._attend_written(
+                q,
+                k_cache,
+                v_cache,
+                cache.positions,
+                positions,
+                prefix_length,
+                cache.write_index + seq,
+            )
+        else:
+            # The cache holds exactly this call's tokens, slot i = column i, so causality is
+            # known statically: queries [c0, c1) only need slots [0, c1) (all with a prefix).
+            def upto(c0):
+                return seq if prefix_length is not None else c0 + prefill_chunk
+
+            out = jnp.concatenate(
+                [
+                    self._attend(
+                        q[..., c0 : c0 + prefill_chunk],
+                        k_cache[:, :, : upto(c0)],
+                        v_cache[:, :, : upto(c0)],
+                        cache.positions[:, : upto(c0)],
+                        positions[:, c0 : c0 + prefill_chunk],
+                        prefix_length,
+                    )
+                    for c0 in range(0, seq, prefill_chunk)
+                ],
+                axis=-1,
+            )
+        out = out.reshape(self.num_heads * hd, batch * seq).astype(x.dtype)
+        new_cache = LayerCache(k_cache, v_cache, cache.positions, cache.write_index)
+        return self.o_proj(out), new_cache
+
+    def _attend_written(self, q, k_cache, v_cache, kv_positions, positions, prefix_length, used):
+        """`_attend` over the slots `[0, used)` only, rounded up to a static length.
+
+        Slots at and after `write_index + seq` hold no token yet (rows are written in lockstep,
+        `KVCache`), so attending over them only adds masked work: a decode step over a
+        4,096-slot cache took 1.5x (batch 1) to 3x (batch 4) the time of one over 256 slots.
+        The lengths `attention_lengths(max_len)` are static; `lax.switch` picks the shortest
+        one that holds `used` slots at run time, so the result equals attention over every
+        slot (the skipped ones have weight exactly 0) at the cost of the written part.
+        """
+        lengths = attention_lengths(k_cache.shape[-2])
+        if len(lengths) == 1:
+            # Behind a conditional (both branches the same) so that the updated cache is one
+            # materialised operand: called directly, XLA's CPU fusion duplicated each
+            # `dynamic_update_slice` into the dot's operand fusion and copied every key and value
+            # buffer 4 times per step (240 copies at batch 1; 3-4% of a 160-slot decode step,
+            # 6x the step time at 2,048 slots).
+            def attend(*operands):
+                return self._attend(*operands)
+
+            return jax.lax.cond(
+                used >= 0,
+                attend,
+                attend,
+                q,
+                k_cache,
+                v_cache,
+                kv_positions,
+                positions,
+                prefix_length,
+            )
+
+        def upto(n):
+            def attend(q, k_cache, v_cache, kv_positions, positions, prefix_length):
+                return self._attend(
+                    q,
+                    k_cache[..., :n, :],
+                    v_cache[..., :n, :],
+                    kv_positions[..., :n],
+                    positions,
+                    prefix_length,
+                )
+
+            return attend
+
+        index = jnp.searchsorted(jnp.asarray(lengths, jnp.int32), used.astype(jnp.int32))
+        index = jnp.minimum(index, len(lengths) - 1)
+        return jax.lax.switch(
+            index,
+            [upto(n) for n in lengths],
+            q,
+            k_cache,
+            v_cache,
+            kv_positions,
+            positions,
+            prefix_length,
+        )
+
+    def _attend(
+        self,
+        q: Float[Array, "kv_heads groups head_dim batch seq"],
+        k_cache: Float[Array, "batch kv_heads kv_seq head_dim"],
+        v_cache: Float[Array, "batch kv_heads kv_seq head_dim"],
+        kv_positions: Int[Array, "batch kv_seq"],
+        positions: Int[Array, "batch seq"],
+        prefix_length: Int[Array, " batch"] | None,
+    ) -> Float[Array, "kv_heads groups head_dim batch seq"]:
+        """Masked softmax attention of queries over cache slots (scores in float32)."""
+        # Keys [slots, head_dim] as the row-major left operand: XLA's CPU dot reads them in place.
+        # As the right operand (one `kgdbs,bktd` einsum) it copied every key into a [head_dim,
+        # slots] layout first: 1.6 ms per decode step over 768 slots at batch 1.
+        kvh, groups, hd, batch, seq = q.shape
+        q_cols = q.transpose(3, 0, 2, 1, 4).reshape(batch, kvh, hd, groups * seq)
+        scores = jnp.matmul(k_cache, q_cols, preferred_element_type=jnp.float32)
+        scores = scores.reshape(batch, kvh, -1, groups, seq).transpose(0, 1, 3, 4, 2)
+        scores = scores * ((self.query_pre_attn_scalar or self.head_dim) ** -0.5)
+        if self.softcap is not None:
+            scores = self.softcap * jnp.tanh(scores / self.softcap)
+        kv_pos = kv_positions[:, None, :]  # [batch, 1, kv_seq]
+        q_pos = positions[:, :, None]  # [batch, seq, 1]
+        visible = kv_pos <= q_pos
+        if prefix_length is not None:
+            # prefix-LM: a prefix token sees the whole prefix; later tokens see it anyway.
+            in_prefix = (kv_pos < prefix_length[:, None, None]) & (q_pos >= 0)
+            visible = visible | in_prefix
+        allowed = (kv_pos >= 0) & visible
+        if self.sliding_window is not None:
+            allowed = allowed & (q_pos - kv_pos < self.sliding_window)
+        scores = jnp.where(allowed[:, None, None], scores, jnp.finfo(jnp.float32).min)
+        probs = jax.nn.softmax(scores, axis=-1).astype(v_cache.dtype)
+        # Written with the cache's slot axis contracted as the major axis of a row-major [t, d]
+        # operand: XLA's CPU dot then reads the values in place. The `kgdbs` output in one
+        # einsum made XLA copy every value slot into a [d, t] layout first (2 ms per decode
+        # step at 1,024 slots, batch 1).
+        out = jnp.einsum("bkgst,bktd->bkgsd", probs, v_cache)
+        return out.transpose(1, 2, 4, 0, 3)
