@@ -45,10 +45,15 @@ from ..generation.state import GenerationState
 from ..generation.step import make_step
 from ..models.base import AbstractCausalLM
 from ..models.kv_cache import KVCache
-from ..processors.base import AbstractStatelessLogitsProcessor, Context, per_row_field
 from ..progress import progress_bar
 from ..tokenization import Prompt, encode_prompt
 from .orchestrator import Error, Finished, Orchestrator
+from .slots import (
+    Request as Request,
+    SlotDecoding as SlotDecoding,
+    SlotModel as SlotModel,
+    SlotParams as SlotParams,
+)
 
 DEFAULT_NUM_STEPS = 8
 """Decode steps per `generate` dispatch (the host sees new tokens every `num_steps` steps).
@@ -62,176 +67,6 @@ finished, stopped (stop string) or cancelled request may decode past its end to 
 
 DEFAULT_PREFILL_CHUNK = 256
 """Prompts longer than this are prefilled in chunks of this many tokens."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Request:
-    """One generation request as the engine sees it (host values, validated by `Engine.request`).
-
-    **Attributes:** `token_ids` (the prompt), `max_new_tokens`, `temperature` (0 = greedy),
-    `top_p` (1 = off), `min_p` (0 = off), `repetition_penalty` (1 = off), `presence_penalty`,
-    `frequency_penalty` (0 = off; OpenAI's), `logit_bias` (token id -> bias added to its
-    logit), `seed` (the key is `fold_in(jax.random.key(seed), 0)`; `None` draws one).
-    """
-
-    token_ids: tuple[int, ...]
-    max_new_tokens: int
-    temperature: float = 0.0
-    top_p: float = 1.0
-    min_p: float = 0.0
-    repetition_penalty: float = 1.0
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    logit_bias: tuple[tuple[int, float], ...] = ()
-    seed: int | None = None
-
-
-class SlotParams(eqx.Module):
-    """Sampling parameters of every slot (leading axis: the slots, `batch`; none in a `Prefix`).
-
-    **Attributes:** `greedy: Bool[Array, "*batch"]`; `temperature`, `top_p`, `min_p`,
-    `repetition_penalty`, `presence_penalty`, `frequency_penalty`: `Float[Array, "*batch"]`;
-    `logit_bias: Float[Array, "*batch vocab"]` (added to the logits first).
-    """
-
-    greedy: Bool[Array, "*batch"]
-    temperature: Float[Array, "*batch"]
-    top_p: Float[Array, "*batch"]
-    min_p: Float[Array, "*batch"]
-    repetition_penalty: Float[Array, "*batch"]
-    presence_penalty: Float[Array, "*batch"]
-    frequency_penalty: Float[Array, "*batch"]
-    logit_bias: Float[Array, "*batch vocab"]
-
-
-# Templates whose (per-row) knob is replaced inside the jitted step (`eqx.tree_at` does not
-# validate, so a traced value is fine); built once, with valid values.
-_REPETITION = P.RepetitionPenalty(1.5)
-_PRESENCE = P.PresencePenalty(0.5)
-_FREQUENCY = P.FrequencyPenalty(0.5)
-_TEMPERATURE = P.Temperature(0.5)
-_TOP_P = P.TopP(0.5)
-_MIN_P = P.MinP(0.5)
-
-
-def _with(template, name: str, value):
-    return eqx.tree_at(lambda p: getattr(p, name), template, value)
-
-
-class SlotDecoding(AbstractStatelessLogitsProcessor):
-    """The processors of a slot, with every knob per row: logit bias, `RepetitionPenalty`,
-    `PresencePenalty`, `FrequencyPenalty`, then (sampled rows) `Temperature`, `TopP`, `MinP`,
-    in the order `generate` builds them from a generation config. A knob at its neutral value
-    leaves the logits exactly as they are (each processor is selected per row, not applied), so
-    a slot computes what `generate` with only that request's options computes. A greedy row
-    keeps only its largest logit (the first on ties), so `Multinomial` draws it: `Greedy`'s token.
-
-    **Attributes:** the fields of `SlotParams`, one value per row.
-
-    Source: transformers' `LogitsProcessorList` order; OpenAI's `presence_penalty`,
-    `frequency_penalty`, `logit_bias`.
-    """
-
-    greedy: Bool[Array, "*rows"] = per_row_field()
-    temperature: Float[Array, "*rows"] = per_row_field()
-    top_p: Float[Array, "*rows"] = per_row_field()
-    min_p: Float[Array, "*rows"] = per_row_field()
-    repetition_penalty: Float[Array, "*rows"] = per_row_field()
-    presence_penalty: Float[Array, "*rows"] = per_row_field()
-    frequency_penalty: Float[Array, "*rows"] = per_row_field()
-    logit_bias: Float[Array, "*rows vocab"] = per_row_field(row_ndim=1)
-
-    def __call__(self, logits: Float[Array, " vocab"], context: Context) -> Float[Array, " vocab"]:
-        def apply(on, template, name, value, x):
-            return jnp.where(on, _with(template, name, value)(x, context), x)
-
-        x = logits + self.logit_bias
-        x = apply(
-            self.repetition_penalty != 1,
-            _REPETITION,
-            "repetition_penalty",
-            self.repetition_penalty,
-            x,
-        )
-        x = apply(
-            self.presence_penalty != 0, _PRESENCE, "presence_penalty", self.presence_penalty, x
-        )
-        x = apply(
-            self.frequency_penalty != 0, _FREQUENCY, "frequency_penalty", self.frequency_penalty, x
-        )
-        sampled = ~self.greedy
-        x = apply(
-            sampled & (self.temperature != 1),
-            _TEMPERATURE,
-            "temperature",
-            jnp.where(self.temperature > 0, self.temperature, 1.0),
-            x,
-        )
-        x = apply(sampled & (self.top_p < 1), _TOP_P, "top_p", self.top_p, x)
-        x = apply(sampled & (self.min_p > 0), _MIN_P, "min_p", self.min_p, x)
-        best = jnp.arange(x.shape[-1]) == jnp.argmax(x)
-        return jnp.where(self.greedy & ~best, -jnp.inf, x)
-
-
-class SlotModel(AbstractCausalLM):
-    """A model `vmap`ped over rows, each row with its own `KVCache` write index (see the module
-    docstring). Decode only (`__call__`); a row whose position is -1 (idle, finished) writes
-    nothing that counts and keeps its write index.
-
-    **Attributes:** `model`, the wrapped `AbstractCausalLM`.
-    """
-
-    model: AbstractCausalLM
-    generation_config: None = eqx.field(static=True, default=None)
-
-    def init_cache(self, batch_size: int, max_len: int) -> KVCache:
-        """`model.init_cache`."""
-        return self.model.init_cache(batch_size, max_len)
-
-    def __call__(self, token_ids, positions, cache, *, logits_to_keep=0, prefix_length=None):
-        """`Float[Array, "batch seq vocab"]` logits and the cache, every row on its own."""
-        del prefix_length
-
-        def one(ids, pos, row):
-            row = jax.tree.map(lambda x: x[None], row)
-            logits, new = self.model(ids[None], pos[None], row, logits_to_keep=logits_to_keep)
-            new = jax.tree.map(lambda x: x[0], new)
-            took = jnp.any(pos >= 0)
-            new = eqx.tree_at(lambda c: c.length, new, jnp.where(took, new.length, row.length[0]))
-            return logits[0], new
-
-        return jax.vmap(one)(token_ids, positions, cache)
-
-    def prefill(self, token_ids, positions, *, max_len, logits_to_keep=1, prefix_length=None):
-        """`model.prefill`."""
-        return self.model.prefill(
-            token_ids, positions, max_len=max_len, logits_to_keep=logits_to_keep
-        )
-
-    @property
-    def vocab_size(self) -> int:
-        """The wrapped model's."""
-        return self.model.vocab_size
-
-    @property
-    def eos_token_id(self) -> tuple[int, ...]:
-        """The wrapped model's."""
-        return self.model.eos_token_id
-
-    @property
-    def pad_token_id(self) -> int | None:
-        """The wrapped model's."""
-        return self.model.pad_token_id
-
-    @property
-    def max_position_embeddings(self) -> int | None:
-        """The wrapped model's."""
-        return self.model.max_position_embeddings
-
-    @property
-    def config_fingerprint(self) -> str:
-        """The wrapped model's."""
-        return self.model.config_fingerprint
 
 
 class Prefix(eqx.Module):
