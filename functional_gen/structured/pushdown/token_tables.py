@@ -3,8 +3,8 @@ every token walked from every (position, top of stack) over the vocabulary's tri
 bitmask rows, candidate lists and budget costs (`token_tables`).
 
 The walk is one class, `TokenTables` (its methods share the extended states and memo tables
-it holds); `token_tables` is its entry point. The module stays whole (about 870 lines): the
-row-hashing helpers above the class serve only its walk.
+it holds); `token_tables` is its entry point. The module stays whole (about 960 lines): the
+row-hashing helpers above the class and the move records (`TokenMoves`) serve only its walk.
 """
 
 import dataclasses
