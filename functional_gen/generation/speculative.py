@@ -343,7 +343,8 @@ def speculative_search(
     the target `model` before anything compiles.
 
     **Arguments:** `proposer`: the call's `speculative` option; `sampler`: the call's sampler or
-    search (`None`: greedy; a `Speculative` from a continued state: its sampler); `model`: the
+    search (`None`: greedy; a search, e.g. a continued state's `Sample` or `Speculative`: its
+    declared `sampler`, which for `BeamSearch` is the search itself, refused); `model`: the
     target.
 
     **Raises:** `ValueError` for beam search (named with speculative decoding), a draft model
@@ -351,8 +352,10 @@ def speculative_search(
     the target or more; `TypeError` for a proposer that is not one, or a sampler that cannot
     be verified (see `Speculative`).
     """
-    if isinstance(sampler, Speculative):
-        sampler = sampler.sampler
+    if isinstance(sampler, AbstractSearch):
+        sampler = (
+            sampler.sampler
+        )  # a continued state's search (`Sample`, `Speculative`): its sampler
     if sampler is None:
         sampler = Greedy()
     if isinstance(sampler, AbstractSearch):
