@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import functional_gen as fg
-from functional_gen.models import decoder
+from functional_gen.models import attention, decoder
 from functional_gen.models.decoder import layer_period
 
 from ..helpers import save_checkpoint
@@ -56,7 +56,7 @@ def test_scanned_prefill_matches_transformers_and_the_unrolled_prefill(case, mon
     hf, model, _ = case
     seq = 3 * WINDOW + 5
     token_ids, mask, positions = left_padded(np.random.default_rng(1), [seq, seq - 7], seq)
-    monkeypatch.setattr(decoder, "_PREFILL_CHUNK", WINDOW + 3)
+    monkeypatch.setattr(attention, "_PREFILL_CHUNK", WINDOW + 3)
     ids, pos = jnp.asarray(token_ids), jnp.asarray(positions)
 
     monkeypatch.setattr(decoder, "SCAN_MIN_TOKENS", 10**9)
