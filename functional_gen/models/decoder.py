@@ -261,7 +261,7 @@ class DecoderModel(eqx.Module):
         return x, new_k, new_v
 
 
-SCAN_MIN_TOKENS = 256
+SCAN_MIN_TOKENS = 1024
 """Prefill calls of at least this many tokens (`batch * seq`) run the layers as a `lax.scan`
 (`DecoderModel._scan_layers`); shorter calls and every decode step run them unrolled.
 
@@ -270,8 +270,10 @@ shared machine: 4.7 s against 18.4 s), but XLA's CPU backend copies each layer's
 the stacked array before its matmuls (a `dynamic-slice` fusion per weight and layer). In a
 prefill that copy and the stacking cost ~9% of the run time at 1,024 tokens (3.47 s against
 3.17 s), less for longer prompts; in a decode step, which reads each weight once, it cost 25-30%
-(a 30-layer SmolLM2-sized matvec stack), so decode stays unrolled. See
-`docs/concepts/long_prompts.md`."""
+(a 30-layer SmolLM2-sized matvec stack), so decode stays unrolled. At 512 tokens the scan made
+`bench_generate.py`'s float32 prefill 21% slower (0.537 s against 0.443 s unrolled, same machine,
+one session) and its first call no faster (4.74 s against 4.27 s), so the threshold is 1,024
+(it was 256). See `docs/concepts/long_prompts.md`."""
 
 
 def layer_period(layers: tuple["DecoderLayer", ...]) -> int | None:
