@@ -5,6 +5,8 @@ with the row's own key, the token is appended, the done flags are updated (EOS, 
 `max_new_tokens`, a constraint's dead end), and the model runs on the new tokens (decode).
 """
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 
@@ -99,12 +101,10 @@ class Sample(AbstractSearch):
         # row's are then still right when a `SequenceState` continues it).
         next_logits = jnp.where(active[:, None], next_logits[:, -1, :], state.logits)
 
-        return GenerationState(
+        return dataclasses.replace(
+            state,
             token_ids=token_ids,
             length=length,
-            prompt_length=state.prompt_length,
-            start_length=state.start_length,
-            max_new_tokens=state.max_new_tokens,
             done=done,
             finish_reason=finish_reason,
             logits=next_logits,
@@ -114,7 +114,4 @@ class Sample(AbstractSearch):
             cache=cache,
             processor_states=processor_states,
             stop_state=stop_state,
-            key=state.key,
-            key_step=state.key_step,
-            search_state=state.search_state,
         )

@@ -26,6 +26,8 @@ Source: Leviathan, Kalman & Matias 2023 (Algorithm 1); Chen et al. 2023; transfo
 `_assisted_decoding` (one batch row, outside a compiled loop).
 """
 
+import dataclasses
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -315,12 +317,10 @@ class Speculative(AbstractSearch):
             accepted=spec.accepted + jnp.where(active, accepted, 0),
             steps=spec.steps + active.astype(jnp.int32),
         )
-        return GenerationState(
+        return dataclasses.replace(
+            state,
             token_ids=new_ids,
             length=new_length,
-            prompt_length=state.prompt_length,
-            start_length=state.start_length,
-            max_new_tokens=state.max_new_tokens,
             done=done,
             finish_reason=finish_reason,
             logits=logits,
@@ -330,8 +330,6 @@ class Speculative(AbstractSearch):
             cache=cache,
             processor_states=processor_states,
             stop_state=stop_state,
-            key=state.key,
-            key_step=state.key_step,
             search_state=spec,
         )
 
