@@ -272,10 +272,10 @@ def create_app(
         requests, stops = _requests(engine, body, ids, limits, chat=chat, k=k)
         # automaton tables are built here, in a worker thread: not on the event loop, nor on
         # the device thread
-        constraint = await asyncio.to_thread(_locked_constraint, engine, body)
+        constraint, entry = await asyncio.to_thread(_locked_constraint, engine, body)
         o = engine.orchestrator
         try:
-            handles = [o.submit(r, stops, constraint=constraint) for r in requests]
+            handles = [o.submit(r, stops, constraint=constraint, entry=entry) for r in requests]
         except QueueFull as e:
             raise APIError(429, str(e), code="queue_full", type="rate_limit_error") from None
         except RuntimeError as e:
@@ -400,9 +400,14 @@ _CONSTRAINT_LOCK = threading.Lock()
 def _locked_constraint(engine: Engine, body):
     """`_constraint`, one at a time: the structured package imports its third-party builders
     (outlines-core, lark, llguidance, scipy) on first use, and two threads importing one
-    extension module at once can fail (seen: `No module named 'outlines_core.json_schema'`)."""
+    extension module at once can fail (seen: `No module named 'outlines_core.json_schema'`).
+
+    **Returns:** `(constraint, entry)`: the processor (or `None`) and its tables padded for the
+    engine's constraint pool (`Engine.constraint_entry`; `None` when it does not fit)."""
     with _CONSTRAINT_LOCK:
-        return _constraint(engine, body)
+        constraint = _constraint(engine, body)
+    entry = None if constraint is None else engine.constraint_entry(constraint)
+    return constraint, entry
 
 
 def _constraint(engine: Engine, body):

@@ -46,8 +46,17 @@ from ..generation.step import make_step
 from ..models.base import AbstractCausalLM
 from ..models.kv_cache import KVCache
 from ..progress import progress_bar
+from ..structured.automaton import INITIAL
 from ..tokenization import Prompt, encode_prompt
 from .orchestrator import Error, Finished, Orchestrator
+from .pool import (
+    DEFAULT_POOL_CLASSES,
+    DEFAULT_POOL_STATES,
+    ConstraintPool,
+    PoolEntry,
+    SlotConstraint,
+    pool_entry,
+)
 from .slots import (
     Request as Request,
     SlotDecoding as SlotDecoding,
@@ -90,16 +99,22 @@ class Prefix(eqx.Module):
 
 class DecodeState(eqx.Module):
     """What `generate` carries: `generation` (a `GenerationState` over the slots; an idle slot is
-    `done`) and `params` (each slot's `SlotParams`)."""
+    `done`), `params` (each slot's `SlotParams`) and `pool` (each slot's constraint tables, a
+    `ConstraintPool`)."""
 
     generation: GenerationState
     params: SlotParams
+    pool: ConstraintPool
 
 
-def _step(model, eos_token_id, pad_token_id, params, top_logprobs):
+def _fields(module) -> dict:
+    return {f.name: getattr(module, f.name) for f in dataclasses.fields(module)}
+
+
+def _step(model, eos_token_id, pad_token_id, state: DecodeState, top_logprobs):
     return make_step(
         SlotModel(model),
-        [SlotDecoding(**{f.name: getattr(params, f.name) for f in dataclasses.fields(params)})],
+        [SlotConstraint(**_fields(state.pool)), SlotDecoding(**_fields(state.params))],
         Multinomial(),
         eos_token_id=eos_token_id,
         pad_token_id=pad_token_id,
@@ -110,7 +125,7 @@ def _step(model, eos_token_id, pad_token_id, params, top_logprobs):
 
 def _generate(model, state: DecodeState, num_steps: int, eos_token_id, pad_token_id):
     k = state.generation.top_token_ids.shape[-1]
-    step = _step(model, eos_token_id, pad_token_id, state.params, k)
+    step = _step(model, eos_token_id, pad_token_id, state, k)
     slots = state.generation.batch_size
     rows = jnp.arange(slots)
 
@@ -142,7 +157,7 @@ def _generate(model, state: DecodeState, num_steps: int, eos_token_id, pad_token
     )
     _, gen, out = jax.lax.while_loop(cond, body, (jnp.asarray(0), gen, out))
     out = StepOutput(*out, done=gen.done, finish_reason=gen.finish_reason)
-    return DecodeState(gen, state.params), out
+    return DecodeState(gen, state.params, state.pool), out
 
 
 class StepOutput(eqx.Module):
@@ -193,14 +208,28 @@ def _insert(prefix: Prefix, state: DecodeState, slot: Int[Array, ""]) -> DecodeS
         top_token_ids=gen.top_token_ids,
         top_logprobs=gen.top_logprobs,
         cache=cache,
-        processor_states=gen.processor_states,
+        processor_states=(gen.processor_states[0].at[slot].set(INITIAL), *gen.processor_states[1:]),
         stop_state=gen.stop_state,
         key=gen.key.at[slot].set(prefix.key),
         key_step=gen.key_step.at[slot].set(0),
         search_state=gen.search_state,
     )
     params = jax.tree.map(lambda a, b: a.at[slot].set(b), state.params, prefix.params)
-    return DecodeState(gen, params)
+    pool = eqx.tree_at(
+        lambda p: p.constrained, state.pool, state.pool.constrained.at[slot].set(False)
+    )
+    return DecodeState(gen, params, pool)
+
+
+def _place(entry: PoolEntry, state: DecodeState, slot: Int[Array, ""]) -> DecodeState:
+    pool = state.pool
+    pool = ConstraintPool(
+        token_class=pool.token_class.at[slot].set(entry.token_class),
+        transitions=pool.transitions.at[slot].set(entry.transitions),
+        distance=pool.distance.at[slot].set(entry.distance),
+        constrained=pool.constrained.at[slot].set(True),
+    )
+    return DecodeState(state.generation, state.params, pool)
 
 
 def _free(state: DecodeState, slot: Int[Array, ""]) -> DecodeState:
@@ -220,6 +249,7 @@ def _prefill_chunk(model, cache, token_ids, positions):
 
 _generate_jit = eqx.filter_jit(_generate, donate="all-except-first")
 _insert_jit = eqx.filter_jit(_insert, donate="all-except-first")
+_place_jit = eqx.filter_jit(_place, donate="all-except-first")
 _free_jit = eqx.filter_jit(_free, donate="all")
 _prefill_jit = eqx.filter_jit(_prefill)
 _prefill_chunk_jit = eqx.filter_jit(_prefill_chunk, donate="all-except-first")
@@ -238,6 +268,9 @@ class Engine:
     - `num_steps`: decode steps per `generate` dispatch (`DEFAULT_NUM_STEPS`).
     - `prefill_chunk`: prompts longer than this are prefilled in chunks (`DEFAULT_PREFILL_CHUNK`).
     - `top_logprobs`: how many most likely alternatives each step reports (static; 0 = none).
+    - `constraint_states`, `constraint_classes`: the shape of each slot's constraint tables in
+      the pool (`serving.pool`; `DEFAULT_POOL_STATES`, `DEFAULT_POOL_CLASSES`); a constraint
+      with larger tables runs alone (`generate_alone`).
 
     **Raises:** `ValueError` for a non-positive `max_slots`, `max_len` or `num_steps`, or a
     `max_len` beyond the model's context.
@@ -253,9 +286,13 @@ class Engine:
         num_steps: int = DEFAULT_NUM_STEPS,
         prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
         top_logprobs: int = 0,
+        constraint_states: int = DEFAULT_POOL_STATES,
+        constraint_classes: int = DEFAULT_POOL_CLASSES,
     ):
         for name, value in (
             ("max_slots", max_slots),
+            ("constraint_states", constraint_states),
+            ("constraint_classes", constraint_classes),
             ("max_len", max_len),
             ("num_steps", num_steps),
             ("prefill_chunk", prefill_chunk),
@@ -274,6 +311,8 @@ class Engine:
         self.max_len = max_len
         self.num_steps = num_steps
         self.prefill_chunk = prefill_chunk
+        self.constraint_states = constraint_states
+        self.constraint_classes = constraint_classes
         if isinstance(top_logprobs, bool) or not isinstance(top_logprobs, int) or top_logprobs < 0:
             raise ValueError(f"`top_logprobs` must be a non-negative integer, got {top_logprobs!r}")
         self.top_logprobs = top_logprobs
@@ -323,13 +362,14 @@ class Engine:
             top_token_ids=jnp.zeros((slots, self.max_len, self.top_logprobs), jnp.int32),
             top_logprobs=jnp.zeros((slots, self.max_len, self.top_logprobs), jnp.float32),
             cache=self.model.init_cache(slots, self.max_len),
-            processor_states=((),),
+            processor_states=(jnp.full((slots,), INITIAL, jnp.int32), ()),
             stop_state=jnp.zeros((slots, 0), jnp.int32),
             key=jax.random.split(jax.random.key(0), slots),
             key_step=zeros_i(),
             search_state=None,
         )
-        return DecodeState(gen, params)
+        pool = ConstraintPool.empty(slots, vocab, self.constraint_states, self.constraint_classes)
+        return DecodeState(gen, params, pool)
 
     def request(self, token_ids: Sequence[int], max_new_tokens: int, **sampling) -> Request:
         """A validated `Request` (see its attributes for `sampling`).
@@ -471,6 +511,26 @@ class Engine:
             raise ValueError(f"slot {slot} is outside [0, {self.max_slots})")
         return _insert_jit(prefix, decode_state, jnp.asarray(slot, jnp.int32))
 
+    def constraint_entry(self, constraint) -> PoolEntry | None:
+        """`constraint`'s tables padded to this engine's pool (host work: call it off the device
+        thread), or `None` when they do not fit it (a pushdown automaton, or tables larger than
+        `constraint_states` x `constraint_classes`): such a request runs alone.
+
+        **Raises:** see `serving.pool.pool_entry`."""
+        return pool_entry(
+            constraint, self.model.vocab_size, self.constraint_states, self.constraint_classes
+        )
+
+    def place(self, entry: PoolEntry, decode_state: DecodeState, slot: int) -> DecodeState:
+        """Constrain `slot` (after its `insert`) with `entry` (from `constraint_entry`), written
+        into the slot's row of the table pool; `decode_state` is donated. Compiles nothing new
+        after the first call (the pool's shape is fixed).
+
+        **Raises:** `ValueError` for a slot outside `[0, max_slots)`."""
+        if not 0 <= slot < self.max_slots:
+            raise ValueError(f"slot {slot} is outside [0, {self.max_slots})")
+        return _place_jit(entry, decode_state, jnp.asarray(slot, jnp.int32))
+
     def free(self, decode_state: DecodeState, slot: int) -> DecodeState:
         """Mark `slot` finished (a cancelled request); `decode_state` is donated."""
         return _free_jit(decode_state, jnp.asarray(slot, jnp.int32))
@@ -488,8 +548,8 @@ class Engine:
         return _generate_jit(self.model, decode_state, n, self.eos_token_id, self.pad_token_id)
 
     def precompile(self, *, progress: bool = True) -> None:
-        """Compile every prefill bucket, chunk, insert and the decode step now (a `tqdm` bar
-        when `progress`), so that no request compiles later."""
+        """Compile every prefill bucket, chunk, insert, the constraint pool's `place` and the
+        decode step now (a `tqdm` bar when `progress`), so that no request compiles later."""
         widths = []
         w = bucket_length(1)
         while w <= min(self.prefill_chunk, self.max_len - 1):
@@ -501,7 +561,13 @@ class Engine:
         jobs = [*lengths, None]
         for n in progress_bar(jobs, desc="compiling", unit="shape") if progress else jobs:
             if n is None:
-                state = self.free(state, 0)
+                s, c = self.constraint_states, self.constraint_classes
+                entry = PoolEntry(
+                    token_class=np.zeros((self.model.vocab_size,), np.int32),
+                    transitions=np.zeros((s, c), np.int32),
+                    distance=np.zeros((s,), np.int32),
+                )
+                state = self.free(self.place(entry, state, 0), 0)
                 state, _ = self.generate(state)
             else:
                 state = self.insert(self.prefill(self.request([0] * n, 1)), state, 0)
@@ -513,9 +579,10 @@ class Engine:
         `fg.processors.Regex`) through `fg.generate`, whose processors are `[constraint]` then
         the request's knobs in `SlotDecoding`'s order.
 
-        This is how the server runs constrained requests for now: the engine's slots do not
-        carry constraint tables, so the orchestrator runs such a request between two decode
-        dispatches and the other slots wait for it; each new table shape compiles a program.
+        This is how the server runs the constrained requests that do not fit the constraint
+        pool (`constraint_entry` is `None`: pushdown automata, tables larger than the pool): the
+        orchestrator runs such a request between two decode dispatches and the other slots wait
+        for it; each new table shape compiles a program.
 
         **Returns:** `(token_ids, logprobs, top_logprobs, finish_reason)` (a `FINISH_REASONS`
         name).

@@ -34,6 +34,7 @@ from ..tokenization import IncrementalDecoder
 
 if TYPE_CHECKING:  # (engine.py imports this module for `Engine.stream`)
     from .engine import Engine, Request
+    from .pool import PoolEntry
 
 OPENAI_FINISH_REASONS = {"eos": "stop", "stop_string": "stop", "length": "length"}
 """`FINISH_REASONS` names as OpenAI's `finish_reason` ("constraint" is kept as it is)."""
@@ -73,9 +74,17 @@ class Handle:
     """One submitted request: iterate `events()` (async) for `Piece`, then `Finished` or `Error`;
     `cancel()` frees its slot at the next dispatch."""
 
-    def __init__(self, request: "Request", stop_strings: tuple[str, ...], loop, constraint=None):
+    def __init__(
+        self,
+        request: "Request",
+        stop_strings: tuple[str, ...],
+        loop,
+        constraint=None,
+        entry: "PoolEntry | None" = None,
+    ):
         self.request = request
         self.constraint = constraint
+        self.entry = entry
         self.stop_strings = stop_strings
         self.cancelled = False
         self.submitted = time.perf_counter()
@@ -199,17 +208,22 @@ class Orchestrator:
             self._thread.join(timeout)
             self._thread = None
 
-    def submit(self, request: "Request", stop_strings=(), loop=None, constraint=None) -> Handle:
-        """Queue `request` (from the asyncio side; returns at once). With a `constraint` (a
-        structured-generation processor, built by the caller off this thread), the request runs
-        on its own (`Engine.generate_alone`) when its turn comes; the slots wait meanwhile.
+    def submit(
+        self, request: "Request", stop_strings=(), loop=None, constraint=None, entry=None
+    ) -> Handle:
+        """Queue `request` (from the asyncio side; returns at once). A constrained request gives
+        `constraint` (a structured-generation processor) and `entry` (its tables for the pool,
+        `Engine.constraint_entry`), both built by the caller off this thread: with an `entry` it
+        decodes in a slot like any other (`Engine.place` after `insert`); with `entry=None` (the
+        tables do not fit the pool) it runs on its own (`Engine.generate_alone`) when its turn
+        comes, and the slots wait meanwhile.
 
         **Raises:** `QueueFull` when `max_queue` requests wait; `RuntimeError` when closed.
         """
         if not self._running:
             raise RuntimeError("the serving engine is not running (closed, or not started)")
         handle = Handle(
-            request, tuple(stop_strings), loop or asyncio.get_running_loop(), constraint
+            request, tuple(stop_strings), loop or asyncio.get_running_loop(), constraint, entry
         )
         with self._lock:
             if len(self._queue) >= self.max_queue:
@@ -270,7 +284,7 @@ class Orchestrator:
                 if not self._queue:
                     return state
                 handle = self._queue.popleft()
-            if handle.constraint is not None:
+            if handle.constraint is not None and handle.entry is None:
                 self._run_alone(handle)
                 return state
             self._prefilling = (handle, self.engine.prefill_chunks(handle.request))
@@ -286,6 +300,8 @@ class Orchestrator:
         self._prefilling = None
         slot = self._slots.index(None)
         state = self.engine.insert(prefix, state, slot)
+        if handle.entry is not None:
+            state = self.engine.place(handle.entry, state, slot)
         self._slots[slot] = _Slot(handle, self.engine.tokenizer, self._eos)
         return state
 

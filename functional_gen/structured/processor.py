@@ -38,7 +38,7 @@ from collections.abc import Callable, Sequence
 import equinox as eqx
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, Float, Int
+from jaxtyping import Array, Bool, Float, Int
 
 from ..processors.base import AbstractLogitsProcessor, Context, per_row_field
 from .automaton import DEAD, INFINITE_DISTANCE, INITIAL, TokenAutomaton
@@ -233,20 +233,45 @@ class AbstractConstraint(AbstractLogitsProcessor):
         if self.pushdown is not None:
             return self.pushdown.process(state, logits, context)
         token_class = self.token_class[jnp.maximum(self.constraint_id, 0)]  # [vocab of the tables]
+        return automaton_step(
+            token_class,
+            self.transitions,
+            self.distance,
+            self.constraint_id >= 0,
+            state,
+            logits,
+            context,
+        )
 
-        advanced = self.transitions[state, token_class[context.last_token_id]]
-        state = jnp.where(context.num_generated > 0, advanced, state).astype(jnp.int32)
 
-        remaining = context.max_new_tokens - context.num_generated  # this token included
-        after = self.distance[self.transitions[state]]  # [classes]: distance after each class
-        allowed = (after <= remaining - 1)[token_class]  # [vocab of the tables]
-        vocab = logits.shape[-1]
-        if allowed.shape[0] < vocab:  # logits wider than the tokenizer: extra ids never allowed
-            allowed = jnp.pad(allowed, (0, vocab - allowed.shape[0]))
-        allowed = allowed[:vocab]
-        constrained = self.constraint_id >= 0
-        logits = jnp.where(constrained & ~allowed, -jnp.inf, logits).astype(logits.dtype)
-        return state, logits
+def automaton_step(
+    token_class: Int[Array, " vocab"],
+    transitions: Int[Array, "states classes"],
+    distance: Int[Array, " states"],
+    constrained: Bool[Array, ""],
+    state: Int[Array, ""],
+    logits: Float[Array, " vocab"],
+    context: Context,
+) -> tuple[Int[Array, ""], Float[Array, " vocab"]]:
+    """One row's advance and mask (steps 1-3 of the module docstring) with the tables of the
+    row's automaton: `token_class` (the row's class of each token), `transitions`, `distance`.
+    Shared by `AbstractConstraint.process` and the serving engine's per-slot table pool, so both
+    compute the same mask. `constrained=False` passes the logits through unchanged.
+
+    **Returns:** `(state, logits)`: the automaton state after the previous token, and the logits
+    with every token outside the language or the budget at `-inf`."""
+    advanced = transitions[state, token_class[context.last_token_id]]
+    state = jnp.where(context.num_generated > 0, advanced, state).astype(jnp.int32)
+
+    remaining = context.max_new_tokens - context.num_generated  # this token included
+    after = distance[transitions[state]]  # [classes]: distance after each class
+    allowed = (after <= remaining - 1)[token_class]  # [vocab of the tables]
+    vocab = logits.shape[-1]
+    if allowed.shape[0] < vocab:  # logits wider than the tokenizer: extra ids never allowed
+        allowed = jnp.pad(allowed, (0, vocab - allowed.shape[0]))
+    allowed = allowed[:vocab]
+    logits = jnp.where(constrained & ~allowed, -jnp.inf, logits).astype(logits.dtype)
+    return state, logits
 
 
 class TokenConstraint(AbstractConstraint):
