@@ -538,6 +538,8 @@ def _requests(engine, body, ids, limits: Limits, *, chat: bool, k: int | None):
         "presence_penalty": body.presence_penalty or 0.0,
         "frequency_penalty": body.frequency_penalty or 0.0,
         "logit_bias": tuple(bias),
+        "top_k": body.top_k or 0,
+        "stop_token_ids": tuple(body.stop_token_ids or ()),
     }
     out = []
     for i in range(body.n):

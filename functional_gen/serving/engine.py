@@ -58,6 +58,7 @@ from .pool import (
     pool_entry,
 )
 from .slots import (
+    MAX_TOP_K,
     Request as Request,
     SlotDecoding as SlotDecoding,
     SlotModel as SlotModel,
@@ -344,6 +345,7 @@ class Engine:
             presence_penalty=zeros_f(),
             frequency_penalty=zeros_f(),
             logit_bias=jnp.zeros((slots, vocab), jnp.float32),
+            top_k=jnp.zeros((slots,), jnp.int32),
         )
 
         def zeros_i():  # a buffer of its own per field (the state is donated)
@@ -409,6 +411,21 @@ class Engine:
                     raise ValueError(f"`{name}` must be a number, got {value!r}")
                 knobs[name] = float(value)
         knobs["logit_bias"] = tuple((int(t), float(b)) for t, b in knobs.get("logit_bias", ()))
+        top_k = knobs.get("top_k", 0)
+        if isinstance(top_k, bool) or not isinstance(top_k, int) or not -1 <= top_k <= MAX_TOP_K:
+            raise ValueError(
+                f"`top_k`={top_k!r} must be an integer in [0, {MAX_TOP_K}] (-1 = 0 = off)"
+            )
+        knobs["top_k"] = max(top_k, 0)
+        stop_ids = knobs.get("stop_token_ids", ())
+        if isinstance(stop_ids, (str, bytes)) or not all(
+            isinstance(t, int) and not isinstance(t, bool) and 0 <= t < self.model.vocab_size
+            for t in stop_ids
+        ):
+            raise ValueError(
+                f"`stop_token_ids`={stop_ids!r} must be token ids in [0, {self.model.vocab_size})"
+            )
+        knobs["stop_token_ids"] = tuple(stop_ids)
         request = Request(ids, max_new_tokens, **knobs)
         checks = (
             ("temperature", request.temperature, 0.0, float("inf")),
@@ -492,6 +509,7 @@ class Engine:
             presence_penalty=f32(request.presence_penalty),
             frequency_penalty=f32(request.frequency_penalty),
             logit_bias=jnp.asarray(bias),
+            top_k=jnp.asarray(request.top_k, jnp.int32),
         )
         return Prefix(
             token_ids=jnp.asarray(row),
@@ -604,6 +622,8 @@ class Engine:
             sampler = Multinomial()
             if request.temperature != 1:
                 processors.append(P.Temperature(request.temperature))
+            if request.top_k > 0:
+                processors.append(P.TopK(request.top_k))
             if request.top_p < 1:
                 processors.append(P.TopP(request.top_p))
             if request.min_p > 0:
@@ -673,6 +693,7 @@ class Engine:
             "temperature",
             "top_p",
             "min_p",
+            "top_k",
             "repetition_penalty",
             "chat_template",
             "prefill_mode",
@@ -697,6 +718,7 @@ class Engine:
                 "temperature": float(temperature),
                 "top_p": 1.0 if options.top_p is None else float(options.top_p),
                 "min_p": 0.0 if options.min_p is None else float(options.min_p),
+                "top_k": 0 if options.top_k is None else options.top_k,
             }
         if options.repetition_penalty is not None:
             knobs["repetition_penalty"] = float(options.repetition_penalty)

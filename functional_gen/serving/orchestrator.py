@@ -116,7 +116,8 @@ class _Slot:
     def __init__(self, handle: Handle, tokenizer, eos: set[int]):
         self.handle = handle
         self.decoder = IncrementalDecoder(tokenizer)
-        self.eos = eos
+        self.stop_ids = set(handle.request.stop_token_ids) - eos
+        self.eos = eos | self.stop_ids
         self.text = ""
         self.emitted = 0
         self.generated = 0
@@ -132,6 +133,8 @@ class _Slot:
         self.pending_ids.append(token)
         self.pending_lps.append(logprob)
         self.pending_top.append(top)
+        if token in self.stop_ids:  # the request's own EOS: ends it like a stop string
+            return True
         if token not in self.eos:
             self.text += self.decoder.push(token)
         if self.handle.stop_strings:

@@ -86,7 +86,7 @@ def pool_entry(constraint, vocab: int, states: int, classes: int) -> PoolEntry |
         return None
     if constraint.num_constraints != 1 or np.ndim(constraint.constraint_id) != 0:
         raise ValueError(f"{type(constraint).__name__} holds several constraints; give one")
-    token_class = np.asarray(constraint.token_class[0])
+    token_class = np.asarray(constraint.token_class)[0]
     distance = np.asarray(constraint.distance)
     num_states = int(np.flatnonzero(distance < INFINITE_DISTANCE).max()) + 1  # live states first
     num_classes = int(token_class.max()) + 1

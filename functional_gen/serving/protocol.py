@@ -4,7 +4,7 @@ with a 400 naming it).
 Fields OpenAI documents and this server serves: `max_tokens` / `max_completion_tokens`,
 `temperature`, `top_p`, `n`, `stop`, `seed`, `presence_penalty`, `frequency_penalty`,
 `logit_bias`, `logprobs` / `top_logprobs`, `stream`, `stream_options.include_usage`,
-`response_format`; vLLM's extras `min_p`, `repetition_penalty`, `guided_regex`,
+`response_format`; vLLM's extras `min_p`, `repetition_penalty`, `top_k`, `stop_token_ids`, `guided_regex`,
 `guided_grammar`, `guided_choice`, `guided_json`. Fields OpenAI documents as having no effect on
 the output (`user`, `metadata`, `store`, `service_tier`, `parallel_tool_calls`) are accepted and
 ignored; the others (tools, audio, `echo`, `best_of`, `suffix`, ...) are refused unless at
@@ -63,6 +63,8 @@ class _Sampling(_Strict):
     # vLLM's extras
     min_p: float | None = Field(default=None, ge=0, le=1)
     repetition_penalty: float | None = Field(default=None, gt=0)
+    top_k: int | None = Field(default=None, ge=-1)
+    stop_token_ids: list[int] | None = None
     guided_regex: str | None = None
     guided_grammar: str | None = None
     guided_choice: list[str] | None = None

@@ -8,7 +8,7 @@ import dataclasses
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Bool, Float
+from jaxtyping import Array, Bool, Float, Int
 
 from .. import processors as P
 from ..models.base import AbstractCausalLM
@@ -23,7 +23,10 @@ class Request:
     **Attributes:** `token_ids` (the prompt), `max_new_tokens`, `temperature` (0 = greedy),
     `top_p` (1 = off), `min_p` (0 = off), `repetition_penalty` (1 = off), `presence_penalty`,
     `frequency_penalty` (0 = off; OpenAI's), `logit_bias` (token id -> bias added to its
-    logit), `seed` (the key is `fold_in(jax.random.key(seed), 0)`; `None` draws one).
+    logit), `seed` (the key is `fold_in(jax.random.key(seed), 0)`; `None` draws one), `top_k`
+    (0 = off; at most `MAX_TOP_K`), `stop_token_ids` (vLLM's: ids that end the request like an
+    EOS, besides the model's; checked on the host, so a slot may decode up to `num_steps - 1`
+    tokens past one, which are dropped).
     """
 
     token_ids: tuple[int, ...]
@@ -36,6 +39,14 @@ class Request:
     frequency_penalty: float = 0.0
     logit_bias: tuple[tuple[int, float], ...] = ()
     seed: int | None = None
+    top_k: int = 0
+    stop_token_ids: tuple[int, ...] = ()
+
+
+MAX_TOP_K = 256
+"""The largest per-slot `top_k`: the step takes the `MAX_TOP_K` largest logits of every row
+(`lax.top_k`, static) and keeps those at least the row's `k`-th. Measured on the 2-core CPU,
+8 rows of 49,152 logits: 1.2 ms per step at 256, 14 ms at 1,024, 309 ms for a full sort."""
 
 
 class SlotParams(eqx.Module):
@@ -43,7 +54,8 @@ class SlotParams(eqx.Module):
 
     **Attributes:** `greedy: Bool[Array, "*batch"]`; `temperature`, `top_p`, `min_p`,
     `repetition_penalty`, `presence_penalty`, `frequency_penalty`: `Float[Array, "*batch"]`;
-    `logit_bias: Float[Array, "*batch vocab"]` (added to the logits first).
+    `logit_bias: Float[Array, "*batch vocab"]` (added to the logits first); `top_k:
+    Int[Array, "*batch"]` (0 = off).
     """
 
     greedy: Bool[Array, "*batch"]
@@ -54,6 +66,7 @@ class SlotParams(eqx.Module):
     presence_penalty: Float[Array, "*batch"]
     frequency_penalty: Float[Array, "*batch"]
     logit_bias: Float[Array, "*batch vocab"]
+    top_k: Int[Array, "*batch"]
 
 
 # Templates whose (per-row) knob is replaced inside the jitted step (`eqx.tree_at` does not
@@ -72,7 +85,7 @@ def _with(template, name: str, value):
 
 class SlotDecoding(AbstractStatelessLogitsProcessor):
     """The processors of a slot, with every knob per row: logit bias, `RepetitionPenalty`,
-    `PresencePenalty`, `FrequencyPenalty`, then (sampled rows) `Temperature`, `TopP`, `MinP`,
+    `PresencePenalty`, `FrequencyPenalty`, then (sampled rows) `Temperature`, `TopK`, `TopP`, `MinP`,
     in the order `generate` builds them from a generation config. A knob at its neutral value
     leaves the logits exactly as they are (each processor is selected per row, not applied), so
     a slot computes what `generate` with only that request's options computes. A greedy row
@@ -92,6 +105,7 @@ class SlotDecoding(AbstractStatelessLogitsProcessor):
     presence_penalty: Float[Array, "*rows"] = per_row_field()
     frequency_penalty: Float[Array, "*rows"] = per_row_field()
     logit_bias: Float[Array, "*rows vocab"] = per_row_field(row_ndim=1)
+    top_k: Int[Array, "*rows"] = per_row_field()
 
     def __call__(self, logits: Float[Array, " vocab"], context: Context) -> Float[Array, " vocab"]:
         def apply(on, template, name, value, x):
@@ -119,6 +133,11 @@ class SlotDecoding(AbstractStatelessLogitsProcessor):
             jnp.where(self.temperature > 0, self.temperature, 1.0),
             x,
         )
+        # TopK with a per-row k: the k-th largest of the MAX_TOP_K largest (what TopK's
+        # `kth_largest` gives for this k), without a full sort
+        largest = jax.lax.top_k(x, min(MAX_TOP_K, x.shape[-1]))[0]
+        kth = jnp.min(jnp.where(jnp.arange(largest.shape[0]) < self.top_k, largest, jnp.inf))
+        x = jnp.where(sampled & (self.top_k > 0) & (x < kth), -jnp.inf, x)
         x = apply(sampled & (self.top_p < 1), _TOP_P, "top_p", self.top_p, x)
         x = apply(sampled & (self.min_p > 0), _MIN_P, "min_p", self.min_p, x)
         best = jnp.arange(x.shape[-1]) == jnp.argmax(x)
