@@ -41,6 +41,13 @@ def server(default_model):
                                top_logprobs=2, prefill_chunk=CHUNK)  # fmt: skip
     limits = serving_app.Limits(max_n=2, max_body_bytes=20_000)
     app = serving_app.create_app(engine, model_name=MODEL, api_key=API_KEY, limits=limits)
+    for base in run_server(app):
+        yield base, engine
+
+
+def run_server(app):
+    """Serve `app` with uvicorn in a thread on a free loopback port; yields its base URL once,
+    then stops it (a generator for module-scoped fixtures)."""
     port = free_port()
     config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning")
     srv = uvicorn.Server(config)
@@ -50,7 +57,7 @@ def server(default_model):
     while not srv.started:
         assert time.time() < deadline, "the server did not start"
         time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}", engine
+    yield f"http://127.0.0.1:{port}"
     srv.should_exit = True
     thread.join(30)
 
