@@ -2,7 +2,16 @@
 (llama-cpp-python) and against sequential `fg.stream` calls, in one run.
 
     .venv/bin/python benchmarks/bench_serving.py [--requests 64] [--rates 0.5,1,2] [--slots 8]
-        [--llama-cpp-python /work/llamacpp-venv/bin/python] [--quick]
+        [--llama-cpp-python /work/llamacpp-venv/bin/python] [--quick] [--max-output 128]
+        [--sequential-rates 2] [--no-sequential]
+
+Duration (estimated for the 2-core CPU, quiet): the default run generates about 4,700 tokens per
+rate and system; our server at 8 slots (~50 tok/s) takes ~1.5 min per rate, llama.cpp's
+one-request-at-a-time server about as long, start-up and `--precompile` (max_len 512) ~3 min,
+and the sequential baseline runs only at the highest rate (`--sequential-rates`; at ~25 tok/s
+it is rate-bound only when requests come slower than it serves them) ~3 min: ~14 min in all.
+`--requests`, `--rates`, `--max-output` and `--no-sequential` shorten it; `--quick` is 8 short
+requests at one rate, to check that everything runs.
 
 The trace: `--requests` requests, prompt lengths (16-256 tokens of English prose) and output
 lengths (16-128 tokens, EOS ignored: `max_tokens` exactly, by suppressing the EOS ids with
@@ -53,10 +62,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def make_trace(tokenizer, n: int, rate: float, seed: int, short: bool):
+def make_trace(tokenizer, n: int, rate: float, seed: int, short: bool, max_output: int = 128):
     rng = np.random.default_rng(seed)
     ids = tokenizer(TEXT)["input_ids"]
-    high_prompt, high_out = (48, 24) if short else (256, 128)
+    high_prompt, high_out = (48, min(24, max_output)) if short else (256, max_output)
     prompt_lengths = rng.integers(16, high_prompt + 1, n)
     output_lengths = rng.integers(8 if short else 16, high_out + 1, n)
     arrivals = np.cumsum(rng.exponential(1 / rate, n))
@@ -166,7 +175,7 @@ def row(name, rate, result):
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--requests", type=int, default=64)
+    parser.add_argument("--requests", type=int, default=None, help="default 64 (8 with --quick)")
     parser.add_argument("--rates", default="0.5,1,2", help="arrival rates, requests per second")
     parser.add_argument("--slots", type=int, default=8)
     parser.add_argument("--seed", type=int, default=0)
@@ -177,14 +186,31 @@ def main(argv=None) -> int:
     )
     parser.add_argument("--no-sequential", action="store_true")
     parser.add_argument(
+        "--sequential-rates",
+        default=None,
+        help="rates the sequential baseline runs at (default: the highest of --rates)",
+    )
+    parser.add_argument(
+        "--max-output", type=int, default=128, help="longest output of the trace (at least 17)"
+    )
+    parser.add_argument(
         "--quick",
         action="store_true",
-        help="6 requests, short prompts and outputs, one rate: to see it works",
+        help="8 requests, short prompts and outputs, one rate: to see it works",
     )
     args = parser.parse_args(argv)
+    if args.max_output < 17:
+        parser.error(f"--max-output {args.max_output}: at least 17")
+    if args.requests is None:
+        args.requests = 8 if args.quick else 64
     if args.quick:
-        args.requests, args.rates = 6, args.rates.split(",")[0]
+        args.rates = args.rates.split(",")[0]
     rates = [float(r) for r in args.rates.split(",")]
+    sequential_rates = (
+        [max(rates)]
+        if args.sequential_rates is None
+        else [float(r) for r in args.sequential_rates.split(",")]
+    )
     model, tokenizer = fg.load_model()
     eos = list(model.eos_token_id)
     name = "SmolLM2-135M-Instruct"
@@ -245,7 +271,9 @@ def main(argv=None) -> int:
             warm = make_trace(tokenizer, 2, 100.0, args.seed + 1, True)
             asyncio.run(run_trace(base + "/v1", model_name, warm, eos))
             for rate in rates:
-                trace = make_trace(tokenizer, args.requests, rate, args.seed, args.quick)
+                trace = make_trace(
+                    tokenizer, args.requests, rate, args.seed, args.quick, args.max_output
+                )
                 row(
                     f"{label} ({args.slots} slots)" if label == "functional_gen" else label,
                     rate,
@@ -261,8 +289,10 @@ def main(argv=None) -> int:
     if not args.no_sequential:
         warm = make_trace(tokenizer, 2, 100.0, args.seed + 1, True)
         run_sequential(model, tokenizer, warm, eos)
-        for rate in rates:
-            trace = make_trace(tokenizer, args.requests, rate, args.seed, args.quick)
+        for rate in sequential_rates:
+            trace = make_trace(
+                tokenizer, args.requests, rate, args.seed, args.quick, args.max_output
+            )
             row("sequential fg.stream", rate, run_sequential(model, tokenizer, trace, eos))
     return 0
 

@@ -65,15 +65,27 @@ from .slots import (
     SlotParams as SlotParams,
 )
 
-DEFAULT_NUM_STEPS = 8
+DEFAULT_NUM_STEPS = 4
 """Decode steps per `generate` dispatch (the host sees new tokens every `num_steps` steps).
 
-Measured with SmolLM2-135M, 8 busy slots, `max_len=256`, on the project's shared 2-core CPU
-(load average ~12, so noisy): 158, 188, 208 and 123 ms per step at 1, 4, 8 and 16 steps per
-dispatch. On this CPU a step (~100+ ms) dwarfs the host round trip, so the count makes no
-difference that the noise lets one see; on an accelerator, where a step takes milliseconds, the
-round trip per dispatch is what several steps save. 8 keeps that saving while bounding what a
-finished, stopped (stop string) or cancelled request may decode past its end to 7 steps."""
+Measured with `benchmarks/bench_num_steps.py` at 8 busy slots, `max_len=256`, 64 tokens per slot
+(output tokens/s over all slots; "gap": the wall time of one dispatch, i.e. the pause a client
+sees between two bursts of tokens):
+
+| num_steps | 1 | 2 | 4 | 8 | 16 |
+|---|---|---|---|---|---|
+| H200, SmolLM2-135M shape (random weights): tokens/s | 1,756 | 2,260 | 3,150 | 3,137 | 3,734 |
+| H200: gap (ms) | 4.5 | 7.0 | 10.1 | 20.3 | 34.2 |
+| 2-core CPU, SmolLM2-135M, 32 tokens per slot: tokens/s | 34.7 | 43.5 | 40.0 | 43.9 | 42.5 |
+| CPU: gap (ms) | 231 | 368 | 800 | 1,459 | 3,014 |
+
+The CPU was shared by 7 jobs (load average ~12), so only ratios mean something there: a step
+(~185 ms) dwarfs the host round trip, and beyond 1 step per dispatch the count makes no
+difference the noise lets one see. On the accelerator the round trip per dispatch dominates a
+~2.5 ms step: 4 steps reach 8's throughput (1.8x one step) with half its gap, and 16 add 19% at
+3.4x the gap. 4 also bounds what a finished, stopped (stop string, `stop_token_ids`) or
+cancelled request decodes past its end to 3 steps, and how long a new request waits for a
+dispatch to end before its `insert`."""
 
 DEFAULT_PREFILL_CHUNK = 256
 """Prompts longer than this are prefilled in chunks of this many tokens."""
