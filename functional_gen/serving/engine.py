@@ -9,6 +9,12 @@ parameters (`SlotParams`), so one compiled step serves requests with different t
 `top_p`, `min_p`, penalties, logit biases, seeds and `max_new_tokens`. All three functions are
 jitted and donate the decode state (its `KVCache` is updated in place).
 
+**Per-slot constraints.** The decode state also holds a constraint table pool (`serving.pool`):
+each slot's token automaton, padded to one fixed shape, written by `place` after `insert`, so a
+regex, a choice or a JSON Schema compiled as a token automaton decodes in its slot beside the
+others with the step compiled once. A constraint that does not fit (pushdown automata, larger
+tables) runs alone through `generate_alone`.
+
 **Per-slot cache.** `KVCache` rows of one batch are written in lockstep (one write index); the
 slots of a server start and end at different times, so the decode model here is the model
 `vmap`ped over rows (`SlotModel`): each slot's cache has its own write index, and an idle or
