@@ -72,11 +72,19 @@ int32 scalars and an `int32[stack_depth]` array, so the depth costs memory, not 
    token leaves above the stack) fits in `r - 1`; closer to the end only the one-byte tokens,
    the candidates and the best tokens, walked exactly with their `need`, are allowed.
 4. every other logit becomes `-inf`; a row left with nothing ends with `"constraint"`.
+
+**Forks** (`parallel`): a grammar in which a byte can be read in several ways (`build_pushdown(
+forks=True)`, what `Grammar` does by default) keeps the tables above for every token that cannot
+reach such a byte, and runs with `num_stacks` configurations per row
+(`ParallelPushdownConstraint`); a grammar without forks gets exactly the tables and processor
+above.
 """
 
 from .automaton import BOTTOM as BOTTOM
 from .automaton import DEAD as DEAD
+from .automaton import DEFAULT_NUM_STACKS as DEFAULT_NUM_STACKS
 from .automaton import DEFAULT_STACK_DEPTH as DEFAULT_STACK_DEPTH
+from .automaton import FORK as FORK
 from .automaton import MAX_LEVELS as MAX_LEVELS
 from .automaton import POP as POP
 from .automaton import UNREACHABLE as UNREACHABLE
@@ -85,3 +93,5 @@ from .automaton import PushdownAutomaton as PushdownAutomaton
 from .building import build_pushdown as build_pushdown
 from .constraint import PushdownConstraint as PushdownConstraint
 from .constraint import state_stack as state_stack
+from .parallel import ParallelPushdownConstraint as ParallelPushdownConstraint
+from .parallel import state_configurations as state_configurations
