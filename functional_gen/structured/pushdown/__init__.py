@@ -22,10 +22,12 @@ int32 scalars and an `int32[stack_depth]` array, so the depth costs memory, not 
    read the byte, so the byte is retried at the position popped from the stack; or reject. A
    grammar in which one byte could be read in two ways (the byte itself and a call, two calls,
    a rule that matches the empty string, left recursion) is refused with `NotDeterministic`
-   (`Grammar` then falls back to the bounded-depth DFA). Returning only when the rule cannot
+   (`Grammar` then falls back to the bounded-depth DFA), except that with `forks=True` a byte
+   read in two ways becomes a *fork* (see "Forks" below). Returning only when the rule cannot
    continue is the longest-match rule of lexers; so that it never hides a text, a rule that may
    end before a byte and also read that byte itself, where one of its return positions reads it
-   too, is refused as well (a one-byte lookahead cannot tell). A call whose return position
+   too, is refused as well (a one-byte lookahead cannot tell; with `forks=True`, a fork whose
+   ways are "read it here" and "return and read it below"). A call whose return position
    can only end the rule is a tail call and pushes nothing. (JSON Schemas use a byte DFA with
    call edges to a JSON value rule as the bottom frame instead of a start rule: `top`.)
 3. Token masks. A token either reads its bytes inside the rules it enters (whatever is below on
