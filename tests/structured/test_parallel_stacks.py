@@ -187,7 +187,7 @@ def test_past_the_stacks_a_row_stays_sound(vocabulary):
     opening = np.asarray([bool(b) and set(b) <= set(b"(") for b in vocabulary.token_bytes], bool)
     eos = list(automaton.eos_token_id)
     widest = 0
-    for row in range(6):
+    for row in range(4):
         budget = int(rng.integers(8, 20))
         ids, text = [0], b""
         state = processor.init(context_for(ids, 1, max_len=32))
