@@ -15,9 +15,9 @@ never forks, exact for every token that cannot reach a fork; the tokens that may
 stack_pointer[K])`, a configuration alive where its position is not 0 (as llama.cpp's sampler
 keeps one stack per way of reading the text so far).
 
-1. advance: each byte of the previous token steps every configuration along every way (two
-   rounds per byte, so that a way that returns reads the byte in the frame below; a way that
-   would need a third round ends); identical configurations are merged, and past `num_stacks`
+1. advance: each byte of the previous token steps every configuration along every way (a way
+   that returns then reads the byte in the frame below, in its one way there: a second fork
+   there ends it); identical configurations are merged, and past `num_stacks`
    the first ones in order are kept; after the token, the configurations are sorted by their
    `need` (the fewest tokens to end, `pushdown.budget`), so the one with the least need is
    kept first;
@@ -42,10 +42,6 @@ from jaxtyping import Array, Bool, Float, Int
 from ...processors.base import Context
 from .automaton import DEAD, DEFAULT_NUM_STACKS, FORK, POP, UNREACHABLE, PushdownAutomaton
 from .constraint import PushdownConstraint
-
-_ROUNDS = 2
-"""Rounds of ways per byte: a way that returns (`POP`) reads the byte in the frame below in
-the next round."""
 
 
 class ParallelPushdownConstraint(PushdownConstraint):
@@ -95,10 +91,10 @@ class ParallelPushdownConstraint(PushdownConstraint):
     # ------------------------------------------------------------------ one configuration
 
     def _ways(self, config, pending, c):
-        """One round of class `c` from one configuration: `(pos, stack, sp, pending)` with a
-        leading axis of ways. A configuration that is not pending (it read the byte in the
-        round before) is way 0 unchanged; a pending one returns while its position says
-        `POP`, then takes every way of its action (a way that returns stays pending)."""
+        """Every way of reading class `c` from one configuration: `(pos, stack, sp, pending)`
+        with a leading axis of ways. A configuration that is not pending is way 0 unchanged;
+        a pending one returns while its position says `POP`, then takes every way of its
+        action (a way that returns stays pending: it reads the byte in the frame below)."""
         pos, stack, sp = config
         num_ways = self.fork_next.shape[1]
         width = self.fork_push.shape[2]
@@ -169,17 +165,21 @@ class ParallelPushdownConstraint(PushdownConstraint):
         return (pos, masked[order], sp[order]), pending[order] & (pos != DEAD)
 
     def _set_byte(self, configs, byte):
-        """Every configuration after one byte (`_ROUNDS` rounds of `_ways`), `num_stacks` kept."""
+        """Every configuration after one byte, `num_stacks` kept: every way of each
+        configuration (`_ways`), then the ways that returned read the byte in the frame below
+        in the one way that `PushdownConstraint._byte` knows (a fork there ends them)."""
         c = self.byte_class[byte]
         pending = configs[0] != DEAD
-        for _ in range(_ROUNDS):
-            pos, stack, sp, pending = jax.vmap(lambda cfg, p: self._ways(cfg, p, c))(
-                configs, pending
-            )
-            flat = (pos.reshape(-1), stack.reshape(-1, self.stack_depth), sp.reshape(-1))
-            configs, pending = self._compact(flat, pending.reshape(-1))
-        pos, stack, sp = configs
-        return jnp.where(pending, DEAD, pos), stack, sp
+        pos, stack, sp, pending = jax.vmap(lambda cfg, p: self._ways(cfg, p, c))(configs, pending)
+        flat = (pos.reshape(-1), stack.reshape(-1, self.stack_depth), sp.reshape(-1))
+        configs, pending = self._compact(flat, pending.reshape(-1))
+        below = jax.vmap(lambda cfg: self._byte(cfg, byte))(configs)
+        configs = jax.tree.map(
+            lambda new, old: jnp.where(pending.reshape((-1,) + (1,) * (new.ndim - 1)), new, old),
+            below,
+            configs,
+        )
+        return self._compact(configs, jnp.zeros(self.num_stacks, bool))[0]
 
     def _set_token(self, configs, token_id, num_bytes: int | None = None):
         """The configurations after all bytes of `token_id` (a `while_loop` over its length, or
