@@ -10,7 +10,7 @@ int32 (see `functional_gen.structured.processor`).
 | `Regex(pattern, tokenizer)` | outlines-core: regex -> byte DFA; ours: DFA -> tokens |
 | `JsonSchema(schema, tokenizer)` | schema checks and rewrites, outlines-core's schema -> regex, then as `Regex` |
 | `Choice(options, tokenizer)` | a regex of the options, then as `Regex` |
-| `Grammar(lark_text, tokenizer)` | a pushdown automaton (one automaton per recursive rule, a stack per row) when the grammar recurses; otherwise, or with `max_depth=`, the bounded-depth DFA -> tokens |
+| `Grammar(lark_text, tokenizer)` | a pushdown automaton (one automaton per recursive rule, a stack per row; `num_stacks` parallel stacks where one byte of lookahead cannot decide the grammar) when the grammar recurses; otherwise, or with `max_depth=`, the bounded-depth DFA -> tokens |
 | `per_row([...])` | one constraint (or none) per row of a batch |
 """
 
@@ -55,8 +55,10 @@ from .json_schema import (
     json_schema_regex as json_schema_regex,
 )
 from .options import constraint_from_options as constraint_from_options
+from .pushdown import DEFAULT_NUM_STACKS as DEFAULT_NUM_STACKS
 from .pushdown import DEFAULT_STACK_DEPTH as DEFAULT_STACK_DEPTH
 from .pushdown import NotDeterministic as NotDeterministic
+from .pushdown import ParallelPushdownConstraint as ParallelPushdownConstraint
 from .pushdown import PushdownAutomaton as PushdownAutomaton
 from .pushdown import PushdownConstraint as PushdownConstraint
 from .processor import AbstractConstraint as AbstractConstraint

@@ -60,6 +60,7 @@ from .processor import (
     rows_of,
 )
 from .pushdown import (
+    DEFAULT_NUM_STACKS,
     DEFAULT_STACK_DEPTH,
     NotDeterministic,
     PushdownAutomaton,
@@ -187,17 +188,20 @@ def pushdown_automaton(
     start: str = "start",
     stack_depth: int = DEFAULT_STACK_DEPTH,
     cache: bool = True,
+    forks: bool = False,
 ) -> PushdownAutomaton:
-    """Compile a Lark grammar into a `PushdownAutomaton` (memoised in this process).
+    """Compile a Lark grammar into a `PushdownAutomaton` (memoised in this process). `forks`:
+    bytes that can be read in several ways become forks (`build_pushdown(forks=True)`, run by
+    `ParallelPushdownConstraint`) instead of `NotDeterministic`.
 
     **Raises:** `GrammarError` for grammar errors; `NotDeterministic` (a `GrammarError`) when
-    the grammar cannot run as a deterministic pushdown automaton; `ValueError` for a
-    `stack_depth` below 1.
+    the grammar cannot run as a pushdown automaton (without `forks`: also a byte read in
+    several ways); `ValueError` for a `stack_depth` below 1.
     """
     if isinstance(stack_depth, bool) or not isinstance(stack_depth, int) or stack_depth < 1:
         raise ValueError(f"`stack_depth` must be an integer >= 1, got {stack_depth!r}")
     spec = parse_grammar(grammar, start)
-    key = cache_key("pda", f"{start}\0{stack_depth}\0{grammar}", vocabulary)
+    key = cache_key("pda", f"{start}\0{stack_depth}\0{forks}\0{grammar}", vocabulary)
     if cache and key in _PUSHDOWN_CACHE:
         return _PUSHDOWN_CACHE[key]
     automaton = build_pushdown(
@@ -205,6 +209,7 @@ def pushdown_automaton(
         vocabulary,
         stack_depth=stack_depth,
         description=f"grammar (start={start}, stack_depth={stack_depth})",
+        forks=forks,
     )
     if cache:
         if len(_PUSHDOWN_CACHE) >= 16:
@@ -258,10 +263,18 @@ class Grammar(AbstractConstraint):
       recursive rules (for JSON, the nesting depth of values). Default `None`: automatic (the
       DFA, when used, gets `DEFAULT_MAX_DEPTH` = 4).
     - `stack_depth`: stack slots per row of the pushdown automaton (default 32).
+    - `num_stacks`: parallel stacks per row for a grammar in which a byte can be read in
+      several ways that one byte of lookahead cannot tell apart (llama.cpp's `c.gbnf`: `(`
+      after `return `), as llama.cpp keeps one stack per reading (default
+      `DEFAULT_NUM_STACKS` = 4; `functional_gen.structured.pushdown.parallel`). Past that many
+      readings at once the first ones are kept: the mask stays sound (no dead end), some texts
+      are no longer offered. `num_stacks=1` refuses such a grammar as a pushdown automaton
+      (the bounded-depth DFA then runs, with a warning). A grammar that one byte decides
+      runs with one stack whatever `num_stacks` says.
 
     **Raises:** `GrammarError` (a `ValueError`) naming the line for syntax errors, unsupported
     directives, undefined rules or terminals; or when the DFA grows beyond `MAX_STATES`;
-    `ValueError` for a negative `max_depth` or a `stack_depth` below 1.
+    `ValueError` for a negative `max_depth`, a `stack_depth` or `num_stacks` below 1.
 
     Source: recursive transition networks (Woods 1970) with XGrammar's split of
     context-independent and stack-dependent tokens (Dong et al. 2024); bounded-depth regular
@@ -279,9 +292,12 @@ class Grammar(AbstractConstraint):
         start: str = "start",
         max_depth: int | None = None,
         stack_depth: int = DEFAULT_STACK_DEPTH,
+        num_stacks: int = DEFAULT_NUM_STACKS,
         eos_token_id: int | Sequence[int] | None = None,
         vocab_size: int | None = None,
     ):
+        if isinstance(num_stacks, bool) or not isinstance(num_stacks, int) or num_stacks < 1:
+            raise ValueError(f"`num_stacks` must be an integer >= 1, got {num_stacks!r}")
         grammars, ids = rows_of(
             grammar,
             lambda g: isinstance(g, (str, Path)),
@@ -295,7 +311,11 @@ class Grammar(AbstractConstraint):
         if max_depth is None and len(texts) == 1 and cut_rules(parse_grammar(texts[0], start)):
             try:
                 automaton = pushdown_automaton(
-                    texts[0], vocabulary, start=start, stack_depth=stack_depth
+                    texts[0],
+                    vocabulary,
+                    start=start,
+                    stack_depth=stack_depth,
+                    forks=num_stacks > 1,
                 )
             except NotDeterministic as e:
                 warnings.warn(
@@ -304,7 +324,7 @@ class Grammar(AbstractConstraint):
                     stacklevel=2,
                 )
             else:
-                self.tables = pushdown_tables(automaton, ids)
+                self.tables = pushdown_tables(automaton, ids, num_stacks=num_stacks)
                 self.constraint_id = jnp.asarray(ids, jnp.int32)
                 return
         depth = DEFAULT_MAX_DEPTH if max_depth is None else max_depth

@@ -43,7 +43,7 @@ from jaxtyping import Array, Bool, Float, Int
 from ..processors.base import AbstractLogitsProcessor, Context, per_row_field
 from .automaton import DEAD, INFINITE_DISTANCE, INITIAL, TokenAutomaton
 from .buckets import bucket
-from .pushdown import PushdownConstraint
+from .pushdown import DEFAULT_NUM_STACKS, ParallelPushdownConstraint, PushdownConstraint
 
 
 def _concatenate(automata: Sequence[TokenAutomaton]):
@@ -129,18 +129,27 @@ def automata_tables(automata: Sequence[TokenAutomaton]) -> ConstraintTables:
 
 
 def pushdown_tables(
-    automaton, constraint_id, token_recipe: Int[Array, ""] | None = None
+    automaton,
+    constraint_id,
+    token_recipe: Int[Array, ""] | None = None,
+    num_stacks: int = DEFAULT_NUM_STACKS,
 ) -> ConstraintTables:
     """The tables that run a `PushdownAutomaton` (`structured.pushdown`) for the rows of
     `constraint_id`; the token-automaton tables then hold one constraint that allows nothing
-    and are not used. `token_recipe`: see `ConstraintTables`."""
+    and are not used. `token_recipe`: see `ConstraintTables`. An automaton with forks runs as a
+    `ParallelPushdownConstraint` with `num_stacks` configurations per row; one without, as a
+    `PushdownConstraint` (`num_stacks` unused)."""
+    if automaton.num_forks:
+        pushdown = ParallelPushdownConstraint(automaton, constraint_id, num_stacks)
+    else:
+        pushdown = PushdownConstraint(automaton, constraint_id)
     return ConstraintTables(
         token_class=jnp.zeros((1, 1), jnp.int32),
         transitions=jnp.zeros((2, 1), jnp.int32),
         distance=jnp.zeros(2, jnp.int32),
         initial_state=jnp.ones(1, jnp.int32),
         eos_token_id=tuple(automaton.eos_token_id),
-        pushdown=PushdownConstraint(automaton, constraint_id),
+        pushdown=pushdown,
         token_recipe=token_recipe,
     )
 
@@ -217,18 +226,23 @@ class AbstractConstraint(AbstractLogitsProcessor):
 
     def process(
         self,
-        state: Int[Array, ""] | tuple[Int[Array, ""], Int[Array, " depth"], Int[Array, ""]],
+        state: Int[Array, ""]
+        | tuple[Int[Array, ""], Int[Array, " depth"], Int[Array, ""]]
+        | tuple[Int[Array, " stacks"], Int[Array, "stacks depth"], Int[Array, " stacks"]],
         logits: Float[Array, " vocab"],
         context: Context,
     ) -> tuple[
-        Int[Array, ""] | tuple[Int[Array, ""], Int[Array, " depth"], Int[Array, ""]],
+        Int[Array, ""]
+        | tuple[Int[Array, ""], Int[Array, " depth"], Int[Array, ""]]
+        | tuple[Int[Array, " stacks"], Int[Array, "stacks depth"], Int[Array, " stacks"]],
         Float[Array, " vocab"],
     ]:
         """Advance on the previous token, then mask every token that leaves the language or the
         budget (`-inf`). Unconstrained rows (`constraint_id < 0`) pass through unchanged.
 
         **Returns:** `(state, logits)`, the state like the one given: an int32 scalar, or for a
-        pushdown automaton `(position, stack[depth], stack_pointer)`.
+        pushdown automaton `(position, stack[depth], stack_pointer)` (with forks, one of each
+        per parallel stack: `[stacks]`, `[stacks, depth]`, `[stacks]`).
         """
         if self.pushdown is not None:
             return self.pushdown.process(state, logits, context)

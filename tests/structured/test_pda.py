@@ -216,8 +216,11 @@ def test_grammar_chooses_the_pushdown_automaton(tokenizer):
         pushdown_automaton('start: item\nitem: "(" item ")" | "(" "q" "!" | "q"\n', vocabulary)
     with pytest.raises(NotDeterministic, match="one-byte lookahead"):
         pushdown_automaton(SPACED_FUNCTION_CALLS, vocabulary)
+    # such a grammar runs on parallel stacks; with one stack, as the bounded-depth DFA
+    parallel = fg.processors.Grammar(SPACED_FUNCTION_CALLS, tokenizer)
+    assert isinstance(parallel.pushdown, fg.structured.ParallelPushdownConstraint)
     with pytest.warns(UserWarning, match="bounded-depth DFA"):
-        fallback = fg.processors.Grammar(SPACED_FUNCTION_CALLS, tokenizer)
+        fallback = fg.processors.Grammar(SPACED_FUNCTION_CALLS, tokenizer, num_stacks=1)
     assert fallback.pushdown is None
     with pytest.raises(ValueError, match="pushdown"):
         fg.structured.per_row([fg.processors.Grammar(JSON_GRAMMAR, tokenizer), None])

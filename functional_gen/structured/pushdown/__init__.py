@@ -22,10 +22,12 @@ int32 scalars and an `int32[stack_depth]` array, so the depth costs memory, not 
    read the byte, so the byte is retried at the position popped from the stack; or reject. A
    grammar in which one byte could be read in two ways (the byte itself and a call, two calls,
    a rule that matches the empty string, left recursion) is refused with `NotDeterministic`
-   (`Grammar` then falls back to the bounded-depth DFA). Returning only when the rule cannot
+   (`Grammar` then falls back to the bounded-depth DFA), except that with `forks=True` a byte
+   read in two ways becomes a *fork* (see "Forks" below). Returning only when the rule cannot
    continue is the longest-match rule of lexers; so that it never hides a text, a rule that may
    end before a byte and also read that byte itself, where one of its return positions reads it
-   too, is refused as well (a one-byte lookahead cannot tell). A call whose return position
+   too, is refused as well (a one-byte lookahead cannot tell; with `forks=True`, a fork whose
+   ways are "read it here" and "return and read it below"). A call whose return position
    can only end the rule is a tail call and pushes nothing. (JSON Schemas use a byte DFA with
    call edges to a JSON value rule as the bottom frame instead of a start rule: `top`.)
 3. Token masks. A token either reads its bytes inside the rules it enters (whatever is below on
@@ -72,11 +74,19 @@ int32 scalars and an `int32[stack_depth]` array, so the depth costs memory, not 
    token leaves above the stack) fits in `r - 1`; closer to the end only the one-byte tokens,
    the candidates and the best tokens, walked exactly with their `need`, are allowed.
 4. every other logit becomes `-inf`; a row left with nothing ends with `"constraint"`.
+
+**Forks** (`parallel`): a grammar in which a byte can be read in several ways (`build_pushdown(
+forks=True)`, what `Grammar` does by default) keeps the tables above for every token that cannot
+reach such a byte, and runs with `num_stacks` configurations per row
+(`ParallelPushdownConstraint`); a grammar without forks gets exactly the tables and processor
+above.
 """
 
 from .automaton import BOTTOM as BOTTOM
 from .automaton import DEAD as DEAD
+from .automaton import DEFAULT_NUM_STACKS as DEFAULT_NUM_STACKS
 from .automaton import DEFAULT_STACK_DEPTH as DEFAULT_STACK_DEPTH
+from .automaton import FORK as FORK
 from .automaton import MAX_LEVELS as MAX_LEVELS
 from .automaton import POP as POP
 from .automaton import UNREACHABLE as UNREACHABLE
@@ -85,3 +95,5 @@ from .automaton import PushdownAutomaton as PushdownAutomaton
 from .building import build_pushdown as build_pushdown
 from .constraint import PushdownConstraint as PushdownConstraint
 from .constraint import state_stack as state_stack
+from .parallel import ParallelPushdownConstraint as ParallelPushdownConstraint
+from .parallel import state_configurations as state_configurations

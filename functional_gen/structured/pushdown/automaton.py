@@ -15,6 +15,12 @@ DEAD = 0
 """The dead position: nothing is read there."""
 POP = -1
 """`next` entry: the current rule ends here; return and retry the byte."""
+FORK = -2
+"""`next` entries `FORK - f` (`f >= 0`): the byte can be read in several ways, listed in
+`fork_next[f]` / `fork_push[f]` (grammars built with `forks=True`, run with parallel stacks by
+`pushdown.parallel`; every deterministic walk treats them as a rejection)."""
+DEFAULT_NUM_STACKS = 4
+"""Default number of parallel stacks per row for a grammar with forks (`Grammar(num_stacks=)`)."""
 DEFAULT_STACK_DEPTH = 32
 """Default number of stack slots (return positions) per row."""
 MAX_LEVELS = 8
@@ -68,6 +74,12 @@ class PushdownAutomaton:
       the budget when the stack's `need` plus this fits in it.
     - `byte_tokens`: `Int[np.ndarray, " byte_tokens"]`, the one-byte tokens (padded with
       `vocab_size`), checked exactly near the end of the budget.
+    - `fork_next`: `Int[np.ndarray, "forks ways"]` and `fork_push`: `Int[np.ndarray, "forks ways
+      pushes"]`: the ways of reading the byte at each fork (`next` entry `FORK - f`), as `next`
+      and `push` give the one way elsewhere (target 0: no further way); `fork_tokens`:
+      `Int[np.ndarray, " fork_tokens"]`, the tokens holding a byte of a class that forks
+      somewhere (padded with `vocab_size`; checked exactly on the device, over every stack), and
+      `fork_bytes` the longest of them. Empty for a deterministic grammar (`num_forks == 0`).
     """
 
     byte_class: Int[np.ndarray, " 256"]
@@ -93,6 +105,21 @@ class PushdownAutomaton:
     token_cost: Int[np.ndarray, "positions slots"]
     byte_tokens: Int[np.ndarray, " byte_tokens"]
     description: str = ""
+    fork_next: Int[np.ndarray, "forks ways"] = dataclasses.field(
+        default_factory=lambda: np.zeros((0, 1), np.int32)
+    )
+    fork_push: Int[np.ndarray, "forks ways pushes"] = dataclasses.field(
+        default_factory=lambda: np.zeros((0, 1, 1), np.int32)
+    )
+    fork_tokens: Int[np.ndarray, " fork_tokens"] = dataclasses.field(
+        default_factory=lambda: np.zeros(0, np.int32)
+    )
+    fork_bytes: int = 0
+
+    @property
+    def num_forks(self) -> int:
+        """Bytes (position, class) that can be read in several ways (0: deterministic)."""
+        return self.fork_next.shape[0]
 
     @property
     def num_positions(self) -> int:
@@ -142,6 +169,42 @@ class PushdownAutomaton:
         if len(stack) + len(pushed) > self.stack_depth:
             return None
         return target, stack + pushed
+
+    def steps(self, config, byte: int) -> list:
+        """Every configuration after one byte from `config` (several at a fork; none when the
+        byte is not allowed or every way overflows the stack)."""
+        pos, stack = config
+        c = self.byte_class[byte]
+        while self.next[pos, c] == POP and stack:
+            pos, stack = stack[-1], stack[:-1]
+        target = int(self.next[pos, c])
+        if target > 0:
+            ways = [(target, self.push[pos, c])]
+        elif target <= FORK:
+            f = FORK - target
+            ways = [(int(t), p) for t, p in zip(self.fork_next[f], self.fork_push[f]) if t > 0]
+            if POP in self.fork_next[f] and stack:  # return, then read the byte below
+                return self._ways(ways, stack) + self.steps((stack[-1], stack[:-1]), byte)
+        else:
+            return []
+        return self._ways(ways, stack)
+
+    def _ways(self, ways, stack) -> list:
+        """The configurations `(target, stack + pushed)` of `ways` that fit in the stack."""
+        out = []
+        for target, pushes in ways:
+            pushed = tuple(int(p) for p in pushes if p)
+            if len(stack) + len(pushed) <= self.stack_depth:
+                out.append((target, stack + pushed))
+        return out
+
+    def walk_all(self, data: bytes, configs=None) -> list:
+        """Every configuration after `data` (from the initial one), following every way at a
+        fork (no bound on their number: the host reference of parallel stacks)."""
+        configs = [(self.initial, ())] if configs is None else configs
+        for b in data:
+            configs = list(dict.fromkeys(n for c in configs for n in self.steps(c, b)))
+        return configs
 
     def walk(self, data: bytes, config=None):
         """The configuration after `data` (from the initial one), or `None`."""

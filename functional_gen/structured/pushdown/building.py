@@ -10,7 +10,7 @@ import numpy as np
 from jaxtyping import Int
 
 from ..buckets import bucket
-from ..byte_dfa import REJECT, ByteDFA, ragged_rows
+from ..byte_dfa import REJECT, ByteDFA, ragged_rows, token_trie, trie_levels
 from ..grammar_rules import RuleBuilder, cut_rules
 from ..grammar_syntax import GrammarError, GrammarSpec
 from ..vocabulary import TokenVocabulary
@@ -18,6 +18,7 @@ from .automaton import (
     BOTTOM,
     DEAD,
     DEFAULT_STACK_DEPTH,
+    FORK,
     POP,
     UNREACHABLE,
     NotDeterministic,
@@ -42,6 +43,7 @@ def build_pushdown(
     description: str = "",
     top: tuple[ByteDFA, Int[np.ndarray, " states"], str] | None = None,
     rules: Sequence[tuple[str, ByteDFA, np.ndarray]] | None = None,
+    forks: bool = False,
 ) -> PushdownAutomaton:
     """Compile a parsed grammar into a `PushdownAutomaton` (see the module docstring).
 
@@ -54,9 +56,13 @@ def build_pushdown(
     grammar's recursive rules (`grammar_rules.cut_rules(spec)`), and `calls[q, r]` (`states x
     callables`) is the state of `dfa` reached from `q` after a call of callable `r` (`REJECT`:
     none). `spec` may then be `None` (no grammar rules). JSON Schemas compiled to a grammar use
-    it: one rule per large subschema (`json_schema.json_schema_grammar`).
+    it: one rule per large subschema (`json_schema.json_schema_grammar`). `forks`: instead of
+    refusing a byte that can be read in several ways, give its (position, byte class) the
+    action `FORK - f` and list the ways in `fork_next[f]` / `fork_push[f]` (run with parallel
+    stacks, `pushdown.parallel`); every table walk treats such an entry as a rejection, so a
+    grammar without such bytes gets exactly the tables it gets without `forks`.
 
-    **Raises:** `NotDeterministic` when a byte could be read in two ways, a recursive rule
+    **Raises:** `NotDeterministic` when a byte could be read in two ways (without `forks`), a recursive rule
     matches the empty string or is left-recursive; `GrammarError` for a language without a
     finite sentence (naming the rules that never end), or without one that fits within
     `stack_depth` open calls and can be spelled with the vocabulary's tokens;
@@ -103,6 +109,8 @@ def build_pushdown(
 
     @typing.no_type_check
     def action(a: int, q: int, c: int):
+        """The ways `(pushed, target)` to read class `c` at state `q` of automaton `a` (at most
+        one unless `forks`)."""
         dfa = automata[a]
         options = []
         t = int(dfa.delta[q, c])
@@ -110,17 +118,16 @@ def build_pushdown(
             options.append(((), int(offsets[a]) + t, None))
         for r in np.flatnonzero(dfa.delta[q, nc:] != REJECT):
             ret = int(dfa.delta[q, nc + r])
-            e = entry(int(r), c)
-            if e is not None:
-                pushed = () if tail(a, ret) else (int(offsets[a]) + ret,)
+            pushed = () if tail(a, ret) else (int(offsets[a]) + ret,)
+            for e in entry(int(r), c):
                 options.append((pushed + e[0], e[1], names[1 + r]))
-        if len(options) > 1:
+        if len(options) > 1 and not forks:
             byte = bytes([int(np.flatnonzero(byte_class == c)[0])])
             ways = ", ".join("itself" if o[2] is None else f"a call of {o[2]!r}" for o in options)
             raise NotDeterministic(
                 f"in rule {names[a]!r} the byte {byte!r} can be read in {len(options)} ways ({ways})"
             )
-        return options[0][:2] if options else None
+        return list(dict.fromkeys(o[:2] for o in options))
 
     @typing.no_type_check
     def entry(r: int, c: int):
@@ -136,6 +143,7 @@ def build_pushdown(
 
     nxt = np.zeros((num_positions, nc), np.int32)
     pushes: dict = {}
+    fork_ways: list = []  # per fork, its ways `(pushed, target)`
     for a, dfa in enumerate(automata):
         # A state without call edges reads its bytes itself or rejects them (one option at
         # most, no error possible): filled at once. The states with calls go through `action`
@@ -152,11 +160,14 @@ def build_pushdown(
         for q in np.flatnonzero(calling).tolist():
             pos = int(offsets[a]) + q
             for c in range(nc):
-                act = action(a, q, c)
-                if act is not None:
-                    nxt[pos, c] = act[1]
-                    if act[0]:
-                        pushes[pos, c] = act[0]
+                ways = action(a, q, c)
+                if len(ways) > 1:  # only with `forks`
+                    nxt[pos, c] = FORK - len(fork_ways)
+                    fork_ways.append(ways)
+                elif ways:
+                    nxt[pos, c] = ways[0][1]
+                    if ways[0][0]:
+                        pushes[pos, c] = ways[0][0]
                 elif a and dfa.accepting[q]:
                     nxt[pos, c] = POP
     width = max((len(p) for p in pushes.values()), default=0)
@@ -196,10 +207,14 @@ def build_pushdown(
             if s == BOTTOM:
                 continue
             act = nxt[s, c]
-            if act > 0 or (
-                act == POP
-                and position_rule[s] not in busy
-                and read_after_return(int(position_rule[s]), c, busy | {rule})
+            if (
+                act > 0
+                or act <= FORK
+                or (
+                    act == POP
+                    and position_rule[s] not in busy
+                    and read_after_return(int(position_rule[s]), c, busy | {rule})
+                )
             ):
                 found = True
                 break
@@ -207,8 +222,19 @@ def build_pushdown(
         return found
 
     for p in np.flatnonzero(final & (position_rule > 0)):
-        for c in np.flatnonzero(nxt[p] > 0):
+        for c in np.flatnonzero((nxt[p] > 0) | (nxt[p] <= FORK)):
             if read_after_return(int(position_rule[p]), int(c)):
+                if forks:  # a fork: read the byte here, or return and read it below
+                    act = int(nxt[p, c])
+                    if act <= FORK:
+                        ways = fork_ways[FORK - act]
+                    else:
+                        ways = [(tuple(int(v) for v in push[p, c] if v), act)]
+                        push[p, c] = 0
+                        nxt[p, c] = FORK - len(fork_ways)
+                        fork_ways.append(ways)
+                    ways.append(((), POP))
+                    continue
                 byte = bytes([int(np.flatnonzero(byte_class == c)[0])])
                 raise NotDeterministic(
                     f"the rule {names[position_rule[p]]!r} may end before the byte {byte!r} or read "
@@ -277,6 +303,9 @@ def build_pushdown(
             np.full(bucket(byte_tokens.size, 8) - byte_tokens.size, vocabulary.vocab_size),
         ]
     ).astype(np.int32)
+    fork_next, fork_push, fork_tokens, fork_bytes = _fork_tables(
+        fork_ways, nxt, byte_class, position_sites, vocabulary
+    )
     return PushdownAutomaton(
         byte_class=byte_class.astype(np.int32),
         next=nxt,
@@ -301,7 +330,96 @@ def build_pushdown(
         token_cost=token_cost,
         byte_tokens=byte_tokens,
         description=description,
+        fork_next=fork_next,
+        fork_push=fork_push,
+        fork_tokens=fork_tokens,
+        fork_bytes=fork_bytes,
     )
+
+
+def _fork_tables(fork_ways: list, nxt, byte_class, position_sites, vocabulary: TokenVocabulary):
+    """`(fork_next, fork_push, fork_tokens, fork_bytes)` of `PushdownAutomaton` from the ways
+    of each fork (`(pushed, target)` each, target `POP` for "return and read the byte below"):
+    targets and pushes 0-padded, the tokens whose bytes may reach a fork (`_fork_tokens`,
+    padded with `vocab_size`) and the longest of them, in bytes. Empty (`(0, 1)`, `(0, 1, 1)`,
+    `(0,)`, 0) without forks."""
+    ways = max((len(w) for w in fork_ways), default=1)
+    width = max((len(p) for w in fork_ways for p, _ in w), default=1)
+    fork_next = np.zeros((len(fork_ways), ways), np.int32)
+    fork_push = np.zeros((len(fork_ways), ways, max(width, 1)), np.int32)
+    for f, options in enumerate(fork_ways):
+        for k, (pushed, target) in enumerate(options):
+            fork_next[f, k] = target
+            fork_push[f, k, : len(pushed)] = pushed
+    if not fork_ways:
+        return fork_next, fork_push, np.zeros(0, np.int32), 0
+    tokens = _fork_tokens(nxt, fork_next, byte_class, position_sites, vocabulary)
+    fork_bytes = int(vocabulary.token_length[tokens].max(initial=1))
+    padded = np.full(bucket(tokens.size, 8), vocabulary.vocab_size, np.int32)
+    padded[: tokens.size] = tokens
+    return fork_next, fork_push, padded, fork_bytes
+
+
+def _fork_tokens(nxt, fork_next, byte_class, position_sites, vocabulary: TokenVocabulary):
+    """The tokens whose bytes may reach a fork from some configuration: a walk of the
+    vocabulary's trie over *sets* of positions, from every position, where a return may go to
+    any return site of the rule (a superset of what a stack holds) and a fork follows all its
+    ways. Every other token reads its bytes in one way from any configuration, so the
+    deterministic tables give its mask exactly."""
+    trie = token_trie(vocabulary)
+    nxt_list, class_list = nxt.tolist(), byte_class.tolist()
+    fork_list = fork_next.tolist()
+    set_ids: dict = {}
+    sets: list = []
+
+    @typing.no_type_check
+    def intern(members) -> int:
+        key = frozenset(members)
+        i = set_ids.get(key)
+        if i is None:
+            i = set_ids[key] = len(sets)
+            sets.append(key)
+        return i
+
+    memo: dict = {}
+
+    @typing.no_type_check
+    def step(sid: int, c: int):
+        out, hit, seen = set(), False, set(sets[sid])
+        work = list(seen)
+        while work:
+            p = work.pop()
+            act = nxt_list[p][c]
+            targets = [act]
+            if act <= FORK:
+                hit, targets = True, fork_list[FORK - act]
+            for t in targets:
+                if t > 0:
+                    out.add(t)
+                elif t == POP:
+                    for site in position_sites[p]:
+                        if site != BOTTOM and site not in seen:
+                            seen.add(site)
+                            work.append(site)
+        return intern(out), hit
+
+    node_set = np.zeros(trie.num_nodes, np.int64)
+    forked = np.zeros(trie.num_nodes, bool)
+    node_set[0] = intern(range(1, nxt.shape[0]))
+    parent = trie_levels(trie)[0].tolist()
+    node_byte = trie.byte.tolist()
+    sets_of, forked_list = node_set.tolist(), forked.tolist()
+    for n in range(1, trie.num_nodes):
+        up = parent[n]
+        key = (sets_of[up], class_list[node_byte[n]])
+        hit = memo.get(key)
+        if hit is None:
+            hit = memo[key] = step(*key)
+        sets_of[n] = hit[0]
+        forked_list[n] = forked_list[up] or hit[1]
+    forked = np.asarray(forked_list, bool)
+    token_node = trie_levels(trie)[2]
+    return np.sort(trie.token_ids[forked[token_node]]).astype(np.int32)
 
 
 _CALLED_RULES: dict = {}

@@ -178,6 +178,12 @@ class PushdownConstraint(AbstractLogitsProcessor):
         state = jax.tree.map(
             lambda new, old: jnp.where(context.num_generated > 0, new, old), advanced, state
         )
+        allowed = self._allowed(state, context)
+        return state, self._apply(allowed, self._can_end(state), logits)
+
+    def _allowed(self, state, context: Context) -> Bool[Array, " vocab"]:
+        """The tokens allowed from one configuration (the mask of step 2 and the budget of step
+        3), the end-of-generation ids not yet set."""
         pos, stack, sp = state
         vocab = self.token_length.shape[0]
         room = self.stack_depth - sp
@@ -189,8 +195,7 @@ class PushdownConstraint(AbstractLogitsProcessor):
         # The budget: a token may leave at most `remaining - 1` tokens to end the text, within
         # the stack. The bitmask row holds when its costliest token does (its tokens can all be
         # finished within the stack: their levels say so); otherwise only the exact checks below.
-        remaining = context.max_new_tokens - context.num_generated  # this token included
-        budget = jnp.minimum(remaining - 1, UNREACHABLE - 1)
+        budget = self._budget(context)
         fits = self._stack_need(state) + self.token_cost[pos, slot] <= budget
         allowed = allowed & fits
 
@@ -202,17 +207,33 @@ class PushdownConstraint(AbstractLogitsProcessor):
 
         allowed = exact(allowed, self.byte_tokens, 1)
         allowed = exact(allowed, self.candidates[pos, slot], self.candidate_bytes)
-        allowed = exact(allowed, self._best_tokens(state), self.best_bytes)
+        return exact(allowed, self._best_tokens(state), self.best_bytes)
+
+    @staticmethod
+    def _budget(context: Context) -> Int[Array, ""]:
+        """The most tokens a token may leave to end the text: `remaining - 1`, `remaining` the
+        tokens left to generate (this one included)."""
+        remaining = context.max_new_tokens - context.num_generated  # this token included
+        return jnp.minimum(remaining - 1, UNREACHABLE - 1)
+
+    def _can_end(self, state) -> Bool[Array, ""]:
+        """Whether generation may end in the configuration (its position and every return
+        position on its stack may end)."""
+        pos, stack, sp = state
         on_stack = jnp.arange(self.stack_depth) < sp
-        can_end = self.final[pos] & jnp.all(jnp.where(on_stack, self.final[stack], True))
+        return self.final[pos] & jnp.all(jnp.where(on_stack, self.final[stack], True))
+
+    def _apply(self, allowed, can_end, logits: Float[Array, " vocab"]) -> Float[Array, " vocab"]:
+        """The logits with every token not `allowed` at `-inf` (constrained rows only), the
+        end-of-generation ids allowed where `can_end`."""
         allowed = allowed.at[jnp.asarray(self.eos_token_id, jnp.int32)].set(can_end)
+        vocab = self.token_length.shape[0]
         width = logits.shape[-1]
         if vocab < width:
             allowed = jnp.pad(allowed, (0, width - vocab))
         allowed = allowed[:width]
         constrained = self.constraint_id >= 0
-        logits = jnp.where(constrained & ~allowed, -jnp.inf, logits).astype(logits.dtype)
-        return state, logits
+        return jnp.where(constrained & ~allowed, -jnp.inf, logits).astype(logits.dtype)
 
 
 def state_stack(state) -> list[int]:
