@@ -2,7 +2,8 @@
 acceptance rate, and transformers' `prompt_lookup_num_tokens` on the same prompts, in one run.
 
     .venv/bin/python benchmarks/bench_speculative.py [--new-tokens 128] [--batches 1 8]
-        [--precisions float32 int8] [--no-transformers] [--quick]
+        [--precisions float32 int8] [--no-transformers] [--quick] [--limit N]
+        [--systems plain lookup early-exit]
 
 Tasks (chat prompts, greedy, SmolLM2-135M-Instruct):
 
@@ -24,7 +25,14 @@ guesses; `tok/step` is tokens per target call. The bandwidth bound of plain deco
 `B * bandwidth / weight bytes` (bandwidth measured now, as `bench_generate.py`), is printed:
 speculation may pass it, since one target call emits several tokens.
 
-`--quick` (a check that the script works): 2 prompts, 32 tokens, batch 1, float32.
+`--quick` (a check that the script works): 2 prompts, 32 tokens, batch 1, float32. `--limit N`
+keeps the first `N` prompts of each task; `--systems` picks our systems (default all three).
+
+Duration of the full run (estimated on the shared 2-core machine, 2026-11-26): each of our
+systems runs every prompt group twice (compile + timed); a group of 8 rows x 128 tokens takes
+about 10 s plain and a similar time speculative, compilation 20-40 s per new prompt-length
+bucket and system; transformers runs 32 prompts twice (about 3 s each). About 8-11 minutes in
+all on a quiet machine.
 """
 
 import argparse
@@ -159,16 +167,26 @@ def main(argv=None) -> int:
     parser.add_argument("--precisions", nargs="+", default=["float32", "int8"])
     parser.add_argument("--no-transformers", action="store_true")
     parser.add_argument("--quick", action="store_true", help="2 prompts, 32 tokens, batch 1")
+    parser.add_argument("--limit", type=int, default=None, help="the first N prompts per task")
+    parser.add_argument(
+        "--systems", nargs="+", default=["plain", "lookup", "early-exit"], help="ours to run"
+    )
     args = parser.parse_args(argv)
     tasks = {"grounded": GROUNDED, "open": OPEN}
     if args.quick:
         tasks = {"grounded": GROUNDED[:2], "open": OPEN[:2]}
         args.new_tokens, args.batches, args.precisions = 32, [1], ["float32"]
+    if args.limit is not None:
+        tasks = {name: prompts[: args.limit] for name, prompts in tasks.items()}
     systems = {
         "plain": None,
         "lookup": fg.speculative.PromptLookup(num_tokens=10, max_ngram_size=3),
         "early-exit": fg.speculative.EarlyExit(num_layers=8, num_tokens=4),
     }
+    unknown = sorted(set(args.systems) - set(systems))
+    if unknown or "plain" not in args.systems:
+        parser.error(f"--systems: unknown {unknown}; 'plain' is required (the x plain column)")
+    systems = {name: spec for name, spec in systems.items() if name in args.systems}
     bandwidth = measure_bandwidth()
     print(
         f"# speculative decoding, SmolLM2-135M-Instruct, {args.new_tokens} new tokens at most; "
