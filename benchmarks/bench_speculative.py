@@ -2,7 +2,8 @@
 acceptance rate, and transformers' `prompt_lookup_num_tokens` on the same prompts, in one run.
 
     .venv/bin/python benchmarks/bench_speculative.py [--new-tokens 128] [--batches 1 8]
-        [--precisions float32 int8] [--no-transformers] [--quick]
+        [--precisions float32 int8] [--no-transformers] [--quick] [--limit N]
+        [--systems plain lookup early-exit]
 
 Tasks (chat prompts, greedy, SmolLM2-135M-Instruct):
 
@@ -10,21 +11,31 @@ Tasks (chat prompts, greedy, SmolLM2-135M-Instruct):
   snippet; the answer copies long spans of the prompt, which prompt lookup guesses;
 - open-ended (`OPEN`, 8 prompts): stories and explanations, little to copy.
 
-Systems: `plain` (no speculation), `lookup` (`PromptLookup(num_tokens=10, max_ngram_size=3)`),
-`early-exit` (`EarlyExit(num_layers=8, num_tokens=4)`), and `hf-lookup` / `hf-plain`:
-transformers' `generate(prompt_lookup_num_tokens=10)` and plain `generate` (batch 1 only:
+Systems: `plain` (no speculation), `lookup` (`PromptLookup(num_tokens=10, max_ngram_size=3)`,
+adaptive), `early-exit` (`EarlyExit(num_layers=8, num_tokens=4)`, opt-in), and `hf-lookup` /
+`hf-plain`: transformers' `generate(prompt_lookup_num_tokens=10)` and plain `generate` (batch 1 only:
 transformers' assisted generation takes one row), float32, 2 threads. `DraftModel` is not
 measured: no second model with SmolLM2's vocabulary is installed.
 
 Every figure is generated tokens / wall time of whole calls (prefill included, the same for
-every system; compilation excluded: every group runs once untimed first), rows of one task
-batched `B` at a time. `max_new_tokens` is `--new-tokens`, EOS ends a row (so the counts of
+every system; compilation excluded: every group runs once untimed first, cut after a token),
+rows of one task batched `B` at a time. `max_new_tokens` is `--new-tokens`, EOS ends a row (so the counts of
 rows differ; the table gives the mean). The acceptance rate is emitted guesses / verified
 guesses; `tok/step` is tokens per target call. The bandwidth bound of plain decoding,
 `B * bandwidth / weight bytes` (bandwidth measured now, as `bench_generate.py`), is printed:
 speculation may pass it, since one target call emits several tokens.
 
-`--quick` (a check that the script works): 2 prompts, 32 tokens, batch 1, float32.
+`--quick` (a check that the script works): 2 prompts, 32 tokens, batch 1, float32. `--limit N`
+keeps the first `N` prompts of each task; `--systems` picks our systems (default `plain
+lookup`; add `early-exit` to measure `EarlyExit`, which at about 0.3x plain would take longer
+than the rest of the run).
+
+Duration of the default full run, estimated from quiet-machine rates (float32 decode 19 ms per
+step at batch 1, 78 ms at batch 8): per precision, batch 1 times about 32 prompts x 120 tokens
+at 50 tok/s plain and faster with lookup (about 2.5 min), batch 8 4 groups x 128 steps
+(about 1.5 min); compilation (each group runs once with a budget of one token first: the same
+program, cut short) about 20-40 s per prompt-length bucket, batch and system; transformers
+about 2 min. About 10-12 minutes in all; `--no-transformers` saves 2.
 """
 
 import argparse
@@ -38,6 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from bench_generate import measure_bandwidth
 
@@ -88,7 +100,7 @@ def chat(prompt: str):
 def run_ours(model, tokenizer, prompts, batch, new_tokens, speculative):
     """`(generated tokens, seconds, emitted guesses, verified guesses, target steps)`."""
 
-    def call(rows):
+    def call(rows, warm_up=False):
         _, _, prepared = plan_call(
             model,
             tokenizer,
@@ -96,13 +108,15 @@ def run_ours(model, tokenizer, prompts, batch, new_tokens, speculative):
             max_new_tokens=new_tokens,
             speculative=speculative,
         )
+        # the warm-up compiles the same program (the budget is an array) but stops after a step
+        budget = jnp.minimum(prepared.budget, 1) if warm_up else prepared.budget
         final, _, _ = run_generation(
             prepared.step,
             prepared.plan,
             prepared.arrays,
             prepared.new_ids,
             prepared.new_pos,
-            prepared.budget,
+            budget,
             prepared.padding_rows,
             prepared.keys,
         )
@@ -111,7 +125,7 @@ def run_ours(model, tokenizer, prompts, batch, new_tokens, speculative):
 
     groups = [prompts[i : i + batch] for i in range(0, len(prompts), batch)]
     for rows in groups:  # warm-up: compile every shape (prompt-length buckets differ)
-        call(rows)
+        call(rows, warm_up=True)
     tokens = seconds = accepted = proposed = steps = 0
     for rows in groups:
         t = time.perf_counter()
@@ -159,16 +173,30 @@ def main(argv=None) -> int:
     parser.add_argument("--precisions", nargs="+", default=["float32", "int8"])
     parser.add_argument("--no-transformers", action="store_true")
     parser.add_argument("--quick", action="store_true", help="2 prompts, 32 tokens, batch 1")
+    parser.add_argument("--limit", type=int, default=None, help="the first N prompts per task")
+    parser.add_argument(
+        "--systems",
+        nargs="+",
+        default=["plain", "lookup"],
+        help="ours to run: plain, lookup, early-exit (opt-in: at 0.3x plain it alone would take "
+        "longer than the rest of the run)",
+    )
     args = parser.parse_args(argv)
     tasks = {"grounded": GROUNDED, "open": OPEN}
     if args.quick:
         tasks = {"grounded": GROUNDED[:2], "open": OPEN[:2]}
         args.new_tokens, args.batches, args.precisions = 32, [1], ["float32"]
+    if args.limit is not None:
+        tasks = {name: prompts[: args.limit] for name, prompts in tasks.items()}
     systems = {
         "plain": None,
         "lookup": fg.speculative.PromptLookup(num_tokens=10, max_ngram_size=3),
         "early-exit": fg.speculative.EarlyExit(num_layers=8, num_tokens=4),
     }
+    unknown = sorted(set(args.systems) - set(systems))
+    if unknown or "plain" not in args.systems:
+        parser.error(f"--systems: unknown {unknown}; 'plain' is required (the x plain column)")
+    systems = {name: spec for name, spec in systems.items() if name in args.systems}
     bandwidth = measure_bandwidth()
     print(
         f"# speculative decoding, SmolLM2-135M-Instruct, {args.new_tokens} new tokens at most; "

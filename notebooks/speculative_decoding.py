@@ -110,7 +110,10 @@ print(tokenizer.decode(np.asarray(generated), skip_special_tokens=True))
 # %% [markdown]
 # Each bar is one call of the model. Runs of 9 tokens (8 accepted guesses plus the model's own
 # next token) are spans copied from the code; single tokens are where the answer says something
-# new. The last bar may be 0: a row that ends on the model's own token takes one more call to
+# new. After a rejection the row guesses only as many tokens as it got right (`PromptLookup`'s
+# adaptive budget; none after a miss, until its last 3 tokens recur), and a step's call is only
+# as wide as the guesses need (1, 4 or 9 positions), so bars of 1 are often plain decode steps.
+# The last bar may be 0: a row that ends on the model's own token takes one more call to
 # put that token into the cache, so that a `SequenceState` can continue from it.
 
 # %%

@@ -1,0 +1,77 @@
+"""The cost of a model call over `w` positions against a one-position decode call: what a
+speculative verification of `w - 1` guesses costs (`functional_gen.generation.speculative`).
+
+    .venv/bin/python benchmarks/bench_verify_width.py [--batches 1 8] [--widths 1 2 4 6 11]
+        [--precision float32] [--cache 300] [--calls 30]
+
+SmolLM2-135M-Instruct (the default model); a cache of `--cache` slots holding 200 tokens; the
+jitted `model(token_ids, positions, cache)`; median of `--calls` calls after one untimed call,
+`jax.block_until_ready` on each. Prints ms and the ratio to width 1 (compare ratios: the
+shared machine's load moves the absolute numbers).
+
+Measured 2026-11-26, float32, quiet 2-core machine: batch 1, 19.4 ms at width 1, 1.86x at 2
+and 4, 3.2x at 6 and 11; batch 8, 78 ms, 2.2x at 2, 3.0x at 4 and 6, 3.75x at 11.
+"""
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's functional_gen
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+
+import functional_gen as fg
+
+
+@eqx.filter_jit
+def _call(model, token_ids, positions, cache):
+    return model(token_ids, positions, cache)
+
+
+def median_ms(fn, *args, calls: int) -> float:
+    """Median wall time of `fn(*args)` in ms, after one untimed call."""
+    jax.block_until_ready(fn(*args))
+    times = []
+    for _ in range(calls):
+        t = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        times.append(time.perf_counter() - t)
+    return statistics.median(times) * 1e3
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 8])
+    parser.add_argument("--widths", type=int, nargs="+", default=[1, 2, 4, 6, 11])
+    parser.add_argument("--precision", choices=["float32", "int8"], default="float32")
+    parser.add_argument("--cache", type=int, default=300)
+    parser.add_argument("--calls", type=int, default=30)
+    args = parser.parse_args(argv)
+    load = {"quantization": "int8"} if args.precision == "int8" else {}
+    model, _ = fg.load_model(**load)
+    text = 200
+    print("| precision | batch | width | ms | x width 1 |")
+    print("|---|---|---|---|---|")
+    for batch in args.batches:
+        cache = model.init_cache(batch, args.cache)
+        ids = jnp.ones((batch, text), jnp.int32)
+        _, cache = _call(model, ids, jnp.broadcast_to(jnp.arange(text), ids.shape), cache)
+        base = None
+        for width in args.widths:
+            ids = jnp.ones((batch, width), jnp.int32)
+            pos = jnp.broadcast_to(text + jnp.arange(width), ids.shape)
+            ms = median_ms(_call, model, ids, pos, cache, calls=args.calls)
+            base = base or ms
+            print(
+                f"| {args.precision} | {batch} | {width} | {ms:.2f} | {ms / base:.2f} |", flush=True
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,136 @@
+"""Speculative decoding's fast paths (issue 41, speed): the vectorised n-gram lookup, the adaptive
+per-row guess budget of `PromptLookup`, the verification widths, and the no-processor path.
+
+References: a brute-force Python prompt lookup (the definition: leftmost occurrence of the
+longest matching n-gram with a token after it), budgets computed by hand, and plain greedy
+`fg.generate` token for token.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import functional_gen as fg
+from functional_gen.generation.speculative import verify_widths
+from functional_gen.speculative.proposers import EXPLORE_TOKENS, LookupCarry
+from functional_gen.testing import tiny_config
+
+from ..helpers import tiny_tokenizer
+
+
+def _brute_lookup(ids, k, top):
+    """`(guesses, n)` by the definition, in Python."""
+    length = len(ids)
+    for n in range(top, 0, -1):
+        if length - n < 1:
+            continue
+        tail = list(ids[length - n :])
+        for i in range(0, length - n):
+            if list(ids[i : i + n]) == tail:
+                cont = list(ids[i + n : i + n + k])
+                return cont + [-1] * (k - len(cont)), n
+    return [-1] * k, 0
+
+
+def _propose(spec, rows, lengths, carry=None, active=None):
+    width = max(len(r) for r in rows) + 5
+    ids = np.zeros((len(rows), width), np.int32)
+    for i, r in enumerate(rows):
+        ids[i, : len(r)] = r
+    active = np.ones(len(rows), bool) if active is None else np.asarray(active)
+    return spec.propose(
+        carry,
+        None,
+        jnp.asarray(ids),
+        jnp.asarray(lengths, jnp.int32),
+        jnp.asarray(active),
+        key=jax.random.split(jax.random.key(0), len(rows)),
+        sample=False,
+    )
+
+
+def test_lookup_equals_brute_force():
+    """The shifted-compare lookup returns the brute-force guesses, rows of every length (shorter
+    than the n-gram too), few symbols (many matches) and many (few matches)."""
+    rng = np.random.default_rng(1)
+    spec = fg.speculative.PromptLookup(num_tokens=4, max_ngram_size=3, adaptive=False)
+    for symbols in (3, 12):
+        rows = [rng.integers(0, symbols, int(rng.integers(1, 25))).tolist() for _ in range(30)]
+        carry, guesses, q = _propose(spec, rows, [len(r) for r in rows])
+        assert carry is None and q is None
+        for row, got in zip(rows, np.asarray(guesses)):
+            assert got.tolist() == _brute_lookup(row, 4, 3)[0], row
+
+
+def test_budget_cuts_guesses_and_zero_budget_explores_on_full_ngrams():
+    """A row guesses at most its budget; at budget 0 only a full `max_ngram_size` match guesses,
+    at most `EXPLORE_TOKENS` tokens; inactive rows guess nothing."""
+    k = 6
+    spec = fg.speculative.PromptLookup(num_tokens=k, max_ngram_size=2)
+    full = [1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2]  # "1 2" recurs: a 2-gram match, 9 tokens after it
+    unigram = [1, 2, 3, 4, 5, 6, 7, 8, 9, 7, 1]  # only "1" recurs: a 1-gram match
+    rows = [full, full, full, unigram, unigram, full]
+    carry = LookupCarry(
+        budget=jnp.asarray([6, 2, 0, 0, 5, 6], jnp.int32),
+        guesses=jnp.full((6, k), -1, jnp.int32),
+        start=jnp.zeros((6,), jnp.int32),
+    )
+    active = [True, True, True, True, True, False]
+    carry, guesses, _ = _propose(spec, rows, [11] * 6, carry, active)
+    counts = np.sum(np.asarray(guesses) >= 0, axis=1).tolist()
+    assert counts == [6, 2, EXPLORE_TOKENS, 0, 5, 0]
+    np.testing.assert_array_equal(np.asarray(guesses)[0], [3, 4, 5, 6, 7, 8])
+    np.testing.assert_array_equal(np.asarray(carry.start), [11] * 6)
+
+
+def test_budget_update_by_hand():
+    """After verification: every guess kept -> `num_tokens`; some kept -> that many (0 stops);
+    nothing guessed -> the budget stays."""
+    k = 4
+    spec = fg.speculative.PromptLookup(num_tokens=k, max_ngram_size=2)
+    guesses = jnp.asarray(
+        [[5, 6, 7, 8], [5, 6, 7, 8], [5, 6, 7, 8], [5, 6, -1, -1], [-1, -1, -1, -1]], jnp.int32
+    )
+    carry = LookupCarry(jnp.asarray([4, 4, 4, 2, 1], jnp.int32), guesses, jnp.full((5,), 2))
+    # rows after verification (columns 2.. hold what each row emitted)
+    token_ids = jnp.asarray(
+        [
+            [0, 0, 5, 6, 7, 8, 9, 0],  # all 4 kept (+ the target's token)
+            [0, 0, 5, 6, 9, 0, 0, 0],  # 2 kept, then a correction
+            [0, 0, 9, 0, 0, 0, 0, 0],  # none kept
+            [0, 0, 5, 6, 3, 0, 0, 0],  # both guesses (of a budget of 2) kept
+            [0, 0, 4, 0, 0, 0, 0, 0],  # guessed nothing
+        ],
+        jnp.int32,
+    )
+    length = jnp.asarray([7, 5, 3, 5, 3], jnp.int32)
+    updated = spec.update(carry, token_ids, length)
+    np.testing.assert_array_equal(np.asarray(updated.budget), [4, 2, 0, 4, 1])
+    assert spec.update(None, token_ids, length) is None  # not adaptive: no carry
+
+
+def test_verify_widths():
+    """The verification widths: 0, the narrow `EXPLORE_TOKENS`, `num_tokens` (deduplicated)."""
+    assert verify_widths(10) == (0, EXPLORE_TOKENS, 10)
+    assert verify_widths(EXPLORE_TOKENS) == (0, EXPLORE_TOKENS)
+    assert verify_widths(1) == (0, 1)
+
+
+@pytest.mark.parametrize("adaptive", [True, False])
+@pytest.mark.parametrize("penalty", [None, 1.3])
+def test_lookup_is_lossless_on_every_width(adaptive, penalty):
+    """Greedy prompt lookup with `num_tokens=7` (widths 0, 3 and 7 all in play: rows that repeat
+    themselves, and one that does not) equals plain greedy, with and without processors (the
+    no-processor path skips the per-position scan)."""
+    model = fg.LlamaForCausalLM(tiny_config(), key=jax.random.key(7), std=0.2)
+    tok = tiny_tokenizer(101)
+    prompts = ["t5 t6 t7 t8 t5 t6 t7 t8 t5 t6", "t1 t2 t3", "t9 t9 t9 t10 t11 t9 t9 t9 t10"]
+    kwargs = dict(max_new_tokens=24, eos_token_id=[], repetition_penalty=penalty)
+    spec = fg.speculative.PromptLookup(num_tokens=7, max_ngram_size=2, adaptive=adaptive)
+    result = fg.generate(model, tok, prompts, speculative=spec, **kwargs)
+    reference = fg.generate(model, tok, prompts, **kwargs)
+    np.testing.assert_array_equal(np.asarray(result.token_ids), np.asarray(reference.token_ids))
+    np.testing.assert_allclose(
+        np.asarray(result.logprobs), np.asarray(reference.logprobs), atol=2e-4
+    )
