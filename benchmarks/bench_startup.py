@@ -2,7 +2,7 @@
 call that finds its compiled programs in JAX's persistent compilation cache.
 
 Run: `python benchmarks/bench_startup.py [--repeats 2] [--new-tokens 8]
-[--models smollm2-135m-instruct gemma-3-270m] [--baseline PATH] [--skip-cli]`
+[--models smollm2-135m-instruct gemma-3-270m] [--baseline PATH] [--skip-cli] [--breakdown]`
 
 Each call is a fresh process, `functional-gen generate PROMPT -n N --verbose`, on the default
 model, as a user types it. The cache directory is a temporary copy that holds only the converted
@@ -19,6 +19,15 @@ tokens/s at batch 1 (`128 / (T_129 - T_1)`, greedy, EOS disabled). With `--basel
 checkout of another commit, e.g. `git worktree add ../base main`) the same figures are measured
 from that checkout's `functional_gen` in the same run, the two alternating, and the ratios
 printed: this is how a change to compile time is reported.
+
+With `--breakdown`, a third table says where that compile time goes, per model (and per
+checkout with `--baseline`), each part compiled in a fresh process after `jax.clear_caches()`
+from the arguments of the first generate's program (`run_generation`, captured): tracing and
+lowering against XLA's compilation, wall and CPU seconds (CPU seconds of this process move less
+than wall seconds when other jobs share the machine), for the whole program (prefill + the
+`while_loop` of decode steps), the prefill and initialisation alone (`program.start`), and the
+whole program of the model cut to its first layer (`first_layers(1)`): the difference, divided
+by the other layers, is the compile cost of one layer (its prefill and decode copies).
 """
 
 import argparse
@@ -107,6 +116,91 @@ def probe(checkout: Path, model: str) -> tuple[float, float]:
     return float(compile_s), float(tokens_per_s)
 
 
+BREAKDOWN = r"""
+import os, sys, time
+sys.path.insert(0, sys.argv[1])
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+import equinox as eqx
+import jax
+import functional_gen as fg
+from functional_gen.generation import loop, program
+model, tokenizer = fg.load_model(sys.argv[2])
+captured = []
+run_generation = loop.run_generation
+def spy(*args, **kwargs):
+    captured.append((args, kwargs))
+    return run_generation(*args, **kwargs)
+loop.run_generation = spy
+fg.generate(model, tokenizer, sys.argv[3], max_new_tokens=8, sampler=fg.samplers.Greedy(),
+            eos_token_id=[])
+loop.run_generation = run_generation
+args, kwargs = captured[0]
+step = args[0]
+one_layer = (eqx.tree_at(lambda s: s.model, step, step.model.first_layers(1)), *args[1:])
+parts = [("whole", program._generate_jit, args), ("prefill", program.start, args),
+         ("whole_1_layer", program._generate_jit, one_layer)]
+for name, fn, fn_args in parts:
+    jax.clear_caches()
+    jitted = eqx.filter_jit(fn)
+    w0, c0 = time.perf_counter(), time.process_time()
+    lowered = jitted.lower(*fn_args, **kwargs)
+    w1, c1 = time.perf_counter(), time.process_time()
+    lowered.compile()
+    w2, c2 = time.perf_counter(), time.process_time()
+    print(name, w1 - w0, c1 - c0, w2 - w1, c2 - c1, step.model.config.num_hidden_layers)
+"""
+
+
+def breakdown(checkout: Path, model: str) -> dict[str, tuple[float, ...]]:
+    """Where the first generate's compile time goes, with the `functional_gen` of `checkout`
+    in a fresh process: part -> `(trace+lower wall s, its CPU s, XLA compile wall s, its CPU s,
+    layers)` for the parts `"whole"`, `"prefill"` and `"whole_1_layer"` (see the module
+    docstring)."""
+    env = {k: v for k, v in os.environ.items() if k != "JAX_COMPILATION_CACHE_DIR"}
+    env["PYTHONPATH"] = str(checkout)
+    proc = subprocess.run(
+        [sys.executable, "-c", BREAKDOWN, str(checkout), model, PROMPT],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    out = {}
+    for line in proc.stdout.splitlines():
+        name, *values = line.split()
+        if name in ("whole", "prefill", "whole_1_layer"):
+            out[name] = tuple(float(v) for v in values)
+    return out
+
+
+def breakdown_table(models: list[str], baseline: Path | None) -> None:
+    """Print `breakdown` of each model (and of the baseline checkout)."""
+    print(
+        "\n| model | checkout | part | trace+lower wall (s) | trace+lower CPU (s) "
+        "| XLA compile wall (s) | XLA compile CPU (s) |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    checkouts = [("this", ROOT)] + ([("baseline", baseline)] if baseline else [])
+    for model in models:
+        for label, checkout in checkouts:
+            parts = breakdown(checkout, model)
+            whole, prefill, one = parts["whole"], parts["prefill"], parts["whole_1_layer"]
+            layers = int(whole[4])
+            rows = [
+                ("whole program", whole[:4]),
+                ("prefill + init only", prefill[:4]),
+                ("decode loop (whole - prefill)", [w - p for w, p in zip(whole, prefill)]),
+                ("model cut to 1 layer", one[:4]),
+                ("per further layer", [(w - o) / (layers - 1) for w, o in zip(whole, one)]),
+            ]
+            for part, v in rows:
+                print(
+                    f"| {model} | {label} | {part} | {v[0]:.2f} | {v[1]:.2f} | {v[2]:.2f} "
+                    f"| {v[3]:.2f} |",
+                    flush=True,
+                )
+
+
 def compile_table(models: list[str], baseline: Path | None) -> None:
     """Print the compile time of the first generate and decode tokens/s of each model (and of
     the baseline checkout, alternating, with ratios)."""
@@ -132,9 +226,14 @@ def main(argv=None) -> int:
     parser.add_argument("--models", nargs="*", default=["smollm2-135m-instruct", "gemma-3-270m"])
     parser.add_argument("--baseline", type=Path, default=None, help="another checkout")
     parser.add_argument("--skip-cli", action="store_true", help="only the per-model table")
+    parser.add_argument(
+        "--breakdown", action="store_true", help="also where the compile time goes, per part"
+    )
     args = parser.parse_args(argv)
     if args.skip_cli:
         compile_table(args.models, args.baseline)
+        if args.breakdown:
+            breakdown_table(args.models, args.baseline)
         return 0
     source = ensure_default_checkpoint()
     with tempfile.TemporaryDirectory(prefix="fg-startup-") as tmp:
@@ -155,6 +254,8 @@ def main(argv=None) -> int:
     print(f"| repeated (median of {args.repeats}) | {wall:.1f} | {comp:.1f} |")
     print(f"| repeated / first | {wall / first[0]:.2f} | {comp / first[1]:.2f} |")
     compile_table(args.models, args.baseline)
+    if args.breakdown:
+        breakdown_table(args.models, args.baseline)
     return 0
 
 
