@@ -7,6 +7,11 @@ from collections import Counter
 
 import pytest
 
+try:
+    from xdist.scheduler import LoadFileScheduling
+except ImportError:  # pytest-xdist is a test dependency (pyproject's addopts pass `-n 2`)
+    LoadFileScheduling = None
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # JAX's strict dtype promotion (as in Equinox's tests): mixing dtypes without an explicit cast,
@@ -137,6 +142,15 @@ HEAVY_FILES = {
 }
 
 
+# Files that one worker runs one after the other (one pytest-xdist work unit): the Gemma 3 270M
+# modules share tests/models/conftest.py's package-scoped `gemma` and `torch_gemma` (two 270M
+# models, about 30 s each to load on the CI machine), which two workers would each load again.
+SAME_WORKER = {
+    "tests/models/test_gemma3_270m.py": "gemma-3-270m",
+    "tests/models/test_gemma3_270m_capabilities.py": "gemma-3-270m",
+}
+
+
 def heaviest_files_first(nodeids: list[str]) -> list[str]:
     """Test ids grouped by file, the files in `HEAVY_FILES` first (slowest first), then the
     others by number of tests (most first, as pytest-xdist's own `--loadscope-reorder`), each
@@ -163,3 +177,21 @@ def pytest_collection_modifyitems(config, items):
         return
     by_id = {item.nodeid: item for item in items}
     items[:] = [by_id[n] for n in heaviest_files_first([item.nodeid for item in items])]
+
+
+if LoadFileScheduling is not None:
+
+    class LoadFileGroups(LoadFileScheduling):
+        """`--dist loadfile` (each file's tests on one worker, so module fixtures are built once),
+        with the files of one `SAME_WORKER` group as one work unit."""
+
+        def _split_scope(self, nodeid: str) -> str:
+            file = super()._split_scope(nodeid)
+            return SAME_WORKER.get(file, file)
+
+    @pytest.hookimpl(tryfirst=True, optionalhook=True)
+    def pytest_xdist_make_scheduler(config, log):
+        """pytest-xdist's scheduler for `--dist loadfile`: `LoadFileGroups`."""
+        if config.getvalue("dist") != "loadfile":
+            return None
+        return LoadFileGroups(config, log)
