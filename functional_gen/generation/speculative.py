@@ -5,6 +5,9 @@ One step of the compiled loop, for every row at once:
 1. the proposer (`functional_gen.speculative`) guesses `k` tokens per row;
 2. the target model runs ONCE over `k + 1` positions per row: the row's last token (when the
    previous step emitted it without feeding it) and the `k` guesses;
+   A constraint (`functional_gen.structured`) is walked over the guesses first
+   (`functional_gen.speculative.guard`): a draft model draws only tokens it allows, and every
+   row's guesses are cut at the first one it forbids, so no verification is spent on them;
 3. the processors run position by position (a `lax.scan` of `process_rows`), each position
    from the state the previous one left, so every position has its own processor and
    constraint state;
@@ -36,6 +39,7 @@ from jaxtyping import Array, Bool, Int, PyTree
 from ..models.base import AbstractCausalLM
 from ..speculative.acceptance import exact_match, rejection_sample
 from ..speculative.cache import keep_below, make_room
+from ..speculative.guard import ProposalGuard
 from ..speculative.proposers import AbstractProposer, DraftModel, EarlyExit
 from .samplers import AbstractSampler, Greedy, Multinomial
 from .search import AbstractSearch, process_rows
@@ -53,13 +57,16 @@ class SpeculativeState(eqx.Module):
     (the row has finished but its last token is still to be fed); `proposer` (the proposer's
     carry); `proposed`, `accepted`, `steps` (`Int[Array, " batch"]`: guesses verified, guesses
     emitted, verification steps; `accepted / proposed` is the acceptance rate and
-    `generated / steps` the tokens per step).
+    `generated / steps` the tokens per step); `forbidden` (`Int[Array, " batch"]`: verified
+    guesses that the target's processed logits forbid, i.e. wasted verification; guesses a
+    constraint forbids are cut before verification, so with a constraint alone it stays 0).
     """
 
     pending: Bool[Array, " batch"]
     finished: Bool[Array, " batch"]
     proposer: PyTree
     proposed: Int[Array, " batch"]
+    forbidden: Int[Array, " batch"]
     accepted: Int[Array, " batch"]
     steps: Int[Array, " batch"]
 
@@ -132,6 +139,7 @@ class Speculative(AbstractSearch):
             finished=jnp.zeros((rows,), bool),
             proposer=self.proposer.init(self.model, rows, self.capacity),
             proposed=zeros,
+            forbidden=zeros,
             accepted=zeros,
             steps=zeros,
         )
@@ -153,7 +161,17 @@ class Speculative(AbstractSearch):
         salted = jax.vmap(jax.random.fold_in, (0, None))
         greedy = not self.sampler.needs_key
 
-        # 1. guesses
+        # 1. guesses, masked by the rows' constraints (a draft model draws only admissible ones)
+        guard, guard_state = ProposalGuard.of(
+            step.processors,
+            state.processor_states,
+            token_ids,
+            length,
+            state.prompt_length,
+            state.start_length - state.prompt_length + state.max_new_tokens,
+            step_keys,
+            state.logits.shape[-1],
+        )
         carry, drafts, q = self.proposer.propose(
             spec.proposer,
             step.model,
@@ -162,12 +180,16 @@ class Speculative(AbstractSearch):
             active,
             key=salted(step_keys, _DRAFT_SALT),
             sample=not greedy,
+            guard=guard,
+            guard_state=guard_state,
         )
 
         # a proposer may guess fewer than k tokens (-1: no guess); when no row guesses anything
         # the step is a plain decode step (a call over one position), not a verification
         num_guesses = jnp.sum(jnp.cumprod((drafts >= 0).astype(jnp.int32), axis=1), axis=1)
         num_guesses = jnp.where(active, num_guesses, 0)
+        if guard is not None:  # cut at the first guess the constraint forbids: never verified
+            num_guesses = guard.admissible(guard_state, drafts, num_guesses)
         last = jnp.take_along_axis(token_ids, jnp.maximum(length - 1, 0)[:, None], axis=1)
         drafts = jnp.where(drafts >= 0, drafts, last)
         args = (step, state, drafts, q, num_guesses, carry, active, settle, step_keys)
@@ -221,6 +243,8 @@ class Speculative(AbstractSearch):
         _, (states_at, processed) = jax.lax.scan(process, state.processor_states, jnp.arange(k + 1))
         processed = processed.transpose(1, 0, 2)  # [batch, k+1, vocab]
         dead = jnp.all(processed == -jnp.inf, axis=-1)  # no token possible at that position
+        guessed_logits = jnp.take_along_axis(processed[:, :k], drafts[..., None], axis=-1)[..., 0]
+        forbidden = jnp.sum(guessed & (guessed_logits == -jnp.inf), axis=1).astype(jnp.int32)
 
         # 4. acceptance
         if greedy:
@@ -314,6 +338,7 @@ class Speculative(AbstractSearch):
             finished=finished,
             proposer=carry,
             proposed=spec.proposed + num_guesses,
+            forbidden=spec.forbidden + forbidden,
             accepted=spec.accepted + jnp.where(active, accepted, 0),
             steps=spec.steps + active.astype(jnp.int32),
         )
