@@ -1,0 +1,267 @@
+"""Speculative decoding's features (issue 41): constraints mask the guesses before verification,
+transformers' `assistant_model` / `assistant_early_exit`, classifier-free guidance, the target's
+`top_logprobs`.
+
+References: plain `fg.generate` without `speculative` (greedy token for token), a regex's
+language walked by hand (which guesses it allows), and the counter of verified guesses that the
+target's own processed logits forbid.
+"""
+
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import functional_gen as fg
+from functional_gen.generation.planning import plan_call
+from functional_gen.generation.program import run_generation
+from functional_gen.processors.base import Context
+from functional_gen.speculative.guard import ProposalGuard
+from functional_gen.testing import tiny_config
+
+from ..helpers import tiny_tokenizer
+
+PROMPTS = [
+    "t5 t6 t7 t8 t5 t6 t7 t8 t5 t6",
+    "t1 t2 t3 t1 t2 t3 t1 t2",
+    "t9 t9 t9 t10 t11 t9 t9 t9 t10",
+]
+REGEX = r"(t1|t2|t3){3,6}t4"
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    """A random 2-layer Llama (real attention and KV cache) and a word-level tokenizer."""
+    model = fg.LlamaForCausalLM(tiny_config(), key=jax.random.key(7), std=0.2)
+    return model, tiny_tokenizer(101)
+
+
+@pytest.fixture(scope="module")
+def draft():
+    """A 1-layer draft of the same vocabulary."""
+    return fg.LlamaForCausalLM(tiny_config(num_hidden_layers=1), key=jax.random.key(3), std=0.2)
+
+
+def _final(model, tokenizer, prompts, **kwargs):
+    """The final `GenerationState` of a call and its `Settings`."""
+    key = kwargs.pop("key", None)
+    _, settings, prepared = plan_call(model, tokenizer, prompts, key=key, **kwargs)
+    final, _, _ = run_generation(
+        prepared.step,
+        prepared.plan,
+        prepared.arrays,
+        prepared.new_ids,
+        prepared.new_pos,
+        prepared.budget,
+        prepared.padding_rows,
+        prepared.keys,
+    )
+    return final, settings
+
+
+def _assert_same(result, reference, top=False):
+    np.testing.assert_array_equal(np.asarray(result.token_ids), np.asarray(reference.token_ids))
+    assert result.finish_reasons == reference.finish_reasons
+    assert result.texts == reference.texts
+    np.testing.assert_allclose(
+        np.asarray(result.logprobs), np.asarray(reference.logprobs), atol=2e-4
+    )
+    if top:
+        np.testing.assert_array_equal(
+            np.asarray(result.top_token_ids), np.asarray(reference.top_token_ids)
+        )
+        np.testing.assert_allclose(
+            np.asarray(result.top_logprobs), np.asarray(reference.top_logprobs), atol=2e-4
+        )
+
+
+# --- a constraint masks the guesses ----------------------------------------------------------
+
+
+def _guard(processors, tok, rows, max_new_tokens, vocab):
+    """A guard at the start of generation for `rows` one-token prompts (`t0`)."""
+    ids = jnp.zeros((rows, 16), jnp.int32)
+    length = jnp.ones((rows,), jnp.int32)
+    budget = jnp.full((rows,), max_new_tokens, jnp.int32)
+    keys = jax.random.split(jax.random.key(0), rows)
+    contexts = Context(
+        token_ids=ids, length=length, prompt_length=length, max_new_tokens=budget, key=keys
+    )
+    states = tuple(jax.vmap(p.init)(contexts) for p in processors)
+    return ProposalGuard.of(processors, states, ids, length, length, budget, keys, vocab)
+
+
+def test_guard_cuts_guesses_at_the_first_forbidden_one():
+    """`(t1|t2|t3){3,6}t4` walked by hand: the admissible prefix of each row's guesses, the
+    budget included (4 tokens: a fourth `t1` can no longer reach `t4`)."""
+    tok = tiny_tokenizer(101)
+    regex = fg.processors.Regex(REGEX, tok)
+    guesses = jnp.asarray(
+        [
+            [1, 2, 5, 1],  # t5 is outside the language: 2
+            [1, 2, 3, 4],  # a whole word: 4
+            [4, 1, 1, 1],  # t4 needs three tokens before it: 0
+            [1, 1, 1, 1],  # within 4 tokens, the 4th must be t4: 3
+            [2, 3, -1, 1],  # no guess after the -1: 2
+        ]
+    )
+    guard, carry = _guard((regex,), tok, 5, 4, 101)
+    n = guard.admissible(carry, guesses, jnp.full((5,), 4))
+    np.testing.assert_array_equal(np.asarray(n), [2, 4, 0, 3, 2])
+    n = guard.admissible(carry, guesses, jnp.asarray([1, 4, 4, 2, 4]))  # capped by num_guesses
+    np.testing.assert_array_equal(np.asarray(n), [1, 4, 0, 2, 2])
+    # no constraint among the processors: no guard
+    assert ProposalGuard.of(
+        (fg.processors.Temperature(0.5),), ((),), None, None, None, None, None, 101
+    ) == (None, None)
+
+
+PROPOSERS = {
+    "prompt_lookup": lambda draft: fg.speculative.PromptLookup(num_tokens=4, max_ngram_size=2),
+    "draft_model": lambda draft: fg.speculative.DraftModel(draft, num_tokens=3),
+    "early_exit": lambda draft: fg.speculative.EarlyExit(num_layers=1, num_tokens=3),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PROPOSERS))
+def test_constraint_wastes_no_verification(tiny, draft, name):
+    """Under a `Regex`, no verified guess is one the constraint forbids (the counter of guesses
+    whose processed target logit is -inf stays 0, while guesses are made), and the output,
+    `top_logprobs` of the target included, is plain greedy's."""
+    model, tok = tiny
+    kwargs = dict(
+        max_new_tokens=10,
+        eos_token_id=[],
+        processors=[fg.processors.Regex(REGEX, tok)],
+        top_logprobs=3,
+    )
+    spec = PROPOSERS[name](draft)
+    final, _ = _final(model, tok, PROMPTS, speculative=spec, **kwargs)
+    rows = len(PROMPTS)
+    assert np.asarray(final.search_state.forbidden)[:rows].tolist() == [0] * rows
+    assert int(np.sum(np.asarray(final.search_state.proposed)[:rows])) > 0
+    plain = fg.generate(model, tok, PROMPTS, **kwargs)
+    fast = fg.generate(model, tok, PROMPTS, speculative=spec, **kwargs)
+    _assert_same(fast, plain, top=True)
+
+
+def test_forbidden_counts_wasted_verification(tiny):
+    """The counter is not always 0: a token suppressed by a processor that is no constraint is
+    not masked before verification, and prompt lookup guesses it (row 0 repeats `t7`)."""
+    model, tok = tiny
+    kwargs = dict(max_new_tokens=8, eos_token_id=[], processors=[fg.processors.SuppressTokens([7])])
+    spec = fg.speculative.PromptLookup(num_tokens=4, max_ngram_size=2)
+    final, _ = _final(model, tok, PROMPTS[:1], speculative=spec, **kwargs)
+    assert int(final.search_state.forbidden[0]) > 0
+    _assert_same(
+        fg.generate(model, tok, PROMPTS[:1], speculative=spec, **kwargs),
+        fg.generate(model, tok, PROMPTS[:1], **kwargs),
+    )
+
+
+def test_sampling_with_a_masked_draft_stays_in_the_language(tiny, draft):
+    """Sampling with a draft under a constraint: the draft's q is the masked distribution, so
+    every verified guess is admissible and every row is a word of the language."""
+    model, tok = tiny
+    kwargs = dict(
+        max_new_tokens=8,
+        eos_token_id=[],
+        processors=[fg.processors.Regex(REGEX, tok)],
+        sampler=fg.samplers.Multinomial(),
+        key=jax.random.key(1),
+    )
+    spec = fg.speculative.DraftModel(draft, num_tokens=3)
+    final, _ = _final(model, tok, PROMPTS * 4, speculative=spec, **kwargs)
+    assert int(np.sum(np.asarray(final.search_state.forbidden))) == 0
+    result = fg.generate(model, tok, PROMPTS * 4, speculative=spec, **kwargs)
+    for text in result.texts:
+        assert re.fullmatch(r"((t1|t2|t3) ?){3,6}t4", text.strip()), text
+
+
+# --- transformers' names: assistant_model, assistant_early_exit ---------------------------------
+
+
+def test_assistant_model_is_a_draft_model(tiny, draft):
+    """`assistant_model=draft` speculates with `DraftModel(draft, num_tokens=4)` (or the
+    config's `num_assistant_tokens`) and gives plain greedy's tokens."""
+    model, tok = tiny
+    kwargs = dict(max_new_tokens=12, eos_token_id=[])
+    final, settings = _final(model, tok, PROMPTS, assistant_model=draft, **kwargs)
+    proposer = settings.step.search.proposer
+    assert isinstance(proposer, fg.speculative.DraftModel) and proposer.num_tokens == 4
+    assert proposer.draft is draft
+    assert int(np.sum(np.asarray(final.search_state.proposed))) > 0
+    _, settings = _final(
+        model,
+        tok,
+        PROMPTS,
+        assistant_model=draft,
+        generation_config={"num_assistant_tokens": 2},
+        **kwargs,
+    )
+    assert settings.step.search.proposer.num_tokens == 2
+    plain = fg.generate(model, tok, PROMPTS, **kwargs)
+    _assert_same(fg.generate(model, tok, PROMPTS, assistant_model=draft, **kwargs), plain)
+    options = fg.GenerationOptions(assistant_model=draft, **kwargs)
+    _assert_same(fg.generate(model, tok, PROMPTS, options), plain)
+
+
+def test_assistant_early_exit_is_early_exit(tiny):
+    """A generation config's `assistant_early_exit` (LayerSkip) selects `EarlyExit`."""
+    model, tok = tiny
+    config = {"assistant_early_exit": 1, "num_assistant_tokens": 3, "max_new_tokens": 12}
+    _, settings = _final(model, tok, PROMPTS, generation_config=config, eos_token_id=[])
+    proposer = settings.step.search.proposer
+    assert isinstance(proposer, fg.speculative.EarlyExit)
+    assert (proposer.num_layers, proposer.num_tokens) == (1, 3)
+    plain = fg.generate(model, tok, PROMPTS, max_new_tokens=12, eos_token_id=[])
+    fast = fg.generate(model, tok, PROMPTS, generation_config=config, eos_token_id=[])
+    _assert_same(fast, plain)
+
+
+def test_assistant_model_refusals(tiny, draft):
+    model, tok = tiny
+    spec = fg.speculative.PromptLookup(num_tokens=3)
+    with pytest.raises(ValueError, match=r"either `speculative`.*or `assistant_model`"):
+        fg.generate(model, tok, PROMPTS, max_new_tokens=4, speculative=spec, assistant_model=draft)
+    other = fg.LlamaForCausalLM(tiny_config(vocab_size=50), key=jax.random.key(0))
+    with pytest.raises(ValueError, match="vocabulary has 50 tokens, the target's 101"):
+        fg.generate(model, tok, PROMPTS, max_new_tokens=4, assistant_model=other)
+    with pytest.raises(TypeError, match="AbstractCausalLM"):
+        fg.generate(model, tok, PROMPTS, max_new_tokens=4, assistant_model="a draft")
+    with pytest.raises(ValueError, match="cfg='batched'"):
+        fg.generate(
+            model,
+            tok,
+            PROMPTS,
+            max_new_tokens=4,
+            assistant_model=draft,
+            guidance_scale=1.5,
+            cfg="batched",
+        )
+
+
+# --- classifier-free guidance -------------------------------------------------------------------
+
+
+def test_guidance_processor_is_lossless(tiny, draft):
+    """Classifier-free guidance in its processor form (the negative branch's cache in the
+    processor state, one state per verified position): speculation gives plain greedy's tokens
+    and `top_logprobs`. (`cfg='batched'` is refused: `test_speculative.py::test_refusals`.)"""
+    model, tok = tiny
+    kwargs = dict(
+        max_new_tokens=12,
+        eos_token_id=[],
+        guidance_scale=1.5,
+        negative_prompt="t3 t4",
+        cfg="processor",
+        top_logprobs=2,
+    )
+    plain = fg.generate(model, tok, PROMPTS, **kwargs)
+    for spec in (
+        fg.speculative.PromptLookup(num_tokens=4, max_ngram_size=2),
+        fg.speculative.DraftModel(draft, num_tokens=3),
+    ):
+        _assert_same(fg.generate(model, tok, PROMPTS, speculative=spec, **kwargs), plain, top=True)
