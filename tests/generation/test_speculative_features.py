@@ -7,7 +7,12 @@ language walked by hand (which guesses it allows), and the counter of verified g
 target's own processed logits forbid.
 """
 
+import json
+import os
 import re
+import subprocess
+import sys
+import textwrap
 
 import jax
 import jax.numpy as jnp
@@ -265,3 +270,69 @@ def test_guidance_processor_is_lossless(tiny, draft):
         fg.speculative.DraftModel(draft, num_tokens=3),
     ):
         _assert_same(fg.generate(model, tok, PROMPTS, speculative=spec, **kwargs), plain, top=True)
+
+
+# --- sharding -------------------------------------------------------------------------------------
+
+MESH_WORKER = textwrap.dedent(
+    """
+    import json, os, sys
+    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+    sys.path.insert(0, os.getcwd())
+    import jax, numpy as np
+    import functional_gen as fg
+    from functional_gen.testing import tiny_config
+    from tests.helpers import tiny_tokenizer
+
+    def llama(layers, seed):  # a vocabulary of 128 splits over 2 devices
+        config = tiny_config(vocab_size=128, num_hidden_layers=layers, eos_token_id=(127,))
+        return fg.LlamaForCausalLM(config, key=jax.random.key(seed), std=0.2)
+
+    model, draft, tok = llama(2, 7), llama(1, 3), tiny_tokenizer(128)
+    prompts = ["t5 t6 t7 t8 t5 t6 t7 t8 t5 t6", "t1 t2 t3 t1 t2 t3 t1 t2"]
+    regex = fg.processors.Regex("(t1|t2|t3){3,6}t4", tok)
+    calls = {"plain": dict(), "regex": dict(processors=[regex])}
+    refs = {
+        c: np.asarray(fg.generate(model, tok, prompts, max_new_tokens=8, eos_token_id=[],
+                                  **kw).token_ids).tolist()
+        for c, kw in calls.items()
+    }
+    out = {}
+    for shape in [(1, 2), (2, 1)]:
+        mesh = fg.make_mesh(*shape)
+        sharded = fg.shard(model, mesh)
+        specs = {
+            "lookup": ("plain", fg.speculative.PromptLookup(num_tokens=4, max_ngram_size=2)),
+            "draft": ("regex", fg.speculative.DraftModel(fg.shard(draft, mesh), num_tokens=3)),
+            "early_exit": ("plain", fg.speculative.EarlyExit(num_layers=1, num_tokens=3)),
+        }
+        for name, (c, spec) in specs.items():
+            got = fg.generate(sharded, tok, prompts, max_new_tokens=8, eos_token_id=[],
+                              speculative=spec, **calls[c])
+            out[f"{shape} {name}"] = np.asarray(got.token_ids).tolist() == refs[c]
+    print(json.dumps(out))
+    """
+)
+
+
+@pytest.mark.slow
+def test_speculation_on_meshes_of_2_devices():
+    """Speculative generation on (1, 2) (weights split) and (2, 1) (rows split) meshes of
+    forced CPU devices gives the one-device tokens, for every proposer (a sharded draft model
+    under a `Regex`). A subprocess: the device count is fixed when JAX starts."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    run = subprocess.run(
+        [sys.executable, "-c", MESH_WORKER],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=root,
+        env={
+            **os.environ,
+            "XLA_FLAGS": "--xla_force_host_platform_device_count=2",
+            "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]),
+        },
+    )
+    assert run.returncode == 0, run.stderr[-4000:]
+    out = json.loads(run.stdout.strip().splitlines()[-1])
+    assert len(out) == 6 and all(out.values()), out
