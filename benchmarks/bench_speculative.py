@@ -42,8 +42,7 @@ import numpy as np
 from bench_generate import measure_bandwidth
 
 import functional_gen as fg
-from functional_gen.generation.planning import plan_call
-from functional_gen.generation.program import run_generation
+from functional_gen.generation.token_ids import generate_state
 
 PASSAGES = [
     "The river Thames flows through London. It is 346 kilometres long and passes Oxford, "
@@ -89,22 +88,12 @@ def run_ours(model, tokenizer, prompts, batch, new_tokens, speculative):
     """`(generated tokens, seconds, emitted guesses, verified guesses, target steps)`."""
 
     def call(rows):
-        _, _, prepared = plan_call(
+        final = generate_state(
             model,
             tokenizer,
             [chat(p) for p in rows],
             max_new_tokens=new_tokens,
             speculative=speculative,
-        )
-        final, _, _ = run_generation(
-            prepared.step,
-            prepared.plan,
-            prepared.arrays,
-            prepared.new_ids,
-            prepared.new_pos,
-            prepared.budget,
-            prepared.padding_rows,
-            prepared.keys,
         )
         jax.block_until_ready(final)
         return final, len(rows)

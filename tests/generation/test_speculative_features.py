@@ -21,7 +21,7 @@ import pytest
 
 import functional_gen as fg
 from functional_gen.generation.planning import plan_call
-from functional_gen.generation.program import run_generation
+from functional_gen.generation.program import run_prepared
 from functional_gen.processors.base import Context
 from functional_gen.speculative.guard import ProposalGuard
 from functional_gen.testing import tiny_config
@@ -51,18 +51,8 @@ def draft():
 
 def _final(model, tokenizer, prompts, **kwargs):
     """The final `GenerationState` of a call and its `Settings`."""
-    key = kwargs.pop("key", None)
-    _, settings, prepared = plan_call(model, tokenizer, prompts, key=key, **kwargs)
-    final, _, _ = run_generation(
-        prepared.step,
-        prepared.plan,
-        prepared.arrays,
-        prepared.new_ids,
-        prepared.new_pos,
-        prepared.budget,
-        prepared.padding_rows,
-        prepared.keys,
-    )
+    _, settings, prepared = plan_call(model, tokenizer, prompts, **kwargs)
+    final, _, _ = run_prepared(prepared)
     return final, settings
 
 
