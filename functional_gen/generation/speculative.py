@@ -3,11 +3,11 @@
 One step of the compiled loop, for every row at once:
 
 1. the proposer (`functional_gen.speculative`) guesses `k` tokens per row;
-2. the target model runs ONCE over `k + 1` positions per row: the row's last token (when the
-   previous step emitted it without feeding it) and the `k` guesses;
-   A constraint (`functional_gen.structured`) is walked over the guesses first
+   a constraint (`functional_gen.structured`) is walked over the guesses first
    (`functional_gen.speculative.guard`): a draft model draws only tokens it allows, and every
    row's guesses are cut at the first one it forbids, so no verification is spent on them;
+2. the target model runs ONCE over `k + 1` positions per row: the row's last token (when the
+   previous step emitted it without feeding it) and the `k` guesses;
 3. the processors run position by position (a `lax.scan` of `process_rows`), each position
    from the state the previous one left, so every position has its own processor and
    constraint state;
@@ -30,6 +30,7 @@ Source: Leviathan, Kalman & Matias 2023 (Algorithm 1); Chen et al. 2023; transfo
 """
 
 import dataclasses
+import inspect
 
 import equinox as eqx
 import jax
@@ -180,8 +181,7 @@ class Speculative(AbstractSearch):
             active,
             key=salted(step_keys, _DRAFT_SALT),
             sample=not greedy,
-            guard=guard,
-            guard_state=guard_state,
+            **({"guard": guard, "guard_state": guard_state} if _takes_guard(self.proposer) else {}),
         )
 
         # a proposer may guess fewer than k tokens (-1: no guess); when no row guesses anything
@@ -357,6 +357,13 @@ class Speculative(AbstractSearch):
             stop_state=stop_state,
             search_state=spec,
         )
+
+
+def _takes_guard(proposer: AbstractProposer) -> bool:
+    """Whether `proposer.propose` accepts the `guard` keywords (a proposer written before they
+    existed does not; its guesses are still cut at the first forbidden one)."""
+    parameters = inspect.signature(proposer.propose).parameters
+    return "guard" in parameters or any(p.kind is p.VAR_KEYWORD for p in parameters.values())
 
 
 def speculative_search(

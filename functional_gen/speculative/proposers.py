@@ -61,7 +61,8 @@ class AbstractProposer(eqx.Module):
         position, `None` when the guesses are deterministic (one-hot `q`).
 
         `guard` and `guard_state` (`functional_gen.speculative.guard`; `None` without a
-        constraint): the rows' constraints at their current position. A proposer that draws from
+        constraint; optional: a subclass whose `propose` does not take them is called without
+        them): the rows' constraints at their current position. A proposer that draws from
         a distribution masks it with `guard.mask` before every guess (and `q` is the masked,
         renormalised distribution); others may ignore it: the search cuts every row's guesses at
         the first one its constraint forbids (`ProposalGuard.admissible`) either way.

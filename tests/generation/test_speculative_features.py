@@ -24,9 +24,13 @@ from functional_gen.generation.planning import plan_call
 from functional_gen.generation.program import run_prepared
 from functional_gen.processors.base import Context
 from functional_gen.speculative.guard import ProposalGuard
+from functional_gen.structured.automaton import INFINITE_DISTANCE, TokenAutomaton
+from functional_gen.structured.processor import TokenConstraint
 from functional_gen.testing import tiny_config
 
 from ..helpers import tiny_tokenizer
+from . import test_speculative as reference
+from .test_speculative import DRAWS, VOCAB, _chi_square_p
 
 PROMPTS = [
     "t5 t6 t7 t8 t5 t6 t7 t8 t5 t6",
@@ -34,6 +38,7 @@ PROMPTS = [
     "t9 t9 t9 t10 t11 t9 t9 t9 t10",
 ]
 REGEX = r"(t1|t2|t3){3,6}t4"
+small_vocab = reference.small_vocab  # the 6-token target and draft of the distribution tests
 
 
 @pytest.fixture(scope="module")
@@ -142,6 +147,36 @@ def test_constraint_wastes_no_verification(tiny, draft, name):
     _assert_same(fast, plain, top=True)
 
 
+class AlwaysFive(fg.speculative.AbstractProposer):
+    """A proposer written without the `guard` keywords: always guesses `t5`."""
+
+    num_tokens: int = 3
+
+    def init(self, target, rows, capacity):
+        return None
+
+    def propose(self, carry, target, token_ids, length, active, *, key, sample):
+        return carry, jnp.full((length.shape[0], self.num_tokens), 5, jnp.int32), None
+
+    def update(self, carry, token_ids, length):
+        return carry
+
+
+def test_guesses_of_any_proposer_are_cut(tiny):
+    """A proposer that takes no guard still has its guesses cut: `t5` is outside the regex's
+    language, so nothing is verified (0 proposed, 0 forbidden) and the output is greedy's."""
+    model, tok = tiny
+    kwargs = dict(max_new_tokens=8, eos_token_id=[], processors=[fg.processors.Regex(REGEX, tok)])
+    final, _ = _final(model, tok, PROMPTS, speculative=AlwaysFive(), **kwargs)
+    rows = len(PROMPTS)
+    assert np.asarray(final.search_state.proposed)[:rows].tolist() == [0] * rows
+    assert np.asarray(final.search_state.forbidden)[:rows].tolist() == [0] * rows
+    _assert_same(
+        fg.generate(model, tok, PROMPTS, speculative=AlwaysFive(), **kwargs),
+        fg.generate(model, tok, PROMPTS, **kwargs),
+    )
+
+
 def test_forbidden_counts_wasted_verification(tiny):
     """The counter is not always 0: a token suppressed by a processor that is no constraint is
     not masked before verification, and prompt lookup guesses it (row 0 repeats `t7`)."""
@@ -173,6 +208,73 @@ def test_sampling_with_a_masked_draft_stays_in_the_language(tiny, draft):
     result = fg.generate(model, tok, PROMPTS * 4, speculative=spec, **kwargs)
     for text in result.texts:
         assert re.fullmatch(r"((t1|t2|t3) ?){3,6}t4", text.strip()), text
+
+
+# a constraint over 6 tokens (EOS 5): tokens 1, 2, 3, never the same one twice in a row; every
+# state accepting, EOS looping on it; tokens 0 and 4 never allowed
+NO_REPEAT = dict(
+    token_class=np.asarray([0, 1, 2, 3, 0, 4], np.int32),
+    transitions=np.asarray(
+        [[0, 0, 0, 0, 0], [0, 2, 3, 4, 1], [0, 0, 3, 4, 2], [0, 2, 0, 4, 3], [0, 2, 3, 0, 4]],
+        np.int32,
+    ),
+    distance=np.asarray([INFINITE_DISTANCE, 0, 0, 0, 0], np.int32),
+    eos_token_id=(VOCAB - 1,),
+)
+
+
+def _exact_constrained(model, prompt, temperature):
+    """P(first three tokens) by enumeration: the model's tempered distribution restricted to the
+    tokens `NO_REPEAT` allows after each prefix, renormalised."""
+    probs = np.zeros((VOCAB,) * 3)
+
+    def dist(prefix):
+        ids = jnp.asarray([list(prompt) + list(prefix)])
+        logits, _ = model.prefill(ids, jnp.arange(ids.shape[1])[None, :], max_len=ids.shape[1])
+        p = np.asarray(jax.nn.softmax(logits[0, -1] / temperature), np.float64)
+        last = [t for t in prefix if t != VOCAB - 1][-1:]  # EOS leaves the state as it is
+        allowed = np.isin(np.arange(VOCAB), [1, 2, 3, VOCAB - 1]) & ~np.isin(np.arange(VOCAB), last)
+        p = np.where(allowed, p, 0.0)
+        return p / p.sum()
+
+    p1 = dist(())
+    for a in range(VOCAB):
+        if p1[a] == 0:
+            continue
+        p2 = dist((a,))
+        for b in range(VOCAB):
+            if p2[b] > 0:
+                probs[a, b] = p1[a] * p2[b] * dist((a, b))
+    return probs
+
+
+def test_sampled_distribution_under_a_constraint(small_vocab):
+    """Sampling with a draft model under a stateful constraint: the draft draws from its
+    distribution masked by the constraint along its own guesses (q renormalised), and the first
+    three tokens of 24,000 rows have the exact constrained distribution (chi-square against
+    enumeration), with no verified guess forbidden."""
+    model, draft = small_vocab
+    prompt = [1, 2, 3, 1, 2]
+    state = fg.SequenceState.from_token_ids([prompt] * DRAWS, vocab_size=VOCAB)
+    kwargs = dict(
+        max_new_tokens=3,
+        eos_token_id=[],
+        processors=[fg.processors.Temperature(0.8), TokenConstraint(TokenAutomaton(**NO_REPEAT))],
+        sampler=fg.samplers.Multinomial(),
+        key=jax.random.key(5),
+        speculative=fg.speculative.DraftModel(draft, num_tokens=2),
+    )
+    final, _ = _final(model, None, state, **kwargs)
+    assert int(np.sum(np.asarray(final.search_state.forbidden))) == 0
+    assert int(np.sum(np.asarray(final.search_state.accepted))) > DRAWS // 4
+    ids = np.asarray(final.token_ids)[:DRAWS, len(prompt) : len(prompt) + 3]
+    counts = np.zeros((VOCAB,) * 3)
+    np.add.at(counts, (ids[:, 0], ids[:, 1], ids[:, 2]), 1)
+    expected = _exact_constrained(model, prompt, 0.8) * DRAWS
+    assert counts[expected == 0].sum() == 0
+    assert _chi_square_p(counts, expected) > 1e-3
+    # a sanity check that the test can fail: another temperature's distribution is rejected
+    assert _chi_square_p(counts, _exact_constrained(model, prompt, 1.3) * DRAWS) < 1e-6
 
 
 # --- transformers' names: assistant_model, assistant_early_exit ---------------------------------
