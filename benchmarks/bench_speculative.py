@@ -39,6 +39,7 @@ about 2 min. About 10-12 minutes in all; `--no-transformers` saves 2.
 """
 
 import argparse
+import dataclasses
 import os
 import sys
 import time
@@ -55,7 +56,7 @@ from bench_generate import measure_bandwidth
 
 import functional_gen as fg
 from functional_gen.generation.planning import plan_call
-from functional_gen.generation.program import run_generation
+from functional_gen.generation.program import run_prepared
 
 PASSAGES = [
     "The river Thames flows through London. It is 346 kilometres long and passes Oxford, "
@@ -109,17 +110,9 @@ def run_ours(model, tokenizer, prompts, batch, new_tokens, speculative):
             speculative=speculative,
         )
         # the warm-up compiles the same program (the budget is an array) but stops after a step
-        budget = jnp.minimum(prepared.budget, 1) if warm_up else prepared.budget
-        final, _, _ = run_generation(
-            prepared.step,
-            prepared.plan,
-            prepared.arrays,
-            prepared.new_ids,
-            prepared.new_pos,
-            budget,
-            prepared.padding_rows,
-            prepared.keys,
-        )
+        if warm_up:
+            prepared = dataclasses.replace(prepared, budget=jnp.minimum(prepared.budget, 1))
+        final, _, _ = run_prepared(prepared)
         jax.block_until_ready(final)
         return final, len(rows)
 

@@ -41,7 +41,7 @@ import numpy as np
 
 import functional_gen as fg
 from functional_gen.generation.planning import plan_call
-from functional_gen.generation.program import start_generation
+from functional_gen.generation.program import start_prepared
 
 model, tokenizer = fg.load_model()
 
@@ -88,16 +88,7 @@ code = (
 prompt = [{"role": "user", "content": f"Rename `items` to `values` in this code:\n\n{code}"}]
 spec = fg.speculative.PromptLookup(num_tokens=8, max_ngram_size=3)
 _, settings, prepared = plan_call(model, tokenizer, [prompt], max_new_tokens=64, speculative=spec)
-_, state = start_generation(
-    prepared.step,
-    prepared.plan,
-    prepared.arrays,
-    prepared.new_ids,
-    prepared.new_pos,
-    prepared.budget,
-    prepared.padding_rows,
-    prepared.keys,
-)
+_, state = start_prepared(prepared)
 step = eqx.filter_jit(lambda s, st: s(st))
 per_step = []
 while not bool(state.done[0]):

@@ -8,7 +8,7 @@ shared by `generate` and `stream`), `search` (`AbstractSearch`: how a step advan
 (`GenerationState`, the loop carry), `sequence_state` (`SequenceState`, what a call returns and
 the next one continues), `step` (`make_step`), `planning` (`plan_call`: options -> settings -> padded inputs), `program`
 (the compiled prefill and `while_loop`), `result` (`GenerationResult`), `loop` (`generate`:
-plan -> run -> result), `token_ids` (`generate_token_ids`, `init_state`), `streaming`
+plan -> run -> result), `token_ids` (`generate_token_ids`, `init_state`, `generate_state`), `streaming`
 (`stream`), `samplers`, `stop_strings`, `generation_config` (transformers' `GenerationConfig`).
 """
 
@@ -24,6 +24,9 @@ from .buckets import (
 )
 from .loop import (
     generate as generate,
+)
+from .token_ids import (
+    generate_state as generate_state,
 )
 from .token_ids import (
     generate_token_ids as generate_token_ids,

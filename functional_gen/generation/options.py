@@ -92,7 +92,11 @@ class GenerationOptions:
     **Speculative decoding:** `speculative`: a proposer of `functional_gen.speculative`
     (`PromptLookup`, `DraftModel`, `EarlyExit`) that guesses tokens for the model to verify,
     losslessly (`functional_gen.generation.speculative`); `None`: none, unless the generation
-    config sets `prompt_lookup_num_tokens`.
+    config sets `prompt_lookup_num_tokens` or `assistant_early_exit` (`EarlyExit`).
+    `assistant_model`: transformers' keyword of assisted generation, a draft
+    `AbstractCausalLM` of the target's vocabulary: `DraftModel(assistant_model,
+    num_tokens=num_assistant_tokens or 4)` (`num_assistant_tokens` from the generation config;
+    transformers refuses `assistant_model` inside a `GenerationConfig`); not with `speculative`.
 
     **Config:** `generation_config`: a `transformers.GenerationConfig`, a dict, or a path to a
     `generation_config.json`, used instead of the checkpoint's own.
@@ -130,6 +134,7 @@ class GenerationOptions:
     cfg: str = "processor"
     generation_config: Any = None
     speculative: Any = None
+    assistant_model: Any = None
 
     def __post_init__(self):
         # sequences become tuples, so that options compare and hash by value

@@ -297,11 +297,6 @@ def plan_call(
     rows = prompts.batch_size if isinstance(prompts, SequenceState) else None
     model, first = _guidance(model, tokenizer, options, rows or len(normalize_prompts(prompts)))
     batched_guidance = options.guidance_scale is not None and options.cfg == "batched"
-    if batched_guidance and options.speculative is not None:
-        raise ValueError(
-            "speculative decoding is not supported with cfg='batched' (its cache holds two "
-            "branches per row); use cfg='processor' for classifier-free guidance with it"
-        )
     if batched_guidance and (options.prefix_lm or options.prompt_logprobs):
         raise ValueError(
             "batched classifier-free guidance scores the next token only, causally: no "

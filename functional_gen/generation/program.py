@@ -185,6 +185,31 @@ run_generation = eqx.filter_jit(_generate_jit)
 `(final GenerationState, its SequenceArrays, prompt_logprobs)` from `Prepared`'s inputs."""
 
 
+def _inputs(prepared) -> tuple:
+    return (
+        prepared.step,
+        prepared.plan,
+        prepared.arrays,
+        prepared.new_ids,
+        prepared.new_pos,
+        prepared.budget,
+        prepared.padding_rows,
+        prepared.keys,
+    )
+
+
+def run_prepared(prepared) -> tuple[GenerationState, SequenceArrays, jax.Array]:
+    """`run_generation` on the inputs of a `Prepared` (the third value of `plan_call`, or
+    `prepare`'s): `(final GenerationState, its SequenceArrays, prompt_logprobs)`."""
+    return run_generation(*_inputs(prepared))
+
+
+def start_prepared(prepared) -> tuple[jax.Array, GenerationState]:
+    """`start_generation` on the inputs of a `Prepared`: `(prompt_logprobs, GenerationState
+    before the first step)`, for a caller that runs the steps itself."""
+    return start_generation(*_inputs(prepared))
+
+
 def repeat_rows(x, n: int):
     """`x` with each row (leading axis) repeated `n` times in place (`num_return_sequences`)."""
     return x if n == 1 else jnp.repeat(x, n, axis=0)

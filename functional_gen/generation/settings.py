@@ -38,7 +38,7 @@ import numpy as np
 from ..models.base import AbstractCausalLM
 from ..processors.base import as_processors
 from ..processors.classifier_free_guidance import ClassifierFreeGuidance, check_guidance_first
-from ..speculative.proposers import PromptLookup
+from ..speculative.proposers import DraftModel, EarlyExit, PromptLookup
 from .call_settings import Settings
 from .generation_config import load_generation_config, settings_from_generation_config
 from .options import GenerationOptions, decoding_config, with_overrides
@@ -156,21 +156,47 @@ def build_stop_strings(
     return _STOP_STRING_CACHE[key][1]
 
 
-def _prompt_lookup_of(config, speculative):
-    """`(config, speculative)`: a generation config's `prompt_lookup_num_tokens` (transformers'
-    prompt-lookup decoding) as a `PromptLookup` proposer, unless the call gave `speculative`,
-    and the config without it (it is then no decoding mode of its own)."""
-    if config is None:
-        return config, speculative
-    gc = load_generation_config(config)
-    num = getattr(gc, "prompt_lookup_num_tokens", None)
-    if not num:
+DEFAULT_ASSISTANT_TOKENS = 4
+"""Guesses per step of a draft given as `assistant_model=` or a config's `assistant_early_exit`
+when the config sets no `num_assistant_tokens`."""
+
+
+def _speculative_of(config, options: GenerationOptions):
+    """`(config, speculative)`: the call's proposer, and the config without the settings that
+    chose it (they are then no decoding mode of its own).
+
+    In order: the call's `speculative`; the call's `assistant_model` (transformers' keyword of
+    assisted generation) as `DraftModel(assistant_model, num_tokens=num_assistant_tokens or 4)`;
+    the config's `prompt_lookup_num_tokens` as `PromptLookup` (`max_matching_ngram_size`, default
+    2); the config's `assistant_early_exit` (LayerSkip) as `EarlyExit(num_layers=...)` — the
+    config's two, in transformers' order (`_get_candidate_generator`). `num_assistant_tokens`
+    comes from the config (the call's, else the model's).
+
+    **Raises:** `ValueError` when the call gives both `speculative` and `assistant_model`;
+    `TypeError` for an `assistant_model` that is not an `AbstractCausalLM`.
+    """
+    speculative, assistant = options.speculative, options.assistant_model
+    if speculative is not None and assistant is not None:
+        raise ValueError(
+            f"give either `speculative` ({type(speculative).__name__}) or `assistant_model`, "
+            "not both: `assistant_model=draft` is `speculative=DraftModel(draft, num_tokens=...)`"
+        )
+    gc = None if config is None else load_generation_config(config)
+    lookup = getattr(gc, "prompt_lookup_num_tokens", None)
+    early_exit = getattr(gc, "assistant_early_exit", None)
+    num_tokens = getattr(gc, "num_assistant_tokens", None) or DEFAULT_ASSISTANT_TOKENS
+    if assistant is not None:
+        speculative = DraftModel(assistant, num_tokens=int(num_tokens))
+    if not lookup and not early_exit:
         return config, speculative
     gc = copy.deepcopy(gc)
     gc.prompt_lookup_num_tokens = None
-    if speculative is None:
+    gc.assistant_early_exit = None
+    if speculative is None and lookup:
         ngram = getattr(gc, "max_matching_ngram_size", None) or 2
-        speculative = PromptLookup(num_tokens=int(num), max_ngram_size=int(ngram))
+        speculative = PromptLookup(num_tokens=int(lookup), max_ngram_size=int(ngram))
+    elif speculative is None:
+        speculative = EarlyExit(num_layers=int(early_exit), num_tokens=int(num_tokens))
     return gc, speculative
 
 
@@ -235,7 +261,12 @@ def resolve_settings(
         config = model.generation_config
     else:
         config = explicit_config if use_generation_config else None
-    config, speculative = _prompt_lookup_of(config, options.speculative)
+    config, speculative = _speculative_of(config, options)
+    if speculative is not None and options.guidance_scale is not None and options.cfg == "batched":
+        raise ValueError(
+            "speculative decoding is not supported with cfg='batched' (its cache holds two "
+            "branches per row); use cfg='processor' for classifier-free guidance with it"
+        )
     with_decoding = decoding_config(options, config)
     if with_decoding is not config:  # the options set decoding fields: the call's own choice
         config = explicit_config = with_decoding

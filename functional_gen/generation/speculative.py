@@ -3,6 +3,9 @@
 One step of the compiled loop, for every row at once:
 
 1. the proposer (`functional_gen.speculative`) guesses `k` tokens per row;
+   a constraint (`functional_gen.structured`) is walked over the guesses first
+   (`functional_gen.speculative.guard`): a draft model draws only tokens it allows, and every
+   row's guesses are cut at the first one it forbids, so no verification is spent on them;
 2. the target model runs ONCE over `k + 1` positions per row: the row's last token (when the
    previous step emitted it without feeding it) and the `k` guesses;
 3. the processors run position by position (a `lax.scan` of `process_rows`), each position
@@ -27,6 +30,7 @@ Source: Leviathan, Kalman & Matias 2023 (Algorithm 1); Chen et al. 2023; transfo
 """
 
 import dataclasses
+import inspect
 
 import equinox as eqx
 import jax
@@ -36,6 +40,7 @@ from jaxtyping import Array, Bool, Int, PyTree
 from ..models.base import AbstractCausalLM
 from ..speculative.acceptance import exact_match, rejection_sample
 from ..speculative.cache import keep_below, make_room
+from ..speculative.guard import ProposalGuard
 from ..speculative.proposers import EXPLORE_TOKENS, AbstractProposer, DraftModel, EarlyExit
 from .samplers import AbstractSampler, Greedy, Multinomial
 from .search import AbstractSearch, process_rows
@@ -62,13 +67,16 @@ class SpeculativeState(eqx.Module):
     (the row has finished but its last token is still to be fed); `proposer` (the proposer's
     carry); `proposed`, `accepted`, `steps` (`Int[Array, " batch"]`: guesses verified, guesses
     emitted, verification steps; `accepted / proposed` is the acceptance rate and
-    `generated / steps` the tokens per step).
+    `generated / steps` the tokens per step); `forbidden` (`Int[Array, " batch"]`: verified
+    guesses that the target's processed logits forbid, i.e. wasted verification; guesses a
+    constraint forbids are cut before verification, so with a constraint alone it stays 0).
     """
 
     pending: Bool[Array, " batch"]
     finished: Bool[Array, " batch"]
     proposer: PyTree
     proposed: Int[Array, " batch"]
+    forbidden: Int[Array, " batch"]
     accepted: Int[Array, " batch"]
     steps: Int[Array, " batch"]
 
@@ -141,6 +149,7 @@ class Speculative(AbstractSearch):
             finished=jnp.zeros((rows,), bool),
             proposer=self.proposer.init(self.model, rows, self.capacity),
             proposed=zeros,
+            forbidden=zeros,
             accepted=zeros,
             steps=zeros,
         )
@@ -162,7 +171,17 @@ class Speculative(AbstractSearch):
         salted = jax.vmap(jax.random.fold_in, (0, None))
         greedy = not self.sampler.needs_key
 
-        # 1. guesses
+        # 1. guesses, masked by the rows' constraints (a draft model draws only admissible ones)
+        guard, guard_state = ProposalGuard.of(
+            step.processors,
+            state.processor_states,
+            token_ids,
+            length,
+            state.prompt_length,
+            state.start_length - state.prompt_length + state.max_new_tokens,
+            step_keys,
+            state.logits.shape[-1],
+        )
         carry, drafts, q = self.proposer.propose(
             spec.proposer,
             step.model,
@@ -171,12 +190,15 @@ class Speculative(AbstractSearch):
             active,
             key=salted(step_keys, _DRAFT_SALT),
             sample=not greedy,
+            **({"guard": guard, "guard_state": guard_state} if _takes_guard(self.proposer) else {}),
         )
 
         # a proposer may guess fewer than k tokens (-1: no guess); the target call is as wide as
         # the most guesses of a row, rounded up to `verify_widths` (none: a plain decode step)
         num_guesses = jnp.sum(jnp.cumprod((drafts >= 0).astype(jnp.int32), axis=1), axis=1)
         num_guesses = jnp.where(active, num_guesses, 0)
+        if guard is not None:  # cut at the first guess the constraint forbids: never verified
+            num_guesses = guard.admissible(guard_state, drafts, num_guesses)
         last = jnp.take_along_axis(token_ids, jnp.maximum(length - 1, 0)[:, None], axis=1)
         drafts = jnp.where(drafts >= 0, drafts, last)
         args = (step, state, drafts, q, num_guesses, carry, active, settle, step_keys)
@@ -236,6 +258,8 @@ class Speculative(AbstractSearch):
         else:  # nothing to process: no scan over the positions (`process_rows` is the identity)
             states_at, processed = (), raw
         dead = jnp.all(processed == -jnp.inf, axis=-1)  # no token possible at that position
+        guessed_logits = jnp.take_along_axis(processed[:, :k], drafts[..., None], axis=-1)[..., 0]
+        forbidden = jnp.sum(guessed & (guessed_logits == -jnp.inf), axis=1).astype(jnp.int32)
 
         # 4. acceptance
         if greedy:
@@ -331,6 +355,7 @@ class Speculative(AbstractSearch):
             finished=finished,
             proposer=carry,
             proposed=spec.proposed + num_guesses,
+            forbidden=spec.forbidden + forbidden,
             accepted=spec.accepted + jnp.where(active, accepted, 0),
             steps=spec.steps + active.astype(jnp.int32),
         )
@@ -349,6 +374,13 @@ class Speculative(AbstractSearch):
             stop_state=stop_state,
             search_state=spec,
         )
+
+
+def _takes_guard(proposer: AbstractProposer) -> bool:
+    """Whether `proposer.propose` accepts the `guard` keywords (a proposer written before they
+    existed does not; its guesses are still cut at the first forbidden one)."""
+    parameters = inspect.signature(proposer.propose).parameters
+    return "guard" in parameters or any(p.kind is p.VAR_KEYWORD for p in parameters.values())
 
 
 def speculative_search(

@@ -1,4 +1,5 @@
-"""The token-id entry points: `init_state` and `generate_token_ids`, without a tokenizer.
+"""The token-id entry points: `init_state` and `generate_token_ids`, without a tokenizer; and
+`generate_state`, `generate` up to the final `GenerationState`.
 
 They take one list of token ids per row, apply no generation config, keep exact shapes (the
 batch and `max_new_tokens` are not bucketed) and return `GenerationState`s, for teaching, tests
@@ -15,8 +16,8 @@ from jaxtyping import Array, Key
 from ..models.base import AbstractCausalLM
 from ..processors.base import as_processors
 from .options import GenerationOptions
-from .planning import prepare
-from .program import run_generation, start_generation
+from .planning import plan_call, prepare
+from .program import run_prepared, start_prepared
 from .samplers import AbstractSampler
 from .search import AbstractSearch
 from .sequence_state import SequenceState
@@ -74,16 +75,7 @@ def init_state(
     )
     seq = SequenceState.from_token_ids(prompt_token_ids, vocab_size=model.vocab_size, key=key)
     prepared = prepare(seq, settings, key, bucket=False, bucket_prompt=bucket)
-    _, state = start_generation(
-        prepared.step,
-        prepared.plan,
-        prepared.arrays,
-        prepared.new_ids,
-        prepared.new_pos,
-        prepared.budget,
-        prepared.padding_rows,
-        prepared.keys,
-    )
+    _, state = start_prepared(prepared)
     return state
 
 
@@ -165,14 +157,38 @@ def generate_token_ids(
     )
     seq = SequenceState.from_token_ids(prompt_token_ids, vocab_size=model.vocab_size, key=key)
     prepared = prepare(seq, settings, key, bucket=False, bucket_prompt=bucket)
-    final, _, _ = run_generation(
-        prepared.step,
-        prepared.plan,
-        prepared.arrays,
-        prepared.new_ids,
-        prepared.new_pos,
-        prepared.budget,
-        prepared.padding_rows,
-        prepared.keys,
+    final, _, _ = run_prepared(prepared)
+    return final
+
+
+def generate_state(
+    model: AbstractCausalLM,
+    tokenizer,
+    prompts,
+    options: GenerationOptions | None = None,
+    *,
+    processors: Sequence[Any] | None = None,
+    sampler: AbstractSampler | AbstractSearch | None = None,
+    key: Key[Array, ""] | None = None,
+    **overrides: Any,
+) -> GenerationState:
+    """`functional_gen.generate`, returning the final `GenerationState` of the compiled loop
+    instead of a `GenerationResult`: every loop row (padding rows included, after the real
+    ones), the search's carry (`search_state`, e.g. speculative decoding's acceptance counts),
+    the cache. Prompts are tokenized, bucketed and padded exactly as `generate` does
+    (`plan_call`).
+
+    **Arguments** and **Raises:** as `functional_gen.generate`.
+    """
+    _, _, prepared = plan_call(
+        model,
+        tokenizer,
+        prompts,
+        options,
+        processors=processors,
+        sampler=sampler,
+        key=key,
+        **overrides,
     )
+    final, _, _ = run_prepared(prepared)
     return final

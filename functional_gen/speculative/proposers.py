@@ -18,6 +18,7 @@ from jaxtyping import Array, Bool, Float, Int, Key, PyTree
 from ..models.base import AbstractCausalLM
 from ..models.kv_cache import KVCache
 from .cache import keep_below, make_room
+from .guard import GuardState, ProposalGuard
 
 
 class AbstractProposer(eqx.Module):
@@ -45,6 +46,8 @@ class AbstractProposer(eqx.Module):
         *,
         key: Key[Array, " batch"],
         sample: bool,
+        guard: ProposalGuard | None = None,
+        guard_state: GuardState | None = None,
     ) -> tuple[PyTree, Int[Array, "batch k"], Float[Array, "batch k vocab"] | None]:
         """Guess the `k` tokens after each row's `length` tokens.
 
@@ -56,6 +59,13 @@ class AbstractProposer(eqx.Module):
         **Returns:** `(carry, guesses, q)`: `guesses` may end in `-1`s (fewer guesses in that
         row; a `-1` ends the row's guesses); `q` is the proposer's probabilities at each guessed
         position, `None` when the guesses are deterministic (one-hot `q`).
+
+        `guard` and `guard_state` (`functional_gen.speculative.guard`; `None` without a
+        constraint; optional: a subclass whose `propose` does not take them is called without
+        them): the rows' constraints at their current position. A proposer that draws from
+        a distribution masks it with `guard.mask` before every guess (and `q` is the masked,
+        renormalised distribution); others may ignore it: the search cuts every row's guesses at
+        the first one its constraint forbids (`ProposalGuard.admissible`) either way.
         """
 
     @abc.abstractmethod
@@ -133,10 +143,13 @@ class PromptLookup(AbstractProposer):
             start=jnp.zeros((rows,), jnp.int32),
         )
 
-    def propose(self, carry, target, token_ids, length, active, *, key, sample):
+    def propose(
+        self, carry, target, token_ids, length, active, *, key, sample, guard=None, guard_state=None
+    ):
         """The looked-up guesses (see the class), cut to each row's budget when `carry` is a
-        `LookupCarry` (all of them for `None`); `q` is `None` (deterministic)."""
-        del target, key, sample
+        `LookupCarry` (all of them for `None`); `q` is `None` (deterministic). The guard is not used
+        here (the search cuts the guesses at the first forbidden one)."""
+        del target, key, sample, guard, guard_state
         guesses, ngram = jax.vmap(self._lookup)(token_ids, length)
         if carry is None:
             return carry, guesses, None
@@ -242,10 +255,20 @@ class DraftModel(AbstractProposer):
         """An empty draft cache (room for the text and the steps' guesses)."""
         return _draft_init(self.draft, self.num_tokens, rows, capacity)
 
-    def propose(self, carry, target, token_ids, length, active, *, key, sample):
-        """The draft's guesses and probabilities (see the class)."""
+    def propose(
+        self, carry, target, token_ids, length, active, *, key, sample, guard=None, guard_state=None
+    ):
+        """The draft's guesses and probabilities (see the class), masked by the guard."""
         return _draft_propose(
-            self.draft, self.num_tokens, carry, token_ids, length, active, key, sample
+            self.draft,
+            self.num_tokens,
+            carry,
+            token_ids,
+            length,
+            active,
+            key,
+            sample,
+            (guard, guard_state),
         )
 
     def update(self, carry, token_ids, length):
@@ -292,10 +315,20 @@ class EarlyExit(AbstractProposer):
         """An empty cache of the first layers."""
         return _draft_init(self.draft_of(target), self.num_tokens, rows, capacity)
 
-    def propose(self, carry, target, token_ids, length, active, *, key, sample):
-        """The early exit's guesses and probabilities."""
+    def propose(
+        self, carry, target, token_ids, length, active, *, key, sample, guard=None, guard_state=None
+    ):
+        """The early exit's guesses and probabilities, masked by the guard."""
         return _draft_propose(
-            self.draft_of(target), self.num_tokens, carry, token_ids, length, active, key, sample
+            self.draft_of(target),
+            self.num_tokens,
+            carry,
+            token_ids,
+            length,
+            active,
+            key,
+            sample,
+            (guard, guard_state),
         )
 
     def update(self, carry, token_ids, length):
@@ -323,7 +356,7 @@ def _draft_init(draft, k, rows, capacity) -> DraftCarry:
     )
 
 
-def _draft_propose(draft, k, carry: DraftCarry, token_ids, length, active, key, sample):
+def _draft_propose(draft, k, carry: DraftCarry, token_ids, length, active, key, sample, guarded):
     batch, cols = token_ids.shape
     cache, cached = carry.cache, carry.cached
 
@@ -349,7 +382,21 @@ def _draft_propose(draft, k, carry: DraftCarry, token_ids, length, active, key, 
     pos2 = jnp.where(active[:, None] & (cols2 >= 0) & (cols2 >= cached[:, None]), cols2, -1)
     logits, cache = feed(cache, ids2, pos2)
 
-    # 3. k guesses, feeding each but the last.
+    # 3. k guesses, feeding each but the last; with a constraint, each drawn from the draft's
+    #    distribution masked by it (a guess it forbids is never made; where it forbids every
+    #    token, the unmasked one: the search cuts that guess).
+    guard, guard_state = guarded
+
+    def constrain(guard_state, logits):
+        if guard is None:
+            return guard_state, logits
+        guard_state, masked = guard.mask(guard_state, logits)
+        dead = jnp.all(masked == -jnp.inf, axis=-1, keepdims=True)
+        return guard_state, jnp.where(dead, logits, masked)
+
+    def advance(guard_state, token):
+        return guard_state if guard is None else guard.push(guard_state, token)
+
     def choose(logits, j):
         probs = jax.nn.softmax(logits, axis=-1)
         if sample:  # row r's j-th guess uses fold_in(key[r], j)
@@ -360,13 +407,18 @@ def _draft_propose(draft, k, carry: DraftCarry, token_ids, length, active, key, 
         return token.astype(jnp.int32), probs
 
     def guess(carry, j):
-        cache, logits = carry
+        cache, logits, guard_state = carry
+        guard_state, logits = constrain(guard_state, logits)
         token, probs = choose(logits, j)
+        guard_state = advance(guard_state, token)
         pos = jnp.where(active, length + j, -1)
         logits, cache = feed(cache, token[:, None], pos[:, None])
-        return (cache, logits), (token, probs)
+        return (cache, logits, guard_state), (token, probs)
 
-    (cache, logits), (tokens, probs) = jax.lax.scan(guess, (cache, logits), jnp.arange(k - 1))
+    (cache, logits, guard_state), (tokens, probs) = jax.lax.scan(
+        guess, (cache, logits, guard_state), jnp.arange(k - 1)
+    )
+    _, logits = constrain(guard_state, logits)
     last, last_probs = choose(logits, k - 1)
     guesses = jnp.concatenate([tokens.T.reshape(batch, k - 1), last[:, None]], axis=1)
     q = None

@@ -14,8 +14,7 @@ import numpy as np
 import pytest
 
 import functional_gen as fg
-from functional_gen.generation.planning import plan_call
-from functional_gen.generation.program import run_generation
+from functional_gen.generation.token_ids import generate_state
 from functional_gen.speculative import AbstractProposer
 from functional_gen.testing import tiny_config
 
@@ -37,19 +36,7 @@ def tiny():
 
 def _final(model, tokenizer, prompts, **kwargs):
     """The final `GenerationState` of a call (its `search_state` holds the acceptance counts)."""
-    key = kwargs.pop("key", None)
-    _, _, prepared = plan_call(model, tokenizer, prompts, key=key, **kwargs)
-    final, _, _ = run_generation(
-        prepared.step,
-        prepared.plan,
-        prepared.arrays,
-        prepared.new_ids,
-        prepared.new_pos,
-        prepared.budget,
-        prepared.padding_rows,
-        prepared.keys,
-    )
-    return final
+    return generate_state(model, tokenizer, prompts, **kwargs)
 
 
 def _assert_same(result, reference):
