@@ -240,8 +240,9 @@ class Attention(eqx.Module):
 
         q = q.reshape(kvh, groups, hd, batch, seq)
         if cache.ring_slots is not None:
-            return self._ring(x, q, to_cache(k), to_cache(v), positions, cache, prefix_length,
-                              prefill_chunk)
+            return self._ring(
+                x, q, to_cache(k), to_cache(v), positions, cache, prefix_length, prefill_chunk
+            )
 
         start = (0, 0, cache.write_index, 0)
         k_cache = jax.lax.dynamic_update_slice(cache.k, to_cache(k), start)

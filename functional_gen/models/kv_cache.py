@@ -161,9 +161,7 @@ class KVCache(eqx.Module):
             def regrow(x):
                 flat = x.reshape((-1,) + x.shape[-3:])  # [rows, kv_heads, slots, head_dim]
                 fresh = jnp.zeros(flat.shape[:2] + (ring,) + flat.shape[3:], x.dtype)
-                fresh = jax.vmap(lambda f, s, t: f.at[:, s].set(t, mode="drop"))(
-                    fresh, slots, flat
-                )
+                fresh = jax.vmap(lambda f, s, t: f.at[:, s].set(t, mode="drop"))(fresh, slots, flat)
                 return fresh.reshape(x.shape[:-2] + (ring, x.shape[-1]))
 
             rings = {i: (regrow(self.k[i]), regrow(self.v[i])) for i in self.ring_layers}
