@@ -238,3 +238,13 @@ def test_gemma3_270m_cache_at_8192_tokens_is_under_a_quarter_of_full_layers():
     assert kv_bytes(full) == 18 * 2 * 8192 * 256 * 4
     assert kv_bytes(ringed) / kv_bytes(full) == pytest.approx((3 * 8192 + 15 * 544) / (18 * 8192))
     assert nbytes(ringed) / nbytes(full) < 0.23
+
+
+def test_batched_guidance_round_the_ring_equals_the_processor(gemma3):
+    """Classifier-free guidance with both branches in one batch (a branch axis on every cache
+    leaf, the rings' positions included) equals the processor holding the negative cache."""
+    _, model, tok = gemma3
+    kw = dict(guidance_scale=1.5, negative_prompt=prompt_text([7, 7, 9]))
+    batched = generate(model, tok, prompt_text(PROMPT), 60, cfg="batched", **kw)
+    processor = generate(model, tok, prompt_text(PROMPT), 60, cfg="processor", **kw)
+    np.testing.assert_array_equal(np.asarray(batched.token_ids), np.asarray(processor.token_ids))
