@@ -460,7 +460,9 @@ class DecoderForCausalLM(AbstractCausalLM):
         return _quantization.weight_format(self.model.embed_tokens.weight)
 
     def init_cache(self, batch_size: int, max_len: int) -> KVCache:
-        """An empty `KVCache` for this model: `batch_size` rows of `max_len` slots (see `KVCache.init`)."""
+        """An empty `KVCache` for this model: `batch_size` rows of `max_len` slots, the
+        sliding-window layers in rings of at most `sliding_window + RING_RESERVE` slots (see
+        `KVCache.init`)."""
         return KVCache.init(self.config, batch_size, max_len, self.dtype)
 
     @property
