@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import functional_gen as fg
-from functional_gen.models import config_from_hf
+from functional_gen.models import config_from_hf, decoder
 from functional_gen.models.kv_cache import RING_RESERVE, KVCache
 
 from ..helpers import save_checkpoint
@@ -248,3 +248,20 @@ def test_batched_guidance_round_the_ring_equals_the_processor(gemma3):
     batched = generate(model, tok, prompt_text(PROMPT), 60, cfg="batched", **kw)
     processor = generate(model, tok, prompt_text(PROMPT), 60, cfg="processor", **kw)
     np.testing.assert_array_equal(np.asarray(batched.token_ids), np.asarray(processor.token_ids))
+
+
+def test_a_scanned_prefill_longer_than_the_ring_fills_it_as_the_unrolled_one(sliding, monkeypatch):
+    """The layers run as a `lax.scan` (long prefills) write the same rings (Mistral: every
+    layer alike; the tiny Gemmas' 3 layers have no shorter period to scan)."""
+    hf, model, _ = sliding
+    if decoder.layer_period(model.model.layers) is None:
+        pytest.skip("no repeating layer group to scan")
+    token_ids, positions = sequences(2, 100)
+    unrolled, cache = model.prefill(token_ids[:, :90], positions[:, :90], max_len=100)
+    monkeypatch.setattr(decoder, "SCAN_MIN_TOKENS", 64)
+    scanned, scan_cache = model.prefill(token_ids[:, :90], positions[:, :90], max_len=100)
+    np.testing.assert_allclose(scanned, unrolled, atol=1e-5, rtol=0)
+    for a, b in zip(jax.tree.leaves(scan_cache), jax.tree.leaves(cache)):
+        np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)
+    logits, _ = model(token_ids[:, 90:], positions[:, 90:], scan_cache)
+    np.testing.assert_allclose(logits, reference(hf, token_ids)[:, 90:], atol=1e-4, rtol=0)
