@@ -34,7 +34,8 @@ back (speculative verification writes `num_tokens + 1` tokens and keeps some,
 `functional_gen.speculative.cache.keep_below`) overwrites the ring slots of the `seq` positions
 `ring_length` earlier; with `ring_length >= sliding_window + seq - 1` those are outside the window
 of every later query, so a rejected write never costs a key still needed. 32 covers speculative
-steps of up to 33 proposed tokens (`PromptLookup` proposes 10 by default, `DraftModel` 4)."""
+steps of up to 32 proposed tokens (`PromptLookup` proposes 10 by default, `DraftModel` 4); more
+are not checked and would lose keys of the window."""
 
 
 class KVCache(eqx.Module):
