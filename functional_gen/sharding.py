@@ -15,6 +15,7 @@ Use `jax.make_mesh(shape, ("data", "model"), axis_types=(AxisType.Auto,) * 2)`: 
 default axis type is Explicit, under which sharded contractions need annotations everywhere.
 """
 
+import dataclasses
 import fnmatch
 from collections.abc import Mapping
 
@@ -261,7 +262,7 @@ def plan(config, mesh_shape: tuple[int, int], batch: int, max_len: int, dtype="b
     `max_len` (cache slots per row), `dtype` of weights and cache.
 
     **Returns:** a dict: `weights_bytes` and `cache_bytes` per device (analytic, from the
-    shardings), `argument_bytes`, `output_bytes`, `temp_bytes` and `generated_code_bytes` per
+    shardings and `KVCache.init`'s layout: sliding-window layers in rings), `argument_bytes`, `output_bytes`, `temp_bytes` and `generated_code_bytes` per
     device (XLA's `compiled.memory_analysis()`), and `collectives`: the count of each collective
     op in the compiled HLO of one step.
 
@@ -296,16 +297,19 @@ def plan(config, mesh_shape: tuple[int, int], batch: int, max_len: int, dtype="b
     heads = P("data", "model") if config.num_key_value_heads % model_axis == 0 else P("data")
     kv = NamedSharding(mesh, heads)
     rows = NamedSharding(mesh, P("data"))
-    shape = (batch, config.num_key_value_heads, max_len, config.head_dim)
-    cache = KVCache(
-        k=tuple(
-            jax.ShapeDtypeStruct(shape, dtype, sharding=kv) for _ in range(config.num_hidden_layers)
-        ),
-        v=tuple(
-            jax.ShapeDtypeStruct(shape, dtype, sharding=kv) for _ in range(config.num_hidden_layers)
-        ),
-        positions=jax.ShapeDtypeStruct((batch, max_len), jnp.int32, sharding=rows),
-        length=jax.ShapeDtypeStruct((batch,), jnp.int32, sharding=rows),
+    # the layout of `KVCache.init` (sliding-window layers in rings), with shardings attached
+    cache = jax.eval_shape(lambda: KVCache.init(config, batch, max_len, dtype))
+
+    def placed(x, sharding):
+        return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
+
+    cache = dataclasses.replace(
+        cache,
+        k=tuple(placed(x, kv) for x in cache.k),
+        v=tuple(placed(x, kv) for x in cache.v),
+        positions=placed(cache.positions, rows),
+        length=placed(cache.length, rows),
+        ring_positions=None if cache.ring_positions is None else placed(cache.ring_positions, rows),
     )
     tokens = jax.ShapeDtypeStruct((batch, 1), jnp.int32, sharding=rows)
 

@@ -19,6 +19,7 @@ once for both branches), and its `KVCache` holds both branches of a row side by 
 search, forks and `SequenceState` move both branches of a row with one gather.
 """
 
+import dataclasses
 import math
 from typing import Any
 
@@ -65,21 +66,25 @@ def guide(
 def _pairs_to_rows(cache: KVCache) -> KVCache:
     """`[batch, 2, ...]` leaves -> `[2 * batch, ...]` (cond, uncond interleaved; a reshape)."""
     flat = lambda x: x.reshape((-1,) + x.shape[2:])  # noqa: E731
-    return KVCache(
+    return dataclasses.replace(
+        cache,
         k=tuple(map(flat, cache.k)),
         v=tuple(map(flat, cache.v)),
         positions=flat(cache.positions),
         length=jnp.repeat(cache.length, 2),
+        ring_positions=None if cache.ring_positions is None else flat(cache.ring_positions),
     )
 
 
 def _rows_to_pairs(cache: KVCache) -> KVCache:
     pair = lambda x: x.reshape((-1, 2) + x.shape[1:])  # noqa: E731
-    return KVCache(
+    return dataclasses.replace(
+        cache,
         k=tuple(map(pair, cache.k)),
         v=tuple(map(pair, cache.v)),
         positions=pair(cache.positions),
         length=cache.length[::2],
+        ring_positions=None if cache.ring_positions is None else pair(cache.ring_positions),
     )
 
 

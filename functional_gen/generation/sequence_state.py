@@ -20,6 +20,7 @@ The saved file format (its tensors, header fields, versions and checks) is in
 """
 
 import contextlib
+import dataclasses
 import os
 import time
 from collections.abc import Sequence
@@ -364,7 +365,11 @@ class SequenceState:
     def crop(self, n: int) -> "SequenceState":
         """Keep the first `n` tokens of every row (rows already shorter are unchanged); the
         cache forgets the rest, so a continuation regenerates from there (the last kept token is
-        run again to get its next-token logits). Processor states are dropped.
+        run again to get its next-token logits). Processor states are dropped. A model with
+        sliding-window layers keeps only the newest `sliding_window + RING_RESERVE` positions of
+        those layers (`KVCache`): a crop that goes back further than they reach (more than
+        `RING_RESERVE + 1` tokens before the end) forgets the whole row's cache, and the
+        continuation prefills the kept tokens again.
 
         **Raises:** `ValueError` unless `n >= 1`.
         """
@@ -383,8 +388,11 @@ class SequenceState:
                 "unconditional branch has other positions); crop before guiding"
             )
         if cache is not None:
-            positions = jnp.where(cache.positions >= cached[:, None], -1, cache.positions)
-            cache = KVCache(k=cache.k, v=cache.v, positions=positions, length=cache.length)
+            # A ring (sliding-window layer) holds only the newest positions of a row: a crop
+            # further back than it reaches prefills the row again from its first token.
+            cache = cache.forget(cached)
+            cached = jnp.where(cache.holds_window(cached), cached, 0)
+            cache = cache.forget(cached)
         arrays = SequenceArrays(
             token_ids=a.token_ids,
             token_logprobs=token_logprobs,
@@ -591,15 +599,22 @@ class SequenceState:
             "key_step": a.key_step,
         }
         header = {
+            "version": 2,
             "model_fingerprint": self.model_fingerprint,
             "tokenizer_fingerprint": self.tokenizer_fingerprint,
             "key_impl": str(jax.random.key_impl(a.key)),
             "num_layers": 0 if a.cache is None else len(a.cache.k),
             "cache_dtype": None if a.cache is None else str(a.cache.k[0].dtype),
         }
+        if a.cache is not None and a.cache.ring_layers:  # format 3; without rings still 2
+            header["version"] = 3
+            header["ring_layers"] = list(a.cache.ring_layers)
+            header["sliding_window"] = a.cache.sliding_window
         if a.cache is not None:
             tensors["cache.positions"] = a.cache.positions
             tensors["cache.length"] = a.cache.length
+            if a.cache.ring_positions is not None:
+                tensors["cache.ring_positions"] = a.cache.ring_positions
             for i, (k, v) in enumerate(zip(a.cache.k, a.cache.v)):
                 tensors[f"cache.k.{i}"] = k.astype(jnp.float32)
                 tensors[f"cache.v.{i}"] = v.astype(jnp.float32)
@@ -637,6 +652,13 @@ class SequenceState:
                 positions=jnp.asarray(arrays["cache.positions"]),
                 length=jnp.asarray(arrays["cache.length"]),
             )
+            if header.get("ring_layers"):  # format 3: sliding-window layers in rings
+                cache = dataclasses.replace(
+                    cache,
+                    ring_positions=jnp.asarray(arrays["cache.ring_positions"]),
+                    ring_layers=tuple(header["ring_layers"]),
+                    sliding_window=int(header["sliding_window"]),
+                )
         impl = header["key_impl"]
         impl = impl[impl.index("[") + 1 : impl.rindex("]")] if "[" in impl else impl
         seq = SequenceArrays(

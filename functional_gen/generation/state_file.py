@@ -13,10 +13,15 @@ import os
 
 FORMAT_NAME = "functional_gen.SequenceState"
 """The `format` entry of a saved state's header."""
-FORMAT_VERSION = 2
-"""The version of the saved format this code writes. Version 2 added the header field
-`tokenizer_fingerprint`; version 1 files are still read (without a tokenizer check)."""
-READABLE_VERSIONS = (1, 2)
+FORMAT_VERSION = 3
+"""The newest version of the saved format this code writes (a state whose cache has no rings
+is written as version 2, which older readers still read). Version 2 added the header field
+`tokenizer_fingerprint`; version 3 the fields `ring_layers` and `sliding_window` and the tensor
+`cache.ring_positions` (sliding-window layers keep their keys and values in rings of other
+lengths than `max_len`, see `functional_gen.models.kv_cache`; a reader of version 2 would take
+them for full buffers). Versions 1 and 2 files are still read (version 1 without a tokenizer
+check)."""
+READABLE_VERSIONS = (1, 2, 3)
 """The saved format versions `SequenceState.load` reads."""
 HEADER_FIELDS = {
     1: ("format", "version", "model_fingerprint", "key_impl", "num_layers", "cache_dtype"),
@@ -28,6 +33,17 @@ HEADER_FIELDS = {
         "key_impl",
         "num_layers",
         "cache_dtype",
+    ),
+    3: (
+        "format",
+        "version",
+        "model_fingerprint",
+        "tokenizer_fingerprint",
+        "key_impl",
+        "num_layers",
+        "cache_dtype",
+        "ring_layers",
+        "sliding_window",
     ),
 }
 """The header fields of each format version (every one must be present; values may be null)."""
@@ -42,7 +58,8 @@ ROW_TENSORS = (
     "key_step",
 )
 """The tensors every saved state holds, each with a leading batch axis; a state with a cache
-also holds `cache.positions`, `cache.length` and `cache.k.{i}` / `cache.v.{i}` per layer."""
+also holds `cache.positions`, `cache.length` and `cache.k.{i}` / `cache.v.{i}` per layer (and
+`cache.ring_positions` when its header's `ring_layers` is not empty)."""
 
 
 class SequenceStateFormatError(ValueError):
@@ -52,7 +69,8 @@ class SequenceStateFormatError(ValueError):
 
 def encode_state(tensors: dict, header: dict) -> bytes:
     """The bytes of a saved state: `tensors` (name -> numpy array) and `header` (the fields of
-    `HEADER_FIELDS[FORMAT_VERSION]` other than `format` and `version`, which are added)."""
+    `HEADER_FIELDS` of its version other than `format`, which is added, and `version`, added as
+    `FORMAT_VERSION` unless `header` names it)."""
     from safetensors.numpy import save as to_bytes  # deferred: only a save needs it
 
     header = {"format": FORMAT_NAME, "version": FORMAT_VERSION, **header}
@@ -131,6 +149,8 @@ def check_saved_fields(path: str, version: int, header: dict, arrays: dict) -> N
     if num_layers:
         needed += ["cache.positions", "cache.length"]
         needed += [f"cache.{kv}.{i}" for i in range(num_layers) for kv in ("k", "v")]
+        if header.get("ring_layers"):
+            needed.append("cache.ring_positions")
     missing = [f"`{name}`" for name in needed if name not in arrays]
     if missing:
         raise SequenceStateFormatError(

@@ -117,12 +117,41 @@ class LayerCache(eqx.Module):
     - `positions`: `Int[Array, "batch max_len"]`, the RoPE position of every slot, this call's
       tokens already recorded (shared by all layers; `-1` = padding or empty).
     - `write_index`: `Int[Array, ""]`, the first slot this call writes (all rows in lockstep).
+    - `ring_slots`: for a ring layer (`KVCache.ring_layers`), `Int[Array, "batch seq"]`: the ring
+      slot of each of this call's tokens (`position % ring`; `ring`, past the end, for padding
+      and for tokens a longer call pushes out again); `None` for a layer of `max_len` slots.
+    - `ring_before`, `ring_after`: `Int[Array, "batch ring"]`, the positions the ring slots hold
+      before and after this call's write (`KVCache.ring_positions`), or `None`.
     """
 
-    k: Float[Array, "batch kv_heads max_len head_dim"]
-    v: Float[Array, "batch kv_heads max_len head_dim"]
+    k: Float[Array, "batch kv_heads _slots head_dim"]
+    v: Float[Array, "batch kv_heads _slots head_dim"]
     positions: Int[Array, "batch max_len"]
     write_index: Int[Array, ""]
+    ring_slots: Int[Array, "batch seq"] | None = None
+    ring_before: Int[Array, "batch ring"] | None = None
+    ring_after: Int[Array, "batch ring"] | None = None
+
+
+def ring_write(
+    buffer: Float[Array, "batch kv_heads ring head_dim"],
+    new: Float[Array, "batch kv_heads seq head_dim"],
+    slots: Int[Array, "batch seq"],
+) -> Float[Array, "batch kv_heads ring head_dim"]:
+    """`buffer` with `new[:, :, i]` written at ring slot `slots[:, i]` of each row (slots past
+    the end are dropped: padding, and tokens a longer write pushes out again)."""
+    ring = buffer.shape[2]
+    if new.shape[2] == 1:  # decode: an in-place update of one slot (kept as is for padding)
+
+        def one(b, n, s):
+            slot = jnp.minimum(s[0], ring - 1)
+            n = jnp.where(s[0] < ring, n, jax.lax.dynamic_slice_in_dim(b, slot, 1, axis=1))
+            return jax.lax.dynamic_update_slice(b, n, (0, slot, 0))
+
+        return jax.vmap(one)(buffer, new.astype(buffer.dtype), slots)
+    return jax.vmap(lambda b, n, s: b.at[:, s].set(n, mode="drop"))(
+        buffer, new.astype(buffer.dtype), slots
+    )
 
 
 class Attention(eqx.Module):
@@ -209,11 +238,16 @@ class Attention(eqx.Module):
             # cache instead of updating it in place (0.11 ms per layer and step at batch 8).
             return jax.lax.optimization_barrier(t)
 
+        q = q.reshape(kvh, groups, hd, batch, seq)
+        if cache.ring_slots is not None:
+            return self._ring(
+                x, q, to_cache(k), to_cache(v), positions, cache, prefix_length, prefill_chunk
+            )
+
         start = (0, 0, cache.write_index, 0)
         k_cache = jax.lax.dynamic_update_slice(cache.k, to_cache(k), start)
         v_cache = jax.lax.dynamic_update_slice(cache.v, to_cache(v), start)
 
-        q = q.reshape(kvh, groups, hd, batch, seq)
         if prefill_chunk is None:
             out = self._attend_written(
                 q,
@@ -246,6 +280,79 @@ class Attention(eqx.Module):
             )
         out = out.reshape(self.num_heads * hd, batch * seq).astype(x.dtype)
         new_cache = LayerCache(k_cache, v_cache, cache.positions, cache.write_index)
+        return self.o_proj(out), new_cache
+
+    def _ring(self, x, q, k_new, v_new, positions, cache, prefix_length, prefill_chunk):
+        """Attention of a ring layer (`KVCache.ring_layers`): the keys it may read are this
+        call's and the ring's, masked by position (window included); the ring then keeps the
+        newest of them.
+
+        - prefill (`prefill_chunk`): the ring starts empty; query blocks read this call's keys
+          directly, as a layer of `max_len` slots does, so a prompt longer than the ring is
+          attended to in full before only its last `ring` tokens are stored;
+        - decode (one token): the token is written first, then the whole ring is read (it holds
+          the window: `ring >= sliding_window`); one static length, no length branches;
+        - other calls of several tokens (continuing a state with new text, speculative
+          verification): the ring as it was plus this call's keys, then the write.
+        """
+        batch, seq = positions.shape
+        k_cache = ring_write(cache.k, k_new, cache.ring_slots)
+        v_cache = ring_write(cache.v, v_new, cache.ring_slots)
+        if prefill_chunk is not None:
+
+            def upto(c0):
+                return seq if prefix_length is not None else min(seq, c0 + prefill_chunk)
+
+            out = jnp.concatenate(
+                [
+                    self._attend(
+                        q[..., c0 : c0 + prefill_chunk],
+                        k_new[:, :, : upto(c0)],
+                        v_new[:, :, : upto(c0)],
+                        positions[:, : upto(c0)],
+                        positions[:, c0 : c0 + prefill_chunk],
+                        prefix_length,
+                    )
+                    for c0 in range(0, seq, prefill_chunk)
+                ],
+                axis=-1,
+            )
+        elif seq == 1:
+
+            def attend(*operands):
+                return self._attend(*operands)
+
+            # behind a conditional for the reason given in `_attend_written`
+            out = jax.lax.cond(
+                jnp.all(cache.write_index >= 0),
+                attend,
+                attend,
+                q,
+                k_cache,
+                v_cache,
+                cache.ring_after,
+                positions,
+                prefix_length,
+            )
+        else:
+            out = self._attend(
+                q,
+                jnp.concatenate([cache.k, k_new.astype(cache.k.dtype)], axis=2),
+                jnp.concatenate([cache.v, v_new.astype(cache.v.dtype)], axis=2),
+                jnp.concatenate([cache.ring_before, positions.astype(jnp.int32)], axis=-1),
+                positions,
+                prefix_length,
+            )
+        out = out.reshape(self.num_heads * self.head_dim, batch * seq).astype(x.dtype)
+        new_cache = LayerCache(
+            k_cache,
+            v_cache,
+            cache.positions,
+            cache.write_index,
+            cache.ring_slots,
+            cache.ring_before,
+            cache.ring_after,
+        )
         return self.o_proj(out), new_cache
 
     def _attend_written(self, q, k_cache, v_cache, kv_positions, positions, prefix_length, used):

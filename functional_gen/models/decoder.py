@@ -178,6 +178,7 @@ class DecoderModel(eqx.Module):
         local_rope = rope
         if self.rotary_emb_local is not None:
             local_rope = self.rotary_emb_local.cos_sin(positions.reshape(-1))
+        ring = _ring_update(cache, positions)
         tokens = token_ids.size
         period = layer_period(self.layers)
         scan = prefill_chunk is not None and tokens >= SCAN_MIN_TOKENS and period is not None
@@ -189,30 +190,42 @@ class DecoderModel(eqx.Module):
             cache,
             slot_positions,
             write_index,
+            ring,
             prefix_length=prefix_length,
             prefill_chunk=prefill_chunk,
         )
-        new_cache = KVCache(
-            k=tuple(new_k), v=tuple(new_v), positions=slot_positions, length=cache.length + seq
+        new_cache = dataclasses.replace(
+            cache,
+            k=tuple(new_k),
+            v=tuple(new_v),
+            positions=slot_positions,
+            length=cache.length + seq,
+            ring_positions=cache.ring_positions if ring is None else ring[2],
         )
         return self.norm(x), new_cache
 
-    def _unrolled_layers(self, x, positions, ropes, cache, slot_positions, write_index, **kw):
+    def _unrolled_layers(self, x, positions, ropes, cache, slot_positions, write_index, ring, **kw):
         """Every layer in turn, one traced copy per layer (decode, and short prefills)."""
         new_k, new_v = [], []
-        for layer, k, v in zip(self.layers, cache.k, cache.v):
+        for i, (layer, k, v) in enumerate(zip(self.layers, cache.k, cache.v)):
             x, view = layer(
                 x,
                 positions,
                 ropes[layer.self_attn.sliding_window is not None],
-                LayerCache(k, v, slot_positions, write_index),
+                LayerCache(
+                    k,
+                    v,
+                    slot_positions,
+                    write_index,
+                    *(ring if i in cache.ring_layers else ()),
+                ),
                 **kw,
             )
             new_k.append(view.k)
             new_v.append(view.v)
         return x, new_k, new_v
 
-    def _scan_layers(self, x, positions, ropes, cache, slot_positions, write_index, **kw):
+    def _scan_layers(self, x, positions, ropes, cache, slot_positions, write_index, ring, **kw):
         """The layers as a `jax.lax.scan` over groups of `layer_period(layers)` layers (1 for
         Llama, 6 for Gemma 3's 5 local + 1 global), so XLA compiles one group instead of every
         layer (Equinox's scan-over-layers: `eqx.partition` into arrays and static parts, the
@@ -247,7 +260,13 @@ class DecoderModel(eqx.Module):
                     x,
                     positions,
                     ropes[layer.self_attn.sliding_window is not None],
-                    LayerCache(k, v, slot_positions, write_index),
+                    LayerCache(
+                        k,
+                        v,
+                        slot_positions,
+                        write_index,
+                        *(ring if j in cache.ring_layers else ()),
+                    ),
                     **kw,
                 )
                 out_k.append(view.k)
@@ -259,6 +278,23 @@ class DecoderModel(eqx.Module):
         new_k = [out_k[j][g] for g, j in order]
         new_v = [out_v[j][g] for g, j in order]
         return x, new_k, new_v
+
+
+def _ring_update(cache: KVCache, positions: Int[Array, "batch seq"]):
+    """Where this call's tokens go in the rings of `cache` (`KVCache.ring_layers`), and the
+    positions the ring slots hold before and after: `(slots, before, after)`, or `None` without
+    rings. A token at position `p` goes to slot `p % ring`; padding (`p < 0`) and the tokens of a
+    row older than its newest `ring` ones in this call go past the end (dropped)."""
+    if not cache.ring_layers:
+        return None
+    before = cache.ring_positions
+    ring = before.shape[-1]
+    positions = positions.astype(jnp.int32)
+    newest = jnp.max(positions, axis=-1, keepdims=True)  # [batch, 1]
+    kept = (positions >= 0) & (positions > newest - ring)
+    slots = jnp.where(kept, positions % ring, ring)
+    after = jax.vmap(lambda r, s, p: r.at[s].set(p, mode="drop"))(before, slots, positions)
+    return slots, before, after
 
 
 SCAN_MIN_TOKENS = 1024
@@ -424,7 +460,9 @@ class DecoderForCausalLM(AbstractCausalLM):
         return _quantization.weight_format(self.model.embed_tokens.weight)
 
     def init_cache(self, batch_size: int, max_len: int) -> KVCache:
-        """An empty `KVCache` for this model: `batch_size` rows of `max_len` slots (see `KVCache.init`)."""
+        """An empty `KVCache` for this model: `batch_size` rows of `max_len` slots, the
+        sliding-window layers in rings of at most `sliding_window + RING_RESERVE` slots (see
+        `KVCache.init`)."""
         return KVCache.init(self.config, batch_size, max_len, self.dtype)
 
     @property

@@ -208,11 +208,18 @@ def _insert(prefix: Prefix, state: DecodeState, slot: Int[Array, ""]) -> DecodeS
         return jax.lax.dynamic_update_slice(buffer, fresh, (slot, 0, 0, 0))
 
     positions = jnp.full((cache.max_len,), -1, jnp.int32).at[:width].set(prefix.cache.positions[0])
-    cache = KVCache(
-        k=tuple(put_slots(b, r) for b, r in zip(cache.k, prefix.cache.k)),
-        v=tuple(put_slots(b, r) for b, r in zip(cache.v, prefix.cache.v)),
+    rows = prefix.cache
+    if cache.ring_layers:  # rings (sliding-window layers) of the slots' size: regrown if shorter
+        rows = rows.extend(cache.max_len)
+    cache = dataclasses.replace(
+        cache,
+        k=tuple(put_slots(b, r) for b, r in zip(cache.k, rows.k)),
+        v=tuple(put_slots(b, r) for b, r in zip(cache.v, rows.v)),
         positions=cache.positions.at[slot].set(positions),
         length=cache.length.at[slot].set(width),
+        ring_positions=None
+        if rows.ring_positions is None
+        else cache.ring_positions.at[slot].set(rows.ring_positions[0]),
     )
     gen = GenerationState(
         token_ids=gen.token_ids.at[slot].set(prefix.token_ids),

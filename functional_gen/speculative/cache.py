@@ -12,6 +12,8 @@ Dead slots take room. When the next write would pass the end of the buffers, `co
 every row's live slots to the front (one gather, as rare as the buffers are full).
 """
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Int
@@ -30,11 +32,10 @@ def keep_below(cache: KVCache, valid_length: Int[Array, " batch"]) -> KVCache:
     **Returns:** the `KVCache` with those slots at position `-1` and `length` (the same for
     every row) the smallest write index that overwrites no live slot.
     """
-    positions = jnp.where(cache.positions >= valid_length[:, None], -1, cache.positions)
-    slots = jnp.arange(positions.shape[-1], dtype=jnp.int32)
-    used = jnp.max(jnp.where(positions >= 0, slots[None, :] + 1, 0))
-    length = jnp.full_like(cache.length, used)
-    return KVCache(k=cache.k, v=cache.v, positions=positions, length=length)
+    cache = cache.forget(valid_length)  # rings too (`KVCache.ring_layers`)
+    slots = jnp.arange(cache.positions.shape[-1], dtype=jnp.int32)
+    used = jnp.max(jnp.where(cache.positions >= 0, slots[None, :] + 1, 0))
+    return dataclasses.replace(cache, length=jnp.full_like(cache.length, used))
 
 
 def compact(cache: KVCache) -> KVCache:
@@ -48,10 +49,17 @@ def compact(cache: KVCache) -> KVCache:
     order = jnp.argsort(dead, axis=-1, stable=True).astype(jnp.int32)  # live first, in order
     positions = jnp.take_along_axis(cache.positions, order, axis=-1)
     index = order[:, None, :, None]
-    k = tuple(jnp.take_along_axis(x, index, axis=2) for x in cache.k)
-    v = tuple(jnp.take_along_axis(x, index, axis=2) for x in cache.v)
+    rings = cache.ring_layers  # addressed by position, not by slot: nothing to move
+
+    def move(i, x):
+        return x if i in rings else jnp.take_along_axis(x, index, axis=2)
+
+    k = tuple(move(i, x) for i, x in enumerate(cache.k))
+    v = tuple(move(i, x) for i, x in enumerate(cache.v))
     live = jnp.max(jnp.sum(~dead, axis=-1)).astype(jnp.int32)
-    return KVCache(k=k, v=v, positions=positions, length=jnp.full_like(cache.length, live))
+    return dataclasses.replace(
+        cache, k=k, v=v, positions=positions, length=jnp.full_like(cache.length, live)
+    )
 
 
 def make_room(cache: KVCache, slots: int) -> KVCache:
