@@ -38,6 +38,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Bool, Int, PyTree
 
 from ..models.base import AbstractCausalLM
+from ..models.kv_cache import RING_RESERVE
 from ..speculative.acceptance import exact_match, rejection_sample
 from ..speculative.cache import keep_below, make_room
 from ..speculative.guard import ProposalGuard
@@ -424,4 +425,25 @@ def speculative_search(
                 f"target's {layers}"
             )
         proposer.draft_of(model)  # refuses a model without `first_layers`
+    _check_ring_reserve(proposer, model)
     return Speculative(proposer, sampler)
+
+
+def _check_ring_reserve(proposer: AbstractProposer, model: AbstractCausalLM) -> None:
+    """Refuse more guesses per step than a sliding-window ring can take back: a ring keeps
+    `sliding_window + RING_RESERVE` slots (`KVCache`), and the rejected guesses of a step
+    overwrite the oldest ones, which are still in the window when more than `RING_RESERVE`
+    guesses are written (the target's cache, and a draft model's own)."""
+    models = [("the target", model)]
+    if isinstance(proposer, DraftModel):
+        models.append(("the draft model", proposer.draft))
+    if proposer.num_tokens <= RING_RESERVE:
+        return
+    for who, m in models:
+        # shapes only (no buffers): the cache's layout says whether its model keeps rings
+        if jax.eval_shape(lambda m=m: m.init_cache(1, 1 << 16)).ring_layers:
+            raise ValueError(
+                f"{type(proposer).__name__}(num_tokens={proposer.num_tokens}) guesses more "
+                f"tokens per step than {who}'s sliding-window rings can take back "
+                f"(RING_RESERVE = {RING_RESERVE}); use num_tokens <= {RING_RESERVE}"
+            )

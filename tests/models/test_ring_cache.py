@@ -208,6 +208,20 @@ def test_prompt_lookup_on_a_sliding_model_is_lossless(gemma3):
     np.testing.assert_array_equal(np.asarray(fast.token_ids), plain)
 
 
+def test_more_guesses_than_the_ring_reserve_are_refused_before_compiling(gemma3):
+    """A step's rejected guesses overwrite the ring's oldest slots: more than `RING_RESERVE` of
+    them would overwrite keys still in the window, so such a proposer is refused by name."""
+    _, model, tok = gemma3
+    spec = fg.speculative.PromptLookup(num_tokens=RING_RESERVE + 1, max_ngram_size=3)
+    with pytest.raises(ValueError, match=rf"num_tokens={RING_RESERVE + 1}.*RING_RESERVE"):
+        generate(model, tok, [prompt_text(PROMPT)], 4, speculative=spec)
+    # the largest accepted value still generates losslessly
+    spec = fg.speculative.PromptLookup(num_tokens=RING_RESERVE, max_ngram_size=3)
+    plain = np.asarray(generate(model, tok, [prompt_text(PROMPT * 2)], 40).token_ids)
+    fast = generate(model, tok, [prompt_text(PROMPT * 2)], 40, speculative=spec)
+    np.testing.assert_array_equal(np.asarray(fast.token_ids), plain)
+
+
 def test_gemma3_270m_cache_at_8192_tokens_is_under_a_quarter_of_full_layers():
     """The layout of Gemma 3 270M (18 layers, 1 key-value head of 256, window 512 on 5 of every
     6 layers): at 8,192 slots the rings keep (3 * 8192 + 15 * 544) / (18 * 8192) = 22.2% of the
