@@ -104,8 +104,9 @@ def test_calls_of_several_tokens_read_the_ring_and_their_own_keys(sliding):
         token_ids[:, :30], positions[:, :30], max_len=LENGTH, logits_to_keep=0
     )
     out = [logits]
+    step = jax.jit(lambda ids, pos, cache: model(ids, pos, cache))  # 7 tokens, then the last 3
     for i in range(30, LENGTH, 7):
-        logits, cache = model(token_ids[:, i : i + 7], positions[:, i : i + 7], cache)
+        logits, cache = step(token_ids[:, i : i + 7], positions[:, i : i + 7], cache)
         out.append(logits)
     np.testing.assert_allclose(np.concatenate(out, axis=1), expected, atol=1e-4, rtol=0)
 
@@ -119,8 +120,9 @@ def test_a_left_padded_row_round_the_ring_equals_it_alone(gemma3):
     batch_pos = jnp.concatenate([pad_pos, jnp.broadcast_to(jnp.arange(103), (1, 103))])
     logits, cache = model.prefill(batch_ids[:, :20], batch_pos[:, :20], max_len=103)
     out = [logits]
+    step = jax.jit(lambda ids, pos, cache: model(ids, pos, cache))  # one compile, 83 calls
     for i in range(20, 103):
-        logits, cache = model(batch_ids[:, i : i + 1], batch_pos[:, i : i + 1], cache)
+        logits, cache = step(batch_ids[:, i : i + 1], batch_pos[:, i : i + 1], cache)
         out.append(logits)
     out = np.concatenate(out, axis=1)
     expected = reference(hf, token_ids)
