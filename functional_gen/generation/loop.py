@@ -20,7 +20,7 @@ from ..models.base import AbstractCausalLM
 from ..tokenization import Prompt
 from .options import GenerationOptions
 from .planning import plan_call as plan_call
-from .program import run_generation
+from .program import run_prepared
 from .result import GenerationResult, build_result
 from .samplers import AbstractSampler
 from .search import AbstractSearch
@@ -82,16 +82,7 @@ def generate(
         key=key,
         **overrides,
     )
-    final, arrays, prompt_lp = run_generation(
-        prepared.step,
-        prepared.plan,
-        prepared.arrays,
-        prepared.new_ids,
-        prepared.new_pos,
-        prepared.budget,
-        prepared.padding_rows,
-        prepared.keys,
-    )
+    final, arrays, prompt_lp = run_prepared(prepared)
     if tokenizer is None and isinstance(prompts, SequenceState):
         tokenizer = prompts.tokenizer
     return build_result(model, tokenizer, settings, prepared, final, arrays, prompt_lp)

@@ -19,7 +19,7 @@ from ..sharding import to_host
 from ..tokenization import IncrementalDecoder, Prompt, is_chat
 from .options import GenerationOptions
 from .planning import plan_call
-from .program import finish_generation, repeat_rows, start_generation
+from .program import finish_generation, repeat_rows, start_prepared
 from .result import GenerationResult, build_result
 from .samplers import AbstractSampler
 from .search import AbstractSearch
@@ -164,16 +164,7 @@ def _beam_pieces(model, tokenizer, settings, prepared, out: Stream, state, promp
 
 
 def _pieces(model, tokenizer, settings, prepared, out: Stream):
-    prompt_lp, state = start_generation(
-        prepared.step,
-        prepared.plan,
-        prepared.arrays,
-        prepared.new_ids,
-        prepared.new_pos,
-        prepared.budget,
-        prepared.padding_rows,
-        prepared.keys,
-    )
+    prompt_lp, state = start_prepared(prepared)
     if prepared.plan.num_beams:
         yield from _beam_pieces(model, tokenizer, settings, prepared, out, state, prompt_lp)
         return

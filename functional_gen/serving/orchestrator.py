@@ -31,10 +31,10 @@ import jax
 from ..generation.state import FINISH_REASONS
 from ..generation.stop_strings import truncate_at_stop
 from ..tokenization import IncrementalDecoder
+from .pool import PoolEntry
 
 if TYPE_CHECKING:  # (engine.py imports this module for `Engine.stream`)
     from .engine import Engine, Request
-    from .pool import PoolEntry
 
 OPENAI_FINISH_REASONS = {"eos": "stop", "stop_string": "stop", "length": "length"}
 """`FINISH_REASONS` names as OpenAI's `finish_reason` ("constraint" is kept as it is)."""
