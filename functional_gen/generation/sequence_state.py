@@ -19,10 +19,8 @@ The saved file format (its tensors, header fields, versions and checks) is in
 `functional_gen.generation.state_file`; `save` here writes its bytes durably.
 """
 
-import contextlib
 import dataclasses
 import os
-import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -37,6 +35,7 @@ from ..processors.base import split_rows
 from ..sharding import to_host
 from ..tokenization import decode, is_chat, tokenizer_fingerprint
 from .buckets import bucket_length
+from .durable_write import PARTIAL_SUFFIX as PARTIAL_SUFFIX, write_atomically
 from .state_file import (  # the file format's names, also public here where they were first
     FORMAT_NAME as FORMAT_NAME,
     FORMAT_VERSION as FORMAT_VERSION,
@@ -47,10 +46,6 @@ from .state_file import (  # the file format's names, also public here where the
     decode_state,
     encode_state,
 )
-
-PARTIAL_SUFFIX = ".fg-partial"
-"""The suffix of the temporary file `save` writes before renaming it over the target:
-`.{name}.{pid}.{random}.fg-partial`, in the target's directory."""
 
 
 class BatchMismatchError(ValueError):
@@ -619,7 +614,7 @@ class SequenceState:
                 tensors[f"cache.k.{i}"] = k.astype(jnp.float32)
                 tensors[f"cache.v.{i}"] = v.astype(jnp.float32)
         host = {name: np.ascontiguousarray(to_host(x)) for name, x in tensors.items()}
-        _write_atomically(os.fspath(path), encode_state(host, header))
+        write_atomically(os.fspath(path), encode_state(host, header))
 
     @classmethod
     def load(cls, path: str | os.PathLike, tokenizer: Any = None) -> "SequenceState":
@@ -628,7 +623,7 @@ class SequenceState:
         decoding arguments to the continuation. `tokenizer` is kept for `+ "text"` and `texts()`,
         and checked against the saved tokenizer fingerprint.
 
-        Reads format versions 1 and 2 (`READABLE_VERSIONS`). A version-1 file records no
+        Reads format versions 1, 2 and 3 (`READABLE_VERSIONS`). A version-1 file records no
         tokenizer fingerprint: its state is continued with any tokenizer unchecked (it adopts
         the fingerprint of the first tokenizer it is given).
 
@@ -680,81 +675,6 @@ class SequenceState:
             tokenizer=tokenizer,
             tokenizer_fingerprint=header.get("tokenizer_fingerprint"),
         )
-
-
-def _write_atomically(path: str, data: bytes) -> None:
-    """Write `data` to `path` so that `path` is never partly written: a temporary file in the
-    same directory, `fsync`, `os.replace`, then `fsync` of the directory (POSIX). The temporary
-    file is removed when anything fails or is interrupted; stale ones are removed first."""
-    directory = os.path.dirname(os.path.abspath(path))
-    _remove_stale_partials(directory)
-    name = os.path.basename(path)
-    partial = os.path.join(
-        directory, f".{name}.{os.getpid()}.{os.urandom(4).hex()}{PARTIAL_SUFFIX}"
-    )
-    try:
-        with open(partial, "xb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(partial, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(partial)
-        raise
-    _fsync_directory(directory)
-
-
-def _fsync_directory(directory: str) -> None:
-    """Make a rename in `directory` durable (POSIX; a no-op elsewhere, and on file systems that
-    cannot `fsync` a directory)."""
-    if os.name != "posix":
-        return
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        with contextlib.suppress(OSError):
-            os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _remove_stale_partials(directory: str) -> None:
-    """Remove the temporary files of saves into `directory` whose process is gone (killed
-    mid-save). Those of running processes, this one included, are left alone (they may be
-    saving right now). Elsewhere than POSIX, where a pid cannot be probed safely, files older
-    than an hour count as stale."""
-    try:
-        names = os.listdir(directory)
-    except OSError:
-        return
-    for name in names:
-        if not (name.startswith(".") and name.endswith(PARTIAL_SUFFIX)):
-            continue
-        parts = name[: -len(PARTIAL_SUFFIX)].rsplit(".", 2)
-        if len(parts) != 3 or not parts[1].isdigit():
-            continue
-        file = os.path.join(directory, name)
-        if _save_may_be_running(int(parts[1]), file):
-            continue
-        with contextlib.suppress(OSError):
-            os.unlink(file)
-
-
-def _save_may_be_running(pid: int, file: str) -> bool:
-    if os.name != "posix":
-        try:
-            return os.path.getmtime(file) > time.time() - 3600
-        except OSError:
-            return True
-    if pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # PermissionError: another user's running process
-        return True
-    return True
 
 
 def _refuse_other_tokenizer(ours: str | None, own: Any, tokenizer: Any, where: str) -> None:

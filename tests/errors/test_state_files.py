@@ -15,7 +15,7 @@ from safetensors import safe_open
 from safetensors.numpy import save_file
 
 import functional_gen as fg
-from functional_gen.generation import sequence_state
+from functional_gen.generation import durable_write
 from functional_gen.generation.sequence_state import PARTIAL_SUFFIX
 from functional_gen.testing import tiny_config
 
@@ -144,7 +144,7 @@ def test_an_interrupted_save_leaves_the_old_file_and_no_temporary_file(
                 self.file.write(data[: len(data) // 2])
                 raise KeyboardInterrupt
 
-        monkeypatch.setattr(sequence_state, "open", HalfWrite, raising=False)
+        monkeypatch.setattr(durable_write, "open", HalfWrite, raising=False)
     else:
         monkeypatch.setattr(os, step, interrupt)
     with pytest.raises(KeyboardInterrupt):
