@@ -3,6 +3,9 @@ tiny random Hugging Face checkpoints, and a PyTorch import guard."""
 
 import importlib.util
 import os
+import shutil
+import sys
+import tempfile
 from collections import Counter
 
 import pytest
@@ -18,6 +21,64 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # e.g. int32 + float32 or float32 + bfloat16, raises instead of promoting silently. Set in the
 # environment so that the tests' subprocesses inherit it too.
 os.environ["JAX_NUMPY_DTYPE_PROMOTION"] = "strict"
+
+# JAX's persistent compilation cache, shared by every process of one test run: the pytest-xdist
+# workers, the notebooks' kernels and the CLI / README subprocesses compile many identical
+# programs (the default model's prefill and decode loops at the same shapes), and each worker
+# compiles them again after `fresh_compilation_caches` drops its in-memory ones. The directory
+# is the run's own (a fresh checkout or CI run starts cold), made by the controller in
+# `pytest_configure` before the workers start and passed on through the environment, which JAX
+# reads when it is imported: `JAX_COMPILATION_CACHE_DIR` and the settings below. JAX records
+# `/jax/core/compile/backend_compile_duration` and logs "Compiling ..." for a program loaded
+# from the cache too, so the tests that count compilations (tests/errors/compilations.py and
+# its users, test_generation.py, test_constrained_slots.py) see the same counts either way.
+# `FUNCTIONAL_GEN_TEST_COMPILATION_CACHE=0` turns it off; a `JAX_COMPILATION_CACHE_DIR` already
+# in the environment is used as it is (and kept).
+TEST_COMPILATION_CACHE_SETTINGS = {
+    # programs that compile faster than this are not written (JAX's default: 1 s)
+    "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0.5",
+    # a size limit turns on JAX's file lock around reads and writes: without it, a process can
+    # read another's half-written entry (JAX then warns and compiles)
+    "JAX_COMPILATION_CACHE_MAX_SIZE": str(16 * 2**30),
+}
+_OWN_COMPILATION_CACHE: list[str] = []
+
+
+def pytest_configure(config):
+    """In the controller (or a run without workers): create this run's compilation cache
+    directory and put it in the environment that the workers and subprocesses inherit."""
+    if hasattr(config, "workerinput") or os.environ.get("JAX_COMPILATION_CACHE_DIR"):
+        return
+    if os.environ.get("FUNCTIONAL_GEN_TEST_COMPILATION_CACHE", "").strip().lower() in (
+        "0",
+        "false",
+        "no",
+        "off",
+    ):
+        return
+    directory = tempfile.mkdtemp(prefix="functional_gen-test-jax-cache-")
+    _OWN_COMPILATION_CACHE.append(directory)
+    settings = {"JAX_COMPILATION_CACHE_DIR": directory, **TEST_COMPILATION_CACHE_SETTINGS}
+    for name, value in settings.items():
+        os.environ.setdefault(name, value)
+    if "jax" in sys.modules:  # imported before this hook (e.g. by a plugin): configure it too
+        import jax
+
+        jax.config.update("jax_compilation_cache_dir", directory)
+        jax.config.update(
+            "jax_persistent_cache_min_compile_time_secs",
+            float(os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"]),
+        )
+        jax.config.update(
+            "jax_compilation_cache_max_size", int(os.environ["JAX_COMPILATION_CACHE_MAX_SIZE"])
+        )
+
+
+def pytest_unconfigure(config):
+    """Delete the compilation cache directory that `pytest_configure` made."""
+    while _OWN_COMPILATION_CACHE:
+        shutil.rmtree(_OWN_COMPILATION_CACHE.pop(), ignore_errors=True)
+
 
 ROMAN_TEXT = (
     "The history of the Roman Empire spans many centuries, from the founding of the city of Rome "
