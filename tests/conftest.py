@@ -102,8 +102,9 @@ def temporary_cache(tmp_path_factory):
     cache = tmp_path_factory.mktemp("functional_gen_cache")
     patch = pytest.MonkeyPatch()
     patch.setenv("FUNCTIONAL_GEN_CACHE", str(cache))
-    # the CLI tests run in this process: keep JAX's persistent compilation cache off here (a
-    # subprocess test of the cache turns it back on for itself)
+    # the CLI tests run in this process: keep the CLI's `enable_compilation_cache` from
+    # pointing JAX at this directory (the run's shared cache of `pytest_configure`, if any,
+    # stays; test_progress.py's subprocess test of our cache directory turns it back on)
     patch.setenv("FUNCTIONAL_GEN_COMPILATION_CACHE", "0")
     yield cache
     patch.undo()
