@@ -3,6 +3,9 @@ tiny random Hugging Face checkpoints, and a PyTorch import guard."""
 
 import importlib.util
 import os
+import shutil
+import sys
+import tempfile
 from collections import Counter
 
 import pytest
@@ -18,6 +21,64 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # e.g. int32 + float32 or float32 + bfloat16, raises instead of promoting silently. Set in the
 # environment so that the tests' subprocesses inherit it too.
 os.environ["JAX_NUMPY_DTYPE_PROMOTION"] = "strict"
+
+# JAX's persistent compilation cache, shared by every process of one test run: the pytest-xdist
+# workers, the notebooks' kernels and the CLI / README subprocesses compile many identical
+# programs (the default model's prefill and decode loops at the same shapes), and each worker
+# compiles them again after `fresh_compilation_caches` drops its in-memory ones. The directory
+# is the run's own (a fresh checkout or CI run starts cold), made by the controller in
+# `pytest_configure` before the workers start and passed on through the environment, which JAX
+# reads when it is imported: `JAX_COMPILATION_CACHE_DIR` and the settings below. JAX records
+# `/jax/core/compile/backend_compile_duration` and logs "Compiling ..." for a program loaded
+# from the cache too, so the tests that count compilations (tests/errors/compilations.py and
+# its users, test_generation.py, test_constrained_slots.py) see the same counts either way.
+# `FUNCTIONAL_GEN_TEST_COMPILATION_CACHE=0` turns it off; a `JAX_COMPILATION_CACHE_DIR` already
+# in the environment is used as it is (and kept).
+TEST_COMPILATION_CACHE_SETTINGS = {
+    # programs that compile faster than this are not written (JAX's default: 1 s)
+    "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0.5",
+    # a size limit turns on JAX's file lock around reads and writes: without it, a process can
+    # read another's half-written entry (JAX then warns and compiles)
+    "JAX_COMPILATION_CACHE_MAX_SIZE": str(16 * 2**30),
+}
+_OWN_COMPILATION_CACHE: list[str] = []
+
+
+def pytest_configure(config):
+    """In the controller (or a run without workers): create this run's compilation cache
+    directory and put it in the environment that the workers and subprocesses inherit."""
+    if hasattr(config, "workerinput") or os.environ.get("JAX_COMPILATION_CACHE_DIR"):
+        return
+    if os.environ.get("FUNCTIONAL_GEN_TEST_COMPILATION_CACHE", "").strip().lower() in (
+        "0",
+        "false",
+        "no",
+        "off",
+    ):
+        return
+    directory = tempfile.mkdtemp(prefix="functional_gen-test-jax-cache-")
+    _OWN_COMPILATION_CACHE.append(directory)
+    settings = {"JAX_COMPILATION_CACHE_DIR": directory, **TEST_COMPILATION_CACHE_SETTINGS}
+    for name, value in settings.items():
+        os.environ.setdefault(name, value)
+    if "jax" in sys.modules:  # imported before this hook (e.g. by a plugin): configure it too
+        import jax
+
+        jax.config.update("jax_compilation_cache_dir", directory)
+        jax.config.update(
+            "jax_persistent_cache_min_compile_time_secs",
+            float(os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"]),
+        )
+        jax.config.update(
+            "jax_compilation_cache_max_size", int(os.environ["JAX_COMPILATION_CACHE_MAX_SIZE"])
+        )
+
+
+def pytest_unconfigure(config):
+    """Delete the compilation cache directory that `pytest_configure` made."""
+    while _OWN_COMPILATION_CACHE:
+        shutil.rmtree(_OWN_COMPILATION_CACHE.pop(), ignore_errors=True)
+
 
 ROMAN_TEXT = (
     "The history of the Roman Empire spans many centuries, from the founding of the city of Rome "
@@ -41,8 +102,9 @@ def temporary_cache(tmp_path_factory):
     cache = tmp_path_factory.mktemp("functional_gen_cache")
     patch = pytest.MonkeyPatch()
     patch.setenv("FUNCTIONAL_GEN_CACHE", str(cache))
-    # the CLI tests run in this process: keep JAX's persistent compilation cache off here (a
-    # subprocess test of the cache turns it back on for itself)
+    # the CLI tests run in this process: keep the CLI's `enable_compilation_cache` from
+    # pointing JAX at this directory (the run's shared cache of `pytest_configure`, if any,
+    # stays; test_progress.py's subprocess test of our cache directory turns it back on)
     patch.setenv("FUNCTIONAL_GEN_COMPILATION_CACHE", "0")
     yield cache
     patch.undo()
@@ -117,15 +179,19 @@ def has_torch() -> bool:
 
 # Seconds that the slowest test files took in a full run of the README's test command on the 2-core
 # CI machine (session 26: the sum of each file's tests among the run's 40 slowest, so a lower
-# bound; test_families.py from its own `-n 0` run), after this session's cuts. Only their order
-# matters: a file missing here goes after them.
+# bound; test_families.py from its own `-n 0` run), after this session's cuts; session 28 added
+# test_ring_cache.py (~114 s on one worker) and test_speculative_features.py (its mesh and
+# constrained-distribution tests, 53-91 s), which had been handed out late by test count. Only
+# their order matters: a file missing here goes after them.
 HEAVY_FILES = {
     "tests/test_notebooks.py": 480,
     "tests/models/test_families.py": 300,
     "tests/models/test_gemma3_270m_capabilities.py": 150,
+    "tests/models/test_ring_cache.py": 114,
     "tests/test_readme.py": 110,
     "tests/models/test_gemma3_270m.py": 107,
     "tests/processors/test_classifier_free_guidance.py": 90,
+    "tests/generation/test_speculative_features.py": 80,
     "tests/generation/test_speculative.py": 75,
     "tests/serving/test_server.py": 70,
     "tests/loading/test_gguf_families.py": 50,
