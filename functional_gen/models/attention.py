@@ -31,7 +31,8 @@ def prefill_block(seq: int) -> int:
     tokens, layers scanned, one run on the shared 2-core machine: 32 blocks of 128 compiled in
     19.7 s and ran in 55.5 s; 8 blocks of 512 compiled in 5.7 s and ran in 58.6 s (the keys
     read grow from `(n + 1) / 2n` of the full square to 56% at 8 blocks); 16 blocks of 256
-    sit between."""
+    sit between. (The blocks of global layers; a sliding-window layer's prefill reads a band
+    of keys per block instead, `window_band`.)"""
     blocks = -(-seq // _PREFILL_CHUNK)
     if blocks <= _PREFILL_MAX_CHUNKS:
         return _PREFILL_CHUNK
@@ -300,8 +301,9 @@ class Attention(eqx.Module):
         newest of them.
 
         - prefill (`prefill_chunk`): the ring starts empty; query blocks read this call's keys
-          directly, as a layer of `max_len` slots does, so a prompt longer than the ring is
-          attended to in full before only its last `ring` tokens are stored;
+          directly (`_prefill`: each block the band of keys its window sees), so a prompt
+          longer than the ring is attended to in full before only its last `ring` tokens are
+          stored;
         - decode (one token): the token is written first, then the whole ring is read (it holds
           the window: `ring >= sliding_window`); one static length, no length branches;
         - other calls of several tokens (continuing a state with new text, speculative
