@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import functional_gen as fg
+from functional_gen.models import attention
 from functional_gen.models.evaluation import compare_models
 
 torch = pytest.importorskip("torch")
@@ -67,3 +68,26 @@ def test_int8_keeps_top1_agreement_on_a_2048_token_text(gemma):
     stats = compare_models(model, int8, ids, chunk=256)
     assert stats["top1_agreement"] >= 0.97, stats
     assert stats["perplexity_ratio"] < 1.02, stats
+
+
+def test_a_1536_token_prefill_through_the_window_band_equals_transformers(
+    gemma, torch_gemma, monkeypatch
+):
+    """At 1,536 tokens the local layers' prefill reads only each query block's window band
+    (`attention.window_band`): the last 64 positions' logits equal transformers' and those of
+    the causal blocks that read every earlier key (`PREFILL_WINDOW_BLOCK = None`)."""
+    from pydoc_data.topics import topics
+
+    model, tokenizer = gemma
+    ids = tokenizer(topics["execmodel"])["input_ids"][:1536]
+    assert len(ids) == 1536 and attention.window_band(1536, 512) is not None
+    token_ids, positions = jnp.array([ids]), jnp.arange(1536)[None]
+    banded = np.asarray(model.prefill(token_ids, positions, max_len=1536, logits_to_keep=64)[0])
+    monkeypatch.setattr(attention, "PREFILL_WINDOW_BLOCK", None)
+    causal = np.asarray(model.prefill(token_ids, positions, max_len=1536, logits_to_keep=64)[0])
+    with torch.no_grad():
+        theirs = torch_gemma(torch.tensor([ids]), logits_to_keep=64).logits.numpy()
+    assert float(np.max(np.abs(banded - causal))) < 1e-4
+    worst = float(np.max(np.abs(banded - theirs)))
+    assert worst < 2e-3, worst
+    np.testing.assert_array_equal(banded.argmax(-1), theirs.argmax(-1))

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import functional_gen as fg
-from functional_gen.models import config_from_hf, decoder
+from functional_gen.models import attention, config_from_hf, decoder
 from functional_gen.models.kv_cache import RING_RESERVE, KVCache
 
 from ..helpers import save_checkpoint
@@ -281,3 +281,62 @@ def test_a_scanned_prefill_longer_than_the_ring_fills_it_as_the_unrolled_one(sli
         np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)
     logits, _ = model(token_ids[:, 90:], positions[:, 90:], scan_cache)
     np.testing.assert_allclose(logits, reference(hf, token_ids)[:, 90:], atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("block", [8, 3])  # 3: blocks that do not divide the window of 8
+def test_a_banded_prefill_equals_transformers_and_the_causal_blocks(sliding, block, monkeypatch):
+    """A local layer's prefill reads only the band of keys its window lets each query block see
+    (`attention.window_band`): a left-padded batch of 100-token prompts gives transformers'
+    logits at every position, and the logits and cache of the causal blocks that read every
+    earlier key (`PREFILL_WINDOW_BLOCK = None`), with rings and without."""
+    hf, model, _ = sliding
+    monkeypatch.setattr(attention, "PREFILL_WINDOW_BLOCK", block)
+    assert attention.window_band(100, WINDOW) is not None
+    token_ids, positions = sequences(2, 100)
+    token_ids = token_ids.at[0, :9].set(0)
+    positions = positions.at[0].set(jnp.arange(100) - 9).at[0, :9].set(-1)  # 9 padding columns
+    banded, cache = model.prefill(token_ids, positions, max_len=100, logits_to_keep=0)
+    expected_1 = reference(hf, token_ids[1:])[0]
+    expected_0 = reference(hf, token_ids[:1, 9:])[0]
+    np.testing.assert_allclose(banded[1], expected_1, atol=1e-4, rtol=0)
+    np.testing.assert_allclose(banded[0, 9:], expected_0, atol=1e-4, rtol=0)
+
+    def unringed():
+        full = KVCache.init(model.config, 2, 100, rings=False)
+        return model._forward(token_ids, positions, full, 0, attention.prefill_block(100), None)
+
+    band_full, band_full_cache = unringed()
+    monkeypatch.setattr(attention, "PREFILL_WINDOW_BLOCK", None)
+    causal, causal_cache = model.prefill(token_ids, positions, max_len=100, logits_to_keep=0)
+    valid = np.asarray(positions >= 0)  # a padding column's logits are not defined
+    np.testing.assert_allclose(banded[valid], causal[valid], atol=1e-5, rtol=0)
+    same_tokens(cache, causal_cache, valid)
+    causal_full, causal_full_cache = unringed()
+    np.testing.assert_allclose(band_full[valid], causal_full[valid], atol=1e-5, rtol=0)
+    np.testing.assert_allclose(band_full[valid], banded[valid], atol=1e-5, rtol=0)
+    same_tokens(band_full_cache, causal_full_cache, valid)
+
+
+def same_tokens(cache, other, valid):
+    """Equal positions, and equal keys and values in every slot of a token (a padding slot of a
+    full layer holds whatever the padding's hidden state gave)."""
+    np.testing.assert_array_equal(cache.positions, other.positions)
+    np.testing.assert_array_equal(cache.ring_positions, other.ring_positions)
+    for i, (k, v, k2, v2) in enumerate(zip(cache.k, cache.v, other.k, other.v)):
+        if i not in cache.ring_layers:  # [batch, kv_heads, slots, head_dim] -> the valid slots
+            k, v, k2, v2 = (np.moveaxis(np.asarray(t), 2, 1)[valid] for t in (k, v, k2, v2))
+        np.testing.assert_allclose(k, k2, atol=1e-5, rtol=0)
+        np.testing.assert_allclose(v, v2, atol=1e-5, rtol=0)
+
+
+def test_window_band_covers_each_query_window():
+    """Block `i` of `block` queries reads key blocks `i - lookback .. i`: the oldest key of its
+    first query's window (column `i * block - window + 1`) is inside; short prompts (under two
+    bands) keep the causal blocks."""
+    assert attention.window_band(4096, 512) == (128, 4)  # Gemma 3: 640 keys per block
+    assert attention.window_band(1279, 512) is None and attention.window_band(1280, 512)
+    assert attention.window_band(512, 512) is None  # a prompt within the window: unchanged
+    assert attention.window_band(100, 8) == (8, 1)
+    for window in (1, 5, 8, 100, 512, 4096):
+        block, lookback = attention.window_band(10**6, window)
+        assert lookback * block >= window - 1 > (lookback - 1) * block
