@@ -1,6 +1,5 @@
-"""What each slot of the `Engine` carries: a request (`Request`), its sampling parameters as
-per-row fields (`SlotParams`, applied by the `SlotDecoding` processor), and the model run per row
-(`SlotModel`, so each slot's cache has its own write index).
+"""What each slot of the `Engine` carries: a request (`Request`) and its sampling parameters as
+per-row fields (`SlotParams`, applied by the `SlotDecoding` processor).
 """
 
 import dataclasses
@@ -11,8 +10,6 @@ import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int
 
 from .. import processors as P
-from ..models.base import AbstractCausalLM
-from ..models.kv_cache import KVCache
 from ..processors.base import AbstractStatelessLogitsProcessor, Context, per_row_field
 
 
@@ -142,64 +139,3 @@ class SlotDecoding(AbstractStatelessLogitsProcessor):
         x = apply(sampled & (self.min_p > 0), _MIN_P, "min_p", self.min_p, x)
         best = jnp.arange(x.shape[-1]) == jnp.argmax(x)
         return jnp.where(self.greedy & ~best, -jnp.inf, x)
-
-
-class SlotModel(AbstractCausalLM):
-    """A model `vmap`ped over rows, each row with its own `KVCache` write index (see the module
-    docstring). Decode only (`__call__`); a row whose position is -1 (idle, finished) writes
-    nothing that counts and keeps its write index.
-
-    **Attributes:** `model`, the wrapped `AbstractCausalLM`.
-    """
-
-    model: AbstractCausalLM
-    generation_config: None = eqx.field(static=True, default=None)
-
-    def init_cache(self, batch_size: int, max_len: int) -> KVCache:
-        """`model.init_cache`."""
-        return self.model.init_cache(batch_size, max_len)
-
-    def __call__(self, token_ids, positions, cache, *, logits_to_keep=0, prefix_length=None):
-        """`Float[Array, "batch seq vocab"]` logits and the cache, every row on its own."""
-        del prefix_length
-
-        def one(ids, pos, row):
-            row = jax.tree.map(lambda x: x[None], row)
-            logits, new = self.model(ids[None], pos[None], row, logits_to_keep=logits_to_keep)
-            new = jax.tree.map(lambda x: x[0], new)
-            took = jnp.any(pos >= 0)
-            new = eqx.tree_at(lambda c: c.length, new, jnp.where(took, new.length, row.length[0]))
-            return logits[0], new
-
-        return jax.vmap(one)(token_ids, positions, cache)
-
-    def prefill(self, token_ids, positions, *, max_len, logits_to_keep=1, prefix_length=None):
-        """`model.prefill`."""
-        return self.model.prefill(
-            token_ids, positions, max_len=max_len, logits_to_keep=logits_to_keep
-        )
-
-    @property
-    def vocab_size(self) -> int:
-        """The wrapped model's."""
-        return self.model.vocab_size
-
-    @property
-    def eos_token_id(self) -> tuple[int, ...]:
-        """The wrapped model's."""
-        return self.model.eos_token_id
-
-    @property
-    def pad_token_id(self) -> int | None:
-        """The wrapped model's."""
-        return self.model.pad_token_id
-
-    @property
-    def max_position_embeddings(self) -> int | None:
-        """The wrapped model's."""
-        return self.model.max_position_embeddings
-
-    @property
-    def config_fingerprint(self) -> str:
-        """The wrapped model's."""
-        return self.model.config_fingerprint
