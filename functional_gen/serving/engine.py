@@ -77,6 +77,7 @@ from .slots import (
     Request as Request,
     SlotDecoding as SlotDecoding,
     SlotParams as SlotParams,
+    knobs_used,
 )
 
 DEFAULT_NUM_STEPS = 4
@@ -141,7 +142,12 @@ def _fields(module) -> dict:
 def _step(model, eos_token_id, pad_token_id, state: DecodeState, top_logprobs):
     return make_step(
         model,
-        [SlotConstraint(**_fields(state.pool)), SlotDecoding(**_fields(state.params))],
+        [
+            SlotConstraint(**_fields(state.pool)),
+            SlotDecoding(
+                **_fields(state.params), used=knobs_used(state.params, ~state.generation.done)
+            ),
+        ],
         Multinomial(),
         eos_token_id=eos_token_id,
         pad_token_id=pad_token_id,

@@ -80,6 +80,27 @@ def _with(template, name: str, value):
     return eqx.tree_at(lambda p: getattr(p, name), template, value)
 
 
+KNOBS = ("repetition_penalty", "presence_penalty", "frequency_penalty", "temperature", "top_k",
+         "top_p", "min_p")  # fmt: skip
+"""The knobs of `SlotDecoding` in the order it applies them (the entries of `SlotDecoding.used`)."""
+
+
+def knobs_used(params: SlotParams, busy: Bool[Array, " batch"]) -> Bool[Array, " 7"]:
+    """For each of `KNOBS`, whether any `busy` slot of `params` sets it (`SlotDecoding.used`)."""
+    sampled = ~params.greedy & busy
+    return jnp.stack(
+        [
+            jnp.any(busy & (params.repetition_penalty != 1)),
+            jnp.any(busy & (params.presence_penalty != 0)),
+            jnp.any(busy & (params.frequency_penalty != 0)),
+            jnp.any(sampled & (params.temperature != 1)),
+            jnp.any(sampled & (params.top_k > 0)),
+            jnp.any(sampled & (params.top_p < 1)),
+            jnp.any(sampled & (params.min_p > 0)),
+        ]
+    )
+
+
 class SlotDecoding(AbstractStatelessLogitsProcessor):
     """The processors of a slot, with every knob per row: logit bias, `RepetitionPenalty`,
     `PresencePenalty`, `FrequencyPenalty`, then (sampled rows) `Temperature`, `TopK`, `TopP`, `MinP`,
@@ -88,7 +109,11 @@ class SlotDecoding(AbstractStatelessLogitsProcessor):
     a slot computes what `generate` with only that request's options computes. A greedy row
     keeps only its largest logit (the first on ties), so `Multinomial` draws it: `Greedy`'s token.
 
-    **Attributes:** the fields of `SlotParams`, one value per row.
+    **Attributes:** the fields of `SlotParams`, one value per row; `used`: `Bool[Array, " 7"]`,
+    shared by all rows, or `None` (all true): per knob of `KNOBS`, whether any row sets it
+    (`knobs_used`). A knob no row sets is skipped for the whole batch (a `lax.cond`, not a
+    per-row select): a batch of greedy requests runs no sort, no `top_k`, no softmax. A row's
+    result does not depend on it (a row that does not set a knob is left as it is either way).
 
     Source: transformers' `LogitsProcessorList` order; OpenAI's `presence_penalty`,
     `frequency_penalty`, `logit_bias`.
@@ -103,10 +128,25 @@ class SlotDecoding(AbstractStatelessLogitsProcessor):
     frequency_penalty: Float[Array, "*rows"] = per_row_field()
     logit_bias: Float[Array, "*rows vocab"] = per_row_field(row_ndim=1)
     top_k: Int[Array, "*rows"] = per_row_field()
+    used: Bool[Array, " 7"] | None = None
 
     def __call__(self, logits: Float[Array, " vocab"], context: Context) -> Float[Array, " vocab"]:
+        def when(knob, fn, x):  # fn(x) if some row of the batch sets `knob`, else x
+            if self.used is None:
+                return fn(x)
+            return jax.lax.cond(self.used[KNOBS.index(knob)], fn, lambda x: x, x)
+
         def apply(on, template, name, value, x):
-            return jnp.where(on, _with(template, name, value)(x, context), x)
+            return when(
+                name, lambda x: jnp.where(on, _with(template, name, value)(x, context), x), x
+            )
+
+        def top_k(x):
+            # TopK with a per-row k: the k-th largest of the MAX_TOP_K largest (what TopK's
+            # `kth_largest` gives for this k), without a full sort
+            largest = jax.lax.top_k(x, min(MAX_TOP_K, x.shape[-1]))[0]
+            kth = jnp.min(jnp.where(jnp.arange(largest.shape[0]) < self.top_k, largest, jnp.inf))
+            return jnp.where(sampled & (self.top_k > 0) & (x < kth), -jnp.inf, x)
 
         x = logits + self.logit_bias
         x = apply(
@@ -130,11 +170,7 @@ class SlotDecoding(AbstractStatelessLogitsProcessor):
             jnp.where(self.temperature > 0, self.temperature, 1.0),
             x,
         )
-        # TopK with a per-row k: the k-th largest of the MAX_TOP_K largest (what TopK's
-        # `kth_largest` gives for this k), without a full sort
-        largest = jax.lax.top_k(x, min(MAX_TOP_K, x.shape[-1]))[0]
-        kth = jnp.min(jnp.where(jnp.arange(largest.shape[0]) < self.top_k, largest, jnp.inf))
-        x = jnp.where(sampled & (self.top_k > 0) & (x < kth), -jnp.inf, x)
+        x = when("top_k", top_k, x)
         x = apply(sampled & (self.top_p < 1), _TOP_P, "top_p", self.top_p, x)
         x = apply(sampled & (self.min_p > 0), _MIN_P, "min_p", self.min_p, x)
         best = jnp.arange(x.shape[-1]) == jnp.argmax(x)
