@@ -308,6 +308,14 @@ def main(argv=None) -> int:
                     rate,
                     asyncio.run(run_trace(base + "/v1", model_name, trace, eos)),
                 )
+            if label.startswith("functional_gen"):
+                scraped = urllib.request.urlopen(base + "/metrics").read().decode()
+                counts = [
+                    line.split()[-1]
+                    for line in scraped.splitlines()
+                    if line.startswith("functional_gen_cache_compactions_total")
+                ]
+                print(f"(note: our server compacted its cache {counts[0]} times in this run)")
     finally:
         for _, _, process, _, _ in servers:
             process.terminate()
