@@ -3,7 +3,7 @@
 
     .venv/bin/python benchmarks/bench_serving.py [--requests 64] [--rates 0.5,1,2] [--slots 8]
         [--llama-cpp-python /work/llamacpp-venv/bin/python] [--quick] [--max-output 128]
-        [--sequential-rates 2] [--no-sequential]
+        [--sequential-rates 2] [--no-sequential] [--quantization int8]
 
 Duration (estimated for the 2-core CPU, quiet): the default run generates about 4,700 tokens per
 rate and system; our server at 8 slots (~50 tok/s) takes ~1.5 min per rate, llama.cpp's
@@ -209,6 +209,13 @@ def main(argv=None) -> int:
         "--max-output", type=int, default=128, help="longest output of the trace (at least 17)"
     )
     parser.add_argument(
+        "--quantization",
+        choices=("int8",),
+        default=None,
+        help="our server's weights as int8 (weight-only, a scale per 32 inputs) instead of "
+        "float32: closer to the precision llama.cpp serves (the same Q4_1 GGUF)",
+    )
+    parser.add_argument(
         "--quick",
         action="store_true",
         help="8 requests, short prompts and outputs, one rate: to see it works",
@@ -251,10 +258,12 @@ def main(argv=None) -> int:
             str(max_len),
             "--precompile",
             "--quiet",
+            *(["--quantization", args.quantization] if args.quantization else []),
         ],
         env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])},
     )
-    servers.append(("functional_gen", f"http://127.0.0.1:{port}", ours, log, name))
+    label = "functional_gen" + (f" {args.quantization}" if args.quantization else "")
+    servers.append((label, f"http://127.0.0.1:{port}", ours, log, name))
     llama_python = Path(args.llama_cpp_python)
     if llama_python.exists():
         lport = free_port()
@@ -281,7 +290,10 @@ def main(argv=None) -> int:
     try:
         for label, base, process, log, model_name in servers:
             wait_healthy(
-                base + ("/health" if label == "functional_gen" else "/v1/models"), process, log, 900
+                base + ("/health" if label.startswith("functional_gen") else "/v1/models"),
+                process,
+                log,
+                900,
             )
             warm = make_trace(tokenizer, 2, 100.0, args.seed + 1, True)
             asyncio.run(run_trace(base + "/v1", model_name, warm, eos))
@@ -290,10 +302,20 @@ def main(argv=None) -> int:
                     tokenizer, args.requests, rate, args.seed, args.quick, args.max_output
                 )
                 row(
-                    f"{label} ({args.slots} slots)" if label == "functional_gen" else label,
+                    f"{label} ({args.slots} slots)"
+                    if label.startswith("functional_gen")
+                    else label,
                     rate,
                     asyncio.run(run_trace(base + "/v1", model_name, trace, eos)),
                 )
+            if label.startswith("functional_gen"):
+                scraped = urllib.request.urlopen(base + "/metrics").read().decode()
+                counts = [
+                    line.split()[-1]
+                    for line in scraped.splitlines()
+                    if line.startswith("functional_gen_cache_compactions_total")
+                ]
+                print(f"(note: our server compacted its cache {counts[0]} times in this run)")
     finally:
         for _, _, process, _, _ in servers:
             process.terminate()

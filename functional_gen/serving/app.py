@@ -112,6 +112,11 @@ class _Collector:
         yield CounterMetricFamily(
             "functional_gen_generated_tokens", "Tokens generated", value=tokens
         )
+        yield CounterMetricFamily(
+            "functional_gen_cache_compactions",
+            "Times the engine shifted its lockstep cache left (Engine.compact)",
+            value=self.engine.compactions,
+        )
         yield GaugeMetricFamily(
             "functional_gen_tokens_per_second",
             "Generated tokens per second since the previous scrape",

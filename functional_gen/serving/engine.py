@@ -15,11 +15,19 @@ regex, a choice or a JSON Schema compiled as a token automaton decodes in its sl
 others with the step compiled once. A constraint that does not fit (pushdown automata, larger
 tables) runs alone through `generate_alone`.
 
-**Per-slot cache.** `KVCache` rows of one batch are written in lockstep (one write index); the
-slots of a server start and end at different times, so the decode model here is the model
-`vmap`ped over rows (`SlotModel`): each slot's cache has its own write index, and an idle or
-finished slot (position -1) does not advance it. A row's computation then never mixes with its
-neighbours' (batch invariance: a request's tokens do not depend on its slot or its batch mates).
+**Lockstep slots.** All slots share ONE cache write index (`KVCache.length`, as the rows of a
+left-padded `generate` batch do), so a decode step is one batched model call, the code path of
+`generate`'s decode: every row writes its new token at the shared index, with its own RoPE
+position (`-1` for an idle or finished slot, masked out). `insert` places a prompt's keys and
+values so that they END at the shared index (right-aligned; the row's other slots get position
+-1), moving the index forward first if the prompt is wider than it. The index advances one slot
+per step for every row, so it reaches the end of the cache; before a dispatch, `generate`
+compacts the cache (`compact`: every row shifted left by the number of leading slots no busy
+slot uses any more) when the dispatch would not fit, or when compacting lets attention read a
+shorter static length (`models.attention.attention_lengths`). Ring layers (sliding windows) are
+addressed by position, per row, and are not moved. A row attends only to its own positions, so
+its tokens do not depend on its slot or its neighbours (batch invariance; only the slot offset
+of its keys changes, which can move float rounding, never the masking).
 
 **Shapes.** Prompts are left-padded to `bucket_length` (as `generate` pads them, so the prefill
 computes the same logits), prompts longer than `prefill_chunk` are prefilled in chunks of
@@ -49,6 +57,7 @@ from ..generation.samplers import Greedy, Multinomial
 from ..generation.sequence_state import SequenceState
 from ..generation.state import GenerationState
 from ..generation.step import make_step
+from ..models.attention import attention_lengths
 from ..models.base import AbstractCausalLM
 from ..models.kv_cache import KVCache
 from ..progress import progress_bar
@@ -67,8 +76,8 @@ from .slots import (
     MAX_TOP_K,
     Request as Request,
     SlotDecoding as SlotDecoding,
-    SlotModel as SlotModel,
     SlotParams as SlotParams,
+    knobs_used,
 )
 
 DEFAULT_NUM_STEPS = 4
@@ -92,6 +101,13 @@ difference the noise lets one see. On the accelerator the round trip per dispatc
 3.4x the gap. 4 also bounds what a finished, stopped (stop string, `stop_token_ids`) or
 cancelled request decodes past its end to 3 steps, and how long a new request waits for a
 dispatch to end before its `insert`."""
+
+COMPACTION_MIN_STEPS = 64
+"""`generate` compacts the cache to let attention read a shorter static length only when that
+length then lasts at least this many more steps: a compaction copies every slot of the cache
+(8 slots x 512 of SmolLM2: 0.25 s on the loaded 2-core CPU, several decode steps), and shortening
+the read by 256 slots saves a few ms per step. `bench_serving.py --requests 8 --rates 4` (plus
+its 2 warm-up requests, `max_len` 512) compacted 4 times without it, 2 times with it."""
 
 DEFAULT_PREFILL_CHUNK = 256
 """Prompts longer than this are prefilled in chunks of this many tokens."""
@@ -132,8 +148,13 @@ def _fields(module) -> dict:
 
 def _step(model, eos_token_id, pad_token_id, state: DecodeState, top_logprobs):
     return make_step(
-        SlotModel(model),
-        [SlotConstraint(**_fields(state.pool)), SlotDecoding(**_fields(state.params))],
+        model,
+        [
+            SlotConstraint(**_fields(state.pool)),
+            SlotDecoding(
+                **_fields(state.params), used=knobs_used(state.params, ~state.generation.done)
+            ),
+        ],
         Multinomial(),
         eos_token_id=eos_token_id,
         pad_token_id=pad_token_id,
@@ -142,7 +163,7 @@ def _step(model, eos_token_id, pad_token_id, state: DecodeState, top_logprobs):
     )
 
 
-def _generate(model, state: DecodeState, num_steps: int, eos_token_id, pad_token_id):
+def _generate(model, state: DecodeState, num_steps: int, limit, eos_token_id, pad_token_id):
     k = state.generation.top_token_ids.shape[-1]
     step = _step(model, eos_token_id, pad_token_id, state, k)
     slots = state.generation.batch_size
@@ -165,7 +186,7 @@ def _generate(model, state: DecodeState, num_steps: int, eos_token_id, pad_token
 
     def cond(carry):
         i, gen, _ = carry
-        return (i < num_steps) & ~jnp.all(gen.done)
+        return (i < jnp.minimum(num_steps, limit)) & ~jnp.all(gen.done)
 
     gen = state.generation
     out = (
@@ -199,27 +220,33 @@ class StepOutput(eqx.Module):
 
 def _insert(prefix: Prefix, state: DecodeState, slot: Int[Array, ""]) -> DecodeState:
     gen = state.generation
-    width = prefix.cache.max_len
     cache = gen.cache
-
-    def put_slots(buffer, row):  # buffer [slots, kv_heads, max_len, head_dim], row [1, ...]
-        fresh = jnp.zeros((1,) + buffer.shape[1:], buffer.dtype)
-        fresh = jax.lax.dynamic_update_slice(fresh, row.astype(buffer.dtype), (0, 0, 0, 0))
-        return jax.lax.dynamic_update_slice(buffer, fresh, (slot, 0, 0, 0))
-
-    positions = jnp.full((cache.max_len,), -1, jnp.int32).at[:width].set(prefix.cache.positions[0])
     rows = prefix.cache
-    if cache.ring_layers:  # rings (sliding-window layers) of the slots' size: regrown if shorter
-        rows = rows.extend(cache.max_len)
+    width = rows.max_len  # static: the prompt's bucket
+    write = jnp.maximum(cache.length[0], width)  # the shared write index, moved up if needed
+    start = write - width  # the prompt's slots: [start, write), right-aligned
+    # rings (sliding-window layers) are addressed by position: regrown to the slots' ring size
+    # if shorter, and copied whole
+    grown = rows.extend(cache.max_len) if cache.ring_layers else rows
+
+    def put(i, buffer, row, ring_row):  # buffer [slots, kv_heads, slots, head_dim], row [1, ...]
+        if i in cache.ring_layers:
+            return jax.lax.dynamic_update_slice(
+                buffer, ring_row.astype(buffer.dtype), (slot, 0, 0, 0)
+            )
+        return jax.lax.dynamic_update_slice(buffer, row.astype(buffer.dtype), (slot, 0, start, 0))
+
+    positions = jnp.full((cache.max_len,), -1, jnp.int32)
+    positions = jax.lax.dynamic_update_slice(positions, rows.positions[0], (start,))
     cache = dataclasses.replace(
         cache,
-        k=tuple(put_slots(b, r) for b, r in zip(cache.k, rows.k)),
-        v=tuple(put_slots(b, r) for b, r in zip(cache.v, rows.v)),
+        k=tuple(put(i, *t) for i, t in enumerate(zip(cache.k, rows.k, grown.k))),
+        v=tuple(put(i, *t) for i, t in enumerate(zip(cache.v, rows.v, grown.v))),
         positions=cache.positions.at[slot].set(positions),
-        length=cache.length.at[slot].set(width),
+        length=jnp.full_like(cache.length, write),
         ring_positions=None
-        if rows.ring_positions is None
-        else cache.ring_positions.at[slot].set(rows.ring_positions[0]),
+        if grown.ring_positions is None
+        else cache.ring_positions.at[slot].set(grown.ring_positions[0]),
     )
     gen = GenerationState(
         token_ids=gen.token_ids.at[slot].set(prefix.token_ids),
@@ -245,6 +272,40 @@ def _insert(prefix: Prefix, state: DecodeState, slot: Int[Array, ""]) -> DecodeS
         lambda p: p.constrained, state.pool, state.pool.constrained.at[slot].set(False)
     )
     return DecodeState(gen, params, pool)
+
+
+def _layout(state: DecodeState) -> Int[Array, "2"]:
+    """`[write_index, dead]`: the shared write index, and the number of leading cache slots that
+    no busy slot uses (the first slot of the busy slot that starts earliest; all of them when
+    every slot is idle)."""
+    cache = state.generation.cache
+    write = cache.length[0]
+    live = cache.positions >= 0
+    first = jnp.where(jnp.any(live, axis=-1), jnp.argmax(live, axis=-1), write)
+    dead = jnp.min(jnp.where(state.generation.done, write, jnp.minimum(first, write)))
+    return jnp.stack([write, dead])
+
+
+def _compact(state: DecodeState) -> DecodeState:
+    """Every row of the cache's full layers shifted left by `_layout`'s dead slots, the write
+    index with them (ring layers are addressed by position and stay)."""
+    write, dead = _layout(state)
+    cache = state.generation.cache
+    slots = cache.max_len
+
+    def shift(x, axis):  # x[..., dead:, ...] to the front; what wraps around is masked
+        both = jnp.concatenate([x, x], axis=axis)
+        return jax.lax.dynamic_slice_in_dim(both, dead, slots, axis=axis)
+
+    positions = jnp.where(jnp.arange(slots) < write - dead, shift(cache.positions, 1), -1)
+    cache = dataclasses.replace(
+        cache,
+        k=tuple(x if i in cache.ring_layers else shift(x, 2) for i, x in enumerate(cache.k)),
+        v=tuple(x if i in cache.ring_layers else shift(x, 2) for i, x in enumerate(cache.v)),
+        positions=positions,
+        length=cache.length - dead,
+    )
+    return eqx.tree_at(lambda s: s.generation.cache, state, cache)
 
 
 def _place(entry: PoolEntry, state: DecodeState, slot: Int[Array, ""]) -> DecodeState:
@@ -277,6 +338,8 @@ _generate_jit = eqx.filter_jit(_generate, donate="all-except-first")
 _insert_jit = eqx.filter_jit(_insert, donate="all-except-first")
 _place_jit = eqx.filter_jit(_place, donate="all-except-first")
 _free_jit = eqx.filter_jit(_free, donate="all")
+_layout_jit = eqx.filter_jit(_layout)
+_compact_jit = eqx.filter_jit(_compact, donate="all")
 _prefill_jit = eqx.filter_jit(_prefill)
 _prefill_chunk_jit = eqx.filter_jit(_prefill_chunk, donate="all-except-first")
 
@@ -351,6 +414,9 @@ class Engine:
         pad = model.pad_token_id
         self.pad_token_id = int(pad if pad is not None else (eos[0] if eos else 0))
         self._orchestrator = None
+        self.compactions = 0
+        """How many times `generate` compacted the cache (`compact`)."""
+        self._compact_compiled = False
 
     # ---- the three functions -------------------------------------------------------------
 
@@ -582,13 +648,51 @@ class Engine:
         """Run up to `num_steps` decode steps (default `self.num_steps`) in ONE dispatch
         (a `lax.while_loop`, left early when every slot is done).
 
+        Before the dispatch it reads the cache layout (one small transfer) and compacts the
+        cache (`compact`) when the dispatch would run past the cache's end or when compacting
+        lets attention read a shorter static length for at least `COMPACTION_MIN_STEPS` steps; a dispatch that still would not fit (a
+        `num_steps` beyond what the busy slots leave free) runs fewer steps, the rest of its
+        output `-1`.
+
         **Arguments:** `decode_state` (donated).
 
         **Returns:** `(decode_state, output)`, `output` a `StepOutput` (`output.token_ids:
         Int[Array, "steps batch"]`, the token each slot took at each step, `-1` where none).
         """
         n = self.num_steps if num_steps is None else num_steps
-        return _generate_jit(self.model, decode_state, n, self.eos_token_id, self.pad_token_id)
+        write, dead = (int(x) for x in jax.device_get(_layout_jit(decode_state)))
+        lengths = attention_lengths(self.max_len)
+
+        def read(used):  # the static length attention reads with `used` slots written
+            return next((m for m in lengths if m >= used), self.max_len)
+
+        full = write + n > self.max_len
+        shorter = read(write - dead + n + COMPACTION_MIN_STEPS) < read(write + n)
+        if dead and (full or shorter):
+            decode_state = self.compact(decode_state)
+            write -= dead
+        elif not self._compact_compiled:  # compiled with the first dispatch, not by a later request
+            decode_state = _compact_jit(decode_state)
+            self._compact_compiled = True
+            write -= dead
+        limit = max(1, min(n, self.max_len - write))
+        return _generate_jit(
+            self.model,
+            decode_state,
+            n,
+            jnp.asarray(limit, jnp.int32),
+            self.eos_token_id,
+            self.pad_token_id,
+        )
+
+    def compact(self, decode_state: DecodeState) -> DecodeState:
+        """The decode state with every slot's keys and values shifted to the front of the cache
+        by the number of leading slots no busy slot uses, and the shared write index with them
+        (`decode_state` is donated; `generate` calls it when needed). Counted in
+        `compactions`."""
+        self.compactions += 1
+        self._compact_compiled = True
+        return _compact_jit(decode_state)
 
     def precompile(self, *, progress: bool = True) -> None:
         """Compile every prefill bucket, chunk, insert, the constraint pool's `place` and the

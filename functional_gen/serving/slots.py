@@ -1,6 +1,5 @@
-"""What each slot of the `Engine` carries: a request (`Request`), its sampling parameters as
-per-row fields (`SlotParams`, applied by the `SlotDecoding` processor), and the model run per row
-(`SlotModel`, so each slot's cache has its own write index).
+"""What each slot of the `Engine` carries: a request (`Request`) and its sampling parameters as
+per-row fields (`SlotParams`, applied by the `SlotDecoding` processor).
 """
 
 import dataclasses
@@ -11,8 +10,6 @@ import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int
 
 from .. import processors as P
-from ..models.base import AbstractCausalLM
-from ..models.kv_cache import KVCache
 from ..processors.base import AbstractStatelessLogitsProcessor, Context, per_row_field
 
 
@@ -83,6 +80,27 @@ def _with(template, name: str, value):
     return eqx.tree_at(lambda p: getattr(p, name), template, value)
 
 
+KNOBS = ("repetition_penalty", "presence_penalty", "frequency_penalty", "temperature", "top_k",
+         "top_p", "min_p")  # fmt: skip
+"""The knobs of `SlotDecoding` in the order it applies them (the entries of `SlotDecoding.used`)."""
+
+
+def knobs_used(params: SlotParams, busy: Bool[Array, " batch"]) -> Bool[Array, " 7"]:
+    """For each of `KNOBS`, whether any `busy` slot of `params` sets it (`SlotDecoding.used`)."""
+    sampled = ~params.greedy & busy
+    return jnp.stack(
+        [
+            jnp.any(busy & (params.repetition_penalty != 1)),
+            jnp.any(busy & (params.presence_penalty != 0)),
+            jnp.any(busy & (params.frequency_penalty != 0)),
+            jnp.any(sampled & (params.temperature != 1)),
+            jnp.any(sampled & (params.top_k > 0)),
+            jnp.any(sampled & (params.top_p < 1)),
+            jnp.any(sampled & (params.min_p > 0)),
+        ]
+    )
+
+
 class SlotDecoding(AbstractStatelessLogitsProcessor):
     """The processors of a slot, with every knob per row: logit bias, `RepetitionPenalty`,
     `PresencePenalty`, `FrequencyPenalty`, then (sampled rows) `Temperature`, `TopK`, `TopP`, `MinP`,
@@ -91,7 +109,11 @@ class SlotDecoding(AbstractStatelessLogitsProcessor):
     a slot computes what `generate` with only that request's options computes. A greedy row
     keeps only its largest logit (the first on ties), so `Multinomial` draws it: `Greedy`'s token.
 
-    **Attributes:** the fields of `SlotParams`, one value per row.
+    **Attributes:** the fields of `SlotParams`, one value per row; `used`: `Bool[Array, " 7"]`,
+    shared by all rows, or `None` (all true): per knob of `KNOBS`, whether any row sets it
+    (`knobs_used`). A knob no row sets is skipped for the whole batch (a `lax.cond`, not a
+    per-row select): a batch of greedy requests runs no sort, no `top_k`, no softmax. A row's
+    result does not depend on it (a row that does not set a knob is left as it is either way).
 
     Source: transformers' `LogitsProcessorList` order; OpenAI's `presence_penalty`,
     `frequency_penalty`, `logit_bias`.
@@ -106,10 +128,25 @@ class SlotDecoding(AbstractStatelessLogitsProcessor):
     frequency_penalty: Float[Array, "*rows"] = per_row_field()
     logit_bias: Float[Array, "*rows vocab"] = per_row_field(row_ndim=1)
     top_k: Int[Array, "*rows"] = per_row_field()
+    used: Bool[Array, " 7"] | None = None
 
     def __call__(self, logits: Float[Array, " vocab"], context: Context) -> Float[Array, " vocab"]:
+        def when(knob, fn, x):  # fn(x) if some row of the batch sets `knob`, else x
+            if self.used is None:
+                return fn(x)
+            return jax.lax.cond(self.used[KNOBS.index(knob)], fn, lambda x: x, x)
+
         def apply(on, template, name, value, x):
-            return jnp.where(on, _with(template, name, value)(x, context), x)
+            return when(
+                name, lambda x: jnp.where(on, _with(template, name, value)(x, context), x), x
+            )
+
+        def top_k(x):
+            # TopK with a per-row k: the k-th largest of the MAX_TOP_K largest (what TopK's
+            # `kth_largest` gives for this k), without a full sort
+            largest = jax.lax.top_k(x, min(MAX_TOP_K, x.shape[-1]))[0]
+            kth = jnp.min(jnp.where(jnp.arange(largest.shape[0]) < self.top_k, largest, jnp.inf))
+            return jnp.where(sampled & (self.top_k > 0) & (x < kth), -jnp.inf, x)
 
         x = logits + self.logit_bias
         x = apply(
@@ -133,73 +170,8 @@ class SlotDecoding(AbstractStatelessLogitsProcessor):
             jnp.where(self.temperature > 0, self.temperature, 1.0),
             x,
         )
-        # TopK with a per-row k: the k-th largest of the MAX_TOP_K largest (what TopK's
-        # `kth_largest` gives for this k), without a full sort
-        largest = jax.lax.top_k(x, min(MAX_TOP_K, x.shape[-1]))[0]
-        kth = jnp.min(jnp.where(jnp.arange(largest.shape[0]) < self.top_k, largest, jnp.inf))
-        x = jnp.where(sampled & (self.top_k > 0) & (x < kth), -jnp.inf, x)
+        x = when("top_k", top_k, x)
         x = apply(sampled & (self.top_p < 1), _TOP_P, "top_p", self.top_p, x)
         x = apply(sampled & (self.min_p > 0), _MIN_P, "min_p", self.min_p, x)
         best = jnp.arange(x.shape[-1]) == jnp.argmax(x)
         return jnp.where(self.greedy & ~best, -jnp.inf, x)
-
-
-class SlotModel(AbstractCausalLM):
-    """A model `vmap`ped over rows, each row with its own `KVCache` write index (see the module
-    docstring). Decode only (`__call__`); a row whose position is -1 (idle, finished) writes
-    nothing that counts and keeps its write index.
-
-    **Attributes:** `model`, the wrapped `AbstractCausalLM`.
-    """
-
-    model: AbstractCausalLM
-    generation_config: None = eqx.field(static=True, default=None)
-
-    def init_cache(self, batch_size: int, max_len: int) -> KVCache:
-        """`model.init_cache`."""
-        return self.model.init_cache(batch_size, max_len)
-
-    def __call__(self, token_ids, positions, cache, *, logits_to_keep=0, prefix_length=None):
-        """`Float[Array, "batch seq vocab"]` logits and the cache, every row on its own."""
-        del prefix_length
-
-        def one(ids, pos, row):
-            row = jax.tree.map(lambda x: x[None], row)
-            logits, new = self.model(ids[None], pos[None], row, logits_to_keep=logits_to_keep)
-            new = jax.tree.map(lambda x: x[0], new)
-            took = jnp.any(pos >= 0)
-            new = eqx.tree_at(lambda c: c.length, new, jnp.where(took, new.length, row.length[0]))
-            return logits[0], new
-
-        return jax.vmap(one)(token_ids, positions, cache)
-
-    def prefill(self, token_ids, positions, *, max_len, logits_to_keep=1, prefix_length=None):
-        """`model.prefill`."""
-        return self.model.prefill(
-            token_ids, positions, max_len=max_len, logits_to_keep=logits_to_keep
-        )
-
-    @property
-    def vocab_size(self) -> int:
-        """The wrapped model's."""
-        return self.model.vocab_size
-
-    @property
-    def eos_token_id(self) -> tuple[int, ...]:
-        """The wrapped model's."""
-        return self.model.eos_token_id
-
-    @property
-    def pad_token_id(self) -> int | None:
-        """The wrapped model's."""
-        return self.model.pad_token_id
-
-    @property
-    def max_position_embeddings(self) -> int | None:
-        """The wrapped model's."""
-        return self.model.max_position_embeddings
-
-    @property
-    def config_fingerprint(self) -> str:
-        """The wrapped model's."""
-        return self.model.config_fingerprint

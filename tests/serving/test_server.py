@@ -292,7 +292,7 @@ def test_refusals(server, body, status, words):
 
 
 def test_api_key_and_endpoints(server, client):
-    base, _ = server
+    base, engine = server
     code, answer = post(base, "/v1/completions", {"prompt": "hi"}, key="wrong")
     assert code == 401 and "API key" in answer["error"]["message"]
     code, _ = post(base, "/v1/completions", {"prompt": "hi"}, key=None)
@@ -305,6 +305,7 @@ def test_api_key_and_endpoints(server, client):
     assert health == {"status": "ok"}
     m = metrics(base)
     assert m["functional_gen_max_slots"] == MAX_SLOTS
+    assert m["functional_gen_cache_compactions_total"] == engine.compactions
     assert m["functional_gen_generated_tokens_total"] > 0
 
 
