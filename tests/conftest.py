@@ -194,6 +194,8 @@ HEAVY_FILES = {
     "tests/generation/test_speculative_features.py": 80,
     "tests/generation/test_speculative.py": 75,
     "tests/serving/test_server.py": 70,
+    "tests/serving/test_constrained_slots.py": 67,
+    "tests/serving/test_lockstep.py": 35,
     "tests/loading/test_gguf_families.py": 50,
     "tests/test_sharding.py": 49,
     "tests/loading/test_gguf_errors_and_caches.py": 40,
