@@ -44,7 +44,7 @@ WORKER = textwrap.dedent(
         sharded = fg.shard(model, mesh)
         res = fg.generate(sharded, tok, prompts, max_new_tokens=8, sampler=greedy)
         logits = sharded.prefill(ids, pos, max_len=8, logits_to_keep=0)[0]
-        w = sharded.model.layers[0].mlp.gate_proj.weight
+        w = sharded.model.layers[0].mlp.gate_up_proj.weight
         row = {
             "same_tokens": np.asarray(res.token_ids).tolist() == np.asarray(ref.token_ids).tolist(),
             "logits_diff": float(jnp.max(jnp.abs(logits - ref_logits))),
@@ -56,7 +56,7 @@ WORKER = textwrap.dedent(
         }
         if shape == (2, 4):
             loaded, _ = fg.load_model(checkpoint, mesh=mesh)  # built on the host, placed into its shards
-            lw = loaded.model.layers[0].mlp.gate_proj.weight
+            lw = loaded.model.layers[0].mlp.gate_up_proj.weight
             row["loaded_shard_shape"] = list(lw.addressable_shards[0].data.shape)
             again = fg.generate(loaded, tok, prompts, max_new_tokens=8, sampler=greedy)
             row["loaded_same"] = np.asarray(again.token_ids).tolist() == np.asarray(ref.token_ids).tolist()
