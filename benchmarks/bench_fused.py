@@ -3,15 +3,29 @@
     .venv/bin/python benchmarks/bench_fused.py [--calls 40] [--batches 1 8] [--cache-len 256]
         [--formats float32 bfloat16 int8] [--prefill 512]
 
-Loads the default model (SmolLM2-135M-Instruct) in each weight format and builds a variant whose
-layers compute q/k/v with ONE matmul over the row-concatenated `[q; k; v]` weight (int8: the int8
-rows and their `[out, blocks]` scales concatenated) and gate/up with one over `[gate; up]`, the
-outputs split by rows. Both are timed as a jitted decode step (`model(token, position, cache)`
-plus the greedy argmax, the cache donated, as inside `generate`), A and B alternating call by
-call; the figure is the median of `--calls` calls each, reported as the ratio fused / separate
-(< 1: fused is faster). The logits of both are compared first.
+The decoder stores q/k/v as one `qkv_proj` and gate/up as one `gate_up_proj` matrix (issue 40
+item 6, `functional_gen.models.families.fused`). This script loads a named model (`--model`,
+default SmolLM2-135M-Instruct) in each weight format and builds a variant whose layers run the
+fused matrices as separate products again (`separate`: the layout before the fusion). Both are
+timed as a jitted decode step (`model(token, position, cache)` plus the greedy argmax, the cache
+donated, as inside `generate`), A (separate) and B (fused) alternating call by call; the figure
+is the median of `--calls` calls each, reported as the ratio fused / separate (< 1: fused is
+faster). The logits of both are compared first. `--compile N` first times N rounds of the first
+`fg.generate` call of each (after `jax.clear_caches()`, in this process: wall and CPU seconds
+beyond a repeated call).
 
-Measured 2026-11-23 (issue 13; shared 2-core box, medians of 40 interleaved calls, 256-slot
+Measured 2026-11-26 (issue 40; shared 2-core box loaded by 5 jobs, so CPU seconds are the
+figure to read for compile, the wall seconds moved with the load), float32, fused / separate:
+
+| model | compile of first generate, CPU s (2 rounds) | decode B=1 | decode B=8 |
+|---|---|---|---|
+| SmolLM2-135M | 6.38 / 7.97, 6.81 / 7.88 (0.80, 0.86) | 0.978 | 1.009 |
+| Gemma 3 270M | GEMMA_COMPILE | GEMMA_B1 | GEMMA_B8 |
+
+(decode: medians of 20 (SmolLM2) / 10 (Gemma) interleaved calls, 256-slot cache; logits
+identical, max |delta| 0.)
+
+Before the fusion was merged (issue 13, the other way round: separate was the model): Measured 2026-11-23 (issue 13; shared 2-core box, medians of 40 interleaved calls, 256-slot
 cache; logits identical, max |delta| 0), fused / separate:
 
 | format | decode B=1 | decode B=8 | prefill 512 |

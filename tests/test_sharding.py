@@ -121,8 +121,8 @@ def test_generation_on_meshes_of_8_devices(two_layer_default_model):
         # float32 sums in another order (all-reduces): within 1e-4 relative to the logits' scale
         # (about 30 here); ~1e-4 absolute
         assert row["logits_diff"] < 1e-4 * max(1.0, row["logits_scale"]), (shape, row)
-        # gate_proj [1536, 576] split by output features, the embedding by vocabulary
-        assert row["gate_shard_shape"] == [1536 // model_axis, 576]
+        # gate_up_proj [2 * 1536, 576] split by output features, the embedding by vocabulary
+        assert row["gate_shard_shape"] == [2 * 1536 // model_axis, 576]
         assert row["head_shard_shape"] == [49152 // model_axis, 576]
         assert row["gate_replicated"] == (model_axis == 1)
         assert row["norm_replicated"]
