@@ -20,10 +20,12 @@ figure to read for compile, the wall seconds moved with the load), float32, fuse
 | model | compile of first generate, CPU s (2 rounds) | decode B=1 | decode B=8 |
 |---|---|---|---|
 | SmolLM2-135M | 6.38 / 7.97, 6.81 / 7.88 (0.80, 0.86) | 0.978 | 1.009 |
-| Gemma 3 270M | GEMMA_COMPILE | GEMMA_B1 | GEMMA_B8 |
+| Gemma 3 270M | 7.39 / 10.31, 7.97 / 8.84 (0.72, 0.90) | 1.061, 1.067, 0.948 | 0.992, 0.952 |
 
-(decode: medians of 20 (SmolLM2) / 10 (Gemma) interleaved calls, 256-slot cache; logits
-identical, max |delta| 0.)
+(decode: medians of 20 (SmolLM2) / 10 and 40 (Gemma, two runs) interleaved calls, 256-slot
+cache; logits identical, max |delta| 0. The Gemma batch-1 ratios moved from 0.95 to 1.07 between
+runs of the same code: the load of the machine, not the layout, decides them here; remeasure on a
+quiet machine before reading a 3% difference into them.)
 
 Before the fusion was merged (issue 13, the other way round: separate was the model): Measured 2026-11-23 (issue 13; shared 2-core box, medians of 40 interleaved calls, 256-slot
 cache; logits identical, max |delta| 0), fused / separate:
