@@ -400,6 +400,18 @@ class DecoderForCausalLM(AbstractCausalLM):
             w, scale = matrix(out_features, in_features)
             return Linear(w, normal(out_features) if bias else None, scale)
 
+        def fused_linear(sizes, in_features, bias):
+            # the parts drawn one by one, in their order (the keys, hence the random weights,
+            # are those of the separate projections the decoder had before the fusion)
+            parts = [linear(n, in_features, bias) for n in sizes]
+
+            def cat(xs):
+                return None if xs[0] is None else jnp.concatenate(xs)
+
+            return Linear(
+                *(cat([getattr(p, f) for p in parts]) for f in ("weight", "bias", "scale"))
+            )
+
         def norm(size=c.hidden_size):
             # ones for `weight`, zeros for `1 + weight`: the identity scale either way
             init = jnp.zeros if c.rms_norm_unit_offset else jnp.ones
@@ -409,7 +421,7 @@ class DecoderForCausalLM(AbstractCausalLM):
         layers = tuple(
             DecoderLayer(
                 self_attn=Attention(
-                    qkv_proj=linear(qd + 2 * kvd, c.hidden_size, c.attention_bias),
+                    qkv_proj=fused_linear((qd, kvd, kvd), c.hidden_size, c.attention_bias),
                     o_proj=linear(c.hidden_size, qd, c.attention_out_bias),
                     num_heads=c.num_attention_heads,
                     num_kv_heads=c.num_key_value_heads,
@@ -422,7 +434,9 @@ class DecoderForCausalLM(AbstractCausalLM):
                     softcap=c.attn_logit_softcapping,
                 ),
                 mlp=MLP(
-                    gate_up_proj=linear(2 * c.intermediate_size, c.hidden_size, c.mlp_bias),
+                    gate_up_proj=fused_linear(
+                        (c.intermediate_size,) * 2, c.hidden_size, c.mlp_bias
+                    ),
                     down_proj=linear(c.hidden_size, c.intermediate_size, c.mlp_bias),
                     hidden_act=c.hidden_act,
                 ),
