@@ -3,15 +3,31 @@
     .venv/bin/python benchmarks/bench_fused.py [--calls 40] [--batches 1 8] [--cache-len 256]
         [--formats float32 bfloat16 int8] [--prefill 512]
 
-Loads the default model (SmolLM2-135M-Instruct) in each weight format and builds a variant whose
-layers compute q/k/v with ONE matmul over the row-concatenated `[q; k; v]` weight (int8: the int8
-rows and their `[out, blocks]` scales concatenated) and gate/up with one over `[gate; up]`, the
-outputs split by rows. Both are timed as a jitted decode step (`model(token, position, cache)`
-plus the greedy argmax, the cache donated, as inside `generate`), A and B alternating call by
-call; the figure is the median of `--calls` calls each, reported as the ratio fused / separate
-(< 1: fused is faster). The logits of both are compared first.
+The decoder stores q/k/v as one `qkv_proj` and gate/up as one `gate_up_proj` matrix (issue 40
+item 6, `functional_gen.models.families.fused`). This script loads a named model (`--model`,
+default SmolLM2-135M-Instruct) in each weight format and builds a variant whose layers run the
+fused matrices as separate products again (`separate`: the layout before the fusion). Both are
+timed as a jitted decode step (`model(token, position, cache)` plus the greedy argmax, the cache
+donated, as inside `generate`), A (separate) and B (fused) alternating call by call; the figure
+is the median of `--calls` calls each, reported as the ratio fused / separate (< 1: fused is
+faster). The logits of both are compared first. `--compile N` first times N rounds of the first
+`fg.generate` call of each (after `jax.clear_caches()`, in this process: wall and CPU seconds
+beyond a repeated call).
 
-Measured 2026-11-23 (issue 13; shared 2-core box, medians of 40 interleaved calls, 256-slot
+Measured 2026-11-26 (issue 40; shared 2-core box loaded by 5 jobs, so CPU seconds are the
+figure to read for compile, the wall seconds moved with the load), float32, fused / separate:
+
+| model | compile of first generate, CPU s (2 rounds) | decode B=1 | decode B=8 |
+|---|---|---|---|
+| SmolLM2-135M | 6.38 / 7.97, 6.81 / 7.88 (0.80, 0.86) | 0.978 | 1.009 |
+| Gemma 3 270M | 7.39 / 10.31, 7.97 / 8.84 (0.72, 0.90) | 1.061, 1.067, 0.948 | 0.992, 0.952 |
+
+(decode: medians of 20 (SmolLM2) / 10 and 40 (Gemma, two runs) interleaved calls, 256-slot
+cache; logits identical, max |delta| 0. The Gemma batch-1 ratios moved from 0.95 to 1.07 between
+runs of the same code: the load of the machine, not the layout, decides them here; remeasure on a
+quiet machine before reading a 3% difference into them.)
+
+Before the fusion was merged (issue 13, the other way round: separate was the model): Measured 2026-11-23 (issue 13; shared 2-core box, medians of 40 interleaved calls, 256-slot
 cache; logits identical, max |delta| 0), fused / separate:
 
 | format | decode B=1 | decode B=8 | prefill 512 |
@@ -41,83 +57,56 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's functional_gen
 
+import itertools
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 import functional_gen as fg
-from functional_gen.models import llama
+from functional_gen.models.quantization import Linear
 
 
-class _Given(eqx.Module):
-    """A stand-in `Linear` that returns an output computed before (a slice of a fused one)."""
+class _Separate(eqx.Module):
+    """A stand-in for a fused `Linear` that runs its parts as separate products and stacks the
+    outputs (XLA folds the decoder's row slices of this concatenation back into the parts, so
+    this is the layout before the fusion: one matmul per Hugging Face projection)."""
 
-    y: jax.Array
+    parts: tuple[Linear, ...]
 
     def __call__(self, x):
-        return self.y
+        return jnp.concatenate([p(x) for p in self.parts])
 
 
-def _fuse(linears):
-    w = jnp.concatenate([m.weight for m in linears], axis=0)
-    s = None if linears[0].scale is None else jnp.concatenate([m.scale for m in linears], axis=0)
-    b = None if linears[0].bias is None else jnp.concatenate([m.bias for m in linears], axis=0)
-    return llama.Linear(w, b, s)
+def _split_linear(linear, sizes):
+    edges = np.cumsum((0, *sizes))
 
+    def rows(a):
+        return None if a is None else tuple(a[s:e] for s, e in itertools.pairwise(edges))
 
-def _split(y, sizes):
-    return [y[a : a + n] for a, n in zip(np.cumsum((0, *sizes[:-1])), sizes)]
-
-
-class FusedAttention(eqx.Module):
-    qkv_proj: llama.Linear
-    o_proj: llama.Linear
-    sizes: tuple[int, int, int] = eqx.field(static=True)
-    num_heads: int = eqx.field(static=True)
-    num_kv_heads: int = eqx.field(static=True)
-    head_dim: int = eqx.field(static=True)
-    sliding_window: int | None = eqx.field(static=True)
-
-    def __call__(self, x, *args, **kwargs):
-        q, k, v = _split(self.qkv_proj(x), self.sizes)
-        inner = llama.Attention(
-            _Given(q),
-            _Given(k),
-            _Given(v),
-            self.o_proj,
-            self.num_heads,
-            self.num_kv_heads,
-            self.head_dim,
-            self.sliding_window,
+    ws, bs, ss = rows(linear.weight), rows(linear.bias), rows(linear.scale)
+    return _Separate(
+        tuple(
+            Linear(ws[i], None if bs is None else bs[i], None if ss is None else ss[i])
+            for i in range(len(sizes))
         )
-        return inner(x, *args, **kwargs)
+    )
 
 
-class FusedMLP(eqx.Module):
-    gate_up_proj: llama.Linear
-    down_proj: llama.Linear
-    size: int = eqx.field(static=True)
+def separate(model):
+    """`model` with every fused `qkv_proj` / `gate_up_proj` run as separate products."""
+    c = model.config
+    q, kv = c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
+    i = c.intermediate_size
 
-    def __call__(self, x):
-        g, u = _split(self.gate_up_proj(x), (self.size, self.size))
-        return llama.MLP(_Given(g), _Given(u), self.down_proj)(x)
-
-
-def fused(model):
     def layer(d):
-        a, m = d.self_attn, d.mlp
-        attn = FusedAttention(
-            _fuse([a.q_proj, a.k_proj, a.v_proj]),
-            a.o_proj,
-            tuple(p.weight.shape[0] for p in (a.q_proj, a.k_proj, a.v_proj)),
-            a.num_heads,
-            a.num_kv_heads,
-            a.head_dim,
-            a.sliding_window,
+        d = eqx.tree_at(
+            lambda d: d.self_attn.qkv_proj, d, _split_linear(d.self_attn.qkv_proj, (q, kv, kv))
         )
-        mlp = FusedMLP(_fuse([m.gate_proj, m.up_proj]), m.down_proj, m.gate_proj.weight.shape[0])
-        return llama.DecoderLayer(attn, mlp, d.input_layernorm, d.post_attention_layernorm)
+        return eqx.tree_at(
+            lambda d: d.mlp.gate_up_proj, d, _split_linear(d.mlp.gate_up_proj, (i, i))
+        )
 
     layers = tuple(layer(d) for d in model.model.layers)
     return eqx.tree_at(lambda m: m.model.layers, model, layers)
@@ -160,6 +149,21 @@ def prefiller(model, length):
     return call
 
 
+def first_generate_compile(model, tokenizer):
+    """`(wall, CPU seconds)` the first `fg.generate` call (8 greedy tokens) takes beyond a
+    repeated one, after `jax.clear_caches()`: its tracing, lowering and compilation."""
+    jax.clear_caches()
+    times = []
+    for _ in range(2):
+        wall, cpu = time.perf_counter(), time.process_time()
+        result = fg.generate(
+            model, tokenizer, "The capital of France is", max_new_tokens=8, eos_token_id=[]
+        )
+        jax.block_until_ready(result.token_ids)
+        times.append((time.perf_counter() - wall, time.process_time() - cpu))
+    return times[0][0] - times[1][0], times[0][1] - times[1][1]
+
+
 def interleaved(a, b, calls):
     a(), b()  # compile
     ta, tb = [], []
@@ -178,12 +182,21 @@ def main(argv=None) -> int:
     parser.add_argument("--cache-len", type=int, default=256)
     parser.add_argument("--formats", nargs="+", default=["float32", "bfloat16", "int8"])
     parser.add_argument("--prefill", type=int, default=0, help="also time a prefill this long")
+    parser.add_argument("--model", default="smollm2-135m-instruct", help="a named model")
+    parser.add_argument(
+        "--compile", type=int, default=0, help="rounds of first-generate compile timing"
+    )
     args = parser.parse_args(argv)
     rows = []
     for fmt in args.formats:
         kw = {"quantization": "int8"} if fmt == "int8" else {"dtype": fmt}
-        model, _ = fg.load_model(**kw)
-        model_b = fused(model)
+        model, tokenizer = fg.load_model(args.model, **kw)
+        model, model_b = separate(model), model  # A: separate products, B: fused (the model)
+        for r in range(args.compile):
+            for label, m in (("separate", model), ("fused", model_b)):
+                wall, cpu = first_generate_compile(m, tokenizer)
+                print(f"{fmt} compile round {r} {label}: wall {wall:.2f} s, CPU {cpu:.2f} s")
+                rows.append((fmt, f"compile {label}", wall, cpu, 0.0))
         for batch in args.batches:
             a = stepper(model, batch, args.cache_len)
             b = stepper(model_b, batch, args.cache_len)
@@ -203,6 +216,9 @@ def main(argv=None) -> int:
         f"\n{'format':<9} {'call':<13} {'separate ms':>11} {'fused ms':>9} {'fused/sep':>9} {'max |dlogit|':>12}"
     )
     for fmt, what, ta, tb, diff in rows:
+        if what.startswith("compile"):
+            print(f"{fmt:<9} {what:<17} wall {ta:.2f} s, CPU {tb:.2f} s")
+            continue
         print(
             f"{fmt:<9} {what:<13} {ta * 1e3:>11.2f} {tb * 1e3:>9.2f} {tb / ta:>9.3f} {diff:>12.2e}"
         )

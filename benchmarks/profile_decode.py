@@ -88,11 +88,15 @@ def main(argv=None) -> int:
     def weight_reads(model, x):
         for layer in model.model.layers:
             a, mlp = layer.self_attn, layer.mlp
-            q, k, v = a.q_proj(x), a.k_proj(x), a.v_proj(x)
+            qkv = a.qkv_proj(x)
+            qd, kvd = c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
+            q, k, v = qkv[:qd], qkv[qd : qd + kvd], qkv[qd + kvd :]
             x = x + a.o_proj(
                 q + jnp.tile(k + v, (c.num_attention_heads // c.num_key_value_heads, 1))
             )
-            x = x + mlp.down_proj(mlp.gate_proj(x) * mlp.up_proj(x))
+            gate_up = mlp.gate_up_proj(x)
+            half = gate_up.shape[0] // 2
+            x = x + mlp.down_proj(gate_up[:half] * gate_up[half:])
         head = model.model.embed_tokens if model.lm_head is None else model.lm_head
         from functional_gen.models.quantization import matmul
 

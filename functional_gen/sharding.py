@@ -29,6 +29,12 @@ from .models.decoder import DecoderForCausalLM
 from .models.kv_cache import KVCache
 
 DEFAULT_RULES: tuple[tuple[str, P], ...] = (
+    # the decoder's fused modules (`functional_gen.models.families.fused`): by output rows
+    ("*.self_attn.qkv_proj.weight", P("model", None)),
+    ("*.self_attn.qkv_proj.bias", P("model")),
+    ("*.mlp.gate_up_proj.weight", P("model", None)),
+    ("*.mlp.gate_up_proj.bias", P("model")),
+    # the separate projections' names, for models that keep them
     ("*.self_attn.q_proj.weight", P("model", None)),
     ("*.self_attn.k_proj.weight", P("model", None)),
     ("*.self_attn.v_proj.weight", P("model", None)),

@@ -89,7 +89,8 @@ for name, config in configs.items():
 # %% [markdown]
 # Qwen3 adds one thing: an RMSNorm over every query and key head before RoPE (`qk_norm`).
 # Phi-3 rotates only part of each head (`partial_rotary_factor`) and, in its checkpoints,
-# fuses `qkv_proj` and `gate_up_proj` (split when loading, so the decoder never sees them).
+# fuses `qkv_proj` and `gate_up_proj`: the decoder's own layout for every family (the others'
+# separate projections are concatenated on load: 4 matmuls per layer instead of 7).
 # Gemma 3 changes the most: GELU-tanh instead of SiLU, `(1 + weight)` norms, norms on both
 # sides of attention and of the MLP (`sandwich_norms`), embeddings scaled by
 # `sqrt(hidden_size)`, its own attention scale, per-head q/k norms, and sliding-window layers

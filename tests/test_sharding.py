@@ -44,7 +44,7 @@ WORKER = textwrap.dedent(
         sharded = fg.shard(model, mesh)
         res = fg.generate(sharded, tok, prompts, max_new_tokens=8, sampler=greedy)
         logits = sharded.prefill(ids, pos, max_len=8, logits_to_keep=0)[0]
-        w = sharded.model.layers[0].mlp.gate_proj.weight
+        w = sharded.model.layers[0].mlp.gate_up_proj.weight
         row = {
             "same_tokens": np.asarray(res.token_ids).tolist() == np.asarray(ref.token_ids).tolist(),
             "logits_diff": float(jnp.max(jnp.abs(logits - ref_logits))),
@@ -56,7 +56,7 @@ WORKER = textwrap.dedent(
         }
         if shape == (2, 4):
             loaded, _ = fg.load_model(checkpoint, mesh=mesh)  # built on the host, placed into its shards
-            lw = loaded.model.layers[0].mlp.gate_proj.weight
+            lw = loaded.model.layers[0].mlp.gate_up_proj.weight
             row["loaded_shard_shape"] = list(lw.addressable_shards[0].data.shape)
             again = fg.generate(loaded, tok, prompts, max_new_tokens=8, sampler=greedy)
             row["loaded_same"] = np.asarray(again.token_ids).tolist() == np.asarray(ref.token_ids).tolist()
@@ -121,15 +121,15 @@ def test_generation_on_meshes_of_8_devices(two_layer_default_model):
         # float32 sums in another order (all-reduces): within 1e-4 relative to the logits' scale
         # (about 30 here); ~1e-4 absolute
         assert row["logits_diff"] < 1e-4 * max(1.0, row["logits_scale"]), (shape, row)
-        # gate_proj [1536, 576] split by output features, the embedding by vocabulary
-        assert row["gate_shard_shape"] == [1536 // model_axis, 576]
+        # gate_up_proj [2 * 1536, 576] split by output features, the embedding by vocabulary
+        assert row["gate_shard_shape"] == [2 * 1536 // model_axis, 576]
         assert row["head_shard_shape"] == [49152 // model_axis, 576]
         assert row["gate_replicated"] == (model_axis == 1)
         assert row["norm_replicated"]
     assert out["(2, 4)"]["json_same"] and out["(2, 4)"]["beam_same"]
     for check in ("stream_same", "continue_same", "cfg_processor_same", "cfg_batched_same"):
         assert out["(2, 4)"][check], check
-    assert out["(2, 4)"]["loaded_same"] and out["(2, 4)"]["loaded_shard_shape"] == [1536 // 4, 576]
+    assert out["(2, 4)"]["loaded_same"] and out["(2, 4)"]["loaded_shard_shape"] == [2 * 1536 // 4, 576]
     assert "cannot be split" in out["bad_rule"] or "not divisible" in out["bad_rule"]
     # the plan's per-device weight bytes are what fg.shard really puts on a device, and XLA's
     # argument size is weights + cache + the token ids/positions

@@ -192,7 +192,11 @@ class Attention(eqx.Module):
     (causal, padding, optional sliding window, optional bidirectional prefix) and softmaxed in
     float32.
 
-    **Attributes:** `q_proj`, `k_proj`, `v_proj`, `o_proj`: the projections; `num_heads`,
+    **Attributes:** `qkv_proj`: the query, key and value projections fused into one matrix
+    (rows: `num_heads * head_dim` query rows, then the keys' and the values'
+    `num_kv_heads * head_dim` each, as transformers' Phi-3 stores them; every family's separate
+    `q_proj`/`k_proj`/`v_proj` are concatenated on load, see `fuse_projections`); `o_proj`: the
+    output projection; `num_heads`,
     `num_kv_heads`, `head_dim` (static); `sliding_window` (static): the window in tokens or
     `None`; `q_norm`, `k_norm`: per-head `RMSNorm`s before RoPE, or `None`
     (`DecoderConfig.qk_norm`); `use_rope` (static, `DecoderConfig.use_rope`);
@@ -200,9 +204,7 @@ class Attention(eqx.Module):
     `attn_logit_softcapping`, `None` when off).
     """
 
-    q_proj: Linear
-    k_proj: Linear
-    v_proj: Linear
+    qkv_proj: Linear
     o_proj: Linear
     num_heads: int = eqx.field(static=True)
     num_kv_heads: int = eqx.field(static=True)
@@ -248,17 +250,20 @@ class Attention(eqx.Module):
         kvh, hd = self.num_kv_heads, self.head_dim
         groups = self.num_heads // kvh
 
-        q = self.q_proj(x).reshape(self.num_heads, hd, -1)
+        # One product for q, k and v: fewer, larger matmuls compile faster (see `fuse_projections`).
+        qkv = self.qkv_proj(x)
+        q_rows, kv_rows = self.num_heads * hd, kvh * hd
+        q = qkv[:q_rows].reshape(self.num_heads, hd, -1)
         if self.q_norm is not None:
             q = self.q_norm.over_axis(q, 1)
         if self.use_rope:
             q = RotaryEmbedding.rotate(q, rope)
-        k = self.k_proj(x).reshape(kvh, hd, -1)
+        k = qkv[q_rows : q_rows + kv_rows].reshape(kvh, hd, -1)
         if self.k_norm is not None:
             k = self.k_norm.over_axis(k, 1)
         if self.use_rope:
             k = RotaryEmbedding.rotate(k, rope)
-        v = self.v_proj(x).reshape(kvh, hd, -1)
+        v = qkv[q_rows + kv_rows :].reshape(kvh, hd, -1)
 
         # Write this call's keys/values into slots [write_index, write_index + seq) of every row.
         def to_cache(t):  # [kv_heads, head_dim, batch*seq] -> [batch, kv_heads, seq, head_dim]

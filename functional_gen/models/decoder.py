@@ -49,34 +49,38 @@ from .attention import (
 )
 from .base import AbstractCausalLM, fingerprint
 from .config import DecoderConfig
-from .families import hf_weights
+from .families import hf_weights, split_projections
 from .kv_cache import KVCache
 from .norms import RMSNorm as RMSNorm
 from .quantization import Embedding, Linear
 
 
 class MLP(eqx.Module):
-    """Gated feed-forward block (Shazeer 2020): `down_proj(act(gate_proj(x)) * up_proj(x))`,
-    SwiGLU with `act = silu`, GeGLU with the tanh approximation of GELU (Gemma's
-    `gelu_pytorch_tanh`).
+    """Gated feed-forward block (Shazeer 2020): `down_proj(act(gate) * up)` with
+    `[gate; up] = gate_up_proj(x)`, SwiGLU with `act = silu`, GeGLU with the tanh approximation
+    of GELU (Gemma's `gelu_pytorch_tanh`).
 
-    **Attributes:** `gate_proj`, `up_proj`, `down_proj`; `hidden_act` (static): `"silu"` or
-    `"gelu_pytorch_tanh"` (`DecoderConfig.hidden_act`).
+    **Attributes:** `gate_up_proj`: the gate and up projections fused into one matrix of
+    `2 * intermediate` rows (gate first, as transformers' Phi-3 stores `mlp.gate_up_proj`; every
+    family's separate `gate_proj`/`up_proj` are concatenated on load, see `fuse_projections`);
+    `down_proj`; `hidden_act` (static): `"silu"` or `"gelu_pytorch_tanh"`
+    (`DecoderConfig.hidden_act`).
     """
 
-    gate_proj: Linear
-    up_proj: Linear
+    gate_up_proj: Linear
     down_proj: Linear
     hidden_act: str = eqx.field(static=True, default="silu")
 
     def __call__(self, x: Float[Array, "hidden tokens"]) -> Float[Array, "hidden tokens"]:
         """The block's output for feature-major tokens `x` (same shape)."""
-        gate = self.gate_proj(x)
+        gate_up = self.gate_up_proj(x)  # one product: see `fuse_projections`
+        half = gate_up.shape[0] // 2
+        gate, up = gate_up[:half], gate_up[half:]
         if self.hidden_act == "gelu_pytorch_tanh":
             gate = jax.nn.gelu(gate, approximate=True)
         else:
             gate = jax.nn.silu(gate)
-        return self.down_proj(gate * self.up_proj(x))
+        return self.down_proj(gate * up)
 
 
 class DecoderLayer(eqx.Module):
@@ -396,6 +400,18 @@ class DecoderForCausalLM(AbstractCausalLM):
             w, scale = matrix(out_features, in_features)
             return Linear(w, normal(out_features) if bias else None, scale)
 
+        def fused_linear(sizes, in_features, bias):
+            # the parts drawn one by one, in their order (the keys, hence the random weights,
+            # are those of the separate projections the decoder had before the fusion)
+            parts = [linear(n, in_features, bias) for n in sizes]
+
+            def cat(xs):
+                return None if xs[0] is None else jnp.concatenate(xs)
+
+            return Linear(
+                *(cat([getattr(p, f) for p in parts]) for f in ("weight", "bias", "scale"))
+            )
+
         def norm(size=c.hidden_size):
             # ones for `weight`, zeros for `1 + weight`: the identity scale either way
             init = jnp.zeros if c.rms_norm_unit_offset else jnp.ones
@@ -405,9 +421,7 @@ class DecoderForCausalLM(AbstractCausalLM):
         layers = tuple(
             DecoderLayer(
                 self_attn=Attention(
-                    q_proj=linear(qd, c.hidden_size, c.attention_bias),
-                    k_proj=linear(kvd, c.hidden_size, c.attention_bias),
-                    v_proj=linear(kvd, c.hidden_size, c.attention_bias),
+                    qkv_proj=fused_linear((qd, kvd, kvd), c.hidden_size, c.attention_bias),
                     o_proj=linear(c.hidden_size, qd, c.attention_out_bias),
                     num_heads=c.num_attention_heads,
                     num_kv_heads=c.num_key_value_heads,
@@ -420,8 +434,9 @@ class DecoderForCausalLM(AbstractCausalLM):
                     softcap=c.attn_logit_softcapping,
                 ),
                 mlp=MLP(
-                    gate_proj=linear(c.intermediate_size, c.hidden_size, c.mlp_bias),
-                    up_proj=linear(c.intermediate_size, c.hidden_size, c.mlp_bias),
+                    gate_up_proj=fused_linear(
+                        (c.intermediate_size,) * 2, c.hidden_size, c.mlp_bias
+                    ),
                     down_proj=linear(c.hidden_size, c.intermediate_size, c.mlp_bias),
                     hidden_act=c.hidden_act,
                 ),
@@ -598,9 +613,10 @@ class DecoderForCausalLM(AbstractCausalLM):
 
         The names are the module paths (`model.layers.0.self_attn.q_proj.weight`, ...), so the
         mapping table is the module tree itself, after the family's own renames
-        (`functional_gen.models.families`: Phi-3's fused `qkv_proj` and `gate_up_proj` are
-        split here). `lm_head.weight` may be absent when the embeddings are tied, and is
-        ignored then.
+        (`functional_gen.models.families`), and the separate q/k/v and gate/up projections of
+        every family fused into `qkv_proj` and `gate_up_proj` (`fuse_projections`; Phi-3's
+        come fused; either form is accepted). `lm_head.weight` may be absent when the
+        embeddings are tied, and is ignored then.
 
         **Arguments:**
 
@@ -618,7 +634,8 @@ class DecoderForCausalLM(AbstractCausalLM):
         **Returns:** the `DecoderForCausalLM`.
 
         **Raises:** `ValueError` naming the missing or unexpected weights, the weight whose
-        shape differs from the config's, or an unknown `quantization`.
+        shape differs from the config's (a fused one: `...qkv_proj.weight`), the parts of a
+        fused weight given only in part, or an unknown `quantization`.
         """
         _quantization.check_quantization(quantization)
         weights = hf_weights(config.model_type, weights, config.num_hidden_layers)
@@ -708,14 +725,23 @@ class DecoderForCausalLM(AbstractCausalLM):
     def named_weights(self) -> dict[str, Array]:
         """The weights under their Hugging Face names (the inverse of `from_weights`).
 
-        **Returns:** name -> array, under the decoder's names (Phi-3's projections split); the
-        computed `model.rotary_emb.inv_freq` and `model.rotary_emb_local.inv_freq` are left out.
+        **Returns:** name -> array, under Hugging Face's separate names for every family: the
+        fused `qkv_proj` and `gate_up_proj` split by rows into `q_proj`, `k_proj`, `v_proj`,
+        `gate_proj`, `up_proj` (`functional_gen.models.families.split_projections`; slices of
+        the stored arrays); the computed `model.rotary_emb.inv_freq` and
+        `model.rotary_emb_local.inv_freq` are left out.
         """
         leaves = jax.tree_util.tree_flatten_with_path(self)[0]
         out = {_path_name(path): leaf for path, leaf in leaves}
         out.pop("model.rotary_emb.inv_freq", None)
         out.pop("model.rotary_emb_local.inv_freq", None)
-        return out
+        c = self.config
+        return split_projections(
+            out,
+            c.num_hidden_layers,
+            c.num_attention_heads * c.head_dim,
+            c.num_key_value_heads * c.head_dim,
+        )
 
 
 def _path_name(path) -> str:

@@ -5,7 +5,7 @@ names onto the decoder's module tree, and nothing else. The decoder itself is
 fields.
 
 To add a family: copy the closest module (`qwen3.py` for a Llama variant), list its
-`config.json` keys in `USED_KEYS`, map them in `config_fields`, rename or split weights in
+`config.json` keys in `USED_KEYS`, map them in `config_fields`, rename weights in
 `hf_weights`, and add it to `FAMILIES`.
 """
 
@@ -15,6 +15,7 @@ from typing import Any
 
 from . import gemma, llama, phi3, qwen3, smollm3
 from .common import UnsupportedConfigError
+from .fused import fuse_projections, split_projections as split_projections
 
 FAMILIES: dict[str, ModuleType] = {
     model_type: module
@@ -52,6 +53,10 @@ def config_fields(d: Mapping[str, Any], extra_eos_token_ids: Sequence[int] = ())
 def hf_weights(
     model_type: str, weights: Mapping[str, Any], num_hidden_layers: int
 ) -> Mapping[str, Any]:
-    """The Hugging Face-named `weights` of a `model_type` checkpoint under the decoder's names
-    (e.g. Phi-3's fused `qkv_proj` split)."""
-    return family(model_type).hf_weights(weights, num_hidden_layers)
+    """The Hugging Face-named `weights` of a `model_type` checkpoint under the decoder's names:
+    the family's renames, then every layer's q/k/v and gate/up projections fused
+    (`fuse_projections`; Phi-3's come fused already).
+
+    **Raises:** `ValueError` from `fuse_projections` (parts missing or of mismatched shapes)."""
+    renamed = family(model_type).hf_weights(weights, num_hidden_layers)
+    return fuse_projections(renamed, num_hidden_layers)

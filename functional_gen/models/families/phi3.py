@@ -1,14 +1,13 @@
 """Phi-3 / Phi-3.5 / Phi-4-mini (transformers' `modeling_phi3.py`): the Llama layout with fused
 weights, `self_attn.qkv_proj` (queries, keys, values stacked by rows) and `mlp.gate_up_proj`
-(gate, then up), which `hf_weights` splits into the decoder's separate projections; partial
+(gate, then up), the decoder's own layout (every other family's are fused on load, see
+`functional_gen.models.families.fused`); partial
 rotary (`partial_rotary_factor`, Phi-4-mini: RoPE on the first 3/4 of each head); `longrope`
 (`su`) scaling (Phi-3.5, Phi-4-mini); one sliding window for every layer when
 `sliding_window` is set (Phi-3-mini)."""
 
 from collections.abc import Mapping, Sequence
 from typing import Any
-
-import numpy as np
 
 from .common import (
     COMMON_USED_KEYS,
@@ -81,29 +80,8 @@ def config_fields(
     }
 
 
-def hf_weights(weights: Mapping[str, Any], num_hidden_layers: int) -> dict[str, Any]:
-    """The checkpoint's weights under the decoder's names: `self_attn.qkv_proj.weight` split by
-    rows into `q_proj`, `k_proj`, `v_proj` (sizes from the `o_proj` and the fused shape:
-    queries are `o_proj`'s input width, keys and values share the rest) and
-    `mlp.gate_up_proj.weight` into `gate_proj` and `up_proj` (halves). Other names unchanged.
-
-    **Raises:** `ValueError` if a fused weight's rows do not split that way.
-    """
-    out = dict(weights)
-    for i in range(num_hidden_layers):
-        prefix = f"model.layers.{i}."
-        qkv = out.pop(prefix + "self_attn.qkv_proj.weight", None)
-        if qkv is not None:
-            q_rows = np.shape(out[prefix + "self_attn.o_proj.weight"])[1]
-            kv_rows = (np.shape(qkv)[0] - q_rows) // 2
-            if kv_rows <= 0 or q_rows + 2 * kv_rows != np.shape(qkv)[0]:
-                raise ValueError(f"{prefix}self_attn.qkv_proj.weight has shape {np.shape(qkv)}")
-            out[prefix + "self_attn.q_proj.weight"] = qkv[:q_rows]
-            out[prefix + "self_attn.k_proj.weight"] = qkv[q_rows : q_rows + kv_rows]
-            out[prefix + "self_attn.v_proj.weight"] = qkv[q_rows + kv_rows :]
-        gate_up = out.pop(prefix + "mlp.gate_up_proj.weight", None)
-        if gate_up is not None:
-            half = np.shape(gate_up)[0] // 2
-            out[prefix + "mlp.gate_proj.weight"] = gate_up[:half]
-            out[prefix + "mlp.up_proj.weight"] = gate_up[half:]
-    return out
+def hf_weights(weights: Mapping[str, Any], num_hidden_layers: int) -> Mapping[str, Any]:
+    """The checkpoint's weights under the decoder's names: unchanged (`self_attn.qkv_proj` and
+    `mlp.gate_up_proj` are the decoder's own modules; their shapes are checked against the config
+    by `DecoderForCausalLM.from_weights`)."""
+    return weights
