@@ -195,8 +195,8 @@ class Attention(eqx.Module):
     **Attributes:** `qkv_proj`: the query, key and value projections fused into one matrix
     (rows: `num_heads * head_dim` query rows, then the keys' and the values'
     `num_kv_heads * head_dim` each, as transformers' Phi-3 stores them; every family's separate
-    `q_proj`/`k_proj`/`v_proj` are concatenated on load, see `fuse_projections`); `o_proj`: the
-    output projection; `num_heads`,
+    `q_proj`/`k_proj`/`v_proj` are concatenated on load, see `fuse_projections`; `q_proj`, `k_proj`, `v_proj` are read-only views of its rows);
+    `o_proj`: the output projection; `num_heads`,
     `num_kv_heads`, `head_dim` (static); `sliding_window` (static): the window in tokens or
     `None`; `q_norm`, `k_norm`: per-head `RMSNorm`s before RoPE, or `None`
     (`DecoderConfig.qk_norm`); `use_rope` (static, `DecoderConfig.use_rope`);
@@ -215,6 +215,25 @@ class Attention(eqx.Module):
     use_rope: bool = eqx.field(static=True, default=True)
     query_pre_attn_scalar: float | None = eqx.field(static=True, default=None)
     softcap: float | None = eqx.field(static=True, default=None)
+
+    @property
+    def q_proj(self) -> Linear:
+        """The query projection (`num_heads * head_dim` rows of `qkv_proj`), a read-only view
+        under its Hugging Face name; change the weights through `qkv_proj`."""
+        return self.qkv_proj.rows(0, self.num_heads * self.head_dim)
+
+    @property
+    def k_proj(self) -> Linear:
+        """The key projection (`num_kv_heads * head_dim` rows of `qkv_proj`), read-only view."""
+        q, kv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        return self.qkv_proj.rows(q, q + kv)
+
+    @property
+    def v_proj(self) -> Linear:
+        """The value projection (the last `num_kv_heads * head_dim` rows of `qkv_proj`), read-only
+        view."""
+        q, kv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        return self.qkv_proj.rows(q + kv, q + 2 * kv)
 
     def __call__(
         self,

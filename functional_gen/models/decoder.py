@@ -62,8 +62,8 @@ class MLP(eqx.Module):
 
     **Attributes:** `gate_up_proj`: the gate and up projections fused into one matrix of
     `2 * intermediate` rows (gate first, as transformers' Phi-3 stores `mlp.gate_up_proj`; every
-    family's separate `gate_proj`/`up_proj` are concatenated on load, see `fuse_projections`);
-    `down_proj`; `hidden_act` (static): `"silu"` or `"gelu_pytorch_tanh"`
+    family's separate `gate_proj`/`up_proj` are concatenated on load, see `fuse_projections`; `gate_proj`, `up_proj` are read-only
+    views of its rows); `down_proj`; `hidden_act` (static): `"silu"` or `"gelu_pytorch_tanh"`
     (`DecoderConfig.hidden_act`).
     """
 
@@ -81,6 +81,18 @@ class MLP(eqx.Module):
         else:
             gate = jax.nn.silu(gate)
         return self.down_proj(gate * up)
+
+    @property
+    def gate_proj(self) -> Linear:
+        """The gate projection (the first `intermediate` rows of `gate_up_proj`), a read-only view
+        under its Hugging Face name; change the weights through `gate_up_proj`."""
+        return self.gate_up_proj.rows(0, self.gate_up_proj.weight.shape[0] // 2)
+
+    @property
+    def up_proj(self) -> Linear:
+        """The up projection (the last `intermediate` rows of `gate_up_proj`), read-only view."""
+        out = self.gate_up_proj.weight.shape[0]
+        return self.gate_up_proj.rows(out // 2, out)
 
 
 class DecoderLayer(eqx.Module):

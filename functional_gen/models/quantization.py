@@ -585,6 +585,22 @@ class Linear(eqx.Module):
             y = y + self.bias[:, None]
         return y
 
+    def rows(self, start: int, stop: int) -> "Linear":
+        """The output rows `[start, stop)` as a `Linear` of their own (weight, bias and scale
+        sliced; `batched` dropped): the view behind a fused projection's Hugging Face names
+        (`Attention.q_proj`, `MLP.gate_proj`, ...).
+
+        **Raises:** `ValueError` when `0 <= start < stop <= out` does not hold.
+        """
+        out = self.weight.shape[0]
+        if not 0 <= start < stop <= out:
+            raise ValueError(f"rows [{start}, {stop}) are not inside the {out} output rows")
+        return Linear(
+            weight=self.weight[start:stop],
+            bias=None if self.bias is None else self.bias[start:stop],
+            scale=None if self.scale is None else self.scale[start:stop],
+        )
+
 
 class Embedding(eqx.Module):
     """Token embedding table (float32, bfloat16, or int8 with per-block scales); lookups are

@@ -101,3 +101,31 @@ def test_model_accepts_the_fused_and_the_separate_form_alike():
     c = model.config
     qkv = model.model.layers[0].self_attn.qkv_proj.weight
     assert qkv.shape == ((c.num_attention_heads + 2 * c.num_key_value_heads) * c.head_dim, 64)
+
+
+def test_hf_names_read_the_fused_rows():
+    """`self_attn.q_proj` / `k_proj` / `v_proj` and `mlp.gate_proj` / `up_proj` (DESIGN.md's
+    Hugging Face attribute names) are views that hold the separate weights `named_weights` gives."""
+    model = LlamaForCausalLM(tiny_config(), key=jax.random.key(0))
+    separate = model.named_weights()
+    layer = model.model.layers[1]
+    views = {
+        "self_attn.q_proj": layer.self_attn.q_proj,
+        "self_attn.k_proj": layer.self_attn.k_proj,
+        "self_attn.v_proj": layer.self_attn.v_proj,
+        "mlp.gate_proj": layer.mlp.gate_proj,
+        "mlp.up_proj": layer.mlp.up_proj,
+    }
+    for name, linear in views.items():
+        np.testing.assert_array_equal(
+            np.asarray(linear.weight), np.asarray(separate[f"model.layers.1.{name}.weight"])
+        )
+    x = jnp.asarray(RNG.normal(size=(64, 3)).astype(np.float32))
+    np.testing.assert_allclose(
+        np.asarray(layer.self_attn.qkv_proj(x)),
+        np.concatenate([np.asarray(views[f"self_attn.{p}_proj"](x)) for p in "qkv"]),
+        rtol=1e-5,
+        atol=1e-5,
+    )
+    with pytest.raises(ValueError, match=r"rows \[0, 999\)"):
+        layer.self_attn.qkv_proj.rows(0, 999)
