@@ -62,8 +62,8 @@ class MLP(eqx.Module):
 
     **Attributes:** `gate_up_proj`: the gate and up projections fused into one matrix of
     `2 * intermediate` rows (gate first, as transformers' Phi-3 stores `mlp.gate_up_proj`; every
-    family's separate `gate_proj`/`up_proj` are concatenated on load, see `fuse_projections`; `gate_proj`, `up_proj` are read-only
-    views of its rows); `down_proj`; `hidden_act` (static): `"silu"` or `"gelu_pytorch_tanh"`
+    family's separate `gate_proj`/`up_proj` are concatenated on load, see `fuse_projections`; the
+    properties `gate_proj`, `up_proj` are read-only views of its rows); `down_proj`; `hidden_act` (static): `"silu"` or `"gelu_pytorch_tanh"`
     (`DecoderConfig.hidden_act`).
     """
 
