@@ -197,8 +197,8 @@ class Attention(eqx.Module):
     `num_kv_heads * head_dim` each, as transformers' Phi-3 stores them; every family's separate
     `q_proj`/`k_proj`/`v_proj` are concatenated on load, see `fuse_projections`; the properties
     `q_proj`, `k_proj`, `v_proj` are read-only views of its rows); `o_proj`: the output
-    projection; `num_heads`, `num_kv_heads`, `head_dim` (static); `sliding_window` (static): the window in tokens or
-    `None`; `q_norm`, `k_norm`: per-head `RMSNorm`s before RoPE, or `None`
+    projection; `num_heads`, `num_kv_heads`, `head_dim` (static); `sliding_window` (static): the
+    window in tokens or `None`; `q_norm`, `k_norm`: per-head `RMSNorm`s before RoPE, or `None`
     (`DecoderConfig.qk_norm`); `use_rope` (static, `DecoderConfig.use_rope`);
     `query_pre_attn_scalar`, `softcap` (static, `DecoderConfig.query_pre_attn_scalar` and
     `attn_logit_softcapping`, `None` when off).
