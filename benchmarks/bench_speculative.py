@@ -3,7 +3,7 @@ acceptance rate, and transformers' `prompt_lookup_num_tokens` on the same prompt
 
     .venv/bin/python benchmarks/bench_speculative.py [--new-tokens 128] [--batches 1 8]
         [--precisions float32 int8] [--no-transformers] [--quick] [--limit N]
-        [--systems plain lookup early-exit]
+        [--systems plain lookup early-exit] [--num-tokens 10]
 
 Tasks (chat prompts, greedy, SmolLM2-135M-Instruct):
 
@@ -174,6 +174,14 @@ def main(argv=None) -> int:
         help="ours to run: plain, lookup, early-exit (opt-in: at 0.3x plain it alone would take "
         "longer than the rest of the run)",
     )
+    parser.add_argument(
+        "--num-tokens",
+        type=int,
+        nargs="+",
+        default=[10],
+        help="PromptLookup's num_tokens: one `lookup` system per value (named `lookup-K` when "
+        "more than one)",
+    )
     args = parser.parse_args(argv)
     tasks = {"grounded": GROUNDED, "open": OPEN}
     if args.quick:
@@ -181,15 +189,17 @@ def main(argv=None) -> int:
         args.new_tokens, args.batches, args.precisions = 32, [1], ["float32"]
     if args.limit is not None:
         tasks = {name: prompts[: args.limit] for name, prompts in tasks.items()}
-    systems = {
-        "plain": None,
-        "lookup": fg.speculative.PromptLookup(num_tokens=10, max_ngram_size=3),
-        "early-exit": fg.speculative.EarlyExit(num_layers=8, num_tokens=4),
-    }
-    unknown = sorted(set(args.systems) - set(systems))
+    known = {"plain", "lookup", "early-exit"}
+    unknown = sorted(set(args.systems) - known)
     if unknown or "plain" not in args.systems:
         parser.error(f"--systems: unknown {unknown}; 'plain' is required (the x plain column)")
-    systems = {name: spec for name, spec in systems.items() if name in args.systems}
+    systems = {"plain": None}
+    if "lookup" in args.systems:
+        for k in args.num_tokens:
+            name = "lookup" if len(args.num_tokens) == 1 else f"lookup-{k}"
+            systems[name] = fg.speculative.PromptLookup(num_tokens=k, max_ngram_size=3)
+    if "early-exit" in args.systems:
+        systems["early-exit"] = fg.speculative.EarlyExit(num_layers=8, num_tokens=4)
     bandwidth = measure_bandwidth()
     print(
         f"# speculative decoding, SmolLM2-135M-Instruct, {args.new_tokens} new tokens at most; "

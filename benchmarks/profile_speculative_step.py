@@ -21,7 +21,6 @@ inside the `while` body and its `conditional` branches).
 """
 
 import argparse
-import dataclasses
 import statistics
 import sys
 import time

@@ -30,7 +30,6 @@ Source: Leviathan, Kalman & Matias 2023 (Algorithm 1); Chen et al. 2023; transfo
 """
 
 import dataclasses
-import inspect
 
 import equinox as eqx
 import jax
@@ -204,7 +203,8 @@ class Speculative(AbstractSearch):
             active,
             key=salted(step_keys, _DRAFT_SALT),
             sample=not greedy,
-            **({"guard": guard, "guard_state": guard_state} if _takes_guard(self.proposer) else {}),
+            guard=guard,
+            guard_state=guard_state,
         )
 
         # a proposer may guess fewer than k tokens (-1: no guess); the target call is as wide as
@@ -417,13 +417,6 @@ class Speculative(AbstractSearch):
         )
 
 
-def _takes_guard(proposer: AbstractProposer) -> bool:
-    """Whether `proposer.propose` accepts the `guard` keywords (a proposer written before they
-    existed does not; its guesses are still cut at the first forbidden one)."""
-    parameters = inspect.signature(proposer.propose).parameters
-    return "guard" in parameters or any(p.kind is p.VAR_KEYWORD for p in parameters.values())
-
-
 def speculative_search(
     proposer: AbstractProposer, sampler: AbstractSampler | AbstractSearch | None, model
 ) -> Speculative:
@@ -458,11 +451,10 @@ def speculative_search(
             f"target's {model.vocab_size}: a draft must share the target's vocabulary"
         )
     if isinstance(proposer, EarlyExit):
-        layers = getattr(getattr(model, "config", None), "num_hidden_layers", None)
-        if layers is not None and proposer.num_layers >= layers:
+        if proposer.num_layers >= model.num_layers:
             raise ValueError(
                 f"EarlyExit(num_layers={proposer.num_layers}) must use fewer layers than the "
-                f"target's {layers}"
+                f"target's {model.num_layers}"
             )
         proposer.draft_of(model)  # refuses a model without `first_layers`
     _check_ring_reserve(proposer, model)
