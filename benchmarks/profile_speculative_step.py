@@ -13,8 +13,18 @@ state; the median of `--reps` runs, the systems taking turns. Systems:
 - `no-guess`: `Speculative` with a proposer that never guesses: every step takes the 0-guess
   branch of the `lax.switch` (what an open-ended batch pays when nobody guesses); it should
   cost no more than `plain`;
+- `verify-0`: the same 0-guess verification called directly, without the `lax.switch` (what
+  the branch costs by itself; the switch's cost is `no-guess` less this);
 - `lookup-k`: `PromptLookup(num_tokens=k, adaptive=False)` on the same prompts (ms per step;
   the tokens per step are printed).
+
+Measured 2026-11-26 on a machine loaded by other jobs (load average 8 on 2 cores; ratios only):
+before the widths and compaction change, `no-guess` 2.94x a plain step (the verification
+branch copied every cache buffer 3 times per step: the loop carry into the switch, the
+compaction `lax.cond`'s identity branch in a transposed layout, the write back); after it,
+1.90x (one copy into the switch branch and one out, `--dump-hlo`); `verify-0` 2.4x in one run
+(unexplained: the same ops as a plain step in the HLO, no cache copies; measure it again on a
+quiet machine before trusting it).
 
 `--dump-hlo DIR` writes the optimised HLO of each loop (look for `copy` of the cache buffers
 inside the `while` body and its `conditional` branches).
@@ -37,7 +47,24 @@ from bench_speculative import OPEN, chat
 import functional_gen as fg
 from functional_gen.generation.planning import plan_call
 from functional_gen.generation.program import start_prepared
+from functional_gen.generation.speculative import Speculative
 from functional_gen.speculative.proposers import AbstractProposer
+
+
+class VerifyZero(eqx.Module):
+    """A search that runs `Speculative._verify` at width 0 directly (no `lax.switch`)."""
+
+    inner: Speculative
+
+    def __call__(self, step, state):
+        spec, rows = self.inner, state.batch_size
+        active = ~state.done & ~state.search_state.finished
+        settle = ~state.done & state.search_state.finished
+        keys = jax.vmap(jax.random.fold_in)(state.key, state.key_step + state.num_generated)
+        drafts = jnp.zeros((rows, spec.num_tokens), jnp.int32)
+        none = jnp.zeros((rows,), jnp.int32)
+        carry = state.search_state.proposer
+        return spec._verify(step, state, drafts, None, none, carry, active, settle, keys, width=0)
 
 
 class NoGuess(AbstractProposer):
@@ -78,7 +105,8 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     model, tokenizer = fg.load_model()
     prompts = [chat(p) for p in (OPEN * 4)[: args.batch]]
-    systems = {"plain": None, "no-guess": NoGuess(num_tokens=max(args.num_tokens))}
+    no_guess = NoGuess(num_tokens=max(args.num_tokens))
+    systems = {"plain": None, "no-guess": no_guess, "verify-0": no_guess}
     for k in args.num_tokens:
         systems[f"lookup-{k}"] = fg.speculative.PromptLookup(num_tokens=k, adaptive=False)
     starts = {}
@@ -86,7 +114,10 @@ def main(argv=None) -> int:
         _, _, prepared = plan_call(
             model, tokenizer, prompts, max_new_tokens=256, speculative=spec, eos_token_id=[]
         )
-        starts[name] = (prepared.step, prepared)
+        step = prepared.step
+        if name == "verify-0":
+            step = eqx.tree_at(lambda s: s.search, step, VerifyZero(step.search))
+        starts[name] = (step, prepared)
     n = args.steps  # static
 
     def fresh(name):
