@@ -36,6 +36,15 @@ at 50 tok/s plain and faster with lookup (about 2.5 min), batch 8 4 groups x 128
 (about 1.5 min); compilation (each group runs once with a budget of one token first: the same
 program, cut short) about 20-40 s per prompt-length bucket, batch and system; transformers
 about 2 min. About 10-12 minutes in all; `--no-transformers` saves 2.
+Since the padded verification widths (0, 3, 7, 15 guesses and a compaction branch: 5 model
+calls per compiled step instead of 3) compilation of a `lookup` group takes longer; not yet
+timed on a quiet machine. To stay under 15 minutes: `--precisions float32` halves the run,
+`--limit 8` keeps 8 prompts per task, `--no-transformers` saves 2 minutes.
+
+`--num-tokens 10 15` (2026-11-26, `--limit 4`, float32, a machine at load 10 on 2 cores, so only
+the per-step figures are worth reading): batch 1 grounded, 1.95 tokens per step at
+`num_tokens=10` (acceptance 0.39), 1.92 at 15 (0.29); both verify at the same 16-position width,
+so the default stays 10 (transformers' default).
 """
 
 import argparse
