@@ -121,6 +121,11 @@ def test_verify_widths():
     assert verify_widths(10) == (0, 3, 7, 15)
     assert verify_widths(15) == (0, 3, 7, 15)
     assert verify_widths(16) == (0, 3, 7, 15, 23)
+    # batches: only what makes batch * positions a multiple of 8
+    assert verify_widths(10, batch=8) == (0, 3, 10)
+    assert verify_widths(10, batch=4) == (0, 3, 11)
+    assert verify_widths(10, batch=2) == (0, 3, 11)
+    assert verify_widths(10, batch=3) == (0, 7, 15)
     with pytest.raises(ValueError, match="num_tokens"):
         verify_widths(0)
 
