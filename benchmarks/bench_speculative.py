@@ -3,7 +3,7 @@ acceptance rate, and transformers' `prompt_lookup_num_tokens` on the same prompt
 
     .venv/bin/python benchmarks/bench_speculative.py [--new-tokens 128] [--batches 1 8]
         [--precisions float32 int8] [--no-transformers] [--quick] [--limit N]
-        [--systems plain lookup early-exit]
+        [--systems plain lookup early-exit] [--num-tokens 10]
 
 Tasks (chat prompts, greedy, SmolLM2-135M-Instruct):
 
@@ -36,6 +36,15 @@ at 50 tok/s plain and faster with lookup (about 2.5 min), batch 8 4 groups x 128
 (about 1.5 min); compilation (each group runs once with a budget of one token first: the same
 program, cut short) about 20-40 s per prompt-length bucket, batch and system; transformers
 about 2 min. About 10-12 minutes in all; `--no-transformers` saves 2.
+Since the padded verification widths (0, 3, 7, 15 guesses and a compaction branch: 5 model
+calls per compiled step instead of 3) compilation of a `lookup` group takes longer; not yet
+timed on a quiet machine. To stay under 15 minutes: `--precisions float32` halves the run,
+`--limit 8` keeps 8 prompts per task, `--no-transformers` saves 2 minutes.
+
+`--num-tokens 10 15` (2026-11-26, `--limit 4`, float32, a machine at load 10 on 2 cores, so only
+the per-step figures are worth reading): batch 1 grounded, 1.95 tokens per step at
+`num_tokens=10` (acceptance 0.39), 1.92 at 15 (0.29); both verify at the same 16-position width,
+so the default stays 10 (transformers' default).
 """
 
 import argparse
@@ -174,6 +183,14 @@ def main(argv=None) -> int:
         help="ours to run: plain, lookup, early-exit (opt-in: at 0.3x plain it alone would take "
         "longer than the rest of the run)",
     )
+    parser.add_argument(
+        "--num-tokens",
+        type=int,
+        nargs="+",
+        default=[10],
+        help="PromptLookup's num_tokens: one `lookup` system per value (named `lookup-K` when "
+        "more than one)",
+    )
     args = parser.parse_args(argv)
     tasks = {"grounded": GROUNDED, "open": OPEN}
     if args.quick:
@@ -181,15 +198,17 @@ def main(argv=None) -> int:
         args.new_tokens, args.batches, args.precisions = 32, [1], ["float32"]
     if args.limit is not None:
         tasks = {name: prompts[: args.limit] for name, prompts in tasks.items()}
-    systems = {
-        "plain": None,
-        "lookup": fg.speculative.PromptLookup(num_tokens=10, max_ngram_size=3),
-        "early-exit": fg.speculative.EarlyExit(num_layers=8, num_tokens=4),
-    }
-    unknown = sorted(set(args.systems) - set(systems))
+    known = {"plain", "lookup", "early-exit"}
+    unknown = sorted(set(args.systems) - known)
     if unknown or "plain" not in args.systems:
         parser.error(f"--systems: unknown {unknown}; 'plain' is required (the x plain column)")
-    systems = {name: spec for name, spec in systems.items() if name in args.systems}
+    systems = {"plain": None}
+    if "lookup" in args.systems:
+        for k in args.num_tokens:
+            name = "lookup" if len(args.num_tokens) == 1 else f"lookup-{k}"
+            systems[name] = fg.speculative.PromptLookup(num_tokens=k, max_ngram_size=3)
+    if "early-exit" in args.systems:
+        systems["early-exit"] = fg.speculative.EarlyExit(num_layers=8, num_tokens=4)
     bandwidth = measure_bandwidth()
     print(
         f"# speculative decoding, SmolLM2-135M-Instruct, {args.new_tokens} new tokens at most; "

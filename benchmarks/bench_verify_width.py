@@ -1,7 +1,7 @@
 """The cost of a model call over `w` positions against a one-position decode call: what a
 speculative verification of `w - 1` guesses costs (`functional_gen.generation.speculative`).
 
-    .venv/bin/python benchmarks/bench_verify_width.py [--batches 1 8] [--widths 1 2 4 6 11]
+    .venv/bin/python benchmarks/bench_verify_width.py [--batches 1 8] [--widths 1 2 4 8 11 16]
         [--precision float32] [--cache 300] [--calls 30]
 
 SmolLM2-135M-Instruct (the default model); a cache of `--cache` slots holding 200 tokens; the
@@ -11,6 +11,10 @@ shared machine's load moves the absolute numbers).
 
 Measured 2026-11-26, float32, quiet 2-core machine: batch 1, 19.4 ms at width 1, 1.86x at 2
 and 4, 3.2x at 6 and 11; batch 8, 78 ms, 2.2x at 2, 3.0x at 4 and 6, 3.75x at 11.
+Again 2026-11-26 (later, `--calls 10`, a quieter moment): batch 1, 18.9 ms at width 1, 1.23x at
+2, 1.24x at 4, 1.47x at 8, 2.35x at 11, 1.83x at 16 (an odd width costs more than a multiple of
+8: `verify_widths` pads to 4, 8, 16, ...); batch 8, 37.0 ms, 1.44x at 2, 2.86x at 4, 4.26x at 8,
+6.85x at 11, 7.31x at 16.
 """
 
 import argparse
@@ -47,7 +51,7 @@ def median_ms(fn, *args, calls: int) -> float:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8])
-    parser.add_argument("--widths", type=int, nargs="+", default=[1, 2, 4, 6, 11])
+    parser.add_argument("--widths", type=int, nargs="+", default=[1, 2, 4, 8, 11, 16])
     parser.add_argument("--precision", choices=["float32", "int8"], default="float32")
     parser.add_argument("--cache", type=int, default=300)
     parser.add_argument("--calls", type=int, default=30)

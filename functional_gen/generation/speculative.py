@@ -30,7 +30,7 @@ Source: Leviathan, Kalman & Matias 2023 (Algorithm 1); Chen et al. 2023; transfo
 """
 
 import dataclasses
-import inspect
+import math
 
 import equinox as eqx
 import jax
@@ -40,7 +40,7 @@ from jaxtyping import Array, Bool, Int, PyTree
 from ..models.base import AbstractCausalLM
 from ..models.kv_cache import RING_RESERVE
 from ..speculative.acceptance import exact_match, rejection_sample
-from ..speculative.cache import keep_below, make_room
+from ..speculative.cache import compact, keep_below
 from ..speculative.guard import ProposalGuard
 from ..speculative.proposers import EXPLORE_TOKENS, AbstractProposer, DraftModel, EarlyExit
 from .samplers import AbstractSampler, Greedy, Multinomial
@@ -51,13 +51,37 @@ _DRAFT_SALT = 0x5EED01  # the proposer's keys: fold_in(step key, salt)
 _ACCEPT_SALT = 0x5EED02  # the acceptance draws
 
 
-def verify_widths(num_tokens: int) -> tuple[int, ...]:
-    """The static numbers of guesses a step verifies: 0 (a plain decode step), the narrow
-    `EXPLORE_TOKENS` (3) and `num_tokens`. A step takes the smallest that holds every row's
-    guesses (`lax.switch`), so a batch that guesses little pays for a narrow target call: on the
-    default model (float32, batch 1, 2-core CPU) a call over 4 positions costs about 1.9x a
-    decode step, one over 11 about 3.2x."""
-    return tuple(sorted({0, min(EXPLORE_TOKENS, num_tokens), num_tokens}))
+def verify_widths(num_tokens: int, batch: int = 1) -> tuple[int, ...]:
+    """The static numbers of guess slots a step verifies: 0 (a plain decode step), then
+    `EXPLORE_TOKENS` (3), 7, 15, 23, ... up to the first that holds `num_tokens` guesses, so that
+    the target call is 1, 4 or a multiple of 8 positions wide (the row's last token and the guess
+    slots). A step takes the smallest that holds every row's guesses (`lax.switch`); slots beyond
+    a row's guesses are dead (position `-1`: never attended to, accepted or kept in the cache).
+
+    On this 2-core CPU (XLA, float32) a matmul over a multiple of 8 positions is cheap and an odd
+    width is not (the 49152x576 head: 8 positions 3.6 ms, 11 positions 5.2 ms, 16 positions
+    4.4 ms). The default model at batch 1: a call over 4 / 8 / 11 / 16 positions cost 1.24 /
+    1.47 / 2.35 / 1.83x a one-position call (`benchmarks/bench_verify_width.py`, 2026-11-26).
+
+    That ladder is for a batch of 1. With `batch` rows a call covers `batch * positions`
+    tokens, and past about 16 tokens a matmul costs in proportion to them: the widths are then
+    0, `min(EXPLORE_TOKENS, num_tokens)` and `num_tokens`, each call rounded up only so that
+    `batch * positions` is a multiple of 8 (batch 4, `num_tokens=10`: calls of 4 and 12
+    positions; batch 8: 4 and 11). Measured 2026-11-26, 4 rows, grounded tasks: padding 11
+    positions to 16 made prompt lookup 0.53x plain, against 0.73x unpadded.
+
+    **Raises:** `ValueError` for a `num_tokens` below 1.
+    """
+    if num_tokens < 1:
+        raise ValueError(f"`num_tokens` must be at least 1, got {num_tokens}")
+    if batch > 1:
+        unit = 8 // math.gcd(batch, 8)  # positions whose multiples make batch * positions % 8 == 0
+        calls = {min(EXPLORE_TOKENS, num_tokens) + 1, num_tokens + 1}
+        return tuple(sorted({0} | {-(-c // unit) * unit - 1 for c in calls}))
+    widths = [0, EXPLORE_TOKENS]
+    while widths[-1] < num_tokens:
+        widths.append((len(widths) - 1) * 8 - 1)
+    return tuple(widths)
 
 
 class SpeculativeState(eqx.Module):
@@ -131,9 +155,9 @@ class Speculative(AbstractSearch):
 
     @property
     def cache_slots(self) -> int:
-        """Extra target-cache slots a call reserves: one verification's `k + 1` writes twice
-        over (compaction frees dead slots when they run out)."""
-        return 2 * (self.num_tokens + 1)
+        """Extra target-cache slots a call reserves: the widest verification's writes
+        (`verify_widths`) twice over (compaction frees dead slots when they run out)."""
+        return 2 * (verify_widths(self.num_tokens)[-1] + 1)
 
     def sized(self, capacity: int, model: AbstractCausalLM) -> "Speculative":
         """This search for rows of `capacity` columns, decoding `model` (kept only for
@@ -191,11 +215,16 @@ class Speculative(AbstractSearch):
             active,
             key=salted(step_keys, _DRAFT_SALT),
             sample=not greedy,
-            **({"guard": guard, "guard_state": guard_state} if _takes_guard(self.proposer) else {}),
+            guard=guard,
+            guard_state=guard_state,
         )
 
         # a proposer may guess fewer than k tokens (-1: no guess); the target call is as wide as
         # the most guesses of a row, rounded up to `verify_widths` (none: a plain decode step)
+        widths = verify_widths(k, state.batch_size)
+        top = widths[-1]
+        drafts = jnp.pad(drafts, ((0, 0), (0, top - k)), constant_values=-1)  # dead slots
+        q = None if q is None else jnp.pad(q, ((0, 0), (0, top - k), (0, 0)))
         num_guesses = jnp.sum(jnp.cumprod((drafts >= 0).astype(jnp.int32), axis=1), axis=1)
         num_guesses = jnp.where(active, num_guesses, 0)
         if guard is not None:  # cut at the first guess the constraint forbids: never verified
@@ -203,17 +232,40 @@ class Speculative(AbstractSearch):
         last = jnp.take_along_axis(token_ids, jnp.maximum(length - 1, 0)[:, None], axis=1)
         drafts = jnp.where(drafts >= 0, drafts, last)
         args = (step, state, drafts, q, num_guesses, carry, active, settle, step_keys)
-        widths = verify_widths(k)
         branch = jnp.searchsorted(jnp.asarray(widths, jnp.int32), jnp.max(num_guesses))
+        branch = jnp.minimum(branch, len(widths) - 1)
+        # A cache without room for the call's writes is compacted first, in a branch of its own
+        # that verifies nothing (a plain decode step; the guesses are dropped, which is lossless):
+        # a `lax.cond` around the cache inside every branch copied every buffer of the cache
+        # twice per step (XLA's CPU backend; batch 8, a 320-slot cache: 118 MB a copy).
+        room = state.cache.max_len - state.cache.length[0]
+        full = jnp.asarray(widths, jnp.int32)[branch] + 1 > room
+        branch = jnp.where(full, len(widths), branch)
+        no_guesses = jnp.zeros_like(num_guesses)
+        compacting = (step, state, drafts, q, no_guesses, carry, active, settle, step_keys)
         return jax.lax.switch(
-            jnp.minimum(branch, len(widths) - 1),
-            [lambda width=width: self._verify(*args, width=width) for width in widths],
+            branch,
+            [lambda width=width: self._verify(*args, width=width) for width in widths]
+            + [lambda: self._verify(*compacting, width=0, compact_first=True)],
         )
 
     def _verify(
-        self, step, state, drafts, q, num_guesses, carry, active, settle, step_keys, *, width
+        self,
+        step,
+        state,
+        drafts,
+        q,
+        num_guesses,
+        carry,
+        active,
+        settle,
+        step_keys,
+        *,
+        width,
+        compact_first=False,
     ):
-        """Verify the first `width` guesses of every row (static; 0: a plain decode step)."""
+        """Verify the first `width` guesses of every row (static; 0: a plain decode step), the
+        target's cache compacted first when `compact_first` (static)."""
         k = width
         drafts = drafts[:, :k]
         q = None if q is None else q[:, :k]
@@ -233,7 +285,7 @@ class Speculative(AbstractSearch):
         guessed = jnp.arange(k)[None, :] < num_guesses[:, None]
         draft_pos = jnp.where(guessed, length[:, None] + jnp.arange(k)[None, :], -1)
         positions = jnp.concatenate([first_pos[:, None], draft_pos], axis=1)
-        cache = make_room(state.cache, k + 1)
+        cache = compact(state.cache) if compact_first else state.cache
         out, cache = step.model(ids, positions, cache)
         first = jnp.where(spec.pending[:, None], out[:, 0], state.logits)
         raw = jnp.concatenate([first[:, None], out[:, 1:]], axis=1)  # [batch, k+1, vocab]
@@ -377,13 +429,6 @@ class Speculative(AbstractSearch):
         )
 
 
-def _takes_guard(proposer: AbstractProposer) -> bool:
-    """Whether `proposer.propose` accepts the `guard` keywords (a proposer written before they
-    existed does not; its guesses are still cut at the first forbidden one)."""
-    parameters = inspect.signature(proposer.propose).parameters
-    return "guard" in parameters or any(p.kind is p.VAR_KEYWORD for p in parameters.values())
-
-
 def speculative_search(
     proposer: AbstractProposer, sampler: AbstractSampler | AbstractSearch | None, model
 ) -> Speculative:
@@ -418,11 +463,10 @@ def speculative_search(
             f"target's {model.vocab_size}: a draft must share the target's vocabulary"
         )
     if isinstance(proposer, EarlyExit):
-        layers = getattr(getattr(model, "config", None), "num_hidden_layers", None)
-        if layers is not None and proposer.num_layers >= layers:
+        if proposer.num_layers >= model.num_layers:
             raise ValueError(
                 f"EarlyExit(num_layers={proposer.num_layers}) must use fewer layers than the "
-                f"target's {layers}"
+                f"target's {model.num_layers}"
             )
         proposer.draft_of(model)  # refuses a model without `first_layers`
     _check_ring_reserve(proposer, model)

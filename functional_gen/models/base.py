@@ -12,6 +12,7 @@ import hashlib
 from typing import Any
 
 import equinox as eqx
+import jax
 from jaxtyping import Array, Float, Int
 
 from .kv_cache import KVCache
@@ -37,7 +38,8 @@ class AbstractCausalLM(eqx.Module):
     ends a row), `pad_token_id` (`int | None`), `max_position_embeddings`, `generation_config`
     (a `transformers.GenerationConfig` or `None`), and `config_fingerprint` (a string that
     changes when anything that shapes the cache or the logits changes; a `SequenceState` made
-    by one model refuses to continue with another).
+    by one model refuses to continue with another); `num_layers` is concrete (the layers of the
+    cache `init_cache` makes).
     """
 
     generation_config: eqx.AbstractVar[Any]
@@ -95,6 +97,12 @@ class AbstractCausalLM(eqx.Module):
     @abc.abstractmethod
     def config_fingerprint(self) -> str:
         """A short string identifying the architecture, config and dtype (not the weights)."""
+
+    @property
+    def num_layers(self) -> int:
+        """Decoder layers: the per-layer buffers of the model's `KVCache` (read from the shapes
+        of `init_cache`, nothing allocated), e.g. to check an `EarlyExit` draft against it."""
+        return len(jax.eval_shape(lambda: self.init_cache(1, 1)).k)
 
 
 def fingerprint(*parts: Any) -> str:

@@ -61,8 +61,8 @@ class AbstractProposer(eqx.Module):
         position, `None` when the guesses are deterministic (one-hot `q`).
 
         `guard` and `guard_state` (`functional_gen.speculative.guard`; `None` without a
-        constraint; optional: a subclass whose `propose` does not take them is called without
-        them): the rows' constraints at their current position. A proposer that draws from
+        constraint; every proposer takes them, the search always passes them): the rows'
+        constraints at their current position. A proposer that draws from
         a distribution masks it with `guard.mask` before every guess (and `q` is the masked,
         renormalised distribution); others may ignore it: the search cuts every row's guesses at
         the first one its constraint forbids (`ProposalGuard.admissible`) either way.
@@ -77,9 +77,9 @@ class AbstractProposer(eqx.Module):
 
 EXPLORE_TOKENS = 3
 """Guesses a `PromptLookup` row whose budget fell to 0 may still make, on a full
-`max_ngram_size` match; also the narrow width `Speculative` verifies at (`verify_widths`). On
-the default model (float32, batch 1, 2-core CPU) a target call over 2 or 4 positions costs about
-1.9x a one-position call, one over 6 or 11 about 3.2x: 3 guesses ride the narrow call."""
+`max_ngram_size` match; also the narrowest width `Speculative` verifies at (`verify_widths`: a
+call over 4 positions). On the default model (float32, batch 1, 2-core CPU) a target call over 4
+positions cost 1.24x a one-position call, over 8 1.47x, over 16 1.83x (2026-11-26)."""
 
 
 class LookupCarry(eqx.Module):
@@ -105,7 +105,7 @@ class PromptLookup(AbstractProposer):
     tokens, shifted and combined (no gathers over the row).
 
     **Adaptive** (`adaptive=True`, the default): a verification costs more than a decode step
-    (on a CPU, 1.9-3.2x for 2-11 positions), so a row guesses only as far as its recent guesses
+    (on this CPU, 1.2-1.8x for 4-16 positions at batch 1, 3-7x at batch 8), so a row guesses only as far as its recent guesses
     held. Its carry keeps a per-row `budget`: after a step whose guesses were all accepted it
     is `num_tokens` again, after a rejection the number accepted (0: the row stops guessing).
     A row at 0 guesses again only on a full `max_ngram_size` match, at most `EXPLORE_TOKENS`

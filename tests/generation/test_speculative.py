@@ -39,13 +39,21 @@ def _final(model, tokenizer, prompts, **kwargs):
     return generate_state(model, tokenizer, prompts, **kwargs)
 
 
-def _assert_same(result, reference):
+def _assert_same(result, reference, top=False):
+    """Same tokens, finish reasons, texts and logprobs (and `top_logprobs` when `top`)."""
     np.testing.assert_array_equal(np.asarray(result.token_ids), np.asarray(reference.token_ids))
     assert result.finish_reasons == reference.finish_reasons
     assert result.texts == reference.texts
     np.testing.assert_allclose(
         np.asarray(result.logprobs), np.asarray(reference.logprobs), atol=2e-4
     )
+    if top:
+        np.testing.assert_array_equal(
+            np.asarray(result.top_token_ids), np.asarray(reference.top_token_ids)
+        )
+        np.testing.assert_allclose(
+            np.asarray(result.top_logprobs), np.asarray(reference.top_logprobs), atol=2e-4
+        )
 
 
 PROPOSERS = {
@@ -249,15 +257,19 @@ DRAWS = 24_000
 
 
 class SameToken(AbstractProposer):
-    """A proposer that always guesses token 2 (a bad, deterministic draft)."""
+    """A proposer that always guesses `token` (a bad, deterministic draft that ignores the
+    guard: the search still cuts its guesses at the first one a constraint forbids)."""
 
     num_tokens: int = eqx.field(static=True, default=3)
+    token: int = eqx.field(static=True, default=2)
 
     def init(self, target, rows, capacity):
         return None
 
-    def propose(self, carry, target, token_ids, length, active, *, key, sample):
-        return carry, jnp.full((length.shape[0], self.num_tokens), 2, jnp.int32), None
+    def propose(
+        self, carry, target, token_ids, length, active, *, key, sample, guard=None, guard_state=None
+    ):
+        return carry, jnp.full((length.shape[0], self.num_tokens), self.token, jnp.int32), None
 
     def update(self, carry, token_ids, length):
         return carry

@@ -29,7 +29,7 @@ from functional_gen.testing import tiny_config
 
 from ..helpers import tiny_tokenizer
 from . import test_speculative as reference
-from .test_speculative import DRAWS, VOCAB, _chi_square_p
+from .test_speculative import DRAWS, VOCAB, SameToken, _assert_same, _chi_square_p
 
 PROMPTS = [
     "t5 t6 t7 t8 t5 t6 t7 t8 t5 t6",
@@ -38,13 +38,7 @@ PROMPTS = [
 ]
 REGEX = r"(t1|t2|t3){3,6}t4"
 small_vocab = reference.small_vocab  # the 6-token target and draft of the distribution tests
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    """A random 2-layer Llama (real attention and KV cache) and a word-level tokenizer."""
-    model = fg.LlamaForCausalLM(tiny_config(), key=jax.random.key(7), std=0.2)
-    return model, tiny_tokenizer(101)
+tiny = reference.tiny  # a random 2-layer Llama and a word-level tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -58,22 +52,6 @@ def _final(model, tokenizer, prompts, options=None, **kwargs):
     _, settings, prepared = plan_call(model, tokenizer, prompts, options, **kwargs)
     final, _, _ = run_prepared(prepared)
     return final, settings
-
-
-def _assert_same(result, reference, top=False):
-    np.testing.assert_array_equal(np.asarray(result.token_ids), np.asarray(reference.token_ids))
-    assert result.finish_reasons == reference.finish_reasons
-    assert result.texts == reference.texts
-    np.testing.assert_allclose(
-        np.asarray(result.logprobs), np.asarray(reference.logprobs), atol=2e-4
-    )
-    if top:
-        np.testing.assert_array_equal(
-            np.asarray(result.top_token_ids), np.asarray(reference.top_token_ids)
-        )
-        np.testing.assert_allclose(
-            np.asarray(result.top_logprobs), np.asarray(reference.top_logprobs), atol=2e-4
-        )
 
 
 # --- a constraint masks the guesses ----------------------------------------------------------
@@ -146,32 +124,20 @@ def test_constraint_wastes_no_verification(tiny, draft, name):
     _assert_same(fast, plain, top=True)
 
 
-class AlwaysFive(fg.speculative.AbstractProposer):
-    """A proposer written without the `guard` keywords: always guesses `t5`."""
-
-    num_tokens: int = 3
-
-    def init(self, target, rows, capacity):
-        return None
-
-    def propose(self, carry, target, token_ids, length, active, *, key, sample):
-        return carry, jnp.full((length.shape[0], self.num_tokens), 5, jnp.int32), None
-
-    def update(self, carry, token_ids, length):
-        return carry
+ALWAYS_FIVE = SameToken(token=5)  # always guesses `t5`, ignoring the guard
 
 
 def test_guesses_of_any_proposer_are_cut(tiny):
-    """A proposer that takes no guard still has its guesses cut: `t5` is outside the regex's
+    """A proposer that ignores the guard still has its guesses cut: `t5` is outside the regex's
     language, so nothing is verified (0 proposed, 0 forbidden) and the output is greedy's."""
     model, tok = tiny
     kwargs = dict(max_new_tokens=8, eos_token_id=[], processors=[fg.processors.Regex(REGEX, tok)])
-    final, _ = _final(model, tok, PROMPTS, speculative=AlwaysFive(), **kwargs)
+    final, _ = _final(model, tok, PROMPTS, speculative=ALWAYS_FIVE, **kwargs)
     rows = len(PROMPTS)
     assert np.asarray(final.search_state.proposed)[:rows].tolist() == [0] * rows
     assert np.asarray(final.search_state.forbidden)[:rows].tolist() == [0] * rows
     _assert_same(
-        fg.generate(model, tok, PROMPTS, speculative=AlwaysFive(), **kwargs),
+        fg.generate(model, tok, PROMPTS, speculative=ALWAYS_FIVE, **kwargs),
         fg.generate(model, tok, PROMPTS, **kwargs),
     )
 

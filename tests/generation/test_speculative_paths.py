@@ -111,10 +111,23 @@ def test_budget_update_by_hand():
 
 
 def test_verify_widths():
-    """The verification widths: 0, the narrow `EXPLORE_TOKENS`, `num_tokens` (deduplicated)."""
-    assert verify_widths(10) == (0, EXPLORE_TOKENS, 10)
-    assert verify_widths(EXPLORE_TOKENS) == (0, EXPLORE_TOKENS)
-    assert verify_widths(1) == (0, 1)
+    """The verification widths: 0, `EXPLORE_TOKENS`, then 8j - 1 guess slots (a target call of a
+    multiple of 8 positions) up to the first that holds `num_tokens`."""
+    assert EXPLORE_TOKENS == 3
+    assert verify_widths(1) == (0, 3)
+    assert verify_widths(3) == (0, 3)
+    assert verify_widths(4) == (0, 3, 7)
+    assert verify_widths(7) == (0, 3, 7)
+    assert verify_widths(10) == (0, 3, 7, 15)
+    assert verify_widths(15) == (0, 3, 7, 15)
+    assert verify_widths(16) == (0, 3, 7, 15, 23)
+    # batches: only what makes batch * positions a multiple of 8
+    assert verify_widths(10, batch=8) == (0, 3, 10)
+    assert verify_widths(10, batch=4) == (0, 3, 11)
+    assert verify_widths(10, batch=2) == (0, 3, 11)
+    assert verify_widths(10, batch=3) == (0, 7, 15)
+    with pytest.raises(ValueError, match="num_tokens"):
+        verify_widths(0)
 
 
 @pytest.mark.parametrize("adaptive", [True, False])

@@ -1,0 +1,161 @@
+"""The cost of one speculative step against one plain decode step, in ONE process, interleaved
+(the machine is shared: compare the ratios, not the milliseconds).
+
+    .venv/bin/python benchmarks/profile_speculative_step.py [--batch 8] [--steps 16] [--reps 5]
+        [--num-tokens 7 15] [--dump-hlo DIR]
+
+SmolLM2-135M-Instruct, float32, greedy, the first `--batch` open-ended prompts of
+`bench_speculative.py`. Each system runs `--steps` steps of its `Step` inside a jitted
+`lax.while_loop` (as `generate` runs them: the state a loop carry), from the same prefilled
+state; the median of `--reps` runs, the systems taking turns. Systems:
+
+- `plain`: `Sample(Greedy())`, one decode step;
+- `no-guess`: `Speculative` with a proposer that never guesses: every step takes the 0-guess
+  branch of the `lax.switch` (what an open-ended batch pays when nobody guesses); it should
+  cost no more than `plain`;
+- `verify-0`: the same 0-guess verification called directly, without the `lax.switch` (what
+  the branch costs by itself; the switch's cost is `no-guess` less this);
+- `lookup-k`: `PromptLookup(num_tokens=k, adaptive=False)` on the same prompts (ms per step;
+  the tokens per step are printed).
+
+Measured 2026-11-26 on a machine loaded by other jobs (load average 8 on 2 cores; ratios only):
+before the widths and compaction change, `no-guess` 2.94x a plain step (the verification
+branch copied every cache buffer 3 times per step: the loop carry into the switch, the
+compaction `lax.cond`'s identity branch in a transposed layout, the write back); after it,
+1.90x (one copy into the switch branch and one out, `--dump-hlo`); `verify-0` 2.4x in one run
+(unexplained: the same ops as a plain step in the HLO, no cache copies; measure it again on a
+quiet machine before trusting it).
+
+`--dump-hlo DIR` writes the optimised HLO of each loop (look for `copy` of the cache buffers
+inside the `while` body and its `conditional` branches).
+"""
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's functional_gen
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from bench_speculative import OPEN, chat
+
+import functional_gen as fg
+from functional_gen.generation.planning import plan_call
+from functional_gen.generation.program import start_prepared
+from functional_gen.generation.speculative import Speculative
+from functional_gen.speculative.proposers import AbstractProposer
+
+
+class VerifyZero(eqx.Module):
+    """A search that runs `Speculative._verify` at width 0 directly (no `lax.switch`)."""
+
+    inner: Speculative
+
+    def __call__(self, step, state):
+        spec, rows = self.inner, state.batch_size
+        active = ~state.done & ~state.search_state.finished
+        settle = ~state.done & state.search_state.finished
+        keys = jax.vmap(jax.random.fold_in)(state.key, state.key_step + state.num_generated)
+        drafts = jnp.zeros((rows, spec.num_tokens), jnp.int32)
+        none = jnp.zeros((rows,), jnp.int32)
+        carry = state.search_state.proposer
+        return spec._verify(step, state, drafts, None, none, carry, active, settle, keys, width=0)
+
+
+class NoGuess(AbstractProposer):
+    """Never guesses (every guess `-1`): the speculative step's 0-guess branch."""
+
+    num_tokens: int = eqx.field(static=True, default=7)
+
+    def init(self, target, rows, capacity):
+        return None
+
+    def propose(
+        self, carry, target, token_ids, length, active, *, key, sample, guard=None, guard_state=None
+    ):
+        return carry, jnp.full((length.shape[0], self.num_tokens), -1, jnp.int32), None
+
+    def update(self, carry, token_ids, length):
+        return carry
+
+
+@eqx.filter_jit(donate="all-except-first")  # the state; `n` is static
+def run_steps(step, state, n):
+    """`n` steps of `step` from `state`, in a `while_loop` (rows finishing early just stop)."""
+
+    def body(carry):
+        i, s = carry
+        return i + 1, step(s)
+
+    return jax.lax.while_loop(lambda c: (c[0] < n) & ~jnp.all(c[1].done), body, (0, state))[1]
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--steps", type=int, default=16)
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--num-tokens", type=int, nargs="+", default=[7])
+    parser.add_argument("--dump-hlo", type=Path, default=None)
+    args = parser.parse_args(argv)
+    model, tokenizer = fg.load_model()
+    prompts = [chat(p) for p in (OPEN * 4)[: args.batch]]
+    no_guess = NoGuess(num_tokens=max(args.num_tokens))
+    systems = {"plain": None, "no-guess": no_guess, "verify-0": no_guess}
+    for k in args.num_tokens:
+        systems[f"lookup-{k}"] = fg.speculative.PromptLookup(num_tokens=k, adaptive=False)
+    starts = {}
+    for name, spec in systems.items():
+        _, _, prepared = plan_call(
+            model, tokenizer, prompts, max_new_tokens=256, speculative=spec, eos_token_id=[]
+        )
+        step = prepared.step
+        if name == "verify-0":
+            step = eqx.tree_at(lambda s: s.search, step, VerifyZero(step.search))
+        starts[name] = (step, prepared)
+    n = args.steps  # static
+
+    def fresh(name):
+        step, prepared = starts[name]
+        return step, start_prepared(prepared)[1]
+
+    for name in systems:  # compile
+        step, state = fresh(name)
+        jax.block_until_ready(run_steps(step, state, n))
+        if args.dump_hlo is not None:
+            args.dump_hlo.mkdir(parents=True, exist_ok=True)
+            step, state = fresh(name)
+            text = run_steps.lower(step, state, n).compile().compiled.as_text()
+            (args.dump_hlo / f"{name}.hlo.txt").write_text(text)
+    times = {name: [] for name in systems}
+    per_step = {}
+    for _ in range(args.reps):
+        for name in systems:
+            step, state = fresh(name)
+            jax.block_until_ready(state)
+            t = time.perf_counter()
+            final = jax.block_until_ready(run_steps(step, state, n))
+            times[name].append(time.perf_counter() - t)
+            spec = final.search_state
+            steps = int(spec.steps.max()) if spec is not None else args.steps
+            tokens = float(final.num_generated.mean())
+            per_step[name] = (steps, tokens / max(steps, 1))
+    base = statistics.median(times["plain"]) / args.steps
+    print(f"batch {args.batch}, {args.steps} steps, median of {args.reps}")
+    print("| system | ms/step | x plain step | tokens/step/row | tokens/s x plain |")
+    print("|---|---|---|---|---|")
+    for name in systems:
+        steps, tps = per_step[name]
+        ms = statistics.median(times[name]) / max(steps, 1)
+        rate = tps / ms / (1 / base)
+        print(f"| {name} | {ms * 1e3:.1f} | {ms / base:.2f} | {tps:.2f} | {rate:.2f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
