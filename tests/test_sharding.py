@@ -129,7 +129,10 @@ def test_generation_on_meshes_of_8_devices(two_layer_default_model):
     assert out["(2, 4)"]["json_same"] and out["(2, 4)"]["beam_same"]
     for check in ("stream_same", "continue_same", "cfg_processor_same", "cfg_batched_same"):
         assert out["(2, 4)"][check], check
-    assert out["(2, 4)"]["loaded_same"] and out["(2, 4)"]["loaded_shard_shape"] == [2 * 1536 // 4, 576]
+    assert out["(2, 4)"]["loaded_same"] and out["(2, 4)"]["loaded_shard_shape"] == [
+        2 * 1536 // 4,
+        576,
+    ]
     assert "cannot be split" in out["bad_rule"] or "not divisible" in out["bad_rule"]
     # the plan's per-device weight bytes are what fg.shard really puts on a device, and XLA's
     # argument size is weights + cache + the token ids/positions

@@ -96,7 +96,10 @@ def test_first_layers_is_transformers_model_truncated(case):
     hf, model, _ = case
     draft = model.first_layers(2)
     assert draft.config.num_hidden_layers == 2 and len(draft.init_cache(1, 4).k) == 2
-    assert draft.model.layers[1].mlp.gate_up_proj.weight is model.model.layers[1].mlp.gate_up_proj.weight
+    assert (
+        draft.model.layers[1].mlp.gate_up_proj.weight
+        is model.model.layers[1].mlp.gate_up_proj.weight
+    )
     truncated = copy.deepcopy(hf)
     truncated.model.layers = truncated.model.layers[:2]
     truncated.config.num_hidden_layers = 2
