@@ -177,36 +177,50 @@ def has_torch() -> bool:
 
 # --- the order in which pytest-xdist hands out test files ---------------------------------------
 
-# Seconds that the slowest test files took in a full run of the README's test command on the 2-core
-# CI machine (session 26: the sum of each file's tests among the run's 40 slowest, so a lower
-# bound; test_families.py from its own `-n 0` run), after this session's cuts; session 28 added
-# test_ring_cache.py (~114 s on one worker) and test_speculative_features.py (its mesh and
-# constrained-distribution tests, 53-91 s), which had been handed out late by test count. Only
-# their order matters: a file missing here goes after them.
+# Seconds that each test file took (setup + calls + teardown, summed over its tests) in a full run
+# of the README's test command on the 2-core machine, quiet, session 28 (`--durations=0`: 2,186
+# tests in 26 min 58 s; files of 17 s and more). Only their order matters: a file missing here
+# goes after them, by test count.
 HEAVY_FILES = {
-    "tests/test_notebooks.py": 480,
-    "tests/models/test_families.py": 300,
-    "tests/models/test_gemma3_270m_capabilities.py": 150,
-    "tests/models/test_ring_cache.py": 114,
-    "tests/test_readme.py": 110,
+    "tests/test_notebooks.py": 426,
+    "tests/generation/test_speculative.py": 222,
+    "tests/processors/test_classifier_free_guidance.py": 175,
+    "tests/models/test_gemma3_270m_capabilities.py": 174,
+    "tests/models/test_ring_cache.py": 132,
+    "tests/generation/test_speculative_features.py": 128,
+    "tests/loading/test_gguf_families.py": 121,
+    "tests/generation/test_beam_search.py": 117,
+    "tests/test_cli.py": 113,
+    "tests/test_readme.py": 108,
     "tests/models/test_gemma3_270m.py": 107,
-    "tests/processors/test_classifier_free_guidance.py": 90,
-    "tests/generation/test_speculative_features.py": 80,
-    "tests/generation/test_speculative.py": 75,
-    "tests/serving/test_server.py": 70,
-    "tests/serving/test_constrained_slots.py": 67,
+    "tests/models/test_families.py": 100,
+    "tests/structured/test_pda.py": 74,
+    "tests/models/test_llama.py": 73,
+    "tests/serving/test_constrained_slots.py": 71,
+    "tests/test_sharding.py": 71,
+    "tests/generation/test_sequence_state.py": 70,
+    "tests/models/test_quantization.py": 70,
+    "tests/serving/test_server.py": 65,
+    "tests/test_generation.py": 59,
+    "tests/processors/test_protocol.py": 50,
+    "tests/test_cli_new_user.py": 48,
+    "tests/generation/test_guidance.py": 46,
+    "tests/structured/test_generation.py": 41,
     "tests/serving/test_lockstep.py": 35,
-    "tests/loading/test_gguf_families.py": 50,
-    "tests/test_sharding.py": 49,
-    "tests/loading/test_gguf_errors_and_caches.py": 40,
-    "tests/test_cli.py": 37,
-    "tests/structured/test_generation.py": 28,
-    "tests/test_cli_new_user.py": 25,
-    "tests/generation/test_sequence_state.py": 23,
-    "tests/test_stop_strings.py": 21,
-    "tests/test_generation_config.py": 20,
+    "tests/generation/test_speculative_paths.py": 35,
+    "tests/test_stop_strings.py": 33,
+    "tests/structured/test_json_schema_grammar.py": 32,
+    "tests/generation/test_prefill.py": 32,
+    "tests/structured/test_processor.py": 30,
+    "tests/loading/test_gguf.py": 24,
+    "tests/errors/test_pushdown_soundness.py": 22,
+    "tests/models/test_scan_layers.py": 21,
+    "tests/loading/test_gguf_errors_and_caches.py": 21,
+    "tests/test_distributed.py": 20,
+    "tests/test_streaming.py": 20,
     "tests/test_no_torch.py": 19,
-    "tests/test_distributed.py": 18,
+    "tests/test_cli_quantization.py": 19,
+    "tests/test_generation_config.py": 17,
 }
 
 
