@@ -1,0 +1,263 @@
+"""The serving engine's pure programs over its decode state, each jitted once (and donating the
+state where it is replaced): `_prefill` / `_prefill_chunk` (a request's prompt), `_insert` (a
+`Prefix` into a slot of the lockstep cache: right-aligned so it ends at the shared write index),
+`_place` / `_free` (a slot's constraint tables in the pool), `_layout` and `_compact` (the
+cache's shared write index and dead leading slots; the shift that reclaims them) and `_generate`
+(several decode steps in one `lax.while_loop`). `functional_gen.serving.engine.Engine` calls
+them; see its module docstring for the design.
+"""
+
+import dataclasses
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Bool, Float, Int, Key
+
+from ..generation.samplers import Multinomial
+from ..generation.state import GenerationState
+from ..generation.step import make_step
+from ..models.kv_cache import KVCache
+from ..structured.automaton import INITIAL
+from .pool import (
+    ConstraintPool,
+    PoolEntry,
+    SlotConstraint,
+)
+from .slots import (
+    Request as Request,
+    SlotDecoding as SlotDecoding,
+    SlotParams as SlotParams,
+    knobs_used,
+)
+
+
+class Prefix(eqx.Module):
+    """One prefilled request, ready to `insert` into a slot.
+
+    **Attributes:** `token_ids: Int[Array, " max_len"]` (the prompt from column 0, padding
+    after), `length: Int[Array, ""]` (prompt tokens), `max_new_tokens: Int[Array, ""]`,
+    `logits: Float[Array, " vocab"]` (after the prompt's last token), `cache` (a `KVCache` of
+    one row whose `kv_seq` slots hold the left-padded prompt), `key` (the row's PRNG key),
+    `params` (a `SlotParams` of one row, no leading axis).
+    """
+
+    token_ids: Int[Array, " max_len"]
+    length: Int[Array, ""]
+    max_new_tokens: Int[Array, ""]
+    logits: Float[Array, " vocab"]
+    cache: KVCache
+    key: Key[Array, ""]
+    params: SlotParams
+
+
+class DecodeState(eqx.Module):
+    """What `generate` carries: `generation` (a `GenerationState` over the slots; an idle slot is
+    `done`), `params` (each slot's `SlotParams`) and `pool` (each slot's constraint tables, a
+    `ConstraintPool`)."""
+
+    generation: GenerationState
+    params: SlotParams
+    pool: ConstraintPool
+
+
+def _fields(module) -> dict:
+    return {f.name: getattr(module, f.name) for f in dataclasses.fields(module)}
+
+
+def _step(model, eos_token_id, pad_token_id, state: DecodeState, top_logprobs):
+    return make_step(
+        model,
+        [
+            SlotConstraint(**_fields(state.pool)),
+            SlotDecoding(
+                **_fields(state.params), used=knobs_used(state.params, ~state.generation.done)
+            ),
+        ],
+        Multinomial(),
+        eos_token_id=eos_token_id,
+        pad_token_id=pad_token_id,
+        top_logprobs=top_logprobs,
+        logprobs_mode="raw",
+    )
+
+
+def _generate(model, state: DecodeState, num_steps: int, limit, eos_token_id, pad_token_id):
+    k = state.generation.top_token_ids.shape[-1]
+    step = _step(model, eos_token_id, pad_token_id, state, k)
+    slots = state.generation.batch_size
+    rows = jnp.arange(slots)
+
+    def body(carry):
+        i, gen, out = carry
+        new = step(gen)
+        took = new.length > gen.length
+        last = jnp.maximum(new.length - 1, 0)
+        col = jnp.minimum(jnp.maximum(new.num_generated - 1, 0), new.logprobs.shape[1] - 1)
+        now = (
+            jnp.where(took, new.token_ids[rows, last], -1),
+            jnp.where(took, new.logprobs[rows, col], 0.0),
+            new.top_token_ids[rows, col],
+            new.top_logprobs[rows, col],
+        )
+        out = jax.tree.map(lambda a, b: a.at[i].set(b), out, now)
+        return i + 1, new, out
+
+    def cond(carry):
+        i, gen, _ = carry
+        return (i < jnp.minimum(num_steps, limit)) & ~jnp.all(gen.done)
+
+    gen = state.generation
+    out = (
+        jnp.full((num_steps, slots), -1, jnp.int32),
+        jnp.zeros((num_steps, slots), jnp.float32),
+        jnp.zeros((num_steps, slots, k), jnp.int32),
+        jnp.zeros((num_steps, slots, k), jnp.float32),
+    )
+    _, gen, out = jax.lax.while_loop(cond, body, (jnp.asarray(0), gen, out))
+    out = StepOutput(*out, done=gen.done, finish_reason=gen.finish_reason)
+    return DecodeState(gen, state.params, state.pool), out
+
+
+class StepOutput(eqx.Module):
+    """What one `generate` dispatch hands to the host (`steps` = the dispatch's `num_steps`).
+
+    **Attributes:** `token_ids: Int[Array, "steps batch"]` (the token each slot took at each
+    step, -1 where none), `logprobs: Float[Array, "steps batch"]` (the model's raw logprob of
+    each), `top_token_ids`, `top_logprobs: [steps, batch, k]` (the `k` most likely tokens,
+    `Engine(top_logprobs=k)`), `done`, `finish_reason: [batch]` after the dispatch (codes of
+    `FINISH_REASONS`).
+    """
+
+    token_ids: Int[Array, "steps batch"]
+    logprobs: Float[Array, "steps batch"]
+    top_token_ids: Int[Array, "steps batch k"]
+    top_logprobs: Float[Array, "steps batch k"]
+    done: Bool[Array, " batch"]
+    finish_reason: Int[Array, " batch"]
+
+
+def _insert(prefix: Prefix, state: DecodeState, slot: Int[Array, ""]) -> DecodeState:
+    gen = state.generation
+    cache = gen.cache
+    rows = prefix.cache
+    width = rows.max_len  # static: the prompt's bucket
+    write = jnp.maximum(cache.length[0], width)  # the shared write index, moved up if needed
+    start = write - width  # the prompt's slots: [start, write), right-aligned
+    # rings (sliding-window layers) are addressed by position: regrown to the slots' ring size
+    # if shorter, and copied whole
+    grown = rows.extend(cache.max_len) if cache.ring_layers else rows
+
+    def put(i, buffer, row, ring_row):  # buffer [slots, kv_heads, slots, head_dim], row [1, ...]
+        if i in cache.ring_layers:
+            return jax.lax.dynamic_update_slice(
+                buffer, ring_row.astype(buffer.dtype), (slot, 0, 0, 0)
+            )
+        return jax.lax.dynamic_update_slice(buffer, row.astype(buffer.dtype), (slot, 0, start, 0))
+
+    positions = jnp.full((cache.max_len,), -1, jnp.int32)
+    positions = jax.lax.dynamic_update_slice(positions, rows.positions[0], (start,))
+    cache = dataclasses.replace(
+        cache,
+        k=tuple(put(i, *t) for i, t in enumerate(zip(cache.k, rows.k, grown.k))),
+        v=tuple(put(i, *t) for i, t in enumerate(zip(cache.v, rows.v, grown.v))),
+        positions=cache.positions.at[slot].set(positions),
+        length=jnp.full_like(cache.length, write),
+        ring_positions=None
+        if grown.ring_positions is None
+        else cache.ring_positions.at[slot].set(grown.ring_positions[0]),
+    )
+    gen = GenerationState(
+        token_ids=gen.token_ids.at[slot].set(prefix.token_ids),
+        length=gen.length.at[slot].set(prefix.length),
+        prompt_length=gen.prompt_length.at[slot].set(prefix.length),
+        start_length=gen.start_length.at[slot].set(prefix.length),
+        max_new_tokens=gen.max_new_tokens.at[slot].set(prefix.max_new_tokens),
+        done=gen.done.at[slot].set(False),
+        finish_reason=gen.finish_reason.at[slot].set(0),
+        logits=gen.logits.at[slot].set(prefix.logits),
+        logprobs=gen.logprobs,
+        top_token_ids=gen.top_token_ids,
+        top_logprobs=gen.top_logprobs,
+        cache=cache,
+        processor_states=(gen.processor_states[0].at[slot].set(INITIAL), *gen.processor_states[1:]),
+        stop_state=gen.stop_state,
+        key=gen.key.at[slot].set(prefix.key),
+        key_step=gen.key_step.at[slot].set(0),
+        search_state=gen.search_state,
+    )
+    params = jax.tree.map(lambda a, b: a.at[slot].set(b), state.params, prefix.params)
+    pool = eqx.tree_at(
+        lambda p: p.constrained, state.pool, state.pool.constrained.at[slot].set(False)
+    )
+    return DecodeState(gen, params, pool)
+
+
+def _layout(state: DecodeState) -> Int[Array, "2"]:
+    """`[write_index, dead]`: the shared write index, and the number of leading cache slots that
+    no busy slot uses (the first slot of the busy slot that starts earliest; all of them when
+    every slot is idle)."""
+    cache = state.generation.cache
+    write = cache.length[0]
+    live = cache.positions >= 0
+    first = jnp.where(jnp.any(live, axis=-1), jnp.argmax(live, axis=-1), write)
+    dead = jnp.min(jnp.where(state.generation.done, write, jnp.minimum(first, write)))
+    return jnp.stack([write, dead])
+
+
+def _compact(state: DecodeState) -> DecodeState:
+    """Every row of the cache's full layers shifted left by `_layout`'s dead slots, the write
+    index with them (ring layers are addressed by position and stay)."""
+    write, dead = _layout(state)
+    cache = state.generation.cache
+    slots = cache.max_len
+
+    def shift(x, axis):  # x[..., dead:, ...] to the front; what wraps around is masked
+        both = jnp.concatenate([x, x], axis=axis)
+        return jax.lax.dynamic_slice_in_dim(both, dead, slots, axis=axis)
+
+    positions = jnp.where(jnp.arange(slots) < write - dead, shift(cache.positions, 1), -1)
+    cache = dataclasses.replace(
+        cache,
+        k=tuple(x if i in cache.ring_layers else shift(x, 2) for i, x in enumerate(cache.k)),
+        v=tuple(x if i in cache.ring_layers else shift(x, 2) for i, x in enumerate(cache.v)),
+        positions=positions,
+        length=cache.length - dead,
+    )
+    return eqx.tree_at(lambda s: s.generation.cache, state, cache)
+
+
+def _place(entry: PoolEntry, state: DecodeState, slot: Int[Array, ""]) -> DecodeState:
+    pool = state.pool
+    pool = ConstraintPool(
+        token_class=pool.token_class.at[slot].set(entry.token_class),
+        transitions=pool.transitions.at[slot].set(entry.transitions),
+        distance=pool.distance.at[slot].set(entry.distance),
+        constrained=pool.constrained.at[slot].set(True),
+    )
+    return DecodeState(state.generation, state.params, pool)
+
+
+def _free(state: DecodeState, slot: Int[Array, ""]) -> DecodeState:
+    gen = state.generation
+    return eqx.tree_at(lambda s: s.generation.done, state, gen.done.at[slot].set(True))
+
+
+def _prefill(model, token_ids, positions):
+    logits, cache = model.prefill(token_ids, positions, max_len=token_ids.shape[1])
+    return logits[0, -1], cache
+
+
+def _prefill_chunk(model, cache, token_ids, positions):
+    logits, cache = model(token_ids, positions, cache, logits_to_keep=1)
+    return logits[0, -1], cache
+
+
+generate_jit = eqx.filter_jit(_generate, donate="all-except-first")
+insert_jit = eqx.filter_jit(_insert, donate="all-except-first")
+place_jit = eqx.filter_jit(_place, donate="all-except-first")
+free_jit = eqx.filter_jit(_free, donate="all")
+layout_jit = eqx.filter_jit(_layout)
+compact_jit = eqx.filter_jit(_compact, donate="all")
+prefill_jit = eqx.filter_jit(_prefill)
+prefill_chunk_jit = eqx.filter_jit(_prefill_chunk, donate="all-except-first")
