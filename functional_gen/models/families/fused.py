@@ -3,9 +3,11 @@ ONE `mlp.gate_up_proj` matrix, for every family (transformers' Phi-3 stores them
 families' checkpoints have them separate, and `fuse_projections` concatenates them on load).
 
 Why: each decoder layer then runs 4 matrix products instead of 7. XLA's CPU backend emits its own
-LLVM kernel for every batch-1 matrix-vector product of a decode step, so fewer products compile
-faster (`benchmarks/bench_startup.py`), and a few larger ones run at least as fast
-(`benchmarks/bench_fused.py`, issue 40 item 6). The rows are concatenated as they are:
+LLVM kernel for every batch-1 matrix-vector product of a decode step, so fewer products should
+compile faster (issue 40 item 6). Measured: -10 to -28% CPU seconds in one process on a loaded
+machine (`benchmarks/bench_fused.py`), but 0.95-0.98x only in fresh processes on a quiet one
+(`benchmarks/bench_startup.py --baseline`), with decode equal or slightly faster (see
+docs/concepts/long_prompts.md). The rows are concatenated as they are:
 `qkv_proj` holds the `num_attention_heads * head_dim` query rows, then the
 `num_key_value_heads * head_dim` key rows, then as many value rows; `gate_up_proj` the
 `intermediate_size` gate rows, then the up rows. int8 weights keep their per-row block scales
