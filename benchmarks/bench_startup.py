@@ -27,7 +27,13 @@ lowering against XLA's compilation, wall and CPU seconds (CPU seconds of this pr
 than wall seconds when other jobs share the machine), for the whole program (prefill + the
 `while_loop` of decode steps), the prefill and initialisation alone (`program.start`), and the
 whole program of the model cut to its first layer (`first_layers(1)`): the difference, divided
-by the other layers, is the compile cost of one layer (its prefill and decode copies).
+by the other layers, is the compile cost of one layer (its prefill and decode copies). Its
+first row lists every program the first generate compiled (`jax_log_compiles`) with XLA's wall
+seconds; its last columns split each part's XLA compilation with XLA's own timers (VLOG 1 of
+`hlo_pass_pipeline`, `ir_compiler` and `cpu_compiler`): the HLO passes (wall seconds, one thread) against the
+LLVM modules (wall seconds summed over the codegen threads, their number, and the seconds of
+the modules that hold a dot: a batch-1 decode step's matrix-vector products are emitted as
+LLVM loops, one module per dot and layer).
 """
 
 import argparse
@@ -117,23 +123,34 @@ def probe(checkout: Path, model: str) -> tuple[float, float]:
 
 
 BREAKDOWN = r"""
-import os, sys, time
+import logging, os, re, sys, time
 sys.path.insert(0, sys.argv[1])
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import equinox as eqx
 import jax
 import functional_gen as fg
-from functional_gen.generation import loop, program
+from functional_gen.generation import program
 model, tokenizer = fg.load_model(sys.argv[2])
+programs = []
+class Programs(logging.Handler):
+    def emit(self, record):
+        found = re.search(r"Finished XLA compilation of (\S+) in ([0-9.e-]+) sec", record.getMessage())
+        if found:
+            programs.append((found.group(1), float(found.group(2))))
+jax.config.update("jax_log_compiles", True)
+logging.getLogger("jax").addHandler(Programs())
 captured = []
-run_generation = loop.run_generation
+run_generation = program.run_generation
 def spy(*args, **kwargs):
     captured.append((args, kwargs))
     return run_generation(*args, **kwargs)
-loop.run_generation = spy
+program.run_generation = spy
 fg.generate(model, tokenizer, sys.argv[3], max_new_tokens=8, sampler=fg.samplers.Greedy(),
             eos_token_id=[])
-loop.run_generation = run_generation
+program.run_generation = run_generation
+jax.config.update("jax_log_compiles", False)
+print("programs", len(programs), sum(s for _, s in programs),
+      ";".join(f"{n}:{s:.3f}" for n, s in programs))
 args, kwargs = captured[0]
 step = args[0]
 one_layer = (eqx.tree_at(lambda s: s.model, step, step.model.first_layers(1)), *args[1:])
@@ -150,14 +167,44 @@ for name, fn, fn_args in parts:
     print(name, w1 - w0, c1 - c0, w2 - w1, c2 - c1, step.model.config.num_hidden_layers)
 """
 
+# XLA's own timers (VLOG 1 of these files): every HLO pass, every LLVM module, every compilation
+XLA_TIMERS = {
+    "TF_CPP_MIN_LOG_LEVEL": "0",
+    "TF_CPP_VMODULE": "hlo_pass_pipeline=1,ir_compiler=1,cpu_compiler=1",
+}
+
+
+def xla_phases(stderr: str) -> list[tuple[float, float, int, float]]:
+    """Per XLA compilation logged in `stderr` (VLOG of `XLA_TIMERS`), in order: `(HLO pass wall
+    s, LLVM module wall s summed over the codegen threads, LLVM modules, of which in modules of
+    a dot s)`. Units in the log are us, ms or s."""
+    unit = {"us": 1e-6, "ms": 1e-3, "s": 1.0}
+    out, passes, llvm, modules, dots = [], 0.0, 0.0, 0, 0.0
+    for line in stderr.splitlines():
+        found = re.search(r"HLO pass: \S+ time: ([0-9.]+) (us|ms|s) ", line)
+        if found:
+            passes += float(found.group(1)) * unit[found.group(2)]
+        found = re.search(r"Compiled LLVM module: (\S+) time: ([0-9.]+) (us|ms|s) ", line)
+        if found:
+            seconds = float(found.group(2)) * unit[found.group(3)]
+            llvm += seconds
+            modules += 1
+            dots += seconds if re.search(r"_dot\.?\d*_", found.group(1)) else 0.0
+        if "Compiling [" in line and " for CPU" in line:
+            out.append((passes, llvm, modules, dots))
+            passes, llvm, modules, dots = 0.0, 0.0, 0, 0.0
+    return out
+
 
 def breakdown(checkout: Path, model: str) -> dict[str, tuple[float, ...]]:
     """Where the first generate's compile time goes, with the `functional_gen` of `checkout`
     in a fresh process: part -> `(trace+lower wall s, its CPU s, XLA compile wall s, its CPU s,
-    layers)` for the parts `"whole"`, `"prefill"` and `"whole_1_layer"` (see the module
-    docstring)."""
+    layers, HLO pass wall s, LLVM module wall s summed over threads, LLVM modules, LLVM s in dot
+    modules)` for the parts `"whole"`, `"prefill"` and `"whole_1_layer"` (see the module
+    docstring); `"programs"`: `(number of programs the first generate compiled, their XLA
+    compile wall s)`, and `"names"` the programs as `name:seconds;...`."""
     env = {k: v for k, v in os.environ.items() if k != "JAX_COMPILATION_CACHE_DIR"}
-    env["PYTHONPATH"] = str(checkout)
+    env.update(XLA_TIMERS, PYTHONPATH=str(checkout))
     proc = subprocess.run(
         [sys.executable, "-c", BREAKDOWN, str(checkout), model, PROMPT],
         env=env,
@@ -170,6 +217,12 @@ def breakdown(checkout: Path, model: str) -> dict[str, tuple[float, ...]]:
         name, *values = line.split()
         if name in ("whole", "prefill", "whole_1_layer"):
             out[name] = tuple(float(v) for v in values)
+        elif name == "programs":
+            out["programs"] = (float(values[0]), float(values[1]))
+            out["names"] = values[2] if len(values) > 2 else ""
+    # the three parts are the last three compilations of the process
+    for name, phases in zip(("whole", "prefill", "whole_1_layer"), xla_phases(proc.stderr)[-3:]):
+        out[name] = out[name] + phases
     return out
 
 
@@ -177,26 +230,33 @@ def breakdown_table(models: list[str], baseline: Path | None) -> None:
     """Print `breakdown` of each model (and of the baseline checkout)."""
     print(
         "\n| model | checkout | part | trace+lower wall (s) | trace+lower CPU (s) "
-        "| XLA compile wall (s) | XLA compile CPU (s) |"
+        "| XLA compile wall (s) | XLA compile CPU (s) | of which HLO passes wall (s) "
+        "| LLVM modules: wall (s) summed over threads, count, in dot modules (s) |"
     )
-    print("|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
     checkouts = [("this", ROOT)] + ([("baseline", baseline)] if baseline else [])
     for model in models:
         for label, checkout in checkouts:
             parts = breakdown(checkout, model)
             whole, prefill, one = parts["whole"], parts["prefill"], parts["whole_1_layer"]
+            count, seconds = parts["programs"]
+            print(
+                f"| {model} | {label} | first generate compiled {count:.0f} programs in "
+                f"{seconds:.2f} s: {parts['names']} | | | | | | |"
+            )
             layers = int(whole[4])
             rows = [
-                ("whole program", whole[:4]),
-                ("prefill + init only", prefill[:4]),
+                ("whole program", whole),
+                ("prefill + init only", prefill),
                 ("decode loop (whole - prefill)", [w - p for w, p in zip(whole, prefill)]),
-                ("model cut to 1 layer", one[:4]),
+                ("model cut to 1 layer", one),
                 ("per further layer", [(w - o) / (layers - 1) for w, o in zip(whole, one)]),
             ]
             for part, v in rows:
+                xla = f"{v[5]:.2f} | {v[6]:.2f}, {v[7]:.0f}, {v[8]:.2f}" if len(v) == 9 else "- | -"
                 print(
                     f"| {model} | {label} | {part} | {v[0]:.2f} | {v[1]:.2f} | {v[2]:.2f} "
-                    f"| {v[3]:.2f} |",
+                    f"| {v[3]:.2f} | {xla} |",
                     flush=True,
                 )
 
