@@ -135,18 +135,22 @@ def default_model():
 
 @pytest.fixture(scope="session")
 def torch_default_model():
-    """transformers' PyTorch model and tokenizer built from the same GGUF file (the oracle)."""
+    """transformers' PyTorch model and tokenizer built from the same GGUF file (the oracle; the
+    file parsed with `open_gguf`'s reader class, `transformers_reads_gguf_with_plain_arrays`)."""
     torch = pytest.importorskip("torch")
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from functional_gen.loading import default_gguf_path
 
-    torch.set_num_threads(2)
+    from .helpers import transformers_reads_gguf_with_plain_arrays
+
+    torch.set_num_threads(min(2, torch.get_num_threads()))
     path = default_gguf_path()
-    tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-    model = AutoModelForCausalLM.from_pretrained(
-        str(path.parent), gguf_file=path.name, dtype=torch.float32
-    ).eval()
+    with transformers_reads_gguf_with_plain_arrays():
+        tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+        model = AutoModelForCausalLM.from_pretrained(
+            str(path.parent), gguf_file=path.name, dtype=torch.float32
+        ).eval()
     return model, tokenizer
 
 
