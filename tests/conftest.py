@@ -43,11 +43,25 @@ TEST_COMPILATION_CACHE_SETTINGS = {
 }
 _OWN_COMPILATION_CACHE: list[str] = []
 
+# PyTorch's threads in each pytest-xdist worker (the README's command runs 2 on 2 cores): with 2,
+# torch's OpenMP threads share the cores with the other worker and wait for each other at every
+# operation. transformers' greedy CFG generation of 24 tokens on the default model (the oracle of
+# test_classifier_free_guidance.py), shared machine under load, interleaved 2-1-2-1: 60.6 and
+# 94.2 s on 2 threads, 16.1 and 36.4 s on 1; plain greedy 39.2 and 34.4 s against 11.1 and 7.4 s
+# (tests/ has no quiet 2-worker measurement of its own yet). The oracle fixtures keep
+# `min(2, torch.get_num_threads())`, so a run without workers (`-n 0`) still uses 2.
+TORCH_THREADS_IN_A_WORKER = "1"
+
 
 def pytest_configure(config):
     """In the controller (or a run without workers): create this run's compilation cache
-    directory and put it in the environment that the workers and subprocesses inherit."""
-    if hasattr(config, "workerinput") or os.environ.get("JAX_COMPILATION_CACHE_DIR"):
+    directory and put it in the environment that the workers and subprocesses inherit. In a
+    pytest-xdist worker: PyTorch on one thread (`TORCH_THREADS_IN_A_WORKER`)."""
+    if hasattr(config, "workerinput"):
+        # before anything imports torch (nothing has yet): torch sizes its thread pool from it
+        os.environ.setdefault("OMP_NUM_THREADS", TORCH_THREADS_IN_A_WORKER)
+        return
+    if os.environ.get("JAX_COMPILATION_CACHE_DIR"):
         return
     if os.environ.get("FUNCTIONAL_GEN_TEST_COMPILATION_CACHE", "").strip().lower() in (
         "0",
