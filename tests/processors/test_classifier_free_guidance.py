@@ -70,13 +70,26 @@ def _process(processor, state, logits, context):
     return processor.process(state, logits, context)
 
 
+@eqx.filter_jit
+def _forward(model, token_ids):
+    """The logits at every position of `token_ids` (`[1, seq]`), from a fresh cache."""
+    seq = token_ids.shape[1]
+    logits, _ = model(token_ids, jnp.arange(seq)[None], model.init_cache(1, seq))
+    return logits
+
+
 def replay(model, processor, prompt, generated, max_len=64):
     """The processor's output at every step along a fixed sequence, run unbatched (the model
     sees a batch of 1, as inside the vmapped loop). Conditional logits: ONE full forward of
-    `model` over prompt + generated tokens. `max_len`: the contexts' static length."""
+    `model` over prompt + generated tokens, right-padded to `max_len` (the causal mask keeps
+    the padding out of every earlier position's logits) so that every row and test shares one
+    compiled forward; called eagerly instead, the forward compiled each of the default model's
+    30 layers' `lax.cond` separately for every length (~20 s per row on 2 cores). `max_len`:
+    the contexts' static length."""
     ids = list(prompt) + list(generated)
-    n = len(ids)
-    logits, _ = model(jnp.asarray([ids]), jnp.arange(n)[None], model.init_cache(1, n))
+    padded = np.zeros((1, max_len), np.int32)
+    padded[0, : len(ids)] = ids
+    logits = _forward(model, jnp.asarray(padded))
 
     def context(length):
         row = np.zeros(max_len, np.int32)
