@@ -40,7 +40,7 @@ from jaxtyping import Array, Bool, Int, PyTree
 from ..models.base import AbstractCausalLM
 from ..models.kv_cache import RING_RESERVE
 from ..speculative.acceptance import exact_match, rejection_sample
-from ..speculative.cache import compact, keep_below
+from ..speculative.cache import compact, keep_below, switch_in_place
 from ..speculative.guard import ProposalGuard
 from ..speculative.proposers import EXPLORE_TOKENS, AbstractProposer, DraftModel, EarlyExit
 from .samplers import AbstractSampler, Greedy, Multinomial
@@ -55,7 +55,7 @@ def verify_widths(num_tokens: int, batch: int = 1) -> tuple[int, ...]:
     """The static numbers of guess slots a step verifies: 0 (a plain decode step), then
     `EXPLORE_TOKENS` (3), 7, 15, 23, ... up to the first that holds `num_tokens` guesses, so that
     the target call is 1, 4 or a multiple of 8 positions wide (the row's last token and the guess
-    slots). A step takes the smallest that holds every row's guesses (`lax.switch`); slots beyond
+    slots). A step takes the smallest that holds every row's guesses (`switch_in_place`); slots beyond
     a row's guesses are dead (position `-1`: never attended to, accepted or kept in the cache).
 
     On this 2-core CPU (XLA, float32) a matmul over a multiple of 8 positions is cheap and an odd
@@ -231,7 +231,10 @@ class Speculative(AbstractSearch):
             num_guesses = guard.admissible(guard_state, drafts, num_guesses)
         last = jnp.take_along_axis(token_ids, jnp.maximum(length - 1, 0)[:, None], axis=1)
         drafts = jnp.where(drafts >= 0, drafts, last)
-        args = (step, state, drafts, q, num_guesses, carry, active, settle, step_keys)
+        # the branches update the state in place (`switch_in_place`): the proposer's new carry
+        # (a draft model's cache) goes in with it, not beside it
+        state = dataclasses.replace(state, search_state=dataclasses.replace(spec, proposer=carry))
+        args = (step, drafts, q, num_guesses, active, settle, step_keys)
         branch = jnp.searchsorted(jnp.asarray(widths, jnp.int32), jnp.max(num_guesses))
         branch = jnp.minimum(branch, len(widths) - 1)
         # A cache without room for the call's writes is compacted first, in a branch of its own
@@ -242,21 +245,21 @@ class Speculative(AbstractSearch):
         full = jnp.asarray(widths, jnp.int32)[branch] + 1 > room
         branch = jnp.where(full, len(widths), branch)
         no_guesses = jnp.zeros_like(num_guesses)
-        compacting = (step, state, drafts, q, no_guesses, carry, active, settle, step_keys)
-        return jax.lax.switch(
+        compacting = (step, drafts, q, no_guesses, active, settle, step_keys)
+        return switch_in_place(
             branch,
-            [lambda width=width: self._verify(*args, width=width) for width in widths]
-            + [lambda: self._verify(*compacting, width=0, compact_first=True)],
+            [lambda s, width=width: self._verify(s, *args, width=width) for width in widths]
+            + [lambda s: self._verify(s, *compacting, width=0, compact_first=True)],
+            state,
         )
 
     def _verify(
         self,
-        step,
         state,
+        step,
         drafts,
         q,
         num_guesses,
-        carry,
         active,
         settle,
         step_keys,
@@ -273,6 +276,7 @@ class Speculative(AbstractSearch):
         batch = state.batch_size
         rows = jnp.arange(batch)
         spec: SpeculativeState = state.search_state
+        carry = spec.proposer  # the proposer's carry after this step's `propose`
         length, token_ids = state.length, state.token_ids
         cols = token_ids.shape[1]
         salted = jax.vmap(jax.random.fold_in, (0, None))

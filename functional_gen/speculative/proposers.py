@@ -17,7 +17,7 @@ from jaxtyping import Array, Bool, Float, Int, Key, PyTree
 
 from ..models.base import AbstractCausalLM
 from ..models.kv_cache import KVCache
-from .cache import keep_below, make_room
+from .cache import keep_below, make_room, switch_in_place
 from .guard import GuardState, ProposalGuard
 
 
@@ -374,7 +374,7 @@ def _draft_propose(draft, k, carry: DraftCarry, token_ids, length, active, key, 
         return feed(cache, token_ids, pos)[1]
 
     lagging = jnp.any(active & (length - cached > 2))
-    cache = jax.lax.cond(lagging, prefill, lambda c: c, cache)
+    cache = switch_in_place(lagging.astype(jnp.int32), [lambda c: c, prefill], cache)
     cached = jnp.where(lagging & active, jnp.maximum(cached, length - 1), cached)
     # 2. The last one or two tokens, which gives the draft's logits after the row's text.
     cols2 = length[:, None] - 2 + jnp.arange(2)[None, :]
