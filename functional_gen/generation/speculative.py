@@ -41,8 +41,15 @@ from ..models.base import AbstractCausalLM
 from ..models.kv_cache import RING_RESERVE
 from ..speculative.acceptance import exact_match, rejection_sample
 from ..speculative.cache import compact, keep_below, switch_in_place
+from ..speculative.cost import choose_width, model_precision, verify_cost
 from ..speculative.guard import ProposalGuard
-from ..speculative.proposers import EXPLORE_TOKENS, AbstractProposer, DraftModel, EarlyExit
+from ..speculative.proposers import (
+    EXPLORE_TOKENS,
+    AbstractProposer,
+    DraftModel,
+    EarlyExit,
+    LookupCarry,
+)
 from .samplers import AbstractSampler, Greedy, Multinomial
 from .search import AbstractSearch, process_rows
 from .state import CONSTRAINT, EOS, LENGTH, STOP_STRING, GenerationState
@@ -229,6 +236,15 @@ class Speculative(AbstractSearch):
         num_guesses = jnp.where(active, num_guesses, 0)
         if guard is not None:  # cut at the first guess the constraint forbids: never verified
             num_guesses = guard.admissible(guard_state, drafts, num_guesses)
+        if isinstance(carry, LookupCarry):
+            # an acceptance estimate: verify only as wide as pays for its call (`cost`); the
+            # carry keeps only the verified guesses, so that it learns from those alone
+            precision = model_precision(step.model)
+            costs = tuple(verify_cost(precision, state.batch_size, w + 1) for w in widths)
+            chosen = choose_width(widths, costs, carry.acceptance(), num_guesses, active)
+            num_guesses = jnp.minimum(num_guesses, jnp.asarray(widths, jnp.int32)[chosen])
+            verified = jnp.arange(k)[None, :] < num_guesses[:, None]
+            carry = dataclasses.replace(carry, guesses=jnp.where(verified, carry.guesses, -1))
         last = jnp.take_along_axis(token_ids, jnp.maximum(length - 1, 0)[:, None], axis=1)
         drafts = jnp.where(drafts >= 0, drafts, last)
         # the branches update the state in place (`switch_in_place`): the proposer's new carry
