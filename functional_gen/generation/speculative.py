@@ -7,7 +7,11 @@ One step of the compiled loop, for every row at once:
    (`functional_gen.speculative.guard`): a draft model draws only tokens it allows, and every
    row's guesses are cut at the first one it forbids, so no verification is spent on them;
 2. the target model runs ONCE over `k + 1` positions per row: the row's last token (when the
-   previous step emitted it without feeding it) and the `k` guesses;
+   previous step emitted it without feeding it) and the `k` guesses; the call is as wide as the
+   widest row's guesses (a few static widths, `verify_widths`, one `switch_in_place` branch
+   each), and for an adaptive `PromptLookup` only as wide as the cost model says pays
+   (`functional_gen.speculative.cost`: expected tokens per unit of the measured cost; width 0
+   is a plain decode step);
 3. the processors run position by position (a `lax.scan` of `process_rows`), each position
    from the state the previous one left, so every position has its own processor and
    constraint state;
@@ -236,7 +240,7 @@ class Speculative(AbstractSearch):
         num_guesses = jnp.where(active, num_guesses, 0)
         if guard is not None:  # cut at the first guess the constraint forbids: never verified
             num_guesses = guard.admissible(guard_state, drafts, num_guesses)
-        if isinstance(carry, LookupCarry):
+        if isinstance(carry, LookupCarry) and self.proposer.cost_model:
             # an acceptance estimate: verify only as wide as pays for its call (`cost`); the
             # carry keeps only the verified guesses, so that it learns from those alone
             precision = model_precision(step.model)

@@ -29,7 +29,7 @@ VERIFY_COST: dict[tuple[str, int], tuple[tuple[int, float], ...]] = {
     ("float32", 1): ((1, 1.0), (2, 1.23), (4, 1.24), (8, 1.47), (11, 2.35), (16, 1.83)),
     ("float32", 8): ((1, 1.0), (2, 1.44), (4, 2.86), (8, 4.26), (11, 6.85), (16, 7.31)),
     ("int8", 1): ((1, 1.0), (4, 5.77), (8, 6.41), (11, 6.14), (16, 6.22)),
-    ("int8", 8): ((1, 1.0), (4, 1.15), (8, 1.19), (11, 1.31), (16, 1.51)),
+    ("int8", 8): ((1, 1.0), (4, 1.7), (8, 1.87), (11, 2.0), (16, 2.3)),
 }
 """The cost of a target call over `positions` positions per row, as a multiple of a one-position
 call, by `(precision, batch)`: `((positions, ratio), ...)`. Measured with
@@ -40,7 +40,12 @@ batch 1). Int8, 2026-11-26, a loaded machine (load 10 on 2 cores), widths taking
 `--calls 7`: at batch 1 any call over more than one token leaves the int8 GEMV for a path about
 6x slower (5.77x at 4 positions), so verification at batch 1 pays only for nearly certain
 guesses; at batch 8 the one-position call is already on that path (8 tokens), and 4 to 16
-positions cost 1.15-1.51x (two runs averaged: 0.91 and 1.38 at 4 positions). Bfloat16 is not
+positions cost 1.15-1.51x (two runs averaged: 0.91 and 1.38 at 4 positions) as bare calls; but
+in generation (`bench_speculative.py`, int8, batch 8, the same day) a verification step cost
+1.70x a plain step where it mostly verified 3 guesses (open-ended: 1.14 tokens per step at
+0.67x plain's tokens/s) and 1.96x where it mostly verified 10 (grounded: 1.78 at 0.91x), so the
+table holds those (4 positions 1.7, 11 positions 2.0; 8 and 16 interpolated and extrapolated):
+the step's own work over `batch x positions` logits is not in a bare call. Bfloat16 is not
 measured yet: it gets float32's ratios (`bench_verify_width.py --precision bfloat16` measures
 them). A table rather than a measurement at warm-up: a warm-up measurement on a machine
 shared with other jobs moves by 2x between runs (and would make the output's speed, not its

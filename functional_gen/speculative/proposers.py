@@ -139,10 +139,16 @@ class PromptLookup(AbstractProposer):
     A row at 0 guesses again only on a full `max_ngram_size` match, at most `EXPLORE_TOKENS`
     tokens. On open-ended text most steps are then plain decode steps; on text that copies its
     prompt the budget stays at `num_tokens`. Lossless either way (only what is guessed changes).
-    `adaptive=False` guesses like transformers (the full continuation every step).
+    The carry also estimates each row's acceptance (`LookupCarry.acceptance`), from which the
+    search's cost model (`functional_gen.speculative.cost`) decides how many of the guesses a
+    step verifies, none when a plain decode step yields more per unit of time.
+    `adaptive=False` guesses like transformers (the full continuation every step, all verified).
 
     **Arguments:** `num_tokens` (static, `k`), `max_ngram_size` (static, the longest n-gram),
-    `adaptive` (static).
+    `adaptive` (static), `cost_model` (static, with `adaptive`: let the search's cost model cut
+    the verified guesses; its table was measured for the default model on a 2-core CPU, so turn
+    it off on hardware where verifying costs about one decode step, or to verify every guess the
+    budget allows, as before the cost model).
 
     **Raises:** `ValueError` for a `num_tokens` or `max_ngram_size` below 1.
 
@@ -155,6 +161,7 @@ class PromptLookup(AbstractProposer):
     num_tokens: int = eqx.field(static=True, default=10)
     max_ngram_size: int = eqx.field(static=True, default=2)
     adaptive: bool = eqx.field(static=True, default=True)
+    cost_model: bool = eqx.field(static=True, default=True)
 
     def __check_init__(self):
         _check_positive("num_tokens", self.num_tokens)

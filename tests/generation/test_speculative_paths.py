@@ -16,6 +16,7 @@ import pytest
 
 import functional_gen as fg
 from functional_gen.generation.speculative import verify_widths
+from functional_gen.generation.token_ids import generate_state
 from functional_gen.speculative.cost import (
     VERIFY_COST,
     choose_width,
@@ -158,6 +159,24 @@ def test_verify_widths():
         verify_widths(0)
 
 
+def test_cost_model_is_lossless_and_verifies_where_it_pays():
+    """The default `PromptLookup` (adaptive, cost model on) equals plain greedy at batch 1,
+    where a call over 4 positions costs 1.24 decode steps and the prior acceptance (0.5) makes
+    3 guesses pay (1.875 expected tokens): it verifies guesses, and learns per match size."""
+    model = fg.LlamaForCausalLM(tiny_config(), key=jax.random.key(7), std=0.2)
+    tok = tiny_tokenizer(101)
+    prompts = ["t5 t6 t7 t8 t5 t6 t7 t8 t5 t6"]
+    kwargs = dict(max_new_tokens=24, eos_token_id=[])
+    spec = fg.speculative.PromptLookup(num_tokens=7, max_ngram_size=2)
+    final = generate_state(model, tok, prompts, speculative=spec, **kwargs)
+    reference = fg.generate(model, tok, prompts, **kwargs)
+    generated = final.generated_token_ids(reference.state.settings.pad_token_id)
+    np.testing.assert_array_equal(np.asarray(generated)[:1, :24], np.asarray(reference.token_ids))
+    assert int(final.search_state.proposed[0]) > 0
+    carry = final.search_state.proposer
+    assert float(np.asarray(carry.hits + carry.misses).sum()) > 0  # it learned from them
+
+
 @pytest.mark.parametrize("adaptive", [True, False])
 @pytest.mark.parametrize("penalty", [None, 1.3])
 def test_lookup_is_lossless_on_every_width(adaptive, penalty):
@@ -168,7 +187,9 @@ def test_lookup_is_lossless_on_every_width(adaptive, penalty):
     tok = tiny_tokenizer(101)
     prompts = ["t5 t6 t7 t8 t5 t6 t7 t8 t5 t6", "t1 t2 t3", "t9 t9 t9 t10 t11 t9 t9 t9 t10"]
     kwargs = dict(max_new_tokens=24, eos_token_id=[], repetition_penalty=penalty)
-    spec = fg.speculative.PromptLookup(num_tokens=7, max_ngram_size=2, adaptive=adaptive)
+    spec = fg.speculative.PromptLookup(
+        num_tokens=7, max_ngram_size=2, adaptive=adaptive, cost_model=False
+    )
     result = fg.generate(model, tok, prompts, speculative=spec, **kwargs)
     reference = fg.generate(model, tok, prompts, **kwargs)
     np.testing.assert_array_equal(np.asarray(result.token_ids), np.asarray(reference.token_ids))
