@@ -45,6 +45,25 @@ timed on a quiet machine. To stay under 15 minutes: `--precisions float32` halve
 the per-step figures are worth reading): batch 1 grounded, 1.95 tokens per step at
 `num_tokens=10` (acceptance 0.39), 1.92 at 15 (0.29); both verify at the same 16-position width,
 so the default stays 10 (transformers' default).
+
+Before / after the cost model and `switch_in_place` (2026-11-26, `--no-transformers`, batch 8
+with `--limit 8`, batch 1 with `--limit 2`; a machine at load 10-16 on 2 cores, each
+configuration run before then after, so only lookup / plain ratios, and those move by +-0.3):
+
+| precision | batch | task | before | after | after: accept, tok/step |
+|---|---|---|---|---|---|
+| float32 | 1 | grounded | 0.90 | 1.16 | 0.43, 1.77 |
+| float32 | 1 | open | 1.13 | 1.29 | 0.17, 1.02 |
+| float32 | 8 | grounded | 0.75 | 1.21 | -, 1.00 (no guess verified) |
+| float32 | 8 | open | 0.39 | 0.74 | -, 1.00 (no guess verified) |
+| int8 | 8 | grounded | 0.70 | 0.91 | 0.41, 1.78 |
+| int8 | 8 | open | 0.62 | 0.67 | 0.47, 1.14 |
+
+At float32 batch 8 the cost model verifies nothing (a call over 4 positions costs 2.86 plain
+steps), so both rows are plain decoding and their spread (1.21 and 0.74) is the machine's
+noise: `profile_speculative_step.py`, interleaved in one process, gave 1.01x a plain step. The
+int8 batch-8 run used a table of bare-call costs (1.15-1.51x) that proved too low in generation;
+`VERIFY_COST` now holds the costs that run implies (1.7-2.0x). Int8 at batch 1 was not rerun.
 """
 
 import argparse

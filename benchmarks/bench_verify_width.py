@@ -6,7 +6,8 @@ speculative verification of `w - 1` guesses costs (`functional_gen.generation.sp
 
 SmolLM2-135M-Instruct (the default model); a cache of `--cache` slots holding 200 tokens; the
 jitted `model(token_ids, positions, cache)`; median of `--calls` calls after one untimed call,
-`jax.block_until_ready` on each. Prints ms and the ratio to width 1 (compare ratios: the
+`jax.block_until_ready` on each, the widths taking turns call by call (so that a shared
+machine's load moves them alike). Prints ms and the ratio to width 1 (compare ratios: the
 shared machine's load moves the absolute numbers).
 
 Measured 2026-11-26, float32, quiet 2-core machine: batch 1, 19.4 ms at width 1, 1.86x at 2
@@ -37,26 +38,17 @@ def _call(model, token_ids, positions, cache):
     return model(token_ids, positions, cache)
 
 
-def median_ms(fn, *args, calls: int) -> float:
-    """Median wall time of `fn(*args)` in ms, after one untimed call."""
-    jax.block_until_ready(fn(*args))
-    times = []
-    for _ in range(calls):
-        t = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        times.append(time.perf_counter() - t)
-    return statistics.median(times) * 1e3
-
-
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--widths", type=int, nargs="+", default=[1, 2, 4, 8, 11, 16])
-    parser.add_argument("--precision", choices=["float32", "int8"], default="float32")
+    parser.add_argument("--precision", choices=["float32", "int8", "bfloat16"], default="float32")
     parser.add_argument("--cache", type=int, default=300)
     parser.add_argument("--calls", type=int, default=30)
     args = parser.parse_args(argv)
     load = {"quantization": "int8"} if args.precision == "int8" else {}
+    if args.precision == "bfloat16":
+        load = {"dtype": "bfloat16"}
     model, _ = fg.load_model(**load)
     text = 200
     print("| precision | batch | width | ms | x width 1 |")
@@ -65,14 +57,25 @@ def main(argv=None) -> int:
         cache = model.init_cache(batch, args.cache)
         ids = jnp.ones((batch, text), jnp.int32)
         _, cache = _call(model, ids, jnp.broadcast_to(jnp.arange(text), ids.shape), cache)
-        base = None
+        calls = {}
         for width in args.widths:
             ids = jnp.ones((batch, width), jnp.int32)
             pos = jnp.broadcast_to(text + jnp.arange(width), ids.shape)
-            ms = median_ms(_call, model, ids, pos, cache, calls=args.calls)
-            base = base or ms
+            calls[width] = (ids, pos)
+            jax.block_until_ready(_call(model, ids, pos, cache))  # compile
+        # the widths take turns, call by call: a shared machine's load moves them alike
+        times = {width: [] for width in args.widths}
+        for _ in range(args.calls):
+            for width, (ids, pos) in calls.items():
+                t = time.perf_counter()
+                jax.block_until_ready(_call(model, ids, pos, cache))
+                times[width].append(time.perf_counter() - t)
+        base = statistics.median(times[args.widths[0]])
+        for width in args.widths:
+            ms = statistics.median(times[width])
             print(
-                f"| {args.precision} | {batch} | {width} | {ms:.2f} | {ms / base:.2f} |", flush=True
+                f"| {args.precision} | {batch} | {width} | {ms * 1e3:.2f} | {ms / base:.2f} |",
+                flush=True,
             )
     return 0
 

@@ -42,6 +42,8 @@ import numpy as np
 import functional_gen as fg
 from functional_gen.generation.planning import plan_call
 from functional_gen.generation.program import start_prepared
+from functional_gen.generation.speculative import verify_widths
+from functional_gen.speculative.cost import choose_width, verify_cost
 
 model, tokenizer = fg.load_model()
 
@@ -103,7 +105,8 @@ print(tokenizer.decode(np.asarray(generated), skip_special_tokens=True))
 # next token) are spans copied from the code; single tokens are where the answer says something
 # new. After a rejection the row guesses only as many tokens as it got right (`PromptLookup`'s
 # adaptive budget; none after a miss, until its last 3 tokens recur), and a step's call is only
-# as wide as the guesses need (1, 4 or 9 positions), so bars of 1 are often plain decode steps.
+# as wide as the guesses need and the search's cost model allows (1, 4, 8 or 16 positions; see
+# the last section), so bars of 1 are often plain decode steps.
 # The last bar may be 0: a row that ends on the model's own token takes one more call to
 # put that token into the cache, so that a `SequenceState` can continue from it.
 
@@ -200,3 +203,25 @@ print(f"the run gave {measured_tokens:.2f} tokens per call, {measured_tokens / (
 # output head), so a step over `k + 1` positions is not free, and the break-even acceptance rate
 # grows with `k`. Speculation helps most where the answer copies its input (α high) and at
 # batch 1; at larger batches the plain step is itself a matrix product and the gain shrinks.
+
+# %% [markdown]
+# ## The search's own cost model
+#
+# `Speculative` applies the same arithmetic at every step, for adaptive `PromptLookup`: the cost
+# of a call over `w + 1` positions comes from a table measured on this CPU per precision and
+# batch (`fg.speculative.cost.VERIFY_COST`), the acceptance `a` from each row's recent guesses
+# (by the size of the n-gram match that made them), and the step takes the width with the most
+# expected tokens per unit of cost; width 0, a plain decode step, is always a candidate. With 8
+# rows a call over 4 positions already costs about 3 plain steps (the step is no longer a
+# matrix-vector product), so only rows that keep nearly every guess make verification pay:
+
+# %%
+for batch in (1, 8):
+    widths = verify_widths(10, batch)
+    costs = tuple(verify_cost("float32", batch, w + 1) for w in widths)
+    rows = jnp.ones((batch,), bool)
+    for a in (0.2, 0.5, 0.8, 0.95):
+        chosen = choose_width(
+            widths, costs, jnp.full((batch,), a), jnp.full((batch,), 10, jnp.int32), rows
+        )
+        print(f"batch {batch}, acceptance {a}: verify {widths[int(chosen)]} of 10 guesses")

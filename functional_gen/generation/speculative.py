@@ -7,7 +7,11 @@ One step of the compiled loop, for every row at once:
    (`functional_gen.speculative.guard`): a draft model draws only tokens it allows, and every
    row's guesses are cut at the first one it forbids, so no verification is spent on them;
 2. the target model runs ONCE over `k + 1` positions per row: the row's last token (when the
-   previous step emitted it without feeding it) and the `k` guesses;
+   previous step emitted it without feeding it) and the `k` guesses; the call is as wide as the
+   widest row's guesses (a few static widths, `verify_widths`, one `switch_in_place` branch
+   each), and for an adaptive `PromptLookup` only as wide as the cost model says pays
+   (`functional_gen.speculative.cost`: expected tokens per unit of the measured cost; width 0
+   is a plain decode step);
 3. the processors run position by position (a `lax.scan` of `process_rows`), each position
    from the state the previous one left, so every position has its own processor and
    constraint state;
@@ -40,9 +44,16 @@ from jaxtyping import Array, Bool, Int, PyTree
 from ..models.base import AbstractCausalLM
 from ..models.kv_cache import RING_RESERVE
 from ..speculative.acceptance import exact_match, rejection_sample
-from ..speculative.cache import compact, keep_below
+from ..speculative.cache import compact, keep_below, switch_in_place
+from ..speculative.cost import choose_width, model_precision, verify_cost
 from ..speculative.guard import ProposalGuard
-from ..speculative.proposers import EXPLORE_TOKENS, AbstractProposer, DraftModel, EarlyExit
+from ..speculative.proposers import (
+    EXPLORE_TOKENS,
+    AbstractProposer,
+    DraftModel,
+    EarlyExit,
+    LookupCarry,
+)
 from .samplers import AbstractSampler, Greedy, Multinomial
 from .search import AbstractSearch, process_rows
 from .state import CONSTRAINT, EOS, LENGTH, STOP_STRING, GenerationState
@@ -55,7 +66,7 @@ def verify_widths(num_tokens: int, batch: int = 1) -> tuple[int, ...]:
     """The static numbers of guess slots a step verifies: 0 (a plain decode step), then
     `EXPLORE_TOKENS` (3), 7, 15, 23, ... up to the first that holds `num_tokens` guesses, so that
     the target call is 1, 4 or a multiple of 8 positions wide (the row's last token and the guess
-    slots). A step takes the smallest that holds every row's guesses (`lax.switch`); slots beyond
+    slots). A step takes the smallest that holds every row's guesses (`switch_in_place`); slots beyond
     a row's guesses are dead (position `-1`: never attended to, accepted or kept in the cache).
 
     On this 2-core CPU (XLA, float32) a matmul over a multiple of 8 positions is cheap and an odd
@@ -229,9 +240,21 @@ class Speculative(AbstractSearch):
         num_guesses = jnp.where(active, num_guesses, 0)
         if guard is not None:  # cut at the first guess the constraint forbids: never verified
             num_guesses = guard.admissible(guard_state, drafts, num_guesses)
+        if isinstance(carry, LookupCarry) and self.proposer.cost_model:
+            # an acceptance estimate: verify only as wide as pays for its call (`cost`); the
+            # carry keeps only the verified guesses, so that it learns from those alone
+            precision = model_precision(step.model)
+            costs = tuple(verify_cost(precision, state.batch_size, w + 1) for w in widths)
+            chosen = choose_width(widths, costs, carry.acceptance(), num_guesses, active)
+            num_guesses = jnp.minimum(num_guesses, jnp.asarray(widths, jnp.int32)[chosen])
+            verified = jnp.arange(k)[None, :] < num_guesses[:, None]
+            carry = dataclasses.replace(carry, guesses=jnp.where(verified, carry.guesses, -1))
         last = jnp.take_along_axis(token_ids, jnp.maximum(length - 1, 0)[:, None], axis=1)
         drafts = jnp.where(drafts >= 0, drafts, last)
-        args = (step, state, drafts, q, num_guesses, carry, active, settle, step_keys)
+        # the branches update the state in place (`switch_in_place`): the proposer's new carry
+        # (a draft model's cache) goes in with it, not beside it
+        state = dataclasses.replace(state, search_state=dataclasses.replace(spec, proposer=carry))
+        args = (step, drafts, q, num_guesses, active, settle, step_keys)
         branch = jnp.searchsorted(jnp.asarray(widths, jnp.int32), jnp.max(num_guesses))
         branch = jnp.minimum(branch, len(widths) - 1)
         # A cache without room for the call's writes is compacted first, in a branch of its own
@@ -242,21 +265,21 @@ class Speculative(AbstractSearch):
         full = jnp.asarray(widths, jnp.int32)[branch] + 1 > room
         branch = jnp.where(full, len(widths), branch)
         no_guesses = jnp.zeros_like(num_guesses)
-        compacting = (step, state, drafts, q, no_guesses, carry, active, settle, step_keys)
-        return jax.lax.switch(
+        compacting = (step, drafts, q, no_guesses, active, settle, step_keys)
+        return switch_in_place(
             branch,
-            [lambda width=width: self._verify(*args, width=width) for width in widths]
-            + [lambda: self._verify(*compacting, width=0, compact_first=True)],
+            [lambda s, width=width: self._verify(s, *args, width=width) for width in widths]
+            + [lambda s: self._verify(s, *compacting, width=0, compact_first=True)],
+            state,
         )
 
     def _verify(
         self,
-        step,
         state,
+        step,
         drafts,
         q,
         num_guesses,
-        carry,
         active,
         settle,
         step_keys,
@@ -273,6 +296,7 @@ class Speculative(AbstractSearch):
         batch = state.batch_size
         rows = jnp.arange(batch)
         spec: SpeculativeState = state.search_state
+        carry = spec.proposer  # the proposer's carry after this step's `propose`
         length, token_ids = state.length, state.token_ids
         cols = token_ids.shape[1]
         salted = jax.vmap(jax.random.fold_in, (0, None))

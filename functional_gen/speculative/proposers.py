@@ -8,6 +8,7 @@ rows actually kept. Nothing is copied back on the host.
 """
 
 import abc
+import dataclasses
 from typing import Any
 
 import equinox as eqx
@@ -17,7 +18,7 @@ from jaxtyping import Array, Bool, Float, Int, Key, PyTree
 
 from ..models.base import AbstractCausalLM
 from ..models.kv_cache import KVCache
-from .cache import keep_below, make_room
+from .cache import keep_below, make_room, switch_in_place
 from .guard import GuardState, ProposalGuard
 
 
@@ -82,14 +83,41 @@ call over 4 positions). On the default model (float32, batch 1, 2-core CPU) a ta
 positions cost 1.24x a one-position call, over 8 1.47x, over 16 1.83x (2026-11-26)."""
 
 
+ACCEPTANCE_DECAY = 0.8
+"""How much of its past a `PromptLookup` row's acceptance estimate keeps per verified step (its
+counts are multiplied by it before the step's are added: about the last 5 steps count)."""
+
+ACCEPTANCE_PRIOR = (1.0, 1.0)
+"""The kept and rejected guesses a row's estimate starts from (a uniform prior: 0.5)."""
+
+
 class LookupCarry(eqx.Module):
     """`PromptLookup`'s carry, per row: `budget` (the guesses the row may make next step, in
-    `[0, num_tokens]`), the last step's `guesses` (`-1`: none) and the row `start` length they
-    followed (to count how many the row kept)."""
+    `[0, num_tokens]`), the last step's `guesses` (`-1`: none; the search leaves only those it
+    verified), the row `start` length they followed (to count how many the row kept), and the
+    acceptance estimate: by the size `n` of the n-gram match that made the guesses, decayed
+    counts of kept guesses (`hits[:, n - 1]`) and of runs ended by a rejection
+    (`misses[:, n - 1]`), and the last step's match size `ngram` (0: no match).
+
+    `acceptance()` is the estimated probability that the row's next guess is kept (the mean of
+    a Beta posterior under a geometric model: each guess kept with the same probability until
+    the first rejection); the search's cost model (`functional_gen.speculative.cost`) reads it.
+    """
 
     budget: Int[Array, " batch"]
     guesses: Int[Array, "batch k"]
     start: Int[Array, " batch"]
+    hits: Float[Array, "batch ngram"]
+    misses: Float[Array, "batch ngram"]
+    ngram: Int[Array, " batch"]
+
+    def acceptance(self) -> Float[Array, " batch"]:
+        """Per row, the estimated probability that a guess from its current match is kept."""
+        rows = jnp.arange(self.ngram.shape[0])
+        n = jnp.clip(self.ngram - 1, 0, self.hits.shape[1] - 1)
+        hits, misses = self.hits[rows, n], self.misses[rows, n]
+        prior_hits, prior_misses = ACCEPTANCE_PRIOR
+        return (hits + prior_hits) / (hits + misses + prior_hits + prior_misses)
 
 
 class PromptLookup(AbstractProposer):
@@ -111,10 +139,16 @@ class PromptLookup(AbstractProposer):
     A row at 0 guesses again only on a full `max_ngram_size` match, at most `EXPLORE_TOKENS`
     tokens. On open-ended text most steps are then plain decode steps; on text that copies its
     prompt the budget stays at `num_tokens`. Lossless either way (only what is guessed changes).
-    `adaptive=False` guesses like transformers (the full continuation every step).
+    The carry also estimates each row's acceptance (`LookupCarry.acceptance`), from which the
+    search's cost model (`functional_gen.speculative.cost`) decides how many of the guesses a
+    step verifies, none when a plain decode step yields more per unit of time.
+    `adaptive=False` guesses like transformers (the full continuation every step, all verified).
 
     **Arguments:** `num_tokens` (static, `k`), `max_ngram_size` (static, the longest n-gram),
-    `adaptive` (static).
+    `adaptive` (static), `cost_model` (static, with `adaptive`: let the search's cost model cut
+    the verified guesses; its table was measured for the default model on a 2-core CPU, so turn
+    it off on hardware where verifying costs about one decode step, or to verify every guess the
+    budget allows, as before the cost model).
 
     **Raises:** `ValueError` for a `num_tokens` or `max_ngram_size` below 1.
 
@@ -127,6 +161,7 @@ class PromptLookup(AbstractProposer):
     num_tokens: int = eqx.field(static=True, default=10)
     max_ngram_size: int = eqx.field(static=True, default=2)
     adaptive: bool = eqx.field(static=True, default=True)
+    cost_model: bool = eqx.field(static=True, default=True)
 
     def __check_init__(self):
         _check_positive("num_tokens", self.num_tokens)
@@ -141,6 +176,9 @@ class PromptLookup(AbstractProposer):
             budget=jnp.full((rows,), k, jnp.int32),
             guesses=jnp.full((rows, k), -1, jnp.int32),
             start=jnp.zeros((rows,), jnp.int32),
+            hits=jnp.zeros((rows, self.max_ngram_size), jnp.float32),
+            misses=jnp.zeros((rows, self.max_ngram_size), jnp.float32),
+            ngram=jnp.zeros((rows,), jnp.int32),
         )
 
     def propose(
@@ -156,11 +194,14 @@ class PromptLookup(AbstractProposer):
         explore = jnp.where(ngram >= self.max_ngram_size, min(EXPLORE_TOKENS, self.num_tokens), 0)
         limit = jnp.where(active, jnp.where(carry.budget > 0, carry.budget, explore), 0)
         guesses = jnp.where(jnp.arange(self.num_tokens)[None, :] < limit[:, None], guesses, -1)
-        return LookupCarry(carry.budget, guesses, length), guesses, None
+        carry = dataclasses.replace(carry, guesses=guesses, start=length, ngram=ngram)
+        return carry, guesses, None
 
     def update(self, carry, token_ids, length):
         """The budgets after verification: `num_tokens` where every guess was kept, else the
-        number kept (rows that guessed nothing keep theirs)."""
+        number kept (rows that guessed nothing keep theirs); the acceptance counts of the
+        n-gram size that guessed: decayed by `ACCEPTANCE_DECAY`, plus the guesses kept and 1 if
+        a guess was rejected (rows that guessed nothing keep theirs)."""
         if carry is None:
             return carry
         k = self.num_tokens
@@ -174,7 +215,15 @@ class PromptLookup(AbstractProposer):
         offered = jnp.sum(guessed, axis=1)
         budget = jnp.where(kept >= offered, k, kept)
         budget = jnp.where(offered > 0, budget, carry.budget).astype(jnp.int32)
-        return LookupCarry(budget, carry.guesses, carry.start)
+        tried = (offered > 0)[:, None] & (
+            jnp.arange(self.max_ngram_size) + 1 == carry.ngram[:, None]
+        )
+        hits = jnp.where(
+            tried, ACCEPTANCE_DECAY * carry.hits + kept.astype(jnp.float32)[:, None], carry.hits
+        )
+        rejected = (kept < offered).astype(jnp.float32)[:, None]
+        misses = jnp.where(tried, ACCEPTANCE_DECAY * carry.misses + rejected, carry.misses)
+        return dataclasses.replace(carry, budget=budget, hits=hits, misses=misses)
 
     def _lookup(
         self, ids: Int[Array, " max_len"], length: Int[Array, ""]
@@ -374,7 +423,7 @@ def _draft_propose(draft, k, carry: DraftCarry, token_ids, length, active, key, 
         return feed(cache, token_ids, pos)[1]
 
     lagging = jnp.any(active & (length - cached > 2))
-    cache = jax.lax.cond(lagging, prefill, lambda c: c, cache)
+    cache = switch_in_place(lagging.astype(jnp.int32), [lambda c: c, prefill], cache)
     cached = jnp.where(lagging & active, jnp.maximum(cached, length - 1), cached)
     # 2. The last one or two tokens, which gives the draft's logits after the row's text.
     cols2 = length[:, None] - 2 + jnp.arange(2)[None, :]

@@ -96,7 +96,9 @@ def test_guard_cuts_guesses_at_the_first_forbidden_one():
 
 
 PROPOSERS = {
-    "prompt_lookup": lambda draft: fg.speculative.PromptLookup(num_tokens=4, max_ngram_size=2),
+    "prompt_lookup": lambda draft: fg.speculative.PromptLookup(
+        num_tokens=4, max_ngram_size=2, cost_model=False
+    ),
     "draft_model": lambda draft: fg.speculative.DraftModel(draft, num_tokens=3),
     "early_exit": lambda draft: fg.speculative.EarlyExit(num_layers=1, num_tokens=3),
 }
@@ -147,7 +149,7 @@ def test_forbidden_counts_wasted_verification(tiny):
     not masked before verification, and prompt lookup guesses it (row 0 repeats `t7`)."""
     model, tok = tiny
     kwargs = dict(max_new_tokens=8, eos_token_id=[], processors=[fg.processors.SuppressTokens([7])])
-    spec = fg.speculative.PromptLookup(num_tokens=4, max_ngram_size=2)
+    spec = fg.speculative.PromptLookup(num_tokens=4, max_ngram_size=2, cost_model=False)
     final, _ = _final(model, tok, PROMPTS[:1], speculative=spec, **kwargs)
     assert int(final.search_state.forbidden[0]) > 0
     _assert_same(
@@ -299,7 +301,7 @@ def test_guidance_processor_is_lossless(tiny):
         top_logprobs=2,
     )
     plain = fg.generate(model, tok, PROMPTS, **kwargs)
-    spec = fg.speculative.PromptLookup(num_tokens=4, max_ngram_size=2)
+    spec = fg.speculative.PromptLookup(num_tokens=4, max_ngram_size=2, cost_model=False)
     _assert_same(fg.generate(model, tok, PROMPTS, speculative=spec, **kwargs), plain, top=True)
 
 
@@ -336,7 +338,7 @@ MESH_WORKER = textwrap.dedent(
             "draft": ("regex", fg.speculative.DraftModel(fg.shard(draft, mesh), num_tokens=3)),
         }
         if shape == (1, 2):  # (rows split over "data" is the simpler case: one proposer)
-            specs["lookup"] = ("plain", fg.speculative.PromptLookup(num_tokens=4, max_ngram_size=2))
+            specs["lookup"] = ("plain", fg.speculative.PromptLookup(num_tokens=4, max_ngram_size=2, cost_model=False))
             specs["early_exit"] = ("plain", fg.speculative.EarlyExit(num_layers=1, num_tokens=3))
         for name, (c, spec) in specs.items():
             got = fg.generate(sharded, tok, prompts, max_new_tokens=8, eos_token_id=[],

@@ -6,6 +6,9 @@ longest matching n-gram with a token after it), budgets computed by hand, and pl
 `fg.generate` token for token.
 """
 
+import dataclasses
+
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -13,7 +16,15 @@ import pytest
 
 import functional_gen as fg
 from functional_gen.generation.speculative import verify_widths
-from functional_gen.speculative.proposers import EXPLORE_TOKENS, LookupCarry
+from functional_gen.generation.token_ids import generate_state
+from functional_gen.speculative.cost import (
+    VERIFY_COST,
+    choose_width,
+    expected_tokens,
+    model_precision,
+    verify_cost,
+)
+from functional_gen.speculative.proposers import ACCEPTANCE_DECAY, EXPLORE_TOKENS
 from functional_gen.testing import tiny_config
 
 from ..helpers import tiny_tokenizer
@@ -71,10 +82,8 @@ def test_budget_cuts_guesses_and_zero_budget_explores_on_full_ngrams():
     full = [1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2]  # "1 2" recurs: a 2-gram match, 9 tokens after it
     unigram = [1, 2, 3, 4, 5, 6, 7, 8, 9, 7, 1]  # only "1" recurs: a 1-gram match
     rows = [full, full, full, unigram, unigram, full]
-    carry = LookupCarry(
-        budget=jnp.asarray([6, 2, 0, 0, 5, 6], jnp.int32),
-        guesses=jnp.full((6, k), -1, jnp.int32),
-        start=jnp.zeros((6,), jnp.int32),
+    carry = dataclasses.replace(
+        spec.init(None, 6, 16), budget=jnp.asarray([6, 2, 0, 0, 5, 6], jnp.int32)
     )
     active = [True, True, True, True, True, False]
     carry, guesses, _ = _propose(spec, rows, [11] * 6, carry, active)
@@ -82,6 +91,7 @@ def test_budget_cuts_guesses_and_zero_budget_explores_on_full_ngrams():
     assert counts == [6, 2, EXPLORE_TOKENS, 0, 5, 0]
     np.testing.assert_array_equal(np.asarray(guesses)[0], [3, 4, 5, 6, 7, 8])
     np.testing.assert_array_equal(np.asarray(carry.start), [11] * 6)
+    np.testing.assert_array_equal(np.asarray(carry.ngram), [2, 2, 2, 1, 1, 2])  # match sizes
 
 
 def test_budget_update_by_hand():
@@ -92,7 +102,13 @@ def test_budget_update_by_hand():
     guesses = jnp.asarray(
         [[5, 6, 7, 8], [5, 6, 7, 8], [5, 6, 7, 8], [5, 6, -1, -1], [-1, -1, -1, -1]], jnp.int32
     )
-    carry = LookupCarry(jnp.asarray([4, 4, 4, 2, 1], jnp.int32), guesses, jnp.full((5,), 2))
+    carry = dataclasses.replace(
+        spec.init(None, 5, 8),
+        budget=jnp.asarray([4, 4, 4, 2, 1], jnp.int32),
+        guesses=guesses,
+        start=jnp.full((5,), 2),
+        ngram=jnp.asarray([2, 2, 1, 2, 2], jnp.int32),
+    )
     # rows after verification (columns 2.. hold what each row emitted)
     token_ids = jnp.asarray(
         [
@@ -107,6 +123,19 @@ def test_budget_update_by_hand():
     length = jnp.asarray([7, 5, 3, 5, 3], jnp.int32)
     updated = spec.update(carry, token_ids, length)
     np.testing.assert_array_equal(np.asarray(updated.budget), [4, 2, 0, 4, 1])
+    # the acceptance counts of the match size that guessed: kept guesses, and 1 per rejection
+    np.testing.assert_array_equal(
+        np.asarray(updated.hits), [[0, 4], [0, 2], [0, 0], [0, 2], [0, 0]]
+    )
+    np.testing.assert_array_equal(
+        np.asarray(updated.misses), [[0, 0], [0, 1], [1, 0], [0, 0], [0, 0]]
+    )
+    # a Beta(1, 1) prior: (hits + 1) / (hits + misses + 2), at the row's last match size
+    np.testing.assert_allclose(
+        np.asarray(updated.acceptance()), [5 / 6, 3 / 5, 1 / 3, 3 / 4, 1 / 2], rtol=1e-6
+    )
+    again = spec.update(updated, token_ids, length)  # the same outcome again: decayed, added
+    np.testing.assert_allclose(np.asarray(again.hits)[0], [0, 4 * ACCEPTANCE_DECAY + 4])
     assert spec.update(None, token_ids, length) is None  # not adaptive: no carry
 
 
@@ -130,6 +159,24 @@ def test_verify_widths():
         verify_widths(0)
 
 
+def test_cost_model_is_lossless_and_verifies_where_it_pays():
+    """The default `PromptLookup` (adaptive, cost model on) equals plain greedy at batch 1,
+    where a call over 4 positions costs 1.24 decode steps and the prior acceptance (0.5) makes
+    3 guesses pay (1.875 expected tokens): it verifies guesses, and learns per match size."""
+    model = fg.LlamaForCausalLM(tiny_config(), key=jax.random.key(7), std=0.2)
+    tok = tiny_tokenizer(101)
+    prompts = ["t5 t6 t7 t8 t5 t6 t7 t8 t5 t6"]
+    kwargs = dict(max_new_tokens=24, eos_token_id=[])
+    spec = fg.speculative.PromptLookup(num_tokens=7, max_ngram_size=2)
+    final = generate_state(model, tok, prompts, speculative=spec, **kwargs)
+    reference = fg.generate(model, tok, prompts, **kwargs)
+    generated = final.generated_token_ids(reference.state.settings.pad_token_id)
+    np.testing.assert_array_equal(np.asarray(generated)[:1, :24], np.asarray(reference.token_ids))
+    assert int(final.search_state.proposed[0]) > 0
+    carry = final.search_state.proposer
+    assert float(np.asarray(carry.hits + carry.misses).sum()) > 0  # it learned from them
+
+
 @pytest.mark.parametrize("adaptive", [True, False])
 @pytest.mark.parametrize("penalty", [None, 1.3])
 def test_lookup_is_lossless_on_every_width(adaptive, penalty):
@@ -140,10 +187,58 @@ def test_lookup_is_lossless_on_every_width(adaptive, penalty):
     tok = tiny_tokenizer(101)
     prompts = ["t5 t6 t7 t8 t5 t6 t7 t8 t5 t6", "t1 t2 t3", "t9 t9 t9 t10 t11 t9 t9 t9 t10"]
     kwargs = dict(max_new_tokens=24, eos_token_id=[], repetition_penalty=penalty)
-    spec = fg.speculative.PromptLookup(num_tokens=7, max_ngram_size=2, adaptive=adaptive)
+    spec = fg.speculative.PromptLookup(
+        num_tokens=7, max_ngram_size=2, adaptive=adaptive, cost_model=False
+    )
     result = fg.generate(model, tok, prompts, speculative=spec, **kwargs)
     reference = fg.generate(model, tok, prompts, **kwargs)
     np.testing.assert_array_equal(np.asarray(result.token_ids), np.asarray(reference.token_ids))
     np.testing.assert_allclose(
         np.asarray(result.logprobs), np.asarray(reference.logprobs), atol=2e-4
     )
+
+
+def test_verify_cost_table_and_interpolation():
+    """`verify_cost` returns the measured ratios, interpolates linearly between positions and
+    batches, and takes batch 8's ratios beyond 8 rows."""
+    table = dict(VERIFY_COST[("float32", 1)])
+    assert verify_cost("float32", 1, 4) == table[4]
+    assert verify_cost("float32", 1, 6) == pytest.approx((table[4] + table[8]) / 2)
+    b8 = dict(VERIFY_COST[("float32", 8)])
+    assert verify_cost("float32", 16, 11) == b8[11]
+    assert verify_cost("float32", 4, 4) == pytest.approx(table[4] + (b8[4] - table[4]) * 3 / 7)
+    assert verify_cost("float32", 1, 1) == 1.0
+    with pytest.raises(ValueError, match="positions"):
+        verify_cost("float32", 1, 0)
+
+
+def test_choose_width_by_hand():
+    """The width of the most expected tokens per unit of cost, computed by hand: one row that
+    keeps 90 % of its guesses and one that guesses nothing (a plain step yields 2 tokens for a
+    cost of 1; 3 guesses 1 + 0.9 + 0.81 + 0.729 + 1 = 4.439 tokens for 2.86: 1.55; 10 guesses
+    (1 - 0.9**11) / 0.1 + 1 = 7.862 for 6.85: 1.15): no guess. Alone at batch 1 (costs 1.24
+    and 1.83): 3.439 / 1.24 = 2.77 < (1 - 0.9**16) / 0.1 / 1.83 = 4.45: the widest."""
+    acceptance = jnp.asarray([0.9, 0.0])
+    guesses = jnp.asarray([10, 0], jnp.int32)
+    active = jnp.asarray([True, True])
+    assert int(choose_width((0, 3, 10), (1.0, 2.86, 6.85), acceptance, guesses, active)) == 0
+    one = (acceptance[:1], jnp.asarray([15], jnp.int32), active[:1])
+    assert int(choose_width((0, 3, 15), (1.0, 1.24, 1.83), *one)) == 2
+    # an inactive row yields nothing, and a row that guesses nothing makes every width equal
+    idle = (jnp.asarray([0.9]), jnp.asarray([0], jnp.int32), jnp.asarray([True]))
+    assert int(choose_width((0, 3), (1.0, 1.24), *idle)) == 0
+    np.testing.assert_allclose(
+        np.asarray(expected_tokens(jnp.asarray([0.9, 0.5]), jnp.asarray([3, 1]))),
+        [3.439, 1.5],
+        rtol=1e-6,
+    )
+
+
+def test_model_precision():
+    """The cost table's precision, read from the model's dtypes."""
+    model = fg.LlamaForCausalLM(tiny_config(), key=jax.random.key(0))
+    assert model_precision(model) == "float32"
+    bf16 = jax.tree.map(lambda x: x.astype(jnp.bfloat16) if eqx.is_inexact_array(x) else x, model)
+    assert model_precision(bf16) == "bfloat16"
+    int8 = jax.tree.map(lambda x: x.astype(jnp.int8) if eqx.is_inexact_array(x) else x, model)
+    assert model_precision(int8) == "int8"

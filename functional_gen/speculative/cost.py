@@ -1,0 +1,128 @@
+"""The cost model of speculative decoding: verify guesses only where they pay for their call.
+
+A step that verifies `w` guesses calls the target over `w + 1` positions per row. On this 2-core
+CPU that costs more than a one-position decode step, and much more with many rows (the call
+turns from reading the weights once to computing `batch * (w + 1)` tokens' worth): the default
+model in float32 at batch 1 pays 1.24x a decode step for 4 positions, at batch 8 2.86x
+(`VERIFY_COST`). A verification pays only when the tokens it is expected to yield exceed its
+cost in decode steps; otherwise the step is a plain decode step.
+
+`choose_width` makes that choice per step from the measured cost table and a per-row acceptance
+estimate: a row whose guesses are each accepted with probability `a` (a geometric model: the
+first rejection ends the run) yields `1 + a + ... + a**g` tokens from `g` guesses (the guesses it
+keeps plus the target's own token). The step takes the width of the highest expected tokens per
+unit of cost, width 0 (cost 1, one token per row) included.
+
+Source: Leviathan, Kalman & Matias 2023, section 3.4 (the expected walltime improvement
+`(1 - a**(g + 1)) / ((1 - a) * (g * c + 1))`; here the cost of the call over `g + 1` positions is
+measured instead of modelled as `g * c + 1`).
+"""
+
+import bisect
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Bool, Float, Int
+
+VERIFY_COST: dict[tuple[str, int], tuple[tuple[int, float], ...]] = {
+    ("float32", 1): ((1, 1.0), (2, 1.23), (4, 1.24), (8, 1.47), (11, 2.35), (16, 1.83)),
+    ("float32", 8): ((1, 1.0), (2, 1.44), (4, 2.86), (8, 4.26), (11, 6.85), (16, 7.31)),
+    ("int8", 1): ((1, 1.0), (4, 5.77), (8, 6.41), (11, 6.14), (16, 6.22)),
+    ("int8", 8): ((1, 1.0), (4, 1.7), (8, 1.87), (11, 2.0), (16, 2.3)),
+}
+"""The cost of a target call over `positions` positions per row, as a multiple of a one-position
+call, by `(precision, batch)`: `((positions, ratio), ...)`. Measured with
+`benchmarks/bench_verify_width.py` on the default model (SmolLM2-135M) on this 2-core CPU;
+`verify_cost` interpolates between positions and batches. Float32, 2026-11-26, a quiet machine
+(`--calls 10`; again on a loaded one, the widths taking turns: 1.09 / 1.50 / 2.23 / 1.76 at
+batch 1). Int8, 2026-11-26, a loaded machine (load 10 on 2 cores), widths taking turns,
+`--calls 7`: at batch 1 any call over more than one token leaves the int8 GEMV for a path about
+6x slower (5.77x at 4 positions), so verification at batch 1 pays only for nearly certain
+guesses; at batch 8 the one-position call is already on that path (8 tokens), and 4 to 16
+positions cost 1.15-1.51x (two runs averaged: 0.91 and 1.38 at 4 positions) as bare calls; but
+in generation (`bench_speculative.py`, int8, batch 8, the same day) a verification step cost
+1.70x a plain step where it mostly verified 3 guesses (open-ended: 1.14 tokens per step at
+0.67x plain's tokens/s) and 1.96x where it mostly verified 10 (grounded: 1.78 at 0.91x), so the
+table holds those (4 positions 1.7, 11 positions 2.0; 8 and 16 interpolated and extrapolated):
+the step's own work over `batch x positions` logits is not in a bare call. Bfloat16 is not
+measured yet: it gets float32's ratios (`bench_verify_width.py --precision bfloat16` measures
+them). A table rather than a measurement at warm-up: a warm-up measurement on a machine
+shared with other jobs moves by 2x between runs (and would make the output's speed, not its
+tokens, depend on the moment), and the ratios, unlike the milliseconds, stay put."""
+
+
+def verify_cost(precision: str, batch: int, positions: int) -> float:
+    """The cost of a target call over `positions` positions per row against a one-position
+    call, from `VERIFY_COST`: linear between the measured positions and between batch 1 and 8
+    (more than 8 rows: batch 8's ratios; a precision not in the table: float32's).
+
+    **Arguments:** `precision` (`"float32"`, `"int8"`, `"bfloat16"`), `batch` and `positions`
+    (static Python ints, at least 1).
+
+    **Raises:** `ValueError` for a `batch` or `positions` below 1.
+    """
+    if batch < 1 or positions < 1:
+        raise ValueError(f"`batch` and `positions` must be at least 1, got {batch}, {positions}")
+    precision = precision if (precision, 1) in VERIFY_COST else "float32"
+
+    def at(rows: int) -> float:
+        table = VERIFY_COST[(precision, rows)]
+        xs = [p for p, _ in table]
+        i = bisect.bisect_left(xs, positions)
+        if i < len(xs) and xs[i] == positions:
+            return table[i][1]
+        if i == len(xs):  # past the last measured width: grow in proportion to the positions
+            return table[-1][1] * positions / xs[-1]
+        (x0, y0), (x1, y1) = table[i - 1], table[i]
+        return y0 + (y1 - y0) * (positions - x0) / (x1 - x0)
+
+    if batch >= 8:
+        return at(8)
+    return at(1) + (at(8) - at(1)) * (batch - 1) / 7
+
+
+def model_precision(model: eqx.Module) -> str:
+    """`"int8"` when any array of `model` is int8 (weight-only quantization), else `"bfloat16"`
+    when any floating array is bfloat16, else `"float32"` (read from dtypes: static)."""
+    dtypes = {leaf.dtype for leaf in jax.tree.leaves(eqx.filter(model, eqx.is_array))}
+    if jnp.dtype(jnp.int8) in dtypes:
+        return "int8"
+    if jnp.dtype(jnp.bfloat16) in dtypes:
+        return "bfloat16"
+    return "float32"
+
+
+def expected_tokens(
+    acceptance: Float[Array, " batch"], guesses: Int[Array, " batch"]
+) -> Float[Array, " batch"]:
+    """The expected tokens a row emits from verifying `guesses` guesses that are each accepted
+    with probability `acceptance` until the first rejection: `1 + a + a**2 + ... + a**g` (the
+    kept guesses and the target's own token)."""
+    a = jnp.clip(acceptance, 0.0, 0.999)
+    return (1 - a ** (guesses + 1).astype(a.dtype)) / (1 - a)
+
+
+def choose_width(
+    widths: tuple[int, ...],
+    costs: tuple[float, ...],
+    acceptance: Float[Array, " batch"],
+    num_guesses: Int[Array, " batch"],
+    active: Bool[Array, " batch"],
+) -> Int[Array, ""]:
+    """The index into `widths` of the verification that yields the most expected tokens per unit
+    of cost (ties: the narrowest).
+
+    **Arguments:** `widths` (static guess slots per row, ascending, `widths[0] == 0`); `costs`
+    (static, each width's cost in one-position calls, `costs[0] == 1`); per row `acceptance`
+    (the estimated probability a guess is accepted), `num_guesses` (guesses it offers) and
+    `active` (rows still generating; the others yield nothing whatever the width).
+
+    **Returns:** `Int[Array, ""]`, the chosen width's index (0: a plain decode step).
+    """
+    rates = []
+    for width, cost in zip(widths, costs):
+        tokens = expected_tokens(acceptance, jnp.minimum(num_guesses, width))
+        rates.append(jnp.sum(jnp.where(active, tokens, 0.0)) / cost)
+    rates = jnp.stack(rates)
+    return jnp.argmax(rates >= jnp.max(rates) * (1 - 1e-6)).astype(jnp.int32)
