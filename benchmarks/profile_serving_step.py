@@ -31,6 +31,7 @@ import jax
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's functional_gen
 import functional_gen as fg
 from functional_gen.serving import Engine
+from functional_gen.serving.orchestrator import Error, Finished
 
 ANIMALS = [
     "cat",
@@ -52,16 +53,134 @@ ANIMALS = [
 ]
 
 
+PHASES = ("cancel", "admit", "layout", "compact", "dispatch", "transfer", "deliver", "idle")
+
+
+def serve_trace(engine: Engine, requests) -> tuple[int, float]:
+    """Every `(request, stop strings)` submitted at once through the orchestrator's Python API
+    (no HTTP); waits for all of them. **Returns:** `(generated tokens, wall seconds)`."""
+    import asyncio
+
+    async def run():
+        loop = asyncio.get_running_loop()
+        start = time.perf_counter()
+        handles = [engine.orchestrator.submit(r, stops, loop) for r, stops in requests]
+        tokens = 0
+        for handle in handles:
+            async for event in handle.events():
+                if isinstance(event, Error):
+                    raise RuntimeError(event.message)
+                if isinstance(event, Finished):
+                    tokens += event.completion_tokens
+        return tokens, time.perf_counter() - start
+
+    return asyncio.run(run())
+
+
+def orchestrator(model, tokenizer, args) -> None:
+    """`--orchestrator`: `--requests` requests of `bench_serving.py`'s trace (prompts of 16-256
+    tokens, 16-128 output tokens, EOS suppressed, greedy) submitted at once (a saturating rate)
+    through `Engine.orchestrator`, for each `--num-steps`; then once more with
+    `PhaseTimer(sync=True)` at the first of them, so that each phase's device work is timed in
+    that phase. Prints output tokens/s and the wall seconds per phase of the loop, and the first
+    `--sequential` requests served one by one by `fg.stream` (the bench's sequential baseline)."""
+    from bench_serving import make_trace
+
+    eos = list(model.eos_token_id)
+    trace = make_trace(tokenizer, args.requests, float("inf"), 0, False)
+    bias = tuple((int(e), -100.0) for e in eos)
+    engine = Engine(model, tokenizer, max_slots=args.slots, max_len=args.max_len)
+    requests = [
+        (engine.request(tokenizer(p)["input_ids"], m, temperature=0.0, logit_bias=bias), ())
+        for _, p, m in trace
+    ]
+    engine.precompile(progress=False)
+    steps = [int(n) for n in args.num_steps.split(",")]
+    rows = []
+    for n, sync in [*((n, False) for n in steps), (steps[0], True)]:
+        engine.num_steps = n
+        serve_trace(engine, requests[: args.slots])  # compiles this num_steps' program
+        engine.timer.reset()
+        engine.timer.sync = sync
+        compactions = engine.compactions
+        tokens, wall = serve_trace(engine, requests)
+        rows.append(
+            (
+                n,
+                sync,
+                tokens,
+                wall,
+                engine.compactions - compactions,
+                dict(engine.timer.seconds),
+                dict(engine.timer.counts),
+            )
+        )
+        engine.timer.sync = False
+    engine.close()
+
+    sequential = None
+    if args.sequential:
+        longest = max(m for _, _, m in trace[: args.sequential])
+
+        def stream(prompt):
+            return fg.stream(model, tokenizer, prompt, max_new_tokens=longest,
+                             processors=[fg.processors.SuppressTokens(eos)])  # fmt: skip
+
+        for _, prompt, _ in trace[: args.sequential]:  # compile every prompt bucket
+            next(iter(stream(prompt)))
+        start, count = time.perf_counter(), 0
+        for _, prompt, max_tokens in trace[: args.sequential]:
+            for i, _ in enumerate(stream(prompt), 1):
+                if i >= max_tokens:
+                    break
+            count += i
+        sequential = count / (time.perf_counter() - start)
+
+    print(f"{args.requests} requests at once, {args.slots} slots, max_len {args.max_len}; "
+          f"wall seconds per phase of the orchestrator's loop (dispatches: the count of "
+          f"'dispatch')\n")  # fmt: skip
+    print("| steps/dispatch | sync | tok/s | x sequential | dispatches | compactions | "
+          + " | ".join(PHASES) + " |")  # fmt: skip
+    print("|---" * (6 + len(PHASES)) + "|")
+    for n, sync, tokens, wall, compactions, seconds, counts in rows:
+        ratio = f"{tokens / wall / sequential:.2f}" if sequential else "-"
+        print(f"| {n} | {'yes' if sync else 'no'} | {tokens / wall:.1f} | {ratio} "
+              f"| {counts.get('dispatch', 0)} | {compactions} | "
+              + " | ".join(f"{seconds.get(p, 0.0):.2f}" for p in PHASES) + " |")  # fmt: skip
+    if sequential:
+        print(f"\nsequential fg.stream, first {args.sequential} requests: {sequential:.1f} tok/s")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--slots", type=int, default=8)
     parser.add_argument("--max-len", type=int, default=512)
     parser.add_argument("--dispatches", type=int, default=20)
+    parser.add_argument(
+        "--orchestrator",
+        action="store_true",
+        help="serve a request trace through the orchestrator instead (see `orchestrator`)",
+    )
+    parser.add_argument("--requests", type=int, default=16, help="--orchestrator: trace size")
+    parser.add_argument(
+        "--num-steps",
+        default="4,8,16",
+        help="--orchestrator: decode steps per dispatch to compare (comma-separated)",
+    )
+    parser.add_argument(
+        "--sequential",
+        type=int,
+        default=4,
+        help="--orchestrator: requests of the trace served one by one by fg.stream (0: none)",
+    )
     args = parser.parse_args()
     if not 1 <= args.slots <= len(ANIMALS):
         parser.error(f"--slots must be between 1 and {len(ANIMALS)}, got {args.slots}")
 
     model, tokenizer = fg.load_model()
+    if args.orchestrator:
+        orchestrator(model, tokenizer, args)
+        return
     prompts = [f"Write a long story about a {w} who travels far." for w in ANIMALS[: args.slots]]
 
     engine = Engine(model, tokenizer, max_slots=args.slots, max_len=args.max_len)

@@ -31,6 +31,7 @@ import jax
 from ..generation.state import FINISH_REASONS
 from ..generation.stop_strings import truncate_at_stop
 from ..tokenization import IncrementalDecoder
+from .phases import PhaseTimer
 from .pool import PoolEntry
 
 if TYPE_CHECKING:  # (engine.py imports this module for `Engine.stream`)
@@ -167,7 +168,9 @@ class Orchestrator:
 
     **Attributes (read by the metrics):** `queue_length`, `busy_slots`, `generated_tokens`
     (total), `on_first_token` (a callable given the seconds from submission to the first
-    token, or `None`).
+    token, or `None`), `timer` (the engine's `PhaseTimer`: wall seconds per phase of the loop,
+    "cancel", "admit", "run_alone", "layout", "compact", "dispatch", "transfer", "deliver",
+    "idle").
     """
 
     def __init__(self, engine: "Engine", *, max_queue: int = 256):
@@ -183,6 +186,7 @@ class Orchestrator:
         self._running = False
         self._thread: threading.Thread | None = None
         self._eos = set(engine.eos_token_id)
+        self.timer: PhaseTimer = engine.timer
         self.error: BaseException | None = None
 
     @property
@@ -239,19 +243,27 @@ class Orchestrator:
 
     def _run(self) -> None:
         engine = self.engine
+        timer = self.timer
+        clock = time.perf_counter
         state = engine.init_decode_state()
         try:
             while self._running:
-                state = self._drop_cancelled(state)
-                state = self._admit(state)
+                start = clock()
+                state = timer.add("cancel", start, self._drop_cancelled(state))
+                start = clock()
+                state = timer.add("admit", start, self._admit(state))
                 if self.busy_slots == 0:
                     if self._prefilling is None and not self._queue:
+                        start = clock()
                         self._wake.wait(0.5)
                         self._wake.clear()
+                        timer.add("idle", start)
                     continue
-                state, out = engine.generate(state)
-                out = jax.device_get(out)  # one transfer per dispatch
-                state = self._deliver(state, out)
+                state, out = engine.generate(state)  # times "layout", "compact", "dispatch"
+                start = clock()
+                out = timer.add("transfer", start, jax.device_get(out))  # one per dispatch
+                start = clock()
+                state = timer.add("deliver", start, self._deliver(state, out))
         except BaseException as error:
             self.error = error
             message = f"the serving engine failed: {type(error).__name__}: {error}"
