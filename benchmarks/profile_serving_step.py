@@ -80,9 +80,9 @@ def serve_trace(engine: Engine, requests) -> tuple[int, float]:
 def orchestrator(model, tokenizer, args) -> None:
     """`--orchestrator`: `--requests` requests of `bench_serving.py`'s trace (prompts of 16-256
     tokens, 16-128 output tokens, EOS suppressed, greedy) submitted at once (a saturating rate)
-    through `Engine.orchestrator`, for each `--num-steps`; then once more with
-    `PhaseTimer(sync=True)` at the first of them, so that each phase's device work is timed in
-    that phase. Prints output tokens/s and the wall seconds per phase of the loop, and the first
+    through `Engine.orchestrator`, for each `--num-steps` and `--prefill-budgets`, `--rounds`
+    times alternated; with `--sync` once more with `PhaseTimer(sync=True)`, so that each phase's
+    device work is timed in that phase. Prints output tokens/s and the wall seconds per phase of the loop, and the first
     `--sequential` requests served one by one by `fg.stream` (the bench's sequential baseline)."""
     from bench_serving import make_trace
 
@@ -96,24 +96,22 @@ def orchestrator(model, tokenizer, args) -> None:
     ]
     engine.precompile(progress=False)
     steps = [int(n) for n in args.num_steps.split(",")]
+    budgets = [int(b) for b in args.prefill_budgets.split(",")]
+    settings = [(n, b, False) for _ in range(args.rounds) for n in steps for b in budgets]
+    settings += [(steps[0], budgets[-1], True)] if args.sync else []
     rows = []
-    for n, sync in [*((n, False) for n in steps), (steps[0], True)]:
+    for n, budget, sync in settings:  # alternated, so that a changing load hits all of them
         engine.num_steps = n
-        serve_trace(engine, requests[: args.slots])  # compiles this num_steps' program
+        engine.orchestrator.prefill_budget = budget
+        if n not in {row[0] for row in rows}:
+            serve_trace(engine, requests[: args.slots])  # compiles this num_steps' program
         engine.timer.reset()
         engine.timer.sync = sync
         compactions = engine.compactions
         tokens, wall = serve_trace(engine, requests)
+        seconds, counts = dict(engine.timer.seconds), dict(engine.timer.counts)
         rows.append(
-            (
-                n,
-                sync,
-                tokens,
-                wall,
-                engine.compactions - compactions,
-                dict(engine.timer.seconds),
-                dict(engine.timer.counts),
-            )
+            (n, budget, sync, tokens, wall, engine.compactions - compactions, seconds, counts)
         )
         engine.timer.sync = False
     engine.close()
@@ -139,13 +137,15 @@ def orchestrator(model, tokenizer, args) -> None:
     print(f"{args.requests} requests at once, {args.slots} slots, max_len {args.max_len}; "
           f"wall seconds per phase of the orchestrator's loop (dispatches: the count of "
           f"'dispatch')\n")  # fmt: skip
-    print("| steps/dispatch | sync | tok/s | x sequential | dispatches | compactions | "
-          + " | ".join(PHASES) + " |")  # fmt: skip
-    print("|---" * (6 + len(PHASES)) + "|")
-    for n, sync, tokens, wall, compactions, seconds, counts in rows:
+    print("| steps/dispatch | prefill budget | sync | tok/s | x sequential | dispatches "
+          "| busy slot-steps | compactions | " + " | ".join(PHASES) + " |")  # fmt: skip
+    print("|---" * (8 + len(PHASES)) + "|")
+    for n, budget, sync, tokens, wall, compactions, seconds, counts in rows:
         ratio = f"{tokens / wall / sequential:.2f}" if sequential else "-"
-        print(f"| {n} | {'yes' if sync else 'no'} | {tokens / wall:.1f} | {ratio} "
-              f"| {counts.get('dispatch', 0)} | {compactions} | "
+        print(f"| {n} | {budget} | {'yes' if sync else 'no'} | {tokens / wall:.1f} | {ratio} "
+              f"| {counts.get('dispatch', 0)} "
+              f"| {tokens / max(1, counts.get('dispatch', 0) * n * args.slots):.0%} "
+              f"| {compactions} | "
               + " | ".join(f"{seconds.get(p, 0.0):.2f}" for p in PHASES) + " |")  # fmt: skip
     if sequential:
         print(f"\nsequential fg.stream, first {args.sequential} requests: {sequential:.1f} tok/s")
@@ -164,8 +164,18 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=16, help="--orchestrator: trace size")
     parser.add_argument(
         "--num-steps",
-        default="4,8,16",
+        default="4",
         help="--orchestrator: decode steps per dispatch to compare (comma-separated)",
+    )
+    parser.add_argument(
+        "--prefill-budgets",
+        default="1,256,1024",
+        help="--orchestrator: `Orchestrator.prefill_budget` values to compare (1: one prefill "
+        "chunk per turn)",
+    )
+    parser.add_argument("--rounds", type=int, default=2, help="--orchestrator: runs per setting")
+    parser.add_argument(
+        "--sync", action="store_true", help="--orchestrator: also a PhaseTimer(sync=True) run"
     )
     parser.add_argument(
         "--sequential",

@@ -112,13 +112,14 @@ difference the noise lets one see. On the accelerator the round trip per dispatc
 cancelled request decodes past its end to 3 steps, and how long a new request waits for a
 dispatch to end before its `insert`."""
 
-COMPACTION_MIN_STEPS = 64
+COMPACTION_MIN_STEPS = 16
 """`generate` compacts the cache to let attention read a shorter static length only when that
-length then lasts at least this many more steps: a compaction copies the live slots of the cache
-(8 slots x 512 of SmolLM2 on the loaded 2-core CPU: 13 ms for 120 live slots, 116 ms for 448;
-it copied all of them three times, 0.25-0.35 s, before `programs._compact` moved only live
-blocks), and shortening the read by 256 slots saves a few ms per step. `bench_serving.py --requests 8 --rates 4` (plus
-its 2 warm-up requests, `max_len` 512) compacted 4 times without it, 2 times with it."""
+length then lasts at least this many more steps. A compaction copies the live slots of the cache
+(`programs._compact`; 8 slots x 512 of SmolLM2 on the loaded 2-core CPU: 13 ms for 120 live
+slots, 68 ms for 256), about 0.2-1 decode step, and reading 256 fewer slots saves ~10% of a
+step (8 slots, the same CPU: 52.6 ms of CPU time per step reading 128 slots, 58.6 reading 256):
+it pays back within a few steps. (It was 64 while a compaction copied the whole cache three
+times, 0.25-0.35 s.)"""
 
 DEFAULT_PREFILL_CHUNK = 256
 """Prompts longer than this are prefilled in chunks of this many tokens."""
