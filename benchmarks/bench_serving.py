@@ -297,7 +297,7 @@ def main(argv=None) -> int:
         env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])},
     )
     label = "functional_gen" + (f" {args.quantization}" if args.quantization else "")
-    ours = label
+    our_label = label
     servers.append((label, f"http://127.0.0.1:{port}", ours, log, name))
     llama_python = Path(args.llama_cpp_python)
     if llama_python.exists():
@@ -366,7 +366,7 @@ def main(argv=None) -> int:
             throughputs["sequential", rate] = row(
                 "sequential fg.stream", rate, run_sequential(model, tokenizer, trace, eos)
             )
-    ratios(throughputs, ours)
+    ratios(throughputs, our_label)
     return 0
 
 

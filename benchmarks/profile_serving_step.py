@@ -17,7 +17,31 @@ prefill chunks, compactions, detokenization, HTTP).
 
 Measured 2026-11-26 on a quiet 2-core machine: engine 36.3 ms/step (8 slots, max_len 512, 4
 steps per dispatch, no compaction) against fg.generate 28.0 ms/step: 1.30x; bench_serving's
-inter-token latency p50 in the same hour was 41-52 ms.
+inter-token latency p50 in the same hour was 41-52 ms. Where the step's excess is (CPU time per
+step, `time.process_time`, min of 4 dispatches, one process, the 2-core CPU loaded ~10x): not
+in the per-slot processors (both `SlotConstraint` and `SlotDecoding` removed: 58.6 -> 59.7 ms,
+noise), not in the attention read length (256 vs 512 slots read: 57 vs 58-61 ms); a cache of
+`max_len` 96 instead of 512: 52 vs 60 ms; `fg.generate` (88-slot cache): 43 ms.
+
+    .venv/bin/python benchmarks/profile_serving_step.py --orchestrator [--requests 16]
+        [--num-steps 4] [--prefill-budgets 1,256,1024] [--rounds 2] [--sync] [--sequential 4]
+
+`--orchestrator`: `bench_serving.py`'s trace sent at once through the orchestrator's Python API
+(no HTTP), wall seconds per phase of its loop (`serving.phases.PhaseTimer`), dispatches and
+busy slot-steps (tokens / (dispatches x steps x slots)). Measured 2026-11-26, 16 requests
+(1,241 tokens), 8 slots, max_len 512, the 2-core CPU loaded 8-13x (so tok/s is noise; the
+dispatch counts are not):
+
+- with `--sync` (each phase waits for its device work), 4 steps per dispatch: admission
+  (prefill + insert) 8.5 s, decode dispatches 35.7 s, cache layout reads 0.10 s, compaction
+  0.08 s, device-to-host reads 0.02 s, detokenization and delivery 0.06 s: the host work
+  between dispatches is under 1% of the wall time; prefill ~19%, decode ~80%;
+- steps per dispatch 4 / 8 / 16 (before the admission change): 55 / 31 / 21 dispatches, busy
+  slot-steps 70% / 63% / 46%: a longer dispatch leaves finished slots idle longer while
+  requests wait, and saves only the ~3 ms of host work per dispatch (of 500-700 ms here);
+- admission filling every free slot while no slot decodes: 51 dispatches instead of 55 (76%
+  busy slot-steps); the prefill budget per turn while slots decode (1, 256, 1,024 tokens)
+  changed nothing on this trace (51 each): slots free one at a time.
 """
 
 import argparse
