@@ -1,17 +1,22 @@
 """Serving a request trace: our server (`functional-gen serve`) against llama.cpp's server
 (llama-cpp-python) and against sequential `fg.stream` calls, in one run.
 
-    .venv/bin/python benchmarks/bench_serving.py [--requests 64] [--rates 0.5,1,2] [--slots 8]
+    .venv/bin/python benchmarks/bench_serving.py [--requests 32] [--rates 1,2,inf] [--slots 8]
         [--llama-cpp-python /work/llamacpp-venv/bin/python] [--quick] [--max-output 128]
         [--sequential-rates 2] [--no-sequential] [--quantization int8]
 
-Duration (estimated for the 2-core CPU, quiet): the default run generates about 4,700 tokens per
-rate and system; our server at 8 slots (~50 tok/s) takes ~1.5 min per rate, llama.cpp's
-one-request-at-a-time server about as long, start-up and `--precompile` (max_len 512) ~3 min,
-and the sequential baseline runs only at the highest rate (`--sequential-rates`; at ~25 tok/s
-it is rate-bound only when requests come slower than it serves them) ~3 min, after compiling
-its 9 prompt buckets (~2 min): ~15 min in all; `--max-output 64` or `--requests 32` make it
-~9 min.
+Duration (estimated for the 2-core CPU, quiet): the default run generates about 2,300 tokens per
+rate and system; our server at 8 slots (~100 tok/s) and llama.cpp's one-request-at-a-time
+server (~140 tok/s) take 20-35 s per rate, start-up and `--precompile` (max_len 512) ~3 min,
+and the sequential baseline runs only at the highest rate (`--sequential-rates`; at ~50 tok/s
+it is capacity-bound at every default rate, so its throughput there is its throughput at all
+of them) ~1 min, after compiling its 9 prompt buckets (~2 min): ~9 min in all.
+
+The rates: `inf` sends the whole trace at t=0, so the slots stay full and the throughput is the
+server's capacity (what the issue's "throughput at 8 slots" asks); at 1 and 2 requests/s (32
+requests of ~72 output tokens) the trace is arrival-limited for a server of ~150 tok/s or more.
+After the table, a second one gives at each rate our throughput over llama.cpp's at the same
+rate and over the sequential baseline's (at the same rate, or at the highest rate it ran).
 `--requests`, `--rates`, `--max-output` and `--no-sequential` shorten it; `--quick` is 8 short
 requests at one rate, to check that everything runs.
 
@@ -186,12 +191,40 @@ def row(name, rate, result):
         f"| {1000 * p(itls, 50):6.0f} | {1000 * p(itls, 99):6.0f} |",
         flush=True,
     )
+    return tokens / wall
+
+
+def ratios(throughputs: dict[tuple[str, float], float], ours: str) -> None:
+    """Print, per rate of `ours`, its throughput over llama.cpp's at the same rate and over the
+    sequential baseline's at the same rate (or at the highest rate it ran, marked `*`)."""
+    sequential = {r: t for (name, r), t in throughputs.items() if name == "sequential"}
+    print("\n| rate (req/s) | ours tok/s | x llama.cpp | x sequential |\n|---|---|---|---|")
+    for (name, rate), value in throughputs.items():
+        if name != ours:
+            continue
+        llama = throughputs.get(("llama.cpp", rate))
+        versus = f"{value / llama:.2f}" if llama else "-"
+        if rate in sequential:
+            base = f"{value / sequential[rate]:.2f}"
+        elif sequential:
+            top = max(sequential)
+            base = f"{value / sequential[top]:.2f}*"
+        else:
+            base = "-"
+        print(f"| {rate:g} | {value:.1f} | {versus} | {base} |")
+    if sequential and any(r not in sequential for (n, r) in throughputs if n == ours):
+        print(f"(* against the sequential baseline at rate {max(sequential):g}, its capacity "
+              "when requests come faster than it serves them)")  # fmt: skip
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--requests", type=int, default=None, help="default 64 (8 with --quick)")
-    parser.add_argument("--rates", default="0.5,1,2", help="arrival rates, requests per second")
+    parser.add_argument("--requests", type=int, default=None, help="default 32 (8 with --quick)")
+    parser.add_argument(
+        "--rates",
+        default="1,2,inf",
+        help="arrival rates, requests per second (inf: every request at t=0)",
+    )
     parser.add_argument("--slots", type=int, default=8)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
@@ -224,7 +257,7 @@ def main(argv=None) -> int:
     if args.max_output < 17:
         parser.error(f"--max-output {args.max_output}: at least 17")
     if args.requests is None:
-        args.requests = 8 if args.quick else 64
+        args.requests = 8 if args.quick else 32
     if args.quick:
         args.rates = args.rates.split(",")[0]
     rates = [float(r) for r in args.rates.split(",")]
@@ -243,6 +276,7 @@ def main(argv=None) -> int:
         "| ITL p99 (ms) |\n|---|---|---|---|---|---|---|"
     )
     servers = []
+    throughputs: dict[tuple[str, float], float] = {}
     port = free_port()
     ours, log = start_server(
         [
@@ -263,6 +297,7 @@ def main(argv=None) -> int:
         env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])},
     )
     label = "functional_gen" + (f" {args.quantization}" if args.quantization else "")
+    our_label = label
     servers.append((label, f"http://127.0.0.1:{port}", ours, log, name))
     llama_python = Path(args.llama_cpp_python)
     if llama_python.exists():
@@ -301,7 +336,7 @@ def main(argv=None) -> int:
                 trace = make_trace(
                     tokenizer, args.requests, rate, args.seed, args.quick, args.max_output
                 )
-                row(
+                throughputs[label, rate] = row(
                     f"{label} ({args.slots} slots)"
                     if label.startswith("functional_gen")
                     else label,
@@ -328,7 +363,10 @@ def main(argv=None) -> int:
             trace = make_trace(
                 tokenizer, args.requests, rate, args.seed, args.quick, args.max_output
             )
-            row("sequential fg.stream", rate, run_sequential(model, tokenizer, trace, eos))
+            throughputs["sequential", rate] = row(
+                "sequential fg.stream", rate, run_sequential(model, tokenizer, trace, eos)
+            )
+    ratios(throughputs, our_label)
     return 0
 
 

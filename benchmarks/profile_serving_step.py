@@ -17,7 +17,31 @@ prefill chunks, compactions, detokenization, HTTP).
 
 Measured 2026-11-26 on a quiet 2-core machine: engine 36.3 ms/step (8 slots, max_len 512, 4
 steps per dispatch, no compaction) against fg.generate 28.0 ms/step: 1.30x; bench_serving's
-inter-token latency p50 in the same hour was 41-52 ms.
+inter-token latency p50 in the same hour was 41-52 ms. Where the step's excess is (CPU time per
+step, `time.process_time`, min of 4 dispatches, one process, the 2-core CPU loaded ~10x): not
+in the per-slot processors (both `SlotConstraint` and `SlotDecoding` removed: 58.6 -> 59.7 ms,
+noise), not in the attention read length (256 vs 512 slots read: 57 vs 58-61 ms); a cache of
+`max_len` 96 instead of 512: 52 vs 60 ms; `fg.generate` (88-slot cache): 43 ms.
+
+    .venv/bin/python benchmarks/profile_serving_step.py --orchestrator [--requests 16]
+        [--num-steps 4] [--prefill-budgets 1,256,1024] [--rounds 2] [--sync] [--sequential 4]
+
+`--orchestrator`: `bench_serving.py`'s trace sent at once through the orchestrator's Python API
+(no HTTP), wall seconds per phase of its loop (`serving.phases.PhaseTimer`), dispatches and
+busy slot-steps (tokens / (dispatches x steps x slots)). Measured 2026-11-26, 16 requests
+(1,241 tokens), 8 slots, max_len 512, the 2-core CPU loaded 8-13x (so tok/s is noise; the
+dispatch counts are not):
+
+- with `--sync` (each phase waits for its device work), 4 steps per dispatch: admission
+  (prefill + insert) 8.5 s, decode dispatches 35.7 s, cache layout reads 0.10 s, compaction
+  0.08 s, device-to-host reads 0.02 s, detokenization and delivery 0.06 s: the host work
+  between dispatches is under 1% of the wall time; prefill ~19%, decode ~80%;
+- steps per dispatch 4 / 8 / 16 (before the admission change): 55 / 31 / 21 dispatches, busy
+  slot-steps 70% / 63% / 46%: a longer dispatch leaves finished slots idle longer while
+  requests wait, and saves only the ~3 ms of host work per dispatch (of 500-700 ms here);
+- admission filling every free slot while no slot decodes: 51 dispatches instead of 55 (76%
+  busy slot-steps); the prefill budget per turn while slots decode (1, 256, 1,024 tokens)
+  changed nothing on this trace (51 each): slots free one at a time.
 """
 
 import argparse
@@ -31,6 +55,7 @@ import jax
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's functional_gen
 import functional_gen as fg
 from functional_gen.serving import Engine
+from functional_gen.serving.orchestrator import Error, Finished
 
 ANIMALS = [
     "cat",
@@ -52,16 +77,144 @@ ANIMALS = [
 ]
 
 
+PHASES = ("cancel", "admit", "layout", "compact", "dispatch", "transfer", "deliver", "idle")
+
+
+def serve_trace(engine: Engine, requests) -> tuple[int, float]:
+    """Every `(request, stop strings)` submitted at once through the orchestrator's Python API
+    (no HTTP); waits for all of them. **Returns:** `(generated tokens, wall seconds)`."""
+    import asyncio
+
+    async def run():
+        loop = asyncio.get_running_loop()
+        start = time.perf_counter()
+        handles = [engine.orchestrator.submit(r, stops, loop) for r, stops in requests]
+        tokens = 0
+        for handle in handles:
+            async for event in handle.events():
+                if isinstance(event, Error):
+                    raise RuntimeError(event.message)
+                if isinstance(event, Finished):
+                    tokens += event.completion_tokens
+        return tokens, time.perf_counter() - start
+
+    return asyncio.run(run())
+
+
+def orchestrator(model, tokenizer, args) -> None:
+    """`--orchestrator`: `--requests` requests of `bench_serving.py`'s trace (prompts of 16-256
+    tokens, 16-128 output tokens, EOS suppressed, greedy) submitted at once (a saturating rate)
+    through `Engine.orchestrator`, for each `--num-steps` and `--prefill-budgets`, `--rounds`
+    times alternated; with `--sync` once more with `PhaseTimer(sync=True)`, so that each phase's
+    device work is timed in that phase. Prints output tokens/s and the wall seconds per phase of the loop, and the first
+    `--sequential` requests served one by one by `fg.stream` (the bench's sequential baseline)."""
+    from bench_serving import make_trace
+
+    eos = list(model.eos_token_id)
+    trace = make_trace(tokenizer, args.requests, float("inf"), 0, False)
+    bias = tuple((int(e), -100.0) for e in eos)
+    engine = Engine(model, tokenizer, max_slots=args.slots, max_len=args.max_len)
+    requests = [
+        (engine.request(tokenizer(p)["input_ids"], m, temperature=0.0, logit_bias=bias), ())
+        for _, p, m in trace
+    ]
+    engine.precompile(progress=False)
+    steps = [int(n) for n in args.num_steps.split(",")]
+    budgets = [int(b) for b in args.prefill_budgets.split(",")]
+    settings = [(n, b, False) for _ in range(args.rounds) for n in steps for b in budgets]
+    settings += [(steps[0], budgets[-1], True)] if args.sync else []
+    rows = []
+    for n, budget, sync in settings:  # alternated, so that a changing load hits all of them
+        engine.num_steps = n
+        engine.orchestrator.prefill_budget = budget
+        if n not in {row[0] for row in rows}:
+            serve_trace(engine, requests[: args.slots])  # compiles this num_steps' program
+        engine.timer.reset()
+        engine.timer.sync = sync
+        compactions = engine.compactions
+        tokens, wall = serve_trace(engine, requests)
+        seconds, counts = dict(engine.timer.seconds), dict(engine.timer.counts)
+        rows.append(
+            (n, budget, sync, tokens, wall, engine.compactions - compactions, seconds, counts)
+        )
+        engine.timer.sync = False
+    engine.close()
+
+    sequential = None
+    if args.sequential:
+        longest = max(m for _, _, m in trace[: args.sequential])
+
+        def stream(prompt):
+            return fg.stream(model, tokenizer, prompt, max_new_tokens=longest,
+                             processors=[fg.processors.SuppressTokens(eos)])  # fmt: skip
+
+        for _, prompt, _ in trace[: args.sequential]:  # compile every prompt bucket
+            next(iter(stream(prompt)))
+        start, count = time.perf_counter(), 0
+        for _, prompt, max_tokens in trace[: args.sequential]:
+            for i, _ in enumerate(stream(prompt), 1):
+                if i >= max_tokens:
+                    break
+            count += i
+        sequential = count / (time.perf_counter() - start)
+
+    print(f"{args.requests} requests at once, {args.slots} slots, max_len {args.max_len}; "
+          f"wall seconds per phase of the orchestrator's loop (dispatches: the count of "
+          f"'dispatch')\n")  # fmt: skip
+    print("| steps/dispatch | prefill budget | sync | tok/s | x sequential | dispatches "
+          "| busy slot-steps | compactions | " + " | ".join(PHASES) + " |")  # fmt: skip
+    print("|---" * (8 + len(PHASES)) + "|")
+    for n, budget, sync, tokens, wall, compactions, seconds, counts in rows:
+        ratio = f"{tokens / wall / sequential:.2f}" if sequential else "-"
+        print(f"| {n} | {budget} | {'yes' if sync else 'no'} | {tokens / wall:.1f} | {ratio} "
+              f"| {counts.get('dispatch', 0)} "
+              f"| {tokens / max(1, counts.get('dispatch', 0) * n * args.slots):.0%} "
+              f"| {compactions} | "
+              + " | ".join(f"{seconds.get(p, 0.0):.2f}" for p in PHASES) + " |")  # fmt: skip
+    if sequential:
+        print(f"\nsequential fg.stream, first {args.sequential} requests: {sequential:.1f} tok/s")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--slots", type=int, default=8)
     parser.add_argument("--max-len", type=int, default=512)
     parser.add_argument("--dispatches", type=int, default=20)
+    parser.add_argument(
+        "--orchestrator",
+        action="store_true",
+        help="serve a request trace through the orchestrator instead (see `orchestrator`)",
+    )
+    parser.add_argument("--requests", type=int, default=16, help="--orchestrator: trace size")
+    parser.add_argument(
+        "--num-steps",
+        default="4",
+        help="--orchestrator: decode steps per dispatch to compare (comma-separated)",
+    )
+    parser.add_argument(
+        "--prefill-budgets",
+        default="1,256,1024",
+        help="--orchestrator: `Orchestrator.prefill_budget` values to compare (1: one prefill "
+        "chunk per turn)",
+    )
+    parser.add_argument("--rounds", type=int, default=2, help="--orchestrator: runs per setting")
+    parser.add_argument(
+        "--sync", action="store_true", help="--orchestrator: also a PhaseTimer(sync=True) run"
+    )
+    parser.add_argument(
+        "--sequential",
+        type=int,
+        default=4,
+        help="--orchestrator: requests of the trace served one by one by fg.stream (0: none)",
+    )
     args = parser.parse_args()
     if not 1 <= args.slots <= len(ANIMALS):
         parser.error(f"--slots must be between 1 and {len(ANIMALS)}, got {args.slots}")
 
     model, tokenizer = fg.load_model()
+    if args.orchestrator:
+        orchestrator(model, tokenizer, args)
+        return
     prompts = [f"Write a long story about a {w} who travels far." for w in ANIMALS[: args.slots]]
 
     engine = Engine(model, tokenizer, max_slots=args.slots, max_len=args.max_len)

