@@ -226,9 +226,70 @@ def _blockwise_int8_dot(w, s, x):
     return jnp.einsum("bot,ob->ot", p, s)
 
 
+ROW_BLOCK = 4096
+"""Output rows per block of the row-blocked formulations (`matmul_row_blocks`): 4,096 rows of
+Gemma 3's 640 inputs are 10.5 MB in float32, a block the 32 MB L3 cache holds; of 2,048, 4,096,
+8,192 and 16,384 rows, 4,096 was the fastest for the 262,144-row output head at 8 tokens (one
+run, int8: 31, 27, 155, 256 ms; float32: 83, 42, 85, 273 ms; the machine loaded)."""
+
+
+def matmul_row_blocks(
+    weight: Float[Array, "out in"] | Int8[Array, "out in"],
+    scale: Float[Array, "out blocks"] | None,
+    x: Float[Array, "in tokens"],
+    rows: int = ROW_BLOCK,
+) -> Float[Array, "out tokens"]:
+    """`weight @ x` (the weight dequantized with its `scale` when int8) computed in blocks of
+    `rows` output rows: a `jax.lax.scan` over the blocks, each copied (dequantized to float32)
+    into a buffer of its own and multiplied there; the last `out % rows` rows are one product
+    more.
+
+    Why: at a few tokens XLA's CPU backend runs one `[out, in] @ [in, tokens]` dot over a matrix
+    much larger than the caches (the 262,144 x 640 output head of Gemma 3) far from the memory
+    bandwidth, and an int8-block weight has no fast dot at all there: its dequantized copy is
+    materialised whole (`"dot([bf16(deq(W))], bf16 x)->f32"`: 496 ms for Gemma 3's head at 8
+    tokens against 27 ms in blocks, one run on the loaded machine). A block's copy stays in
+    cache, so the weight is read from memory once, in its stored format.
+
+    **Arguments:** `weight`, `scale` as in `matmul` (float32 or bfloat16 weights take `None`);
+    `x`: float32 `[in, tokens]`; `rows`: output rows per block (static).
+
+    **Returns:** float32 `[out, tokens]`, equal to `dequantize_int8(weight, scale) @ x` (or
+    `weight @ x`) up to float32 rounding.
+    """
+
+    def product(w, s):
+        w = w.astype(jnp.float32) if s is None else dequantize_int8(w, s)
+        return w @ x
+
+    out = weight.shape[0]
+    full = out // rows
+    if full < 2:
+        if scale is not None:
+            # The scale through a conditional on `x`, so that the dequantization waits for the
+            # activations: XLA removes `optimization_barrier`s, and a dequantization that
+            # depends on the weights alone ran before the first layer, every matrix of every
+            # layer at once (a float32 copy of all the weights written and read per step).
+            scale = lax.cond(x[0, 0] == x[0, 0], lambda s: s, lambda s: s + 0.0, scale)
+        return product(weight, scale)
+
+    def block(carry, i):
+        w = lax.dynamic_slice_in_dim(weight, i * rows, rows)
+        s = None if scale is None else lax.dynamic_slice_in_dim(scale, i * rows, rows)
+        return carry, product(w, s)
+
+    _, y = lax.scan(block, None, jnp.arange(full))
+    y = y.reshape(full * rows, x.shape[1])
+    if out % rows:
+        rest = product(weight[full * rows :], None if scale is None else scale[full * rows :])
+        y = jnp.concatenate([y, rest])
+    return y
+
+
 CANDIDATES: dict[str, tuple[str, Callable]] = {
     # name: (weight format, f(weight, scale, x) -> float32 y); "x.T" forms are token-major.
     "W @ x": ("float32", lambda w, s, x: w @ x),
+    "W @ x in row blocks": ("float32", matmul_row_blocks),
     "(x.T @ W.T).T": ("float32", lambda w, s, x: (x.T @ w.T).T),
     "bf16 W @ bf16 x": ("bfloat16", lambda w, s, x: (w @ _bf16(x)).astype(jnp.float32)),
     "(bf16 x.T @ W.T).T": ("bfloat16", lambda w, s, x: (_bf16(x.T) @ w.T).T.astype(jnp.float32)),
@@ -262,6 +323,7 @@ CANDIDATES: dict[str, tuple[str, Callable]] = {
     # int8 with per-block scales (`s` is [out, blocks]); `deq(W)` = `dequantize_int8(W, s)`
     "(x.T @ deq(W).T).T": ("int8-block", lambda w, s, x: (x.T @ dequantize_int8(w, s).T).T),
     "deq(W) @ x": ("int8-block", lambda w, s, x: dequantize_int8(w, s) @ x),
+    "deq(W) @ x in row blocks": ("int8-block", matmul_row_blocks),
     "dot([bf16(deq(W))], bf16 x)->f32": (
         "int8-block",
         lambda w, s, x: _dot(
@@ -305,9 +367,14 @@ FORMULATIONS: dict[str, tuple[tuple[int, int, str], ...]] = {
     # ms per matmul, float32 `W @ x` vs the best int8-block candidate (bench_matmul's method, load
     # 2.5-4.7): 1 token: MLP 0.096 vs 0.046, head 3.9 vs 1.4 (the dequantization fuses into the
     # GEMV); 8 tokens: MLP 0.24 vs 1.05, head 7.9 vs 31-52 (nothing fuses; every candidate is
-    # 4-7x slower than float32 there, see docs/concepts/weights.md).
+    # 4-7x slower than float32 there, see docs/concepts/weights.md). From 2 to 64 tokens the
+    # weight is dequantized to float32 in blocks of `ROW_BLOCK` rows (`matmul_row_blocks`), each
+    # block after the activations are known: the bfloat16 copy made the whole matrix at once,
+    # and XLA ran those copies for every layer before the first one (Gemma 3 270M, batch 8, one
+    # decode step on the loaded machine: 748 ms before, 197 ms after; float32 191-214 ms).
     "int8-block": (
         (1, _ANY, "(x.T @ deq(W).T).T"),
+        (64, _ANY, "deq(W) @ x in row blocks"),
         (_ANY, _ANY, "dot([bf16(deq(W))], bf16 x)->f32"),
     ),
     # the layout of `BatchedInt8` (used for 2 to 64 tokens when `with_batched_int8` made one).
@@ -543,6 +610,7 @@ __all__ = [
     "CANDIDATES",
     "FORMULATIONS",
     "QUANTIZATIONS",
+    "ROW_BLOCK",
     "WEIGHT_DTYPES",
     "BatchedInt8",
     "Embedding",
@@ -553,6 +621,7 @@ __all__ = [
     "embed",
     "formulation_name",
     "matmul",
+    "matmul_row_blocks",
     "quantize_int8",
     "run_formulation",
     "weight_format",

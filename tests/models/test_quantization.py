@@ -90,6 +90,35 @@ def test_every_formulation_computes_the_same_product(fmt, tokens):
         np.testing.assert_allclose(np.asarray(y), exact, atol=tol, err_msg=name)
 
 
+@pytest.mark.parametrize("rows", [8, 16, 48, 64])
+@pytest.mark.parametrize("fmt", ["float32", "int8-block"])
+def test_row_blocks_equal_the_whole_product(fmt, rows):
+    """`matmul_row_blocks` in blocks of `rows` rows (a scan of 6 or 3 blocks, 3 blocks and a
+    remainder of 8 rows, a single block, fewer rows than a block) equals the float64 product of
+    the dequantized weight, row for row, on a weight of 56 rows."""
+    rng = np.random.default_rng(2)
+    w = rng.standard_normal((56, 64)).astype(np.float32) * 0.1
+    x = rng.standard_normal((64, 8)).astype(np.float32)
+    if fmt == "int8-block":
+        weight, scale = q.quantize_int8(w)
+        real = (weight.reshape(56, 2, 32).astype(np.float64) * scale[..., None]).reshape(56, 64)
+        weight, scale = jnp.asarray(weight), jnp.asarray(scale)
+    else:
+        weight, scale, real = jnp.asarray(w), None, w.astype(np.float64)
+    y = jax.jit(lambda w, s, x: q.matmul_row_blocks(w, s, x, rows))(weight, scale, x)
+    assert y.shape == (56, 8) and y.dtype == jnp.float32
+    np.testing.assert_allclose(np.asarray(y), real @ x, atol=1e-5)
+
+
+def test_int8_block_weights_use_row_blocks_for_a_few_tokens():
+    """The formulation table: int8-block weights are dequantized in row blocks from 2 to 64
+    tokens (not materialised whole in bfloat16), the fused one-token GEMV at 1 token."""
+    assert q.formulation_name("int8-block", 1, 262144) == "(x.T @ deq(W).T).T"
+    for tokens in (2, 8, 64):
+        assert q.formulation_name("int8-block", tokens, 262144) == "deq(W) @ x in row blocks"
+    assert q.formulation_name("int8-block", 65, 262144) == "dot([bf16(deq(W))], bf16 x)->f32"
+
+
 def test_formulation_table_is_complete():
     for fmt, table in q.FORMULATIONS.items():
         assert min(table[-1][:2]) >= 2**31, fmt  # the last entry covers every shape
