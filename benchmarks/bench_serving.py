@@ -266,7 +266,7 @@ def main(argv=None) -> int:
         if args.sequential_rates is None
         else [float(r) for r in args.sequential_rates.split(",")]
     )
-    model, tokenizer = fg.load_model()
+    model, tokenizer = fg.load_model(quantization=args.quantization)
     eos = list(model.eos_token_id)
     name = "SmolLM2-135M-Instruct"
     max_len = 128 if args.quick else 512
@@ -364,7 +364,9 @@ def main(argv=None) -> int:
                 tokenizer, args.requests, rate, args.seed, args.quick, args.max_output
             )
             throughputs["sequential", rate] = row(
-                "sequential fg.stream", rate, run_sequential(model, tokenizer, trace, eos)
+                "sequential fg.stream" + (f" {args.quantization}" if args.quantization else ""),
+                rate,
+                run_sequential(model, tokenizer, trace, eos),
             )
     ratios(throughputs, our_label)
     return 0

@@ -326,6 +326,8 @@ def gguf_reader_class() -> type:
 
         @data.setter
         def data(self, value):
+            # the memmap's file name stays readable for messages (`gguf_file_name`)
+            self.filename = getattr(value, "filename", None)
             self._plain_data = value.view(np.ndarray) if isinstance(value, np.memmap) else value
 
     return PlainArrayGGUFReader

@@ -38,7 +38,8 @@ def metadata_field(reader, key, default=None):
 
 def gguf_file_name(reader) -> str:
     """The reader's file name, for messages."""
-    return str(getattr(reader.data, "filename", None) or "the GGUF file")
+    name = getattr(reader, "filename", None) or getattr(reader.data, "filename", None)
+    return str(name or "the GGUF file")
 
 
 def require_field(reader, key: str):
