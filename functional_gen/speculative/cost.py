@@ -28,24 +28,22 @@ from jaxtyping import Array, Bool, Float, Int
 VERIFY_COST: dict[tuple[str, int], tuple[tuple[int, float], ...]] = {
     ("float32", 1): ((1, 1.0), (2, 1.23), (4, 1.24), (8, 1.47), (11, 2.35), (16, 1.83)),
     ("float32", 8): ((1, 1.0), (2, 1.44), (4, 2.86), (8, 4.26), (11, 6.85), (16, 7.31)),
-    ("int8", 1): ((1, 1.0), (4, 5.77), (8, 6.41), (11, 6.14), (16, 6.22)),
-    ("int8", 8): ((1, 1.0), (4, 1.7), (8, 1.87), (11, 2.0), (16, 2.3)),
+    ("int8", 1): ((1, 1.0), (2, 1.94), (4, 1.94), (8, 2.35), (11, 3.33), (16, 3.32)),
+    ("int8", 8): ((1, 1.0), (2, 1.10), (4, 1.09), (8, 1.53), (11, 2.70), (16, 3.46)),
 }
 """The cost of a target call over `positions` positions per row, as a multiple of a one-position
 call, by `(precision, batch)`: `((positions, ratio), ...)`. Measured with
 `benchmarks/bench_verify_width.py` on the default model (SmolLM2-135M) on this 2-core CPU;
 `verify_cost` interpolates between positions and batches. Float32, 2026-11-26, a quiet machine
 (`--calls 10`; again on a loaded one, the widths taking turns: 1.09 / 1.50 / 2.23 / 1.76 at
-batch 1). Int8, 2026-11-26, a loaded machine (load 10 on 2 cores), widths taking turns,
-`--calls 7`: at batch 1 any call over more than one token leaves the int8 GEMV for a path about
-6x slower (5.77x at 4 positions), so verification at batch 1 pays only for nearly certain
-guesses; at batch 8 the one-position call is already on that path (8 tokens), and 4 to 16
-positions cost 1.15-1.51x (two runs averaged: 0.91 and 1.38 at 4 positions) as bare calls; but
-in generation (`bench_speculative.py`, int8, batch 8, the same day) a verification step cost
-1.70x a plain step where it mostly verified 3 guesses (open-ended: 1.14 tokens per step at
-0.67x plain's tokens/s) and 1.96x where it mostly verified 10 (grounded: 1.78 at 0.91x), so the
-table holds those (4 positions 1.7, 11 positions 2.0; 8 and 16 interpolated and extrapolated):
-the step's own work over `batch x positions` logits is not in a bare call. Bfloat16 is not
+batch 1). Int8, 2026-11-26, a quiet machine, `--calls 10`, after int8 weights at 2 to 64
+tokens per call were given their row-block product (`quantization.matmul_row_blocks`: before
+it, any call over more than one token at batch 1 cost about 6x a decode step, and the table
+held 5.77-6.41x there): batch 1, 8.3 ms at one position, 1.94x at 2 and 4, 2.35x at 8, 3.3x
+at 11 and 16; batch 8, 55.0 ms, 1.10x at 2, 1.09x at 4, 1.53x at 8, 2.70x at 11, 3.46x at
+16 (bare calls; earlier in the day a generation step at batch 8 cost more than its bare call,
+1.7x against 1.15-1.5x, on the old int8 path: re-measure in generation before trusting the
+batch-8 row for more). Bfloat16 is not
 measured yet: it gets float32's ratios (`bench_verify_width.py --precision bfloat16` measures
 them). A table rather than a measurement at warm-up: a warm-up measurement on a machine
 shared with other jobs moves by 2x between runs (and would make the output's speed, not its
