@@ -196,52 +196,47 @@ def has_torch() -> bool:
 # --- the order in which pytest-xdist hands out test files ---------------------------------------
 
 # Seconds that each test file took (setup + calls + teardown, summed over its tests) in a full run
-# of the README's test command on the 2-core machine, quiet, session 28 (`--durations=0`: 2,186
-# tests in 26 min 58 s; files of 17 s and more). Only their order matters: a file missing here
-# goes after them, by test count. Session 29 lowered two by estimate, without a quiet run (the
-# shared machine was at load 10-25): test_classifier_free_guidance.py (its replay compiles one
-# forward instead of 30 conditionals per row; the oracle on 1 thread) and test_gguf_families.py
-# (the Gemma file parsed once, 3.5x faster, instead of 6 times).
+# of the README's test command on the 2-core machine, quiet, session 29 (`--durations=0`: 2,209
+# tests in 24 min 9 s; files of 17 s and more). Only their order matters: a file missing here
+# goes after them, by test count.
 HEAVY_FILES = {
-    "tests/test_notebooks.py": 426,
-    "tests/generation/test_speculative.py": 222,
-    "tests/models/test_gemma3_270m_capabilities.py": 174,
+    "tests/test_notebooks.py": 401,
+    "tests/generation/test_speculative.py": 250,
     "tests/models/test_ring_cache.py": 132,
-    "tests/generation/test_speculative_features.py": 128,
-    "tests/generation/test_beam_search.py": 117,
-    "tests/test_cli.py": 113,
-    "tests/test_readme.py": 108,
-    "tests/models/test_gemma3_270m.py": 107,
-    "tests/models/test_families.py": 100,
-    "tests/processors/test_classifier_free_guidance.py": 100,  # 175 before session 29
+    "tests/models/test_gemma3_270m_capabilities.py": 125,
+    "tests/generation/test_beam_search.py": 123,
+    "tests/generation/test_speculative_features.py": 123,
+    "tests/models/test_families.py": 89,
+    "tests/test_readme.py": 86,
+    "tests/test_cli.py": 84,
+    "tests/models/test_gemma3_270m.py": 81,
+    "tests/generation/test_sequence_state.py": 77,
+    "tests/test_sharding.py": 75,
     "tests/structured/test_pda.py": 74,
-    "tests/models/test_llama.py": 73,
-    "tests/serving/test_constrained_slots.py": 71,
-    "tests/test_sharding.py": 71,
-    "tests/generation/test_sequence_state.py": 70,
-    "tests/models/test_quantization.py": 70,
-    "tests/serving/test_server.py": 65,
-    "tests/test_generation.py": 59,
-    "tests/processors/test_protocol.py": 50,
-    "tests/test_cli_new_user.py": 48,
-    "tests/generation/test_guidance.py": 46,
-    "tests/loading/test_gguf_families.py": 45,  # 121 before session 29
-    "tests/structured/test_generation.py": 41,
-    "tests/serving/test_lockstep.py": 35,
-    "tests/generation/test_speculative_paths.py": 35,
+    "tests/models/test_quantization.py": 73,
+    "tests/models/test_llama.py": 62,
+    "tests/serving/test_constrained_slots.py": 60,
+    "tests/processors/test_classifier_free_guidance.py": 60,
+    "tests/serving/test_server.py": 57,
+    "tests/processors/test_protocol.py": 47,
+    "tests/test_cli_new_user.py": 45,
+    "tests/generation/test_guidance.py": 42,
+    "tests/structured/test_generation.py": 40,
+    "tests/generation/test_speculative_paths.py": 40,
+    "tests/loading/test_gguf_families.py": 40,
+    "tests/generation/test_prefill.py": 38,
+    "tests/test_generation.py": 37,
+    "tests/structured/test_json_schema_grammar.py": 37,
+    "tests/serving/test_lockstep.py": 34,
     "tests/test_stop_strings.py": 33,
-    "tests/structured/test_json_schema_grammar.py": 32,
-    "tests/generation/test_prefill.py": 32,
-    "tests/structured/test_processor.py": 30,
-    "tests/loading/test_gguf.py": 24,
-    "tests/errors/test_pushdown_soundness.py": 22,
-    "tests/models/test_scan_layers.py": 21,
-    "tests/loading/test_gguf_errors_and_caches.py": 21,
-    "tests/test_distributed.py": 20,
-    "tests/test_streaming.py": 20,
-    "tests/test_no_torch.py": 19,
-    "tests/test_cli_quantization.py": 19,
-    "tests/test_generation_config.py": 17,
+    "tests/loading/test_gguf.py": 28,
+    "tests/structured/test_processor.py": 26,
+    "tests/test_distributed.py": 25,
+    "tests/test_no_torch.py": 24,
+    "tests/models/test_scan_layers.py": 22,
+    "tests/test_streaming.py": 21,
+    "tests/errors/test_pushdown_soundness.py": 21,
+    "tests/test_cli_quantization.py": 21,
 }
 
 
