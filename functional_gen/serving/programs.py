@@ -15,7 +15,6 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int, Key
 
-from ..generation.samplers import Multinomial
 from ..generation.state import GenerationState
 from ..generation.step import make_step
 from ..models.kv_cache import KVCache
@@ -29,6 +28,7 @@ from .slots import (
     Request as Request,
     SlotDecoding as SlotDecoding,
     SlotParams as SlotParams,
+    SlotSampler,
     knobs_used,
 )
 
@@ -75,7 +75,7 @@ def _step(model, eos_token_id, pad_token_id, state: DecodeState, top_logprobs):
                 **_fields(state.params), used=knobs_used(state.params, ~state.generation.done)
             ),
         ],
-        Multinomial(),
+        SlotSampler(sampled=jnp.any(~state.params.greedy & ~state.generation.done)),
         eos_token_id=eos_token_id,
         pad_token_id=pad_token_id,
         top_logprobs=top_logprobs,
