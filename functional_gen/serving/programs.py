@@ -70,7 +70,10 @@ def _step(model, eos_token_id, pad_token_id, state: DecodeState, top_logprobs):
     return make_step(
         model,
         [
-            SlotConstraint(**_fields(state.pool)),
+            SlotConstraint(
+                **_fields(state.pool),
+                any_constrained=jnp.any(state.pool.constrained & ~state.generation.done),
+            ),
             SlotDecoding(
                 **_fields(state.params), used=knobs_used(state.params, ~state.generation.done)
             ),
