@@ -23,6 +23,24 @@ in the per-slot processors (both `SlotConstraint` and `SlotDecoding` removed: 58
 noise), not in the attention read length (256 vs 512 slots read: 57 vs 58-61 ms); a cache of
 `max_len` 96 instead of 512: 52 vs 60 ms; `fg.generate` (88-slot cache): 43 ms.
 
+    .venv/bin/python benchmarks/profile_serving_step.py --ops [--dispatches 20]
+
+`--ops`: the engine's jitted 4-step program against a bare loop of 4 decode steps (model and
+argmax only), op by op under `jax.profiler` (see `ops`), and the copies in the program's
+optimized HLO. Found with it on 2026-11-26 (8 greedy slots, max_len 512): two full-vocabulary
+reductions ran every step beside the model, `Multinomial`'s Gumbel noise (two logarithms of
+8 x 49,152 uniforms fused into an argmax, ~8 ms per step on the loaded CPU, needed by no greedy
+slot) and XLA CPU's variadic `argmax` reduce (~2-3 ms per call; `first_argmax` does it in a
+fifth); both are skipped or replaced now (`serving.slots.SlotSampler`), and the constraint
+pool's tables are read only when a busy slot is constrained (4% of a step). Interleaved 4-step
+dispatches in one process, min ms per step (machine loaded ~3-8x): before 105.2 vs after 94.2
+(1.12x); the constraint switch 51.4 vs 49.4; the engine then ran within noise of the bare loop
+(233 vs 228 ms per dispatch in one profile, 144 vs 125 ms per step in another at load ~8). The
+HLO has no cache- or table-sized copy; the largest are 5 of the `[8, 49152]` logits (the
+conditionals' operands) and the attention's small transposes. `bench_serving.py --requests 16
+--rates inf --no-sequential` (load ~7-8, one run each): 38.2 -> 48.0 tok/s, 0.58x -> 0.77x
+llama.cpp's server measured in the same run, ITL p50 143 -> 107 ms.
+
     .venv/bin/python benchmarks/profile_serving_step.py --orchestrator [--requests 16]
         [--num-steps 4] [--prefill-budgets 1,256,1024] [--rounds 2] [--sync] [--sequential 4]
 
@@ -175,6 +193,104 @@ def orchestrator(model, tokenizer, args) -> None:
         print(f"\nsequential fg.stream, first {args.sequential} requests: {sequential:.1f} tok/s")
 
 
+def ops(model, tokenizer, args) -> None:
+    """`--ops`: the engine's jitted 4-step `generate` program (8 busy greedy slots) against a
+    bare loop of the same 4 decode steps (the model and an argmax, nothing else), alternated,
+    each `--dispatches` times under `jax.profiler.trace`: the compiled ops summed per kind
+    (`profile_decode_ops.category`) and the longest ops that are not dots, in ms per dispatch,
+    and the `copy` ops of the engine's optimized HLO by shape (a cache- or table-sized copy there
+    is a buffer copied in or out of a loop or conditional)."""
+    import collections
+    import glob
+    import gzip
+    import json
+    import re
+    import tempfile
+
+    import equinox as eqx
+    import jax.numpy as jnp
+    from profile_decode_ops import _RUNTIME, category
+
+    from functional_gen.serving import programs
+
+    prompts = [f"Write a long story about a {w} who travels far." for w in ANIMALS[: args.slots]]
+    engine = Engine(model, tokenizer, max_slots=args.slots, max_len=args.max_len)
+    engine.eos_token_id = ()
+    state = engine.init_decode_state()
+    budget = args.max_len - engine.prefill_width(max(len(tokenizer.encode(p)) for p in prompts))
+    for slot, prompt in enumerate(prompts):
+        state = engine.insert(engine.prefill(engine.request(tokenizer.encode(prompt), budget)),
+                              state, slot)  # fmt: skip
+    n, b = engine.num_steps, args.slots
+
+    def call():  # the dispatch's arguments after the state (the step limit is donated too)
+        return n, jnp.asarray(n, jnp.int32), engine.eos_token_id, engine.pad_token_id
+
+    hlo = programs.generate_jit.lower(model, state, *call()).compile().compiled.as_text()
+    copies = collections.Counter(re.findall(r"= (\w+\[[\d,]*\])\{[^}]*\} copy\(", hlo))
+
+    ids = jnp.asarray([[2] + list(range(1000, 1031))] * b)
+    positions = jnp.broadcast_to(jnp.arange(32), (b, 32))
+    _, cache = eqx.filter_jit(lambda m, x, p: m.prefill(x, p, max_len=args.max_len))(
+        model, ids, positions
+    )
+
+    @eqx.filter_jit(donate="all-except-first")
+    def bare(m, cache, token):
+        def body(carry):
+            i, cache, token = carry
+            logits, cache = m(token, jnp.full((b, 1), 32) + i, cache)
+            return i + 1, cache, jnp.argmax(logits[:, -1], -1)[:, None].astype(jnp.int32)
+
+        return jax.lax.while_loop(lambda c: c[0] < n, body, (0, cache, token))[1:]
+
+    held = {"engine": [state], "bare": [cache, jnp.full((b, 1), 42, jnp.int32)]}
+
+    def run(name):
+        h = held[name]
+        if name == "engine":
+            h[0], out = programs.generate_jit(model, h[0], *call())
+            jax.block_until_ready(out.token_ids)
+        else:
+            h[0], h[1] = bare(model, h[0], h[1])
+            jax.block_until_ready(h[1])
+
+    for name in held:  # compile and warm up
+        for _ in range(3):
+            run(name)
+    tables = {}
+    for name in ("engine", "bare", "engine", "bare"):  # alternated: a changing load hits both
+        with tempfile.TemporaryDirectory() as folder:
+            start = time.perf_counter()
+            with jax.profiler.trace(folder):
+                for _ in range(args.dispatches):
+                    run(name)
+            wall = (time.perf_counter() - start) / args.dispatches
+            (path,) = glob.glob(f"{folder}/**/*.trace.json.gz", recursive=True)
+            with gzip.open(path) as f:
+                events = json.load(f)["traceEvents"]
+        total = collections.Counter()
+        for e in events:
+            if e.get("ph") == "X" and "dur" in e and not e["name"].startswith(_RUNTIME):
+                total[e["name"]] += e["dur"] / args.dispatches / 1e3
+        if name not in tables or wall < tables[name][0]:
+            tables[name] = (wall, total)
+    for name, (wall, total) in tables.items():
+        kinds = collections.Counter()
+        for op, ms in total.items():
+            kinds[category(op)] += ms
+        print(f"\n{name}: {1e3 * wall / n:.1f} ms per step (wall, traced, the faster of 2 runs); "
+              f"ms per {n}-step dispatch by kind:")  # fmt: skip
+        for kind, ms in kinds.most_common():
+            print(f"  {kind:<26} {ms:9.2f}")
+        print("  longest ops other than dots:")
+        for op, ms in [
+            (o, t) for o, t in total.most_common() if category(o) != "dots (ynn fusions)"
+        ][:12]:
+            print(f"    {ms:8.2f}  {op}")
+    print("\nthe engine program's copy ops by shape:", dict(copies.most_common()))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--slots", type=int, default=8)
@@ -184,6 +300,11 @@ def main() -> None:
         "--orchestrator",
         action="store_true",
         help="serve a request trace through the orchestrator instead (see `orchestrator`)",
+    )
+    parser.add_argument(
+        "--ops",
+        action="store_true",
+        help="the engine's generate program against a bare decode loop, op by op (see `ops`)",
     )
     parser.add_argument("--requests", type=int, default=16, help="--orchestrator: trace size")
     parser.add_argument(
@@ -214,6 +335,9 @@ def main() -> None:
     model, tokenizer = fg.load_model()
     if args.orchestrator:
         orchestrator(model, tokenizer, args)
+        return
+    if args.ops:
+        ops(model, tokenizer, args)
         return
     prompts = [f"Write a long story about a {w} who travels far." for w in ANIMALS[: args.slots]]
 
