@@ -39,7 +39,25 @@ dispatches in one process, min ms per step (machine loaded ~3-8x): before 105.2 
 HLO has no cache- or table-sized copy; the largest are 5 of the `[8, 49152]` logits (the
 conditionals' operands) and the attention's small transposes. `bench_serving.py --requests 16
 --rates inf --no-sequential` (load ~7-8, one run each): 38.2 -> 48.0 tok/s, 0.58x -> 0.77x
-llama.cpp's server measured in the same run, ITL p50 143 -> 107 ms.
+llama.cpp's server measured in the same run, ITL p50 143 -> 107 ms. This script's default
+mode in the same hour (load ~10): engine / fg.generate per step 1.29x before, 1.18x after.
+
+What is left of that 1.18x is attention's read length, in `models/` (not the engine's program):
+the engine at max_len 512 reads a 256-slot slice of every layer's cache (`attention_lengths`;
+XLA copies the slice, the `wrapped_slice` ops), `fg.generate` here ~96 slots in place. The
+same 8 slots at max_len 512 / 256 / 128 (one process, alternated, min of 8 dispatches, load
+~10): 56.1 / 53.9 / 49.4 ms per step. Shorter attention branches below 256 slots (or a read
+without the copy) would be the next lever; `ATTENTION_BLOCK` is shared with `generate`, so it
+was left alone.
+
+Admission (task of 2026-11-26, the same loaded machine, one process, min of 4-5): the engine's
+prefill of a prompt costs what `generate`'s `model.prefill` of it costs (prompts of 40 / 110 /
+200 tokens: 0.90-1.07x, the same logits); `insert` 1.3 ms. Prefilling 8 waiting prompts as one
+batch instead of 8 batch-1 calls: 0.47x the time at 16 tokens, 0.68x at 48, but 1.17x at 128
+and 1.26x at 256 (prefill is compute-bound there on this CPU), so the engine prefills one
+prompt per call; `bench_serving.py`'s prompts (16-256 tokens) would gain little. Bucket padding
+is 16% of its prompt tokens (multiples of 32 above 64 would make it 8%, but `generate` pads to
+the same buckets, which keeps the prefill's logits equal to its).
 
     .venv/bin/python benchmarks/profile_serving_step.py --orchestrator [--requests 16]
         [--num-steps 4] [--prefill-budgets 1,256,1024] [--rounds 2] [--sync] [--sequential 4]
