@@ -37,8 +37,13 @@ inside the `while` body and its `conditional` branches).
 """
 
 import argparse
+import collections
+import glob
+import gzip
+import json
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -49,6 +54,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 from bench_speculative import OPEN, chat
+from profile_decode_ops import _RUNTIME, category
 
 import functional_gen as fg
 from functional_gen.generation.planning import plan_call
@@ -89,6 +95,59 @@ class NoGuess(AbstractProposer):
         return carry
 
 
+class AlwaysGuess(AbstractProposer):
+    """Guesses the row's last token `num_tokens` times every step: every step verifies at the
+    width that holds `num_tokens` guesses (what a verifying step costs, whatever is accepted)."""
+
+    num_tokens: int = eqx.field(static=True, default=3)
+
+    def init(self, target, rows, capacity):
+        return None
+
+    def propose(
+        self, carry, target, token_ids, length, active, *, key, sample, guard=None, guard_state=None
+    ):
+        last = jnp.take_along_axis(token_ids, jnp.maximum(length - 1, 0)[:, None], axis=1)
+        return carry, jnp.broadcast_to(last, (length.shape[0], self.num_tokens)), None
+
+    def update(self, carry, token_ids, length):
+        return carry
+
+
+def op_table(run, steps: int, top: int) -> str:
+    """Time per compiled op of `run()` (one traced call of `steps` loop steps), per step: the
+    kinds (as `profile_decode_ops.py` sorts them) and the `top` longest ops."""
+    with tempfile.TemporaryDirectory() as folder:
+        with jax.profiler.trace(folder):
+            run()
+        (path,) = glob.glob(f"{folder}/**/*.trace.json.gz", recursive=True)
+        with gzip.open(path) as f:
+            events = json.load(f)["traceEvents"]
+    total, count = collections.Counter(), collections.Counter()
+    for e in events:
+        if e.get("ph") == "X" and "dur" in e and not e["name"].startswith(_RUNTIME):
+            total[e["name"]] += e["dur"] / steps / 1e3
+            count[e["name"]] += 1
+    kinds = collections.Counter()
+    for name, ms in total.items():
+        kinds[category(name)] += ms
+    lines = [f"  {kind:<26} {ms:9.2f}" for kind, ms in kinds.most_common()]
+    lines += [
+        f"  {ms:9.3f}  {count[name] / steps:6.1f}  {name}" for name, ms in total.most_common(top)
+    ]
+    others = [(name, ms) for name, ms in total.most_common() if category(name) == "other fusions"]
+    others = [(name, ms) for name, ms in others if not name.startswith("dot.")]  # one-token dots
+    lines.append(f"  the {top} longest other ops (not dots, loops or copies):")
+    lines += [f"  {ms:9.3f}  {count[name] / steps:6.1f}  {name}" for name, ms in others[:top]]
+    return "\n".join(lines)
+
+
+@eqx.filter_jit
+def bare_call(model, token_ids, positions, cache):
+    """One model call (the cache not donated, as `bench_verify_width.py` calls it)."""
+    return model(token_ids, positions, cache)
+
+
 @eqx.filter_jit(donate="all-except-first")  # the state; `n` is static
 def run_steps(step, state, n):
     """`n` steps of `step` from `state`, in a `while_loop` (rows finishing early just stop)."""
@@ -107,6 +166,26 @@ def main(argv=None) -> int:
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--num-tokens", type=int, nargs="+", default=[7])
     parser.add_argument("--dump-hlo", type=Path, default=None)
+    parser.add_argument(
+        "--guess",
+        type=int,
+        nargs="*",
+        default=[],
+        help="add `guess-K` systems: K guesses every step (every step verifies K guesses)",
+    )
+    parser.add_argument(
+        "--bare",
+        type=int,
+        nargs="*",
+        default=[],
+        help="also time bare model calls over W positions on the prefilled cache (as "
+        "bench_verify_width.py does; `bare-1` is the unit of VERIFY_COST)",
+    )
+    parser.add_argument("--only", nargs="*", default=None, help="time only these systems")
+    parser.add_argument("--ops-of", nargs="*", default=None, help="the systems --ops traces")
+    parser.add_argument(
+        "--ops", type=int, default=0, help="print each system's N longest ops (jax.profiler)"
+    )
     args = parser.parse_args(argv)
     model, tokenizer = fg.load_model()
     prompts = [chat(p) for p in (OPEN * 4)[: args.batch]]
@@ -114,6 +193,10 @@ def main(argv=None) -> int:
     systems = {"plain": None, "no-guess": no_guess, "verify-0": no_guess}
     for k in args.num_tokens:
         systems[f"lookup-{k}"] = fg.speculative.PromptLookup(num_tokens=k, adaptive=False)
+    for k in args.guess:
+        systems[f"guess-{k}"] = AlwaysGuess(num_tokens=k)
+    if args.only:
+        systems = {name: spec for name, spec in systems.items() if name in args.only}
     starts = {}
     for name, spec in systems.items():
         _, _, prepared = plan_call(
@@ -137,9 +220,23 @@ def main(argv=None) -> int:
             step, state = fresh(name)
             text = run_steps.lower(step, state, n).compile().compiled.as_text()
             (args.dump_hlo / f"{name}.hlo.txt").write_text(text)
-    times = {name: [] for name in systems}
+    bare = {}
+    if args.bare:
+        cache, length = fresh("plain")[1].cache, fresh("plain")[1].length
+        for w in args.bare:
+            ids = jnp.ones((args.batch, w), jnp.int32)
+            pos = length[:, None] - 1 + jnp.arange(w)[None, :]
+            bare[f"bare-{w}"] = (ids, pos)
+            jax.block_until_ready(bare_call(model, ids, pos, cache))
+    times = {name: [] for name in [*systems, *bare]}
     per_step = {}
     for _ in range(args.reps):
+        for name, (ids, pos) in bare.items():
+            t = time.perf_counter()
+            for _ in range(n):
+                jax.block_until_ready(bare_call(model, ids, pos, cache))
+            times[name].append(time.perf_counter() - t)
+            per_step[name] = (n, 1.0)
         for name in systems:
             step, state = fresh(name)
             jax.block_until_ready(state)
@@ -154,11 +251,31 @@ def main(argv=None) -> int:
     print(f"batch {args.batch}, {args.steps} steps, median of {args.reps}")
     print("| system | ms/step | x plain step | tokens/step/row | tokens/s x plain |")
     print("|---|---|---|---|---|")
-    for name in systems:
+    for name in [*systems, *bare]:
         steps, tps = per_step[name]
         ms = statistics.median(times[name]) / max(steps, 1)
         rate = tps / ms / (1 / base)
         print(f"| {name} | {ms * 1e3:.1f} | {ms / base:.2f} | {tps:.2f} | {rate:.2f} |")
+    if args.ops:
+        for name in args.ops_of or systems:
+            step, state = fresh(name)
+            jax.block_until_ready(state)
+            table = op_table(
+                lambda s=step, t=state: jax.block_until_ready(run_steps(s, t, n)), n, args.ops
+            )
+            print(
+                f"\n{name}: ms per loop step by kind, then the {args.ops} longest ops "
+                f"(ms per step, calls per step)\n{table}"
+            )
+        for name, (ids, pos) in bare.items():
+
+            def calls(ids=ids, pos=pos):
+                for _ in range(n):
+                    jax.block_until_ready(bare_call(model, ids, pos, cache))
+
+            print(
+                f"\n{name}: ms per call by kind, then the longest ops\n{op_table(calls, n, args.ops)}"
+            )
     return 0
 
 
