@@ -2,7 +2,8 @@
 (the machine is shared: compare the ratios, not the milliseconds).
 
     .venv/bin/python benchmarks/profile_speculative_step.py [--batch 8] [--steps 16] [--reps 5]
-        [--num-tokens 7 15] [--dump-hlo DIR]
+        [--num-tokens 7 15] [--guess 3 7] [--bare 1 4 8] [--only plain guess-3 ...]
+        [--ops 20] [--ops-of plain guess-3] [--dump-hlo DIR]
 
 SmolLM2-135M-Instruct, float32, greedy, the first `--batch` open-ended prompts of
 `bench_speculative.py`. Each system runs `--steps` steps of its `Step` inside a jitted
@@ -16,7 +17,17 @@ state; the median of `--reps` runs, the systems taking turns. Systems:
 - `verify-0`: the same 0-guess verification called directly, without the switch (what
   the branch costs by itself; the switch's cost is `no-guess` less this);
 - `lookup-k`: `PromptLookup(num_tokens=k, adaptive=False)` on the same prompts (ms per step;
-  the tokens per step are printed).
+  the tokens per step are printed);
+- `guess-k` (`--guess k`): a proposer that guesses `k` tokens every step, so that every step
+  verifies at the width holding `k` guesses (`verify_widths`): what a verifying step costs
+  against a plain step, whatever is accepted;
+- `bare-w` (`--bare w`): a bare jitted model call over `w` positions on the prefilled cache, the
+  cache not donated (as `bench_verify_width.py` measures `VERIFY_COST`), timed in the same turns.
+
+`--only NAME ...` keeps those systems (compilation is most of a run); `--ops N` traces one run
+of each system (`--ops-of` picks them) with `jax.profiler` and prints, per loop step, the time
+by kind of op, the `N` longest ops and the `N` longest ops that are not dots, loops or copies
+(the work of the speculative step beside the model call), as `profile_decode_ops.py` does.
 
 Measured 2026-11-26 on a machine loaded by other jobs (load average 8 on 2 cores; ratios only):
 before the widths and compaction change, `no-guess` 2.94x a plain step (the verification
