@@ -43,6 +43,23 @@ run minutes earlier), and the HLO of the width branches holds no copy of a cache
 120 per step, one into and one out of the taken branch; the compaction branch still copies,
 it is a gather of the whole cache by nature).
 
+Where a verifying step's time goes (2026-11-26, load 5-10 on 2 cores: ratios only, and they
+move between runs). Batch 1, `--reps 9`: plain 1.00, `guess-3` 1.77, `guess-7` 2.36 plain steps;
+`bare-1` 1.14, `bare-4` 2.03, `bare-8` 2.31 (so `bare-4 / bare-1` 1.78, the same as `guess-3`
+against plain: the step adds little beyond its model call, and a bare one-position call, the
+unit of `VERIFY_COST`, costs more than the plain step inside the loop: its cache is copied, not
+donated). Op tables (`--ops`): inside the width-3 branch the dots took 64 ms and every other
+op 3.2 ms, of which 1.3 ms was the argmax over the 4 positions (XLA's value-index pair
+reduction, not vectorised: 0.35 ms per 49,152 logits; 2.9 ms at width 7); nothing else over
+0.3 ms (no cache copies: the `copy_dynamic-update-slice` fusions copy only the written keys'
+transpose). Batch 8, width 3 (32 rows): that argmax took 61 ms of a 148 ms step in the trace (7
+ms alone on the same arrays; 3.1 ms for plain's 8 rows). `Speculative` now takes the maximum and
+the first index equal to it (`first_argmax`: 2.5 ms for 32 rows, 0.4 ms for 8) and computes only
+the chosen tokens' logprobs. The rest of the batch-8 4-position call is the model: the head
+(49152x576 over 32 tokens, 28-34 ms against 15-19 ms for 8) and attention's elementwise work
+(masks, softmax over `[8, 3, 3, 4, slots]` per layer: about 20 ms against 5), i.e. the dots'
+efficiency at 32 tokens (XLA/YNNPACK options: `models/`) rather than speculative bookkeeping.
+
 `--dump-hlo DIR` writes the optimised HLO of each loop (look for `copy` of the cache buffers
 inside the `while` body and its `conditional` branches).
 """
