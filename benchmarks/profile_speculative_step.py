@@ -60,6 +60,14 @@ the chosen tokens' logprobs. The rest of the batch-8 4-position call is the mode
 (masks, softmax over `[8, 3, 3, 4, slots]` per layer: about 20 ms against 5), i.e. the dots'
 efficiency at 32 tokens (XLA/YNNPACK options: `models/`) rather than speculative bookkeeping.
 
+Before / after `first_argmax` (2026-11-26, load about 10, `--steps 8 --reps 5 --guess 3 --only
+plain guess-3`, the old and new checkouts in alternating processes, twice): batch 8, a
+width-3 step cost 2.37 and 2.87 plain steps before, 1.86 and 1.56 after; batch 1, 1.67 and
+1.54 before, 1.68 and 2.17 after (no change beyond the noise: 1.3 ms of a 45 ms step).
+`VERIFY_COST` (bare calls, no argmax in them) is unchanged; measured in units of the plain step
+inside the loop as here, its float32 batch-8 4-position entry would be about 1.7, not 2.86, but
+on a loaded machine: measure it quiet before the cost model relies on it.
+
 `--dump-hlo DIR` writes the optimised HLO of each loop (look for `copy` of the cache buffers
 inside the `while` body and its `conditional` branches).
 """
