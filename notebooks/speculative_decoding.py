@@ -108,7 +108,7 @@ print(tokenizer.decode(np.asarray(generated), skip_special_tokens=True))
 # new. A step's call is only as wide as the guesses need and the search's cost model allows
 # (1, 4, 8 or 16 positions; see the last section): after rejections a row's acceptance estimate
 # falls and the cost model verifies fewer of its guesses or none, so bars of 1 are often plain
-# decode steps (a row refused for 8 steps is verified once anyway, to check its estimate).
+# decode steps (a row refused for 16 steps is verified once anyway, to check its estimate).
 # The last bar may be 0: a row that ends on the model's own token takes one more call to
 # put that token into the cache, so that a `SequenceState` can continue from it.
 
@@ -215,7 +215,7 @@ print(f"the run gave {measured_tokens:.2f} tokens per call, {measured_tokens / (
 # (by the size of the n-gram match that made them), and the step takes the width with the most
 # expected tokens per unit of cost; width 0, a plain decode step, is always a candidate. A row
 # whose estimate stays below the threshold would never be verified again, so it is planned
-# optimistically (acceptance 0.7) for one step after 8 refused ones: exploration. With 8
+# optimistically (acceptance 0.6) for one step after 16 refused ones: exploration. With 8
 # rows a call over 4 positions already costs about 3 plain steps (the step is no longer a
 # matrix-vector product), so only rows that keep nearly every guess make verification pay:
 

@@ -83,21 +83,24 @@ EXPLORE_TOKENS = 3
 (float32, batch 1, 2-core CPU) a target call over 4 positions cost 1.24x a one-position call,
 over 8 1.47x, over 16 1.83x (2026-11-26)."""
 
-EXPLORE_EVERY = 8
+EXPLORE_EVERY = 16
 """Steps a `PromptLookup` row may find guesses that the cost model does not verify before it is
 due to explore: for one step the cost model plans with `EXPLORE_ACCEPTANCE` for it (one due row
 per step, the longest idle). Without it a row whose estimate is below the cost model's threshold
 never verifies again, so never learns (int8 at batch 1: the prior's 0.5 is below the 0.55 a call
 over 4 positions needs, and prompt lookup never verified). Chosen by replaying the cost model
 along plain greedy outputs of `bench_speculative.py`'s prompts (`benchmarks/replay_lookup.py`,
-int8, batch 1, modelled cost): every 8 steps grounded 1.26x, open 1.02x; every 16 1.18x / 1.05x;
-never 1.00x / 1.00x."""
+int8, modelled costs; grounded / open prompts): never, batch 1 1.00x / 1.00x, batch 8 1.16x /
+0.99x; every 16 steps at 0.6, 1.17x / 1.05x and 1.20x / 0.98x; every 8 at 0.6, 1.24x / 1.02x
+and 1.20x / 0.98x; every 8 at 0.7, 1.26x / 1.02x and 1.14x / 0.94x. The less eager setting,
+since a real verification step costs more than its model call (the step's own overhead)."""
 
-EXPLORE_ACCEPTANCE = 0.7
+EXPLORE_ACCEPTANCE = 0.6
 """The optimistic acceptance the cost model plans with for a row due to explore
-(`EXPLORE_EVERY`): enough for a call over 4 positions to pay at batch 1 in every precision of
-`VERIFY_COST` (int8 needs 0.55), too little for one row to make a batch of 8 verify (the batch
-shares the call's cost; rows explore one at a time)."""
+(`EXPLORE_EVERY`): enough for a call over 4 positions (3 guesses: 2.18 expected tokens) to pay at
+batch 1 in every precision of `VERIFY_COST` (int8 1.94x), too little for a wider one at int8
+(8 positions, 2.35x) or for one row to make a batch of 8 verify (the batch shares the call's
+cost; rows explore one at a time)."""
 
 
 ACCEPTANCE_DECAY = 0.8
