@@ -79,8 +79,10 @@ print("output of rule ", np.round(np.asarray(out), 4))
 #
 # When the answer copies the prompt (rewriting, extracting, editing code), the row's own text is
 # a good guesser: find the last few tokens earlier in the row and guess what followed them
-# (`PromptLookup`, transformers' `prompt_lookup_num_tokens`). We run the compiled step by hand
-# and record how many tokens each step added.
+# (`PromptLookup`, transformers' `prompt_lookup_num_tokens`; transformers takes the first
+# earlier occurrence, the adaptive `PromptLookup` the latest, which replayed along real outputs
+# got a few more guesses accepted: `benchmarks/replay_lookup.py`). We run the compiled step by
+# hand and record how many tokens each step added.
 
 # %%
 code = (
@@ -103,10 +105,10 @@ print(tokenizer.decode(np.asarray(generated), skip_special_tokens=True))
 # %% [markdown]
 # Each bar is one call of the model. Runs of 9 tokens (8 accepted guesses plus the model's own
 # next token) are spans copied from the code; single tokens are where the answer says something
-# new. After a rejection the row guesses only as many tokens as it got right (`PromptLookup`'s
-# adaptive budget; none after a miss, until its last 3 tokens recur), and a step's call is only
-# as wide as the guesses need and the search's cost model allows (1, 4, 8 or 16 positions; see
-# the last section), so bars of 1 are often plain decode steps.
+# new. A step's call is only as wide as the guesses need and the search's cost model allows
+# (1, 4, 8 or 16 positions; see the last section): after rejections a row's acceptance estimate
+# falls and the cost model verifies fewer of its guesses or none, so bars of 1 are often plain
+# decode steps (a row refused for 16 steps is verified once anyway, to check its estimate).
 # The last bar may be 0: a row that ends on the model's own token takes one more call to
 # put that token into the cache, so that a `SequenceState` can continue from it.
 
@@ -211,7 +213,9 @@ print(f"the run gave {measured_tokens:.2f} tokens per call, {measured_tokens / (
 # of a call over `w + 1` positions comes from a table measured on this CPU per precision and
 # batch (`fg.speculative.cost.VERIFY_COST`), the acceptance `a` from each row's recent guesses
 # (by the size of the n-gram match that made them), and the step takes the width with the most
-# expected tokens per unit of cost; width 0, a plain decode step, is always a candidate. With 8
+# expected tokens per unit of cost; width 0, a plain decode step, is always a candidate. A row
+# whose estimate stays below the threshold would never be verified again, so it is planned
+# optimistically (acceptance 0.6) for one step after 16 refused ones: exploration. With 8
 # rows a call over 4 positions already costs about 3 plain steps (the step is no longer a
 # matrix-vector product), so only rows that keep nearly every guess make verification pay:
 

@@ -78,9 +78,29 @@ class AbstractProposer(eqx.Module):
 
 EXPLORE_TOKENS = 3
 """Guesses a `PromptLookup` row whose budget fell to 0 may still make, on a full
-`max_ngram_size` match; also the narrowest width `Speculative` verifies at (`verify_widths`: a
-call over 4 positions). On the default model (float32, batch 1, 2-core CPU) a target call over 4
-positions cost 1.24x a one-position call, over 8 1.47x, over 16 1.83x (2026-11-26)."""
+`max_ngram_size` match (the budget rule, `cost_model=False`); also the narrowest width
+`Speculative` verifies at (`verify_widths`: a call over 4 positions). On the default model
+(float32, batch 1, 2-core CPU) a target call over 4 positions cost 1.24x a one-position call,
+over 8 1.47x, over 16 1.83x (2026-11-26)."""
+
+EXPLORE_EVERY = 16
+"""Steps a `PromptLookup` row may find guesses that the cost model does not verify before it is
+due to explore: for one step the cost model plans with `EXPLORE_ACCEPTANCE` for it (one due row
+per step, the longest idle). Without it a row whose estimate is below the cost model's threshold
+never verifies again, so never learns (int8 at batch 1: the prior's 0.5 is below the 0.55 a call
+over 4 positions needs, and prompt lookup never verified). Chosen by replaying the cost model
+along plain greedy outputs of `bench_speculative.py`'s prompts (`benchmarks/replay_lookup.py`,
+int8, modelled costs; grounded / open prompts): never, batch 1 1.00x / 1.00x, batch 8 1.16x /
+0.99x; every 16 steps at 0.6, 1.17x / 1.05x and 1.20x / 0.98x; every 8 at 0.6, 1.24x / 1.02x
+and 1.20x / 0.98x; every 8 at 0.7, 1.26x / 1.02x and 1.14x / 0.94x. The less eager setting,
+since a real verification step costs more than its model call (the step's own overhead)."""
+
+EXPLORE_ACCEPTANCE = 0.6
+"""The optimistic acceptance the cost model plans with for a row due to explore
+(`EXPLORE_EVERY`): enough for a call over 4 positions (3 guesses: 2.18 expected tokens) to pay at
+batch 1 in every precision of `VERIFY_COST` (int8 1.94x), too little for a wider one at int8
+(8 positions, 2.35x) or for one row to make a batch of 8 verify (the batch shares the call's
+cost; rows explore one at a time)."""
 
 
 ACCEPTANCE_DECAY = 0.8
@@ -99,9 +119,14 @@ class LookupCarry(eqx.Module):
     counts of kept guesses (`hits[:, n - 1]`) and of runs ended by a rejection
     (`misses[:, n - 1]`), and the last step's match size `ngram` (0: no match).
 
-    `acceptance()` is the estimated probability that the row's next guess is kept (the mean of
+    For exploration, `found` (the guesses the lookup found this step, before the cost model cut
+    them) and `idle` (steps since the row last verified a guess on which it found some).
+
+    `estimate()` is the estimated probability that the row's next guess is kept (the mean of
     a Beta posterior under a geometric model: each guess kept with the same probability until
-    the first rejection); the search's cost model (`functional_gen.speculative.cost`) reads it.
+    the first rejection); `acceptance()`, which the search's cost model
+    (`functional_gen.speculative.cost`) plans with, is the estimate, raised to
+    `EXPLORE_ACCEPTANCE` for the row due to explore (`EXPLORE_EVERY`).
     """
 
     budget: Int[Array, " batch"]
@@ -110,8 +135,10 @@ class LookupCarry(eqx.Module):
     hits: Float[Array, "batch ngram"]
     misses: Float[Array, "batch ngram"]
     ngram: Int[Array, " batch"]
+    found: Int[Array, " batch"]
+    idle: Int[Array, " batch"]
 
-    def acceptance(self) -> Float[Array, " batch"]:
+    def estimate(self) -> Float[Array, " batch"]:
         """Per row, the estimated probability that a guess from its current match is kept."""
         rows = jnp.arange(self.ngram.shape[0])
         n = jnp.clip(self.ngram - 1, 0, self.hits.shape[1] - 1)
@@ -119,89 +146,139 @@ class LookupCarry(eqx.Module):
         prior_hits, prior_misses = ACCEPTANCE_PRIOR
         return (hits + prior_hits) / (hits + misses + prior_hits + prior_misses)
 
+    def exploring(self) -> Bool[Array, " batch"]:
+        """The row due to explore, if any: of the rows that found guesses this step and have not
+        verified any for `EXPLORE_EVERY` steps that found some, the longest idle (ties: the
+        first); at most one row per step, so that a batch explores one row at a time."""
+        due = (self.found > 0) & (self.idle >= EXPLORE_EVERY)
+        pick = jnp.argmax(jnp.where(due, self.idle, -1))
+        return due & (jnp.arange(self.idle.shape[0]) == pick)
+
+    def acceptance(self) -> Float[Array, " batch"]:
+        """Per row, the acceptance the cost model plans with: `estimate()`, at least
+        `EXPLORE_ACCEPTANCE` for the row `exploring()` picks (optimism in the face of
+        uncertainty: a row that is never verified never corrects a low estimate)."""
+        estimate = self.estimate()
+        return jnp.where(self.exploring(), jnp.maximum(estimate, EXPLORE_ACCEPTANCE), estimate)
+
 
 class PromptLookup(AbstractProposer):
     """Prompt-lookup decoding: guess that the text goes on as it did after an earlier
     occurrence of its last tokens.
 
     For `n` from `max_ngram_size` down to 1, the row's last `n` tokens are looked up in the row's
-    own prompt and generated tokens; the first (leftmost) occurrence followed by at least one
-    token gives the guesses: the up to `num_tokens` tokens after it. Positions without a guess
-    (a continuation shorter than `num_tokens`, or no match at all) are `-1`; when no row guesses
-    anything, the step is a plain one-position decode step. Everything is array code with fixed
-    shapes, on the device: one comparison of the row with each of its last `max_ngram_size`
-    tokens, shifted and combined (no gathers over the row).
+    own prompt and generated tokens; an occurrence followed by at least one token gives the
+    guesses: the up to `num_tokens` tokens after it. Which occurrence: `match="latest"` (the
+    default when `adaptive`) the most recent one, `match="first"` (the default otherwise, as
+    transformers) the leftmost. Positions without a guess (a continuation shorter than
+    `num_tokens`, or no match at all) are `-1`; when no row guesses anything, the step is a
+    plain one-position decode step. Everything is array code with fixed shapes, on the device:
+    one comparison of the row with each of its last `max_ngram_size` tokens, shifted and
+    combined (no gathers over the row).
+
+    Replayed along plain greedy outputs of `benchmarks/bench_speculative.py`'s 24 grounded
+    prompts (float32, `num_tokens=10`, `max_ngram_size=3`, every guess verified;
+    `benchmarks/replay_lookup.py`), the latest occurrence kept 0.22 of the guesses and yielded
+    2.84 tokens per verifying step, the first 0.18 and 2.78 (the best of all matches, an
+    oracle: 0.25 and 3.40); longer n-grams (4, 5) or the longest match of any size changed
+    that by under 2%; matching the prompt alone, 2.38.
 
     **Adaptive** (`adaptive=True`, the default): a verification costs more than a decode step
-    (on this CPU, 1.2-1.8x for 4-16 positions at batch 1, 3-7x at batch 8), so a row guesses only as far as its recent guesses
-    held. Its carry keeps a per-row `budget`: after a step whose guesses were all accepted it
-    is `num_tokens` again, after a rejection the number accepted (0: the row stops guessing).
-    A row at 0 guesses again only on a full `max_ngram_size` match, at most `EXPLORE_TOKENS`
-    tokens. On open-ended text most steps are then plain decode steps; on text that copies its
-    prompt the budget stays at `num_tokens`. Lossless either way (only what is guessed changes).
-    The carry also estimates each row's acceptance (`LookupCarry.acceptance`), from which the
-    search's cost model (`functional_gen.speculative.cost`) decides how many of the guesses a
-    step verifies, none when a plain decode step yields more per unit of time.
+    (on this CPU, 1.2-1.8x for 4-16 positions at batch 1, 3-7x at batch 8), so not every guess
+    is worth verifying. The carry (`LookupCarry`) estimates each row's acceptance, per n-gram
+    size of the match that guessed (`LookupCarry.estimate`), from which the search's cost model
+    (`functional_gen.speculative.cost`, `cost_model=True`) decides how many of the guesses a step
+    verifies, none when a plain decode step yields more per unit of time; a row the cost model
+    keeps refusing is verified once in a while anyway (`EXPLORE_EVERY`), so that its estimate
+    can recover. Lossless either way (only what is verified changes).
+    With `cost_model=False` a per-row `budget` cuts the guesses instead: after a step whose
+    guesses were all accepted it is `num_tokens` again, after a rejection the number accepted
+    (0: the row stops guessing, and guesses again only on a full `max_ngram_size` match, at most
+    `EXPLORE_TOKENS` tokens); transformers' `num_assistant_tokens_schedule="heuristic"` in
+    spirit. (Replayed as above with the measured costs, batch 1: the budget with the cost model
+    1.46x plain, the cost model alone 1.59x, with the latest match 1.63x.)
     `adaptive=False` guesses like transformers (the full continuation every step, all verified).
 
     **Arguments:** `num_tokens` (static, `k`), `max_ngram_size` (static, the longest n-gram),
     `adaptive` (static), `cost_model` (static, with `adaptive`: let the search's cost model cut
     the verified guesses; its table was measured for the default model on a 2-core CPU, so turn
-    it off on hardware where verifying costs about one decode step, or to verify every guess the
-    budget allows, as before the cost model).
+    it off on hardware where verifying costs about one decode step), `match` (static, `"latest"`
+    or `"first"`; `None`: `"latest"` when `adaptive`, else `"first"`).
 
-    **Raises:** `ValueError` for a `num_tokens` or `max_ngram_size` below 1.
+    **Raises:** `ValueError` for a `num_tokens` or `max_ngram_size` below 1, or a `match` other
+    than `"latest"`, `"first"` or `None`.
 
     Source: Saxena's prompt-lookup decoding; transformers' `PromptLookupCandidateGenerator`
-    (`generate(prompt_lookup_num_tokens=...)`, `max_matching_ngram_size`); the budget follows
-    transformers' `num_assistant_tokens_schedule="heuristic"` (more after a full acceptance,
-    fewer after a rejection).
+    (`generate(prompt_lookup_num_tokens=...)`, `max_matching_ngram_size`: the first match);
+    the latest match as llama.cpp's `common_ngram_cache` prefers recent statistics.
     """
 
     num_tokens: int = eqx.field(static=True, default=10)
     max_ngram_size: int = eqx.field(static=True, default=2)
     adaptive: bool = eqx.field(static=True, default=True)
     cost_model: bool = eqx.field(static=True, default=True)
+    match: str | None = eqx.field(static=True, default=None)
 
     def __check_init__(self):
         _check_positive("num_tokens", self.num_tokens)
         _check_positive("max_ngram_size", self.max_ngram_size)
+        if self.match not in (None, "latest", "first"):
+            raise ValueError(
+                f'PromptLookup\'s `match` must be "latest", "first" or None, got {self.match!r}'
+            )
+
+    @property
+    def latest(self) -> bool:
+        """Whether the lookup takes the most recent occurrence (else the first)."""
+        return self.match == "latest" or (self.match is None and self.adaptive)
 
     def init(self, target: AbstractCausalLM | None, rows: int, capacity: int) -> LookupCarry | None:
-        """Every row's budget at `num_tokens` (`None` when not `adaptive`)."""
+        """Every row's budget at `num_tokens`, no acceptance counts (`None` when not
+        `adaptive`)."""
         if not self.adaptive:
             return None
         k = self.num_tokens
+        zeros = jnp.zeros((rows,), jnp.int32)
         return LookupCarry(
             budget=jnp.full((rows,), k, jnp.int32),
             guesses=jnp.full((rows, k), -1, jnp.int32),
-            start=jnp.zeros((rows,), jnp.int32),
+            start=zeros,
             hits=jnp.zeros((rows, self.max_ngram_size), jnp.float32),
             misses=jnp.zeros((rows, self.max_ngram_size), jnp.float32),
-            ngram=jnp.zeros((rows,), jnp.int32),
+            ngram=zeros,
+            found=zeros,
+            idle=zeros,
         )
 
     def propose(
         self, carry, target, token_ids, length, active, *, key, sample, guard=None, guard_state=None
     ):
-        """The looked-up guesses (see the class), cut to each row's budget when `carry` is a
-        `LookupCarry` (all of them for `None`); `q` is `None` (deterministic). The guard is not used
-        here (the search cuts the guesses at the first forbidden one)."""
+        """The looked-up guesses (see the class) of the active rows, cut to each row's budget
+        when `carry` is a `LookupCarry` and there is no `cost_model` (all of them for `None`);
+        `q` is `None` (deterministic). The guard is not used here (the search cuts the guesses
+        at the first forbidden one)."""
         del target, key, sample, guard, guard_state
         guesses, ngram = jax.vmap(self._lookup)(token_ids, length)
         if carry is None:
             return carry, guesses, None
-        explore = jnp.where(ngram >= self.max_ngram_size, min(EXPLORE_TOKENS, self.num_tokens), 0)
-        limit = jnp.where(active, jnp.where(carry.budget > 0, carry.budget, explore), 0)
+        if self.cost_model:
+            limit = jnp.where(active, self.num_tokens, 0)
+        else:
+            explore = jnp.where(
+                ngram >= self.max_ngram_size, min(EXPLORE_TOKENS, self.num_tokens), 0
+            )
+            limit = jnp.where(active, jnp.where(carry.budget > 0, carry.budget, explore), 0)
         guesses = jnp.where(jnp.arange(self.num_tokens)[None, :] < limit[:, None], guesses, -1)
-        carry = dataclasses.replace(carry, guesses=guesses, start=length, ngram=ngram)
+        found = jnp.sum(guesses >= 0, axis=1).astype(jnp.int32)
+        carry = dataclasses.replace(carry, guesses=guesses, start=length, ngram=ngram, found=found)
         return carry, guesses, None
 
     def update(self, carry, token_ids, length):
-        """The budgets after verification: `num_tokens` where every guess was kept, else the
-        number kept (rows that guessed nothing keep theirs); the acceptance counts of the
+        """The carry after verification. Budgets: `num_tokens` where every guess was kept, else
+        the number kept (rows that verified nothing keep theirs). The acceptance counts of the
         n-gram size that guessed: decayed by `ACCEPTANCE_DECAY`, plus the guesses kept and 1 if
-        a guess was rejected (rows that guessed nothing keep theirs)."""
+        a guess was rejected (rows that verified nothing keep theirs). `idle`: 0 where a guess
+        was verified, one more where guesses were found but none verified."""
         if carry is None:
             return carry
         k = self.num_tokens
@@ -223,7 +300,8 @@ class PromptLookup(AbstractProposer):
         )
         rejected = (kept < offered).astype(jnp.float32)[:, None]
         misses = jnp.where(tried, ACCEPTANCE_DECAY * carry.misses + rejected, carry.misses)
-        return dataclasses.replace(carry, budget=budget, hits=hits, misses=misses)
+        idle = jnp.where(offered > 0, 0, carry.idle + (carry.found > 0).astype(jnp.int32))
+        return dataclasses.replace(carry, budget=budget, hits=hits, misses=misses, idle=idle)
 
     def _lookup(
         self, ids: Int[Array, " max_len"], length: Int[Array, ""]
@@ -249,7 +327,9 @@ class PromptLookup(AbstractProposer):
             for m in range(n):
                 match = match & shifted(same[top - n + m], m)
             hit = jnp.any(match)
-            first = jnp.argmax(match).astype(jnp.int32) + n
+            # the last window that matches, or the first
+            at = cols - 1 - jnp.argmax(match[::-1]) if self.latest else jnp.argmax(match)
+            first = at.astype(jnp.int32) + n
             start = jnp.where(~found & hit, first, start)
             ngram = jnp.where(~found & hit, n, ngram)
             found = found | hit

@@ -24,20 +24,27 @@ from functional_gen.speculative.cost import (
     model_precision,
     verify_cost,
 )
-from functional_gen.speculative.proposers import ACCEPTANCE_DECAY, EXPLORE_TOKENS
+from functional_gen.speculative.proposers import (
+    ACCEPTANCE_DECAY,
+    EXPLORE_ACCEPTANCE,
+    EXPLORE_EVERY,
+    EXPLORE_TOKENS,
+)
 from functional_gen.testing import tiny_config
 
 from ..helpers import tiny_tokenizer
 
 
-def _brute_lookup(ids, k, top):
-    """`(guesses, n)` by the definition, in Python."""
+def _brute_lookup(ids, k, top, latest=False):
+    """`(guesses, n)` by the definition, in Python: the first (or, `latest`, the last)
+    occurrence of the longest n-gram ending the row that has a token after it."""
     length = len(ids)
     for n in range(top, 0, -1):
         if length - n < 1:
             continue
         tail = list(ids[length - n :])
-        for i in range(0, length - n):
+        starts = range(0, length - n)
+        for i in reversed(starts) if latest else starts:
             if list(ids[i : i + n]) == tail:
                 cont = list(ids[i + n : i + n + k])
                 return cont + [-1] * (k - len(cont)), n
@@ -74,11 +81,48 @@ def test_lookup_equals_brute_force():
             assert got.tolist() == _brute_lookup(row, 4, 3)[0], row
 
 
+def test_latest_lookup_equals_brute_force():
+    """`match="latest"` (the adaptive default) returns the guesses after the LAST occurrence of
+    the longest matching n-gram, by the brute-force definition; by hand: in `1 2 7 1 2 8 1 2`
+    the 2-gram `1 2` is followed by `7 1 2 8` first and by `8 1 2` last."""
+    rng = np.random.default_rng(2)
+    spec = fg.speculative.PromptLookup(
+        num_tokens=4, max_ngram_size=3, adaptive=False, match="latest"
+    )
+    assert spec.latest and fg.speculative.PromptLookup().latest
+    assert not fg.speculative.PromptLookup(adaptive=False).latest
+    for symbols in (3, 12):
+        rows = [rng.integers(0, symbols, int(rng.integers(1, 25))).tolist() for _ in range(30)]
+        _, guesses, _ = _propose(spec, rows, [len(r) for r in rows])
+        for row, got in zip(rows, np.asarray(guesses)):
+            assert got.tolist() == _brute_lookup(row, 4, 3, latest=True)[0], row
+    row = [1, 2, 7, 1, 2, 8, 1, 2]
+    _, latest, _ = _propose(spec, [row], [8])
+    _, first, _ = _propose(dataclasses.replace(spec, match="first"), [row], [8])
+    assert np.asarray(latest)[0].tolist() == [8, 1, 2, -1]
+    assert np.asarray(first)[0].tolist() == [7, 1, 2, 8]
+    with pytest.raises(ValueError, match="match"):
+        fg.speculative.PromptLookup(match="best")
+
+
+def test_cost_model_lookup_guesses_everything_it_finds():
+    """With the cost model (the default) the budget does not cut the guesses: a row at budget 0
+    still guesses its whole continuation (the cost model decides what is verified); `found`
+    counts them, inactive rows find nothing."""
+    spec = fg.speculative.PromptLookup(num_tokens=6, max_ngram_size=2)
+    row = [1, 2, 3, 4, 5, 6, 7, 8, 9, 7, 1]  # only "1" recurs: a 1-gram match
+    carry = dataclasses.replace(spec.init(None, 2, 16), budget=jnp.asarray([0, 0], jnp.int32))
+    carry, guesses, _ = _propose(spec, [row, row], [11, 11], carry, [True, False])
+    assert np.asarray(guesses).tolist() == [[2, 3, 4, 5, 6, 7], [-1] * 6]
+    assert np.asarray(carry.found).tolist() == [6, 0]
+
+
 def test_budget_cuts_guesses_and_zero_budget_explores_on_full_ngrams():
-    """A row guesses at most its budget; at budget 0 only a full `max_ngram_size` match guesses,
-    at most `EXPLORE_TOKENS` tokens; inactive rows guess nothing."""
+    """Without the cost model a row guesses at most its budget; at budget 0 only a full
+    `max_ngram_size` match guesses, at most `EXPLORE_TOKENS` tokens; inactive rows guess
+    nothing."""
     k = 6
-    spec = fg.speculative.PromptLookup(num_tokens=k, max_ngram_size=2)
+    spec = fg.speculative.PromptLookup(num_tokens=k, max_ngram_size=2, cost_model=False)
     full = [1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2]  # "1 2" recurs: a 2-gram match, 9 tokens after it
     unigram = [1, 2, 3, 4, 5, 6, 7, 8, 9, 7, 1]  # only "1" recurs: a 1-gram match
     rows = [full, full, full, unigram, unigram, full]
@@ -137,6 +181,39 @@ def test_budget_update_by_hand():
     again = spec.update(updated, token_ids, length)  # the same outcome again: decayed, added
     np.testing.assert_allclose(np.asarray(again.hits)[0], [0, 4 * ACCEPTANCE_DECAY + 4])
     assert spec.update(None, token_ids, length) is None  # not adaptive: no carry
+
+
+def test_exploration_by_hand():
+    """`idle` counts the steps a row found guesses but verified none (reset by a verified
+    guess); a row idle for `EXPLORE_EVERY` such steps that finds guesses is due, and the cost
+    model plans with at least `EXPLORE_ACCEPTANCE` for it: one due row per step, the longest
+    idle (ties: the first), so that a batch explores one row at a time."""
+    k = 4
+    spec = fg.speculative.PromptLookup(num_tokens=k, max_ngram_size=2)
+    e = EXPLORE_EVERY
+    carry = dataclasses.replace(
+        spec.init(None, 5, 8),
+        misses=jnp.asarray([[0, 3]] * 5, jnp.float32),  # a low estimate: 1 / 5
+        ngram=jnp.full((5,), 2, jnp.int32),
+        found=jnp.asarray([3, 3, 0, 3, 3], jnp.int32),
+        idle=jnp.asarray([e, e + 2, e + 5, e - 1, e + 2], jnp.int32),
+    )
+    np.testing.assert_allclose(np.asarray(carry.estimate()), [0.2] * 5, rtol=1e-6)
+    # row 2 found nothing, row 3 is not idle long enough; rows 1 and 4 tie: the first
+    assert np.asarray(carry.exploring()).tolist() == [False, True, False, False, False]
+    np.testing.assert_allclose(
+        np.asarray(carry.acceptance()), [0.2, EXPLORE_ACCEPTANCE, 0.2, 0.2, 0.2], rtol=1e-6
+    )
+    # after verification: row 0 verified a guess (idle 0), the others verified none (the
+    # search left no guesses), those that found some count one more
+    verified = jnp.asarray([[5, 6, -1, -1]] + [[-1] * k] * 4, jnp.int32)
+    carry = dataclasses.replace(carry, guesses=verified, start=jnp.full((5,), 2))
+    token_ids = jnp.zeros((5, 8), jnp.int32).at[0, 2:4].set(jnp.asarray([5, 9]))
+    updated = spec.update(carry, token_ids, jnp.asarray([4, 3, 3, 3, 3], jnp.int32))
+    assert np.asarray(updated.idle).tolist() == [0, e + 3, e + 5, e, e + 3]
+    # an estimate above the optimistic value is kept as it is
+    high = dataclasses.replace(carry, hits=jnp.asarray([[0, 30]] * 5, jnp.float32))
+    np.testing.assert_allclose(np.asarray(high.acceptance()), np.asarray(high.estimate()))
 
 
 def test_verify_widths():
