@@ -114,22 +114,37 @@ class RotaryEmbedding(eqx.Module):
 
 
 ATTENTION_BLOCK = 256
-"""Decode attention reads the cache in static lengths `ATTENTION_BLOCK * 2**i` (see
-`attention_lengths`)."""
+"""Decode attention reads the cache in static lengths: multiples of `ATTENTION_BLOCK`, then
+doublings, with `SHORT_ATTENTION_LENGTHS` below it (see `attention_lengths`)."""
+
+SHORT_ATTENTION_LENGTHS = (64, 128)
+"""The static lengths below `ATTENTION_BLOCK` that decode attention may read in a cache of at
+least `2 * ATTENTION_BLOCK` slots (`attention_lengths`): the serving engine's lockstep cache
+(512 slots) with a short conversation written reads 64 or 128 slots, not 256."""
 
 
 def attention_lengths(max_len: int) -> tuple[int, ...]:
-    """The static cache lengths attention may read for a cache of `max_len` slots: multiples of
-    `ATTENTION_BLOCK` (256, 512, 768, 1024), then doubling (2048, 4096, ...), each at most half
-    of `max_len`, then `max_len` itself (just `(max_len,)` for a cache of fewer than 512 slots).
+    """The static cache lengths attention may read for a cache of `max_len` slots:
+    `SHORT_ATTENTION_LENGTHS` (64, 128), multiples of `ATTENTION_BLOCK` (256, 512, 768, 1024),
+    then doubling (2048, 4096, ...), each at most half of `max_len`, then `max_len` itself
+    (just `(max_len,)` for a cache of fewer than 512 slots, so `fg.generate`'s usual short
+    cache compiles one attention per layer).
 
     Fine steps where a conversation usually is (a chat passing 512 slots reads 768, not 1024),
     doubling beyond, so the number of compiled branches stays logarithmic and the slots read
     within 2x of the written ones. A shorter branch slices the cache, which XLA copies (a
     strided copy of every head); above half of `max_len` that copy costs more than reading the
     whole cache in place (batch 1, 1,024 slots, 600 written: 25.0 ms per step with a 768-slot
-    branch, 23.5 ms reading all 1,024)."""
-    lengths = []
+    branch, 23.5 ms reading all 1,024). The 64- and 128-slot branches: MEASURED_SHORT.
+    Attention over 64- or 128-slot blocks in a `fori_loop` with an online softmax (no static
+    branches) measured slower on XLA's CPU backend: MEASURED_FLASH
+    (`benchmarks/bench_decode_attention.py`).
+
+    **Arguments:** `max_len`: the cache's slots per row.
+
+    **Returns:** the lengths, ascending, the last one `max_len`.
+    """
+    lengths = [n for n in SHORT_ATTENTION_LENGTHS if max_len >= 2 * ATTENTION_BLOCK]
     n = ATTENTION_BLOCK
     while 2 * n <= max_len:
         lengths.append(n)
