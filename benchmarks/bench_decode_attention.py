@@ -10,6 +10,15 @@ depend on their values); each dispatch runs `--steps` greedy decode steps from `
 cache's length is reset afterwards, so every dispatch reads the same slots. ms per step = the
 fastest of `--rounds` dispatches per variant (alternated) / steps.
 
+    .venv/bin/python benchmarks/bench_decode_attention.py --engine [--max-len 512]
+        [--dispatches 56] [--variants today fine]
+
+`--engine`: the serving engine's jitted `generate` program (8 busy greedy slots, short story
+prompts, EOS disabled, `Engine.num_steps` steps per dispatch, no compaction) compiled once per
+variant; dispatches alternate between the variants, each from its own state, so the shared write
+index climbs from the prompts' width by `num_steps` per dispatch; ms per step = the fastest
+dispatch in each range of written slots.
+
 Variants (each traced with `functional_gen.models.attention` patched, then compiled):
 
 - `today`: the checkout's `attention_lengths` / `_attend_written`.
@@ -151,6 +160,50 @@ def program(model, cache, token, steps, written):
     return eqx.filter_jit(run, donate="all-except-first").lower(model, cache, token).compile()
 
 
+def engine_ab(model, tokenizer, args):
+    from functional_gen.serving import Engine, programs
+
+    words = ["cat", "dog", "fox", "owl", "bee", "ant", "elk", "yak"]
+    prompts = [f"Write a long story about a {w} who travels far." for w in words]
+    engine = Engine(model, tokenizer, max_slots=8, max_len=args.max_len[0])
+    engine.eos_token_id = ()
+    n = engine.num_steps
+    budget = engine.max_len - engine.prefill_width(max(len(tokenizer.encode(p)) for p in prompts))
+
+    def call():
+        return n, jnp.asarray(n, jnp.int32), engine.eos_token_id, engine.pad_token_id
+
+    held, compiled = {}, {}
+    for variant in args.variants:
+        state = engine.init_decode_state()
+        for slot, prompt in enumerate(prompts):
+            request = engine.request(tokenizer.encode(prompt), budget)
+            state = engine.insert(engine.prefill(request), state, slot)
+        with patched(variant):
+            compiled[variant] = programs.generate_jit.lower(model, state, *call()).compile()
+        held[variant] = state
+    write = int(programs.layout_jit(held[args.variants[0]])[0])
+    best = {}
+    for _ in range(args.dispatches):
+        if write + n > engine.max_len:
+            break
+        band = next(b for b in (64, 128, 256, 512, 1 << 30) if write + n <= b)
+        for variant in args.variants:
+            start = time.perf_counter()
+            held[variant], out = compiled[variant](model, held[variant], *call())
+            jax.block_until_ready(out.token_ids)
+            took = (time.perf_counter() - start) / n
+            best[band, variant] = min(best.get((band, variant), float("inf")), took)
+        write += n
+    ref = args.variants[0]
+    for band in sorted({b for b, _ in best}):
+        line = " ".join(
+            f"{v}={1e3 * best[band, v]:.1f}ms({best[band, v] / best[band, ref]:.2f}x)"
+            for v in args.variants
+        )
+        print(f"engine max_len {engine.max_len} written <= {band}: {line}", flush=True)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--batch", type=int, default=8)
@@ -159,8 +212,12 @@ def main():
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--variants", nargs="+", default=["today", "fine", "flash128"])
+    parser.add_argument("--engine", action="store_true", help="the engine's program, see above")
+    parser.add_argument("--dispatches", type=int, default=56, help="--engine: per variant")
     args = parser.parse_args()
-    model, _ = fg.load_model()
+    model, tokenizer = fg.load_model()
+    if args.engine:
+        return engine_ab(model, tokenizer, args)
     for max_len in args.max_len:
         for written in args.written:
             if written + args.steps > max_len:
