@@ -138,10 +138,12 @@ def attention_lengths(max_len: int) -> tuple[int, ...]:
     branch, 23.5 ms reading all 1,024). The 64- and 128-slot branches (2026-11-26, SmolLM2-135M,
     2-core CPU loaded ~8-10x, one process, interleaved, `benchmarks/bench_decode_attention.py`):
     the bare decode loop at 8 rows over 512 slots with 40 / 100 / 200 written took 0.84x /
-    0.94x / 1.03x (the same 256 branch: noise) the time with 256 as the shortest read; the
-    serving engine's program 0.90x (<= 64 written) and 0.67x-0.95x (<= 128, noisy); at 1 row
-    1.04-1.11x over 512 and 2,048 slots with 32-400 written (within the noise of the same
-    program; a cache under 512 slots, `fg.generate`'s usual one, is unchanged), but the decode
+    0.94x / 1.03x (the same 256 branch: noise) the time with 256 as the shortest read, over
+    2,048 slots with 32 / 100 / 400 written 0.72x / 0.90x / 1.03x; the serving engine's
+    program (8 slots, 512) in two runs 0.90x / 0.98x (<= 64 written), 0.67x / 0.89x (<= 128)
+    and 0.95x / 1.01x (<= 256, the same branch: noise); at 1 row
+    1.04-1.11x over 512 and 2,048 slots with 32-400 written (within this run-to-run noise, the
+    same for the same branch; a cache under 512 slots, `fg.generate`'s usual one, is unchanged), but the decode
     program of a cache of >= 512 slots compiles ~20-30% longer (two more branches per layer).
     Attention over 128-slot blocks in a `fori_loop` with an online softmax (flash-decoding, no
     static branches) was no faster at run time (8 rows, 512 slots: 1.00x at 32 written, 1.12x
