@@ -143,8 +143,9 @@ def attention_lengths(max_len: int) -> tuple[int, ...]:
     program (8 slots, 512) in two runs 0.90x / 0.98x (<= 64 written), 0.67x / 0.89x (<= 128)
     and 0.95x / 1.01x (<= 256, the same branch: noise); at 1 row
     1.04-1.11x over 512 and 2,048 slots with 32-400 written (within this run-to-run noise, the
-    same for the same branch; a cache under 512 slots, `fg.generate`'s usual one, is unchanged), but the decode
-    program of a cache of >= 512 slots compiles ~20-30% longer (two more branches per layer).
+    same for the same branch; a cache under 512 slots, `fg.generate`'s usual one, is
+    unchanged), but the decode program of a cache of >= 512 slots compiles ~20-30% longer (two
+    more branches per layer).
     Attention over 128-slot blocks in a `fori_loop` with an online softmax (flash-decoding, no
     static branches) was no faster at run time (8 rows, 512 slots: 1.00x at 32 written, 1.12x
     at 200; 1 row: 0.97-1.09x) but compiled in 0.6x the time at 2,048 slots.
