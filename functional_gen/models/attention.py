@@ -114,22 +114,47 @@ class RotaryEmbedding(eqx.Module):
 
 
 ATTENTION_BLOCK = 256
-"""Decode attention reads the cache in static lengths `ATTENTION_BLOCK * 2**i` (see
-`attention_lengths`)."""
+"""Decode attention reads the cache in static lengths: multiples of `ATTENTION_BLOCK`, then
+doublings, with `SHORT_ATTENTION_LENGTHS` below it (see `attention_lengths`)."""
+
+SHORT_ATTENTION_LENGTHS = (64, 128)
+"""The static lengths below `ATTENTION_BLOCK` that decode attention may read in a cache of at
+least `2 * ATTENTION_BLOCK` slots (`attention_lengths`): the serving engine's lockstep cache
+(512 slots) with a short conversation written reads 64 or 128 slots, not 256."""
 
 
 def attention_lengths(max_len: int) -> tuple[int, ...]:
-    """The static cache lengths attention may read for a cache of `max_len` slots: multiples of
-    `ATTENTION_BLOCK` (256, 512, 768, 1024), then doubling (2048, 4096, ...), each at most half
-    of `max_len`, then `max_len` itself (just `(max_len,)` for a cache of fewer than 512 slots).
+    """The static cache lengths attention may read for a cache of `max_len` slots:
+    `SHORT_ATTENTION_LENGTHS` (64, 128), multiples of `ATTENTION_BLOCK` (256, 512, 768, 1024),
+    then doubling (2048, 4096, ...), each at most half of `max_len`, then `max_len` itself
+    (just `(max_len,)` for a cache of fewer than 512 slots, so `fg.generate`'s usual short
+    cache compiles one attention per layer).
 
     Fine steps where a conversation usually is (a chat passing 512 slots reads 768, not 1024),
     doubling beyond, so the number of compiled branches stays logarithmic and the slots read
     within 2x of the written ones. A shorter branch slices the cache, which XLA copies (a
     strided copy of every head); above half of `max_len` that copy costs more than reading the
     whole cache in place (batch 1, 1,024 slots, 600 written: 25.0 ms per step with a 768-slot
-    branch, 23.5 ms reading all 1,024)."""
-    lengths = []
+    branch, 23.5 ms reading all 1,024). The 64- and 128-slot branches (2026-11-26, SmolLM2-135M,
+    2-core CPU loaded ~8-10x, one process, interleaved, `benchmarks/bench_decode_attention.py`):
+    the bare decode loop at 8 rows over 512 slots with 40 / 100 / 200 written took 0.84x /
+    0.94x / 1.03x (the same 256 branch: noise) the time with 256 as the shortest read, over
+    2,048 slots with 32 / 100 / 400 written 0.72x / 0.90x / 1.03x; the serving engine's
+    program (8 slots, 512) in two runs 0.90x / 0.98x (<= 64 written), 0.67x / 0.89x (<= 128)
+    and 0.95x / 1.01x (<= 256, the same branch: noise); at 1 row
+    1.04-1.11x over 512 and 2,048 slots with 32-400 written (within this run-to-run noise, the
+    same for the same branch; a cache under 512 slots, `fg.generate`'s usual one, is
+    unchanged), but the decode program of a cache of >= 512 slots compiles ~20-30% longer (two
+    more branches per layer).
+    Attention over 128-slot blocks in a `fori_loop` with an online softmax (flash-decoding, no
+    static branches) was no faster at run time (8 rows, 512 slots: 1.00x at 32 written, 1.12x
+    at 200; 1 row: 0.97-1.09x) but compiled in 0.6x the time at 2,048 slots.
+
+    **Arguments:** `max_len`: the cache's slots per row.
+
+    **Returns:** the lengths, ascending, the last one `max_len`.
+    """
+    lengths = [n for n in SHORT_ATTENTION_LENGTHS if max_len >= 2 * ATTENTION_BLOCK]
     n = ATTENTION_BLOCK
     while 2 * n <= max_len:
         lengths.append(n)

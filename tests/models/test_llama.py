@@ -69,14 +69,15 @@ def test_prefill_then_decode_equals_uncached_forward():
 
 
 def test_decode_reads_only_written_slots_and_equals_full_attention():
-    """Decode attention over a 2,048-slot cache reads 256, 512, 768, 1,024 slots as the written
-    part grows (`attention_lengths`), and gives the logits of one uncached forward over all
-    tokens."""
+    """Decode attention over a 2,048-slot cache reads 64, 128, 256, 512, 768, 1,024 slots as the
+    written part grows (`attention_lengths`), and gives the logits of one uncached forward over
+    all tokens."""
     from functional_gen.models.llama import attention_lengths
 
-    assert attention_lengths(2048) == (256, 512, 768, 1024, 2048)
-    assert attention_lengths(8192) == (256, 512, 768, 1024, 2048, 4096, 8192)
-    assert attention_lengths(160) == (160,) and attention_lengths(600) == (256, 600)
+    assert attention_lengths(2048) == (64, 128, 256, 512, 768, 1024, 2048)
+    assert attention_lengths(8192) == (64, 128, 256, 512, 768, 1024, 2048, 4096, 8192)
+    assert attention_lengths(160) == (160,) and attention_lengths(511) == (511,)
+    assert attention_lengths(600) == (64, 128, 256, 600)
     model = LlamaForCausalLM(
         tiny_config(max_position_embeddings=4096), key=jax.random.key(11), std=0.2
     )
@@ -86,11 +87,13 @@ def test_decode_reads_only_written_slots_and_equals_full_attention():
     full, _ = model(token_ids, positions, model.init_cache(2, n))
     call = eqx.filter_jit(lambda m, ids, pos, cache: m(ids, pos, cache))
 
-    _logits, cache = model.prefill(token_ids[:, :240], positions[:, :240], max_len=2048)
+    _logits, cache = model.prefill(token_ids[:, :50], positions[:, :50], max_len=2048)
     got = {}
-    # one token at a time across slot 256, a 230-token chunk up to 500, across 512, a chunk,
-    # then across 768
-    spans = [(i, i + 1) for i in range(240, 270)] + [(270, 500)]
+    # one token at a time across slot 64, a chunk, across 128, a chunk, across 256, a 230-token
+    # chunk up to 500, across 512, a chunk, then across 768
+    spans = [(i, i + 1) for i in range(50, 70)] + [(70, 120)]
+    spans += [(i, i + 1) for i in range(120, 135)] + [(135, 240)]
+    spans += [(i, i + 1) for i in range(240, 270)] + [(270, 500)]
     spans += [(i, i + 1) for i in range(500, 530)] + [(530, 760)]
     spans += [(i, i + 1) for i in range(760, 780)] + [(780, n)]
     for a, b in spans:
