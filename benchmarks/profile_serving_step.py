@@ -46,9 +46,10 @@ What is left of that 1.18x is attention's read length, in `models/` (not the eng
 the engine at max_len 512 reads a 256-slot slice of every layer's cache (`attention_lengths`;
 XLA copies the slice, the `wrapped_slice` ops), `fg.generate` here ~96 slots in place. The
 same 8 slots at max_len 512 / 256 / 128 (one process, alternated, min of 8 dispatches, load
-~10): 56.1 / 53.9 / 49.4 ms per step. Shorter attention branches below 256 slots (or a read
-without the copy) would be the next lever; `ATTENTION_BLOCK` is shared with `generate`, so it
-was left alone.
+~10): 56.1 / 53.9 / 49.4 ms per step. Since then attention also reads 64- or 128-slot slices
+at batch >= 2 in caches of >= 512 slots (`SHORT_ATTENTION_LENGTHS`; the engine's program
+0.67-0.98x with <= 128 written, `benchmarks/bench_decode_attention.py --engine`); a read without
+the slice copy (a cache layout with slots major) is the lever left.
 
 Admission (task of 2026-11-26, the same loaded machine, one process, min of 4-5): the engine's
 prefill of a prompt costs what `generate`'s `model.prefill` of it costs (prompts of 40 / 110 /

@@ -119,16 +119,17 @@ doublings, with `SHORT_ATTENTION_LENGTHS` below it (see `attention_lengths`)."""
 
 SHORT_ATTENTION_LENGTHS = (64, 128)
 """The static lengths below `ATTENTION_BLOCK` that decode attention may read in a cache of at
-least `2 * ATTENTION_BLOCK` slots (`attention_lengths`): the serving engine's lockstep cache
-(512 slots) with a short conversation written reads 64 or 128 slots, not 256."""
+least `2 * ATTENTION_BLOCK` slots and a batch of at least 2 rows (`attention_lengths`): the
+serving engine's lockstep cache (8 slots of 512) with a short conversation written reads 64 or
+128 slots, not 256."""
 
 
-def attention_lengths(max_len: int) -> tuple[int, ...]:
-    """The static cache lengths attention may read for a cache of `max_len` slots:
-    `SHORT_ATTENTION_LENGTHS` (64, 128), multiples of `ATTENTION_BLOCK` (256, 512, 768, 1024),
-    then doubling (2048, 4096, ...), each at most half of `max_len`, then `max_len` itself
-    (just `(max_len,)` for a cache of fewer than 512 slots, so `fg.generate`'s usual short
-    cache compiles one attention per layer).
+def attention_lengths(max_len: int, batch: int = 1) -> tuple[int, ...]:
+    """The static cache lengths attention may read for a cache of `max_len` slots per row and
+    `batch` rows: `SHORT_ATTENTION_LENGTHS` (64, 128; only for `batch >= 2`), multiples of
+    `ATTENTION_BLOCK` (256, 512, 768, 1024), then doubling (2048, 4096, ...), each at most half
+    of `max_len`, then `max_len` itself (just `(max_len,)` for a cache of fewer than 512 slots,
+    so `fg.generate`'s usual short cache compiles one attention per layer).
 
     Fine steps where a conversation usually is (a chat passing 512 slots reads 768, not 1024),
     doubling beyond, so the number of compiled branches stays logarithmic and the slots read
@@ -145,16 +146,18 @@ def attention_lengths(max_len: int) -> tuple[int, ...]:
     1.04-1.11x over 512 and 2,048 slots with 32-400 written (within this run-to-run noise, the
     same for the same branch; a cache under 512 slots, `fg.generate`'s usual one, is
     unchanged), but the decode program of a cache of >= 512 slots compiles ~20-30% longer (two
-    more branches per layer).
+    more branches per layer): hence the short lengths only where they paid, at several rows; a
+    batch-1 long prompt (docs/concepts/long_prompts.md) compiles the branches it had.
     Attention over 128-slot blocks in a `fori_loop` with an online softmax (flash-decoding, no
     static branches) was no faster at run time (8 rows, 512 slots: 1.00x at 32 written, 1.12x
     at 200; 1 row: 0.97-1.09x) but compiled in 0.6x the time at 2,048 slots.
 
-    **Arguments:** `max_len`: the cache's slots per row.
+    **Arguments:** `max_len`: the cache's slots per row; `batch`: the rows of the call.
 
     **Returns:** the lengths, ascending, the last one `max_len`.
     """
-    lengths = [n for n in SHORT_ATTENTION_LENGTHS if max_len >= 2 * ATTENTION_BLOCK]
+    short = max_len >= 2 * ATTENTION_BLOCK and batch >= 2
+    lengths = [n for n in SHORT_ATTENTION_LENGTHS if short]
     n = ATTENTION_BLOCK
     while 2 * n <= max_len:
         lengths.append(n)
@@ -511,11 +514,11 @@ class Attention(eqx.Module):
         Slots at and after `write_index + seq` hold no token yet (rows are written in lockstep,
         `KVCache`), so attending over them only adds masked work: a decode step over a
         4,096-slot cache took 1.5x (batch 1) to 3x (batch 4) the time of one over 256 slots.
-        The lengths `attention_lengths(max_len)` are static; `lax.switch` picks the shortest
+        The lengths `attention_lengths(max_len, batch)` are static; `lax.switch` picks the shortest
         one that holds `used` slots at run time, so the result equals attention over every
         slot (the skipped ones have weight exactly 0) at the cost of the written part.
         """
-        lengths = attention_lengths(k_cache.shape[-2])
+        lengths = attention_lengths(k_cache.shape[-2], k_cache.shape[0])
         if len(lengths) == 1:
             # Behind a conditional (both branches the same) so that the updated cache is one
             # materialised operand: called directly, XLA's CPU fusion duplicated each

@@ -450,7 +450,7 @@ class Engine:
         write, dead = (
             int(x) for x in timer.add("layout", start, jax.device_get(layout_jit(decode_state)))
         )
-        lengths = attention_lengths(self.max_len)
+        lengths = attention_lengths(self.max_len, self.max_slots)
 
         def read(used):  # the static length attention reads with `used` slots written
             return next((m for m in lengths if m >= used), self.max_len)

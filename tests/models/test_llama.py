@@ -74,10 +74,11 @@ def test_decode_reads_only_written_slots_and_equals_full_attention():
     all tokens."""
     from functional_gen.models.llama import attention_lengths
 
-    assert attention_lengths(2048) == (64, 128, 256, 512, 768, 1024, 2048)
-    assert attention_lengths(8192) == (64, 128, 256, 512, 768, 1024, 2048, 4096, 8192)
-    assert attention_lengths(160) == (160,) and attention_lengths(511) == (511,)
-    assert attention_lengths(600) == (64, 128, 256, 600)
+    assert attention_lengths(2048, 8) == (64, 128, 256, 512, 768, 1024, 2048)
+    assert attention_lengths(8192, 2) == (64, 128, 256, 512, 768, 1024, 2048, 4096, 8192)
+    assert attention_lengths(8192) == (256, 512, 768, 1024, 2048, 4096, 8192)  # one row
+    assert attention_lengths(160, 8) == (160,) and attention_lengths(511, 8) == (511,)
+    assert attention_lengths(600, 2) == (64, 128, 256, 600)
     model = LlamaForCausalLM(
         tiny_config(max_position_embeddings=4096), key=jax.random.key(11), std=0.2
     )
