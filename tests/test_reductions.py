@@ -1,0 +1,71 @@
+"""`functional_gen.reductions.argmax` against NumPy's `argmax` (first index of the maximum, NaN
+the largest), and the samplers that use it against `jnp.argmax` / `jax.random.categorical`."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import functional_gen as fg
+from functional_gen.reductions import BLOCK, argmax
+
+
+def _check(x, axis=-1):
+    got = argmax(jnp.asarray(x), axis=axis)
+    want = np.argmax(np.asarray(x, np.float32), axis=axis)  # NumPy: first occurrence, NaN first
+    np.testing.assert_array_equal(np.asarray(got), want)
+    assert got.dtype == jnp.argmax(jnp.asarray(x), axis=axis).dtype
+
+
+@pytest.mark.parametrize("length", [5, 2 * BLOCK, 2 * BLOCK + 1, 49152, 262144 - 7])
+def test_random_rows_match_numpy(length):
+    x = np.random.default_rng(length).standard_normal((3, length)).astype(np.float32)
+    _check(x)
+
+
+def test_ties_first_index_wins_across_and_inside_blocks():
+    n = 5 * BLOCK + 3
+    x = np.zeros((4, n), np.float32)
+    x[0, [7, 3 * BLOCK + 2]] = 9.0  # in two blocks: the first block's
+    x[1, [2 * BLOCK + 5, 2 * BLOCK + 9]] = 9.0  # twice in one block: the first
+    x[2, n - 1] = 9.0  # in the padded last block
+    # row 3: all equal, index 0
+    _check(x)
+    np.testing.assert_array_equal(np.asarray(argmax(jnp.asarray(x))), [7, 2 * BLOCK + 5, n - 1, 0])
+
+
+def test_minus_inf_and_nan_rows():
+    n = 3 * BLOCK + 10  # not a multiple of BLOCK: the -inf padding must not win a tie
+    x = np.full((3, n), -np.inf, np.float32)
+    x[1, [BLOCK + 4, 2 * BLOCK]] = np.nan  # NaN counts as the largest; the first NaN
+    x[2, 5] = np.inf
+    x[2, 2 * BLOCK + 1] = np.nan
+    _check(x)
+    np.testing.assert_array_equal(np.asarray(argmax(jnp.asarray(x))), [0, BLOCK + 4, 2 * BLOCK + 1])
+
+
+def test_other_axis_dtype_and_vmap():
+    x = np.random.default_rng(0).standard_normal((3 * BLOCK, 2, 3)).astype(np.float32)
+    _check(x, axis=0)
+    xb = jnp.asarray(x[:, 0, 0]).astype(jnp.bfloat16)
+    assert int(argmax(xb)) == int(jnp.argmax(xb))
+    ints = jnp.asarray(np.random.default_rng(1).integers(0, 9, 4 * BLOCK))
+    assert int(argmax(ints)) == int(np.argmax(np.asarray(ints)))  # not floating: jnp.argmax
+    rows = jnp.asarray(np.random.default_rng(2).standard_normal((4, 3 * BLOCK)), jnp.float32)
+    np.testing.assert_array_equal(np.asarray(jax.jit(jax.vmap(argmax))(rows)), np.argmax(rows, -1))
+
+
+def test_axis_out_of_range():
+    with pytest.raises(ValueError, match="axis 2 is out of range"):
+        argmax(jnp.zeros((2, 3)), axis=2)
+
+
+def test_samplers_draw_what_jax_draws():
+    logits = jnp.asarray(np.random.default_rng(3).standard_normal((6, 262144)), jnp.float32)
+    keys = jax.random.split(jax.random.key(7), 6)
+    greedy = jax.vmap(lambda lg, k: fg.samplers.Greedy()(lg, key=k))(logits, keys)
+    np.testing.assert_array_equal(np.asarray(greedy), np.argmax(np.asarray(logits), -1))
+    drawn = jax.jit(jax.vmap(lambda lg, k: fg.samplers.Multinomial()(lg, key=k)))(logits, keys)
+    want = jax.vmap(lambda lg, k: jax.random.categorical(k, lg))(logits, keys)
+    np.testing.assert_array_equal(np.asarray(drawn), np.asarray(want))
+    assert drawn.dtype == jnp.int32
