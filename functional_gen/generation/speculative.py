@@ -43,6 +43,7 @@ from jaxtyping import Array, Bool, Float, Int, PyTree
 
 from ..models.base import AbstractCausalLM
 from ..models.kv_cache import RING_RESERVE
+from ..reductions import argmax
 from ..speculative.acceptance import exact_match, rejection_sample
 from ..speculative.cache import compact, keep_below, switch_in_place
 from ..speculative.cost import choose_width, model_precision, verify_cost
@@ -93,24 +94,6 @@ def verify_widths(num_tokens: int, batch: int = 1) -> tuple[int, ...]:
     while widths[-1] < num_tokens:
         widths.append((len(widths) - 1) * 8 - 1)
     return tuple(widths)
-
-
-def first_argmax(
-    logits: Float[Array, "*shape vocab"], best: Float[Array, " *shape"]
-) -> Int[Array, " *shape"]:
-    """`jnp.argmax(logits, axis=-1)` (the first index on ties) from the row maxima `best`
-    (`jnp.max(logits, axis=-1)`): the smallest index whose logit equals its row's maximum.
-
-    Two plain reductions instead of XLA's (value, index) pair reduction, which its CPU backend
-    does not vectorize: over the `batch * (k + 1)` rows of a verification (49,152 logits each)
-    `jnp.argmax` took 7.0 ms for 32 rows and 1.8 ms for 8, this 2.5 ms and 0.4 ms
-    (`benchmarks/profile_speculative_step.py --ops`, 2026-11-26, 2-core CPU, loaded). Equal to
-    `jnp.argmax` for logits without NaN (a row of `-inf` gives 0, as it does).
-    """
-    vocab = logits.shape[-1]
-    index = jnp.arange(vocab, dtype=jnp.int32)
-    first = jnp.min(jnp.where(logits == best[..., None], index, vocab), axis=-1)
-    return jnp.minimum(first, vocab - 1)
 
 
 def chosen_logprobs(
@@ -374,7 +357,7 @@ class Speculative(AbstractSearch):
 
         # 4. acceptance
         if greedy:
-            targets = jnp.where(dead, -1, first_argmax(processed, best)).astype(jnp.int32)
+            targets = jnp.where(dead, -1, argmax(processed, axis=-1)).astype(jnp.int32)
             n = jax.vmap(exact_match)(drafts, targets, num_guesses)
             next_token = targets[rows, n]
         else:

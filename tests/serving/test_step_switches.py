@@ -1,4 +1,4 @@
-"""The engine step's batch-wide switches (`serving.slots.SlotSampler`, `first_argmax`,
+"""The engine step's batch-wide switches (`serving.slots.SlotSampler`,
 `serving.pool.SlotConstraint.any_constrained`): each skipped path gives what the full path gives
 for the rows that can be affected, checked against `jnp.argmax`, `jax.random.categorical` and
 hand-built automaton tables."""
@@ -10,19 +10,8 @@ import pytest
 
 from functional_gen.processors.base import Context
 from functional_gen.serving.pool import SlotConstraint
-from functional_gen.serving.slots import SlotSampler, first_argmax
+from functional_gen.serving.slots import SlotSampler
 from functional_gen.structured.automaton import INFINITE_DISTANCE, INITIAL
-
-
-def test_first_argmax_matches_argmax():
-    x = jax.random.normal(jax.random.key(0), (5, 1000))
-    x = x.at[1, 7].set(9.0).at[1, 300].set(9.0)  # a tie: the first index wins, as in argmax
-    x = x.at[2].set(-jnp.inf)  # nothing possible: index 0, as argmax gives
-    x = x.at[3, 999].set(jnp.inf)
-    assert first_argmax(x).tolist() == jnp.argmax(x, axis=-1).tolist()
-    assert first_argmax(x)[1] == 7 and first_argmax(x)[2] == 0 and first_argmax(x)[3] == 999
-    assert first_argmax(jnp.asarray([1.0, 3.0, 3.0, -2.0])) == 1
-    assert first_argmax(x).dtype == jnp.int32
 
 
 def test_slot_sampler_switches_between_argmax_and_the_multinomial_draw():
