@@ -26,17 +26,23 @@ import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int
 
 VERIFY_COST: dict[tuple[str, int], tuple[tuple[int, float], ...]] = {
-    ("float32", 1): ((1, 1.0), (2, 1.23), (4, 1.24), (8, 1.47), (11, 2.35), (16, 1.83)),
-    ("float32", 8): ((1, 1.0), (2, 1.44), (4, 2.86), (8, 4.26), (11, 6.85), (16, 7.31)),
+    ("float32", 1): ((1, 1.0), (2, 1.37), (4, 1.37), (8, 1.76), (11, 2.13), (16, 2.14)),
+    ("float32", 8): ((1, 1.0), (2, 1.22), (4, 1.64), (8, 2.56), (11, 3.91), (16, 4.58)),
     ("int8", 1): ((1, 1.0), (2, 1.94), (4, 1.94), (8, 2.35), (11, 3.33), (16, 3.32)),
     ("int8", 8): ((1, 1.0), (2, 1.79), (4, 1.78), (8, 2.49), (11, 4.40), (16, 5.64)),
 }
 """The cost of a target call over `positions` positions per row, as a multiple of a one-position
 call, by `(precision, batch)`: `((positions, ratio), ...)`. Measured with
 `benchmarks/bench_verify_width.py` on the default model (SmolLM2-135M) on this 2-core CPU;
-`verify_cost` interpolates between positions and batches. Float32, 2026-11-26, a quiet machine
-(`--calls 10`; again on a loaded one, the widths taking turns: 1.09 / 1.50 / 2.23 / 1.76 at
-batch 1). Int8, 2026-11-26, a quiet machine, `--calls 10`, after int8 weights at 2 to 64
+`verify_cost` interpolates between positions and batches. Float32, 2026-11-26 16:44-16:48 UTC,
+a quiet machine, as whole verifying steps inside the loop against the plain step
+(`benchmarks/profile_speculative_step.py --batch B --guess G --only plain guess-G`, 16 steps,
+median of 5-7; plain 16 ms at batch 1, 31 ms at batch 8), after verification took its argmax
+blockwise (`reductions.argmax`: XLA's CPU `jnp.argmax` had cost 7 ms of a batch-8 4-position
+step) and only the chosen tokens' logprobs: the bare-call ratios that the table held before
+(`bench_verify_width.py`: batch 1 1.23 / 1.24 / 1.47 at 2 / 4 / 8 positions, batch 8 1.44 /
+2.86 / 4.26) understated batch 1 (a bare one-position call is not the plain step) and
+overstated batch 8. Int8, 2026-11-26, a quiet machine, `--calls 10`, after int8 weights at 2 to 64
 tokens per call were given their row-block product (`quantization.matmul_row_blocks`: before
 it, any call over more than one token at batch 1 cost about 6x a decode step, and the table
 held 5.77-6.41x there): batch 1, 8.3 ms at one position, 1.94x at 2 and 4, 2.35x at 8, 3.3x
