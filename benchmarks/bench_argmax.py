@@ -19,11 +19,13 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's functional_gen
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, Int, PRNGKeyArray
+from profile_decode import fastest
 
 import functional_gen as fg
 from functional_gen.reductions import argmax
@@ -49,16 +51,6 @@ class JnpMultinomial(fg.samplers.AbstractSampler):
         return jax.random.categorical(key, logits).astype(jnp.int32)
 
 
-def best_of(fn, *args, repeats=20) -> float:
-    jax.block_until_ready(fn(*args))
-    best = float("inf")
-    for _ in range(repeats):
-        t = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        best = min(best, time.perf_counter() - t)
-    return best
-
-
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="gemma-3-270m")
@@ -73,8 +65,8 @@ def main(argv=None) -> int:
     vocab = model.vocab_size
     for batch in args.batches:
         x = jax.random.normal(jax.random.key(0), (batch, vocab))
-        old = best_of(jax.jit(jax.vmap(jnp.argmax)), x)
-        new = best_of(jax.jit(jax.vmap(argmax)), x)
+        old = fastest(jax.jit(jax.vmap(jnp.argmax)), x, repeats=20)
+        new = fastest(jax.jit(jax.vmap(argmax)), x, repeats=20)
         print(f"argmax [{batch}, {vocab}]: jnp {old * 1e3:.2f} ms, ours {new * 1e3:.2f} ms")
     if args.sampler == "greedy":
         samplers = {"jnp": JnpGreedy(), "ours": fg.samplers.Greedy()}
