@@ -53,6 +53,23 @@ def category(name: str) -> str:
     return "other fusions"
 
 
+def trace_ops(run, steps: int) -> tuple[collections.Counter, collections.Counter]:
+    """Trace `run()` (which runs `steps` steps) with `jax.profiler` and return each compiled op's
+    time in ms per step and its calls, runtime events left out."""
+    with tempfile.TemporaryDirectory() as folder:
+        with jax.profiler.trace(folder):
+            run()
+        (path,) = glob.glob(f"{folder}/**/*.trace.json.gz", recursive=True)
+        with gzip.open(path) as f:
+            events = json.load(f)["traceEvents"]
+    total, count = collections.Counter(), collections.Counter()
+    for e in events:
+        if e.get("ph") == "X" and "dur" in e and not e["name"].startswith(_RUNTIME):
+            total[e["name"]] += e["dur"] / steps / 1e3  # ms per step
+            count[e["name"]] += 1
+    return total, count
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="gemma-3-270m")
@@ -85,19 +102,12 @@ def main(argv=None) -> int:
 
     for _ in range(3):  # compile and warm up
         jax.block_until_ready(step(params, cache, token, position))
-    with tempfile.TemporaryDirectory() as folder:
-        with jax.profiler.trace(folder):
-            for _ in range(args.steps):
-                jax.block_until_ready(step(params, cache, token, position))
-        (path,) = glob.glob(f"{folder}/**/*.trace.json.gz", recursive=True)
-        with gzip.open(path) as f:
-            events = json.load(f)["traceEvents"]
 
-    total, count = collections.Counter(), collections.Counter()
-    for e in events:
-        if e.get("ph") == "X" and "dur" in e and not e["name"].startswith(_RUNTIME):
-            total[e["name"]] += e["dur"] / args.steps / 1e3  # ms per step
-            count[e["name"]] += 1
+    def run():
+        for _ in range(args.steps):
+            jax.block_until_ready(step(params, cache, token, position))
+
+    total, count = trace_ops(run, args.steps)
     kinds = collections.Counter()
     for name, ms in total.items():
         kinds[category(name)] += ms

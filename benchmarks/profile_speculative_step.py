@@ -74,12 +74,8 @@ inside the `while` body and its `conditional` branches).
 
 import argparse
 import collections
-import glob
-import gzip
-import json
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -90,7 +86,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 from bench_speculative import OPEN, chat
-from profile_decode_ops import _RUNTIME, category
+from profile_decode_ops import category, trace_ops
 
 import functional_gen as fg
 from functional_gen.generation.planning import plan_call
@@ -153,17 +149,7 @@ class AlwaysGuess(AbstractProposer):
 def op_table(run, steps: int, top: int) -> str:
     """Time per compiled op of `run()` (one traced call of `steps` loop steps), per step: the
     kinds (as `profile_decode_ops.py` sorts them) and the `top` longest ops."""
-    with tempfile.TemporaryDirectory() as folder:
-        with jax.profiler.trace(folder):
-            run()
-        (path,) = glob.glob(f"{folder}/**/*.trace.json.gz", recursive=True)
-        with gzip.open(path) as f:
-            events = json.load(f)["traceEvents"]
-    total, count = collections.Counter(), collections.Counter()
-    for e in events:
-        if e.get("ph") == "X" and "dur" in e and not e["name"].startswith(_RUNTIME):
-            total[e["name"]] += e["dur"] / steps / 1e3
-            count[e["name"]] += 1
+    total, count = trace_ops(run, steps)
     kinds = collections.Counter()
     for name, ms in total.items():
         kinds[category(name)] += ms
