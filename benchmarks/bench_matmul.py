@@ -1,6 +1,7 @@
 """Which matmul formulation XLA's CPU backend runs fastest, per weight format and token count.
 
-    .venv/bin/python benchmarks/bench_matmul.py [--tokens 1 8 512] [--repeats 15]
+    .venv/bin/python benchmarks/bench_matmul.py [--tokens 1 8 512] [--repeats 15] [--shapes ...]
+        [--formats ...] [--names ...] [--rounds 2]
 
 The model's projections are `y[out, tokens] = W[out, in] @ x[in, tokens]` (feature-major
 activations, see `functional_gen/models/llama.py`). XLA picks very different kernels for
@@ -9,7 +10,8 @@ float32 in most layouts, and 2x faster in a few), so `functional_gen/models/quan
 chooses one per weight format and token count from the table this script prints.
 
 Every figure is the time of ONE matmul of a SmolLM2-135M shape (576->576 attention, 576->1536
-MLP, 1536->576 down, the tied 49152x576 output head), measured as a chain of as many distinct
+MLP, 1536->576 down, the tied 49152x576 output head; `--shapes` adds the fused projections and
+Gemma 3 270M's), measured as a chain of as many distinct
 weights as make 256 MB of float32 (so weights stream from memory as in the model, instead of
 sitting in the 32 MB L3), divided by the chain length: the fastest of up to `--repeats` calls of
 one jitted function after a warm-up (interference from other processes only adds time). The machine may be shared: compare rows of one run.
@@ -33,7 +35,17 @@ SHAPES = {  # name: (out, in)
     "mlp 1536x576": (1536, 576),
     "down 576x1536": (576, 1536),
     "head 49152x576": (49152, 576),
+    # the fused projections as the models store them (`Attention.qkv_proj`, `MLP.gate_up_proj`)
+    "qkv 960x576": (960, 576),
+    "gate_up 3072x576": (3072, 576),
+    # Gemma 3 270M (hidden 640, 4 heads of 256 over 1 KV head, MLP 2048, vocabulary 262,144)
+    "gemma qkv 1536x640": (1536, 640),
+    "gemma o 640x1024": (640, 1024),
+    "gemma gate_up 4096x640": (4096, 640),
+    "gemma down 640x2048": (640, 2048),
+    "gemma head 262144x640": (262144, 640),
 }
+DEFAULT_SHAPES = ["attn 576x576", "mlp 1536x576", "down 576x1536", "head 49152x576"]
 
 
 def make_weights(fmt, out, inp, count, key):
@@ -85,7 +97,13 @@ def main(argv=None) -> int:
         nargs="+",
         default=["float32", "bfloat16", "int8", "int8-block", "int8-split"],
     )
-    parser.add_argument("--shapes", nargs="+", default=list(SHAPES))
+    parser.add_argument("--shapes", nargs="+", default=DEFAULT_SHAPES, choices=list(SHAPES))
+    parser.add_argument(
+        "--names", nargs="+", default=None, help="time only these CANDIDATES (default: all)"
+    )
+    parser.add_argument(
+        "--rounds", type=int, default=1, help="time the candidates this many times, interleaved"
+    )
     parser.add_argument("--megabytes", type=float, default=256.0, help="float32 MB per chain")
     args = parser.parse_args(argv)
 
@@ -105,10 +123,18 @@ def main(argv=None) -> int:
                     ws_, ss_ = ws, ss
                 x = jax.random.normal(jax.random.key(1), (inp, tokens), jnp.float32)
                 results = {}
-                for name, (f, _) in q.CANDIDATES.items():
-                    if f == fmt:
+                names = [
+                    n
+                    for n, (f, _) in q.CANDIDATES.items()
+                    if f == fmt and (args.names is None or n in args.names)
+                ]
+                for _ in range(args.rounds):  # interleaved: the load moves between candidates
+                    for name in names:
                         fn = functools.partial(q.run_formulation, name)  # as the model runs it
-                        results[name] = time_formulation(fn, ws_, ss_, x, args.repeats) * 1e3
+                        t = time_formulation(fn, ws_, ss_, x, args.repeats) * 1e3
+                        results[name] = min(t, results.get(name, t))
+                if not results:
+                    continue
                 best = min(results, key=results.get)
                 chosen = q.formulation_name(fmt, tokens, out)
                 cells = "  ".join(
