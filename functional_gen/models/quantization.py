@@ -242,7 +242,7 @@ def matmul_row_blocks(
     """`weight @ x` (the weight dequantized with its `scale` when int8) computed in blocks of
     `rows` output rows: a `jax.lax.scan` over the blocks, each copied (dequantized to float32)
     into a buffer of its own and multiplied there; the last `out % rows` rows are one product
-    more. A weight of fewer than `2 * rows` rows is cut into 2 blocks of `out // 2` rows.
+    more.
 
     Why: at a few tokens XLA's CPU backend runs one `[out, in] @ [in, tokens]` dot over a matrix
     much larger than the caches (the 262,144 x 640 output head of Gemma 3) far from the memory
@@ -263,12 +263,6 @@ def matmul_row_blocks(
         return w @ x
 
     out = weight.shape[0]
-    if out // rows < 2 and out >= 2:
-        # A weight of fewer than `2 * rows` rows still goes through the scan, as 2 blocks: as one
-        # product (below) XLA's CPU backend ran the dequantization and the dot 10-20x slower than
-        # in a scan (SmolLM2's 1536 x 576 at 8 tokens: 2.6 ms whole, 0.14 ms as 2 blocks of 768
-        # rows, 0.30 ms float32; `benchmarks/bench_matmul.py`, jaxlib 0.10.2).
-        rows = out // 2
     full = out // rows
     if full < 2:
         if scale is not None:
