@@ -13,7 +13,9 @@ Every figure is the time of ONE matmul of a SmolLM2-135M shape (576->576 attenti
 MLP, 1536->576 down, the tied 49152x576 output head; `--shapes` adds the fused projections and
 Gemma 3 270M's), measured as a chain of as many distinct
 weights as make 256 MB of float32 (so weights stream from memory as in the model, instead of
-sitting in the 32 MB L3), divided by the chain length: the fastest of up to `--repeats` calls of
+sitting in the 32 MB L3), each product's `x` depending on the previous product (as a layer's
+input does; independent products let XLA run every int8 dequantization before any dot, and
+made one-block int8 products look 10x slower than float32), divided by the chain length: the fastest of up to `--repeats` calls of
 one jitted function after a warm-up (interference from other processes only adds time). The machine may be shared: compare rows of one run.
 """
 

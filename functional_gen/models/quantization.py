@@ -372,6 +372,9 @@ FORMULATIONS: dict[str, tuple[tuple[int, int, str], ...]] = {
     # block after the activations are known: the bfloat16 copy made the whole matrix at once,
     # and XLA ran those copies for every layer before the first one (Gemma 3 270M, batch 8, one
     # decode step on the loaded machine: 748 ms before, 197 ms after; float32 191-214 ms).
+    # Re-measured on jaxlib 0.10.2 (YNNPACK): inside SmolLM2 the row blocks are as fast as
+    # float32 or faster at 2-8 tokens and beat the int8 x int8 candidates (per-row copy, a
+    # batched dot over the blocks of 32, 2-block scans); see docs/concepts/weights.md.
     "int8-block": (
         (1, _ANY, "(x.T @ deq(W).T).T"),
         (64, _ANY, "deq(W) @ x in row blocks"),
