@@ -104,14 +104,79 @@ def categorical(key: PRNGKeyArray, logits: Float[Array, " vocab"]) -> Int[Array,
     ch. II.2), as transformers draws with `torch.multinomial(softmax(logits), 1)` and llama.cpp
     with a cumulative sum over its candidates (`std::discrete_distribution`).
     """
+    x, probs = _blocks("categorical", logits)
+    running = jnp.cumsum(jnp.sum(probs(x), axis=-1))
+    u = jax.random.uniform(key, (2,), jnp.float32)
+    b = _first_above(running, u[0] * running[-1])
+    inside = jnp.cumsum(probs(jax.lax.dynamic_index_in_dim(x, b, keepdims=False)))
+    i = _first_above(inside, u[1] * inside[-1])
+    return (b * x.shape[1] + i).astype(jnp.int32)
+
+
+def categorical_without_replacement(
+    key: PRNGKeyArray, logits: Float[Array, " vocab"], k: int
+) -> Int[Array, " k"]:
+    """`k` distinct indices drawn one after another with probability `softmax(logits)` among
+    those not drawn yet (successive sampling without replacement), each draw `categorical`'s
+    two-level inverse transform with two uniform numbers: `2 k` random numbers in all.
+
+    This is the distribution, in draw order, of the Gumbel-top-k trick (the `k` largest of
+    `logits + gumbel_noise`, one random number per entry) and of transformers' beam sampling
+    (`torch.multinomial(probs, num_samples=k)`, without replacement). After a draw its entry
+    is zeroed and only its block's sum recomputed, so the block sums stay exact sums.
+
+    **Arguments:** `key`: a JAX PRNG key; `logits`: `[vocab]` floating point (computed in
+    float32), finite values and `-inf`; `k`: static, `1 <= k <= vocab`.
+
+    **Returns:** int32 `[k]`, in draw order; `-1` for each draw after the nonzero entries ran
+    out (fewer than `k` finite logits), so a caller can tell those apart.
+
+    **Raises:** `ValueError` for `logits` that are not one nonempty floating point row, or `k`
+    outside `[1, vocab]`.
+
+    Source: successive sampling (Vieira, "Gumbel-max trick and weighted reservoir sampling",
+    2014; Kool et al., "Stochastic Beams and Where to Find Them", ICML 2019) by inverse
+    transform sampling as `categorical`.
+    """
+    x, probs = _blocks("categorical_without_replacement", logits)
+    if not 1 <= k <= logits.shape[0]:
+        raise ValueError(
+            f"categorical_without_replacement: k={k} must be in [1, vocab={logits.shape[0]}]"
+        )
+    block = x.shape[1]
+    sums = jnp.sum(probs(x), axis=-1)
+    u = jax.random.uniform(key, (k, 2), jnp.float32)
+    offsets = jnp.arange(block, dtype=jnp.int32)
+
+    def draw(j, carry):
+        sums, drawn = carry
+        running = jnp.cumsum(sums)
+        b = _first_above(running, u[j, 0] * running[-1])
+        flat = b * block + offsets
+        row = probs(jax.lax.dynamic_index_in_dim(x, b, keepdims=False))
+        row = jnp.where(jnp.any(flat[:, None] == drawn[None, :], axis=-1), 0.0, row)
+        inside = jnp.cumsum(row)
+        i = _first_above(inside, u[j, 1] * inside[-1])
+        drawn = drawn.at[j].set(jnp.where(inside[-1] > 0, b * block + i, -1))
+        sums = sums.at[b].set(jnp.sum(row.at[i].set(0.0)))
+        return sums, drawn
+
+    drawn = jnp.full((k,), -1, jnp.int32)
+    return jax.lax.fori_loop(0, k, draw, (sums, drawn))[1]
+
+
+def _blocks(name: str, logits):
+    """Checks one row of logits; returns it in float32 as `[blocks, block]` (padded with
+    `-inf`) and the function `v -> exp(v - max)` on its entries (the maximum's entries exactly 1,
+    also for a `+inf` maximum; all 0 for an all `-inf` row)."""
     logits = jnp.asarray(logits)
     if logits.ndim != 1 or logits.shape[0] == 0:
         raise ValueError(
-            f"categorical: logits must be one row [vocab] with vocab > 0, got shape {logits.shape}"
+            f"{name}: logits must be one row [vocab] with vocab > 0, got shape {logits.shape}"
             " (vmap over the batch)"
         )
     if not jnp.issubdtype(logits.dtype, jnp.floating):
-        raise ValueError(f"categorical: logits must be floating point, got dtype {logits.dtype}")
+        raise ValueError(f"{name}: logits must be floating point, got dtype {logits.dtype}")
     n = logits.shape[0]
     block = min(BLOCK, n)
     blocks = -(-n // block)
@@ -120,16 +185,9 @@ def categorical(key: PRNGKeyArray, logits: Float[Array, " vocab"]) -> Int[Array,
         x = jnp.pad(x, (0, blocks * block - n), constant_values=-jnp.inf)
     x = x.reshape(blocks, block)
     top = jnp.max(x)
-    # exp(x - top) with the maximum's entries exactly 1 (also for a +inf maximum) and 0 for an
-    # all -inf row; the whole array's exp only feeds the block sums (fused into the reduction)
     shift = jnp.where(jnp.isneginf(top), jnp.inf, top)
 
     def probs(v):
         return jnp.where(v == top, jnp.where(jnp.isneginf(top), 0.0, 1.0), jnp.exp(v - shift))
 
-    running = jnp.cumsum(jnp.sum(probs(x), axis=-1))
-    u = jax.random.uniform(key, (2,), jnp.float32)
-    b = _first_above(running, u[0] * running[-1])
-    inside = jnp.cumsum(probs(jax.lax.dynamic_index_in_dim(x, b, keepdims=False)))
-    i = _first_above(inside, u[1] * inside[-1])
-    return (b * block + i).astype(jnp.int32)
+    return x, probs

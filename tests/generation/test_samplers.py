@@ -22,7 +22,12 @@ from transformers.generation.logits_process import TemperatureLogitsWarper, TopP
 
 import functional_gen as fg
 import functional_gen.processors as P
-from functional_gen.reductions import BLOCK, _first_above, categorical
+from functional_gen.reductions import (
+    BLOCK,
+    _first_above,
+    categorical,
+    categorical_without_replacement,
+)
 
 DRAWS = 20_000
 P_VALUE = 1e-4
@@ -186,3 +191,37 @@ def test_temperature_and_top_p_pipeline_keeps_transformers_distribution():
     order = kept[np.argsort(-want[kept])]
     bins[order[:15]] = 1 + np.arange(15)
     _check_fit(drawn, want, bins)
+
+
+def test_draws_without_replacement_follow_successive_sampling():
+    """Ordered pairs drawn without replacement: P(i, then j) = p_i p_j / (1 - p_i), enumerated
+    (the distribution of the Gumbel-top-k trick and of `torch.multinomial(p, 2)`)."""
+    logits = np.asarray([1.0, -np.inf, 0.2, 1.5, -0.7, 0.0], np.float32)
+    p = _probabilities(logits)
+    n = len(p)
+    pairs = np.zeros((n, n))
+    for i in range(n):
+        for j in range(n):
+            if i != j and p[i] < 1:
+                pairs[i, j] = p[i] * p[j] / (1 - p[i])
+    keys = jax.random.split(jax.random.key(4), DRAWS)
+    draw = jax.jit(jax.vmap(lambda k: categorical_without_replacement(k, jnp.asarray(logits), 2)))
+    drawn = np.asarray(draw(keys))
+    assert (drawn[:, 0] != drawn[:, 1]).all()
+    _check_fit(drawn[:, 0] * n + drawn[:, 1], pairs.reshape(-1))
+
+
+def test_draws_without_replacement_over_blocks_and_running_out():
+    n = 4 * BLOCK + 9
+    logits = np.full(n, -np.inf, np.float32)
+    finite = [2, BLOCK + 3, BLOCK + 4, 3 * BLOCK, n - 1]
+    logits[finite] = [0.0, 1.0, -1.0, 2.0, 0.5]
+    keys = jax.random.split(jax.random.key(6), 200)
+    draw = jax.jit(jax.vmap(lambda k: categorical_without_replacement(k, jnp.asarray(logits), 7)))
+    drawn = np.asarray(draw(keys))
+    assert (np.sort(drawn[:, :5], axis=1) == finite).all()  # every finite entry once, in 5 draws
+    assert (drawn[:, 5:] == -1).all()  # then nothing left
+    first = np.bincount(np.searchsorted(finite, drawn[:, 0]), minlength=5) / 200
+    assert abs(first[3] - _probabilities(logits)[3 * BLOCK]) < 0.1  # the likeliest first, ~0.58
+    with pytest.raises(ValueError, match="k=0"):
+        categorical_without_replacement(jax.random.key(0), jnp.zeros(5), 0)
