@@ -56,7 +56,7 @@ class Multinomial(AbstractSampler):
     categorical`'s: exact inverse transform sampling with two uniform numbers per row (block
     sums over the vocabulary, then the running sum inside the chosen block), with the row's own
     key, so a row's draw does not depend on its batch mates. It replaced the Gumbel-max draw of
-    `jax.random.categorical` (one random number per vocabulary entry): 6-7x faster per draw over
+    `jax.random.categorical` (one random number per vocabulary entry): 4-10x faster per draw over
     8 x 262,144 and 8 x 49,152 logits on XLA's CPU backend (`benchmarks/bench_sampler.py`).
     Seeded samples differ from `jax.random.categorical`'s; the distribution is the same.
 
