@@ -5,7 +5,7 @@
         [--num-tokens 7 15] [--guess 3 7] [--bare 1 4 8] [--only plain guess-3 ...]
         [--ops 20] [--ops-of plain guess-3] [--dump-hlo DIR]
 
-SmolLM2-135M-Instruct, float32, greedy, the first `--batch` open-ended prompts of
+SmolLM2-135M-Instruct, float32 (`--quantization int8`: int8 weights), greedy, the first `--batch` open-ended prompts of
 `bench_speculative.py`. Each system runs `--steps` steps of its `Step` inside a jitted
 `lax.while_loop` (as `generate` runs them: the state a loop carry), from the same prefilled
 state; the median of `--reps` runs, the systems taking turns. Systems:
@@ -18,6 +18,9 @@ state; the median of `--reps` runs, the systems taking turns. Systems:
   the branch costs by itself; the switch's cost is `no-guess` less this);
 - `lookup-k`: `PromptLookup(num_tokens=k, adaptive=False)` on the same prompts (ms per step;
   the tokens per step are printed);
+- `adaptive-k` (`--adaptive k`): the default `PromptLookup(num_tokens=k, max_ngram_size=3)`
+  with its cost model, as `generate` runs it (on these open prompts it rarely verifies: what
+  the lookup costs a step that verifies nothing);
 - `guess-k` (`--guess k`): a proposer that guesses `k` tokens every step, so that every step
   verifies at the width holding `k` guesses (`verify_widths`): what a verifying step costs
   against a plain step, whatever is accepted;
@@ -189,6 +192,20 @@ def main(argv=None) -> int:
     parser.add_argument("--num-tokens", type=int, nargs="+", default=[7])
     parser.add_argument("--dump-hlo", type=Path, default=None)
     parser.add_argument(
+        "--quantization",
+        default=None,
+        choices=[None, "int8"],
+        help="load the model with this weight quantization (int8: VERIFY_COST's int8 rows)",
+    )
+    parser.add_argument(
+        "--adaptive",
+        type=int,
+        nargs="*",
+        default=[],
+        help="add `adaptive-K` systems: the default PromptLookup(num_tokens=K, "
+        "max_ngram_size=3) with its cost model (on open prompts: the no-guess overhead)",
+    )
+    parser.add_argument(
         "--guess",
         type=int,
         nargs="*",
@@ -209,12 +226,15 @@ def main(argv=None) -> int:
         "--ops", type=int, default=0, help="print each system's N longest ops (jax.profiler)"
     )
     args = parser.parse_args(argv)
-    model, tokenizer = fg.load_model()
+    load = {"quantization": args.quantization} if args.quantization else {}
+    model, tokenizer = fg.load_model(**load)
     prompts = [chat(p) for p in (OPEN * 4)[: args.batch]]
     no_guess = NoGuess(num_tokens=max(args.num_tokens))
     systems = {"plain": None, "no-guess": no_guess, "verify-0": no_guess}
     for k in args.num_tokens:
         systems[f"lookup-{k}"] = fg.speculative.PromptLookup(num_tokens=k, adaptive=False)
+    for k in args.adaptive:
+        systems[f"adaptive-{k}"] = fg.speculative.PromptLookup(num_tokens=k, max_ngram_size=3)
     for k in args.guess:
         systems[f"guess-{k}"] = AlwaysGuess(num_tokens=k)
     if args.only:
@@ -270,7 +290,8 @@ def main(argv=None) -> int:
             tokens = float(final.num_generated.mean())
             per_step[name] = (steps, tokens / max(steps, 1))
     base = statistics.median(times["plain"]) / args.steps
-    print(f"batch {args.batch}, {args.steps} steps, median of {args.reps}")
+    precision = args.quantization or "float32"
+    print(f"{precision}, batch {args.batch}, {args.steps} steps, median of {args.reps}")
     print("| system | ms/step | x plain step | tokens/step/row | tokens/s x plain |")
     print("|---|---|---|---|---|")
     for name in [*systems, *bare]:
