@@ -71,6 +71,31 @@ width-3 step cost 2.37 and 2.87 plain steps before, 1.86 and 1.56 after; batch 1
 inside the loop as here, its float32 batch-8 4-position entry would be about 1.7, not 2.86, but
 on a loaded machine: measure it quiet before the cost model relies on it.
 
+Int8 at batch 1 (2026-11-26 19:03-19:09 UTC, a quiet machine, `--quantization int8 --batch 1
+--steps 32 --adaptive 10`, medians of 7-11): plain 5.3-5.9 ms a step; `no-guess` 1.02-1.05x,
+`verify-0` 1.04x, `adaptive-10` 1.05-1.06x (tokens per step 1.00: it never verifies). The
+traced op tables hold no large op of the speculative step's own: the lookup is ~36 tiny
+fusions (0.035 ms of compute a step, traced), the width switch 5 one-trip `while`s; the loss is
+their count (a few microseconds each on an 8 ms step). Whole calls lost more than the loop
+steps: the first step of every call fed nothing to its target call (the prefill had fed the
+prompt; `Speculative` feeds a row's last token one step late), one wasted decode call per
+`generate` (int8, budget of 1-2 tokens: 15-20 ms more than plain). Since then the search skips
+the lookup where no acceptance could pay (`LookupCarry.ceiling`; int8 at batch 1 never pays
+at `VERIFY_COST`) and calls no target when nothing is pending.
+
+Float32 at batch 1, a verifying step over 4 positions (`--guess 3 --ops 40`, 2026-11-26 19:33
+UTC, load 8 on 2 cores: guess-3 2.34x plain there, 1.37x quiet): the plain step's dots are
+XLA's own (`dot.*` ops: the head 5.4 ms, the layers 0.2-0.9 ms each, traced), the 4-position
+call's dots are YNNPACK's (`ynn_fusion.*`: the head 11.0 ms, the layers 0.4-1.2 ms), and every
+other op of the verifying step took 1.6 ms a step (the largest, a compare over the logits, 0.22
+ms; the concatenations of the logits 0.05 ms each): the verification cost is the dot kernel that
+XLA picks for more than one row, not the speculative bookkeeping. A micro-benchmark at the same
+load (30 dots of [576 -> 1536] and the [576 -> 49152] head, jitted, medians of 15): M=1 5.0 /
+2.9 ms, M=4 16.7 / 19.4 ms with YNNPACK, 35.9 / 156 ms with it off (XLA's own GEMM); YNNPACK's
+threads suffer most from a loaded machine, which is why a verification's cost ratio moves with
+the load. Making a many-row dot as cheap as a one-row one is `models/`' business (compiler
+options, `quantization.matmul_row_blocks`), not the search's.
+
 `--dump-hlo DIR` writes the optimised HLO of each loop (look for `copy` of the cache buffers
 inside the `while` body and its `conditional` branches).
 """

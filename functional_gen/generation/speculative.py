@@ -11,7 +11,7 @@ One step of the compiled loop, for every row at once:
    widest row's guesses (a few static widths, `verify_widths`, one `switch_in_place` branch
    each), and for an adaptive `PromptLookup` only as wide as the cost model says pays
    (`functional_gen.speculative.cost`: expected tokens per unit of the measured cost; width 0
-   is a plain decode step);
+   is a plain decode step; where no acceptance could pay, the lookup itself is skipped);
 3. the processors run position by position (a `lax.scan` of `process_rows`), each position
    from the state the previous one left, so every position has its own processor and
    constraint state;
