@@ -84,6 +84,23 @@ grounded 0.94 (old, 1.08 tokens per row-step) vs 0.83 (new, 1.66), open 0.86 vs 
 policy verifies more, which pays at the table's (quiet) costs and not at a loaded machine's.
 The bench's own runs that day (not interleaved) moved by
 +-0.4 for identical programs (float32 at batch 8 with nothing verified: 0.60x and 1.04x).
+
+Before / after the skipped lookup and the first step without a target call (2026-11-26
+19:55-20:08 UTC, `--limit 3 --batches 1 --precisions int8 float32 --no-transformers --rounds
+2`, interleaved: plain, lookup and the search before the change (`Speculative._speculate` as
+the whole step, subclassed in the driver) taking turns per prompt; load 2-4 on 2 cores; two
+runs):
+
+| precision | batch | task | before (run 1, run 2) | after (run 1, run 2) | tok/step |
+|---|---|---|---|---|---|
+| int8 | 1 | grounded | 0.98, 0.99 | 0.99, 1.00 | 1.00 |
+| int8 | 1 | open | 0.99, 0.99 | 1.00, 1.01 | 1.00 |
+| float32 | 1 | grounded | 1.53, 1.56 | 1.55, 1.57 | 1.72 |
+| float32 | 1 | open | 1.17, 1.12 | 1.16, 1.12 | 1.31 |
+
+Int8 at batch 1 still never verifies (a 4-position call costs 5.2 plain steps in
+`VERIFY_COST`): it now costs about nothing against plain. The same tokens per step before and
+after (the change decides nothing differently; only the work of deciding is skipped).
 """
 
 import argparse
