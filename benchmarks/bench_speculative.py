@@ -98,6 +98,10 @@ runs):
 | float32 | 1 | grounded | 1.53, 1.56 | 1.55, 1.57 | 1.72 |
 | float32 | 1 | open | 1.17, 1.12 | 1.16, 1.12 | 1.31 |
 
+A third run (20:10-20:14 UTC, int8 only, `--batches 1 8`, load about 2): batch 1 grounded 1.01
+before / 0.99 after, open 1.02 / 1.04; 3 rows (one group of `--limit 3`) grounded 1.00 / 1.00,
+open 1.02 / 1.01 (tokens per step 1.00 everywhere): within the noise of each other.
+
 Int8 at batch 1 still never verifies (a 4-position call costs 5.2 plain steps in
 `VERIFY_COST`): it now costs about nothing against plain. The same tokens per step before and
 after (the change decides nothing differently; only the work of deciding is skipped).
