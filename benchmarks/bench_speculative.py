@@ -3,7 +3,7 @@ acceptance rate, and transformers' `prompt_lookup_num_tokens` on the same prompt
 
     .venv/bin/python benchmarks/bench_speculative.py [--new-tokens 128] [--batches 1 8]
         [--precisions float32 int8] [--no-transformers] [--quick] [--limit N]
-        [--systems plain lookup early-exit] [--num-tokens 10]
+        [--systems plain lookup early-exit] [--num-tokens 10] [--rounds 1]
 
 Tasks (chat prompts, greedy, SmolLM2-135M-Instruct):
 
@@ -19,7 +19,9 @@ measured: no second model with SmolLM2's vocabulary is installed.
 
 Every figure is generated tokens / wall time of whole calls (prefill included, the same for
 every system; compilation excluded: every group runs once untimed first, cut after a token),
-rows of one task batched `B` at a time. `max_new_tokens` is `--new-tokens`, EOS ends a row (so the counts of
+rows of one task batched `B` at a time, our systems taking turns per group (interleaved, since
+2026-11-26 19:10 UTC; before, each system ran every group before the next began, so a change of
+load between them moved the ratios), `--rounds` passes over the prompts. `max_new_tokens` is `--new-tokens`, EOS ends a row (so the counts of
 rows differ; the table gives the mean). The acceptance rate is emitted guesses / verified
 guesses; `tok/step` is tokens per target call. The bandwidth bound of plain decoding,
 `B * bandwidth / weight bytes` (bandwidth measured now, as `bench_generate.py`), is printed:
@@ -82,6 +84,27 @@ grounded 0.94 (old, 1.08 tokens per row-step) vs 0.83 (new, 1.66), open 0.86 vs 
 policy verifies more, which pays at the table's (quiet) costs and not at a loaded machine's.
 The bench's own runs that day (not interleaved) moved by
 +-0.4 for identical programs (float32 at batch 8 with nothing verified: 0.60x and 1.04x).
+
+Before / after the skipped lookup and the first step without a target call (2026-11-26
+19:55-20:08 UTC, `--limit 3 --batches 1 --precisions int8 float32 --no-transformers --rounds
+2`, interleaved: plain, lookup and the search before the change (`Speculative._speculate` as
+the whole step, subclassed in the driver) taking turns per prompt; load 2-4 on 2 cores; two
+runs):
+
+| precision | batch | task | before (run 1, run 2) | after (run 1, run 2) | tok/step |
+|---|---|---|---|---|---|
+| int8 | 1 | grounded | 0.98, 0.99 | 0.99, 1.00 | 1.00 |
+| int8 | 1 | open | 0.99, 0.99 | 1.00, 1.01 | 1.00 |
+| float32 | 1 | grounded | 1.53, 1.56 | 1.55, 1.57 | 1.72 |
+| float32 | 1 | open | 1.17, 1.12 | 1.16, 1.12 | 1.31 |
+
+A third run (20:10-20:14 UTC, int8 only, `--batches 1 8`, load about 2): batch 1 grounded 1.01
+before / 0.99 after, open 1.02 / 1.04; 3 rows (one group of `--limit 3`) grounded 1.00 / 1.00,
+open 1.02 / 1.01 (tokens per step 1.00 everywhere): within the noise of each other.
+
+Int8 at batch 1 still never verifies (a 4-position call costs 5.2 plain steps in
+`VERIFY_COST`): it now costs about nothing against plain. The same tokens per step before and
+after (the change decides nothing differently; only the work of deciding is skipped).
 """
 
 import argparse
@@ -144,10 +167,15 @@ def chat(prompt: str):
     return [{"role": "user", "content": prompt}]
 
 
-def run_ours(model, tokenizer, prompts, batch, new_tokens, speculative):
-    """`(generated tokens, seconds, emitted guesses, verified guesses, target steps)`."""
+def run_ours(model, tokenizer, prompts, batch, new_tokens, systems, rounds=1):
+    """Every system of `systems` (name -> `speculative`, `None` for plain) on `prompts`, `batch`
+    rows per call, the systems taking turns per group of rows (interleaved, so that the load of
+    the shared machine falls on all of them alike), `rounds` times over.
 
-    def call(rows, warm_up=False):
+    **Returns:** per system name, `(generated tokens, seconds, emitted guesses, verified
+    guesses, target steps)`, summed over the groups and rounds."""
+
+    def call(rows, speculative, warm_up=False):
         _, _, prepared = plan_call(
             model,
             tokenizer,
@@ -163,20 +191,24 @@ def run_ours(model, tokenizer, prompts, batch, new_tokens, speculative):
         return final, len(rows)
 
     groups = [prompts[i : i + batch] for i in range(0, len(prompts), batch)]
-    for rows in groups:  # warm-up: compile every shape (prompt-length buckets differ)
-        call(rows, warm_up=True)
-    tokens = seconds = accepted = proposed = steps = 0
-    for rows in groups:
-        t = time.perf_counter()
-        final, n = call(rows)
-        seconds += time.perf_counter() - t
-        tokens += int(np.sum(np.asarray(final.num_generated)[:n]))
-        spec = final.search_state
-        if spec is not None:
-            accepted += int(np.sum(np.asarray(spec.accepted)[:n]))
-            proposed += int(np.sum(np.asarray(spec.proposed)[:n]))
-            steps += int(np.sum(np.asarray(spec.steps)[:n]))
-    return tokens, seconds, accepted, proposed, steps
+    for speculative in systems.values():  # warm-up: compile every shape (buckets differ)
+        for rows in groups:
+            call(rows, speculative, warm_up=True)
+    totals = {name: [0, 0.0, 0, 0, 0] for name in systems}
+    for _ in range(rounds):
+        for rows in groups:
+            for name, speculative in systems.items():
+                t = time.perf_counter()
+                final, n = call(rows, speculative)
+                total = totals[name]
+                total[1] += time.perf_counter() - t
+                total[0] += int(np.sum(np.asarray(final.num_generated)[:n]))
+                spec = final.search_state
+                if spec is not None:
+                    total[2] += int(np.sum(np.asarray(spec.accepted)[:n]))
+                    total[3] += int(np.sum(np.asarray(spec.proposed)[:n]))
+                    total[4] += int(np.sum(np.asarray(spec.steps)[:n]))
+    return {name: tuple(total) for name, total in totals.items()}
 
 
 def run_hf(hf, tokenizer, prompts, new_tokens, lookup):
@@ -212,6 +244,12 @@ def main(argv=None) -> int:
     parser.add_argument("--precisions", nargs="+", default=["float32", "int8"])
     parser.add_argument("--no-transformers", action="store_true")
     parser.add_argument("--quick", action="store_true", help="2 prompts, 32 tokens, batch 1")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="timed passes over the prompts (the systems take turns per group in each)",
+    )
     parser.add_argument("--limit", type=int, default=None, help="the first N prompts per task")
     parser.add_argument(
         "--systems",
@@ -261,10 +299,10 @@ def main(argv=None) -> int:
             bound = batch * bandwidth * 1e9 / weight_bytes
             for task, prompts in tasks.items():
                 plain_rate = None
-                for name, spec in systems.items():
-                    tokens, seconds, acc, prop, steps = run_ours(
-                        model, tokenizer, prompts, batch, args.new_tokens, spec
-                    )
+                results = run_ours(
+                    model, tokenizer, prompts, batch, args.new_tokens, systems, args.rounds
+                )
+                for name, (tokens, seconds, acc, prop, steps) in results.items():
                     rate = tokens / seconds
                     plain_rate = plain_rate or rate
                     accept = f"{acc / prop:.2f}" if prop else "-"

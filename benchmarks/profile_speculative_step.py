@@ -5,7 +5,7 @@
         [--num-tokens 7 15] [--guess 3 7] [--bare 1 4 8] [--only plain guess-3 ...]
         [--ops 20] [--ops-of plain guess-3] [--dump-hlo DIR]
 
-SmolLM2-135M-Instruct, float32, greedy, the first `--batch` open-ended prompts of
+SmolLM2-135M-Instruct, float32 (`--quantization int8`: int8 weights), greedy, the first `--batch` open-ended prompts of
 `bench_speculative.py`. Each system runs `--steps` steps of its `Step` inside a jitted
 `lax.while_loop` (as `generate` runs them: the state a loop carry), from the same prefilled
 state; the median of `--reps` runs, the systems taking turns. Systems:
@@ -18,6 +18,9 @@ state; the median of `--reps` runs, the systems taking turns. Systems:
   the branch costs by itself; the switch's cost is `no-guess` less this);
 - `lookup-k`: `PromptLookup(num_tokens=k, adaptive=False)` on the same prompts (ms per step;
   the tokens per step are printed);
+- `adaptive-k` (`--adaptive k`): the default `PromptLookup(num_tokens=k, max_ngram_size=3)`
+  with its cost model, as `generate` runs it (on these open prompts it rarely verifies: what
+  the lookup costs a step that verifies nothing);
 - `guess-k` (`--guess k`): a proposer that guesses `k` tokens every step, so that every step
   verifies at the width holding `k` guesses (`verify_widths`): what a verifying step costs
   against a plain step, whatever is accepted;
@@ -67,6 +70,31 @@ width-3 step cost 2.37 and 2.87 plain steps before, 1.86 and 1.56 after; batch 1
 `VERIFY_COST` (bare calls, no argmax in them) is unchanged; measured in units of the plain step
 inside the loop as here, its float32 batch-8 4-position entry would be about 1.7, not 2.86, but
 on a loaded machine: measure it quiet before the cost model relies on it.
+
+Int8 at batch 1 (2026-11-26 19:03-19:09 UTC, a quiet machine, `--quantization int8 --batch 1
+--steps 32 --adaptive 10`, medians of 7-11): plain 5.3-5.9 ms a step; `no-guess` 1.02-1.05x,
+`verify-0` 1.04x, `adaptive-10` 1.05-1.06x (tokens per step 1.00: it never verifies). The
+traced op tables hold no large op of the speculative step's own: the lookup is ~36 tiny
+fusions (0.035 ms of compute a step, traced), the width switch 5 one-trip `while`s; the loss is
+their count (a few microseconds each on an 8 ms step). Whole calls lost more than the loop
+steps: the first step of every call fed nothing to its target call (the prefill had fed the
+prompt; `Speculative` feeds a row's last token one step late), one wasted decode call per
+`generate` (int8, budget of 1-2 tokens: 15-20 ms more than plain). Since then the search skips
+the lookup where no acceptance could pay (`LookupCarry.ceiling`; int8 at batch 1 never pays
+at `VERIFY_COST`) and calls no target when nothing is pending.
+
+Float32 at batch 1, a verifying step over 4 positions (`--guess 3 --ops 40`, 2026-11-26 19:33
+UTC, load 8 on 2 cores: guess-3 2.34x plain there, 1.37x quiet): the plain step's dots are
+XLA's own (`dot.*` ops: the head 5.4 ms, the layers 0.2-0.9 ms each, traced), the 4-position
+call's dots are YNNPACK's (`ynn_fusion.*`: the head 11.0 ms, the layers 0.4-1.2 ms), and every
+other op of the verifying step took 1.6 ms a step (the largest, a compare over the logits, 0.22
+ms; the concatenations of the logits 0.05 ms each): the verification cost is the dot kernel that
+XLA picks for more than one row, not the speculative bookkeeping. A micro-benchmark at the same
+load (30 dots of [576 -> 1536] and the [576 -> 49152] head, jitted, medians of 15): M=1 5.0 /
+2.9 ms, M=4 16.7 / 19.4 ms with YNNPACK, 35.9 / 156 ms with it off (XLA's own GEMM); YNNPACK's
+threads suffer most from a loaded machine, which is why a verification's cost ratio moves with
+the load. Making a many-row dot as cheap as a one-row one is `models/`' business (compiler
+options, `quantization.matmul_row_blocks`), not the search's.
 
 `--dump-hlo DIR` writes the optimised HLO of each loop (look for `copy` of the cache buffers
 inside the `while` body and its `conditional` branches).
@@ -189,6 +217,20 @@ def main(argv=None) -> int:
     parser.add_argument("--num-tokens", type=int, nargs="+", default=[7])
     parser.add_argument("--dump-hlo", type=Path, default=None)
     parser.add_argument(
+        "--quantization",
+        default=None,
+        choices=[None, "int8"],
+        help="load the model with this weight quantization (int8: VERIFY_COST's int8 rows)",
+    )
+    parser.add_argument(
+        "--adaptive",
+        type=int,
+        nargs="*",
+        default=[],
+        help="add `adaptive-K` systems: the default PromptLookup(num_tokens=K, "
+        "max_ngram_size=3) with its cost model (on open prompts: the no-guess overhead)",
+    )
+    parser.add_argument(
         "--guess",
         type=int,
         nargs="*",
@@ -209,12 +251,15 @@ def main(argv=None) -> int:
         "--ops", type=int, default=0, help="print each system's N longest ops (jax.profiler)"
     )
     args = parser.parse_args(argv)
-    model, tokenizer = fg.load_model()
+    load = {"quantization": args.quantization} if args.quantization else {}
+    model, tokenizer = fg.load_model(**load)
     prompts = [chat(p) for p in (OPEN * 4)[: args.batch]]
     no_guess = NoGuess(num_tokens=max(args.num_tokens))
     systems = {"plain": None, "no-guess": no_guess, "verify-0": no_guess}
     for k in args.num_tokens:
         systems[f"lookup-{k}"] = fg.speculative.PromptLookup(num_tokens=k, adaptive=False)
+    for k in args.adaptive:
+        systems[f"adaptive-{k}"] = fg.speculative.PromptLookup(num_tokens=k, max_ngram_size=3)
     for k in args.guess:
         systems[f"guess-{k}"] = AlwaysGuess(num_tokens=k)
     if args.only:
@@ -270,7 +315,8 @@ def main(argv=None) -> int:
             tokens = float(final.num_generated.mean())
             per_step[name] = (steps, tokens / max(steps, 1))
     base = statistics.median(times["plain"]) / args.steps
-    print(f"batch {args.batch}, {args.steps} steps, median of {args.reps}")
+    precision = args.quantization or "float32"
+    print(f"{precision}, batch {args.batch}, {args.steps} steps, median of {args.reps}")
     print("| system | ms/step | x plain step | tokens/step/row | tokens/s x plain |")
     print("|---|---|---|---|---|")
     for name in [*systems, *bare]:

@@ -11,7 +11,7 @@ One step of the compiled loop, for every row at once:
    widest row's guesses (a few static widths, `verify_widths`, one `switch_in_place` branch
    each), and for an adaptive `PromptLookup` only as wide as the cost model says pays
    (`functional_gen.speculative.cost`: expected tokens per unit of the measured cost; width 0
-   is a plain decode step);
+   is a plain decode step; where no acceptance could pay, the lookup itself is skipped);
 3. the processors run position by position (a `lax.scan` of `process_rows`), each position
    from the state the previous one left, so every position has its own processor and
    constraint state;
@@ -209,11 +209,66 @@ class Speculative(AbstractSearch):
     def __call__(self, step, state: GenerationState) -> GenerationState:
         """One verification step for every row (see the module docstring).
 
+        An adaptive `PromptLookup` under its cost model first asks whether any verification
+        could pay this step (`LookupCarry.ceiling`: every row offering `num_tokens` guesses at
+        the highest acceptance its estimates allow); where none could, the step skips the
+        lookup and is a plain decode step (`_skip_lookup`): what the cost model would have
+        chosen whatever the lookup found, without its cost.
+
         **Arguments:** `step`, the `Step`; `state`, a `GenerationState` whose `search_state` is
         a `SpeculativeState`.
 
         **Returns:** the next `GenerationState`, with the same tree structure, shapes and dtypes.
         """
+        carry = state.search_state.proposer
+        if not (isinstance(carry, LookupCarry) and self.proposer.cost_model):
+            return self._speculate(step, state)
+        batch, k = state.batch_size, self.num_tokens
+        widths = verify_widths(k, batch)
+        precision = model_precision(step.model)
+        costs = tuple(verify_cost(precision, batch, w + 1) for w in widths)
+        active = ~state.done & ~state.search_state.finished
+        offered = jnp.full((batch,), k, jnp.int32)
+        worth = choose_width(widths, costs, carry.ceiling(), offered, active) > 0
+        # a full cache is compacted by `_speculate` (its own branch, whatever it verifies)
+        full = state.cache.length[0] + 1 > state.cache.max_len
+        # no row to feed (the first step: the prefill fed every token): no target call at all
+        fed = jnp.any(state.search_state.pending & ~state.done)
+        branch = jnp.where(worth | full, 1, jnp.where(fed, 0, 2))
+        return switch_in_place(
+            branch,
+            [
+                lambda s: self._skip_lookup(step, s),
+                lambda s: self._speculate(step, s),
+                lambda s: self._skip_lookup(step, s, call=False),
+            ],
+            state,
+        )
+
+    def _skip_lookup(self, step, state: GenerationState, *, call: bool = True) -> GenerationState:
+        """A plain decode step for every row of an adaptive `PromptLookup` whose guesses could
+        not pay for their verification this step (no lookup; the cache has room for one write).
+        Each active row counts the step as idle (`LookupCarry.idle`: the lookup might have found
+        guesses), so that exploration comes due as if it had. `call=False` (static): no row's
+        last token is pending, so the target is not called (its logits are at hand)."""
+        spec: SpeculativeState = state.search_state
+        active = ~state.done & ~spec.finished
+        settle = ~state.done & spec.finished
+        carry = dataclasses.replace(
+            spec.proposer,
+            guesses=jnp.full_like(spec.proposer.guesses, -1),
+            found=active.astype(jnp.int32),
+        )
+        state = dataclasses.replace(state, search_state=dataclasses.replace(spec, proposer=carry))
+        step_keys = jax.vmap(jax.random.fold_in)(state.key, state.key_step + state.num_generated)
+        none = jnp.zeros((state.batch_size, 0), jnp.int32)
+        no_guesses = jnp.zeros((state.batch_size,), jnp.int32)
+        return self._verify(
+            state, step, none, None, no_guesses, active, settle, step_keys, width=0, call=call
+        )
+
+    def _speculate(self, step, state: GenerationState) -> GenerationState:
+        """Guess, choose the verification width, verify (steps 1-6 of the module docstring)."""
         k = self.num_tokens
         spec: SpeculativeState = state.search_state
         length, token_ids = state.length, state.token_ids
@@ -302,9 +357,12 @@ class Speculative(AbstractSearch):
         *,
         width,
         compact_first=False,
+        call=True,
     ):
         """Verify the first `width` guesses of every row (static; 0: a plain decode step), the
-        target's cache compacted first when `compact_first` (static)."""
+        target's cache compacted first when `compact_first` (static). `call=False` (static, only
+        at width 0 when no row's last token is pending): the target is not called, its logits
+        after every row's text are `state.logits` already."""
         k = width
         drafts = drafts[:, :k]
         q = None if q is None else q[:, :k]
@@ -326,7 +384,10 @@ class Speculative(AbstractSearch):
         draft_pos = jnp.where(guessed, length[:, None] + jnp.arange(k)[None, :], -1)
         positions = jnp.concatenate([first_pos[:, None], draft_pos], axis=1)
         cache = compact(state.cache) if compact_first else state.cache
-        out, cache = step.model(ids, positions, cache)
+        if call:
+            out, cache = step.model(ids, positions, cache)
+        else:  # nothing to feed: `first` below takes `state.logits` for every row
+            out = state.logits[:, None, :]
         first = jnp.where(spec.pending[:, None], out[:, 0], state.logits)
         raw = jnp.concatenate([first[:, None], out[:, 1:]], axis=1)  # [batch, k+1, vocab]
 

@@ -138,13 +138,16 @@ class LookupCarry(eqx.Module):
     found: Int[Array, " batch"]
     idle: Int[Array, " batch"]
 
+    def estimates(self) -> Float[Array, "batch ngram"]:
+        """Per row and n-gram size `n` (column `n - 1`), the estimated probability that a guess
+        from a match of that size is kept."""
+        prior_hits, prior_misses = ACCEPTANCE_PRIOR
+        return (self.hits + prior_hits) / (self.hits + self.misses + prior_hits + prior_misses)
+
     def estimate(self) -> Float[Array, " batch"]:
         """Per row, the estimated probability that a guess from its current match is kept."""
-        rows = jnp.arange(self.ngram.shape[0])
         n = jnp.clip(self.ngram - 1, 0, self.hits.shape[1] - 1)
-        hits, misses = self.hits[rows, n], self.misses[rows, n]
-        prior_hits, prior_misses = ACCEPTANCE_PRIOR
-        return (hits + prior_hits) / (hits + misses + prior_hits + prior_misses)
+        return jnp.take_along_axis(self.estimates(), n[:, None], axis=1)[:, 0]
 
     def exploring(self) -> Bool[Array, " batch"]:
         """The row due to explore, if any: of the rows that found guesses this step and have not
@@ -153,6 +156,14 @@ class LookupCarry(eqx.Module):
         due = (self.found > 0) & (self.idle >= EXPLORE_EVERY)
         pick = jnp.argmax(jnp.where(due, self.idle, -1))
         return due & (jnp.arange(self.idle.shape[0]) == pick)
+
+    def ceiling(self) -> Float[Array, " batch"]:
+        """Per row, the most `acceptance()` can be this step, before the lookup has run: the
+        largest estimate of any n-gram size, at least `EXPLORE_ACCEPTANCE` for a row idle long
+        enough to be due (`EXPLORE_EVERY`), whatever it finds. Where the cost model verifies
+        nothing even at these values, the search skips the lookup (it could not pay)."""
+        best = jnp.max(self.estimates(), axis=1)
+        return jnp.where(self.idle >= EXPLORE_EVERY, jnp.maximum(best, EXPLORE_ACCEPTANCE), best)
 
     def acceptance(self) -> Float[Array, " batch"]:
         """Per row, the acceptance the cost model plans with: `estimate()`, at least

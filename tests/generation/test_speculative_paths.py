@@ -254,6 +254,47 @@ def test_cost_model_is_lossless_and_verifies_where_it_pays():
     assert float(np.asarray(carry.hits + carry.misses).sum()) > 0  # it learned from them
 
 
+def test_ceiling_by_hand():
+    """`LookupCarry.ceiling`: the largest estimate of any n-gram size (whatever the last match
+    was), at least `EXPLORE_ACCEPTANCE` for a row idle for `EXPLORE_EVERY` steps."""
+    spec = fg.speculative.PromptLookup(num_tokens=4, max_ngram_size=2)
+    e = EXPLORE_EVERY
+    carry = dataclasses.replace(
+        spec.init(None, 3, 8),
+        hits=jnp.asarray([[2, 0], [0, 0], [0, 0]], jnp.float32),
+        misses=jnp.asarray([[1, 3], [3, 1], [3, 3]], jnp.float32),
+        ngram=jnp.asarray([2, 1, 1], jnp.int32),  # ignored: every size counts
+        idle=jnp.asarray([0, e - 1, e], jnp.int32),
+    )
+    # (hits + 1) / (hits + misses + 2): row 0 max(3/5, 1/5); row 1 max(1/5, 1/3); row 2 1/5,
+    # due to explore
+    np.testing.assert_allclose(
+        np.asarray(carry.ceiling()), [0.6, 1 / 3, EXPLORE_ACCEPTANCE], rtol=1e-6
+    )
+
+
+def test_skipped_lookup_is_lossless_and_counts_idle_steps(monkeypatch):
+    """Where no acceptance could make a verification pay (a cost table at which every width
+    costs 100 plain steps), the search skips the lookup: nothing is verified, the output is
+    plain greedy's token for token, and every generated step counts as idle for exploration
+    (the first step, with nothing to feed, calls no target at all)."""
+    widths = tuple((p, 1.0 if p == 1 else 100.0) for p, _ in VERIFY_COST[("float32", 1)])
+    monkeypatch.setitem(VERIFY_COST, ("float32", 1), widths)
+    model = fg.LlamaForCausalLM(tiny_config(), key=jax.random.key(7), std=0.2)
+    tok = tiny_tokenizer(101)
+    prompts = ["t5 t6 t7 t8 t5 t6 t7 t8 t5 t6"]
+    kwargs = dict(max_new_tokens=12, eos_token_id=[])
+    spec = fg.speculative.PromptLookup(num_tokens=7, max_ngram_size=2)
+    final = generate_state(model, tok, prompts, speculative=spec, **kwargs)
+    reference = fg.generate(model, tok, prompts, **kwargs)
+    generated = final.generated_token_ids(reference.state.settings.pad_token_id)
+    np.testing.assert_array_equal(np.asarray(generated)[:1, :12], np.asarray(reference.token_ids))
+    assert int(final.search_state.proposed[0]) == 0
+    carry = final.search_state.proposer
+    assert int(carry.idle[0]) == 12  # the 12 steps that generated (not the settling one)
+    assert float(np.asarray(carry.hits + carry.misses).sum()) == 0  # nothing learned
+
+
 @pytest.mark.parametrize("adaptive", [True, False])
 @pytest.mark.parametrize("penalty", [None, 1.3])
 def test_lookup_is_lossless_on_every_width(adaptive, penalty):
