@@ -429,9 +429,14 @@ class Engine:
         """Mark `slot` finished (a cancelled request); `decode_state` is donated."""
         return free_jit(decode_state, jnp.asarray(slot, jnp.int32))
 
-    def generate(self, decode_state: DecodeState, num_steps: int | None = None):
+    def generate(
+        self, decode_state: DecodeState, num_steps: int | None = None, *, until_finish=False
+    ):
         """Run up to `num_steps` decode steps (default `self.num_steps`) in ONE dispatch
-        (a `lax.while_loop`, left early when every slot is done).
+        (a `lax.while_loop`, left early when every slot is done, and with `until_finish=True`
+        after the first step in which a busy slot finishes: the orchestrator asks for it while
+        requests wait, so that a freed slot is refilled at once instead of idling for the rest
+        of the dispatch; an array argument, so either value runs the same compiled program).
 
         Before the dispatch it reads the cache layout (one small transfer) and compacts the
         cache (`compact`) when the dispatch would run past the cache's end or when compacting
@@ -477,6 +482,7 @@ class Engine:
                 jnp.asarray(limit, jnp.int32),
                 self.eos_token_id,
                 self.pad_token_id,
+                jnp.asarray(bool(until_finish)),
             ),
         )
 

@@ -9,7 +9,9 @@ ONE background thread owns the device and the decode state. Each turn of its loo
    free slots in one turn, so the next dispatch decodes them all; a prompt longer than
    `Engine.prefill_chunk` takes several turns, with decode dispatches between them, so the
    other streams keep going), then `insert`,
-3. runs `generate` (`Engine.num_steps` steps in one dispatch) when any slot is busy, and
+3. runs `generate` (`Engine.num_steps` steps in one dispatch) when any slot is busy (while
+   requests wait, the dispatch ends after the step in which a slot finishes, so that the next
+   turn admits into it: `Engine.generate(until_finish=True)`), and
 4. turns each slot's new tokens into text pieces (`IncrementalDecoder`: never half a UTF-8
    character), cuts them at stop strings (on the host: the text is held back by the length of
    the longest stop string minus one character, as `fg.stream` does), and hands them to the
@@ -274,7 +276,10 @@ class Orchestrator:
                         self._wake.clear()
                         timer.add("idle", start)
                     continue
-                state, out = engine.generate(state)  # times "layout", "compact", "dispatch"
+                # while requests wait, the dispatch ends as soon as a slot frees for them;
+                # `generate` times "layout", "compact", "dispatch"
+                waiting = bool(self._queue) or self._prefilling is not None
+                state, out = engine.generate(state, until_finish=waiting)
                 start = clock()
                 out = timer.add("transfer", start, jax.device_get(out))  # one per dispatch
                 start = clock()

@@ -86,8 +86,21 @@ def _step(model, eos_token_id, pad_token_id, state: DecodeState, top_logprobs):
     )
 
 
-def _generate(model, state: DecodeState, num_steps: int, limit, eos_token_id, pad_token_id):
+def _generate(
+    model,
+    state: DecodeState,
+    num_steps: int,
+    limit,
+    eos_token_id,
+    pad_token_id,
+    until_finish: Bool[Array, ""] | None = None,
+):
+    """Up to `min(num_steps, limit)` decode steps in one `while_loop`, left when every slot is
+    done, and, when `until_finish` is true, after the first step in which a slot that was busy
+    at the start finishes (so that a waiting request gets the freed slot at once instead of the
+    slot idling for the rest of the dispatch; `None`: never)."""
     k = state.generation.top_token_ids.shape[-1]
+    was_done = state.generation.done
     step = _step(model, eos_token_id, pad_token_id, state, k)
     slots = state.generation.batch_size
     rows = jnp.arange(slots)
@@ -109,7 +122,10 @@ def _generate(model, state: DecodeState, num_steps: int, limit, eos_token_id, pa
 
     def cond(carry):
         i, gen, _ = carry
-        return (i < jnp.minimum(num_steps, limit)) & ~jnp.all(gen.done)
+        go = (i < jnp.minimum(num_steps, limit)) & ~jnp.all(gen.done)
+        if until_finish is not None:
+            go = go & ~(until_finish & jnp.any(gen.done & ~was_done))
+        return go
 
     gen = state.generation
     out = (

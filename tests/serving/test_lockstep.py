@@ -162,3 +162,33 @@ def test_prefill_budget_must_be_positive(tiny_gemma, budget):
     ):
         Orchestrator(engine, prefill_budget=budget)
     assert Orchestrator(engine).prefill_budget == engine.prefill_chunk
+
+
+@pytest.mark.parametrize("until_finish", [False, True])
+def test_dispatch_until_a_slot_finishes(tiny_gemma, until_finish):
+    """`generate(until_finish=True)` (the orchestrator's dispatch while requests wait) ends after
+    the step in which a busy slot finishes: a request of 2 new tokens beside one of 9, 4 steps
+    per dispatch, stops the first dispatch after 2 steps (the rest `-1` for every slot) instead
+    of decoding the long one for 4; the slot freed before the dispatch (idle from the start)
+    does not count, and either way each request's tokens are those it gets alone."""
+    model, tokenizer = tiny_gemma
+    engine = fg.serving.Engine(model, tokenizer, max_slots=3, max_len=96, num_steps=4)
+    short, long = engine.request(prompt(6, 3), 2), engine.request(prompt(9, 4), 9)
+    state = engine.init_decode_state()
+    state = engine.insert(engine.prefill(short), state, 0)
+    state = engine.insert(engine.prefill(long), state, 1)
+    state = engine.insert(engine.prefill(engine.request(prompt(5, 5), 9)), state, 2)
+    state = engine.free(state, 2)  # finished before the dispatch: not a slot that frees in it
+    got: dict[int, list[int]] = {0: [], 1: []}
+    steps = []
+    while not bool(np.asarray(state.generation.done).all()):
+        state, out = engine.generate(state, until_finish=until_finish)
+        taken = np.asarray(out.token_ids)
+        steps.append(int((taken >= 0).any(axis=1).sum()))
+        assert (taken[:, 2] == -1).all()
+        for slot in got:
+            got[slot] += [int(t) for t in taken[:, slot] if t >= 0]
+    assert steps == ([2, 4, 3] if until_finish else [4, 4, 1])
+    for slot, request in ((0, short), (1, long)):
+        want, _ = alone(model, tokenizer, list(request.token_ids), request.max_new_tokens)
+        assert got[slot] == want
