@@ -104,21 +104,21 @@ def knobs_used(params: SlotParams, busy: Bool[Array, " batch"]) -> Bool[Array, "
 
 
 class SlotSampler(AbstractSampler):
-    """The engine's sampler: `Multinomial`'s draw (`jax.random.categorical`'s, with the row's
-    key) when some busy slot samples, else `Greedy`'s largest logit (`reductions.argmax`: XLA's
+    """The engine's sampler: `Multinomial`'s draw (`reductions.categorical`'s inverse
+    transform sampling, with the row's key) when some busy slot samples, else `Greedy`'s largest logit (`reductions.argmax`: XLA's
     CPU `jnp.argmax` is an unvectorized variadic reduce, 0.90 against 0.20 ms over 8 x 49,152
     logits), chosen for the whole batch by a `lax.cond` on `sampled`.
 
     `SlotDecoding` leaves a greedy row only its largest logit, so both branches give a greedy row
     the same token and a sampled row is drawn exactly as `Multinomial` draws it; the switch only
-    skips the Gumbel noise (random bits and two logarithms for 8 x 49,152 logits: 6.1 ms per
-    call jitted alone on the 2-core CPU, ~8 ms per step in a profile of the loaded machine, most
-    of the step's work beside the model) when no busy slot needs it.
+    skips the draw's block sums and random bits when no busy slot needs them (it was written for
+    the Gumbel-max draw of 8 x 49,152 random numbers, ~6-8 ms a step on the 2-core CPU; the
+    inverse-transform draw that replaced it costs ~0.6 ms, so the switch now saves little).
 
     **Attributes:** `sampled: Bool[Array, ""]`, shared by all rows (not vmapped): whether some
     busy slot samples (`temperature > 0`).
 
-    Source: `Multinomial` (`jax.random.categorical`, the Gumbel-max draw) and `Greedy`.
+    Source: `Multinomial` (inverse transform sampling, as `torch.multinomial`) and `Greedy`.
     """
 
     sampled: Bool[Array, ""]
