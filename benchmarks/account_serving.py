@@ -26,7 +26,6 @@ cost of 8 rows (`tokens / slots x plain`), admission free.
 """
 
 import argparse
-import asyncio
 import collections
 import statistics
 import sys
@@ -38,10 +37,11 @@ import jax
 import jax.numpy as jnp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's functional_gen
+from profile_serving_step import serve_trace
+
 import functional_gen as fg
 from functional_gen.models.attention import attention_lengths
 from functional_gen.serving import Engine
-from functional_gen.serving.orchestrator import Error, Finished
 
 
 class RecordingEngine(Engine):
@@ -82,20 +82,8 @@ class RecordingEngine(Engine):
 
 
 def serve(engine, requests):
-    async def run():
-        loop = asyncio.get_running_loop()
-        start = time.perf_counter()
-        handles = [engine.orchestrator.submit(r, (), loop) for r in requests]
-        tokens = 0
-        for handle in handles:
-            async for event in handle.events():
-                if isinstance(event, Error):
-                    raise RuntimeError(event.message)
-                if isinstance(event, Finished):
-                    tokens += event.completion_tokens
-        return tokens, time.perf_counter() - start
-
-    return asyncio.run(run())
+    """`profile_serving_step.serve_trace` of `requests` (no stop strings): (tokens, seconds)."""
+    return serve_trace(engine, [(r, ()) for r in requests])
 
 
 _PLAIN = {}
