@@ -61,7 +61,22 @@ is therefore the bare ratios times 1.63 (1.78 / 1.09), i.e. in units of the plai
 measured yet: it gets float32's ratios (`bench_verify_width.py --precision bfloat16` measures
 them). A table rather than a measurement at warm-up: a warm-up measurement on a machine
 shared with other jobs moves by 2x between runs (and would make the output's speed, not its
-tokens, depend on the moment), and the ratios, unlike the milliseconds, stay put."""
+tokens, depend on the moment), and the ratios, unlike the milliseconds, stay put.
+
+Re-measured 2026-11-26 23:12-23:17 UTC inside the loop, batch 1 (`profile_speculative_step.py
+--batch 1 --guess 2 4 8 --only plain guess-2 guess-4 guess-8 --steps 16`, medians of 7-9),
+the machine loaded by two other jobs (load 3.5-4.9): float32, 4 / 8 / 16 positions cost 1.68 /
+2.12 / 2.66 and 1.79 / 2.28 / 2.89 plain steps in two runs (plain 18.6 and 23.2 ms); int8
+(`--quantization int8`, the first direct measurement of that row) 2.45 / 2.95 / 4.18 (plain
+9.7 ms). The float32 row keeps its quiet figures: load inflates the many-row (YNNPACK) dots most.
+The int8 batch-1 row was tried at the measured 2.45 / 2.95 / 4.18: `bench_speculative.py
+--limit 3 --batches 1 --precisions int8 --no-transformers --rounds 2`, main's table then
+this one in consecutive processes, gave grounded lookup 0.98x plain before and 0.91x after
+(open 0.99x / 0.98x), 1.00 tokens per step in both (the adaptive lookup never verified; with the
+cheaper table it ran every step instead of being skipped), so the inferred row stays. Why a
+verifying call cannot cost about one plain step on this CPU: `benchmarks/bench_verify_dots.py`
+(a 4-row product of the model's dots costs 1.4-1.6x a one-row product in every formulation and
+YNNPACK option tried)."""
 
 
 def verify_cost(precision: str, batch: int, positions: int) -> float:
