@@ -4,6 +4,7 @@ formulation of the dot and per XLA CPU compiler option: whether a speculative ve
 
     .venv/bin/python benchmarks/bench_verify_dots.py [--rows 1 2 4 8] [--rounds 8]
         [--variants W@x x@W.T ...] [--layers 30]
+    .venv/bin/python benchmarks/bench_verify_dots.py --in-model [--rounds 25]
 
 A decode step at batch 1 multiplies `M` rows (1 for a plain step, `1 + guesses` for a
 verification) by every weight of the model once. On a memory-bound CPU the weights' traffic is
@@ -75,20 +76,34 @@ four. The multiply-reduce `sum(W*x)` ties `W@x` at 4 rows and is 5-15 % faster a
 its one-row form is 55x slower and its win is inside the noise; not wired. Issue 41's batch-1
 target (prompt lookup >= 2x plain) needs a verification near one plain step's cost, and on this
 CPU with jaxlib 0.10.2's kernels it is 1.4-1.6x one (the ceiling of ~1.6x overall stays).
+A third chain run (`--rows 1 4 8 16 --variants W@x 'sum(W*x)' --rounds 25`, load 5): `W@x` 19.3 /
+30.7 / 37.8 / 40.9 ms, `sum(W*x)` - / 26.7 / 30.7 / 42.3 ms (4 rows 1.38x today's one row).
+
+`--in-model` (the model's own calls, best / median ratio `reduce` / `today`), 2026-11-26 23:27
+and 23:29 UTC, load 5-6: batch 1, one position (the same program twice: the noise) 1.01 / 1.13
+and 1.00 / 0.94; 4 positions 0.91 / 0.88 and 1.01 / 0.89; 8 positions 0.89 / 0.92 and 0.87 /
+0.89; batch 8, one position 0.90 / 0.76 and 0.95 / 0.97; logits within 1.1e-4 of today's. So
+`sum(W*x)` may save ~10 % of a few-token float32 call on the loaded machine, but a 4-position
+call still costs ~1.4x a one-position one, and whether it wins on a quiet machine (YNNPACK's
+dots use both cores; the reduce fusion's threading is unknown) is not measured: the next step
+if anyone wires it (a `CANDIDATES` entry and a float32 `FORMULATIONS` row for 2-16 tokens).
 """
 
 import argparse
 import functools
+import statistics
 import sys
 import time
 from pathlib import Path
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's functional_gen
+import functional_gen as fg
 from functional_gen.models import quantization as q
 
 HIDDEN, INTER, QKV, VOCAB = 576, 1536, 960, 49152
@@ -174,16 +189,83 @@ def chain(dot, token_major, weights, head, h):
     return logits if not token_major else logits.T
 
 
+REDUCE = "sum(W*x)"
+"""The multiply-reduce formulation `--in-model` tries for float32 dots of 2 to 16 tokens."""
+
+
+def in_model(rounds: int) -> None:
+    """`--in-model`: bare calls of the default model (SmolLM2-135M, float32) over 1, 4 and 8
+    positions at batch 1 and one position at batch 8, on a cache holding 200 tokens, each compiled
+    twice, under `quantization.FORMULATIONS` as it is (`today`) and with float32 dots of 2 to 16
+    tokens run as `sum(W*x)` (`reduce`, registered in `quantization.CANDIDATES` for this run
+    only); the programs taking turns call by call; best and median ms."""
+    q.CANDIDATES[REDUCE] = ("float32", lambda w, s, x: _fm_reduce(w, x))
+    today = dict(q.FORMULATIONS)
+    tables = {
+        "today": today,
+        "reduce": dict(
+            today, float32=((1, q._ANY, "W @ x"), (16, q._ANY, REDUCE), (q._ANY, q._ANY, "W @ x"))
+        ),
+    }
+    model, _ = fg.load_model()
+    params, static = eqx.partition(model, eqx.is_array)
+
+    def call(params, ids, pos, cache):
+        return eqx.combine(params, static)(ids, pos, cache)
+
+    cases, text, programs = [(1, 1), (1, 4), (1, 8), (8, 1)], 200, {}
+    for batch, width in cases:
+        cache = model.init_cache(batch, 300)
+        ids = jnp.ones((batch, text), jnp.int32)
+        _, cache = jax.jit(call)(params, ids, jnp.broadcast_to(jnp.arange(text), ids.shape), cache)
+        ids = jnp.ones((batch, width), jnp.int32)
+        pos = jnp.broadcast_to(text + jnp.arange(width), ids.shape)
+        for name, table in tables.items():
+            q.FORMULATIONS.update(table)  # read at trace time
+            # a fresh function: jax caches a function's trace, which would keep the first table
+            compiled = jax.jit(lambda *a: call(*a)).lower(params, ids, pos, cache).compile()
+            programs[name, batch, width] = functools.partial(compiled, params, ids, pos, cache)
+        q.FORMULATIONS.update(today)
+        a, b = (np.asarray(programs[n, batch, width]()[0]) for n in tables)
+        print(f"batch {batch} width {width}: logits max abs diff {np.abs(a - b).max():.1e}")
+    times = {key: [] for key in programs}
+    keys = list(programs)
+    for r in range(rounds):
+        for key in keys if r % 2 == 0 else keys[::-1]:
+            t = time.perf_counter()
+            jax.block_until_ready(programs[key]())
+            times[key].append(time.perf_counter() - t)
+    print("| batch | width | today best / median ms | reduce best / median ms | reduce / today |")
+    print("|---|---|---|---|---|")
+    for batch, width in cases:
+        a, b = times["today", batch, width], times["reduce", batch, width]
+        ma, mb = statistics.median(a), statistics.median(b)
+        print(
+            f"| {batch} | {width} | {min(a) * 1e3:.1f} / {ma * 1e3:.1f} | "
+            f"{min(b) * 1e3:.1f} / {mb * 1e3:.1f} | {min(b) / min(a):.2f} best, "
+            f"{mb / ma:.2f} median |",
+            flush=True,
+        )
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 2, 4, 8])
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--layers", type=int, default=30)
     parser.add_argument(
+        "--in-model",
+        action="store_true",
+        help="A/B the model's own calls: today's dots against sum(W*x) for 2-16 tokens",
+    )
+    parser.add_argument(
         "--slow", action="store_true", help="time the multiply-reduce forms at M = 1 too"
     )
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     args = parser.parse_args(argv)
+    if args.in_model:
+        in_model(args.rounds)
+        return 0
 
     rng = np.random.default_rng(0)
 
