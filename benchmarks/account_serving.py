@@ -2,10 +2,11 @@
 t=0) through the orchestrator's Python API (no HTTP), each dispatch recorded, in one process.
 
     .venv/bin/python benchmarks/account_serving.py [--requests 32] [--slots 8] [--max-len 512]
-        [--top-logprobs 5] [--repeats 6]
+        [--top-logprobs 5] [--repeats 6] [--quantization int8] [--compare] [--rounds N]
 
 The engine is built as `functional-gen serve` builds it (`max_len` 512, `top_logprobs=5`),
-greedy, EOS suppressed by `logit_bias` as the bench does; `PhaseTimer(sync=True)`, so each
+greedy, EOS suppressed by `logit_bias` as the bench does; `--quantization int8` loads the model
+as `bench_serving.py --quantization int8` does (`fg.load_model(quantization="int8")`); `PhaseTimer(sync=True)`, so each
 phase's device work is timed in that phase. Per dispatch it records the busy slots, the steps
 taken, the static length attention read (`attention_lengths`) and the seconds of the dispatch,
 of its compaction and of the admission (prefill + insert) before it. Then, in the same process,
@@ -161,6 +162,12 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=6)
     parser.add_argument("--rounds", type=int, default=1, help="runs of the trace per variant")
     parser.add_argument(
+        "--quantization",
+        choices=["int8"],
+        default=None,
+        help="load the model as bench_serving.py --quantization does",
+    )
+    parser.add_argument(
         "--compare",
         action="store_true",
         help="also run the trace with whole dispatches (no `until_finish`), alternated",
@@ -168,7 +175,7 @@ def main() -> None:
     args = parser.parse_args()
     from bench_serving import make_trace
 
-    model, tokenizer = fg.load_model()
+    model, tokenizer = fg.load_model(quantization=args.quantization)
     trace = make_trace(tokenizer, args.requests, float("inf"), 0, False)
     bias = tuple((int(e), -100.0) for e in model.eos_token_id)
     engine = RecordingEngine(
