@@ -48,8 +48,9 @@ def with_prefill_copy(model):
     docstring). The output head (`lm_head`, or the tied embedding) gets none: a prefill computes
     the logits of its last token only.
 
-    Measured (`benchmarks/account_serving.py --quantization int8`, SmolLM2-135M, the loaded
-    2-core CPU): see `docs/serving.md`. Memory: two bytes per layer weight more (SmolLM2-135M:
+    Measured (`benchmarks/account_serving.py --quantization int8 --compare-prefill-copy`,
+    SmolLM2-135M, the bench's saturated 32-request trace, the 2-core CPU loaded ~4x): admission
+    9.99 -> 7.39 s, 1.06x the output tokens/s (`docs/serving.md`). Memory: two bytes per layer weight more (SmolLM2-135M:
     ~106 M weights, +212 MB beside the 151 MB of int8 weights and scales).
 
     **Arguments:** `model`: a `DecoderForCausalLM`, usually loaded with `quantization="int8"`.
