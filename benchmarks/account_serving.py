@@ -2,10 +2,13 @@
 t=0) through the orchestrator's Python API (no HTTP), each dispatch recorded, in one process.
 
     .venv/bin/python benchmarks/account_serving.py [--requests 32] [--slots 8] [--max-len 512]
-        [--top-logprobs 5] [--repeats 6]
+        [--top-logprobs 5] [--repeats 6] [--quantization int8] [--compare] [--rounds N]
+        [--compare-prefill-copy]
 
 The engine is built as `functional-gen serve` builds it (`max_len` 512, `top_logprobs=5`),
-greedy, EOS suppressed by `logit_bias` as the bench does; `PhaseTimer(sync=True)`, so each
+greedy, EOS suppressed by `logit_bias` as the bench does; `--quantization int8` loads the model
+as `bench_serving.py --quantization int8` does (`fg.load_model(quantization="int8")`), and
+`--compare-prefill-copy` alternates the trace with an engine built with `prefill_copy=False`; `PhaseTimer(sync=True)`, so each
 phase's device work is timed in that phase. Per dispatch it records the busy slots, the steps
 taken, the static length attention read (`attention_lengths`) and the seconds of the dispatch,
 of its compaction and of the admission (prefill + insert) before it. Then, in the same process,
@@ -161,32 +164,54 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=6)
     parser.add_argument("--rounds", type=int, default=1, help="runs of the trace per variant")
     parser.add_argument(
+        "--quantization",
+        choices=["int8"],
+        default=None,
+        help="load the model as bench_serving.py --quantization does",
+    )
+    parser.add_argument(
         "--compare",
         action="store_true",
         help="also run the trace with whole dispatches (no `until_finish`), alternated",
     )
+    parser.add_argument(
+        "--compare-prefill-copy",
+        action="store_true",
+        help="also run the trace on an engine without the int8 prefill copy "
+        "(`Engine(prefill_copy=False)`), alternated",
+    )
     args = parser.parse_args()
     from bench_serving import make_trace
 
-    model, tokenizer = fg.load_model()
+    model, tokenizer = fg.load_model(quantization=args.quantization)
     trace = make_trace(tokenizer, args.requests, float("inf"), 0, False)
     bias = tuple((int(e), -100.0) for e in model.eos_token_id)
     engine = RecordingEngine(
         model, tokenizer, args.slots, max_len=args.max_len, top_logprobs=args.top_logprobs
     )
     engine.records = []
+    engines = {"until_finish": engine, "whole dispatches": engine}
+    if args.compare_prefill_copy:
+        engines["no prefill copy"] = RecordingEngine(
+            model, tokenizer, args.slots, max_len=args.max_len, top_logprobs=args.top_logprobs,
+            prefill_copy=False,
+        )  # fmt: skip
+        engines["no prefill copy"].records = []
     requests = [
         engine.request(tokenizer(p)["input_ids"], m, temperature=0.0, logit_bias=bias)
         for _, p, m in trace
     ]
-    start = time.perf_counter()
-    engine.precompile(progress=False)
-    print(f"precompile {time.perf_counter() - start:.0f} s", flush=True)
-    serve(engine, requests[: args.slots])  # warm-up (the layout read, the compaction)
     variants = ["until_finish"] + (["whole dispatches"] if args.compare else [])
+    variants += ["no prefill copy"] if args.compare_prefill_copy else []
+    for each in dict.fromkeys(engines[v] for v in variants):
+        start = time.perf_counter()
+        each.precompile(progress=False)
+        print(f"precompile {time.perf_counter() - start:.0f} s", flush=True)
+        serve(each, requests[: args.slots])  # warm-up (the layout read, the compaction)
     runs = {}
     for _ in range(args.rounds):
         for variant in variants:  # alternated: a changing load hits both
+            engine = engines[variant]
             engine.whole_dispatches = variant == "whole dispatches"
             engine.records = []
             engine.timer.reset()
@@ -199,7 +224,9 @@ def main() -> None:
             print(f"{variant}: {tokens / wall:.1f} tok/s", flush=True)
             if variant not in runs or wall < runs[variant][1]:
                 runs[variant] = run
-    engine.close()
+    for each in dict.fromkeys(engines[v] for v in variants):
+        each.close()
+    engine = engines["until_finish"]
     engine.whole_dispatches = False
     ratio, engine_ms, plain_ms = step_ratio(model, engine, args.repeats)
     prompt_tokens = sum(len(r.token_ids) for r in requests)

@@ -430,12 +430,14 @@ class BatchedInt8(eqx.Module):
 
     **Attributes:** `blocks`: int8 `[out, in / parts]` arrays (or one bfloat16 `[out, in]`);
     `scale`: float32 `[out, parts]` (or `None`); `max_tokens` (static): the largest token count
-    that uses the copy.
+    that uses the copy; `min_tokens` (static): the smallest (2; the serving engine's prefill-only
+    bfloat16 copy, `serving.weights.with_prefill_copy`, starts above 64).
     """
 
     blocks: tuple[Int8[Array, "out part"] | Float[Array, "out in"], ...]
     scale: Float32[Array, "out parts"] | None
     max_tokens: int = eqx.field(static=True, default=64)
+    min_tokens: int = eqx.field(static=True, default=2)
 
 
 HEAD_PARTS = None
@@ -524,8 +526,8 @@ def matmul(
     - `scale`: float32 `[out, blocks]` for int8 weights (`dequantize_int8(weight, scale)` is the
       real weight; `blocks` is 1 for one scale per row), else `None`.
     - `x`: float32 `[in, tokens]` activations (feature-major).
-    - `batched`: an optional `BatchedInt8` copy of the weight; used instead of it for 2 to
-      `batched.max_tokens` tokens.
+    - `batched`: an optional `BatchedInt8` copy of the weight; used instead of it for
+      `batched.min_tokens` to `batched.max_tokens` tokens.
 
     **Returns:** float32 `[out, tokens]`, computed with the formulation `FORMULATIONS` picks for
     this format and token count.
@@ -533,7 +535,7 @@ def matmul(
     **Raises:** `TypeError` for an unsupported weight dtype; `ValueError` for an int8 weight
     without `scale`.
     """
-    if batched is not None and 1 < x.shape[-1] <= batched.max_tokens:
+    if batched is not None and batched.min_tokens <= x.shape[-1] <= batched.max_tokens:
         if batched.scale is None:  # a bfloat16 copy
             return run_formulation("dot(W, bf16 x)->f32", batched.blocks[0], None, x)
         return run_formulation(_SPLIT, batched.blocks, batched.scale, x)  # see BatchedInt8

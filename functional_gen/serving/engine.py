@@ -89,6 +89,7 @@ from .slots import (
     SlotDecoding as SlotDecoding,
     SlotParams as SlotParams,
 )
+from .weights import with_prefill_copy
 
 DEFAULT_NUM_STEPS = 4
 """Decode steps per `generate` dispatch (the host sees new tokens every `num_steps` steps).
@@ -141,6 +142,10 @@ class Engine:
     - `constraint_states`, `constraint_classes`: the shape of each slot's constraint tables in
       the pool (`serving.pool`; `DEFAULT_POOL_STATES`, `DEFAULT_POOL_CLASSES`); a constraint
       with larger tables runs alone (`generate_alone`).
+    - `prefill_copy`: for a model with int8-block weights (`quantization="int8"`), keep a
+      bfloat16 copy of its layer matrices for prefills (`serving.weights.with_prefill_copy`:
+      the same logits, no dequantization per prompt; +2 bytes per layer weight); `self.model`
+      is then that model. Ignored for other models.
 
     **Raises:** `ValueError` for a non-positive `max_slots`, `max_len` or `num_steps`, or a
     `max_len` beyond the model's context.
@@ -158,6 +163,7 @@ class Engine:
         top_logprobs: int = 0,
         constraint_states: int = DEFAULT_POOL_STATES,
         constraint_classes: int = DEFAULT_POOL_CLASSES,
+        prefill_copy: bool = True,
     ):
         for name, value in (
             ("max_slots", max_slots),
@@ -175,7 +181,7 @@ class Engine:
                 f"`max_len`={max_len} is longer than the model's context "
                 f"(max_position_embeddings={limit})"
             )
-        self.model = model
+        self.model = with_prefill_copy(model) if prefill_copy else model
         self.tokenizer = tokenizer
         self.max_slots = max_slots
         self.max_len = max_len
