@@ -11,14 +11,14 @@ numbers: how they are drawn now), in ONE process, the two taking turns (ratios o
    as `PromptLookup`'s), jitted; median of 21 calls.
 2. `generate` with `Temperature(0.8)` and `Multinomial()`, `--new-tokens` tokens (EOS off), the
    first `--batch` grounded prompts of `bench_speculative.py` as raw text (Gemma 3's GGUF
-   tokenizer has no chat template), with each proposer; whole calls, a new seed each round (the same for both variants: the two draw
-   different tokens, so a round's acceptance differs between them, not its distribution), the
-   loop steps printed. Each variant is compiled by its own `eqx.filter_jit` of the generation
-   program while the modules' `categorical` is that variant's draw (the draw is looked up when
-   the program is traced; `filter_jit` caches per wrapped function, so each variant wraps its
-   own).
+   tokenizer has no chat template), with each proposer; whole calls, a new seed each round
+   (the same for both variants: the two draw different tokens, so a round's acceptance differs
+   between them, not its distribution), the loop steps printed. Each variant is compiled by
+   its own `eqx.filter_jit` of the generation program while the modules' `categorical` is that
+   variant's draw (the draw is looked up when the program is traced; `filter_jit` caches per
+   wrapped function, so each variant wraps its own).
 
-2026-11-26 23:36-23:40 UTC, this 2-core machine shared with two other sessions (ratios only):
+2026-11-26 23:36-23:48 UTC, this 2-core machine shared with two other sessions (ratios only):
 
 | what | old (jax.random.categorical) | new | old / new |
 |---|---|---|---|
@@ -27,9 +27,10 @@ numbers: how they are drawn now), in ONE process, the two taking turns (ratios o
 | Gemma 3 270M f32, `PromptLookup(10)`, batch 8, 32 tokens | 2.86-3.05 s | 2.14-2.35 s | 1.32x (rounds 1.22-1.38) |
 | SmolLM2 f32, `PromptLookup(10)`, batch 8, 32 tokens (23:40) | 1.52-1.64 s | 1.41-1.52 s | 1.11x (rounds 1.07-1.11) |
 | SmolLM2 f32, `EarlyExit(8, 4)`, batch 8, 32 tokens (23:42) | 4.65-5.10 s | 4.32-4.77 s | 1.13x (rounds 1.04-1.18) |
+| Gemma 3 270M f32, `EarlyExit(8, 4)`, batch 8, 32 tokens (23:45) | 13.2-23.2 s | 9.6-11.7 s | 1.34x (rounds 1.33-1.99) |
 
-(`rejection_sample` alone in the SmolLM2 run: 8.0x and 9.5x.) On these raw-text prompts at
-`Temperature(0.8)` both models accepted almost nothing: 31-32 loop steps for 32 tokens, so the
+(`rejection_sample` alone in the later runs: 8.0-14.4x and 9.5-13.0x.) On these raw-text
+prompts at `Temperature(0.8)` both models accepted almost nothing: 31-32 loop steps for 32 tokens, so the
 gain is mostly the draw of the token after the accepted guesses (over `p_1` in `PromptLookup`'s
 0-guess steps), plus, with `EarlyExit`, the draft's sampled guesses.
 An earlier attempt with both variants wrapping `program._generate_jit` itself measured the same
