@@ -28,6 +28,19 @@ median of 3: SmolLM2 batch 1 1.04x, batch 8 1.13x; Gemma 3 270M batch 1 1.07x (1
 tok/s), batch 8 1.21x (56.3 -> 67.9 tok/s). Sampled Gemma 3 batch 8 is still 0.61x greedy (110.8
 tok/s) in that run although the draw costs ~2x an argmax alone: the rest of the gap (the
 `Temperature` pass, keys, or noise) was not profiled.
+
+Re-measured 2026-11-26 23:00-23:10 UTC (load 1-4 on 2 cores; Gemma 3 270M, batch 8, 32 new
+tokens, `generate_token_ids`, greedy and `Temperature(0.8)` + `Multinomial()` alternating, 6
+rounds in one process): greedy 98.1, sampled 99.3 tok/s (medians; sampled/greedy 1.01x; per
+round 1.19, 0.74, 1.01, 0.98, 1.02, 0.56: a single round swings both ways). An earlier run of 3
+rounds with the `Temperature` and the draw apart (tests running beside it): greedy 56.9,
+`Multinomial` alone 63.1, `Temperature` + greedy 51.2, `Temperature` + `Multinomial` 67.4.
+The 0.61x was noise: no gap. Outside the loop, jitted over `[8, 262144]`, what differs between
+the two (the step's tail: `Temperature`, the draw or argmax, the chosen token's logprob, the
+dead-row test) took 3.0 vs 2.0 ms (medians of 21; minima 1.6 vs 1.5 ms) of a ~80 ms step.
+Since then `Sample` computes only the chosen tokens' logprobs (`reductions.chosen_logprobs`,
+not a `[batch, vocab]` `log_softmax` written out): 0.5-0.9 ms less per step at that shape,
+greedy and sampled alike.
 """
 
 import argparse

@@ -18,6 +18,9 @@ blocks (block sums, then one block's running sum): two uniform numbers per row w
 `jax.random.categorical`'s Gumbel-max draw needs one per vocabulary entry (the threefry noise of
 8 x 262,144 logits took ~40 ms on this machine, as long as a Gemma 3 270M decode step).
 
+`chosen_logprobs` gives `log_softmax(logits)` at the chosen tokens only (a reduction and a
+gather, not a `[batch, vocab]` array written out and read back).
+
 A small neutral module (it imports only JAX): samplers, speculative decoding and processors may
 all use it.
 """
@@ -61,6 +64,35 @@ def argmax(x: Shaped[Array, "..."], axis: int = -1) -> Int[Array, "..."]:
     block = jnp.argmax(keys, axis=-1)  # the first block holding the maximum
     inside = jnp.take_along_axis(x, block[..., None, None], axis=-2)[..., 0, :]
     return block * BLOCK + jnp.argmax(inside, axis=-1)
+
+
+def chosen_logprobs(
+    logits: Float[Array, "*batch vocab"],
+    token_ids: Int[Array, " *batch"],
+    best: Float[Array, " *batch"] | None = None,
+) -> Float[Array, " *batch"]:
+    """`jax.nn.log_softmax(logits)` at `token_ids` (one index per row), computed as
+    `log_softmax` computes it (the logit less the row maximum, less the log of the sum of the
+    shifted exponentials: the same float32 operations, so the same values up to the order in
+    which a compiled program sums, ~1e-7 relative) without writing out
+    the whole `[..., vocab]` array of log-probabilities: a reduction and a gather.
+
+    Over Gemma 3's `[8, 262144]` logits this saved ~0.5-0.9 ms a decode step against
+    `take_along_axis(log_softmax(logits), ...)` (2026-11-26, this 2-core machine, medians of 31
+    interleaved calls, with the sampler's draw in the same jitted function).
+
+    **Arguments:** `logits`: `[..., vocab]`; `token_ids`: integer `[...]`, each in
+    `[0, vocab)`; `best` (optional): `jnp.max(logits, axis=-1)` when already at hand.
+
+    **Returns:** `[...]`, natural log; NaN for a row whose logits are all `-inf` (as
+    `log_softmax`).
+
+    Source: `jax.nn.log_softmax`'s formula (`shifted - log(sum(exp(shifted)))`).
+    """
+    best = jnp.max(logits, axis=-1) if best is None else best
+    shifted_logsumexp = jnp.log(jnp.sum(jnp.exp(logits - best[..., None]), axis=-1))
+    chosen = jnp.take_along_axis(logits, token_ids[..., None], axis=-1)[..., 0]
+    return (chosen - best) - shifted_logsumexp
 
 
 def _first_above(running: Float[Array, " n"], threshold: Float[Array, ""]) -> Int[Array, ""]:

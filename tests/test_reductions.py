@@ -1,6 +1,7 @@
 """`functional_gen.reductions.argmax` against NumPy's `argmax` (first index of the maximum, NaN
 the largest), and `Greedy` against NumPy's `argmax` (`Multinomial`'s draw, `reductions.categorical`,
-is tested against exact distributions in `tests/generation/test_samplers.py`)."""
+is tested against exact distributions in `tests/generation/test_samplers.py`), and
+`chosen_logprobs` against `jax.nn.log_softmax` and hand-computed values."""
 
 import jax
 import jax.numpy as jnp
@@ -8,7 +9,7 @@ import numpy as np
 import pytest
 
 import functional_gen as fg
-from functional_gen.reductions import BLOCK, argmax
+from functional_gen.reductions import BLOCK, argmax, chosen_logprobs
 
 
 def _check(x, axis=-1):
@@ -72,3 +73,26 @@ def test_samplers_over_a_gemma_vocab():
     drawn = jax.jit(jax.vmap(lambda lg, k: fg.samplers.Multinomial()(lg, key=k)))(one, keys)
     np.testing.assert_array_equal(np.asarray(drawn), where)
     assert drawn.dtype == jnp.int32
+
+
+def test_chosen_logprobs_hand_computed():
+    # logits [0, ln 3, -inf]: probabilities 1/4, 3/4, 0
+    logits = jnp.asarray([[0.0, np.log(3.0), -np.inf]] * 3, jnp.float32)
+    got = chosen_logprobs(logits, jnp.asarray([0, 1, 2]))
+    np.testing.assert_allclose(np.asarray(got)[:2], np.log([0.25, 0.75]), rtol=1e-6)
+    assert np.asarray(got)[2] == -np.inf
+
+
+@pytest.mark.parametrize("shape", [(4, 262144), (2, 3, 49152)])
+def test_chosen_logprobs_equal_log_softmax(shape):
+    rng = np.random.default_rng(len(shape))
+    logits = jnp.asarray(rng.standard_normal(shape) * 4, jnp.float32)
+    logits = logits.at[..., ::7].set(-jnp.inf)  # masked entries, as after TopK or a constraint
+    tokens = jnp.asarray(rng.integers(0, shape[-1], shape[:-1]))
+    want = jnp.take_along_axis(jax.nn.log_softmax(logits, axis=-1), tokens[..., None], -1)[..., 0]
+    got = jax.jit(chosen_logprobs)(logits, tokens)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-6)  # same ops; sum order
+    best = jnp.max(logits, axis=-1)
+    np.testing.assert_allclose(
+        np.asarray(chosen_logprobs(logits, tokens, best)), np.asarray(got), rtol=1e-6
+    )

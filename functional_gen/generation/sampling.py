@@ -10,6 +10,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
+from ..reductions import chosen_logprobs
 from .samplers import AbstractSampler
 from .search import AbstractSearch, process_rows
 from .state import CONSTRAINT, EOS, LENGTH, STOP_STRING, GenerationState
@@ -60,8 +61,8 @@ class Sample(AbstractSearch):
         processor_states, logits, sample_keys = process_rows(step, state, state.logits)
         tokens = jax.vmap(lambda lg, k: self.sampler(lg, key=k))(logits, sample_keys)
         scored = logits if step.logprobs_mode == "processed" else state.logits
-        all_logprobs = jax.nn.log_softmax(scored, axis=-1)
-        chosen_logprobs = jnp.take_along_axis(all_logprobs, tokens[:, None], axis=1)[:, 0]
+        # only the chosen tokens' logprobs, unless the alternatives are wanted as well
+        chosen = chosen_logprobs(scored, tokens)
 
         # A row whose processors left no token possible (every logit -inf, e.g. a constraint
         # that cannot continue) ends here, with finish reason "constraint" and no token.
@@ -71,10 +72,10 @@ class Sample(AbstractSearch):
         write_col = jnp.where(active, state.length, state.token_ids.shape[1])  # done: dropped
         token_ids = state.token_ids.at[rows, write_col].set(tokens, mode="drop")
         logprob_col = jnp.where(active, n_generated, state.logprobs.shape[1])
-        logprobs = state.logprobs.at[rows, logprob_col].set(chosen_logprobs, mode="drop")
+        logprobs = state.logprobs.at[rows, logprob_col].set(chosen, mode="drop")
         top_ids, top_values = state.top_token_ids, state.top_logprobs
         if step.top_logprobs:
-            values, ids = jax.lax.top_k(all_logprobs, step.top_logprobs)
+            values, ids = jax.lax.top_k(jax.nn.log_softmax(scored, axis=-1), step.top_logprobs)
             top_ids = top_ids.at[rows, logprob_col].set(ids.astype(jnp.int32), mode="drop")
             top_values = top_values.at[rows, logprob_col].set(values, mode="drop")
         length = state.length + active.astype(jnp.int32)

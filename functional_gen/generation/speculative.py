@@ -39,11 +39,11 @@ import math
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Bool, Float, Int, PyTree
+from jaxtyping import Array, Bool, Int, PyTree
 
 from ..models.base import AbstractCausalLM
 from ..models.kv_cache import RING_RESERVE
-from ..reductions import argmax
+from ..reductions import argmax, chosen_logprobs
 from ..speculative.acceptance import exact_match, rejection_sample
 from ..speculative.cache import compact, keep_below, switch_in_place
 from ..speculative.cost import choose_width, model_precision, verify_cost
@@ -94,21 +94,6 @@ def verify_widths(num_tokens: int, batch: int = 1) -> tuple[int, ...]:
     while widths[-1] < num_tokens:
         widths.append((len(widths) - 1) * 8 - 1)
     return tuple(widths)
-
-
-def chosen_logprobs(
-    logits: Float[Array, "*shape vocab"],
-    tokens: Int[Array, " *shape"],
-    best: Float[Array, " *shape"] | None = None,
-) -> Float[Array, " *shape"]:
-    """`jax.nn.log_softmax(logits)[..., tokens]`, computed as `log_softmax` computes it (the
-    logit less the row maximum, less the log of the sum of the shifted exponentials) without
-    writing out the whole `[..., vocab]` array of log-probabilities: only the chosen ones.
-    `best` (optional) is `jnp.max(logits, axis=-1)` when already at hand."""
-    best = jnp.max(logits, axis=-1) if best is None else best
-    shifted_logsumexp = jnp.log(jnp.sum(jnp.exp(logits - best[..., None]), axis=-1))
-    chosen = jnp.take_along_axis(logits, tokens[..., None], axis=-1)[..., 0]
-    return (chosen - best) - shifted_logsumexp
 
 
 class SpeculativeState(eqx.Module):

@@ -26,6 +26,8 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
+from ..reductions import categorical
+
 
 def exact_match(
     drafts: Int[Array, " k"], target_tokens: Int[Array, " seq"], num_guesses=None
@@ -98,21 +100,21 @@ def rejection_sample(
     PRNG key.
 
     **Returns:** `n` in `[0, num_guesses]` and the token after the `n` accepted guesses, drawn
-    from the residual at position `n` (or from `p_{n+1}` when all guesses were accepted).
+    from the residual at position `n` (or from `p_{n+1}` when all guesses were accepted) by
+    `reductions.categorical` (inverse transform sampling, two uniform numbers; an entry of
+    probability 0 is never drawn; token 0 when the distribution has no mass at all).
     """
     k = drafts.shape[0]
     accept_key, draw_key = jax.random.split(key)
     if k == 0:
-        return jnp.zeros((), jnp.int32), jax.random.categorical(draw_key, _log(p[0])).astype(
-            jnp.int32
-        )
+        return jnp.zeros((), jnp.int32), categorical(draw_key, _log(p[0]))
     limit = k if num_guesses is None else num_guesses
     n = accepted_count(p, q, drafts, jax.random.uniform(accept_key, (k,)), num_guesses)
     p_n = p[n]
     draft_n = drafts[jnp.minimum(n, k - 1)]
     q_n = None if q is None else q[jnp.minimum(n, k - 1)]
     dist = jnp.where(n < limit, residual(p_n, q_n, draft_n), p_n)
-    return n, jax.random.categorical(draw_key, _log(dist)).astype(jnp.int32)
+    return n, categorical(draw_key, _log(dist))
 
 
 def _log(dist):

@@ -18,6 +18,7 @@ from jaxtyping import Array, Bool, Float, Int, Key, PyTree
 
 from ..models.base import AbstractCausalLM
 from ..models.kv_cache import KVCache
+from ..reductions import categorical
 from .cache import keep_below, make_room, switch_in_place
 from .guard import GuardState, ProposalGuard
 
@@ -541,7 +542,7 @@ def _draft_propose(draft, k, carry: DraftCarry, token_ids, length, active, key, 
         probs = jax.nn.softmax(logits, axis=-1)
         if sample:  # row r's j-th guess uses fold_in(key[r], j)
             keys = jax.vmap(jax.random.fold_in, (0, None))(key, j)
-            token = jax.vmap(jax.random.categorical)(keys, logits)
+            token = jax.vmap(categorical)(keys, logits)
         else:
             token = jnp.argmax(logits, axis=-1)
         return token.astype(jnp.int32), probs
