@@ -3,12 +3,15 @@ t=0) through the orchestrator's Python API (no HTTP), each dispatch recorded, in
 
     .venv/bin/python benchmarks/account_serving.py [--requests 32] [--slots 8] [--max-len 512]
         [--top-logprobs 5] [--repeats 6] [--quantization int8] [--compare] [--rounds N]
-        [--compare-prefill-copy]
+        [--compare-prefill-copy] [--compare-widths]
 
 The engine is built as `functional-gen serve` builds it (`max_len` 512, `top_logprobs=5`),
 greedy, EOS suppressed by `logit_bias` as the bench does; `--quantization int8` loads the model
 as `bench_serving.py --quantization int8` does (`fg.load_model(quantization="int8")`), and
-`--compare-prefill-copy` alternates the trace with an engine built with `prefill_copy=False`; `PhaseTimer(sync=True)`, so each
+`--compare-prefill-copy` alternates the trace with an engine built with `prefill_copy=False`,
+`--compare-widths` with one built with `decode_widths=()` (every dispatch at `--slots` rows; the
+split below counts the default engine's narrow dispatches at the 8-row step's cost, so read the
+two engines' tok/s lines for the comparison); `PhaseTimer(sync=True)`, so each
 phase's device work is timed in that phase. Per dispatch it records the busy slots, the steps
 taken, the static length attention read (`attention_lengths`) and the seconds of the dispatch,
 of its compaction and of the admission (prefill + insert) before it. Then, in the same process,
@@ -180,6 +183,12 @@ def main() -> None:
         help="also run the trace on an engine without the int8 prefill copy "
         "(`Engine(prefill_copy=False)`), alternated",
     )
+    parser.add_argument(
+        "--compare-widths",
+        action="store_true",
+        help="also run the trace on an engine without narrower decode programs "
+        "(`Engine(decode_widths=())`), alternated",
+    )
     args = parser.parse_args()
     from bench_serving import make_trace
 
@@ -197,12 +206,19 @@ def main() -> None:
             prefill_copy=False,
         )  # fmt: skip
         engines["no prefill copy"].records = []
+    if args.compare_widths:
+        engines["all dispatches 8 wide"] = RecordingEngine(
+            model, tokenizer, args.slots, max_len=args.max_len, top_logprobs=args.top_logprobs,
+            decode_widths=(),
+        )  # fmt: skip
+        engines["all dispatches 8 wide"].records = []
     requests = [
         engine.request(tokenizer(p)["input_ids"], m, temperature=0.0, logit_bias=bias)
         for _, p, m in trace
     ]
     variants = ["until_finish"] + (["whole dispatches"] if args.compare else [])
     variants += ["no prefill copy"] if args.compare_prefill_copy else []
+    variants += ["all dispatches 8 wide"] if args.compare_widths else []
     for each in dict.fromkeys(engines[v] for v in variants):
         start = time.perf_counter()
         each.precompile(progress=False)

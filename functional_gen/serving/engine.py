@@ -79,9 +79,11 @@ from .programs import (
     generate_jit,
     insert_jit,
     layout_jit,
+    narrow_jit,
     place_jit,
     prefill_chunk_jit,
     prefill_jit,
+    widen_jit,
 )
 from .slots import (
     MAX_TOP_K,
@@ -122,6 +124,22 @@ step (8 slots, the same CPU: 52.6 ms of CPU time per step reading 128 slots, 58.
 it pays back within a few steps. (It was 64 while a compaction copied the whole cache three
 times, 0.25-0.35 s.)"""
 
+DEFAULT_DECODE_WIDTHS = (1,)
+"""The narrower decode widths an `Engine` of 4 slots or more compiles besides `max_slots`: a
+dispatch with one busy slot runs a batch-1 program on that slot's row (gathered, then written
+back) instead of the `max_slots`-row program with the other rows idle.
+
+Why: on the 2-core CPU the step's cost grows with its rows (XLA's few-row matrix products), so
+the idle rows of a lone request are paid for: SmolLM2-135M, plain decode steps over a 512-slot
+cache, one process (`benchmarks/bench_decode_widths.py`): float32 1 / 2 / 4 / 8 rows 26.0 /
+35.1 / 38.6 / 50.0 ms, int8 9.4 / 21.4 / 24.3 / 33.7 ms. A lone request (a quiet server, the
+tail of a busy one) therefore decodes 1.9x (float32) to 3.6x (int8) faster at width 1. Widths 2
+and 4 save less (0.64-0.77x the 8-row step) and each width is one more compiled program (start
+up, `precompile`), so they are not compiled by default. The gather and the write-back copy the
+slot's cache row (SmolLM2 at 512 slots: 24 MB each way per dispatch, ~1-2 ms). A row's tokens
+may differ from the 8-row program's only by float rounding (the products' kernels differ with the
+row count, as between `fg.generate` at batch 1 and 8), never by masking."""
+
 DEFAULT_PREFILL_CHUNK = 256
 """Prompts longer than this are prefilled in chunks of this many tokens."""
 
@@ -146,9 +164,15 @@ class Engine:
       bfloat16 copy of its layer matrices for prefills (`serving.weights.with_prefill_copy`:
       the same logits, no dequantization per prompt; +2 bytes per layer weight); `self.model`
       is then that model. Ignored for other models.
+    - `decode_widths`: the batch widths of the compiled decode programs. A dispatch whose busy
+      slots fit in a narrower width than `max_slots` gathers them into a state of that width,
+      runs its program and writes them back (`DEFAULT_DECODE_WIDTHS`: why and what it costs).
+      `max_slots` is always one of them; `()` runs every dispatch at `max_slots`. Default:
+      `(1,)` for 4 slots or more, else none.
 
-    **Raises:** `ValueError` for a non-positive `max_slots`, `max_len` or `num_steps`, or a
-    `max_len` beyond the model's context.
+    **Raises:** `ValueError` for a non-positive `max_slots`, `max_len` or `num_steps`, a
+    `max_len` beyond the model's context, or a `decode_widths` entry that is not an integer in
+    `[1, max_slots]`.
     """
 
     def __init__(
@@ -164,6 +188,7 @@ class Engine:
         constraint_states: int = DEFAULT_POOL_STATES,
         constraint_classes: int = DEFAULT_POOL_CLASSES,
         prefill_copy: bool = True,
+        decode_widths: Sequence[int] | None = None,
     ):
         for name, value in (
             ("max_slots", max_slots),
@@ -181,6 +206,16 @@ class Engine:
                 f"`max_len`={max_len} is longer than the model's context "
                 f"(max_position_embeddings={limit})"
             )
+        if decode_widths is None:
+            decode_widths = DEFAULT_DECODE_WIDTHS if max_slots >= 4 else ()
+        for w in decode_widths:
+            if isinstance(w, bool) or not isinstance(w, int) or not 1 <= w <= max_slots:
+                raise ValueError(
+                    f"`decode_widths` entries must be integers in [1, max_slots={max_slots}], "
+                    f"got {w!r}"
+                )
+        self.decode_widths = tuple(sorted({*decode_widths, max_slots}))
+        """The batch widths of the decode programs, ascending, ending with `max_slots`."""
         self.model = with_prefill_copy(model) if prefill_copy else model
         self.tokenizer = tokenizer
         self.max_slots = max_slots
@@ -458,9 +493,12 @@ class Engine:
         n = self.num_steps if num_steps is None else num_steps
         timer, clock = self.timer, time.perf_counter
         start = clock()
-        write, dead = (
-            int(x) for x in timer.add("layout", start, jax.device_get(layout_jit(decode_state)))
+        layout, done = timer.add(
+            "layout",
+            start,
+            jax.device_get((layout_jit(decode_state), decode_state.generation.done)),
         )
+        write, dead = (int(x) for x in layout)
         lengths = attention_lengths(self.max_len, self.max_slots)
 
         def read(used):  # the static length attention reads with `used` slots written
@@ -477,20 +515,31 @@ class Engine:
             self._compact_compiled = True
             write -= dead
         limit = max(1, min(n, self.max_len - write))
+        busy = np.flatnonzero(~done)
+        width = next(w for w in self.decode_widths if w >= len(busy))
+        rows = None
+        if busy.size and width < self.max_slots:
+            rows = np.concatenate([busy, np.flatnonzero(done)[: width - busy.size]])
         start = clock()
         return timer.add(
-            "dispatch",
-            start,
-            generate_jit(
-                self.model,
-                decode_state,
-                n,
-                jnp.asarray(limit, jnp.int32),
-                self.eos_token_id,
-                self.pad_token_id,
-                jnp.asarray(bool(until_finish)),
-            ),
+            "dispatch", start, self._dispatch(decode_state, n, limit, until_finish, rows)
         )
+
+    def _dispatch(self, decode_state, n, limit, until_finish, rows):
+        """`generate_jit` over every slot, or (`rows`: distinct slot indices holding every busy
+        one) over those slots gathered into a narrower state and written back."""
+        args = (
+            n,
+            jnp.asarray(limit, jnp.int32),
+            self.eos_token_id,
+            self.pad_token_id,
+            jnp.asarray(bool(until_finish)),
+        )
+        if rows is None:
+            return generate_jit(self.model, decode_state, *args)
+        rows = jnp.asarray(rows, jnp.int32)
+        narrow, out = generate_jit(self.model, narrow_jit(decode_state, rows), *args)
+        return widen_jit(decode_state, narrow, out, rows)
 
     def compact(self, decode_state: DecodeState) -> DecodeState:
         """The decode state with every slot's keys and values shifted to the front of the cache
@@ -523,6 +572,8 @@ class Engine:
                 )
                 state = self.free(self.place(entry, state, 0), 0)
                 state, _ = self.generate(state)
+                for w in self.decode_widths[:-1]:  # the narrower programs: idle rows, no steps
+                    state, _ = self._dispatch(state, self.num_steps, 1, False, np.arange(w))
             else:
                 state = self.insert(self.prefill(self.request([0] * n, 1)), state, 0)
 

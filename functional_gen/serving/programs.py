@@ -213,6 +213,50 @@ def _insert(prefix: Prefix, state: DecodeState, slot: Int[Array, ""]) -> DecodeS
     return DecodeState(gen, params, pool)
 
 
+def _narrow(state: DecodeState, rows: Int[Array, " width"]) -> DecodeState:
+    """The decode state of the slots `rows` only, in that order (every field of the state has
+    the slot axis first): what `Engine.generate` runs when `width` slots hold every busy one."""
+    return jax.tree.map(lambda x: jnp.take(x, rows, axis=0), state)
+
+
+def _widen(
+    state: DecodeState, narrow: DecodeState, out: StepOutput, rows: Int[Array, " width"]
+) -> tuple[DecodeState, StepOutput]:
+    """`narrow` (`_narrow(state, rows)` after a dispatch) written back into the slots `rows` of
+    `state`, and the dispatch's `out` spread over every slot (`-1` / 0 for the others).
+
+    The shared write index moves for every slot, as a step moves it: a slot outside `rows` is
+    idle, its cache slots from the old index on hold position -1 (an idle slot's step writes
+    nothing else there), so its row reads as if it had taken the steps."""
+
+    def put(full, part):
+        for j in range(rows.shape[0]):  # `width` row writes in place (a scatter copies)
+            full = jax.lax.dynamic_update_index_in_dim(full, part[j], rows[j], 0)
+        return full
+
+    state = jax.tree.map(put, state, narrow)
+    cache = state.generation.cache
+    cache = dataclasses.replace(
+        cache, length=jnp.full_like(cache.length, narrow.generation.cache.length[0])
+    )
+    state = eqx.tree_at(lambda s: s.generation.cache, state, cache)
+    slots = state.generation.batch_size
+
+    def spread(x, fill):  # [steps, width, ...] -> [steps, slots, ...]
+        full = jnp.full((x.shape[0], slots, *x.shape[2:]), fill, x.dtype)
+        return full.at[:, rows].set(x)
+
+    out = StepOutput(
+        token_ids=spread(out.token_ids, -1),
+        logprobs=spread(out.logprobs, 0),
+        top_token_ids=spread(out.top_token_ids, 0),
+        top_logprobs=spread(out.top_logprobs, 0),
+        done=state.generation.done,
+        finish_reason=state.generation.finish_reason,
+    )
+    return state, out
+
+
 def _layout(state: DecodeState) -> Int[Array, "2"]:
     """`[write_index, dead]`: the shared write index, and the number of leading cache slots that
     no busy slot uses (the first slot of the busy slot that starts earliest; all of them when
@@ -302,6 +346,8 @@ insert_jit = eqx.filter_jit(_insert, donate="all-except-first")
 place_jit = eqx.filter_jit(_place, donate="all-except-first")
 free_jit = eqx.filter_jit(_free, donate="all")
 layout_jit = eqx.filter_jit(_layout)
+narrow_jit = eqx.filter_jit(_narrow)
+widen_jit = eqx.filter_jit(_widen, donate="all")
 compact_jit = eqx.filter_jit(_compact, donate="all")
 prefill_jit = eqx.filter_jit(_prefill)
 prefill_chunk_jit = eqx.filter_jit(_prefill_chunk, donate="all-except-first")

@@ -192,3 +192,59 @@ def test_dispatch_until_a_slot_finishes(tiny_gemma, until_finish):
     for slot, request in ((0, short), (1, long)):
         want, _ = alone(model, tokenizer, list(request.token_ids), request.max_new_tokens)
         assert got[slot] == want
+
+
+@pytest.mark.parametrize("widths", [None, (1, 2)])
+def test_narrow_dispatches_match_alone(tiny_gemma, monkeypatch, widths):
+    """`decode_widths`: a dispatch whose busy slots fit a narrower width runs them gathered into
+    a state of that width (padded with idle slots) and written back. Four slots, requests that
+    start alone, overlap, cross the rings and compact: each request's tokens and logprobs equal
+    `fg.generate` of its prompt alone, narrow dispatches did run (with `(1, 2)` both widths),
+    and an idle slot reads `-1` / done in a narrow dispatch's output."""
+    from functional_gen.serving import engine as engine_module
+
+    model, tokenizer = tiny_gemma
+    engine = fg.serving.Engine(model, tokenizer, max_slots=4, max_len=96, decode_widths=widths)
+    assert engine.decode_widths == ((1, 4) if widths is None else (1, 2, 4))
+    seen = []
+    narrow = engine_module.narrow_jit
+
+    def spy(state, rows):
+        seen.append(np.asarray(rows).tolist())
+        return narrow(state, rows)
+
+    monkeypatch.setattr(engine_module, "narrow_jit", spy)
+    specs = [(0, 3, 5, 30), (9, 1, 11, 70), (11, 0, 8, 20), (12, 2, 6, 12), (30, 2, 9, 60)]
+    schedule = [
+        (d, s, engine.request(prompt(n, 10 + i), m)) for i, (d, s, n, m) in enumerate(specs)
+    ]
+    results = serve(engine, schedule)
+    assert engine.compactions >= 1
+    widths_seen = {len(rows) for rows in seen}
+    assert widths_seen == ({1} if widths is None else {1, 2})
+    assert all(len(set(rows)) == len(rows) for rows in seen)  # distinct slots
+    assert [3] in seen  # the first request alone, in its slot
+    for (_, _, request), (tokens, logprobs) in zip(schedule, results):
+        want, want_lps = alone(model, tokenizer, list(request.token_ids), request.max_new_tokens)
+        assert tokens == want
+        np.testing.assert_allclose(logprobs, want_lps, atol=1e-5)
+
+    state = engine.insert(
+        engine.prefill(engine.request(prompt(7, 3), 3)), engine.init_decode_state(), 2
+    )
+    state, out = engine.generate(state)
+    assert np.asarray(out.token_ids).shape == (engine.num_steps, 4)
+    assert (np.asarray(out.token_ids)[:, [0, 1, 3]] == -1).all()
+    np.testing.assert_array_equal(np.asarray(out.done), [True, True, True, True])
+    lengths = np.asarray(state.generation.cache.length)
+    assert (lengths == lengths[0]).all()  # the shared write index moved for every slot
+
+
+@pytest.mark.parametrize("widths", [(0,), (5,), (True,)])
+def test_decode_widths_are_checked(tiny_gemma, widths):
+    """`decode_widths` entries must be integers in `[1, max_slots]`: the bad one is named."""
+    model, tokenizer = tiny_gemma
+    with pytest.raises(ValueError, match=rf"\[1, max_slots=4\], got {widths[0]!r}"):
+        fg.serving.Engine(model, tokenizer, max_slots=4, max_len=96, decode_widths=widths)
+    assert fg.serving.Engine(model, tokenizer, max_slots=3, max_len=96).decode_widths == (3,)
+    assert fg.serving.Engine(model, tokenizer, max_slots=4, decode_widths=()).decode_widths == (4,)
