@@ -25,6 +25,7 @@ Variants (each traced with `functional_gen.models.attention` patched, then compi
 - `fine`: `attention_lengths` with 64 and 128 before 256 where the cache has branches at all
   (max_len >= 512), so a step with <= 64 / 128 written slots reads that slice.
 - `fine2`: `fine` with 192 too.
+- `b384`: today's lengths with 384 too in a 512-slot cache (the serving engine's default).
 - `flashB`: `attend_blocks` with `B`-slot blocks (flash-decoding style: online softmax over a
   `fori_loop` of `dynamic_slice`d blocks, stopping at the written length, no static branches).
 """
@@ -61,6 +62,11 @@ def fine2_lengths(max_len):
     return tuple(n for n in (64, 128, 192) if 2 * n <= max_len) + base
 
 
+def b384_lengths(max_len, batch=1):
+    base = TODAY_LENGTHS(max_len, batch)
+    return tuple(sorted({*base, 384})) if max_len == 512 and len(base) > 1 else base
+
+
 def patched(variant):
     """Context: set the module's attention functions for `variant`."""
 
@@ -72,6 +78,8 @@ def patched(variant):
                 attn_mod.attention_lengths = fine_lengths
             elif variant == "fine2":
                 attn_mod.attention_lengths = fine2_lengths
+            elif variant == "b384":
+                attn_mod.attention_lengths = b384_lengths
             elif variant.startswith("flash"):
                 block = int(variant[5:])
 
