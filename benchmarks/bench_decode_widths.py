@@ -1,5 +1,5 @@
 """What a decode step costs at 1, 2, 4 and 8 rows: the measurement behind the serving engine's
-`decode_widths` (`functional_gen.serving.engine.DEFAULT_DECODE_WIDTHS`).
+`decode_widths` (`functional_gen.serving.engine.default_decode_widths`).
 
     .venv/bin/python benchmarks/bench_decode_widths.py [--quantization int8] [--widths 1 2 4 8]
         [--written 200] [--max-len 512] [--rounds 6]

@@ -3,7 +3,7 @@
 
     .venv/bin/python benchmarks/bench_serving.py [--requests 32] [--rates 1,2,inf] [--slots 8]
         [--llama-cpp-python /work/llamacpp-venv/bin/python] [--quick] [--max-output 128]
-        [--sequential-rates 2] [--no-sequential] [--quantization int8]
+        [--sequential-rates 2] [--no-sequential] [--quantization int8] [--decode-widths 1 2 4]
 
 Duration (estimated for the 2-core CPU, quiet): the default run generates about 2,300 tokens per
 rate and system; our server at 8 slots (~100 tok/s) and llama.cpp's one-request-at-a-time
@@ -249,6 +249,14 @@ def main(argv=None) -> int:
         "float32: closer to the precision llama.cpp serves (the same Q4_1 GGUF)",
     )
     parser.add_argument(
+        "--decode-widths",
+        type=int,
+        nargs="+",
+        default=None,
+        help="our server's narrower decode widths (`functional-gen serve --decode-widths`; "
+        "default: the server's default)",
+    )
+    parser.add_argument(
         "--quick",
         action="store_true",
         help="8 requests, short prompts and outputs, one rate: to see it works",
@@ -293,10 +301,13 @@ def main(argv=None) -> int:
             "--precompile",
             "--quiet",
             *(["--quantization", args.quantization] if args.quantization else []),
+            *(["--decode-widths", *map(str, args.decode_widths)] if args.decode_widths else []),
         ],
         env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])},
     )
     label = "functional_gen" + (f" {args.quantization}" if args.quantization else "")
+    if args.decode_widths:
+        label += " widths " + ",".join(map(str, args.decode_widths))
     our_label = label
     servers.append((label, f"http://127.0.0.1:{port}", ours, log, name))
     llama_python = Path(args.llama_cpp_python)

@@ -119,6 +119,29 @@ for dispatch in range(3):
 # temperature, `top_p`, penalties, seed and `max_new_tokens`, so the rows never influence each
 # other: a request gets the same tokens in any slot, next to any other requests.
 #
+# ### Narrow dispatches
+#
+# On a CPU a decode step over 8 rows costs about 2x (float32) to 4x (int8) a step over one row
+# (SmolLM2-135M; `benchmarks/bench_decode_widths.py`), so a request alone in an 8-slot engine
+# would pay for 7 idle rows. An engine of 4 slots or more therefore also compiles a 1-row
+# program (`decode_widths`, default `(1,)`): when the busy slots fit a narrower width, `generate`
+# gathers their rows into a state of that width, runs it and writes them back. The output keeps
+# every slot's column, and the tokens are those of the full-width program (on the toy model
+# below, bit for bit; on real models up to float rounding).
+
+# %%
+wide = fg.serving.Engine(tiny, None, max_slots=4, max_len=48, decode_widths=())
+narrow = fg.serving.Engine(tiny, None, max_slots=4, max_len=48)
+print("decode widths:", wide.decode_widths, narrow.decode_widths)
+columns = {}
+for name, eng in (("all 4 rows", wide), ("1 row", narrow)):
+    state = eng.insert(eng.prefill(eng.request([5, 17, 42], 6)), eng.init_decode_state(), slot=2)
+    state, out = eng.generate(state)
+    columns[name] = np.asarray(out.token_ids)
+    print(f"{name}:\n{columns[name]}")
+assert (columns["all 4 rows"] == columns["1 row"]).all()
+
+# %% [markdown]
 # ## Streams on the real engine
 #
 # `engine.stream(prompt, options)` is an async generator of text pieces. Behind it, one thread

@@ -587,7 +587,15 @@ def test_serve_help_lists_its_options(capsys):
         cli.main(["serve", "--help"])
     assert exit_.value.code == 0
     text = capsys.readouterr().out
-    for flag in ("--model", "--host", "--port", "--max-slots", "--api-key", "--precompile"):
+    for flag in (
+        "--model",
+        "--host",
+        "--port",
+        "--max-slots",
+        "--decode-widths",
+        "--api-key",
+        "--precompile",
+    ):
         assert flag in text
     assert "127.0.0.1" in text
 
@@ -597,3 +605,12 @@ def test_serve_refuses_a_bad_port(capsys):
         cli.main(["serve", "--port", "0"])
     assert exit_.value.code == 2
     assert "--port" in capsys.readouterr().err
+
+
+def test_serve_refuses_a_decode_width_over_max_slots(capsys):
+    """`--decode-widths` wider than `--max-slots` is refused before the model loads, naming both."""
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["serve", "--max-slots", "4", "--decode-widths", "1", "6"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert "--decode-widths 1 6" in err and "--max-slots (4)" in err

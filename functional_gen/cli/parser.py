@@ -566,6 +566,16 @@ def serve_options(sub) -> argparse.ArgumentParser:
         help="tokens per slot, prompt plus generated (default: 1024)",
     )
     group.add_argument(
+        "--decode-widths",
+        type=_positive_int,
+        nargs="*",
+        default=None,
+        metavar="N",
+        help="narrower decode batch widths compiled besides --max-slots: a dispatch whose busy "
+        "requests fit one runs at that width (default: 1 for 4 slots or more; none: every "
+        "dispatch at --max-slots)",
+    )
+    group.add_argument(
         "--max-n",
         type=_positive_int,
         default=8,
@@ -592,7 +602,7 @@ def serve_options(sub) -> argparse.ArgumentParser:
     group.add_argument(
         "--precompile",
         action="store_true",
-        help="compile every prompt bucket before serving (a progress bar)",
+        help="compile every prompt bucket and decode width before serving (a progress bar)",
     )
     group.add_argument("--quiet", action="store_true", help="no progress or notices on stderr")
     return serve

@@ -29,13 +29,24 @@ def run_serve(args: argparse.Namespace) -> int:
             f"functional-gen serve needs the serve extra ({_MISSING}); install it with "
             'pip install "functional_gen[serve]"'
         )
+    widths = args.decode_widths
+    if widths is not None and any(w > args.max_slots for w in widths):
+        raise ValueError(
+            f"--decode-widths {' '.join(map(str, widths))}: each at most --max-slots "
+            f"({args.max_slots})"
+        )
     progress.set_quiet(args.quiet)
     enable_compilation_cache()
     model, tokenizer = load_model(
         args.model, dtype=args.dtype, quantization=args.quantization, progress=progress.notice
     )
     engine = Engine(
-        model, tokenizer, max_slots=args.max_slots, max_len=args.max_len, top_logprobs=5
+        model,
+        tokenizer,
+        max_slots=args.max_slots,
+        max_len=args.max_len,
+        top_logprobs=5,
+        decode_widths=widths,
     )
     if args.precompile:
         engine.precompile(progress=not args.quiet)

@@ -124,21 +124,31 @@ step (8 slots, the same CPU: 52.6 ms of CPU time per step reading 128 slots, 58.
 it pays back within a few steps. (It was 64 while a compaction copied the whole cache three
 times, 0.25-0.35 s.)"""
 
-DEFAULT_DECODE_WIDTHS = (1,)
-"""The narrower decode widths an `Engine` of 4 slots or more compiles besides `max_slots`: a
-dispatch with one busy slot runs a batch-1 program on that slot's row (gathered, then written
-back) instead of the `max_slots`-row program with the other rows idle.
 
-Why: on the 2-core CPU the step's cost grows with its rows (XLA's few-row matrix products), so
-the idle rows of a lone request are paid for: SmolLM2-135M, plain decode steps over a 512-slot
-cache, one process (`benchmarks/bench_decode_widths.py`): float32 1 / 2 / 4 / 8 rows 26.0 /
-35.1 / 38.6 / 50.0 ms, int8 9.4 / 21.4 / 24.3 / 33.7 ms. A lone request (a quiet server, the
-tail of a busy one) therefore decodes 1.9x (float32) to 3.6x (int8) faster at width 1. Widths 2
-and 4 save less (0.64-0.77x the 8-row step) and each width is one more compiled program (start
-up, `precompile`), so they are not compiled by default. The gather and the write-back copy the
-slot's cache row (SmolLM2 at 512 slots: 24 MB each way per dispatch, ~1-2 ms). A row's tokens
-may differ from the 8-row program's only by float rounding (the products' kernels differ with the
-row count, as between `fg.generate` at batch 1 and 8), never by masking."""
+def default_decode_widths(max_slots: int) -> tuple[int, ...]:
+    """The narrower decode widths an `Engine` compiles besides `max_slots` unless told otherwise:
+    the powers of two below `max_slots` for 4 slots or more (8 slots: 1, 2, 4), none below 4 (as
+    vLLM captures its CUDA graphs at batch sizes 1, 2, 4, 8, ...). A dispatch whose busy slots
+    fit one of them runs a program of that width on their rows (gathered, then written back)
+    instead of the `max_slots`-row program with the other rows idle.
+
+    Why: on the 2-core CPU a step's cost grows with its rows (XLA's few-row matrix products), so
+    idle rows are paid for: SmolLM2-135M, plain decode steps over a 512-slot cache, one process
+    (`benchmarks/bench_decode_widths.py`, 2026-11-27): float32 1 / 2 / 4 / 8 rows 26.0 / 35.1 /
+    38.6 / 50.0 ms, int8 9.4 / 21.4 / 24.3 / 33.7 ms. `benchmarks/bench_serving.py --quantization
+    int8 --decode-widths ...` on the same machine, 32 requests (tokens/s, TTFT p99, ITL p50):
+    at 1 request/s widths 8 only 61.7, 3.00 s, 61 ms; with 1 62.0, 3.29 s, 61 ms; with 1, 2, 4
+    64.9, 2.24 s, 47 ms; saturated (all at t=0) 89.1 / 101.0 / 93.5 tokens/s (noise of +-6 %);
+    `benchmarks/account_serving.py --compare-widths`: the saturated trace's 33 steps with one busy
+    slot took 14.5 instead of 55.0 ms. Each width is one more compiled program (start-up,
+    `precompile`), hence none for 2-3 slots. The gather and the write-back copy the rows' caches
+    (SmolLM2 at 512 slots: 24 MB each way per row, ~1-2 ms). A row's tokens can differ between
+    widths only by float rounding (the products' kernels change with the row count, as between
+    `fg.generate` at batch 1 and 8), never by masking."""
+    if max_slots < 4:
+        return ()
+    return tuple(1 << i for i in range(max_slots.bit_length()) if 1 << i < max_slots)
+
 
 DEFAULT_PREFILL_CHUNK = 256
 """Prompts longer than this are prefilled in chunks of this many tokens."""
@@ -166,9 +176,9 @@ class Engine:
       is then that model. Ignored for other models.
     - `decode_widths`: the batch widths of the compiled decode programs. A dispatch whose busy
       slots fit in a narrower width than `max_slots` gathers them into a state of that width,
-      runs its program and writes them back (`DEFAULT_DECODE_WIDTHS`: why and what it costs).
+      runs its program and writes them back (`default_decode_widths`: why and what it costs).
       `max_slots` is always one of them; `()` runs every dispatch at `max_slots`. Default:
-      `(1,)` for 4 slots or more, else none.
+      `default_decode_widths(max_slots)` (8 slots: 1, 2, 4).
 
     **Raises:** `ValueError` for a non-positive `max_slots`, `max_len` or `num_steps`, a
     `max_len` beyond the model's context, or a `decode_widths` entry that is not an integer in
@@ -207,7 +217,7 @@ class Engine:
                 f"(max_position_embeddings={limit})"
             )
         if decode_widths is None:
-            decode_widths = DEFAULT_DECODE_WIDTHS if max_slots >= 4 else ()
+            decode_widths = default_decode_widths(max_slots)
         for w in decode_widths:
             if isinstance(w, bool) or not isinstance(w, int) or not 1 <= w <= max_slots:
                 raise ValueError(
