@@ -218,6 +218,10 @@ class Engine:
             )
         if decode_widths is None:
             decode_widths = default_decode_widths(max_slots)
+        if isinstance(decode_widths, (str, bytes)) or not isinstance(decode_widths, Sequence):
+            raise ValueError(
+                f"`decode_widths` must be a sequence of integers, got {decode_widths!r}"
+            )
         for w in decode_widths:
             if isinstance(w, bool) or not isinstance(w, int) or not 1 <= w <= max_slots:
                 raise ValueError(
