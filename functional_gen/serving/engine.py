@@ -497,7 +497,9 @@ class Engine:
         cache (`compact`) when the dispatch would run past the cache's end or when compacting
         lets attention read a shorter static length for at least `COMPACTION_MIN_STEPS` steps; a dispatch that still would not fit (a
         `num_steps` beyond what the busy slots leave free) runs fewer steps, the rest of its
-        output `-1`.
+        output `-1`. When the busy slots fit a narrower width of `decode_widths`, the dispatch
+        runs that width's program on their rows (gathered, then written back); the output still
+        has a column per slot.
 
         **Arguments:** `decode_state` (donated).
 

@@ -2,8 +2,9 @@
 state where it is replaced): `_prefill` / `_prefill_chunk` (a request's prompt), `_insert` (a
 `Prefix` into a slot of the lockstep cache: right-aligned so it ends at the shared write index),
 `_place` / `_free` (a slot's constraint tables in the pool), `_layout` and `_compact` (the
-cache's shared write index and dead leading slots; the shift that reclaims them) and `_generate`
-(several decode steps in one `lax.while_loop`). `functional_gen.serving.engine.Engine` calls
+cache's shared write index and dead leading slots; the shift that reclaims them), `_generate`
+(several decode steps in one `lax.while_loop`) and `_narrow` / `_widen` (the busy slots' rows
+gathered into a narrower state for a dispatch, and written back). `functional_gen.serving.engine.Engine` calls
 them; see its module docstring for the design.
 """
 
