@@ -123,11 +123,12 @@ for dispatch in range(3):
 #
 # On a CPU a decode step over 8 rows costs about 2x (float32) to 4x (int8) a step over one row
 # (SmolLM2-135M; `benchmarks/bench_decode_widths.py`), so a request alone in an 8-slot engine
-# would pay for 7 idle rows. An engine of 4 slots or more therefore also compiles a 1-row
-# program (`decode_widths`, default `(1,)`): when the busy slots fit a narrower width, `generate`
-# gathers their rows into a state of that width, runs it and writes them back. The output keeps
-# every slot's column, and the tokens are those of the full-width program (on the toy model
-# below, bit for bit; on real models up to float rounding).
+# would pay for 7 idle rows. An engine of 4 slots or more therefore also compiles narrower
+# programs (`decode_widths`, default the powers of two below `max_slots`: 1, 2, 4 for 8 slots):
+# when the busy slots fit a narrower width, `generate` gathers their rows into a state of that
+# width, runs it and writes them back. The output keeps every slot's column, and the tokens are
+# those of the full-width program (checked below on the toy model; on real models they can
+# differ only where float rounding moves a near tie).
 
 # %%
 wide = fg.serving.Engine(tiny, None, max_slots=4, max_len=48, decode_widths=())
