@@ -249,6 +249,7 @@ def as_state(
             state.model_fingerprint is not None
             and state.model_fingerprint != model.config_fingerprint
         ):
+            _check_guidance_layout(state, model)
             raise ModelMismatchError(
                 "this SequenceState was made by another model (config fingerprint "
                 f"{state.model_fingerprint}, this model's is {model.config_fingerprint}); a KV "
@@ -266,6 +267,37 @@ def as_state(
     return SequenceState.from_token_ids(
         ids, vocab_size=model.vocab_size, key=key, tokenizer=tokenizer
     ), False
+
+
+def _check_guidance_layout(state: SequenceState, model: AbstractCausalLM) -> None:
+    """For a state whose model fingerprint differs from `model`'s: raise the error that names
+    a difference in batched classifier-free guidance, where that is the difference (the same
+    model under a `GuidedModel`, or a guided state continued without one), before the generic
+    `ModelMismatchError`. A guided state's cache holds both branches of each row (its
+    `positions` are `[batch, 2, kv_seq]`, `GuidedModel.init_cache`); a plain one's does not.
+
+    **Raises:** `ModelMismatchError` naming the guidance difference and what to do instead."""
+    cache = state.arrays.cache
+    paired = cache is not None and cache.positions.ndim == 3
+    if isinstance(model, GuidedModel) and state.model_fingerprint == model.model.config_fingerprint:
+        raise ModelMismatchError(
+            "this SequenceState was made without batched classifier-free guidance: its KV cache "
+            "has no rows for the negative prompt, so cfg='batched' cannot continue it. Continue "
+            "it with cfg='processor' (the guidance processor prefills the negative branch "
+            "itself), or generate from its text again (`state.token_ids`) with cfg='batched'"
+        )
+    if isinstance(model, GuidedModel) and paired:
+        raise ModelMismatchError(
+            "this SequenceState was made with batched classifier-free guidance under another "
+            "negative prompt (or another model): its cache's negative rows are not this "
+            "negative prompt's; continue it with the negative_prompt it was made with"
+        )
+    if not isinstance(model, GuidedModel) and paired:
+        raise ModelMismatchError(
+            "this SequenceState was made with batched classifier-free guidance: its KV cache "
+            "holds a negative-prompt row beside each row, so it continues only with "
+            "guidance_scale=..., cfg='batched' and the same negative_prompt"
+        )
 
 
 def plan_call(

@@ -104,12 +104,12 @@ class DecoderConfig:
     - `partial_rotary_factor`: RoPE rotates the first `int(head_dim * factor)` dimensions of each
       head and passes the rest (Phi-3/Phi-4-mini: `apply_rotary_pos_emb`'s `q_rot, q_pass`).
     - `rope_short_factor`, `rope_long_factor`, `rope_attention_factor`: `longrope` (`su`) scaling
-      (Phi-3.5, Phi-4-mini: `modeling_rope_utils._compute_longrope_parameters`). Transformers
-      picks the long factors for a whole forward call once `max(position_ids) + 1` exceeds
-      `rope_original_max_position_embeddings`, so the keys cached earlier were rotated with the
-      short ones; a cached decoder cannot follow that switch consistently, so this decoder
-      always uses the **short** factors (exactly transformers' choice for every sequence within
-      the original context), and `rope_attention_factor` scales `cos` and `sin` as there.
+      (Phi-3.5, Phi-4-mini: `modeling_rope_utils._compute_longrope_parameters`). As
+      transformers' `longrope_frequency_update`, a model call uses the long factors for every
+      token of a row once the row's largest position + 1 exceeds
+      `rope_original_max_position_embeddings`, else the short ones (`RotaryEmbedding.cos_sin`);
+      keys cached by earlier calls keep their factors, as in transformers' cache; and
+      `rope_attention_factor` scales `cos` and `sin` as there.
     """
 
     vocab_size: int
@@ -215,11 +215,13 @@ class DecoderConfig:
                 f"partial_rotary_factor={self.partial_rotary_factor!r} gives {rotary} rotary "
                 f"dimensions of a {self.head_dim}-wide head; expected an even number > 0"
             )
-        if self.rope_type == "longrope" and len(self.rope_short_factor) != rotary // 2:
-            raise UnsupportedConfigError(
-                f"longrope short_factor has {len(self.rope_short_factor)} entries; expected "
-                f"{rotary // 2} (half the rotary dimensions)"
-            )
+        for kind in ("short", "long"):
+            factors = getattr(self, f"rope_{kind}_factor")
+            if self.rope_type == "longrope" and len(factors) != rotary // 2:
+                raise UnsupportedConfigError(
+                    f"longrope {kind}_factor has {len(factors)} entries; expected "
+                    f"{rotary // 2} (half the rotary dimensions)"
+                )
 
     @property
     def rotary_dim(self) -> int:
@@ -308,13 +310,14 @@ class DecoderConfig:
                 d["sliding_window"] = self.sliding_window[0]
         return d
 
-    def rope_inv_freq(self, local: bool = False) -> np.ndarray:
+    def rope_inv_freq(self, local: bool = False, long: bool = False) -> np.ndarray:
         """Inverse frequencies of RoPE, one per pair of rotary dimensions: float32
         `[rotary_dim // 2]`.
 
         `default`: `1 / theta^(2i/rotary_dim)`; `linear`: divided by `rope_factor`; `llama3`: the
-        Llama 3.1 piecewise scaling; `longrope`: divided by `rope_short_factor` (see the class
-        docstring). With `local=True` and `local_rope_theta` set: the sliding layers' plain
+        Llama 3.1 piecewise scaling; `longrope`: divided by `rope_short_factor`, or with
+        `long=True` by `rope_long_factor` (used past the original context, see the class
+        docstring; `long` is ignored for the other types). With `local=True` and `local_rope_theta` set: the sliding layers' plain
         RoPE of base `local_rope_theta`. Computed in float32 as transformers does
         (`modeling_rope_utils._compute_llama3_parameters`, `_compute_longrope_parameters`;
         Meta's `apply_scaling` in llama-models).
@@ -327,8 +330,9 @@ class DecoderConfig:
         if self.rope_type == "linear":
             return (inv / np.float32(self.rope_factor)).astype(np.float32)
         if self.rope_type == "longrope":
-            short = np.asarray(self.rope_short_factor, np.float32)
-            return (1.0 / (short * np.float32(self.rope_theta) ** exponent)).astype(np.float32)
+            factors = self.rope_long_factor if long else self.rope_short_factor
+            factors = np.asarray(factors, np.float32)
+            return (1.0 / (factors * np.float32(self.rope_theta) ** exponent)).astype(np.float32)
         if self.rope_type == "llama3":
             factor = np.float32(self.rope_factor)
             low, high = self.rope_low_freq_factor, self.rope_high_freq_factor

@@ -190,7 +190,7 @@ class DecoderModel(eqx.Module):
         if self.embed_scale is not None:
             # Gemma: `hidden_size**0.5` rounded to the activations' dtype, then multiplied.
             x = x * jnp.asarray(self.embed_scale, x.dtype)
-        rope = self.rotary_emb.cos_sin(positions.reshape(-1))
+        rope = self.rotary_emb.cos_sin(positions)  # per row: longrope's choice of factors
         local_rope = rope
         if self.rotary_emb_local is not None:
             local_rope = self.rotary_emb_local.cos_sin(positions.reshape(-1))
@@ -465,7 +465,7 @@ class DecoderForCausalLM(AbstractCausalLM):
             embed_tokens=Embedding(*matrix(c.vocab_size, c.hidden_size)),
             layers=layers,
             norm=norm(),
-            rotary_emb=RotaryEmbedding(jnp.asarray(c.rope_inv_freq()), c.rope_attention_factor),
+            rotary_emb=RotaryEmbedding.of_config(c),
             rotary_emb_local=RotaryEmbedding(jnp.asarray(c.rope_inv_freq(local=True)))
             if local
             else None,

@@ -34,6 +34,7 @@ import numpy as np
 
 from .automaton import unique_columns
 from .byte_dfa import REJECT, ByteDFA, minimize, regex_byte_dfa, trim
+from .dfa_operations import codepoint_edges, merged_ranges, reachable_codes
 
 # Nested helpers that run per byte, state or schema node are `@typing.no_type_check`: the
 # tests' jaxtyping import hook would wrap every call of them (30-40 us each, and a fresh
@@ -63,19 +64,9 @@ _NEGATED_CATEGORIES = {
 }
 
 
-def _normalize(ranges):
-    out = []
-    for lo, hi in sorted(ranges):
-        if out and lo <= out[-1][1] + 1:
-            out[-1] = (out[-1][0], max(out[-1][1], hi))
-        else:
-            out.append((lo, hi))
-    return out
-
-
 def _complement(ranges, universe):
-    out, ranges = [], _normalize(ranges)
-    for ulo, uhi in _normalize(universe):
+    out, ranges = [], merged_ranges(ranges)
+    for ulo, uhi in merged_ranges(universe):
         cursor = ulo
         for lo, hi in ranges:
             if hi < cursor or lo > uhi:
@@ -90,12 +81,12 @@ def _complement(ranges, universe):
 
 def _intersect(a, b):
     out = []
-    for alo, ahi in _normalize(a):
-        for blo, bhi in _normalize(b):
+    for alo, ahi in merged_ranges(a):
+        for blo, bhi in merged_ranges(b):
             lo, hi = max(alo, blo), min(ahi, bhi)
             if lo <= hi:
                 out.append((lo, hi))
-    return _normalize(out)
+    return merged_ranges(out)
 
 
 def class_char(cp: int) -> str:
@@ -120,9 +111,9 @@ def _emit_set(ranges, *, broad: bool = False) -> str:
     """A regex for one character from `ranges`, JSON-escaped where JSON needs it. A `broad` set
     (from `.` or a negated class) leaves out the control characters (C0, DEL and C1)."""
     if broad:
-        ranges = _complement([(0x00, 0x1F), (0x7F, 0x9F)], _normalize(ranges))
+        ranges = _complement([(0x00, 0x1F), (0x7F, 0x9F)], merged_ranges(ranges))
         ranges = _intersect(ranges, [(0, _MAX_CODE_POINT)])
-    ranges = _complement(_SURROGATES, _normalize(ranges))  # no surrogates in UTF-8
+    ranges = _complement(_SURROGATES, merged_ranges(ranges))  # no surrogates in UTF-8
     ranges = _intersect(ranges, [(0, _MAX_CODE_POINT)])
     special = [cp for cp in sorted(_JSON_ESCAPES) if any(lo <= cp <= hi for lo, hi in ranges)]
     controls = _intersect(ranges, [(0, 0x1F)])
@@ -233,7 +224,7 @@ class _Translator:
         if negate:
             universe = _ASCII if has_category else [(0, _MAX_CODE_POINT)]
             return _complement(ranges, universe), True
-        return _normalize(ranges), negated_category
+        return merged_ranges(ranges), negated_category
 
 
 def _starts(items) -> bool:
@@ -567,25 +558,20 @@ def intersect_dfas(a, b, *, max_states: int):
 
     width = b.num_states
     start = a.initial * width + b.initial
-    seen = {start}
-    layers, frontier = [np.array([start], np.int64)], np.array([start], np.int64)
-    while frontier.size:
-        na, nb = a.delta[frontier // width], b.delta[frontier % width]
+
+    def successors(codes):
+        na, nb = a.delta[codes // width], b.delta[codes % width]
         ok = (na != REJECT) & (nb != REJECT)
-        fresh = np.unique((na * width + nb)[ok])
-        fresh = fresh[[int(x) not in seen for x in fresh]] if fresh.size else fresh
-        seen.update(map(int, fresh))
-        if len(seen) > max_states:
-            raise ValueError(
-                f"the intersection of two string automata ({a.num_states} and {b.num_states} "
-                f"states) has over {max_states:,} states"
-            )
-        layers.append(fresh)
-        frontier = fresh
-    states = np.sort(np.concatenate(layers))
-    na, nb = a.delta[states // width], b.delta[states % width]
-    ok = (na != REJECT) & (nb != REJECT)
-    delta = np.where(ok, np.searchsorted(states, np.where(ok, na * width + nb, start)), REJECT)
+        return ~ok, na * width + nb
+
+    states = reachable_codes(
+        start,
+        successors,
+        max_states=max_states,
+        what=f"the intersection of two string automata ({a.num_states} and {b.num_states} states)",
+    )
+    dead, target = successors(states)
+    delta = np.where(dead, REJECT, np.searchsorted(states, np.where(dead, start, target)))
     accepting = a.accepting[states // width] & b.accepting[states % width]
     return trim(ByteDFA(delta.astype(np.int32), accepting, int(np.searchsorted(states, start))))
 
@@ -725,34 +711,34 @@ class RegexTooLargeError(ValueError):
 
 
 def dfa_regex(dfa, *, max_chars: int) -> str:
-    """A regex (Rust `regex` syntax, as outlines-core reads it) of the language of a trimmed
-    byte DFA whose every edge reads a printable ASCII byte (0x20-0x7E): state elimination
-    (Brzozowski & McCluskey 1963), the state with the fewest paths through it first, each edge a
-    character class of `\\xHH` escapes. The language is exact; the regex is not minimal.
+    """A regex (Rust `regex` syntax, as outlines-core reads it; Python's `re` reads it too) of
+    the language of a trimmed byte DFA of UTF-8 text: state elimination (Brzozowski &
+    McCluskey 1963) over the states between whole characters (`codepoint_edges`), the state
+    with the fewest paths through it first, each edge a character class of code points
+    (`\\xHH`, `\\uHHHH`, `\\UHHHHHHHH` escapes). The language is exact; the regex is not minimal.
 
-    **Raises:** `ValueError` for an edge on another byte; `RegexTooLargeError` (a `ValueError`)
-    when the regex, or any edge during the elimination, would exceed `max_chars` characters (a
-    DFA of a few dozen states can need an exponentially long regex).
+    **Raises:** `ValueError` for a DFA that reads a byte where no UTF-8 character starts it;
+    `RegexTooLargeError` (a `ValueError`) when the regex, or any edge during the elimination,
+    would exceed `max_chars` characters (a DFA of a few dozen states can need an exponentially
+    long regex).
     """
 
-    live = dfa.delta != REJECT
-    if live[:, :0x20].any() or live[:, 0x7F:].any():
-        raise ValueError("dfa_regex writes only DFAs over printable ASCII bytes")
-    n = dfa.num_states
+    edges = codepoint_edges(dfa)
+    states = sorted(edges)
+    index = {q: k for k, q in enumerate(states)}
+    n = len(states)
     start, end = n, n + 1
     out: dict[int, dict[int, str]] = {q: {} for q in range(n + 2)}
     into: dict[int, set[int]] = {q: set() for q in range(n + 2)}
 
     @typing.no_type_check
-    def klass(symbols) -> str:
-        runs, first = [], None
-        for i, s in enumerate(symbols):
-            if first is None:
-                first = s
-            if i + 1 == len(symbols) or symbols[i + 1] != s + 1:
-                runs.append(f"\\x{first:02x}" + ("" if s == first else f"-\\x{s:02x}"))
-                first = None
-        return runs[0] if len(runs) == 1 and "-" not in runs[0] else "[" + "".join(runs) + "]"
+    def escaped(c: int) -> str:
+        return f"\\x{c:02x}" if c < 0x100 else f"\\u{c:04x}" if c < 0x10000 else f"\\U{c:08x}"
+
+    @typing.no_type_check
+    def klass(ranges) -> str:
+        runs = [escaped(lo) + ("" if hi == lo else "-" + escaped(hi)) for lo, hi in ranges]
+        return runs[0] if len(runs) == 1 and ranges[0][0] == ranges[0][1] else f"[{''.join(runs)}]"
 
     @typing.no_type_check
     def add(p: int, q: int, regex: str) -> None:
@@ -762,13 +748,12 @@ def dfa_regex(dfa, *, max_chars: int) -> str:
         if len(out[p][q]) > max_chars:
             raise RegexTooLargeError(f"the regex would exceed {max_chars:,} characters")
 
-    for q in range(n):
-        targets = dfa.delta[q]
-        for t in np.unique(targets[live[q]]):
-            add(q, int(t), klass([int(s) for s in np.flatnonzero(targets == t)]))
+    for q in states:
+        for t, ranges in sorted(edges[q].items()):
+            add(index[q], index[t], klass(ranges))
         if dfa.accepting[q]:
-            add(q, end, "")
-    add(start, dfa.initial, "")
+            add(index[q], end, "")
+    add(start, index[dfa.initial], "")
     remaining = set(range(n))
     while remaining:
         k = min(

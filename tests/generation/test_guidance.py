@@ -96,8 +96,35 @@ def test_batched_guidance_rows_are_independent_and_continue(tiny_pair):
     joined = np.concatenate([np.asarray(first.token_ids), np.asarray(second.token_ids)], 1)
     assert joined.tolist() == np.asarray(both.token_ids).tolist()
     # a guided state cannot be continued without guidance (its cache holds two branches)
-    with pytest.raises(fg.ModelMismatchError):
+    with pytest.raises(fg.ModelMismatchError, match="made with batched classifier-free"):
         fg.generate(model, tok, first.state, max_new_tokens=2)
+    # ... nor under another negative prompt (its negative rows are another prompt's)
+    with pytest.raises(fg.ModelMismatchError, match="another negative prompt"):
+        fg.generate(model, tok, first.state, max_new_tokens=2, **{**kw, "negative_prompt": [7]})
+
+
+def test_batched_guidance_refuses_a_plain_state_by_name(tiny_pair):
+    # a state made without guidance has no negative-prompt rows in its cache: batched guidance
+    # says so (not "made by another model": it was this one), before compiling
+    _, model, tok = tiny_pair
+    prompts = [[5, 6, 7, 8, 9], [30, 31]]
+    plain = fg.generate(
+        model,
+        tok,
+        fg.SequenceState.from_token_ids(prompts, vocab_size=101),
+        max_new_tokens=3,
+        eos_token_id=(),
+    )
+    kw = dict(eos_token_id=(), guidance_scale=2.0, negative_prompt=[40, 41])
+    with pytest.raises(fg.ModelMismatchError) as caught:
+        fg.generate(model, tok, plain.state, max_new_tokens=2, cfg="batched", **kw)
+    message = str(caught.value)
+    assert "without batched classifier-free guidance" in message
+    assert "negative prompt" in message and "cfg='processor'" in message
+    assert "another model" not in message
+    # the form the message names continues it
+    continued = fg.generate(model, tok, plain.state, max_new_tokens=2, cfg="processor", **kw)
+    assert np.asarray(continued.token_ids).shape == (2, 2)
 
 
 def test_batched_guidance_with_beams_and_a_regex(default_model):

@@ -9,6 +9,7 @@ the 16-token generations cross it.
 
 import json
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -16,6 +17,7 @@ import pytest
 
 import functional_gen as fg
 from functional_gen.models import UnsupportedConfigError, config_from_hf
+from functional_gen.models.attention import RotaryEmbedding
 
 from ..helpers import save_checkpoint
 
@@ -227,6 +229,68 @@ def test_prefill_then_decode_equals_the_uncached_forward(family):
         logits, cache = model(token_ids[:, i : i + 1], positions[:, i : i + 1], cache)
         steps.append(logits)
     np.testing.assert_allclose(np.concatenate(steps, axis=1), full, atol=2e-5, rtol=0)
+
+
+@pytest.fixture(scope="module")
+def longrope(tmp_path_factory):
+    """`(transformers model, our model)` of the Phi-3 longrope variant (original context 64)."""
+    cls_name, overrides = VARIANTS["phi3-longrope"]
+    hf = hf_model(cls_name, **overrides)
+    model, _ = fg.load_model(save_checkpoint(hf, tmp_path_factory.mktemp("longrope")))
+    return hf, model
+
+
+def test_longrope_switches_to_the_long_factors_past_the_original_context(longrope):
+    """Past `original_max_position_embeddings` (64), transformers rotates a whole call with the
+    long factors: an 80-token prefill, and decode steps crossing 64 after a 60-token prefill
+    (the cached keys keep the short factors they were written with), match its logits; the
+    short factors alone would not."""
+    hf, model = longrope
+    ids = np.random.default_rng(3).integers(2, 100, (1, 80))
+    with torch.no_grad():
+        expected = hf(torch.as_tensor(ids)).logits.numpy()
+    positions = jnp.arange(80)[None]
+    logits, _ = model(jnp.asarray(ids), positions, model.init_cache(1, 80))
+    np.testing.assert_allclose(np.asarray(logits), expected, atol=1e-4, rtol=0)
+    short_only = eqx.tree_at(
+        lambda m: m.model.rotary_emb,
+        model,
+        RotaryEmbedding(model.model.rotary_emb.inv_freq, model.config.rope_attention_factor),
+    )
+    wrong, _ = short_only(jnp.asarray(ids), positions, model.init_cache(1, 80))
+    assert np.abs(np.asarray(wrong) - expected).max() > 1e-2  # the factors matter here
+    # decode across the boundary, against transformers' own cache
+    with torch.no_grad():
+        out = hf(torch.as_tensor(ids[:, :60]), use_cache=True)
+        cache, steps = out.past_key_values, []
+        for i in range(60, 80):
+            out = hf(torch.as_tensor(ids[:, i : i + 1]), past_key_values=cache, use_cache=True)
+            cache = out.past_key_values
+            steps.append(out.logits.numpy()[:, -1])
+    logits, ours_cache = model.prefill(jnp.asarray(ids[:, :60]), positions[:, :60], max_len=80)
+    ours = []
+    for i in range(60, 80):
+        logits, ours_cache = model(
+            jnp.asarray(ids[:, i : i + 1]), positions[:, i : i + 1], ours_cache
+        )
+        ours.append(np.asarray(logits)[:, -1])
+    np.testing.assert_allclose(np.stack(ours), np.stack(steps), atol=1e-4, rtol=0)
+
+
+def test_longrope_factors_are_chosen_per_row(longrope):
+    """In a left-padded batch of an 80-token row and a 20-token row, each row's logits equal
+    transformers' for that row alone: the long row uses the long factors, the short row the
+    short ones (transformers chooses once for the whole batch; a row here never depends on its
+    batch mates)."""
+    hf, model = longrope
+    token_ids, _, positions = left_padded(np.random.default_rng(4), [80, 20], 80)
+    logits, _ = model(jnp.asarray(token_ids), jnp.asarray(positions), model.init_cache(2, 80))
+    for row, n in enumerate([80, 20]):
+        with torch.no_grad():
+            expected = hf(torch.as_tensor(token_ids[row : row + 1, 80 - n :])).logits.numpy()
+        np.testing.assert_allclose(
+            np.asarray(logits)[row, 80 - n :], expected[0], atol=1e-4, rtol=0
+        )
 
 
 @pytest.mark.parametrize("weights", ["int8", "bfloat16"])

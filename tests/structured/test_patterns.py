@@ -6,9 +6,10 @@ import json
 import random
 import re
 
+import numpy as np
 import pytest
 
-from functional_gen.structured.byte_dfa import minimize, regex_byte_dfa
+from functional_gen.structured.byte_dfa import ByteDFA, minimize, regex_byte_dfa
 from functional_gen.structured.patterns import (
     LengthBoundError,
     RegexTooLargeError,
@@ -225,7 +226,10 @@ def test_difference_and_its_regex_are_exact(keep, drop):
 
 
 def test_dfa_regex_refuses_other_bytes_and_large_regexes():
-    with pytest.raises(ValueError, match="printable ASCII"):
-        dfa_regex(regex_byte_dfa("a\\n|é"), max_chars=100)
+    # a lone continuation byte is no UTF-8 text (UTF-8 automata: test_one_of_exact.py)
+    lone = np.full((2, 256), -1, np.int32)
+    lone[0, 0x80] = 1
+    with pytest.raises(ValueError, match="valid UTF-8"):
+        dfa_regex(ByteDFA(lone, np.array([False, True])), max_chars=100)
     with pytest.raises(RegexTooLargeError, match="exceed 50"):
         dfa_regex(regex_byte_dfa("[a-f]{3}x|[0-9]{5}y"), max_chars=50)

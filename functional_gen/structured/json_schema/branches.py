@@ -14,6 +14,7 @@ from .errors import (
     NoCommonType,
     UnsupportedSchemaError,
 )
+from .exact_one_of import exact_one_of
 from .keywords import (
     JSON_TYPES,
     TYPE_KEYWORDS,
@@ -223,16 +224,21 @@ def structural(rewriter: "Rewriter", node: dict, path: str):
                 rewritten = rewriter.node(original, where)
                 if rewritten is not NEVER:
                     combined.append(rewritten)
-                    originals.append(original)
+                    originals.append((where, original))
             if not combined:
                 return NEVER
             if combinator == "oneOf":
-                try:
-                    check_disjoint(
-                        rewriter, originals, path
-                    )  # markers would all look like constants
+                try:  # judged on the schemas: markers would all look like constants
+                    check_disjoint(rewriter, [original for _, original in originals], path)
                 except UnsupportedSchemaError as e:
-                    rewriter.refuse("oneOf", path, e.reason + " (kept as `anyOf`)")
+                    # overlapping: exactly one branch's values, kind by kind, where regular
+                    exact = exact_one_of(rewriter, originals, path, e.reason)
+                    if exact is not None:
+                        if not exact:
+                            return rewriter.admits_none(
+                                "oneOf", path, "no value matches exactly one branch"
+                            )
+                        combined = exact
             if len(combined) == 1:
                 return combined[0]
             calls = set(rewriter.recursive.values())
@@ -442,10 +448,7 @@ def check_disjoint(rewriter: "Rewriter", branches: list, path: str) -> None:
         for j in range(i + 1, len(branches)):
             if not disjoint(rewriter, signatures[i], signatures[j]):
                 raise UnsupportedSchemaError(
-                    "oneOf",
-                    path,
-                    f"branches {i} and {j} may both match one value, so `oneOf` cannot be enforced; "
-                    "use `anyOf` or make them disjoint (different types or a const discriminator)",
+                    "oneOf", path, f"branches {i} and {j} may both match one value"
                 )
 
 

@@ -253,3 +253,12 @@ MAX_SHARED_TAILS = 32
 # Bounds the candidate tails tried per step; not measured.
 SHARED_TAIL_TRIES = 4
 """Candidates `grammar_form._shared_tails` tries per step before it stops (the largest estimates first)."""
+
+# Bounds exact `oneOf` (exact_one_of); not measured beyond the tests' schemas (tens of states).
+MAX_ONE_OF_STATES = 64_000
+"""Most reachable states of the product automaton of a `oneOf`'s overlapping scalar branches
+(`dfa_operations.exactly_one_dfa`, then its intersection with the canonical spellings)."""
+
+MAX_ONE_OF_REGEX = 100_000
+"""Most characters of the regex `patterns.dfa_regex` writes for that automaton: state
+elimination can write an exponentially long regex (beyond, the `oneOf` is refused)."""

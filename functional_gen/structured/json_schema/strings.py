@@ -193,10 +193,7 @@ def excluding(rewriter: "Rewriter", terminal, excluded: list[str], path: str):
     if terminal == {"type": "string"}:  # any string: a regex does it
         return rewriter.marker(other_strings_regex(excluded))
     regex = rewriter.substitute(rewriter.regex_of(terminal))
-    inner = regex  # a string automaton's placeholder, in the groups of marker and const
-    while inner not in rewriter.dfa_texts and inner.startswith("(?:") and inner.endswith(")"):
-        inner = inner[3:-1]
-    strings = rewriter.dfa_texts.get(inner)
+    strings = string_automaton(rewriter, regex)
     source = f"not\0{regex}\0{json.dumps(excluded)}"
     try:
         strings = strings if strings is not None else regex_byte_dfa(regex)
@@ -208,6 +205,15 @@ def excluding(rewriter: "Rewriter", terminal, excluded: list[str], path: str):
         rewriter.refuse("not", path, f"the strings other than {excluded}: {e}")
         return terminal
     return dfa_terminal(rewriter, rest, source, path, "not", quoted=True)
+
+
+def string_automaton(rewriter: "Rewriter", regex: str) -> ByteDFA | None:
+    """The quoted string automaton (`Rewriter.dfa_texts`) that the substituted `regex` is
+    exactly (its placeholder inside the groups of marker and const), else `None`."""
+    inner = regex
+    while inner not in rewriter.dfa_texts and inner.startswith("(?:") and inner.endswith(")"):
+        inner = inner[3:-1]
+    return rewriter.dfa_texts.get(inner)
 
 
 def bounded_string(rewriter: "Rewriter", body, lengths: dict, path: str, keyword: str = "pattern"):

@@ -1,0 +1,150 @@
+"""Exact `oneOf` where its branches may overlap (`exact_one_of`): per JSON kind of value, the
+texts that exactly one branch's automaton accepts, written back as a regex.
+
+A value's kind (null, boolean, number, string, object, array) is told by its first byte, so
+`oneOf` is enforced kind by kind: a kind that one branch alone admits is that branch's values
+of the kind as they are; where two or more branches admit a kind, their automata's product
+keeps the texts exactly one of them accepts (`dfa_operations.exactly_one_dfa`: the union minus
+the pairwise intersections), intersected with the canonical spellings
+(`dfa_operations.canonical_json_dfa`), on which each branch's automaton accepts a text exactly
+when `jsonschema` validates its value (`5.0` is an integer to `jsonschema`, not to an integer
+regex; `"\\u0061"` is `"a"`). No other engine enforces `oneOf` exactly: llguidance, XGrammar
+and outlines treat it as `anyOf`.
+
+Objects and arrays of two overlapping branches are refused: a branch's automaton reads an
+object's properties in one order and its free-form values to a bounded depth, so a text it
+rejects may still hold a value it admits, and the difference would accept a value that both
+branches match. Recursive branches and free-form values (read by calls of the pushdown form,
+or nested without bound) are not regular and are refused by name.
+"""
+
+import typing
+from collections.abc import Sequence
+
+from ..automaton import ConstraintError
+from ..byte_dfa import minimize, regex_byte_dfa
+from ..dfa_operations import canonical_json_dfa, exactly_one_dfa
+from ..patterns import dfa_regex, intersect_dfas
+from . import budgets
+from .errors import NoCommonType
+from .merging import merge
+from .references import NEVER
+from .strings import string_automaton
+
+if typing.TYPE_CHECKING:  # annotations only: the rewriter imports this module
+    from .rewriter import Rewriter
+
+KINDS = ("null", "boolean", "number", "string", "object", "array")
+"""The kinds of JSON value a first byte tells apart (integers are numbers)."""
+
+_SCALARS = ("null", "boolean", "number", "string")
+
+
+class NotRegular(ValueError):
+    """A branch's values of one kind have no finite automaton (recursion, free-form values,
+    a string automaton inside a larger value) or it is too large."""
+
+
+def exact_one_of(
+    rewriter: "Rewriter", branches: Sequence[tuple[str, dict]], path: str, overlap: str
+) -> list | None:
+    """The rewritten pieces (one per kind of value, an `anyOf` of them is the `oneOf`) of the
+    values that exactly one of `branches` admits, each `(location, schema)` with the keywords
+    beside `oneOf` merged in (`structural`'s `originals`).
+
+    **Arguments:** `overlap`: why the branches were not proved disjoint (`check_disjoint`),
+    repeated in a refusal.
+
+    **Returns:** the pieces (empty when no value matches exactly one branch), or `None` when
+    the `oneOf` cannot be enforced exactly and `strict=False` dropped it (the caller keeps it
+    as `anyOf`).
+
+    **Raises:** `UnsupportedSchemaError` (with `strict=True`) naming, per kind, the branches
+    whose values of that kind make exact enforcement impossible and why.
+    """
+    pieces, refusals = [], []
+    for kind in KINDS:
+        parts = []
+        for where, branch in branches:
+            part = _kind_part(rewriter, branch, kind, where)
+            if part is not NEVER:
+                parts.append((where, part))
+        if len(parts) == 1:
+            pieces.append(parts[0][1])
+        if len(parts) < 2:
+            continue
+        names = ", ".join(where for where, _ in parts)
+        if kind not in _SCALARS:
+            reasons: dict[str, list[str]] = {}
+            for where, part in parts:
+                reason = _irregular(rewriter, part)
+                if reason is not None:
+                    reasons.setdefault(reason, []).append(where)
+            why = "; ".join(f"{', '.join(w)}: {r}" for r, w in reasons.items()) or (
+                "their automata read an object's properties in one order (and free-form values "
+                "to a bounded depth), so a text one rejects may hold a value it admits"
+            )
+            refusals.append(f"{kind}s of {names} overlap and cannot be told apart exactly ({why})")
+            continue
+        try:
+            dfas = [_automaton(rewriter, where, part) for where, part in parts]
+            exact = exactly_one_dfa(dfas, max_states=budgets.MAX_ONE_OF_STATES)
+            exact = minimize(
+                intersect_dfas(exact, canonical_json_dfa(), max_states=budgets.MAX_ONE_OF_STATES)
+            )
+            pieces.append(rewriter.marker(dfa_regex(exact, max_chars=budgets.MAX_ONE_OF_REGEX)))
+        except ConstraintError:  # no value of this kind matches exactly one branch
+            continue
+        except ValueError as e:  # NotRegular, or a product or regex over its budget
+            refusals.append(f"{kind}s of {names}: {e}")
+    if refusals:
+        rewriter.refuse(
+            "oneOf",
+            path,
+            f"{overlap}, and exact `oneOf` is impossible here: "
+            + "; ".join(refusals)
+            + " (use `anyOf`, or make the branches disjoint: different types or a const "
+            "discriminator; kept as `anyOf`)",
+        )
+        return None
+    return pieces
+
+
+def _kind_part(rewriter: "Rewriter", branch, kind: str, where: str):
+    """The rewritten values of `kind` that `branch` admits (`NEVER` where none)."""
+    try:
+        typed = merge(rewriter, branch, {"type": kind}, where)
+    except NoCommonType:
+        return NEVER
+    return rewriter.node(typed, where)
+
+
+def _irregular(rewriter: "Rewriter", part) -> str | None:
+    """Why the rewritten `part` has no finite automaton (a recursive rule, a free-form value),
+    else `None`."""
+    markers = rewriter.markers(rewriter.regex_of(part))
+    if markers & set(rewriter.recursive.values()):
+        return "it recurses (a recursive `$ref`: a pushdown rule, not a finite automaton)"
+    if rewriter.any_value()["const"] in markers:
+        return (
+            "it holds a free-form value (any JSON value: an open object's additional "
+            "properties, `{}`), which nests without bound (close the objects with "
+            "`additionalProperties: false` or `closed_objects=True`, or give the values a schema)"
+        )
+    return None
+
+
+def _automaton(rewriter: "Rewriter", where: str, part):
+    """The minimal byte DFA of the rewritten scalar `part`.
+
+    **Raises:** `NotRegular` naming `where` when it has none here."""
+    reason = _irregular(rewriter, part)
+    if reason is not None:
+        raise NotRegular(f"{where}: {reason}")
+    regex = rewriter.substitute(rewriter.regex_of(part))
+    strings = string_automaton(rewriter, regex)
+    if strings is not None:
+        return strings
+    if any(placeholder in regex for placeholder in rewriter.dfa_texts):
+        raise NotRegular(f"{where}: a length-bounded string automaton inside a larger value")
+    return minimize(regex_byte_dfa(regex))
