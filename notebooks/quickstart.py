@@ -103,21 +103,20 @@ print(result.logprobs[0, : result.num_tokens[0]])
 
 # %% [markdown]
 # A logprob is the natural log of the probability the model gave the token it chose: 0 means
-# certain, -1 about 37%, -3 about 5%. Drawn token by token, the chat answer shows where the model
-# was sure (a word's continuation, the end of a sentence) and where it hesitated (the first
-# word of a phrase).
+# certain, -1 about 37%, -3 about 5%. Drawn token by token for both rows: the chat answer is a
+# stock phrase, sure of nearly every token after its first word; the raw text leaves the model
+# more choices, and it hesitates where a new phrase starts.
 
 # %%
-n = int(result.num_tokens[0])
-ids = np.asarray(result.token_ids[0, :n])
-chosen = np.asarray(result.logprobs[0, :n])
-fig, ax = plt.subplots(figsize=(10, 3))
-ax.bar(np.arange(n), chosen)
-ax.set_xticks(
-    np.arange(n), [repr(tokenizer.decode([int(t)])) for t in ids], rotation=60, ha="right"
-)
-ax.set_ylabel("logprob of the chosen token")
-ax.set_title("Greedy answer, token by token (0 = certain)")
+fig, axes = plt.subplots(2, 1, figsize=(11, 5.5))
+for row, ax in enumerate(axes):
+    n = int(result.num_tokens[row])
+    ids = np.asarray(result.token_ids[row, :n])
+    ax.bar(np.arange(n), np.asarray(result.logprobs[row, :n]))
+    labels = [repr(tokenizer.decode([int(t)], skip_special_tokens=False)) for t in ids]
+    ax.set_xticks(np.arange(n), labels, rotation=70, ha="right", fontsize=7)
+    ax.set_ylabel("logprob")
+axes[0].set_title("Greedy, token by token (0 = certain): the chat row, then the raw-text row")
 plt.tight_layout()
 plt.show()
 

@@ -85,11 +85,13 @@ plt.tight_layout()
 plt.show()
 
 # %% [markdown]
-# Below about `T = 0.1` both distributions are already greedy (top token ≈ 1, entropy ≈ 0);
-# above about `T = 10` both are nearly uniform. The useful range is narrow, around 0.5–1.5, and
-# the same `T` means different things for the two prompts: the peaked one keeps its answer up
-# to `T ≈ 2`, the flat one spreads much sooner. That is why temperature alone is not enough, and
-# why truncation comes next.
+# Both curves go from greedy on the left to uniform on the right (entropy `log(49,152) ≈ 10.8`
+# nats from about `T = 5`), but not at the same pace. The peaked distribution is effectively
+# greedy up to `T ≈ 0.5` and loses its answer between 1 and 2. The flat one, whose first few
+# fruits have nearly equal logits, is far from greedy even at `T = 0.1`: `T → 0` reaches greedy
+# only once `T` is small against the gaps between the top logits. The useful range is narrow,
+# around 0.5–1.5, and the same `T` does different things to the two prompts. That is why
+# temperature alone is not enough, and why truncation comes next.
 #
 # ## Top-k against top-p
 #
@@ -107,8 +109,8 @@ for row, (ax, prompt) in enumerate(zip(axes, [peaked_prompt, flat_prompt])):
     for name, proc in [(f"TopK({K})", P.TopK(K)), (f"TopP({TOP_P})", P.TopP(TOP_P))]:
         out = np.asarray(P.apply([proc], logits[row : row + 1], ids))
         kept[name] = int(np.isfinite(out).sum())
-    ranks = np.arange(1, 201)
-    ax.loglog(ranks, p_sorted[:200], color="black")
+    ranks = np.arange(1, 1001)
+    ax.loglog(ranks, p_sorted[:1000], color="black")
     ax.axvline(kept[f"TopK({K})"], color="tab:blue", ls="--")
     ax.axvline(kept[f"TopP({TOP_P})"], color="tab:orange", ls=":")
     ax.set_title(
@@ -160,17 +162,18 @@ print("sampled:", repr(sampled.texts[0]))
 fig, ax = plt.subplots(figsize=(10, 3.2))
 for name, out in [("greedy", greedy), ("sampled, T = 1", sampled)]:
     lp = np.asarray(out.logprobs[0, : int(out.num_tokens[0])])
-    ax.plot(lp, marker=".", label=f"{name}: perplexity {np.exp(-lp.mean()):.2f}")
+    whole, last = np.exp(-lp.mean()), np.exp(-lp[-16:].mean())
+    ax.plot(lp, marker=".", label=f"{name}: perplexity {whole:.2f} (last 16 tokens {last:.2f})")
 ax.set_xlabel("generated token")
 ax.set_ylabel("logprob of the chosen token")
 ax.set_title("Once the loop starts, the model is sure of every token")
-ax.legend()
+ax.legend(loc="lower left")
 plt.show()
 
 # %% [markdown]
 # Greedy's logprobs climb to nearly 0 once it repeats itself: the model becomes more and more
-# certain of the loop, and the text's perplexity is close to 1. The sampled text has a far higher
-# perplexity, and reads better. So a low perplexity, or high logprobs, say that the model found
+# certain of the loop, and the perplexity of the repeated part is close to 1. The sampled text
+# has a far higher perplexity, and is the more varied text. So a low perplexity, or high logprobs, say that the model found
 # the text predictable, not that the text is good; a run of logprobs near 0 after varied ones is
 # a cheap signal of a loop. The remedies are the ones of the previous tutorial: sample (with
 # `Temperature` and `TopP` or `MinP`), or penalise repetition (`RepetitionPenalty`,

@@ -144,8 +144,9 @@ plt.tight_layout()
 plt.show()
 
 # %% [markdown]
-# Without the space, `" Paris"` leads. With it, the model has to produce a word *without* its
-# usual leading space, and its probability is spread over fragments. Greedy continuations of the
+# Without the space, `" Paris"` leads. With it, the model cannot write `" Paris"` (that would
+# make two spaces) and has to continue from a lone space token, which in its training text came
+# mostly before numbers: digits take the head of the distribution. Greedy continuations of the
 # two prompts:
 
 # %%
