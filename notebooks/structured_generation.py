@@ -374,10 +374,11 @@ ax.set_title("The pushdown automaton's stack while reading a nested JSON value")
 plt.show()
 
 # %% [markdown]
-# The first `{` pushes the start rule's place (the outer value is a call too), and every value
-# nested inside it pushes the place after it in its container (`value:24` after a member's
-# value, `value:16` after an array element; the boxes numbered 24 and 16): five boxes at the innermost `true`, four levels of
-# nesting. Each closing bracket pops one. At the end the one box left is a place where the start
+# The first `{` pushes the start rule's place (the outer value is a call too: the blue box), and
+# every value nested inside it pushes the place after it in its container (orange boxes: one
+# place after a member's value, another after an array element, so their numbers alternate as
+# objects and arrays nest): five boxes at the innermost `true`, four levels of nesting. Each
+# closing bracket pops one. At the end the one box left is a place where the start
 # rule may end, so end-of-generation is allowed.
 #
 # On the device the same happens per token inside `process`: the previous token's bytes are
