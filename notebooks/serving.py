@@ -212,7 +212,7 @@ ax.set_yticks(range(len(requests)), [f"request {i}" for i in range(len(requests)
 ax.invert_yaxis()
 ax.set_xlabel("seconds since the first arrival (ticks: pieces of text)")
 ax.set_title("Three requests on 2 slots")
-ax.legend(loc="lower right")
+ax.legend(loc="upper right")
 plt.show()
 finished = [max(t for t, r, kind in events if r == i and kind == "piece") - t0 for i in (0, 1)]
 third_first = min(t for t, r, kind in events if r == 2 and kind == "piece") - t0
