@@ -122,8 +122,8 @@ _ = show([P.Temperature(1.5)], "Temperature(1.5)")
 # Those charts show 12 tokens of 49,152. The tail is the rest: every token sorted from most to
 # least likely, on log scales, so that a probability of 1e-9 is as visible as one of 0.5. At
 # `T = 1.5` the whole curve tilts up: the head loses mass and tens of thousands of tail tokens
-# gain it (their summed probability, in the legend, grows several-fold); at `T = 0.5` the tail
-# drops by orders of magnitude.
+# gain it (the legend gives the mass outside the top 12 at each `T`); at `T = 0.5` that mass
+# shrinks to a fraction, and the far tail drops by many orders of magnitude.
 
 # %%
 ranks = np.arange(1, logits.shape[-1] + 1)
