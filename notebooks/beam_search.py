@@ -26,7 +26,10 @@
 # In `functional_gen` the beams are rows of the batch, the whole search runs inside the
 # compiled loop, and reordering the beams is one gather over every per-row array: the KV cache,
 # the processor states and the keys move with their beams without any code of their own.
-
+#
+# **Before this:** [Sampling](../sampling/) (greedy decoding and its repetition loop; logprobs)
+# and [The KV cache and resumable generation](../kv_cache/) (rows, caches, forking). Terms are
+# defined on [Words we use](../../concepts/wording/).
 # %%
 import json
 
@@ -219,3 +222,9 @@ out = fg.generate(
 )
 for text, score in zip(out.texts, out.sequences_scores):
     print(f"{float(score):7.3f}  {json.loads(text)}")
+
+# %% [markdown]
+# ## Next
+#
+# [Classifier-free guidance](../classifier_free_guidance/): a processor that holds the model and
+# a second KV cache, to steer every step towards the prompt or away from a negative one.

@@ -35,7 +35,11 @@
 # rescale=None)` computes the unconditional branch itself: it holds the model, keeps the
 # negative branch's `KVCache` in its processor state, and runs one more decode call per row and
 # step. It must come first in the processor chain (it needs the raw conditional logits).
-
+#
+# **Before this:** [How logits processing works](../logits_processing/) (the processor
+# protocol: `init`, `process`, a state per row) and [The KV cache and resumable
+# generation](../kv_cache/) (a cache per row); [Beam search](../beam_search/) comes just before
+# it, and CFG works under it. Terms are defined on [Words we use](../../concepts/wording/).
 # %%
 import time
 
@@ -194,3 +198,9 @@ for i, (p, _) in enumerate(TOPICS):
 #   transformers issue used `r = 0.7`), which keeps fluency at high scales.
 # - High scales sharpen the distribution a lot: with sampling, combine CFG with a temperature
 #   or a `MinP` filter after it, and keep it first in the chain.
+
+# %% [markdown]
+# ## Next
+#
+# [Structured generation on the device](../structured_generation/): constraints (a regex, a
+# JSON Schema, a grammar) as processors whose state is a few integers.

@@ -24,6 +24,10 @@
 #   itself in both directions);
 # - uses `fg.SequenceState`, the resumable result of every generation: continue it, append a
 #   chat turn (only the new turn is prefilled), fork it, save it and resume it.
+#
+# **Before this:** the [Quickstart](../quickstart/) (`fg.generate`, a chat prompt, greedy and
+# sampled decoding) and [Tokens and tokenization](../tokenization/) (a prompt is a list of
+# token ids). Terms are defined on [Words we use](../../concepts/wording/).
 
 # %%
 import tempfile
@@ -96,7 +100,7 @@ print(f"largest logit difference: {difference:.2e}")
 assert cached_ids == ids and difference < 1e-4
 
 # %% [markdown]
-# The cache is an ordinary pytree: per layer a key and a value buffer of shape
+# The cache is an ordinary [pytree](../../concepts/wording/#pytree): per layer a key and a value buffer of shape
 # `[batch, kv_heads, max_len, head_dim]`, plus the RoPE position of every slot (`-1` marks a
 # slot that holds nothing, or padding) and how many slots are written.
 
@@ -104,18 +108,88 @@ assert cached_ids == ids and difference < 1e-4
 print(len(cache.k), "layers; k[0]:", cache.k[0].shape, "; positions:", cache.positions[0, :12])
 
 # %% [markdown]
-# ## One-pass prefill against a teacher-forced prompt
+# ## What a cached token costs in memory
 #
-# `fg.generate` prefills a prompt in ONE model call: every prompt token is a query at once, so
-# the matrix multiplications see many tokens and run near the machine's peak. The "fast way"
-# of the flax discussion feeds the prompt through the decode step one token at a time
-# (`prefill_mode="forced"`): the same cache, the same logits, but one weight read per token.
-# We time both on the default model, SmolLM2-135M, for two prompt lengths (the first call of
-# each compiles, so we time the second). Every call below asks for at most 16 new tokens, so
-# they share compiled programs (`max_new_tokens` is bucketed).
+# Every token keeps one key and one value vector per layer and per key/value head, so a
+# cache's bytes per token are
+#
+# `bytes per token = 2 × layers × kv_heads × head_dim × bytes per value`
+#
+# SmolLM2-135M (loaded below) uses [**grouped-query attention**](../../concepts/wording/#gqa) (GQA): its 9 query
+# heads share 3 key/value heads, three queries per group, so its cache is 3 times smaller than
+# with multi-head attention, where every query head has its own keys and values
+# (`kv_heads = heads`). We compute the formula from the config and check it against the bytes of a
+# real cache's buffers (the `k` and `v` arrays only; the int32 positions add 4 bytes per slot).
 
 # %%
 model, tokenizer = fg.load_model()
+cfg = model.config
+print(
+    f"{cfg.num_hidden_layers} layers, {cfg.num_attention_heads} query heads, "
+    f"{cfg.num_key_value_heads} key/value heads, head_dim {cfg.head_dim}"
+)
+
+
+def bytes_per_token(kv_heads, dtype_bytes):
+    return 2 * cfg.num_hidden_layers * kv_heads * cfg.head_dim * dtype_bytes
+
+
+slots = 1024
+shapes = jax.eval_shape(lambda: model.init_cache(1, slots))  # shapes only, nothing allocated
+measured = sum(x.size * x.dtype.itemsize for x in shapes.k + shapes.v) / slots
+print(
+    f"formula {bytes_per_token(cfg.num_key_value_heads, 4):,} bytes, cache buffers {measured:,.0f}"
+)
+assert measured == bytes_per_token(cfg.num_key_value_heads, 4)
+
+# %%
+context = np.array([512, 2048, 8192])
+fig, ax = plt.subplots(figsize=(7, 3.2))
+variants = [
+    (f"multi-head ({cfg.num_attention_heads} kv heads), float32", cfg.num_attention_heads, 4),
+    (f"GQA ({cfg.num_key_value_heads} kv heads), float32", cfg.num_key_value_heads, 4),
+    (f"GQA ({cfg.num_key_value_heads} kv heads), bfloat16", cfg.num_key_value_heads, 2),
+]
+width = 0.27
+for i, (name, kv_heads, dtype_bytes) in enumerate(variants):
+    per_token = bytes_per_token(kv_heads, dtype_bytes)
+    ax.bar(
+        np.arange(3) + (i - 1) * width,
+        context * per_token / 2**20,
+        width,
+        label=f"{name}: {per_token / 1024:.0f} KiB/token",
+    )
+ax.set_xticks(np.arange(3), [f"{n} tokens" for n in context])
+ax.set_ylabel("MiB per sequence")
+ax.set_title("SmolLM2-135M's KV cache for one sequence")
+ax.legend(fontsize=8)
+plt.show()
+
+# %% [markdown]
+# At 8,192 tokens one sequence's float32 cache is 360 MiB with GQA (1.05 GiB with multi-head
+# attention), against the model's 540 MB of float32 weights: two such sequences outweigh the
+# model. The cache, not the weights, decides how many sequences a server can hold (the serving
+# tutorial), and every decode step reads all of it.
+
+# %% [markdown]
+# ## One-pass prefill against a teacher-forced prompt
+#
+# Why one call? A model call must read every weight from memory, and on this CPU reading is the
+# bottleneck: [**memory bandwidth**](../../concepts/wording/#memory-bandwidth), the bytes per second memory can
+# deliver (about 26–31 GB/s here), bounds a call over one token at about
+# `540 MB of weights ÷ 28 GB/s ≈ 20 ms`, however little arithmetic it does. Decoding is
+# therefore *memory-bound*. A call over many tokens reads the weights once for all of them, so
+# its matrix multiplications have enough arithmetic per byte read to run near the processor's
+# peak.
+#
+# `fg.generate` prefills a prompt in ONE model call: every prompt token is a query at once. The
+# "fast way" of the flax discussion feeds the prompt through the decode step one token at a time
+# (`prefill_mode="forced"`): the same cache, the same logits, but one weight read per token.
+# We time both on the default model, SmolLM2-135M, for two prompt lengths (the first call of
+# each compiles, so we time the second). Every call below asks for at most 16 new tokens, so
+# they share compiled programs (`max_new_tokens` is rounded up to a [bucket](../../concepts/wording/#bucket) too).
+
+# %%
 text = "The history of the Roman Empire spans many centuries, from the founding of Rome. " * 20
 lengths, times = [16, 64], {"one_pass": [], "forced": []}
 for n in lengths:
@@ -251,3 +325,9 @@ with tempfile.TemporaryDirectory() as folder:
     b = fg.generate(model, tokenizer, restored, max_new_tokens=8, eos_token_id=())
     print(repr(a.texts[0]), "==", repr(b.texts[0]))
     assert a.texts == b.texts
+
+# %% [markdown]
+# ## Next
+#
+# [How logits processing works](../logits_processing/): what happens to the logits of each step
+# (the ones the cache made cheap) before a token is chosen.

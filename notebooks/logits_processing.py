@@ -24,6 +24,10 @@
 # - how to write a stateful one from scratch, a tiny finite-state machine that forces a date
 #   format, and why its state must keep its shape inside `jax.lax.while_loop`;
 # - how processors compose in `generate`.
+#
+# **Before this:** [The KV cache and resumable generation](../kv_cache/) (prefill and decode)
+# and [Tokens and tokenization](../tokenization/) (the vocabulary the logits score). Terms are
+# defined on [Words we use](../../concepts/wording/).
 
 # %%
 import jax
@@ -42,7 +46,7 @@ model, tokenizer = fg.load_model()
 # %% [markdown]
 # ## What logits are
 #
-# We prefill a prompt (one model call over all its tokens, which fills the key/value cache)
+# We [prefill](../../concepts/wording/#prefill) a prompt (one model call over all its tokens, which fills the key/value cache)
 # and look at the scores for the token that comes next. `init_state` does exactly that and
 # keeps those scores in `state.logits`: one float per vocabulary entry.
 
@@ -113,6 +117,27 @@ def show(processors, title, logits=logits, token_ids=None, prompt_length=None, k
 # %%
 _ = show([P.Temperature(0.5)], "Temperature(0.5)")
 _ = show([P.Temperature(1.5)], "Temperature(1.5)")
+
+# %% [markdown]
+# Those charts show 12 tokens of 49,152. The tail is the rest: every token sorted from most to
+# least likely, on log scales, so that a probability of 1e-9 is as visible as one of 0.5. At
+# `T = 1.5` the whole curve tilts up: the head loses mass and tens of thousands of tail tokens
+# gain it (the legend gives the mass outside the top 12 at each `T`); at `T = 0.5` that mass
+# shrinks to a fraction, and the far tail drops by many orders of magnitude.
+
+# %%
+ranks = np.arange(1, logits.shape[-1] + 1)
+fig, ax = plt.subplots(figsize=(7, 3.6))
+for t in (0.5, 1.0, 1.5):
+    p_sorted = np.sort(np.asarray(jax.nn.softmax(logits[0] / t)))[::-1]
+    tail = p_sorted[TOP:].sum()
+    ax.loglog(ranks, p_sorted, label=f"T = {t}: mass outside the top {TOP} = {tail:.2f}")
+ax.axvline(TOP, color="gray", lw=0.8, ls="--")
+ax.set_xlabel("rank of the token (1 = most likely)")
+ax.set_ylabel("probability")
+ax.set_title("The whole distribution, sorted: the tail")
+ax.legend(fontsize=8)
+plt.show()
 
 # %% [markdown]
 # ## Truncation: cut the tail
@@ -321,7 +346,7 @@ print(repr(result.texts[0]), result.finish_reasons[0])
 #
 # ### Why the state must keep its shape
 #
-# `generate` runs the steps inside `jax.lax.while_loop`, whose carry (the whole generation
+# `generate` runs the steps inside [`jax.lax.while_loop`](../../concepts/wording/#while-loop), whose carry (the whole generation
 # state, processor states included) must have the same structure, shapes and dtypes at every
 # iteration: the loop is compiled once, for those shapes. A state that changes (a Python list
 # that grows, an int that becomes a float) cannot be a carry:
@@ -367,3 +392,9 @@ result = fg.generate(
 )
 for t, text in zip([0.3, 1.3], result.texts):
     print(f"temperature {t}: {text!r}")
+
+# %% [markdown]
+# ## Next
+#
+# [Sampling: temperature, top-k, top-p and what a logprob says](../sampling/): the processors
+# above as sampling knobs, swept and compared, and what greedy decoding does wrong.

@@ -27,7 +27,10 @@
 # - soft-capping (Gemma 2), a smooth clamp of the scores;
 # - the cache memory of a local and a global layer;
 # - tokens per second of the two real models.
-
+#
+# **Before this:** [The KV cache and resumable generation](../kv_cache/) (the cache's bytes per
+# token, GQA, memory bandwidth) and the [Quickstart](../quickstart/). The other tutorials run
+# SmolLM2 only; this one opens the decoder. Terms are defined on [Words we use](../../concepts/wording/).
 # %%
 import dataclasses
 import math
@@ -320,3 +323,9 @@ for name, model, tokenizer in [
 # %%
 for name, text in texts.items():
     print(f"{name}: {text!r}")
+
+# %% [markdown]
+# ## Next
+#
+# [Speculative decoding](../speculative_decoding/): since a decode step is bound by memory
+# bandwidth, score several guessed tokens in one call and keep the ones the model agrees with.

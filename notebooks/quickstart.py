@@ -22,11 +22,17 @@
 # - stream the text as it is produced.
 #
 # Everything runs on the CPU in a minute or so.
+#
+# **Before this:** nothing but Python. This is the first of the tutorials; they are meant to be
+# read in order (the list is on the [home page](../../)). Words of the field are defined where
+# they first appear, and collected on the page [Words we use](../../concepts/wording/).
 
 # %%
 import time
 
 import jax
+import matplotlib.pyplot as plt
+import numpy as np
 
 import functional_gen as fg
 
@@ -60,11 +66,21 @@ print(model.config.eos_token_id, tokenizer.convert_ids_to_tokens(list(model.conf
 # %% [markdown]
 # ## Generate
 #
-# A prompt is raw text or a chat (a list of `{"role", "content"}` messages, which get the
-# tokenizer's chat template). With no sampler, `generate` is greedy: it takes the most likely
-# token at every step. The first call compiles the whole generation loop (prefill plus a
-# `jax.lax.while_loop` of decode steps) for this batch size, prompt-length bucket and
-# `max_new_tokens`; calls of the same shape reuse it.
+# A model reads and writes [**tokens**](../../concepts/wording/#token), pieces of text numbered by the tokenizer
+# (the next tutorial looks at them closely). A prompt is raw text or a chat (a list of
+# `{"role", "content"}` messages, which the tokenizer's [chat template](../../concepts/wording/#chat-template)
+# turns into one text). With no sampler, `generate` is [greedy](../../concepts/wording/#greedy): it takes the most
+# likely token at every step.
+#
+# A generation has two phases. The [**prefill**](../../concepts/wording/#prefill) is one model call over the whole
+# prompt: it computes every prompt token's attention keys and values, keeps them in a cache, and
+# gives the scores of the first new token. Then each **decode** step runs the model on the one
+# token just chosen. `generate` [compiles](../../concepts/wording/#jit) all of it into one XLA program: the prefill,
+# then a [`jax.lax.while_loop`](../../concepts/wording/#while-loop), a loop that runs on the device without coming
+# back to Python, of decode steps. A program is compiled for fixed shapes, so prompt lengths are
+# rounded up to a few [**bucket**](../../concepts/wording/#bucket) sizes (a prompt of 11 tokens is padded to 16);
+# calls of the same batch size, bucket and `max_new_tokens` reuse the program. The first call
+# below compiles; the next ones of that shape take a fraction of the time.
 
 # %%
 chat = [{"role": "user", "content": "What is the capital of France? Answer in one sentence."}]
@@ -86,10 +102,31 @@ print(result.token_ids.shape, result.num_tokens)
 print(result.logprobs[0, : result.num_tokens[0]])
 
 # %% [markdown]
+# A logprob is the natural log of the probability the model gave the token it chose: 0 means
+# certain, -1 about 37%, -3 about 5%. Drawn token by token for both rows: the chat answer is a
+# stock phrase, sure of nearly every token after its first word; the raw text leaves the model
+# more choices, and it hesitates where a new phrase starts.
+
+# %%
+fig, axes = plt.subplots(2, 1, figsize=(11, 5.5))
+for row, ax in enumerate(axes):
+    n = int(result.num_tokens[row])
+    ids = np.asarray(result.token_ids[row, :n])
+    ax.bar(np.arange(n), np.asarray(result.logprobs[row, :n]))
+    labels = [repr(tokenizer.decode([int(t)], skip_special_tokens=False)) for t in ids]
+    ax.set_xticks(np.arange(n), labels, rotation=70, ha="right", fontsize=7)
+    ax.set_ylabel("logprob")
+axes[0].set_title("Greedy, token by token (0 = certain): the chat row, then the raw-text row")
+plt.tight_layout()
+plt.show()
+
+# %% [markdown]
 # ## Sample
 #
-# Sampling draws each token at random from the processed distribution. Logits processors
-# shape that distribution first; here a temperature below one sharpens it and `TopP` keeps
+# At every step the model gives a score to every token of its vocabulary, the **logits**;
+# softmax turns them into a probability distribution. Sampling draws each token at random from
+# that distribution, after *logits processors* have shaped it (two tutorials further on look at
+# both closely); here a temperature below one sharpens it and `TopP` keeps
 # the smallest set of tokens that holds 90% of the probability. The `key` makes the draw
 # reproducible, and each row gets its own stream of randomness derived from it.
 
@@ -123,3 +160,9 @@ for piece in fg.stream(
     pieces.append(piece)
 print(pieces)
 print("".join(pieces))
+
+# %% [markdown]
+# ## Next
+#
+# [Tokens and tokenization](../tokenization/): what the tokenizer does to a prompt and a chat,
+# why a word is often several tokens, and why a stream holds back half a character.

@@ -15,13 +15,18 @@
 #
 # `fg.generate` runs one batch until its longest row ends: a second caller waits, and a row that
 # finishes early leaves its place in the batch idle. A server batches **continuously** instead:
-# the batch is a fixed number of **slots**, and a request enters a slot as soon as one frees.
+# the batch is a fixed number of [**slots**](../../concepts/wording/#slot), and a request enters a slot as soon as one frees.
 # This notebook:
 #
 # - draws slot occupancy over time for static and continuous batching on the same requests;
 # - runs the engine's three pure functions (`prefill`, `insert`, `generate`) on a toy model;
 # - streams a few requests at once through the real engine (`engine.stream`), as the
-#   OpenAI-compatible server (`functional-gen serve`) does.
+#   OpenAI-compatible server (`functional-gen serve`) does, and draws their timeline.
+#
+# **Before this:** [The KV cache and resumable generation](../kv_cache/) (prefill and decode, a
+# cache per row and what it costs in memory) and [Sampling](../sampling/) (per-request
+# temperature and `top_p`); [Speculative decoding](../speculative_decoding/) comes just before
+# it. Terms are defined on [Words we use](../../concepts/wording/).
 
 # %%
 import asyncio
@@ -94,12 +99,16 @@ plt.tight_layout()
 #
 # ## The engine's three functions, on a toy model
 #
-# `fg.serving.Engine` follows JetStream's design. `prefill(request)` runs one prompt and returns
+# `fg.serving.Engine` follows [JetStream's design](../../concepts/wording/#jetstream) (Google's JAX inference server):
+# three pure functions, so that prefill and decode can be scheduled, batched and even run on
+# different devices independently. `prefill(request)` runs one prompt and returns
 # a `Prefix` (its KV cache, next-token logits, sampling parameters and key); `insert(prefix,
 # decode_state, slot)` writes it into one slot of the decode state; `generate(decode_state,
 # num_steps)` advances every busy slot by up to `num_steps` tokens in one compiled
 # `while_loop` and returns the tokens as `[num_steps, slots]` (-1 where a slot took none). All
-# three are jitted and donate the decode state. A tiny random model (2 layers, 101 tokens) makes
+# three are jitted and [donate](../../concepts/wording/#donate) the decode state: XLA writes the new state into the
+# old one's buffers in place instead of allocating a second copy of every slot's KV cache (the
+# old state must not be used afterwards, which is why each call returns the new one). A tiny random model (2 layers, 101 tokens) makes
 # every call instant; it needs no tokenizer for these three.
 
 # %%
@@ -162,14 +171,18 @@ requests = [
 
 
 async def collect(i, prompt, options, events):
+    events.append((time.perf_counter(), i, "arrival"))
     pieces = []
     async for piece in real.stream(prompt, options, seed=i):
-        events.append((time.perf_counter(), i))
+        events.append((time.perf_counter(), i, "piece"))
         pieces.append(piece)
     return "".join(pieces)
 
 
 async def main():
+    # a first round compiles the engine's programs (prefill buckets, decode widths); the
+    # timeline below is the second round's, as a warm server would serve it
+    await asyncio.gather(*(collect(i, p, o, []) for i, (p, o) in enumerate(requests)))
     events = []
     texts = await asyncio.gather(*(collect(i, p, o, events) for i, (p, o) in enumerate(requests)))
     return texts, events
@@ -182,6 +195,31 @@ for (prompt, _), text in zip(requests, texts):
     print(repr(prompt), "->", repr(text))
 
 # %% [markdown]
+# The timeline of those events: one bar per request from its arrival to its last piece, the
+# first piece (the time to first token) marked. All three arrive together; the third waits
+# for a free slot, and its first token comes only after one of the first two has finished.
+
+# %%
+t0 = min(t for t, _, _ in events)
+fig, ax = plt.subplots(figsize=(9, 2.6))
+for i in range(len(requests)):
+    arrival = min(t for t, r, kind in events if r == i and kind == "arrival") - t0
+    pieces = [t - t0 for t, r, kind in events if r == i and kind == "piece"]
+    ax.barh(i, max(pieces) - arrival, left=arrival, color="tab:blue", alpha=0.35)
+    ax.plot(pieces, [i] * len(pieces), "|", color="tab:blue", ms=10)
+    ax.plot(min(pieces), i, "o", color="tab:red", label="first token" if i == 0 else None)
+ax.set_yticks(range(len(requests)), [f"request {i}" for i in range(len(requests))])
+ax.invert_yaxis()
+ax.set_xlabel("seconds since the first arrival (ticks: pieces of text)")
+ax.set_title("Three requests on 2 slots")
+ax.legend(loc="upper right")
+plt.show()
+finished = [max(t for t, r, kind in events if r == i and kind == "piece") - t0 for i in (0, 1)]
+third_first = min(t for t, r, kind in events if r == 2 and kind == "piece") - t0
+print(f"requests 0 and 1 finished at {finished[0]:.2f} s and {finished[1]:.2f} s")
+print(f"request 2's first piece at {third_first:.2f} s")
+
+# %% [markdown]
 # Each text is the one `fg.generate` gives for the same prompt and options (with
 # `key=jax.random.key(seed)`): the engine computes a request as a one-prompt call would
 # (`tests/serving` checks this, and that a request's tokens do not depend on its neighbours).
@@ -192,3 +230,9 @@ real.close()
 # %% [markdown]
 # The HTTP server wraps this engine: `functional-gen serve` (see the serving page of the docs)
 # answers OpenAI's `/v1/completions` and `/v1/chat/completions`, so any OpenAI client can use it.
+
+# %% [markdown]
+# ## Next
+#
+# [Accelerators](../accelerators/): the same engine and generation loop on a GPU, and what
+# changes there.

@@ -30,18 +30,21 @@
 # In `functional_gen`, speculation is a *search* (beside sampling and beam search): one step of
 # the compiled loop proposes, verifies and advances every row by its own count; the processors
 # run position by position and each row keeps the processor state of its last accepted position.
-
+#
+# **Before this:** [The KV cache and resumable generation](../kv_cache/) (prefill against decode,
+# [memory bandwidth](../../concepts/wording/#memory-bandwidth)), [Sampling](../sampling/) (what sampling from a
+# distribution means) and [Model families](../model_families/) (tokens per second against the
+# bandwidth bound). Terms are defined on [Words we use](../../concepts/wording/).
 # %%
 import time
 
 import equinox as eqx
+import jax
 import jax.numpy as jnp
 import matplotlib.pyplot as plt
 import numpy as np
 
 import functional_gen as fg
-from functional_gen.generation.planning import plan_call
-from functional_gen.generation.program import start_prepared
 from functional_gen.generation.speculative import verify_widths
 from functional_gen.speculative.cost import choose_width, verify_cost
 
@@ -81,8 +84,10 @@ print("output of rule ", np.round(np.asarray(out), 4))
 # a good guesser: find the last few tokens earlier in the row and guess what followed them
 # (`PromptLookup`, transformers' `prompt_lookup_num_tokens`; transformers takes the first
 # earlier occurrence, the adaptive `PromptLookup` the latest, which replayed along real outputs
-# got a few more guesses accepted: `benchmarks/replay_lookup.py`). We run the compiled step by
-# hand and record how many tokens each step added.
+# got a few more guesses accepted: `benchmarks/replay_lookup.py`). We stream the answer:
+# `fg.stream` runs the same compiled step from Python, one step at a time, and records how many
+# tokens each step added to each row (`tokens_per_step`); its final `state` keeps the search's
+# counts of guesses proposed and accepted.
 
 # %%
 code = (
@@ -91,16 +96,9 @@ code = (
 )
 prompt = [{"role": "user", "content": f"Rename `items` to `values` in this code:\n\n{code}"}]
 spec = fg.speculative.PromptLookup(num_tokens=8, max_ngram_size=3)
-_, settings, prepared = plan_call(model, tokenizer, [prompt], max_new_tokens=64, speculative=spec)
-_, state = start_prepared(prepared)
-step = eqx.filter_jit(lambda s, st: s(st))
-per_step = []
-while not bool(state.done[0]):
-    before = int(state.length[0])
-    state = step(prepared.step, state)
-    per_step.append(int(state.length[0]) - before)
-generated = state.generated_token_ids(settings.pad_token_id)[0, : int(state.num_generated[0])]
-print(tokenizer.decode(np.asarray(generated), skip_special_tokens=True))
+streamed = fg.stream(model, tokenizer, prompt, max_new_tokens=64, speculative=spec)
+print("".join(streamed))
+per_step = streamed.tokens_per_step[0]
 
 # %% [markdown]
 # Each bar is one call of the model. Runs of 9 tokens (8 accepted guesses plus the model's own
@@ -113,7 +111,7 @@ print(tokenizer.decode(np.asarray(generated), skip_special_tokens=True))
 # put that token into the cache, so that a `SequenceState` can continue from it.
 
 # %%
-spec_state = state.search_state
+spec_state = streamed.state.search_state
 rate = int(spec_state.accepted[0]) / max(int(spec_state.proposed[0]), 1)
 fig, ax = plt.subplots(figsize=(9, 3))
 ax.bar(range(len(per_step)), per_step, color="tab:blue")
@@ -132,39 +130,35 @@ plt.show()
 # `E(k, α) = (1 - α^(k+1)) / (1 - α)` tokens (Leviathan et al. 2023). A step costs one call of
 # the model over `k + 1` positions — on a bandwidth-bound CPU about `1 + c·k` times a plain
 # decode step, `c` small — plus the proposer's cost (nothing for prompt lookup). The speed-up is
-# `E(k, α) / (1 + c·k)`. We measure `c` here from the time of a plain step and a speculative one
-# that accepts nothing, then compare the model's prediction with the measured speed-up above.
+# `E(k, α) / (1 + c·k)`. We measure `c` here: the time of one call of the model over 8
+# positions (a verification of 7 guesses) against a call over 1 position (a plain decode step),
+# both on a cache that already holds a 64-token prompt.
 
 
 # %%
-def per_call_seconds(speculative, n=32):
-    """Seconds per model call of a generation of `n` tokens that accepts no guess (EOS off)."""
-    kwargs = dict(max_new_tokens=n, eos_token_id=[], speculative=speculative)
-    fg.generate(model, tokenizer, ["Hello"], **kwargs)  # compile
-    t = time.perf_counter()
-    fg.generate(model, tokenizer, ["Hello"], **kwargs)
-    return (time.perf_counter() - t) / n
+prompt_ids = jnp.arange(100, 164)[None]  # any 64 tokens: the cost does not depend on them
+# the model is an argument, not a constant closed over: its weights stay jit inputs
+_, cache = eqx.filter_jit(lambda m, ids: m.prefill(ids, jnp.arange(64)[None], max_len=128))(
+    model, prompt_ids
+)
+call = eqx.filter_jit(lambda m, ids, positions, cache: m(ids, positions, cache)[0])
 
 
-class Never(fg.speculative.AbstractProposer):
-    """Guesses a token the model never picks here (id 0): every step emits exactly one token."""
-
-    num_tokens: int = eqx.field(static=True, default=7)  # a call over 8 positions
-
-    def init(self, target, rows, capacity):
-        return None
-
-    def propose(
-        self, carry, target, token_ids, length, active, *, key, sample, guard=None, guard_state=None
-    ):
-        return carry, jnp.zeros((length.shape[0], self.num_tokens), jnp.int32), None
-
-    def update(self, carry, token_ids, length):
-        return carry
+def seconds_per_call(width, repeats=10):
+    """Median seconds of one jitted model call over `width` new positions after the 64-token
+    prompt (the cache is not advanced: every call writes the same slots)."""
+    ids, positions = jnp.full((1, width), 200), jnp.arange(64, 64 + width)[None]
+    jax.block_until_ready(call(model, ids, positions, cache))  # compile
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        jax.block_until_ready(call(model, ids, positions, cache))
+        times.append(time.perf_counter() - t)
+    return float(np.median(times))
 
 
-plain_call = per_call_seconds(None)
-verify_call = per_call_seconds(Never())
+plain_call = seconds_per_call(1)
+verify_call = seconds_per_call(8)
 c = (verify_call / plain_call - 1) / 7
 print(f"plain step {1e3 * plain_call:.1f} ms, verifying 8 positions {1e3 * verify_call:.1f} ms")
 print(f"cost model: a step over k + 1 positions costs 1 + {c:.3f} k plain steps")
@@ -229,3 +223,9 @@ for batch in (1, 8):
             widths, costs, jnp.full((batch,), a), jnp.full((batch,), 10, jnp.int32), rows
         )
         print(f"batch {batch}, acceptance {a}: verify {widths[int(chosen)]} of 10 guesses")
+
+# %% [markdown]
+# ## Next
+#
+# [Serving many callers](../serving/): continuous batching, the engine's three pure functions,
+# and a timeline of requests sharing slots.

@@ -25,13 +25,22 @@
 # - a JSON Schema, on the real model, with the output checked;
 # - a pushdown automaton for recursive grammars: the stack drawn as it moves through a nested
 #   JSON value.
+#
+# **Before this:** [How logits processing works](../logits_processing/) (a processor with a
+# state, the `DateFormat` finite-state machine, is this notebook's starting point) and
+# [Tokens and tokenization](../tokenization/) (tokens are byte strings, some of them half a
+# character). [Beam search](../beam_search/) and [classifier-free
+# guidance](../classifier_free_guidance/) come before it in the course; it does not need them.
+# Terms are defined on [Words we use](../../concepts/wording/).
 
 # %%
 import json
 
 import jax
 import jax.numpy as jnp
+import matplotlib.pyplot as plt
 import numpy as np
+from matplotlib.patches import Patch, Rectangle
 
 import functional_gen as fg
 from functional_gen.structured import (
@@ -179,7 +188,7 @@ print("allowed with 5 tokens left:", int(m.sum()), "- with 4 left:", int(tight.s
 #
 # Everything large (the tables) is a field of the processor, shared by all rows. What changes
 # per row is only *where it is* in the automaton: one integer. That makes the state trivial
-# to carry through `jax.lax.while_loop` (its shape never changes), to batch (`[batch]`), and
+# to carry through [`jax.lax.while_loop`](../../concepts/wording/#while-loop) (its shape never changes), to batch (`[batch]`), and
 # to reorder for beam search (one gather). The processor advances it from the previous token
 # at the start of each step (the first step keeps the initial state: the previous token is
 # the prompt's).
@@ -312,8 +321,10 @@ print("stack-dependent candidates per (position, top of stack): at most", int(re
 
 # %% [markdown]
 # Now we feed the nested value one byte at a time through the host copy of the tables
-# (`PushdownAutomaton.step` does what the device does) and draw the stack after each byte,
-# bottom on the left. A return position is written `rule:position`. An opening bracket is read
+# (`PushdownAutomaton.step` does what the device does) and draw the stack after each byte:
+# one column per byte, the bottom of the stack at the bottom, each box a return position
+# (its number; its colour the rule it returns into), and the current position in a dashed box
+# on top. An opening bracket is read
 # by a call of `value`: the place after the call is pushed. A closing bracket that the inner
 # `value` cannot read pops that place and is read there. The start rule ends with optional
 # whitespace, so even the outermost value is a call.
@@ -325,21 +336,49 @@ def label(position: int) -> str:
 
 
 nested = b'{"a": [1, {"b": [true]}]}'
-config = (pda.initial, ())
-print(f"{'':6} {'position':10} stack")
-print(f"{'start':6} {label(config[0]):10} (empty)")
+configs = [(pda.initial, ())]
 for byte in nested:
-    config = pda.step(config, byte)
-    position, stack = config
-    boxes = " ".join(f"[{label(p)}]" for p in stack) or "(empty)"
-    print(f"{chr(byte)!r:6} {label(position):10} {boxes}")
-print("may end here:", pda.can_end(config))
+    configs.append(pda.step(configs[-1], byte))
+print("may end here:", pda.can_end(configs[-1]))
+
+colours = plt.get_cmap("tab10")
+fig, ax = plt.subplots(figsize=(12, 3.6))
+for x, (position, stack) in enumerate(configs):
+    for depth, place in enumerate(stack):  # bottom of the stack at depth 0
+        rule = int(pda.position_rule[place])
+        ax.add_patch(
+            Rectangle(
+                (x - 0.45, depth), 0.9, 0.9, facecolor=colours(rule), alpha=0.55, edgecolor="k"
+            )
+        )
+        ax.text(x, depth + 0.45, str(place), ha="center", va="center", fontsize=7)
+    # the current position, above the stack, in a dashed box
+    ax.add_patch(Rectangle((x - 0.45, len(stack)), 0.9, 0.9, fill=False, ls="--", edgecolor="gray"))
+    ax.text(x, len(stack) + 0.45, str(position), ha="center", va="center", fontsize=7, color="gray")
+ax.set_xlim(-0.6, len(configs) - 0.4)
+ax.set_ylim(0, max(len(stack) for _, stack in configs) + 1.2)
+ax.set_xticks(range(len(configs)), ["start"] + [chr(b) for b in nested])
+ax.set_xlabel("after reading this byte")
+ax.set_ylabel("stack depth")
+ax.legend(
+    handles=[
+        Patch(facecolor=colours(r), alpha=0.55, label=f"return into {n!r}")
+        for r, n in enumerate(pda.rule_names)
+    ]
+    + [Patch(fill=False, ls="--", edgecolor="gray", label="current position")],
+    loc="upper left",
+    bbox_to_anchor=(1.0, 1.0),
+    fontsize=8,
+)
+ax.set_title("The pushdown automaton's stack while reading a nested JSON value")
+plt.show()
 
 # %% [markdown]
-# The first `{` pushes the start rule's place (the outer value is a call too), and every value
-# nested inside it pushes the place after it in its container (`value:24` after a member's
-# value, `value:16` after an array element): five boxes at the innermost `true`, four levels of
-# nesting. Each closing bracket pops one. At the end the one box left is a place where the start
+# The first `{` pushes the start rule's place (the outer value is a call too: the blue box), and
+# every value nested inside it pushes the place after it in its container (orange boxes: one
+# place after a member's value, another after an array element, so their numbers alternate as
+# objects and arrays nest): five boxes at the innermost `true`, four levels of nesting. Each
+# closing bracket pops one. At the end the one box left is a place where the start
 # rule may end, so end-of-generation is allowed.
 #
 # On the device the same happens per token inside `process`: the previous token's bytes are
@@ -395,3 +434,9 @@ print(reason, text)
 if reason == "eos":
     lark.Lark(JSON_GRAMMAR, parser="earley").parse(text)
     print("lark parses it")
+
+# %% [markdown]
+# ## Next
+#
+# [Model families](../model_families/): Llama, Qwen3, Gemma 3 and Phi-3 in one decoder, and
+# what their differences cost in memory and speed.

@@ -2,6 +2,7 @@
 with the executed notebooks in them."""
 
 import importlib.util
+import re
 import shutil
 import subprocess
 import sys
@@ -36,6 +37,7 @@ def test_notebook_runs(source, executed_dir, record_property):
     outputs = [o for c in notebook.cells if c.cell_type == "code" for o in c.get("outputs", [])]
     assert outputs, "the notebook produced no output"
     assert not [o for o in outputs if o.get("output_type") == "error"]
+    assert any("image/png" in o.get("data", {}) for o in outputs), "the notebook draws no figure"
     # Its time is reported, not asserted (speed lives in benchmarks; a loaded machine took 290 s for
     # kv_cache.py, 125 s quiet): keep each notebook near 2 minutes on 2 quiet cores.
     record_property("elapsed_s", round(elapsed, 1))
@@ -61,3 +63,36 @@ def test_docs_build_strictly(executed_dir, tmp_path):
     )
     assert result.returncode == 0, result.stderr[-4000:]
     assert (tmp_path / "site" / "api" / "processors" / "index.html").is_file()
+
+
+def _tutorial_nav() -> list[str]:
+    """The notebooks of the docs' Tutorials section, in the nav's order."""
+    yaml = pytest.importorskip("yaml")
+    nav = yaml.safe_load((ROOT / "mkdocs.yml").read_text())["nav"]
+    tutorials = next(entry["Tutorials"] for entry in nav if "Tutorials" in entry)
+    return [Path(next(iter(entry.values()))).stem for entry in tutorials]
+
+
+def test_the_tutorials_are_a_course():
+    """Every notebook is in the nav, opens with "Before this" and ends with a "Next" cell that
+    links the notebook after it in the nav; the docs' home page lists them in the nav's order;
+    every link to the wording page names a term defined there."""
+    import jupytext
+
+    order = _tutorial_nav()
+    assert sorted(order) == sorted(p.stem for p in NOTEBOOKS)
+    home = (ROOT / "docs" / "index.md").read_text()
+    listed = re.findall(r"\]\(tutorials/(\w+)\.ipynb\)", home[home.index("## Where to go next") :])
+    assert listed == order
+    anchors = set(
+        re.findall(r'<a id="([\w-]+)"></a>', (ROOT / "docs/concepts/wording.md").read_text())
+    )
+    for name, following in zip(order, [*order[1:], None]):
+        cells = jupytext.read(ROOT / "notebooks" / f"{name}.py").cells
+        markdown = [c.source for c in cells if c.cell_type == "markdown"]
+        assert "**Before this:**" in markdown[0], name
+        assert markdown[-1].startswith("## Next"), name
+        if following is not None:
+            assert f"](../{following}/)" in markdown[-1], (name, following)
+        used = set(re.findall(r"\.\./\.\./concepts/wording/#([\w-]+)", "".join(markdown)))
+        assert used <= anchors, (name, sorted(used - anchors))

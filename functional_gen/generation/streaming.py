@@ -25,7 +25,7 @@ from .samplers import AbstractSampler
 from .search import AbstractSearch
 from .sequence_state import SequenceState
 from .speculative import Speculative
-from .state import FINISH_REASONS
+from .state import FINISH_REASONS, GenerationState
 from .stop_strings import truncate_at_stop
 
 _step_jit = eqx.filter_jit(lambda step, state: step(state), donate="all-except-first")
@@ -47,12 +47,28 @@ class Stream:
     For one prompt (a `str` or one chat) it yields `str` pieces; for a list of prompts, or a
     `SequenceState`, `(row, piece)` pairs. After the iteration ends, `result` holds the
     `GenerationResult` (texts, token ids, logprobs, and the `SequenceState` to continue).
+
+    **Attributes:**
+
+    - `result`: the `GenerationResult`, once the iteration has ended (`None` before).
+    - `state`: the final `GenerationState` of the loop, once the iteration has ended (`None`
+      before): every loop row (padding rows after the real ones) and the search's carry
+      (`search_state`; under speculative decoding a
+      `functional_gen.generation.speculative.SpeculativeState` with the rows' `proposed`,
+      `accepted` and `steps` counts).
+    - `tokens_per_step`: one list per row, filled as the stream is iterated: how many tokens
+      each step of the loop appended to the row, until the row finished (1 per step when
+      sampling or greedy; under speculative decoding the accepted guesses plus one, and 0 for a
+      step that only feeds the row's last token). `None` under beam search, whose beams are
+      reordered at every step. The counts of a row sum to its `result.num_tokens` entry.
     """
 
     def __init__(self, pieces: Iterator, single: bool):
         self._pieces = pieces
         self._single = single
         self.result: GenerationResult | None = None
+        self.state: GenerationState | None = None
+        self.tokens_per_step: list[list[int]] | None = None
 
     def __iter__(self):
         return self
@@ -155,6 +171,7 @@ def _beam_pieces(model, tokenizer, settings, prepared, out: Stream, state, promp
                 emitted[b] += piece
                 yield int(b), piece
             finished[b] = bool(done[b])
+    out.state = state
     out.result = build_result(model, tokenizer, settings, prepared, state, None, prompt_lp)
     for b, text in enumerate(out.result.texts):
         if not text.startswith(emitted[b]):  # pragma: no cover - the settled prefix is kept
@@ -179,6 +196,7 @@ def _pieces(model, tokenizer, settings, prepared, out: Stream):
     search = prepared.step.search
     width = search.num_tokens + 1 if isinstance(search, Speculative) else 1
     seen = np.array(to_host(state.length))[:rows]
+    out.tokens_per_step = [[] for _ in range(rows)]
     while not finished.all():
         state = _step_jit(prepared.step, state)
         last, length, done, reason = to_host(_last_tokens(state, width))  # one transfer per step
@@ -187,6 +205,7 @@ def _pieces(model, tokenizer, settings, prepared, out: Stream):
             is_done = bool(done[row]) or why != ""  # (a speculative row may settle one step later)
             new = int(length[row]) - int(seen[row])
             seen[row] = length[row]
+            out.tokens_per_step[row].append(new)
             for i in range(width - new, width):
                 token = int(last[row, i])
                 if not (is_done and i == width - 1 and token in eos):
@@ -204,5 +223,6 @@ def _pieces(model, tokenizer, settings, prepared, out: Stream):
                 emitted[row] = len(texts[row]) - hold
     while not bool(np.all(to_host(state.done))):  # rows whose last token is still to be fed
         state = _step_jit(prepared.step, state)
+    out.state = state
     arrays = finish_generation(state, token_logprobs)
     out.result = build_result(model, tokenizer, settings, prepared, state, arrays, prompt_lp)

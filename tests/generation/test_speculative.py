@@ -431,6 +431,22 @@ def test_stream_with_speculation(tiny):
         texts[row] += piece
     assert texts == plain.texts
     _assert_same(s.result, plain)
+    # the per-step record: a row's counts sum to its tokens; a step adds the accepted guesses
+    # plus one, and the final state's counts are the ones the compiled loop keeps
+    final = _final(model, tok, PROMPTS, speculative=spec, **kwargs).search_state
+    rows = len(PROMPTS)
+    assert [sum(c) for c in s.tokens_per_step] == np.asarray(plain.num_tokens).tolist()
+    assert max(max(c) for c in s.tokens_per_step) > 1  # some guesses were accepted
+    assert (
+        np.asarray(s.state.search_state.accepted)[:rows] == np.asarray(final.accepted)[:rows]
+    ).all()
+    for counts, accepted in zip(s.tokens_per_step, np.asarray(final.accepted)):
+        # a step emits at most its accepted guesses plus the model's own token
+        assert max(counts) <= spec.num_tokens + 1
+        assert sum(max(c - 1, 0) for c in counts) <= accepted
+    plain_stream = fg.stream(model, tok, PROMPTS, **kwargs)
+    list(plain_stream)
+    assert plain_stream.tokens_per_step == [[1] * int(n) for n in plain.num_tokens]
 
 
 EDIT_PROMPTS = [
