@@ -333,7 +333,7 @@ def test_reached_fork_tokens_mask_as_every_fork_token_past_the_stacks(vocabulary
             rng.choice(deep if deep.size and rng.random() < 0.7 else np.flatnonzero(allowed))
         )
 
-    walks = [(int(rng.integers(8, 20)), sample) for _ in range(3)]
+    walks = [(int(rng.integers(8, 14)), sample) for _ in range(2)]
     processor = ParallelPushdownConstraint(automaton, num_stacks=2)  # as the test above
     met, reaching, _ = _walk_both(automaton, processor, walks, vocabulary.vocab_size)
     assert reaching >= 4

@@ -367,6 +367,10 @@ def _fork_tables(fork_ways: list, nxt, byte_class, position_sites, vocabulary: T
     return fork_next, fork_push, padded, fork_bytes, np.ascontiguousarray(packed)
 
 
+_REACH_CHUNK = 1024
+"""Positions walked together by `_fork_tokens` for `fork_reach`."""
+
+
 def _fork_tokens(nxt, fork_next, byte_class, position_sites, vocabulary: TokenVocabulary):
     """`(tokens, reach)`: the tokens whose bytes may reach a fork from some configuration
     (`Int32[np.ndarray, " tokens"]`, ascending), and per position which of them may reach a
@@ -422,7 +426,7 @@ def _fork_tokens(nxt, fork_next, byte_class, position_sites, vocabulary: TokenVo
             hit = memo[key] = step(*key)
         return hit
 
-    parent, _, token_node = trie_levels(trie)
+    parent, level_ptr, token_node = trie_levels(trie)
     node_byte = trie.byte.tolist()
     sets_of = [0] * trie.num_nodes
     forked_list = [False] * trie.num_nodes
@@ -440,25 +444,39 @@ def _fork_tokens(nxt, fork_next, byte_class, position_sites, vocabulary: TokenVo
 
     # Per position: the same walk from {position} over the nodes of `tokens` and their
     # ancestors (a fork reached from one position is reached from all of them together, so no
-    # other node matters), a column of origins per node, one step per distinct set.
+    # other node matters): a row of origins per node, one depth at a time (nodes are numbered
+    # depth by depth), one step per distinct (set, class) of the depth; origins in chunks of
+    # `_REACH_CHUNK`, so that a depth's rows stay small.
     needed = np.zeros(trie.num_nodes, bool)
     frontier = np.unique(nodes)
     while frontier.size:
         frontier = frontier[~needed[frontier]]
         needed[frontier] = True
         frontier = np.unique(parent[frontier[frontier > 0]])
+    kept = np.flatnonzero(needed)
+    depth_of = np.searchsorted(level_ptr, kept, side="right") - 1
+    levels = [kept[depth_of == d] for d in range(1, int(depth_of.max(initial=0)) + 1)]
+    token_depth = np.searchsorted(level_ptr, nodes, side="right") - 1
+    num_classes = int(byte_class.max()) + 1
     origins = np.asarray([intern((p,)) for p in range(1, nxt.shape[0])], np.int64)
-    node_sets = {0: origins}
-    node_hits = {0: np.zeros(origins.size, bool)}
-    for n in np.flatnonzero(needed)[1:].tolist():  # ascending: parents first
-        up, c = parent_list[n], class_list[node_byte[n]]
-        distinct, inverse = np.unique(node_sets[up], return_inverse=True)
-        results = [stepped((s, c)) for s in distinct.tolist()]
-        node_sets[n] = np.asarray([r[0] for r in results], np.int64)[inverse]
-        node_hits[n] = node_hits[up] | np.asarray([r[1] for r in results], bool)[inverse]
     reach = np.zeros((nxt.shape[0], tokens.size), bool)
-    for j, n in enumerate(nodes.tolist()):
-        reach[1:, j] = node_hits[n]
+    for lo in range(0, origins.size, _REACH_CHUNK):
+        walked = origins[None, lo : lo + _REACH_CHUNK]  # the root's row
+        hits = np.zeros(walked.shape, bool)
+        above = np.zeros(1, np.int64)
+        for depth, level in enumerate(levels, 1):
+            up = np.searchsorted(above, parent[level])
+            keys = walked[up] * num_classes + byte_class[trie.byte[level]][:, None]
+            distinct, inverse = np.unique(keys, return_inverse=True)
+            results = [stepped(divmod(k, num_classes)) for k in distinct.tolist()]
+            inverse = inverse.reshape(keys.shape)
+            walked = np.asarray([r[0] for r in results], np.int64)[inverse]
+            hits = hits[up] | np.asarray([r[1] for r in results], bool)[inverse]
+            above = level
+            here = np.flatnonzero(token_depth == depth)
+            reach[1 + lo : 1 + lo + walked.shape[1], here] = hits[
+                np.searchsorted(level, nodes[here])
+            ].T
     return tokens, reach
 
 
