@@ -32,7 +32,12 @@ Again on 2026-11-25 (quiet, `--rounds 5`, two runs): JSON grammar built in 33 ms
    `c.gbnf` (a grammar with forks, parallel stacks) with `fork_reach` and with
    `every_fork_token=True` (the mask before `fork_reach`, the same masks), and under
    `json.gbnf`, each against no processor, rounds interleaved. Target: c.gbnf /
-   unconstrained within 1.25 (before `fork_reach`: 1.7-1.8). Recorded: see issue 55's note.
+   unconstrained within 1.25 (before `fork_reach`: 1.7-1.8). Recorded on 2026-11-28 on the
+   shared 2-core machine at load average 13-18 (unconstrained 117-165 ms a step against 22
+   quiet, so only the order holds): `--rounds 3 --steps 48`, best ratios json.gbnf 1.142,
+   c.gbnf every fork token 1.682, c.gbnf `fork_reach` 1.259; `--rounds 5 --steps 32`: 0.875,
+   1.150, 0.917. The greedy text never reached a fork position (0 steps walked fork tokens),
+   so `fork_reach` walked none; at the `else` position it walks 873 (28 chunks of 32).
 
 Run: `python benchmarks/bench_pushdown.py [--rounds 5] [--json-schema | --forks [--steps 64]]`
 (about 2-4 minutes on 2 CPU cores).
