@@ -28,8 +28,19 @@ Again on 2026-11-25 (quiet, `--rounds 5`, two runs): JSON grammar built in 33 ms
    per-step work (bitmask row, <= 8 candidate walks, the previous token's bytes) is small
    beside the model's step, so decoding does not argue against `free_form_depth=None`.
 
-Run: `python benchmarks/bench_pushdown.py [--rounds 5] [--json-schema]` (about 2-4 minutes on
-2 CPU cores).
+4. (`--forks`, alone) Greedy generation at batch 1 (`--steps`, default 64) under llama.cpp's
+   `c.gbnf` (a grammar with forks, parallel stacks) with `fork_reach` and with
+   `every_fork_token=True` (the mask before `fork_reach`, the same masks), and under
+   `json.gbnf`, each against no processor, rounds interleaved. Target: c.gbnf /
+   unconstrained within 1.25 (before `fork_reach`: 1.7-1.8). Recorded on 2026-11-28 on the
+   shared 2-core machine at load average 13-18 (unconstrained 117-165 ms a step against 22
+   quiet, so only the order holds): `--rounds 3 --steps 48`, best ratios json.gbnf 1.142,
+   c.gbnf every fork token 1.682, c.gbnf `fork_reach` 1.259; `--rounds 5 --steps 32`: 0.875,
+   1.150, 0.917. The greedy text never reached a fork position (0 steps walked fork tokens),
+   so `fork_reach` walked none; at the `else` position it walks 873 (28 chunks of 32).
+
+Run: `python benchmarks/bench_pushdown.py [--rounds 5] [--json-schema | --forks [--steps 64]]`
+(about 2-4 minutes on 2 CPU cores).
 """
 
 import argparse
@@ -40,7 +51,9 @@ import time
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+import equinox as eqx
 import jax
+import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
@@ -50,7 +63,8 @@ from bench_structured import step_timer, table
 import functional_gen as fg
 from functional_gen.structured import pushdown_automaton, vocabulary_from_tokenizer
 from functional_gen.structured.grammar import grammar_automaton
-from tests.structured.cases import PUSHDOWN_GRAMMARS
+from functional_gen.structured.pushdown import ParallelPushdownConstraint
+from tests.structured.cases import C_GBNF, JSON_GBNF, PUSHDOWN_GRAMMARS
 
 
 def builds(vocabulary, repeat: int):
@@ -167,6 +181,17 @@ def decode_step(model, tokenizer, rounds: int, steps: int = 16):
     )
 
 
+def interleaved(runs: dict, rounds: int) -> tuple[dict, dict]:
+    """`(best, median)` seconds per step of each timer in `runs` (name -> `step_timer`
+    function), over `rounds` rounds that call every timer once in turn."""
+    samples = {k: [] for k in runs}
+    for _ in range(rounds):
+        for k, f in runs.items():
+            samples[k].append(f())
+    best = {k: min(v) for k, v in samples.items()}
+    return best, {k: statistics.median(v) for k, v in samples.items()}
+
+
 SMALL_FREE_FORM = {
     "type": "object",
     "properties": {"name": {"type": "string"}, "tags": {"type": "array"}},
@@ -197,12 +222,7 @@ def json_schema_step(model, tokenizer, rounds: int, steps: int = 16):
             "dfa": step_timer(model, prompt, [dfa], batch, steps),
             "pda": step_timer(model, prompt, [pda], batch, steps),
         }
-        samples = {k: [] for k in runs}
-        for _ in range(rounds):
-            for k, f in runs.items():
-                samples[k].append(f())
-        best = {k: min(v) for k, v in samples.items()}
-        median = {k: statistics.median(v) for k, v in samples.items()}
+        best, median = interleaved(runs, rounds)
         rows.append(
             [
                 batch,
@@ -231,6 +251,80 @@ def json_schema_step(model, tokenizer, rounds: int, steps: int = 16):
     )
 
 
+C_PROMPT = "Write a C function that sums the numbers from 1 to n with a while loop and an if."
+
+
+def fork_generation(model, tokenizer, rounds: int, steps: int):
+    """Section 4: greedy generation of `steps` tokens at batch 1 under llama.cpp's `c.gbnf`
+    (a grammar with forks: `ParallelPushdownConstraint`, 4 stacks) with `fork_reach` (only the
+    fork tokens that may reach a fork from the row's positions walked over every stack) and
+    with `every_fork_token=True` (every fork token walked every step: the mask before
+    `fork_reach`, identical masks), and under `json.gbnf` (one stack), each against no
+    processor; rounds interleaved, best and median ratios. Also printed: the generated C text,
+    the steps that walked fork tokens, and `fork_reach`'s size. Target: c.gbnf / unconstrained
+    within 1.25."""
+    c_grammar = fg.processors.Grammar.from_gbnf(C_GBNF, tokenizer)
+    json_grammar = fg.processors.Grammar.from_gbnf(JSON_GBNF, tokenizer)
+    reached = c_grammar.pushdown
+    assert isinstance(reached, ParallelPushdownConstraint) and not reached.every_fork_token
+    automaton = pushdown_automaton(
+        fg.structured.gbnf_to_lark(C_GBNF.read_text()),
+        vocabulary_from_tokenizer(tokenizer),
+        forks=True,
+    )
+    every = ParallelPushdownConstraint(
+        automaton, reached.constraint_id, reached.num_stacks, every_fork_token=True
+    )
+    c_every = eqx.tree_at(lambda g: g.tables.pushdown, c_grammar, every)
+    prompt = tokenizer.apply_chat_template(
+        [{"role": "user", "content": C_PROMPT}],
+        add_generation_prompt=True,
+        tokenize=True,
+        return_dict=False,
+    )
+    result = fg.generate(
+        model,
+        tokenizer,
+        [[{"role": "user", "content": C_PROMPT}]],
+        max_new_tokens=steps,
+        processors=[c_grammar],
+        sampler=fg.samplers.Greedy(),
+    )
+    text = result.texts[0]
+    bits = np.unpackbits(automaton.fork_reach.view(np.uint8), axis=1, bitorder="little")
+    walked, data = 0, b""
+    for token in np.asarray(result.token_ids[0][: result.num_tokens[0]]).tolist():
+        walked += any(bits[p].any() for p, _ in automaton.walk_all(data))
+        data += automaton.token_bytes[token, : automaton.token_length[token]].tobytes()
+    num_tokens = int((automaton.fork_tokens < automaton.vocab_size).sum())
+    print(
+        f"c.gbnf: {num_tokens} fork tokens, {int(bits.any(axis=1).sum())} of "
+        f"{automaton.num_positions} positions reach a fork; fork_reach "
+        f"{automaton.fork_reach.nbytes:,} bytes; greedy text ({walked} steps walked fork "
+        f"tokens):\n\n```c\n{text}\n```\n"
+    )
+    bound = weight_read_ms(model)
+    runs = {
+        "none": step_timer(model, prompt, [], 1, steps),
+        "json.gbnf": step_timer(model, prompt, [json_grammar], 1, steps),
+        "c.gbnf every fork token (before)": step_timer(model, prompt, [c_every], 1, steps),
+        "c.gbnf fork_reach": step_timer(model, prompt, [c_grammar], 1, steps),
+    }
+    best, median = interleaved(runs, rounds)
+    rows = [
+        [
+            k,
+            f"{best[k] * 1e3:.1f}",
+            f"{best[k] / best['none']:.3f}",
+            f"{median[k] / median['none']:.3f}",
+            "" if k == "none" else ("yes" if best[k] / best["none"] <= 1.25 else "NO"),
+        ]
+        for k in runs
+    ]
+    print(f"## 4. Greedy generation at batch 1, {steps} steps (ms per step; bound {bound:.1f})\n")
+    table(["processor", "ms per step (best)", "ratio (best)", "ratio (median)", "<= 1.25"], rows)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -243,12 +337,21 @@ def main():
         action="store_true",
         help="only section 3: a small schema's decode step, free_form_depth=1 vs None",
     )
+    parser.add_argument(
+        "--forks",
+        action="store_true",
+        help="only section 4: greedy generation under c.gbnf (forks) and json.gbnf, batch 1",
+    )
+    parser.add_argument("--steps", type=int, default=64, help="generated tokens of section 4")
     args = parser.parse_args()
     model, tokenizer = fg.load_model()
     vocabulary = vocabulary_from_tokenizer(tokenizer)
     print(f"# Pushdown automaton benchmark ({jax.devices()[0].platform}, {os.cpu_count()} CPUs)\n")
     if args.json_schema:
         json_schema_step(model, tokenizer, args.rounds)
+        return
+    if args.forks:
+        fork_generation(model, tokenizer, args.rounds, args.steps)
         return
     builds(vocabulary, args.repeat)
     if not args.skip_decode:

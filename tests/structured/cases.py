@@ -2,6 +2,7 @@
 choices and grammars, each with a prompt for the default model."""
 
 import json
+from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, Field
@@ -588,3 +589,18 @@ PUSHDOWN_GRAMMARS = {
     "function_calls": FUNCTION_CALLS,
 }
 """Five recursive grammars the pushdown automaton runs (compared with lark's parser)."""
+
+JSON_GBNF = r"""
+root   ::= object
+value  ::= object | array | string | number | ("true" | "false" | "null") ws
+object ::= "{" ws ( string ":" ws value ("," ws string ":" ws value)* )? "}" ws
+array  ::= "[" ws ( value ("," ws value)* )? "]" ws
+string ::= "\"" ( [^"\\\x7F\x00-\x1F] | "\\" (["\\bfnrt] | "u" [0-9a-fA-F]{4}) )* "\"" ws
+number ::= ("-"? ([0-9] | [1-9] [0-9]{0,15})) ("." [0-9]+)? ([eE] [-+]? [0-9] [1-9]{0,15})? ws
+ws ::= | " " | "\n" [ \t]{0,20}
+"""
+"""llama.cpp's `grammars/json.gbnf` (comments dropped)."""
+
+C_GBNF = Path(__file__).parent / "data" / "c.gbnf"
+"""llama.cpp's `grammars/c.gbnf` (MIT licence), unchanged: one byte of lookahead cannot decide
+it (run with parallel stacks, `structured.pushdown.parallel`)."""

@@ -5,7 +5,6 @@ independent of the automaton), and deterministic grammars keep their tables and 
 
 import dataclasses
 import warnings
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -17,6 +16,8 @@ import functional_gen as fg
 from functional_gen.structured.grammar import pushdown_automaton
 from functional_gen.structured.grammar_syntax import gbnf_to_lark, parse_grammar
 from functional_gen.structured.pushdown import (
+    FORK,
+    POP,
     NotDeterministic,
     ParallelPushdownConstraint,
     PushdownConstraint,
@@ -24,23 +25,19 @@ from functional_gen.structured.pushdown import (
     state_configurations,
 )
 
+from .cases import C_GBNF
 from .helpers import context_for
-
-C_GBNF = Path(__file__).parent / "data" / "c.gbnf"
-"""llama.cpp's `grammars/c.gbnf` (MIT licence), unchanged."""
 
 
 def _nested(depth: int) -> str:
     return "x = 1;" if depth == 0 else f"while(a<b){{{_nested(depth - 1)}}}"
 
 
-PROGRAM = (
-    "int main(){"
-    + _nested(8)
-    # `return (` reads `(` as a call's argument list or a parenthesised expression; `}e` after
-    # an `if` block begins `else` or the next statement's identifier: both need two stacks
-    + "if(y>2){return ( f(x)+1 );}else{z = ( 3 );}return (a);elsewhere = 2;}"
-)
+AMBIGUOUS = "if(y>2){return ( f(x)+1 );}else{z = ( 3 );}return (a);elsewhere = 2;"
+"""`return (` reads `(` as a call's argument list or a parenthesised expression; `}e` after an
+`if` block begins `else` or the next statement's identifier: both need two stacks."""
+
+PROGRAM = "int main(){" + _nested(8) + AMBIGUOUS + "}"
 
 _STEP = jax.jit(lambda state, logits, context, processor: processor.process(state, logits, context))
 
@@ -206,3 +203,138 @@ def test_past_the_stacks_a_row_stays_sound(vocabulary):
             widest = max(widest, len(automaton.walk_all(text)))
         parser.parse(text.decode())  # EOS or the budget: inside the language
     assert widest > 2  # more readings than stacks were met
+
+
+def _meets_fork(automaton, config, data: bytes) -> bool:
+    """Whether reading `data` from `config = (position, stack)` meets a fork on the way (the
+    host tables, every way followed; independent of `fork_reach`)."""
+    configs = [config]
+    for b in data:
+        c = automaton.byte_class[b]
+        for pos, stack in configs:
+            while automaton.next[pos, c] == POP and stack:
+                pos, stack = stack[-1], stack[:-1]
+            if automaton.next[pos, c] <= FORK:
+                return True
+        configs = [n for cfg in configs for n in automaton.steps(cfg, b)]
+    return False
+
+
+def _reach_bits(automaton) -> np.ndarray:
+    """`fork_reach` unpacked: `Bool[positions, fork_tokens]`."""
+    bits = np.unpackbits(automaton.fork_reach.view(np.uint8), axis=1, bitorder="little")
+    return bits[:, : automaton.fork_tokens.size].astype(bool)
+
+
+def _walk_both(automaton, reached, walks, vocab):
+    """Step the `ParallelPushdownConstraint` `reached` (of `automaton`) and the same with
+    `every_fork_token=True` (every fork token walked over every stack each step: the mask
+    before `fork_reach`) along each of `walks` (`(budget, choose)`: `choose(allowed, ids)` the
+    next token or None), and check that their states and masks are identical at every step and
+    that the state keeps its shapes. Returns the configurations met (`state_configurations`,
+    stacks as tuples) and the steps at which a fork token was in `fork_reach` of an alive
+    configuration, and at which the budget cut an alive configuration's bitmask row."""
+    every = ParallelPushdownConstraint(
+        automaton, reached.constraint_id, reached.num_stacks, every_fork_token=True
+    )
+    met, reaching, cut = set(), 0, 0
+    bits = _reach_bits(automaton)
+    for budget, choose in walks:
+        ids = [0]
+        state = reached.init(context_for(ids, 1, max_len=160))
+        shapes = jax.tree.map(lambda x: (x.shape, x.dtype), state)
+        reference = state
+        for k in range(budget):
+            context = context_for(ids, 1, max_len=160, max_new_tokens=budget)
+            state, logits = _STEP(state, jnp.zeros(vocab), context, reached)
+            reference, expected = _STEP(reference, jnp.zeros(vocab), context, every)
+            assert jax.tree.map(lambda x: (x.shape, x.dtype), state) == shapes
+            jax.tree.map(np.testing.assert_array_equal, state, reference)
+            allowed = np.isfinite(np.asarray(logits))
+            np.testing.assert_array_equal(allowed, np.isfinite(np.asarray(expected)), str(k))
+            configs = state_configurations(state)
+            met.update((p, tuple(stack)) for p, stack in configs)
+            reaching += any(bits[p].any() for p, _ in configs)
+            fits = jax.vmap(reached._bitmask_fits, (0, None))(state, context)
+            cut += bool(np.any(~np.asarray(fits) & (np.asarray(state[0]) != 0)))
+            token = choose(allowed, ids)
+            if token is None or token in automaton.eos_token_id:
+                break
+            ids.append(token)
+    return met, reaching, cut
+
+
+def _check_reach(automaton, met, rng, samples: int):
+    """Every fork token outside `fork_reach[position]` meets no fork from the configurations
+    `met` at that position (a sample of `samples` of them per configuration), and `fork_reach`
+    is not every fork token everywhere."""
+    bits = _reach_bits(automaton)
+    tokens = automaton.fork_tokens
+    assert bits.any() and not bits.all() and not bits[0].any()  # position 0: dead
+    checked = 0
+    for config in met:
+        outside = np.flatnonzero(~bits[config[0]] & (tokens < automaton.vocab_size))
+        for j in rng.choice(outside, min(samples, outside.size), replace=False):
+            t = tokens[j]
+            data = automaton.token_bytes[t, : automaton.token_length[t]].tobytes()
+            assert not _meets_fork(automaton, config, data), (config, data)
+            checked += 1
+    assert checked >= samples
+
+
+def test_reached_fork_tokens_mask_as_every_fork_token_on_c(c_grammar, tokenizer, vocabulary):
+    # `fork_reach`: per step only the fork tokens that may reach a fork from the positions
+    # of the row are walked over every stack. Along a program through both ambiguous bytes
+    # (a generous budget, then one that cuts the bitmask rows at the end) and random rows,
+    # states and masks equal walking every fork token every step.
+    vocab = len(tokenizer)
+    automaton = pushdown_automaton(
+        gbnf_to_lark(C_GBNF.read_text()), vocabulary, stack_depth=32, forks=True
+    )
+    bits = _reach_bits(automaton)
+    texts = {tokenizer.decode([int(t)]): j for j, t in enumerate(automaton.fork_tokens)}
+    assert 0 < bits.any(axis=1).sum() < automaton.num_positions // 4  # few positions reach one
+    assert bits[:, texts["else"]].any() and bits[:, texts["("]].any()
+    ids = tokenizer.encode("int main(){" + AMBIGUOUS + "}", add_special_tokens=False)
+    rng = np.random.default_rng(2)
+
+    def follow(allowed, seen):
+        return ids[len(seen) - 1] if len(seen) <= len(ids) else None
+
+    def sample(allowed, seen):
+        pick = np.flatnonzero(allowed)
+        preferred = np.flatnonzero(allowed & opening)
+        return int(rng.choice(preferred if preferred.size and rng.random() < 0.6 else pick))
+
+    opening = np.zeros(vocab, bool)
+    for word in ("if(", "{", "}", "else", "(", "e", "return", "x"):
+        opening[tokenizer.encode(word, add_special_tokens=False)] = True
+    met, reaching, cut = _walk_both(
+        automaton,
+        c_grammar.pushdown,  # compiled already by the tests above
+        [(len(ids) + 8, follow), (len(ids) + 1, follow), (24, sample), (12, sample)],
+        vocab,
+    )
+    assert reaching >= 4 and cut >= 2  # both ways of choosing what to walk were taken
+    _check_reach(automaton, met, rng, samples=40)
+
+
+def test_reached_fork_tokens_mask_as_every_fork_token_past_the_stacks(vocabulary):
+    # Two stacks for 2**n readings: readings are dropped inside a token's walk, and still
+    # the masks equal walking every fork token.
+    grammar = 'start: x\nx: "(" x ")" | "(" y "]" | "a"\ny: "(" x "]" | "(" y ")" | "b"\n'
+    automaton = build_pushdown(parse_grammar(grammar), vocabulary, stack_depth=12, forks=True)
+    rng = np.random.default_rng(3)
+    opening = np.asarray([bool(b) and set(b) <= set(b"(") for b in vocabulary.token_bytes], bool)
+
+    def sample(allowed, seen):
+        deep = np.flatnonzero(allowed & opening)
+        return int(
+            rng.choice(deep if deep.size and rng.random() < 0.7 else np.flatnonzero(allowed))
+        )
+
+    walks = [(int(rng.integers(8, 14)), sample) for _ in range(2)]
+    processor = ParallelPushdownConstraint(automaton, num_stacks=2)  # as the test above
+    met, reaching, _ = _walk_both(automaton, processor, walks, vocabulary.vocab_size)
+    assert reaching >= 4
+    _check_reach(automaton, met, rng, samples=20)

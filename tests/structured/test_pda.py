@@ -21,7 +21,7 @@ from functional_gen.structured import (
 from functional_gen.structured.json_schema import json_schema_compile
 from functional_gen.structured.pushdown import PushdownAutomaton, build_pushdown, state_stack
 
-from .cases import JSON_GRAMMAR, PUSHDOWN_GRAMMARS, SPACED_FUNCTION_CALLS
+from .cases import JSON_GBNF, JSON_GRAMMAR, PUSHDOWN_GRAMMARS, SPACED_FUNCTION_CALLS
 from .grammar_strings import mutate, sample
 from .helpers import context_for
 
@@ -278,18 +278,6 @@ def _sampled_texts(model, tokenizer, processor, budgets):
         for text, reason in zip(result.texts, result.finish_reasons):
             assert reason in ("eos", "length"), (text, reason)
             yield max_new_tokens, text, reason
-
-
-JSON_GBNF = r"""
-root   ::= object
-value  ::= object | array | string | number | ("true" | "false" | "null") ws
-object ::= "{" ws ( string ":" ws value ("," ws string ":" ws value)* )? "}" ws
-array  ::= "[" ws ( value ("," ws value)* )? "]" ws
-string ::= "\"" ( [^"\\\x7F\x00-\x1F] | "\\" (["\\bfnrt] | "u" [0-9a-fA-F]{4}) )* "\"" ws
-number ::= ("-"? ([0-9] | [1-9] [0-9]{0,15})) ("." [0-9]+)? ([eE] [-+]? [0-9] [1-9]{0,15})? ws
-ws ::= | " " | "\n" [ \t]{0,20}
-"""
-"""llama.cpp's `grammars/json.gbnf` (comments dropped)."""
 
 
 def test_gbnf_grammars_run_as_pushdown_automata(tokenizer, vocabulary):

@@ -78,8 +78,9 @@ int32 scalars and an `int32[stack_depth]` array, so the depth costs memory, not 
 **Forks** (`parallel`): a grammar in which a byte can be read in several ways (`build_pushdown(
 forks=True)`, what `Grammar` does by default) keeps the tables above for every token that cannot
 reach such a byte, and runs with `num_stacks` configurations per row
-(`ParallelPushdownConstraint`); a grammar without forks gets exactly the tables and processor
-above.
+(`ParallelPushdownConstraint`), which walks over all its stacks only the tokens that may
+reach a fork from the positions a row is at (`fork_reach`); a grammar without forks gets
+exactly the tables and processor above.
 """
 
 from .automaton import BOTTOM as BOTTOM

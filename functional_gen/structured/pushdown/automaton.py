@@ -79,7 +79,11 @@ class PushdownAutomaton:
       and `push` give the one way elsewhere (target 0: no further way); `fork_tokens`:
       `Int[np.ndarray, " fork_tokens"]`, the tokens holding a byte of a class that forks
       somewhere (padded with `vocab_size`; checked exactly on the device, over every stack), and
-      `fork_bytes` the longest of them. Empty for a deterministic grammar (`num_forks == 0`).
+      `fork_bytes` the longest of them; `fork_reach`: `UInt32[np.ndarray, "positions
+      fork_words"]`, per position the fork tokens that may reach a fork from it (over any
+      stack), packed (bit `j % 32` of word `j // 32`: `fork_tokens[j]`), so that the device
+      walks over every stack only those of the positions it is at. Empty for a deterministic
+      grammar (`num_forks == 0`).
     """
 
     byte_class: Int[np.ndarray, " 256"]
@@ -115,6 +119,9 @@ class PushdownAutomaton:
         default_factory=lambda: np.zeros(0, np.int32)
     )
     fork_bytes: int = 0
+    fork_reach: UInt32[np.ndarray, "positions fork_words"] = dataclasses.field(
+        default_factory=lambda: np.zeros((0, 0), np.uint32)
+    )
 
     @property
     def num_forks(self) -> int:
@@ -150,6 +157,10 @@ class PushdownAutomaton:
                 self.best_token,
                 self.token_cost,
                 self.byte_tokens,
+                self.fork_next,
+                self.fork_push,
+                self.fork_tokens,
+                self.fork_reach,
             )
         )
 

@@ -303,7 +303,7 @@ def build_pushdown(
             np.full(bucket(byte_tokens.size, 8) - byte_tokens.size, vocabulary.vocab_size),
         ]
     ).astype(np.int32)
-    fork_next, fork_push, fork_tokens, fork_bytes = _fork_tables(
+    fork_next, fork_push, fork_tokens, fork_bytes, fork_reach = _fork_tables(
         fork_ways, nxt, byte_class, position_sites, vocabulary
     )
     return PushdownAutomaton(
@@ -334,15 +334,18 @@ def build_pushdown(
         fork_push=fork_push,
         fork_tokens=fork_tokens,
         fork_bytes=fork_bytes,
+        fork_reach=fork_reach,
     )
 
 
 def _fork_tables(fork_ways: list, nxt, byte_class, position_sites, vocabulary: TokenVocabulary):
-    """`(fork_next, fork_push, fork_tokens, fork_bytes)` of `PushdownAutomaton` from the ways
-    of each fork (`(pushed, target)` each, target `POP` for "return and read the byte below"):
-    targets and pushes 0-padded, the tokens whose bytes may reach a fork (`_fork_tokens`,
-    padded with `vocab_size`) and the longest of them, in bytes. Empty (`(0, 1)`, `(0, 1, 1)`,
-    `(0,)`, 0) without forks."""
+    """`(fork_next, fork_push, fork_tokens, fork_bytes, fork_reach)` of `PushdownAutomaton`
+    from the ways of each fork (`(pushed, target)` each, target `POP` for "return and read the
+    byte below"): targets and pushes 0-padded, the tokens whose bytes may reach a fork
+    (`_fork_tokens`, padded with `vocab_size`), the longest of them in
+    bytes, and per position the packed bits of the fork tokens that may reach a fork from it
+    (bit `j % 32` of word `j // 32`: `fork_tokens[j]`). Empty (`(0, 1)`, `(0, 1, 1)`, `(0,)`,
+    0, `(positions, 0)`) without forks."""
     ways = max((len(w) for w in fork_ways), default=1)
     width = max((len(p) for w in fork_ways for p, _ in w), default=1)
     fork_next = np.zeros((len(fork_ways), ways), np.int32)
@@ -352,20 +355,33 @@ def _fork_tables(fork_ways: list, nxt, byte_class, position_sites, vocabulary: T
             fork_next[f, k] = target
             fork_push[f, k, : len(pushed)] = pushed
     if not fork_ways:
-        return fork_next, fork_push, np.zeros(0, np.int32), 0
-    tokens = _fork_tokens(nxt, fork_next, byte_class, position_sites, vocabulary)
+        no_reach = np.zeros((nxt.shape[0], 0), np.uint32)
+        return fork_next, fork_push, np.zeros(0, np.int32), 0, no_reach
+    tokens, reach = _fork_tokens(nxt, fork_next, byte_class, position_sites, vocabulary)
     fork_bytes = int(vocabulary.token_length[tokens].max(initial=1))
     padded = np.full(bucket(tokens.size, 8), vocabulary.vocab_size, np.int32)
     padded[: tokens.size] = tokens
-    return fork_next, fork_push, padded, fork_bytes
+    bits = np.zeros((nxt.shape[0], -(-padded.size // 32) * 32), bool)
+    bits[:, : tokens.size] = reach
+    packed = np.packbits(bits, axis=1, bitorder="little").view(np.uint32)
+    return fork_next, fork_push, padded, fork_bytes, np.ascontiguousarray(packed)
+
+
+_REACH_CHUNK = 1024
+"""Positions walked together by `_fork_tokens` for `fork_reach`."""
 
 
 def _fork_tokens(nxt, fork_next, byte_class, position_sites, vocabulary: TokenVocabulary):
-    """The tokens whose bytes may reach a fork from some configuration: a walk of the
-    vocabulary's trie over *sets* of positions, from every position, where a return may go to
-    any return site of the rule (a superset of what a stack holds) and a fork follows all its
-    ways. Every other token reads its bytes in one way from any configuration, so the
-    deterministic tables give its mask exactly."""
+    """`(tokens, reach)`: the tokens whose bytes may reach a fork from some configuration
+    (`Int32[np.ndarray, " tokens"]`, ascending), and per position which of them may reach a
+    fork from it (`Bool[np.ndarray, "positions tokens"]`, position 0 none).
+
+    A walk of the vocabulary's trie over *sets* of positions, from every position at once for
+    `tokens`, then from each position alone over the trie nodes of `tokens` for `reach`; a
+    return may go to any return site of the rule (a superset of what a stack holds) and a fork
+    follows all its ways. Every other token reads its bytes in one way from any configuration,
+    and a token outside `reach[p]` in one way from any configuration at position `p`, so the
+    deterministic tables give its mask there exactly."""
     trie = token_trie(vocabulary)
     nxt_list, class_list = nxt.tolist(), byte_class.tolist()
     fork_list = fork_next.tolist()
@@ -403,23 +419,65 @@ def _fork_tokens(nxt, fork_next, byte_class, position_sites, vocabulary: TokenVo
                             work.append(site)
         return intern(out), hit
 
-    node_set = np.zeros(trie.num_nodes, np.int64)
-    forked = np.zeros(trie.num_nodes, bool)
-    node_set[0] = intern(range(1, nxt.shape[0]))
-    parent = trie_levels(trie)[0].tolist()
-    node_byte = trie.byte.tolist()
-    sets_of, forked_list = node_set.tolist(), forked.tolist()
-    for n in range(1, trie.num_nodes):
-        up = parent[n]
-        key = (sets_of[up], class_list[node_byte[n]])
+    @typing.no_type_check
+    def stepped(key):
         hit = memo.get(key)
         if hit is None:
             hit = memo[key] = step(*key)
+        return hit
+
+    parent, level_ptr, token_node = trie_levels(trie)
+    node_byte = trie.byte.tolist()
+    sets_of = [0] * trie.num_nodes
+    forked_list = [False] * trie.num_nodes
+    sets_of[0] = intern(range(1, nxt.shape[0]))
+    parent_list = parent.tolist()
+    for n in range(1, trie.num_nodes):
+        up = parent_list[n]
+        hit = stepped((sets_of[up], class_list[node_byte[n]]))
         sets_of[n] = hit[0]
         forked_list[n] = forked_list[up] or hit[1]
     forked = np.asarray(forked_list, bool)
-    token_node = trie_levels(trie)[2]
-    return np.sort(trie.token_ids[forked[token_node]]).astype(np.int32)
+    order = np.argsort(trie.token_ids[forked[token_node]], kind="stable")
+    tokens = trie.token_ids[forked[token_node]][order].astype(np.int32)
+    nodes = token_node[forked[token_node]][order]
+
+    # Per position: the same walk from {position} over the nodes of `tokens` and their
+    # ancestors (a fork reached from one position is reached from all of them together, so no
+    # other node matters): a row of origins per node, one depth at a time (nodes are numbered
+    # depth by depth), one step per distinct (set, class) of the depth; origins in chunks of
+    # `_REACH_CHUNK`, so that a depth's rows stay small.
+    needed = np.zeros(trie.num_nodes, bool)
+    frontier = np.unique(nodes)
+    while frontier.size:
+        frontier = frontier[~needed[frontier]]
+        needed[frontier] = True
+        frontier = np.unique(parent[frontier[frontier > 0]])
+    kept = np.flatnonzero(needed)
+    depth_of = np.searchsorted(level_ptr, kept, side="right") - 1
+    levels = [kept[depth_of == d] for d in range(1, int(depth_of.max(initial=0)) + 1)]
+    token_depth = np.searchsorted(level_ptr, nodes, side="right") - 1
+    num_classes = int(byte_class.max()) + 1
+    origins = np.asarray([intern((p,)) for p in range(1, nxt.shape[0])], np.int64)
+    reach = np.zeros((nxt.shape[0], tokens.size), bool)
+    for lo in range(0, origins.size, _REACH_CHUNK):
+        walked = origins[None, lo : lo + _REACH_CHUNK]  # the root's row
+        hits = np.zeros(walked.shape, bool)
+        above = np.zeros(1, np.int64)
+        for depth, level in enumerate(levels, 1):
+            up = np.searchsorted(above, parent[level])
+            keys = walked[up] * num_classes + byte_class[trie.byte[level]][:, None]
+            distinct, inverse = np.unique(keys, return_inverse=True)
+            results = [stepped(divmod(k, num_classes)) for k in distinct.tolist()]
+            inverse = inverse.reshape(keys.shape)
+            walked = np.asarray([r[0] for r in results], np.int64)[inverse]
+            hits = hits[up] | np.asarray([r[1] for r in results], bool)[inverse]
+            above = level
+            here = np.flatnonzero(token_depth == depth)
+            reach[1 + lo : 1 + lo + walked.shape[1], here] = hits[
+                np.searchsorted(level, nodes[here])
+            ].T
+    return tokens, reach
 
 
 _CALLED_RULES: dict = {}

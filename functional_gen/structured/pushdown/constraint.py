@@ -184,20 +184,15 @@ class PushdownConstraint(AbstractLogitsProcessor):
     def _allowed(self, state, context: Context) -> Bool[Array, " vocab"]:
         """The tokens allowed from one configuration (the mask of step 2 and the budget of step
         3), the end-of-generation ids not yet set."""
-        pos, stack, sp = state
+        pos, _, sp = state
         vocab = self.token_length.shape[0]
         room = self.stack_depth - sp
-        top = jnp.where(sp > 0, stack[jnp.maximum(sp - 1, 0)], 0)
-        slot = self.slot_of[self.position_rule[pos], top]
+        slot = self._slot(state)
         words = self.masks[self.mask_row[pos, slot, jnp.minimum(room, self.mask_row.shape[2] - 1)]]
         iota = jnp.arange(vocab)
         allowed = ((words[iota >> 5] >> (iota & 31).astype(jnp.uint32)) & 1).astype(bool)
-        # The budget: a token may leave at most `remaining - 1` tokens to end the text, within
-        # the stack. The bitmask row holds when its costliest token does (its tokens can all be
-        # finished within the stack: their levels say so); otherwise only the exact checks below.
+        allowed = allowed & self._bitmask_fits(state, context)
         budget = self._budget(context)
-        fits = self._stack_need(state) + self.token_cost[pos, slot] <= budget
-        allowed = allowed & fits
 
         def exact(allowed, tokens, num_bytes):
             safe = jnp.minimum(tokens, vocab - 1)
@@ -208,6 +203,21 @@ class PushdownConstraint(AbstractLogitsProcessor):
         allowed = exact(allowed, self.byte_tokens, 1)
         allowed = exact(allowed, self.candidates[pos, slot], self.candidate_bytes)
         return exact(allowed, self._best_tokens(state), self.best_bytes)
+
+    def _slot(self, state) -> Int[Array, ""]:
+        """The slot of one configuration: its position's column for the return position on
+        top of its stack (0: the stack is empty)."""
+        _, stack, sp = state
+        top = jnp.where(sp > 0, stack[jnp.maximum(sp - 1, 0)], 0)
+        return self.slot_of[self.position_rule[state[0]], top]
+
+    def _bitmask_fits(self, state, context: Context) -> Bool[Array, ""]:
+        """Whether one configuration's bitmask row holds within the budget (step 3): a token
+        may leave at most `remaining - 1` tokens to end the text, within the stack, and the
+        row's costliest token does (its tokens can all be finished within the stack: their
+        levels say so); otherwise `_allowed` keeps only its exact checks."""
+        cost = self.token_cost[state[0], self._slot(state)]
+        return self._stack_need(state) + cost <= self._budget(context)
 
     @staticmethod
     def _budget(context: Context) -> Int[Array, ""]:

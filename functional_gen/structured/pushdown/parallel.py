@@ -9,7 +9,11 @@ action `FORK - f` and its ways (`fork_next[f]`, `fork_push[f]`: read the byte wi
 pushes, or return and read it below). Every table walk treats a fork as a rejection, so the
 bitmask rows, candidates and budget distances are those of the deterministic automaton that
 never forks, exact for every token that cannot reach a fork; the tokens that may
-(`fork_tokens`, found by a walk over sets of positions) are checked exactly on the device.
+(`fork_tokens`, found by a walk over sets of positions) are checked exactly on the device, at
+each step only those that may reach a fork from the positions the row is at (`fork_reach`:
+per position, a bitset over `fork_tokens`, from the same walk started at that position alone;
+for llama.cpp's `c.gbnf` on SmolLM2, 3 of 152 positions reach a fork, with 873, 95 and 24 of
+its 968 fork tokens).
 
 **On the device, per row:** `num_stacks` configurations `(position[K], stack[K, depth],
 stack_pointer[K])`, a configuration alive where its position is not 0 (as llama.cpp's sampler
@@ -22,9 +26,15 @@ keeps one stack per way of reading the text so far).
    `need` (the fewest tokens to end, `pushdown.budget`), so the one with the least need is
    kept first;
 2. mask: the union over the alive configurations of the deterministic mask (bitmask row,
-   candidates, best tokens, within the budget), then every fork token set by walking it from
-   all configurations with step 1 (allowed when a configuration after it has `need <= r - 1`),
-   then the end-of-generation ids where some configuration may end.
+   candidates, best tokens, within the budget), then the fork tokens in `fork_reach` of an
+   alive configuration's position (every fork token where the budget cuts a configuration's
+   bitmask row) set by walking them from all configurations with step 1 (allowed when a
+   configuration after it has `need <= r - 1`), `FORK_CHUNK` at a time in a `while_loop`
+   whose trip count is their number, then the end-of-generation ids where some configuration
+   may end. A fork token outside `fork_reach` of every alive position reads in one way from
+   each configuration, so the deterministic mask is its walk's answer: the mask is the one of
+   walking every fork token every step (`every_fork_token=True`, the tests' reference), at
+   the cost of those that matter (none at most positions).
 
 Sound: a token is allowed only when step 1 keeps a configuration after it that can end within
 the budget and the stack (for a token that cannot fork, the configuration it came from gives
@@ -37,11 +47,15 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, Bool, Float, Int
+from jaxtyping import Array, Bool, Float, Int, UInt32
 
 from ...processors.base import Context
 from .automaton import DEAD, DEFAULT_NUM_STACKS, FORK, POP, UNREACHABLE, PushdownAutomaton
 from .constraint import PushdownConstraint
+
+FORK_CHUNK = 32
+"""Fork tokens walked together by `ParallelPushdownConstraint` (one `while_loop` iteration
+per this many of those that may reach a fork from the row's positions)."""
 
 
 class ParallelPushdownConstraint(PushdownConstraint):
@@ -54,22 +68,33 @@ class ParallelPushdownConstraint(PushdownConstraint):
 
     **Arguments:** `automaton`: a `PushdownAutomaton` (with or without forks); `constraint_id`
     as `PushdownConstraint`; `num_stacks`: configurations per row (default
-    `DEFAULT_NUM_STACKS` = 4).
+    `DEFAULT_NUM_STACKS` = 4); `every_fork_token`: walk every fork token over every stack at
+    every step instead of those in `fork_reach` of the row's positions (the same masks, many
+    times slower on `c.gbnf`: the reference of the tests and the benchmark's baseline).
 
-    **Raises:** `ValueError` for `num_stacks` below 1 (and as `PushdownConstraint`).
+    **Raises:** `ValueError` for `num_stacks` below 1 or a non-bool `every_fork_token` (and as
+    `PushdownConstraint`).
     """
 
     fork_next: Int[Array, "forks ways"]
     fork_push: Int[Array, "forks ways pushes"]
     fork_tokens: Int[Array, " fork_tokens"]
+    fork_reach: UInt32[Array, "positions fork_words"]
     fork_bytes: int = eqx.field(static=True)
     num_stacks: int = eqx.field(static=True)
+    every_fork_token: bool = eqx.field(static=True)
 
     def __init__(
-        self, automaton: PushdownAutomaton, constraint_id=0, num_stacks: int = DEFAULT_NUM_STACKS
+        self,
+        automaton: PushdownAutomaton,
+        constraint_id=0,
+        num_stacks: int = DEFAULT_NUM_STACKS,
+        every_fork_token: bool = False,
     ):
         if isinstance(num_stacks, bool) or not isinstance(num_stacks, int) or num_stacks < 1:
             raise ValueError(f"`num_stacks` must be an integer >= 1, got {num_stacks!r}")
+        if not isinstance(every_fork_token, bool):
+            raise ValueError(f"`every_fork_token` must be a bool, got {every_fork_token!r}")
         super().__init__(automaton, constraint_id)
         a = automaton
         ways = max(a.fork_next.shape[1], 1)
@@ -79,8 +104,13 @@ class ParallelPushdownConstraint(PushdownConstraint):
         self.fork_next = fork_next.at[: a.num_forks].set(a.fork_next)
         self.fork_push = fork_push.at[: a.num_forks, :, : a.fork_push.shape[2]].set(a.fork_push)
         self.fork_tokens = jnp.asarray(a.fork_tokens, jnp.int32)
+        words = max(-(-a.fork_tokens.size // 32), 1)
+        reach = np.zeros((a.num_positions, words), np.uint32)
+        reach[: a.fork_reach.shape[0], : a.fork_reach.shape[1]] = a.fork_reach
+        self.fork_reach = jnp.asarray(reach)
         self.fork_bytes = max(int(a.fork_bytes), 1)
         self.num_stacks = num_stacks
+        self.every_fork_token = every_fork_token
 
     def init(self, context: Context):
         """The initial position in the first configuration, the others unused."""
@@ -220,22 +250,59 @@ class ParallelPushdownConstraint(PushdownConstraint):
         alive = state[0] != DEAD
         each = jax.vmap(lambda cfg: self._allowed(cfg, context))(state)
         allowed = jnp.any(each & alive[:, None], axis=0)
-        allowed = allowed.at[self.fork_tokens].set(self._fork_allowed(state, context), mode="drop")
+        if self.every_fork_token:
+            allowed = allowed.at[self.fork_tokens].set(
+                jax.vmap(lambda t: self._fork_allowed(state, t, context, self.fork_bytes))(
+                    self.fork_tokens
+                ),
+                mode="drop",
+            )
+        else:
+            allowed = self._reached_forks_allowed(state, allowed, context)
         can_end = jnp.any(alive & jax.vmap(self._can_end)(state))
         return state, self._apply(allowed, can_end, logits)
 
-    def _fork_allowed(self, state, context: Context) -> Bool[Array, " fork_tokens"]:
-        """Per fork token: whether a configuration after it (`_set_token`) can end within the
-        budget."""
+    def _fork_allowed(self, state, t, context: Context, num_bytes=None) -> Bool[Array, ""]:
+        """Whether a configuration after token `t` (`_set_token`, over `num_bytes` or the
+        token's length) can end within the budget."""
         vocab = self.token_length.shape[0]
-        budget = self._budget(context)
+        after = self._set_token(state, jnp.minimum(t, vocab - 1), num_bytes)
+        need = jax.vmap(self._need)(after)
+        return jnp.any((after[0] != DEAD) & (need <= self._budget(context)))
 
-        def one(t):
-            after = self._set_token(state, jnp.minimum(t, vocab - 1), self.fork_bytes)
-            need = jax.vmap(self._need)(after)
-            return jnp.any((after[0] != DEAD) & (need <= budget))
+    def _reached_forks_allowed(
+        self, state, allowed: Bool[Array, " vocab"], context: Context
+    ) -> Bool[Array, " vocab"]:
+        """`allowed` (the union of the configurations' deterministic masks) with the fork
+        tokens that may reach a fork from an alive configuration's position (`fork_reach`)
+        set by walking them from every configuration (`_fork_allowed`), `FORK_CHUNK` at a time
+        in a `while_loop` whose trip count is their number: a row at positions that reach no
+        fork walks none. Where the budget cuts an alive configuration's bitmask row, every fork
+        token is walked (the deterministic mask then holds only its exact checks). Every other
+        fork token reads its bytes in one way from each configuration, so the deterministic
+        mask is already its walk's answer: the result equals walking every fork token
+        (`every_fork_token=True`)."""
+        num = self.fork_tokens.shape[0]
+        alive = state[0] != DEAD
+        iota = jnp.arange(num)
+        words = self.fork_reach[state[0]][:, iota >> 5]  # [num_stacks, fork_tokens]
+        bits = ((words >> (iota & 31).astype(jnp.uint32)) & 1).astype(bool)
+        reached = jnp.any(bits & alive[:, None], 0)
+        cut = jnp.any(alive & ~jax.vmap(lambda c: self._bitmask_fits(c, context))(state))
+        check = (reached | cut) & (self.fork_tokens < self.token_length.shape[0])
+        chunk = min(FORK_CHUNK, num)
+        width = -(-num // chunk) * chunk
+        order = jnp.nonzero(check, size=width, fill_value=num)[0]
+        tokens = jnp.append(self.fork_tokens, self.token_length.shape[0])[order]
+        count = jnp.sum(check)
 
-        return jax.vmap(one)(self.fork_tokens)
+        def body(s):
+            i, allowed = s
+            some = jax.lax.dynamic_slice(tokens, (i * chunk,), (chunk,))
+            ok = jax.vmap(lambda t: self._fork_allowed(state, t, context))(some)
+            return i + 1, allowed.at[some].set(ok, mode="drop")
+
+        return jax.lax.while_loop(lambda s: s[0] * chunk < count, body, (0, allowed))[1]
 
 
 def state_configurations(state) -> list[tuple[int, list[int]]]:
