@@ -127,6 +127,10 @@ class SequenceState:
       Not saved: the tokenizer, the settings of the last call (processors, sampler, EOS ids, stop
       strings) and the states of its processors and stop-string matchers, which only mean
       something with those processor objects (see `save`).
+    - cache dtype: the cache keeps the dtype it was made in (`kv_cache_dtype`: float32, or
+      bfloat16, the default on a GPU), saved and loaded too; a continuation runs in it, and
+      asking for another (`kv_cache_dtype=` of the call) raises `ValueError` unless the state is
+      converted first with `state.with_kv_cache_dtype(dtype)`.
     - read: `state.texts()` / `list(state)` (full text per row), `state.token_ids`,
       `state.lengths`, `state.weights`, `len(state)`.
 
