@@ -360,13 +360,13 @@ class DecoderForCausalLM(AbstractCausalLM):
     - `model`: the `DecoderModel`.
     - `lm_head`: the output `Linear`, or `None` when `config.tie_word_embeddings` (the output head
       is then `model.embed_tokens.weight`).
-    - `generation_config`: the checkpoint's default generation settings (a
-      `transformers.GenerationConfig`, static), or `None`; `functional_gen.generate` uses them
-      when it is given no processors or sampler.
     - `kv_cache_dtype`: the dtype of the key/value buffers `init_cache` makes, by name
       (`"float32"` or `"bfloat16"`, static): by default bfloat16 when `jax.default_backend()` is
       a GPU, else float32; change it with `with_kv_cache_dtype`. Not part of
       `config_fingerprint`.
+    - `generation_config`: the checkpoint's default generation settings (a
+      `transformers.GenerationConfig`, static), or `None`; `functional_gen.generate` uses them
+      when it is given no processors or sampler.
     """
 
     config: DecoderConfig = eqx.field(static=True)
