@@ -197,8 +197,9 @@ def load_checkpoint(path: str | os.PathLike, *, dtype=jnp.float32, quantization:
 
     - `path`: directory with `config.json`, `*.safetensors` (or a sharded index) and tokenizer
       files (`tokenizer.json` or `tokenizer.model` + `tokenizer_config.json`).
-    - `dtype`: dtype of the matrices (`jnp.float32` or `jnp.bfloat16`); activations, the
-      `KVCache` and logits are float32.
+    - `dtype`: dtype of the matrices (`jnp.float32` or `jnp.bfloat16`); activations and logits
+      are float32, the `KVCache` the model's `kv_cache_dtype` (`"auto"`: bfloat16 on a GPU,
+      else float32; `load_model(..., kv_cache_dtype=...)` chooses it).
     - `quantization`: `None` or `"int8"` (int8 matrices with a scale per block of 32 inputs, quantized one
       memory-mapped tensor at a time).
 

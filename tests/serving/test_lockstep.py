@@ -89,6 +89,25 @@ def test_interleaved_slots_cross_the_ring_and_compact(tiny_gemma):
         np.testing.assert_allclose(logprobs, want_lps, atol=1e-5)
 
 
+def test_a_bfloat16_cache_serves_what_generate_gives_with_one(tiny_gemma):
+    """`Engine(..., kv_cache_dtype="bfloat16")`: the slots' cache is bfloat16 and each request's
+    tokens and logprobs are those of `fg.generate` alone with the same cache dtype (the rings
+    crossed: 40 new tokens past an 8-token window)."""
+    model, tokenizer = tiny_gemma
+    engine = fg.serving.Engine(
+        model, tokenizer, max_slots=2, max_len=64, kv_cache_dtype="bfloat16", decode_widths=()
+    )
+    assert engine.model.kv_cache_dtype == "bfloat16" and model.kv_cache_dtype == "float32"
+    state = engine.init_decode_state()
+    assert {x.dtype.name for x in state.generation.cache.k} == {"bfloat16"}
+    schedule = [(0, 0, engine.request(prompt(6, 3), 40)), (1, 1, engine.request(prompt(9, 4), 40))]
+    half = model.with_kv_cache_dtype("bfloat16")
+    for (_, _, request), (tokens, logprobs) in zip(schedule, serve(engine, schedule)):
+        want, want_lps = alone(half, tokenizer, list(request.token_ids), request.max_new_tokens)
+        assert tokens == want
+        np.testing.assert_allclose(logprobs, want_lps, atol=1e-5)
+
+
 def test_compaction_shortens_attention(tiny_gemma):
     """With a 1,024-slot cache (attention reads 256, 512 or 1,024 slots), a long request that
     ends while a later one runs leaves hundreds of dead leading slots: `generate` compacts them
