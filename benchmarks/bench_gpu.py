@@ -353,18 +353,13 @@ class Transformers:
         self.torch, self.model, self.device, self.static = torch, model, device, static
         self.kwargs = {}
         if static:
-            from transformers import GenerationConfig
+            self.kwargs = dict(cache_implementation="static")
+        if static and compile_everywhere:  # transformers' own criterion: not on a CPU
             from transformers.generation.configuration_utils import CompileConfig
 
             compile_config = CompileConfig()
-            if compile_everywhere:
-                compile_config._compile_all_devices = True
-            self.kwargs = dict(
-                cache_implementation="static",
-                generation_config=GenerationConfig(
-                    **{**model.generation_config.to_dict(), "compile_config": compile_config}
-                ),
-            )
+            compile_config._compile_all_devices = True
+            self.kwargs["compile_config"] = compile_config
         params = list(model.parameters())
         self.weight_bytes = sum(p.numel() * p.element_size() for p in params)
         self.attention = getattr(model.config, "_attn_implementation", "?")
@@ -432,9 +427,22 @@ def prefill_time(system, ids, repeats) -> dict:
 # ---------------------------------------------------------------- smoke section (issue item 7)
 
 
-def smoke_checks(model, tokenizer) -> dict:
-    """One short run of each capability on `model`; name -> "ok ..." or "failed: ...". Never
-    raises."""
+SMOKE_CHECKS = (
+    "processors",
+    "regex",
+    "json_schema",
+    "beam_search",
+    "cfg",
+    "sequence_state",
+    "speculative_prompt_lookup",
+    "serving_engine",
+    "sharding_1_device_mesh",
+)
+
+
+def smoke_checks(model, tokenizer, names=SMOKE_CHECKS) -> dict:
+    """One short run of each capability in `names` (`SMOKE_CHECKS`) on `model`; name -> "ok
+    ..." or "failed: ...". Never raises."""
     import jsonschema
 
     key = jax.random.key(0)
@@ -576,7 +584,8 @@ def smoke_checks(model, tokenizer) -> dict:
         sharding_1_device_mesh=sharding,
     )
     results = {}
-    for name, check in checks.items():
+    for name in names:
+        check = checks[name]
         t = time.perf_counter()
         try:
             results[name] = check()
@@ -626,7 +635,7 @@ def profile_breakdown(path: Path, steps: int) -> dict:
         else:
             hi = max(hi, b)
     union += hi - lo
-    span = intervals[-1][1] - intervals[0][0]
+    span = max(b for _, b in intervals) - intervals[0][0]
     per = lambda ns: round(ns / 1e6 / steps, 4)  # noqa: E731
     return {
         "planes": [p.name for p in planes],
@@ -683,6 +692,9 @@ def main(argv=None) -> int:
         "--hf-compile", choices=["auto", "on", "off"], default="auto", help="auto: on a GPU only"
     )
     parser.add_argument("--no-smoke", action="store_true")
+    parser.add_argument(
+        "--smoke", nargs="+", default=list(SMOKE_CHECKS), choices=SMOKE_CHECKS, help="which checks"
+    )
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--out", type=Path, default=Path("bench_gpu_out"))
     parser.add_argument(
@@ -857,7 +869,7 @@ def main(argv=None) -> int:
             make_checkpoint(smoke_shape, folder, tokenizer_dir, args.tiny, device, layers=2)
             s = Ours(folder, plan, dtype="bfloat16")
             results["smoke"] = {"shape": f"{smoke_shape}, 2 layers"} | smoke_checks(
-                s.model, s.tokenizer
+                s.model, s.tokenizer, args.smoke
             )
             bad = [k for k, v in results["smoke"].items() if v.startswith("failed")]
             return f"{len(results['smoke']) - 1 - len(bad)} ok, failed: {bad}"

@@ -103,9 +103,10 @@ for batch, length in ((1, 1024), (8, 1024), (64, 1024), (64, 8192)):
 # overridable with `model.with_plan(plan)`. Here both plans trace one decode step (one token,
 # a cache of 256 slots) into a jaxpr, JAX's program before compilation, and we count what is
 # in it: the products (`dot_general`, each at least one kernel launch on a GPU), the
-# conditionals (`cond`, which is also what `lax.switch` becomes) and the loops. A loop or a
-# conditional nested in a `scan` counts once per iteration; of a conditional's branches we count
-# the largest.
+# conditionals (`cond`, which is also what `lax.switch` becomes), the cache writes and the
+# fusion barriers. Anything nested in a `scan` counts once per iteration; of a conditional's
+# branches we count the largest. (The `while` loop of `generate` sits around the step: one per
+# call, not per step.)
 
 
 # %%
@@ -147,7 +148,7 @@ counts = {name: decode_step_counts(plan) for name, plan in plans.items()}
 rows = [
     ("products (dot_general)", "dot_general"),
     ("conditionals (cond / switch)", "cond"),
-    ("loops (while)", "while"),
+    ("cache writes (dynamic_update_slice)", "dynamic_update_slice"),
     ("fusion barriers (optimization_barrier)", "optimization_barrier"),
 ]
 print(f"one decode step of {config.num_hidden_layers} layers     CPU plan   GPU plan")
