@@ -95,7 +95,11 @@ def run_chat(args: argparse.Namespace) -> int:
 def _load(args: argparse.Namespace):
     """The model, tokenizer and `stream` keyword arguments of a chat."""
     model, tokenizer = load_model(
-        args.model, dtype=args.dtype, quantization=args.quantization, progress=progress.notice
+        args.model,
+        dtype=args.dtype,
+        kv_cache_dtype=args.kv_cache_dtype,
+        quantization=args.quantization,
+        progress=progress.notice,
     )
     if getattr(tokenizer, "chat_template", None) is None:
         raise ValueError("this model's tokenizer has no chat template; use generate")

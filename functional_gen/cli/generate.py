@@ -54,7 +54,11 @@ def run_generate(args: argparse.Namespace) -> int:
 def _load_and_generate(args: argparse.Namespace, prompts: list[str]) -> int:
     start = time.perf_counter()
     model, tokenizer = load_model(
-        args.model, dtype=args.dtype, quantization=args.quantization, progress=progress.notice
+        args.model,
+        dtype=args.dtype,
+        kv_cache_dtype=args.kv_cache_dtype,
+        quantization=args.quantization,
+        progress=progress.notice,
     )
     loaded = time.perf_counter()
     call = generate_call_arguments(args, model, tokenizer)

@@ -246,6 +246,13 @@ def model_options() -> argparse.ArgumentParser:
         "auto: the checkpoint's own, bfloat16 only for a bfloat16 checkpoint or BF16 GGUF)",
     )
     group.add_argument(
+        "--kv-cache-dtype",
+        choices=("auto", "float32", "bfloat16"),
+        default="auto",
+        help="dtype of the KV cache's keys and values (default: auto, bfloat16 on a GPU and "
+        "float32 elsewhere; bfloat16 halves the cache's memory)",
+    )
+    group.add_argument(
         "--quantization",
         choices=("int8",),
         default=None,

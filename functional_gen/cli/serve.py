@@ -38,7 +38,11 @@ def run_serve(args: argparse.Namespace) -> int:
     progress.set_quiet(args.quiet)
     enable_compilation_cache()
     model, tokenizer = load_model(
-        args.model, dtype=args.dtype, quantization=args.quantization, progress=progress.notice
+        args.model,
+        dtype=args.dtype,
+        kv_cache_dtype=args.kv_cache_dtype,
+        quantization=args.quantization,
+        progress=progress.notice,
     )
     engine = Engine(
         model,

@@ -101,6 +101,15 @@ class GenerationOptions:
     **Config:** `generation_config`: a `transformers.GenerationConfig`, a dict, or a path to a
     `generation_config.json`, used instead of the checkpoint's own.
 
+    **Cache:** `kv_cache_dtype`: the dtype of every `KVCache` the call makes (the prompt's, a
+    classifier-free guidance branch's, a draft model's): `"float32"`, `"bfloat16"`, a jnp dtype,
+    or `"auto"` (bfloat16 when `jax.default_backend()` is a GPU, float32 elsewhere); `None`
+    (default): the model's own (`model.kv_cache_dtype`, set by `load_model`), or, continuing a
+    `SequenceState` that holds a cache, that cache's dtype. A continuation that asks for another
+    dtype than its state's cache has is refused (`ValueError`; convert the state first with
+    `SequenceState.with_kv_cache_dtype`). An unsupported value raises `ValueError` before
+    anything compiles.
+
     Values are checked where the call resolves them (`resolve_settings`), before compiling.
     Source: transformers' `GenerationConfig` (the names and the precedence of `generate`'s
     keyword arguments over it).
@@ -135,6 +144,7 @@ class GenerationOptions:
     generation_config: Any = None
     speculative: Any = None
     assistant_model: Any = None
+    kv_cache_dtype: Any = None
 
     def __post_init__(self):
         # sequences become tuples, so that options compare and hash by value

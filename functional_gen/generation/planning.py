@@ -21,6 +21,7 @@ import numpy as np
 from jaxtyping import Array, Bool, Int, Key, PRNGKeyArray
 
 from ..models.base import AbstractCausalLM
+from ..models.kv_cache import resolve_kv_cache_dtype
 from ..processors.classifier_free_guidance import ClassifierFreeGuidance
 from ..sharding import mesh_of, place_rows, replicate, to_host
 from ..tokenization import encode_prompt, is_chat, normalize_prompts
@@ -294,6 +295,9 @@ def plan_call(
     if isinstance(model, AbstractCausalLM):  # (else resolve_settings names the wrong model)
         check_token_id_option("eos_token_id", options.eos_token_id, model.vocab_size)
         check_token_id_option("pad_token_id", options.pad_token_id, model.vocab_size)
+        model = in_cache_dtype(model, options.kv_cache_dtype, prompts)
+    else:
+        resolve_kv_cache_dtype(options.kv_cache_dtype)
     rows = prompts.batch_size if isinstance(prompts, SequenceState) else None
     model, first = _guidance(model, tokenizer, options, rows or len(normalize_prompts(prompts)))
     batched_guidance = options.guidance_scale is not None and options.cfg == "batched"
@@ -324,6 +328,34 @@ def plan_call(
     )
     prepared = _on_mesh(prepare(state, settings, key, bucket=bucket), model)
     return model, settings, prepared
+
+
+def in_cache_dtype(model: AbstractCausalLM, requested: Any, prompts: Any) -> AbstractCausalLM:
+    """The model of a call whose option `kv_cache_dtype` is `requested`: every cache the call
+    makes (prefill, guidance, drafts) comes from it.
+
+    `None` keeps the model's own dtype, except for a continued `SequenceState` that holds a
+    cache: its dtype then (the continuation computes what an uninterrupted run would). A
+    requested dtype other than such a cache's is refused rather than converted silently (a
+    float32 cache rounded to bfloat16 changes every later token); `state.with_kv_cache_dtype`
+    converts explicitly.
+
+    **Raises:** `ValueError` for an unsupported `requested` value, a requested dtype other than
+    the continued cache's, or a model that cannot make caches of it (see
+    `AbstractCausalLM.with_kv_cache_dtype`).
+    """
+    cache = prompts.arrays.cache if isinstance(prompts, SequenceState) else None
+    held = None if cache is None else cache.k[0].dtype.name if cache.k else None
+    if requested is None:
+        return model if held is None else model.with_kv_cache_dtype(held)
+    name = resolve_kv_cache_dtype(requested)
+    if held is not None and name != held:
+        raise ValueError(
+            f"kv_cache_dtype={requested!r} asks for a {name} cache, but the SequenceState "
+            f"continued holds a {held} one; leave kv_cache_dtype unset to continue in {held}, "
+            f"or convert the state first: state.with_kv_cache_dtype({name!r})"
+        )
+    return model.with_kv_cache_dtype(name)
 
 
 def _on_mesh(prepared: Prepared, model) -> Prepared:

@@ -30,7 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, Int, Key, PRNGKeyArray, PyTree
 
-from ..models.kv_cache import KVCache
+from ..models.kv_cache import KVCache, resolve_kv_cache_dtype
 from ..processors.base import split_rows
 from ..sharding import to_host
 from ..tokenization import decode, is_chat, tokenizer_fingerprint
@@ -357,6 +357,30 @@ class SequenceState:
         keys = jax.vmap(lambda k, j: jnp.where(j > 0, _fold(k, j), k))(out.arrays.key, copy)
         return out._replace(eqx.tree_at(lambda a: a.key, out.arrays, keys))
 
+    def with_kv_cache_dtype(self, dtype: Any) -> "SequenceState":
+        """The same state with its cache's keys and values converted to `dtype` (`"float32"`,
+        `"bfloat16"`, a jnp dtype, or `"auto"`: bfloat16 on a GPU, float32 elsewhere), so that
+        a continuation may run in that dtype (`fg.generate` refuses to continue a cache of one
+        dtype in another without this explicit step). float32 -> bfloat16 rounds every key and
+        value (the continuation then differs from an uninterrupted float32 run); bfloat16 ->
+        float32 is exact. Nothing else changes (processor states, e.g. classifier-free
+        guidance's own cache, keep theirs).
+
+        **Returns:** `self` when there is no cache or it already has `dtype`.
+
+        **Raises:** `ValueError` for an unsupported `dtype`.
+        """
+        name = resolve_kv_cache_dtype(dtype)
+        cache = self.arrays.cache
+        if cache is None or not cache.k or cache.k[0].dtype.name == name:
+            return self
+        cache = dataclasses.replace(
+            cache,
+            k=tuple(x.astype(name) for x in cache.k),
+            v=tuple(x.astype(name) for x in cache.v),
+        )
+        return self._replace(eqx.tree_at(lambda a: a.cache, self.arrays, cache))
+
     def crop(self, n: int) -> "SequenceState":
         """Keep the first `n` tokens of every row (rows already shorter are unchanged); the
         cache forgets the rest, so a continuation regenerates from there (the last kept token is
@@ -556,7 +580,9 @@ class SequenceState:
         """Write the state to a safetensors file: the tokens, logprobs, lengths, next-token
         logits, per-row keys and key steps, the KV cache (as float32), and a JSON header (format
         name and version, the model and tokenizer fingerprints, the key implementation, the
-        cache's layers and dtype).
+        cache's layers and dtype). `load` gives the cache its recorded dtype back (a bfloat16
+        cache round-trips exactly through float32), and a continuation of the loaded state
+        runs in that dtype (see `GenerationOptions.kv_cache_dtype`).
 
         The write is atomic and durable: the bytes go to a temporary file beside `path`
         (`.{name}.{pid}.{random}.fg-partial`), which is `fsync`ed, renamed over `path`

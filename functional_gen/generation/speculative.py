@@ -556,7 +556,20 @@ def speculative_search(
             )
         proposer.draft_of(model)  # refuses a model without `first_layers`
     _check_ring_reserve(proposer, model)
-    return Speculative(proposer, sampler)
+    return Speculative(_draft_in_cache_dtype(proposer, model), sampler)
+
+
+def _draft_in_cache_dtype(proposer: AbstractProposer, model: AbstractCausalLM):
+    """A `DraftModel` whose draft makes its caches in the target's `kv_cache_dtype` (every
+    cache of a call has one dtype); a draft that cannot choose (no `kv_cache_dtype` field)
+    keeps its own. `EarlyExit`'s draft is the target's first layers: its dtype already."""
+    if not isinstance(proposer, DraftModel):
+        return proposer
+    try:
+        draft = proposer.draft.with_kv_cache_dtype(model.kv_cache_dtype)
+    except ValueError:  # a draft without a `kv_cache_dtype` field
+        return proposer
+    return eqx.tree_at(lambda p: p.draft, proposer, draft)
 
 
 def _check_ring_reserve(proposer: AbstractProposer, model: AbstractCausalLM) -> None:

@@ -7,6 +7,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 
+from ..models.kv_cache import resolve_kv_cache_dtype
 from ..models.quantization import check_quantization
 from ..sharding import check_mesh, check_rules, shard
 from .checkpoint import checkpoint_dtype, load_tokenizer
@@ -33,6 +34,7 @@ def load_model(
     path: str | os.PathLike | None = None,
     *,
     dtype=jnp.float32,
+    kv_cache_dtype="auto",
     quantization: str | None = None,
     progress: Callable[[str], None] | None = None,
     mesh=None,
@@ -50,8 +52,13 @@ def load_model(
       checkpoint; see `functional_gen.loading.default_model`).
     - `dtype`: how the weight matrices are stored: `"float32"` (default), `"bfloat16"`, or
       `"auto"`, the checkpoint's own (bfloat16 when `config.json` declares it or every GGUF
-      matrix is BF16, else float32); `jnp.float32`/`jnp.bfloat16` are accepted too. Activations,
-      the `KVCache` and the logits are float32 whatever the weights.
+      matrix is BF16, else float32); `jnp.float32`/`jnp.bfloat16` are accepted too. Activations
+      and the logits are float32 whatever the weights.
+    - `kv_cache_dtype`: the dtype of the `KVCache`'s keys and values (the model's
+      `kv_cache_dtype`): `"float32"`, `"bfloat16"` (half the cache's bytes; keys and values are
+      rounded when written), a jnp dtype, or `"auto"` (default): bfloat16 when
+      `jax.default_backend()` is a GPU, float32 elsewhere (a CPU's bfloat16 products are slower
+      than float32 ones). A call can override it (`GenerationOptions.kv_cache_dtype`).
     - `quantization`: `None`, or `"int8"`: weight-only int8 with a float32 scale per block of 32
       inputs (see `functional_gen.models.quantization`); `dtype` is then unused. A GGUF file's
       quantized blocks (Q8_0, Q4_0, Q4_1, Q5_0, Q4_K, Q5_K, Q6_K, ...) are requantized to int8
@@ -67,9 +74,16 @@ def load_model(
 
     **Raises:** `FileNotFoundError` for a missing path, missing files, or a named model's
     package not being installed (the message names the `pip install ...` command); `functional_gen.models.UnsupportedConfigError` for an unknown
-    architecture or an unsupported config value; `ValueError` for an unsupported `dtype` or
-    `quantization`, before anything is read.
+    architecture or an unsupported config value; `ValueError` for an unsupported `dtype`,
+    `kv_cache_dtype` or `quantization`, before anything is read.
     """
+    kv_cache_dtype = resolve_kv_cache_dtype(kv_cache_dtype)
+    model, tokenizer = _load(path, dtype, quantization, progress, mesh, rules)
+    return model.with_kv_cache_dtype(kv_cache_dtype), tokenizer
+
+
+def _load(path, dtype, quantization, progress, mesh, rules):
+    """`load_model` without the cache dtype (the model's is the default backend's)."""
     check_quantization(quantization)
     if not (isinstance(dtype, str) and dtype == "auto"):
         dtype = _resolve_dtype(dtype)
@@ -77,9 +91,7 @@ def load_model(
         check_mesh(mesh)
         check_rules(rules)
         with jax.default_device(jax.local_devices(backend="cpu")[0]):
-            model, tokenizer = load_model(
-                path, dtype=dtype, quantization=quantization, progress=progress
-            )
+            model, tokenizer = _load(path, dtype, quantization, progress, None, None)
         return shard(model, mesh, rules), tokenizer
     if is_named_model(path) and not Path(path).exists():
         if path.lower() == DEFAULT_NAMED_MODEL:

@@ -8,6 +8,8 @@ declares, subclasses implement, and nothing overrides a concrete method.
 """
 
 import abc
+import copy
+import dataclasses
 import hashlib
 from typing import Any
 
@@ -15,7 +17,7 @@ import equinox as eqx
 import jax
 from jaxtyping import Array, Float, Int
 
-from .kv_cache import KVCache
+from .kv_cache import KVCache, resolve_kv_cache_dtype
 
 
 class AbstractCausalLM(eqx.Module):
@@ -38,8 +40,10 @@ class AbstractCausalLM(eqx.Module):
     ends a row), `pad_token_id` (`int | None`), `max_position_embeddings`, `generation_config`
     (a `transformers.GenerationConfig` or `None`), and `config_fingerprint` (a string that
     changes when anything that shapes the cache or the logits changes; a `SequenceState` made
-    by one model refuses to continue with another); `num_layers` is concrete (the layers of the
-    cache `init_cache` makes).
+    by one model refuses to continue with another); `num_layers` and `kv_cache_dtype` are
+    concrete (the layers and the key/value dtype of the cache `init_cache` makes), and so is
+    `with_kv_cache_dtype` (a model that stores its choice in a static `kv_cache_dtype` field,
+    as `DecoderForCausalLM` does, can change it).
     """
 
     generation_config: eqx.AbstractVar[Any]
@@ -103,6 +107,40 @@ class AbstractCausalLM(eqx.Module):
         """Decoder layers: the per-layer buffers of the model's `KVCache` (read from the shapes
         of `init_cache`, nothing allocated), e.g. to check an `EarlyExit` draft against it."""
         return len(jax.eval_shape(lambda: self.init_cache(1, 1)).k)
+
+    @property
+    def kv_cache_dtype(self) -> str:
+        """The dtype of the key/value buffers of `init_cache`'s caches, by name (`"float32"` or
+        `"bfloat16"`; read from the shapes, nothing allocated). `DecoderForCausalLM` stores it
+        in a static field of the same name."""
+        k = jax.eval_shape(lambda: self.init_cache(1, 1)).k
+        return k[0].dtype.name if k else "float32"
+
+    def with_kv_cache_dtype(self, dtype) -> "AbstractCausalLM":
+        """This model making its caches with `dtype` (`"float32"`, `"bfloat16"`, a jnp dtype, or
+        `"auto"`: bfloat16 on a GPU, float32 elsewhere; see
+        `functional_gen.models.kv_cache.resolve_kv_cache_dtype`). Weights are shared, not
+        copied; `config_fingerprint` is unchanged (the cache dtype is a choice of precision,
+        not of the model). Keys and values are rounded to `dtype` when written; attention reads
+        them as they are stored.
+
+        **Returns:** `self` when it already makes caches of `dtype`, else a copy whose static
+        `kv_cache_dtype` field is `dtype` (a new compile of every program that uses it).
+
+        **Raises:** `ValueError` for an unsupported `dtype`, or for a model without a
+        `kv_cache_dtype` field asked for another dtype than its caches have.
+        """
+        name = resolve_kv_cache_dtype(dtype)
+        if name == self.kv_cache_dtype:
+            return self
+        if "kv_cache_dtype" not in {f.name for f in dataclasses.fields(self)}:
+            raise ValueError(
+                f"{type(self).__name__} makes {self.kv_cache_dtype} caches and has no "
+                f"`kv_cache_dtype` field to make {name} ones"
+            )
+        model = copy.copy(self)
+        object.__setattr__(model, "kv_cache_dtype", name)  # a static field: not for tree_at
+        return model
 
 
 def fingerprint(*parts: Any) -> str:

@@ -51,7 +51,7 @@ from .base import AbstractCausalLM, fingerprint
 from .config import DecoderConfig
 from .execution_plan import CPU_PLAN, ExecutionPlan
 from .families import hf_weights, split_projections
-from .kv_cache import KVCache
+from .kv_cache import KVCache, resolve_kv_cache_dtype
 from .norms import RMSNorm as RMSNorm
 from .quantization import Embedding, Linear
 
@@ -375,10 +375,15 @@ class DecoderForCausalLM(AbstractCausalLM):
     - `plan`: the `ExecutionPlan` (static) the program is traced with:
       `ExecutionPlan.for_backend()` (the default backend's) unless given; change it with
       `with_plan`. Not part of `config_fingerprint`.
+    - `kv_cache_dtype`: the dtype of the key/value buffers `init_cache` makes, by name
+      (`"float32"` or `"bfloat16"`, static): by default bfloat16 when `jax.default_backend()` is
+      a GPU, else float32; change it with `with_kv_cache_dtype`. Not part of
+      `config_fingerprint`.
     """
 
     config: DecoderConfig = eqx.field(static=True)
     model: DecoderModel
+    kv_cache_dtype: str = eqx.field(static=True, default="float32")
     lm_head: Linear | None
     generation_config: Any = eqx.field(static=True)
     plan: ExecutionPlan = eqx.field(static=True)
@@ -389,6 +394,7 @@ class DecoderForCausalLM(AbstractCausalLM):
         *,
         key: PRNGKeyArray,
         dtype=jnp.float32,
+        kv_cache_dtype="auto",
         std: float = 0.02,
         generation_config=None,
         quantization: str | None = None,
@@ -397,7 +403,9 @@ class DecoderForCausalLM(AbstractCausalLM):
         """Random weights: normal with standard deviation `std`, norm weights 1, biases normal.
 
         **Arguments:** `config`; `key` (keyword-only PRNG key); `dtype` of the matrices
-        (`jnp.float32` or `jnp.bfloat16`; norms and biases stay float32); `std`;
+        (`jnp.float32` or `jnp.bfloat16`; norms and biases stay float32); `kv_cache_dtype`
+        (`"float32"`, `"bfloat16"`, a jnp dtype, or `"auto"`: bfloat16 on a GPU, float32
+        elsewhere; an unsupported one raises `ValueError`); `std`;
         `generation_config` (a `transformers.GenerationConfig` or `None`); `quantization`:
         `None` or `"int8"` (every matrix, embedding included, quantized per output channel with
         `quantization.quantize_int8`; `dtype` is then unused); `plan`: the `ExecutionPlan`,
@@ -490,6 +498,7 @@ class DecoderForCausalLM(AbstractCausalLM):
         )
         self.lm_head = None if c.tie_word_embeddings else linear(c.vocab_size, c.hidden_size, False)
         self.generation_config = generation_config
+        self.kv_cache_dtype = resolve_kv_cache_dtype(kv_cache_dtype)
 
     def with_plan(self, plan: ExecutionPlan) -> "DecoderForCausalLM":
         """This model traced under another `ExecutionPlan` (e.g. the GPU plan's program on a
@@ -504,8 +513,8 @@ class DecoderForCausalLM(AbstractCausalLM):
 
     @property
     def dtype(self):
-        """The dtype of the activations, the `KVCache` and the logits: always float32 (the
-        weights may be stored as bfloat16 or int8, see `weight_format`)."""
+        """The dtype of the activations and the logits: always float32 (the weights may be
+        stored as bfloat16 or int8, see `weight_format`; the `KVCache` as `kv_cache_dtype`)."""
         return jnp.float32
 
     @property
@@ -517,8 +526,8 @@ class DecoderForCausalLM(AbstractCausalLM):
     def init_cache(self, batch_size: int, max_len: int) -> KVCache:
         """An empty `KVCache` for this model: `batch_size` rows of `max_len` slots, the
         sliding-window layers in rings of at most `sliding_window + RING_RESERVE` slots (see
-        `KVCache.init`)."""
-        return KVCache.init(self.config, batch_size, max_len, self.dtype)
+        `KVCache.init`), keys and values in `kv_cache_dtype`."""
+        return KVCache.init(self.config, batch_size, max_len, jnp.dtype(self.kv_cache_dtype))
 
     @property
     def vocab_size(self) -> int:

@@ -17,6 +17,12 @@ by RoPE position, per row: the token at position `p` goes to ring slot `p % ring
 do not take part in the lockstep slot layout of the other layers (dead slots left by speculative
 decoding cost them nothing). Gemma 3 (5 local layers of window 512 per global one) at 8,192 slots
 keeps 22% of the keys and values a cache of full layers would (`ring_length` 544).
+
+Dtype. The key/value buffers are float32 or bfloat16 (`KV_CACHE_DTYPES`), whatever the weights
+and activations: a model chooses it (`kv_cache_dtype`, `resolve_kv_cache_dtype`), by default
+bfloat16 on a GPU (half the bytes a decode step reads per cached token, and the operand type of
+the tensor cores) and float32 elsewhere (XLA's CPU bfloat16 products are 10-20x slower than
+float32 ones, research/environment.md §6). Keys and values are rounded to it when written.
 """
 
 import dataclasses
@@ -24,6 +30,7 @@ import dataclasses
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jaxtyping import Array, Bool, Float, Int
 
 from .config import LlamaConfig
@@ -36,6 +43,41 @@ back (speculative verification writes `num_tokens + 1` tokens and keeps some,
 of every later query, so a rejected write never costs a key still needed. 32 covers speculative
 steps of up to 32 proposed tokens (`PromptLookup` proposes 10 by default, `DraftModel` 4); more
 are not checked and would lose keys of the window."""
+
+KV_CACHE_DTYPES = ("float32", "bfloat16")
+"""The dtypes a `KVCache`'s key/value buffers may have (by name)."""
+
+
+def default_kv_cache_dtype() -> str:
+    """The cache dtype of `"auto"`: `"bfloat16"` when `jax.default_backend()` is a GPU (`"gpu"`,
+    `"cuda"`, `"rocm"`), else `"float32"`."""
+    return "bfloat16" if jax.default_backend() in ("gpu", "cuda", "rocm") else "float32"
+
+
+def resolve_kv_cache_dtype(value, name: str = "kv_cache_dtype") -> str:
+    """The name (`"float32"` or `"bfloat16"`) of a requested key/value cache dtype.
+
+    **Arguments:** `value`: `"float32"`, `"bfloat16"`, a dtype (`jnp.bfloat16`,
+    `np.dtype("float32")`), or `"auto"` / `None` for `default_kv_cache_dtype()`; `name`: the
+    argument's name in the error.
+
+    **Raises:** `ValueError` naming `value` for anything else (another dtype, e.g. float16 or
+    int8, or a value that is no dtype).
+    """
+    if value is None or (isinstance(value, str) and value == "auto"):
+        return default_kv_cache_dtype()
+    dtype = None
+    if not isinstance(value, (bool, int, float, complex, np.number)):  # numbers are no dtypes
+        try:
+            dtype = jnp.dtype(value).name
+        except (TypeError, ValueError):
+            dtype = None
+    if dtype not in KV_CACHE_DTYPES:
+        raise ValueError(
+            f"`{name}` must be one of {KV_CACHE_DTYPES + ('auto',)} (or the jnp dtype), got "
+            f"{value!r}"
+        )
+    return dtype
 
 
 class KVCache(eqx.Module):
@@ -91,7 +133,8 @@ class KVCache(eqx.Module):
           per-layer `sliding_window`).
         - `batch_size`: rows.
         - `max_len`: slots per row: the longest padded prompt plus `max_new_tokens`.
-        - `dtype`: dtype of the key/value buffers (the model's dtype).
+        - `dtype`: dtype of the key/value buffers (float32 or bfloat16, `KV_CACHE_DTYPES`; a
+          model passes its `kv_cache_dtype`).
         - `rings`: keyword-only; `True` (default): sliding-window layers get ring buffers of
           `min(max_len, sliding_window + RING_RESERVE)` slots; `False`: every layer gets
           `max_len` slots (the layout before rings; the same results, more memory).

@@ -179,10 +179,14 @@ class Engine:
       runs its program and writes them back (`default_decode_widths`: why and what it costs).
       `max_slots` is always one of them; `()` runs every dispatch at `max_slots`. Default:
       `default_decode_widths(max_slots)` (8 slots: 1, 2, 4).
+    - `kv_cache_dtype`: the dtype of the slots' `KVCache` (`"float32"`, `"bfloat16"`, a jnp
+      dtype, or `"auto"`: bfloat16 on a GPU, float32 elsewhere); `None` (default): the model's
+      own (`model.kv_cache_dtype`, set by `load_model`). `self.model` makes its caches in it.
 
     **Raises:** `ValueError` for a non-positive `max_slots`, `max_len` or `num_steps`, a
-    `max_len` beyond the model's context, or a `decode_widths` entry that is not an integer in
-    `[1, max_slots]`.
+    `max_len` beyond the model's context, a `decode_widths` entry that is not an integer in
+    `[1, max_slots]`, or an unsupported `kv_cache_dtype` (see
+    `AbstractCausalLM.with_kv_cache_dtype`).
     """
 
     def __init__(
@@ -199,7 +203,10 @@ class Engine:
         constraint_classes: int = DEFAULT_POOL_CLASSES,
         prefill_copy: bool = True,
         decode_widths: Sequence[int] | None = None,
+        kv_cache_dtype=None,
     ):
+        if kv_cache_dtype is not None:
+            model = model.with_kv_cache_dtype(kv_cache_dtype)
         for name, value in (
             ("max_slots", max_slots),
             ("constraint_states", constraint_states),
