@@ -14,8 +14,11 @@ tied embeddings; `SHAPES` below). Each checkpoint is made on the machine with ra
 (`XForCausalLM(config)` built in bfloat16 on the device, `save_pretrained` into `--scratch`),
 with the tokenizer of `--tokenizer` (the default model's, saved by `--save-tokenizer`) copied
 beside it. Nothing is downloaded. `--tiny` replaces every shape by a 2-layer model of the same
-family (hidden 64) so that the whole script runs on a CPU in under 2 minutes: that is how it is
-tested without a GPU.
+family (hidden 64), two shapes by default (`smollm2-135m`, `gemma-3-1b`), batches 1 and 2, short
+runs: that is how the script is tested without a GPU (on the shared 2-core box, 2026-11-28: one
+shape with `--no-smoke` in 3-8 minutes, nearly all of it XLA compiling; each smoke check 40-200 s
+there; pick some with `--smoke NAME ...`, or pass `--tokenizer` to skip loading the default
+model).
 
 **Systems,** each on the same checkpoint and the same 32-token prompt, greedy, EOS off:
 
