@@ -109,7 +109,10 @@ class ExecutionPlan:
     - `logits_fence`: the output head's `[vocab, tokens]` product passes an
       `optimization_barrier` before its transpose. CPU (True): otherwise XLA folded the
       transpose into the dot and computed the token-major product, whose CPU kernel took 43 ms
-      at 2-4 tokens (3 ms fenced). GPU (False).
+      at 2-4 tokens (3 ms fenced). GPU (False): the GPU's matmul takes either layout. With
+      bfloat16 compute XLA's CPU backend cannot run the unfenced head at all (the folded dot
+      is "UNIMPLEMENTED: Unsupported element type for DotThunk::Execute: BF16 x BF16 = F32"),
+      so the GPU plan's bfloat16 path runs on a CPU (tests) with `logits_fence=True`.
     - `compiler_options`: per-program XLA options, `((name, value), ...)`, for the jitted
       `generate` loop (`jax.jit(..., compiler_options=plan.jit_compiler_options())`). CPU: none.
       GPU: `xla_gpu_enable_command_buffer=GPU_COMMAND_BUFFER`.
