@@ -18,10 +18,17 @@ $PIP install --quiet --upgrade pip
 if ! .venv/bin/python -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '$TORCH_VERSION')" 2>/dev/null; then
     $PIP install --quiet --no-deps --extra-index-url "$TORCH_CPU_INDEX" "torch==$TORCH_VERSION"
 fi
-# JAX's CUDA wheels (the cuda extra) only where there is an NVIDIA GPU.
+# JAX's CUDA wheels only where there is an NVIDIA GPU: the `cuda` extra (CUDA 13 wheels) when
+# the driver supports CUDA 13 or later ("CUDA Version: 13.0" in nvidia-smi's header), else the
+# `cuda12` extra (CUDA 12 wheels, for older drivers).
 EXTRAS=test
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
-    EXTRAS=test,cuda
+    CUDA_MAJOR=$(nvidia-smi | sed -n 's/.*CUDA Version: *\([0-9][0-9]*\).*/\1/p' | head -n 1)
+    if [ "${CUDA_MAJOR:-0}" -ge 13 ]; then
+        EXTRAS=test,cuda
+    else
+        EXTRAS=test,cuda12
+    fi
 fi
 # torch is already satisfied above, so this does not fetch another build of it.
 $PIP install --quiet -e ".[$EXTRAS]"
