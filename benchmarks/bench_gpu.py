@@ -86,6 +86,9 @@ import traceback
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+if "--xla-command-buffers" in sys.argv:  # XLA reads it when its backend starts: at the imports
+    _flag = "--xla_gpu_enable_command_buffer=+WHILE,+CONDITIONAL"
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_flag}".strip()
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's functional_gen
 
 import equinox as eqx
@@ -694,6 +697,12 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--hf-compile", choices=["auto", "on", "off"], default="auto", help="auto: on a GPU only"
     )
+    parser.add_argument(
+        "--xla-command-buffers",
+        action="store_true",
+        help="add --xla_gpu_enable_command_buffer=+WHILE,+CONDITIONAL to XLA_FLAGS (every "
+        "program; for a package whose generate loop does not yet pass the plan's options)",
+    )
     parser.add_argument("--no-smoke", action="store_true")
     parser.add_argument(
         "--smoke", nargs="+", default=list(SMOKE_CHECKS), choices=SMOKE_CHECKS, help="which checks"
@@ -757,6 +766,7 @@ def main(argv=None) -> int:
         "torch": torch.__version__,
         "transformers": __import__("transformers").__version__,
         "plan": plan,
+        "xla_flags": os.environ.get("XLA_FLAGS", ""),
         "tiny": args.tiny,
         "settings": vars(args) | {"out": str(args.out), "scratch": str(scratch)},
         "shapes": {},
@@ -942,7 +952,8 @@ def report(results: dict, batches, lengths, n1: int, n2: int) -> str:
     bw = results.get("copy_bandwidth_gb_s")
     lines = [
         "",
-        f"{results['device']}; jax {results['jax']} ({results['jax_backend']}), plan {results['plan']!r}; "
+        f"{results['device']}; jax {results['jax']} ({results['jax_backend']}), plan {results['plan']!r}"
+        f" (XLA_FLAGS {results['xla_flags']!r}); "
         f"torch {results['torch']}, transformers {results['transformers']}; copy bandwidth "
         + (f"{bw:.0f} GB/s" if bw else "not measured")
         + f"; greedy, 32-token prompt, decode = B*(N2-N1)/(T(N2)-T(N1)), N1={n1}, N2={n2}; "
