@@ -17,5 +17,6 @@ from .config import (
     config_from_hf as config_from_hf,
 )
 from .decoder import DecoderForCausalLM as DecoderForCausalLM
+from .execution_plan import ExecutionPlan as ExecutionPlan
 from .kv_cache import KVCache as KVCache
 from .llama import LlamaForCausalLM as LlamaForCausalLM

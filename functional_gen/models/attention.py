@@ -13,8 +13,9 @@ attention), Su et al. 2021 (RoPE); the reference implementation is transformers'
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Float, Int
+from jaxtyping import Array, Bool, Float, Int
 
+from .execution_plan import CPU_PLAN, ExecutionPlan
 from .norms import RMSNorm
 from .quantization import Linear
 
@@ -65,6 +66,13 @@ def window_band(seq: int, window: int) -> tuple[int, int] | None:
     if seq < 2 * (lookback + 1) * block:
         return None
     return block, lookback
+
+
+def _standard_promotion():
+    """jax's standard dtype promotion for a `jax.nn.dot_product_attention` call: its XLA path
+    promotes a bfloat16 query with float32 implicitly (`jnp.promote_types` of its logits), which
+    `jax_numpy_dtype_promotion="strict"` (the test suite's setting) refuses."""
+    return jax.numpy_dtype_promotion("standard")
 
 
 class RotaryEmbedding(eqx.Module):
@@ -310,6 +318,7 @@ class Attention(eqx.Module):
         *,
         prefix_length: Int[Array, " batch"] | None = None,
         prefill_chunk: int | None = None,
+        plan: ExecutionPlan = CPU_PLAN,
     ) -> tuple[Float[Array, "hidden tokens"], LayerCache]:
         """Attend from this call's tokens to every valid cache slot, this call's tokens included.
 
@@ -327,6 +336,8 @@ class Attention(eqx.Module):
         - `prefill_chunk`: static; when set, the cache holds exactly this call's tokens (slot i =
           column i) and queries are processed in blocks of this many tokens, each reading only the
           slots causality allows (with `prefix_length`, all slots).
+        - `plan`: static, the model's `ExecutionPlan` (fences, decode length branches, prefill
+          attention form, bfloat16 compute); the CPU plan by default.
 
         **Returns:** `(out, cache)`: `Float[Array, "hidden tokens"]` (after `o_proj`) and the
         layer cache with this call's keys/values written.
@@ -336,7 +347,7 @@ class Attention(eqx.Module):
         groups = self.num_heads // kvh
 
         # One product for q, k and v: fewer, larger matmuls compile faster (see `fuse_projections`).
-        qkv = self.qkv_proj(x)
+        qkv = self.qkv_proj(x, plan)
         q_rows, kv_rows = self.num_heads * hd, kvh * hd
         q = qkv[:q_rows].reshape(self.num_heads, hd, -1)
         if self.q_norm is not None:
@@ -353,6 +364,8 @@ class Attention(eqx.Module):
         # Write this call's keys/values into slots [write_index, write_index + seq) of every row.
         def to_cache(t):  # [kv_heads, head_dim, batch*seq] -> [batch, kv_heads, seq, head_dim]
             t = t.reshape(kvh, hd, batch, seq).transpose(2, 0, 3, 1).astype(cache.k.dtype)
+            if not plan.cache_write_fence:
+                return t
             # Fenced: with the transpose fused in, XLA's CPU backend rewrote every slot of the
             # cache instead of updating it in place (0.11 ms per layer and step at batch 8).
             return jax.lax.optimization_barrier(t)
@@ -360,7 +373,7 @@ class Attention(eqx.Module):
         q = q.reshape(kvh, groups, hd, batch, seq)
         if cache.ring_slots is not None:
             return self._ring(
-                x, q, to_cache(k), to_cache(v), positions, cache, prefix_length, prefill_chunk
+                x, q, to_cache(k), to_cache(v), positions, cache, prefix_length, prefill_chunk, plan
             )
 
         start = (0, 0, cache.write_index, 0)
@@ -376,17 +389,18 @@ class Attention(eqx.Module):
                 positions,
                 prefix_length,
                 cache.write_index + seq,
+                plan,
             )
         else:
             # The cache holds exactly this call's tokens, slot i = column i.
             out = self._prefill(
-                q, k_cache, v_cache, cache.positions, positions, prefix_length, prefill_chunk
+                q, k_cache, v_cache, cache.positions, positions, prefix_length, prefill_chunk, plan
             )
         out = out.reshape(self.num_heads * hd, batch * seq).astype(x.dtype)
         new_cache = LayerCache(k_cache, v_cache, cache.positions, cache.write_index)
-        return self.o_proj(out), new_cache
+        return self.o_proj(out, plan), new_cache
 
-    def _ring(self, x, q, k_new, v_new, positions, cache, prefix_length, prefill_chunk):
+    def _ring(self, x, q, k_new, v_new, positions, cache, prefix_length, prefill_chunk, plan):
         """Attention of a ring layer (`KVCache.ring_layers`): the keys it may read are this
         call's and the ring's, masked by position (window included); the ring then keeps the
         newest of them.
@@ -396,7 +410,8 @@ class Attention(eqx.Module):
           longer than the ring is attended to in full before only its last `ring` tokens are
           stored;
         - decode (one token): the token is written first, then the whole ring is read (it holds
-          the window: `ring >= sliding_window`); one static length, no length branches;
+          the window: `ring >= sliding_window`); one static length, no length branches; behind
+          a conditional only under `plan.attention_fence` (the CPU plan);
         - other calls of several tokens (continuing a state with new text, speculative
           verification): the ring as it was plus this call's keys, then the write.
         """
@@ -412,11 +427,16 @@ class Attention(eqx.Module):
                 positions,
                 prefix_length,
                 prefill_chunk,
+                plan,
+            )
+        elif seq == 1 and not plan.attention_fence:
+            out = self._attend(
+                q, k_cache, v_cache, cache.ring_after, positions, prefix_length, plan
             )
         elif seq == 1:
 
             def attend(*operands):
-                return self._attend(*operands)
+                return self._attend(*operands, plan)
 
             # behind a conditional for the reason given in `_attend_written`
             out = jax.lax.cond(
@@ -438,6 +458,7 @@ class Attention(eqx.Module):
                 jnp.concatenate([cache.ring_before, positions.astype(jnp.int32)], axis=-1),
                 positions,
                 prefix_length,
+                plan,
             )
         out = out.reshape(self.num_heads * self.head_dim, batch * seq).astype(x.dtype)
         new_cache = LayerCache(
@@ -449,7 +470,7 @@ class Attention(eqx.Module):
             cache.ring_before,
             cache.ring_after,
         )
-        return self.o_proj(out), new_cache
+        return self.o_proj(out, plan), new_cache
 
     def _prefill(
         self,
@@ -460,9 +481,12 @@ class Attention(eqx.Module):
         positions: Int[Array, "batch seq"],
         prefix_length: Int[Array, " batch"] | None,
         chunk: int,
+        plan: ExecutionPlan = CPU_PLAN,
     ) -> Float[Array, "kv_heads groups head_dim batch seq"]:
         """Prefill attention of this call's queries over this call's keys (key column i = query
-        column i), in query blocks that skip the keys they cannot see.
+        column i), in query blocks that skip the keys they cannot see, or, under a plan whose
+        `prefill_attention` is `"dot_product_attention"`, in one `jax.nn.dot_product_attention`
+        call (`_dot_product_prefill`; not with soft-capping, which it cannot express).
 
         A global layer (or any layer with `prefix_length`) cuts the queries into static blocks of
         `chunk` tokens; block `[c0, c0 + chunk)` reads keys `[0, c0 + chunk)` (all keys with a
@@ -470,12 +494,14 @@ class Attention(eqx.Module):
         block of `window_band(seq, sliding_window)[0]` queries, only the band of keys the window
         lets it see (`_attend_band`), when that band is shorter than the prompt.
         """
+        if plan.prefill_attention == "dot_product_attention" and self.softcap is None:
+            return self._dot_product_prefill(q, k, v, kv_positions, positions, prefix_length, plan)
         seq = positions.shape[1]
         band = None
         if self.sliding_window is not None and prefix_length is None:
             band = window_band(seq, self.sliding_window)
         if band is not None:
-            return self._attend_band(q, k, v, kv_positions, positions, *band)
+            return self._attend_band(q, k, v, kv_positions, positions, *band, plan)
 
         def upto(c0):
             return seq if prefix_length is not None else min(seq, c0 + chunk)
@@ -489,11 +515,97 @@ class Attention(eqx.Module):
                     kv_positions[:, : upto(c0)],
                     positions[:, c0 : c0 + chunk],
                     prefix_length,
+                    plan,
                 )
                 for c0 in range(0, seq, chunk)
             ],
             axis=-1,
         )
+
+    def _dot_product_prefill(
+        self,
+        q: Float[Array, "kv_heads groups head_dim batch seq"],
+        k: Float[Array, "batch kv_heads seq head_dim"],
+        v: Float[Array, "batch kv_heads seq head_dim"],
+        kv_positions: Int[Array, "batch seq"],
+        positions: Int[Array, "batch seq"],
+        prefix_length: Int[Array, " batch"] | None,
+        plan: ExecutionPlan,
+    ) -> Float[Array, "kv_heads groups head_dim batch seq"]:
+        """Prefill attention (key column i = query column i) as one
+        `jax.nn.dot_product_attention` call (grouped-query: `[batch, seq, kv_heads, head_dim]`
+        keys for `[batch, seq, heads, head_dim]` queries), scaled by `head_dim ** -0.5` (or
+        `query_pre_attn_scalar ** -0.5`). The query is cast to the keys' (the cache's) dtype.
+
+        Which mask goes which way (jax 0.10.2's `dot_product_attention`; its cuDNN path takes
+        `is_causal`, `local_window_size` with a right window of 0, and right padding as
+        `query_seq_lengths` / `key_value_seq_lengths`, but a `mask`/`bias` only as a full
+        `[.., seq, seq]` bias it would materialise):
+
+        - causal, sliding window, left padding: every row's tokens are rotated to the front
+          (a gather by the row's first non-padding column), so that its padding sits on the
+          right, and the call is `is_causal=True` with the rows' token counts as sequence
+          lengths (and `local_window_size=(window - 1, 0)` for a sliding-window layer), with
+          `implementation=plan.attention_implementation`; the output is rotated back. Exact
+          when each row's tokens are contiguous (padding only before and after them, as every
+          prefill of the library has) with positions growing by one per column, so that
+          column order is position order. cuDNN is used only where it can run: a bfloat16 or
+          float16 cache and a head dimension that is a multiple of 8, at most 256; otherwise
+          `"xla"`.
+        - prefix-LM (`prefix_length`): an explicit boolean `mask` from the positions (as
+          `_attend` builds it) with `implementation="xla"` (`None` when the plan's is `None`).
+
+        Padding queries get zeros (they attend to nothing; the blocks path gives them a mean of
+        the values): their outputs are never read, and zeros keep them finite.
+        Soft-capping cannot be expressed (`_prefill` keeps the blocks path for it).
+        """
+        kvh, groups, hd, batch, seq = q.shape
+        query = q.transpose(3, 4, 0, 1, 2).reshape(batch, seq, kvh * groups, hd).astype(k.dtype)
+        key, value = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
+        scale = (self.query_pre_attn_scalar or self.head_dim) ** -0.5
+        positions = positions.astype(jnp.int32)
+        valid = positions >= 0  # [batch, seq]
+        xla = None if plan.attention_implementation is None else "xla"
+        if prefix_length is not None:
+            allowed = self._allowed(kv_positions, positions, prefix_length)
+            with _standard_promotion():
+                out = jax.nn.dot_product_attention(
+                    query, key, value, mask=allowed[:, None], scale=scale, implementation=xla
+                )
+        else:
+            implementation = plan.attention_implementation
+            if implementation == "cudnn" and not (
+                jnp.dtype(key.dtype) in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+                and hd % 8 == 0
+                and hd <= 256
+            ):
+                implementation = "xla"
+            first = jnp.argmax(valid, axis=1).astype(jnp.int32)  # first token column of a row
+            count = jnp.sum(valid, axis=1).astype(jnp.int32)
+            columns = jnp.arange(seq, dtype=jnp.int32)
+
+            def rotate(x, shift):  # x[b, (j + shift[b]) % seq] at column j
+                index = (columns[None, :] + shift[:, None]) % seq
+                return jnp.take_along_axis(x, index[:, :, None, None], axis=1)
+
+            window = None
+            if self.sliding_window is not None:
+                window = (self.sliding_window - 1, 0)
+            with _standard_promotion():
+                out = jax.nn.dot_product_attention(
+                    rotate(query, first),
+                    rotate(key, first),
+                    rotate(value, first),
+                    scale=scale,
+                    is_causal=True,
+                    query_seq_lengths=count,
+                    key_value_seq_lengths=count,
+                    local_window_size=window,
+                    implementation=implementation,
+                )
+            out = rotate(out, -first)
+        out = jnp.where(valid[:, :, None, None], out, 0).astype(jnp.float32)
+        return out.reshape(batch, seq, kvh, groups, hd).transpose(2, 3, 4, 0, 1)
 
     def _attend_band(
         self,
@@ -504,6 +616,7 @@ class Attention(eqx.Module):
         positions: Int[Array, "batch seq"],
         block: int,
         lookback: int,
+        plan: ExecutionPlan = CPU_PLAN,
     ) -> Float[Array, "kv_heads groups head_dim batch seq"]:
         """Sliding-window prefill attention as a banded block structure: the queries in blocks
         of `block` columns, block `i` reading key blocks `i - lookback .. i` (a fixed
@@ -535,19 +648,24 @@ class Attention(eqx.Module):
         q_blocks = jnp.moveaxis(q_blocks, 4, 0)
         q_pos = jnp.pad(positions.astype(jnp.int32), ((0, 0), (0, pad)), constant_values=-1)
         q_pos = jnp.moveaxis(q_pos.reshape(batch, blocks, block), 1, 0)
-        out = jax.vmap(self._attend, in_axes=(0, 0, 0, 0, 0, None))(
+        out = jax.vmap(self._attend, in_axes=(0, 0, 0, 0, 0, None, None))(
             q_blocks,
             banded(k, 2),
             banded(v, 2),
             banded(kv_positions.astype(jnp.int32), 1),
             q_pos,
             None,
+            plan,
         )  # [blocks, kv_heads, groups, head_dim, batch, block]
         out = jnp.moveaxis(out, 0, 4).reshape(kvh, groups, hd, batch, blocks * block)
         return out[..., :seq]
 
-    def _attend_written(self, q, k_cache, v_cache, kv_positions, positions, prefix_length, used):
-        """`_attend` over the slots `[0, used)` only, rounded up to a static length.
+    def _attend_written(
+        self, q, k_cache, v_cache, kv_positions, positions, prefix_length, used, plan=CPU_PLAN
+    ):
+        """`_attend` over the slots `[0, used)` only, rounded up to a static length
+        (`plan.attention_length_buckets`, the CPU plan), or over every slot (the GPU plan: no
+        branch, so no host round trip; see `ExecutionPlan`).
 
         Slots at and after `write_index + seq` hold no token yet (rows are written in lockstep,
         `KVCache`), so attending over them only adds masked work: a decode step over a
@@ -556,7 +674,11 @@ class Attention(eqx.Module):
         one that holds `used` slots at run time, so the result equals attention over every
         slot (the skipped ones have weight exactly 0) at the cost of the written part.
         """
-        lengths = attention_lengths(k_cache.shape[-2], k_cache.shape[0])
+        lengths = (k_cache.shape[-2],)
+        if plan.attention_length_buckets:
+            lengths = attention_lengths(k_cache.shape[-2], k_cache.shape[0])
+        if len(lengths) == 1 and not plan.attention_fence:
+            return self._attend(q, k_cache, v_cache, kv_positions, positions, prefix_length, plan)
         if len(lengths) == 1:
             # Behind a conditional (both branches the same) so that the updated cache is one
             # materialised operand: called directly, XLA's CPU fusion duplicated each
@@ -564,7 +686,7 @@ class Attention(eqx.Module):
             # buffer 4 times per step (240 copies at batch 1; 3-4% of a 160-slot decode step,
             # 6x the step time at 2,048 slots).
             def attend(*operands):
-                return self._attend(*operands)
+                return self._attend(*operands, plan)
 
             return jax.lax.cond(
                 used >= 0,
@@ -587,6 +709,7 @@ class Attention(eqx.Module):
                     kv_positions[..., :n],
                     positions,
                     prefix_length,
+                    plan,
                 )
 
             return attend
@@ -612,18 +735,49 @@ class Attention(eqx.Module):
         kv_positions: Int[Array, "batch kv_seq"],
         positions: Int[Array, "batch seq"],
         prefix_length: Int[Array, " batch"] | None,
+        plan: ExecutionPlan = CPU_PLAN,
     ) -> Float[Array, "kv_heads groups head_dim batch seq"]:
-        """Masked softmax attention of queries over cache slots (scores in float32)."""
+        """Masked softmax attention of queries over cache slots (scores in float32).
+
+        Under `plan.bf16_compute` (the GPU plan) the query is cast to the cache's dtype, so a
+        bfloat16 cache multiplies bfloat16 operands with float32 accumulation in both products
+        (scores, then the probabilities cast to the cache's dtype times the values); with a
+        float32 cache both plans compute the same."""
         # Keys [slots, head_dim] as the row-major left operand: XLA's CPU dot reads them in place.
         # As the right operand (one `kgdbs,bktd` einsum) it copied every key into a [head_dim,
         # slots] layout first: 1.6 ms per decode step over 768 slots at batch 1.
         kvh, groups, hd, batch, seq = q.shape
         q_cols = q.transpose(3, 0, 2, 1, 4).reshape(batch, kvh, hd, groups * seq)
+        if plan.bf16_compute:
+            q_cols = q_cols.astype(k_cache.dtype)
         scores = jnp.matmul(k_cache, q_cols, preferred_element_type=jnp.float32)
         scores = scores.reshape(batch, kvh, -1, groups, seq).transpose(0, 1, 3, 4, 2)
         scores = scores * ((self.query_pre_attn_scalar or self.head_dim) ** -0.5)
         if self.softcap is not None:
             scores = self.softcap * jnp.tanh(scores / self.softcap)
+        allowed = self._allowed(kv_positions, positions, prefix_length)
+        scores = jnp.where(allowed[:, None, None], scores, jnp.finfo(jnp.float32).min)
+        probs = jax.nn.softmax(scores, axis=-1).astype(v_cache.dtype)
+        # Written with the cache's slot axis contracted as the major axis of a row-major [t, d]
+        # operand: XLA's CPU dot then reads the values in place. The `kgdbs` output in one
+        # einsum made XLA copy every value slot into a [d, t] layout first (2 ms per decode
+        # step at 1,024 slots, batch 1).
+        if plan.bf16_compute:
+            out = jnp.einsum(
+                "bkgst,bktd->bkgsd", probs, v_cache, preferred_element_type=jnp.float32
+            )
+        else:
+            out = jnp.einsum("bkgst,bktd->bkgsd", probs, v_cache)
+        return out.transpose(1, 2, 4, 0, 3)
+
+    def _allowed(
+        self,
+        kv_positions: Int[Array, "batch kv_seq"],
+        positions: Int[Array, "batch seq"],
+        prefix_length: Int[Array, " batch"] | None,
+    ) -> Bool[Array, "batch seq kv_seq"]:
+        """Which slots each query may attend to, by position: written (`>= 0`), not after the
+        query (or inside the row's prefix, prefix-LM), within the sliding window."""
         kv_pos = kv_positions[:, None, :]  # [batch, 1, kv_seq]
         q_pos = positions[:, :, None]  # [batch, seq, 1]
         visible = kv_pos <= q_pos
@@ -634,11 +788,4 @@ class Attention(eqx.Module):
         allowed = (kv_pos >= 0) & visible
         if self.sliding_window is not None:
             allowed = allowed & (q_pos - kv_pos < self.sliding_window)
-        scores = jnp.where(allowed[:, None, None], scores, jnp.finfo(jnp.float32).min)
-        probs = jax.nn.softmax(scores, axis=-1).astype(v_cache.dtype)
-        # Written with the cache's slot axis contracted as the major axis of a row-major [t, d]
-        # operand: XLA's CPU dot then reads the values in place. The `kgdbs` output in one
-        # einsum made XLA copy every value slot into a [d, t] layout first (2 ms per decode
-        # step at 1,024 slots, batch 1).
-        out = jnp.einsum("bkgst,bktd->bkgsd", probs, v_cache)
-        return out.transpose(1, 2, 4, 0, 3)
+        return allowed

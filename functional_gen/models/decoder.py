@@ -49,6 +49,7 @@ from .attention import (
 )
 from .base import AbstractCausalLM, fingerprint
 from .config import DecoderConfig
+from .execution_plan import CPU_PLAN, ExecutionPlan
 from .families import hf_weights, split_projections
 from .kv_cache import KVCache, resolve_kv_cache_dtype
 from .norms import RMSNorm as RMSNorm
@@ -71,16 +72,19 @@ class MLP(eqx.Module):
     down_proj: Linear
     hidden_act: str = eqx.field(static=True, default="silu")
 
-    def __call__(self, x: Float[Array, "hidden tokens"]) -> Float[Array, "hidden tokens"]:
-        """The block's output for feature-major tokens `x` (same shape)."""
-        gate_up = self.gate_up_proj(x)  # one product: see `fuse_projections`
+    def __call__(
+        self, x: Float[Array, "hidden tokens"], plan: ExecutionPlan = CPU_PLAN
+    ) -> Float[Array, "hidden tokens"]:
+        """The block's output for feature-major tokens `x` (same shape); the products as
+        `plan` (an `ExecutionPlan`, static) computes them."""
+        gate_up = self.gate_up_proj(x, plan)  # one product: see `fuse_projections`
         half = gate_up.shape[0] // 2
         gate, up = gate_up[:half], gate_up[half:]
         if self.hidden_act == "gelu_pytorch_tanh":
             gate = jax.nn.gelu(gate, approximate=True)
         else:
             gate = jax.nn.silu(gate)
-        return self.down_proj(gate * up)
+        return self.down_proj(gate * up, plan)
 
     @property
     def gate_proj(self) -> Linear:
@@ -122,6 +126,7 @@ class DecoderLayer(eqx.Module):
         *,
         prefix_length: Int[Array, " batch"] | None = None,
         prefill_chunk: int | None = None,
+        plan: ExecutionPlan = CPU_PLAN,
     ) -> tuple[Float[Array, "hidden tokens"], LayerCache]:
         """One block on the feature-major residual stream `x` (`batch * seq` tokens).
 
@@ -135,12 +140,13 @@ class DecoderLayer(eqx.Module):
             cache,
             prefix_length=prefix_length,
             prefill_chunk=prefill_chunk,
+            plan=plan,
         )
         if self.pre_feedforward_layernorm is None:
             x = x + h
-            return x + self.mlp(self.post_attention_layernorm(x)), cache
+            return x + self.mlp(self.post_attention_layernorm(x), plan), cache
         x = x + self.post_attention_layernorm(h)
-        h = self.mlp(self.pre_feedforward_layernorm(x))
+        h = self.mlp(self.pre_feedforward_layernorm(x), plan)
         return x + self.post_feedforward_layernorm(h), cache
 
 
@@ -170,12 +176,13 @@ class DecoderModel(eqx.Module):
         *,
         prefix_length: Int[Array, " batch"] | None = None,
         prefill_chunk: int | None = None,
+        plan: ExecutionPlan = CPU_PLAN,
     ) -> tuple[Float[Array, "hidden tokens"], KVCache]:
         """Embed `seq` new tokens per row, run every layer against `cache`, and norm.
 
         **Arguments:** `token_ids`, `positions` (`-1` = padding), `cache` (the new tokens go to
-        slots `[cache.length, cache.length + seq)`), `prefix_length` and `prefill_chunk` as in
-        `Attention.__call__`.
+        slots `[cache.length, cache.length + seq)`), `prefix_length`, `prefill_chunk` and `plan`
+        as in `Attention.__call__` (`plan.scan_min_tokens` also sets when a prefill scans).
 
         **Returns:** `(hidden, cache)`: the final normed hidden states, feature-major
         `Float[Array, "hidden tokens"]` with `tokens = batch * seq` in row-major order, and the
@@ -197,7 +204,8 @@ class DecoderModel(eqx.Module):
         ring = _ring_update(cache, positions)
         tokens = token_ids.size
         period = layer_period(self.layers)
-        scan = prefill_chunk is not None and tokens >= SCAN_MIN_TOKENS and period is not None
+        threshold = SCAN_MIN_TOKENS if plan.scan_min_tokens is None else plan.scan_min_tokens
+        scan = prefill_chunk is not None and tokens >= threshold and period is not None
         run = self._scan_layers if scan else self._unrolled_layers
         x, new_k, new_v = run(
             x,
@@ -209,6 +217,7 @@ class DecoderModel(eqx.Module):
             ring,
             prefix_length=prefix_length,
             prefill_chunk=prefill_chunk,
+            plan=plan,
         )
         new_cache = dataclasses.replace(
             cache,
@@ -360,13 +369,16 @@ class DecoderForCausalLM(AbstractCausalLM):
     - `model`: the `DecoderModel`.
     - `lm_head`: the output `Linear`, or `None` when `config.tie_word_embeddings` (the output head
       is then `model.embed_tokens.weight`).
+    - `generation_config`: the checkpoint's default generation settings (a
+      `transformers.GenerationConfig`, static), or `None`; `functional_gen.generate` uses them
+      when it is given no processors or sampler.
+    - `plan`: the `ExecutionPlan` (static) the program is traced with:
+      `ExecutionPlan.for_backend()` (the default backend's) unless given; change it with
+      `with_plan`. Not part of `config_fingerprint`.
     - `kv_cache_dtype`: the dtype of the key/value buffers `init_cache` makes, by name
       (`"float32"` or `"bfloat16"`, static): by default bfloat16 when `jax.default_backend()` is
       a GPU, else float32; change it with `with_kv_cache_dtype`. Not part of
       `config_fingerprint`.
-    - `generation_config`: the checkpoint's default generation settings (a
-      `transformers.GenerationConfig`, static), or `None`; `functional_gen.generate` uses them
-      when it is given no processors or sampler.
     """
 
     config: DecoderConfig = eqx.field(static=True)
@@ -374,6 +386,7 @@ class DecoderForCausalLM(AbstractCausalLM):
     kv_cache_dtype: str = eqx.field(static=True, default="float32")
     lm_head: Linear | None
     generation_config: Any = eqx.field(static=True)
+    plan: ExecutionPlan = eqx.field(static=True)
 
     def __init__(
         self,
@@ -385,6 +398,7 @@ class DecoderForCausalLM(AbstractCausalLM):
         std: float = 0.02,
         generation_config=None,
         quantization: str | None = None,
+        plan: ExecutionPlan | None = None,
     ):
         """Random weights: normal with standard deviation `std`, norm weights 1, biases normal.
 
@@ -394,12 +408,15 @@ class DecoderForCausalLM(AbstractCausalLM):
         elsewhere; an unsupported one raises `ValueError`); `std`;
         `generation_config` (a `transformers.GenerationConfig` or `None`); `quantization`:
         `None` or `"int8"` (every matrix, embedding included, quantized per output channel with
-        `quantization.quantize_int8`; `dtype` is then unused).
+        `quantization.quantize_int8`; `dtype` is then unused); `plan`: the `ExecutionPlan`,
+        `None` for `ExecutionPlan.for_backend()`.
 
-        **Raises:** `ValueError` for an unknown `quantization` or an unsupported `dtype`.
+        **Raises:** `ValueError` for an unknown `quantization` or an unsupported `dtype`;
+        `TypeError` for a `plan` that is not an `ExecutionPlan`.
         """
         c = config
         _quantization.check_quantization(quantization)
+        self.plan = _check_plan(ExecutionPlan.for_backend() if plan is None else plan)
         matrix_format = _quantization.weight_format(jnp.zeros((), dtype))
         if matrix_format == "int8":
             raise ValueError(
@@ -482,6 +499,17 @@ class DecoderForCausalLM(AbstractCausalLM):
         self.lm_head = None if c.tie_word_embeddings else linear(c.vocab_size, c.hidden_size, False)
         self.generation_config = generation_config
         self.kv_cache_dtype = resolve_kv_cache_dtype(kv_cache_dtype)
+
+    def with_plan(self, plan: ExecutionPlan) -> "DecoderForCausalLM":
+        """This model traced under another `ExecutionPlan` (e.g. the GPU plan's program on a
+        CPU, for tests and benchmarks). Weights are shared, not copied; `config_fingerprint` is
+        unchanged (a `SequenceState` saved under one plan resumes under the other).
+
+        **Raises:** `TypeError` if `plan` is not an `ExecutionPlan`.
+        """
+        model = copy.copy(self)
+        object.__setattr__(model, "plan", _check_plan(plan))  # a static field
+        return model
 
     @property
     def dtype(self):
@@ -604,16 +632,19 @@ class DecoderForCausalLM(AbstractCausalLM):
             cache,
             prefix_length=prefix_length,
             prefill_chunk=prefill_chunk,
+            plan=self.plan,
         )
         keep = seq if logits_to_keep == 0 else min(logits_to_keep, seq)
         if keep != seq:
             x = x.reshape(-1, batch, seq)[:, :, seq - keep :].reshape(-1, batch * keep)
         head = self.model.embed_tokens if self.lm_head is None else self.lm_head
-        logits = _quantization.matmul(head.weight, head.scale, x, head.batched)  # [vocab, b*keep]
-        # Fenced: otherwise XLA folds the transpose below into the dot and computes the
-        # token-major [batch*keep, vocab] product, whose CPU kernel took 43 ms at 2-4 tokens
-        # (3 ms fenced; profile of a decode step with jax.profiler, 2026-11-22).
-        logits = jax.lax.optimization_barrier(logits)
+        # [vocab, batch*keep], float32 under every plan
+        logits = _quantization.matmul(head.weight, head.scale, x, head.batched, self.plan)
+        if self.plan.logits_fence:
+            # Fenced: otherwise XLA folds the transpose below into the dot and computes the
+            # token-major [batch*keep, vocab] product, whose CPU kernel took 43 ms at 2-4 tokens
+            # (3 ms fenced; profile of a decode step with jax.profiler, 2026-11-22).
+            logits = jax.lax.optimization_barrier(logits)
         cap = self.config.final_logit_softcapping
         if cap is not None:  # Gemma 2: `Gemma2ForCausalLM.forward`'s final soft-capping
             logits = cap * jnp.tanh(logits / cap)
@@ -628,6 +659,7 @@ class DecoderForCausalLM(AbstractCausalLM):
         dtype=jnp.float32,
         generation_config=None,
         quantization: str | None = None,
+        plan: ExecutionPlan | None = None,
     ) -> "DecoderForCausalLM":
         """Build the model of any supported family from a mapping of Hugging Face weight names
         to arrays.
@@ -651,6 +683,7 @@ class DecoderForCausalLM(AbstractCausalLM):
         - `generation_config`: the checkpoint's `transformers.GenerationConfig`, or `None`.
         - `quantization`: `None` or `"int8"` (per-output-channel int8 matrices, see
           `functional_gen.models.quantization`).
+        - `plan`: the `ExecutionPlan`; `None` for `ExecutionPlan.for_backend()`.
 
         **Returns:** the `DecoderForCausalLM`.
 
@@ -667,6 +700,7 @@ class DecoderForCausalLM(AbstractCausalLM):
             dtype=dtype,
             generation_config=generation_config,
             quantization=quantization,
+            plan=plan,
         )
         leaves, treedef = jax.tree_util.tree_flatten_with_path(skeleton)
         names = [_path_name(path) for path, _ in leaves]
@@ -763,6 +797,14 @@ class DecoderForCausalLM(AbstractCausalLM):
             c.num_attention_heads * c.head_dim,
             c.num_key_value_heads * c.head_dim,
         )
+
+
+def _check_plan(plan) -> ExecutionPlan:
+    if not isinstance(plan, ExecutionPlan):
+        raise TypeError(
+            f"`plan` must be a functional_gen.models.ExecutionPlan, got {type(plan).__name__}"
+        )
+    return plan
 
 
 def _path_name(path) -> str:

@@ -41,6 +41,8 @@ import numpy as np
 from jax import lax
 from jaxtyping import Array, Float, Float32, Int, Int8
 
+from .execution_plan import CPU_PLAN, ExecutionPlan
+
 QUANTIZATIONS = ("int8",)
 """Accepted values of `quantization=` (besides `None`, the float weights of `dtype`)."""
 
@@ -238,6 +240,7 @@ def matmul_row_blocks(
     scale: Float[Array, "out blocks"] | None,
     x: Float[Array, "in tokens"],
     rows: int = ROW_BLOCK,
+    fence: bool = True,
 ) -> Float[Array, "out tokens"]:
     """`weight @ x` (the weight dequantized with its `scale` when int8) computed in blocks of
     `rows` output rows: a `jax.lax.scan` over the blocks, each copied (dequantized to float32)
@@ -252,7 +255,8 @@ def matmul_row_blocks(
     cache, so the weight is read from memory once, in its stored format.
 
     **Arguments:** `weight`, `scale` as in `matmul` (float32 or bfloat16 weights take `None`);
-    `x`: float32 `[in, tokens]`; `rows`: output rows per block (static).
+    `x`: float32 `[in, tokens]`; `rows`: output rows per block (static); `fence`: order an
+    int8 matrix's dequantization after `x` with a conditional (`ExecutionPlan.matmul_fences`).
 
     **Returns:** float32 `[out, tokens]`, equal to `dequantize_int8(weight, scale) @ x` (or
     `weight @ x`) up to float32 rounding.
@@ -265,7 +269,7 @@ def matmul_row_blocks(
     out = weight.shape[0]
     full = out // rows
     if full < 2:
-        if scale is not None:
+        if scale is not None and fence:
             # The scale through a conditional on `x`, so that the dequantization waits for the
             # activations: XLA removes `optimization_barrier`s, and a dequantization that
             # depends on the weights alone ran before the first layer, every matrix of every
@@ -333,6 +337,10 @@ CANDIDATES: dict[str, tuple[str, Callable]] = {
             jnp.float32,
         ),
     ),
+    "dot(bf16(deq(W)), bf16 x)->f32": (
+        "int8-block",
+        lambda w, s, x: _dot(_bf16(dequantize_int8(w, s)), _bf16(x), ((1,), (0,)), jnp.float32),
+    ),
     "sum_b (W_b @ x_b) * s_b": ("int8-block", _blockwise_dot),
     "sum_b (int8 W_b . 2-digit int8 x_b -> int32) * s_b": ("int8-block", _blockwise_int8_dot),
     # int8 column blocks as separate arrays, a scale per row and block (`split_int8`)
@@ -389,6 +397,19 @@ FORMULATIONS: dict[str, tuple[tuple[int, int, str], ...]] = {
 }
 """Per weight format, which `CANDIDATES` formulation runs a matmul of a given token count and
 output size (the first entry whose limits both hold)."""
+
+BF16_FORMULATIONS: dict[str, str] = {
+    "float32": "W @ x",
+    "bfloat16": "dot(W, bf16 x)->f32",
+    "int8": "dot(bf16(W), bf16 x)->f32 * s",
+    "int8-block": "dot(bf16(deq(W)), bf16 x)->f32",
+    "int8-split": _SPLIT,
+}
+"""The formulation of every weight format under `ExecutionPlan.bf16_compute` (the GPU plan), at
+any token count: bfloat16 operands with float32 accumulation (`preferred_element_type`), the
+int8 weights dequantized to bfloat16 inside the product (on the GPU XLA fuses the upcast into
+the matmul's operand); float32 weights stay float32. Not measured on the CPU, where
+`FORMULATIONS` holds (a bfloat16 dot there is 10-20x slower at some shapes)."""
 
 
 def weight_format(weight: Array, scale: Array | None = None) -> str:
@@ -517,6 +538,7 @@ def matmul(
     scale: Float[Array, "out blocks"] | None,
     x: Float[Array, "in tokens"],
     batched: BatchedInt8 | None = None,
+    plan: ExecutionPlan | None = None,
 ) -> Float[Array, "out tokens"]:
     """`weight @ x` for a float32, bfloat16 or int8 (with its `scale`) weight, in float32.
 
@@ -528,21 +550,29 @@ def matmul(
     - `x`: float32 `[in, tokens]` activations (feature-major).
     - `batched`: an optional `BatchedInt8` copy of the weight; used instead of it for
       `batched.min_tokens` to `batched.max_tokens` tokens.
+    - `plan`: the `ExecutionPlan` (`None`: the CPU plan); its `bf16_compute` picks
+      `BF16_FORMULATIONS` instead of `FORMULATIONS`, its `matmul_fences` the fences.
 
     **Returns:** float32 `[out, tokens]`, computed with the formulation `FORMULATIONS` picks for
-    this format and token count.
+    this format and token count (`BF16_FORMULATIONS` under `plan.bf16_compute`).
 
     **Raises:** `TypeError` for an unsupported weight dtype; `ValueError` for an int8 weight
     without `scale`.
     """
+    plan = CPU_PLAN if plan is None else plan
+    fences = plan.matmul_fences
     if batched is not None and batched.min_tokens <= x.shape[-1] <= batched.max_tokens:
         if batched.scale is None:  # a bfloat16 copy
-            return run_formulation("dot(W, bf16 x)->f32", batched.blocks[0], None, x)
-        return run_formulation(_SPLIT, batched.blocks, batched.scale, x)  # see BatchedInt8
+            return run_formulation("dot(W, bf16 x)->f32", batched.blocks[0], None, x, fences)
+        return run_formulation(_SPLIT, batched.blocks, batched.scale, x, fences)  # BatchedInt8
     fmt = weight_format(weight, scale)
     if fmt == "int8" and scale is None:
         raise ValueError("an int8 weight needs its float32 `scale`")
-    return run_formulation(formulation_name(fmt, x.shape[-1], weight.shape[0]), weight, scale, x)
+    if plan.bf16_compute:
+        name = BF16_FORMULATIONS[fmt]
+    else:
+        name = formulation_name(fmt, x.shape[-1], weight.shape[0])
+    return run_formulation(name, weight, scale, x, fences)
 
 
 _MATERIALIZE_X = frozenset({"int8-block", "bfloat16"})
@@ -570,6 +600,7 @@ def run_formulation(
     weight: Float[Array, "out in"] | Int8[Array, "out in"] | tuple[Int8[Array, "out _"], ...],
     scale: Float[Array, "out blocks"] | None,
     x: Float[Array, "in tokens"],
+    fences: bool = True,
 ) -> Float[Array, "out tokens"]:
     """Compute `weight @ x` with the `CANDIDATES` formulation `name` (float32 result).
 
@@ -579,13 +610,20 @@ def run_formulation(
     a bfloat16 x bfloat16 -> float32 dot one that does not exist ("UNIMPLEMENTED: Unsupported
     element type for DotThunk::Execute: BF16 x BF16 = F32"). Fenced, the dot runs the kernel
     `benchmarks/bench_matmul.py` timed, whatever surrounds it.
+
+    `fences=False` (`ExecutionPlan.matmul_fences` off, the GPU plan) leaves every fence out:
+    the plain formulation, which XLA may fuse with its neighbours.
     """
     fmt, fn = CANDIDATES[name]
     x = x.astype(jnp.float32)
-    if fmt == "float32":
-        return fn(weight, scale, x)
     if fmt == "int8":
         scale = scale.reshape(-1)  # [out, 1] -> [out]: the per-row formulations
+    if not fences:
+        if fn is matmul_row_blocks:
+            return matmul_row_blocks(weight, scale, x, fence=False)
+        return fn(weight, scale, x).astype(jnp.float32)
+    if fmt == "float32":
+        return fn(weight, scale, x)
     # the weight goes through the fence with `x`: inside `generate`'s while loop the weight is
     # loop-invariant, and XLA hoisted its upcast out of the loop, which made the loop carry a
     # float32 copy of every matrix (a 4x larger copy per step: int8 decode ran 63 ms/step
@@ -653,8 +691,12 @@ class Linear(eqx.Module):
     scale: Float[Array, "out blocks"] | None = None
     batched: "BatchedInt8 | None" = None
 
-    def __call__(self, x: Float[Array, "in tokens"]) -> Float[Array, "out tokens"]:
-        y = matmul(self.weight, self.scale, x, self.batched)
+    def __call__(
+        self, x: Float[Array, "in tokens"], plan: ExecutionPlan | None = None
+    ) -> Float[Array, "out tokens"]:
+        """`weight @ x + bias` (float32 `[out, tokens]`), the product as `matmul` computes it
+        under `plan` (`None`: the CPU plan)."""
+        y = matmul(self.weight, self.scale, x, self.batched, plan)
         if self.bias is not None:
             y = y + self.bias[:, None]
         return y
