@@ -786,7 +786,6 @@ def test_unanchored_pattern_is_searched():
     "fmt,check",
     [
         ("ipv6", lambda v: __import__("ipaddress").IPv6Address(v)),
-        ("byte", lambda v: __import__("base64").b64decode(v, validate=True)),
         ("hostname", lambda v: len(v) <= 253 and all(0 < len(p) <= 63 for p in v.split("."))),
         ("uri", lambda v: __import__("urllib.parse").parse.urlsplit(v).scheme or 1 / 0),
         ("duration", lambda v: re_duration(v)),
