@@ -189,7 +189,8 @@ from .references import NEVER as NEVER
 from .references import RECURSIVE as RECURSIVE
 from .references import applicator_first as applicator_first
 from .references import inline_references as inline_references
-from .budgets import ANY_ORDER_BUDGET as ANY_ORDER_BUDGET
+from .budgets import UNORDERED_BUDGET as UNORDERED_BUDGET
+from .budgets import UNORDERED_FACTOR as UNORDERED_FACTOR
 from .budgets import ANY_ORDER_MAX as ANY_ORDER_MAX
 from .budgets import COUNTED_ITEMS_MIN as COUNTED_ITEMS_MIN
 from .budgets import COUNTED_STRING_MIN as COUNTED_STRING_MIN
