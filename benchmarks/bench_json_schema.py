@@ -7,10 +7,19 @@ limit (a pathological schema is killed, counted as a timeout, and the worker res
 1. compile it the way `fg.processors.JsonSchema` does, without any cache (schema -> regex ->
    byte DFA -> token automaton for SmolLM2's vocabulary), timing the whole compilation;
 2. for every test instance, serialise it twice, compact (`{"a":1,"b":[2,3]}`) and spaced
-   (`json.dumps`' default `{"a": 1, "b": [2, 3]}`), tokenize it with the model's tokenizer and
-   walk the tokens through the compiled token tables (the arrays the device uses), then check
-   that the end state is accepting. A valid instance must be accepted in both forms, an invalid
-   one rejected in both.
+   (`json.dumps`' default `{"a": 1, "b": [2, 3]}`), tokenize it with the model's tokenizer
+   (`tokenizer.encode(text, add_special_tokens=False)`: MaskBench's rule) and check that every
+   token, then EOS, is in the mask the device computes at its step (`tests/structured/
+   maskbench.py`, for token and pushdown automata alike; before 2026-11-28 a pushdown
+   automaton was checked on the text's bytes only). A valid instance must be accepted in both
+   forms, an invalid one rejected in both;
+3. with `--peers llguidance xgrammar`, the same schemas through those engines' own compilers
+   in the same worker (llguidance: `LLMatcher` and its first mask; XGrammar 0.2.9:
+   `compile_json_schema(any_whitespace=True, strict_mode=False)`, one thread, no cache; both
+   compiled twice) and the compact documents' tokens through their matchers. `--cold` starts a
+   fresh worker process for every schema, so "first" compile times are cold (no memo of
+   earlier schemas, lazy imports included); "again" is the same schema compiled a second time
+   in that process (`cache=False`: the token automaton is rebuilt, in-process memos warm).
 
 Printed per split: schemas compiled, timeouts, compile p50/p90/p99 (ms, compiled schemas
 only), valid instances accepted (compact / spaced) and invalid ones rejected, then the eight
@@ -96,6 +105,20 @@ other developers' jobs at a load average of about 10, so compile times are infla
 | `_INLINED_CALLS` attempts dropped, the pushdown token walk in chunks of 1,024 origins with classes found per pass, in-place rules memoised (525689e, 2026-11-25 04:42-05:09 UTC, 1,591 s wall, compile times summed 1,377 s against 1,364 s; quiet), **the whole file** | 8,817/9,681 (91%), the same schemas | 0 | 55 / 383 / 1,546; slowest: o1052 6.3 s (token automaton, unchanged), jsonld 5.0, kong_json_schema 4.9 (refused), slack-app-manifest 4.9, o7573 4.6 (refused); o48425 6.4 -> 2.6 s, o48866 6.0 -> 4.5, o21378 5.7 -> 4.0, o7573 6.0 -> 4.6; compiled over 3 s: 9 (12 before) | 10,789/11,052 (every instance the same verdict) | 17,687/17,687 |
 | members beside `allOf`/`anyOf`/`oneOf`/`$ref` in the order of the keywords in the text, as llguidance 1.9 reads them (b444be3, 2026-11-25 16:41-17:08 UTC, 1,606 s wall, compile times summed 1,407 s against 1,400 s for 83263b6 at 15:37 the same day; quiet but for short checks), **the whole file** | 8,817/9,681 (91%), the same schemas | 0 | 56 / 394 / 1,609 (83263b6: 55 / 394 / 1,516); slowest: o1052 6.0 s, slack-app-manifest 5.5, jsonld 5.0, o48866 4.9 | **10,808/11,052** (+19: o60038, o66237, o90957, o69744, o85188, o90951 x2 each, coffeelint, ide.host, webjob-publish-settings x2, ...; no instance lost). Of the 244 left, llguidance 1.9.1 compiles the schema and accepts the document for 3 (the depth-1 fallbacks o9795 x2, sp_193); it refuses the schema for 232 (documents not normalised to its order) | 17,687/17,687 |
 | the no-pushdown fallback nests free-form values 2 levels where a single regex's token automaton holds them, else 1 (1757afb; 3bc8a3e, 2026-11-25 17:51-18:19 UTC, 1,659 s wall, compile times summed 1,442 s; quiet), **the whole file** | **8,821/9,681 (91%)** (+4: o55162, o9792, o9793, o9887, refused on grammar positions before); five splits 6,381/6,795 (93.9%) | 0 | 56 / 407 / 1,641; slowest: o1052 5.7 s, jsonld 5.7, kong_json_schema 5.2 (refused), slack-app-manifest 4.9; fallbacks: 63 at depth 2, 2 at depth 1 (o6020, jsonld) | **10,817/11,058** (o9795 x2, sp_193 now accepted; the 6 of the new schemas accepted). Of the 241 left, llguidance 1.9.1 refuses the schema for 232 (8 of them `format: byte` with non-base64 text, which we enforce) and rejects the document too for the other 9: no document that llguidance accepts is rejected | **17,709/17,709** |
+
+2026-11-28 (branch masks: members in any order by default, `format: byte` an annotation, the
+tokens checked through the device masks, `--peers`, `--cold`), `--limit 1 --seed 3 --peers
+llguidance xgrammar --cold --timeout 90`, on a box at load average 13 (other helpers' test
+runs; every time is inflated 10-100x, read none of them as a measurement):
+
+| engine | compiled | valid accepted | invalid rejected | compile p50 / p99 ms (cold) | again p50 / p99 ms |
+|---|---|---|---|---|---|
+| functional_gen | 5/5 | 7/7 | 15/15 | 7,733 / 16,326 | 1,757 / 7,032 |
+| llguidance 1.9.1 | 5/5 | 7/7 | 15/15 | 41 / 50 | 16 / 38 |
+| xgrammar 0.2.9 | 5/5 | 7/7 | 14/15 | 7,771 / 12,749 | 7,508 / 11,025 |
+
+The same five with `--property-order schema`, run beside it (not cold, no peers): 4/5 (o28953
+timed out at 90 s), valid 5/5, invalid 7/7, p50 8,987 ms.
 
 The same tree on 400 schemas drawn from the whole file (`--all --sample 400`, seed 0, quiet,
 05:35 UTC): **361/400 (90%)**, 1 timeout, p50 / p90 / p99 56 / 1,003 / 5,168 ms, valid 440/462,
@@ -258,12 +281,93 @@ def _compile(schema):
     return json_schema_compile(schema, _WORKER["vocabulary"], cache=False, **options)
 
 
+def _token_ids(text: str) -> list[int]:
+    """The text's own tokenization (MaskBench's rule: the tokens the tokenizer makes)."""
+    return _WORKER["tokenizer"].encode(text, add_special_tokens=False)
+
+
 def _accepts(automaton, text: str) -> bool:
-    token_ids = _WORKER["tokenizer"].encode(text, add_special_tokens=False)
-    if hasattr(automaton, "stack_depth"):  # a PushdownAutomaton: its tables walk the tokens' bytes
-        data = b"".join(_WORKER["vocabulary"].token_bytes[t] or b"" for t in token_ids)
-        return automaton.accepts(data)
-    return bool(automaton.accepting[automaton.walk(token_ids)])
+    """Whether every token of `text`'s own tokenization, then EOS, is in the mask the device
+    computes at its step (`allowed`: the bitmask row and the tokens checked exactly, no token
+    budget), for a `TokenAutomaton` or a `PushdownAutomaton` alike (`tests/structured/
+    maskbench.py`)."""
+    from tests.structured.maskbench import tokens_pass
+
+    return tokens_pass(automaton, _token_ids(text), _WORKER["vocabulary"].eos_token_id[0])
+
+
+def _peer_setup(peers) -> None:
+    """The peers' tokenizers, once per worker (llguidance's from the same tokenizer; XGrammar's
+    `TokenizerInfo`, its compiler with one thread and no cache)."""
+    tokenizer = _WORKER["tokenizer"]
+    if "llguidance" in peers:
+        import llguidance.hf
+
+        _WORKER["llguidance"] = llguidance.hf.from_tokenizer(tokenizer, n_vocab=len(tokenizer))
+    if "xgrammar" in peers:
+        import xgrammar
+
+        info = xgrammar.TokenizerInfo.from_huggingface(tokenizer, vocab_size=len(tokenizer))
+        _WORKER["xgrammar"] = (info, xgrammar)
+
+
+def _peer_compile(peer: str, schema):
+    """A matcher factory for `schema` by `peer`'s own compiler (llguidance: the grammar
+    checked and a matcher made, its first mask computed; XGrammar: `compile_json_schema`
+    with any whitespace and JSON Schema's open objects, `strict_mode=False`)."""
+    text = json.dumps(schema)
+    if peer == "llguidance":
+        import llguidance
+        import llguidance.numpy
+
+        grammar = llguidance.LLMatcher.grammar_from_json_schema(text)
+        matcher = llguidance.LLMatcher(_WORKER["llguidance"], grammar)
+        if matcher.is_error():
+            raise ValueError(matcher.get_error())
+        bitmask = llguidance.numpy.allocate_token_bitmask(1, _WORKER["llguidance"].vocab_size)
+        llguidance.numpy.fill_next_token_bitmask(matcher, bitmask, 0)
+        return lambda: llguidance.LLMatcher(_WORKER["llguidance"], grammar)
+    info, xgrammar = _WORKER["xgrammar"]
+    compiler = xgrammar.GrammarCompiler(info, max_threads=1, cache_enabled=False)
+    compiled = compiler.compile_json_schema(text, any_whitespace=True, strict_mode=False)
+    return lambda: xgrammar.GrammarMatcher(compiled)
+
+
+def _peer_accepts(peer: str, make, text: str) -> bool:
+    """Whether `peer`'s matcher takes every token of `text`'s tokenization, then EOS."""
+    matcher, eos = make(), _WORKER["vocabulary"].eos_token_id[0]
+    for t in [*_token_ids(text), eos]:
+        ok = matcher.consume_token(t) if peer == "llguidance" else matcher.accept_token(t)
+        if not ok:
+            return False
+    return matcher.is_stopped() if peer == "llguidance" else matcher.is_terminated()
+
+
+def _run_peers(record: dict) -> dict:
+    """Each peer's compile times (first and second) and verdicts on the test documents."""
+    out = {}
+    for peer in _WORKER.get("peers", ()):
+        entry = {}
+        try:
+            start = time.perf_counter()
+            make = _peer_compile(peer, record["schema"])
+            entry["compile_ms"] = (time.perf_counter() - start) * 1000
+            start = time.perf_counter()
+            _peer_compile(peer, record["schema"])
+            entry["warm_ms"] = (time.perf_counter() - start) * 1000
+            entry["tests"] = [
+                {
+                    "valid": bool(t["valid"]),
+                    "accepted": _peer_accepts(
+                        peer, make, json.dumps(t["data"], separators=(",", ":"), ensure_ascii=False)
+                    ),
+                }
+                for t in record["tests"]
+            ]
+        except Exception as e:  # a refusal (or a crash) of the peer's compiler
+            entry = {"error": f"{type(e).__name__}: {str(e)[:120]}"}
+        out[peer] = entry
+    return out
 
 
 _ORDER_BRANCHES = 8
@@ -441,6 +545,11 @@ def _run_one(record: dict) -> dict:
             out["traceback"] = traceback.format_exc(limit=4)[-800:]
         return out
     out["compile_ms"] = (time.perf_counter() - start) * 1000
+    start = time.perf_counter()  # again in this process: its memos warm, no automaton cache
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        _compile(record["schema"])
+    out["warm_ms"] = (time.perf_counter() - start) * 1000
     if hasattr(automaton, "stack_depth"):
         out["kind"] = "pushdown"
         out["states"] = automaton.num_positions
@@ -475,12 +584,16 @@ def _run_one(record: dict) -> dict:
 
 
 def _worker_loop(connection, options: dict) -> None:
+    peers = options.pop("peers", ())
     _worker_setup(options)
+    _WORKER["peers"] = peers
+    _peer_setup(peers)
     connection.send("ready")
     while True:
         record = connection.recv()
         if record is None:
             return
+        connection.send(_run_peers(record))  # first: kept when ours times out
         connection.send(_run_one(record))
 
 
@@ -503,17 +616,21 @@ class Worker:
             raise RuntimeError("the benchmark worker did not start")
 
     def run(self, record: dict, timeout: float) -> dict | None:
-        """The result, or `None` when the schema took longer than `timeout` seconds."""
+        """The result (the peers' under `"peers"`), or only the peers' (`{"peers": ...}`, the
+        peers and then ours each given `timeout` seconds) when the schema took longer."""
         self.connection.send(record)
-        if self.connection.poll(timeout):
-            try:
-                return self.connection.recv()
-            except EOFError:
-                pass
+        peers = {}
+        try:
+            if self.connection.poll(timeout):
+                peers = self.connection.recv()
+                if self.connection.poll(timeout):
+                    return {**self.connection.recv(), "peers": peers}
+        except EOFError:
+            pass
         self.process.kill()
         self.process.join()
         self.start()
-        return None
+        return {"peers": peers}
 
     def close(self) -> None:
         with contextlib.suppress(BrokenPipeError, OSError):
@@ -631,6 +748,7 @@ def summarize(results: list[dict], splits) -> str:
             + ", ".join(files[:12])
             + (", ..." if len(files) > 12 else ""),
         ]
+    lines += ["", *_compare(results)]
     causes = collections.Counter(r["error"] for r in results if "error" in r)
     if causes:
         lines += ["", "| compile-error cause | schemas |", "|---|---|"]
@@ -656,6 +774,35 @@ def summarize(results: list[dict], splits) -> str:
             f"{sum(1 for _, t in mismatches if t['valid'])} rejected"
         ]
     return "\n".join(lines)
+
+
+def _compare(results: list[dict]) -> list[str]:
+    """Ours against the peers on the same schemas: compiled, valid documents accepted and
+    invalid ones rejected (their own tokenization then EOS, compact form), compile time p50 /
+    p99 first in the worker (cold with `--cold`: a fresh process per schema) and again (warm)."""
+    engines = {"functional_gen": list(results)}
+    for peer in sorted({p for r in results for p in r.get("peers", {})}):
+        engines[peer] = [r.get("peers", {}).get(peer, {"error": "timeout"}) for r in results]
+    lines = [
+        "| engine | compiled | valid accepted | invalid rejected | compile p50 / p99 ms "
+        "(first) | again p50 / p99 ms |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, entries in engines.items():
+        done = [e for e in entries if "compile_ms" in e]
+        tests = [t for e in done for t in e.get("tests", [])]
+        key = "compact" if name == "functional_gen" else "accepted"
+        valid = [t[key] for t in tests if t["valid"]]
+        invalid = [not t[key] for t in tests if not t["valid"]]
+        first = [e["compile_ms"] for e in done]
+        warm = [e["warm_ms"] for e in done if "warm_ms" in e]
+        lines.append(
+            f"| {name} | {len(done)}/{len(entries)} | {sum(valid)}/{len(valid)} | "
+            f"{sum(invalid)}/{len(invalid)} | {_percentile(first, 0.5):.1f} / "
+            f"{_percentile(first, 0.99):.1f} | {_percentile(warm, 0.5):.1f} / "
+            f"{_percentile(warm, 0.99):.1f} |"
+        )
+    return lines
 
 
 def main(argv=None) -> None:
@@ -709,6 +856,20 @@ def main(argv=None) -> None:
         "--files", nargs="+", help="only the schemas whose file name ends with one of these"
     )
     parser.add_argument("--verbose", action="store_true", help="one line per schema")
+    parser.add_argument(
+        "--peers",
+        nargs="*",
+        default=[],
+        choices=("llguidance", "xgrammar"),
+        help="also compile each schema with these engines' own compilers in the same worker "
+        "(xgrammar: `pip install --no-deps xgrammar apache-tvm-ffi`, the `bench` extra)",
+    )
+    parser.add_argument(
+        "--cold",
+        action="store_true",
+        help="a fresh worker process for every schema (cold compile times: no memo of earlier "
+        "schemas, lazy imports included)",
+    )
     args = parser.parse_args(argv)
     splits = None if args.all else args.splits
     records = load_records(args.data, splits, args.limit, args.seed, args.sample)
@@ -731,18 +892,24 @@ def main(argv=None) -> None:
         f"{len(records)} schemas from {args.data.name}; timeout {args.timeout:.0f} s; options {options}",
         file=sys.stderr,
     )
+    if args.peers:
+        options["peers"] = tuple(args.peers)
     worker = Worker(options)
     results = []
     started = time.perf_counter()
     try:
         for i, record in enumerate(records):
+            if args.cold and i:
+                worker.close()
+                worker = Worker(options)
             result = worker.run(record, args.timeout)
-            if result is None:
+            if "file" not in result:
                 result = {
                     "split": record["split"],
                     "file": record["file"],
                     "timeout": True,
                     "error": f"timeout over {args.timeout:.0f} s",
+                    "peers": result["peers"],
                 }
             results.append(result)
             if args.verbose:

@@ -13,6 +13,10 @@ import pytest
 import functional_gen as fg
 from functional_gen.structured import UnsupportedSchemaError, json_schema_regex, regex_automaton
 from functional_gen.structured.json_schema import InvalidSchemaError, schema_as_dict
+from functional_gen.structured.json_schema.property_order import (
+    UNORDERED_FORMS,
+    unordered_members,
+)
 
 from .cases import SCHEMAS
 from .helpers import random_walk, validate_document
@@ -615,7 +619,7 @@ def test_allof_lists_a_branch_members_before_those_of_a_later_part():
         ],
         "type": "object",
     }
-    regex = re.compile(json_schema_regex(schema, free_form_depth=1))
+    regex = re.compile(json_schema_regex(schema, free_form_depth=1, property_order="schema"))
     validator = jsonschema.Draft202012Validator(schema)
     in_order = [
         {"state": "run", "done": 3, "id": 1},
@@ -703,7 +707,7 @@ def test_members_beside_an_applicator_come_in_llguidance_order(name):
         matcher = llguidance.LLMatcher(tokenizer, matcher_grammar, log_level=0)
         return matcher.consume_tokens(tokenizer.tokenize_str(text)) and matcher.is_accepting()
 
-    regex = re.compile(json_schema_regex(schema, free_form_depth=1))
+    regex = re.compile(json_schema_regex(schema, free_form_depth=1, property_order="schema"))
     accepted = {True: [], False: []}
     for order in itertools.permutations(values):
         text = json.dumps({k: values[k] for k in order}, separators=(",", ":"))
@@ -789,7 +793,6 @@ def test_unanchored_pattern_is_searched():
     "fmt,check",
     [
         ("ipv6", lambda v: __import__("ipaddress").IPv6Address(v)),
-        ("byte", lambda v: __import__("base64").b64decode(v, validate=True)),
         ("hostname", lambda v: len(v) <= 253 and all(0 < len(p) <= 63 for p in v.split("."))),
         ("uri", lambda v: __import__("urllib.parse").parse.urlsplit(v).scheme or 1 / 0),
         ("duration", lambda v: re_duration(v)),
@@ -894,7 +897,9 @@ def test_many_optional_properties_compile_to_a_moderate_regex():
     regex = json_schema_regex(schema)
     assert len(regex) < 1_000_000
     assert re.fullmatch(regex, '{"p99":1}') and re.fullmatch(regex, '{"p3":1,"p50":2}')
-    assert not re.fullmatch(regex, '{"p50":2,"p3":1}')  # properties come in schema order
+    assert re.fullmatch(regex, '{"p50":2,"p3":1}')  # any order (the default)
+    ordered = json_schema_regex(schema, property_order="schema")
+    assert len(ordered) < 1_000_000 and not re.fullmatch(ordered, '{"p50":2,"p3":1}')
 
 
 def test_one_of_overlap_is_judged_on_the_schemas_not_their_regexes():
@@ -1313,9 +1318,10 @@ def test_not_of_other_shapes_is_still_refused():
 
 
 @pytest.mark.parametrize("extra", [False, True])
-def test_small_objects_accept_their_properties_in_any_order(extra):
+def test_objects_accept_their_properties_in_any_order_by_default(extra):
     # MaskBench's valid instances list properties in other orders than the schema (Glaive
-    # `calculate_area` ones: "shape" first); every order of every subset against jsonschema
+    # `calculate_area` ones: "shape" first); every order of every subset, additional
+    # properties among the listed ones, against jsonschema
     schema = {
         "type": "object",
         "properties": {
@@ -1327,29 +1333,65 @@ def test_small_objects_accept_their_properties_in_any_order(extra):
         "required": ["a", "c"],
         "additionalProperties": extra,
     }
-    regex = re.compile(json_schema_regex(schema, property_order="any"))
+    regex = re.compile(json_schema_regex(schema))
     validator = jsonschema.Draft202012Validator(schema)
     values = {"a": 1, "b": "x", "c": None, "d": [1], "e": 2}
     seen = [0, 0]
-    for r in range(5):
+    for r in range(6):
         for keys in itertools.permutations("abcde", r):
             document = {k: values[k] for k in keys}
             text = json.dumps(document, separators=(",", ":"))
-            expected = validator.is_valid(document) and (not extra or "e" not in keys[:-1])
-            # (additional properties come after the listed ones)
+            expected = validator.is_valid(document)
             assert bool(regex.fullmatch(text)) == expected, text
             seen[expected] += 1
     assert seen[0] and seen[1]
-    ordered = re.compile(json_schema_regex(schema))  # the default
+    ordered = re.compile(json_schema_regex(schema, property_order="schema"))
     assert ordered.fullmatch('{"a":1,"c":null}') and not ordered.fullmatch('{"c":null,"a":1}')
 
 
-def test_large_objects_keep_the_schema_order_and_bad_orders_are_refused():
+def test_large_objects_accept_any_order_and_the_schema_order_is_an_option():
+    # seven optional properties: over `ANY_ORDER_MAX` tracked as a set, so the "required" form
     schema = {"type": "object", "properties": {f"p{i}": {"type": "integer"} for i in range(7)}}
-    regex = re.compile(json_schema_regex(schema, property_order="any"))
-    assert regex.fullmatch('{"p0":1,"p6":2}') and not regex.fullmatch('{"p6":2,"p0":1}')
+    regex = re.compile(json_schema_regex(schema))
+    assert regex.fullmatch('{"p0":1,"p6":2}') and regex.fullmatch('{"p6":2,"p0":1}')
+    assert not regex.fullmatch('{"p6":"x","p0":1}')
+    ordered = re.compile(json_schema_regex(schema, property_order="schema"))
+    assert ordered.fullmatch('{"p0":1,"p6":2}') and not ordered.fullmatch('{"p6":2,"p0":1}')
     with pytest.raises(ValueError, match="property_order"):
         json_schema_regex(schema, property_order="sorted")
+
+
+@pytest.mark.parametrize("form", UNORDERED_FORMS)
+@pytest.mark.parametrize("extra", [None, "e"])
+@pytest.mark.parametrize("required", list(itertools.product([False, True], repeat=3)))
+def test_each_unordered_form_is_the_language_it_promises(form, extra, required):
+    # members `a`, `b`, `c` (each required or not) and additional members `e`, every sequence
+    # of up to six: "exact" is JSON Schema's language; "required" repeats optional and
+    # additional members; "chained" also keeps the required ones in the listed order
+    items = [(name, r) for name, r in zip("abc", required)]
+    regex, empty, got = unordered_members(items, extra, ",", [1] * 4, 10**9, forms=(form,))
+    assert got == form
+    need = [name for name, r in items if r]
+    for n in range(7):
+        for sequence in itertools.product("abc" + ("e" if extra else ""), repeat=n):
+            has_required = all(sequence.count(x) == 1 for x in need)
+            once = all(sequence.count(x) <= 1 for x in "abc")
+            expected = {
+                "exact": has_required and once,
+                "required": has_required,
+                "chained": has_required and [x for x in sequence if x in need] == need,
+            }[form]
+            accepted = bool(re.fullmatch(regex, ",".join(sequence))) if n else empty
+            assert accepted == expected, (form, sequence)
+
+
+def test_unordered_objects_fall_back_to_the_schema_order_past_the_budget():
+    items = [(name, True) for name in "abcdefgh"]  # eight required: chained, or the schema order
+    regex, _, form = unordered_members(items, None, ",", [1] * 8, 10**9)
+    assert form == "chained" and re.fullmatch(regex, "a,b,c,d,e,f,g,h")
+    assert not re.fullmatch(regex, "b,a,c,d,e,f,g,h")
+    # additional members copied between each two required ones: over the budget
+    assert unordered_members(items, "x", ",", [1] * 8 + [10**6], 0) == (None, False, "schema")
 
 
 def test_schema_or_required_first_accepts_exactly_the_two_orders():
@@ -1391,7 +1433,7 @@ def test_schema_or_required_first_accepts_exactly_the_two_orders():
     # nested objects too: `d` accepts "x" (required) before "y"
     assert regex.fullmatch('{"c":null,"a":1,"d":{"x":null,"y":null}}')
     assert not regex.fullmatch('{"a":1,"c":null,"b":"x"}')  # neither order
-    ordered = re.compile(json_schema_regex(schema))  # the default: the schema's order only
+    ordered = re.compile(json_schema_regex(schema, property_order="schema"))
     assert ordered.fullmatch('{"a":1,"c":null}') and not ordered.fullmatch('{"c":null,"a":1}')
 
 

@@ -23,7 +23,7 @@ nodes, our own regexes where outlines-core's would let invalid documents through
 | keyword | outlines-core alone | here |
 |---|---|---|
 | integer/number `minimum`, `maximum`, `exclusive*` | ignored | exact range regex (`ranges`), decimal bounds too (`minimum: 0.5`) |
-| string `format` | loose (`2023-02-31`, `\\d`), few formats | strict regexes (`formats`): date, time, date-time, email, uuid, ipv4, ipv6, hostname, uri, uri-reference, uri-template, byte, duration, regex |
+| string `format` | loose (`2023-02-31`, `\\d`), few formats | strict regexes (`formats`): date, time, date-time, email, uuid, ipv4, ipv6, hostname, uri, uri-reference, uri-template, duration, regex (only formats JSON Schema defines: OpenAPI's `byte` and other names are annotations) |
 | string `pattern` | copied between quotes: `.` can write a raw `"` | JSON-escaped translation, searched as in ECMA-262 (`patterns`), intersected exactly with `minLength`/`maxLength` (below) |
 | `type: [..]` with per-type keywords | keywords of the other types lost | split into `anyOf` |
 | `allOf` | regexes concatenated: invalid JSON | merged into one schema (object members together: each side's `additionalProperties` covers the keys its own `properties`/`patternProperties` leave, `_merge_members`; a later part that lists properties is merged into each branch of an earlier part's `anyOf`/`oneOf`, so a branch's members come first, in the order of the parts, as llguidance writes them, `into_branches`) |
@@ -192,7 +192,8 @@ from .references import NEVER as NEVER
 from .references import RECURSIVE as RECURSIVE
 from .references import applicator_first as applicator_first
 from .references import inline_references as inline_references
-from .budgets import ANY_ORDER_BUDGET as ANY_ORDER_BUDGET
+from .budgets import UNORDERED_BUDGET as UNORDERED_BUDGET
+from .budgets import UNORDERED_FACTOR as UNORDERED_FACTOR
 from .budgets import ANY_ORDER_MAX as ANY_ORDER_MAX
 from .budgets import COUNTED_ITEMS_MIN as COUNTED_ITEMS_MIN
 from .budgets import COUNTED_STRING_MIN as COUNTED_STRING_MIN

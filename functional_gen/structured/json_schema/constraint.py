@@ -34,11 +34,12 @@ class JsonSchema(AbstractConstraint):
 
     The schema is checked and turned into a regex (`json_schema_regex`: outlines-core's
     conversion plus exact integer/number ranges, strict formats, JSON-safe string patterns,
-    merged `allOf`), then compiled like `Regex`. Properties come in the order of the schema
-    (members beside `allOf`/`anyOf`/`oneOf`/`$ref` in the order of those keywords in its text,
-    as llguidance orders them;
-    `property_order="schema_or_required_first"` also accepts the required ones first,
-    `"any"` any order for small objects);
+    merged `allOf`), then compiled like `Regex`. Properties come in any order, additional
+    ones among the listed ones (JSON Schema does not order an object's members;
+    `PROPERTY_ORDERS` says where a large object's optional members may repeat or its required
+    ones keep their listed order among themselves); `property_order="schema"` keeps the order
+    of the schema (members beside `allOf`/`anyOf`/`oneOf`/`$ref` in the order of those
+    keywords in its text, as llguidance orders them; smaller automata);
     optional properties may be left out; whitespace between tokens is none or one space by
     default. Recursive `$ref`s are calls of a rule of a pushdown automaton, nested as deep as
     `stack_depth` allows, where that runs deterministically (`json_schema_compile`); otherwise,
@@ -81,7 +82,7 @@ class JsonSchema(AbstractConstraint):
       its decode step costs the same within noise and it compiles as fast as depth 1 (see
       `DEFAULT_FREE_FORM_DEPTH`). `per_row` uses its token form (with a warning).
     - `stack_depth`: stack slots of the pushdown automaton (default 32).
-    - `property_order`: `"schema"` (default), `"schema_or_required_first"` or `"any"`, see
+    - `property_order`: `"any"` (default), `"schema"` or `"schema_or_required_first"`, see
       `PROPERTY_ORDERS`.
 
     The automaton is chosen automatically (`json_schema_compile`): a single schema whose regex
@@ -126,7 +127,7 @@ class JsonSchema(AbstractConstraint):
         closed_objects: bool = False,
         free_form_depth: int | None = DEFAULT_FREE_FORM_DEPTH,
         stack_depth: int = DEFAULT_STACK_DEPTH,
-        property_order: str = "schema",
+        property_order: str = "any",
     ):
         @typing.no_type_check
         def is_single(s):

@@ -24,7 +24,7 @@ from .keys import (
     overlap,
     unmatched_keys,
 )
-from .property_order import any_order, object_regex, second_order
+from .property_order import object_regex, second_order, unordered
 from .references import (
     NEVER,
 )
@@ -246,8 +246,8 @@ def rewrite_object(rewriter: "Rewriter", node: dict, path: str):
             rewriter.ws,
             min_count,
             max_count,
-            any_order=any_order(rewriter, items),
             second_order=second_order(rewriter, items, item_names, required),
+            unordered=unordered(rewriter, items, extras),
         )
     except TooLarge as e:
         raise UnsupportedSchemaError(

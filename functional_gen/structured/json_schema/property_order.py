@@ -1,6 +1,7 @@
 """Property order: an object's members as a regex in the order of `properties`
 (`object_regex`), optional members listed in blocks, and the orders `property_order` allows
-(`PROPERTY_ORDERS`: the schema's, required first as a second order, or any order).
+(`PROPERTY_ORDERS`: any order, the default, `unordered_members`; the schema's; required first
+as a second order).
 """
 
 import typing
@@ -62,33 +63,104 @@ def _listed_members(items, sep: str) -> tuple[str | None, bool]:
     return written, empty
 
 
-def _members_any_order(items, sep: str) -> tuple[str | None, bool]:
-    """As `_listed_members`, in any order: `(regex, empty)`, `regex` matching every non-empty
-    set of `items` (each member's regex and whether it is required) that keeps the required
-    ones, written in any order, members separated by `sep`. The regex follows the set written so
-    far, so each member appears `2 ** (n - 1)` times: for small objects only (`ANY_ORDER_MAX`,
-    `ANY_ORDER_BUDGET`). Deterministic: each member starts with its own key."""
-    if not items:
-        return None, True
-    n = len(items)
-    required = sum(1 << i for i, (_, r) in enumerate(items) if r)
-    memo: dict[int, str] = {}
+UNORDERED_FORMS = ("exact", "required", "chained")
+"""The forms `unordered_members` tries, in order."""
 
-    @typing.no_type_check
-    def after(mask: int) -> str:
-        if mask not in memo:
-            alternatives = [
-                f"{sep}{items[i][0]}{after(mask | 1 << i)}" for i in range(n) if not mask >> i & 1
-            ]
-            if not alternatives:
-                memo[mask] = ""
-            else:
-                body = "|".join(f"(?:{a})" for a in alternatives)
-                memo[mask] = f"(?:{body})" + ("?" if mask & required == required else "")
-        return memo[mask]
 
-    first = "|".join(f"(?:{items[i][0]}{after(1 << i)})" for i in range(n))
-    return f"(?:{first})", required == 0
+def unordered_members(
+    items,
+    extra: str | None,
+    sep: str,
+    sizes: list[int],
+    budget: int,
+    forms: tuple[str, ...] = UNORDERED_FORMS,
+) -> tuple[str | None, bool, str]:
+    """The members of an object in any order: `(regex, empty, form)`, `regex` matching every
+    non-empty sequence of `items` (each listed `"key": value` regex and whether it is required)
+    and of additional members (`extra`, the regex of one, or `None`) that holds every required
+    item, members separated by `sep`; `empty` says whether no member at all is allowed;
+    `sizes[i]` is item `i`'s regex length with its markers expanded (`extra` last); `forms`:
+    those to try, in order (tests force one).
+
+    The first form whose expanded regex stays within `budget` characters or
+    `UNORDERED_FACTOR` times the members' own (each member
+    regex is copied once per path of the automaton through the set of members written, so the
+    text grows factorially with the members tracked, while the byte DFA has one copy of each
+    member per *set*, `2 ** tracked`):
+
+    - `"exact"`: every listed item at most once, in any order, additional members anywhere
+      (the language of JSON Schema: exactly the valid documents);
+    - `"required"`: the required items exactly once each, in any order; the optional ones and
+      the additional members in any order and number (an optional key written twice parses
+      to its last value, which also satisfies its schema: no document outside the schema's
+      language after `json.loads`, but a repeated key is accepted);
+    - `"chained"`: as `"required"`, the required items in the listed order among themselves
+      (their position among the others free);
+    - `"schema"` (`regex` `None`: the caller writes the listed order) when none fits.
+
+    Deterministic regexes are not needed: the byte DFA is built from the regex."""
+    if not items and extra is None:
+        return None, True, "exact"
+    required_mask = sum(1 << i for i, (_, r) in enumerate(items) if r)
+    keep = [(f"\x00{i}\x00", r) for i, (_, r) in enumerate(items)]
+    place_extra = f"\x00{len(items)}\x00"
+
+    def build(tracked: list[int], free: list[int], chained: bool) -> str:
+        free_body = "|".join(f"(?:{keep[i][0] if i < len(items) else place_extra})" for i in free)
+        star = f"(?:{sep}(?:{free_body}))*" if free else ""
+        need = sum(1 << k for k, i in enumerate(tracked) if required_mask >> i & 1)
+        full = (1 << len(tracked)) - 1
+        memo: dict[int, str] = {}
+
+        def next_of(mask: int) -> list[int]:
+            left = [k for k in range(len(tracked)) if not mask >> k & 1]
+            return left[:1] if chained else left
+
+        def after(mask: int) -> str:
+            if mask not in memo:
+                alternatives = [
+                    f"{sep}{keep[tracked[k]][0]}{after(mask | 1 << k)}" for k in next_of(mask)
+                ]
+                done = mask & need == need
+                if not alternatives or mask == full:
+                    memo[mask] = star
+                else:
+                    body = "(?:" + "|".join(f"(?:{a})" for a in alternatives) + ")"
+                    memo[mask] = star + body + ("?" if done else "")
+            return memo[mask]
+
+        # free members first, then the first tracked one (each tracked subtree written once)
+        lead = f"(?:(?:{free_body})(?:{sep}(?:{free_body}))*{sep})?" if free else ""
+        firsts = [f"{keep[tracked[k]][0]}{after(1 << k)}" for k in next_of(0)]
+        alternatives = [lead + "(?:" + "|".join(f"(?:{f})" for f in firsts) + ")"] if firsts else []
+        if free and not need:  # only free members
+            alternatives.append(f"(?:{free_body})(?:{sep}(?:{free_body}))*")
+        return "(?:" + "|".join(f"(?:{a})" for a in alternatives) + ")"
+
+    everything = list(range(len(items)))
+    required = [i for i in everything if required_mask >> i & 1]
+    optional = [i for i in everything if not required_mask >> i & 1]
+    extras = [len(items)] if extra is not None else []
+    regexes = [r for r, _ in items] + ([extra] if extra is not None else [])
+    shapes = {
+        "exact": (everything, extras, False),
+        "required": (required, optional + extras, False),
+        "chained": (required, optional + extras, True),
+    }
+    for form in forms:
+        tracked, free, chained = shapes[form]
+        if form != "chained" and len(tracked) > budgets.ANY_ORDER_MAX:
+            continue
+        text = build(tracked, free, chained)
+        size = len(text) + sum(
+            text.count(f"\x00{i}\x00") * (sizes[i] - len(f"\x00{i}\x00"))
+            for i in range(len(regexes))
+        )
+        if size <= max(budget, budgets.UNORDERED_FACTOR * sum(sizes)):
+            for i, r in enumerate(regexes):
+                text = text.replace(f"\x00{i}\x00", r)
+            return text, required_mask == 0, form
+    return None, required_mask == 0, "schema"
 
 
 def _members_two_orders(items, order, sep: str) -> tuple[str | None, bool]:
@@ -108,8 +180,8 @@ def object_regex(
     ws: str,
     min_count: int,
     max_count: int | None,
-    any_order: bool = False,
     second_order: list[int] | None = None,
+    unordered: tuple[list[int], int] | None = None,
 ) -> str | None:
     """The regex of an object: `items` (the regex of each listed `"key": value`, and whether it
     is required) in order, then `extra` (the regex of one additional `"key": value`, or `None`)
@@ -117,12 +189,11 @@ def object_regex(
     object fits. Without bounds beyond "at least one member", the listed members are
     `_listed_members` (linear size); otherwise a table of "rest of the object after member i,
     with c members written", where c saturates at the largest bound that matters. With
-    `any_order`, the listed members of the first two cases come in any order
-    (`_members_any_order`)."""
+    `unordered = (sizes, budget)` (`property_order="any"`), the
+    members of the first two cases, additional ones included, come in any order
+    (`unordered_members`, `sizes` the expanded length of each item's regex and of `extra`)."""
     sep = f"{ws},{ws}"
-    if any_order:
-        members = _members_any_order
-    elif second_order is not None:
+    if second_order is not None:
         members = lambda items, sep: _members_two_orders(items, second_order, sep)  # noqa: E731
     else:
         members = _listed_members
@@ -173,6 +244,12 @@ def object_regex(
         memo[(i, c)] = out
         return out
 
+    if unordered is not None and min_count <= 1 and max_count is None:
+        sizes, budget = unordered
+        listed, empty, _ = unordered_members(items, extra, sep, sizes, budget)
+        if listed is not None:
+            body = f"(?:{listed})?" if empty and not min_count else listed
+            return rf"\{{{ws}{body}{ws}\}}"
     if min_count <= 1 and max_count is None and extra is None:
         # no count that matters beyond "at least one": the listed members in linear size
         listed, empty = members(items, sep)
@@ -216,35 +293,33 @@ def second_order(
     return order if size <= budgets.SECOND_ORDER_BUDGET else None
 
 
-def any_order(rewriter: "Rewriter", items) -> bool:
-    """Whether an object's listed members (`items`) may come in any order: with
-    `property_order="any"`, 2 to `ANY_ORDER_MAX` members whose regexes, expanded and
-    copied once per set of the others (`_members_any_order`), stay within
-    `ANY_ORDER_BUDGET` characters."""
-    if rewriter.property_order != "any" or not 2 <= len(items) <= budgets.ANY_ORDER_MAX:
-        return False
-    try:
-        size = sum(len(rewriter.substitute(r, limit=budgets.ANY_ORDER_BUDGET)) for r, _ in items)
-    except RegexTooLarge:
-        return False
-    return size << (len(items) - 1) <= budgets.ANY_ORDER_BUDGET
+def unordered(rewriter: "Rewriter", items, extras: list[str]) -> tuple[list[int], int] | None:
+    """With `property_order="any"` (the default): `(sizes, budget)` for `object_regex`'s
+    `unordered`, `sizes` the weight (`Rewriter.weight`: markers expanded) of each listed
+    member's regex (`items`) and of the additional members' (`extras`, joined); else `None`."""
+    if rewriter.property_order != "any":
+        return None
+    sizes = [rewriter.weight(r) for r, _ in items]
+    if extras:
+        sizes.append(rewriter.weight("|".join(extras)))
+    return sizes, budgets.UNORDERED_BUDGET
 
 
-PROPERTY_ORDERS = ("schema", "schema_or_required_first", "any")
-"""Values of `property_order`:
+PROPERTY_ORDERS = ("any", "schema", "schema_or_required_first")
+"""Values of `property_order` (JSON Schema does not order an object's members):
 
-- `"schema"` (the default): always the order of `properties`, as llguidance, outlines and
-  XGrammar generate.
+- `"any"` (the default): members in any order, additional ones among the listed ones
+  (`unordered_members`): exactly the valid orders where the object's members, tracked as a
+  set, stay within `ANY_ORDER_MAX` members and `UNORDERED_BUDGET` characters; beyond, the
+  required members are tracked (each exactly once, in any order; in the listed order among
+  themselves when there are more than `ANY_ORDER_MAX` of them or the regex would exceed the
+  budget) and the optional and additional ones may come anywhere, also twice. Objects with
+  `minProperties` over 1 or a `maxProperties` keep the schema order (the count needs it).
+- `"schema"`: always the order of `properties` (then the additional members), as
+  llguidance, outlines and XGrammar generate; smaller automata, but a valid document whose
+  members come in another order is refused.
 - `"schema_or_required_first"`: that order, or the required properties first (in the order of
   `required`) and then the others in schema order, for objects whose members stay within
-  `SECOND_ORDER_BUDGET`. Schemas often list `properties` alphabetically while `required`
-  keeps the author's order, and documents follow either: of MaskBench's valid instances, the
-  objects of two or more listed properties whose two orders differ follow the schema order
-  6,745 times, required-first 147 times, neither 79 times (dev file, all splits). On the five
-  splits (24 each): valid instances accepted 145 -> 148 of 157, automaton states +17%, so
-  opt-in (the compile p50 target is 100 ms).
-- `"any"`: small objects (`ANY_ORDER_MAX` listed properties or fewer, within
-  `ANY_ORDER_BUDGET`) in any order; larger ones in schema order. Measured on the five splits
-  (24 each, same process, order schema / any): compile p50 114 / 177 ms, total 111 / 159 s,
-  automaton states +27%, valid instances accepted 143 / 144 of 157 (the rest list large
-  objects out of order): opt-in."""
+  `SECOND_ORDER_BUDGET`. Of MaskBench's valid instances, the objects of two or more listed
+  properties whose two orders differ follow the schema order 6,745 times, required-first 147
+  times, neither 79 times (dev file, all splits)."""

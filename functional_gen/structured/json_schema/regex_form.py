@@ -37,7 +37,7 @@ def json_schema_regex(
     strict: bool = True,
     closed_objects: bool = False,
     free_form_depth: int | FreeValueCall | None = NESTED_FREE_FORM_DEPTH,
-    property_order: str = "schema",
+    property_order: str = "any",
 ) -> str:
     """The regex of the JSON documents valid under `schema` (see the module docstring).
 
@@ -47,9 +47,9 @@ def json_schema_regex(
     keywords that cannot be enforced (`False`: drop them, with one `UserWarning` listing them);
     `closed_objects`: allow no property beyond the listed ones (and `patternProperties`), as if
     every object had `"additionalProperties": false`; `free_form_depth`: how deep a free-form
-    value may nest (see `NESTED_FREE_FORM_DEPTH`); `property_order`: `"schema"` (default),
-    `"schema_or_required_first"` (or the required properties first) or `"any"` (the listed
-    properties of small objects in any order); see `PROPERTY_ORDERS`.
+    value may nest (see `NESTED_FREE_FORM_DEPTH`); `property_order`: `"any"` (default: the
+    members in any order), `"schema"` (the order of `properties`) or
+    `"schema_or_required_first"` (or the required properties first); see `PROPERTY_ORDERS`.
 
     **Raises:** `SchemaTooLargeError` for a schema over `budgets.MAX_SCHEMA_BYTES` bytes of
     JSON text (before anything else); `InvalidSchemaError` for a schema its metaschema rejects

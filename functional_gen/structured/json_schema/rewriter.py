@@ -108,7 +108,7 @@ class Rewriter:
         max_recursion_depth: int = DEFAULT_MAX_RECURSION_DEPTH,
         free_form_depth: "int | FreeValueCall | None" = NESTED_FREE_FORM_DEPTH,
         counted_strings: bool = False,
-        property_order: str = "schema",
+        property_order: str = "any",
         expansions: Sequence = (),
         origins: Mapping | None = None,
     ):
@@ -400,7 +400,7 @@ def rewrite(
     closed_objects: bool = False,
     free_form_depth: int | FreeValueCall | None = NESTED_FREE_FORM_DEPTH,
     counted_strings: bool = False,
-    property_order: str = "schema",
+    property_order: str = "any",
     recursive: bool = False,
 ) -> tuple[Rewriter, str] | None:
     """The rewriter after its pass over `schema` and the schema's regex with the markers left
