@@ -1,6 +1,8 @@
 """Self-attention of the decoder: rotary position embedding, the per-layer slice of the `KVCache`,
-and grouped-query attention over the written cache slots, for prefill (query blocks) and decode
-(attention-length branches).
+and grouped-query attention over the written cache slots, for prefill (query blocks, or one
+`jax.nn.dot_product_attention` call) and decode (attention-length branches, or the whole cache):
+which form runs is the model's `ExecutionPlan` (`functional_gen.models.execution_plan`), given
+to every call as the static `plan` (the CPU plan by default).
 
 Source: Vaswani et al. 2017 (scaled dot-product attention), Ainslie et al. 2023 (grouped-query
 attention), Su et al. 2021 (RoPE); the reference implementation is transformers'

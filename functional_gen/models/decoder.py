@@ -21,6 +21,8 @@ Note on layout: inside the model, activations are *feature-major*, `[hidden, tok
 tokens of all rows are flattened. Every projection is then `weight @ x`, whose output layout XLA's
 CPU backend computes about twice as fast as `x @ weight.T` for the few-token matmuls of batched
 decoding (see `benchmarks/`); the public inputs and outputs are ordinary `[batch, seq, ...]`.
+Every plan (`ExecutionPlan`, the per-backend choices) keeps this layout: XLA's GPU backend
+assigns the layouts of a dot's operands itself, so the `weight @ x` form costs it nothing.
 
 Words: `seq` is the number of tokens in this call, `max_len` the cache slots per row, `kv_seq`
 the slots attended over (= `max_len`).
@@ -49,7 +51,7 @@ from .attention import (
 )
 from .base import AbstractCausalLM, fingerprint
 from .config import DecoderConfig
-from .execution_plan import CPU_PLAN, ExecutionPlan
+from .execution_plan import CPU_PLAN, ExecutionPlan, check_plan
 from .families import hf_weights, split_projections
 from .kv_cache import KVCache, resolve_kv_cache_dtype
 from .norms import RMSNorm as RMSNorm
@@ -416,7 +418,7 @@ class DecoderForCausalLM(AbstractCausalLM):
         """
         c = config
         _quantization.check_quantization(quantization)
-        self.plan = _check_plan(ExecutionPlan.for_backend() if plan is None else plan)
+        self.plan = check_plan(ExecutionPlan.for_backend() if plan is None else plan)
         matrix_format = _quantization.weight_format(jnp.zeros((), dtype))
         if matrix_format == "int8":
             raise ValueError(
@@ -508,7 +510,7 @@ class DecoderForCausalLM(AbstractCausalLM):
         **Raises:** `TypeError` if `plan` is not an `ExecutionPlan`.
         """
         model = copy.copy(self)
-        object.__setattr__(model, "plan", _check_plan(plan))  # a static field
+        object.__setattr__(model, "plan", check_plan(plan))  # a static field
         return model
 
     @property
@@ -797,14 +799,6 @@ class DecoderForCausalLM(AbstractCausalLM):
             c.num_attention_heads * c.head_dim,
             c.num_key_value_heads * c.head_dim,
         )
-
-
-def _check_plan(plan) -> ExecutionPlan:
-    if not isinstance(plan, ExecutionPlan):
-        raise TypeError(
-            f"`plan` must be a functional_gen.models.ExecutionPlan, got {type(plan).__name__}"
-        )
-    return plan
 
 
 def _path_name(path) -> str:

@@ -100,12 +100,11 @@ class ExecutionPlan:
       and casts the probabilities to the cache's dtype for the product with the values.
     - `scan_min_tokens`: a prefill of at least this many tokens (rows times tokens) runs its
       layers as a `lax.scan` over stacked weights (`DecoderModel._scan_layers`), shorter calls
-      and decode unrolled; `None`: the module constant `decoder.SCAN_MIN_TOKENS` (1,024,
-      measured on the CPU: scanning compiles one layer group instead of every layer, 4.7 s
-      against 18.4 s at 1,024 tokens, but XLA's CPU backend copies each layer's weights out of
-      the stack, 9% of a 1,024-token prefill and 25-30% of a decode step). CPU and GPU: `None`
-      (on the GPU unmeasured: compile time matters as much there, and a prefill is one call,
-      so the loop's per-iteration cost is small against its arithmetic).
+      and decode unrolled; `None`: the module constant `decoder.SCAN_MIN_TOKENS` (1,024; its
+      docstring has the CPU measurements: one layer group to compile against a copy of each
+      layer's weights). CPU and GPU: `None` (on the GPU unmeasured: compile time matters as
+      much there, and a prefill is one call, so the loop's per-iteration cost is small against
+      its arithmetic).
     - `logits_fence`: the output head's `[vocab, tokens]` product passes an
       `optimization_barrier` before its transpose. CPU (True): otherwise XLA folded the
       transpose into the dot and computed the token-major product, whose CPU kernel took 43 ms
@@ -207,6 +206,18 @@ class ExecutionPlan:
         """`compiler_options` as the dict `jax.jit(..., compiler_options=...)` and
         `jitted.lower(...).compile(...)` take (empty for the CPU plan)."""
         return dict(self.compiler_options)
+
+
+def check_plan(plan) -> ExecutionPlan:
+    """`plan` itself if it is an `ExecutionPlan`.
+
+    **Raises:** `TypeError` naming the type given otherwise (e.g. the string `"gpu"`: use
+    `ExecutionPlan.for_backend("gpu")`)."""
+    if not isinstance(plan, ExecutionPlan):
+        raise TypeError(
+            f"`plan` must be a functional_gen.models.ExecutionPlan, got {type(plan).__name__}"
+        )
+    return plan
 
 
 CPU_PLAN = ExecutionPlan()
