@@ -148,6 +148,11 @@ class GuidedModel(AbstractCausalLM):
         return self.model.vocab_size
 
     @property
+    def compiler_options(self) -> tuple[tuple[str, str], ...]:
+        """The guided model's per-program XLA options (its execution plan's)."""
+        return self.model.compiler_options
+
+    @property
     def eos_token_id(self) -> tuple[int, ...]:
         """The guided model's EOS ids."""
         return self.model.eos_token_id

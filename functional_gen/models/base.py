@@ -41,7 +41,8 @@ class AbstractCausalLM(eqx.Module):
     (a `transformers.GenerationConfig` or `None`), and `config_fingerprint` (a string that
     changes when anything that shapes the cache or the logits changes; a `SequenceState` made
     by one model refuses to continue with another); `num_layers` and `kv_cache_dtype` are
-    concrete (the layers and the key/value dtype of the cache `init_cache` makes), and so is
+    concrete (the layers and the key/value dtype of the cache `init_cache` makes), as are
+    `compiler_options` (per-program XLA options of the `generate` program; none by default) and
     `with_kv_cache_dtype` (a model that stores its choice in a static `kv_cache_dtype` field,
     as `DecoderForCausalLM` does, can change it).
     """
@@ -107,6 +108,15 @@ class AbstractCausalLM(eqx.Module):
         """Decoder layers: the per-layer buffers of the model's `KVCache` (read from the shapes
         of `init_cache`, nothing allocated), e.g. to check an `EarlyExit` draft against it."""
         return len(jax.eval_shape(lambda: self.init_cache(1, 1)).k)
+
+    @property
+    def compiler_options(self) -> tuple[tuple[str, str], ...]:
+        """Per-program XLA options, `((name, value), ...)`, that generation compiles its whole
+        `generate` program (prefill and the `while_loop` of steps) with: none here;
+        `DecoderForCausalLM` returns its `ExecutionPlan.compiler_options` (the GPU plan's command
+        buffers for `while` and conditionals), and a wrapping model (classifier-free guidance's
+        `GuidedModel`) returns its inner model's."""
+        return ()
 
     @property
     def kv_cache_dtype(self) -> str:

@@ -514,6 +514,14 @@ class DecoderForCausalLM(AbstractCausalLM):
         return model
 
     @property
+    def compiler_options(self) -> tuple[tuple[str, str], ...]:
+        """The plan's per-program XLA options (`ExecutionPlan.compiler_options`): none under the
+        CPU plan; under the GPU plan XLA's command buffers for `while` and conditionals, so that
+        `generate`'s loop of steps replays as CUDA graphs instead of returning to the host every
+        iteration."""
+        return self.plan.compiler_options
+
+    @property
     def dtype(self):
         """The dtype of the activations and the logits: always float32 (the weights may be
         stored as bfloat16 or int8, see `weight_format`; the `KVCache` as `kv_cache_dtype`)."""

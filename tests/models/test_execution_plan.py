@@ -292,3 +292,36 @@ def test_dot_product_prefill_matches_a_numpy_attention(case):
     np.testing.assert_allclose(got[token], expected[token], atol=tol)
     np.testing.assert_allclose(blocks[token], expected[token], atol=tol)
     assert np.all(got[~token] == 0)
+
+
+def test_generate_compiles_with_the_plans_compiler_options():
+    """`fg.generate_token_ids` under the GPU plan runs the whole `generate` program compiled with
+    the plan's per-program options (command buffers for `while` and conditionals, which XLA's
+    CPU backend parses and ignores), and gives the CPU plan's greedy tokens."""
+    import functional_gen as fg
+    from functional_gen.generation import program
+
+    model = tiny("llama-llama3-rope")
+    ids = np.random.default_rng(1).integers(3, 100, (2, 7)).tolist()
+    options = GPU.compiler_options
+    assert model.compiler_options == () and model.with_plan(GPU).compiler_options == options
+    assert program.generation_program(()) is program.run_generation
+    expected = fg.generate_token_ids(model, ids, max_new_tokens=5, eos_token_id=()).token_ids
+    calls = []
+    original = program.generation_program
+
+    def spy(compiler_options):
+        calls.append(compiler_options)
+        return original(compiler_options)
+
+    program.generation_program = spy
+    try:
+        got = fg.generate_token_ids(
+            model.with_plan(GPU), ids, max_new_tokens=5, eos_token_id=()
+        ).token_ids
+    finally:
+        program.generation_program = original
+    assert calls == [options]
+    assert program.generation_program(options) is program._PROGRAMS[options]
+    assert program.generation_program(options) is not program.run_generation
+    np.testing.assert_array_equal(got, expected)
