@@ -701,7 +701,8 @@ def main(argv=None) -> int:
         "--xla-command-buffers",
         action="store_true",
         help="add --xla_gpu_enable_command_buffer=+WHILE,+CONDITIONAL to XLA_FLAGS (every "
-        "program; for a package whose generate loop does not yet pass the plan's options)",
+        "program, process-wide; the generate program already sets it per program under the "
+        "GPU plan: this compares the two)",
     )
     parser.add_argument("--no-smoke", action="store_true")
     parser.add_argument(

@@ -39,10 +39,10 @@
 #            --budget-s 400 [extra arguments of this script after `device`]
 #    so that $OUT/bench_gpu.json (every figure), $OUT/bench_gpu.log (the whole output) and
 #    $OUT/decode.xplane.pb (the profile) come back. The reply's output_tail ends with the tables.
-#    If `grep -rn jit_compiler_options functional_gen/generation` finds nothing here, the
-#    `generate` loop does not yet compile with the GPU plan's command-buffer option: then run
-#    `sh benchmarks/gpu_run.sh device --xla-command-buffers` (the same option, process-wide,
-#    through XLA_FLAGS; the JSON and the table name the XLA_FLAGS used).
+#    The `generate` program compiles with the GPU plan's command-buffer option itself
+#    (`generation_program`); `sh benchmarks/gpu_run.sh device --xla-command-buffers` sets the
+#    same option process-wide through XLA_FLAGS instead (the JSON and the table name the
+#    XLA_FLAGS used), to compare.
 #    Add `--prefill-32k` for the 32,768-token prefill on the 8B shape (run last, if time is left).
 set -e
 cd "$(dirname "$0")/.."
