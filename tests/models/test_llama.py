@@ -121,7 +121,9 @@ def test_prefill_equals_call_on_empty_cache():
     positions = jnp.where(positions >= 0, positions, -1)  # 20 padding slots
     a, cache_a = model.prefill(token_ids, positions, max_len=seq + 5, logits_to_keep=0)
     b, cache_b = model(token_ids, positions, model.init_cache(1, seq + 5))
-    np.testing.assert_allclose(np.asarray(a)[:, 20:], np.asarray(b)[:, 20:], rtol=1e-5, atol=1e-5)
+    # float32 sums in another order (query blocks vs one pass): 2 of 28,280 logits differed by
+    # 1.44e-5 on one machine (2026-11-28, on main before and after the execution plan)
+    np.testing.assert_allclose(np.asarray(a)[:, 20:], np.asarray(b)[:, 20:], rtol=1e-5, atol=3e-5)
     np.testing.assert_array_equal(np.asarray(cache_a.positions), np.asarray(cache_b.positions))
     np.testing.assert_array_equal(np.asarray(cache_a.length), np.asarray(cache_b.length))
     for x, y in zip(cache_a.k + cache_a.v, cache_b.k + cache_b.v):  # padding slots may differ
