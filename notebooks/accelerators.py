@@ -240,7 +240,8 @@ for label, (params, ours, _) in shapes.items():
 # - **Compiler options.** The GPU plan asks XLA, per compiled program, to record `while` loops
 #   and conditionals into command buffers, so that the whole `generate` loop replays as CUDA
 #   graphs instead of returning to the host each iteration.
-#
+
+# %% [markdown]
 # ## Next
 #
 # This is the last tutorial. [Running on GPU](../../gpu/) says how to install the CUDA build,
