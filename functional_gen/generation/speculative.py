@@ -569,6 +569,8 @@ def _draft_in_cache_dtype(proposer: AbstractProposer, model: AbstractCausalLM):
         draft = proposer.draft.with_kv_cache_dtype(model.kv_cache_dtype)
     except ValueError:  # a draft without a `kv_cache_dtype` field
         return proposer
+    if draft is proposer.draft:  # already in the target's dtype: the proposer as given
+        return proposer
     return eqx.tree_at(lambda p: p.draft, proposer, draft)
 
 

@@ -112,10 +112,13 @@ def replay(model, processor, prompt, generated, max_len=64):
 
 
 def assert_scores_close(ours, theirs, scale):
-    """Within 1e-4 per branch: the mix `s * cond + (1 - s) * uncond` carries each branch's
-    float32 rounding times |s| and |1 - s|, so the bound is `(|s| + |1 - s|) * 1e-4` (1e-4 for
-    0 <= s <= 1, 2e-4 at s = 1.5, 5e-4 at s = 3)."""
-    atol = 1e-4 * max(1.0, abs(scale) + abs(1 - scale))
+    """Within 1.5e-4 per branch: the mix `s * cond + (1 - s) * uncond` carries each branch's
+    float32 rounding times |s| and |1 - s|, so the bound is `(|s| + |1 - s|) * 1.5e-4` (1.5e-4
+    for 0 <= s <= 1, 3e-4 at s = 1.5, 7.5e-4 at s = 3). Per branch: SmolLM2's logits reach
+    |30|, where float32's spacing is 1.9e-6 and transformers' sums in another order differ by up
+    to ~1.1e-4 (the CI machine of 2026-11-28: 2.04e-4 after the s = 1.5 mix, one logit of
+    49,152, against the 2e-4 a 1e-4 per-branch bound gave)."""
+    atol = 1.5e-4 * max(1.0, abs(scale) + abs(1 - scale))
     assert len(ours) == len(theirs)
     for step, (a, b) in enumerate(zip(ours, theirs)):
         np.testing.assert_allclose(a, b, atol=atol, rtol=0, err_msg=f"step {step}")
