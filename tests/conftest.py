@@ -15,6 +15,9 @@ try:
 except ImportError:  # pytest-xdist is a test dependency (pyproject's addopts pass `-n 2`)
     LoadFileScheduling = None
 
+# seconds per test file, printed at the end of every run (tests/file_times.py)
+pytest_plugins = ("tests.file_times",)
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # JAX's strict dtype promotion (as in Equinox's tests): mixing dtypes without an explicit cast,
@@ -284,14 +287,23 @@ def pytest_collection_modifyitems(config, items):
     items[:] = [by_id[n] for n in heaviest_files_first([item.nodeid for item in items])]
 
 
+# Tests that are work units of their own: each notebook runs in a kernel of its own and shares no
+# fixture with the others, so the two workers share the notebooks (about 30 minutes of one worker
+# in one unit on the CI machine of 2026-11-28) instead of one worker running them all.
+OWN_UNIT_PREFIXES = ("tests/test_notebooks.py::test_notebook_runs[",)
+
+
 if LoadFileScheduling is not None:
 
     class LoadFileGroups(LoadFileScheduling):
         """`--dist loadfile` (each file's tests on one worker, so module fixtures are built once),
-        with the files of one `SAME_WORKER` group as one work unit."""
+        with the files of one `SAME_WORKER` group as one work unit, and each test whose id starts
+        with one of `OWN_UNIT_PREFIXES` a unit of its own."""
 
         def _split_scope(self, nodeid: str) -> str:
             file = super()._split_scope(nodeid)
+            if nodeid.startswith(OWN_UNIT_PREFIXES):
+                return nodeid
             return SAME_WORKER.get(file, file)
 
     @pytest.hookimpl(tryfirst=True, optionalhook=True)
