@@ -207,6 +207,29 @@ def generation_program(compiler_options: tuple[tuple[str, str], ...]) -> Callabl
     return program
 
 
+def _step(step, state):
+    return step(state)
+
+
+_STEP_PROGRAMS: dict[tuple[tuple[str, str], ...], Callable] = {}
+
+
+def step_program(compiler_options: tuple[tuple[str, str], ...]) -> Callable:
+    """ONE step of the loop, `(step, state) -> state`, jitted with the state donated (its
+    `KVCache` updated in place) and compiled with the per-program XLA options
+    `compiler_options` (`AbstractCausalLM.compiler_options`): what `fg.stream` calls once per
+    token. One jitted function per distinct set of options, made once, as `generation_program`
+    (under the GPU plan a step's conditionals, e.g. a processor's `lax.cond`, then run inside a
+    CUDA graph too).
+    """
+    program = _STEP_PROGRAMS.get(compiler_options)
+    if program is None:
+        options = {"compiler_options": dict(compiler_options)} if compiler_options else {}
+        program = eqx.filter_jit(_step, donate="all-except-first", **options)
+        _STEP_PROGRAMS[compiler_options] = program
+    return program
+
+
 def _inputs(prepared) -> tuple:
     return (
         prepared.step,

@@ -19,7 +19,7 @@ from ..sharding import to_host
 from ..tokenization import IncrementalDecoder, Prompt, is_chat
 from .options import GenerationOptions
 from .planning import plan_call
-from .program import finish_generation, repeat_rows, start_prepared
+from .program import finish_generation, repeat_rows, start_prepared, step_program
 from .result import GenerationResult, build_result
 from .samplers import AbstractSampler
 from .search import AbstractSearch
@@ -27,8 +27,6 @@ from .sequence_state import SequenceState
 from .speculative import Speculative
 from .state import FINISH_REASONS, GenerationState
 from .stop_strings import truncate_at_stop
-
-_step_jit = eqx.filter_jit(lambda step, state: step(state), donate="all-except-first")
 
 
 @eqx.filter_jit
@@ -159,7 +157,7 @@ def _beam_pieces(model, tokenizer, settings, prepared, out: Stream, state, promp
     emitted_tokens, emitted = [0] * prompts, [""] * prompts
     finished = np.zeros(prompts, bool)
     while not finished.all():
-        state = _step_jit(prepared.step, state)
+        state = step_program(prepared.step.model.compiler_options)(prepared.step, state)
         settled, tokens, done = to_host(_beam_prefix(state, nb))  # one transfer per step
         for b in np.flatnonzero(~finished):
             piece = ""
@@ -198,7 +196,7 @@ def _pieces(model, tokenizer, settings, prepared, out: Stream):
     seen = np.array(to_host(state.length))[:rows]
     out.tokens_per_step = [[] for _ in range(rows)]
     while not finished.all():
-        state = _step_jit(prepared.step, state)
+        state = step_program(prepared.step.model.compiler_options)(prepared.step, state)
         last, length, done, reason = to_host(_last_tokens(state, width))  # one transfer per step
         for row in np.flatnonzero(~finished):
             why = FINISH_REASONS[int(reason[row])]
@@ -222,7 +220,7 @@ def _pieces(model, tokenizer, settings, prepared, out: Stream):
                 yield row, texts[row][emitted[row] : len(texts[row]) - hold]
                 emitted[row] = len(texts[row]) - hold
     while not bool(np.all(to_host(state.done))):  # rows whose last token is still to be fed
-        state = _step_jit(prepared.step, state)
+        state = step_program(prepared.step.model.compiler_options)(prepared.step, state)
     out.state = state
     arrays = finish_generation(state, token_logprobs)
     out.result = build_result(model, tokenizer, settings, prepared, state, arrays, prompt_lp)

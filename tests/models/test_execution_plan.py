@@ -325,3 +325,33 @@ def test_generate_compiles_with_the_plans_compiler_options():
     assert program.generation_program(options) is program._PROGRAMS[options]
     assert program.generation_program(options) is not program.run_generation
     np.testing.assert_array_equal(got, expected)
+
+
+def test_stream_steps_compile_with_the_plans_compiler_options():
+    """`fg.stream` under the GPU plan calls its per-token step compiled with the plan's options
+    (`program.step_program`), and streams the CPU plan's greedy tokens."""
+    import functional_gen as fg
+    from functional_gen.generation import program, streaming
+
+    from ..helpers import tiny_tokenizer
+
+    model = tiny("llama-llama3-rope")
+    tokenizer = tiny_tokenizer(model.config.vocab_size)
+    prompt = "t5 t17 t3 t40"
+    kwargs = dict(max_new_tokens=4, eos_token_id=())
+    expected = fg.generate(model, tokenizer, prompt, **kwargs).token_ids
+    calls = []
+
+    def spy(compiler_options):
+        calls.append(compiler_options)
+        return program.step_program(compiler_options)
+
+    streaming.step_program, original = spy, streaming.step_program
+    try:
+        stream = fg.stream(model.with_plan(GPU), tokenizer, prompt, **kwargs)
+        "".join(stream)
+    finally:
+        streaming.step_program = original
+    assert calls and set(calls) == {GPU.compiler_options}
+    assert program.step_program(()) is not program.step_program(GPU.compiler_options)
+    np.testing.assert_array_equal(stream.result.token_ids, expected)
