@@ -265,9 +265,9 @@ for flag in (False, True):
 
 # %%
 chat = [{"role": "user", "content": "Name a famous Roman emperor."}]
-first = fg.generate(model, tokenizer, [chat], max_new_tokens=8, eos_token_id=())
+first = fg.generate(model, tokenizer, [chat], max_new_tokens=8)
 more = fg.generate(model, tokenizer, first.state, max_new_tokens=8)
-whole = fg.generate(model, tokenizer, [chat], max_new_tokens=16, eos_token_id=())
+whole = fg.generate(model, tokenizer, [chat], max_new_tokens=16)  # the same program as `first`
 print(repr(first.texts[0]), "+", repr(more.texts[0]))
 print("prefilled on the continuation:", more.prefill_tokens)
 assert first.texts[0] + more.texts[0] == whole.texts[0]
