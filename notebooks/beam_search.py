@@ -40,12 +40,13 @@ import functional_gen as fg
 from functional_gen.samplers import BeamSearch
 
 model, tokenizer = fg.load_model()
-NEW_TOKENS = 24  # every call below stays in one max_new_tokens bucket: one compiled program each
+NEW_TOKENS = 16  # one max_new_tokens bucket (16) for the calls that can share compiled programs
+NUM_BEAMS = 3  # one beam width throughout, so the searches below share compiled programs
 
 # %% [markdown]
 # ## Greedy against beam search
 #
-# The same prompt, decoded greedily and with 4 beams. `sequences_scores` is each returned
+# The same prompt, decoded greedily and with 3 beams. `sequences_scores` is each returned
 # hypothesis's summed log-probability divided by its length (`length_penalty=1.0`), exactly as
 # transformers computes it.
 
@@ -59,7 +60,7 @@ beams = fg.generate(
     tokenizer,
     prompt,
     max_new_tokens=NEW_TOKENS,
-    sampler=BeamSearch(4),
+    sampler=BeamSearch(NUM_BEAMS),
     num_return_sequences=2,
 )
 print("greedy:", repr(greedy.texts[0]), f"(sum of logprobs {float(greedy.logprobs.sum()):.2f})")
@@ -77,14 +78,16 @@ for text, score, logprobs in zip(beams.texts, beams.sequences_scores, beams.logp
 # the device). Each step keeps the best 3 of all continuations; the others are pruned.
 
 # %%
-num_beams, depth, fanout = 3, 4, 4
+num_beams, depth, fanout = NUM_BEAMS, 4, 4
 start = tokenizer("Once upon a time, a little")["input_ids"]
 beam_rows = [(start, 0.0, 0)]  # (token ids, cumulative logprob, node id)
 nodes = {0: dict(step=0, label="<prompt>", score=0.0, parent=None, kept=True)}
 for step in range(1, depth + 1):
-    state = fg.SequenceState.from_token_ids(
-        [ids for ids, _, _ in beam_rows], vocab_size=model.vocab_size
-    )
+    rows = [ids for ids, _, _ in beam_rows]
+    # the first step has one row: pad it to num_beams rows (copies, ignored below) so that every
+    # step runs at the same batch size, one compiled program
+    rows += rows[:1] * (num_beams - len(rows))
+    state = fg.SequenceState.from_token_ids(rows, vocab_size=model.vocab_size)
     out = fg.generate(
         model,
         tokenizer,
@@ -186,7 +189,9 @@ for penalty in (0.0, 1.0, 3.0):
         model,
         tokenizer,
         [chat],
-        max_new_tokens=NEW_TOKENS,
+        # longer, and one beam more: some hypotheses must finish before the budget for the
+        # penalty to matter (this chat prompt has its own length bucket: its own program anyway)
+        max_new_tokens=24,
         sampler=BeamSearch(4, length_penalty=penalty),
     )
     rows.append((penalty, out.num_tokens[0], float(out.sequences_scores[0]), out.texts[0]))
@@ -217,8 +222,8 @@ out = fg.generate(
     [[{"role": "user", "content": "Give a famous city and its country as JSON."}]],
     max_new_tokens=32,
     processors=[fg.processors.JsonSchema(schema, tokenizer)],
-    sampler=BeamSearch(3),
-    num_return_sequences=3,
+    sampler=BeamSearch(NUM_BEAMS),
+    num_return_sequences=NUM_BEAMS,
 )
 for text, score in zip(out.texts, out.sequences_scores):
     print(f"{float(score):7.3f}  {json.loads(text)}")

@@ -112,7 +112,7 @@ result = fg.generate(
     model,
     tokenizer,
     [prompt] * len(settings),
-    max_new_tokens=24,
+    max_new_tokens=16,
     processors=[CFG(model, [s for _, s, _ in settings], [n for *_, n in settings])],
 )
 print(f"({time.perf_counter() - start:.1f} s, compilation included)\n")
@@ -122,8 +122,8 @@ for (label, _, _), text in zip(settings, result.texts):
 # %% [markdown]
 # ## Does CFG keep the text on topic?
 #
-# A small measurement in the spirit of the paper: 20 prompts, each naming a topic, and a
-# continuation of 32 greedy tokens without and with guidance ($s = 1.5$, the paper's usual
+# A small measurement in the spirit of the paper: 8 prompts, each naming a topic, and a
+# continuation of 24 greedy tokens without and with guidance ($s = 1.5$, the paper's usual
 # value). A continuation counts as *on topic* when it mentions one of the topic's keywords.
 # This is a crude judge on a 135M-parameter model, not a benchmark: read the table as an
 # illustration of the measurement, not as a result about CFG.
@@ -133,23 +133,11 @@ TOPICS = [
     ("The best way to cook pasta is", ["pasta", "water", "boil", "salt", "sauce"]),
     ("My favourite thing about winter is", ["winter", "snow", "cold", "frost", "christmas"]),
     ("The main cause of ocean tides is", ["moon", "tide", "gravit"]),
-    ("To keep a houseplant healthy, you should", ["water", "light", "soil", "plant"]),
-    ("The history of the bicycle began", ["bicycle", "bike", "wheel", "ride", "cycl"]),
-    ("A good cup of coffee needs", ["coffee", "bean", "water", "brew"]),
     ("The planet Mars is known for", ["mars", "red", "planet"]),
-    ("When training for a marathon, runners", ["run", "mile", "race", "marathon", "train"]),
     ("The most important rule of chess is", ["chess", "king", "piece", "move", "board"]),
     ("Bees are important to farmers because", ["bee", "pollin", "flower", "crop", "honey"]),
-    ("The guitar has six strings that", ["string", "guitar", "note", "tune", "play"]),
     ("Volcanoes erupt when", ["magma", "lava", "volcan", "pressure", "erupt"]),
-    ("The French Revolution started in", ["france", "french", "revolution", "1789", "king"]),
-    ("A healthy breakfast should include", ["fruit", "protein", "egg", "oat", "grain"]),
-    ("Learning to swim as an adult", ["swim", "water", "pool", "stroke"]),
-    ("The internet works by sending", ["data", "packet", "network", "server", "computer"]),
-    ("Elephants live in groups called", ["herd", "elephant", "matriarch", "famil"]),
     ("The secret to baking bread is", ["bread", "dough", "yeast", "flour", "bak"]),
-    ("Photosynthesis is the process by which", ["plant", "light", "sun", "energy", "oxygen"]),
-    ("The rules of football say that", ["ball", "player", "goal", "team", "game"]),
 ]
 GUIDED = 1.5
 prompts = [p for p, _ in TOPICS] * 2
@@ -159,7 +147,7 @@ result = fg.generate(
     model,
     tokenizer,
     prompts,
-    max_new_tokens=32,
+    max_new_tokens=24,
     processors=[CFG(model, scales)],
 )
 print(f"{len(prompts)} continuations in {time.perf_counter() - start:.1f} s (compilation included)")

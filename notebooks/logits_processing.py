@@ -249,7 +249,7 @@ def no_letter_e(logits, context):
 
 _ = show([P.Stateless(no_letter_e)], "Stateless(no_letter_e)")
 result = fg.generate(
-    model, tokenizer, ["A short story about a cat:"], processors=[no_letter_e], max_new_tokens=30
+    model, tokenizer, ["A short story about a cat:"], processors=[no_letter_e], max_new_tokens=16
 )
 print(result.texts[0])
 
@@ -388,7 +388,7 @@ result = fg.generate(
     processors=chain,
     sampler=fg.samplers.Multinomial(),
     key=jax.random.key(SEED),
-    max_new_tokens=30,
+    max_new_tokens=16,
 )
 for t, text in zip([0.3, 1.3], result.texts):
     print(f"temperature {t}: {text!r}")

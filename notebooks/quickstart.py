@@ -36,7 +36,7 @@ import numpy as np
 
 import functional_gen as fg
 
-MAX_NEW_TOKENS = 40
+MAX_NEW_TOKENS = 24
 SEED = 0
 
 # %% [markdown]
@@ -155,7 +155,7 @@ for text in sampled.texts:
 # %%
 pieces = []
 for piece in fg.stream(
-    model, tokenizer, [{"role": "user", "content": "Name three planets."}], max_new_tokens=30
+    model, tokenizer, [{"role": "user", "content": "Name three planets."}], max_new_tokens=24
 ):
     pieces.append(piece)
 print(pieces)

@@ -140,12 +140,12 @@ plt.show()
 
 # %%
 prompt = "I went to the market and"
-greedy = fg.generate(model, tokenizer, [prompt], max_new_tokens=48, eos_token_id=())
+greedy = fg.generate(model, tokenizer, [prompt], max_new_tokens=32, eos_token_id=())
 sampled = fg.generate(
     model,
     tokenizer,
     [prompt],
-    max_new_tokens=48,
+    max_new_tokens=32,
     eos_token_id=(),
     sampler=fg.samplers.Multinomial(),
     key=jax.random.key(0),

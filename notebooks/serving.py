@@ -113,7 +113,8 @@ plt.tight_layout()
 
 # %%
 tiny = fg.LlamaForCausalLM(tiny_config(), key=jax.random.key(0), std=0.2)
-engine = fg.serving.Engine(tiny, None, max_slots=3, max_len=48, num_steps=4)
+# 4 slots, every dispatch over all of them (`decode_widths=()`: see "Narrow dispatches" below)
+engine = fg.serving.Engine(tiny, None, max_slots=4, max_len=48, num_steps=4, decode_widths=())
 state = engine.init_decode_state()
 state = engine.insert(engine.prefill(engine.request([5, 17, 42], 6)), state, slot=0)
 state = engine.insert(engine.prefill(engine.request([8, 9], 10, temperature=1.0, seed=1)), state, 2)
@@ -122,7 +123,7 @@ for dispatch in range(3):
     print(f"dispatch {dispatch}:\n{np.asarray(out.token_ids)}  done={np.asarray(out.done)}")
 
 # %% [markdown]
-# Slot 1 is idle (it was never filled: its column is -1). Slots 0 and 2 end on their own, each
+# Slots 1 and 3 are idle (they were never filled: their columns are -1). Slots 0 and 2 end on their own, each
 # at its `max_new_tokens` or at an EOS token, while the other goes on: a freed slot could take a
 # new request at the next dispatch, without waiting for the rest. Each slot carries its own
 # temperature, `top_p`, penalties, seed and `max_new_tokens`, so the rows never influence each
@@ -140,8 +141,8 @@ for dispatch in range(3):
 # differ only where float rounding moves a near tie).
 
 # %%
-wide = fg.serving.Engine(tiny, None, max_slots=4, max_len=48, decode_widths=())
-narrow = fg.serving.Engine(tiny, None, max_slots=4, max_len=48)
+wide = engine  # the engine above: 4 slots, no narrower programs
+narrow = fg.serving.Engine(tiny, None, max_slots=4, max_len=48, num_steps=4)
 print("decode widths:", wide.decode_widths, narrow.decode_widths)
 columns = {}
 for name, eng in (("all 4 rows", wide), ("1 row", narrow)):
@@ -166,7 +167,8 @@ real = fg.serving.Engine(model, tokenizer, max_slots=2, max_len=96)
 requests = [
     ("The capital of France is", fg.GenerationOptions(max_new_tokens=8)),
     ("Once upon a time", fg.GenerationOptions(max_new_tokens=16, temperature=0.8, top_p=0.9)),
-    ([{"role": "user", "content": "Name a fruit."}], fg.GenerationOptions(max_new_tokens=12)),
+    # prompts of one length bucket share the engine's prefill program (one compilation)
+    ("My favourite fruit is", fg.GenerationOptions(max_new_tokens=12)),
 ]
 
 

@@ -90,25 +90,24 @@ print("output of rule ", np.round(np.asarray(out), 4))
 # counts of guesses proposed and accepted.
 
 # %%
-code = (
-    "def total(items):\n    s = 0\n    for i in items:\n        s = s + i\n    return s\n\n"
-    "def count(items):\n    n = 0\n    for i in items:\n        n = n + 1\n    return n\n"
-)
+code = "def total(items):\n    s = 0\n    for i in items:\n        s = s + i\n    return s\n"
 prompt = [{"role": "user", "content": f"Rename `items` to `values` in this code:\n\n{code}"}]
-spec = fg.speculative.PromptLookup(num_tokens=8, max_ngram_size=3)
-streamed = fg.stream(model, tokenizer, prompt, max_new_tokens=64, speculative=spec)
+K = 7  # guesses per step: a call over 8 positions, the widest this run needs to compile
+spec = fg.speculative.PromptLookup(num_tokens=K, max_ngram_size=3)
+streamed = fg.stream(model, tokenizer, prompt, max_new_tokens=48, speculative=spec)
 print("".join(streamed))
 per_step = streamed.tokens_per_step[0]
 
 # %% [markdown]
-# Each bar is one call of the model. Runs of 9 tokens (8 accepted guesses plus the model's own
+# Each bar is one call of the model. Runs of 8 tokens (7 accepted guesses plus the model's own
 # next token) are spans copied from the code; single tokens are where the answer says something
 # new. A step's call is only as wide as the guesses need and the search's cost model allows
-# (1, 4, 8 or 16 positions; see the last section): after rejections a row's acceptance estimate
-# falls and the cost model verifies fewer of its guesses or none, so bars of 1 are often plain
-# decode steps (a row refused for 16 steps is verified once anyway, to check its estimate).
-# The last bar may be 0: a row that ends on the model's own token takes one more call to
-# put that token into the cache, so that a `SequenceState` can continue from it.
+# (1, 4 or 8 positions for 7 guesses; see the last section): after rejections a row's
+# acceptance estimate falls and the cost model verifies fewer of its guesses or none, so bars
+# of 1 are often plain decode steps (a row refused for 16 steps is verified once anyway, to
+# check its estimate). The last bar may be 0: a row that ends on the model's own token takes
+# one more call to put that token into the cache, so that a `SequenceState` can continue from
+# it.
 
 # %%
 spec_state = streamed.state.search_state
@@ -132,7 +131,8 @@ plt.show()
 # decode step, `c` small — plus the proposer's cost (nothing for prompt lookup). The speed-up is
 # `E(k, α) / (1 + c·k)`. We measure `c` here: the time of one call of the model over 8
 # positions (a verification of 7 guesses) against a call over 1 position (a plain decode step),
-# both on a cache that already holds a 64-token prompt.
+# both on a cache that already holds a 64-token prompt (the median of 3 calls each, after one
+# that compiles: the figures are this machine's and noisy).
 
 
 # %%
@@ -144,7 +144,7 @@ _, cache = eqx.filter_jit(lambda m, ids: m.prefill(ids, jnp.arange(64)[None], ma
 call = eqx.filter_jit(lambda m, ids, positions, cache: m(ids, positions, cache)[0])
 
 
-def seconds_per_call(width, repeats=10):
+def seconds_per_call(width, repeats=3):
     """Median seconds of one jitted model call over `width` new positions after the 64-token
     prompt (the cache is not advanced: every call writes the same slots)."""
     ids, positions = jnp.full((1, width), 200), jnp.arange(64, 64 + width)[None]
@@ -174,10 +174,10 @@ for alpha in (0.5, 0.7, 0.8, 0.9):
     tokens = (1 - alpha ** (ks + 1)) / (1 - alpha)
     ax.plot(ks, tokens / (1 + c * ks), label=f"α = {alpha}")
 measured_tokens = sum(per_step) / len(per_step)
-predicted = (1 - rate**9) / (1 - rate) / (1 + c * 8)
+predicted = (1 - rate ** (K + 1)) / (1 - rate) / (1 + c * K)
 ax.scatter(
-    [8],
-    [measured_tokens / (1 + c * 8)],
+    [K],
+    [measured_tokens / (1 + c * K)],
     color="black",
     zorder=3,
     label=f"editing task, α = {rate:.2f}: tokens/step ÷ cost",
@@ -187,8 +187,8 @@ ax.set_xlabel("k (guesses per step)")
 ax.set_ylabel("speed-up over plain decoding")
 ax.legend()
 plt.show()
-print(f"the cost model predicts {predicted:.2f}x for α = {rate:.2f}, k = 8 (independent guesses)")
-print(f"the run gave {measured_tokens:.2f} tokens per call, {measured_tokens / (1 + c * 8):.2f}x")
+print(f"the cost model predicts {predicted:.2f}x for α = {rate:.2f}, k = {K} (independent guesses)")
+print(f"the run gave {measured_tokens:.2f} tokens per call, {measured_tokens / (1 + c * K):.2f}x")
 
 # %% [markdown]
 # Guesses of prompt lookup are not independent: a copied span is accepted whole, then the next

@@ -36,6 +36,7 @@
 # %%
 import json
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import matplotlib.pyplot as plt
@@ -52,7 +53,7 @@ from functional_gen.structured import (
 from functional_gen.structured.byte_dfa import minimize, regex_byte_dfa
 
 SEED = 0
-MAX_NEW_TOKENS = 64
+MAX_NEW_TOKENS = 48
 TIME = r"([01][0-9]|2[0-3]):[0-5][0-9]"  # a 24-hour time, our running example
 
 model, tokenizer = fg.load_model()
@@ -391,12 +392,15 @@ grammar = fg.processors.Grammar(
     JSON_GRAMMAR, tokenizer
 )  # a recursive grammar: a pushdown automaton
 tokens = tokenizer(nested.decode())["input_ids"]
+# one compiled step for every n (the context keeps its width); the processor is an argument, so
+# its tables stay jit inputs
+process = eqx.filter_jit(lambda processor, *args: processor.process(*args))
 state = None
 for n in range(len(tokens) + 1):
     context = context_after(tokens, n, width=24)
     if state is None:
         state = grammar.init(context)
-    state, logits = grammar.process(state, jnp.zeros(vocabulary.vocab_size), context)
+    state, logits = process(grammar, state, jnp.zeros(vocabulary.vocab_size), context)
     position, stack, pointer = state
     boxes = " ".join(f"[{label(int(p))}]" for p in np.asarray(stack)[: int(pointer)]) or "(empty)"
     print(
