@@ -1821,3 +1821,31 @@ def test_at_least_one_of_these_required_is_exact_and_small():
     bounded = {**schema, "maxProperties": 5}
     ordered = [d for d in documents[::2] if len(d) != 6] + [documents[-2]]
     _assert_regex_decides_as_jsonschema(bounded, ordered + [{"a": [3]}, {"f": [1]}])
+
+
+def test_at_least_one_past_the_budget_is_one_object_per_first_name(monkeypatch):
+    # where the object with the names tracked does not fit (`unordered_members` refuses it),
+    # "the first present is x_i", each of those objects in any order where it fits alone:
+    # still every valid document in every order
+    from functional_gen.structured.json_schema import property_order
+
+    tracked = property_order.unordered_members
+
+    def refused_with_names(*args, at_least_one=None, **kwargs):
+        if at_least_one:
+            return None, False, "schema"
+        return tracked(*args, **kwargs)
+
+    monkeypatch.setattr(property_order, "unordered_members", refused_with_names)
+    schema = {
+        "type": "object",
+        "properties": {n: {"type": "integer"} for n in "abcd"},
+        "additionalProperties": False,
+        "anyOf": [{"required": [n]} for n in "dba"],
+    }
+    documents = [
+        {n: i for i, n in enumerate(keys)}
+        for k in range(5)
+        for keys in itertools.permutations("abcd", k)
+    ]
+    _assert_regex_decides_as_jsonschema(schema, documents + [{"a": "x"}])

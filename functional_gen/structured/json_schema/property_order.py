@@ -218,10 +218,11 @@ def object_regex(
     `unordered = (sizes, budget)` (`property_order="any"`), the
     members of the first two cases, additional ones included, come in any order
     (`unordered_members`, `sizes` the expanded length of each item's regex and of `extra`).
-    `at_least_one`: indices of items of which at least one is written (`AT_LEAST_ONE`); in
-    the listed order, as "the first of them written is item i" (the items before it in
-    `at_least_one` absent, item i required), one object per i: an automaton reading the
-    members in order then follows one of them once a name is seen."""
+    `at_least_one`: indices of items of which at least one is written (`AT_LEAST_ONE`): in
+    any order, tracked by `unordered_members`; where that does not fit, as "the first of
+    them written is item i" (the items before it in `at_least_one` absent, item i
+    required), one object per i (in the listed order, an automaton reading the members in
+    order follows one of them once a name is seen)."""
     sep = f"{ws},{ws}"
     if at_least_one and not any(items[i][1] for i in at_least_one):
         if unordered is not None and min_count <= 1 and max_count is None:
@@ -236,7 +237,13 @@ def object_regex(
         for k, first in enumerate(group):
             absent = set(group[:k])
             kept = [(r, req or i == first) for i, (r, req) in enumerate(items) if i not in absent]
-            regex = object_regex(kept, extra, ws, min_count, max_count)
+            # (each in any order where it fits alone: the union then tracks more, but
+            # accepts what one object in any order would)
+            alone = None
+            if unordered is not None:
+                sizes, budget = unordered
+                alone = ([n for i, n in enumerate(sizes) if i not in absent], budget)
+            regex = object_regex(kept, extra, ws, min_count, max_count, unordered=alone)
             if regex is not None:
                 objects.append(regex)
         if not objects:
