@@ -305,7 +305,10 @@ def test_alternatives_of_banned_calls_are_not_tried_as_calls_again(monkeypatch):
         return root, rules, texts
 
     monkeypatch.setattr(js.grammar_form, "plan_rules", recorded)  # where it is called
-    automaton = js.json_schema_compile(METADATA, BYTES, cache=False)
+    # in schema order: the objects' regexes in any order (the default) have other sizes, so
+    # other ones are over `RULE_REGEX` (6 of them are called first); the default's language
+    # is checked below
+    automaton = js.json_schema_compile(METADATA, BYTES, cache=False, property_order="schema")
     js.pushdown_form.PUSHDOWN_CACHE.clear()
     assert isinstance(automaton, PushdownAutomaton)
     assert [len(rules) for rules in plans] == [4, 1], plans  # then the anyOf is one rule
@@ -323,6 +326,13 @@ def test_alternatives_of_banned_calls_are_not_tried_as_calls_again(monkeypatch):
             }
         )
     counts = _check_against_jsonschema(automaton, METADATA, documents, rng)
+    assert counts[True] > 20 and counts[False] > 20, counts
+    # the default, members in any order: the same documents with their members reversed
+    default = js.json_schema_compile(METADATA, BYTES, cache=False)
+    js.pushdown_form.PUSHDOWN_CACHE.clear()
+    assert isinstance(default, PushdownAutomaton)
+    reversed_documents = [{"metadata": dict(reversed(d["metadata"].items()))} for d in documents]
+    counts = _check_against_jsonschema(default, METADATA, reversed_documents, rng)
     assert counts[True] > 20 and counts[False] > 20, counts
 
 
@@ -429,11 +439,14 @@ def _tree(rng, depth):
 
 
 def test_shared_tails_become_one_rule_and_keep_the_language(small_rules, monkeypatch):
+    # in schema order, where every copy ends with the same members; in any order (the
+    # default) each copy's automaton tracks the set of members written, and its language is
+    # checked below
     monkeypatch.setattr(js.budgets, "MIN_SHARED_TAIL", 4)
-    shared = js.json_schema_grammar(TREE, BYTES)
+    shared = js.json_schema_grammar(TREE, BYTES, property_order="schema")
     monkeypatch.setattr(js.budgets, "MAX_SHARED_TAILS", 0)
     js.pushdown_form.PUSHDOWN_CACHE.clear()
-    plain = js.json_schema_grammar(TREE, BYTES)
+    plain = js.json_schema_grammar(TREE, BYTES, property_order="schema")
     assert len(shared.rule_names) > len(plain.rule_names)  # the tail is a rule
     assert shared.num_positions < plain.num_positions - 20, (
         shared.num_positions,
@@ -449,6 +462,20 @@ def test_shared_tails_become_one_rule_and_keep_the_language(small_rules, monkeyp
     for document in documents:  # both automata, byte for byte
         text = json.dumps(document, separators=(",", ":")).encode()
         assert shared.accepts(text) == plain.accepts(text), text
+    js.pushdown_form.PUSHDOWN_CACHE.clear()
+    default = js.json_schema_grammar(TREE, BYTES)
+    js.pushdown_form.PUSHDOWN_CACHE.clear()
+    counts = _check_against_jsonschema(default, TREE, [_reversed(d) for d in documents], rng)
+    assert counts[True] > 50 and counts[False] > 50, counts
+
+
+def _reversed(value):
+    """`value` with the members of each of its objects in reverse order."""
+    if isinstance(value, dict):
+        return {k: _reversed(v) for k, v in reversed(value.items())}
+    if isinstance(value, list):
+        return [_reversed(v) for v in value]
+    return value
 
 
 def test_shared_tails_on_hand_built_automata(monkeypatch):
@@ -671,10 +698,15 @@ def _unrolled_accepts(schema, text: bytes) -> bool:
     return bool(automaton.accepting[automaton.walk(list(text))])
 
 
-def _check_deep_documents(automaton, schema, make, *, seed: int, depths: int, per_depth: int):
+def _check_deep_documents(
+    automaton, schema, make, *, seed: int, depths: int, per_depth: int, unrolled_order="any"
+):
     """`make(rng, depth)`'s documents for each depth up to `depths` (and mutated copies) are
     accepted exactly when `jsonschema` validates them, and some valid ones nest deeper than
-    the unrolled path (`max_recursion_depth` levels) accepts."""
+    the unrolled path (`max_recursion_depth` levels, members in `unrolled_order`) accepts.
+    With `unrolled_order="schema"` (for `make`s that list members in the schema's order), a
+    valid document within the unrolled levels is accepted there: the deep ones are cut for
+    their depth, not their order."""
     rng = np.random.default_rng(seed)
     documents = [make(rng, depth) for depth in range(1, depths + 1) for _ in range(per_depth)]
     counts = _check_against_jsonschema(automaton, schema, documents, rng)
@@ -682,10 +714,19 @@ def _check_deep_documents(automaton, schema, make, *, seed: int, depths: int, pe
     validator = jsonschema.validators.validator_for(schema)(schema)
     deep = [d for d in documents if validator.is_valid(d) and _depth(d) > 8]
     assert deep, "no valid document nested beyond max_recursion_depth"
+    unrolled = js.json_schema_automaton(schema, BYTES, cache=False, property_order=unrolled_order)
+
+    def unrolled_accepts(document) -> bool:
+        text = json.dumps(document, separators=(",", ":")).encode()
+        return bool(unrolled.accepting[unrolled.walk(list(text))])
+
     for document in deep[:3]:
         text = json.dumps(document, separators=(",", ":")).encode()
         assert automaton.accepts(text)
-        assert not _unrolled_accepts(schema, text)  # 3 unrolled levels cut it
+        assert not unrolled_accepts(document)  # 3 unrolled levels cut it
+    if unrolled_order == "schema":
+        shallow = [d for d in documents if validator.is_valid(d) and _depth(d) <= 3]
+        assert shallow and all(unrolled_accepts(d) for d in shallow[:3])
 
 
 def test_inline_references_recursive_leaves_placeholders():
@@ -837,7 +878,13 @@ def test_recursion_through_an_anyOf_of_objects_calls_the_anyOf(schema, make):
     js.pushdown_form.PUSHDOWN_CACHE.clear()
     automaton = js.compiling._recursive_grammar(schema, BYTES, 32, {})
     assert isinstance(automaton, PushdownAutomaton)
-    _check_deep_documents(automaton, schema, make, seed=3, depths=11, per_depth=10)
+    # SITE unrolled in any order (the default) is a regex of 1.8 million characters, over
+    # `MAX_REGEX`: refused; its documents list members in the schema's order, compared with
+    # that order's unrolled form
+    order = "schema" if schema is SITE else "any"
+    _check_deep_documents(
+        automaton, schema, make, seed=3, depths=11, per_depth=10, unrolled_order=order
+    )
 
 
 @pytest.mark.parametrize("schema", [MERGED], ids=["merged"])

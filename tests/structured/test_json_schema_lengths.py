@@ -150,6 +150,7 @@ def test_a_spliced_automaton_estimated_too_large_is_refused_before_it_is_built(m
 
     small = js.json_schema_compile(schema(2), BYTES, cache=False)
     assert _accepts(small, '{"website":"a.b","tags":["x","y"]}')
+    assert _accepts(small, '{"tags":["x","y"],"website":"a.b"}')  # any order, the default
     assert not _accepts(small, '{"website":"a..b"}')
     assert not _accepts(small, json.dumps({"website": "a" * 64}, separators=(",", ":")))
 
@@ -157,9 +158,18 @@ def test_a_spliced_automaton_estimated_too_large_is_refused_before_it_is_built(m
         raise AssertionError("the spliced DFA was built")
 
     monkeypatch.setattr(js.compiling, "spliced_dfa", not_built)  # where it is called
+    # the estimate, on the schema-order regex (in any order, the default, `tags` is written
+    # twice, before and after `website`: its regex's weight is over `SINGLE_REGEX_WEIGHT`, so
+    # there is no single regex to splice into, and the hostname's 30,445 states alone are
+    # too many for a grammar form: refused before any automaton, below)
     with pytest.raises(UnsupportedSchemaError, match="estimated from its regex") as info:
-        js.json_schema_compile(schema(100), BYTES, cache=False)
+        js.json_schema_compile(schema(100), BYTES, cache=False, property_order="schema")
     assert info.value.path == "#/properties/website"
+    with (
+        pytest.warns(UserWarning, match="no pushdown automaton"),
+        pytest.raises(js.TooManyPositions, match="#/properties/website has 30,445 states"),
+    ):
+        js.json_schema_compile(schema(100), BYTES, cache=False)
 
 
 def test_grammar_form_calls_the_string_automaton():

@@ -16,6 +16,7 @@ from .errors import (
 )
 from .exact_one_of import exact_one_of
 from .keywords import (
+    AT_LEAST_ONE,
     JSON_TYPES,
     TYPE_KEYWORDS,
     asserts,
@@ -30,6 +31,22 @@ if typing.TYPE_CHECKING:  # annotations only: the rewriter imports this module
     from .rewriter import Rewriter
 
 
+def _single_required_names(branches: list) -> list | None:
+    """The names of `anyOf: [{"required": [x1]}, {"required": [x2]}, ...]` (at least one of
+    the names, annotations aside), else `None` (also for repeated or non-string names)."""
+    names = []
+    for branch in branches:
+        if not isinstance(branch, Mapping) or {k for k in branch if asserts(k)} != {"required"}:
+            return None
+        required = branch["required"]
+        if not isinstance(required, list) or len(required) != 1:
+            return None
+        names.append(required[0])
+    if len(set(names)) != len(names) or not all(isinstance(n, str) for n in names):
+        return None
+    return names
+
+
 def _first_present(node: dict, branches: list) -> list:
     """`anyOf: [{"required": [x1]}, {"required": [x2]}, ...]` (at least one of the names,
     annotations aside) as "the first of them present is x_i": branch i also makes the names
@@ -38,20 +55,10 @@ def _first_present(node: dict, branches: list) -> list:
     overlap, so an automaton reading the members in order follows one branch once a name is
     seen, where the overlapping form followed every subset of the names still possible:
     MaskBench o21108's 8 names made outlines-core's DFA 302,634 states. Other `anyOf`s, and
-    those of fewer than 3 names (small either way), are returned as they are."""
-    names = []
-    for branch in branches:
-        if not isinstance(branch, Mapping) or {k for k in branch if asserts(k)} != {"required"}:
-            return branches
-        required = branch["required"]
-        if not isinstance(required, list) or len(required) != 1:
-            return branches
-        names.append(required[0])
-    if (
-        len(names) < 3
-        or len(set(names)) != len(names)
-        or not all(isinstance(n, str) for n in names)
-    ):
+    those of fewer than 3 names (small either way), are returned as they are. (With
+    `property_order="any"` the object holds the names instead, `AT_LEAST_ONE`.)"""
+    names = _single_required_names(branches)
+    if names is None or len(names) < 3:
         return branches
     listed = (
         list(node.get("properties") or {}) if isinstance(node.get("properties"), Mapping) else []
@@ -199,6 +206,18 @@ def structural(rewriter: "Rewriter", node: dict, path: str):
                 raise UnsupportedSchemaError(
                     combinator, path, "must be a non-empty list of schemas"
                 )
+            names = _single_required_names(branches) if combinator == "anyOf" else None
+            if (
+                names is not None
+                and len(names) > 1
+                and rewriter.property_order == "any"
+                and not {"const", "enum", AT_LEAST_ONE} & node.keys()
+            ):
+                # at least one of the names, in any order: the object tracks them itself
+                # (`unordered_members`); as branches of their own, each object in any order,
+                # their automata would multiply
+                node[AT_LEAST_ONE] = names
+                continue
             if combinator == "oneOf":
                 branches = exclusive_branches(rewriter, node, branches, path)
             else:

@@ -64,6 +64,12 @@ NOT_STRINGS = "\x03notStrings"
 strings excludes (`_excluded_strings`), enforced on the node's string values (`_string`)."""
 
 
+AT_LEAST_ONE = "\x03atLeastOne"
+"""Internal keyword: the names of which an object has at least one (an `anyOf` of single
+`required` names with `property_order="any"`, `structural`), enforced by its members' regex
+(`rewrite_object`, `unordered_members`)."""
+
+
 def asserts(keyword) -> bool:
     """Whether `keyword` asserts anything (enforced, or refused as unenforceable): every other
     keyword (`title`, `default`, `x-taplo`, draft 4's `id`, ...) is an annotation, ignored when
@@ -93,6 +99,7 @@ TYPE_KEYWORDS = {
         "maxProperties",
         "patternProperties",
         "propertyNames",
+        AT_LEAST_ONE,
     },
     "boolean": set(),
     "null": set(),

@@ -24,6 +24,7 @@ from .keys import (
     overlap,
     unmatched_keys,
 )
+from .keywords import AT_LEAST_ONE
 from .property_order import object_regex, second_order, unordered
 from .references import (
     NEVER,
@@ -84,7 +85,11 @@ def rewrite_object(rewriter: "Rewriter", node: dict, path: str):
     max_count = node.get("maxProperties")
     named = dict(properties)
     closed = additional is False or additional is NEVER or rewriter.closed_objects
-    for name in required:  # required without a listed schema: what an additional property may be
+    # at least one of these names (`AT_LEAST_ONE`), unless one of them is required anyway
+    at_least_one = [] if set(required) & set(node.get(AT_LEAST_ONE, ())) else node.get(AT_LEAST_ONE)
+    for name in [*required, *(at_least_one or ())]:
+        # required (or one of `at_least_one`) without a listed schema: what an additional
+        # property may be
         if name not in named:
             if any(re.search(p, name) for p in patterns):
                 named[name] = {}  # the pattern's schema is merged below
@@ -239,6 +244,13 @@ def rewrite_object(rewriter: "Rewriter", node: dict, path: str):
             path,
             f"{len(required)} required properties > maxProperties {max_count}",
         )
+    group = None
+    if at_least_one:  # those that may be present at all
+        group = [item_names.index(n) for n in at_least_one if n in item_names]
+        if not group:
+            return rewriter.admits_none(
+                "anyOf", path, f"none of the names {at_least_one} (one is required) is allowed"
+            )
     try:
         regex = object_regex(
             items,
@@ -248,6 +260,7 @@ def rewrite_object(rewriter: "Rewriter", node: dict, path: str):
             max_count,
             second_order=second_order(rewriter, items, item_names, required),
             unordered=unordered(rewriter, items, extras),
+            at_least_one=group,
         )
     except TooLarge as e:
         raise UnsupportedSchemaError(

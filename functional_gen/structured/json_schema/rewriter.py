@@ -41,6 +41,7 @@ from .free_values import (
     free_value,
 )
 from .keywords import (
+    AT_LEAST_ONE,
     JSON_TYPES,
     KNOWN,
     NOT_STRINGS,
@@ -66,6 +67,7 @@ from .strings import rewrite_string
 # wrapper per definition), which was most of the structured tests' time.
 
 KNOWN.add(NOT_STRINGS)
+KNOWN.add(AT_LEAST_ONE)
 
 
 def rewrite_boolean(rewriter: "Rewriter", node: dict, path: str):
