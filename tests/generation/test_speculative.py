@@ -81,6 +81,9 @@ def test_greedy_is_lossless_with_penalty_and_stop_strings(tiny, name):
         stop_strings=["t42"],
         top_logprobs=2,
     )
+    if name == "prompt_lookup":
+        # at 1.3 the rows never repeat themselves, so no looked-up guess is ever accepted
+        kwargs["repetition_penalty"] = 1.05
     reference = fg.generate(model, tok, PROMPTS, **kwargs)
     spec = PROPOSERS[name](model)
     result, counts = speculative_generate(model, tok, PROMPTS, speculative=spec, **kwargs)

@@ -297,7 +297,7 @@ def test_skipped_lookup_is_lossless_and_counts_idle_steps(monkeypatch):
 
 
 @pytest.mark.parametrize("adaptive", [True, False])
-@pytest.mark.parametrize("penalty", [None, 1.3])
+@pytest.mark.parametrize("penalty", [None, 1.05])  # (at 1.3 no row repeats itself)
 def test_lookup_is_lossless_on_every_width(adaptive, penalty):
     """Greedy prompt lookup with `num_tokens=7` (widths 0, 3 and 7 all in play: rows that repeat
     themselves, and one that does not) equals plain greedy, with and without processors (the
