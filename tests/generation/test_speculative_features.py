@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 import functional_gen as fg
+from functional_gen.generation import generate_with_final_state
 from functional_gen.generation.planning import plan_call
 from functional_gen.generation.program import run_prepared
 from functional_gen.processors.base import Context
@@ -147,8 +148,9 @@ def test_forbidden_counts_wasted_verification(tiny):
     model, tok = tiny
     kwargs = dict(max_new_tokens=8, eos_token_id=[], processors=[fg.processors.SuppressTokens([7])])
     spec = fg.speculative.PromptLookup(num_tokens=4, max_ngram_size=2, cost_model=False)
-    fast, counts = speculative_generate(model, tok, PROMPTS[:1], speculative=spec, **kwargs)
-    assert counts.forbidden[0] > 0
+    # (no acceptance asked: the row's lookups continue with the suppressed `t7`)
+    fast, final = generate_with_final_state(model, tok, PROMPTS[:1], speculative=spec, **kwargs)
+    assert int(final.search_state.forbidden[0]) > 0
     _assert_same(fast, fg.generate(model, tok, PROMPTS[:1], **kwargs))
 
 
@@ -229,7 +231,7 @@ def test_assistant_model_is_a_draft_model(tiny, draft):
     model, tok = tiny
     kwargs = dict(max_new_tokens=12, eos_token_id=[])
     options = fg.GenerationOptions(assistant_model=draft, **kwargs)
-    _, settings, _ = plan_call(model, tok, PROMPTS, options)  # (run below, counted there)
+    _, settings = _final(model, tok, PROMPTS, options)
     proposer = settings.step.search.proposer
     assert isinstance(proposer, fg.speculative.DraftModel) and proposer.num_tokens == 4
     assert proposer.draft is draft
@@ -296,8 +298,9 @@ def test_guidance_processor_is_lossless(tiny):
     )
     plain = fg.generate(model, tok, PROMPTS, **kwargs)
     spec = fg.speculative.PromptLookup(num_tokens=4, max_ngram_size=2, cost_model=False)
-    fast, _ = speculative_generate(model, tok, PROMPTS, speculative=spec, **kwargs)
-    _assert_same(fast, plain, top=True)
+    # (no acceptance asserted: on these prompts the guided rows accept no looked-up guess,
+    # verified [5, 3, 7], accepted 0; a soft spot left open, issue 56)
+    _assert_same(fg.generate(model, tok, PROMPTS, speculative=spec, **kwargs), plain, top=True)
 
 
 # --- sharding -------------------------------------------------------------------------------------
