@@ -1,15 +1,17 @@
 """Test helpers: tiny random transformers models saved as checkpoints (PyTorch), a checkpoint cut
-to its first layers, a switch for the runtime type checks, and transformers' GGUF loading with
-`open_gguf`'s faster reader."""
+to its first layers, a switch for the runtime type checks, transformers' GGUF loading with
+`open_gguf`'s faster reader, and a speculative `generate` that checks guesses were accepted."""
 
 import contextlib
 import json
 import shutil
+from typing import NamedTuple
 
 import gguf
 import numpy as np
 import pytest
 
+from functional_gen.generation import generate_with_final_state
 from functional_gen.loading.gguf_file import gguf_reader_class
 
 
@@ -130,3 +132,35 @@ def first_layers_checkpoint(source, target, layers):
     }
     save_file(kept, target / "model.safetensors")
     return target
+
+
+class SpeculationCounts(NamedTuple):
+    """Per row of a result (`Int` numpy arrays): guesses verified (`proposed`), accepted
+    (`accepted`), verified though the target's processed logits forbid them (`forbidden`), and
+    verification steps (`steps`): a `SpeculativeState`'s counts without its padding rows."""
+
+    proposed: np.ndarray
+    accepted: np.ndarray
+    forbidden: np.ndarray
+    steps: np.ndarray
+
+
+def speculative_generate(model, tokenizer, prompts, options=None, **kwargs):
+    """`fg.generate` with speculation (`speculative=` or `assistant_model=` among `kwargs`), and
+    its `SpeculationCounts`, from the same run (`generate_with_final_state`).
+
+    Asserts that some guesses were verified AND some accepted: a lossless test passes with
+    speculation silently off, so each one checks, through this, that it speculated.
+    """
+    result, final = generate_with_final_state(model, tokenizer, prompts, options, **kwargs)
+    rows = len(result.texts)
+    state = final.search_state
+    counts = SpeculationCounts(
+        *(np.asarray(x)[:rows] for x in (state.proposed, state.accepted, state.forbidden,
+                                          state.steps))
+    )  # fmt: skip
+    proposed, accepted = counts.proposed, counts.accepted
+    assert proposed.sum() > 0, f"no guess was verified (per row: {proposed.tolist()})"
+    assert accepted.sum() > 0, f"no guess was accepted (verified per row: {proposed.tolist()})"
+    assert np.all(accepted <= proposed), (accepted, proposed)
+    return result, counts

@@ -6,10 +6,12 @@ Modules: `options` (`GenerationOptions`, every per-call choice), `settings` (ONE
 shared by `generate` and `stream`), `search` (`AbstractSearch`: how a step advances the rows;
 `sampling.Sample`, `beam_search.BeamSearch`), `buckets` (padded sizes), `state`
 (`GenerationState`, the loop carry), `sequence_state` (`SequenceState`, what a call returns and
-the next one continues), `step` (`make_step`), `planning` (`plan_call`: options -> settings -> padded inputs), `program`
-(the compiled prefill and `while_loop`), `result` (`GenerationResult`), `loop` (`generate`:
-plan -> run -> result), `token_ids` (`generate_token_ids`, `init_state`, `generate_state`), `streaming`
-(`stream`), `samplers`, `stop_strings`, `generation_config` (transformers' `GenerationConfig`).
+the next one continues), `step` (`make_step`), `planning` (`plan_call`: options -> settings ->
+padded inputs), `program` (the compiled prefill and `while_loop`), `result`
+(`GenerationResult`), `loop` (`generate`: plan -> run -> result; `generate_with_final_state`,
+the same with the final loop state), `token_ids` (`generate_token_ids`, `init_state`,
+`generate_state`), `streaming` (`stream`), `samplers`, `stop_strings`, `generation_config`
+(transformers' `GenerationConfig`).
 """
 
 from . import samplers as samplers
@@ -24,6 +26,9 @@ from .buckets import (
 )
 from .loop import (
     generate as generate,
+)
+from .loop import (
+    generate_with_final_state as generate_with_final_state,
 )
 from .token_ids import (
     generate_state as generate_state,

@@ -25,6 +25,7 @@ from .result import GenerationResult, build_result
 from .samplers import AbstractSampler
 from .search import AbstractSearch
 from .sequence_state import SequenceState
+from .state import GenerationState
 
 
 def generate(
@@ -72,6 +73,32 @@ def generate(
     `ModelMismatchError` for a state made by another model; `TypeError` for bad processors or
     an unknown keyword (named).
     """
+    result, _ = generate_with_final_state(
+        model, tokenizer, prompts, options, processors=processors, sampler=sampler, key=key,
+        **overrides,
+    )  # fmt: skip
+    return result
+
+
+def generate_with_final_state(
+    model: AbstractCausalLM,
+    tokenizer,
+    prompts: Prompt | Sequence[Prompt] | SequenceState,
+    options: GenerationOptions | None = None,
+    *,
+    processors: Sequence[Any] | None = None,
+    sampler: AbstractSampler | AbstractSearch | None = None,
+    key: Key[Array, ""] | None = None,
+    **overrides: Any,
+) -> tuple[GenerationResult, GenerationState]:
+    """`generate`, returning besides its `GenerationResult` the final `GenerationState` of the
+    same compiled run: every loop row (padding rows after the real ones) and the search's carry
+    (`search_state`; under speculative decoding a `SpeculativeState` whose `proposed`,
+    `accepted` and `steps` count, per row, the guesses verified, the guesses accepted and the
+    verification steps). One run, so the counts belong to exactly the tokens of the result.
+
+    **Arguments**, **Raises:** as `generate`.
+    """
     model, settings, prepared = plan_call(
         model,
         tokenizer,
@@ -85,4 +112,5 @@ def generate(
     final, arrays, prompt_lp = run_prepared(prepared)
     if tokenizer is None and isinstance(prompts, SequenceState):
         tokenizer = prompts.tokenizer
-    return build_result(model, tokenizer, settings, prepared, final, arrays, prompt_lp)
+    result = build_result(model, tokenizer, settings, prepared, final, arrays, prompt_lp)
+    return result, final

@@ -1,6 +1,7 @@
 """Speculative decoding (issue 41): lossless against plain decoding, the acceptance rule against a
 hand-computed case and transformers' `_speculative_sampling`, the sampled distribution against
-exact enumeration, and the refusals.
+exact enumeration, and the refusals. Every lossless case also checks that guesses were verified
+and accepted (`speculative_generate`): it would pass with speculation silently off otherwise.
 
 References: plain `fg.generate` without `speculative` (greedy token for token; the sampled
 distribution), the exact distribution of the first tokens enumerated from the model's own
@@ -18,7 +19,7 @@ from functional_gen.generation.token_ids import generate_state
 from functional_gen.speculative import AbstractProposer
 from functional_gen.testing import tiny_config
 
-from ..helpers import tiny_tokenizer
+from ..helpers import speculative_generate, tiny_tokenizer
 
 PROMPTS = [
     "t5 t6 t7 t8 t5 t6 t7 t8 t5 t6",
@@ -80,9 +81,15 @@ def test_greedy_is_lossless_with_penalty_and_stop_strings(tiny, name):
         stop_strings=["t42"],
         top_logprobs=2,
     )
+    if name == "prompt_lookup":
+        # at 1.3 the rows never repeat themselves, so no looked-up guess is ever accepted
+        kwargs["repetition_penalty"] = 1.05
     reference = fg.generate(model, tok, PROMPTS, **kwargs)
-    result = fg.generate(model, tok, PROMPTS, speculative=PROPOSERS[name](model), **kwargs)
+    spec = PROPOSERS[name](model)
+    result, counts = speculative_generate(model, tok, PROMPTS, speculative=spec, **kwargs)
     _assert_same(result, reference)
+    if name == "draft_model":  # a random draft: some guesses rejected, so rejection is exercised
+        assert counts.accepted.sum() < counts.proposed.sum(), counts
     np.testing.assert_allclose(
         np.asarray(result.top_logprobs), np.asarray(reference.top_logprobs), atol=2e-4
     )
@@ -125,7 +132,9 @@ def test_eos_inside_an_accepted_run(tiny):
     eos = int(np.asarray(reference.token_ids)[0, 4])
     spec = fg.speculative.DraftModel(model, num_tokens=4)
     plain = fg.generate(model, tok, PROMPTS, max_new_tokens=24, eos_token_id=eos)
-    result = fg.generate(model, tok, PROMPTS, max_new_tokens=24, eos_token_id=eos, speculative=spec)
+    result, _ = speculative_generate(
+        model, tok, PROMPTS, max_new_tokens=24, eos_token_id=eos, speculative=spec
+    )
     _assert_same(result, plain)
     assert result.finish_reasons[0] == "eos"
 
@@ -136,10 +145,11 @@ def test_continuation_from_sequence_state(tiny):
     model, tok = tiny
     spec = fg.speculative.PromptLookup(num_tokens=3, max_ngram_size=2, cost_model=False)
     plain = fg.generate(model, tok, PROMPTS, max_new_tokens=10, eos_token_id=[])
-    fast = fg.generate(model, tok, PROMPTS, max_new_tokens=10, eos_token_id=[], speculative=spec)
+    fast, _ = speculative_generate(model, tok, PROMPTS, max_new_tokens=10, eos_token_id=[],
+                                   speculative=spec)  # fmt: skip
     plain2 = fg.generate(model, tok, plain.state, max_new_tokens=12)
     fast2 = fg.generate(model, tok, fast.state, max_new_tokens=12)
-    mixed = fg.generate(model, tok, plain.state, max_new_tokens=12, speculative=spec)
+    mixed, _ = speculative_generate(model, tok, plain.state, max_new_tokens=12, speculative=spec)
     _assert_same(fast2, plain2)
     _assert_same(mixed, plain2)
 
@@ -151,7 +161,7 @@ def test_regex_constraint_is_lossless(tiny):
     kwargs = dict(max_new_tokens=12, eos_token_id=[], processors=[regex])
     spec = fg.speculative.PromptLookup(num_tokens=4, max_ngram_size=2, cost_model=False)
     plain = fg.generate(model, tok, PROMPTS, **kwargs)
-    fast = fg.generate(model, tok, PROMPTS, speculative=spec, **kwargs)
+    fast, _ = speculative_generate(model, tok, PROMPTS, speculative=spec, **kwargs)
     _assert_same(fast, plain)
 
 
@@ -160,9 +170,10 @@ def test_generation_config_prompt_lookup(tiny):
     model, tok = tiny
     config = {"prompt_lookup_num_tokens": 4, "max_matching_ngram_size": 2, "max_new_tokens": 12}
     # one row: at batch 1 the cost model verifies (at batch 3 it may find a plain step cheaper)
-    final = _final(model, tok, PROMPTS[:1], generation_config=config, eos_token_id=[])
-    assert final.search_state is not None and int(final.search_state.proposed[0]) > 0
+    one, _ = speculative_generate(model, tok, PROMPTS[:1], generation_config=config,
+                                  eos_token_id=[])  # fmt: skip
     plain = fg.generate(model, tok, PROMPTS, max_new_tokens=12, eos_token_id=[])
+    np.testing.assert_array_equal(np.asarray(one.token_ids), np.asarray(plain.token_ids)[:1])
     fast = fg.generate(model, tok, PROMPTS, generation_config=config, eos_token_id=[])
     _assert_same(fast, plain)
 
@@ -336,17 +347,17 @@ def _chi_square_p(counts, expected):
 
 def _draw_counts(model, speculative, seed):
     state = fg.SequenceState.from_token_ids([PROMPT] * DRAWS, vocab_size=VOCAB)
-    result = fg.generate(
-        model,
-        None,
-        state,
+    kwargs = dict(
         max_new_tokens=3,
         eos_token_id=[],
         processors=[fg.processors.Temperature(0.8)],
         sampler=fg.samplers.Multinomial(),
         key=jax.random.key(seed),
-        speculative=speculative,
     )
+    if speculative is None:
+        result = fg.generate(model, None, state, **kwargs)
+    else:  # (and some guesses were accepted: the draws went through the rejection rule)
+        result, _ = speculative_generate(model, None, state, speculative=speculative, **kwargs)
     ids = np.asarray(result.token_ids)[:, :3]
     counts = np.zeros((VOCAB,) * 3)
     np.add.at(counts, (ids[:, 0], ids[:, 1], ids[:, 2]), 1)
@@ -463,7 +474,7 @@ def test_default_model_json_schema_is_lossless(default_model):
     kwargs = dict(max_new_tokens=24, processors=[fg.processors.JsonSchema(schema, tok)])
     plain = fg.generate(model, tok, EDIT_PROMPTS, **kwargs)
     spec = fg.speculative.PromptLookup(num_tokens=6, max_ngram_size=3, cost_model=False)
-    fast = fg.generate(model, tok, EDIT_PROMPTS, speculative=spec, **kwargs)
+    fast, _ = speculative_generate(model, tok, EDIT_PROMPTS, speculative=spec, **kwargs)
     _assert_same(fast, plain)
 
 
@@ -472,5 +483,5 @@ def test_default_model_early_exit_is_lossless(default_model):
     model, tok = default_model
     plain = fg.generate(model, tok, EDIT_PROMPTS, max_new_tokens=16)
     spec = fg.speculative.EarlyExit(num_layers=8, num_tokens=3)
-    fast = fg.generate(model, tok, EDIT_PROMPTS, max_new_tokens=16, speculative=spec)
+    fast, _ = speculative_generate(model, tok, EDIT_PROMPTS, max_new_tokens=16, speculative=spec)
     _assert_same(fast, plain)

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 import functional_gen as fg
+from functional_gen.generation import generate_with_final_state
 from functional_gen.generation.planning import plan_call
 from functional_gen.generation.program import run_prepared
 from functional_gen.processors.base import Context
@@ -27,7 +28,7 @@ from functional_gen.structured.automaton import INFINITE_DISTANCE, TokenAutomato
 from functional_gen.structured.processor import TokenConstraint
 from functional_gen.testing import tiny_config
 
-from ..helpers import tiny_tokenizer
+from ..helpers import speculative_generate, tiny_tokenizer
 from . import test_speculative as reference
 from .test_speculative import DRAWS, VOCAB, SameToken, _assert_same, _chi_square_p
 
@@ -117,12 +118,9 @@ def test_constraint_wastes_no_verification(tiny, draft, name):
         top_logprobs=3,
     )
     spec = PROPOSERS[name](draft)
-    final, _ = _final(model, tok, PROMPTS, speculative=spec, **kwargs)
-    rows = len(PROMPTS)
-    assert np.asarray(final.search_state.forbidden)[:rows].tolist() == [0] * rows
-    assert int(np.sum(np.asarray(final.search_state.proposed)[:rows])) > 0
+    fast, counts = speculative_generate(model, tok, PROMPTS, speculative=spec, **kwargs)
+    assert counts.forbidden.tolist() == [0] * len(PROMPTS)
     plain = fg.generate(model, tok, PROMPTS, **kwargs)
-    fast = fg.generate(model, tok, PROMPTS, speculative=spec, **kwargs)
     _assert_same(fast, plain, top=True)
 
 
@@ -150,12 +148,10 @@ def test_forbidden_counts_wasted_verification(tiny):
     model, tok = tiny
     kwargs = dict(max_new_tokens=8, eos_token_id=[], processors=[fg.processors.SuppressTokens([7])])
     spec = fg.speculative.PromptLookup(num_tokens=4, max_ngram_size=2, cost_model=False)
-    final, _ = _final(model, tok, PROMPTS[:1], speculative=spec, **kwargs)
+    # (no acceptance asked: the row's lookups continue with the suppressed `t7`)
+    fast, final = generate_with_final_state(model, tok, PROMPTS[:1], speculative=spec, **kwargs)
     assert int(final.search_state.forbidden[0]) > 0
-    _assert_same(
-        fg.generate(model, tok, PROMPTS[:1], speculative=spec, **kwargs),
-        fg.generate(model, tok, PROMPTS[:1], **kwargs),
-    )
+    _assert_same(fast, fg.generate(model, tok, PROMPTS[:1], **kwargs))
 
 
 # a constraint over 6 tokens (EOS 5): tokens 1, 2, 3, never the same one twice in a row; every
@@ -235,30 +231,30 @@ def test_assistant_model_is_a_draft_model(tiny, draft):
     model, tok = tiny
     kwargs = dict(max_new_tokens=12, eos_token_id=[])
     options = fg.GenerationOptions(assistant_model=draft, **kwargs)
-    final, settings = _final(model, tok, PROMPTS, options)
+    _, settings = _final(model, tok, PROMPTS, options)
     proposer = settings.step.search.proposer
     assert isinstance(proposer, fg.speculative.DraftModel) and proposer.num_tokens == 4
     assert proposer.draft is draft
-    assert int(np.sum(np.asarray(final.search_state.proposed))) > 0
     config = {"num_assistant_tokens": 2}  # (planned only, not run)
     _, settings, _ = plan_call(
         model, tok, PROMPTS, assistant_model=draft, generation_config=config, **kwargs
     )
     assert settings.step.search.proposer.num_tokens == 2
     plain = fg.generate(model, tok, PROMPTS, **kwargs)
-    _assert_same(fg.generate(model, tok, PROMPTS, assistant_model=draft, **kwargs), plain)
+    fast, _ = speculative_generate(model, tok, PROMPTS, assistant_model=draft, **kwargs)
+    _assert_same(fast, plain)
 
 
 def test_assistant_early_exit_is_early_exit(tiny):
     """A generation config's `assistant_early_exit` (LayerSkip) selects `EarlyExit`."""
     model, tok = tiny
     config = {"assistant_early_exit": 1, "num_assistant_tokens": 3, "max_new_tokens": 12}
-    _, settings = _final(model, tok, PROMPTS, generation_config=config, eos_token_id=[])
+    _, settings, _ = plan_call(model, tok, PROMPTS, generation_config=config, eos_token_id=[])
     proposer = settings.step.search.proposer
     assert isinstance(proposer, fg.speculative.EarlyExit)
     assert (proposer.num_layers, proposer.num_tokens) == (1, 3)
     plain = fg.generate(model, tok, PROMPTS, max_new_tokens=12, eos_token_id=[])
-    fast = fg.generate(model, tok, PROMPTS, generation_config=config, eos_token_id=[])
+    fast, _ = speculative_generate(model, tok, PROMPTS, generation_config=config, eos_token_id=[])
     _assert_same(fast, plain)
 
 
@@ -302,6 +298,8 @@ def test_guidance_processor_is_lossless(tiny):
     )
     plain = fg.generate(model, tok, PROMPTS, **kwargs)
     spec = fg.speculative.PromptLookup(num_tokens=4, max_ngram_size=2, cost_model=False)
+    # (no acceptance asserted: on these prompts the guided rows accept no looked-up guess,
+    # verified [5, 3, 7], accepted 0; a soft spot left open, issue 56)
     _assert_same(fg.generate(model, tok, PROMPTS, speculative=spec, **kwargs), plain, top=True)
 
 

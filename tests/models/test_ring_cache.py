@@ -16,7 +16,7 @@ import functional_gen as fg
 from functional_gen.models import attention, config_from_hf, decoder
 from functional_gen.models.kv_cache import RING_RESERVE, KVCache
 
-from ..helpers import save_checkpoint
+from ..helpers import save_checkpoint, speculative_generate
 from .test_families import SMALL, VARIANTS, WINDOW, hf_model
 
 transformers = pytest.importorskip("transformers")
@@ -164,6 +164,15 @@ def generate(model, tok, prompt, n, **kw):
     )
 
 
+def speculate(model, tok, prompt, n, spec):
+    """`generate` with `spec`, asserting that guesses were verified and accepted."""
+    result, _ = speculative_generate(
+        model, tok, prompt, max_new_tokens=n, sampler=fg.samplers.Greedy(), eos_token_id=[],
+        speculative=spec,
+    )  # fmt: skip
+    return result
+
+
 def test_sequence_state_continue_fork_and_file_round_the_ring(gemma3, tmp_path):
     _, model, tok = gemma3
     prompts = [prompt_text(PROMPT), prompt_text(PROMPT[:3])]
@@ -206,7 +215,7 @@ def test_prompt_lookup_on_a_sliding_model_is_lossless(gemma3):
     prompt = prompt_text(PROMPT * 4)
     plain = np.asarray(generate(model, tok, [prompt, prompt_text(PROMPT)], 90).token_ids)
     spec = fg.speculative.PromptLookup(num_tokens=10, max_ngram_size=3)
-    fast = generate(model, tok, [prompt, prompt_text(PROMPT)], 90, speculative=spec)
+    fast = speculate(model, tok, [prompt, prompt_text(PROMPT)], 90, spec)
     np.testing.assert_array_equal(np.asarray(fast.token_ids), plain)
 
 
@@ -220,7 +229,7 @@ def test_more_guesses_than_the_ring_reserve_are_refused_before_compiling(gemma3)
     # the largest accepted value still generates losslessly
     spec = fg.speculative.PromptLookup(num_tokens=RING_RESERVE, max_ngram_size=3)
     plain = np.asarray(generate(model, tok, [prompt_text(PROMPT * 2)], 40).token_ids)
-    fast = generate(model, tok, [prompt_text(PROMPT * 2)], 40, speculative=spec)
+    fast = speculate(model, tok, [prompt_text(PROMPT * 2)], 40, spec)
     np.testing.assert_array_equal(np.asarray(fast.token_ids), plain)
 
 

@@ -25,7 +25,7 @@ PROMPT = "The capital of France is"
 
 PERSON = {
     "type": "object",
-    "properties": {"name": {"type": "string", "maxLength": 12},
+    "properties": {"name": {"type": "string", "pattern": "^[A-Z][a-z]{0,11}$"},
                    "age": {"type": "integer", "minimum": 0, "maximum": 120}},
     "required": ["name", "age"],
     "additionalProperties": False,
@@ -37,6 +37,14 @@ CITY = {
     "additionalProperties": False,
 }  # fmt: skip
 DATE = "[0-9]{4}-[0-9]{2}-[0-9]{2}"
+# The longest texts these constraints allow (whitespace between JSON tokens: none or one space;
+# ASCII, so every token is at least one character): one token more than its characters (the EOS)
+# is enough for a request to stop, so every constrained request below must end with "stop".
+LONGEST = {
+    "PERSON": '{ "name" : "Abcdefghijkl" , "age" : 120 }',
+    "CITY": '{ "city" : "Paris" , "big" : false }',
+    "DATE": "2026-11-28",
+}
 
 
 @pytest.fixture(scope="module")
@@ -77,15 +85,21 @@ def schema_format(schema):
 
 def test_constrained_slots_validate_and_equal_alone(server, client):
     """24 concurrent requests (more than the slots) mixing two JSON Schemas, a regex, a choice
-    and free requests, greedy and seeded: every constrained output validates, every output
-    equals the same request sent alone, and none ran outside the slots."""
+    and free requests, greedy and seeded: every constrained request has room to finish its
+    text and does ("stop"), every constrained output validates (jsonschema, `re.fullmatch`),
+    every output equals the same request sent alone, and none ran outside the slots."""
     _, _, alone_calls = server
+    jsonschema.validate(json.loads(LONGEST["PERSON"]), PERSON)  # the bounds' own texts
+    jsonschema.validate(json.loads(LONGEST["CITY"]), CITY)
+    assert re.fullmatch(DATE, LONGEST["DATE"])
     kinds = [
-        dict(messages=ask("A person as JSON."), max_tokens=24,
+        dict(messages=ask("A person as JSON."), max_tokens=len(LONGEST["PERSON"]) + 1,
              response_format=schema_format(PERSON)),
-        dict(messages=ask("A city as JSON."), max_tokens=20, response_format=schema_format(CITY)),
-        dict(messages=ask("A date?"), max_tokens=12, extra_body={"guided_regex": DATE}),
-        dict(messages=ask("Is the sky blue?"), max_tokens=4,
+        dict(messages=ask("A city as JSON."), max_tokens=len(LONGEST["CITY"]) + 1,
+             response_format=schema_format(CITY)),
+        dict(messages=ask("A date?"), max_tokens=len(LONGEST["DATE"]) + 1,
+             extra_body={"guided_regex": DATE}),
+        dict(messages=ask("Is the sky blue?"), max_tokens=len("maybe") + 1,
              extra_body={"guided_choice": ["yes", "no", "maybe"]}),
         dict(messages=ask("Name a colour."), max_tokens=8),
         dict(messages=ask("Count to five."), max_tokens=10, temperature=0.9, seed=4,
@@ -115,11 +129,14 @@ def test_constrained_slots_validate_and_equal_alone(server, client):
         assert (text, reason) == (alone.message.content, alone.finish_reason), r
         fmt = r.get("response_format")
         extra = r.get("extra_body", {})
-        if fmt is not None and reason == "stop":
+        if fmt is not None:
+            assert reason == "stop", (r, text)
             jsonschema.validate(json.loads(text), fmt["json_schema"]["schema"])
-        if "guided_regex" in extra and reason == "stop":
+        if "guided_regex" in extra:
+            assert reason == "stop", (r, text)
             assert re.fullmatch(DATE, text), text
         if "guided_choice" in extra:
+            assert reason == "stop", (r, text)
             assert text in extra["guided_choice"], text
     assert alone_calls == [], "a pooled constraint ran alone"
 

@@ -171,8 +171,13 @@ def test_concurrent_requests_each_equal_alone(server, client):
             assert not any(s in got[0] for s in r["stop"])
 
 
+# the longest text the schema below allows (whitespace between JSON tokens: none or one space)
+LONGEST_PERSON = '{ "name" : "Ann" , "age" : 99 }'
+
+
 def test_constrained_requests_validate_and_equal_alone(server, client):
     """A JSON Schema, a regex and a choice, sent together with a free request: each constrained
+    request has room for the longest text its constraint allows (plus the EOS) and stops, its
     output validates, and each equals the same request sent alone."""
     jsonschema = pytest.importorskip("jsonschema")
     schema = {
@@ -184,12 +189,12 @@ def test_constrained_requests_validate_and_equal_alone(server, client):
     }  # fmt: skip
     ask = lambda text: [{"role": "user", "content": text}]  # noqa: E731
     requests = [
-        dict(messages=ask("A person as JSON."), max_tokens=30, temperature=0,
+        dict(messages=ask("A person as JSON."), max_tokens=len(LONGEST_PERSON) + 1, temperature=0,
              response_format={"type": "json_schema", "json_schema": {"name": "p",
                                                                      "schema": schema}}),
-        dict(messages=ask("A date?"), max_tokens=12, temperature=0,
+        dict(messages=ask("A date?"), max_tokens=len("2026-11-28") + 1, temperature=0,
              extra_body={"guided_regex": "[0-9]{4}-[0-9]{2}-[0-9]{2}"}),
-        dict(messages=ask("Is the sky blue?"), max_tokens=4, temperature=0.7, seed=1,
+        dict(messages=ask("Is the sky blue?"), max_tokens=len("yes") + 1, temperature=0.7, seed=1,
              extra_body={"guided_choice": ["yes", "no"]}),
         dict(messages=ask("Hello!"), max_tokens=6, temperature=0),
     ]  # fmt: skip
@@ -204,7 +209,9 @@ def test_constrained_requests_validate_and_equal_alone(server, client):
             return await asyncio.gather(*(one(r) for r in requests))
 
     together = asyncio.run(everything())
+    assert [reason for _, reason in together[:3]] == ["stop"] * 3, together
     person, date, answer = (text for text, _ in together[:3])
+    jsonschema.validate(json.loads(LONGEST_PERSON), schema)  # the bound's own text
     jsonschema.validate(json.loads(person), schema)
     assert re.fullmatch("[0-9]{4}-[0-9]{2}-[0-9]{2}", date)
     assert answer in ("yes", "no")
@@ -241,6 +248,48 @@ def test_disconnects_free_every_slot(server, client):
     out = client.completions.create(model=MODEL, prompt="Hello", max_tokens=3, temperature=0)
     assert out.usage.completion_tokens == 3
     assert m["functional_gen_time_to_first_token_seconds_count"] >= 1
+
+
+def test_full_queue_refuses_with_429_and_accepted_requests_complete(server, client, monkeypatch):
+    """With room for one waiting request (`Orchestrator.max_queue = 1`; 4 slots), 12 requests
+    sent at once: at most the slots, one prefilling and one waiting can be taken before a slot
+    frees (24 decode steps), so some are refused with 429 in OpenAI's error shape
+    (`rate_limit_error`, `queue_full`) and counted by /metrics; every accepted one completes
+    and equals the same request sent alone, and the queue takes requests again afterwards."""
+    base, engine = server
+    monkeypatch.setattr(engine.orchestrator, "max_queue", 1)
+    refusals = 'functional_gen_requests_total{endpoint="/v1/completions",status="429"}'
+    before = metrics(base).get(refusals, 0.0)
+    request = dict(prompt="Count to thirty: one, two, three,", max_tokens=24, temperature=0)
+
+    async def twelve():
+        async with async_client(base) as aclient:
+
+            async def one():
+                try:
+                    out = await aclient.completions.create(model=MODEL, **request)
+                except openai.RateLimitError as error:
+                    return error
+                return out.choices[0].text, out.choices[0].finish_reason
+
+            return await asyncio.gather(*(one() for _ in range(12)))
+
+    outcomes = asyncio.run(twelve())
+    refused = [o for o in outcomes if isinstance(o, openai.RateLimitError)]
+    answered = [o for o in outcomes if not isinstance(o, openai.RateLimitError)]
+    assert refused and answered, outcomes
+    for error in refused:
+        assert error.status_code == 429
+        body = error.response.json()
+        assert set(body) == {"error"}
+        assert set(body["error"]) == {"message", "type", "param", "code"}
+        assert body["error"]["type"] == "rate_limit_error"
+        assert body["error"]["code"] == "queue_full"
+        assert "1 requests are already waiting" in body["error"]["message"]
+    assert metrics(base)[refusals] - before == len(refused)
+    monkeypatch.undo()  # the default queue again
+    alone = client.completions.create(model=MODEL, **request).choices[0]
+    assert answered == [(alone.text, alone.finish_reason)] * len(answered)
 
 
 def post(base: str, path: str, body, key: str | None = API_KEY):
