@@ -657,8 +657,14 @@ class Engine:
                 state, _ = self.generate(state)
                 for w in self.decode_widths[:-1]:  # the narrower programs: idle rows, no steps
                     state, _ = self._dispatch(state, self.num_steps, 1, False, np.arange(w))
-            else:
+            elif self.paged is None:
                 state = self.insert(self.prefill(self.request([0] * n, 1)), state, 0)
+            else:  # cold prefills only (prompts with cached blocks compile on first use)
+                self.paged.allocator.prefix_caching = False
+                request = self.request([0] * n, 1)
+                state = self.insert(self.prefill(request, self.admit(request, 0)), state, 0)
+                self.release(0)
+                self.paged.allocator.prefix_caching = True
 
     def generate_alone(
         self, request: Request, constraint

@@ -2,6 +2,7 @@
 (`serving.blocks`, vLLM's block manager with prefix caching) under random traces, and the paged
 engine against `fg.generate` alone on a tiny random model."""
 
+import asyncio
 import random
 
 import jax
@@ -244,8 +245,6 @@ def test_an_admission_waits_for_blocks_and_completes(paged):
     tokens) in a pool of 14 blocks: at most two hold blocks at once, the others wait in the
     queue (counted in `waits`) and are admitted as blocks return; every request completes with
     `fg.generate`'s tokens."""
-    import asyncio
-
     engine = paged
     model, tokenizer = engine.model, engine.tokenizer
     prompts = [prompt(13 + i % 3, 20 + i) for i in range(4)]
@@ -271,3 +270,52 @@ def test_an_admission_waits_for_blocks_and_completes(paged):
     for p, g in zip(prompts, got):
         assert g == alone(model, tokenizer, p, N)[0]
     assert engine.paged.allocator.blocks_in_use == 0
+
+
+def test_metrics_report_blocks_in_use_and_prefix_cache_hits(paged):
+    """`/metrics` of a server over the paged engine: `functional_gen_kv_blocks_in_use` and
+    `functional_gen_prefix_cache_hits_total` are the allocator's counts, read while a request
+    holds blocks (one of them taken from the prefix cache) and after it ended."""
+    pytest.importorskip("uvicorn")
+    from functional_gen.serving import app as serving_app
+
+    from .test_server import metrics, run_server
+
+    engine = paged
+    app = serving_app.create_app(engine, model_name="tiny")
+    shared = prompt(BLOCK, 30)
+    requests = [engine.request(shared + prompt(5, 31 + i), N) for i in range(2)]
+
+    async def first_piece(request):  # submit, wait for its first tokens, return the handle
+        handle = engine.orchestrator.submit(request, loop=asyncio.get_running_loop())
+        events = handle.events()
+        await anext(events)
+        return handle, events
+
+    async def drain(events):
+        async for _ in events:
+            pass
+
+    async def run(base):
+        handles = [await first_piece(r) for r in requests]
+        during = metrics(base)
+        for _, events in handles:
+            await drain(events)
+        return during
+
+    server = run_server(app)
+    base = next(server)
+    try:
+        before = metrics(base)
+        during = asyncio.run(run(base))
+        after = metrics(base)
+    finally:
+        next(server, None)  # stops it
+    assert before["functional_gen_kv_blocks_in_use"] == 0
+    alloc = engine.paged.allocator
+    assert alloc.prefix_cache_hits == 1
+    assert after["functional_gen_prefix_cache_hits_total"] == 1
+    # both requests hold their 2 prompt blocks (one shared) and the first decode blocks
+    assert 3 <= during["functional_gen_kv_blocks_in_use"] <= 10
+    assert after["functional_gen_kv_blocks_in_use"] == 0
+    assert after["functional_gen_kv_blocks"] == 14
