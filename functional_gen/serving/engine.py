@@ -30,6 +30,11 @@ addressed by position, per row, and are not moved. A row attends only to its own
 its tokens do not depend on its slot or its neighbours (batch invariance; only the slot offset
 of its keys changes, which can move float rounding, never the masking).
 
+**Paged KV cache.** `Engine(block_size=...)` replaces the lockstep cache with blocks in one
+pool per layer, a block table per slot and prefix caching (`serving.paged`, `serving.blocks`,
+after vLLM): no shared write index and no compaction; `admit` takes a request's blocks before
+its prefill and `release` returns them.
+
 **Shapes.** Prompts are left-padded to `bucket_length` (as `generate` pads them, so the prefill
 computes the same logits), prompts longer than `prefill_chunk` are prefilled in chunks of
 `prefill_chunk` tokens (`prefill_chunks`, so a long prompt does not hold up the other streams
