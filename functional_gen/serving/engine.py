@@ -550,7 +550,8 @@ class Engine:
         return place_jit(entry, decode_state, jnp.asarray(slot, jnp.int32))
 
     def free(self, decode_state: DecodeState, slot: int) -> DecodeState:
-        """Mark `slot` finished (a cancelled request); `decode_state` is donated."""
+        """Mark `slot` finished (a cancelled request); `decode_state` is donated. (With a paged
+        cache, `release(slot)` returns its blocks.)"""
         return free_jit(decode_state, jnp.asarray(slot, jnp.int32))
 
     def generate(

@@ -421,6 +421,8 @@ class Orchestrator:
             if piece is not None:
                 slot.handle._put(piece)
             if finished:
+                if self.engine.paged is not None:  # its blocks are back before it is told
+                    self.engine.release(i)
                 why = "stop_string" if stopped else FINISH_REASONS[int(reason[i])]
                 slot.handle._put(
                     Finished(
@@ -433,8 +435,6 @@ class Orchestrator:
                 if not bool(done[i]):
                     state = self.engine.free(state, i)
                 self._slots[i] = None
-                if self.engine.paged is not None:
-                    self.engine.release(i)
         return state
 
 

@@ -226,6 +226,14 @@ class PagedKV:
                 "the paged KV cache takes caches of [batch, kv_heads, slots, head_dim]"
             )
         self.shapes = [(x.shape[1], x.shape[3], x.dtype) for x in template.k]
+        plan = getattr(model, "plan", None)
+        if plan is not None and plan.attention_length_buckets and hasattr(model, "with_plan"):
+            # a gathered cache is read whole (its write index is at its end): the shorter
+            # attention branches would only be compiled, never taken
+            model = model.with_plan(dataclasses.replace(plan, attention_length_buckets=False))
+        self.model = model
+        """The model of the paged decode and cached-prefix prefill programs: the engine's, its
+        plan's attention-length branches off."""
         self.admissions: dict[int, Admission] = {}
         self.prefilled_tokens = 0
         """Prompt tokens prefilled so far (those taken from the prefix cache not counted)."""
@@ -300,7 +308,7 @@ class PagedKV:
 
         def chunks(cache):
             logits, cache = yield from chunked_prefill(
-                engine.model, cache, token_ids, positions, engine.prefill_chunk
+                self.model, cache, token_ids, positions, engine.prefill_chunk
             )
             yield engine._prefix(request, logits, cache)
 
@@ -329,7 +337,7 @@ class PagedKV:
             if slot in self.admissions:
                 self.allocator.extend(slot, int(length[slot]) + n)
         return paged_generate_jit(
-            engine.model,
+            self.model,
             state,
             jnp.asarray(self.allocator.block_tables),
             n,
