@@ -242,33 +242,48 @@ def test_prefix_cache_hits_give_the_cold_tokens_and_skip_their_prefill(paged):
 
 def test_an_admission_waits_for_blocks_and_completes(paged):
     """Through the orchestrator: four concurrent requests of 5 blocks each (13-15 + 21
-    tokens) in a pool of 14 blocks: at most two hold blocks at once, the others wait in the
-    queue (counted in `waits`) and are admitted as blocks return; every request completes with
-    `fg.generate`'s tokens."""
+    tokens) in a pool of 14 blocks: never more than two hold blocks at once, the others wait in
+    the queue (counted in `waits`) and are admitted as blocks return; every request completes
+    with `fg.generate`'s tokens. Then a request cancelled after its first tokens gives its
+    blocks back: after the next request, none is in use."""
     engine = paged
     model, tokenizer = engine.model, engine.tokenizer
     prompts = [prompt(13 + i % 3, 20 + i) for i in range(4)]
     waits = engine.paged.waits
+    live = []  # slots holding blocks at each dispatch
+    dispatch = engine.paged.generate
+
+    def spy(*args):
+        live.append(int((engine.paged.allocator.block_tables[:, 0] >= 0).sum()))
+        return dispatch(*args)
+
+    async def tokens(handle):
+        ids = []
+        async for event in handle.events():
+            ids += getattr(event, "token_ids", [])
+        return ids
 
     async def run():
         loop = asyncio.get_running_loop()
-        handles = [engine.orchestrator.submit(engine.request(p, N), loop=loop) for p in prompts]
+        submit = engine.orchestrator.submit
+        handles = [submit(engine.request(p, N), loop=loop) for p in prompts]
+        got = await asyncio.gather(*(tokens(h) for h in handles))
+        cancelled = submit(engine.request(prompts[0], N), loop=loop)
+        await anext(cancelled.events())
+        cancelled.cancel()
+        await tokens(submit(engine.request(prompts[1], 3), loop=loop))
+        return got
 
-        async def tokens(handle):
-            ids = []
-            async for event in handle.events():
-                ids += getattr(event, "token_ids", [])
-            return ids
-
-        return await asyncio.gather(*(tokens(h) for h in handles))
-
+    engine.paged.generate = spy
     try:
         got = asyncio.run(run())
     finally:
         engine.close()
-    assert engine.paged.waits > waits
+        del engine.paged.generate
+    assert engine.paged.waits > waits and max(live) == 2
     for p, g in zip(prompts, got):
         assert g == alone(model, tokenizer, p, N)[0]
+    engine.paged.allocator.check()
     assert engine.paged.allocator.blocks_in_use == 0
 
 
