@@ -17,8 +17,11 @@ masks by position, so every row reads exactly its own tokens), and scatters thos
 back into the pool (`scatter`: each key and value to `table[s, p // block_size], p %
 block_size`, those of idle rows dropped). The gather costs one copy of the slots' blocks per
 dispatch: the CPU form. On a GPU the plan's next step is a paged-attention kernel that reads the
-pool through the table inside attention (jax's Pallas `paged_attention`,
-`jax.experimental.pallas.ops.gpu` / `tpu.paged_attention`), not built yet.
+pool through the table inside attention, not built yet: jax's Pallas
+`jax.experimental.pallas.ops.gpu.paged_attention.paged_attention` (also `ops.tpu`), whose pages
+are `[kv_heads, num_pages, page_size, head_dim]` with per-row `lengths` (the pool would take
+that head-major layout), for one query token per row (decode; a cached-prefix prefill keeps
+the gather).
 
 **Prefill.** A prompt with no cached prefix is prefilled as the lockstep engine prefills it
 (the left-padded bucket, `generate`'s own call), and `insert` scatters its keys and values into
