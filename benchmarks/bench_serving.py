@@ -4,6 +4,7 @@
     .venv/bin/python benchmarks/bench_serving.py [--requests 32] [--rates 1,2,inf] [--slots 8]
         [--llama-cpp-python /work/llamacpp-venv/bin/python] [--quick] [--max-output 128]
         [--sequential-rates 2] [--no-sequential] [--quantization int8] [--decode-widths 1 2 4]
+        [--block-size 16]
 
 Duration (estimated for the 2-core CPU, quiet): the default run generates about 2,300 tokens per
 rate and system; our server at 8 slots (~100 tok/s) and llama.cpp's one-request-at-a-time
@@ -257,6 +258,13 @@ def main(argv=None) -> int:
         "default: the server's default)",
     )
     parser.add_argument(
+        "--block-size",
+        type=int,
+        default=None,
+        help="our server on a paged KV cache of blocks of this many tokens (`functional-gen "
+        "serve --block-size`; default: the lockstep cache)",
+    )
+    parser.add_argument(
         "--quick",
         action="store_true",
         help="8 requests, short prompts and outputs, one rate: to see it works",
@@ -302,12 +310,15 @@ def main(argv=None) -> int:
             "--quiet",
             *(["--quantization", args.quantization] if args.quantization else []),
             *(["--decode-widths", *map(str, args.decode_widths)] if args.decode_widths else []),
+            *(["--block-size", str(args.block_size)] if args.block_size else []),
         ],
         env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])},
     )
     label = "functional_gen" + (f" {args.quantization}" if args.quantization else "")
     if args.decode_widths:
         label += " widths " + ",".join(map(str, args.decode_widths))
+    if args.block_size:
+        label += f" paged {args.block_size}"
     our_label = label
     servers.append((label, f"http://127.0.0.1:{port}", ours, log, name))
     llama_python = Path(args.llama_cpp_python)

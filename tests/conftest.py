@@ -230,6 +230,7 @@ HEAVY_FILES = {
     "tests/serving/test_server.py": 57,
     "tests/processors/test_protocol.py": 47,
     "tests/test_cli_new_user.py": 45,
+    "tests/serving/test_paged.py": 45,  # estimated: 53 s of CPU in one loaded process
     "tests/generation/test_guidance.py": 42,
     "tests/structured/test_generation.py": 40,
     "tests/generation/test_speculative_paths.py": 40,

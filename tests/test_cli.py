@@ -593,6 +593,8 @@ def test_serve_help_lists_its_options(capsys):
         "--port",
         "--max-slots",
         "--decode-widths",
+        "--block-size",
+        "--num-blocks",
         "--api-key",
         "--precompile",
     ):
@@ -614,3 +616,12 @@ def test_serve_refuses_a_decode_width_over_max_slots(capsys):
     assert exit_.value.code == 2
     err = capsys.readouterr().err
     assert "--decode-widths 1 6" in err and "--max-slots (4)" in err
+
+
+def test_serve_refuses_num_blocks_without_block_size(capsys):
+    """`--num-blocks` sizes a paged cache: without `--block-size` it is refused before the model
+    loads."""
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["serve", "--num-blocks", "64"])
+    assert exit_.value.code == 2
+    assert "--num-blocks 64 needs --block-size" in capsys.readouterr().err

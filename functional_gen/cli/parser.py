@@ -583,6 +583,22 @@ def serve_options(sub) -> argparse.ArgumentParser:
         "dispatch at --max-slots)",
     )
     group.add_argument(
+        "--block-size",
+        type=_positive_int,
+        default=None,
+        metavar="N",
+        help="a paged KV cache of blocks of N tokens, with prefix caching (default: none, every "
+        "slot reserves --max-len tokens)",
+    )
+    group.add_argument(
+        "--num-blocks",
+        type=_positive_int,
+        default=None,
+        metavar="N",
+        help="blocks in the paged cache's pool (with --block-size; default: enough for "
+        "--max-slots x --max-len tokens)",
+    )
+    group.add_argument(
         "--max-n",
         type=_positive_int,
         default=8,

@@ -35,6 +35,8 @@ def run_serve(args: argparse.Namespace) -> int:
             f"--decode-widths {' '.join(map(str, widths))}: each at most --max-slots "
             f"({args.max_slots})"
         )
+    if args.num_blocks is not None and args.block_size is None:
+        raise ValueError(f"--num-blocks {args.num_blocks} needs --block-size (a paged KV cache)")
     progress.set_quiet(args.quiet)
     enable_compilation_cache()
     model, tokenizer = load_model(
@@ -51,6 +53,8 @@ def run_serve(args: argparse.Namespace) -> int:
         max_len=args.max_len,
         top_logprobs=5,
         decode_widths=widths,
+        block_size=args.block_size,
+        num_blocks=args.num_blocks,
     )
     if args.precompile:
         engine.precompile(progress=not args.quiet)

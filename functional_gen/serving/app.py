@@ -122,6 +122,23 @@ class _Collector:
             "Generated tokens per second since the previous scrape",
             value=self.rate,
         )
+        paged = self.engine.paged
+        if paged is not None:  # Engine(block_size=...): the paged KV cache's blocks
+            yield GaugeMetricFamily(
+                "functional_gen_kv_blocks_in_use",
+                "KV cache blocks referenced by running requests",
+                value=paged.allocator.blocks_in_use,
+            )
+            yield GaugeMetricFamily(
+                "functional_gen_kv_blocks",
+                "KV cache blocks in the pool",
+                value=paged.allocator.num_blocks,
+            )
+            yield CounterMetricFamily(
+                "functional_gen_prefix_cache_hits",
+                "Prompt blocks taken from the prefix cache instead of prefilled",
+                value=paged.allocator.prefix_cache_hits,
+            )
 
 
 def create_app(

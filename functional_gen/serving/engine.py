@@ -30,6 +30,11 @@ addressed by position, per row, and are not moved. A row attends only to its own
 its tokens do not depend on its slot or its neighbours (batch invariance; only the slot offset
 of its keys changes, which can move float rounding, never the masking).
 
+**Paged KV cache.** `Engine(block_size=...)` replaces the lockstep cache with blocks in one
+pool per layer, a block table per slot and prefix caching (`serving.paged`, `serving.blocks`,
+after vLLM): no shared write index and no compaction; `admit` takes a request's blocks before
+its prefill and `release` returns them.
+
 **Shapes.** Prompts are left-padded to `bucket_length` (as `generate` pads them, so the prefill
 computes the same logits), prompts longer than `prefill_chunk` are prefilled in chunks of
 `prefill_chunk` tokens (`prefill_chunks`, so a long prompt does not hold up the other streams
@@ -61,7 +66,9 @@ from ..models.base import AbstractCausalLM
 from ..progress import progress_bar
 from ..structured.automaton import INITIAL
 from ..tokenization import Prompt, encode_prompt
+from .blocks import Admission
 from .orchestrator import Error, Finished, Orchestrator
+from .paged import PagedDecodeState, PagedKV
 from .phases import PhaseTimer
 from .pool import (
     DEFAULT_POOL_CLASSES,
@@ -74,6 +81,7 @@ from .programs import (
     DecodeState as DecodeState,
     Prefix as Prefix,
     StepOutput as StepOutput,
+    chunked_prefill,
     compact_jit,
     free_jit,
     generate_jit,
@@ -81,7 +89,6 @@ from .programs import (
     layout_jit,
     narrow_jit,
     place_jit,
-    prefill_chunk_jit,
     prefill_jit,
     widen_jit,
 )
@@ -182,6 +189,14 @@ class Engine:
     - `kv_cache_dtype`: the dtype of the slots' `KVCache` (`"float32"`, `"bfloat16"`, a jnp
       dtype, or `"auto"`: bfloat16 on a GPU, float32 elsewhere); `None` (default): the model's
       own (`model.kv_cache_dtype`, set by `load_model`). `self.model` makes its caches in it.
+    - `block_size`: `None` (default): the lockstep cache above, `max_len` keys and values per
+      slot. An integer: a paged KV cache of blocks of this many tokens (`serving.paged`,
+      `serving.blocks`, after vLLM): blocks are taken as a request grows and returned when it
+      ends, full prompt blocks are shared between requests with the same prefix (prefix
+      caching), and an admission that cannot get blocks waits (`admit`). Every dispatch then
+      runs at `max_slots` (no narrower `decode_widths`), with no compaction.
+    - `num_blocks`: blocks in the paged pool (only with `block_size`; default: enough for every
+      slot's `max_len`).
 
     **Raises:** `ValueError` for a non-positive `max_slots`, `max_len` or `num_steps`, a
     `max_len` beyond the model's context, a `decode_widths` entry that is not an integer in
@@ -204,7 +219,11 @@ class Engine:
         prefill_copy: bool = True,
         decode_widths: Sequence[int] | None = None,
         kv_cache_dtype=None,
+        block_size: int | None = None,
+        num_blocks: int | None = None,
     ):
+        if block_size is None and num_blocks is not None:
+            raise ValueError(f"`num_blocks`={num_blocks!r} needs a `block_size` (a paged cache)")
         if kv_cache_dtype is not None:
             model = model.with_kv_cache_dtype(kv_cache_dtype)
         for name, value in (
@@ -260,6 +279,13 @@ class Engine:
         self.compactions = 0
         """How many times `generate` compacted the cache (`compact`)."""
         self._compact_compiled = False
+        self.block_size = block_size
+        self.paged = None
+        """The paged KV cache (`serving.paged.PagedKV`: its `allocator`, `prefilled_tokens`),
+        or `None` for the lockstep cache."""
+        if block_size is not None:
+            self.paged = PagedKV(self.model, max_slots, max_len, block_size, num_blocks)
+            self.decode_widths = (max_slots,)
         self.timer = PhaseTimer()
         """Wall seconds per phase of `generate` ("layout", "compact", "dispatch") and of the
         orchestrator's loop (see `Orchestrator`); `timer.sync = True` attributes device time to
@@ -301,7 +327,7 @@ class Engine:
             logprobs=jnp.zeros((slots, self.max_len), jnp.float32),
             top_token_ids=jnp.zeros((slots, self.max_len, self.top_logprobs), jnp.int32),
             top_logprobs=jnp.zeros((slots, self.max_len, self.top_logprobs), jnp.float32),
-            cache=self.model.init_cache(slots, self.max_len),
+            cache=self.model.init_cache(slots, self.max_len if self.paged is None else 1),
             processor_states=(jnp.full((slots,), INITIAL, jnp.int32), ()),
             stop_state=jnp.zeros((slots, 0), jnp.int32),
             key=jax.random.split(jax.random.key(0), slots),
@@ -309,6 +335,8 @@ class Engine:
             search_state=None,
         )
         pool = ConstraintPool.empty(slots, vocab, self.constraint_states, self.constraint_classes)
+        if self.paged is not None:
+            return self.paged.init_state(DecodeState(gen, params, pool))
         return DecodeState(gen, params, pool)
 
     def request(self, token_ids: Sequence[int], max_new_tokens: int, **sampling) -> Request:
@@ -326,6 +354,8 @@ class Engine:
         if max_new_tokens < 1:
             raise ValueError(f"`max_new_tokens` must be a positive integer, got {max_new_tokens!r}")
         width = self.prefill_width(len(ids))
+        if self.paged is not None:
+            self.paged.check_fits(len(ids) + max_new_tokens)
         if width + max_new_tokens > self.max_len:
             raise ValueError(
                 f"the prompt has {len(ids)} tokens (padded to {width}) and max_new_tokens="
@@ -395,11 +425,23 @@ class Engine:
             return -(-prompt_length // self.prefill_chunk) * self.prefill_chunk
         return bucket_length(prompt_length)
 
-    def prefill_chunks(self, request: Request) -> Iterator[Prefix | None]:
+    def prefill_chunks(
+        self, request: Request, admission: Admission | None = None, decode_state=None
+    ) -> Iterator[Prefix | None]:
         """Prefill `request`, yielding `None` between chunks (the orchestrator decodes the other
         slots there) and the `Prefix` last. A prompt of at most `prefill_chunk` tokens is ONE
         model call over the left-padded prompt (what `generate` computes); a longer one runs
-        `prefill_chunk` tokens per call into a cache of the padded width."""
+        `prefill_chunk` tokens per call into a cache of the padded width. With a paged cache,
+        `admission` (from `admit`) and `decode_state`: a prompt with cached prefix blocks is
+        prefilled from its first uncached position over them (`PagedKV.prefill_cached`: its
+        blocks are read from `decode_state` at this call, before the state is donated)."""
+        if self.paged is not None:
+            if admission is not None and admission.cached_tokens:
+                return self.paged.prefill_cached(self, request, admission, decode_state)
+            self.paged.prefilled_tokens += len(request.token_ids)
+        return self._prefill_chunks(request)
+
+    def _prefill_chunks(self, request: Request) -> Iterator[Prefix | None]:
         ids = np.asarray(request.token_ids, np.int32)
         n = len(ids)
         width = self.prefill_width(n)
@@ -410,23 +452,36 @@ class Engine:
         if n <= self.prefill_chunk:
             logits, cache = prefill_jit(self.model, jnp.asarray(token_ids), jnp.asarray(positions))
         else:
-            cache = self.model.init_cache(1, width)
-            c = self.prefill_chunk
-            for start in range(0, width, c):
-                logits, cache = prefill_chunk_jit(
-                    self.model,
-                    cache,
-                    jnp.asarray(token_ids[:, start : start + c]),
-                    jnp.asarray(positions[:, start : start + c]),
-                )
-                if start + c < width:
-                    yield None
+            logits, cache = yield from chunked_prefill(
+                self.model,
+                self.model.init_cache(1, width),
+                token_ids,
+                positions,
+                self.prefill_chunk,
+            )
         yield self._prefix(request, logits, cache)
 
-    def prefill(self, request: Request) -> Prefix:
+    def prefill(self, request: Request, admission=None, decode_state=None) -> Prefix:
         """Prefill `request` at once (all of `prefill_chunks`). **Returns:** its `Prefix`."""
-        *_, prefix = self.prefill_chunks(request)
+        *_, prefix = self.prefill_chunks(request, admission, decode_state)
         return prefix
+
+    def admit(self, request: Request, slot: int) -> Admission | None:
+        """Paged cache only: take blocks for `request` in `slot` before its prefill
+        (`BlockAllocator.admit`: cached prefix blocks shared, the rest reserved); `None` when
+        the pool cannot hold it now (it must wait). Pass the result to `prefill`; call
+        `release(slot)` when the request ends.
+
+        **Raises:** `ValueError` without a paged cache, or for a busy slot."""
+        if self.paged is None:
+            raise ValueError("`admit` needs a paged KV cache (`Engine(block_size=...)`)")
+        return self.paged.admit(request, slot)
+
+    def release(self, slot: int) -> None:
+        """Paged cache only: the request in `slot` ended; its blocks return to the pool (a
+        no-op for the lockstep cache)."""
+        if self.paged is not None:
+            self.paged.release(slot)
 
     def _prefix(self, request: Request, logits, cache) -> Prefix:
         row = np.full((self.max_len,), self.pad_token_id, np.int32)
@@ -465,6 +520,8 @@ class Engine:
         **Raises:** `ValueError` for a slot outside `[0, max_slots)`."""
         if not 0 <= slot < self.max_slots:
             raise ValueError(f"slot {slot} is outside [0, {self.max_slots})")
+        if self.paged is not None:
+            return self.paged.insert(prefix, decode_state, slot)
         return insert_jit(prefix, decode_state, jnp.asarray(slot, jnp.int32))
 
     def constraint_entry(self, constraint) -> PoolEntry | None:
@@ -485,10 +542,16 @@ class Engine:
         **Raises:** `ValueError` for a slot outside `[0, max_slots)`."""
         if not 0 <= slot < self.max_slots:
             raise ValueError(f"slot {slot} is outside [0, {self.max_slots})")
+        if self.paged is not None:  # the pool and tables are left out, and put back
+            s = decode_state
+            base = DecodeState(s.generation, s.params, s.pool)
+            base = place_jit(entry, base, jnp.asarray(slot, jnp.int32))
+            return PagedDecodeState(base.generation, base.params, base.pool, s.paged)
         return place_jit(entry, decode_state, jnp.asarray(slot, jnp.int32))
 
     def free(self, decode_state: DecodeState, slot: int) -> DecodeState:
-        """Mark `slot` finished (a cancelled request); `decode_state` is donated."""
+        """Mark `slot` finished (a cancelled request); `decode_state` is donated. (With a paged
+        cache, `release(slot)` returns its blocks.)"""
         return free_jit(decode_state, jnp.asarray(slot, jnp.int32))
 
     def generate(
@@ -516,6 +579,9 @@ class Engine:
         n = self.num_steps if num_steps is None else num_steps
         timer, clock = self.timer, time.perf_counter
         start = clock()
+        if self.paged is not None:
+            out = self.paged.generate(self, decode_state, n, until_finish)
+            return timer.add("dispatch", start, out)
         layout, done = timer.add(
             "layout",
             start,
@@ -597,8 +663,14 @@ class Engine:
                 state, _ = self.generate(state)
                 for w in self.decode_widths[:-1]:  # the narrower programs: idle rows, no steps
                     state, _ = self._dispatch(state, self.num_steps, 1, False, np.arange(w))
-            else:
+            elif self.paged is None:
                 state = self.insert(self.prefill(self.request([0] * n, 1)), state, 0)
+            else:  # cold prefills only (prompts with cached blocks compile on first use)
+                self.paged.allocator.prefix_caching = False
+                request = self.request([0] * n, 1)
+                state = self.insert(self.prefill(request, self.admit(request, 0)), state, 0)
+                self.release(0)
+                self.paged.allocator.prefix_caching = True
 
     def generate_alone(
         self, request: Request, constraint

@@ -200,6 +200,7 @@ class Orchestrator:
         self._wake = threading.Event()
         self._slots: list[_Slot | None] = [None] * engine.max_slots
         self._prefilling: tuple[Handle, object] | None = None
+        self._paged_slot = 0  # paged cache: the slot the prefilling request was admitted into
         self._running = False
         self._thread: threading.Thread | None = None
         self._eos = set(engine.eos_token_id)
@@ -303,8 +304,12 @@ class Orchestrator:
             if slot is not None and slot.handle.cancelled:
                 state = self.engine.free(state, i)
                 self._slots[i] = None
+                if self.engine.paged is not None:
+                    self.engine.release(i)
         if self._prefilling is not None and self._prefilling[0].cancelled:
             self._prefilling = None
+            if self.engine.paged is not None:
+                self.engine.release(self._paged_slot)
         with self._lock:
             if any(h.cancelled for h in self._queue):
                 self._queue = collections.deque(h for h in self._queue if not h.cancelled)
@@ -325,7 +330,18 @@ class Orchestrator:
                 if handle.constraint is not None and handle.entry is None:
                     self._run_alone(handle)
                     return state
-                self._prefilling = (handle, self.engine.prefill_chunks(handle.request))
+                if self.engine.paged is not None:  # blocks first, or it waits at the head
+                    slot = self._slots.index(None)
+                    admission = self.engine.admit(handle.request, slot)
+                    if admission is None:
+                        with self._lock:
+                            self._queue.appendleft(handle)
+                        return state
+                    self._paged_slot = slot
+                    chunks = self.engine.prefill_chunks(handle.request, admission, state)
+                    self._prefilling = (handle, chunks)
+                else:
+                    self._prefilling = (handle, self.engine.prefill_chunks(handle.request))
             handle, chunks = self._prefilling
             width = self.engine.prefill_width(len(handle.request.token_ids))
             cost = min(width, self.engine.prefill_chunk)  # this chunk's tokens
@@ -336,12 +352,14 @@ class Orchestrator:
                 prefix = next(chunks)
             except Exception as error:  # this request fails, the others go on
                 self._prefilling = None
+                if self.engine.paged is not None:
+                    self.engine.release(self._paged_slot)
                 handle._put(Error(f"prefill failed: {type(error).__name__}: {error}"))
                 return state
             if prefix is None:  # more chunks to come, in later turns
                 return state
             self._prefilling = None
-            slot = self._slots.index(None)
+            slot = self._slots.index(None) if self.engine.paged is None else self._paged_slot
             state = self.engine.insert(prefix, state, slot)
             if handle.entry is not None:
                 state = self.engine.place(handle.entry, state, slot)
@@ -403,6 +421,8 @@ class Orchestrator:
             if piece is not None:
                 slot.handle._put(piece)
             if finished:
+                if self.engine.paged is not None:  # its blocks are back before it is told
+                    self.engine.release(i)
                 why = "stop_string" if stopped else FINISH_REASONS[int(reason[i])]
                 slot.handle._put(
                     Finished(

@@ -188,6 +188,14 @@ def _insert(prefix: Prefix, state: DecodeState, slot: Int[Array, ""]) -> DecodeS
         if grown.ring_positions is None
         else cache.ring_positions.at[slot].set(grown.ring_positions[0]),
     )
+    return _with_prefix(prefix, state, slot, cache)
+
+
+def _with_prefix(prefix: Prefix, state: DecodeState, slot: Int[Array, ""], cache) -> DecodeState:
+    """`state` with `slot` taking `prefix`'s tokens, logits, key and parameters (busy, not
+    constrained), and `cache` as its generation's cache (the lockstep `KVCache` with the prompt
+    written by `_insert`, or the paged engine's placeholder, `serving.paged`)."""
+    gen = state.generation
     gen = GenerationState(
         token_ids=gen.token_ids.at[slot].set(prefix.token_ids),
         length=gen.length.at[slot].set(prefix.length),
@@ -340,6 +348,24 @@ def _prefill(model, token_ids, positions):
 def _prefill_chunk(model, cache, token_ids, positions):
     logits, cache = model(token_ids, positions, cache, logits_to_keep=1)
     return logits[0, -1], cache
+
+
+def chunked_prefill(model, cache: KVCache, token_ids, positions, chunk: int):
+    """Run `token_ids` / `positions` (numpy, `[1, width]`, left-padded) through `model` over
+    `cache` in calls of `chunk` tokens (one call when `width <= chunk`; else `width` is a
+    multiple of `chunk`): a generator yielding `None` between calls and returning `(logits,
+    cache)`, the logits after the last token (`yield from` it)."""
+    width = token_ids.shape[1]
+    for start in range(0, width, chunk):
+        logits, cache = prefill_chunk_jit(
+            model,
+            cache,
+            jnp.asarray(token_ids[:, start : start + chunk]),
+            jnp.asarray(positions[:, start : start + chunk]),
+        )
+        if start + chunk < width:
+            yield None
+    return logits, cache
 
 
 generate_jit = eqx.filter_jit(_generate, donate="all-except-first")

@@ -1,0 +1,351 @@
+"""The serving engine's paged KV cache (`Engine(block_size=...)`): the device side of
+`serving.blocks` (the host allocator), after vLLM (Kwon et al. 2023, "Efficient Memory
+Management for Large Language Model Serving with PagedAttention").
+
+**Layout.** Per layer ONE pool of keys and one of values, `[num_blocks, block_size, kv_heads,
+head_dim]` (`PagedCache`), and a block table `int32[max_slots, max_blocks_per_slot]` (`-1` =
+none): slot `s`'s position `p` lives at `pool[table[s, p // block_size], p % block_size]`. Every
+slot has its own length (its `GenerationState.length`); there is no shared write index, no
+right-alignment and no compaction (the lockstep engine's `compact`).
+
+**Decode.** One `generate` dispatch of `n` steps gathers each slot's blocks through its table
+into a contiguous `KVCache` row (`gather`: `[slots, kv_heads, max_blocks_per_slot * block_size
++ n, head_dim]`, slot column `c` holding position `c` for `c < length`, position `-1` after),
+runs the engine's ordinary decode loop on it (`programs._generate`: the `n` new tokens go to the
+`n` columns after the gathered ones, in lockstep, each row with its own RoPE position; attention
+masks by position, so every row reads exactly its own tokens), and scatters those `n` columns
+back into the pool (`scatter`: each key and value to `table[s, p // block_size], p %
+block_size`, those of idle rows dropped). The gather costs one copy of the slots' blocks per
+dispatch: the CPU form. On a GPU the plan's next step is a paged-attention kernel that reads the
+pool through the table inside attention, not built yet: jax's Pallas
+`jax.experimental.pallas.ops.gpu.paged_attention.paged_attention` (also `ops.tpu`), whose pages
+are `[kv_heads, num_pages, page_size, head_dim]` with per-row `lengths` (the pool would take
+that head-major layout), for one query token per row (decode; a cached-prefix prefill keeps
+the gather).
+
+**Prefill.** A prompt with no cached prefix is prefilled as the lockstep engine prefills it
+(the left-padded bucket, `generate`'s own call), and `insert` scatters its keys and values into
+the slot's blocks. A prompt whose leading full blocks are in the prefix cache
+(`BlockAllocator.admit`'s `cached_tokens`) is prefilled from its first uncached position only:
+the cached blocks are gathered into a one-row cache (`gather_row`) and the rest of the prompt
+runs over it in chunks (`programs._prefill_chunk`), as a long prompt does; `insert` scatters only
+the new positions (the shared blocks are never written). This is where prefix caching saves
+prefill time (vLLM's automatic prefix caching).
+"""
+
+import dataclasses
+from collections.abc import Iterator
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Bool, Float, Int
+
+from ..models.kv_cache import KVCache
+from .blocks import Admission, BlockAllocator
+from .programs import DecodeState, Prefix, _generate, _with_prefix, chunked_prefill
+
+
+class PagedCache(eqx.Module):
+    """The pools of a paged KV cache and its block tables.
+
+    **Attributes:** `k`, `v`: one array per layer, `Float[Array, "blocks block_size kv_heads
+    head_dim"]`; `block_tables`: `Int[Array, "slots max_blocks"]`, the physical block of each
+    slot's logical block (`-1` = none; copied from `BlockAllocator.block_tables` before each
+    dispatch and insert)."""
+
+    k: tuple[Float[Array, "blocks block_size kv_heads head_dim"], ...]
+    v: tuple[Float[Array, "blocks block_size kv_heads head_dim"], ...]
+    block_tables: Int[Array, "slots max_blocks"]
+
+    @property
+    def block_size(self) -> int:
+        """Tokens per block (static)."""
+        return self.k[0].shape[1]
+
+    @property
+    def num_blocks(self) -> int:
+        """Blocks per pool (static)."""
+        return self.k[0].shape[0]
+
+    @property
+    def max_tokens(self) -> int:
+        """Positions a slot's table covers: `max_blocks * block_size` (static)."""
+        return self.block_tables.shape[1] * self.block_size
+
+
+class PagedDecodeState(DecodeState):
+    """The paged engine's decode state: a `DecodeState` whose `generation.cache` is a one-slot
+    placeholder (the keys and values live in `paged`) plus `paged`, a `PagedCache`."""
+
+    paged: PagedCache
+
+
+def gather(
+    paged: PagedCache,
+    tables: Int[Array, "rows max_blocks"],
+    lengths: Int[Array, " rows"],
+    extra: int,
+) -> KVCache:
+    """The rows' blocks read through `tables` as a contiguous `KVCache` (no rings): column `c <
+    max_tokens` holds position `c` where `c < lengths[row]` (else `-1`, masked), then `extra`
+    empty columns; the write index is `max_tokens` for every row.
+
+    **Returns:** a `KVCache` of `len(tables)` rows and `max_tokens + extra` slots."""
+    rows, width = tables.shape[0], paged.max_tokens
+    blocks = jnp.maximum(tables, 0)
+
+    def read(pool):  # [blocks, bs, kvh, hd] -> [rows, kvh, width + extra, hd]
+        x = pool[blocks].reshape(rows, width, *pool.shape[2:]).transpose(0, 2, 1, 3)
+        return jnp.pad(x, ((0, 0), (0, 0), (0, extra), (0, 0)))
+
+    columns = jnp.arange(width + extra, dtype=jnp.int32)
+    positions = jnp.where(columns[None] < jnp.minimum(lengths, width)[:, None], columns[None], -1)
+    return KVCache(
+        k=tuple(read(p) for p in paged.k),
+        v=tuple(read(p) for p in paged.v),
+        positions=positions.astype(jnp.int32),
+        length=jnp.full((rows,), width, jnp.int32),
+    )
+
+
+def scatter(
+    paged: PagedCache,
+    cache: KVCache,
+    tables: Int[Array, "rows max_blocks"],
+    start: Int[Array, " rows"],
+    first_column: int,
+) -> PagedCache:
+    """`paged` with the keys and values of `cache`'s columns from `first_column` (static) on
+    written to their blocks: column `c` of row `r`, at position `p = cache.positions[r, c]`, goes
+    to `tables[r, p // block_size]`, offset `p % block_size`, when `p >= start[r]` and that
+    block exists; the rest (padding, idle rows, shared prefix blocks below `start`) is dropped.
+    A ring layer of `cache` (a prefill's sliding-window layer, `KVCache.ring_layers`) writes its
+    ring slots by `ring_positions` instead (`first_column` must then be 0): the window's keys,
+    all that later queries of that layer read.
+    """
+    bs, nb = paged.block_size, paged.num_blocks
+
+    def index(positions):  # [rows, cols] -> flat pool rows [rows * cols], nb * bs = dropped
+        logical = jnp.clip(positions // bs, 0, tables.shape[1] - 1)
+        block = jnp.take_along_axis(tables, logical, axis=1)
+        keep = (positions >= 0) & (positions >= start[:, None]) & (block >= 0)
+        return jnp.where(keep, block * bs + positions % bs, nb * bs).reshape(-1)
+
+    full = index(cache.positions[:, first_column:])
+    ring = None if cache.ring_positions is None else index(cache.ring_positions)
+
+    def write(i, pool, x):  # x [rows, kvh, cols, hd]; a ring layer's columns are ring slots
+        at = ring if i in cache.ring_layers else full
+        if i not in cache.ring_layers:
+            x = x[:, :, first_column:]
+        flat = pool.reshape(nb * bs, *pool.shape[2:])
+        new = x.transpose(0, 2, 1, 3).reshape(-1, *pool.shape[2:])
+        return flat.at[at].set(new.astype(pool.dtype), mode="drop").reshape(pool.shape)
+
+    return PagedCache(
+        k=tuple(write(i, p, x) for i, (p, x) in enumerate(zip(paged.k, cache.k))),
+        v=tuple(write(i, p, x) for i, (p, x) in enumerate(zip(paged.v, cache.v))),
+        block_tables=tables,
+    )
+
+
+def _paged_generate(
+    model,
+    state: PagedDecodeState,
+    tables: Int[Array, "slots max_blocks"],
+    num_steps: int,
+    limit,
+    eos_token_id,
+    pad_token_id,
+    until_finish: Bool[Array, ""] | None = None,
+):
+    """`programs._generate` over the slots' gathered blocks, the new keys and values scattered
+    back (see the module docstring)."""
+    gen = state.generation
+    cache = gather(state.paged, tables, jnp.where(gen.done, 0, gen.length), num_steps)
+    inner = DecodeState(dataclasses.replace(gen, cache=cache), state.params, state.pool)
+    inner, out = _generate(model, inner, num_steps, limit, eos_token_id, pad_token_id, until_finish)
+    width = state.paged.max_tokens
+    zeros = jnp.zeros((tables.shape[0],), jnp.int32)
+    paged = scatter(state.paged, inner.generation.cache, tables, zeros, width)
+    gen = dataclasses.replace(inner.generation, cache=gen.cache)
+    return PagedDecodeState(gen, inner.params, inner.pool, paged), out
+
+
+def _paged_insert(
+    prefix: Prefix,
+    state: PagedDecodeState,
+    slot: Int[Array, ""],
+    tables: Int[Array, "slots max_blocks"],
+    cached: Int[Array, ""],
+) -> PagedDecodeState:
+    """`prefix` into `slot`: its keys and values at positions `>= cached` scattered into the
+    slot's blocks (`tables[slot]`), its tokens, logits, key and parameters as `_insert` puts
+    them."""
+    row = jax.lax.dynamic_slice_in_dim(tables, slot, 1)
+    paged = scatter(state.paged, prefix.cache, row, cached[None], 0)
+    paged = dataclasses.replace(paged, block_tables=tables)
+    base = _with_prefix(prefix, state, slot, state.generation.cache)
+    return PagedDecodeState(base.generation, base.params, base.pool, paged)
+
+
+def _gather_row(paged: PagedCache, row: Int[Array, " max_blocks"], cached, width: int) -> KVCache:
+    return gather(paged, row[None], cached[None], width)
+
+
+paged_generate_jit = eqx.filter_jit(_paged_generate, donate="all-except-first")
+paged_insert_jit = eqx.filter_jit(_paged_insert, donate="all-except-first")
+gather_row_jit = eqx.filter_jit(_gather_row)
+
+
+class PagedKV:
+    """The engine's paged KV cache: the `BlockAllocator` (host) and the programs over a
+    `PagedDecodeState` (device). `Engine(block_size=...)` makes one and hands it its calls.
+
+    **Arguments:** `model` (its cache dtype and shapes), `max_slots`, `max_len` (tokens per
+    slot), `block_size` (tokens per block), `num_blocks` (blocks per pool; `None`: enough for
+    every slot's `max_len`, `max_slots * ceil(max_len / block_size)`), `prefix_caching`.
+
+    **Raises:** `ValueError` for a `block_size` or `num_blocks` that is not a positive integer,
+    or a model with key/value branch axes (classifier-free guidance pairs)."""
+
+    def __init__(self, model, max_slots, max_len, block_size, num_blocks=None, prefix_caching=True):
+        for name, value in (("block_size", block_size), ("num_blocks", num_blocks)):
+            if value is None and name == "num_blocks":
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"`{name}` must be a positive integer, got {value!r}")
+        self.max_blocks = -(-max_len // block_size)
+        if num_blocks is None:
+            num_blocks = max_slots * self.max_blocks
+        self.allocator = BlockAllocator(
+            num_blocks, block_size, max_slots, self.max_blocks, prefix_caching=prefix_caching
+        )
+        template = model.init_cache(1, 1)
+        if template.k[0].ndim != 4:
+            raise ValueError(
+                "the paged KV cache takes caches of [batch, kv_heads, slots, head_dim]"
+            )
+        self.shapes = [(x.shape[1], x.shape[3], x.dtype) for x in template.k]
+        plan = getattr(model, "plan", None)
+        if plan is not None and plan.attention_length_buckets and hasattr(model, "with_plan"):
+            # a gathered cache is read whole (its write index is at its end): the shorter
+            # attention branches would only be compiled, never taken
+            model = model.with_plan(dataclasses.replace(plan, attention_length_buckets=False))
+        self.model = model
+        """The model of the paged decode and cached-prefix prefill programs: the engine's, its
+        plan's attention-length branches off."""
+        self.admissions: dict[int, Admission] = {}
+        self.prefilled_tokens = 0
+        """Prompt tokens prefilled so far (those taken from the prefix cache not counted)."""
+        self.waits = 0
+        """Admissions refused for want of blocks (each retried later)."""
+
+    def init_state(self, base: DecodeState) -> PagedDecodeState:
+        """`base` (an empty lockstep state whose cache has one slot per row) with empty
+        pools, and a fresh allocator (no slot holds blocks, nothing is cached)."""
+        a = self.allocator  # a new pool: what the old one cached is gone
+        self.allocator = BlockAllocator(
+            a.num_blocks, a.block_size, a.max_slots, a.max_blocks_per_slot,
+            prefix_caching=a.prefix_caching,
+        )  # fmt: skip
+        self.admissions.clear()
+        nb, bs = self.allocator.num_blocks, self.allocator.block_size
+
+        def pools():
+            return tuple(jnp.zeros((nb, bs, h, d), t) for h, d, t in self.shapes)
+
+        tables = jnp.asarray(self.allocator.block_tables)
+        paged = PagedCache(pools(), pools(), tables)
+        return PagedDecodeState(base.generation, base.params, base.pool, paged)
+
+    def admit(self, request, slot: int) -> Admission | None:
+        """Blocks for `request` in `slot` (`BlockAllocator.admit` with the request's prompt and
+        `prompt + max_new_tokens` positions); `None`: it must wait."""
+        a = self.allocator
+        max_tokens = min(
+            len(request.token_ids) + request.max_new_tokens, a.max_blocks_per_slot * a.block_size
+        )
+        admission = self.allocator.admit(slot, request.token_ids, max_tokens)
+        if admission is None:
+            self.waits += 1
+        else:
+            self.admissions[slot] = admission
+        return admission
+
+    def release(self, slot: int) -> None:
+        """The request in `slot` ended: its blocks go back (`BlockAllocator.free`)."""
+        self.admissions.pop(slot, None)
+        self.allocator.free(slot)
+
+    def check_fits(self, num_tokens: int) -> None:
+        """**Raises:** `ValueError` when a request of `num_tokens` positions (prompt plus
+        `max_new_tokens`) needs more blocks than the pool has (it could never be admitted)."""
+        need = self.allocator.blocks_needed(num_tokens)
+        if need > self.allocator.num_blocks:
+            raise ValueError(
+                f"the request needs {need} blocks of {self.allocator.block_size} tokens for "
+                f"{num_tokens} positions; the pool has num_blocks={self.allocator.num_blocks}"
+            )
+
+    def prefill_cached(
+        self, engine, request, admission: Admission, state: PagedDecodeState
+    ) -> Iterator[Prefix | None]:
+        """Prefill `request` from `admission.cached_tokens` on, over its cached blocks gathered
+        from `state` now (at this call, before the state is donated again): the rest of the
+        prompt left-padded to `engine.prefill_width` of its length and run in chunks of
+        `engine.prefill_chunk`, yielding `None` between chunks and the `Prefix` last."""
+        start = admission.cached_tokens
+        ids = np.asarray(request.token_ids[start:], np.int32)
+        n = len(ids)
+        width = engine.prefill_width(n)
+        token_ids = np.full((1, width), engine.pad_token_id, np.int32)
+        positions = np.full((1, width), -1, np.int32)
+        token_ids[0, width - n :] = ids
+        positions[0, width - n :] = np.arange(start, start + n)
+        row = jnp.asarray(self.allocator.block_tables[admission.slot])
+        cache = gather_row_jit(state.paged, row, jnp.asarray(start, jnp.int32), width)
+        self.prefilled_tokens += n
+
+        def chunks(cache):
+            logits, cache = yield from chunked_prefill(
+                self.model, cache, token_ids, positions, engine.prefill_chunk
+            )
+            yield engine._prefix(request, logits, cache)
+
+        return chunks(cache)
+
+    def insert(self, prefix: Prefix, state: PagedDecodeState, slot: int) -> PagedDecodeState:
+        """`prefix` into `slot` (admitted by `admit`): the new keys and values into its blocks,
+        then its full prompt blocks registered in the prefix cache."""
+        admission = self.admissions[slot]
+        tables = jnp.asarray(self.allocator.block_tables)
+        state = paged_insert_jit(
+            prefix,
+            state,
+            jnp.asarray(slot, jnp.int32),
+            tables,
+            jnp.asarray(admission.cached_tokens, jnp.int32),
+        )
+        self.allocator.register(admission)
+        return state
+
+    def generate(self, engine, state: PagedDecodeState, n: int, until_finish: bool):
+        """One dispatch of `n` decode steps: each busy slot's blocks extended to cover `n` more
+        positions (within its reservation), then `paged_generate_jit`."""
+        length, done = jax.device_get((state.generation.length, state.generation.done))
+        for slot in np.flatnonzero(~done).tolist():
+            if slot in self.admissions:
+                self.allocator.extend(slot, int(length[slot]) + n)
+        return paged_generate_jit(
+            self.model,
+            state,
+            jnp.asarray(self.allocator.block_tables),
+            n,
+            jnp.asarray(n, jnp.int32),
+            engine.eos_token_id,
+            engine.pad_token_id,
+            jnp.asarray(bool(until_finish)),
+        )
