@@ -22,7 +22,7 @@ def run_serve(args: argparse.Namespace) -> int:
     """Run `functional-gen serve` (until SIGTERM / Ctrl-C). **Returns:** 0 when the server
     stops by itself. On SIGTERM or SIGINT the server drains (running streams finish within the
     drain time, new requests are refused), and then uvicorn (>= 0.29) raises the signal it
-    caught again, so the process ends BY that signal (exit status -15 / 130 seen from a shell,
+    caught again, so the process ends BY that signal (a shell sees 143 / 130, Python -15 / -2,
     as its supervisor expects of a signalled process), not by returning.
 
     **Raises:** `ValueError` for bad settings (e.g. `--max-len` beyond the model's context) and
