@@ -5,6 +5,7 @@ construction.
 """
 
 import dataclasses
+import typing
 
 import numpy as np
 from jaxtyping import Bool, Int, UInt8, UInt32
@@ -165,7 +166,11 @@ class PushdownAutomaton:
         )
 
     # ------------------------------------------------------------------ host reference
+    # (`step`, `steps` and `_ways` run once per byte: `@typing.no_type_check`, as the per-byte
+    # helpers of `functional_gen.structured`; a 145 kB walk spent most of its time in jaxtyping's
+    # wrapper of `step`)
 
+    @typing.no_type_check
     def step(self, config, byte: int):
         """One byte from `config = (position, stack)` (stack a tuple, top last): the next
         configuration, or `None` when the byte is not allowed (or the stack overflows)."""
@@ -181,6 +186,7 @@ class PushdownAutomaton:
             return None
         return target, stack + pushed
 
+    @typing.no_type_check
     def steps(self, config, byte: int) -> list:
         """Every configuration after one byte from `config` (several at a fork; none when the
         byte is not allowed or every way overflows the stack)."""
@@ -200,6 +206,7 @@ class PushdownAutomaton:
             return []
         return self._ways(ways, stack)
 
+    @typing.no_type_check
     def _ways(self, ways, stack) -> list:
         """The configurations `(target, stack + pushed)` of `ways` that fit in the stack."""
         out = []
