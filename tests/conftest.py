@@ -16,7 +16,7 @@ except ImportError:  # pytest-xdist is a test dependency (pyproject's addopts pa
     LoadFileScheduling = None
 
 # seconds per test file, printed at the end of every run (tests/file_times.py)
-pytest_plugins = ("tests.file_times",)
+pytest_plugins = ("tests.file_times", "tests.fast_compile")
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
