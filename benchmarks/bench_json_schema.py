@@ -20,6 +20,10 @@ limit (a pathological schema is killed, counted as a timeout, and the worker res
    fresh worker process for every schema, so "first" compile times are cold (no memo of
    earlier schemas, lazy imports included); "again" is the same schema compiled a second time
    in that process (`cache=False`: the token automaton is rebuilt, in-process memos warm).
+   A fresh process still reads the per-tokenizer arrays (token trie, byte matrix) from the
+   disk cache when an earlier run wrote them (`structured.vocabulary_tables`, under
+   `$FUNCTIONAL_GEN_CACHE`): the output says which; `--no-vocabulary-cache` builds them in
+   every process instead (the first schema ever compiled for a tokenizer).
 
 Printed per split: schemas compiled, timeouts, compile p50/p90/p99 (ms, compiled schemas
 only), valid instances accepted (compact / spaced) and invalid ones rejected, then the eight
@@ -643,6 +647,21 @@ class Worker:
 # ----------------------------------------------------------------------------- driver
 
 
+def _vocabulary_cache_state() -> str:
+    """Whether the workers read the per-tokenizer arrays from disk (a line for the output)."""
+    from functional_gen.structured.vocabulary_tables import (
+        vocabulary_cache_dir,
+        vocabulary_cache_enabled,
+    )
+
+    if not vocabulary_cache_enabled():
+        return "per-tokenizer arrays: built in every worker (disk cache off)"
+    directory = vocabulary_cache_dir()
+    files = sorted(directory.glob("*.npz")) if directory.is_dir() else []
+    state = f"{len(files)} file(s) there now" if files else "empty: the first worker writes it"
+    return f"per-tokenizer arrays: disk cache {directory} ({state})"
+
+
 def load_records(path: Path, splits, limit: int, seed: int, sample: int = 0) -> list[dict]:
     """The chosen splits' records; with `limit > 0`, a seeded random sample of `limit` each;
     with `sample > 0`, a seeded random sample of `sample` records of the chosen splits together
@@ -870,7 +889,17 @@ def main(argv=None) -> None:
         help="a fresh worker process for every schema (cold compile times: no memo of earlier "
         "schemas, lazy imports included)",
     )
+    parser.add_argument(
+        "--no-vocabulary-cache",
+        action="store_true",
+        help="build the per-tokenizer arrays (token trie, byte matrix) in every worker instead of "
+        "reading them from the disk cache (FUNCTIONAL_GEN_VOCABULARY_CACHE=0): cold as the first "
+        "schema ever compiled for the tokenizer",
+    )
     args = parser.parse_args(argv)
+    if args.no_vocabulary_cache:
+        os.environ["FUNCTIONAL_GEN_VOCABULARY_CACHE"] = "0"  # inherited by the workers
+    print(_vocabulary_cache_state(), file=sys.stderr)
     splits = None if args.all else args.splits
     records = load_records(args.data, splits, args.limit, args.seed, args.sample)
     if args.files:
