@@ -20,6 +20,10 @@ limit (a pathological schema is killed, counted as a timeout, and the worker res
    fresh worker process for every schema, so "first" compile times are cold (no memo of
    earlier schemas, lazy imports included); "again" is the same schema compiled a second time
    in that process (`cache=False`: the token automaton is rebuilt, in-process memos warm).
+   A fresh process still reads the per-tokenizer arrays (token trie, byte matrix) from the
+   disk cache when an earlier run wrote them (`structured.vocabulary_tables`, under
+   `$FUNCTIONAL_GEN_CACHE`): the output says which; `--no-vocabulary-cache` builds them in
+   every process instead (the first schema ever compiled for a tokenizer).
 
 Printed per split: schemas compiled, timeouts, compile p50/p90/p99 (ms, compiled schemas
 only), valid instances accepted (compact / spaced) and invalid ones rejected, then the eight
@@ -116,6 +120,25 @@ runs; every time is inflated 10-100x, read none of them as a measurement):
 | functional_gen | 5/5 | 7/7 | 15/15 | 7,733 / 16,326 | 1,757 / 7,032 |
 | llguidance 1.9.1 | 5/5 | 7/7 | 15/15 | 41 / 50 | 16 / 38 |
 | xgrammar 0.2.9 | 5/5 | 7/7 | 14/15 | 7,771 / 12,749 | 7,508 / 11,025 |
+
+Cold compiles after the small-graph searches without scipy and the per-tokenizer disk cache
+(branch coldcompile, 2026-11-28 23:32-23:48 UTC, same five schemas and flags, the box at load
+average 5-7: read the ratios, not the milliseconds), each run against llguidance in the same
+workers:
+
+| run | ours cold p50 / p99 ms | again p50 ms | llguidance cold p50 ms | cold p50 ratio |
+|---|---|---|---|---|
+| main (1dcd76f) | 4,311 / 6,243 | 1,596 | 17.3 | 249x |
+| coldcompile, tokenizer arrays read from disk | 1,133 / 1,544 | 685 | 7.3 | 155x |
+| coldcompile, `--no-vocabulary-cache` (first schema ever) | 1,384 / 2,521 | 794 | 11.3 | 122x |
+| main again, right after | 1,660 / 2,953 | 966 | 8.5 | 195x |
+| coldcompile again, right after | 1,451 / 2,028 | 791 | 11.0 | 132x |
+
+Per schema in the last pair, cold minus again (the part a fresh process adds): 713 / 1,206 /
+1,930 / 273 / 736 ms on main, 78 / 498 / 128 / 660 / 69 ms after (the `again` compile still
+has the regex DFAs memoised); cold times per schema: geometric mean ratio 0.65 of main. What is
+left is the schema's own work (regex DFAs through outlines-core, the pushdown token tables):
+the 3x-of-llguidance target needs lazily built tables, not caches.
 
 The same five with `--property-order schema`, run beside it (not cold, no peers): 4/5 (o28953
 timed out at 90 s), valid 5/5, invalid 7/7, p50 8,987 ms.
@@ -643,6 +666,21 @@ class Worker:
 # ----------------------------------------------------------------------------- driver
 
 
+def _vocabulary_cache_state() -> str:
+    """Whether the workers read the per-tokenizer arrays from disk (a line for the output)."""
+    from functional_gen.structured.vocabulary_tables import (
+        vocabulary_cache_dir,
+        vocabulary_cache_enabled,
+    )
+
+    if not vocabulary_cache_enabled():
+        return "per-tokenizer arrays: built in every worker (disk cache off)"
+    directory = vocabulary_cache_dir()
+    files = sorted(directory.glob("*.npz")) if directory.is_dir() else []
+    state = f"{len(files)} file(s) there now" if files else "empty: the first worker writes it"
+    return f"per-tokenizer arrays: disk cache {directory} ({state})"
+
+
 def load_records(path: Path, splits, limit: int, seed: int, sample: int = 0) -> list[dict]:
     """The chosen splits' records; with `limit > 0`, a seeded random sample of `limit` each;
     with `sample > 0`, a seeded random sample of `sample` records of the chosen splits together
@@ -870,7 +908,17 @@ def main(argv=None) -> None:
         help="a fresh worker process for every schema (cold compile times: no memo of earlier "
         "schemas, lazy imports included)",
     )
+    parser.add_argument(
+        "--no-vocabulary-cache",
+        action="store_true",
+        help="build the per-tokenizer arrays (token trie, byte matrix) in every worker instead of "
+        "reading them from the disk cache (FUNCTIONAL_GEN_VOCABULARY_CACHE=0): cold as the first "
+        "schema ever compiled for the tokenizer",
+    )
     args = parser.parse_args(argv)
+    if args.no_vocabulary_cache:
+        os.environ["FUNCTIONAL_GEN_VOCABULARY_CACHE"] = "0"  # inherited by the workers
+    print(_vocabulary_cache_state(), file=sys.stderr)
     splits = None if args.all else args.splits
     records = load_records(args.data, splits, args.limit, args.seed, args.sample)
     if args.files:

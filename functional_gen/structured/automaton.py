@@ -43,6 +43,7 @@ import numpy as np
 from jaxtyping import Bool, Int
 
 from ..cache import cache_dir
+from . import graphs
 from .vocabulary import TokenVocabulary
 
 DEAD = 0
@@ -300,25 +301,18 @@ def from_table(
     accepting state.
     """
     num_states = table.shape[0]
-    # Distances to acceptance: a search over the reversed edges, grouped by their target by
-    # scipy (a counting sort, linear in the edges). Dead entries lead to state 0, which has no
-    # successor and accepts nothing: they are left out (most of a large table: 12 of 90 million
-    # entries live for MaskBench slack-app-manifest).
-    # deferred on purpose: scipy.sparse is slow to import, needed only to build
-    from scipy.sparse import csr_array
-
+    # Distances to acceptance: a search over the reversed edges, grouped by their target
+    # (`graphs.reverse`: a stable sort, or scipy's counting sort for large tables). Dead
+    # entries lead to state 0, which has no successor and accepts nothing: they are left out
+    # (most of a large table: 12 of 90 million entries live for MaskBench slack-app-manifest).
     table = np.ascontiguousarray(table, np.int32)
     live = table != DEAD
     index = np.int32 if table.size < 2**31 - num_states else np.int64  # scipy keeps int32 as is
     indptr = np.zeros(num_states + 1, index)
     np.cumsum(live.sum(axis=1), out=indptr[1:])
     targets = table[live]
-    forward = csr_array(
-        (np.ones(targets.size, np.int8), targets.astype(index, copy=False), indptr),
-        shape=(num_states, num_states),
-    )
-    backward = forward.tocsc()
-    distance = _bfs_distance((backward.indptr, backward.indices), accepting, num_states)
+    backward = graphs.reverse(indptr, targets.astype(index, copy=False), num_states)
+    distance = _bfs_distance(backward, accepting, num_states)
     if distance[INITIAL] >= INFINITE_DISTANCE:
         raise ConstraintError(
             f"the vocabulary cannot write any text that satisfies the constraint {shorten(description)}"

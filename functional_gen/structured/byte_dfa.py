@@ -25,6 +25,7 @@ import weakref
 import numpy as np
 from jaxtyping import Bool, Int
 
+from . import graphs
 from .automaton import (
     INITIAL,
     ConstraintError,
@@ -35,6 +36,7 @@ from .automaton import (
     unique_columns,
 )
 from .vocabulary import TokenVocabulary
+from .vocabulary_tables import cached_tables
 
 # Nested helpers that run per byte, state or schema node are `@typing.no_type_check`: the
 # tests' jaxtyping import hook would wrap every call of them (30-40 us each, and a fresh
@@ -261,22 +263,30 @@ are instead of searching them again)."""
 
 def reachable_states(indptr, indices, sources, num_states: int) -> Bool[np.ndarray, " states"]:
     """The states reachable from any of `sources` over the CSR graph `(indptr, indices)` (rows
-    may repeat a successor): scipy's breadth-first search, run from an extra node whose
-    successors are the sources."""
-    # deferred on purpose: scipy.sparse is slow to import, needed only to build
-    from scipy.sparse import csr_array
-    from scipy.sparse.csgraph import breadth_first_order
+    may repeat a successor): `graphs.reachable` (a Python search for small graphs, scipy's
+    breadth-first search for large ones)."""
+    return graphs.reachable(indptr, indices, sources, num_states)
 
-    sources = np.asarray(sources, indices.dtype)
-    indptr = np.concatenate([indptr, np.asarray([indptr[-1] + sources.size], indptr.dtype)])
-    indices = np.concatenate([indices, sources])
-    graph = csr_array(
-        (np.ones(indices.size, np.int8), indices, indptr), shape=(num_states + 1, num_states + 1)
-    )
-    order = breadth_first_order(graph, num_states, directed=True, return_predecessors=False)
-    reached = np.zeros(num_states + 1, bool)
-    reached[order] = True
-    return reached[:num_states]
+
+_DISTINCT_SUCCESSORS_MAX = 1 << 22
+"""`successor_graph` sorts each row of a transition table of at most this many entries to drop
+repeated successors (a 16,000-state DFA over bytes); larger tables keep every live entry."""
+
+
+def successor_graph(delta) -> tuple[Int[np.ndarray, " states_plus_one"], Int[np.ndarray, " edges"]]:
+    """The CSR graph `(indptr, indices)` of a transition table `Int[np.ndarray, "states
+    symbols"]` (`REJECT` for none): each state's successors, each once where the table has at
+    most `_DISTINCT_SUCCESSORS_MAX` entries (a state's 200 bytes of `[^"\\]` are one edge,
+    so that the graph is small enough for `graphs`' Python search), in int32 where it fits."""
+    if delta.size <= _DISTINCT_SUCCESSORS_MAX:
+        successors = np.sort(delta, axis=1)
+        live = successors != REJECT
+        np.logical_and(live[:, 1:], successors[:, 1:] != successors[:, :-1], out=live[:, 1:])
+    else:
+        successors, live = delta, delta != REJECT
+    index = np.int32 if int(live.sum()) < 2**31 - 256 else np.int64
+    indptr = np.concatenate([[0], np.cumsum(live.sum(axis=1))]).astype(index)
+    return indptr, successors[live].astype(index)
 
 
 def relabel_states(table, labels, dtype=np.int32):
@@ -299,20 +309,11 @@ def trim(dfa: ByteDFA) -> ByteDFA:
     if dfa in _TRIMMED:
         return dfa
     n = dfa.num_states
-    live = dfa.delta != REJECT
-    # Row by row: a CSR of the edges (int32 where it fits, which scipy keeps without a copy).
-    index = np.int32 if int(live.sum()) < 2**31 - 256 else np.int64
-    indptr = np.concatenate([[0], np.cumsum(live.sum(axis=1))]).astype(index)
-    successors = dfa.delta[live].astype(index)
+    indptr, successors = successor_graph(dfa.delta)
     reach = reachable_states(indptr, successors, [dfa.initial], n)
     # The reversed edges, grouped by their target: the CSC layout of the same matrix.
-    # deferred on purpose: scipy.sparse is slow to import, needed only to build
-    from scipy.sparse import csr_array
-
-    back = csr_array((np.ones(successors.size, np.int8), successors, indptr), shape=(n, n)).tocsc()
-    alive = reach & reachable_states(
-        back.indptr, back.indices, np.flatnonzero(dfa.accepting & reach), n
-    )
+    back_ptr, back = graphs.reverse(indptr, successors, n)
+    alive = reach & reachable_states(back_ptr, back, np.flatnonzero(dfa.accepting & reach), n)
     if not alive[dfa.initial]:
         raise ConstraintError("the language is empty: no text reaches an accepting state")
     if alive.all():
@@ -436,23 +437,14 @@ def _longest_words(columns, accepting) -> np.ndarray | None:
     these labels the chain is told apart at once (o9953: 8.6 s -> 0.05 s; o9943's 160,134
     states: 30 s -> 0.15 s).
 
-    The strongly connected components come from scipy, whose labels are in reverse
-    topological order (each edge leads to an equal or lower label; checked, `None` if not); the
-    longest words are then one pass in that order.
+    The strongly connected components come from `graphs.strong_components` (Tarjan's search,
+    or scipy's for large automata), whose labels are in reverse topological order (each edge
+    leads to an equal or lower label; checked, `None` if not); the longest words are then one
+    pass in that order.
     """
-    # deferred on purpose: scipy.sparse is slow to import, needed only to build
-    from scipy.sparse import csr_array
-    from scipy.sparse.csgraph import connected_components
-
     n = columns.shape[0]
-    live = columns != REJECT
-    sources = np.broadcast_to(np.arange(n)[:, None], columns.shape)[live]
-    graph = csr_array(
-        (np.ones(sources.size, np.int8), (sources, columns[live].astype(np.int64))), shape=(n, n)
-    )
-    graph.sum_duplicates()
-    count, component = connected_components(graph, directed=True, connection="strong")
-    indptr, indices = graph.indptr, graph.indices
+    indptr, indices = successor_graph(columns)
+    count, component = graphs.strong_components(indptr, indices, n)
     rows = np.repeat(np.arange(n), np.diff(indptr))
     if not (component[rows] >= component[indices]).all():
         return None
@@ -534,9 +526,20 @@ _TRIES: dict[str, TokenTrie] = {}
 
 def token_trie(vocabulary: TokenVocabulary) -> TokenTrie:
     """The `TokenTrie` of a vocabulary's text tokens (built level by level with numpy; memoised
-    per vocabulary fingerprint)."""
+    per vocabulary fingerprint, and on disk by `vocabulary_tables.cached_tables`: 0.12 s to
+    build for SmolLM2, a few ms to read)."""
     if vocabulary.fingerprint in _TRIES:
         return _TRIES[vocabulary.fingerprint]
+    arrays = cached_tables("trie", vocabulary, _TRIE_ARRAYS, lambda: _build_trie(vocabulary))
+    trie = TokenTrie(**arrays)
+    _TRIES[vocabulary.fingerprint] = trie
+    return trie
+
+
+_TRIE_ARRAYS = ("byte", "child_ptr", "token_ptr", "token_ids")
+
+
+def _build_trie(vocabulary: TokenVocabulary) -> dict[str, np.ndarray]:
     ids = np.array([i for i, b in enumerate(vocabulary.token_bytes) if b], np.int64)
     lengths = np.array([len(vocabulary.token_bytes[i]) for i in ids], np.int64)
     width = int(lengths.max(initial=1))
@@ -563,14 +566,12 @@ def token_trie(vocabulary: TokenVocabulary) -> TokenTrie:
     child_ptr = np.searchsorted(parent[1:], np.arange(num_nodes + 1)) + 1
     order = np.argsort(node_of, kind="stable")
     token_ptr = np.searchsorted(node_of[order], np.arange(num_nodes + 1))
-    trie = TokenTrie(
-        byte=np.concatenate(bytes_).astype(np.int64),
-        child_ptr=child_ptr.astype(np.int64),
-        token_ptr=token_ptr.astype(np.int64),
-        token_ids=ids[order],
-    )
-    _TRIES[vocabulary.fingerprint] = trie
-    return trie
+    return {
+        "byte": np.concatenate(bytes_).astype(np.int64),
+        "child_ptr": child_ptr.astype(np.int64),
+        "token_ptr": token_ptr.astype(np.int64),
+        "token_ids": ids[order],
+    }
 
 
 def ragged_rows(ptr, rows):

@@ -18,6 +18,7 @@ from ..byte_dfa import (
     minimize,
     reachable_states,
     regex_byte_dfa,
+    successor_graph,
 )
 from ..pushdown import NotDeterministic
 from ..regex_syntax import escape
@@ -204,9 +205,9 @@ def check_productive(automata: list, rules: int) -> None:
     total = int(offsets[-1])
     byte_src, byte_dst, call_src, call_dst, call_rule = [], [], [], [], []
     for (dfa, calls), offset in zip(automata, offsets):
-        q, b = np.nonzero(dfa.delta != REJECT)
-        byte_src.append(q + offset)
-        byte_dst.append(dfa.delta[q, b].astype(np.int64) + offset)
+        indptr, successors = successor_graph(dfa.delta)  # each successor once
+        byte_src.append(np.repeat(np.arange(dfa.num_states), np.diff(indptr)) + offset)
+        byte_dst.append(successors.astype(np.int64) + offset)
         q, c = np.nonzero(calls != REJECT)
         call_src.append(q + offset)
         call_dst.append(calls[q, c].astype(np.int64) + offset)
