@@ -67,7 +67,11 @@ def _fields(module) -> dict:
     return {f.name: getattr(module, f.name) for f in dataclasses.fields(module)}
 
 
-def _step(model, eos_token_id, pad_token_id, state: DecodeState, top_logprobs):
+def _step(model, eos_token_id, pad_token_id, state: DecodeState, top_logprobs, search=None):
+    """The engine's step: the slots' constraint and decoding processors, and `search` (default:
+    `SlotSampler`, one token per slot; the speculative engine passes its `SlotSpeculation`)."""
+    if search is None:
+        search = SlotSampler(sampled=jnp.any(~state.params.greedy & ~state.generation.done))
     return make_step(
         model,
         [
@@ -79,7 +83,7 @@ def _step(model, eos_token_id, pad_token_id, state: DecodeState, top_logprobs):
                 **_fields(state.params), used=knobs_used(state.params, ~state.generation.done)
             ),
         ],
-        SlotSampler(sampled=jnp.any(~state.params.greedy & ~state.generation.done)),
+        search,
         eos_token_id=eos_token_id,
         pad_token_id=pad_token_id,
         top_logprobs=top_logprobs,
@@ -147,7 +151,9 @@ class StepOutput(eqx.Module):
     step, -1 where none), `logprobs: Float[Array, "steps batch"]` (the model's raw logprob of
     each), `top_token_ids`, `top_logprobs: [steps, batch, k]` (the `k` most likely tokens,
     `Engine(top_logprobs=k)`), `done`, `finish_reason: [batch]` after the dispatch (codes of
-    `FINISH_REASONS`).
+    `FINISH_REASONS`); `verified`, `accepted: Int[Array, " batch"]`: speculative guesses each
+    slot verified and accepted in the dispatch (`None` without speculation; with it, `steps` is
+    the dispatch's `num_steps` times the most tokens a step emits, `serving.speculative`).
     """
 
     token_ids: Int[Array, "steps batch"]
@@ -156,6 +162,8 @@ class StepOutput(eqx.Module):
     top_logprobs: Float[Array, "steps batch k"]
     done: Bool[Array, " batch"]
     finish_reason: Int[Array, " batch"]
+    verified: Int[Array, " batch"] | None = None
+    accepted: Int[Array, " batch"] | None = None
 
 
 def _insert(prefix: Prefix, state: DecodeState, slot: Int[Array, ""]) -> DecodeState:
