@@ -54,11 +54,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .. import processors as P
 from ..generation.buckets import bucket_length
 from ..generation.loop import generate as generate_call
 from ..generation.options import SAMPLING_FIELDS, GenerationOptions
-from ..generation.samplers import Greedy, Multinomial
 from ..generation.sequence_state import SequenceState
 from ..generation.state import GenerationState
 from ..models.attention import attention_lengths
@@ -87,6 +85,7 @@ from .programs import (
     generate_jit,
     insert_jit,
     layout_jit,
+    make_prefix,
     narrow_jit,
     place_jit,
     prefill_jit,
@@ -97,6 +96,7 @@ from .slots import (
     Request as Request,
     SlotDecoding as SlotDecoding,
     SlotParams as SlotParams,
+    request_processors,
 )
 from .speculative import (
     EngineSpeculation,
@@ -513,35 +513,7 @@ class Engine:
             self.paged.release(slot)
 
     def _prefix(self, request: Request, logits, cache) -> Prefix:
-        row = np.full((self.max_len,), self.pad_token_id, np.int32)
-        row[: len(request.token_ids)] = request.token_ids
-        bias = np.zeros((self.model.vocab_size,), np.float32)
-        for token, value in request.logit_bias:
-            bias[token] += value
-        seed = request.seed
-        if seed is None:
-            seed = int.from_bytes(os.urandom(4), "little")
-        f32 = lambda x: jnp.asarray(x, jnp.float32)  # noqa: E731
-        params = SlotParams(
-            greedy=jnp.asarray(request.temperature == 0),
-            temperature=f32(request.temperature),
-            top_p=f32(request.top_p),
-            min_p=f32(request.min_p),
-            repetition_penalty=f32(request.repetition_penalty),
-            presence_penalty=f32(request.presence_penalty),
-            frequency_penalty=f32(request.frequency_penalty),
-            logit_bias=jnp.asarray(bias),
-            top_k=jnp.asarray(request.top_k, jnp.int32),
-        )
-        return Prefix(
-            token_ids=jnp.asarray(row),
-            length=jnp.asarray(len(request.token_ids), jnp.int32),
-            max_new_tokens=jnp.asarray(request.max_new_tokens, jnp.int32),
-            logits=logits,
-            cache=cache,
-            key=jax.random.fold_in(jax.random.key(seed), 0),
-            params=params,
-        )
+        return make_prefix(request, logits, cache, self.max_len, self.pad_token_id)
 
     def insert(self, prefix: Prefix, decode_state: DecodeState, slot: int) -> DecodeState:
         """Put `prefix` into `slot` of `decode_state` (donated: do not use it afterwards).
@@ -730,29 +702,8 @@ class Engine:
         **Returns:** `(token_ids, logprobs, top_logprobs, finish_reason)` (a `FINISH_REASONS`
         name).
         """
-        processors = [constraint]
-        if request.logit_bias:
-            bias: dict[int, float] = {}
-            for token, value in request.logit_bias:
-                bias[token] = bias.get(token, 0.0) + value
-            processors.append(P.LogitBias(bias))
-        if request.repetition_penalty != 1:
-            processors.append(P.RepetitionPenalty(request.repetition_penalty))
-        if request.presence_penalty:
-            processors.append(P.PresencePenalty(request.presence_penalty))
-        if request.frequency_penalty:
-            processors.append(P.FrequencyPenalty(request.frequency_penalty))
-        sampler = Greedy()
-        if request.temperature > 0:
-            sampler = Multinomial()
-            if request.temperature != 1:
-                processors.append(P.Temperature(request.temperature))
-            if request.top_k > 0:
-                processors.append(P.TopK(request.top_k))
-            if request.top_p < 1:
-                processors.append(P.TopP(request.top_p))
-            if request.min_p > 0:
-                processors.append(P.MinP(request.min_p))
+        processors, sampler = request_processors(request)
+        processors = [constraint, *processors]
         seed = request.seed
         if seed is None:
             seed = int.from_bytes(os.urandom(4), "little")
