@@ -676,6 +676,8 @@ class Engine:
                 )
                 state = self.free(self.place(entry, state, 0), 0)
                 state, _ = self.generate(state)
+                if self.speculation is not None:  # the squeeze before a dispatch that is full
+                    state = squeeze_jit(state)
                 for w in self.decode_widths[:-1]:  # the narrower programs: idle rows, no steps
                     state, _ = self._dispatch(state, self.num_steps, 1, False, np.arange(w))
             elif self.paged is None:

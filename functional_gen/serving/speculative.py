@@ -7,7 +7,7 @@ call over `[last token, guesses]`, and each slot accepts its own run (`Speculati
 per row) and advances by its own count, so the slots of a dispatch advance by different numbers
 of tokens. The search's carry (`SpeculativeState`: pending tokens, the proposer's carry, e.g. a
 draft model's `KVCache`, and the per-slot counts) lives in the decode state's
-`generation.search_state`; `reset` clears a slot's row when a request is inserted.
+`generation.search_state`; `reset_jit` clears a slot's row when a request is inserted.
 
 **Greedy and sampled slots in one batch.** `Speculative` verifies with a static rule (exact match
 for `Greedy`, rejection sampling for `Multinomial`); the engine's is `Multinomial`'s for every
@@ -30,7 +30,7 @@ for one step, so sampled runs then differ in their draws, not in their distribut
 cache gets `num_steps * write_width` slots beyond `max_len`, and before a dispatch that would not
 fit, `squeeze` moves every slot's live keys and values to the front (`speculative.cache.compact`;
 the lockstep `compact` only drops the leading dead slots, not the holes rejected guesses leave),
-so a dispatch never runs out of room in the middle: the searches are built without their
+so a dispatch never runs out of room in the middle: the search is built without its
 compaction branch (`Speculative(compaction=False)`, less to compile).
 
 **Draft caches.** A draft model (`DraftModel`, `EarlyExit`) catches up on a slot's text in one

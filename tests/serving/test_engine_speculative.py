@@ -5,6 +5,8 @@ of different lengths inserted and finishing at different dispatches, and the dis
 counts show that guesses were verified AND accepted (a lossless test passes with speculation
 silently off)."""
 
+import asyncio
+
 import jax
 import numpy as np
 import pytest
@@ -99,7 +101,7 @@ MAX_NEW = 16
 
 def test_prompt_lookup_greedy_slots_get_plain_greedy_tokens(tiny):
     """Prompt lookup: each greedy request gets `fg.generate`'s plain greedy tokens alone, and
-    guesses were verified and accepted."""
+    guesses were verified and accepted; through the orchestrator too."""
     model, tok = tiny
     spec = PROPOSERS["prompt_lookup"](model)
     engine = fg.serving.Engine(model, tok, max_slots=3, max_len=48, speculative=spec)
@@ -110,6 +112,26 @@ def test_prompt_lookup_greedy_slots_get_plain_greedy_tokens(tiny):
     assert verified > 0 and accepted > 0, (verified, accepted)
     for (_, _, request), tokens in zip(schedule, results):
         assert tokens == alone(model, tok, request)
+
+    # the same engine through its orchestrator (`Engine.stream`), two streams at once: each
+    # text is `fg.generate`'s, and the orchestrator counted verified and accepted guesses
+    prompts = [" ".join(f"t{t}" for t in repetitive(n, 10 + n)) for n in (6, 11)]
+    options = fg.GenerationOptions(max_new_tokens=MAX_NEW)
+
+    async def collect(prompt):
+        return "".join([piece async for piece in engine.stream(prompt, options)])
+
+    async def both():
+        return await asyncio.gather(*(collect(p) for p in prompts))
+
+    try:
+        texts = asyncio.run(both())
+        orchestrator = engine.orchestrator
+        assert orchestrator.verified_tokens > 0 and orchestrator.accepted_tokens > 0
+    finally:
+        engine.close()
+    for prompt, text in zip(prompts, texts):
+        assert text == fg.generate(model, tok, prompt, options).texts[0]
 
 
 def test_draft_model_greedy_and_seeded_sampled_slots(tiny):
