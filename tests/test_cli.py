@@ -595,6 +595,9 @@ def test_serve_help_lists_its_options(capsys):
         "--decode-widths",
         "--block-size",
         "--num-blocks",
+        "--speculative",
+        "--draft-model",
+        "--speculative-tokens",
         "--api-key",
         "--precompile",
     ):
@@ -625,3 +628,23 @@ def test_serve_refuses_num_blocks_without_block_size(capsys):
         cli.main(["serve", "--num-blocks", "64"])
     assert exit_.value.code == 2
     assert "--num-blocks 64 needs --block-size" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--speculative", "draft-model"], "--speculative draft-model and --draft-model None"),
+        (["--draft-model", "d"], "--speculative None and --draft-model d"),
+        (
+            ["--speculative", "prompt-lookup", "--block-size", "16"],
+            "--speculative prompt-lookup with --block-size 16",
+        ),
+    ],
+)
+def test_serve_refuses_speculative_combinations(capsys, argv, message):
+    """A draft model without `--speculative draft-model` (or the reverse), and speculation on a
+    paged cache, are refused before the model loads, naming the values."""
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["serve", *argv])
+    assert exit_.value.code == 2
+    assert message in capsys.readouterr().err

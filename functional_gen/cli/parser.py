@@ -599,6 +599,27 @@ def serve_options(sub) -> argparse.ArgumentParser:
         "--max-slots x --max-len tokens)",
     )
     group.add_argument(
+        "--speculative",
+        choices=["prompt-lookup", "draft-model"],
+        default=None,
+        help="speculative decoding in every decode step, lossless: guesses looked up in each "
+        "request's own text (prompt-lookup), or drawn from --draft-model (default: none)",
+    )
+    group.add_argument(
+        "--draft-model",
+        default=None,
+        metavar="NAME_OR_PATH",
+        help="the draft model of --speculative draft-model (same vocabulary as --model; loaded "
+        "with --dtype and --quantization)",
+    )
+    group.add_argument(
+        "--speculative-tokens",
+        type=_positive_int,
+        default=None,
+        metavar="N",
+        help="guesses per step (default: 10 for prompt-lookup, 4 for draft-model)",
+    )
+    group.add_argument(
         "--max-n",
         type=_positive_int,
         default=8,

@@ -10,6 +10,7 @@ import argparse
 from .. import enable_compilation_cache, load_model, progress
 from ..loading import DEFAULT_MODEL_NAME
 from ..serving import Engine
+from ..speculative import DraftModel, PromptLookup
 
 try:
     from ..serving import app as serving_app
@@ -41,6 +42,16 @@ def run_serve(args: argparse.Namespace) -> int:
         )
     if args.num_blocks is not None and args.block_size is None:
         raise ValueError(f"--num-blocks {args.num_blocks} needs --block-size (a paged KV cache)")
+    if (args.speculative == "draft-model") != (args.draft_model is not None):
+        raise ValueError(
+            f"--speculative {args.speculative} and --draft-model {args.draft_model}: a draft "
+            "model goes with --speculative draft-model, and only with it"
+        )
+    if args.speculative is not None and args.block_size is not None:
+        raise ValueError(
+            f"--speculative {args.speculative} with --block-size {args.block_size}: the paged "
+            "engine does not speculate yet"
+        )
     progress.set_quiet(args.quiet)
     enable_compilation_cache()
     model, tokenizer = load_model(
@@ -50,6 +61,19 @@ def run_serve(args: argparse.Namespace) -> int:
         quantization=args.quantization,
         progress=progress.notice,
     )
+    speculative = None
+    k = {} if args.speculative_tokens is None else {"num_tokens": args.speculative_tokens}
+    if args.speculative == "prompt-lookup":
+        speculative = PromptLookup(**k)
+    elif args.speculative == "draft-model":
+        draft, _ = load_model(
+            args.draft_model,
+            dtype=args.dtype,
+            kv_cache_dtype=args.kv_cache_dtype,
+            quantization=args.quantization,
+            progress=progress.notice,
+        )
+        speculative = DraftModel(draft, **k)
     engine = Engine(
         model,
         tokenizer,
@@ -59,6 +83,7 @@ def run_serve(args: argparse.Namespace) -> int:
         decode_widths=widths,
         block_size=args.block_size,
         num_blocks=args.num_blocks,
+        speculative=speculative,
     )
     if args.precompile:
         engine.precompile(progress=not args.quiet)

@@ -127,7 +127,10 @@ class Speculative(AbstractSearch):
     **Arguments:** `proposer` (an `AbstractProposer`: `PromptLookup`, `DraftModel`,
     `EarlyExit`); `sampler` (`Greedy()` or `Multinomial()`); `capacity` (static: the columns of
     the rows' `token_ids`, set when a call is planned, `sized`); `model` (the target, for
-    proposers that build their draft from it, set by `sized`).
+    proposers that build their draft from it, set by `sized`); `compaction` (static, default
+    `True`: a step whose writes would not fit the target's cache compacts it first and verifies
+    nothing; `False`: no such branch, less to compile; the caller guarantees room for every
+    step's writes, `verify_widths(num_tokens, batch)[-1] + 1` slots, as the serving engine does).
 
     **Raises:** `TypeError` for a proposer that is not an `AbstractProposer` or a sampler other
     than `Greedy` or `Multinomial` (other samplers have no rejection rule here).
@@ -137,6 +140,7 @@ class Speculative(AbstractSearch):
     sampler: AbstractSampler
     capacity: int = eqx.field(static=True, default=0)
     model: AbstractCausalLM | None = None
+    compaction: bool = eqx.field(static=True, default=True)
 
     def __check_init__(self):
         if not isinstance(self.proposer, AbstractProposer):
@@ -175,7 +179,7 @@ class Speculative(AbstractSearch):
         """This search for rows of `capacity` columns, decoding `model` (kept only for
         `EarlyExit`, whose draft cache is shaped by it)."""
         keep = model if isinstance(self.proposer, EarlyExit) else None
-        return Speculative(self.proposer, self.sampler, capacity, keep)
+        return Speculative(self.proposer, self.sampler, capacity, keep, self.compaction)
 
     def init(self, rows: int, steps: int) -> SpeculativeState:
         """Nothing pending, no counts yet, the proposer's initial carry."""
@@ -317,17 +321,15 @@ class Speculative(AbstractSearch):
         # that verifies nothing (a plain decode step; the guesses are dropped, which is lossless):
         # a `lax.cond` around the cache inside every branch copied every buffer of the cache
         # twice per step (XLA's CPU backend; batch 8, a 320-slot cache: 118 MB a copy).
-        room = state.cache.max_len - state.cache.length[0]
-        full = jnp.asarray(widths, jnp.int32)[branch] + 1 > room
-        branch = jnp.where(full, len(widths), branch)
-        no_guesses = jnp.zeros_like(num_guesses)
-        compacting = (step, drafts, q, no_guesses, active, settle, step_keys)
-        return switch_in_place(
-            branch,
-            [lambda s, width=width: self._verify(s, *args, width=width) for width in widths]
-            + [lambda s: self._verify(s, *compacting, width=0, compact_first=True)],
-            state,
-        )
+        branches = [lambda s, width=width: self._verify(s, *args, width=width) for width in widths]
+        if self.compaction:
+            room = state.cache.max_len - state.cache.length[0]
+            full = jnp.asarray(widths, jnp.int32)[branch] + 1 > room
+            branch = jnp.where(full, len(widths), branch)
+            no_guesses = jnp.zeros_like(num_guesses)
+            compacting = (step, drafts, q, no_guesses, active, settle, step_keys)
+            branches.append(lambda s: self._verify(s, *compacting, width=0, compact_first=True))
+        return switch_in_place(branch, branches, state)
 
     def _verify(
         self,

@@ -122,6 +122,17 @@ class _Collector:
             "Generated tokens per second since the previous scrape",
             value=self.rate,
         )
+        if self.engine.speculation is not None:  # Engine(speculative=...)
+            yield CounterMetricFamily(
+                "functional_gen_speculative_verified_tokens",
+                "Speculative guesses the model verified",
+                value=o.verified_tokens,
+            )
+            yield CounterMetricFamily(
+                "functional_gen_speculative_accepted_tokens",
+                "Speculative guesses the model accepted",
+                value=o.accepted_tokens,
+            )
         paged = self.engine.paged
         if paged is not None:  # Engine(block_size=...): the paged KV cache's blocks
             yield GaugeMetricFamily(

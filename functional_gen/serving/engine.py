@@ -54,11 +54,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .. import processors as P
 from ..generation.buckets import bucket_length
 from ..generation.loop import generate as generate_call
 from ..generation.options import SAMPLING_FIELDS, GenerationOptions
-from ..generation.samplers import Greedy, Multinomial
 from ..generation.sequence_state import SequenceState
 from ..generation.state import GenerationState
 from ..models.attention import attention_lengths
@@ -87,6 +85,7 @@ from .programs import (
     generate_jit,
     insert_jit,
     layout_jit,
+    make_prefix,
     narrow_jit,
     place_jit,
     prefill_jit,
@@ -97,6 +96,13 @@ from .slots import (
     Request as Request,
     SlotDecoding as SlotDecoding,
     SlotParams as SlotParams,
+    request_processors,
+)
+from .speculative import (
+    EngineSpeculation,
+    generate_jit as speculative_generate_jit,
+    reset_jit,
+    squeeze_jit,
 )
 from .weights import with_prefill_copy
 
@@ -197,11 +203,19 @@ class Engine:
       runs at `max_slots` (no narrower `decode_widths`), with no compaction.
     - `num_blocks`: blocks in the paged pool (only with `block_size`; default: enough for every
       slot's `max_len`).
+    - `speculative`: `None` (default): one token per slot per step. A proposer
+      (`fg.speculative.PromptLookup`, `DraftModel`, `EarlyExit`): speculative decoding in every
+      decode step, each slot accepting its own run of guesses (`serving.speculative`), lossless
+      as in `fg.generate(..., speculative=...)`. Not with `block_size`; every dispatch then runs
+      at `max_slots` (no narrower `decode_widths`), and constrained requests run alone
+      (`generate_alone`, without speculation).
 
     **Raises:** `ValueError` for a non-positive `max_slots`, `max_len` or `num_steps`, a
     `max_len` beyond the model's context, a `decode_widths` entry that is not an integer in
-    `[1, max_slots]`, or an unsupported `kv_cache_dtype` (see
-    `AbstractCausalLM.with_kv_cache_dtype`).
+    `[1, max_slots]`, an unsupported `kv_cache_dtype` (see
+    `AbstractCausalLM.with_kv_cache_dtype`), `speculative` with `block_size`, or a proposer the
+    model cannot use (see `generation.speculative.speculative_search`); `TypeError` for a
+    `speculative` that is not a proposer.
     """
 
     def __init__(
@@ -221,7 +235,13 @@ class Engine:
         kv_cache_dtype=None,
         block_size: int | None = None,
         num_blocks: int | None = None,
+        speculative=None,
     ):
+        if speculative is not None and block_size is not None:
+            raise ValueError(
+                f"`speculative`={type(speculative).__name__}(...) with `block_size`={block_size!r}:"
+                " the paged engine does not speculate yet; drop one of them"
+            )
         if block_size is None and num_blocks is not None:
             raise ValueError(f"`num_blocks`={num_blocks!r} needs a `block_size` (a paged cache)")
         if kv_cache_dtype is not None:
@@ -286,6 +306,15 @@ class Engine:
         if block_size is not None:
             self.paged = PagedKV(self.model, max_slots, max_len, block_size, num_blocks)
             self.decode_widths = (max_slots,)
+        self.speculation = None
+        """The speculative search (`serving.speculative.EngineSpeculation`), or `None`."""
+        self.cache_len = max_len
+        """Slots per row of the lockstep cache: `max_len`, plus room for a dispatch's writes
+        under speculation (`num_steps` times `EngineSpeculation.write_width`)."""
+        if speculative is not None:
+            self.speculation = EngineSpeculation(speculative, self.model, max_slots, max_len)
+            self.decode_widths = (max_slots,)
+            self.cache_len = max_len + num_steps * self.speculation.write_width
         self.timer = PhaseTimer()
         """Wall seconds per phase of `generate` ("layout", "compact", "dispatch") and of the
         orchestrator's loop (see `Orchestrator`); `timer.sync = True` attributes device time to
@@ -327,12 +356,12 @@ class Engine:
             logprobs=jnp.zeros((slots, self.max_len), jnp.float32),
             top_token_ids=jnp.zeros((slots, self.max_len, self.top_logprobs), jnp.int32),
             top_logprobs=jnp.zeros((slots, self.max_len, self.top_logprobs), jnp.float32),
-            cache=self.model.init_cache(slots, self.max_len if self.paged is None else 1),
+            cache=self.model.init_cache(slots, self.cache_len if self.paged is None else 1),
             processor_states=(jnp.full((slots,), INITIAL, jnp.int32), ()),
             stop_state=jnp.zeros((slots, 0), jnp.int32),
             key=jax.random.split(jax.random.key(0), slots),
             key_step=zeros_i(),
-            search_state=None,
+            search_state=None if self.speculation is None else self.speculation.init(slots),
         )
         pool = ConstraintPool.empty(slots, vocab, self.constraint_states, self.constraint_classes)
         if self.paged is not None:
@@ -484,35 +513,7 @@ class Engine:
             self.paged.release(slot)
 
     def _prefix(self, request: Request, logits, cache) -> Prefix:
-        row = np.full((self.max_len,), self.pad_token_id, np.int32)
-        row[: len(request.token_ids)] = request.token_ids
-        bias = np.zeros((self.model.vocab_size,), np.float32)
-        for token, value in request.logit_bias:
-            bias[token] += value
-        seed = request.seed
-        if seed is None:
-            seed = int.from_bytes(os.urandom(4), "little")
-        f32 = lambda x: jnp.asarray(x, jnp.float32)  # noqa: E731
-        params = SlotParams(
-            greedy=jnp.asarray(request.temperature == 0),
-            temperature=f32(request.temperature),
-            top_p=f32(request.top_p),
-            min_p=f32(request.min_p),
-            repetition_penalty=f32(request.repetition_penalty),
-            presence_penalty=f32(request.presence_penalty),
-            frequency_penalty=f32(request.frequency_penalty),
-            logit_bias=jnp.asarray(bias),
-            top_k=jnp.asarray(request.top_k, jnp.int32),
-        )
-        return Prefix(
-            token_ids=jnp.asarray(row),
-            length=jnp.asarray(len(request.token_ids), jnp.int32),
-            max_new_tokens=jnp.asarray(request.max_new_tokens, jnp.int32),
-            logits=logits,
-            cache=cache,
-            key=jax.random.fold_in(jax.random.key(seed), 0),
-            params=params,
-        )
+        return make_prefix(request, logits, cache, self.max_len, self.pad_token_id)
 
     def insert(self, prefix: Prefix, decode_state: DecodeState, slot: int) -> DecodeState:
         """Put `prefix` into `slot` of `decode_state` (donated: do not use it afterwards).
@@ -522,14 +523,20 @@ class Engine:
             raise ValueError(f"slot {slot} is outside [0, {self.max_slots})")
         if self.paged is not None:
             return self.paged.insert(prefix, decode_state, slot)
-        return insert_jit(prefix, decode_state, jnp.asarray(slot, jnp.int32))
+        state = insert_jit(prefix, decode_state, jnp.asarray(slot, jnp.int32))
+        if self.speculation is not None:
+            state = reset_jit(self.speculation, state, jnp.asarray(slot, jnp.int32))
+        return state
 
     def constraint_entry(self, constraint) -> PoolEntry | None:
         """`constraint`'s tables padded to this engine's pool (host work: call it off the device
         thread), or `None` when they do not fit it (a pushdown automaton, or tables larger than
-        `constraint_states` x `constraint_classes`): such a request runs alone.
+        `constraint_states` x `constraint_classes`) or the engine speculates: such a request
+        runs alone.
 
         **Raises:** see `serving.pool.pool_entry`."""
+        if self.speculation is not None:
+            return None
         return pool_entry(
             constraint, self.model.vocab_size, self.constraint_states, self.constraint_classes
         )
@@ -588,22 +595,27 @@ class Engine:
             jax.device_get((layout_jit(decode_state), decode_state.generation.done)),
         )
         write, dead = (int(x) for x in layout)
-        lengths = attention_lengths(self.max_len, self.max_slots)
+        lengths = attention_lengths(self.cache_len, self.max_slots)
 
         def read(used):  # the static length attention reads with `used` slots written
-            return next((m for m in lengths if m >= used), self.max_len)
+            return next((m for m in lengths if m >= used), self.cache_len)
 
-        full = write + n > self.max_len
+        per_step = 1 if self.speculation is None else self.speculation.write_width
+        full = write + n * per_step > self.cache_len
         shorter = read(write - dead + n + COMPACTION_MIN_STEPS) < read(write + n)
         start = clock()
-        if dead and (full or shorter):
+        if full and self.speculation is not None:  # holes of rejected guesses too
+            self.compactions += 1
+            decode_state = timer.add("compact", start, squeeze_jit(decode_state))
+            write = self.max_len  # at most: no row holds more live slots
+        elif dead and (full or shorter):
             decode_state = timer.add("compact", start, self.compact(decode_state))
             write -= dead
         elif not self._compact_compiled:  # compiled with the first dispatch, not by a later request
             decode_state = compact_jit(decode_state)
             self._compact_compiled = True
             write -= dead
-        limit = max(1, min(n, self.max_len - write))
+        limit = max(1, min(n, (self.cache_len - write) // per_step))
         busy = np.flatnonzero(~done)
         width = next(w for w in self.decode_widths if w >= len(busy))
         rows = None
@@ -624,6 +636,9 @@ class Engine:
             self.pad_token_id,
             jnp.asarray(bool(until_finish)),
         )
+        if self.speculation is not None:
+            fixed = (self.model, self.speculation)
+            return speculative_generate_jit(fixed, decode_state, *args)
         if rows is None:
             return generate_jit(self.model, decode_state, *args)
         rows = jnp.asarray(rows, jnp.int32)
@@ -661,6 +676,8 @@ class Engine:
                 )
                 state = self.free(self.place(entry, state, 0), 0)
                 state, _ = self.generate(state)
+                if self.speculation is not None:  # the squeeze before a dispatch that is full
+                    state = squeeze_jit(state)
                 for w in self.decode_widths[:-1]:  # the narrower programs: idle rows, no steps
                     state, _ = self._dispatch(state, self.num_steps, 1, False, np.arange(w))
             elif self.paged is None:
@@ -687,29 +704,8 @@ class Engine:
         **Returns:** `(token_ids, logprobs, top_logprobs, finish_reason)` (a `FINISH_REASONS`
         name).
         """
-        processors = [constraint]
-        if request.logit_bias:
-            bias: dict[int, float] = {}
-            for token, value in request.logit_bias:
-                bias[token] = bias.get(token, 0.0) + value
-            processors.append(P.LogitBias(bias))
-        if request.repetition_penalty != 1:
-            processors.append(P.RepetitionPenalty(request.repetition_penalty))
-        if request.presence_penalty:
-            processors.append(P.PresencePenalty(request.presence_penalty))
-        if request.frequency_penalty:
-            processors.append(P.FrequencyPenalty(request.frequency_penalty))
-        sampler = Greedy()
-        if request.temperature > 0:
-            sampler = Multinomial()
-            if request.temperature != 1:
-                processors.append(P.Temperature(request.temperature))
-            if request.top_k > 0:
-                processors.append(P.TopK(request.top_k))
-            if request.top_p < 1:
-                processors.append(P.TopP(request.top_p))
-            if request.min_p > 0:
-                processors.append(P.MinP(request.min_p))
+        processors, sampler = request_processors(request)
+        processors = [constraint, *processors]
         seed = request.seed
         if seed is None:
             seed = int.from_bytes(os.urandom(4), "little")

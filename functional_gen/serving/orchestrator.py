@@ -173,7 +173,8 @@ class Orchestrator:
     other streams pause for at most about one chunk's prefill per dispatch).
 
     **Attributes (read by the metrics):** `queue_length`, `busy_slots`, `generated_tokens`
-    (total), `on_first_token` (a callable given the seconds from submission to the first
+    (total), `verified_tokens`, `accepted_tokens` (speculative guesses verified and accepted,
+    totals; 0 without `Engine(speculative=...)`), `on_first_token` (a callable given the seconds from submission to the first
     token, or `None`), `timer` (the engine's `PhaseTimer`: wall seconds per phase of the loop,
     "cancel", "admit", "layout", "compact", "dispatch", "transfer", "deliver", "idle"),
     `prefill_budget`.
@@ -194,6 +195,7 @@ class Orchestrator:
         self.prefill_budget = engine.prefill_chunk if prefill_budget is None else prefill_budget
         self.max_queue = max_queue
         self.generated_tokens = 0
+        self.verified_tokens = self.accepted_tokens = 0
         self.on_first_token = None
         self._queue: collections.deque[Handle] = collections.deque()
         self._lock = threading.Lock()
@@ -283,6 +285,9 @@ class Orchestrator:
                 state, out = engine.generate(state, until_finish=waiting)
                 start = clock()
                 out = timer.add("transfer", start, jax.device_get(out))  # one per dispatch
+                if out.verified is not None:  # speculative decoding's counts
+                    self.verified_tokens += int(out.verified.sum())
+                    self.accepted_tokens += int(out.accepted.sum())
                 start = clock()
                 state = timer.add("deliver", start, self._deliver(state, out))
         except BaseException as error:

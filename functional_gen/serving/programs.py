@@ -10,10 +10,12 @@ them; see its module docstring for the design.
 
 import dataclasses
 import math
+import os
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jaxtyping import Array, Bool, Float, Int, Key
 
 from ..generation.state import GenerationState
@@ -67,7 +69,11 @@ def _fields(module) -> dict:
     return {f.name: getattr(module, f.name) for f in dataclasses.fields(module)}
 
 
-def _step(model, eos_token_id, pad_token_id, state: DecodeState, top_logprobs):
+def _step(model, eos_token_id, pad_token_id, state: DecodeState, top_logprobs, search=None):
+    """The engine's step: the slots' constraint and decoding processors, and `search` (default:
+    `SlotSampler`, one token per slot; the speculative engine passes its `Speculative`)."""
+    if search is None:
+        search = SlotSampler(sampled=jnp.any(~state.params.greedy & ~state.generation.done))
     return make_step(
         model,
         [
@@ -79,7 +85,7 @@ def _step(model, eos_token_id, pad_token_id, state: DecodeState, top_logprobs):
                 **_fields(state.params), used=knobs_used(state.params, ~state.generation.done)
             ),
         ],
-        SlotSampler(sampled=jnp.any(~state.params.greedy & ~state.generation.done)),
+        search,
         eos_token_id=eos_token_id,
         pad_token_id=pad_token_id,
         top_logprobs=top_logprobs,
@@ -147,7 +153,9 @@ class StepOutput(eqx.Module):
     step, -1 where none), `logprobs: Float[Array, "steps batch"]` (the model's raw logprob of
     each), `top_token_ids`, `top_logprobs: [steps, batch, k]` (the `k` most likely tokens,
     `Engine(top_logprobs=k)`), `done`, `finish_reason: [batch]` after the dispatch (codes of
-    `FINISH_REASONS`).
+    `FINISH_REASONS`); `verified`, `accepted: Int[Array, " batch"]`: speculative guesses each
+    slot verified and accepted in the dispatch (`None` without speculation; with it, `steps` is
+    the dispatch's `num_steps` times the most tokens a step emits, `serving.speculative`).
     """
 
     token_ids: Int[Array, "steps batch"]
@@ -156,6 +164,8 @@ class StepOutput(eqx.Module):
     top_logprobs: Float[Array, "steps batch k"]
     done: Bool[Array, " batch"]
     finish_reason: Int[Array, " batch"]
+    verified: Int[Array, " batch"] | None = None
+    accepted: Int[Array, " batch"] | None = None
 
 
 def _insert(prefix: Prefix, state: DecodeState, slot: Int[Array, ""]) -> DecodeState:
@@ -189,6 +199,44 @@ def _insert(prefix: Prefix, state: DecodeState, slot: Int[Array, ""]) -> DecodeS
         else cache.ring_positions.at[slot].set(grown.ring_positions[0]),
     )
     return _with_prefix(prefix, state, slot, cache)
+
+
+def make_prefix(
+    request: Request, logits, cache: KVCache, max_len: int, pad_token_id: int
+) -> Prefix:
+    """The `Prefix` of `request` after its prefill (`logits: Float[Array, " vocab"]` after the
+    prompt, `cache` its one-row `KVCache`): its prompt in a row of `max_len` columns padded with
+    `pad_token_id`, its sampling parameters, and the key `fold_in(jax.random.key(seed), 0)`
+    (a seed drawn from `os.urandom` when the request has none)."""
+    row = np.full((max_len,), pad_token_id, np.int32)
+    row[: len(request.token_ids)] = request.token_ids
+    bias = np.zeros((logits.shape[-1],), np.float32)
+    for token, value in request.logit_bias:
+        bias[token] += value
+    seed = request.seed
+    if seed is None:
+        seed = int.from_bytes(os.urandom(4), "little")
+    f32 = lambda x: jnp.asarray(x, jnp.float32)  # noqa: E731
+    params = SlotParams(
+        greedy=jnp.asarray(request.temperature == 0),
+        temperature=f32(request.temperature),
+        top_p=f32(request.top_p),
+        min_p=f32(request.min_p),
+        repetition_penalty=f32(request.repetition_penalty),
+        presence_penalty=f32(request.presence_penalty),
+        frequency_penalty=f32(request.frequency_penalty),
+        logit_bias=jnp.asarray(bias),
+        top_k=jnp.asarray(request.top_k, jnp.int32),
+    )
+    return Prefix(
+        token_ids=jnp.asarray(row),
+        length=jnp.asarray(len(request.token_ids), jnp.int32),
+        max_new_tokens=jnp.asarray(request.max_new_tokens, jnp.int32),
+        logits=logits,
+        cache=cache,
+        key=jax.random.fold_in(jax.random.key(seed), 0),
+        params=params,
+    )
 
 
 def _with_prefix(prefix: Prefix, state: DecodeState, slot: Int[Array, ""], cache) -> DecodeState:

@@ -42,6 +42,36 @@ class Request:
     stop_token_ids: tuple[int, ...] = ()
 
 
+def request_processors(request: Request) -> tuple[list, AbstractSampler]:
+    """The processors and sampler `fg.generate` runs for `request` alone, in `SlotDecoding`'s
+    order: `LogitBias`, `RepetitionPenalty`, `PresencePenalty`, `FrequencyPenalty`, then (when
+    `temperature > 0`, with `Multinomial()`; else `Greedy()`) `Temperature`, `TopK`, `TopP`,
+    `MinP`, each only where the request sets it."""
+    processors = []
+    if request.logit_bias:
+        bias: dict[int, float] = {}
+        for token, value in request.logit_bias:
+            bias[token] = bias.get(token, 0.0) + value
+        processors.append(P.LogitBias(bias))
+    if request.repetition_penalty != 1:
+        processors.append(P.RepetitionPenalty(request.repetition_penalty))
+    if request.presence_penalty:
+        processors.append(P.PresencePenalty(request.presence_penalty))
+    if request.frequency_penalty:
+        processors.append(P.FrequencyPenalty(request.frequency_penalty))
+    if request.temperature <= 0:
+        return processors, Greedy()
+    if request.temperature != 1:
+        processors.append(P.Temperature(request.temperature))
+    if request.top_k > 0:
+        processors.append(P.TopK(request.top_k))
+    if request.top_p < 1:
+        processors.append(P.TopP(request.top_p))
+    if request.min_p > 0:
+        processors.append(P.MinP(request.min_p))
+    return processors, Multinomial()
+
+
 MAX_TOP_K = 256
 """The largest per-slot `top_k`: the step takes the `MAX_TOP_K` largest logits of every row
 (`lax.top_k`, static) and keeps those at least the row's `k`-th. Measured on the 2-core CPU,
