@@ -17,9 +17,11 @@ tokens were the same. The options slow what the
 program then runs (about 1.5x for the default model's decode), and the older emitters take
 3.5x longer to compile the default model's programs, so a program whose arguments and
 results together hold more than `FAST_COMPILE_MAX_BYTES` (the real models' weights, batches
-of thousands of rows) keeps XLA's defaults. Neither option changes what a program computes
-(no fast-math is involved); the persistent compilation cache keys on the options, so the two
-kinds never share an entry.
+of thousands of rows) keeps XLA's defaults. Neither option changes the arithmetic asked for (no fast-math is
+involved), but a program may fuse and so round differently: two programs that should agree
+(the serving engine's dispatch and `fg.generate` alone) can differ by float32 rounding, as
+any two differently fused programs can (seen: 4.1e-5 in a logprob through a bfloat16 cache).
+The persistent compilation cache keys on the options, so the two kinds never share an entry.
 
 The suite's subprocesses (the notebooks' kernels, the command-line runs) and every program
 over the real models compile with XLA's defaults, as users' do.

@@ -105,7 +105,10 @@ def test_a_bfloat16_cache_serves_what_generate_gives_with_one(tiny_gemma):
     for (_, _, request), (tokens, logprobs) in zip(schedule, serve(engine, schedule)):
         want, want_lps = alone(half, tokenizer, list(request.token_ids), request.max_new_tokens)
         assert tokens == want
-        np.testing.assert_allclose(logprobs, want_lps, atol=1e-5)
+        # 1e-4, not the float32 tests' 1e-5: two programs that round a key differently in float32
+        # can store bfloat16 values one bfloat16 step apart (seen: 4.1e-5 at a logprob of -4.2,
+        # the suite's -O0 compile of both programs, tests/fast_compile.py)
+        np.testing.assert_allclose(logprobs, want_lps, atol=1e-4)
 
 
 def test_compaction_shortens_attention(tiny_gemma):
