@@ -6,12 +6,12 @@ import sys
 import pytest
 
 from functional_gen import cli
-from functional_gen.cli import chat as cli_chat, generate as cli_generate
+from functional_gen.cli import arguments as cli_arguments
 
 
 @pytest.fixture(scope="module", autouse=True)
 def each_model_loaded_once():
-    """`load_model` in `functional-gen generate` and `chat` runs once per distinct model, dtype
+    """`load_model` in the commands (`arguments.load_model_from_args`) runs once per distinct model, dtype
     and quantization in this module, and later calls get the same `(model, tokenizer)`: about 20
     commands here load the default model, ~1 s each on 2 cores (safetensors, tokenizer, arrays)
     that repeat what the first load checked. A load that raises is not kept."""
@@ -30,8 +30,8 @@ def each_model_loaded_once():
         return load_once
 
     with pytest.MonkeyPatch.context() as patch:
-        for module in (cli_generate, cli_chat):
-            patch.setattr(module, "load_model", wrap(module.load_model))
+        # every command loads through `arguments.load_model_from_args`
+        patch.setattr(cli_arguments, "load_model", wrap(cli_arguments.load_model))
         yield
 
 

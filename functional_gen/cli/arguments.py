@@ -13,6 +13,7 @@ from pathlib import Path
 
 import jax
 
+from .. import load_model, progress
 from ..generation_config import load_generation_config, settings_from_generation_config
 from ..structured import (
     GrammarError,
@@ -26,6 +27,20 @@ from .parser import PENALTY_OPTIONS, SAMPLING_DEFAULTS, SAMPLING_KEYS, SAMPLING_
 
 UNTIL_CONTEXT_ENDS = -1
 """`-n -1`: generate until the end of generation or of the model's context (llama.cpp's)."""
+
+
+def load_model_from_args(args: argparse.Namespace, path=None):
+    """`fg.load_model` of `path` (default `args.model`) with the command's `--dtype`,
+    `--kv-cache-dtype` and `--quantization`, reporting progress on stderr. Returns
+    `(model, tokenizer)`; raises what `fg.load_model` raises (missing files, unknown
+    architecture)."""
+    return load_model(
+        args.model if path is None else path,
+        dtype=args.dtype,
+        kv_cache_dtype=args.kv_cache_dtype,
+        quantization=args.quantization,
+        progress=progress.notice,
+    )
 
 
 def sampling_requested(args: argparse.Namespace) -> bool:

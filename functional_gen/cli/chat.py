@@ -8,12 +8,13 @@ interrupted turn); Ctrl-C while waiting for a message, or the end of the input, 
 import argparse
 import sys
 
-from .. import enable_compilation_cache, load_model, progress, stream
+from .. import enable_compilation_cache, progress, stream
 from .arguments import (
     UNTIL_CONTEXT_ENDS,
     check_before_loading,
     generate_call_arguments,
     guidance_arguments,
+    load_model_from_args,
     max_new_tokens_until_context_ends,
     prompt_token_count,
 )
@@ -94,13 +95,7 @@ def run_chat(args: argparse.Namespace) -> int:
 
 def _load(args: argparse.Namespace):
     """The model, tokenizer and `stream` keyword arguments of a chat."""
-    model, tokenizer = load_model(
-        args.model,
-        dtype=args.dtype,
-        kv_cache_dtype=args.kv_cache_dtype,
-        quantization=args.quantization,
-        progress=progress.notice,
-    )
+    model, tokenizer = load_model_from_args(args)
     if getattr(tokenizer, "chat_template", None) is None:
         raise ValueError("this model's tokenizer has no chat template; use generate")
     call = generate_call_arguments(args, model, tokenizer)

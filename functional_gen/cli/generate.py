@@ -11,12 +11,13 @@ import argparse
 import sys
 import time
 
-from .. import enable_compilation_cache, generate, load_model, progress, stream
+from .. import enable_compilation_cache, generate, progress, stream
 from .arguments import (
     UNTIL_CONTEXT_ENDS,
     check_before_loading,
     generate_call_arguments,
     guidance_arguments,
+    load_model_from_args,
     max_new_tokens_until_context_ends,
     prompt_token_count,
     read_prompts,
@@ -53,13 +54,7 @@ def run_generate(args: argparse.Namespace) -> int:
 
 def _load_and_generate(args: argparse.Namespace, prompts: list[str]) -> int:
     start = time.perf_counter()
-    model, tokenizer = load_model(
-        args.model,
-        dtype=args.dtype,
-        kv_cache_dtype=args.kv_cache_dtype,
-        quantization=args.quantization,
-        progress=progress.notice,
-    )
+    model, tokenizer = load_model_from_args(args)
     loaded = time.perf_counter()
     call = generate_call_arguments(args, model, tokenizer)
     call.update(guidance_arguments(args, tokenizer))

@@ -7,10 +7,11 @@ says what to install.
 
 import argparse
 
-from .. import enable_compilation_cache, load_model, progress
+from .. import enable_compilation_cache, progress
 from ..loading import DEFAULT_MODEL_NAME
 from ..serving import Engine
 from ..speculative import DraftModel, PromptLookup
+from .arguments import load_model_from_args
 
 try:
     from ..serving import app as serving_app
@@ -54,25 +55,13 @@ def run_serve(args: argparse.Namespace) -> int:
         )
     progress.set_quiet(args.quiet)
     enable_compilation_cache()
-    model, tokenizer = load_model(
-        args.model,
-        dtype=args.dtype,
-        kv_cache_dtype=args.kv_cache_dtype,
-        quantization=args.quantization,
-        progress=progress.notice,
-    )
+    model, tokenizer = load_model_from_args(args)
     speculative = None
     k = {} if args.speculative_tokens is None else {"num_tokens": args.speculative_tokens}
     if args.speculative == "prompt-lookup":
         speculative = PromptLookup(**k)
     elif args.speculative == "draft-model":
-        draft, _ = load_model(
-            args.draft_model,
-            dtype=args.dtype,
-            kv_cache_dtype=args.kv_cache_dtype,
-            quantization=args.quantization,
-            progress=progress.notice,
-        )
+        draft, _ = load_model_from_args(args, args.draft_model)
         speculative = DraftModel(draft, **k)
     engine = Engine(
         model,
