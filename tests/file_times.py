@@ -12,7 +12,9 @@ do: on a loaded machine compare files by CPU. The controller makes the directory
 in `pytest_terminal_summary` and deletes the directory.
 
 `FUNCTIONAL_GEN_TEST_TIMES_TOP` sets how many files the table lists (default 30; 0 turns the
-table off).
+tables off); a second table lists the costliest single tests (`FUNCTIONAL_GEN_TEST_TIMES_TESTS`,
+default 25). `FUNCTIONAL_GEN_TEST_TIMES_KEEP=path` also writes every test's line (file, wall,
+CPU, children's CPU, test id) to `path`, for a closer look after the run.
 """
 
 import os
@@ -55,19 +57,30 @@ def pytest_runtest_protocol(item, nextitem):
     wall, cpu, children = (b - a for a, b in zip(start, end))
     path = Path(directory) / f"{os.getpid()}.tsv"
     with path.open("a") as log:
-        log.write(f"{item.nodeid.split('::', 1)[0]}\t{wall:.3f}\t{cpu:.3f}\t{children:.3f}\n")
+        file = item.nodeid.split("::", 1)[0]
+        log.write(f"{file}\t{wall:.3f}\t{cpu:.3f}\t{children:.3f}\t{item.nodeid}\n")
+
+
+def _lines(directory: str) -> list[tuple[str, float, float, float, str]]:
+    """Every test's `(file, wall, cpu, children_cpu, test id)` from every process's log."""
+    lines = []
+    for path in Path(directory).glob("*.tsv"):
+        for line in path.read_text().splitlines():
+            file, wall, cpu, children, *rest = line.split("\t")
+            lines.append(
+                (file, float(wall), float(cpu), float(children), rest[0] if rest else file)
+            )
+    return lines
 
 
 def file_times(directory: str) -> dict[str, list[float]]:
     """`{file: [tests, wall, cpu, children_cpu]}` summed over every process's log."""
     totals: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0.0, 0.0])
-    for path in Path(directory).glob("*.tsv"):
-        for line in path.read_text().splitlines():
-            file, *numbers = line.split("\t")
-            row = totals[file]
-            row[0] += 1
-            for i, value in enumerate(numbers, start=1):
-                row[i] += float(value)
+    for file, *numbers, _ in _lines(directory):
+        row = totals[file]
+        row[0] += 1
+        for i, value in enumerate(numbers, start=1):
+            row[i] += value
     return dict(totals)
 
 
@@ -86,6 +99,15 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         write(f"{wall:8.1f} {cpu:8.1f} {children:8.1f} {int(tests):5d}  {file}")
     wall, cpu, children = (sum(r[i] for r in totals.values()) for i in (1, 2, 3))
     write(f"{wall:8.1f} {cpu:8.1f} {children:8.1f} {len(totals):5d}  files in all")
+    lines = _lines(_OWN[0])
+    tests = int(os.environ.get("FUNCTIONAL_GEN_TEST_TIMES_TESTS", "25"))
+    if tests:
+        terminalreporter.section("costliest tests (wall, process CPU, children's CPU)")
+        for _, wall, cpu, children, test in sorted(lines, key=lambda line: -line[1])[:tests]:
+            write(f"{wall:8.1f} {cpu:8.1f} {children:8.1f}  {test}")
+    keep = os.environ.get("FUNCTIONAL_GEN_TEST_TIMES_KEEP")
+    if keep:
+        Path(keep).write_text("".join("\t".join(map(str, line)) + "\n" for line in lines))
 
 
 def pytest_unconfigure(config):

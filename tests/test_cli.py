@@ -35,6 +35,21 @@ def each_model_loaded_once():
         yield
 
 
+@pytest.fixture(scope="module")
+def two_layers(two_layer_default_model, two_layer_model):
+    """The default model cut to its first 2 of 30 layers (`two_layer_model`), for the tests whose
+    checks do not depend on the weights (the same output through two spellings or through the
+    API, a constraint obeyed, what is printed): `.argv` (`-m DIR`) for the commands, `.model`
+    and `.tokenizer` for the API. The tests that check the real model's answers ("Paris") keep
+    the default model."""
+    import types
+
+    model, tokenizer = two_layer_model
+    return types.SimpleNamespace(
+        argv=["-m", str(two_layer_default_model)], model=model, tokenizer=tokenizer
+    )
+
+
 @pytest.mark.parametrize("torch_imported", [False, True])
 def test_the_program_hides_torch_unless_it_is_imported(monkeypatch, torch_imported):
     # `functional-gen` (console_main) runs `main` with torch hidden from transformers, whose config
@@ -323,8 +338,16 @@ def test_generate_prints_the_answer(default_model, capsys):
 
 
 @pytest.mark.slow
-def test_stream_and_raw_print_the_same_text_as_without_stream(default_model, capsys):
-    common = ["generate", "Once upon a time", "--raw", "--max-new-tokens", "12", "--greedy"]
+def test_stream_and_raw_print_the_same_text_as_without_stream(two_layers, capsys):
+    common = [
+        "generate",
+        "Once upon a time",
+        "--raw",
+        "--max-new-tokens",
+        "12",
+        "--greedy",
+        *two_layers.argv,
+    ]
     cli.main(common)
     plain = capsys.readouterr().out
     cli.main(common + ["--stream"])
@@ -333,10 +356,18 @@ def test_stream_and_raw_print_the_same_text_as_without_stream(default_model, cap
 
 
 @pytest.mark.slow
-def test_structured_options_constrain_the_output(default_model, capsys):
-    assert cli.main(["generate", "Pick a colour.", "--choice", "red", "green", "blue"]) == 0
+def test_structured_options_constrain_the_output(two_layers, capsys):
+    assert (
+        cli.main(
+            ["generate", "Pick a colour.", "--choice", "red", "green", "blue", *two_layers.argv]
+        )
+        == 0
+    )
     assert capsys.readouterr().out.strip() in {"red", "green", "blue"}
-    assert cli.main(["generate", "A year:", "--raw", "--regex", "(19|20)[0-9]{2}"]) == 0
+    assert (
+        cli.main(["generate", "A year:", "--raw", "--regex", "(19|20)[0-9]{2}", *two_layers.argv])
+        == 0
+    )
     out = capsys.readouterr().out.strip()
     assert len(out) == 4 and out[:2] in {"19", "20"} and out.isdigit()
 
@@ -351,9 +382,9 @@ def test_structured_options_constrain_the_output(default_model, capsys):
         (["--max-depth", "3"], "--max-depth applies to --grammar and --lark-grammar only"),
     ],
 )
-def test_bad_structured_options_exit_with_a_clear_message(default_model, args, message, capsys):
+def test_bad_structured_options_exit_with_a_clear_message(two_layers, args, message, capsys):
     with pytest.raises(SystemExit) as exit_info:
-        cli.main(["generate", "hello", *args])
+        cli.main(["generate", "hello", *args, *two_layers.argv])
     assert exit_info.value.code == 2
     assert message in capsys.readouterr().err
 
@@ -378,7 +409,7 @@ def test_stop_option_and_generation_config_file(default_model, tmp_path, capsys)
 
 
 @pytest.mark.slow
-def test_aliases_give_the_same_output_as_the_long_names(default_model, capsys):
+def test_aliases_give_the_same_output_as_the_long_names(two_layers, capsys):
     long = [
         "generate",
         "Once upon a time",
@@ -393,6 +424,7 @@ def test_aliases_give_the_same_output_as_the_long_names(default_model, capsys):
         "1.3",
         "--penalty-last-n",
         "16",
+        *two_layers.argv,
     ]
     short = [
         "generate",
@@ -409,6 +441,7 @@ def test_aliases_give_the_same_output_as_the_long_names(default_model, capsys):
         "1.3",
         "--repeat-last-n",
         "16",
+        *two_layers.argv,
     ]
     assert cli.main(long) == 0
     expected = capsys.readouterr().out
@@ -421,7 +454,7 @@ PROMPTS = ["The capital of France is", "Two plus two equals", "My favourite colo
 
 @pytest.mark.slow
 def test_a_file_of_prompts_is_one_batch_equal_to_separate_runs_and_jsonl_matches_the_api(
-    default_model, tmp_path, capsys
+    two_layers, tmp_path, capsys
 ):
     import json
 
@@ -431,20 +464,30 @@ def test_a_file_of_prompts_is_one_batch_equal_to_separate_runs_and_jsonl_matches
 
     path = tmp_path / "prompts.txt"
     path.write_text("\n".join(PROMPTS) + "\n")
-    assert cli.main(["generate", "-f", str(path), "--raw", "-n", "8", "--output", "jsonl"]) == 0
+    assert (
+        cli.main(
+            ["generate", "-f", str(path), "--raw", "-n", "8", "--output", "jsonl", *two_layers.argv]
+        )
+        == 0
+    )
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [r["prompt"] for r in rows] == PROMPTS and [r["index"] for r in rows] == [0, 1, 2]
 
     separate = []
     for prompt in PROMPTS:
-        assert cli.main(["generate", prompt, "--raw", "-n", "8"]) == 0
+        assert cli.main(["generate", prompt, "--raw", "-n", "8", *two_layers.argv]) == 0
         separate.append(capsys.readouterr().out.removesuffix("\n"))
     assert [r["text"] for r in rows] == separate
     # --temperature 0 is greedy: the same text as the model's own (greedy) config
-    assert cli.main(["generate", PROMPTS[0], "--raw", "-n", "8", "--temperature", "0"]) == 0
+    assert (
+        cli.main(
+            ["generate", PROMPTS[0], "--raw", "-n", "8", "--temperature", "0", *two_layers.argv]
+        )
+        == 0
+    )
     assert capsys.readouterr().out.removesuffix("\n") == separate[0]
 
-    model, tokenizer = default_model
+    model, tokenizer = two_layers.model, two_layers.tokenizer
     api = fg.generate(model, tokenizer, PROMPTS, max_new_tokens=8)
     for i, row in enumerate(rows):
         n = api.num_tokens[i]
@@ -455,11 +498,13 @@ def test_a_file_of_prompts_is_one_batch_equal_to_separate_runs_and_jsonl_matches
 
 
 @pytest.mark.slow
-def test_quiet_prints_nothing_on_stderr_and_verbose_prints_timings(default_model, capsys):
-    assert cli.main(["generate", PROMPTS[1], "--raw", "-n", "8", "--quiet"]) == 0
+def test_quiet_prints_nothing_on_stderr_and_verbose_prints_timings(two_layers, capsys):
+    assert cli.main(["generate", PROMPTS[1], "--raw", "-n", "8", "--quiet", *two_layers.argv]) == 0
     captured = capsys.readouterr()
     assert captured.err == "" and captured.out.strip()
-    assert cli.main(["generate", PROMPTS[1], "--raw", "-n", "8", "--verbose"]) == 0
+    assert (
+        cli.main(["generate", PROMPTS[1], "--raw", "-n", "8", "--verbose", *two_layers.argv]) == 0
+    )
     err = capsys.readouterr().err
     for name in ("load time", "compile time", "prompt tokens", "eval time", "total time"):
         assert f"functional-gen: {name:>16} = " in err, name
@@ -485,10 +530,10 @@ def test_chat_keeps_one_state_and_prefills_only_the_new_turn(default_model, monk
 
 
 @pytest.mark.slow
-def test_beam_search_and_guidance_options(default_model, capsys):
+def test_beam_search_and_guidance_options(two_layers, capsys):
     import functional_gen as fg
 
-    model, tokenizer = default_model
+    model, tokenizer = two_layers.model, two_layers.tokenizer
     assert (
         cli.main(
             [
@@ -503,6 +548,7 @@ def test_beam_search_and_guidance_options(default_model, capsys):
                 "2",
                 "--length-penalty",
                 "1.0",
+                *two_layers.argv,
             ]
         )
         == 0
@@ -534,6 +580,7 @@ def test_beam_search_and_guidance_options(default_model, capsys):
                 "The mountain",
                 "--cfg",
                 "batched",
+                *two_layers.argv,
             ]
         )
         == 0
@@ -555,17 +602,28 @@ def test_beam_search_and_guidance_options(default_model, capsys):
 
 
 @pytest.mark.slow
-def test_top_logprobs_in_jsonl(default_model, capsys):
+def test_top_logprobs_in_jsonl(two_layers, capsys):
     import json
 
     import numpy as np
 
     import functional_gen as fg
 
-    model, tokenizer = default_model
+    model, tokenizer = two_layers.model, two_layers.tokenizer
     assert (
         cli.main(
-            ["generate", "Hello", "--raw", "-n", "4", "--output", "jsonl", "--top-logprobs", "3"]
+            [
+                "generate",
+                "Hello",
+                "--raw",
+                "-n",
+                "4",
+                "--output",
+                "jsonl",
+                "--top-logprobs",
+                "3",
+                *two_layers.argv,
+            ]
         )
         == 0
     )

@@ -1,6 +1,7 @@
 """Constrained requests decode in their slots (the engine's constraint table pool) beside the
 others, equal to the same request alone and to `fg.generate` with that constraint; a new schema
-compiles nothing; per-request `stop_token_ids` and `top_k` (vLLM's extras) are honoured."""
+compiles nothing; per-request `stop_token_ids` and `top_k` (vLLM's extras) are honoured. On the
+default model cut to 2 layers (`two_layer_model`: nothing here depends on the weights)."""
 
 import asyncio
 import contextlib
@@ -48,10 +49,10 @@ LONGEST = {
 
 
 @pytest.fixture(scope="module")
-def server(default_model):
+def server(two_layer_model):
     """`(base_url, engine, alone_calls)`: a server in this process; `alone_calls` counts the
     requests that ran alone (`Engine.generate_alone`) instead of in a slot."""
-    model, tokenizer = default_model
+    model, tokenizer = two_layer_model
     # width 1 besides 8 (not the default 1, 2, 4): a constrained row left alone runs a narrow
     # dispatch (the pool gathered with them) at the cost of one more compiled program, not three
     engine = fg.serving.Engine(
@@ -141,9 +142,9 @@ def test_constrained_slots_validate_and_equal_alone(server, client):
     assert alone_calls == [], "a pooled constraint ran alone"
 
 
-def test_pooled_constraint_equals_generate(server, client, default_model):
+def test_pooled_constraint_equals_generate(server, client, two_layer_model):
     """A constrained slot computes what `fg.generate` with that constraint computes (greedy)."""
-    model, tokenizer = default_model
+    model, tokenizer = two_layer_model
     _, engine, _ = server
     eos, vocab = list(engine.eos_token_id), model.vocab_size
     cases = [
@@ -230,11 +231,11 @@ def test_pushdown_constraint_still_runs_alone(server, client):
     assert got.choices[0].message.content.startswith("{")
 
 
-def test_stop_token_ids_and_top_k(server, client, default_model):
+def test_stop_token_ids_and_top_k(server, client, two_layer_model):
     """`stop_token_ids` ends a request at that token (not in the text, counted in the usage,
     finish reason "stop"); `top_k` equals `fg.generate` with that `top_k` (seeded), and
     `top_k=1` is greedy."""
-    model, tokenizer = default_model
+    model, tokenizer = two_layer_model
     greedy = fg.generate(model, tokenizer, PROMPT, max_new_tokens=8)
     ids = [int(t) for t in greedy.token_ids[0]]
     cut = next(i for i in range(2, 8) if ids[i] not in ids[:i])

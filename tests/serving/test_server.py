@@ -1,6 +1,7 @@
 """The OpenAI-compatible server, driven by the official `openai` client against a server started
-here (uvicorn in a thread, on a free loopback port) on the default model: answers equal
-`fg.generate` with the same options, concurrency, disconnects, refusals."""
+here (uvicorn in a thread, on a free loopback port) on the default model cut to 2 layers
+(`two_layer_model`: real tokenizer, chat template and shapes; nothing here depends on the
+weights): answers equal `fg.generate` with the same options, concurrency, disconnects, refusals."""
 
 import asyncio
 import json
@@ -34,9 +35,9 @@ def free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def server(default_model):
+def server(two_layer_model):
     """`(base_url, engine)` of a server in this process."""
-    model, tokenizer = default_model
+    model, tokenizer = two_layer_model
     engine = fg.serving.Engine(model, tokenizer, max_slots=MAX_SLOTS, max_len=MAX_LEN,
                                top_logprobs=2, prefill_chunk=CHUNK)  # fmt: skip
     limits = serving_app.Limits(max_n=2, max_body_bytes=20_000)
@@ -88,15 +89,15 @@ STEPS = 10
 
 
 @pytest.fixture(scope="module")
-def greedy_reference(default_model):
+def greedy_reference(two_layer_model):
     """`fg.generate`'s greedy answers to PROMPT and CHAT (one compiled call), raw logprobs."""
-    model, tokenizer = default_model
+    model, tokenizer = two_layer_model
     return fg.generate(model, tokenizer, [PROMPT, CHAT], max_new_tokens=STEPS,
                        logprobs_mode="raw")  # fmt: skip
 
 
-def test_completions_equal_generate_greedy_and_seeded(client, default_model, greedy_reference):
-    model, tokenizer = default_model
+def test_completions_equal_generate_greedy_and_seeded(client, two_layer_model, greedy_reference):
+    model, tokenizer = two_layer_model
     got = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=STEPS, temperature=0,
                                     logprobs=2)  # fmt: skip
     want = greedy_reference
@@ -374,12 +375,12 @@ def run_alone_or_among(engine, request, slot, neighbours=()):
             return tokens
 
 
-def test_engine_rows_do_not_depend_on_slot_or_neighbours(server, default_model):
+def test_engine_rows_do_not_depend_on_slot_or_neighbours(server, two_layer_model):
     """The engine's three functions, directly: a request's tokens are the same alone in slot 0
     and in slot 3 among other requests (greedy and seeded sampling), and a prompt prefilled in
     chunks continues as one prefilled at once."""
     _, engine = server
-    _, tokenizer = default_model
+    _, tokenizer = two_layer_model
     ids = tokenizer("Once upon a time, in a land far away,")["input_ids"]
     others = [(0, engine.request(tokenizer("Hello")["input_ids"], 12, temperature=0)),
               (1, engine.request(ids, 5, temperature=1.0, seed=2))]  # fmt: skip
