@@ -237,8 +237,8 @@ def test_greedy_generation_equals_transformers(
 
 
 @pytest.mark.slow
-def test_padded_batch_generates_what_each_prompt_generates_alone(default_model):
-    model, tokenizer = default_model
+def test_padded_batch_generates_what_each_prompt_generates_alone(two_layer_model):
+    model, tokenizer = two_layer_model
     prompts = ["The capital of France is", "Here is a list of three fruits: apples, bananas and"]
     batch = fg.generate(model, tokenizer, prompts, max_new_tokens=12)
     for i, p in enumerate(prompts):
@@ -270,8 +270,8 @@ def test_chat_prompt_uses_the_template_and_stops_at_eos(default_model):
 
 
 @pytest.mark.slow
-def test_sampling_is_reproducible_and_per_row(default_model):
-    model, tokenizer = default_model
+def test_sampling_is_reproducible_and_per_row(two_layer_model):
+    model, tokenizer = two_layer_model
     kwargs = dict(
         max_new_tokens=12,
         processors=[fg.processors.Temperature(1.0), fg.processors.TopK(50)],

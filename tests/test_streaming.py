@@ -20,8 +20,8 @@ def test_pieces_never_split_a_character_and_join_to_the_full_text(default_model)
 
 
 @pytest.mark.slow
-def test_stream_equals_generate(default_model):
-    model, tokenizer = default_model
+def test_stream_equals_generate(two_layer_model):
+    model, tokenizer = two_layer_model
     prompt = [{"role": "user", "content": "Name three colours."}]
     pieces = list(fg.stream(model, tokenizer, prompt, max_new_tokens=24))
     assert len(pieces) > 3 and all(pieces)
@@ -29,8 +29,8 @@ def test_stream_equals_generate(default_model):
 
 
 @pytest.mark.slow
-def test_stream_of_a_batch_yields_rows_and_equals_generate(default_model):
-    model, tokenizer = default_model
+def test_stream_of_a_batch_yields_rows_and_equals_generate(two_layer_model):
+    model, tokenizer = two_layer_model
     prompts = ["The capital of France is", [{"role": "user", "content": "Say hi."}]]
     texts = ["", ""]
     stream = fg.stream(model, tokenizer, prompts, max_new_tokens=12)

@@ -269,8 +269,8 @@ def test_beam_sampling_is_deterministic_and_batch_invariant(tiny_pair):
 
 
 @pytest.mark.slow
-def test_regex_constraint_with_beams_gives_valid_outputs(default_model):
-    model, tokenizer = default_model
+def test_regex_constraint_with_beams_gives_valid_outputs(two_layer_model):
+    model, tokenizer = two_layer_model
     pattern = r"[0-9]{3}-[0-9]{4}"
     result = fg.generate(
         model,

@@ -312,8 +312,8 @@ def test_extend_state_gives_the_shapes_of_a_longer_context_and_keeps_the_branch(
         processor.extend_state(grown, 16)
 
 
-def test_a_regex_after_guidance_gives_valid_outputs(default_model):
-    model, tokenizer = default_model
+def test_a_regex_after_guidance_gives_valid_outputs(two_layer_model):
+    model, tokenizer = two_layer_model
     pattern = r"(19|20)[0-9]{2}"
     regex = P.Regex(pattern, tokenizer)
     result = fg.generate(
