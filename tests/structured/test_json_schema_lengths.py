@@ -479,3 +479,30 @@ def test_member_counts_in_any_order_match_jsonschema():
                         text = json.dumps(value, separators=(",", ":"))
                         expected = validator.is_valid(value)
                         assert bool(regex.fullmatch(text)) == expected, (schema, text, expected)
+
+
+def test_prefix_items_with_counts_match_jsonschema():
+    # `prefixItems` need not be written in full and `items` follow them (outlines-core's
+    # regex required every prefix item and nothing after: `[]` and `[1, "a"]` were refused)
+    for extra in (
+        {"items": {"type": "string"}},
+        {},
+        {"items": False},
+        {"minItems": 1, "maxItems": 3},
+        {"minItems": 3},
+    ):
+        schema = {
+            "type": "array",
+            "prefixItems": [{"type": "integer"}, {"type": "string"}],
+            **extra,
+        }
+        regex = re.compile(json_schema_regex(schema))
+        validator = jsonschema.Draft202012Validator(schema)
+        verdicts = set()
+        for n in range(5):
+            for values in itertools.product([1, "a", None], repeat=n):
+                text = json.dumps(list(values), separators=(",", ":"))
+                expected = validator.is_valid(list(values))
+                assert bool(regex.fullmatch(text)) == expected, (schema, text, expected)
+                verdicts.add(expected)
+        assert verdicts == {True, False}
