@@ -298,6 +298,8 @@ def test_overlapping_objects_and_recursion_are_refused_by_name(vocabulary):
     with pytest.raises(UnsupportedSchemaError, match="objects of #/oneOf/0, #/oneOf/1") as caught:
         json_schema_regex(closed, property_order="schema")
     assert "in one order" in str(caught.value)
+    with pytest.raises(UnsupportedSchemaError, match="does not match the empty text"):
+        json_schema_regex(closed, whitespace_pattern="[ ]")  # compact texts: none
     typed_extras = {**closed, "additionalProperties": {"type": "integer"}}
     with pytest.raises(UnsupportedSchemaError, match="keys may repeat"):
         json_schema_regex(typed_extras)

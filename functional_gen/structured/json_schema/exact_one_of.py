@@ -23,7 +23,6 @@ is `{"x": "s"}`), a listed object constant of two or more keys, a recursive `$re
 calls of the pushdown form, or nested without bound), which are not regular.
 """
 
-import re
 import typing
 from collections.abc import Sequence
 
@@ -172,7 +171,7 @@ def _inexact(rewriter: "Rewriter", part, branch) -> list[str]:
             "a recursive `$ref` in it is cut at max_recursion_depth, so deeper values it "
             "admits are refused"
         )
-    if re.fullmatch(rewriter.ws, "") is None:
+    if not regex_byte_dfa(rewriter.ws).matches(b""):
         reasons.append(f"the whitespace pattern {rewriter.ws!r} does not match the empty text")
     return sorted(set(reasons))
 
