@@ -156,6 +156,20 @@ def canonical_json_dfa() -> ByteDFA:
     return ByteDFA(delta, accepting, 0)
 
 
+@functools.cache
+def compact_json_dfa() -> ByteDFA:
+    """`canonical_json_dfa` without whitespace outside strings: every JSON value then has one
+    spelling up to the order of an object's members (what exact `oneOf` compares objects and
+    arrays on: `json.dumps(value, separators=(",", ":"), ensure_ascii=False)`).
+
+    Source: JSON's whitespace (RFC 8259, section 2: space, tab, line feed, carriage return)."""
+    canonical = canonical_json_dfa()
+    delta = canonical.delta.copy()
+    outside = [0, 10, 12]  # the states that read a byte outside strings (after a number too)
+    delta[np.ix_(outside, [0x20, 0x09, 0x0A, 0x0D])] = REJECT
+    return ByteDFA(delta, canonical.accepting.copy(), canonical.initial)
+
+
 _CONTINUATION = np.arange(0x80, 0xC0)
 
 

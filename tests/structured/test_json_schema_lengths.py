@@ -1,5 +1,5 @@
-"""`pattern` / `format` together with `minLength` / `maxLength`, and numbers with decimal bounds,
-at the schema level: a document is accepted exactly when `jsonschema` (with its format checker)
+"""Member counts (`minProperties`/`maxProperties`) in any order; `pattern` / `format` together
+with `minLength` / `maxLength`, and numbers with decimal bounds, at the schema level: a document is accepted exactly when `jsonschema` (with its format checker)
 says it is valid, among the texts generation may write (the canonical JSON spelling,
 `ensure_ascii=False`; `pattern`'s `\\d\\w\\s` narrowed to ASCII, see `patterns`)."""
 
@@ -444,3 +444,65 @@ def test_other_strings_regex_excludes_exactly_the_listed_values():
         pattern = re.compile(regex)
         for text, value in texts.items():
             assert bool(pattern.fullmatch(text)) == (value not in excluded), (excluded, text)
+
+
+def test_member_counts_in_any_order_match_jsonschema():
+    # minProperties / maxProperties in any order (the default): random objects of two to four
+    # listed members (some required), closed or with additional members, every subset of
+    # members in every order with up to two additional keys: accepted exactly when jsonschema
+    # validates the document (before, such objects kept the schema's order)
+    rng = random.Random(55)
+    for _ in range(10):
+        names = rng.sample("abcd", rng.randint(2, 4))
+        low = rng.randint(0, 3)
+        schema = {
+            "type": "object",
+            "properties": {n: {"type": "integer"} for n in names},
+            "required": rng.sample(names, rng.randint(0, 1)),
+            "additionalProperties": rng.choice([False, {"type": "string"}]),
+            "minProperties": low,
+        }
+        if rng.random() < 0.7:
+            schema["maxProperties"] = low + rng.randint(0, 2)
+        validator = jsonschema.Draft202012Validator(schema)
+        try:
+            regex = re.compile(json_schema_regex(schema))
+        except UnsupportedSchemaError as e:  # no object fits: none of the documents is valid
+            assert "no JSON value" in str(e)
+            regex = re.compile("(?!)")
+        extras = [{}, {"x": "s"}, {"x": "s", "y": "t"}, {"x": 1}]
+        for k in range(len(names) + 1):
+            for keys in itertools.permutations(names, k):
+                for extra in extras:
+                    document = {**dict.fromkeys(keys, 1), **extra}
+                    for value in (document, dict(reversed(document.items()))):
+                        text = json.dumps(value, separators=(",", ":"))
+                        expected = validator.is_valid(value)
+                        assert bool(regex.fullmatch(text)) == expected, (schema, text, expected)
+
+
+def test_prefix_items_with_counts_match_jsonschema():
+    # `prefixItems` need not be written in full and `items` follow them (outlines-core's
+    # regex required every prefix item and nothing after: `[]` and `[1, "a"]` were refused)
+    for extra in (
+        {"items": {"type": "string"}},
+        {},
+        {"items": False},
+        {"minItems": 1, "maxItems": 3},
+        {"minItems": 3},
+    ):
+        schema = {
+            "type": "array",
+            "prefixItems": [{"type": "integer"}, {"type": "string"}],
+            **extra,
+        }
+        regex = re.compile(json_schema_regex(schema))
+        validator = jsonschema.Draft202012Validator(schema)
+        verdicts = set()
+        for n in range(5):
+            for values in itertools.product([1, "a", None], repeat=n):
+                text = json.dumps(list(values), separators=(",", ":"))
+                expected = validator.is_valid(list(values))
+                assert bool(regex.fullmatch(text)) == expected, (schema, text, expected)
+                verdicts.add(expected)
+        assert verdicts == {True, False}

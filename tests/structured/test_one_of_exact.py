@@ -15,6 +15,7 @@ from functional_gen.structured.automaton import ConstraintError
 from functional_gen.structured.byte_dfa import REJECT, minimize, regex_byte_dfa, trim
 from functional_gen.structured.dfa_operations import (
     canonical_json_dfa,
+    compact_json_dfa,
     exactly_one_dfa,
 )
 from functional_gen.structured.json_schema import (
@@ -22,7 +23,7 @@ from functional_gen.structured.json_schema import (
     json_schema_compile,
     json_schema_regex,
 )
-from functional_gen.structured.patterns import dfa_regex
+from functional_gen.structured.patterns import dfa_regex, intersect_dfas
 
 from .helpers import random_walk
 
@@ -58,6 +59,75 @@ BOUNDARIES = {
     "overlapping_patterns": ["", "a", "b", "ab", "ba", "abc", "axb", "cb", "é", "aéb", "x"],
     "strings_and_constants": ["x", "y", 3, 4, None, True, False, [], {}],
 }
+
+
+OBJECTS = {
+    # `{}` and `{"t": "a", ...}` match both or neither: t required, or t "a" if present
+    "closed_required_vs_const": {
+        "type": "object",
+        "additionalProperties": False,
+        "properties": {"t": {"type": "string"}, "n": {"type": "integer"}},
+        "oneOf": [{"required": ["t"]}, {"properties": {"t": {"const": "a"}}}],
+    },
+    # a count against a required name, three members in any order
+    "count_vs_required": {
+        "type": "object",
+        "additionalProperties": False,
+        "properties": {"a": {"type": "integer"}, "b": {"type": "string"}, "c": {"type": "null"}},
+        "oneOf": [{"minProperties": 2}, {"required": ["a"], "maxProperties": 2}],
+    },
+    # nested: the inner objects of both overlap where they hold one member
+    "nested": {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["p"],
+        "properties": {
+            "p": {
+                "type": "object",
+                "additionalProperties": False,
+                "properties": {"x": {"type": "integer"}, "y": {"type": "boolean"}},
+            }
+        },
+        "oneOf": [
+            {"properties": {"p": {"maxProperties": 1}}},
+            {"properties": {"p": {"required": ["y"]}}},
+        ],
+    },
+    # arrays: integers up to three, or an integer from 2 then strings
+    "arrays": {
+        "oneOf": [
+            {"type": "array", "items": {"type": "integer"}, "maxItems": 3},
+            {
+                "type": "array",
+                "prefixItems": [{"type": "integer", "minimum": 2}],
+                "items": {"type": "string"},
+            },
+        ]
+    },
+}
+
+_MEMBERS = {"t": ["a", "b"], "n": [1], "a": [1], "b": ["s"], "c": [None], "p": [{}]}
+
+
+def _object_boundaries(name):
+    """Every subset of the schema's listed members, in every order, with each listed value
+    (compact texts), and a few arrays."""
+    if name == "arrays":
+        return [[], [1], [5], [1, 2, 3], [1, 2, 3, 4], [5, "x"], [1, "x"], ["x"], [5, "x", "y"]]
+    if name == "nested":
+        inner = {"x": 1, "y": True}
+        return [
+            {"p": {k: inner[k] for k in keys}}
+            for n in range(3)
+            for keys in itertools.permutations(inner, n)
+        ] + [{}]
+    names = list(OBJECTS[name]["properties"])
+    out = []
+    for n in range(len(names) + 1):
+        for keys in itertools.permutations(names, n):
+            for values in itertools.product(*(_MEMBERS[k] for k in keys)):
+                out.append(dict(zip(keys, values)))
+    return out
 
 
 _WEIGHTS = np.full(256, 0.2)
@@ -126,18 +196,43 @@ def test_sampled_documents_match_exactly_one_branch(name):
     assert verdicts == {True, False}  # both sides exercised
 
 
-@pytest.mark.parametrize("name", sorted(BOUNDARIES))
-def test_boundary_values_are_decided_as_jsonschema_does(name):
-    schema = ONE_OF[name]
+def _assert_decided_as_jsonschema(schema, values):
+    """The schema's regex accepts each value's compact text exactly when jsonschema validates
+    it, and both verdicts occur."""
     validator = jsonschema.Draft202012Validator(schema)
     regex = re.compile(json_schema_regex(schema))
     verdicts = set()
-    for value in BOUNDARIES[name]:
+    for value in values:
         text = json.dumps(value, separators=(",", ":"), ensure_ascii=False)
         valid = validator.is_valid(value)
         assert bool(regex.fullmatch(text)) == valid, (text, valid)
         verdicts.add(valid)
     assert verdicts == {True, False}
+
+
+@pytest.mark.parametrize("name", sorted(BOUNDARIES))
+def test_boundary_values_are_decided_as_jsonschema_does(name):
+    _assert_decided_as_jsonschema(ONE_OF[name], BOUNDARIES[name])
+
+
+@pytest.mark.parametrize("name", sorted(OBJECTS))
+def test_overlapping_objects_and_arrays_are_exact_in_any_order(name):
+    # hand-made boundaries: every member subset in every order; then documents sampled from
+    # the exact automaton (all valid) and from the `anyOf` reading (compact ones accepted
+    # exactly when jsonschema says one branch matches)
+    schema = OBJECTS[name]
+    _assert_decided_as_jsonschema(schema, _object_boundaries(name))
+    validator = jsonschema.Draft202012Validator(schema)
+    exact, union = _dfa(schema), _dfa({**schema, "anyOf": schema["oneOf"], "oneOf": [{}]})
+    rng = np.random.default_rng(2)
+    for _ in range(60):
+        text = _sample(exact, rng, soft_limit=40).decode()
+        assert validator.is_valid(_value(text)), text
+    union = trim(intersect_dfas(union, compact_json_dfa(), max_states=10**5))
+    for _ in range(150):  # (both verdicts: the boundaries above)
+        data = _sample(union, rng, soft_limit=40)
+        valid = validator.is_valid(_value(data))
+        assert exact.matches(data) == valid, (data, valid)
 
 
 def test_non_canonical_spellings_of_an_overlap_are_refused():
@@ -197,18 +292,33 @@ def test_overlapping_objects_and_recursion_are_refused_by_name(vocabulary):
     with pytest.raises(UnsupportedSchemaError, match="free-form value") as caught:
         json_schema_regex(open_objects)
     assert "#/oneOf/0" in str(caught.value) and "#/oneOf/1" in str(caught.value)
-    closed = {
+    # closed objects are exact in any order (`OBJECTS`), not when read in the schema's order
+    # only, nor where additional members may repeat a key
+    closed = OBJECTS["closed_required_vs_const"]
+    with pytest.raises(UnsupportedSchemaError, match="objects of #/oneOf/0, #/oneOf/1") as caught:
+        json_schema_regex(closed, property_order="schema")
+    assert "in one order" in str(caught.value)
+    with pytest.raises(UnsupportedSchemaError, match="does not match the empty text"):
+        json_schema_regex(closed, whitespace_pattern="[ ]")  # compact texts: none
+    typed_extras = {**closed, "additionalProperties": {"type": "integer"}}
+    with pytest.raises(UnsupportedSchemaError, match="keys may repeat"):
+        json_schema_regex(typed_extras)
+    listed = {
         "type": "object",
-        "additionalProperties": False,
-        "properties": {"t": {"type": "string"}, "n": {"type": "integer"}},
-        "oneOf": [{"required": ["t"]}, {"properties": {"t": {"const": "a"}}}],
+        "properties": {"n": {"type": "integer"}, "p": {"type": "object"}},
+        "oneOf": [{"properties": {"p": {"const": {"a": 1, "b": 2}}}}, {"required": ["n"]}],
     }
-    with pytest.raises(UnsupportedSchemaError, match="objects of #/oneOf/0, #/oneOf/1"):
-        json_schema_regex(closed)
+    with pytest.raises(UnsupportedSchemaError, match="order of their keys"):
+        json_schema_regex(listed, closed_objects=True)
     recursive = {
         "$defs": {"tree": {"type": "array", "items": {"$ref": "#/$defs/tree"}}},
         "oneOf": [{"$ref": "#/$defs/tree"}, {"type": "array", "maxItems": 1}],
     }
+    # unrolled to a depth, the tree's deeper values would be refused by its automaton
+    with pytest.raises(UnsupportedSchemaError, match="cut at max_recursion_depth"):
+        json_schema_regex(
+            {**recursive, "oneOf": [{"$ref": "#/$defs/tree"}, {"type": "array", "items": False}]}
+        )
     # (its recursion as rules is refused, then unrolled: arrays of both branches overlap)
     with pytest.raises(UnsupportedSchemaError, match="arrays of #/oneOf/0, #/oneOf/1"):
         json_schema_compile(recursive, vocabulary)

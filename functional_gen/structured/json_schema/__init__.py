@@ -28,7 +28,7 @@ nodes, our own regexes where outlines-core's would let invalid documents through
 | `type: [..]` with per-type keywords | keywords of the other types lost | split into `anyOf` |
 | `allOf` | regexes concatenated: invalid JSON | merged into one schema (object members together: each side's `additionalProperties` covers the keys its own `properties`/`patternProperties` leave, `_merge_members`; a later part that lists properties is merged into each branch of an earlier part's `anyOf`/`oneOf`, so a branch's members come first, in the order of the parts, as llguidance writes them, `into_branches`) |
 | `anyOf` beside a branch that allows a whole type (`{"type": "object"}`, annotations only) | every branch kept | the branches whose values are all of that type left out (the same union; one byte could not choose between an open object's value call and another object's string: MaskBench o69208), and not checked for unsupported keywords |
-| `oneOf` | treated as `anyOf` | `anyOf` when the branches are provably disjoint (types, listed discriminators, a property both require whose values cannot be equal, also one level down, a closed object against a required name, `required` also in `allOf`; as llguidance), or made disjoint exactly: finite branches -> the values exactly one lists, a type two branches accept whole taken out, `required`-only branches -> presence choices; else exact where the overlapping values are scalars (`exact_one_of`: per kind of value, the texts exactly one branch's automaton accepts, their canonical spellings only; no other engine enforces `oneOf` exactly: llguidance, XGrammar and outlines treat it as `anyOf`); overlapping objects or arrays, recursive branches and free-form values refused, naming the branches and why |
+| `oneOf` | treated as `anyOf` | `anyOf` when the branches are provably disjoint (types, listed discriminators, a property both require whose values cannot be equal, also one level down, a closed object against a required name, `required` also in `allOf`; as llguidance), or made disjoint exactly: finite branches -> the values exactly one lists, a type two branches accept whole taken out, `required`-only branches -> presence choices; else exact where the overlapping values are regular (`exact_one_of`: per kind of value, the texts exactly one branch's automaton accepts, their canonical spellings only, compact for objects and arrays; objects only where read in any order with no key twice: closed, at most 6 listed members; no other engine enforces `oneOf` exactly: llguidance, XGrammar and outlines treat it as `anyOf`); overlapping objects with additional members or in one order, recursive branches, cut recursion and free-form values refused, naming the branches and why |
 | objects | closed: no property beyond `properties` | open unless `additionalProperties: false` (JSON Schema's default; `closed_objects=True` closes them); `patternProperties` (a key no pattern matches is an additional property: its key language is the complement automaton, written back as a regex, `unmatched_keys`), `propertyNames`, `minProperties`/`maxProperties`, `required` names without a schema (any value) |
 | free-form values (`{}`) | nested 3 levels, a 14,000-character regex that takes minutes to compile | as deep as the stack (default `free_form_depth=None`: a pushdown automaton); nested `free_form_depth` levels for an integer |
 | `enum`/`const` at the top (or in a top-level `allOf` branch) beside other keywords | the other keywords' regexes joined | the enum of the listed values `jsonschema` accepts under the whole schema (`not`, `if`, `contains`, ... exact on them) |
@@ -76,7 +76,7 @@ schema lists its values, against listed values; or a single `if` whose complemen
 unbounded range; `0.01` is "at most two fraction digits", 5 or 2.5 a remainder automaton written
 as a regex, `multiple_terminal`),
 `uniqueItems: true` (for more than one item),
-`unevaluated*`, `oneOf` branches whose objects or arrays overlap, string lengths whose automaton would be too
+`unevaluated*`, `oneOf` branches whose objects or arrays overlap and are not read exactly (`exact_one_of`), string lengths whose automaton would be too
 large (named with its size), the JSON Schema
 formats we lack (`idn-email`, `iri`, ...), `propertyNames` beside `patternProperties` in an open object,
 more than three `dependentRequired` entries in one object (each doubles the alternatives; up to
@@ -130,7 +130,7 @@ llguidance 1.9 reads them (`applicator_first`: `{"anyOf": [..], "properties": {.
 branch's members first, `{"properties": {..}, "anyOf": [..]}` the node's own; its docs call
 this order unstable, MaskBench's documents follow it); additional properties come after the
 listed ones; `format` is enforced;
-`oneOf` becomes `anyOf` only when provably equivalent. Where we differ: overlapping scalar
+`oneOf` becomes `anyOf` only when provably equivalent. Where we differ: overlapping regular
 `oneOf` branches are enforced exactly (llguidance refuses them, or treats them as `anyOf` with
 `coerce_one_of`); unanchored `pattern`s
 are searched (the spec's semantics; llguidance anchors them), and a `format` JSON Schema does

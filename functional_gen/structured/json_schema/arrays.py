@@ -72,7 +72,56 @@ def rewrite_array(rewriter: "Rewriter", node: dict, path: str):
         out.pop("prefixItems", None)
     if "contains" in node:
         return contains(rewriter, node, out, path)
+    if "prefixItems" in out:
+        return prefixed_items(rewriter, out)
     return counted_items(rewriter, out)
+
+
+def prefixed_items(rewriter: "Rewriter", out: dict):
+    """An array `out` (rewritten) with `prefixItems`: our own regex, each prefix item at its
+    position, then `items` (any value when absent, none when `false`), the array ending
+    anywhere its count allows (between `minItems` and `maxItems`: a prefix need not be
+    written in full). outlines-core requires every prefix item and nothing after them
+    (`[]` and `[1, "x"]` refused for `prefixItems: [integer], items: string`). A count from
+    `COUNTED_ITEMS_MIN` records its item's copies in `item_repeats`, as `counted_items`.
+
+    Source: JSON Schema 2020-12 core, section 10.3.1.1-10.3.1.2 (`prefixItems`, `items`)."""
+    ws, sep = rewriter.ws, f"{rewriter.ws},{rewriter.ws}"
+    prefix = [rewriter.regex_of(p) for p in out["prefixItems"]]
+    n, low, high = len(prefix), out.get("minItems", 0), out.get("maxItems")
+    rest = out.get("items")
+    item = None
+    if rest is not False:
+        item = rest if rest is not None else rewriter.any_value()
+        count = max(low, high or 0)
+        if count >= budgets.COUNTED_ITEMS_MIN and not (
+            isinstance(item, Mapping)
+            and set(item) == {"const"}
+            and item["const"] in rewriter.substitutions
+        ):
+            item = rewriter.marker(rewriter.regex_of(item))
+    item_regex = None if item is None else rewriter.regex_of(item)
+
+    def after(k: int) -> str:
+        """The rest of the array after its first `k` elements (`k` at least 1)."""
+        if high is not None and k >= high:
+            return ""
+        if k < n:
+            following = f"{sep}(?:{prefix[k]}){after(k + 1)}"
+        elif item_regex is None:
+            return ""
+        else:  # items only: a counted repeat (`min` reaches no further: counted below)
+            repeat = f"{{{max(0, low - k)},{'' if high is None else high - k}}}"
+            return f"(?:{sep}(?:{item_regex})){repeat}"
+        return following if k < low else f"(?:{following})?"
+
+    first = f"(?:{prefix[0]}){after(1)}"
+    body = first if low > 0 else f"(?:{first})?"
+    array = rewriter.marker(rf"\[{ws}{body}{ws}\]")
+    if item is not None and max(low, high or 0) >= budgets.COUNTED_ITEMS_MIN:
+        copies = max(0, max(low, high or 0) - n - 1)
+        rewriter.item_repeats[array["const"]] = (item["const"], copies)
+    return array
 
 
 def counted_items(rewriter: "Rewriter", out: dict):

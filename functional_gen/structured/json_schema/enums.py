@@ -84,6 +84,14 @@ def canonical(value) -> str:
     return json.dumps(value, sort_keys=True)
 
 
+def _fixed_order(value) -> bool:
+    """Whether `value` is or holds an object of two or more members (`constant_regex` reads
+    them in the value's order only)."""
+    if isinstance(value, Mapping):
+        return len(value) > 1 or any(_fixed_order(v) for v in value.values())
+    return isinstance(value, list) and any(_fixed_order(v) for v in value)
+
+
 def _own_constant(value) -> bool:
     """Whether a constant's JSON text is written by `constant_regex` rather than by
     outlines-core: it is or holds an object (outlines-core leaves keys unescaped) or a number
@@ -126,7 +134,14 @@ def enumeration(rewriter: "Rewriter", node: dict, path: str):
     if any(_own_constant(v) for v in values):
         # outlines-core writes object keys of constants unescaped (`"$a.b"`: `$` an anchor,
         # `.` any character) and numbers in one spelling, so those constants are written here
-        return rewriter.marker("|".join(f"(?:{constant_regex(rewriter, v, path)})" for v in values))
+        marker = rewriter.marker(
+            "|".join(f"(?:{constant_regex(rewriter, v, path)})" for v in values)
+        )
+        if any(_fixed_order(v) for v in values):
+            rewriter.inexact[marker["const"]] = (
+                f"its listed objects at {path} are read in the order of their keys"
+            )
+        return marker
     return {"enum": values} if len(values) > 1 else {"const": values[0]}
 
 

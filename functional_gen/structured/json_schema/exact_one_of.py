@@ -11,11 +11,16 @@ when `jsonschema` validates its value (`5.0` is an integer to `jsonschema`, not 
 regex; `"\\u0061"` is `"a"`). No other engine enforces `oneOf` exactly: llguidance, XGrammar
 and outlines treat it as `anyOf`.
 
-Objects and arrays of two overlapping branches are refused: a branch's automaton reads an
-object's properties in one order and its free-form values to a bounded depth, so a text it
-rejects may still hold a value it admits, and the difference would accept a value that both
-branches match. Recursive branches and free-form values (read by calls of the pushdown form,
-or nested without bound) are not regular and are refused by name.
+Objects and arrays are compared on their compact canonical texts (`compact_json_dfa`: no
+whitespace outside strings, whose spelling the branches' automata may not share): a branch's
+automaton judges such a text as `jsonschema` judges its value when every object in it is
+read in any order of its members and no key twice (`object_regex`'s `exact`: closed objects
+of at most `ANY_ORDER_MAX` listed members in the exact form) and nothing in it is cut. Refused
+by name, per branch: an object read in one order (`property_order="schema"`, the smaller
+forms of larger objects), additional members (their keys may repeat: `{"x": 1, "x": "s"}`
+is `{"x": "s"}`), a listed object constant of two or more keys, a recursive `$ref` cut at
+`max_recursion_depth`, and, as before, recursive branches and free-form values (read by
+calls of the pushdown form, or nested without bound), which are not regular.
 """
 
 import typing
@@ -23,7 +28,7 @@ from collections.abc import Sequence
 
 from ..automaton import ConstraintError
 from ..byte_dfa import minimize, regex_byte_dfa
-from ..dfa_operations import canonical_json_dfa, exactly_one_dfa
+from ..dfa_operations import canonical_json_dfa, compact_json_dfa, exactly_one_dfa
 from ..patterns import dfa_regex, intersect_dfas
 from . import budgets
 from .errors import NoCommonType
@@ -64,11 +69,12 @@ def exact_one_of(
     """
     pieces, refusals = [], []
     for kind in KINDS:
-        parts = []
+        parts, schemas = [], []
         for where, branch in branches:
             part = _kind_part(rewriter, branch, kind, where)
             if part is not NEVER:
                 parts.append((where, part))
+                schemas.append(branch)
         if len(parts) == 1:
             pieces.append(parts[0][1])
         if len(parts) < 2:
@@ -76,22 +82,25 @@ def exact_one_of(
         names = ", ".join(where for where, _ in parts)
         if kind not in _SCALARS:
             reasons: dict[str, list[str]] = {}
-            for where, part in parts:
-                reason = _irregular(rewriter, part)
-                if reason is not None:
+            for (where, part), branch in zip(parts, schemas):
+                for reason in _inexact(rewriter, part, branch):
                     reasons.setdefault(reason, []).append(where)
-            why = "; ".join(f"{', '.join(w)}: {r}" for r, w in reasons.items()) or (
-                "their automata read an object's properties in one order (and free-form values "
-                "to a bounded depth), so a text one rejects may hold a value it admits"
-            )
-            refusals.append(f"{kind}s of {names} overlap and cannot be told apart exactly ({why})")
-            continue
+            if reasons:
+                why = "; ".join(f"{', '.join(w)}: {r}" for r, w in reasons.items())
+                refusals.append(
+                    f"{kind}s of {names} overlap and cannot be told apart exactly ({why})"
+                )
+                continue
+        # objects and arrays: compact texts only, on which no branch's whitespace differs
+        spelling = canonical_json_dfa() if kind in _SCALARS else compact_json_dfa()
         try:
-            dfas = [_automaton(rewriter, where, part) for where, part in parts]
-            exact = exactly_one_dfa(dfas, max_states=budgets.MAX_ONE_OF_STATES)
-            exact = minimize(
-                intersect_dfas(exact, canonical_json_dfa(), max_states=budgets.MAX_ONE_OF_STATES)
-            )
+            dfas = [_spelled(_automaton(rewriter, where, part), spelling) for where, part in parts]
+            dfas = [dfa for dfa in dfas if dfa is not None]
+            if not dfas:
+                continue
+            exact = dfas[0]
+            if len(dfas) > 1:
+                exact = minimize(exactly_one_dfa(dfas, max_states=budgets.MAX_ONE_OF_STATES))
             pieces.append(rewriter.marker(dfa_regex(exact, max_chars=budgets.MAX_ONE_OF_REGEX)))
         except ConstraintError:  # no value of this kind matches exactly one branch
             continue
@@ -134,8 +143,55 @@ def _irregular(rewriter: "Rewriter", part) -> str | None:
     return None
 
 
+def _spelled(dfa, spelling):
+    """The minimal DFA of the texts both `dfa` and `spelling` accept, `None` when none."""
+    try:
+        return minimize(intersect_dfas(dfa, spelling, max_states=budgets.MAX_ONE_OF_STATES))
+    except ConstraintError:
+        return None
+
+
+def _inexact(rewriter: "Rewriter", part, branch) -> list[str]:
+    """Why the automaton of the rewritten object or array `part` (of the branch schema
+    `branch`) may judge a compact, canonically spelled text otherwise than `jsonschema`
+    judges its value: recursion, free-form values (`_irregular`), objects read in one order
+    of their members or with repeatable keys (`Rewriter.inexact`), a recursive `$ref` cut at
+    `max_recursion_depth` (its deeper values refused), whitespace that cannot be empty. An
+    empty list when it judges exactly."""
+    reason = _irregular(rewriter, part)
+    if reason is not None:
+        return [reason]
+    reasons = [
+        rewriter.inexact[m]
+        for m in rewriter.markers(rewriter.regex_of(part))
+        if m in rewriter.inexact
+    ]
+    if _holds_cut(branch):
+        reasons.append(
+            "a recursive `$ref` in it is cut at max_recursion_depth, so deeper values it "
+            "admits are refused"
+        )
+    if not regex_byte_dfa(rewriter.ws).matches(b""):
+        reasons.append(f"the whitespace pattern {rewriter.ws!r} does not match the empty text")
+    return sorted(set(reasons))
+
+
+def _holds_cut(schema) -> bool:
+    """Whether `schema` holds `NEVER` (a recursive `$ref` cut by `inline_references`)."""
+    seen, todo = set(), [schema]
+    while todo:
+        node = todo.pop()
+        if node is NEVER:
+            return True
+        if isinstance(node, (dict, list)) and id(node) not in seen:
+            seen.add(id(node))
+            todo.extend(node.values() if isinstance(node, dict) else node)
+    return False
+
+
 def _automaton(rewriter: "Rewriter", where: str, part):
-    """The minimal byte DFA of the rewritten scalar `part`.
+    """The minimal byte DFA of the rewritten `part` (a scalar, or an object or array that
+    `_inexact` found regular).
 
     **Raises:** `NotRegular` naming `where` when it has none here."""
     reason = _irregular(rewriter, part)

@@ -252,7 +252,7 @@ def rewrite_object(rewriter: "Rewriter", node: dict, path: str):
                 "anyOf", path, f"none of the names {at_least_one} (one is required) is allowed"
             )
     try:
-        regex = object_regex(
+        regex, exact = object_regex(
             items,
             "|".join(extras) if extras else None,
             rewriter.ws,
@@ -272,4 +272,11 @@ def rewrite_object(rewriter: "Rewriter", node: dict, path: str):
         ) from None
     if regex is None:
         return NEVER
-    return rewriter.marker(regex)
+    marker = rewriter.marker(regex)
+    if not exact:
+        rewriter.inexact[marker["const"]] = f"its objects at {path} are read " + (
+            "with additional members, whose keys may repeat"
+            if extras
+            else "in one order of their members, or with a key written twice"
+        )
+    return marker

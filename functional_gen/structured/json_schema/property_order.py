@@ -190,6 +190,102 @@ def unordered_members(
     return None, required_mask == 0 and not group, "schema"
 
 
+@typing.no_type_check  # called per object, helpers nested (see `unordered_members`)
+def counted_members(
+    items,
+    extra: str | None,
+    sep: str,
+    sizes: list[int],
+    budget: int,
+    min_count: int,
+    max_count: int | None,
+) -> tuple[str | None, bool] | None:
+    """The members of an object in any order, their number between `min_count` and
+    `max_count` (`minProperties`/`maxProperties`): `(regex, empty)` as `unordered_members`'
+    exact form (`regex` the non-empty member sequences, `None` when only the empty object
+    fits; `empty`: whether no member at all is allowed), or `None` when it does not fit
+    (more than `ANY_ORDER_MAX` listed items, or the regex, markers expanded, over `budget`
+    characters and `UNORDERED_FACTOR` times the members' own size).
+
+    Exact: every listed item at most once, in any order, and the additional members
+    (`extra`) anywhere. The state is the set of listed items written and the number of
+    additional members written; that number saturates where it stops mattering (at
+    `min_count` when there is no `max_count`, the additional members are then a free
+    repeat). Without additional members the set alone tells the count (`2 ** n` states for
+    `n` items at most); with them and a `max_count` `m`, at most `2 ** n * (m + 1)`.
+
+    Source: JSON Schema 2020-12 validation, sections 6.5.1-6.5.2 (`maxProperties`,
+    `minProperties` count the members whatever their order)."""
+    n = len(items)
+    if n > budgets.ANY_ORDER_MAX:
+        return None
+    required = sum(1 << i for i, (_, r) in enumerate(items) if r)
+    regexes = [r for r, _ in items] + ([extra] if extra is not None else [])
+    limit = max(budget, budgets.UNORDERED_FACTOR * sum(sizes))
+    memo: dict[tuple[int, int], tuple[str, int] | None] = {}
+
+    def key(mask: int, extras: int) -> tuple[int, int]:
+        # without a maximum, additional members beyond the minimum change nothing
+        return (mask, extras if max_count is not None else min(extras, min_count))
+
+    def accepts(mask: int, extras: int) -> bool:
+        return mask & required == required and mask.bit_count() + extras >= min_count
+
+    def moves(mask: int, extras: int) -> list[tuple[int, tuple[int, int]]]:
+        """`(member index, next state)` of each member that may come next (`n`: one
+        additional member)."""
+        count = mask.bit_count() + extras
+        if max_count is not None and count >= max_count:
+            return []
+        out = [(k, key(mask | 1 << k, extras)) for k in range(n) if not mask >> k & 1]
+        free = max_count is None and count >= min_count  # additional members: a repeat
+        if extra is not None and not free:
+            out.append((n, key(mask, extras + 1)))
+        return out
+
+    def joined(pieces: list[tuple[str, int]], optional: bool) -> tuple[str, int]:
+        text = "(?:" + "|".join(f"(?:{t})" for t, _ in pieces) + ")" + ("?" if optional else "")
+        size = sum(z for _, z in pieces) + 3 * len(pieces) + 5
+        if size > limit:
+            raise TooLarge(size)
+        return text, size
+
+    def after(state: tuple[int, int]) -> tuple[str, int] | None:
+        """The rest of the object after the members of `state` (at least one written), and
+        its size with the members' regexes expanded; `None` when nothing valid follows."""
+        if state not in memo:
+            mask, extras = state
+            repeat, repeat_size = "", 0
+            if extra is not None and max_count is None and mask.bit_count() + extras >= min_count:
+                repeat, repeat_size = f"(?:{sep}(?:{extra}))*", sizes[n] + 2 * len(sep) + 9
+            pieces = []
+            for k, target in moves(mask, extras):
+                rest = after(target)
+                if rest is not None:
+                    pieces.append(
+                        (f"{sep}(?:{regexes[k]}){rest[0]}", len(sep) + sizes[k] + rest[1])
+                    )
+            if not pieces:
+                memo[state] = (repeat, repeat_size) if accepts(mask, extras) else None
+            else:
+                text, size = joined(pieces, accepts(mask, extras))
+                memo[state] = (repeat + text, repeat_size + size)
+        return memo[state]
+
+    empty = accepts(0, 0)
+    try:
+        firsts = []
+        for k, target in moves(0, 0):
+            rest = after(target)
+            if rest is not None:
+                firsts.append((f"(?:{regexes[k]}){rest[0]}", sizes[k] + rest[1]))
+        if not firsts:
+            return None, empty
+        return joined(firsts, False)[0], empty
+    except TooLarge:
+        return None
+
+
 def _members_two_orders(items, order, sep: str) -> tuple[str | None, bool]:
     """As `_listed_members`, in two orders: `items` as listed, or permuted by `order` (a list of
     indices into `items`): `(regex, empty)`, the union of the two languages. Each order's
@@ -210,8 +306,8 @@ def object_regex(
     second_order: list[int] | None = None,
     unordered: tuple[list[int], int] | None = None,
     at_least_one: list[int] | None = None,
-) -> str | None:
-    """The regex of an object: `items` (the regex of each listed `"key": value`, and whether it
+) -> tuple[str | None, bool]:
+    """The regex of an object and whether it is exact, `(regex, exact)`: `items` (the regex of each listed `"key": value`, and whether it
     is required) in order, then `extra` (the regex of one additional `"key": value`, or `None`)
     repeated; the number of members between `min_count` and `max_count`. `None` when no
     object fits. Without bounds beyond "at least one member", the listed members are
@@ -224,18 +320,26 @@ def object_regex(
     any order, tracked by `unordered_members`; where that does not fit, as "the first of
     them written is item i" (the items before it in `at_least_one` absent, item i
     required), one object per i (in the listed order, an automaton reading the members in
-    order follows one of them once a name is seen)."""
+    order follows one of them once a name is seen). With bounds (`min_count` over 1 or a
+    `max_count`) in any order, `counted_members` where it fits, else the listed order.
+
+    `exact` says that the regex accepts a text of an object exactly when its value is such
+    an object (up to the spelling of its strings and numbers): every order of the members,
+    no key twice. It is not where additional members may come (a key may repeat), in the
+    listed order of two or more items, or in `unordered_members`' smaller forms; exact
+    `oneOf` needs it (`exact_one_of`)."""
     sep = f"{ws},{ws}"
+    few = len(items) <= 1 and extra is None  # no order, no repeated key
     if at_least_one and not any(items[i][1] for i in at_least_one):
         if unordered is not None and min_count <= 1 and max_count is None:
             sizes, budget = unordered
-            listed, _, _ = unordered_members(
+            listed, _, form = unordered_members(
                 items, extra, sep, sizes, budget, at_least_one=at_least_one
             )
             if listed is not None:
-                return rf"\{{{ws}{listed}{ws}\}}"
+                return rf"\{{{ws}{listed}{ws}\}}", form == "exact" and extra is None
         group = sorted(at_least_one)
-        objects = []
+        objects, exact = [], True
         for k, first in enumerate(group):
             absent = set(group[:k])
             kept = [(r, req or i == first) for i, (r, req) in enumerate(items) if i not in absent]
@@ -245,14 +349,15 @@ def object_regex(
             if unordered is not None:
                 sizes, budget = unordered
                 alone = ([n for i, n in enumerate(sizes) if i not in absent], budget)
-            regex = object_regex(kept, extra, ws, min_count, max_count, unordered=alone)
+            regex, one_exact = object_regex(kept, extra, ws, min_count, max_count, unordered=alone)
             if regex is not None:
                 objects.append(regex)
+                exact = exact and one_exact
         if not objects:
-            return None
-        return (
-            objects[0] if len(objects) == 1 else "(?:" + "|".join(f"(?:{o})" for o in objects) + ")"
-        )
+            return None, True
+        if len(objects) == 1:
+            return objects[0], exact
+        return "(?:" + "|".join(f"(?:{o})" for o in objects) + ")", exact
     if second_order is not None:
         members = lambda items, sep: _members_two_orders(items, second_order, sep)  # noqa: E731
     else:
@@ -306,10 +411,20 @@ def object_regex(
 
     if unordered is not None and min_count <= 1 and max_count is None:
         sizes, budget = unordered
-        listed, empty, _ = unordered_members(items, extra, sep, sizes, budget)
+        listed, empty, form = unordered_members(items, extra, sep, sizes, budget)
         if listed is not None:
             body = f"(?:{listed})?" if empty and not min_count else listed
-            return rf"\{{{ws}{body}{ws}\}}"
+            return rf"\{{{ws}{body}{ws}\}}", form == "exact" and extra is None
+    if unordered is not None and (min_count > 1 or max_count is not None):
+        # bounds on the member count, in any order
+        sizes, budget = unordered
+        counted = counted_members(items, extra, sep, sizes, budget, min_count, max_count)
+        if counted is not None:
+            listed, empty = counted
+            if listed is None:
+                return (rf"\{{{ws}{ws}\}}" if empty else None), True
+            body = f"(?:{listed})?" if empty else listed
+            return rf"\{{{ws}{body}{ws}\}}", extra is None
     if min_count <= 1 and max_count is None and extra is None:
         # no count that matters beyond "at least one": the listed members in linear size
         listed, empty = members(items, sep)
@@ -317,7 +432,7 @@ def object_regex(
             body = None if min_count else ""
         else:
             body = f"(?:{listed})?" if empty and not min_count else listed
-        return None if body is None else rf"\{{{ws}{body}{ws}\}}"
+        return (None if body is None else rf"\{{{ws}{body}{ws}\}}"), few
     if min_count == 0 and max_count is None and extra is not None and items:
         # the usual case, in linear size: the listed members (at least one), then the additional
         # ones, or the additional ones alone when nothing is required
@@ -328,7 +443,7 @@ def object_regex(
         body = "(?:" + "|".join(f"(?:{a})" for a in alternatives) + ")"
     else:
         body = rest(0, 0)
-    return None if body is None else rf"\{{{ws}{body}{ws}\}}"
+    return (None if body is None else rf"\{{{ws}{body}{ws}\}}"), few
 
 
 def second_order(
@@ -374,7 +489,10 @@ PROPERTY_ORDERS = ("any", "schema", "schema_or_required_first")
   required members are tracked (each exactly once, in any order; in the listed order among
   themselves when there are more than `ANY_ORDER_MAX` of them or the regex would exceed the
   budget) and the optional and additional ones may come anywhere, also twice. Objects with
-  `minProperties` over 1 or a `maxProperties` keep the schema order (the count needs it).
+  `minProperties` over 1 or a `maxProperties` count their members in any order
+  (`counted_members`: the set of listed members and the number of additional ones) where
+  they stay within `ANY_ORDER_MAX` listed members and the same budget; beyond, they keep
+  the schema order (a valid document in another order is then refused).
 - `"schema"`: always the order of `properties` (then the additional members), as
   llguidance, outlines and XGrammar generate; smaller automata, but a valid document whose
   members come in another order is refused.

@@ -161,6 +161,10 @@ class Rewriter:
         none."""
         self.dfa_texts: dict[str, ByteDFA] = {}
         """The quoted string DFA of each placeholder of `dfa_terminals`."""
+        self.inexact: dict[str, str] = {}
+        """Markers of objects whose regex may accept the text of an object it does not admit
+        or refuse one it admits (read in one order, a key written twice: `object_regex`'s
+        `exact`), and why: exact `oneOf` cannot tell such branches apart."""
 
     def admits_none(self, keyword: str, path: str, reason: str):
         """`NEVER` for the subschema at `path`, which no value satisfies because of `keyword`
