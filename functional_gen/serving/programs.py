@@ -22,6 +22,7 @@ from ..generation.state import GenerationState
 from ..generation.step import make_step
 from ..models.kv_cache import KVCache
 from ..structured.automaton import INITIAL
+from .mesh import program
 from .pool import (
     ConstraintPool,
     PoolEntry,
@@ -416,13 +417,19 @@ def chunked_prefill(model, cache: KVCache, token_ids, positions, chunk: int):
     return logits, cache
 
 
-generate_jit = eqx.filter_jit(_generate, donate="all-except-first")
-insert_jit = eqx.filter_jit(_insert, donate="all-except-first")
-place_jit = eqx.filter_jit(_place, donate="all-except-first")
-free_jit = eqx.filter_jit(_free, donate="all")
-layout_jit = eqx.filter_jit(_layout)
-narrow_jit = eqx.filter_jit(_narrow)
-widen_jit = eqx.filter_jit(_widen, donate="all")
-compact_jit = eqx.filter_jit(_compact, donate="all")
-prefill_jit = eqx.filter_jit(_prefill)
-prefill_chunk_jit = eqx.filter_jit(_prefill_chunk, donate="all-except-first")
+def engine_program(fn, donate: str = "none"):
+    """`fn` jitted as an engine program: `mesh.program` with the `DecodeState` layout on its
+    outputs when its inputs are on a mesh (`donate`: `eqx.filter_jit`'s)."""
+    return program(fn, donate=donate, state_type=DecodeState)
+
+
+generate_jit = engine_program(_generate, "all-except-first")
+insert_jit = engine_program(_insert, "all-except-first")
+place_jit = engine_program(_place, "all-except-first")
+free_jit = engine_program(_free, "all")
+layout_jit = engine_program(_layout)
+narrow_jit = engine_program(_narrow)
+widen_jit = engine_program(_widen, "all")
+compact_jit = engine_program(_compact, "all")
+prefill_jit = engine_program(_prefill)
+prefill_chunk_jit = engine_program(_prefill_chunk, "all-except-first")
