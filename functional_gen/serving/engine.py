@@ -211,13 +211,21 @@ class Engine:
       as in `fg.generate(..., speculative=...)`. Not with `block_size`; every dispatch then runs
       at `max_slots` (no narrower `decode_widths`), and constrained requests run alone
       (`generate_alone`, without speculation).
+    - `mesh`: `None` (default): the mesh the model's weights are on (`fg.shard`,
+      `fg.load_model(..., mesh=...)`), or one device for an unsharded model. A `("data",
+      "model")` `jax.sharding.Mesh` (`fg.make_mesh`): the model is placed on it (`fg.shard`).
+      On a mesh the decode state has its slots over `"data"` and the cache's key/value heads
+      over `"model"`, and every program keeps that layout (`serving.mesh`); tokens equal one
+      device's.
 
     **Raises:** `ValueError` for a non-positive `max_slots`, `max_len` or `num_steps`, a
     `max_len` beyond the model's context, a `decode_widths` entry that is not an integer in
     `[1, max_slots]`, an unsupported `kv_cache_dtype` (see
     `AbstractCausalLM.with_kv_cache_dtype`), `speculative` with `block_size`, or a proposer the
-    model cannot use (see `generation.speculative.speculative_search`); `TypeError` for a
-    `speculative` that is not a proposer.
+    model cannot use (see `generation.speculative.speculative_search`); on a mesh, `max_slots`
+    not divisible by its `"data"` axis, attention heads not divisible by its `"model"` axis, or
+    `speculative` (`serving.mesh.check_engine_mesh`); `TypeError` for a `speculative` that is
+    not a proposer, or a `mesh` that is not a `jax.sharding.Mesh`.
     """
 
     def __init__(
