@@ -9,6 +9,7 @@ them; see its module docstring for the design.
 """
 
 import dataclasses
+import functools
 import math
 import os
 
@@ -277,6 +278,14 @@ def _narrow(state: DecodeState, rows: Int[Array, " width"]) -> DecodeState:
     return jax.tree.map(lambda x: jnp.take(x, rows, axis=0), state)
 
 
+WIDEN_UNROLL = 8
+"""`_widen` writes up to this many rows back as unrolled in-place row writes; a wider state's
+rows in a `fori_loop` (one write per array in its body), so that the program's size and compile
+time do not grow with the width: unrolled, the 128-row write-back of a 256-slot engine (a tiny
+model, `default_decode_widths(256)`) was still compiling after 9 minutes on the loaded 2-core
+CPU (XLA's in-place analysis over thousands of writes to the same buffers)."""
+
+
 def _widen(
     state: DecodeState, narrow: DecodeState, out: StepOutput, rows: Int[Array, " width"]
 ) -> tuple[DecodeState, StepOutput]:
@@ -287,12 +296,19 @@ def _widen(
     idle, its cache slots from the old index on hold position -1 (an idle slot's step writes
     nothing else there), so its row reads as if it had taken the steps."""
 
-    def put(full, part):
-        for j in range(rows.shape[0]):  # `width` row writes in place (a scatter copies)
-            full = jax.lax.dynamic_update_index_in_dim(full, part[j], rows[j], 0)
-        return full
+    def put(j, full, part):  # one row written in place (a scatter copies)
+        return jax.lax.dynamic_update_index_in_dim(full, part[j], rows[j], 0)
 
-    state = jax.tree.map(put, state, narrow)
+    if rows.shape[0] <= WIDEN_UNROLL:
+        for j in range(rows.shape[0]):
+            state = jax.tree.map(functools.partial(put, j), state, narrow)
+    else:
+        state = jax.lax.fori_loop(
+            0,
+            rows.shape[0],
+            lambda j, full: jax.tree.map(functools.partial(put, j), full, narrow),
+            state,
+        )
     cache = state.generation.cache
     cache = dataclasses.replace(
         cache, length=jnp.full_like(cache.length, narrow.generation.cache.length[0])
