@@ -55,12 +55,13 @@ DEFAULT_RULES: tuple[tuple[str, P], ...] = (
 MESH_AXES = ("data", "model")
 
 
-def make_mesh(data=1, model=None) -> Mesh:
+def make_mesh(data=1, model=None, *, devices=None) -> Mesh:
     """A `("data", "model")` mesh over the available devices, with Auto axis types (GSPMD).
 
     **Arguments:** `data`, `model`: axis sizes, positive integers (Python or numpy; `model`
     defaults to the devices left). Not annotated on purpose: they are checked here, with an
     error that names them (an annotation would let a runtime type checker answer first).
+    `devices`: keyword-only, the devices to lay out (default: all of `jax.devices()`).
 
     **Raises:** `TypeError` naming `data` or `model` when it is not an integer (a bool, a float,
     a string); `ValueError` naming it when it is zero or negative, or when `data * model`
@@ -69,7 +70,8 @@ def make_mesh(data=1, model=None) -> Mesh:
     _check_axis_size("data", data)
     if model is not None:
         _check_axis_size("model", model)
-    n = len(jax.devices())
+    devices = jax.devices() if devices is None else list(devices)
+    n = len(devices)
     if model is None and n % data:
         raise ValueError(f"data={data} does not divide the {n} devices; pass model= too")
     model = n // data if model is None else model
@@ -77,7 +79,7 @@ def make_mesh(data=1, model=None) -> Mesh:
         raise ValueError(f"a mesh of {data} x {model} needs {data * model} devices; there are {n}")
     from jax.sharding import AxisType
 
-    return jax.make_mesh((data, model), MESH_AXES, axis_types=(AxisType.Auto,) * 2)
+    return jax.make_mesh((data, model), MESH_AXES, axis_types=(AxisType.Auto,) * 2, devices=devices)
 
 
 def _check_axis_size(name: str, size) -> None:

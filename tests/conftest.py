@@ -234,6 +234,7 @@ HEAVY_FILES = {
     "tests/models/test_gemma3_270m.py": 81,
     "tests/generation/test_sequence_state.py": 77,
     "tests/test_sharding.py": 75,
+    "tests/serving/test_engine_mesh.py": 120,  # 165 s wall at load ~8, 80 s CPU in its subprocess
     "tests/structured/test_pda.py": 74,
     "tests/models/test_quantization.py": 73,
     "tests/models/test_llama.py": 62,

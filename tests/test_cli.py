@@ -3,6 +3,7 @@
 import importlib.util
 import sys
 
+import jax
 import pytest
 
 from functional_gen import cli
@@ -656,6 +657,8 @@ def test_serve_help_lists_its_options(capsys):
         "--speculative",
         "--draft-model",
         "--speculative-tokens",
+        "--tensor-parallel-size",
+        "--data-parallel-size",
         "--api-key",
         "--precompile",
     ):
@@ -702,6 +705,34 @@ def test_serve_refuses_num_blocks_without_block_size(capsys):
 def test_serve_refuses_speculative_combinations(capsys, argv, message):
     """A draft model without `--speculative draft-model` (or the reverse), and speculation on a
     paged cache, are refused before the model loads, naming the values."""
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["serve", *argv])
+    assert exit_.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (
+            ["--tensor-parallel-size", "2", "--data-parallel-size", "4"],
+            "--tensor-parallel-size 2 --data-parallel-size 4 needs 8 devices; this machine has 1",
+        ),
+        (
+            ["--max-slots", "6", "--data-parallel-size", "4"],
+            "--max-slots 6 is not divisible by --data-parallel-size 4",
+        ),
+        (
+            ["-tp", "2", "--speculative", "prompt-lookup"],
+            "--speculative prompt-lookup with --tensor-parallel-size 2 --data-parallel-size 1",
+        ),
+    ],
+)
+def test_serve_refuses_a_mesh_that_does_not_fit(capsys, argv, message):
+    """Tensor and data parallelism (vLLM's flags) beyond the devices, slots the data-parallel
+    replicas cannot share evenly, and speculation on a mesh are refused before the model loads,
+    naming the flags (this process has one CPU device)."""
+    assert len(jax.devices()) == 1
     with pytest.raises(SystemExit) as exit_:
         cli.main(["serve", *argv])
     assert exit_.value.code == 2

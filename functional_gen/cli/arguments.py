@@ -29,9 +29,10 @@ UNTIL_CONTEXT_ENDS = -1
 """`-n -1`: generate until the end of generation or of the model's context (llama.cpp's)."""
 
 
-def load_model_from_args(args: argparse.Namespace, path=None):
+def load_model_from_args(args: argparse.Namespace, path=None, *, mesh=None):
     """`fg.load_model` of `path` (default `args.model`) with the command's `--dtype`,
-    `--kv-cache-dtype` and `--quantization`, reporting progress on stderr. Returns
+    `--kv-cache-dtype` and `--quantization`, reporting progress on stderr, its weights placed on
+    `mesh` when given (`serve --tensor-parallel-size`). Returns
     `(model, tokenizer)`; raises what `fg.load_model` raises (missing files, unknown
     architecture)."""
     return load_model(
@@ -40,6 +41,7 @@ def load_model_from_args(args: argparse.Namespace, path=None):
         kv_cache_dtype=args.kv_cache_dtype,
         quantization=args.quantization,
         progress=progress.notice,
+        mesh=mesh,
     )
 
 

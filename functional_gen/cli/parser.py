@@ -620,6 +620,24 @@ def serve_options(sub) -> argparse.ArgumentParser:
         help="guesses per step (default: 10 for prompt-lookup, 4 for draft-model)",
     )
     group.add_argument(
+        "--tensor-parallel-size",
+        "-tp",
+        type=_positive_int,
+        default=1,
+        metavar="N",
+        help="split each layer's attention heads and MLP over N devices (tensor parallelism, "
+        'the mesh\'s "model" axis; N must divide the attention heads; default: 1)',
+    )
+    group.add_argument(
+        "--data-parallel-size",
+        "-dp",
+        type=_positive_int,
+        default=1,
+        metavar="M",
+        help='split the slots over M replicas (the mesh\'s "data" axis; M must divide '
+        "--max-slots; M x --tensor-parallel-size devices in all; default: 1)",
+    )
+    group.add_argument(
         "--max-n",
         type=_positive_int,
         default=8,

@@ -7,9 +7,13 @@ says what to install.
 
 import argparse
 
+import jax
+
 from .. import enable_compilation_cache, progress
 from ..loading import DEFAULT_MODEL_NAME
 from ..serving import Engine
+from ..serving.mesh import check_engine_mesh
+from ..sharding import make_mesh
 from ..speculative import DraftModel, PromptLookup
 from .arguments import load_model_from_args
 
@@ -53,9 +57,17 @@ def run_serve(args: argparse.Namespace) -> int:
             f"--speculative {args.speculative} with --block-size {args.block_size}: the paged "
             "engine does not speculate yet"
         )
+    mesh = serve_mesh(args)
     progress.set_quiet(args.quiet)
     enable_compilation_cache()
-    model, tokenizer = load_model_from_args(args)
+    model, tokenizer = load_model_from_args(args, mesh=mesh)
+    if mesh is not None:
+        try:
+            check_engine_mesh(mesh, model, args.max_slots)
+        except ValueError as error:
+            raise ValueError(
+                f"--tensor-parallel-size {args.tensor_parallel_size}: {error}"
+            ) from None
     speculative = None
     k = {} if args.speculative_tokens is None else {"num_tokens": args.speculative_tokens}
     if args.speculative == "prompt-lookup":
@@ -73,6 +85,7 @@ def run_serve(args: argparse.Namespace) -> int:
         block_size=args.block_size,
         num_blocks=args.num_blocks,
         speculative=speculative,
+        mesh=mesh,
     )
     if args.precompile:
         engine.precompile(progress=not args.quiet)
@@ -89,3 +102,33 @@ def run_serve(args: argparse.Namespace) -> int:
         log_level="warning" if args.quiet else "info",
     )
     return 0
+
+
+def serve_mesh(args: argparse.Namespace):
+    """The `("data", "model")` mesh of `--data-parallel-size` x `--tensor-parallel-size` over the
+    first devices (vLLM's flags), or `None` for one device. Checked before the model loads.
+
+    **Raises:** `ValueError` naming the flags: more devices asked for than there are,
+    `--max-slots` not divisible by `--data-parallel-size`, `--speculative` with either (the
+    speculative engine runs on one device)."""
+    tp, dp = args.tensor_parallel_size, args.data_parallel_size
+    if tp * dp == 1:
+        return None
+    flags = f"--tensor-parallel-size {tp} --data-parallel-size {dp}"
+    if args.max_slots % dp:
+        raise ValueError(
+            f"--max-slots {args.max_slots} is not divisible by --data-parallel-size {dp}: each "
+            "data-parallel replica decodes the same number of slots"
+        )
+    if args.speculative is not None:
+        raise ValueError(
+            f"--speculative {args.speculative} with {flags}: the speculative engine runs on one "
+            "device"
+        )
+    devices = jax.devices()
+    if tp * dp > len(devices):
+        raise ValueError(
+            f"{flags} needs {tp * dp} devices; this machine has {len(devices)} "
+            f"({jax.default_backend()})"
+        )
+    return make_mesh(dp, tp, devices=devices[: tp * dp])

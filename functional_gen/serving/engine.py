@@ -62,9 +62,11 @@ from ..generation.state import GenerationState
 from ..models.attention import attention_lengths
 from ..models.base import AbstractCausalLM
 from ..progress import progress_bar
+from ..sharding import check_mesh, mesh_of, shard
 from ..structured.automaton import INITIAL
 from ..tokenization import Prompt, encode_prompt
 from .blocks import Admission
+from .mesh import check_engine_mesh, place_decode_state
 from .orchestrator import Error, Finished, Orchestrator
 from .paged import PagedDecodeState, PagedKV
 from .phases import PhaseTimer
@@ -209,13 +211,21 @@ class Engine:
       as in `fg.generate(..., speculative=...)`. Not with `block_size`; every dispatch then runs
       at `max_slots` (no narrower `decode_widths`), and constrained requests run alone
       (`generate_alone`, without speculation).
+    - `mesh`: `None` (default): the mesh the model's weights are on (`fg.shard`,
+      `fg.load_model(..., mesh=...)`), or one device for an unsharded model. A `("data",
+      "model")` `jax.sharding.Mesh` (`fg.make_mesh`): the model is placed on it (`fg.shard`).
+      On a mesh the decode state has its slots over `"data"` and the cache's key/value heads
+      over `"model"`, and every program keeps that layout (`serving.mesh`); tokens equal one
+      device's.
 
     **Raises:** `ValueError` for a non-positive `max_slots`, `max_len` or `num_steps`, a
     `max_len` beyond the model's context, a `decode_widths` entry that is not an integer in
     `[1, max_slots]`, an unsupported `kv_cache_dtype` (see
     `AbstractCausalLM.with_kv_cache_dtype`), `speculative` with `block_size`, or a proposer the
-    model cannot use (see `generation.speculative.speculative_search`); `TypeError` for a
-    `speculative` that is not a proposer.
+    model cannot use (see `generation.speculative.speculative_search`); on a mesh, `max_slots`
+    not divisible by its `"data"` axis, attention heads not divisible by its `"model"` axis, or
+    `speculative` (`serving.mesh.check_engine_mesh`); `TypeError` for a `speculative` that is
+    not a proposer, or a `mesh` that is not a `jax.sharding.Mesh`.
     """
 
     def __init__(
@@ -236,7 +246,10 @@ class Engine:
         block_size: int | None = None,
         num_blocks: int | None = None,
         speculative=None,
+        mesh=None,
     ):
+        if mesh is not None:
+            check_mesh(mesh)
         if speculative is not None and block_size is not None:
             raise ValueError(
                 f"`speculative`={type(speculative).__name__}(...) with `block_size`={block_size!r}:"
@@ -256,6 +269,15 @@ class Engine:
         ):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"`{name}` must be a positive integer, got {value!r}")
+        if mesh is None:
+            mesh = mesh_of(model)
+        if mesh is not None:
+            check_engine_mesh(mesh, model, max_slots, speculative)
+            if mesh_of(model) != mesh:
+                model = shard(model, mesh)
+        self.mesh = mesh
+        """The `("data", "model")` mesh the engine runs on (`mesh`, or that of a model sharded
+        with `fg.shard`), or `None` on one device."""
         limit = model.max_position_embeddings
         if limit is not None and max_len > limit:
             raise ValueError(
@@ -364,9 +386,10 @@ class Engine:
             search_state=None if self.speculation is None else self.speculation.init(slots),
         )
         pool = ConstraintPool.empty(slots, vocab, self.constraint_states, self.constraint_classes)
+        state = DecodeState(gen, params, pool)
         if self.paged is not None:
-            return self.paged.init_state(DecodeState(gen, params, pool))
-        return DecodeState(gen, params, pool)
+            state = self.paged.init_state(state)
+        return state if self.mesh is None else place_decode_state(state, self.mesh)
 
     def request(self, token_ids: Sequence[int], max_new_tokens: int, **sampling) -> Request:
         """A validated `Request` (see its attributes for `sampling`).

@@ -44,7 +44,7 @@ from jaxtyping import Array, Bool, Float, Int
 
 from ..models.kv_cache import KVCache
 from .blocks import Admission, BlockAllocator
-from .programs import DecodeState, Prefix, _generate, _with_prefix, chunked_prefill
+from .programs import DecodeState, Prefix, _generate, _with_prefix, chunked_prefill, engine_program
 
 
 class PagedCache(eqx.Module):
@@ -195,9 +195,9 @@ def _gather_row(paged: PagedCache, row: Int[Array, " max_blocks"], cached, width
     return gather(paged, row[None], cached[None], width)
 
 
-paged_generate_jit = eqx.filter_jit(_paged_generate, donate="all-except-first")
-paged_insert_jit = eqx.filter_jit(_paged_insert, donate="all-except-first")
-gather_row_jit = eqx.filter_jit(_gather_row)
+paged_generate_jit = engine_program(_paged_generate, "all-except-first")
+paged_insert_jit = engine_program(_paged_insert, "all-except-first")
+gather_row_jit = engine_program(_gather_row)
 
 
 class PagedKV:

@@ -9,6 +9,7 @@ them; see its module docstring for the design.
 """
 
 import dataclasses
+import functools
 import math
 import os
 
@@ -22,6 +23,7 @@ from ..generation.state import GenerationState
 from ..generation.step import make_step
 from ..models.kv_cache import KVCache
 from ..structured.automaton import INITIAL
+from .mesh import program
 from .pool import (
     ConstraintPool,
     PoolEntry,
@@ -276,6 +278,14 @@ def _narrow(state: DecodeState, rows: Int[Array, " width"]) -> DecodeState:
     return jax.tree.map(lambda x: jnp.take(x, rows, axis=0), state)
 
 
+WIDEN_UNROLL = 8
+"""`_widen` writes up to this many rows back as unrolled in-place row writes; a wider state's
+rows in a `fori_loop` (one write per array in its body), so that the program's size and compile
+time do not grow with the width: unrolled, the 128-row write-back of a 256-slot engine (a tiny
+model, `default_decode_widths(256)`) was still compiling after 9 minutes on the loaded 2-core
+CPU (XLA's in-place analysis over thousands of writes to the same buffers)."""
+
+
 def _widen(
     state: DecodeState, narrow: DecodeState, out: StepOutput, rows: Int[Array, " width"]
 ) -> tuple[DecodeState, StepOutput]:
@@ -286,12 +296,19 @@ def _widen(
     idle, its cache slots from the old index on hold position -1 (an idle slot's step writes
     nothing else there), so its row reads as if it had taken the steps."""
 
-    def put(full, part):
-        for j in range(rows.shape[0]):  # `width` row writes in place (a scatter copies)
-            full = jax.lax.dynamic_update_index_in_dim(full, part[j], rows[j], 0)
-        return full
+    def put(j, full, part):  # one row written in place (a scatter copies)
+        return jax.lax.dynamic_update_index_in_dim(full, part[j], rows[j], 0)
 
-    state = jax.tree.map(put, state, narrow)
+    if rows.shape[0] <= WIDEN_UNROLL:
+        for j in range(rows.shape[0]):
+            state = jax.tree.map(functools.partial(put, j), state, narrow)
+    else:
+        state = jax.lax.fori_loop(
+            0,
+            rows.shape[0],
+            lambda j, full: jax.tree.map(functools.partial(put, j), full, narrow),
+            state,
+        )
     cache = state.generation.cache
     cache = dataclasses.replace(
         cache, length=jnp.full_like(cache.length, narrow.generation.cache.length[0])
@@ -416,13 +433,19 @@ def chunked_prefill(model, cache: KVCache, token_ids, positions, chunk: int):
     return logits, cache
 
 
-generate_jit = eqx.filter_jit(_generate, donate="all-except-first")
-insert_jit = eqx.filter_jit(_insert, donate="all-except-first")
-place_jit = eqx.filter_jit(_place, donate="all-except-first")
-free_jit = eqx.filter_jit(_free, donate="all")
-layout_jit = eqx.filter_jit(_layout)
-narrow_jit = eqx.filter_jit(_narrow)
-widen_jit = eqx.filter_jit(_widen, donate="all")
-compact_jit = eqx.filter_jit(_compact, donate="all")
-prefill_jit = eqx.filter_jit(_prefill)
-prefill_chunk_jit = eqx.filter_jit(_prefill_chunk, donate="all-except-first")
+def engine_program(fn, donate: str = "none"):
+    """`fn` jitted as an engine program: `mesh.program` with the `DecodeState` layout on its
+    outputs when its inputs are on a mesh (`donate`: `eqx.filter_jit`'s)."""
+    return program(fn, donate=donate, state_type=DecodeState)
+
+
+generate_jit = engine_program(_generate, "all-except-first")
+insert_jit = engine_program(_insert, "all-except-first")
+place_jit = engine_program(_place, "all-except-first")
+free_jit = engine_program(_free, "all")
+layout_jit = engine_program(_layout)
+narrow_jit = engine_program(_narrow)
+widen_jit = engine_program(_widen, "all")
+compact_jit = engine_program(_compact, "all")
+prefill_jit = engine_program(_prefill)
+prefill_chunk_jit = engine_program(_prefill_chunk, "all-except-first")

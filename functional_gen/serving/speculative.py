@@ -63,7 +63,7 @@ from ..models.base import AbstractCausalLM
 from ..models.kv_cache import KVCache
 from ..speculative.cache import compact
 from ..speculative.proposers import AbstractProposer
-from .programs import DecodeState, StepOutput, _step
+from .programs import DecodeState, StepOutput, _step, engine_program
 
 
 class EngineSpeculation(eqx.Module):
@@ -202,6 +202,6 @@ def _generate(
     return DecodeState(gen, state.params, state.pool), out
 
 
-generate_jit = eqx.filter_jit(_generate, donate="all-except-first")
-reset_jit = eqx.filter_jit(_reset, donate="all-except-first")
-squeeze_jit = eqx.filter_jit(_squeeze, donate="all")
+generate_jit = engine_program(_generate, "all-except-first")
+reset_jit = engine_program(_reset, "all-except-first")
+squeeze_jit = engine_program(_squeeze, "all")

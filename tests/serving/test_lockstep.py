@@ -263,6 +263,24 @@ def test_narrow_dispatches_match_alone(tiny_gemma, monkeypatch, widths):
     assert (lengths == lengths[0]).all()  # the shared write index moved for every slot
 
 
+def test_a_wide_narrow_dispatch_is_written_back_in_a_loop(tiny_gemma):
+    """A narrower width above `programs.WIDEN_UNROLL` (16 of 24 slots) writes its rows back in a
+    `fori_loop` instead of unrolled writes: requests in scattered slots (the width padded with
+    idle ones) get `fg.generate`'s tokens alone."""
+    from functional_gen.serving.programs import WIDEN_UNROLL
+
+    model, tokenizer = tiny_gemma
+    engine = fg.serving.Engine(model, tokenizer, max_slots=24, max_len=48, decode_widths=(16,))
+    assert WIDEN_UNROLL < 16
+    schedule = [
+        (0, 21, engine.request(prompt(5, 40), 12)),
+        (1, 3, engine.request(prompt(9, 41), 9)),
+    ]
+    for (_, _, request), (tokens, _) in zip(schedule, serve(engine, schedule)):
+        want, _ = alone(model, tokenizer, list(request.token_ids), request.max_new_tokens)
+        assert tokens == want
+
+
 @pytest.mark.parametrize("widths", [(0,), (5,), (True,)])
 def test_decode_widths_are_checked(tiny_gemma, widths):
     """`decode_widths` entries must be integers in `[1, max_slots]`: the bad one is named."""
