@@ -26,6 +26,7 @@ import equinox as eqx
 import jax
 from jax.sharding import AbstractMesh, Mesh, NamedSharding, PartitionSpec as P
 
+from ..models.base import AbstractCausalLM
 from ..sharding import _put, mesh_of
 
 
@@ -121,7 +122,14 @@ def program(fn, *, donate: str = "none", state_type: type):
     (the engine's `DecodeState`) in its output constrained to the decode-state layout
     (`constrain_decode_state`). The mesh is that of the first array of the arguments placed on
     one (`sharding.mesh_of`: the sharded model or the placed decode state), passed to the
-    compiled program as a static argument; `None` (one device) leaves `fn` as it is."""
+    compiled program as a static argument; `None` (one device) leaves `fn` as it is.
+
+    When the first argument is a model (`AbstractCausalLM`, or a tuple that starts with one: the
+    speculative dispatch's `(model, speculation)`), the program is compiled with its
+    per-program XLA options (`compiler_options`, from its `ExecutionPlan`: the GPU plan's
+    command buffers for `while` and conditionals, so that a decode dispatch's loop runs as CUDA
+    graphs, as `fg.generate`'s program does): one jitted function per distinct set of options,
+    kept in `call.programs` (options -> jitted function)."""
 
     def constrained(*args, mesh=None):
         out = fn(*args)
@@ -132,10 +140,19 @@ def program(fn, *, donate: str = "none", state_type: type):
             lambda x: constrain_decode_state(x, mesh) if is_state(x) else x, out, is_leaf=is_state
         )
 
-    jitted = eqx.filter_jit(constrained, donate=donate)
+    programs: dict[tuple[tuple[str, str], ...], object] = {}
 
     @functools.wraps(fn)
     def call(*args):
+        first = args[0] if args else None
+        if isinstance(first, tuple) and first:
+            first = first[0]
+        options = first.compiler_options if isinstance(first, AbstractCausalLM) else ()
+        jitted = programs.get(options)
+        if jitted is None:
+            extra = {"compiler_options": dict(options)} if options else {}
+            jitted = programs[options] = eqx.filter_jit(constrained, donate=donate, **extra)
         return jitted(*args, mesh=mesh_of(args))
 
+    call.programs = programs
     return call

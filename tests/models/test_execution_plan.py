@@ -355,3 +355,30 @@ def test_stream_steps_compile_with_the_plans_compiler_options():
     assert calls and set(calls) == {GPU.compiler_options}
     assert program.step_program(()) is not program.step_program(GPU.compiler_options)
     np.testing.assert_array_equal(stream.result.token_ids, expected)
+
+
+def test_serving_engine_programs_compile_with_the_plans_compiler_options():
+    """The serving engine's programs that take the model (prefill, the decode dispatch) are
+    compiled with the plan's per-program options (`serving.mesh.program`: one jitted function
+    per set of options), and the engine under the GPU plan serves the CPU plan's greedy tokens."""
+    import functional_gen as fg
+    from functional_gen.serving import programs
+
+    from ..helpers import tiny_tokenizer
+
+    model = tiny("llama-llama3-rope")
+    tokenizer = tiny_tokenizer(model.config.vocab_size)
+    ids = [5, 17, 3, 40, 9]
+    expected = fg.generate(model, tokenizer, "t5 t17 t3 t40 t9", max_new_tokens=6, eos_token_id=())
+    engine = fg.serving.Engine(model.with_plan(GPU), tokenizer, max_slots=2, max_len=32)
+    state = engine.init_decode_state()
+    state = engine.insert(engine.prefill(engine.request(ids, 6, temperature=0)), state, 0)
+    tokens = []
+    while len(tokens) < 6:
+        state, out = engine.generate(state)
+        tokens += [t for t in out.token_ids[:, 0].tolist() if t >= 0]
+    assert tokens[:6] == np.asarray(expected.token_ids[0]).tolist()
+    for jitted in (programs.prefill_jit, programs.generate_jit):
+        assert GPU.compiler_options in jitted.programs, jitted.__name__
+    # programs without the model (the slot writes) need no options
+    assert set(programs.insert_jit.programs) == {()}
