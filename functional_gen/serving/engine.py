@@ -720,15 +720,17 @@ class Engine:
         jobs = [*lengths, None]
         for n in progress_bar(jobs, desc="compiling", unit="shape") if progress else jobs:
             if n == "blocks":  # a chunk alone, a mixed dispatch, the insert after them
-                self.paged.allocator.prefix_caching = False
+                paged = self.paged
+                counts = paged.chunks_alone, paged.chunks_mixed
+                paged.allocator.prefix_caching = False
                 request = self.request([0] * (self.prefill_chunk + 1), 1)
                 prefill = self.block_prefill(request, self.admit(request, 0))
                 state = self.run_chunk(state, prefill)
                 state, _ = self.generate(state, prefill=prefill)
                 state = self.free(self.insert(self.block_prefix(prefill), state, 0), 0)
                 self.release(0)
-                self.paged.allocator.prefix_caching = True
-                self.paged.chunks_alone = self.paged.chunks_mixed = 0
+                paged.allocator.prefix_caching = True
+                paged.chunks_alone, paged.chunks_mixed = counts  # requests' chunks only
             elif n is None:
                 s, c = self.constraint_states, self.constraint_classes
                 entry = PoolEntry(
