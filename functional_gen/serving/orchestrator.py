@@ -330,7 +330,10 @@ class Orchestrator:
         """Prefill chunks of queued requests, inserted into free slots as they complete, while
         slots are free and this turn's prefill tokens stay within `prefill_budget` (the first
         chunk of a turn always runs: a prompt longer than the budget still gets one chunk;
-        while no slot decodes, nobody waits for the prefills, and the budget does not apply)."""
+        while no slot decodes, nobody waits for the prefills, and the budget does not apply).
+        A `BlockPrefill` (paged cache, a prompt longer than a chunk) runs its chunks here only
+        while no slot decodes; else each rides in a dispatch, and it is inserted in the turn
+        after its last chunk."""
         spent, decoding = 0, self.busy_slots  # slots whose streams wait for this turn
         while None in self._slots:
             if self._prefilling is None:
