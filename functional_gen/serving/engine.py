@@ -38,7 +38,10 @@ its prefill and `release` returns them.
 **Shapes.** Prompts are left-padded to `bucket_length` (as `generate` pads them, so the prefill
 computes the same logits), prompts longer than `prefill_chunk` are prefilled in chunks of
 `prefill_chunk` tokens (`prefill_chunks`, so a long prompt does not hold up the other streams
-for its whole prefill). After `precompile()`, no request shape compiles anything new.
+for its whole prefill); with a paged cache they go straight into the slot's blocks, each chunk
+inside the next decode dispatch while other slots decode (`block_prefill`, `mixed_prefill`,
+docs/serving.md "Chunked prefill mixed with decode"). After `precompile()`, no request shape
+compiles anything new.
 
 **Seeds.** A request with `seed=s` samples with the key `fold_in(jax.random.key(s), 0)`: the key
 `generate(..., key=jax.random.key(s))` gives its first row, so a one-prompt `generate` call and the
@@ -68,7 +71,7 @@ from ..tokenization import Prompt, encode_prompt
 from .blocks import Admission
 from .mesh import check_engine_mesh, place_decode_state
 from .orchestrator import Error, Finished, Orchestrator
-from .paged import PagedDecodeState, PagedKV
+from .paged import BlockPrefill, PagedDecodeState, PagedKV
 from .phases import PhaseTimer
 from .pool import (
     DEFAULT_POOL_CLASSES,
@@ -217,8 +220,16 @@ class Engine:
       On a mesh the decode state has its slots over `"data"` and the cache's key/value heads
       over `"model"`, and every program keeps that layout (`serving.mesh`); tokens equal one
       device's.
+    - `mixed_prefill`: with `block_size`, a prompt whose uncached part is longer than
+      `prefill_chunk` is prefilled chunk by chunk straight into its slot's blocks, each chunk
+      inside the next decode dispatch while other slots decode (ONE compiled program, vLLM's
+      chunked prefill; `block_prefill`, `serving.paged.BlockPrefill`), on its own while none
+      does. Default `True`; `False` prefills it into a row of its own between dispatches, as the
+      lockstep engine always does (it has no fixed-shape place for a chunk in its state). The
+      tokens are the same either way.
 
     **Raises:** `ValueError` for a non-positive `max_slots`, `max_len` or `num_steps`, a
+    `mixed_prefill` that is not a bool, a
     `max_len` beyond the model's context, a `decode_widths` entry that is not an integer in
     `[1, max_slots]`, an unsupported `kv_cache_dtype` (see
     `AbstractCausalLM.with_kv_cache_dtype`), `speculative` with `block_size`, or a proposer the
@@ -247,7 +258,10 @@ class Engine:
         num_blocks: int | None = None,
         speculative=None,
         mesh=None,
+        mixed_prefill: bool = True,
     ):
+        if not isinstance(mixed_prefill, bool):
+            raise ValueError(f"`mixed_prefill` must be True or False, got {mixed_prefill!r}")
         if mesh is not None:
             check_mesh(mesh)
         if speculative is not None and block_size is not None:
@@ -304,6 +318,7 @@ class Engine:
         self.max_len = max_len
         self.num_steps = num_steps
         self.prefill_chunk = prefill_chunk
+        self.mixed_prefill = mixed_prefill
         self.constraint_states = constraint_states
         self.constraint_classes = constraint_classes
         if isinstance(top_logprobs, bool) or not isinstance(top_logprobs, int) or top_logprobs < 0:
@@ -529,6 +544,30 @@ class Engine:
             raise ValueError("`admit` needs a paged KV cache (`Engine(block_size=...)`)")
         return self.paged.admit(request, slot)
 
+    def block_prefill(self, request: Request, admission: Admission) -> BlockPrefill | None:
+        """Paged cache with `mixed_prefill`: a `BlockPrefill` for `request` (admitted by `admit`)
+        when its uncached prompt is longer than `prefill_chunk`, else `None` (prefill it with
+        `prefill_chunks`). Run its chunks with `run_chunk` or inside `generate(...,
+        prefill=...)`, then `insert(block_prefix(prefill), ...)`.
+
+        **Raises:** `ValueError` without a paged cache."""
+        if self.paged is None:
+            raise ValueError("`block_prefill` needs a paged KV cache (`Engine(block_size=...)`)")
+        return self.paged.block_prefill(self, request, admission)
+
+    def run_chunk(self, decode_state: PagedDecodeState, prefill: BlockPrefill) -> PagedDecodeState:
+        """The next chunk of `prefill` on its own, into its slot's blocks (`decode_state` is
+        donated). **Raises:** `ValueError` when no chunk is left."""
+        if not prefill.pending:
+            raise ValueError(f"all {prefill.num_chunks} prefill chunks have run")
+        return self.paged.run_chunk(decode_state, prefill)
+
+    def block_prefix(self, prefill: BlockPrefill) -> Prefix:
+        """The `Prefix` to `insert` after every chunk of `prefill` ran (`PagedKV.prefix`).
+
+        **Raises:** `ValueError` while chunks are left."""
+        return self.paged.prefix(self, prefill)
+
     def release(self, slot: int) -> None:
         """Paged cache only: the request in `slot` ended; its blocks return to the pool (a
         no-op for the lockstep cache)."""
@@ -585,7 +624,12 @@ class Engine:
         return free_jit(decode_state, jnp.asarray(slot, jnp.int32))
 
     def generate(
-        self, decode_state: DecodeState, num_steps: int | None = None, *, until_finish=False
+        self,
+        decode_state: DecodeState,
+        num_steps: int | None = None,
+        *,
+        until_finish=False,
+        prefill: BlockPrefill | None = None,
     ):
         """Run up to `num_steps` decode steps (default `self.num_steps`) in ONE dispatch
         (a `lax.while_loop`, left early when every slot is done, and with `until_finish=True`
@@ -599,9 +643,12 @@ class Engine:
         `num_steps` beyond what the busy slots leave free) runs fewer steps, the rest of its
         output `-1`. When the busy slots fit a narrower width of `decode_widths`, the dispatch
         runs that width's program on their rows (gathered, then written back); the output still
-        has a column per slot.
+        has a column per slot. With `prefill` (paged cache: a `BlockPrefill` with chunks left),
+        its next chunk runs first in the same compiled program (the mixed dispatch).
 
         **Arguments:** `decode_state` (donated).
+
+        **Raises:** `ValueError` for a `prefill` without a paged cache or with no chunk left.
 
         **Returns:** `(decode_state, output)`, `output` a `StepOutput` (`output.token_ids:
         Int[Array, "steps batch"]`, the token each slot took at each step, `-1` where none).
@@ -609,8 +656,10 @@ class Engine:
         n = self.num_steps if num_steps is None else num_steps
         timer, clock = self.timer, time.perf_counter
         start = clock()
+        if prefill is not None and (self.paged is None or not prefill.pending):
+            raise ValueError("`prefill` needs a paged KV cache and a BlockPrefill with chunks left")
         if self.paged is not None:
-            out = self.paged.generate(self, decode_state, n, until_finish)
+            out = self.paged.generate(self, decode_state, n, until_finish, prefill)
             return timer.add("dispatch", start, out)
         layout, done = timer.add(
             "layout",
@@ -686,11 +735,26 @@ class Engine:
             widths.append(w)
             w = bucket_length(w + 1)
         chunked = list(range(2 * self.prefill_chunk, self.max_len, self.prefill_chunk))
+        blocks = self.paged is not None and self.mixed_prefill
+        if blocks:  # long prompts go into their blocks: two programs of fixed shapes
+            chunked = ["blocks"] if chunked else []
         lengths = widths + chunked
         state = self.init_decode_state()
         jobs = [*lengths, None]
         for n in progress_bar(jobs, desc="compiling", unit="shape") if progress else jobs:
-            if n is None:
+            if n == "blocks":  # a chunk alone, a mixed dispatch, the insert after them
+                paged = self.paged
+                counts = paged.chunks_alone, paged.chunks_mixed
+                paged.allocator.prefix_caching = False
+                request = self.request([0] * (self.prefill_chunk + 1), 1)
+                prefill = self.block_prefill(request, self.admit(request, 0))
+                state = self.run_chunk(state, prefill)
+                state, _ = self.generate(state, prefill=prefill)
+                state = self.free(self.insert(self.block_prefix(prefill), state, 0), 0)
+                self.release(0)
+                paged.allocator.prefix_caching = True
+                paged.chunks_alone, paged.chunks_mixed = counts  # requests' chunks only
+            elif n is None:
                 s, c = self.constraint_states, self.constraint_classes
                 entry = PoolEntry(
                     token_class=np.zeros((self.model.vocab_size,), np.int32),

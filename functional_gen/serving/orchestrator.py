@@ -8,8 +8,11 @@ ONE background thread owns the device and the decode state. Each turn of its loo
    tokens per turn (`Engine.prefill_chunk` by default; several short prompts fill several
    free slots in one turn, so the next dispatch decodes them all; a prompt longer than
    `Engine.prefill_chunk` takes several turns, with decode dispatches between them, so the
-   other streams keep going), then `insert`,
-3. runs `generate` (`Engine.num_steps` steps in one dispatch) when any slot is busy (while
+   other streams keep going; with a paged cache such a prompt is an `Engine.block_prefill`,
+   whose chunks run inside the decode dispatches while slots decode, on their own while none
+   does), then `insert`,
+3. runs `generate` (`Engine.num_steps` steps in one dispatch, carrying the next chunk of a
+   `BlockPrefill` in progress: `Engine.generate(prefill=...)`) when any slot is busy (while
    requests wait, the dispatch ends after the step in which a slot finishes, so that the next
    turn admits into it: `Engine.generate(until_finish=True)`), and
 4. turns each slot's new tokens into text pieces (`IncrementalDecoder`: never half a UTF-8
@@ -35,6 +38,7 @@ import jax
 from ..generation.state import FINISH_REASONS
 from ..generation.stop_strings import truncate_at_stop
 from ..tokenization import IncrementalDecoder
+from .paged import BlockPrefill
 from .phases import PhaseTimer
 from .pool import PoolEntry
 
@@ -282,7 +286,9 @@ class Orchestrator:
                 # while requests wait, the dispatch ends as soon as a slot frees for them;
                 # `generate` times "layout", "compact", "dispatch"
                 waiting = bool(self._queue) or self._prefilling is not None
-                state, out = engine.generate(state, until_finish=waiting)
+                chunks = self._prefilling[1] if self._prefilling is not None else None
+                mixed = chunks if isinstance(chunks, BlockPrefill) and chunks.pending else None
+                state, out = engine.generate(state, until_finish=waiting, prefill=mixed)
                 start = clock()
                 out = timer.add("transfer", start, jax.device_get(out))  # one per dispatch
                 if out.verified is not None:  # speculative decoding's counts
@@ -324,7 +330,10 @@ class Orchestrator:
         """Prefill chunks of queued requests, inserted into free slots as they complete, while
         slots are free and this turn's prefill tokens stay within `prefill_budget` (the first
         chunk of a turn always runs: a prompt longer than the budget still gets one chunk;
-        while no slot decodes, nobody waits for the prefills, and the budget does not apply)."""
+        while no slot decodes, nobody waits for the prefills, and the budget does not apply).
+        A `BlockPrefill` (paged cache, a prompt longer than a chunk) runs its chunks here only
+        while no slot decodes; else each rides in a dispatch, and it is inserted in the turn
+        after its last chunk."""
         spent, decoding = 0, self.busy_slots  # slots whose streams wait for this turn
         while None in self._slots:
             if self._prefilling is None:
@@ -343,11 +352,24 @@ class Orchestrator:
                             self._queue.appendleft(handle)
                         return state
                     self._paged_slot = slot
-                    chunks = self.engine.prefill_chunks(handle.request, admission, state)
+                    chunks = self.engine.block_prefill(handle.request, admission)
+                    if chunks is None:
+                        chunks = self.engine.prefill_chunks(handle.request, admission, state)
                     self._prefilling = (handle, chunks)
                 else:
                     self._prefilling = (handle, self.engine.prefill_chunks(handle.request))
             handle, chunks = self._prefilling
+            if isinstance(chunks, BlockPrefill):  # into its blocks; mixed while slots decode
+                if chunks.pending:
+                    if decoding:  # this turn's dispatch carries the next chunk
+                        return state
+                    state = self.engine.run_chunk(state, chunks)
+                    continue
+                self._prefilling = None
+                slot = self._paged_slot
+                state = self.engine.insert(self.engine.block_prefix(chunks), state, slot)
+                state = self._started(handle, state, slot)
+                continue
             width = self.engine.prefill_width(len(handle.request.token_ids))
             cost = min(width, self.engine.prefill_chunk)  # this chunk's tokens
             if spent and spent + cost > self.prefill_budget and decoding:
@@ -366,9 +388,14 @@ class Orchestrator:
             self._prefilling = None
             slot = self._slots.index(None) if self.engine.paged is None else self._paged_slot
             state = self.engine.insert(prefix, state, slot)
-            if handle.entry is not None:
-                state = self.engine.place(handle.entry, state, slot)
-            self._slots[slot] = _Slot(handle, self.engine.tokenizer, self._eos)
+            state = self._started(handle, state, slot)
+        return state
+
+    def _started(self, handle: Handle, state, slot: int):
+        """After `handle`'s `insert` into `slot`: its constraint placed, its slot busy."""
+        if handle.entry is not None:
+            state = self.engine.place(handle.entry, state, slot)
+        self._slots[slot] = _Slot(handle, self.engine.tokenizer, self._eos)
         return state
 
     def _run_alone(self, handle: Handle) -> None:

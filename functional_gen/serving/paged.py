@@ -31,6 +31,14 @@ the cached blocks are gathered into a one-row cache (`gather_row`) and the rest 
 runs over it in chunks (`programs._prefill_chunk`), as a long prompt does; `insert` scatters only
 the new positions (the shared blocks are never written). This is where prefix caching saves
 prefill time (vLLM's automatic prefix caching).
+
+**Mixed prefill.** With `Engine(mixed_prefill=True)` (the default), a prompt whose uncached part
+is longer than `prefill_chunk` is a `BlockPrefill` instead: each chunk gathers the slot's
+written positions through its table row, runs over them and scatters its keys and values into
+the slot's blocks (`_paged_chunk`, one fixed shape for every prompt length), either alone or
+first thing inside a decode dispatch (`_paged_mixed`, vLLM's chunked prefill). The slot is idle
+(`done`) in the decode state until its `insert`, so the decode steps read none of its blocks and
+write none (an idle row's keys go to position `-1`, dropped by `scatter`).
 """
 
 import dataclasses
@@ -195,9 +203,99 @@ def _gather_row(paged: PagedCache, row: Int[Array, " max_blocks"], cached, width
     return gather(paged, row[None], cached[None], width)
 
 
+def _paged_chunk(
+    model,
+    state: PagedDecodeState,
+    tables: Int[Array, "slots max_blocks"],
+    slot: Int[Array, ""],
+    token_ids: Int[Array, "1 seq"],
+    positions: Int[Array, "1 seq"],
+    written: Int[Array, ""],
+) -> tuple[PagedDecodeState, Float[Array, " vocab"]]:
+    """One prefill chunk of the request admitted into `slot`, straight into its blocks
+    (`tables`: the allocator's block tables, which become the state's): the slot's first `written` positions gathered through its table row (`gather`, the chunk's
+    `seq` columns after them), the model run over `token_ids` / `positions` (left padding at
+    position `-1`), and the chunk's keys and values at positions `>= written` scattered into
+    the slot's blocks (`scatter`; the padding is dropped).
+
+    **Returns:** the state with the chunk written and the logits after its last token."""
+    row = jax.lax.dynamic_slice_in_dim(tables, slot, 1)
+    cache = gather(state.paged, row, written[None], token_ids.shape[1])
+    logits, cache = model(token_ids, positions, cache, logits_to_keep=1)
+    paged = scatter(state.paged, cache, row, written[None], state.paged.max_tokens)
+    paged = dataclasses.replace(paged, block_tables=tables)
+    return PagedDecodeState(state.generation, state.params, state.pool, paged), logits[0, -1]
+
+
+def _paged_mixed(
+    model, state: PagedDecodeState, tables: Int[Array, "slots max_blocks"], chunk, *decode
+):
+    """The mixed dispatch: one prefill chunk (`chunk`: `_paged_chunk`'s `(slot, token_ids,
+    positions, written)`) into its slot's blocks, then `_paged_generate`'s decode steps of the
+    busy slots (`decode`: its arguments after `tables`), in ONE program (no host round trip
+    between them). The prefilling slot is idle (`done`) in the decode state, so the decode steps
+    neither read nor write its blocks.
+
+    **Returns:** `(state, out, logits)`: `_paged_generate`'s, and the logits after the
+    chunk's last token."""
+    state, logits = _paged_chunk(model, state, tables, *chunk)
+    state, out = _paged_generate(model, state, tables, *decode)
+    return state, out, logits
+
+
 paged_generate_jit = engine_program(_paged_generate, "all-except-first")
+paged_chunk_jit = engine_program(_paged_chunk, "all-except-first")
+paged_mixed_jit = engine_program(_paged_mixed, "all-except-first")
 paged_insert_jit = engine_program(_paged_insert, "all-except-first")
 gather_row_jit = engine_program(_gather_row)
+
+
+class BlockPrefill:
+    """A prompt being prefilled chunk by chunk straight into its slot's blocks (the paged
+    engine's mixed prefill, `Engine(mixed_prefill=True)`): each chunk runs either alone
+    (`PagedKV.run_chunk`, while no slot decodes) or inside a decode dispatch (`PagedKV.generate`
+    with `prefill=`: `_paged_mixed`), and after the last one `PagedKV.prefix` gives the `Prefix`
+    to `insert` (its keys and values are already in the blocks).
+
+    The prompt's uncached part (from `admission.cached_tokens` on) is left-padded to a multiple
+    of `chunk` tokens, as `Engine.prefill_chunks` pads a long prompt, so the last chunk ends on
+    the prompt's last token.
+
+    **Attributes:** `request`, `admission`, `chunk`; `token_ids`, `positions: Int[ndarray, "1
+    seq"]` (the padded prompt; padding at position `-1`); `num_chunks`, `chunks_run`; `logits:
+    Float[Array, " vocab"] | None` (after the last chunk run)."""
+
+    def __init__(self, request, admission: Admission, chunk: int, pad_token_id: int):
+        self.request, self.admission, self.chunk = request, admission, chunk
+        start = admission.cached_tokens
+        ids = np.asarray(request.token_ids[start:], np.int32)
+        n = len(ids)
+        width = -(-n // chunk) * chunk
+        self.token_ids = np.full((1, width), pad_token_id, np.int32)
+        self.positions = np.full((1, width), -1, np.int32)
+        self.token_ids[0, width - n :] = ids
+        self.positions[0, width - n :] = np.arange(start, start + n)
+        self.num_chunks = width // chunk
+        self.chunks_run = 0
+        self.logits = None
+
+    @property
+    def pending(self) -> bool:
+        """Chunks are left to run."""
+        return self.chunks_run < self.num_chunks
+
+    def take(self) -> tuple:
+        """The next chunk as `_paged_chunk`'s `(slot, token_ids, positions, written)` (device
+        arrays; `written`: the prompt positions before its first token), counted as run."""
+        a = self.chunks_run * self.chunk
+        ids, positions = (
+            self.token_ids[:, a : a + self.chunk],
+            self.positions[:, a : a + self.chunk],
+        )
+        written = max(int(positions[0, 0]), self.admission.cached_tokens)
+        self.chunks_run += 1
+        as32 = lambda x: jnp.asarray(x, jnp.int32)  # noqa: E731
+        return as32(self.admission.slot), as32(ids), as32(positions), as32(written)
 
 
 class PagedKV:
@@ -242,6 +340,10 @@ class PagedKV:
         """Prompt tokens prefilled so far (those taken from the prefix cache not counted)."""
         self.waits = 0
         """Admissions refused for want of blocks (each retried later)."""
+        self.chunks_mixed = 0
+        """`BlockPrefill` chunks run inside a decode dispatch (`generate(..., prefill=...)`)."""
+        self.chunks_alone = 0
+        """`BlockPrefill` chunks run on their own (`run_chunk`: no slot was decoding)."""
 
     def init_state(self, base: DecodeState) -> PagedDecodeState:
         """`base` (an empty lockstep state whose cache has one slot per row) with empty
@@ -317,6 +419,44 @@ class PagedKV:
 
         return chunks(cache)
 
+    def block_prefill(self, engine, request, admission: Admission) -> BlockPrefill | None:
+        """A `BlockPrefill` for `request` (admitted by `admit`) when `engine.mixed_prefill` is on
+        and the prompt's uncached part is longer than `engine.prefill_chunk`; else `None` (the
+        prompt is prefilled as `Engine.prefill_chunks` does)."""
+        n = len(request.token_ids) - admission.cached_tokens
+        if not engine.mixed_prefill or n <= engine.prefill_chunk:
+            return None
+        self.prefilled_tokens += n
+        return BlockPrefill(request, admission, engine.prefill_chunk, engine.pad_token_id)
+
+    def run_chunk(self, state: PagedDecodeState, prefill: BlockPrefill) -> PagedDecodeState:
+        """The next chunk of `prefill` alone (`_paged_chunk`; `state` is donated), counted in
+        `chunks_alone`."""
+        self.chunks_alone += 1
+        tables = jnp.asarray(self.allocator.block_tables)
+        state, prefill.logits = paged_chunk_jit(self.model, state, tables, *prefill.take())
+        return state
+
+    def prefix(self, engine, prefill: BlockPrefill) -> Prefix:
+        """The `Prefix` of a `BlockPrefill` whose chunks have all run: its logits, and as cache a
+        one-column placeholder at position `-1` (`insert` writes nothing of it: the keys and
+        values are in the blocks already).
+
+        **Raises:** `ValueError` while chunks are left."""
+        if prefill.pending:
+            raise ValueError(
+                f"{prefill.num_chunks - prefill.chunks_run} of {prefill.num_chunks} prefill "
+                "chunks have not run yet"
+            )
+        empty = tuple(jnp.zeros((1, h, 1, d), t) for h, d, t in self.shapes)
+        placeholder = KVCache(
+            k=empty,
+            v=empty,
+            positions=jnp.full((1, 1), -1, jnp.int32),
+            length=jnp.ones((1,), jnp.int32),
+        )
+        return engine._prefix(prefill.request, prefill.logits, placeholder)
+
     def insert(self, prefix: Prefix, state: PagedDecodeState, slot: int) -> PagedDecodeState:
         """`prefix` into `slot` (admitted by `admit`): the new keys and values into its blocks,
         then its full prompt blocks registered in the prefix cache."""
@@ -332,20 +472,33 @@ class PagedKV:
         self.allocator.register(admission)
         return state
 
-    def generate(self, engine, state: PagedDecodeState, n: int, until_finish: bool):
+    def generate(
+        self,
+        engine,
+        state: PagedDecodeState,
+        n: int,
+        until_finish: bool,
+        prefill: BlockPrefill | None = None,
+    ):
         """One dispatch of `n` decode steps: each busy slot's blocks extended to cover `n` more
-        positions (within its reservation), then `paged_generate_jit`."""
+        positions (within its reservation), then `paged_generate_jit`; with `prefill` (chunks
+        pending) the mixed program `paged_mixed_jit`, which runs its next chunk first (counted
+        in `chunks_mixed`)."""
         length, done = jax.device_get((state.generation.length, state.generation.done))
         for slot in np.flatnonzero(~done).tolist():
             if slot in self.admissions:
                 self.allocator.extend(slot, int(length[slot]) + n)
-        return paged_generate_jit(
-            self.model,
-            state,
-            jnp.asarray(self.allocator.block_tables),
+        tables = jnp.asarray(self.allocator.block_tables)
+        decode = (
             n,
             jnp.asarray(n, jnp.int32),
             engine.eos_token_id,
             engine.pad_token_id,
             jnp.asarray(bool(until_finish)),
         )
+        if prefill is None:
+            return paged_generate_jit(self.model, state, tables, *decode)
+        self.chunks_mixed += 1
+        chunk = prefill.take()
+        state, out, prefill.logits = paged_mixed_jit(self.model, state, tables, chunk, *decode)
+        return state, out

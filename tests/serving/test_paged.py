@@ -189,6 +189,14 @@ def serve_paged(engine, schedule, on_dispatch=lambda: None):
     return [got[i] for i in range(len(schedule))]
 
 
+async def tokens(handle):
+    """Every token id of an orchestrator `Handle`'s events, in order."""
+    ids = []
+    async for event in handle.events():
+        ids += getattr(event, "token_ids", [])
+    return ids
+
+
 N = 21  # new tokens of every greedy request: one compiled `fg.generate` for the references
 
 
@@ -256,12 +264,6 @@ def test_an_admission_waits_for_blocks_and_completes(paged):
     def spy(*args):
         live.append(int((engine.paged.allocator.block_tables[:, 0] >= 0).sum()))
         return dispatch(*args)
-
-    async def tokens(handle):
-        ids = []
-        async for event in handle.events():
-            ids += getattr(event, "token_ids", [])
-        return ids
 
     async def run():
         loop = asyncio.get_running_loop()
