@@ -23,9 +23,11 @@ involved), but a program may fuse and so round differently: two programs that sh
 any two differently fused programs can (seen: 4.1e-5 in a logprob through a bfloat16 cache).
 The persistent compilation cache keys on the options, so the two kinds never share an entry.
 
-The suite's subprocesses (the notebooks' kernels, the command-line runs) and every program
-over the real models compile with XLA's defaults, as users' do.
-`FUNCTIONAL_GEN_TEST_FAST_COMPILE=0` turns the plugin off.
+The suite's Python subprocesses (the notebooks' kernels, the multi-device workers, the
+command-line runs) get the same wrapper through `subprocess_site/sitecustomize.py` on their
+`PYTHONPATH` (a subprocess given a `PYTHONPATH` of its own goes without). Every program over
+the real models compiles with XLA's defaults, as users' do. `FUNCTIONAL_GEN_TEST_FAST_COMPILE=0`
+turns the plugin off.
 """
 
 import os
@@ -83,19 +85,29 @@ def program_bytes(module) -> int:
     return FAST_COMPILE_MAX_BYTES + 1  # not understood: keep the defaults
 
 
-def pytest_configure(config):
+SUBPROCESS_SITE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "subprocess_site")
+"""A directory whose `sitecustomize.py` installs this plugin's wrapper in every Python
+subprocess of the run (the notebooks' kernels, the multi-device workers, the command-line
+runs) once JAX's compiler module is imported: `pytest_configure` puts it on `PYTHONPATH`."""
+
+
+def install() -> bool:
     """Wrap `jax._src.compiler.compile_or_get_cached` so that small CPU programs get
-    `FAST_COMPILE_OPTIONS` (in every pytest process: the controller of `-n 0` and each
-    worker)."""
+    `FAST_COMPILE_OPTIONS` (once per process; nothing when `FUNCTIONAL_GEN_TEST_FAST_COMPILE=0`
+    or in a JAX without that internal).
+
+    **Returns:** whether the wrapper is installed now."""
     if not _enabled():
-        return
+        return False
     try:
         from jax._src import compiler
     except ImportError:  # a JAX without this internal: compile with the defaults
-        return
+        return False
     original = getattr(compiler, "compile_or_get_cached", None)
-    if original is None or getattr(original, "_functional_gen_fast_compile", False):
-        return  # (None: a JAX without this internal; tests/test_fast_compile.py then fails)
+    if original is None:
+        return False  # (tests/test_fast_compile.py then fails: the speed-up is gone)
+    if getattr(original, "_functional_gen_fast_compile", False):
+        return True
 
     def compile_or_get_cached(backend, computation, devices, compile_options, *args, **kwargs):
         if backend.platform == "cpu" and program_bytes(computation) <= FAST_COMPILE_MAX_BYTES:
@@ -109,3 +121,16 @@ def pytest_configure(config):
     compile_or_get_cached.__wrapped__ = original
     compile_or_get_cached._functional_gen_fast_compile = True
     compiler.compile_or_get_cached = compile_or_get_cached
+    return True
+
+
+def pytest_configure(config):
+    """Install the wrapper in every pytest process (the controller of `-n 0` and each worker),
+    and put `SUBPROCESS_SITE` on the `PYTHONPATH` that the workers and every subprocess
+    inherit."""
+    if not _enabled():
+        return
+    install()
+    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if SUBPROCESS_SITE not in paths:
+        os.environ["PYTHONPATH"] = os.pathsep.join([SUBPROCESS_SITE, *paths])

@@ -46,3 +46,22 @@ def test_small_cpu_programs_get_the_options_and_large_ones_the_defaults(monkeypa
     assert any(size <= limit for size, _ in seen) and any(size > limit for size, _ in seen)
     for size, options in seen:
         assert options == (fast_compile.FAST_COMPILE_OPTIONS if size <= limit else {}), size
+
+
+def test_python_subprocesses_get_the_wrapper_too():
+    """A Python subprocess of the run (as a notebook's kernel or a multi-device worker is) finds
+    `subprocess_site` on its `PYTHONPATH` and installs the wrapper once it imports JAX."""
+    import os
+    import subprocess
+    import sys
+
+    assert fast_compile.SUBPROCESS_SITE in os.environ["PYTHONPATH"].split(os.pathsep)
+    code = (
+        "import jax, jax.numpy as jnp\n"
+        "from jax._src import compiler\n"
+        "assert float(jax.jit(lambda x: x * 2.0)(jnp.float32(3.0))) == 6.0\n"
+        "print(getattr(compiler.compile_or_get_cached, '_functional_gen_fast_compile', False))\n"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.split() == ["True"]
