@@ -48,7 +48,6 @@ compiles anything new.
 engine draw the same tokens.
 """
 
-import dataclasses
 import os
 import time
 from collections.abc import Iterator, Sequence
@@ -59,7 +58,7 @@ import numpy as np
 
 from ..generation.buckets import bucket_length
 from ..generation.loop import generate as generate_call
-from ..generation.options import SAMPLING_FIELDS, GenerationOptions
+from ..generation.options import GenerationOptions
 from ..generation.sequence_state import SequenceState
 from ..generation.state import GenerationState
 from ..models.attention import attention_lengths
@@ -97,10 +96,12 @@ from .programs import (
     widen_jit,
 )
 from .slots import (
-    MAX_TOP_K,
     Request as Request,
     SlotDecoding as SlotDecoding,
     SlotParams as SlotParams,
+    check_served_options,
+    checked_request,
+    request_knobs,
     request_processors,
 )
 from .speculative import (
@@ -110,6 +111,7 @@ from .speculative import (
     squeeze_jit,
 )
 from .weights import with_prefill_copy
+from .widths import checked_decode_widths, default_decode_widths as default_decode_widths
 
 DEFAULT_NUM_STEPS = 4
 """Decode steps per `generate` dispatch (the host sees new tokens every `num_steps` steps).
@@ -141,31 +143,6 @@ slots, 68 ms for 256), about 0.2-1 decode step, and reading 256 fewer slots save
 step (8 slots, the same CPU: 52.6 ms of CPU time per step reading 128 slots, 58.6 reading 256):
 it pays back within a few steps. (It was 64 while a compaction copied the whole cache three
 times, 0.25-0.35 s.)"""
-
-
-def default_decode_widths(max_slots: int) -> tuple[int, ...]:
-    """The narrower decode widths an `Engine` compiles besides `max_slots` unless told otherwise:
-    the powers of two below `max_slots` for 4 slots or more (8 slots: 1, 2, 4), none below 4 (as
-    vLLM captures its CUDA graphs at batch sizes 1, 2, 4, 8, ...). A dispatch whose busy slots
-    fit one of them runs a program of that width on their rows (gathered, then written back)
-    instead of the `max_slots`-row program with the other rows idle.
-
-    Why: on the 2-core CPU a step's cost grows with its rows (XLA's few-row matrix products), so
-    idle rows are paid for: SmolLM2-135M, plain decode steps over a 512-slot cache, one process
-    (`benchmarks/bench_decode_widths.py`, 2026-11-27): float32 1 / 2 / 4 / 8 rows 26.0 / 35.1 /
-    38.6 / 50.0 ms, int8 9.4 / 21.4 / 24.3 / 33.7 ms. `benchmarks/bench_serving.py --quantization
-    int8 --decode-widths ...` on the same machine, 32 requests (tokens/s, TTFT p99, ITL p50):
-    at 1 request/s widths 8 only 61.7, 3.00 s, 61 ms; with 1 62.0, 3.29 s, 61 ms; with 1, 2, 4
-    64.9, 2.24 s, 47 ms; saturated (all at t=0) 89.1 / 101.0 / 93.5 tokens/s (noise of +-6 %);
-    `benchmarks/account_serving.py --compare-widths`: the saturated trace's 33 steps with one busy
-    slot took 14.5 instead of 55.0 ms. Each width is one more compiled program (start-up,
-    `precompile`), hence none for 2-3 slots. The gather and the write-back copy the rows' caches
-    (SmolLM2 at 512 slots: 24 MB each way per row, ~1-2 ms). A row's tokens can differ between
-    widths only by float rounding (the products' kernels change with the row count, as between
-    `fg.generate` at batch 1 and 8), never by masking."""
-    if max_slots < 4:
-        return ()
-    return tuple(1 << i for i in range(max_slots.bit_length()) if 1 << i < max_slots)
 
 
 DEFAULT_PREFILL_CHUNK = 256
@@ -298,19 +275,7 @@ class Engine:
                 f"`max_len`={max_len} is longer than the model's context "
                 f"(max_position_embeddings={limit})"
             )
-        if decode_widths is None:
-            decode_widths = default_decode_widths(max_slots)
-        if isinstance(decode_widths, (str, bytes)) or not isinstance(decode_widths, Sequence):
-            raise ValueError(
-                f"`decode_widths` must be a sequence of integers, got {decode_widths!r}"
-            )
-        for w in decode_widths:
-            if isinstance(w, bool) or not isinstance(w, int) or not 1 <= w <= max_slots:
-                raise ValueError(
-                    f"`decode_widths` entries must be integers in [1, max_slots={max_slots}], "
-                    f"got {w!r}"
-                )
-        self.decode_widths = tuple(sorted({*decode_widths, max_slots}))
+        self.decode_widths = checked_decode_widths(decode_widths, max_slots)
         """The batch widths of the decode programs, ascending, ending with `max_slots`."""
         self.model = with_prefill_copy(model) if prefill_copy else model
         self.tokenizer = tokenizer
@@ -428,62 +393,7 @@ class Engine:
                 f"the prompt has {len(ids)} tokens (padded to {width}) and max_new_tokens="
                 f"{max_new_tokens}: more than this engine's max_len={self.max_len}"
             )
-        unknown = sorted(set(sampling) - {f.name for f in dataclasses.fields(Request)})
-        if unknown:
-            raise ValueError(f"unknown sampling parameters: {unknown}")
-        knobs = dict(sampling)
-        for name in (
-            "temperature",
-            "top_p",
-            "min_p",
-            "repetition_penalty",
-            "presence_penalty",
-            "frequency_penalty",
-        ):
-            if name in knobs:
-                value = knobs[name]
-                if isinstance(value, bool) or not isinstance(value, (int, float)):
-                    raise ValueError(f"`{name}` must be a number, got {value!r}")
-                knobs[name] = float(value)
-        knobs["logit_bias"] = tuple((int(t), float(b)) for t, b in knobs.get("logit_bias", ()))
-        top_k = knobs.get("top_k", 0)
-        if isinstance(top_k, bool) or not isinstance(top_k, int) or not -1 <= top_k <= MAX_TOP_K:
-            raise ValueError(
-                f"`top_k`={top_k!r} must be an integer in [0, {MAX_TOP_K}] (-1 = 0 = off)"
-            )
-        knobs["top_k"] = max(top_k, 0)
-        stop_ids = knobs.get("stop_token_ids", ())
-        if isinstance(stop_ids, (str, bytes)) or not all(
-            isinstance(t, int) and not isinstance(t, bool) and 0 <= t < self.model.vocab_size
-            for t in stop_ids
-        ):
-            raise ValueError(
-                f"`stop_token_ids`={stop_ids!r} must be token ids in [0, {self.model.vocab_size})"
-            )
-        knobs["stop_token_ids"] = tuple(stop_ids)
-        request = Request(ids, max_new_tokens, **knobs)
-        checks = (
-            ("temperature", request.temperature, 0.0, float("inf")),
-            ("top_p", request.top_p, 0.0, 1.0),
-            ("min_p", request.min_p, 0.0, 1.0),
-            ("repetition_penalty", request.repetition_penalty, 1e-6, float("inf")),
-            ("presence_penalty", request.presence_penalty, -2.0, 2.0),
-            ("frequency_penalty", request.frequency_penalty, -2.0, 2.0),
-        )
-        for name, value, low, high in checks:
-            if not (isinstance(value, (int, float)) and low <= value <= high) or (
-                name == "top_p" and value == 0
-            ):
-                raise ValueError(f"`{name}`={value!r} is outside [{low}, {high}]")
-        for token, bias in request.logit_bias:
-            if not 0 <= token < self.model.vocab_size:
-                raise ValueError(
-                    f"logit_bias names token {token}, outside the vocabulary "
-                    f"[0, {self.model.vocab_size})"
-                )
-            if not -100 <= bias <= 100:
-                raise ValueError(f"logit_bias {bias} for token {token} is outside [-100, 100]")
-        return request
+        return checked_request(ids, max_new_tokens, self.model.vocab_size, sampling)
 
     def prefill_width(self, prompt_length: int) -> int:
         """Cache slots a prompt of `prompt_length` tokens takes: its bucket, or a multiple of
@@ -851,45 +761,9 @@ class Engine:
         `typical_p`, beams, guidance, ...) or a value out of range (see `request`).
         """
         options = options or GenerationOptions()
-        served = {
-            "max_new_tokens",
-            "stop_strings",
-            "do_sample",
-            "temperature",
-            "top_p",
-            "min_p",
-            "top_k",
-            "repetition_penalty",
-            "chat_template",
-            "prefill_mode",
-        }
-        defaults = GenerationOptions()
-        unserved = [
-            f.name
-            for f in dataclasses.fields(options)
-            if f.name not in served and getattr(options, f.name) != getattr(defaults, f.name)
-        ]
-        if unserved:
-            raise ValueError(f"the serving engine does not support these options: {unserved}")
+        check_served_options(options)
         ids = encode_prompt(self.tokenizer, prompt, chat_template=options.chat_template)
-        sampled = options.do_sample
-        if sampled is None:
-            sampled = any(getattr(options, name) is not None for name in SAMPLING_FIELDS)
-        temperature = options.temperature if options.temperature is not None else 1.0
-        if not sampled or temperature == 0:
-            knobs = {"temperature": 0.0}
-        else:
-            knobs = {
-                "temperature": float(temperature),
-                "top_p": 1.0 if options.top_p is None else float(options.top_p),
-                "min_p": 0.0 if options.min_p is None else float(options.min_p),
-                "top_k": 0 if options.top_k is None else options.top_k,
-            }
-        if options.repetition_penalty is not None:
-            knobs["repetition_penalty"] = float(options.repetition_penalty)
-        stops = options.stop_strings or ()
-        stops = (stops,) if isinstance(stops, str) else tuple(stops)
-        max_new = 128 if options.max_new_tokens is None else options.max_new_tokens
+        knobs, stops, max_new = request_knobs(options)
         return self.request(ids, max_new, seed=seed, **knobs), stops
 
     async def stream(

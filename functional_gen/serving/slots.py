@@ -10,6 +10,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int
 
 from .. import processors as P
+from ..generation.options import SAMPLING_FIELDS, GenerationOptions
 from ..generation.samplers import AbstractSampler, Greedy, Multinomial
 from ..processors.base import AbstractStatelessLogitsProcessor, Context, per_row_field
 from ..reductions import argmax
@@ -76,6 +77,124 @@ MAX_TOP_K = 256
 """The largest per-slot `top_k`: the step takes the `MAX_TOP_K` largest logits of every row
 (`lax.top_k`, static) and keeps those at least the row's `k`-th. Measured on the 2-core CPU,
 8 rows of 49,152 logits: 1.2 ms per step at 256, 14 ms at 1,024, 309 ms for a full sort."""
+
+
+def checked_request(
+    token_ids: tuple[int, ...], max_new_tokens: int, vocab_size: int, sampling: dict
+) -> Request:
+    """The `Request` of a prompt's `token_ids` with the sampling parameters `sampling` (the
+    fields of `Request`), checked and normalised (numbers as floats, `top_k=-1` as 0), for
+    `Engine.request` (which checks the prompt and `max_new_tokens` against the engine first).
+
+    **Raises:** `ValueError` naming the value: an unknown parameter, a knob out of range, a
+    `top_k` outside `[0, MAX_TOP_K]`, `stop_token_ids` or a `logit_bias` id outside
+    `[0, vocab_size)`, a bias outside `[-100, 100]`.
+    """
+    unknown = sorted(set(sampling) - {f.name for f in dataclasses.fields(Request)})
+    if unknown:
+        raise ValueError(f"unknown sampling parameters: {unknown}")
+    knobs = dict(sampling)
+    for name in (
+        "temperature",
+        "top_p",
+        "min_p",
+        "repetition_penalty",
+        "presence_penalty",
+        "frequency_penalty",
+    ):
+        if name in knobs:
+            value = knobs[name]
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ValueError(f"`{name}` must be a number, got {value!r}")
+            knobs[name] = float(value)
+    knobs["logit_bias"] = tuple((int(t), float(b)) for t, b in knobs.get("logit_bias", ()))
+    top_k = knobs.get("top_k", 0)
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or not -1 <= top_k <= MAX_TOP_K:
+        raise ValueError(f"`top_k`={top_k!r} must be an integer in [0, {MAX_TOP_K}] (-1 = 0 = off)")
+    knobs["top_k"] = max(top_k, 0)
+    stop_ids = knobs.get("stop_token_ids", ())
+    if isinstance(stop_ids, (str, bytes)) or not all(
+        isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab_size for t in stop_ids
+    ):
+        raise ValueError(f"`stop_token_ids`={stop_ids!r} must be token ids in [0, {vocab_size})")
+    knobs["stop_token_ids"] = tuple(stop_ids)
+    request = Request(token_ids, max_new_tokens, **knobs)
+    checks = (
+        ("temperature", request.temperature, 0.0, float("inf")),
+        ("top_p", request.top_p, 0.0, 1.0),
+        ("min_p", request.min_p, 0.0, 1.0),
+        ("repetition_penalty", request.repetition_penalty, 1e-6, float("inf")),
+        ("presence_penalty", request.presence_penalty, -2.0, 2.0),
+        ("frequency_penalty", request.frequency_penalty, -2.0, 2.0),
+    )
+    for name, value, low, high in checks:
+        if not (isinstance(value, (int, float)) and low <= value <= high) or (
+            name == "top_p" and value == 0
+        ):
+            raise ValueError(f"`{name}`={value!r} is outside [{low}, {high}]")
+    for token, bias in request.logit_bias:
+        if not 0 <= token < vocab_size:
+            raise ValueError(
+                f"logit_bias names token {token}, outside the vocabulary [0, {vocab_size})"
+            )
+        if not -100 <= bias <= 100:
+            raise ValueError(f"logit_bias {bias} for token {token} is outside [-100, 100]")
+    return request
+
+
+SERVED_OPTIONS = frozenset(
+    {
+        "max_new_tokens",
+        "stop_strings",
+        "do_sample",
+        "temperature",
+        "top_p",
+        "min_p",
+        "top_k",
+        "repetition_penalty",
+        "chat_template",
+        "prefill_mode",
+    }
+)
+"""The `GenerationOptions` fields the serving engine reads (`Engine.request_from_options`)."""
+
+
+def check_served_options(options: GenerationOptions) -> None:
+    """**Raises:** `ValueError` naming every field of `options` set (not its default) that the
+    engine does not serve (`typical_p`, beams, guidance, ...)."""
+    defaults = GenerationOptions()
+    unserved = [
+        f.name
+        for f in dataclasses.fields(options)
+        if f.name not in SERVED_OPTIONS and getattr(options, f.name) != getattr(defaults, f.name)
+    ]
+    if unserved:
+        raise ValueError(f"the serving engine does not support these options: {unserved}")
+
+
+def request_knobs(options: GenerationOptions) -> tuple[dict, tuple[str, ...], int]:
+    """`(sampling parameters for Engine.request, stop strings, max_new_tokens)` of `options`, as
+    `generate` reads them: greedy unless a sampling field is set or `do_sample=True` (and then
+    temperature 0 is greedy too), `max_new_tokens` 128 when unset."""
+    sampled = options.do_sample
+    if sampled is None:
+        sampled = any(getattr(options, name) is not None for name in SAMPLING_FIELDS)
+    temperature = options.temperature if options.temperature is not None else 1.0
+    if not sampled or temperature == 0:
+        knobs = {"temperature": 0.0}
+    else:
+        knobs = {
+            "temperature": float(temperature),
+            "top_p": 1.0 if options.top_p is None else float(options.top_p),
+            "min_p": 0.0 if options.min_p is None else float(options.min_p),
+            "top_k": 0 if options.top_k is None else options.top_k,
+        }
+    if options.repetition_penalty is not None:
+        knobs["repetition_penalty"] = float(options.repetition_penalty)
+    stops = options.stop_strings or ()
+    stops = (stops,) if isinstance(stops, str) else tuple(stops)
+    max_new = 128 if options.max_new_tokens is None else options.max_new_tokens
+    return knobs, stops, max_new
 
 
 class SlotParams(eqx.Module):
