@@ -126,3 +126,71 @@ def test_random_schemas_tokens_pass_exactly_for_valid_documents(tokenizer, vocab
             assert (where is None) == valid, (schema, text, where)
             outcomes.add(valid)
     assert True in outcomes
+
+
+# An object whose members cannot all be tracked in any order as one regex: its `detail` value is
+# large (an object of its own), so each member set's copy of it outgrows the budget (lowered here
+# so that a small schema shows what MaskBench o61004's 8,343-character member does at the real
+# budget), and the rewrite keeps its required members in the listed order (`"chained"`).
+FIXED_ORDER_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "release": {"type": "string"},
+        "detail": {
+            "type": "object",
+            "properties": {
+                "count": {"type": "integer"},
+                "notice": {"type": "string", "pattern": "^[a-z]+$"},
+                "version": {"type": "string", "pattern": "^[0-9]+-[0-9]+$"},
+            },
+            "required": ["count", "notice", "version"],
+            "additionalProperties": False,
+        },
+        "status": {"enum": ["error", "success"]},
+        "summary": {"type": "boolean"},
+    },
+    "required": ["detail", "status", "summary"],
+    "additionalProperties": False,
+}
+
+
+def test_an_object_too_large_for_any_order_as_a_regex_takes_every_order(
+    tokenizer, vocabulary, monkeypatch
+):
+    import itertools
+
+    from functional_gen.structured.json_schema import budgets
+    from functional_gen.structured.json_schema.free_values import CALL
+    from functional_gen.structured.json_schema.rewriter import rewrite
+
+    monkeypatch.setattr(budgets, "UNORDERED_BUDGET", 3000)
+    monkeypatch.setattr(budgets, "UNORDERED_FACTOR", 1)
+    rewriter, _ = rewrite(FIXED_ORDER_SCHEMA, free_form_depth=CALL, counted_strings=True)
+    assert rewriter.order_fixed == ["#"]  # one regex would keep the required ones in order
+    automaton = _compile(FIXED_ORDER_SCHEMA, vocabulary)
+    assert hasattr(automaton, "stack_depth")  # the grammar form, its member values called
+    validator = jsonschema.Draft202012Validator(FIXED_ORDER_SCHEMA)
+    eos = vocabulary.eos_token_id[0]
+    members = {
+        "release": "npm:x:1",
+        "detail": {"count": 3, "notice": "mit", "version": "3-0"},
+        "status": "success",
+        "summary": True,
+    }
+    checked = 0
+    for size in (3, 4):
+        for names in itertools.permutations(members, size):
+            document = {n: members[n] for n in names}
+            text = json.dumps(document, separators=(",", ":"))
+            where = refused_at(automaton, tokenizer.encode(text, add_special_tokens=False), eos)
+            assert (where is None) == validator.is_valid(document), (text, where)
+            checked += where is None
+    assert checked == 6 + 24  # every order of the three required ones, with and without release
+    # still sound: a required member twice, or a bad value in any order, is cut
+    for text in (
+        '{"status":"error","detail":{"count":1,"notice":"a","version":"1-2"},"summary":true,'
+        '"status":"error"}',
+        '{"summary":false,"status":"done","detail":{"count":1,"notice":"a","version":"1-2"}}',
+        '{"summary":false,"detail":{"count":1,"notice":"A","version":"1-2"},"status":"error"}',
+    ):
+        assert refused_at(automaton, tokenizer.encode(text, add_special_tokens=False), eos) is not None

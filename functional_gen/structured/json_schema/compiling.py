@@ -3,6 +3,7 @@ can hold the schema (one regex's token automaton, the grammar form, recursion as
 pushdown form, the single regex, smaller free-value depths) to a clear refusal.
 """
 
+import contextlib
 import json
 import warnings
 
@@ -107,6 +108,12 @@ def json_schema_compile(
         **{**options, "free_form_depth": call if call is not None else free},
         counted_strings=True,
     )
+    if rewriter.order_fixed and call is not None and not token_only:
+        # an object too large to read in any order as one regex: the grammar form, which
+        # calls its member values as rules, may read it in every order
+        ordered = _any_order_grammar(schema, vocabulary, stack_depth, options, rewriter)
+        if ordered is not None:
+            return ordered
 
     def nest_instead(
         error: NotDeterministic | TooManyPositions | RegexTooLarge, dropped_warned=False
@@ -246,6 +253,45 @@ def json_schema_compile(
     )
 
 
+def _any_order_grammar(
+    schema, vocabulary: TokenVocabulary, stack_depth: int, options: dict, rewriter: Rewriter
+):
+    """For `json_schema_compile`: where the rewrite kept some objects' members in the schema's
+    order (`rewriter.order_fixed`: tracking them in any order made one regex too large), the
+    grammar form of a rewrite that sizes their members as calls (`Rewriter.order_calls`): a
+    member value that is a large subschema is a rule called once per member set instead of
+    copied, so the object takes its members in any order within the same budgets. `None`
+    (the caller goes on as before) when that rewrite fixes no fewer objects, or its grammar
+    form is refused (too many positions, calls one byte cannot choose, a regex too large);
+    its warnings are given only when it is returned."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            again, regex = rewrite(
+                schema,
+                **{**options, "free_form_depth": CALL},
+                counted_strings=True,
+                order_calls=True,
+            )
+            if len(again.order_fixed) >= len(rewriter.order_fixed):
+                return None
+            hopeless = _strings_too_large(again, regex, False)
+            if hopeless is not None:
+                return None
+            automaton = json_schema_grammar(
+                schema,
+                vocabulary,
+                stack_depth=stack_depth,
+                _rewritten=(again, regex),
+                **{**options, "free_form_depth": None},
+            )
+        except (ConstraintError, NotDeterministic):
+            return None
+    for warning in caught:
+        warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
+    return automaton
+
+
 def _strings_too_large(rewriter: Rewriter, regex: str, over_regex: bool) -> TooManyPositions | None:
     """The refusal of every grammar form of `regex` that its strings given as automata
     (`Rewriter.dfa_terminals`) already imply, before any rule is built: one of them alone has
@@ -312,17 +358,39 @@ def _recursive_grammar(schema, vocabulary, stack_depth: int, options: dict):
                 )
                 if rewritten is None or not rewritten[0].recursive:
                     return None  # nothing recurses (or every recursive call was left out)
-                rewriter, regex = rewritten
-                automaton = json_schema_grammar(
-                    schema,
-                    vocabulary,
-                    stack_depth=stack_depth,
-                    _rewritten=(rewriter, regex),
-                    **{
-                        **options,
-                        "free_form_depth": None if isinstance(depth, FreeValueCall) else depth,
-                    },
-                )
+                grammar_options = {
+                    **options,
+                    "free_form_depth": None if isinstance(depth, FreeValueCall) else depth,
+                }
+                automaton = None
+                if rewritten[0].order_fixed:
+                    # members in any order where one regex could not track them (as
+                    # `_any_order_grammar` does for the other schemas)
+                    again = rewrite(
+                        schema,
+                        **{**options, "free_form_depth": depth},
+                        counted_strings=True,
+                        recursive=True,
+                        order_calls=True,
+                    )
+                    if len(again[0].order_fixed) < len(rewritten[0].order_fixed):
+                        # refused: the form below, as before
+                        with contextlib.suppress(ConstraintError, NotDeterministic):
+                            automaton = json_schema_grammar(
+                                schema,
+                                vocabulary,
+                                stack_depth=stack_depth,
+                                _rewritten=again,
+                                **grammar_options,
+                            )
+                if automaton is None:
+                    automaton = json_schema_grammar(
+                        schema,
+                        vocabulary,
+                        stack_depth=stack_depth,
+                        _rewritten=rewritten,
+                        **grammar_options,
+                    )
             except (NotDeterministic, RegexTooLarge):
                 continue  # a call one byte cannot choose, or rules inlined too large
             except (ValueError, RecursionError):  # ConstraintError, GrammarError, too deep

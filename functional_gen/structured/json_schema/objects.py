@@ -251,6 +251,7 @@ def rewrite_object(rewriter: "Rewriter", node: dict, path: str):
             return rewriter.admits_none(
                 "anyOf", path, f"none of the names {at_least_one} (one is required) is allowed"
             )
+    fixed: list[str] = []
     try:
         regex, exact = object_regex(
             items,
@@ -261,6 +262,7 @@ def rewrite_object(rewriter: "Rewriter", node: dict, path: str):
             second_order=second_order(rewriter, items, item_names, required),
             unordered=unordered(rewriter, items, extras),
             at_least_one=group,
+            fixed=fixed,
         )
     except TooLarge as e:
         raise UnsupportedSchemaError(
@@ -270,6 +272,8 @@ def rewrite_object(rewriter: "Rewriter", node: dict, path: str):
             f"regex of over {e.args[0]:,} characters, too large to compile in reasonable time; make more "
             "of them required or bound fewer of them with minProperties/maxProperties",
         ) from None
+    if fixed:
+        rewriter.order_fixed.append(path)
     if regex is None:
         return NEVER
     marker = rewriter.marker(regex)

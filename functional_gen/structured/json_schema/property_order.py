@@ -65,6 +65,11 @@ def _listed_members(items, sep: str) -> tuple[str | None, bool]:
 
 UNORDERED_FORMS = ("exact", "required", "chained")
 """The forms `unordered_members` tries, in order."""
+ORDER_CALL_FORMS = ("required", "exact", "chained")
+"""The forms tried with `Rewriter.order_calls` (an object that did not fit as one regex): the
+required members tracked first, which accepts the same documents with `2 ** required` member
+sets instead of `2 ** members` (the grammar form's positions, not the regex, are then the
+limit)."""
 
 
 @typing.no_type_check  # called per object, with five helpers nested: jaxtyping's hook would
@@ -304,8 +309,9 @@ def object_regex(
     min_count: int,
     max_count: int | None,
     second_order: list[int] | None = None,
-    unordered: tuple[list[int], int] | None = None,
+    unordered: tuple[list[int], int, tuple[str, ...]] | None = None,
     at_least_one: list[int] | None = None,
+    fixed: list[str] | None = None,
 ) -> tuple[str | None, bool]:
     """The regex of an object and whether it is exact, `(regex, exact)`: `items` (the regex of each listed `"key": value`, and whether it
     is required) in order, then `extra` (the regex of one additional `"key": value`, or `None`)
@@ -313,7 +319,7 @@ def object_regex(
     object fits. Without bounds beyond "at least one member", the listed members are
     `_listed_members` (linear size); otherwise a table of "rest of the object after member i,
     with c members written", where c saturates at the largest bound that matters. With
-    `unordered = (sizes, budget)` (`property_order="any"`), the
+    `unordered = (sizes, budget, forms)` (`property_order="any"`), the
     members of the first two cases, additional ones included, come in any order
     (`unordered_members`, `sizes` the expanded length of each item's regex and of `extra`).
     `at_least_one`: indices of items of which at least one is written (`AT_LEAST_ONE`): in
@@ -322,6 +328,11 @@ def object_regex(
     required), one object per i (in the listed order, an automaton reading the members in
     order follows one of them once a name is seen). With bounds (`min_count` over 1 or a
     `max_count`) in any order, `counted_members` where it fits, else the listed order.
+
+    `fixed` (a list, with `unordered`): `object_regex` appends the form it fell back to
+    (`"chained"`, or `"listed"` for the schema's order) when the members of an object of two or
+    more of them cannot all come in any order (too large to track): a valid document in
+    another order is refused there (`Rewriter.order_fixed`).
 
     `exact` says that the regex accepts a text of an object exactly when its value is such
     an object (up to the spelling of its strings and numbers): every order of the members,
@@ -332,11 +343,12 @@ def object_regex(
     few = len(items) <= 1 and extra is None  # no order, no repeated key
     if at_least_one and not any(items[i][1] for i in at_least_one):
         if unordered is not None and min_count <= 1 and max_count is None:
-            sizes, budget = unordered
+            sizes, budget, forms = unordered
             listed, _, form = unordered_members(
-                items, extra, sep, sizes, budget, at_least_one=at_least_one
+                items, extra, sep, sizes, budget, forms, at_least_one=at_least_one
             )
             if listed is not None:
+                _note_fixed(fixed, form, items)
                 return rf"\{{{ws}{listed}{ws}\}}", form == "exact" and extra is None
         group = sorted(at_least_one)
         objects, exact = [], True
@@ -347,9 +359,11 @@ def object_regex(
             # accepts what one object in any order would)
             alone = None
             if unordered is not None:
-                sizes, budget = unordered
-                alone = ([n for i, n in enumerate(sizes) if i not in absent], budget)
-            regex, one_exact = object_regex(kept, extra, ws, min_count, max_count, unordered=alone)
+                sizes, budget, forms = unordered
+                alone = ([n for i, n in enumerate(sizes) if i not in absent], budget, forms)
+            regex, one_exact = object_regex(
+                kept, extra, ws, min_count, max_count, unordered=alone, fixed=fixed
+            )
             if regex is not None:
                 objects.append(regex)
                 exact = exact and one_exact
@@ -410,14 +424,15 @@ def object_regex(
         return out
 
     if unordered is not None and min_count <= 1 and max_count is None:
-        sizes, budget = unordered
-        listed, empty, form = unordered_members(items, extra, sep, sizes, budget)
+        sizes, budget, forms = unordered
+        listed, empty, form = unordered_members(items, extra, sep, sizes, budget, forms)
         if listed is not None:
+            _note_fixed(fixed, form, items)
             body = f"(?:{listed})?" if empty and not min_count else listed
             return rf"\{{{ws}{body}{ws}\}}", form == "exact" and extra is None
     if unordered is not None and (min_count > 1 or max_count is not None):
         # bounds on the member count, in any order
-        sizes, budget = unordered
+        sizes, budget, _ = unordered
         counted = counted_members(items, extra, sep, sizes, budget, min_count, max_count)
         if counted is not None:
             listed, empty = counted
@@ -425,6 +440,8 @@ def object_regex(
                 return (rf"\{{{ws}{ws}\}}" if empty else None), True
             body = f"(?:{listed})?" if empty else listed
             return rf"\{{{ws}{body}{ws}\}}", extra is None
+    if unordered is not None and fixed is not None and len(items) + (extra is not None) > 1:
+        fixed.append("listed")  # the listed order below: too large in any order
     if min_count <= 1 and max_count is None and extra is None:
         # no count that matters beyond "at least one": the listed members in linear size
         listed, empty = members(items, sep)
@@ -444,6 +461,13 @@ def object_regex(
     else:
         body = rest(0, 0)
     return (None if body is None else rf"\{{{ws}{body}{ws}\}}"), few
+
+
+def _note_fixed(fixed: list[str] | None, form: str, items) -> None:
+    """For `object_regex`: append `form` to `fixed` when it keeps some order of the members
+    (`"chained"`: the required ones in the listed order among themselves, two or more)."""
+    if fixed is not None and form == "chained" and sum(required for _, required in items) > 1:
+        fixed.append(form)
 
 
 def second_order(
@@ -468,16 +492,24 @@ def second_order(
     return order if size <= budgets.SECOND_ORDER_BUDGET else None
 
 
-def unordered(rewriter: "Rewriter", items, extras: list[str]) -> tuple[list[int], int] | None:
-    """With `property_order="any"` (the default): `(sizes, budget)` for `object_regex`'s
-    `unordered`, `sizes` the weight (`Rewriter.weight`: markers expanded) of each listed
+def unordered(
+    rewriter: "Rewriter", items, extras: list[str]
+) -> tuple[list[int], int, tuple[str, ...]] | None:
+    """With `property_order="any"` (the default): `(sizes, budget, forms)` for `object_regex`'s
+    `unordered`, `sizes` the weight (`Rewriter.weight`: markers expanded; with
+    `Rewriter.order_calls`, `called_weight`: large member values as calls) of each listed
     member's regex (`items`) and of the additional members' (`extras`, joined); else `None`."""
     if rewriter.property_order != "any":
         return None
-    sizes = [rewriter.weight(r) for r, _ in items]
+    weight = rewriter.called_weight if rewriter.order_calls else rewriter.weight
+    sizes = [weight(r) for r, _ in items]
     if extras:
-        sizes.append(rewriter.weight("|".join(extras)))
-    return sizes, budgets.UNORDERED_BUDGET
+        sizes.append(weight("|".join(extras)))
+    return (
+        sizes,
+        budgets.UNORDERED_BUDGET,
+        ORDER_CALL_FORMS if rewriter.order_calls else UNORDERED_FORMS,
+    )
 
 
 PROPERTY_ORDERS = ("any", "schema", "schema_or_required_first")

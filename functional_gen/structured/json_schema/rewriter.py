@@ -62,6 +62,10 @@ from .scalars import (
 )
 from .strings import rewrite_string
 
+CALL_WEIGHT = 3
+"""What a rule call costs in a grammar-form regex (`rule_plan.rule_call`: three control
+characters), for `Rewriter.called_weight`."""
+
 # Nested helpers that run per byte, state or schema node are `@typing.no_type_check`: the
 # tests' jaxtyping import hook would wrap every call of them (30-40 us each, and a fresh
 # wrapper per definition), which was most of the structured tests' time.
@@ -113,9 +117,20 @@ class Rewriter:
         property_order: str = "any",
         expansions: Sequence = (),
         origins: Mapping | None = None,
+        order_calls: bool = False,
     ):
         self.root = root
         self.property_order = property_order
+        self.order_calls = order_calls
+        """Size the members of objects read in any order as the grammar form will call them
+        (`called_weight`: a member value over `SHARED_RULE_REGEX` characters costs a call, not
+        a copy), so that objects too large to track as one regex still take every order there
+        (`json_schema_compile` sets it for its grammar-form attempt when `order_fixed` is not
+        empty)."""
+        self.order_fixed: list[str] = []
+        """Paths of the objects read in an order fixed by the schema in part (`object_regex`'s
+        `"chained"` or listed order, because tracking the members in any order was too large):
+        a valid document whose members come in another order is refused there."""
         self.expansions = list(expansions)
         """The recursive targets' subtrees (`inline_references(recursive=True)`): target `k`'s
         rule body, called by its placeholders (`recursive_call`)."""
@@ -360,6 +375,20 @@ class Rewriter:
         its length, sees a `{1,256}` (recursive rules count nothing)."""
         return self._expanded_size(regex, weighted=True)
 
+    def called_weight(self, regex: str) -> int:
+        """`weight`, but each marker of `regex` whose weight exceeds `SHARED_RULE_REGEX` counted
+        as a rule call (`rule_plan.plan_rules` makes a rule of such a marker where it is used
+        more than once, as every member of an object read in any order is): the size of
+        `regex` in the grammar form's rule that holds it."""
+        found = re.compile(f'"(FGSUB[0-9]+X{self.tag})"')
+        total = len(regex)
+        for match in found.finditer(regex):
+            size = self.weight(match.group(0))
+            total += (CALL_WEIGHT if size > budgets.SHARED_RULE_REGEX else size) - len(
+                match.group(0)
+            )
+        return total
+
     def _expanded_size(self, regex: str, weighted: bool = False) -> int:
         """The length of `regex` with every marker expanded (each distinct marker measured
         once), without building it; `weighted`: plus `repeat_weight` per expanded marker, and
@@ -408,13 +437,14 @@ def rewrite(
     counted_strings: bool = False,
     property_order: str = "any",
     recursive: bool = False,
+    order_calls: bool = False,
 ) -> tuple[Rewriter, str] | None:
     """The rewriter after its pass over `schema` and the schema's regex with the markers left
     in (`Rewriter.substitute` expands them; the grammar form makes rules of some). Arguments and
     errors as `json_schema_regex`; `recursive=True` keeps recursive references as markers of
     rules (`inline_references(recursive=True)`, `Rewriter.recursive`: only the grammar form
     can compile them) instead of unrolling them; then `None` when nothing recurses (before the
-    rewrite: the caller takes the unrolled path)."""
+    rewrite: the caller takes the unrolled path). `order_calls`: see `Rewriter.order_calls`."""
     if (
         isinstance(max_recursion_depth, bool)
         or not isinstance(max_recursion_depth, int)
@@ -457,6 +487,7 @@ def rewrite(
         property_order=property_order,
         expansions=expansions,
         origins=origins,
+        order_calls=order_calls,
     )
     normalized = rewriter.node(root, "#")
     rewriter.finish_recursive()
