@@ -524,7 +524,9 @@ PROPERTY_ORDERS = ("any", "schema", "schema_or_required_first")
   `minProperties` over 1 or a `maxProperties` count their members in any order
   (`counted_members`: the set of listed members and the number of additional ones) where
   they stay within `ANY_ORDER_MAX` listed members and the same budget; beyond, they keep
-  the schema order (a valid document in another order is then refused).
+  the schema order (a valid document in another order is then refused). Where the budget
+  (not `ANY_ORDER_MAX`) kept an order, `json_schema_compile` first tries the grammar form
+  with large member values as rule calls (`Rewriter.order_calls`, `ORDER_CALL_FORMS`).
 - `"schema"`: always the order of `properties` (then the additional members), as
   llguidance, outlines and XGrammar generate; smaller automata, but a valid document whose
   members come in another order is refused.
