@@ -38,6 +38,11 @@ Again on 2026-11-25 (quiet, `--rounds 5`, two runs): JSON grammar built in 33 ms
    c.gbnf every fork token 1.682, c.gbnf `fork_reach` 1.259; `--rounds 5 --steps 32`: 0.875,
    1.150, 0.917. The greedy text never reached a fork position (0 steps walked fork tokens),
    so `fork_reach` walked none; at the `else` position it walks 873 (28 chunks of 32).
+   Again on 2026-12-02 01:47 UTC (load average 1.2-1.6: one other single-core test process;
+   bandwidth 24.7 GB/s measured in the run, bound 21.8 ms a step), `--rounds 5 --steps 48`:
+   unconstrained 29.5 ms a step; best / median ratios json.gbnf 1.031 / 1.004, c.gbnf every
+   fork token 1.850 / 1.758, **c.gbnf `fork_reach` 1.056 / 1.032** (target 1.25: met); 968
+   fork tokens, 3 of 152 positions reach a fork, `fork_reach` 19,456 bytes.
 
 Run: `python benchmarks/bench_pushdown.py [--rounds 5] [--json-schema | --forks [--steps 64]]`
 (about 2-4 minutes on 2 CPU cores).
