@@ -79,7 +79,9 @@ for text, score, logprobs in zip(beams.texts, beams.sequences_scores, beams.logp
 
 # %%
 num_beams, depth, fanout = NUM_BEAMS, 4, 4
-start = tokenizer("Once upon a time, a little")["input_ids"]
+# 12 tokens: with the 4 steps' tokens and the 16-token bucket of `max_new_tokens`, every step's
+# rows fit the same 32 token columns (a 7-token start needed 24 columns, then 32: two programs)
+start = tokenizer("Once upon a time, in a small village, a little")["input_ids"]
 beam_rows = [(start, 0.0, 0)]  # (token ids, cumulative logprob, node id)
 nodes = {0: dict(step=0, label="<prompt>", score=0.0, parent=None, kept=True)}
 for step in range(1, depth + 1):

@@ -240,7 +240,9 @@ plt.tight_layout()
 plt.show()
 
 # %%
-prompt_ids = tokenizer("The capital of France is")["input_ids"]
+# (13 tokens: like the 16 above, a 16-token prompt bucket and 32 token columns, so the causal
+# call reuses the one-pass program compiled above)
+prompt_ids = tokenizer("Berlin is the capital of Germany. The capital of France is")["input_ids"]
 for flag in (False, True):
     out = fg.generate(
         model,
