@@ -193,4 +193,6 @@ def test_an_object_too_large_for_any_order_as_a_regex_takes_every_order(
         '{"summary":false,"status":"done","detail":{"count":1,"notice":"a","version":"1-2"}}',
         '{"summary":false,"detail":{"count":1,"notice":"A","version":"1-2"},"status":"error"}',
     ):
-        assert refused_at(automaton, tokenizer.encode(text, add_special_tokens=False), eos) is not None
+        assert (
+            refused_at(automaton, tokenizer.encode(text, add_special_tokens=False), eos) is not None
+        )
