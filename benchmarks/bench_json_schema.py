@@ -121,6 +121,38 @@ runs; every time is inflated 10-100x, read none of them as a measurement):
 | llguidance 1.9.1 | 5/5 | 7/7 | 15/15 | 41 / 50 | 16 / 38 |
 | xgrammar 0.2.9 | 5/5 | 7/7 | 14/15 | 7,771 / 12,749 | 7,508 / 11,025 |
 
+2026-12-02 (session 38; the 2-core box shared with one single-core test process, so times are
+inflated by up to ~1.5x; counts do not depend on load). Five splits, `--limit 24 --peers
+llguidance xgrammar`, warm workers, 00:28-00:45 UTC (3 of our 5 "timeouts" were refusals that
+take 3-6 s alone: this run shared the box with profiling jobs):
+
+| engine | compiled | valid accepted | invalid rejected | compile p50 / p99 ms (first) | again p50 ms |
+|---|---|---|---|---|---|
+| functional_gen (1b8f479) | 111/120 | 149/151 (o61004 x2: property order) | 279/279 | 565 / 5,478 | 424 |
+| llguidance 1.9.1 | 100/120 | 140/141 | 275/275 | 2.6 / 19.5 | 2.3 |
+| xgrammar 0.2.9 | 115/120 | 145/155 | 284/290 | 830 / 10,913 | 818 |
+
+After the grammar-form attempt for objects whose members one regex kept in order
+(`compiling._any_order_grammar`, 1301a69): o61004 valid 2/2, compile 11.7 -> 2.4 s.
+`--all --sample 300 --seed 7` at d94a870 (01:30-01:45 UTC): 268/300, p50 / p99 341 / 6,807 ms,
+valid 321/329, invalid 533/533. The 8 valid rejected keep an order: o54575 (7 required
+members, over `ANY_ORDER_MAX`), o33696 (14 members), o78043 (26 members and an open object's
+additional-key regex of 4,786 characters, copied at every member set), o54613, dart-test; and
+o10020's spaced form (exact `oneOf` over objects reads compact text only; MaskBench serialises
+compact, which passes). Cold, `--limit 6 --seed 1 --peers llguidance xgrammar --cold` at d94a870
+(01:55-02:09 UTC):
+
+| engine | compiled | valid accepted | invalid rejected | cold p50 / p99 ms | again p50 ms |
+|---|---|---|---|---|---|
+| functional_gen | 27/30 | 36/36 | 62/62 | 944 / 8,824 | 359 |
+| llguidance 1.9.1 | 26/30 | 35/35 | 60/60 | 5.8 / 12.9 | 2.1 |
+| xgrammar 0.2.9 | 28/30 | 36/36 | 53/62 (9 invalid accepted) | 850 / 14,640 | 838 |
+
+Cold p50: 163x llguidance's (target 3x), 1.11x XGrammar's. Both engines that build masks before
+generation (ours for the device tables, XGrammar for its adaptive token cache) pay ~1 s; llguidance
+computes each step's mask lazily on the host, which the device loop cannot (no host work per
+token, DESIGN constraint 6).
+
 Cold compiles after the small-graph searches without scipy and the per-tokenizer disk cache
 (branch coldcompile, 2026-11-28 23:32-23:48 UTC, same five schemas and flags, the box at load
 average 5-7: read the ratios, not the milliseconds), each run against llguidance in the same
