@@ -4,6 +4,7 @@ every invalid one is cut, on MaskBench's development data (a fixed subset; the w
 documents (keys sharing prefixes, enums of strings, optional and additional properties, any
 order of the members)."""
 
+import itertools
 import json
 import random
 import warnings
@@ -12,7 +13,14 @@ import jsonschema
 import pytest
 
 from functional_gen.structured.automaton import ConstraintError
-from functional_gen.structured.json_schema import UnsupportedSchemaError, json_schema_compile
+from functional_gen.structured.json_schema import (
+    UnsupportedSchemaError,
+    budgets,
+    json_schema_compile,
+)
+from functional_gen.structured.json_schema.free_values import CALL
+from functional_gen.structured.json_schema.rewriter import CALL_WEIGHT, rewrite
+from functional_gen.structured.json_schema.rule_plan import rule_call
 
 from .helpers import format_checker
 from .maskbench import DEV_DATA, dev_records, refused_at
@@ -157,12 +165,7 @@ FIXED_ORDER_SCHEMA = {
 def test_an_object_too_large_for_any_order_as_a_regex_takes_every_order(
     tokenizer, vocabulary, monkeypatch
 ):
-    import itertools
-
-    from functional_gen.structured.json_schema import budgets
-    from functional_gen.structured.json_schema.free_values import CALL
-    from functional_gen.structured.json_schema.rewriter import rewrite
-
+    assert len(rule_call(0)) == CALL_WEIGHT  # the size plan_rules gives a call
     monkeypatch.setattr(budgets, "UNORDERED_BUDGET", 3000)
     monkeypatch.setattr(budgets, "UNORDERED_FACTOR", 1)
     rewriter, _ = rewrite(FIXED_ORDER_SCHEMA, free_form_depth=CALL, counted_strings=True)

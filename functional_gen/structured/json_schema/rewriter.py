@@ -62,9 +62,10 @@ from .scalars import (
 )
 from .strings import rewrite_string
 
-CALL_WEIGHT = 3
-"""What a rule call costs in a grammar-form regex (`rule_plan.rule_call`: three control
-characters), for `Rewriter.called_weight`."""
+CALL_WEIGHT = 12
+"""What a rule call costs in a grammar-form regex, for `Rewriter.called_weight`: the length of
+`rule_plan.rule_call`'s text (three escaped control characters), the measure `plan_rules` sizes
+its rules with (`tests/structured/test_maskbench_dev.py` checks that the two agree)."""
 
 # Nested helpers that run per byte, state or schema node are `@typing.no_type_check`: the
 # tests' jaxtyping import hook would wrap every call of them (30-40 us each, and a fresh
