@@ -136,6 +136,17 @@ def test_random_schemas_tokens_pass_exactly_for_valid_documents(tokenizer, vocab
     assert True in outcomes
 
 
+def _order_fixed_as_a_regex(schema, vocabulary):
+    """Check that one regex of `schema` keeps its root object's required members in the listed
+    order (`order_fixed`), then compile it: `(automaton, validator, eos)`, the automaton the
+    grammar form (which reads the object in every order)."""
+    rewriter, _ = rewrite(schema, free_form_depth=CALL, counted_strings=True)
+    assert rewriter.order_fixed == ["#"]
+    automaton = _compile(schema, vocabulary)
+    assert hasattr(automaton, "stack_depth")  # the grammar form
+    return automaton, jsonschema.Draft202012Validator(schema), vocabulary.eos_token_id[0]
+
+
 # An object whose members cannot all be tracked in any order as one regex: its `detail` value is
 # large (an object of its own), so each member set's copy of it outgrows the budget (lowered here
 # so that a small schema shows what MaskBench o61004's 8,343-character member does at the real
@@ -168,12 +179,7 @@ def test_an_object_too_large_for_any_order_as_a_regex_takes_every_order(
     assert len(rule_call(0)) == CALL_WEIGHT  # the size plan_rules gives a call
     monkeypatch.setattr(budgets, "UNORDERED_BUDGET", 3000)
     monkeypatch.setattr(budgets, "UNORDERED_FACTOR", 1)
-    rewriter, _ = rewrite(FIXED_ORDER_SCHEMA, free_form_depth=CALL, counted_strings=True)
-    assert rewriter.order_fixed == ["#"]  # one regex would keep the required ones in order
-    automaton = _compile(FIXED_ORDER_SCHEMA, vocabulary)
-    assert hasattr(automaton, "stack_depth")  # the grammar form, its member values called
-    validator = jsonschema.Draft202012Validator(FIXED_ORDER_SCHEMA)
-    eos = vocabulary.eos_token_id[0]
+    automaton, validator, eos = _order_fixed_as_a_regex(FIXED_ORDER_SCHEMA, vocabulary)
     members = {
         "release": "npm:x:1",
         "detail": {"count": 3, "notice": "mit", "version": "3-0"},
@@ -199,3 +205,66 @@ def test_an_object_too_large_for_any_order_as_a_regex_takes_every_order(
         assert (
             refused_at(automaton, tokenizer.encode(text, add_special_tokens=False), eos) is not None
         )
+
+
+# Seven required members (MaskBench Github_easy o54575's shape: more than `ANY_ORDER_MAX`, so one
+# regex keeps them in the listed order) and an optional one, values small enough to be written
+# in place: the grammar form reads the object by an automaton of its 2 ** 8 member sets
+# (`order_automata`), every order of the members.
+SEVEN_REQUIRED_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "brand": {"type": "string"},
+        "category": {"enum": ["shoe", "shirt"]},
+        "description": {"type": "string"},
+        "id": {"type": "integer", "minimum": 0},
+        "name": {"type": "string", "pattern": "^[A-Z][a-z]*$"},
+        "price": {"type": "string"},
+        "schema": {"type": "string"},
+        "stock": {"type": "boolean"},
+    },
+    "required": ["schema", "id", "brand", "name", "description", "category", "stock"],
+    "additionalProperties": False,
+}
+
+
+def test_an_object_of_seven_required_members_takes_every_order(tokenizer, vocabulary):
+    automaton, validator, eos = _order_fixed_as_a_regex(SEVEN_REQUIRED_SCHEMA, vocabulary)
+    members = {
+        "brand": '"Nike"',
+        "category": '"shoe"',
+        "description": '"A shoe, {with} \\"air\\"."',
+        "id": "12345",
+        "name": '"Air"',
+        "price": '"$130"',
+        "schema": '"https://schema.org/Product"',
+        "stock": "true",
+    }
+    bad = {"category": '"hat"', "id": "-1", "name": '"air"', "price": "130", "stock": '"yes"'}
+    rng = random.Random(0)
+    outcomes = []
+    for trial in range(24):
+        names = list(members)
+        rng.shuffle(names)
+        pairs = [(n, members[n]) for n in names]
+        kind = trial % 6
+        if kind == 1:  # without the optional one
+            pairs = [p for p in pairs if p[0] != "price"]
+        elif kind == 2:  # a required one missing
+            gone = rng.choice(SEVEN_REQUIRED_SCHEMA["required"])
+            pairs = [p for p in pairs if p[0] != gone]
+        elif kind == 3:  # one bad value
+            name = rng.choice(sorted(bad))
+            pairs = [(n, bad[n] if n == name else v) for n, v in pairs]
+        elif kind == 4:  # a key twice
+            pairs.insert(rng.randrange(len(pairs) + 1), rng.choice(pairs))
+        elif kind == 5:  # a key not listed
+            pairs.insert(rng.randrange(len(pairs) + 1), ("colour", '"red"'))
+        text = "{" + ",".join(f'"{n}":{v}' for n, v in pairs) + "}"
+        where = refused_at(automaton, tokenizer.encode(text, add_special_tokens=False), eos)
+        # a key twice: JSON Schema sees the parsed object, which has the key once; exact (no
+        # repeated key) is what the automaton reads
+        valid = kind != 4 and validator.is_valid(json.loads(text))
+        assert (where is None) == valid, (text, where)
+        outcomes.append(valid)
+    assert outcomes.count(True) == 8  # kinds 0 and 1: every order tried is accepted

@@ -205,6 +205,13 @@ is then one rule instead of a copy per use. (2,000 before: MaskBench Github_hard
 tables of o62820 and o52904 took longer again: small rules called from many places give their
 positions many return slots.)"""
 
+ORDER_VALUE_RULE_REGEX = 100
+"""A member value of an object read in any order by its automaton (`order_automata`,
+`Rewriter.order_values`) becomes a rule from this many characters: the automaton has a copy of
+each member per set of members written, so a value written inline costs its states that many
+times (MaskBench o54613: two small objects of about 150 states each, inlined, made 25,760
+states of 7 members' 128 sets); a plain string value (about 60 characters) stays inline."""
+
 # Bounds a grammar form's positions; measured: 0.27-0.45 ms per position for the tables (o21316 8,219 positions 2.2 s).
 MAX_GRAMMAR_POSITIONS = 10_000
 """Most positions (states of all the rules' byte DFAs) of a grammar form: its token tables walk

@@ -283,6 +283,7 @@ def _any_order_grammar(
                 vocabulary,
                 stack_depth=stack_depth,
                 _rewritten=(again, regex),
+                _over_regex=bool(again.order_automata),
                 **{**options, "free_form_depth": None},
             )
         except (ConstraintError, NotDeterministic):

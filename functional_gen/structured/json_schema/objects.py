@@ -25,6 +25,7 @@ from .keys import (
     unmatched_keys,
 )
 from .keywords import AT_LEAST_ONE
+from .order_automata import any_order_text
 from .property_order import object_regex, second_order, unordered
 from .references import (
     NEVER,
@@ -272,6 +273,24 @@ def rewrite_object(rewriter: "Rewriter", node: dict, path: str):
             f"regex of over {e.args[0]:,} characters, too large to compile in reasonable time; make more "
             "of them required or bound fewer of them with minProperties/maxProperties",
         ) from None
+    if (
+        fixed
+        and rewriter.order_calls
+        and regex is not None
+        and group is None
+        and min_count == 0
+        and max_count is None
+        and rewriter.property_order == "any"
+    ):
+        # the grammar form's attempt: the object's automaton built from its members, every
+        # order (`order_automata`; refused there when too large, then this attempt is)
+        marker = rewriter.marker(any_order_text(items, "|".join(extras) or None, rewriter.ws))
+        rewriter.order_automata.add(marker["const"])
+        found = re.compile(f'"(FGSUB[0-9]+X{rewriter.tag})"')
+        for text in [r for r, _ in items] + extras:
+            rewriter.order_values.update(found.findall(text))
+        rewriter.inexact[marker["const"]] = f"its objects at {path} are read by an automaton"
+        return marker
     if fixed:
         rewriter.order_fixed.append(path)
     if regex is None:

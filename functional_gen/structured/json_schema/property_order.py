@@ -525,8 +525,10 @@ PROPERTY_ORDERS = ("any", "schema", "schema_or_required_first")
   (`counted_members`: the set of listed members and the number of additional ones) where
   they stay within `ANY_ORDER_MAX` listed members and the same budget; beyond, they keep
   the schema order (a valid document in another order is then refused). Where the budget
-  (not `ANY_ORDER_MAX`) kept an order, `json_schema_compile` first tries the grammar form
-  with large member values as rule calls (`Rewriter.order_calls`, `ORDER_CALL_FORMS`).
+  kept an order, `json_schema_compile` first tries the grammar form with large member
+  values as rule calls (`Rewriter.order_calls`, `ORDER_CALL_FORMS`), and there builds the
+  automaton of each object that still does not fit from its members directly
+  (`order_automata`: up to `ORDER_AUTOMATON_MAX` members tracked, within the positions).
 - `"schema"`: always the order of `properties` (then the additional members), as
   llguidance, outlines and XGrammar generate; smaller automata, but a valid document whose
   members come in another order is refused.

@@ -51,6 +51,7 @@ from .keywords import (
 from .merging import merge
 from .numbers import rewrite_integer, rewrite_number
 from .objects import dependent_required, rewrite_object
+from .order_automata import OrderAutomatonInlined
 from .property_order import PROPERTY_ORDERS
 from .references import (
     NEVER,
@@ -128,6 +129,13 @@ class Rewriter:
         a copy), so that objects too large to track as one regex still take every order there
         (`json_schema_compile` sets it for its grammar-form attempt when `order_fixed` is not
         empty)."""
+        self.order_automata: set[str] = set()
+        """Markers of objects read in any order by an automaton built from their members
+        (`order_automata.any_order_text`, with `order_calls` only): rules of the grammar form,
+        never written into a regex (`substitute` refuses them)."""
+        self.order_values: set[str] = set()
+        """Markers of the member values of `order_automata`'s objects: rules of the grammar
+        form from `ORDER_VALUE_RULE_REGEX` characters (`rule_plan.plan_rules`)."""
         self.order_fixed: list[str] = []
         """Paths of the objects read in an order fixed by the schema in part (`object_regex`'s
         `"chained"` or listed order, because tracking the members in any order was too large):
@@ -248,6 +256,10 @@ class Rewriter:
         @typing.no_type_check
         def expand(match) -> str:
             name = match.group(1)
+            if name in self.order_automata:
+                raise OrderAutomatonInlined(
+                    "an object read in any order by its automaton has no regex"
+                )
             if name not in expanded:
                 expanded[name] = "(?:" + found.sub(expand, self.substitutions[name]) + ")"
             return expanded[name]

@@ -27,6 +27,7 @@ from .errors import (
     RecursionRefused,
 )
 from .free_values import FREE_VALUE_CALL, free_value
+from .order_automata import any_order_dfa, is_any_order_text
 from .rewriter import Rewriter
 from .rule_plan import RULE_CALL
 
@@ -157,8 +158,9 @@ def build_ahead(regexes: list[str], free_value: bool):
 def _rule_edges_of(regex: str, free_value: bool):
     """`(dfa, rule_calls, value_calls)` for `rule_edges`: the call columns of the rules that
     `regex` calls (`rule_calls[:, r]`, up to its largest rule called) and, when `free_value`,
-    of the free-form value (`value_calls`, else `None`)."""
-    dfa = minimize(regex_byte_dfa(regex))
+    of the free-form value (`value_calls`, else `None`). An object read in any order by its
+    automaton (`order_automata.is_any_order_text`) is built by `any_order_dfa`."""
+    dfa = any_order_dfa(regex) if is_any_order_text(regex) else minimize(regex_byte_dfa(regex))
     delta = dfa.delta.copy()
     edges = []  # (state, rule, state after the call)
     for q in np.flatnonzero(delta[:, RULE_CALL] != REJECT):

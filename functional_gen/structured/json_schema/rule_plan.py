@@ -99,7 +99,7 @@ def plan_rules(
         return total
 
     for name in order:
-        if _dfa_rule(rewriter, name, index, banned):
+        if _dfa_rule(rewriter, name, index, banned) or _order_rule(rewriter, name, index, banned):
             continue
         text = rewriter.substitutions[name]
         size[name] = measured(text, name)
@@ -122,6 +122,8 @@ def plan_rules(
         limit = (
             budgets.REPEATED_RULE_REGEX
             if name in repeated  # one call per copy of a counted repeat instead of the item
+            else budgets.ORDER_VALUE_RULE_REGEX
+            if name in rewriter.order_values  # one call per member set instead of a copy
             else budgets.SHARED_RULE_REGEX
             if uses[name] > 1
             else budgets.RULE_REGEX
@@ -252,6 +254,26 @@ def _marker_cycle(children: dict[str, list[str]], cut: set) -> list[str] | None:
                 path.append(child)
                 iterators.append(iter(children[child]))
     return None
+
+
+def _order_rule(rewriter: Rewriter, name: str, index: dict, banned: set) -> bool:
+    """For `plan_rules`: make marker `name` a rule (`index[name]`) if it is an object read in
+    any order by its automaton (`Rewriter.order_automata`), which has no regex to inline;
+    whether it is.
+
+    **Raises:** `NotDeterministic` when it is `banned` (called where one byte cannot choose
+    it, e.g. an `anyOf` of two objects); `ConstraintError` beyond `MAX_RULES` rules."""
+    if name not in rewriter.order_automata:
+        return False
+    if name in banned:
+        raise NotDeterministic(
+            "an object read in any order is called where one byte cannot choose it"
+        )
+    if name not in index:
+        if len(index) >= budgets.MAX_RULES:
+            raise ConstraintError(f"the schema needs more than {budgets.MAX_RULES} grammar rules")
+        index[name] = len(index)
+    return True
 
 
 def _dfa_rule(rewriter: Rewriter, name: str, index: dict, banned: set) -> bool:
