@@ -1,7 +1,8 @@
 """Operations on byte DFAs beyond intersection and difference (`patterns`): the texts that
 exactly one of several automata accepts (`exactly_one_dfa`, what exact `oneOf` needs), the
-canonical spellings of JSON text (`canonical_json_dfa`), and a DFA's edges read as Unicode
-code points (`codepoint_edges`, so that `patterns.dfa_regex` can write UTF-8 automata).
+canonical spellings of JSON text (`canonical_json_dfa`), the spaced texts of compact ones
+(`spaced_json_dfa`), and a DFA's edges read as Unicode code points (`codepoint_edges`, so that
+`patterns.dfa_regex` can write UTF-8 automata).
 """
 
 import functools
@@ -11,7 +12,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from .automaton import ConstraintError
-from .byte_dfa import REJECT, ByteDFA, trim
+from .byte_dfa import REJECT, ByteDFA, minimize, regex_byte_dfa, trim
 
 
 def exactly_one_dfa(dfas: Sequence[ByteDFA], *, max_states: int) -> ByteDFA:
@@ -58,20 +59,29 @@ def exactly_one_dfa(dfas: Sequence[ByteDFA], *, max_states: int) -> ByteDFA:
         return dead, sum(n * s for n, s in zip(nexts, strides))
 
     start = sum(dfa.initial * s for dfa, s in zip(dfas, strides))
-    states = reachable_codes(
+    product = product_dfa(
         start,
         successors,
+        lambda states: sum(a[p].astype(np.int64) for a, p in zip(accepting, parts(states))) == 1,
         max_states=max_states,
         what=f"the texts that exactly one of {len(dfas)} automata "
         f"({', '.join(str(d.num_states) for d in dfas)} states) accepts",
     )
-    dead, target = successors(states)
-    delta = np.where(dead, REJECT, np.searchsorted(states, np.where(dead, start, target)))
-    count = sum(a[p].astype(np.int64) for a, p in zip(accepting, parts(states)))
-    product = ByteDFA(delta.astype(np.int32), count == 1, int(np.searchsorted(states, start)))
     if not product.accepting.any():
         raise ConstraintError("no text is accepted by exactly one of the automata")
     return trim(product)
+
+
+def product_dfa(start: int, successors, accepting, *, max_states: int, what: str) -> ByteDFA:
+    """The byte DFA of a product automaton's states reachable from `start` (`reachable_codes`,
+    with `successors` as there), numbered in sorted order; `accepting(codes)` says which codes
+    accept. Not trimmed.
+
+    **Raises:** `ValueError` saying that `what` needs over `max_states` states."""
+    states = reachable_codes(start, successors, max_states=max_states, what=what)
+    dead, target = successors(states)
+    delta = np.where(dead, REJECT, np.searchsorted(states, np.where(dead, start, target)))
+    return ByteDFA(delta.astype(np.int32), accepting(states), int(np.searchsorted(states, start)))
 
 
 def reachable_codes(start: int, successors, *, max_states: int, what: str) -> np.ndarray:
@@ -168,6 +178,62 @@ def compact_json_dfa() -> ByteDFA:
     outside = [0, 10, 12]  # the states that read a byte outside strings (after a number too)
     delta[np.ix_(outside, [0x20, 0x09, 0x0A, 0x0D])] = REJECT
     return ByteDFA(delta, canonical.accepting.copy(), canonical.initial)
+
+
+_WHITESPACE = [0x20, 0x09, 0x0A, 0x0D]
+"""JSON's whitespace bytes (RFC 8259, section 2)."""
+
+
+def spaced_json_dfa(dfa: ByteDFA, ws: str, *, max_states: int) -> ByteDFA:
+    """The minimal byte DFA of the texts that `dfa` accepts once their whitespace outside strings
+    is erased, where each run of whitespace stands between two tokens of which one is a
+    structural character (`{ } [ ] , :`) and matches the regex `ws` (one run there at most): `dfa` over compact JSON text (as
+    `compact_json_dfa` spells it) read with the spacing a schema's regex allows (`ws`, e.g.
+    `[ ]?`), so `{"a": [1, 2]}` where `dfa` accepts `{"a":[1,2]}`. No whitespace before the
+    first byte or after the last (the enclosing regex writes that), none inside a number or a
+    literal (`1 2` is not `12`).
+
+    The inverse image of whitespace erasure (the product of `dfa` with `canonical_json_dfa`'s
+    lexer, a whitespace byte outside a string leaving `dfa`'s state as it is, except at its
+    start and where it can read nothing more), intersected with the spacing (a regex of
+    values and structural characters, one `ws` between two tokens).
+
+    **Raises:** `ValueError` naming the sizes when a product has more than `max_states`
+    reachable states; `ConstraintError` when `dfa` accepts nothing."""
+    from .patterns import intersect_dfas  # (patterns imports this module)
+
+    lexer = canonical_json_dfa()
+    width = lexer.num_states
+    outside = np.zeros(width, bool)
+    outside[[0, 10, 12]] = True  # between tokens, or ending a number
+    spaces = np.zeros(256, bool)
+    spaces[_WHITESPACE] = True
+    erasable = (dfa.delta != REJECT).any(axis=1)
+    erasable[dfa.initial] = False
+    start = dfa.initial * width + lexer.initial
+
+    def successors(codes):
+        q, c = codes // width, codes % width
+        nq, nc = dfa.delta[q].astype(np.int64), lexer.delta[c].astype(np.int64)
+        erase = (outside[c] & erasable[q])[:, None] & spaces[None, :]
+        nq = np.where(erase, q[:, None], nq)
+        dead = (nq == REJECT) | (nc == REJECT)
+        return dead, nq * width + nc
+
+    lifted = product_dfa(
+        start,
+        successors,
+        lambda states: dfa.accepting[states // width] & lexer.accepting[states % width],
+        max_states=max_states,
+        what=f"the spaced texts of an automaton of {dfa.num_states} states",
+    )
+    value = r'(?:"(?:[^"\\]|\\(?s:.))*"|[^"{}\[\],: \t\n\r]+)'
+    structural = r"[{}\[\],:]"
+    # one whitespace slot between two tokens, one of them structural (values are never adjacent)
+    spacing = regex_byte_dfa(
+        f"(?:{value}{ws})?{structural}(?:{ws}(?:{value}{ws})?{structural})*(?:{ws}{value})?|{value}"
+    )
+    return minimize(intersect_dfas(trim(lifted), spacing, max_states=max_states))
 
 
 _CONTINUATION = np.arange(0x80, 0xC0)

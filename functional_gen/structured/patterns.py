@@ -34,7 +34,7 @@ import numpy as np
 
 from .automaton import unique_columns
 from .byte_dfa import REJECT, ByteDFA, minimize, regex_byte_dfa, trim
-from .dfa_operations import codepoint_edges, merged_ranges, reachable_codes
+from .dfa_operations import codepoint_edges, merged_ranges, product_dfa
 
 # Nested helpers that run per byte, state or schema node are `@typing.no_type_check`: the
 # tests' jaxtyping import hook would wrap every call of them (30-40 us each, and a fresh
@@ -564,16 +564,16 @@ def intersect_dfas(a, b, *, max_states: int):
         ok = (na != REJECT) & (nb != REJECT)
         return ~ok, na * width + nb
 
-    states = reachable_codes(
-        start,
-        successors,
-        max_states=max_states,
-        what=f"the intersection of two string automata ({a.num_states} and {b.num_states} states)",
+    return trim(
+        product_dfa(
+            start,
+            successors,
+            lambda states: a.accepting[states // width] & b.accepting[states % width],
+            max_states=max_states,
+            what=f"the intersection of two string automata ({a.num_states} and {b.num_states} "
+            "states)",
+        )
     )
-    dead, target = successors(states)
-    delta = np.where(dead, REJECT, np.searchsorted(states, np.where(dead, start, target)))
-    accepting = a.accepting[states // width] & b.accepting[states % width]
-    return trim(ByteDFA(delta.astype(np.int32), accepting, int(np.searchsorted(states, start))))
 
 
 def length_bounded_dfa(body, min_length: int, max_length: int | None, *, max_states: int):

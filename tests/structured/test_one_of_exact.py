@@ -17,6 +17,7 @@ from functional_gen.structured.dfa_operations import (
     canonical_json_dfa,
     compact_json_dfa,
     exactly_one_dfa,
+    spaced_json_dfa,
 )
 from functional_gen.structured.json_schema import (
     UnsupportedSchemaError,
@@ -197,15 +198,17 @@ def test_sampled_documents_match_exactly_one_branch(name):
 
 
 def _assert_decided_as_jsonschema(schema, values):
-    """The schema's regex accepts each value's compact text exactly when jsonschema validates
-    it, and both verdicts occur."""
+    """The schema's regex accepts each value's compact text, and an object's or array's text
+    spaced as `json.dumps` spaces it by default (`{"a": [1, 2]}`), exactly when jsonschema
+    validates it, and both verdicts occur."""
     validator = jsonschema.Draft202012Validator(schema)
     regex = re.compile(json_schema_regex(schema))
     verdicts = set()
     for value in values:
-        text = json.dumps(value, separators=(",", ":"), ensure_ascii=False)
         valid = validator.is_valid(value)
-        assert bool(regex.fullmatch(text)) == valid, (text, valid)
+        for separators in ((",", ":"), (", ", ": ")):
+            text = json.dumps(value, separators=separators, ensure_ascii=False)
+            assert bool(regex.fullmatch(text)) == valid, (text, valid)
         verdicts.add(valid)
     assert verdicts == {True, False}
 
@@ -365,3 +368,27 @@ def test_canonical_json_dfa_accepts_one_spelling_per_value():
         assert canonical.matches(text.encode()), text
     for other in ['"\\u0061"', '"\\/"', '"\\u001F"', '"\\u000a"', "5.0", "1e3", "-0", "0.10"]:
         assert not canonical.matches(other.encode()), other
+
+
+def test_spaced_json_dfa_reads_the_schemas_whitespace_beside_structural_characters_only():
+    compact = regex_byte_dfa(r'\{"a":\[(?:(?:-?[0-9]+|true)(?:,(?:-?[0-9]+|true))*)?\]\}')
+    spaced = spaced_json_dfa(compact, "[ ]?", max_states=10**5)
+    for value in ({"a": []}, {"a": [1, 23, True]}, {"a": [-4]}):
+        for separators in ((",", ":"), (", ", ": ")):
+            assert spaced.matches(json.dumps(value, separators=separators).encode())
+    for text in (
+        '{ "a" : [ 1 , true ] }',  # one space on either side of each structural character
+        '{"a":[1 ]}',
+    ):
+        assert spaced.matches(text.encode()), text
+    for text in (
+        '{"a":[1 2]}',  # not 12: no whitespace inside a number
+        '{"a":[tr ue]}',
+        '{"a":[- 1]}',
+        ' {"a":[]}',  # the enclosing regex writes what comes before and after
+        '{"a":[]} ',
+        '{"a":  []}',  # two spaces: one `[ ]?` between two tokens
+        '{"a":\n[]}',
+        '{"a":[1,2,]}',  # what the compact automaton refuses stays refused
+    ):
+        assert not spaced.matches(text.encode()), text

@@ -12,7 +12,9 @@ regex; `"\\u0061"` is `"a"`). No other engine enforces `oneOf` exactly: llguidan
 and outlines treat it as `anyOf`.
 
 Objects and arrays are compared on their compact canonical texts (`compact_json_dfa`: no
-whitespace outside strings, whose spelling the branches' automata may not share): a branch's
+whitespace outside strings, whose spelling the branches' automata may not share), and the
+result is then read with the schema's whitespace beside each structural character
+(`spaced_json_dfa`; compact only where that is over budget): a branch's
 automaton judges such a text as `jsonschema` judges its value when every object in it is
 read in any order of its members and no key twice (`object_regex`'s `exact`: closed objects
 of at most `ANY_ORDER_MAX` listed members in the exact form) and nothing in it is cut. Refused
@@ -28,7 +30,12 @@ from collections.abc import Sequence
 
 from ..automaton import ConstraintError
 from ..byte_dfa import minimize, regex_byte_dfa
-from ..dfa_operations import canonical_json_dfa, compact_json_dfa, exactly_one_dfa
+from ..dfa_operations import (
+    canonical_json_dfa,
+    compact_json_dfa,
+    exactly_one_dfa,
+    spaced_json_dfa,
+)
 from ..patterns import dfa_regex, intersect_dfas
 from . import budgets
 from .errors import NoCommonType
@@ -101,7 +108,7 @@ def exact_one_of(
             exact = dfas[0]
             if len(dfas) > 1:
                 exact = minimize(exactly_one_dfa(dfas, max_states=budgets.MAX_ONE_OF_STATES))
-            pieces.append(rewriter.marker(dfa_regex(exact, max_chars=budgets.MAX_ONE_OF_REGEX)))
+            pieces.append(rewriter.marker(_written(exact, kind, rewriter.ws)))
         except ConstraintError:  # no value of this kind matches exactly one branch
             continue
         except ValueError as e:  # NotRegular, or a product or regex over its budget
@@ -117,6 +124,22 @@ def exact_one_of(
         )
         return None
     return pieces
+
+
+def _written(exact, kind: str, ws: str) -> str:
+    """The regex of `exact` (the automaton of the values of `kind` that exactly one branch
+    admits, on canonical texts): an object's or array's compact texts spaced as the schema's
+    whitespace `ws` allows elsewhere (`spaced_json_dfa`: `{"a": 1}` as well as `{"a":1}`), or
+    compact only where the spaced automaton or its regex is over budget.
+
+    **Raises:** `ValueError` when even the compact regex is over `MAX_ONE_OF_REGEX`."""
+    if kind not in _SCALARS:
+        try:
+            spaced = spaced_json_dfa(exact, ws, max_states=budgets.MAX_ONE_OF_STATES)
+            return dfa_regex(spaced, max_chars=budgets.MAX_ONE_OF_REGEX)
+        except ValueError:
+            pass  # compact only: a valid document spaced otherwise is refused there
+    return dfa_regex(exact, max_chars=budgets.MAX_ONE_OF_REGEX)
 
 
 def _kind_part(rewriter: "Rewriter", branch, kind: str, where: str):
