@@ -260,37 +260,45 @@ def _any_order_grammar(
     order (`rewriter.order_fixed`: tracking them in any order made one regex too large), the
     grammar form of a rewrite that sizes their members as calls (`Rewriter.order_calls`): a
     member value that is a large subschema is a rule called once per member set instead of
-    copied, so the object takes its members in any order within the same budgets. `None`
-    (the caller goes on as before) when that rewrite fixes no fewer objects, or its grammar
-    form is refused (too many positions, calls one byte cannot choose, a regex too large);
-    its warnings are given only when it is returned."""
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        try:
-            again, regex = rewrite(
-                schema,
-                **{**options, "free_form_depth": CALL},
-                counted_strings=True,
-                order_calls=True,
+    copied, so the object takes its members in any order within the same budgets; an object
+    that still does not fit is read by an automaton built from its members
+    (`Rewriter.order_by_automata`), and where that form is refused, the rewrite without them is
+    tried. `None` (the caller goes on as before) when a rewrite fixes no fewer objects, or its
+    grammar form is refused (too many positions, calls one byte cannot choose, a regex too
+    large); its warnings are given only when it is returned."""
+    for by_automata in (True, False):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            again = None
+            try:
+                again, regex = rewrite(
+                    schema,
+                    **{**options, "free_form_depth": CALL},
+                    counted_strings=True,
+                    order_calls=True,
+                    order_by_automata=by_automata,
+                )
+                if len(again.order_fixed) >= len(rewriter.order_fixed):
+                    return None  # (without automata, it fixes no fewer)
+                if _strings_too_large(again, regex, False) is not None:
+                    return None
+                automaton = json_schema_grammar(
+                    schema,
+                    vocabulary,
+                    stack_depth=stack_depth,
+                    _rewritten=(again, regex),
+                    **{**options, "free_form_depth": None},
+                )
+            except (ConstraintError, NotDeterministic):
+                if again is None or not again.order_automata:
+                    return None
+                continue  # the rewrite without automata
+        for warning in caught:
+            warnings.warn_explicit(
+                warning.message, warning.category, warning.filename, warning.lineno
             )
-            if len(again.order_fixed) >= len(rewriter.order_fixed):
-                return None
-            hopeless = _strings_too_large(again, regex, False)
-            if hopeless is not None:
-                return None
-            automaton = json_schema_grammar(
-                schema,
-                vocabulary,
-                stack_depth=stack_depth,
-                _rewritten=(again, regex),
-                _over_regex=bool(again.order_automata),
-                **{**options, "free_form_depth": None},
-            )
-        except (ConstraintError, NotDeterministic):
-            return None
-    for warning in caught:
-        warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
-    return automaton
+        return automaton
+    return None
 
 
 def _strings_too_large(rewriter: Rewriter, regex: str, over_regex: bool) -> TooManyPositions | None:

@@ -275,7 +275,7 @@ def rewrite_object(rewriter: "Rewriter", node: dict, path: str):
         ) from None
     if (
         fixed
-        and rewriter.order_calls
+        and rewriter.order_by_automata
         and regex is not None
         and group is None
         and min_count == 0

@@ -120,6 +120,7 @@ class Rewriter:
         expansions: Sequence = (),
         origins: Mapping | None = None,
         order_calls: bool = False,
+        order_by_automata: bool = False,
     ):
         self.root = root
         self.property_order = property_order
@@ -129,6 +130,9 @@ class Rewriter:
         a copy), so that objects too large to track as one regex still take every order there
         (`json_schema_compile` sets it for its grammar-form attempt when `order_fixed` is not
         empty)."""
+        self.order_by_automata = order_calls and order_by_automata
+        """With `order_calls`: an object that would still keep an order is read by an
+        automaton built from its members instead (`order_automata`)."""
         self.order_automata: set[str] = set()
         """Markers of objects read in any order by an automaton built from their members
         (`order_automata.any_order_text`, with `order_calls` only): rules of the grammar form,
@@ -451,13 +455,15 @@ def rewrite(
     property_order: str = "any",
     recursive: bool = False,
     order_calls: bool = False,
+    order_by_automata: bool = False,
 ) -> tuple[Rewriter, str] | None:
     """The rewriter after its pass over `schema` and the schema's regex with the markers left
     in (`Rewriter.substitute` expands them; the grammar form makes rules of some). Arguments and
     errors as `json_schema_regex`; `recursive=True` keeps recursive references as markers of
     rules (`inline_references(recursive=True)`, `Rewriter.recursive`: only the grammar form
     can compile them) instead of unrolling them; then `None` when nothing recurses (before the
-    rewrite: the caller takes the unrolled path). `order_calls`: see `Rewriter.order_calls`."""
+    rewrite: the caller takes the unrolled path). `order_calls`, `order_by_automata`: see
+    `Rewriter.order_calls`, `Rewriter.order_by_automata`."""
     if (
         isinstance(max_recursion_depth, bool)
         or not isinstance(max_recursion_depth, int)
@@ -501,6 +507,7 @@ def rewrite(
         expansions=expansions,
         origins=origins,
         order_calls=order_calls,
+        order_by_automata=order_by_automata,
     )
     normalized = rewriter.node(root, "#")
     rewriter.finish_recursive()
