@@ -153,6 +153,26 @@ generation (ours for the device tables, XGrammar for its adaptive token cache) p
 computes each step's mask lazily on the host, which the device loop cannot (no host work per
 token, DESIGN constraint 6).
 
+2026-12-02 (session 39): objects still read in one order are, in the grammar-form attempt, rules
+whose automata are built from their members (`order_automata`, 65ed666 + 00d6443), and exact
+`oneOf` over objects reads spaced text (`spaced_json_dfa`, 7ee783b). `--all --sample 300 --seed 7`,
+the same 300 schemas, before (2ff85e7, 06:43 UTC, the box shared with a test process) and after
+(00d6443, 07:12 UTC, quieter: schemas whose automaton did not change took 0.55x their earlier
+time, so compare counts, and times only within a run):
+
+| run | compiled | timeouts | p50 / p90 / p99 ms | valid compact | valid spaced | invalid rejected |
+|---|---|---|---|---|---|---|
+| before (2ff85e7) | 267/300 | 1 (eslintrc) | 298 / 1,549 / 5,646 | 319/327 | 316/327 | 529/529 |
+| after (00d6443) | 268/300 | 0 | 179 / 1,187 / 3,255 | 323/329 | 323/329 | 533/533 |
+
+Fixed: o54575 (six required members and an optional one: 2/2 valid, both spacings), dart-test
+(2/2 spaced), o10020 (spaced). 27 schemas got a different automaton (an object now read in any
+order); their compile time, median 1.37x raw, about 2.5x once the load difference is taken out
+(o9517 1.1 -> 2.0 s, o54575 0.03 -> 0.8 s, o4177 1.1 -> 1.7 s). Still one order, so their valid
+documents in another are refused: o78043 (15 required members: 32,768 sets), o33696 (9 required of
+14 in an open object: about 170,000 states), o54613 (7 required and two strings of maxLength
+1,000 whose counters alone take 24,000 positions).
+
 Cold compiles after the small-graph searches without scipy and the per-tokenizer disk cache
 (branch coldcompile, 2026-11-28 23:32-23:48 UTC, same five schemas and flags, the box at load
 average 5-7: read the ratios, not the milliseconds), each run against llguidance in the same
