@@ -1,7 +1,8 @@
-"""Operations on byte DFAs beyond intersection and difference (`patterns`): the texts that
+"""Operations on byte DFAs beside those of `patterns` (difference, lengths): the texts that
 exactly one of several automata accepts (`exactly_one_dfa`, what exact `oneOf` needs), the
 canonical spellings of JSON text (`canonical_json_dfa`), the spaced texts of compact ones
-(`spaced_json_dfa`), and a DFA's edges read as Unicode code points (`codepoint_edges`, so that
+(`spaced_json_dfa`), the intersection of two (`intersect_dfas`, re-exported by `patterns`),
+and a DFA's edges read as Unicode code points (`codepoint_edges`, so that
 `patterns.dfa_regex` can write UTF-8 automata).
 """
 
@@ -70,6 +71,37 @@ def exactly_one_dfa(dfas: Sequence[ByteDFA], *, max_states: int) -> ByteDFA:
     if not product.accepting.any():
         raise ConstraintError("no text is accepted by exactly one of the automata")
     return trim(product)
+
+
+def intersect_dfas(a, b, *, max_states: int):
+    """The trimmed byte DFA of the texts both byte DFAs `a` and `b` accept (the product of their
+    reachable state pairs, built in breadth-first layers).
+
+    **Raises:** `ValueError` naming the size when the product has more than `max_states`
+    reachable pairs; `ConstraintError` when no text is accepted by both.
+
+    Source: the product construction of finite automata (Rabin & Scott 1959, "Finite automata
+    and their decision problems").
+    """
+
+    width = b.num_states
+    start = a.initial * width + b.initial
+
+    def successors(codes):
+        na, nb = a.delta[codes // width], b.delta[codes % width]
+        ok = (na != REJECT) & (nb != REJECT)
+        return ~ok, na * width + nb
+
+    return trim(
+        product_dfa(
+            start,
+            successors,
+            lambda states: a.accepting[states // width] & b.accepting[states % width],
+            max_states=max_states,
+            what=f"the intersection of two string automata ({a.num_states} and {b.num_states} "
+            "states)",
+        )
+    )
 
 
 def product_dfa(start: int, successors, accepting, *, max_states: int, what: str) -> ByteDFA:
@@ -200,8 +232,6 @@ def spaced_json_dfa(dfa: ByteDFA, ws: str, *, max_states: int) -> ByteDFA:
 
     **Raises:** `ValueError` naming the sizes when a product has more than `max_states`
     reachable states; `ConstraintError` when `dfa` accepts nothing."""
-    from .patterns import intersect_dfas  # (patterns imports this module)
-
     lexer = canonical_json_dfa()
     width = lexer.num_states
     outside = np.zeros(width, bool)

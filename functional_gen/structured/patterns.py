@@ -34,7 +34,7 @@ import numpy as np
 
 from .automaton import unique_columns
 from .byte_dfa import REJECT, ByteDFA, minimize, regex_byte_dfa, trim
-from .dfa_operations import codepoint_edges, merged_ranges, product_dfa
+from .dfa_operations import codepoint_edges, intersect_dfas, merged_ranges
 
 # Nested helpers that run per byte, state or schema node are `@typing.no_type_check`: the
 # tests' jaxtyping import hook would wrap every call of them (30-40 us each, and a fresh
@@ -543,37 +543,6 @@ def _count_levels(dfa, lexer_next, lexer_counts, top: int, saturate: bool) -> li
         previous, entry = entry, following
         count += 1
     return levels
-
-
-def intersect_dfas(a, b, *, max_states: int):
-    """The trimmed byte DFA of the texts both byte DFAs `a` and `b` accept (the product of their
-    reachable state pairs, built in breadth-first layers).
-
-    **Raises:** `ValueError` naming the size when the product has more than `max_states`
-    reachable pairs; `ConstraintError` when no text is accepted by both.
-
-    Source: the product construction of finite automata (Rabin & Scott 1959, "Finite automata
-    and their decision problems").
-    """
-
-    width = b.num_states
-    start = a.initial * width + b.initial
-
-    def successors(codes):
-        na, nb = a.delta[codes // width], b.delta[codes % width]
-        ok = (na != REJECT) & (nb != REJECT)
-        return ~ok, na * width + nb
-
-    return trim(
-        product_dfa(
-            start,
-            successors,
-            lambda states: a.accepting[states // width] & b.accepting[states % width],
-            max_states=max_states,
-            what=f"the intersection of two string automata ({a.num_states} and {b.num_states} "
-            "states)",
-        )
-    )
 
 
 def length_bounded_dfa(body, min_length: int, max_length: int | None, *, max_states: int):
