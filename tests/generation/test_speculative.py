@@ -178,6 +178,9 @@ def test_generation_config_prompt_lookup(tiny):
     _assert_same(fast, plain)
 
 
+WIDTH = 40  # token columns of test_prompt_lookup_matches_transformers_candidates' rows (n < 30)
+
+
 def test_prompt_lookup_matches_transformers_candidates():
     """The looked-up guesses equal transformers' `PromptLookupCandidateGenerator` (first match
     of the longest n-gram, continuation truncated at the row's end)."""
@@ -186,6 +189,27 @@ def test_prompt_lookup_matches_transformers_candidates():
 
     rng = np.random.default_rng(0)
     spec = fg.speculative.PromptLookup(num_tokens=5, max_ngram_size=3, adaptive=False)
+    _, _, q = spec.propose(
+        None,
+        None,
+        jnp.zeros((1, WIDTH), jnp.int32),
+        jnp.asarray([2]),
+        jnp.asarray([True]),
+        key=jax.random.key(0)[None],
+        sample=False,
+    )
+    assert q is None
+
+    # every row in one buffer width (its length says where it ends; at least 10 free slots
+    # after it), so one compiled program serves the 40 rows instead of op-by-op dispatch at
+    # each row's own width
+    @jax.jit
+    def propose(row, length):
+        _, guesses, _ = spec.propose(
+            None, None, row, length, jnp.asarray([True]), key=jax.random.key(0)[None], sample=False
+        )
+        return guesses
+
     for _ in range(40):
         n = int(rng.integers(2, 30))
         ids = rng.integers(0, 6, n)
@@ -194,17 +218,8 @@ def test_prompt_lookup_matches_transformers_candidates():
         )
         out, _ = gen.get_candidates(torch.as_tensor(ids[None, :]))
         expected = out[0, n:].numpy()
-        row = np.concatenate([ids, np.zeros(10, int)])[None, :]
-        _, guesses, q = spec.propose(
-            None,
-            None,
-            jnp.asarray(row),
-            jnp.asarray([n]),
-            jnp.asarray([True]),
-            key=jax.random.key(0)[None],
-            sample=False,
-        )
-        assert q is None
+        row = np.concatenate([ids, np.zeros(WIDTH - n, int)])[None, :]
+        guesses = propose(jnp.asarray(row, jnp.int32), jnp.asarray([n]))
         got = np.asarray(guesses)[0]
         np.testing.assert_array_equal(got[: len(expected)], expected)
         assert np.all(got[len(expected) :] == -1)  # no guess past the match's continuation
