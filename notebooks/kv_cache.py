@@ -315,15 +315,17 @@ for text in forks.texts:
 # this process or another; a model with another config refuses it.
 
 # %%
+# (the state of `first` above: its continuation `more` is the reference, and the loaded
+# state has its shapes, so continuing it reuses that call's compiled program)
 with tempfile.TemporaryDirectory() as folder:
     path = Path(folder) / "chat.safetensors"
-    reply.state.save(path)
+    first.state.save(path)
     print(f"{path.stat().st_size / 2**20:.1f} MiB on disk")
     restored = fg.SequenceState.load(path, tokenizer=tokenizer)
-    a = fg.generate(model, tokenizer, reply.state, max_new_tokens=8, eos_token_id=())
-    b = fg.generate(model, tokenizer, restored, max_new_tokens=8, eos_token_id=())
-    print(repr(a.texts[0]), "==", repr(b.texts[0]))
-    assert a.texts == b.texts
+    again = fg.generate(model, tokenizer, restored, max_new_tokens=8)
+    print(repr(more.texts[0]), "==", repr(again.texts[0]))
+    assert again.texts == more.texts
+    np.testing.assert_array_equal(np.asarray(again.token_ids), np.asarray(more.token_ids))
 
 # %% [markdown]
 # ## Next

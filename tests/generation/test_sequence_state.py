@@ -335,8 +335,10 @@ def test_bad_inputs_raise_clear_errors(tiny, tmp_path):
 
 
 @pytest.mark.slow
-def test_text_then_choice_and_chat_with_cache_reuse(default_model):
-    model, tokenizer = default_model
+def test_text_then_choice_and_chat_with_cache_reuse(two_layer_model):
+    """A `Choice` after free text, then a chat turn that prefills only itself: plumbing that
+    holds for any weights (the 2-layer cut of the default model, its real chat template)."""
+    model, tokenizer = two_layer_model
     chat = [{"role": "user", "content": "Is the sky blue? Think, then answer yes or no."}]
     first = fg.generate(model, tokenizer, [chat], max_new_tokens=12)
     answer = fg.generate(

@@ -30,7 +30,7 @@ from functional_gen.testing import tiny_config
 
 from ..helpers import speculative_generate, tiny_tokenizer
 from . import test_speculative as reference
-from .test_speculative import VOCAB, SameToken, _assert_same, _chi_square_p
+from .test_speculative import VOCAB, SameToken, _assert_same, _chi_square_p, next_logits
 
 PROMPTS = [
     "t5 t6 t7 t8 t5 t6 t7 t8 t5 t6",
@@ -173,8 +173,7 @@ def _exact_constrained(model, prompt, temperature):
     probs = np.zeros((VOCAB,) * 3)
 
     def dist(prefix):
-        ids = jnp.asarray([list(prompt) + list(prefix)])
-        logits, _ = model.prefill(ids, jnp.arange(ids.shape[1])[None, :], max_len=ids.shape[1])
+        logits = next_logits(model, jnp.asarray([list(prompt) + list(prefix)]))
         p = np.asarray(jax.nn.softmax(logits[0, -1] / temperature), np.float64)
         last = [t for t in prefix if t != VOCAB - 1][-1:]  # EOS leaves the state as it is
         allowed = np.isin(np.arange(VOCAB), [1, 2, 3, VOCAB - 1]) & ~np.isin(np.arange(VOCAB), last)

@@ -21,6 +21,7 @@ PROMPTS = [
     "Once upon a time, in a land far away,",
     "Die Hauptstadt von Deutschland ist",
 ]
+PAD = 0  # Gemma's <pad>
 
 
 def test_config_is_the_gemma3_text_family(gemma):
@@ -32,13 +33,20 @@ def test_config_is_the_gemma3_text_family(gemma):
 
 
 def test_logits_equal_transformers_on_several_prompts(gemma, torch_gemma):
+    """Every position's logits of each prompt alone in transformers. Ours in one call over the
+    prompts right-padded to one length (causal attention: a position never reads the padding
+    after it), which dispatches the model's operations for one shape instead of one per prompt
+    length (13 s of CPU for the four, op by op)."""
     model, tokenizer = gemma
-    for prompt in PROMPTS:
-        ids = tokenizer(prompt)["input_ids"]
+    rows = [tokenizer(prompt)["input_ids"] for prompt in PROMPTS]
+    width = max(map(len, rows))
+    padded = jnp.array([ids + [PAD] * (width - len(ids)) for ids in rows])
+    positions = jnp.broadcast_to(jnp.arange(width), padded.shape)
+    batch, _ = model(padded, positions, model.init_cache(len(rows), 64))
+    for prompt, ids, row in zip(PROMPTS, rows, np.asarray(batch)):
         with torch.no_grad():
             theirs = torch_gemma(torch.tensor([ids])).logits[0].numpy()
-        ours, _ = model(jnp.array([ids]), jnp.arange(len(ids))[None], model.init_cache(1, 64))
-        ours = np.asarray(ours[0])
+        ours = row[: len(ids)]
         worst = float(np.max(np.abs(ours - theirs)))
         assert worst < 2e-3, (prompt, worst)
         np.testing.assert_array_equal(ours.argmax(-1), theirs.argmax(-1))
