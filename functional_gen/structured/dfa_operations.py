@@ -212,6 +212,28 @@ def compact_json_dfa() -> ByteDFA:
     return ByteDFA(delta, canonical.accepting.copy(), canonical.initial)
 
 
+def numbered_mark(byte: int, i: int) -> str:
+    """The regex of mark number `i` (0 <= i < 256) led by the control byte `byte`: three
+    control characters, `byte`, `0x10 + i // 16`, `0x10 + i % 16`, which JSON text never holds
+    raw (strings escape them). A rule call (`rule_plan.rule_call`) and a member's end in
+    `order_automata` are such marks; `numbered_mark_edges` reads them back from a DFA."""
+    return f"\\x{byte:02x}\\x{0x10 + i // 16:02x}\\x{0x10 + i % 16:02x}"
+
+
+def numbered_mark_edges(delta, byte: int) -> list[tuple[int, int, int]]:
+    """Each `(state, i, after)` where the DFA table `delta` (`Int[np.ndarray, "states
+    symbols"]`, `REJECT` for none) reads mark `i` of `numbered_mark(byte, i)` from `state`,
+    reaching `after`, in order of states."""
+    edges = []
+    for q in np.flatnonzero(delta[:, byte] != REJECT):
+        first = delta[q, byte]
+        for high in np.flatnonzero(delta[first, 0x10:0x20] != REJECT):
+            second = delta[first, 0x10 + high]
+            for low in np.flatnonzero(delta[second, 0x10:0x20] != REJECT):
+                edges.append((int(q), 16 * int(high) + int(low), int(delta[second, 0x10 + low])))
+    return edges
+
+
 _WHITESPACE = [0x20, 0x09, 0x0A, 0x0D]
 """JSON's whitespace bytes (RFC 8259, section 2)."""
 

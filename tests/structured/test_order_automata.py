@@ -8,7 +8,7 @@ import random
 import pytest
 
 from functional_gen.structured.automaton import ConstraintError
-from functional_gen.structured.json_schema import budgets, order_automata
+from functional_gen.structured.json_schema import budgets
 from functional_gen.structured.json_schema.errors import TooManyPositions
 from functional_gen.structured.json_schema.order_automata import (
     any_order_dfa,
@@ -93,7 +93,7 @@ def test_any_order_dfa_is_the_language_of_member_sequences(required, extra, form
     text = _text(required, extra)
     assert is_any_order_text(text)
     if form == "required":  # four listed members over the limit: only the required tracked
-        monkeypatch.setattr(order_automata, "ORDER_AUTOMATON_MAX", 3)
+        monkeypatch.setattr(budgets, "ORDER_AUTOMATON_MAX", 3)
     dfa = any_order_dfa(text, form=form)
     checked = {True: 0, False: 0}
     for sequence in _sequences(random.Random(0)):

@@ -205,6 +205,11 @@ is then one rule instead of a copy per use. (2,000 before: MaskBench Github_hard
 tables of o62820 and o52904 took longer again: small rules called from many places give their
 positions many return slots.)"""
 
+ORDER_AUTOMATON_MAX = 10
+"""Most members tracked as a set by `order_automata.any_order_dfa` (`2 ** n` sets, one small
+regex each: 1,024 regexes of about 1.6 ms each at most); its positions budget
+(`MAX_GRAMMAR_POSITIONS`) usually refuses before."""
+
 ORDER_VALUE_RULE_REGEX = 100
 """A member value of an object read in any order by its automaton (`order_automata`,
 `Rewriter.order_values`) becomes a rule from this many characters: the automaton has a copy of

@@ -19,6 +19,7 @@ import numpy as np
 
 from ..automaton import ConstraintError
 from ..byte_dfa import REJECT, ByteDFA, minimize, regex_byte_dfa, trim
+from ..dfa_operations import numbered_mark, numbered_mark_edges
 from . import budgets
 from .errors import TooManyPositions
 
@@ -29,23 +30,15 @@ schema holds (JSON text escapes control characters, and regexes write them as es
 _SEPARATOR = "\x00"
 
 MARK = 0x03
-"""The byte of a member's end mark in `any_order_dfa`'s per-set regexes, followed by two digit
-bytes `0x10 + j // 16`, `0x10 + j % 16` (member `j`): a control character that no JSON text
-holds raw and that neither `rule_plan.RULE_CALL` (0x02) nor `byte_dfa`'s prefix (0x01) uses."""
-
-ORDER_AUTOMATON_MAX = 10
-"""Most members tracked as a set by `any_order_dfa` (`2 ** n` sets, one small regex each: 1,024
-regexes of about 1.6 ms each at most); the positions budget usually refuses before."""
+"""The byte that leads a member's end mark in `any_order_dfa`'s per-set regexes
+(`numbered_mark(MARK, j)` for member `j`): a control character that neither
+`rule_plan.RULE_CALL` (0x02) nor `byte_dfa`'s prefix (0x01) uses."""
 
 
 class OrderAutomatonInlined(ConstraintError):
     """An object read in any order by its automaton (`any_order_text`) was to be written into a
     regex (`Rewriter.substitute`: the regex form, exact `oneOf`): only the grammar form can
     call it. `json_schema_compile`'s grammar-form attempt then keeps the previous rewrite."""
-
-
-def _mark(j: int) -> str:
-    return f"\\x{MARK:02x}\\x{0x10 + j // 16:02x}\\x{0x10 + j % 16:02x}"
 
 
 def any_order_text(items, extra: str | None, ws: str) -> str:
@@ -79,13 +72,13 @@ def _forms(flags: str) -> list[tuple[str, list[int]]]:
     """The forms `any_order_dfa` may build, in order, each `(name, tracked members)`: every
     listed member at most once (`"exact"`, the language of JSON Schema), or only the required
     ones tracked (`"required"`: an optional key may then repeat, as `unordered_members`'
-    form of that name), each within `ORDER_AUTOMATON_MAX`."""
+    form of that name), each within `budgets.ORDER_AUTOMATON_MAX`."""
     listed = [j for j, f in enumerate(flags) if f in "ro"]
     required = [j for j, f in enumerate(flags) if f == "r"]
     forms = []
-    if len(listed) <= ORDER_AUTOMATON_MAX:
+    if len(listed) <= budgets.ORDER_AUTOMATON_MAX:
         forms.append(("exact", listed))
-    if len(required) <= ORDER_AUTOMATON_MAX and required != listed:
+    if len(required) <= budgets.ORDER_AUTOMATON_MAX and required != listed:
         forms.append(("required", required))
     return forms
 
@@ -145,7 +138,7 @@ def any_order_dfa(
     def set_regex(mask: int | None) -> str:
         lead = "" if mask is None else f"{ws},{ws}"
         alternatives = [
-            f"(?:{lead}(?:{part}){_mark(j)})"
+            f"(?:{lead}(?:{part}){numbered_mark(MARK, j)})"
             for j, part in enumerate(parts)
             if mask is None or not mask & bit.get(j, 0)
         ]
@@ -171,16 +164,11 @@ def any_order_dfa(
         total += dfa.num_states
         if total > 2 * max_states:  # (mark and call bytes: about half of them go)
             raise TooManyPositions(total, 0, max_states, "an object read in any order")
-        for q in np.flatnonzero(dfa.delta[:, MARK] != REJECT):
-            first = dfa.delta[q, MARK]
-            for high in np.flatnonzero(dfa.delta[first, 0x10:0x20] != REJECT):
-                second = dfa.delta[first, 0x10 + high]
-                for low in np.flatnonzero(dfa.delta[second, 0x10:0x20] != REJECT):
-                    j = 16 * int(high) + int(low)
-                    following = (mask or 0) | bit.get(j, 0)
-                    marks.append((mask, int(q), following))
-                    if following not in automata:
-                        pending.append(following)
+        for q, j, _ in numbered_mark_edges(dfa.delta, MARK):
+            following = (mask or 0) | bit.get(j, 0)
+            marks.append((mask, q, following))
+            if following not in automata:
+                pending.append(following)
     delta = np.concatenate(
         [np.where(d.delta != REJECT, d.delta + offsets[m], REJECT) for m, d in automata.items()]
     ).astype(np.int32)

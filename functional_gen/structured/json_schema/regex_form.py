@@ -16,6 +16,7 @@ from ..byte_dfa import (
     relabel_states,
     trim,
 )
+from ..dfa_operations import numbered_mark_edges
 from . import budgets
 from .errors import (
     UnsupportedSchemaError,
@@ -138,46 +139,41 @@ def spliced_dfa(rewriter: "Rewriter", regex: str) -> ByteDFA:
     pieces, extra_accepting, offset = [], [], dfa.num_states
     copies: dict[tuple[int, int], int] = {}
     new_delta = delta.copy()
-    for q in np.flatnonzero(delta[:, RULE_CALL] != REJECT):
-        first = delta[q, RULE_CALL]
-        new_delta[q, RULE_CALL] = REJECT
-        for high in np.flatnonzero(delta[first, 0x10:0x20] != REJECT):
-            second = delta[first, 0x10 + high]
-            for low in np.flatnonzero(delta[second, 0x10:0x20] != REJECT):
-                i, r = 16 * int(high) + int(low), int(delta[second, 0x10 + low])
-                if new_delta[q, quote] != REJECT:
-                    path, keyword = _terminal_origin(rewriter, placeholders[i])
-                    raise UnsupportedSchemaError(
-                        keyword,
-                        path,
-                        "a length-bounded string automaton where another value may also "
-                        'start with `"` (e.g. `anyOf` with another string) is not supported',
-                    )
-                if (i, r) not in copies:
-                    string = rewriter.dfa_texts[placeholders[i]]
-                    if offset + string.num_states > budgets.MAX_SPLICED_STATES:
-                        path, keyword = _terminal_origin(rewriter, placeholders[i])
-                        raise UnsupportedSchemaError(
-                            keyword,
-                            path,
-                            f"its string automaton ({string.num_states:,} states) is needed at "
-                            f"{len(copies) + 1} or more places of the schema's automaton (e.g. "
-                            f"array items counted by maxItems): over {budgets.MAX_SPLICED_STATES:,} "
-                            "states in all",
-                        )
-                    final = np.flatnonzero(string.accepting)
-                    if final.size != 1 or (string.delta[final[0]] != REJECT).any():
-                        raise RuntimeError("internal error: a quoted string DFA has no single end")
-                    keep = np.flatnonzero(np.arange(string.num_states) != final[0])
-                    number = np.full(string.num_states, REJECT, np.int64)
-                    number[keep] = offset + np.arange(keep.size)
-                    number[final[0]] = r
-                    rows = string.delta[keep]
-                    pieces.append(relabel_states(rows, number))
-                    extra_accepting.append(np.zeros(keep.size, bool))
-                    copies[i, r] = int(number[string.delta[string.initial, quote]])
-                    offset += keep.size
-                new_delta[q, quote] = copies[i, r]  # the opening quote enters the copy
+    new_delta[:, RULE_CALL] = REJECT
+    for q, i, r in numbered_mark_edges(delta, RULE_CALL):
+        if new_delta[q, quote] != REJECT:
+            path, keyword = _terminal_origin(rewriter, placeholders[i])
+            raise UnsupportedSchemaError(
+                keyword,
+                path,
+                "a length-bounded string automaton where another value may also "
+                'start with `"` (e.g. `anyOf` with another string) is not supported',
+            )
+        if (i, r) not in copies:
+            string = rewriter.dfa_texts[placeholders[i]]
+            if offset + string.num_states > budgets.MAX_SPLICED_STATES:
+                path, keyword = _terminal_origin(rewriter, placeholders[i])
+                raise UnsupportedSchemaError(
+                    keyword,
+                    path,
+                    f"its string automaton ({string.num_states:,} states) is needed at "
+                    f"{len(copies) + 1} or more places of the schema's automaton (e.g. "
+                    f"array items counted by maxItems): over {budgets.MAX_SPLICED_STATES:,} "
+                    "states in all",
+                )
+            final = np.flatnonzero(string.accepting)
+            if final.size != 1 or (string.delta[final[0]] != REJECT).any():
+                raise RuntimeError("internal error: a quoted string DFA has no single end")
+            keep = np.flatnonzero(np.arange(string.num_states) != final[0])
+            number = np.full(string.num_states, REJECT, np.int64)
+            number[keep] = offset + np.arange(keep.size)
+            number[final[0]] = r
+            rows = string.delta[keep]
+            pieces.append(relabel_states(rows, number))
+            extra_accepting.append(np.zeros(keep.size, bool))
+            copies[i, r] = int(number[string.delta[string.initial, quote]])
+            offset += keep.size
+        new_delta[q, quote] = copies[i, r]  # the opening quote enters the copy
     spliced = ByteDFA(
         np.concatenate([new_delta, *pieces]).astype(np.int32),
         np.concatenate([accepting, *extra_accepting]),

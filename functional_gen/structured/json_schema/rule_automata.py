@@ -20,6 +20,7 @@ from ..byte_dfa import (
     regex_byte_dfa,
     successor_graph,
 )
+from ..dfa_operations import numbered_mark_edges
 from ..pushdown import NotDeterministic
 from ..regex_syntax import escape
 from . import budgets
@@ -162,13 +163,7 @@ def _rule_edges_of(regex: str, free_value: bool):
     automaton (`order_automata.is_any_order_text`) is built by `any_order_dfa`."""
     dfa = any_order_dfa(regex) if is_any_order_text(regex) else minimize(regex_byte_dfa(regex))
     delta = dfa.delta.copy()
-    edges = []  # (state, rule, state after the call)
-    for q in np.flatnonzero(delta[:, RULE_CALL] != REJECT):
-        first = delta[q, RULE_CALL]
-        for high in np.flatnonzero(delta[first, 0x10:0x20] != REJECT):
-            second = delta[first, 0x10 + high]
-            for low in np.flatnonzero(delta[second, 0x10:0x20] != REJECT):
-                edges.append((q, 16 * high + low, delta[second, 0x10 + low]))
+    edges = numbered_mark_edges(delta, RULE_CALL)  # (state, rule, state after the call)
     delta[:, RULE_CALL] = REJECT
     calls = np.full((dfa.num_states, 1 + max((r for _, r, _ in edges), default=-1)), REJECT)
     for q, r, after in edges:

@@ -6,6 +6,7 @@ import re
 import typing
 
 from ..automaton import ConstraintError
+from ..dfa_operations import numbered_mark
 from ..pushdown import NotDeterministic
 from . import budgets
 from .errors import (
@@ -22,8 +23,8 @@ raw (strings escape them, whitespace is space, tab, CR and LF)."""
 
 
 def rule_call(i: int) -> str:
-    """The regex of the call of schema rule `i` (three control characters)."""
-    return f"\\x{RULE_CALL:02x}\\x{0x10 + i // 16:02x}\\x{0x10 + i % 16:02x}"
+    """The regex of the call of schema rule `i` (three control characters, `numbered_mark`)."""
+    return numbered_mark(RULE_CALL, i)
 
 
 def plan_rules(
@@ -45,6 +46,8 @@ def plan_rules(
     plan that were not banned): when some of its calls were not deterministic, the next largest
     are alternatives of the same kind (MaskBench o21378: an `anyOf` of 23 objects, 11 banned
     in one plan and the other 12 in the next, a 76,760-character rule built in vain, 2 s).
+    Strings given as automata and objects read in any order by theirs
+    (`Rewriter.order_automata`) are always rules (they have no regex to inline).
     The markers of recursive targets (`Rewriter.recursive`) are always rules, numbered first:
     every cycle of the marker graph passes through one of them, so the graph without their
     out-edges is a DAG and the bottom-up pass measures the others first.
@@ -269,10 +272,7 @@ def _order_rule(rewriter: Rewriter, name: str, index: dict, banned: set) -> bool
         raise NotDeterministic(
             "an object read in any order is called where one byte cannot choose it"
         )
-    if name not in index:
-        if len(index) >= budgets.MAX_RULES:
-            raise ConstraintError(f"the schema needs more than {budgets.MAX_RULES} grammar rules")
-        index[name] = len(index)
+    _number_rule(index, name)
     return True
 
 
@@ -293,8 +293,15 @@ def _dfa_rule(rewriter: Rewriter, name: str, index: dict, banned: set) -> bool:
             "a length-bounded string automaton is called where another value may also start "
             "(e.g. `anyOf` with another string): the grammar form cannot choose it",
         )
+    _number_rule(index, name)
+    return True
+
+
+def _number_rule(index: dict, name: str) -> None:
+    """Give marker `name` the next rule number in `index` unless it has one.
+
+    **Raises:** `ConstraintError` beyond `MAX_RULES` rules."""
     if name not in index:
         if len(index) >= budgets.MAX_RULES:
             raise ConstraintError(f"the schema needs more than {budgets.MAX_RULES} grammar rules")
         index[name] = len(index)
-    return True
