@@ -229,6 +229,39 @@ SEVEN_REQUIRED_SCHEMA = {
 }
 
 
+def test_an_object_kept_in_one_order_is_said(tokenizer, vocabulary, monkeypatch):
+    """Where no automaton of every order fits (here: at most 3 members tracked), the object keeps
+    the listed order, and a `UserWarning` says so, once, naming the object: nothing is refused
+    silently. Where the returned automaton reads every order, no attempt's warning stands."""
+    document = {
+        "brand": "Nike",
+        "category": "shoe",
+        "description": "A shoe.",
+        "id": 12345,
+        "name": "Air",
+        "schema": "https://schema.org/Product",
+        "stock": True,
+    }
+    listed = json.dumps(document, separators=(",", ":"))
+    reordered = json.dumps(dict(reversed(document.items())), separators=(",", ":"))
+    eos = vocabulary.eos_token_id[0]
+    monkeypatch.setattr(budgets, "ORDER_AUTOMATON_MAX", 3)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        automaton = json_schema_compile(SEVEN_REQUIRED_SCHEMA, vocabulary, cache=False)
+    said = [str(w.message) for w in caught if "keep their members in the order" in str(w.message)]
+    assert len(said) == 1 and "1 object(s)" in said[0] and ": #;" in said[0], said
+    assert refused_at(automaton, tokenizer.encode(listed, add_special_tokens=False), eos) is None
+    assert refused_at(automaton, tokenizer.encode(reordered, add_special_tokens=False), eos)
+    monkeypatch.undo()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        automaton = json_schema_compile(SEVEN_REQUIRED_SCHEMA, vocabulary, cache=False)
+    assert not [w for w in caught if "keep their members in the order" in str(w.message)]
+    for text in (listed, reordered):
+        assert refused_at(automaton, tokenizer.encode(text, add_special_tokens=False), eos) is None
+
+
 def test_an_object_of_seven_required_members_takes_every_order(tokenizer, vocabulary):
     automaton, validator, eos = _order_fixed_as_a_regex(SEVEN_REQUIRED_SCHEMA, vocabulary)
     members = {

@@ -39,7 +39,7 @@ from .references import (
     inline_references,
 )
 from .regex_form import dfa_placeholders, spliced_dfa, spliced_too_large
-from .rewriter import Rewriter, rewrite, warn_dropped
+from .rewriter import Rewriter, rewrite, warn_dropped, warn_order_fixed
 
 _FALLBACK_DEPTHS = (2, 1)
 """The depths the fallback tries in turn when no pushdown automaton can be built: 2 only as the
@@ -226,19 +226,19 @@ def json_schema_compile(
         if too_large is not None:
             raise too_large
         description = f"json schema {describe(schema)}"
-        return cached(
+        automaton = cached(
             "json-spliced",
             full,
             vocabulary,
             lambda: lift(spliced_dfa(rewriter, full), vocabulary, description),
             cache=cache,
         )
-    if call is not None and escape(FREE_VALUE_CALL) in full:
+    elif call is not None and escape(FREE_VALUE_CALL) in full:
         options.pop("free_form_depth", None)
         try:
             # `full` is `json_schema_regex(free_form_depth=_CALL)`'s regex: it has no spliced
             # automaton, so the counted strings are the same counted repeats.
-            return pushdown_of_regex(
+            automaton = pushdown_of_regex(
                 full,
                 schema,
                 vocabulary,
@@ -248,9 +248,12 @@ def json_schema_compile(
             )
         except NotDeterministic as e:
             return nest_instead(e, dropped_warned=True)
-    return regex_automaton(
-        full, vocabulary, cache=cache, description=f"json schema {describe(schema)}"
-    )
+    else:
+        automaton = regex_automaton(
+            full, vocabulary, cache=cache, description=f"json schema {describe(schema)}"
+        )
+    warn_order_fixed(rewriter)
+    return automaton
 
 
 def _any_order_grammar(

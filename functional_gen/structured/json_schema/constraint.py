@@ -37,7 +37,8 @@ class JsonSchema(AbstractConstraint):
     merged `allOf`), then compiled like `Regex`. Properties come in any order, additional
     ones among the listed ones (JSON Schema does not order an object's members;
     `PROPERTY_ORDERS` says where a large object's optional members may repeat or its required
-    ones keep their listed order among themselves); `property_order="schema"` keeps the order
+    ones keep their listed order among themselves, with a `UserWarning` naming such objects);
+    `property_order="schema"` keeps the order
     of the schema (members beside `allOf`/`anyOf`/`oneOf`/`$ref` in the order of those
     keywords in its text, as llguidance orders them; smaller automata);
     optional properties may be left out; whitespace between tokens is none or one space by

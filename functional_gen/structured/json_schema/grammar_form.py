@@ -22,7 +22,7 @@ from .errors import (
 )
 from .free_values import CALL, DEFAULT_FREE_FORM_DEPTH, FREE_VALUE_CALL, free_value_grammar
 from .pushdown_form import PUSHDOWN_CACHE
-from .rewriter import rewrite, warn_dropped
+from .rewriter import rewrite, warn_dropped, warn_order_fixed
 from .rule_automata import (
     build_ahead,
     check_productive,
@@ -266,6 +266,7 @@ def json_schema_grammar(
         value = any(call in text for text in every)
         key = cache_key("json-grammar", f"{stack_depth}\0" + "\0".join(every), vocabulary)
         if key in PUSHDOWN_CACHE:
+            warn_order_fixed(rewriter)
             return PUSHDOWN_CACHE[key]
         built: dict[int, tuple] = {}
         # Strings given as automata first (built already: their positions alone may refuse the
@@ -340,4 +341,5 @@ def json_schema_grammar(
     if len(PUSHDOWN_CACHE) >= 16:
         PUSHDOWN_CACHE.pop(next(iter(PUSHDOWN_CACHE)))
     PUSHDOWN_CACHE[key] = automaton
+    warn_order_fixed(rewriter)
     return automaton

@@ -23,7 +23,7 @@ from .errors import (
     describe,
 )
 from .free_values import NESTED_FREE_FORM_DEPTH, FreeValueCall
-from .rewriter import DEFAULT_MAX_RECURSION_DEPTH, rewrite, warn_dropped
+from .rewriter import DEFAULT_MAX_RECURSION_DEPTH, rewrite, warn_dropped, warn_order_fixed
 from .rule_plan import RULE_CALL, rule_call
 
 if typing.TYPE_CHECKING:  # annotations only: the rewriter imports this module
@@ -76,6 +76,7 @@ def json_schema_regex(
     regex = rewriter.substitute(regex)
     _refuse_dfa_terminals(rewriter, regex)
     warn_dropped(rewriter)
+    warn_order_fixed(rewriter)
     return regex
 
 

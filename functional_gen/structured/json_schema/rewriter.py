@@ -533,3 +533,22 @@ def warn_dropped(rewriter: Rewriter) -> None:
             UserWarning,
             stacklevel=3,
         )
+
+
+def warn_order_fixed(rewriter: Rewriter) -> None:
+    """One `UserWarning` listing the objects a rewrite reads in an order fixed in part although
+    `property_order="any"` was asked (`Rewriter.order_fixed`: any order was too large to
+    compile there), so that a valid document listing their members otherwise is refused: said,
+    never silent. Given where the rewrite's regex or automaton is returned, not by attempts
+    that fail (a later one may read those objects in every order)."""
+    if rewriter.order_fixed and rewriter.property_order == "any":
+        paths = sorted(set(rewriter.order_fixed))
+        shown = ", ".join(paths[:5]) + (f" and {len(paths) - 5} more" if len(paths) > 5 else "")
+        warnings.warn(
+            f"JSON Schema: {len(paths)} object(s) keep their members in the order of "
+            "`properties` in part (reading them in any order would make too large an "
+            f"automaton): {shown}; a valid document that lists their members in another order "
+            "is refused there",
+            UserWarning,
+            stacklevel=3,
+        )
