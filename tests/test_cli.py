@@ -696,19 +696,41 @@ def test_serve_refuses_num_blocks_without_block_size(capsys):
     [
         (["--speculative", "draft-model"], "--speculative draft-model and --draft-model None"),
         (["--draft-model", "d"], "--speculative None and --draft-model d"),
-        (
-            ["--speculative", "prompt-lookup", "--block-size", "16"],
-            "--speculative prompt-lookup with --block-size 16",
-        ),
     ],
 )
 def test_serve_refuses_speculative_combinations(capsys, argv, message):
-    """A draft model without `--speculative draft-model` (or the reverse), and speculation on a
-    paged cache, are refused before the model loads, naming the values."""
+    """A draft model without `--speculative draft-model` (or the reverse) is refused before the
+    model loads, naming the values. (`--speculative` with `--block-size` is served.)"""
     with pytest.raises(SystemExit) as exit_:
         cli.main(["serve", *argv])
     assert exit_.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_serve_builds_a_paged_speculative_engine(monkeypatch):
+    """`--block-size` with `--speculative prompt-lookup` builds a paged engine that speculates
+    (the model load and the server are replaced: a tiny random Llama, no server started)."""
+    from functional_gen.cli import serve as cli_serve
+    from functional_gen.serving.paged_speculative import SpeculativePagedKV
+    from functional_gen.testing import tiny_config
+
+    from .helpers import tiny_tokenizer
+
+    if cli_serve.serving_app is None:
+        pytest.skip("the serve extra is not installed")
+    import functional_gen as fg
+
+    model = fg.LlamaForCausalLM(tiny_config(), key=jax.random.key(0))
+    engines = []
+    monkeypatch.setattr(
+        cli_serve, "load_model_from_args", lambda *a, **k: (model, tiny_tokenizer(101))
+    )
+    monkeypatch.setattr(cli_serve.serving_app, "serve", lambda engine, **k: engines.append(engine))
+    argv = ["serve", "--block-size", "16", "--speculative", "prompt-lookup", "--max-len", "64"]
+    assert cli.main([*argv, "--speculative-tokens", "3", "--quiet"]) == 0
+    (engine,) = engines
+    assert isinstance(engine.paged, SpeculativePagedKV) and engine.block_size == 16
+    assert engine.speculation.proposer.num_tokens == 3
 
 
 @pytest.mark.parametrize(

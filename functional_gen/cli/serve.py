@@ -52,11 +52,6 @@ def run_serve(args: argparse.Namespace) -> int:
             f"--speculative {args.speculative} and --draft-model {args.draft_model}: a draft "
             "model goes with --speculative draft-model, and only with it"
         )
-    if args.speculative is not None and args.block_size is not None:
-        raise ValueError(
-            f"--speculative {args.speculative} with --block-size {args.block_size}: the paged "
-            "engine does not speculate yet"
-        )
     mesh = serve_mesh(args)
     progress.set_quiet(args.quiet)
     enable_compilation_cache()

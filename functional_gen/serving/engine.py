@@ -33,7 +33,8 @@ of its keys changes, which can move float rounding, never the masking).
 **Paged KV cache.** `Engine(block_size=...)` replaces the lockstep cache with blocks in one
 pool per layer, a block table per slot and prefix caching (`serving.paged`, `serving.blocks`,
 after vLLM): no shared write index and no compaction; `admit` takes a request's blocks before
-its prefill and `release` returns them.
+its prefill and `release` returns them. With `speculative` as well, each dispatch speculates
+over the gathered blocks and scatters back only the kept tokens (`serving.paged_speculative`).
 
 **Shapes.** Prompts are left-padded to `bucket_length` (as `generate` pads them, so the prefill
 computes the same logits), prompts longer than `prefill_chunk` are prefilled in chunks of
@@ -71,6 +72,7 @@ from .blocks import Admission
 from .mesh import check_engine_mesh, place_decode_state
 from .orchestrator import Error, Finished, Orchestrator
 from .paged import BlockPrefill, PagedDecodeState, PagedKV
+from .paged_speculative import SpeculativePagedKV
 from .phases import PhaseTimer
 from .pool import (
     DEFAULT_POOL_CLASSES,
@@ -188,9 +190,10 @@ class Engine:
     - `speculative`: `None` (default): one token per slot per step. A proposer
       (`fg.speculative.PromptLookup`, `DraftModel`, `EarlyExit`): speculative decoding in every
       decode step, each slot accepting its own run of guesses (`serving.speculative`), lossless
-      as in `fg.generate(..., speculative=...)`. Not with `block_size`; every dispatch then runs
-      at `max_slots` (no narrower `decode_widths`), and constrained requests run alone
-      (`generate_alone`, without speculation).
+      as in `fg.generate(..., speculative=...)`. With `block_size` too (only the kept guesses'
+      keys reach the blocks, `serving.paged_speculative`; with `mixed_prefill` as well). Every
+      dispatch then runs at `max_slots` (no narrower `decode_widths`), and constrained requests
+      run alone (`generate_alone`, without speculation).
     - `mesh`: `None` (default): the mesh the model's weights are on (`fg.shard`,
       `fg.load_model(..., mesh=...)`), or one device for an unsharded model. A `("data",
       "model")` `jax.sharding.Mesh` (`fg.make_mesh`): the model is placed on it (`fg.shard`).
@@ -203,14 +206,14 @@ class Engine:
       chunked prefill; `block_prefill`, `serving.paged.BlockPrefill`), on its own while none
       does. Default `True`; `False` prefills it into a row of its own between dispatches, as the
       lockstep engine always does (it has no fixed-shape place for a chunk in its state). The
-      tokens are the same either way.
+      tokens are the same either way, with `speculative` too (the chunk, then the speculative
+      steps, `serving.paged_speculative`).
 
     **Raises:** `ValueError` for a non-positive `max_slots`, `max_len` or `num_steps`, a
     `mixed_prefill` that is not a bool, a
     `max_len` beyond the model's context, a `decode_widths` entry that is not an integer in
     `[1, max_slots]`, an unsupported `kv_cache_dtype` (see
-    `AbstractCausalLM.with_kv_cache_dtype`), `speculative` with `block_size`, or a proposer the
-    model cannot use (see `generation.speculative.speculative_search`); on a mesh, `max_slots`
+    `AbstractCausalLM.with_kv_cache_dtype`), or a proposer the model cannot use (see `generation.speculative.speculative_search`); on a mesh, `max_slots`
     not divisible by its `"data"` axis, attention heads not divisible by its `"model"` axis, or
     `speculative` (`serving.mesh.check_engine_mesh`); `TypeError` for a `speculative` that is
     not a proposer, or a `mesh` that is not a `jax.sharding.Mesh`.
@@ -241,11 +244,6 @@ class Engine:
             raise ValueError(f"`mixed_prefill` must be True or False, got {mixed_prefill!r}")
         if mesh is not None:
             check_mesh(mesh)
-        if speculative is not None and block_size is not None:
-            raise ValueError(
-                f"`speculative`={type(speculative).__name__}(...) with `block_size`={block_size!r}:"
-                " the paged engine does not speculate yet; drop one of them"
-            )
         if block_size is None and num_blocks is not None:
             raise ValueError(f"`num_blocks`={num_blocks!r} needs a `block_size` (a paged cache)")
         if kv_cache_dtype is not None:
@@ -302,12 +300,6 @@ class Engine:
         """How many times `generate` compacted the cache (`compact`)."""
         self._compact_compiled = False
         self.block_size = block_size
-        self.paged = None
-        """The paged KV cache (`serving.paged.PagedKV`: its `allocator`, `prefilled_tokens`),
-        or `None` for the lockstep cache."""
-        if block_size is not None:
-            self.paged = PagedKV(self.model, max_slots, max_len, block_size, num_blocks)
-            self.decode_widths = (max_slots,)
         self.speculation = None
         """The speculative search (`serving.speculative.EngineSpeculation`), or `None`."""
         self.cache_len = max_len
@@ -317,6 +309,18 @@ class Engine:
             self.speculation = EngineSpeculation(speculative, self.model, max_slots, max_len)
             self.decode_widths = (max_slots,)
             self.cache_len = max_len + num_steps * self.speculation.write_width
+        self.paged = None
+        """The paged KV cache (`serving.paged.PagedKV`: its `allocator`, `prefilled_tokens`;
+        `serving.paged_speculative.SpeculativePagedKV` with `speculative`), or `None` for the
+        lockstep cache."""
+        if block_size is not None:
+            sizes = (self.model, max_slots, max_len, block_size, num_blocks)
+            self.paged = (
+                PagedKV(*sizes)
+                if speculative is None
+                else SpeculativePagedKV(*sizes, speculation=self.speculation)
+            )
+            self.decode_widths = (max_slots,)
         self.timer = PhaseTimer()
         """Wall seconds per phase of `generate` ("layout", "compact", "dispatch") and of the
         orchestrator's loop (see `Orchestrator`); `timer.sync = True` attributes device time to
@@ -673,7 +677,7 @@ class Engine:
                 )
                 state = self.free(self.place(entry, state, 0), 0)
                 state, _ = self.generate(state)
-                if self.speculation is not None:  # the squeeze before a dispatch that is full
+                if self.speculation is not None and self.paged is None:  # before a full one
                     state = squeeze_jit(state)
                 for w in self.decode_widths[:-1]:  # the narrower programs: idle rows, no steps
                     state, _ = self._dispatch(state, self.num_steps, 1, False, np.arange(w))

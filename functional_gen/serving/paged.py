@@ -39,6 +39,9 @@ the slot's blocks (`_paged_chunk`, one fixed shape for every prompt length), eit
 first thing inside a decode dispatch (`_paged_mixed`, vLLM's chunked prefill). The slot is idle
 (`done`) in the decode state until its `insert`, so the decode steps read none of its blocks and
 write none (an idle row's keys go to position `-1`, dropped by `scatter`).
+
+**Speculative decoding** over these blocks (`Engine(block_size=..., speculative=...)`) is
+`serving.paged_speculative`: the same gather and scatter around the speculative steps.
 """
 
 import dataclasses
@@ -472,6 +475,18 @@ class PagedKV:
         self.allocator.register(admission)
         return state
 
+    def grow(self, state: PagedDecodeState, num_tokens: int) -> Int[Array, "slots max_blocks"]:
+        """Before a dispatch: each busy slot's blocks extended to cover `num_tokens` positions
+        past its length (`BlockAllocator.extend`, within its reservation; one small transfer of
+        the slots' lengths).
+
+        **Returns:** the block tables, on the device."""
+        length, done = jax.device_get((state.generation.length, state.generation.done))
+        for slot in np.flatnonzero(~done).tolist():
+            if slot in self.admissions:
+                self.allocator.extend(slot, int(length[slot]) + num_tokens)
+        return jnp.asarray(self.allocator.block_tables)
+
     def generate(
         self,
         engine,
@@ -481,14 +496,13 @@ class PagedKV:
         prefill: BlockPrefill | None = None,
     ):
         """One dispatch of `n` decode steps: each busy slot's blocks extended to cover `n` more
-        positions (within its reservation), then `paged_generate_jit`; with `prefill` (chunks
-        pending) the mixed program `paged_mixed_jit`, which runs its next chunk first (counted
-        in `chunks_mixed`)."""
-        length, done = jax.device_get((state.generation.length, state.generation.done))
-        for slot in np.flatnonzero(~done).tolist():
-            if slot in self.admissions:
-                self.allocator.extend(slot, int(length[slot]) + n)
-        tables = jnp.asarray(self.allocator.block_tables)
+        positions (`n * tokens_per_step` of `programs`; within its reservation), then
+        `paged_generate_jit`; with `prefill` (chunks pending) the mixed program
+        `paged_mixed_jit`, which runs its next chunk first (counted in `chunks_mixed`).
+
+        **Returns:** `(state, out)`, `out` a `StepOutput`."""
+        fixed, per_step, generate_program, mixed_program = self.programs()
+        tables = self.grow(state, n * per_step)
         decode = (
             n,
             jnp.asarray(n, jnp.int32),
@@ -497,8 +511,15 @@ class PagedKV:
             jnp.asarray(bool(until_finish)),
         )
         if prefill is None:
-            return paged_generate_jit(self.model, state, tables, *decode)
+            return generate_program(fixed, state, tables, *decode)
         self.chunks_mixed += 1
         chunk = prefill.take()
-        state, out, prefill.logits = paged_mixed_jit(self.model, state, tables, chunk, *decode)
+        state, out, prefill.logits = mixed_program(fixed, state, tables, chunk, *decode)
         return state, out
+
+    def programs(self) -> tuple:
+        """What `generate` runs: `(fixed, tokens_per_step, generate_program, mixed_program)`:
+        the programs' first argument (the model), the most positions a step writes per slot
+        (the blocks a dispatch extends a slot by), and the decode and mixed programs
+        (`paged_generate_jit`, `paged_mixed_jit`; `serving.paged_speculative` has its own)."""
+        return self.model, 1, paged_generate_jit, paged_mixed_jit

@@ -172,12 +172,9 @@ def test_draft_model_greedy_and_seeded_sampled_slots(tiny):
 
 
 def test_refusals(tiny):
-    """A paged engine does not speculate, and a proposer must be one: refused at construction,
-    naming the value."""
+    """A proposer must be one, and a draft must share the target's vocabulary: refused at
+    construction, naming the value. (A paged engine speculates: test_paged_speculative.)"""
     model, tok = tiny
-    lookup = fg.speculative.PromptLookup(num_tokens=4)
-    with pytest.raises(ValueError, match="block_size"):
-        fg.serving.Engine(model, tok, max_slots=2, max_len=64, block_size=16, speculative=lookup)
     with pytest.raises(TypeError, match="proposer"):
         fg.serving.Engine(model, tok, max_slots=2, max_len=64, speculative="prompt-lookup")
     other = fg.LlamaForCausalLM(tiny_config(vocab_size=50), key=jax.random.key(0))

@@ -1,0 +1,155 @@
+"""Speculative decoding over the paged KV cache (`Engine(block_size=..., speculative=...)`).
+
+The paged engine's dispatch (`serving.paged`: gather each slot's blocks into a contiguous
+`KVCache`, decode, scatter the new keys and values back) with the speculative engine's steps
+(`serving.speculative`: each step is `generation.speculative.Speculative` over the slots, every
+slot accepting its own run of guesses), after vLLM, whose speculative decoding runs over its
+paged cache.
+
+**Room.** A verification step writes up to `write_width` columns at the gathered cache's write
+index, and rolls the rejected ones back by position (`speculative.cache.keep_below`: their
+columns get position `-1`; the write index moves back to just after the last live column), so
+the gathered cache gets `num_steps * write_width` empty columns beyond the slots' blocks: the
+dispatch never runs out of room (the search is built without its compaction branch, as in the
+lockstep engine).
+
+**Write index.** `paged.gather` sets the write index after every gathered column. Here it is
+`start = max over busy slots of (length - pending)` instead: the first column after every live
+one (no slot's written position lies at or beyond it), so every column a step writes, kept or
+rolled back, lies in the `num_steps * write_width` columns from `start` on, and the scatter
+reads only those (one `dynamic_slice`, a static width), not the whole gathered cache.
+
+**Only kept keys reach the blocks.** After the dispatch, a column of that window holding a
+position `p >= 0` is a token the slot kept (accepted guesses and the tokens fed after them); a
+rejected guess's column holds `-1` (`keep_below`), and `paged.scatter` drops it. Positions
+below a slot's `length - pending` at the start of the dispatch (its prompt, the cached prefix
+blocks shared by reference, what earlier dispatches wrote) are never written: the scatter's
+`start` per slot. A slot's last token is not in the cache while `SpeculativeState.pending` is
+set (the next step feeds it), so the gather reads a slot's first `length - pending` positions
+only.
+
+**Blocks.** Before a dispatch each busy slot's table is extended to cover `num_steps *
+write_width` more positions (the most a dispatch can keep), within its reservation
+(`BlockAllocator.admit` reserves prompt plus `max_new_tokens` positions when it admits a
+request, and an admission that does not fit waits; positions past the reservation have no
+block, and their keys, never read, are dropped). A draft model's cache (`DraftModel`,
+`EarlyExit`) is not paged: it lives in the search's carry, as in the lockstep engine, and a slot's
+row is reset at its `insert` (`serving.speculative.reset_jit`).
+
+**Mixed prefill.** With `Engine(mixed_prefill=True)` a prompt's chunk runs first inside the
+dispatch (`paged._paged_chunk`), then the speculative decode steps (`_speculative_mixed`): the
+prefilling slot is idle (`done`) in the decode state, so the steps neither read nor write its
+blocks.
+"""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Bool, Int
+
+from ..models.kv_cache import KVCache
+from .paged import PagedDecodeState, PagedKV, _paged_chunk, gather, scatter
+from .programs import DecodeState, Prefix, StepOutput, engine_program
+from .speculative import EngineSpeculation, _generate as speculative_generate, reset_jit
+
+
+def _speculative_generate(
+    fixed: tuple,
+    state: PagedDecodeState,
+    tables: Int[Array, "slots max_blocks"],
+    num_steps: int,
+    limit,
+    eos_token_id,
+    pad_token_id,
+    until_finish: Bool[Array, ""],
+) -> tuple[PagedDecodeState, StepOutput]:
+    """`serving.speculative._generate` (`fixed`: `(model, spec)`, an `EngineSpeculation`) over
+    the slots' gathered blocks with `num_steps * spec.write_width` empty columns, the kept keys
+    and values scattered back into the blocks (see the module docstring).
+
+    **Returns:** `(state, out)` as `serving.speculative._generate` returns them (`out`: `[num_steps
+    * write_width, slots]` tokens, the guesses each slot verified and accepted)."""
+    _, spec = fixed
+    gen = state.generation
+    extra = num_steps * spec.write_width
+    pending = gen.search_state.pending
+    written = jnp.where(gen.done, 0, gen.length - pending.astype(jnp.int32))
+    cache = gather(state.paged, tables, written, extra)
+    start = jnp.max(written)
+    cache = dataclasses.replace(cache, length=jnp.full_like(cache.length, start))
+    inner = DecodeState(dataclasses.replace(gen, cache=cache), state.params, state.pool)
+    inner, out = speculative_generate(
+        fixed, inner, num_steps, limit, eos_token_id, pad_token_id, until_finish
+    )
+    after = inner.generation.cache
+
+    def window(x, axis):  # the `extra` columns from `start` on
+        return jax.lax.dynamic_slice_in_dim(x, start, extra, axis=axis)
+
+    written_now = KVCache(
+        k=tuple(window(x, 2) for x in after.k),
+        v=tuple(window(x, 2) for x in after.v),
+        positions=window(after.positions, 1),
+        length=after.length,
+    )
+    below = jnp.where(gen.done, state.paged.max_tokens, written)  # never rewritten
+    paged = scatter(state.paged, written_now, tables, below, 0)
+    gen = dataclasses.replace(inner.generation, cache=gen.cache)
+    return PagedDecodeState(gen, inner.params, inner.pool, paged), out
+
+
+def _speculative_mixed(
+    fixed: tuple, state: PagedDecodeState, tables: Int[Array, "slots max_blocks"], chunk, *decode
+):
+    """The mixed dispatch with speculation: one prefill chunk (`paged._paged_chunk`'s `(slot,
+    token_ids, positions, written)`) into its slot's blocks, then `_speculative_generate`'s steps
+    (`decode`: its arguments after `tables`), in ONE program.
+
+    **Returns:** `(state, out, logits)`, the logits after the chunk's last token."""
+    model, _ = fixed
+    state, logits = _paged_chunk(model, state, tables, *chunk)
+    state, out = _speculative_generate(fixed, state, tables, *decode)
+    return state, out, logits
+
+
+speculative_generate_jit = engine_program(_speculative_generate, "all-except-first")
+speculative_mixed_jit = engine_program(_speculative_mixed, "all-except-first")
+
+
+class SpeculativePagedKV(PagedKV):
+    """A `PagedKV` whose dispatches speculate (`Engine(block_size=..., speculative=...)`):
+    `generate` runs `_speculative_generate` (or `_speculative_mixed` with a chunk; `programs`),
+    and `insert` resets the slot's row of the search's carry.
+
+    **Arguments:** those of `PagedKV`, then `speculation` (the engine's `EngineSpeculation`).
+
+    **Raises:** as `PagedKV`."""
+
+    def __init__(
+        self,
+        model,
+        max_slots,
+        max_len,
+        block_size,
+        num_blocks=None,
+        *,
+        speculation: EngineSpeculation,
+    ):
+        super().__init__(model, max_slots, max_len, block_size, num_blocks)
+        self.speculation = speculation
+        """The speculative search of every dispatch (`serving.speculative.EngineSpeculation`)."""
+
+    def insert(self, prefix: Prefix, state: PagedDecodeState, slot: int) -> PagedDecodeState:
+        """`PagedKV.insert`, then the slot's row of the search's carry as `init` makes it
+        (`serving.speculative.reset_jit`: nothing pending, a draft cache's row forgotten)."""
+        state = super().insert(prefix, state, slot)
+        return reset_jit(self.speculation, state, jnp.asarray(slot, jnp.int32))
+
+    def programs(self) -> tuple:
+        """`PagedKV.programs` of a speculating engine: `(model, speculation)` as the programs'
+        first argument, `write_width` positions per step (the blocks a dispatch of `n` steps
+        extends a slot by: `n * write_width`, within its reservation), and
+        `speculative_generate_jit`, `speculative_mixed_jit`."""
+        fixed = (self.model, self.speculation)
+        return fixed, self.speculation.write_width, speculative_generate_jit, speculative_mixed_jit
