@@ -744,16 +744,12 @@ def test_serve_builds_a_paged_speculative_engine(monkeypatch):
             ["--max-slots", "6", "--data-parallel-size", "4"],
             "--max-slots 6 is not divisible by --data-parallel-size 4",
         ),
-        (
-            ["-tp", "2", "--speculative", "prompt-lookup"],
-            "--speculative prompt-lookup with --tensor-parallel-size 2 --data-parallel-size 1",
-        ),
     ],
 )
 def test_serve_refuses_a_mesh_that_does_not_fit(capsys, argv, message):
-    """Tensor and data parallelism (vLLM's flags) beyond the devices, slots the data-parallel
-    replicas cannot share evenly, and speculation on a mesh are refused before the model loads,
-    naming the flags (this process has one CPU device)."""
+    """Tensor and data parallelism (vLLM's flags) beyond the devices and slots the data-parallel
+    replicas cannot share evenly are refused before the model loads, naming the flags (this
+    process has one CPU device)."""
     assert len(jax.devices()) == 1
     with pytest.raises(SystemExit) as exit_:
         cli.main(["serve", *argv])

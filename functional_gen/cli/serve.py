@@ -56,20 +56,15 @@ def run_serve(args: argparse.Namespace) -> int:
     progress.set_quiet(args.quiet)
     enable_compilation_cache()
     model, tokenizer = load_model_from_args(args, mesh=mesh)
-    if mesh is not None:
-        try:
-            check_engine_mesh(mesh, model, args.max_slots)
-        except ValueError as error:
-            raise ValueError(
-                f"--tensor-parallel-size {args.tensor_parallel_size}: {error}"
-            ) from None
+    _check_mesh(args, mesh, model)
     speculative = None
     k = {} if args.speculative_tokens is None else {"num_tokens": args.speculative_tokens}
     if args.speculative == "prompt-lookup":
         speculative = PromptLookup(**k)
     elif args.speculative == "draft-model":
-        draft, _ = load_model_from_args(args, args.draft_model)
+        draft, _ = load_model_from_args(args, args.draft_model)  # the engine places it
         speculative = DraftModel(draft, **k)
+        _check_mesh(args, mesh, model, speculative)
     engine = Engine(
         model,
         tokenizer,
@@ -99,13 +94,23 @@ def run_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_mesh(args: argparse.Namespace, mesh, model, speculative=None) -> None:
+    """`serving.mesh.check_engine_mesh` (heads the model axis does not divide, of the model or
+    the draft model) with `--tensor-parallel-size` named, on a mesh; nothing on one device."""
+    if mesh is None:
+        return
+    try:
+        check_engine_mesh(mesh, model, args.max_slots, speculative)
+    except ValueError as error:
+        raise ValueError(f"--tensor-parallel-size {args.tensor_parallel_size}: {error}") from None
+
+
 def serve_mesh(args: argparse.Namespace):
     """The `("data", "model")` mesh of `--data-parallel-size` x `--tensor-parallel-size` over the
     first devices (vLLM's flags), or `None` for one device. Checked before the model loads.
 
     **Raises:** `ValueError` naming the flags: more devices asked for than there are,
-    `--max-slots` not divisible by `--data-parallel-size`, `--speculative` with either (the
-    speculative engine runs on one device)."""
+    `--max-slots` not divisible by `--data-parallel-size`."""
     tp, dp = args.tensor_parallel_size, args.data_parallel_size
     if tp * dp == 1:
         return None
@@ -114,11 +119,6 @@ def serve_mesh(args: argparse.Namespace):
         raise ValueError(
             f"--max-slots {args.max_slots} is not divisible by --data-parallel-size {dp}: each "
             "data-parallel replica decodes the same number of slots"
-        )
-    if args.speculative is not None:
-        raise ValueError(
-            f"--speculative {args.speculative} with {flags}: the speculative engine runs on one "
-            "device"
         )
     devices = jax.devices()
     if tp * dp > len(devices):

@@ -69,7 +69,7 @@ from ..sharding import check_mesh, mesh_of, shard
 from ..structured.automaton import INITIAL
 from ..tokenization import Prompt, encode_prompt
 from .blocks import Admission
-from .mesh import check_engine_mesh, place_decode_state
+from .mesh import check_engine_mesh, place_decode_state, place_proposer
 from .orchestrator import Error, Finished, Orchestrator
 from .paged import BlockPrefill, PagedDecodeState, PagedKV
 from .paged_speculative import SpeculativePagedKV
@@ -199,7 +199,8 @@ class Engine:
       "model")` `jax.sharding.Mesh` (`fg.make_mesh`): the model is placed on it (`fg.shard`).
       On a mesh the decode state has its slots over `"data"` and the cache's key/value heads
       over `"model"`, and every program keeps that layout (`serving.mesh`); tokens equal one
-      device's.
+      device's. With `speculative` as well (a `DraftModel`'s draft is placed on the mesh as the
+      target is; its cache rows go over `"data"` with the slots).
     - `mixed_prefill`: with `block_size`, a prompt whose uncached part is longer than
       `prefill_chunk` is prefilled chunk by chunk straight into its slot's blocks, each chunk
       inside the next decode dispatch while other slots decode (ONE compiled program, vLLM's
@@ -214,8 +215,9 @@ class Engine:
     `max_len` beyond the model's context, a `decode_widths` entry that is not an integer in
     `[1, max_slots]`, an unsupported `kv_cache_dtype` (see
     `AbstractCausalLM.with_kv_cache_dtype`), or a proposer the model cannot use (see `generation.speculative.speculative_search`); on a mesh, `max_slots`
-    not divisible by its `"data"` axis, attention heads not divisible by its `"model"` axis, or
-    `speculative` (`serving.mesh.check_engine_mesh`); `TypeError` for a `speculative` that is
+    not divisible by its `"data"` axis, or the model's (or a draft model's) attention heads not
+    divisible by its `"model"` axis (`serving.mesh.check_engine_mesh`); `TypeError` for a
+    `speculative` that is
     not a proposer, or a `mesh` that is not a `jax.sharding.Mesh`.
     """
 
@@ -264,6 +266,7 @@ class Engine:
             check_engine_mesh(mesh, model, max_slots, speculative)
             if mesh_of(model) != mesh:
                 model = shard(model, mesh)
+            speculative = place_proposer(speculative, mesh)
         self.mesh = mesh
         """The `("data", "model")` mesh the engine runs on (`mesh`, or that of a model sharded
         with `fg.shard`), or `None` on one device."""

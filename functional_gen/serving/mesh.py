@@ -27,7 +27,8 @@ import jax
 from jax.sharding import AbstractMesh, Mesh, NamedSharding, PartitionSpec as P
 
 from ..models.base import AbstractCausalLM
-from ..sharding import _put, mesh_of
+from ..sharding import _put, mesh_of, shard
+from ..speculative.proposers import DraftModel
 
 
 def _axis(mesh: Mesh | AbstractMesh, name: str, size: int) -> str | None:
@@ -44,8 +45,9 @@ def check_engine_mesh(mesh: Mesh | AbstractMesh, model, max_slots: int, speculat
     **Raises:** `ValueError` naming the value: `max_slots` not divisible by the `"data"` axis
     (each data-parallel replica decodes `max_slots / data` slots, as vLLM's
     `--data-parallel-size` splits its batch); a model whose `num_attention_heads` the `"model"`
-    axis does not divide (each tensor-parallel device computes whole heads, vLLM's rule); a
-    `speculative` proposer (the speculative engine is not laid out on a mesh yet).
+    axis does not divide (each tensor-parallel device computes whole heads, vLLM's rule); the
+    same for the draft model of a `speculative` `DraftModel` (it is split over `"model"` as the
+    target is).
     """
     data, tensor = mesh.shape["data"], mesh.shape["model"]
     if max_slots % data:
@@ -53,18 +55,26 @@ def check_engine_mesh(mesh: Mesh | AbstractMesh, model, max_slots: int, speculat
             f"`max_slots`={max_slots} is not divisible by the mesh's data axis ({data}): each "
             "data-parallel replica decodes the same number of slots"
         )
-    config = getattr(model, "config", None)
-    heads = getattr(config, "num_attention_heads", None)
-    if heads is not None and heads % tensor:
-        raise ValueError(
-            f"the model's num_attention_heads={heads} is not divisible by the mesh's model axis "
-            f"({tensor}): tensor parallelism splits whole attention heads"
-        )
-    if speculative is not None:
-        raise ValueError(
-            f"`speculative`={type(speculative).__name__}(...) on a mesh: the speculative engine "
-            "runs on one device only; drop `speculative` or the mesh"
-        )
+    models = [("model", model)]
+    if isinstance(speculative, DraftModel):
+        models.append(("draft model", speculative.draft))
+    for name, each in models:
+        config = getattr(each, "config", None)
+        heads = getattr(config, "num_attention_heads", None)
+        if heads is not None and heads % tensor:
+            raise ValueError(
+                f"the {name}'s num_attention_heads={heads} is not divisible by the mesh's model "
+                f"axis ({tensor}): tensor parallelism splits whole attention heads"
+            )
+
+
+def place_proposer(speculative, mesh: Mesh):
+    """`speculative` with a `DraftModel`'s draft placed on `mesh` as the target is (`fg.shard`:
+    tensor parallel over `"model"`), unless it is already there; any other proposer (or `None`)
+    as it is (`PromptLookup` has no weights, `EarlyExit` runs the target's own layers)."""
+    if isinstance(speculative, DraftModel) and mesh_of(speculative.draft) != mesh:
+        return eqx.tree_at(lambda p: p.draft, speculative, shard(speculative.draft, mesh))
+    return speculative
 
 
 def decode_state_specs(state, mesh: Mesh | AbstractMesh):

@@ -3,7 +3,9 @@ in a subprocess (the device count is fixed when JAX starts), a tiny random model
 every request the tokens `fg.generate` gives it alone on one device, its decode state keeps
 the layout of `serving.mesh.decode_state_specs` through every program (slots over `"data"`, key
 and value heads over `"model"`), donated states are consumed, and a second run of the same
-schedule compiles nothing new. In-process: the refusals, before anything is placed."""
+schedule compiles nothing new; with speculative decoding too (prompt lookup over the paged cache,
+a draft model over the lockstep one: guesses verified, and kept). In-process: the refusals,
+before anything is placed."""
 
 import json
 import os
@@ -30,6 +32,7 @@ WORKER = textwrap.dedent(
     import functional_gen as fg
     from jax.sharding import NamedSharding, PartitionSpec as P
     from functional_gen.serving.mesh import decode_state_specs
+    from functional_gen.sharding import mesh_of
     from functional_gen.testing import tiny_config
     from tests.helpers import tiny_tokenizer
 
@@ -44,11 +47,12 @@ WORKER = textwrap.dedent(
     tok = tiny_tokenizer(VOCAB)
     rng = np.random.default_rng(0)
 
-    def alone(request):
+    def alone(request, speculative=None):
         state = fg.SequenceState.from_token_ids([list(request.token_ids)], vocab_size=VOCAB, tokenizer=tok)
         kw = {}
-        if request.temperature:
-            kw = dict(temperature=request.temperature, key=jax.random.key(request.seed))
+        if request.temperature:  # sampled: the same draws as the engine's with the same guesses
+            kw = dict(temperature=request.temperature, key=jax.random.key(request.seed),
+                      speculative=speculative)
         out = fg.generate(model, tok, state, max_new_tokens=request.max_new_tokens, **kw)
         k = int(out.state.arrays.length[0]) - len(request.token_ids)
         return [int(t) for t in out.token_ids[0, :k]]
@@ -58,7 +62,7 @@ WORKER = textwrap.dedent(
         pairs = zip(jax.tree.leaves(state), jax.tree.leaves(specs, is_leaf=lambda x: isinstance(x, P)))
         return all(x.sharding.is_equivalent_to(NamedSharding(engine.mesh, s), x.ndim) for x, s in pairs)
 
-    def serve(engine, schedule, checks):
+    def serve(engine, schedule, checks, counts):
         state = engine.init_decode_state()
         checks.append(laid_out(engine, state))
         got = [[] for _ in schedule]
@@ -71,6 +75,9 @@ WORKER = textwrap.dedent(
                     running[slot] = i
             before = state
             state, out = engine.generate(state)
+            if out.verified is not None:  # speculative: guesses verified and accepted
+                counts[0] += int(np.asarray(out.verified).sum())
+                counts[1] += int(np.asarray(out.accepted).sum())
             checks.append(laid_out(engine, state))
             checks.append(before.generation.logits.is_deleted())  # donated and consumed
             for slot, i in list(running.items()):
@@ -81,8 +88,13 @@ WORKER = textwrap.dedent(
             dispatch += 1
         return got
 
-    def prompt(n):
-        return rng.integers(2, VOCAB - 2, n).tolist()
+    def prompt(n, period=None):  # `period`: a repeated pattern, for prompt lookup to find
+        ids = rng.integers(2, VOCAB - 2, period or n).tolist()
+        return (ids * n)[:n]
+
+    lookup = fg.speculative.PromptLookup(num_tokens=3)
+    draft = fg.LlamaForCausalLM(tiny_config(vocab_size=VOCAB, eos_token_id=(127,), num_hidden_layers=1),
+                                key=jax.random.key(1))
 
     out = {}
     # every request: a prompt of one bucket (16) and 12 new tokens, so that the references
@@ -93,21 +105,35 @@ WORKER = textwrap.dedent(
             [(0, 0, 5), (0, 3, 9), (1, 5, 3), (2, 1, 14), (4, 7, 6)]),
         ("paged", (4, 2), dict(max_slots=4, max_len=48, block_size=8),
             [(0, 0, 5), (0, 2, 11), (2, 3, 12)]),
+        # speculative decoding: prompt lookup over the paged cache, a draft model (placed on
+        # the mesh by the engine, its cache rows over "data") over the lockstep cache
+        ("lookup_paged", (4, 2), dict(max_slots=4, max_len=64, block_size=8, speculative=lookup),
+            [(0, 0, 5), (0, 2, 11), (1, 3, 12)]),
+        ("draft_lockstep", (4, 2), dict(max_slots=4, max_len=64, speculative=fg.speculative.DraftModel(draft, num_tokens=2)),
+            [(0, 0, 5), (1, 3, 9)]),
     ]:
         mesh = fg.make_mesh(*shape)
         engine = fg.serving.Engine(model, tok, mesh=mesh, **kw)
-        schedule = [(d, s, engine.request(prompt(n), 12)) for d, s, n in arrivals]
-        if name == "lockstep":  # one seeded, sampled request
-            schedule.append((1, 2, engine.request(prompt(7), 12, temperature=0.8, seed=3)))
-        checks = []
-        got = serve(engine, schedule, checks)
+        speculative = kw.get("speculative")
+        period = None if speculative is None else 3
+        schedule = [(d, s, engine.request(prompt(n, period), 12)) for d, s, n in arrivals]
+        if name in ("lockstep", "lookup_paged"):  # one seeded, sampled request
+            slot = 2 if name == "lockstep" else 1
+            schedule.append((1, slot, engine.request(prompt(7, period), 12, temperature=0.8, seed=3)))
+        checks, counts = [], [0, 0]
+        got = serve(engine, schedule, checks, counts)
         before = compiles[0]
-        again = serve(engine, schedule, checks) if name == "lockstep" else got
+        again = serve(engine, schedule, checks, [0, 0]) if name != "paged" else got
         new_compiles = compiles[0] - before
         state = engine.init_decode_state()
         cache = (state.paged if engine.paged else state.generation.cache).k[0]
         out[name] = {
-            "same": got == [alone(r) for _, _, r in schedule],
+            "same": got == [alone(r, speculative) for _, _, r in schedule],
+            "speculative": speculative is not None,
+            "draft_on_mesh": not isinstance(speculative, fg.speculative.DraftModel)
+            or mesh_of(engine.speculation.proposer.draft) == engine.mesh,
+            "verified": counts[0],
+            "accepted": counts[1],
             "again": again == got,
             "lengths": [len(g) for g in got],
             "checks": all(checks),
@@ -135,8 +161,12 @@ def test_engine_on_meshes_of_8_devices():
     for name, row in out.items():
         assert row["same"] and row["again"], (name, row)
         assert row["checks"], (name, row)  # laid out after every program; inputs donated
+        assert row["draft_on_mesh"], (name, row)
         assert row["new_compiles"] == 0, (name, row)
         assert min(row["lengths"]) > 0, (name, row)
+        if row["speculative"]:  # guesses were verified; prompt lookup's were also kept
+            assert row["verified"] > 0, (name, row)
+            assert row["accepted"] > 0 or name == "draft_lockstep", (name, row)
     # lockstep cache [slots, kv_heads, kv_seq, head_dim]: 8 slots over 4, 2 heads over 2
     s = out["lockstep"]["cache_shape"]
     assert out["lockstep"]["cache_shard"] == [s[0] // 4, s[1] // 2, s[2], s[3]]
@@ -175,20 +205,43 @@ def test_decode_state_layout(tiny):
     assert specs.paged.block_tables == P("data")
 
 
+DRAFT_OF_2_HEADS = fg.LlamaForCausalLM(
+    tiny_config(vocab_size=128, num_attention_heads=2, num_key_value_heads=1),
+    key=jax.random.key(1),
+)
+
+
 @pytest.mark.parametrize(
     "shape, slots, speculative, message",
     [
         ((4, 2), 6, None, "`max_slots`=6 is not divisible by the mesh's data axis (4)"),
-        ((1, 8), 8, None, "num_attention_heads=4 is not divisible by the mesh's model axis (8)"),
-        ((1, 2), 8, fg.speculative.PromptLookup(), "`speculative`=PromptLookup(...) on a mesh"),
+        (
+            (1, 8),
+            8,
+            None,
+            "model's num_attention_heads=4 is not divisible by the mesh's model axis (8)",
+        ),
+        (
+            (1, 4),
+            8,
+            fg.speculative.DraftModel(DRAFT_OF_2_HEADS),
+            "draft model's num_attention_heads=2 is not divisible by the mesh's model axis (4)",
+        ),
     ],
 )
 def test_engine_refuses_a_mesh_that_does_not_fit(tiny, shape, slots, speculative, message):
-    """Slots the data axis does not divide, heads the model axis does not divide and the
-    speculative engine are refused by name (before anything is placed or compiled)."""
+    """Slots the data axis does not divide and heads the model axis does not divide (the
+    target's, or a draft model's: it is split as the target is) are refused by name (before
+    anything is placed or compiled)."""
     with pytest.raises(ValueError) as error:
         check_engine_mesh(_mesh(*shape), tiny[0], slots, speculative)
     assert message in str(error.value)
+
+
+def test_engine_accepts_a_prompt_lookup_on_a_mesh(tiny):
+    """A proposer without weights of its own (or a draft whose heads divide) passes."""
+    check_engine_mesh(_mesh(2, 2), tiny[0], 4, fg.speculative.PromptLookup())
+    check_engine_mesh(_mesh(1, 2), tiny[0], 4, fg.speculative.DraftModel(DRAFT_OF_2_HEADS))
 
 
 def test_engine_refuses_a_mesh_argument_that_is_no_mesh(tiny):
