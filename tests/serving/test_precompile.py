@@ -1,0 +1,89 @@
+"""`Engine.precompile` keeps its promise: after it, serving requests of every prompt length
+(short prompts of each prefill bucket, prompts longer than a chunk, sampled and greedy ones, two
+at once) through the orchestrator compiles no program at all, for the lockstep engine, the paged
+one (with its mixed prefill) and the paged speculative one. Counted with JAX's own compile
+events (`/jax/core/compile/backend_compile_duration`), which fire for every XLA compilation,
+small host-side operations included. Prompts here share no full block: a prompt whose blocks
+are in the prefix cache compiles its prefill on first use (`precompile`'s docstring says so)."""
+
+import asyncio
+
+import jax
+import numpy as np
+import pytest
+
+import functional_gen as fg
+from functional_gen.testing import tiny_config
+
+from ..helpers import tiny_tokenizer
+
+VOCAB = 128
+COMPILES = [0]
+
+
+def _count(event, duration, **kwargs):
+    if event == "/jax/core/compile/backend_compile_duration":
+        COMPILES[0] += 1
+
+
+jax.monitoring.register_event_duration_secs_listener(_count)
+
+
+def tiny(i: int):
+    """`(model, tokenizer)`: a tiny random Llama of one layer whose MLP width (`72 + 8 * i`) no
+    other test uses, so that no program it compiles is already in this process's caches (a
+    program some other test compiled would hide a gap in `precompile`)."""
+    config = tiny_config(vocab_size=VOCAB, num_hidden_layers=1, intermediate_size=72 + 8 * i)
+    return fg.LlamaForCausalLM(config, key=jax.random.key(0)), tiny_tokenizer(VOCAB)
+
+
+async def _serve(engine, requests):
+    """Every request submitted at once; per request its token ids."""
+    loop = asyncio.get_running_loop()
+    handles = [engine.orchestrator.submit(r, loop=loop) for r in requests]
+
+    async def ids(handle):
+        out = []
+        async for event in handle.events():
+            assert not isinstance(event, fg.serving.orchestrator.Error), event
+            out += getattr(event, "token_ids", [])
+        return out
+
+    return await asyncio.gather(*(ids(h) for h in handles))
+
+
+@pytest.mark.parametrize(
+    "kind, options",
+    [
+        ("lockstep", {}),
+        ("paged", {"block_size": 8}),
+        ("paged speculative", {"block_size": 8, "speculative": "lookup"}),
+    ],
+)
+def test_after_precompile_serving_compiles_nothing(kind, options):
+    model, tokenizer = tiny(["lockstep", "paged", "paged speculative"].index(kind))
+    if options.get("speculative") == "lookup":
+        options = {**options, "speculative": fg.speculative.PromptLookup(num_tokens=3)}
+    engine = fg.serving.Engine(
+        model, tokenizer, max_slots=2, max_len=64, num_steps=4, prefill_chunk=16, **options
+    )
+    start = COMPILES[0]
+    engine.precompile(progress=False)
+    assert COMPILES[0] > start  # the events are seen (this model's programs are new)
+    rng = np.random.default_rng(0)
+    lengths = [1, 3, 7, 12, 16, 21, 37]  # every bucket up to a chunk, then chunked prompts
+    requests = [
+        engine.request(
+            rng.integers(2, VOCAB - 2, n).tolist(),
+            6,
+            **({"temperature": 0.8, "seed": i} if i % 3 == 1 else {}),
+        )
+        for i, n in enumerate(lengths)
+    ]
+    before = COMPILES[0]
+    try:
+        got = asyncio.run(_serve(engine, requests))
+    finally:
+        engine.close()
+    assert all(len(g) > 0 for g in got), got
+    assert COMPILES[0] == before, f"{kind}: {COMPILES[0] - before} compilations after precompile"
