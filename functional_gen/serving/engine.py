@@ -645,7 +645,10 @@ class Engine:
 
     def precompile(self, *, progress: bool = True) -> None:
         """Compile every prefill bucket, chunk, insert, the constraint pool's `place` and the
-        decode step now (a `tqdm` bar when `progress`), so that no request compiles later."""
+        decode step now (a `tqdm` bar when `progress`), so that no request compiles later. With
+        a paged cache also each bucket's prefill over cached prefix blocks (`prefill_cached`):
+        it leaves one block of `block_size` zero tokens in the prefix cache (evictable, and
+        right for any prompt that starts with those tokens)."""
         widths = []
         w = bucket_length(1)
         while w <= min(self.prefill_chunk, self.max_len - 1):
@@ -686,12 +689,38 @@ class Engine:
                     state, _ = self._dispatch(state, self.num_steps, 1, False, np.arange(w))
             elif self.paged is None:
                 state = self.insert(self.prefill(self.request([0] * n, 1)), state, 0)
-            else:  # cold prefills only (prompts with cached blocks compile on first use)
+            else:  # cold, then over a cached block (the uncached part of the same width)
                 self.paged.allocator.prefix_caching = False
                 request = self.request([0] * n, 1)
                 state = self.insert(self.prefill(request, self.admit(request, 0)), state, 0)
                 self.release(0)
                 self.paged.allocator.prefix_caching = True
+                state = self._precompile_cached(state, n)
+
+    def _precompile_cached(self, state, n: int):
+        """`precompile`'s prefill of `n` uncached tokens over one cached block (a prompt of
+        `block_size + n` zeros, after one that registered its first block), where such a prompt
+        fits `max_len`; `state` with both freed."""
+        bs = self.block_size
+        if self.prefill_width(bs + n) + 1 > self.max_len:
+            return state
+        counts = self.paged.chunks_alone, self.paged.chunks_mixed
+        hits = self.paged.allocator.prefix_cache_hits
+        for ids in ([0] * (bs + 1), [0] * (bs + n)):  # registers block 0, then reads it
+            request = self.request(ids, 1)
+            admission = self.admit(request, 0)
+            chunks = self.block_prefill(request, admission)  # as the orchestrator prefills
+            if chunks is None:
+                prefix = self.prefill(request, admission, state)
+            else:
+                while chunks.pending:
+                    state = self.run_chunk(state, chunks)
+                prefix = self.block_prefix(chunks)
+            state = self.free(self.insert(prefix, state, 0), 0)
+            self.release(0)
+        self.paged.chunks_alone, self.paged.chunks_mixed = counts  # requests' chunks only
+        self.paged.allocator.prefix_cache_hits = hits  # requests' hits only
+        return state
 
     def generate_alone(
         self, request: Request, constraint

@@ -3,8 +3,8 @@
 at once) through the orchestrator compiles no program at all, for the lockstep engine, the paged
 one (with its mixed prefill) and the paged speculative one. Counted with JAX's own compile
 events (`/jax/core/compile/backend_compile_duration`), which fire for every XLA compilation,
-small host-side operations included. Prompts here share no full block: a prompt whose blocks
-are in the prefix cache compiles its prefill on first use (`precompile`'s docstring says so)."""
+small host-side operations included. With a paged cache, prompts that share their first block
+with an earlier one (prefilled over the cached block, `PagedKV.prefill_cached`) too."""
 
 import asyncio
 
@@ -80,9 +80,18 @@ def test_after_precompile_serving_compiles_nothing(kind, options):
         )
         for i, n in enumerate(lengths)
     ]
+    if engine.paged is not None:  # prompts sharing their first block, after one that fills it
+        shared = rng.integers(2, VOCAB - 2, 8).tolist()
+        tails = [rng.integers(2, VOCAB - 2, n).tolist() for n in (1, 5, 12, 20)]
+        later = [engine.request(shared + t, 6) for t in tails]
     before = COMPILES[0]
     try:
         got = asyncio.run(_serve(engine, requests))
+        if engine.paged is not None:
+            hits = engine.paged.allocator.prefix_cache_hits
+            got += asyncio.run(_serve(engine, [engine.request(shared + [3], 6)]))
+            got += asyncio.run(_serve(engine, later))
+            assert engine.paged.allocator.prefix_cache_hits >= hits + len(later)
     finally:
         engine.close()
     assert all(len(g) > 0 for g in got), got
