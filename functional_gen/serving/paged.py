@@ -121,20 +121,44 @@ def gather(
     )
 
 
+def window(cache: KVCache, first: Int[Array, ""], width: int) -> KVCache:
+    """The `width` (static) columns of `cache` from column `first` (dynamic) on: what a
+    dispatch over a `gather`ed cache wrote, when it wrote from `first` (its write index), for
+    `scatter` to take back by their positions.
+
+    **Arguments:** `cache`: a `KVCache` without rings (a `gather`ed one) of at least `first +
+    width` columns.
+
+    **Returns:** a `KVCache` of `width` columns (its `length` is `cache`'s).
+
+    **Raises:** `ValueError` for a cache with ring layers (their slots are not columns)."""
+    if cache.ring_layers:
+        raise ValueError("`window` takes a cache without ring layers (a gathered one)")
+
+    def cut(x, axis):
+        return jax.lax.dynamic_slice_in_dim(x, first, width, axis=axis)
+
+    return KVCache(
+        k=tuple(cut(x, 2) for x in cache.k),
+        v=tuple(cut(x, 2) for x in cache.v),
+        positions=cut(cache.positions, 1),
+        length=cache.length,
+    )
+
+
 def scatter(
     paged: PagedCache,
     cache: KVCache,
     tables: Int[Array, "rows max_blocks"],
     start: Int[Array, " rows"],
-    first_column: int,
 ) -> PagedCache:
-    """`paged` with the keys and values of `cache`'s columns from `first_column` (static) on
-    written to their blocks: column `c` of row `r`, at position `p = cache.positions[r, c]`, goes
-    to `tables[r, p // block_size]`, offset `p % block_size`, when `p >= start[r]` and that
-    block exists; the rest (padding, idle rows, shared prefix blocks below `start`) is dropped.
-    A ring layer of `cache` (a prefill's sliding-window layer, `KVCache.ring_layers`) writes its
-    ring slots by `ring_positions` instead (`first_column` must then be 0): the window's keys,
-    all that later queries of that layer read.
+    """`paged` with the keys and values of `cache`'s columns written to their blocks: column
+    `c` of row `r`, at position `p = cache.positions[r, c]`, goes to `tables[r, p //
+    block_size]`, offset `p % block_size`, when `p >= start[r]` and that block exists; the rest
+    (padding, idle rows, shared prefix blocks below `start`) is dropped. A dispatch over a
+    `gather`ed cache passes only the columns it wrote (`window`). A ring layer of `cache` (a
+    prefill's sliding-window layer, `KVCache.ring_layers`) writes its ring slots by
+    `ring_positions` instead: the window's keys, all that later queries of that layer read.
     """
     bs, nb = paged.block_size, paged.num_blocks
 
@@ -144,13 +168,11 @@ def scatter(
         keep = (positions >= 0) & (positions >= start[:, None]) & (block >= 0)
         return jnp.where(keep, block * bs + positions % bs, nb * bs).reshape(-1)
 
-    full = index(cache.positions[:, first_column:])
+    full = index(cache.positions)
     ring = None if cache.ring_positions is None else index(cache.ring_positions)
 
     def write(i, pool, x):  # x [rows, kvh, cols, hd]; a ring layer's columns are ring slots
         at = ring if i in cache.ring_layers else full
-        if i not in cache.ring_layers:
-            x = x[:, :, first_column:]
         flat = pool.reshape(nb * bs, *pool.shape[2:])
         new = x.transpose(0, 2, 1, 3).reshape(-1, *pool.shape[2:])
         return flat.at[at].set(new.astype(pool.dtype), mode="drop").reshape(pool.shape)
@@ -172,15 +194,16 @@ def _paged_generate(
     pad_token_id,
     until_finish: Bool[Array, ""] | None = None,
 ):
-    """`programs._generate` over the slots' gathered blocks, the new keys and values scattered
-    back (see the module docstring)."""
+    """`programs._generate` over the slots' gathered blocks, the `num_steps` columns it wrote
+    scattered back (`window`, `scatter`; see the module docstring)."""
     gen = state.generation
     cache = gather(state.paged, tables, jnp.where(gen.done, 0, gen.length), num_steps)
+    first = cache.length[0]
     inner = DecodeState(dataclasses.replace(gen, cache=cache), state.params, state.pool)
     inner, out = _generate(model, inner, num_steps, limit, eos_token_id, pad_token_id, until_finish)
-    width = state.paged.max_tokens
     zeros = jnp.zeros((tables.shape[0],), jnp.int32)
-    paged = scatter(state.paged, inner.generation.cache, tables, zeros, width)
+    written = window(inner.generation.cache, first, num_steps)
+    paged = scatter(state.paged, written, tables, zeros)
     gen = dataclasses.replace(inner.generation, cache=gen.cache)
     return PagedDecodeState(gen, inner.params, inner.pool, paged), out
 
@@ -196,7 +219,7 @@ def _paged_insert(
     slot's blocks (`tables[slot]`), its tokens, logits, key and parameters as `_insert` puts
     them."""
     row = jax.lax.dynamic_slice_in_dim(tables, slot, 1)
-    paged = scatter(state.paged, prefix.cache, row, cached[None], 0)
+    paged = scatter(state.paged, prefix.cache, row, cached[None])
     paged = dataclasses.replace(paged, block_tables=tables)
     base = _with_prefix(prefix, state, slot, state.generation.cache)
     return PagedDecodeState(base.generation, base.params, base.pool, paged)
@@ -219,13 +242,15 @@ def _paged_chunk(
     (`tables`: the allocator's block tables, which become the state's): the slot's first `written` positions gathered through its table row (`gather`, the chunk's
     `seq` columns after them), the model run over `token_ids` / `positions` (left padding at
     position `-1`), and the chunk's keys and values at positions `>= written` scattered into
-    the slot's blocks (`scatter`; the padding is dropped).
+    the slot's blocks (`window`, `scatter`; the padding is dropped).
 
     **Returns:** the state with the chunk written and the logits after its last token."""
     row = jax.lax.dynamic_slice_in_dim(tables, slot, 1)
-    cache = gather(state.paged, row, written[None], token_ids.shape[1])
+    seq = token_ids.shape[1]
+    cache = gather(state.paged, row, written[None], seq)
+    first = cache.length[0]
     logits, cache = model(token_ids, positions, cache, logits_to_keep=1)
-    paged = scatter(state.paged, cache, row, written[None], state.paged.max_tokens)
+    paged = scatter(state.paged, window(cache, first, seq), row, written[None])
     paged = dataclasses.replace(paged, block_tables=tables)
     return PagedDecodeState(state.generation, state.params, state.pool, paged), logits[0, -1]
 
