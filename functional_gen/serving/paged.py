@@ -12,11 +12,15 @@ right-alignment and no compaction (the lockstep engine's `compact`).
 into a contiguous `KVCache` row (`gather`: `[slots, kv_heads, max_blocks_per_slot * block_size
 + n, head_dim]`, slot column `c` holding position `c` for `c < length`, position `-1` after),
 runs the engine's ordinary decode loop on it (`programs._generate`: the `n` new tokens go to the
-`n` columns after the gathered ones, in lockstep, each row with its own RoPE position; attention
-masks by position, so every row reads exactly its own tokens), and scatters those `n` columns
-back into the pool (`scatter`: each key and value to `table[s, p // block_size], p %
-block_size`, those of idle rows dropped). The gather costs one copy of the slots' blocks per
-dispatch: the CPU form. On a GPU the plan's next step is a paged-attention kernel that reads the
+`n` columns from the longest busy slot's length `L` on, in lockstep, each row with its own RoPE
+position; attention masks by position, so every row reads exactly its own tokens), and scatters
+those `n` columns (`window`: columns `[L, L + n)`) back into the pool (`scatter`: each key and
+value to `table[s, p // block_size], p % block_size`, those of idle rows dropped). Writing from
+`L`, not from the table's end, is what lets the CPU plan's decode attention read only the
+columns up to the step's token (rounded up to one of its `attention_lengths`; the program's
+shapes are the same for every `L`): 4 slots of 40 tokens in tables of 2,048 read 64 columns a
+step, not 2,056. The gather costs one copy of the slots' whole tables per dispatch: the CPU
+form. On a GPU the plan's next step is a paged-attention kernel that reads the
 pool through the table inside attention, not built yet: jax's Pallas
 `jax.experimental.pallas.ops.gpu.paged_attention.paged_attention` (also `ops.tpu`), whose pages
 are `[kv_heads, num_pages, page_size, head_dim]` with per-row `lengths` (the pool would take
@@ -99,11 +103,19 @@ def gather(
     lengths: Int[Array, " rows"],
     extra: int,
 ) -> KVCache:
-    """The rows' blocks read through `tables` as a contiguous `KVCache` (no rings): column `c <
-    max_tokens` holds position `c` where `c < lengths[row]` (else `-1`, masked), then `extra`
-    empty columns; the write index is `max_tokens` for every row.
+    """The rows' blocks read through `tables` as a contiguous `KVCache` (no rings), written
+    from the first column after every gathered one.
 
-    **Returns:** a `KVCache` of `len(tables)` rows and `max_tokens + extra` slots."""
+    **Arguments:** `tables`: each row's block table (`-1` = none); `lengths`: the positions to
+    read per row (`0` for an idle row); `extra` (static): empty columns after the table's.
+
+    **Returns:** a `KVCache` of `len(tables)` rows and `max_tokens + extra` columns: column `c <
+    max_tokens` holds position `c` where `c < lengths[row]` (else `-1`, masked; so do the
+    `extra` columns), and the write index (`KVCache.length`, the same for every row) is
+    `max(lengths)` (clipped to `max_tokens`): a model call writes its tokens from there on,
+    and a decode step's attention reads only the columns up to its last token (rounded up to
+    one of the plan's `attention_lengths` on the CPU), not the whole table width. At most
+    `max_tokens + extra - max(lengths)` columns can be written (`window` takes them back)."""
     rows, width = tables.shape[0], paged.max_tokens
     blocks = jnp.maximum(tables, 0)
 
@@ -111,13 +123,39 @@ def gather(
         x = pool[blocks].reshape(rows, width, *pool.shape[2:]).transpose(0, 2, 1, 3)
         return jnp.pad(x, ((0, 0), (0, 0), (0, extra), (0, 0)))
 
+    lengths = jnp.minimum(lengths.astype(jnp.int32), width)
     columns = jnp.arange(width + extra, dtype=jnp.int32)
-    positions = jnp.where(columns[None] < jnp.minimum(lengths, width)[:, None], columns[None], -1)
+    positions = jnp.where(columns[None] < lengths[:, None], columns[None], -1)
     return KVCache(
         k=tuple(read(p) for p in paged.k),
         v=tuple(read(p) for p in paged.v),
         positions=positions.astype(jnp.int32),
-        length=jnp.full((rows,), width, jnp.int32),
+        length=jnp.full((rows,), jnp.max(lengths), jnp.int32),
+    )
+
+
+def window(cache: KVCache, first: Int[Array, ""], width: int) -> KVCache:
+    """The `width` (static) columns of `cache` from column `first` (dynamic) on: what a
+    dispatch over a `gather`ed cache wrote, when it wrote from `first` (the gathered cache's
+    write index), for `scatter` to take back by their positions.
+
+    **Arguments:** `cache`: a `KVCache` without rings (a `gather`ed one) of at least `first +
+    width` columns.
+
+    **Returns:** a `KVCache` of `width` columns (its `length` is `cache`'s).
+
+    **Raises:** `ValueError` for a cache with ring layers (their slots are not columns)."""
+    if cache.ring_layers:
+        raise ValueError("`window` takes a cache without ring layers (a gathered one)")
+
+    def cut(x, axis):
+        return jax.lax.dynamic_slice_in_dim(x, first, width, axis=axis)
+
+    return KVCache(
+        k=tuple(cut(x, 2) for x in cache.k),
+        v=tuple(cut(x, 2) for x in cache.v),
+        positions=cut(cache.positions, 1),
+        length=cache.length,
     )
 
 
@@ -126,15 +164,14 @@ def scatter(
     cache: KVCache,
     tables: Int[Array, "rows max_blocks"],
     start: Int[Array, " rows"],
-    first_column: int,
 ) -> PagedCache:
-    """`paged` with the keys and values of `cache`'s columns from `first_column` (static) on
-    written to their blocks: column `c` of row `r`, at position `p = cache.positions[r, c]`, goes
-    to `tables[r, p // block_size]`, offset `p % block_size`, when `p >= start[r]` and that
-    block exists; the rest (padding, idle rows, shared prefix blocks below `start`) is dropped.
-    A ring layer of `cache` (a prefill's sliding-window layer, `KVCache.ring_layers`) writes its
-    ring slots by `ring_positions` instead (`first_column` must then be 0): the window's keys,
-    all that later queries of that layer read.
+    """`paged` with the keys and values of `cache`'s columns written to their blocks: column
+    `c` of row `r`, at position `p = cache.positions[r, c]`, goes to `tables[r, p //
+    block_size]`, offset `p % block_size`, when `p >= start[r]` and that block exists; the rest
+    (padding, idle rows, shared prefix blocks below `start`) is dropped. A dispatch over a
+    `gather`ed cache passes only the columns it wrote (`window`). A ring layer of `cache` (a
+    prefill's sliding-window layer, `KVCache.ring_layers`) writes its ring slots by
+    `ring_positions` instead: the window's keys, all that later queries of that layer read.
     """
     bs, nb = paged.block_size, paged.num_blocks
 
@@ -144,13 +181,11 @@ def scatter(
         keep = (positions >= 0) & (positions >= start[:, None]) & (block >= 0)
         return jnp.where(keep, block * bs + positions % bs, nb * bs).reshape(-1)
 
-    full = index(cache.positions[:, first_column:])
+    full = index(cache.positions)
     ring = None if cache.ring_positions is None else index(cache.ring_positions)
 
     def write(i, pool, x):  # x [rows, kvh, cols, hd]; a ring layer's columns are ring slots
         at = ring if i in cache.ring_layers else full
-        if i not in cache.ring_layers:
-            x = x[:, :, first_column:]
         flat = pool.reshape(nb * bs, *pool.shape[2:])
         new = x.transpose(0, 2, 1, 3).reshape(-1, *pool.shape[2:])
         return flat.at[at].set(new.astype(pool.dtype), mode="drop").reshape(pool.shape)
@@ -172,15 +207,17 @@ def _paged_generate(
     pad_token_id,
     until_finish: Bool[Array, ""] | None = None,
 ):
-    """`programs._generate` over the slots' gathered blocks, the new keys and values scattered
-    back (see the module docstring)."""
+    """`programs._generate` over the slots' gathered blocks, written from the longest busy
+    slot's length on (`gather`'s write index), the `num_steps` columns from there scattered
+    back (`window`, `scatter`; see the module docstring)."""
     gen = state.generation
     cache = gather(state.paged, tables, jnp.where(gen.done, 0, gen.length), num_steps)
+    first = cache.length[0]
     inner = DecodeState(dataclasses.replace(gen, cache=cache), state.params, state.pool)
     inner, out = _generate(model, inner, num_steps, limit, eos_token_id, pad_token_id, until_finish)
-    width = state.paged.max_tokens
     zeros = jnp.zeros((tables.shape[0],), jnp.int32)
-    paged = scatter(state.paged, inner.generation.cache, tables, zeros, width)
+    written = window(inner.generation.cache, first, num_steps)
+    paged = scatter(state.paged, written, tables, zeros)
     gen = dataclasses.replace(inner.generation, cache=gen.cache)
     return PagedDecodeState(gen, inner.params, inner.pool, paged), out
 
@@ -196,7 +233,7 @@ def _paged_insert(
     slot's blocks (`tables[slot]`), its tokens, logits, key and parameters as `_insert` puts
     them."""
     row = jax.lax.dynamic_slice_in_dim(tables, slot, 1)
-    paged = scatter(state.paged, prefix.cache, row, cached[None], 0)
+    paged = scatter(state.paged, prefix.cache, row, cached[None])
     paged = dataclasses.replace(paged, block_tables=tables)
     base = _with_prefix(prefix, state, slot, state.generation.cache)
     return PagedDecodeState(base.generation, base.params, base.pool, paged)
@@ -216,16 +253,20 @@ def _paged_chunk(
     written: Int[Array, ""],
 ) -> tuple[PagedDecodeState, Float[Array, " vocab"]]:
     """One prefill chunk of the request admitted into `slot`, straight into its blocks
-    (`tables`: the allocator's block tables, which become the state's): the slot's first `written` positions gathered through its table row (`gather`, the chunk's
-    `seq` columns after them), the model run over `token_ids` / `positions` (left padding at
-    position `-1`), and the chunk's keys and values at positions `>= written` scattered into
-    the slot's blocks (`scatter`; the padding is dropped).
+    (`tables`: the allocator's block tables, which become the state's): the slot's first
+    `written` positions gathered through its table row (`gather`: the chunk is written at
+    columns `[written, written + seq)`, so its attention reads the columns up to there, rounded
+    up to one of the plan's lengths, not the whole table), the model run over `token_ids` /
+    `positions` (left padding at position `-1`), and the chunk's keys and values at positions
+    `>= written` scattered into the slot's blocks (`window`, `scatter`; the padding is dropped).
 
     **Returns:** the state with the chunk written and the logits after its last token."""
     row = jax.lax.dynamic_slice_in_dim(tables, slot, 1)
-    cache = gather(state.paged, row, written[None], token_ids.shape[1])
+    seq = token_ids.shape[1]
+    cache = gather(state.paged, row, written[None], seq)
+    first = cache.length[0]
     logits, cache = model(token_ids, positions, cache, logits_to_keep=1)
-    paged = scatter(state.paged, cache, row, written[None], state.paged.max_tokens)
+    paged = scatter(state.paged, window(cache, first, seq), row, written[None])
     paged = dataclasses.replace(paged, block_tables=tables)
     return PagedDecodeState(state.generation, state.params, state.pool, paged), logits[0, -1]
 
@@ -330,14 +371,8 @@ class PagedKV:
                 "the paged KV cache takes caches of [batch, kv_heads, slots, head_dim]"
             )
         self.shapes = [(x.shape[1], x.shape[3], x.dtype) for x in template.k]
-        plan = getattr(model, "plan", None)
-        if plan is not None and plan.attention_length_buckets and hasattr(model, "with_plan"):
-            # a gathered cache is read whole (its write index is at its end): the shorter
-            # attention branches would only be compiled, never taken
-            model = model.with_plan(dataclasses.replace(plan, attention_length_buckets=False))
         self.model = model
-        """The model of the paged decode and cached-prefix prefill programs: the engine's, its
-        plan's attention-length branches off."""
+        """The model of the paged decode and cached-prefix prefill programs (the engine's)."""
         self.admissions: dict[int, Admission] = {}
         self.prefilled_tokens = 0
         """Prompt tokens prefilled so far (those taken from the prefix cache not counted)."""

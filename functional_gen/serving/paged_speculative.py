@@ -13,11 +13,13 @@ the gathered cache gets `num_steps * write_width` empty columns beyond the slots
 dispatch never runs out of room (the search is built without its compaction branch, as in the
 lockstep engine).
 
-**Write index.** `paged.gather` sets the write index after every gathered column. Here it is
-`start = max over busy slots of (length - pending)` instead: the first column after every live
-one (no slot's written position lies at or beyond it), so every column a step writes, kept or
-rolled back, lies in the `num_steps * write_width` columns from `start` on, and the scatter
-reads only those (one `dynamic_slice`, a static width), not the whole gathered cache.
+**Write index.** `paged.gather` sets the write index at `start = max over busy slots of
+(length - pending)`: the first column after every live one (no slot's written position lies at
+or beyond it), so every column a step writes, kept or rolled back, lies in the `num_steps *
+write_width` columns from `start` on, the scatter reads only those (`paged.window`: one
+`dynamic_slice`, a static width), not the whole gathered cache, and on the CPU a
+verification's attention reads the columns up to its last guess (rounded up to one of the
+plan's `attention_lengths`), not the whole table width.
 
 **Only kept keys reach the blocks.** After the dispatch, a column of that window holding a
 position `p >= 0` is a token the slot kept (accepted guesses and the tokens fed after them); a
@@ -44,12 +46,10 @@ blocks.
 
 import dataclasses
 
-import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Int
 
-from ..models.kv_cache import KVCache
-from .paged import PagedDecodeState, PagedKV, _paged_chunk, gather, scatter
+from .paged import PagedDecodeState, PagedKV, _paged_chunk, gather, scatter, window
 from .programs import DecodeState, Prefix, StepOutput, engine_program
 from .speculative import EngineSpeculation, _generate as speculative_generate, reset_jit
 
@@ -75,26 +75,15 @@ def _speculative_generate(
     extra = num_steps * spec.write_width
     pending = gen.search_state.pending
     written = jnp.where(gen.done, 0, gen.length - pending.astype(jnp.int32))
-    cache = gather(state.paged, tables, written, extra)
-    start = jnp.max(written)
-    cache = dataclasses.replace(cache, length=jnp.full_like(cache.length, start))
+    cache = gather(state.paged, tables, written, extra)  # write index: max(written)
+    start = cache.length[0]
     inner = DecodeState(dataclasses.replace(gen, cache=cache), state.params, state.pool)
     inner, out = speculative_generate(
         fixed, inner, num_steps, limit, eos_token_id, pad_token_id, until_finish
     )
-    after = inner.generation.cache
-
-    def window(x, axis):  # the `extra` columns from `start` on
-        return jax.lax.dynamic_slice_in_dim(x, start, extra, axis=axis)
-
-    written_now = KVCache(
-        k=tuple(window(x, 2) for x in after.k),
-        v=tuple(window(x, 2) for x in after.v),
-        positions=window(after.positions, 1),
-        length=after.length,
-    )
+    written_now = window(inner.generation.cache, start, extra)  # the `extra` columns from start
     below = jnp.where(gen.done, state.paged.max_tokens, written)  # never rewritten
-    paged = scatter(state.paged, written_now, tables, below, 0)
+    paged = scatter(state.paged, written_now, tables, below)
     gen = dataclasses.replace(inner.generation, cache=gen.cache)
     return PagedDecodeState(gen, inner.params, inner.pool, paged), out
 
