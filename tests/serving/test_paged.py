@@ -298,7 +298,8 @@ def test_an_admission_waits_for_blocks_and_completes(paged):
 def test_metrics_report_blocks_in_use_and_prefix_cache_hits(paged):
     """`/metrics` of a server over the paged engine: `functional_gen_kv_blocks_in_use` and
     `functional_gen_prefix_cache_hits_total` are the allocator's counts, read while a request
-    holds blocks (one of them taken from the prefix cache) and after it ended."""
+    holds blocks (one of them taken from the prefix cache) and after it ended;
+    `functional_gen_preemptions_total` is the engine's count."""
     pytest.importorskip("uvicorn")
     from functional_gen.serving import app as serving_app
 
@@ -342,3 +343,4 @@ def test_metrics_report_blocks_in_use_and_prefix_cache_hits(paged):
     assert 3 <= during["functional_gen_kv_blocks_in_use"] <= 10
     assert after["functional_gen_kv_blocks_in_use"] == 0
     assert after["functional_gen_kv_blocks"] == 14
+    assert after["functional_gen_preemptions_total"] == engine.paged.preemptions
