@@ -129,6 +129,9 @@ class BlockAllocator:
         self._held = np.zeros((max_slots,), np.int32)  # blocks in each slot's table
         self._reserved = np.zeros((max_slots,), np.int32)  # blocks promised, not yet taken
         self._cap = np.zeros((max_slots,), np.int32)  # most blocks each slot may hold
+        # positions each slot's blocks were last extended to cover (`extend`): its length never
+        # passes it (a dispatch writes at most what its `extend` asked for)
+        self._reach = np.zeros((max_slots,), np.int64)
         self._live = np.zeros((max_slots,), bool)
         self.prefix_cache_hits = 0
         self.prefix_cache_queries = 0
@@ -152,15 +155,17 @@ class BlockAllocator:
         return len(self._free) + len(self._cached) - int(self._reserved.sum())
 
     def headroom(self, lookahead: int) -> int:
-        """`on_demand`: the blocks that every live slot may take in its next dispatch of
-        `lookahead` positions, at most: `min(ceil(lookahead / block_size), cap - held)` each (a
-        slot whose blocks cover its length plus one dispatch needs at most that many more for
-        the next one). `admit` keeps them free (vLLM's watermark, sized by the dispatch). 0 when
-        not `on_demand` (every slot's growth is reserved)."""
+        """`on_demand`: the blocks that the live slots may take in their next dispatch of
+        `lookahead` positions, at most: per slot `min(ceil((reach + lookahead) / block_size),
+        cap) - held`, `reach` the positions its blocks were last extended to cover (its length
+        is at most that) and `cap` its `max_tokens`' blocks. `admit` keeps them free (vLLM's
+        watermark, sized by the next dispatch), so an admission never forces a preemption at
+        the next dispatch. 0 when not `on_demand` (every slot's growth is reserved)."""
         if not self.on_demand:
             return 0
-        per_slot = self.blocks_needed(max(lookahead, 0))
-        room = np.minimum(per_slot, self._cap - self._held)
+        bs = self.block_size
+        want = np.minimum(-(-(self._reach + max(lookahead, 0)) // bs), self._cap)
+        room = np.maximum(want - self._held, 0)
         return int(np.sum(np.where(self._live, room, 0)))
 
     def blocks_needed(self, num_tokens: int) -> int:
@@ -253,10 +258,11 @@ class BlockAllocator:
             raise ValueError(f"slot {slot} holds no request")
         want = min(self.blocks_needed(num_tokens), int(self._cap[slot]))
         short = want - int(self._held[slot])
-        if short <= 0:
-            return True
         if self.on_demand and short > self.available:
             return False
+        self._reach[slot] = max(int(self._reach[slot]), num_tokens)
+        if short <= 0:
+            return True
         for _ in range(short):
             block = self._take()
             self.ref_counts[block] = 1
@@ -314,6 +320,7 @@ class BlockAllocator:
         self._held[slot] = 0
         self._reserved[slot] = 0
         self._cap[slot] = 0
+        self._reach[slot] = 0
         self._live[slot] = False
 
     def _take(self) -> int:

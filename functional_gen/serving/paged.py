@@ -490,13 +490,18 @@ class PagedKV:
         `num_tokens` positions past its length, oldest admission first; when the pool cannot
         give a slot its blocks, the most recently admitted live request (busy, or admitted and
         not yet inserted) is preempted (`_preempt`), until it can, or until the slot itself was
-        preempted (vLLM's v1 scheduler). Host work and one small transfer of the slots' lengths
-        (plus one per preempted slot); `state` is donated when a slot is freed.
+        preempted (vLLM's v1 scheduler). Host work; while the free and cached blocks cover
+        `BlockAllocator.headroom(num_tokens)` (one dispatch of every live slot: a slot grows at
+        most `num_tokens` per dispatch, so its blocks already cover its length) nothing is read
+        and `grow` extends the slots; otherwise one small transfer of the slots' lengths, plus
+        one per preempted slot. `state` is donated when a slot is freed.
 
         **Returns:** `(state, preemptions)`, the preempted requests newest first (queue each
         again at the front in this order: the oldest ends up first)."""
         if not self.preemption:
             return state, []
+        if self.allocator.headroom(num_tokens) <= self.allocator.available:
+            return state, []  # every live slot's next dispatch fits: `grow` takes the blocks
         gen = state.generation
         length, done = jax.device_get((gen.length, gen.done))
         live = sorted(self.admissions, key=self._order.__getitem__)  # oldest first

@@ -67,7 +67,8 @@ def _preempting_trace(seed: int, num_blocks=12, block_size=4, slots=4, lookahead
     each dispatch growing every running request by up to `lookahead` tokens, oldest admission
     first; a request that cannot get its blocks makes the most recently admitted one be
     preempted (its written full blocks registered, freed, queued again at the front with its
-    tokens). Checks the invariants after every operation. **Returns:** `(allocator,
+    tokens). Checks the invariants after every operation, and that no dispatch right after an
+    admission preempts (the admission kept room for it). **Returns:** `(allocator,
     preemptions, completed, requests)`."""
     rng = random.Random(seed)
     alloc = BlockAllocator(num_blocks, block_size, slots, 8, on_demand=True)
@@ -86,6 +87,7 @@ def _preempting_trace(seed: int, num_blocks=12, block_size=4, slots=4, lookahead
         while pending and pending[0][0] <= step:
             _, tokens, total = pending.pop(0)
             queue.append([list(tokens), total])
+        admitted_now = False
         while queue and len(running) < slots:
             slot = min(set(range(slots)) - set(running))
             tokens, total = queue[0]
@@ -96,6 +98,7 @@ def _preempting_trace(seed: int, num_blocks=12, block_size=4, slots=4, lookahead
             alloc.register(got)
             running[slot] = [*queue.pop(0), admitted]
             admitted += 1
+            admitted_now = True
             alloc.check()
         order = sorted(running, key=lambda s: running[s][2])
         gone = set()
@@ -103,6 +106,7 @@ def _preempting_trace(seed: int, num_blocks=12, block_size=4, slots=4, lookahead
             if slot in gone:
                 continue
             while not alloc.extend(slot, len(running[slot][0]) + lookahead):
+                assert not admitted_now, "an admission forced a preemption at once"
                 victim = next(s for s in reversed(order) if s not in gone)
                 alloc.register_tokens(victim, running[victim][0])
                 alloc.free(victim)
@@ -129,8 +133,8 @@ def _preempting_trace(seed: int, num_blocks=12, block_size=4, slots=4, lookahead
 
 @pytest.mark.parametrize("seed", range(6))
 def test_on_demand_random_traces_preempt_complete_and_keep_every_block_accounted(seed):
-    """Random traces on demand: preemptions happen, the invariants hold after every
-    operation, the queue's head is never stuck while nothing runs, every request completes
+    """Random traces on demand: preemptions happen, never in the dispatch right after an
+    admission, the invariants hold after every operation, the queue's head is never stuck while nothing runs, every request completes
     however often it was preempted, and after the run no block is referenced."""
     alloc, preemptions, completed, requests = _preempting_trace(seed)
     assert preemptions > 0 and completed == requests
