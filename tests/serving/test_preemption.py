@@ -174,13 +174,14 @@ def reference(model, tokenizer, request):
     return [int(t) for t in out.token_ids[0, :k]], np.asarray(out.logprobs[0, :k])
 
 
-def serve_preempting(engine, schedule):
+def serve_preempting(engine, schedule, entries=None):
     """Run `schedule` (`(dispatch, request)`: queued before dispatch number `dispatch`) through
     the engine's own calls: queued requests admitted first come first served into free slots
     (the head waits while it does not fit), prefilled, inserted; `make_room` before every
     dispatch, each preempted request queued again at the front with the tokens it had
     generated (checked against those delivered); each slot released when its request ends; the
-    allocator checked before and after every dispatch.
+    allocator checked before and after every dispatch. `entries`: request index -> its
+    constraint's `PoolEntry` (`Engine.constraint_entry`), placed after each of its inserts.
 
     **Returns:** per request its tokens and logprobs, and the `(request index, tokens
     generated)` of every preemption."""
@@ -200,6 +201,8 @@ def serve_preempting(engine, schedule):
             if admission is None:
                 break
             state = engine.insert(engine.prefill(request, admission, state), state, slot)
+            if i in (entries or {}):
+                state = engine.place(entries[i], state, slot)
             running[slot] = queue.pop(0)[0]
         assert running, "nothing runs and the queue's head cannot be admitted"
         state, preemptions = engine.make_room(state)
@@ -253,6 +256,32 @@ def test_preempted_requests_resume_with_generate_tokens_and_logprobs(engine):
         want, want_lps = reference(model, tokenizer, request)
         assert len(want) == N and tokens_ == want, i
         np.testing.assert_allclose(logprobs, want_lps, atol=1e-4)
+
+
+def test_a_preempted_constrained_request_resumes_its_automaton(engine):
+    """A regex-constrained request in the constraint pool (at least 10 tokens of `t1`-`t3`),
+    the newest of three, is preempted after generating tokens and resumed with its slot's
+    automaton state (the state after the tokens it had generated, not the initial one): its
+    tokens equal `fg.generate` with `fg.processors.Regex` alone, and they match the regex."""
+    model, tokenizer = engine.model, engine.tokenizer
+    regex = fg.processors.Regex("(t[1-3] ?){10,40}", tokenizer)
+    entry = engine.constraint_entry(regex)
+    assert entry is not None  # pooled, not run alone
+    requests = [engine.request(prompt(13, 50), N), engine.request(prompt(12, 56), N)]
+    constrained = engine.request(prompt(15, 57), N)
+    got, preempted = serve_preempting(
+        engine, [(0, r) for r in [*requests, constrained]], {2: entry}
+    )
+    assert 2 in {i for i, n in preempted if n > 0}, preempted
+    ids = [constrained.token_ids]
+    state = fg.SequenceState.from_token_ids([list(ids[0])], vocab_size=VOCAB, tokenizer=tokenizer)
+    out = fg.generate(model, tokenizer, state, processors=[regex], max_new_tokens=N)
+    k = int(out.state.arrays.length[0]) - len(ids[0])
+    want = [int(t) for t in out.token_ids[0, :k]]
+    assert got[2][0] == want and len(want) >= 10
+    assert all(t in (1, 2, 3) for t in want if t != VOCAB - 1)
+    for i, request in enumerate(requests):
+        assert got[i][0] == reference(model, tokenizer, request)[0], i
 
 
 @pytest.mark.parametrize("seed", range(2))
