@@ -691,6 +691,15 @@ def test_serve_refuses_num_blocks_without_block_size(capsys):
     assert "--num-blocks 64 needs --block-size" in capsys.readouterr().err
 
 
+def test_serve_refuses_no_preemption_without_block_size(capsys):
+    """`--no-preemption` is about the paged cache's blocks: without `--block-size` it is refused
+    before the model loads."""
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["serve", "--no-preemption"])
+    assert exit_.value.code == 2
+    assert "--no-preemption needs --block-size" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(
     "argv, message",
     [
@@ -709,7 +718,8 @@ def test_serve_refuses_speculative_combinations(capsys, argv, message):
 
 def test_serve_builds_a_paged_speculative_engine(monkeypatch):
     """`--block-size` with `--speculative prompt-lookup` builds a paged engine that speculates
-    (the model load and the server are replaced: a tiny random Llama, no server started)."""
+    and preempts, or with `--no-preemption` reserves worst cases (the model load and the server
+    are replaced: a tiny random Llama, no server started)."""
     from functional_gen.cli import serve as cli_serve
     from functional_gen.serving.paged_speculative import SpeculativePagedKV
     from functional_gen.testing import tiny_config
@@ -731,6 +741,9 @@ def test_serve_builds_a_paged_speculative_engine(monkeypatch):
     (engine,) = engines
     assert isinstance(engine.paged, SpeculativePagedKV) and engine.block_size == 16
     assert engine.speculation.proposer.num_tokens == 3
+    assert engine.preemption  # the default with --block-size
+    assert cli.main([*argv, "--no-preemption", "--quiet"]) == 0
+    assert not engines[1].preemption and not engines[1].paged.allocator.on_demand
 
 
 @pytest.mark.parametrize(

@@ -599,6 +599,14 @@ def serve_options(sub) -> argparse.ArgumentParser:
         "--max-slots x --max-len tokens)",
     )
     group.add_argument(
+        "--no-preemption",
+        action="store_true",
+        help="with --block-size: reserve every request's worst case (prompt + max_tokens) when "
+        "it is admitted, never preempting (default: blocks as requests grow; when the pool "
+        "runs out the most recently admitted request is preempted and recomputed later, with "
+        "the same tokens)",
+    )
+    group.add_argument(
         "--speculative",
         choices=["prompt-lookup", "draft-model"],
         default=None,

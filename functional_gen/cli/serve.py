@@ -47,6 +47,8 @@ def run_serve(args: argparse.Namespace) -> int:
         )
     if args.num_blocks is not None and args.block_size is None:
         raise ValueError(f"--num-blocks {args.num_blocks} needs --block-size (a paged KV cache)")
+    if args.no_preemption and args.block_size is None:
+        raise ValueError("--no-preemption needs --block-size (a paged KV cache)")
     if (args.speculative == "draft-model") != (args.draft_model is not None):
         raise ValueError(
             f"--speculative {args.speculative} and --draft-model {args.draft_model}: a draft "
@@ -74,6 +76,7 @@ def run_serve(args: argparse.Namespace) -> int:
         decode_widths=widths,
         block_size=args.block_size,
         num_blocks=args.num_blocks,
+        preemption=None if args.block_size is None else not args.no_preemption,
         speculative=speculative,
         mesh=mesh,
     )

@@ -150,6 +150,11 @@ class _Collector:
                 "Prompt blocks taken from the prefix cache instead of prefilled",
                 value=paged.allocator.prefix_cache_hits,
             )
+            yield CounterMetricFamily(
+                "functional_gen_preemptions",
+                "Requests preempted to free KV cache blocks (recomputed when readmitted)",
+                value=paged.preemptions,
+            )
 
 
 def create_app(

@@ -20,14 +20,25 @@ The allocator follows vLLM's block manager (`vllm/core/block_manager.py`, and th
   empty, the least recently freed cached block is evicted (its key forgotten) and reused, as
   vLLM's evictor does.
 
-**Admission never over-commits.** vLLM preempts a running request (recompute or swap) when a
-decode step finds no free block; this engine has no preemption yet, so `admit` reserves a
-request's worst case up front: the blocks of `max_tokens` (prompt plus `max_new_tokens`
-positions) not shared from the cache. Physical blocks are still taken only as the request grows
-(`extend`, so `blocks_in_use` follows the tokens written), and a reservation not used (a request
-that stops early) returns to the pool with `free`. An admission whose reservation does not fit
-returns `None`: the request waits in the queue; nothing is dropped and no slot's blocks are
-ever overwritten or taken from it.
+**Two ways to admit** (`BlockAllocator(on_demand=...)`):
+
+- *worst case* (`on_demand=False`): `admit` reserves a request's worst case up front, the
+  blocks of `max_tokens` (prompt plus `max_new_tokens` positions) not shared from the cache.
+  Physical blocks are still taken only as the request grows (`extend`, so `blocks_in_use`
+  follows the tokens written), and a reservation not used (a request that stops early) returns
+  to the pool with `free`. `extend` never fails.
+- *on demand* (`on_demand=True`, vLLM's v1 scheduler, `vllm/v1/core/sched/scheduler.py`;
+  Kwon et al. 2023 §4.5): `admit` reserves nothing beyond the blocks the request takes at once;
+  it admits when the prompt's blocks plus one dispatch of growth (`lookahead` positions) fit,
+  beside a watermark that keeps one dispatch of growth for every request already holding blocks
+  (`headroom`: so an admission never forces a preemption at the next dispatch). `extend` takes
+  blocks as the request grows and returns `False` (taking nothing) when the pool has too few:
+  the engine then preempts the most recently admitted request (`serving.paged.PagedKV.make_room`:
+  `register_tokens` keeps its full blocks in the prefix cache, `free` returns them) and queues it
+  again, to be prefilled over its prompt and the tokens it had generated.
+
+Either way an admission that does not fit returns `None`: the request waits in the queue;
+nothing is dropped and no slot's blocks are ever overwritten or taken from it.
 """
 
 import collections
@@ -73,7 +84,9 @@ class BlockAllocator:
     **Arguments:** `num_blocks`: physical blocks in the pool; `block_size`: tokens per block;
     `max_slots`: rows of the block table; `max_blocks_per_slot`: its columns (the most blocks one
     request may hold: `ceil(max_len / block_size)`); `prefix_caching`: share and keep full
-    prompt blocks (default `True`).
+    prompt blocks (default `True`); `on_demand`: admit on the prompt's blocks and take the rest
+    as the request grows (`extend` may then fail: the caller preempts), instead of reserving
+    every admitted request's worst case (default `False`; see the module docstring).
 
     **Attributes:** `block_tables: int32[max_slots, max_blocks_per_slot]` (`-1` = no block),
     `ref_counts: int32[num_blocks]`, `prefix_cache_hits` (blocks taken from the cache, total),
@@ -90,6 +103,7 @@ class BlockAllocator:
         max_blocks_per_slot: int,
         *,
         prefix_caching: bool = True,
+        on_demand: bool = False,
     ):
         for name, value in (
             ("num_blocks", num_blocks),
@@ -104,6 +118,7 @@ class BlockAllocator:
         self.max_slots = max_slots
         self.max_blocks_per_slot = max_blocks_per_slot
         self.prefix_caching = prefix_caching
+        self.on_demand = on_demand
         self.block_tables = np.full((max_slots, max_blocks_per_slot), -1, np.int32)
         self.ref_counts = np.zeros((num_blocks,), np.int32)
         self._free: collections.deque[int] = collections.deque(range(num_blocks))
@@ -113,6 +128,10 @@ class BlockAllocator:
         self._block_of: dict[bytes, int] = {}  # prefix key -> block
         self._held = np.zeros((max_slots,), np.int32)  # blocks in each slot's table
         self._reserved = np.zeros((max_slots,), np.int32)  # blocks promised, not yet taken
+        self._cap = np.zeros((max_slots,), np.int32)  # most blocks each slot may hold
+        # positions each slot's blocks were last extended to cover (`extend`): its length never
+        # passes it (a dispatch writes at most what its `extend` asked for)
+        self._reach = np.zeros((max_slots,), np.int64)
         self._live = np.zeros((max_slots,), bool)
         self.prefix_cache_hits = 0
         self.prefix_cache_queries = 0
@@ -132,8 +151,22 @@ class BlockAllocator:
     @property
     def available(self) -> int:
         """Blocks a new admission may still promise: free plus cached, minus what live slots
-        have reserved and not yet taken."""
+        have reserved and not yet taken (nothing is reserved `on_demand`)."""
         return len(self._free) + len(self._cached) - int(self._reserved.sum())
+
+    def headroom(self, lookahead: int) -> int:
+        """`on_demand`: the blocks that the live slots may take in their next dispatch of
+        `lookahead` positions, at most: per slot `min(ceil((reach + lookahead) / block_size),
+        cap) - held`, `reach` the positions its blocks were last extended to cover (its length
+        is at most that) and `cap` its `max_tokens`' blocks. `admit` keeps them free (vLLM's
+        watermark, sized by the next dispatch), so an admission never forces a preemption at
+        the next dispatch. 0 when not `on_demand` (every slot's growth is reserved)."""
+        if not self.on_demand:
+            return 0
+        bs = self.block_size
+        want = np.minimum(-(-(self._reach + max(lookahead, 0)) // bs), self._cap)
+        room = np.maximum(want - self._held, 0)
+        return int(np.sum(np.where(self._live, room, 0)))
 
     def blocks_needed(self, num_tokens: int) -> int:
         """Blocks that hold `num_tokens` positions: `ceil(num_tokens / block_size)`."""
@@ -141,16 +174,22 @@ class BlockAllocator:
 
     # ---- requests -------------------------------------------------------------------------
 
-    def admit(self, slot: int, token_ids: Sequence[int], max_tokens: int) -> Admission | None:
+    def admit(
+        self, slot: int, token_ids: Sequence[int], max_tokens: int, *, lookahead: int = 0
+    ) -> Admission | None:
         """Admit a request into `slot`: share the prompt's cached leading blocks, take blocks for
-        the rest of the prompt, and reserve the blocks of up to `max_tokens` positions.
+        the rest of the prompt, and reserve the blocks of up to `max_tokens` positions (worst
+        case), or (`on_demand`) only check that the blocks of the prompt plus `lookahead`
+        positions fit beside `headroom(lookahead)`, the next dispatch of every live slot.
 
         At most `(len(token_ids) - 1) // block_size` blocks come from the cache: the prompt's
         last token is always prefilled (its logits start the decoding), as in vLLM.
 
         **Arguments:** `slot`: a slot in `[0, max_slots)` that holds no request;
         `token_ids`: the prompt; `max_tokens`: the most positions the request writes (prompt
-        plus `max_new_tokens`), at most `max_blocks_per_slot * block_size`.
+        plus `max_new_tokens`), at most `max_blocks_per_slot * block_size`; `lookahead`
+        (`on_demand` only): the positions one dispatch writes per slot (`num_steps x
+        tokens_per_step`).
 
         **Returns:** an `Admission`, or `None` when the pool cannot promise the blocks now (the
         request waits; nothing changed).
@@ -181,9 +220,14 @@ class BlockAllocator:
                 if block is None:
                     break
                 hits.append(block)
-        need = self.blocks_needed(max_tokens) - len(hits)
-        revived = sum(self.ref_counts[b] == 0 for b in hits)  # cached blocks taken back
-        if need > self.available - revived:
+        cap = self.blocks_needed(max_tokens)
+        revived = int(sum(self.ref_counts[b] == 0 for b in hits))  # cached blocks taken back
+        if self.on_demand:
+            need = self.blocks_needed(min(n + max(lookahead, 0), max_tokens)) - len(hits)
+            spare = self.available - revived - self.headroom(lookahead)
+        else:
+            need, spare = cap - len(hits), self.available - revived
+        if need > spare:
             return None
         self.prefix_cache_queries += min(len(keys), (n - 1) // bs) if self.prefix_caching else 0
         self.prefix_cache_hits += len(hits)
@@ -193,26 +237,40 @@ class BlockAllocator:
             self.ref_counts[block] += 1
             self.block_tables[slot, j] = block
         self._held[slot] = len(hits)
-        self._reserved[slot] = need
+        self._reserved[slot] = 0 if self.on_demand else need
+        self._cap[slot] = cap
         self._live[slot] = True
-        self.extend(slot, n)
+        taken = self.extend(slot, n)
+        assert taken, "the prompt's blocks were counted in `need`"
         return Admission(slot, len(hits) * bs, tuple(keys))
 
-    def extend(self, slot: int, num_tokens: int) -> None:
-        """Give `slot` blocks for its first `num_tokens` positions (taken from its reservation;
-        positions past the reservation are not given blocks: a decode step writing there drops
-        its keys, which no later token reads).
+    def extend(self, slot: int, num_tokens: int) -> bool:
+        """Give `slot` blocks for its first `num_tokens` positions, at most the blocks of its
+        `max_tokens` (positions past them are not given blocks: a decode step writing there
+        drops its keys, which no later token reads). Worst case: taken from its reservation,
+        never refused. `on_demand`: taken from the free and cached blocks, all or none.
+
+        **Returns:** `True` when the slot now holds them; `False` (`on_demand` only; nothing
+        taken) when the pool has fewer free and cached blocks than are missing.
 
         **Raises:** `ValueError` for a slot that holds no request."""
         if not self._live[slot]:
             raise ValueError(f"slot {slot} holds no request")
-        want = min(self.blocks_needed(num_tokens), int(self._held[slot] + self._reserved[slot]))
-        while self._held[slot] < want:
+        want = min(self.blocks_needed(num_tokens), int(self._cap[slot]))
+        short = want - int(self._held[slot])
+        if self.on_demand and short > self.available:
+            return False
+        self._reach[slot] = max(int(self._reach[slot]), num_tokens)
+        if short <= 0:
+            return True
+        for _ in range(short):
             block = self._take()
             self.ref_counts[block] = 1
             self.block_tables[slot, self._held[slot]] = block
             self._held[slot] += 1
-            self._reserved[slot] -= 1
+            if not self.on_demand:
+                self._reserved[slot] -= 1
+        return True
 
     def register(self, admission: Admission) -> None:
         """Record the prompt's full blocks of `admission` in the prefix cache (call it once the
@@ -226,13 +284,32 @@ class BlockAllocator:
                 self._block_of[key] = block
                 self._key_of[block] = key
 
+    def register_tokens(self, slot: int, token_ids: Sequence[int]) -> None:
+        """Record the full blocks of `slot` that hold `token_ids` (its first `len(token_ids)`
+        positions, all written) in the prefix cache, generated tokens included (vLLM caches
+        every full block): called before a preempted request's `free`, so that its readmission
+        over the same tokens takes them back instead of recomputing them. Keys as
+        `register`'s (`block_key` chain); a key or block already registered is kept."""
+        if not self.prefix_caching or not self._live[slot]:
+            return
+        bs, parent = self.block_size, None
+        for j in range(min(len(token_ids) // bs, int(self._held[slot]))):
+            parent = block_key(parent, token_ids[j * bs : (j + 1) * bs])
+            block = int(self.block_tables[slot, j])
+            if parent not in self._block_of and block not in self._key_of:
+                self._block_of[parent] = block
+                self._key_of[block] = parent
+
     def free(self, slot: int) -> None:
-        """Release `slot`'s blocks and reservation (the request ended or was cancelled). A block
-        whose count drops to 0 goes to the free list, or, when it holds a registered prefix, to
-        the cached blocks (most recently used last). Freeing an empty slot does nothing."""
+        """Release `slot`'s blocks and reservation (the request ended, was cancelled or
+        preempted). A block whose count drops to 0 goes to the free list, or, when it holds a
+        registered prefix, to the cached blocks (most recently used last), last block first, as
+        vLLM's `KVCacheManager.free` does: the tail of a chain is evicted before its head, so
+        that what stays cached is still a prefix a later request can take. Freeing an empty
+        slot does nothing."""
         if not self._live[slot]:
             return
-        for block in self.block_tables[slot, : self._held[slot]].tolist():
+        for block in self.block_tables[slot, : self._held[slot]].tolist()[::-1]:
             self.ref_counts[block] -= 1
             if self.ref_counts[block] == 0:
                 if block in self._key_of:
@@ -242,6 +319,8 @@ class BlockAllocator:
         self.block_tables[slot] = -1
         self._held[slot] = 0
         self._reserved[slot] = 0
+        self._cap[slot] = 0
+        self._reach[slot] = 0
         self._live[slot] = False
 
     def _take(self) -> int:
@@ -256,7 +335,9 @@ class BlockAllocator:
     def check(self) -> None:
         """Assert the invariants (for tests): every block is referenced, free or cached, exactly
         one of them; each count equals the table entries naming the block; a block in two live
-        tables holds a registered prefix; reservations fit in what is free or cached.
+        tables holds a registered prefix; no slot holds more than its `max_tokens` need; worst
+        case: each slot's blocks plus reservation are its `max_tokens`, and the reservations fit
+        in what is free or cached; on demand: nothing is reserved.
 
         **Raises:** `AssertionError` naming the broken invariant."""
         counts = np.zeros_like(self.ref_counts)
@@ -268,6 +349,10 @@ class BlockAllocator:
             assert np.all(row[:held] >= 0), f"slot {slot}: a hole in its table"
             assert len(set(row[:held].tolist())) == held, f"slot {slot}: a block twice"
             assert self._live[slot] or held == 0, f"slot {slot}: idle but holds blocks"
+            assert held <= self._cap[slot] or not self._live[slot], f"slot {slot}: over its cap"
+            if self._live[slot] and not self.on_demand:
+                assert held + self._reserved[slot] == self._cap[slot], f"slot {slot}: reservation"
+            assert not self.on_demand or self._reserved[slot] == 0, "reserved on demand"
             for block in row[:held].tolist():
                 counts[block] += 1
                 if block in owners:

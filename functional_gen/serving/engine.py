@@ -33,7 +33,10 @@ of its keys changes, which can move float rounding, never the masking).
 **Paged KV cache.** `Engine(block_size=...)` replaces the lockstep cache with blocks in one
 pool per layer, a block table per slot and prefix caching (`serving.paged`, `serving.blocks`,
 after vLLM): no shared write index and no compaction; `admit` takes a request's blocks before
-its prefill and `release` returns them. With `speculative` as well, each dispatch speculates
+its prefill and `release` returns them. With `preemption` (the default), blocks follow the
+tokens in use: a request is admitted on its prompt's blocks, takes decode blocks as it grows,
+and `make_room` (before each dispatch) preempts the most recently admitted requests when the
+pool runs out, handing back the requests to queue again (vLLM's recompute preemption). With `speculative` as well, each dispatch speculates
 over the gathered blocks and scatters back only the kept tokens (`serving.paged_speculative`).
 
 **Shapes.** Prompts are left-padded to `bucket_length` (as `generate` pads them, so the prefill
@@ -71,7 +74,7 @@ from ..tokenization import Prompt, encode_prompt
 from .blocks import Admission
 from .mesh import check_engine_mesh, place_decode_state, place_proposer
 from .orchestrator import Error, Finished, Orchestrator
-from .paged import BlockPrefill, PagedDecodeState, PagedKV
+from .paged import BlockPrefill, PagedDecodeState, PagedKV, Preemption
 from .paged_speculative import SpeculativePagedKV
 from .phases import PhaseTimer
 from .pool import (
@@ -187,6 +190,17 @@ class Engine:
       runs at `max_slots` (no narrower `decode_widths`), with no compaction.
     - `num_blocks`: blocks in the paged pool (only with `block_size`; default: enough for every
       slot's `max_len`).
+    - `preemption`: only with `block_size`. `True` (the default there): a request is admitted
+      when its prompt's blocks and one dispatch of growth fit beside the next dispatch of every
+      request already holding blocks, takes decode blocks as it grows, and when the pool runs
+      out `make_room` preempts the most recently admitted request and hands it back to be
+      queued again and recomputed over its prompt and generated tokens, continuing with the
+      same tokens (vLLM's recompute preemption; `serving.paged`). So a pool smaller than
+      `max_slots x max_len` serves as many requests as their actual lengths fit, not as many
+      as their worst cases fit; with the default `num_blocks` every slot's worst case fits and
+      nothing is ever preempted, so the default changes nothing there. `False`: each admission
+      reserves its worst case (prompt plus `max_new_tokens`) and waits until it fits, never
+      preempted (`generate` needs no `make_room`).
     - `speculative`: `None` (default): one token per slot per step. A proposer
       (`fg.speculative.PromptLookup`, `DraftModel`, `EarlyExit`): speculative decoding in every
       decode step, each slot accepting its own run of guesses (`serving.speculative`), lossless
@@ -211,7 +225,8 @@ class Engine:
       steps, `serving.paged_speculative`).
 
     **Raises:** `ValueError` for a non-positive `max_slots`, `max_len` or `num_steps`, a
-    `mixed_prefill` that is not a bool, a
+    `mixed_prefill` or `preemption` that is not a bool (or a `preemption` without
+    `block_size`), a
     `max_len` beyond the model's context, a `decode_widths` entry that is not an integer in
     `[1, max_slots]`, an unsupported `kv_cache_dtype` (see
     `AbstractCausalLM.with_kv_cache_dtype`), or a proposer the model cannot use (see `generation.speculative.speculative_search`); on a mesh, `max_slots`
@@ -241,9 +256,17 @@ class Engine:
         speculative=None,
         mesh=None,
         mixed_prefill: bool = True,
+        preemption: bool | None = None,
     ):
         if not isinstance(mixed_prefill, bool):
             raise ValueError(f"`mixed_prefill` must be True or False, got {mixed_prefill!r}")
+        if preemption is not None and not isinstance(preemption, bool):
+            raise ValueError(f"`preemption` must be True or False, got {preemption!r}")
+        if block_size is None and preemption is not None:
+            raise ValueError(
+                f"`preemption`={preemption!r} needs a `block_size` (a paged cache; the lockstep "
+                "cache gives every slot its `max_len`)"
+            )
         if mesh is not None:
             check_mesh(mesh)
         if block_size is None and num_blocks is not None:
@@ -318,10 +341,11 @@ class Engine:
         lockstep cache."""
         if block_size is not None:
             sizes = (self.model, max_slots, max_len, block_size, num_blocks)
+            on = {"preemption": preemption is not False, "num_steps": num_steps}
             self.paged = (
-                PagedKV(*sizes)
+                PagedKV(*sizes, **on)
                 if speculative is None
-                else SpeculativePagedKV(*sizes, speculation=self.speculation)
+                else SpeculativePagedKV(*sizes, speculation=self.speculation, **on)
             )
             self.decode_widths = (max_slots,)
         self.timer = PhaseTimer()
@@ -452,7 +476,8 @@ class Engine:
 
     def admit(self, request: Request, slot: int) -> Admission | None:
         """Paged cache only: take blocks for `request` in `slot` before its prefill
-        (`BlockAllocator.admit`: cached prefix blocks shared, the rest reserved); `None` when
+        (`BlockAllocator.admit`: cached prefix blocks shared, the rest of the prompt's taken, and
+        its worst case reserved, or with `preemption` room kept for one dispatch); `None` when
         the pool cannot hold it now (it must wait). Pass the result to `prefill`; call
         `release(slot)` when the request ends.
 
@@ -490,6 +515,30 @@ class Engine:
         no-op for the lockstep cache)."""
         if self.paged is not None:
             self.paged.release(slot)
+
+    @property
+    def preemption(self) -> bool:
+        """Whether the engine preempts (a paged cache with `preemption` on; see `make_room`)."""
+        return self.paged is not None and self.paged.preemption
+
+    def make_room(
+        self, decode_state: DecodeState, num_steps: int | None = None
+    ) -> tuple[DecodeState, list[Preemption]]:
+        """Call before each `generate` (paged cache with `preemption`; otherwise it returns
+        `(decode_state, [])`): give every busy slot the blocks for `num_steps` (default
+        `self.num_steps`) more steps' writes, oldest admission first, preempting the most
+        recently admitted requests (busy, or admitted and not yet inserted) while the pool has
+        too few (`PagedKV.make_room`; vLLM's recompute preemption). A preempted slot's blocks
+        are back and it is idle; `decode_state` is donated when one is freed.
+
+        **Returns:** `(decode_state, preemptions)`: each `Preemption` names the `slot` and the
+        `request` to queue again at the front (in the order given: the oldest ends up first)
+        and to `admit`, prefill and `insert` like any other; its tokens then continue exactly
+        where they stopped. `preemptions` is newest first; `paged.preemptions` counts them."""
+        if not self.preemption:
+            return decode_state, []
+        n = self.num_steps if num_steps is None else num_steps
+        return self.paged.make_room(decode_state, n * self.paged.tokens_per_step)
 
     def _prefix(self, request: Request, logits, cache) -> Prefix:
         return make_prefix(request, logits, cache, self.max_len, self.pad_token_id)
@@ -561,11 +610,13 @@ class Engine:
         output `-1`. When the busy slots fit a narrower width of `decode_widths`, the dispatch
         runs that width's program on their rows (gathered, then written back); the output still
         has a column per slot. With `prefill` (paged cache: a `BlockPrefill` with chunks left),
-        its next chunk runs first in the same compiled program (the mixed dispatch).
+        its next chunk runs first in the same compiled program (the mixed dispatch). A paged
+        cache with `preemption` needs `make_room` first when its pool may run short.
 
         **Arguments:** `decode_state` (donated).
 
-        **Raises:** `ValueError` for a `prefill` without a paged cache or with no chunk left.
+        **Raises:** `ValueError` for a `prefill` without a paged cache or with no chunk left;
+        `RuntimeError` when a busy slot cannot get its blocks (`preemption`, no `make_room`).
 
         **Returns:** `(decode_state, output)`, `output` a `StepOutput` (`output.token_ids:
         Int[Array, "steps batch"]`, the token each slot took at each step, `-1` where none).

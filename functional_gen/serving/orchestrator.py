@@ -11,11 +11,16 @@ ONE background thread owns the device and the decode state. Each turn of its loo
    other streams keep going; with a paged cache such a prompt is an `Engine.block_prefill`,
    whose chunks run inside the decode dispatches while slots decode, on their own while none
    does), then `insert`,
-3. runs `generate` (`Engine.num_steps` steps in one dispatch, carrying the next chunk of a
+3. with a paged cache that preempts (`Engine.preemption`), gives every busy slot the blocks of
+   the coming dispatch (`Engine.make_room`): the requests it preempts (the most recently
+   admitted) go back to the FRONT of the queue with the tokens they had generated, keeping
+   their text, stop-string and streaming state (nothing delivered twice, nothing lost), to be
+   readmitted and recomputed before any later request,
+4. runs `generate` (`Engine.num_steps` steps in one dispatch, carrying the next chunk of a
    `BlockPrefill` in progress: `Engine.generate(prefill=...)`) when any slot is busy (while
    requests wait, the dispatch ends after the step in which a slot finishes, so that the next
    turn admits into it: `Engine.generate(until_finish=True)`), and
-4. turns each slot's new tokens into text pieces (`IncrementalDecoder`: never half a UTF-8
+5. turns each slot's new tokens into text pieces (`IncrementalDecoder`: never half a UTF-8
    character), cuts them at stop strings (on the host: the text is held back by the length of
    the longest stop string minus one character, as `fg.stream` does), and hands them to the
    request's `asyncio` queue with `loop.call_soon_threadsafe`.
@@ -92,6 +97,10 @@ class Handle:
         entry: "PoolEntry | None" = None,
     ):
         self.request = request
+        self.resumed: Request | None = None
+        """After a preemption: what to admit instead of `request` (its prompt and the tokens
+        generated so far, `Request.resume`)."""
+        self.host_slot: _Slot | None = None  # a preempted request's text and stream state
         self.constraint = constraint
         self.entry = entry
         self.stop_strings = stop_strings
@@ -104,6 +113,11 @@ class Handle:
     def cancel(self) -> None:
         """Give the request up; its slot is freed before the next dispatch."""
         self.cancelled = True
+
+    @property
+    def pending_request(self) -> "Request":
+        """The request to admit: `resumed` after a preemption, else `request`."""
+        return self.request if self.resumed is None else self.resumed
 
     def _put(self, event) -> None:
         # a closed event loop raises RuntimeError: nobody is listening any more
@@ -180,7 +194,8 @@ class Orchestrator:
     (total), `verified_tokens`, `accepted_tokens` (speculative guesses verified and accepted,
     totals; 0 without `Engine(speculative=...)`), `on_first_token` (a callable given the seconds from submission to the first
     token, or `None`), `timer` (the engine's `PhaseTimer`: wall seconds per phase of the loop,
-    "cancel", "admit", "layout", "compact", "dispatch", "transfer", "deliver", "idle"),
+    "cancel", "admit", "preempt", "layout", "compact", "dispatch", "transfer", "deliver",
+    "idle"),
     `prefill_budget`.
 
     **Raises:** `ValueError` for a `prefill_budget` that is not a positive integer.
@@ -283,6 +298,11 @@ class Orchestrator:
                         self._wake.clear()
                         timer.add("idle", start)
                     continue
+                if engine.preemption:  # blocks for this dispatch, preempting if must be
+                    start = clock()
+                    state = timer.add("preempt", start, self._make_room(state))
+                    if self.busy_slots == 0:
+                        continue
                 # while requests wait, the dispatch ends as soon as a slot frees for them;
                 # `generate` times "layout", "compact", "dispatch"
                 waiting = bool(self._queue) or self._prefilling is not None
@@ -326,6 +346,25 @@ class Orchestrator:
                 self._queue = collections.deque(h for h in self._queue if not h.cancelled)
         return state
 
+    def _make_room(self, state):
+        """`Engine.make_room`, and each preempted request queued again at the front (the oldest
+        first): a decoding one with its `_Slot` (text, stop-string and streaming state) kept in
+        its handle, a prefilling one with its prefill abandoned."""
+        state, preempted = self.engine.make_room(state)
+        for p in preempted:  # newest first: the oldest ends up at the front
+            if p.prefilling:
+                handle, _ = self._prefilling
+                assert self._paged_slot == p.slot, (self._paged_slot, p.slot)
+                self._prefilling = None
+            else:
+                host = self._slots[p.slot]
+                self._slots[p.slot] = None
+                handle, handle.host_slot = host.handle, host
+            handle.resumed = p.request
+            with self._lock:
+                self._queue.appendleft(handle)
+        return state
+
     def _admit(self, state):
         """Prefill chunks of queued requests, inserted into free slots as they complete, while
         slots are free and this turn's prefill tokens stay within `prefill_budget` (the first
@@ -344,20 +383,21 @@ class Orchestrator:
                 if handle.constraint is not None and handle.entry is None:
                     self._run_alone(handle)
                     return state
+                request = handle.pending_request
                 if self.engine.paged is not None:  # blocks first, or it waits at the head
                     slot = self._slots.index(None)
-                    admission = self.engine.admit(handle.request, slot)
+                    admission = self.engine.admit(request, slot)
                     if admission is None:
                         with self._lock:
                             self._queue.appendleft(handle)
                         return state
                     self._paged_slot = slot
-                    chunks = self.engine.block_prefill(handle.request, admission)
+                    chunks = self.engine.block_prefill(request, admission)
                     if chunks is None:
-                        chunks = self.engine.prefill_chunks(handle.request, admission, state)
+                        chunks = self.engine.prefill_chunks(request, admission, state)
                     self._prefilling = (handle, chunks)
                 else:
-                    self._prefilling = (handle, self.engine.prefill_chunks(handle.request))
+                    self._prefilling = (handle, self.engine.prefill_chunks(request))
             handle, chunks = self._prefilling
             if isinstance(chunks, BlockPrefill):  # into its blocks; mixed while slots decode
                 if chunks.pending:
@@ -370,7 +410,7 @@ class Orchestrator:
                 state = self.engine.insert(self.engine.block_prefix(chunks), state, slot)
                 state = self._started(handle, state, slot)
                 continue
-            width = self.engine.prefill_width(len(handle.request.token_ids))
+            width = self.engine.prefill_width(len(handle.pending_request.token_ids))
             cost = min(width, self.engine.prefill_chunk)  # this chunk's tokens
             if spent and spent + cost > self.prefill_budget and decoding:
                 return state
@@ -392,10 +432,12 @@ class Orchestrator:
         return state
 
     def _started(self, handle: Handle, state, slot: int):
-        """After `handle`'s `insert` into `slot`: its constraint placed, its slot busy."""
+        """After `handle`'s `insert` into `slot`: its constraint placed, its slot busy (with the
+        `_Slot` it had before a preemption, so its text and stream go on)."""
         if handle.entry is not None:
             state = self.engine.place(handle.entry, state, slot)
-        self._slots[slot] = _Slot(handle, self.engine.tokenizer, self._eos)
+        host, handle.host_slot = handle.host_slot, None
+        self._slots[slot] = host or _Slot(handle, self.engine.tokenizer, self._eos)
         return state
 
     def _run_alone(self, handle: Handle) -> None:

@@ -31,10 +31,15 @@ set (the next step feeds it), so the gather reads a slot's first `length - pendi
 only.
 
 **Blocks.** Before a dispatch each busy slot's table is extended to cover `num_steps *
-write_width` more positions (the most a dispatch can keep), within its reservation
-(`BlockAllocator.admit` reserves prompt plus `max_new_tokens` positions when it admits a
-request, and an admission that does not fit waits; positions past the reservation have no
-block, and their keys, never read, are dropped). A draft model's cache (`DraftModel`,
+write_width` more positions (the most a dispatch can keep), never past its prompt plus
+`max_new_tokens` positions (positions past them have no block, and their keys, never read, are
+dropped). With preemption (`Engine(preemption=True)`, the default) the blocks come from the
+pool as the slots grow and `PagedKV.make_room` preempts the most recently admitted requests
+when the pool cannot give them: the same code as without speculation, with `write_width`
+positions per step (`tokens_per_step`), and a slot's written positions are `length - pending`
+(`_written`: its pending last token is fed again by the prefill of its resumed text). Without
+it, `BlockAllocator.admit` reserves prompt plus `max_new_tokens` positions when it admits a
+request, and an admission that does not fit waits. A draft model's cache (`DraftModel`,
 `EarlyExit`) is not paged: it lives in the search's carry, as in the lockstep engine, and a slot's
 row is reset at its `insert` (`serving.speculative.reset_jit`).
 
@@ -124,10 +129,25 @@ class SpeculativePagedKV(PagedKV):
         num_blocks=None,
         *,
         speculation: EngineSpeculation,
+        preemption=False,
+        num_steps=1,
     ):
-        super().__init__(model, max_slots, max_len, block_size, num_blocks)
         self.speculation = speculation
+        super().__init__(
+            model,
+            max_slots,
+            max_len,
+            block_size,
+            num_blocks,
+            preemption=preemption,
+            num_steps=num_steps,
+        )
         """The speculative search of every dispatch (`serving.speculative.EngineSpeculation`)."""
+
+    def _written(self, gen) -> Int[Array, " slots"]:
+        """Per slot the positions in its blocks: `length - pending` (a pending last token is not
+        in the cache yet)."""
+        return gen.length - gen.search_state.pending.astype(jnp.int32)
 
     def insert(self, prefix: Prefix, state: PagedDecodeState, slot: int) -> PagedDecodeState:
         """`PagedKV.insert`, then the slot's row of the search's carry as `init` makes it
@@ -138,7 +158,7 @@ class SpeculativePagedKV(PagedKV):
     def programs(self) -> tuple:
         """`PagedKV.programs` of a speculating engine: `(model, speculation)` as the programs'
         first argument, `write_width` positions per step (the blocks a dispatch of `n` steps
-        extends a slot by: `n * write_width`, within its reservation), and
+        extends a slot by: `n * write_width`), and
         `speculative_generate_jit`, `speculative_mixed_jit`."""
         fixed = (self.model, self.speculation)
         return fixed, self.speculation.write_width, speculative_generate_jit, speculative_mixed_jit

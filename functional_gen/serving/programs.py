@@ -42,19 +42,24 @@ class Prefix(eqx.Module):
     """One prefilled request, ready to `insert` into a slot.
 
     **Attributes:** `token_ids: Int[Array, " max_len"]` (the prompt from column 0, padding
-    after), `length: Int[Array, ""]` (prompt tokens), `max_new_tokens: Int[Array, ""]`,
-    `logits: Float[Array, " vocab"]` (after the prompt's last token), `cache` (a `KVCache` of
-    one row whose `kv_seq` slots hold the left-padded prompt), `key` (the row's PRNG key),
-    `params` (a `SlotParams` of one row, no leading axis).
+    after), `length: Int[Array, ""]` (prompt tokens), `prompt_length: Int[Array, ""]`
+    (`length`, or for a request resumed after a preemption its prompt's tokens without those it
+    had generated: the slot's `prompt_length` and `start_length`), `max_new_tokens: Int[Array,
+    ""]`, `logits: Float[Array, " vocab"]` (after the prompt's last token), `cache` (a `KVCache`
+    of one row whose `kv_seq` slots hold the left-padded prompt), `key` (the row's PRNG key),
+    `params` (a `SlotParams` of one row, no leading axis), `constraint_state: Int[Array, ""]`
+    (the slot's automaton state: `INITIAL`, or a resumed request's).
     """
 
     token_ids: Int[Array, " max_len"]
     length: Int[Array, ""]
+    prompt_length: Int[Array, ""]
     max_new_tokens: Int[Array, ""]
     logits: Float[Array, " vocab"]
     cache: KVCache
     key: Key[Array, ""]
     params: SlotParams
+    constraint_state: Int[Array, ""]
 
 
 class DecodeState(eqx.Module):
@@ -209,15 +214,26 @@ def make_prefix(
     """The `Prefix` of `request` after its prefill (`logits: Float[Array, " vocab"]` after the
     prompt, `cache` its one-row `KVCache`): its prompt in a row of `max_len` columns padded with
     `pad_token_id`, its sampling parameters, and the key `fold_in(jax.random.key(seed), 0)`
-    (a seed drawn from `os.urandom` when the request has none)."""
+    (a seed drawn from `os.urandom` when the request has none). A resumed request
+    (`request.resume`, after a preemption) keeps its slot's key, its prompt length (its
+    generated tokens count as generated) and its automaton state, so it continues where it
+    stopped."""
     row = np.full((max_len,), pad_token_id, np.int32)
     row[: len(request.token_ids)] = request.token_ids
     bias = np.zeros((logits.shape[-1],), np.float32)
     for token, value in request.logit_bias:
         bias[token] += value
-    seed = request.seed
-    if seed is None:
-        seed = int.from_bytes(os.urandom(4), "little")
+    resume = request.resume
+    if resume is not None:
+        data = np.asarray(resume.key_data, np.uint32)
+        key = jax.random.wrap_key_data(data, impl=resume.key_impl)
+        constraint_state = resume.constraint_state
+    else:
+        seed = request.seed
+        if seed is None:
+            seed = int.from_bytes(os.urandom(4), "little")
+        key = jax.random.fold_in(jax.random.key(seed), 0)
+        constraint_state = INITIAL
     f32 = lambda x: jnp.asarray(x, jnp.float32)  # noqa: E731
     params = SlotParams(
         greedy=jnp.asarray(request.temperature == 0),
@@ -233,24 +249,27 @@ def make_prefix(
     return Prefix(
         token_ids=jnp.asarray(row),
         length=jnp.asarray(len(request.token_ids), jnp.int32),
+        prompt_length=jnp.asarray(request.prompt_length, jnp.int32),
         max_new_tokens=jnp.asarray(request.max_new_tokens, jnp.int32),
         logits=logits,
         cache=cache,
-        key=jax.random.fold_in(jax.random.key(seed), 0),
+        key=key,
         params=params,
+        constraint_state=jnp.asarray(constraint_state, jnp.int32),
     )
 
 
 def _with_prefix(prefix: Prefix, state: DecodeState, slot: Int[Array, ""], cache) -> DecodeState:
-    """`state` with `slot` taking `prefix`'s tokens, logits, key and parameters (busy, not
-    constrained), and `cache` as its generation's cache (the lockstep `KVCache` with the prompt
+    """`state` with `slot` taking `prefix`'s tokens, logits, key, parameters and automaton
+    state (busy, not constrained: `Engine.place` constrains it), and `cache` as its
+    generation's cache (the lockstep `KVCache` with the prompt
     written by `_insert`, or the paged engine's placeholder, `serving.paged`)."""
     gen = state.generation
     gen = GenerationState(
         token_ids=gen.token_ids.at[slot].set(prefix.token_ids),
         length=gen.length.at[slot].set(prefix.length),
-        prompt_length=gen.prompt_length.at[slot].set(prefix.length),
-        start_length=gen.start_length.at[slot].set(prefix.length),
+        prompt_length=gen.prompt_length.at[slot].set(prefix.prompt_length),
+        start_length=gen.start_length.at[slot].set(prefix.prompt_length),
         max_new_tokens=gen.max_new_tokens.at[slot].set(prefix.max_new_tokens),
         done=gen.done.at[slot].set(False),
         finish_reason=gen.finish_reason.at[slot].set(0),
@@ -259,7 +278,10 @@ def _with_prefix(prefix: Prefix, state: DecodeState, slot: Int[Array, ""], cache
         top_token_ids=gen.top_token_ids,
         top_logprobs=gen.top_logprobs,
         cache=cache,
-        processor_states=(gen.processor_states[0].at[slot].set(INITIAL), *gen.processor_states[1:]),
+        processor_states=(
+            gen.processor_states[0].at[slot].set(prefix.constraint_state),
+            *gen.processor_states[1:],
+        ),
         stop_state=gen.stop_state,
         key=gen.key.at[slot].set(prefix.key),
         key_step=gen.key_step.at[slot].set(0),

@@ -17,6 +17,26 @@ from ..reductions import argmax
 
 
 @dataclasses.dataclass(frozen=True)
+class Resume:
+    """How a preempted request continues (`serving.paged.PagedKV.make_room`, vLLM's recompute
+    preemption): what its slot held that the tokens alone do not give back.
+
+    **Attributes:** `generated`: how many of the resumed `Request.token_ids` (the last ones) the
+    request had generated (they count against its `max_new_tokens` and, for the penalties, as
+    generated, not as prompt); `key_data`, `key_impl`: its slot's PRNG key
+    (`jax.random.key_data` as ints, and the implementation's name), so that step `n` draws with
+    `fold_in(key, n)` as before, a seed drawn at random included; `constraint_state`: its
+    automaton state in the constraint pool (`SlotConstraint`; `INITIAL` when unconstrained),
+    the state after the tokens it had generated.
+    """
+
+    generated: int
+    key_data: tuple[int, ...]
+    key_impl: str
+    constraint_state: int
+
+
+@dataclasses.dataclass(frozen=True)
 class Request:
     """One generation request as the engine sees it (host values, validated by `Engine.request`).
 
@@ -26,7 +46,9 @@ class Request:
     logit), `seed` (the key is `fold_in(jax.random.key(seed), 0)`; `None` draws one), `top_k`
     (0 = off; at most `MAX_TOP_K`), `stop_token_ids` (vLLM's: ids that end the request like an
     EOS, besides the model's; checked on the host, so a slot may decode up to `num_steps - 1`
-    tokens past one, which are dropped).
+    tokens past one, which are dropped); `resume`: `None` for a new request; a `Resume` for a
+    preempted one queued again, whose `token_ids` are then its prompt followed by the
+    `resume.generated` tokens it had generated (built by the engine, not by callers).
     """
 
     token_ids: tuple[int, ...]
@@ -41,6 +63,12 @@ class Request:
     seed: int | None = None
     top_k: int = 0
     stop_token_ids: tuple[int, ...] = ()
+    resume: Resume | None = None
+
+    @property
+    def prompt_length(self) -> int:
+        """The prompt's tokens: `token_ids` less those generated before a preemption."""
+        return len(self.token_ids) - (0 if self.resume is None else self.resume.generated)
 
 
 def request_processors(request: Request) -> tuple[list, AbstractSampler]:

@@ -249,13 +249,19 @@ def test_prefix_cache_hits_give_the_cold_tokens_and_skip_their_prefill(paged):
 
 
 def test_an_admission_waits_for_blocks_and_completes(paged):
-    """Through the orchestrator: four concurrent requests of 5 blocks each (13-15 + 21
-    tokens) in a pool of 14 blocks: never more than two hold blocks at once, the others wait in
-    the queue (counted in `waits`) and are admitted as blocks return; every request completes
-    with `fg.generate`'s tokens. Then a request cancelled after its first tokens gives its
-    blocks back: after the next request, none is in use."""
-    engine = paged
-    model, tokenizer = engine.model, engine.tokenizer
+    """Without preemption (`Engine(preemption=False)`: each admission reserves its worst case),
+    through the orchestrator: four concurrent requests of 5 blocks each (13-15 + 21 tokens) in
+    a pool of 14 blocks: never more than two hold blocks at once, the others wait in the queue
+    (counted in `waits`) and are admitted as blocks return; every request completes with
+    `fg.generate`'s tokens. Then a request cancelled after its first tokens gives its blocks
+    back: after the next request, none is in use. (tests/serving/test_preemption.py: the
+    default, which preempts instead.)"""
+    model, tokenizer = paged.model, paged.tokenizer
+    engine = fg.serving.Engine(  # `paged`'s shapes: its compiled programs
+        model, tokenizer, max_slots=3, max_len=64, block_size=BLOCK, num_blocks=14,
+        preemption=False,
+    )  # fmt: skip
+    assert not engine.preemption
     prompts = [prompt(13 + i % 3, 20 + i) for i in range(4)]
     waits = engine.paged.waits
     live = []  # slots holding blocks at each dispatch
@@ -292,7 +298,8 @@ def test_an_admission_waits_for_blocks_and_completes(paged):
 def test_metrics_report_blocks_in_use_and_prefix_cache_hits(paged):
     """`/metrics` of a server over the paged engine: `functional_gen_kv_blocks_in_use` and
     `functional_gen_prefix_cache_hits_total` are the allocator's counts, read while a request
-    holds blocks (one of them taken from the prefix cache) and after it ended."""
+    holds blocks (one of them taken from the prefix cache) and after it ended;
+    `functional_gen_preemptions_total` is the engine's count."""
     pytest.importorskip("uvicorn")
     from functional_gen.serving import app as serving_app
 
@@ -336,3 +343,4 @@ def test_metrics_report_blocks_in_use_and_prefix_cache_hits(paged):
     assert 3 <= during["functional_gen_kv_blocks_in_use"] <= 10
     assert after["functional_gen_kv_blocks_in_use"] == 0
     assert after["functional_gen_kv_blocks"] == 14
+    assert after["functional_gen_preemptions_total"] == engine.paged.preemptions

@@ -61,27 +61,31 @@ def serve(engine, schedule):
     every request is done: queued requests are admitted first come first served into free
     slots (one that gets no blocks waits, and so do those behind it), prefilled, inserted;
     each slot's blocks are released when its request ends and the allocator is checked after
-    every dispatch.
+    every dispatch. With preemption (`Engine.preemption`, the default) `make_room` runs before
+    every dispatch and each preempted request is queued again at the front with the tokens it
+    had generated (checked against those delivered).
 
     After every dispatch, the pool entries that changed must be those of positions the busy
     slots kept in it (`[written before, written after)` through their tables): each such entry
     is recorded and compared at the end with the keys and values of a prefill of its request's
     final text.
 
-    **Returns:** per request its tokens, the guesses verified and accepted over the run, and
-    the admissions that waited."""
+    **Returns:** per request its tokens, the guesses verified and accepted over the run, the
+    admissions that waited, and the index of each preempted request."""
     state = engine.init_decode_state()
     alloc = engine.paged.allocator  # a fresh pool (`init_decode_state`)
     got = {i: [] for i in range(len(schedule))}
     queue: list[int] = []
     running: dict[int, int] = {}  # slot -> request index
     kept: dict[int, list] = {i: [] for i in range(len(schedule))}  # (position, entry values)
+    resumed: dict[int, object] = {}  # request index -> the request a preemption gave back
+    preempted: list[int] = []  # the index of each preempted request
     verified = accepted = waits = dispatch = 0
     while dispatch <= max(d for d, _ in schedule) or queue or running:
         queue += [i for i, (d, _) in enumerate(schedule) if d == dispatch]
         while queue and len(running) < engine.max_slots:
             slot = min(set(range(engine.max_slots)) - set(running))
-            request = schedule[queue[0]][1]
+            request = resumed.get(queue[0], schedule[queue[0]][1])
             admission = engine.admit(request, slot)
             if admission is None:
                 waits += 1
@@ -89,6 +93,13 @@ def serve(engine, schedule):
             state = engine.insert(engine.prefill(request, admission, state), state, slot)
             running[slot] = queue.pop(0)
         assert running, "nothing runs and the queue's head cannot be admitted"
+        state, preemptions = engine.make_room(state)
+        for p in preemptions:  # newest first: the oldest ends up at the front
+            i = running.pop(p.slot)
+            assert list(p.request.token_ids) == [*schedule[i][1].token_ids, *got[i]]
+            resumed[i] = p.request
+            queue.insert(0, i)
+            preempted.append(i)
         before, pool_before = written(state), pools(state)
         state, out = engine.generate(state)
         after, pool_after = written(state), pools(state)
@@ -123,7 +134,7 @@ def serve(engine, schedule):
         for p, entry in kept[i]:
             np.testing.assert_allclose(entry, reference[:, :, p], atol=1e-4, rtol=1e-4)
     assert alloc.blocks_in_use == 0 and alloc.available == alloc.num_blocks
-    return [got[i] for i in range(len(schedule))], verified, accepted, waits
+    return [got[i] for i in range(len(schedule))], verified, accepted, waits, preempted
 
 
 def test_paged_draft_model_equals_generate_and_writes_only_kept_keys(llama):
@@ -144,11 +155,42 @@ def test_paged_draft_model_equals_generate_and_writes_only_kept_keys(llama):
         engine.request(p, MAX_NEW, temperature=0.7 if i in sampled else 0.0, seed=sampled.get(i))
         for i, p in enumerate(prompts)
     ]
-    got, verified, accepted, waits = serve(
+    got, verified, accepted, waits, _ = serve(
         engine, [(0, requests[0]), (1, requests[1]), (1, requests[2]), (2, requests[3])]
     )
     assert verified > 0 and accepted > 0, (verified, accepted)
     assert waits > 0 and engine.paged.allocator.prefix_cache_hits == 2
+    for i, (request, tokens_) in enumerate(zip(requests, got)):
+        if i in sampled:
+            kwargs = dict(speculative=spec, do_sample=True, temperature=0.7)
+            want = alone(model, tok, request, key=jax.random.key(sampled[i]), **kwargs)
+        else:
+            want = alone(model, tok, request)
+        assert tokens_ == want, i
+
+
+def test_paged_draft_model_preempts_and_resumes_with_generate_tokens(llama):
+    """Preemption under speculation (`preemption=True`, the default): the draft model over a
+    pool of 14 blocks of 4, one step per dispatch (a dispatch extends a slot by `write_width` =
+    8 positions; with 4 steps a dispatch's 32 would be a request's whole budget, and admission
+    alone would keep these requests apart), a greedy request of 32 new tokens (10 blocks) and
+    two seeded sampled ones of 16 (6-7 blocks) admitted together: the newer ones are preempted
+    when the older need blocks, queued again with their tokens (a pending last token fed by
+    the prefill of the resumed text) and recomputed; each request's tokens equal `fg.generate`
+    alone (greedy: plain greedy decoding; sampled: with the same proposer and seed), only kept
+    positions were written (each with a prefill's keys and values), and every block is
+    back."""
+    model, tok = llama
+    engine, spec = speculating_engine(llama, "draft_model", num_blocks=14, num_steps=1)
+    assert engine.paged.lookahead == engine.speculation.write_width == 8
+    sampled = {1: 3, 2: 1}  # request -> seed; the sampled prompts of the test above
+    requests = [
+        engine.request(repetitive(6, 16), 32),
+        engine.request(repetitive(7, 3), MAX_NEW, temperature=0.7, seed=3),
+        engine.request(repetitive(9, 0)[:8] + repetitive(3, 1), MAX_NEW, temperature=0.7, seed=1),
+    ]
+    got, verified, _, _, preempted = serve(engine, [(0, r) for r in requests])
+    assert 2 in preempted and engine.paged.preemptions == len(preempted) and verified > 0
     for i, (request, tokens_) in enumerate(zip(requests, got)):
         if i in sampled:
             kwargs = dict(speculative=spec, do_sample=True, temperature=0.7)
