@@ -734,6 +734,8 @@ class Engine:
                 )
                 state = self.free(self.place(entry, state, 0), 0)
                 state, _ = self.generate(state)
+                if self.preemption:  # what a preemption reads, and a resumed request's insert
+                    state = self._precompile_preemption(state)
                 if self.speculation is not None and self.paged is None:  # before a full one
                     state = squeeze_jit(state)
                 for w in self.decode_widths[:-1]:  # the narrower programs: idle rows, no steps
@@ -748,6 +750,40 @@ class Engine:
                 self.paged.allocator.prefix_caching = True
                 state = self._precompile_cached(state, n)
 
+    def _precompile_preemption(self, state):
+        """`precompile`'s preemption: a one-block request inserted into slot 0, preempted there
+        (`PagedKV._preempt`: its row read in one program, its blocks registered and freed), and
+        its resumed request (`Request.resume`) admitted, prefilled and inserted again; `state`
+        with both freed, the counters as they were."""
+        paged = self.paged
+        if self.prefill_width(self.block_size + 1) + 1 > self.max_len:
+            return state  # no prompt of a full block and a token fits: nothing can be preempted
+        counts = paged.preemptions, paged.allocator.prefix_cache_hits
+        state = self._precompile_insert(state, self.request([0] * (self.block_size + 1), 1))
+        resumed = paged._preempt(state, 0).request
+        state = self.free(state, 0)
+        state = self.free(self._precompile_insert(state, resumed), 0)
+        self.release(0)
+        paged.preemptions, paged.allocator.prefix_cache_hits = counts
+        return state
+
+    def _precompile_insert(self, state, request: Request):
+        """`request` admitted into slot 0, prefilled as the orchestrator prefills it (its chunks
+        into its blocks when `block_prefill` gives them, else `prefill`) and inserted; the
+        chunk counters as they were."""
+        paged = self.paged
+        counts = paged.chunks_alone, paged.chunks_mixed
+        admission = self.admit(request, 0)
+        chunks = self.block_prefill(request, admission)
+        if chunks is None:
+            prefix = self.prefill(request, admission, state)
+        else:
+            while chunks.pending:
+                state = self.run_chunk(state, chunks)
+            prefix = self.block_prefix(chunks)
+        paged.chunks_alone, paged.chunks_mixed = counts  # requests' chunks only
+        return self.insert(prefix, state, 0)
+
     def _precompile_cached(self, state, n: int):
         """`precompile`'s prefill of `n` uncached tokens over one cached block (a prompt of
         `block_size + n` zeros, after one that registered its first block), where such a prompt
@@ -755,21 +791,10 @@ class Engine:
         bs = self.block_size
         if self.prefill_width(bs + n) + 1 > self.max_len:
             return state
-        counts = self.paged.chunks_alone, self.paged.chunks_mixed
         hits = self.paged.allocator.prefix_cache_hits
         for ids in ([0] * (bs + 1), [0] * (bs + n)):  # registers block 0, then reads it
-            request = self.request(ids, 1)
-            admission = self.admit(request, 0)
-            chunks = self.block_prefill(request, admission)  # as the orchestrator prefills
-            if chunks is None:
-                prefix = self.prefill(request, admission, state)
-            else:
-                while chunks.pending:
-                    state = self.run_chunk(state, chunks)
-                prefix = self.block_prefix(chunks)
-            state = self.free(self.insert(prefix, state, 0), 0)
+            state = self.free(self._precompile_insert(state, self.request(ids, 1)), 0)
             self.release(0)
-        self.paged.chunks_alone, self.paged.chunks_mixed = counts  # requests' chunks only
         self.paged.allocator.prefix_cache_hits = hits  # requests' hits only
         return state
 

@@ -438,6 +438,7 @@ class PagedKV:
         self.shapes = [(x.shape[1], x.shape[3], x.dtype) for x in template.k]
         self.model = model
         """The model of the paged decode and cached-prefix prefill programs (the engine's)."""
+        self._slot_row_jit = None
         self.admissions: dict[int, Admission] = {}
         self.requests: dict[int, Request] = {}
         """The request each admitted slot holds (what a preemption queues again)."""
@@ -518,6 +519,25 @@ class PagedKV:
         decode step feeds the token it takes)."""
         return gen.length
 
+    def read_slot(self, state: PagedDecodeState, slot: Int[Array, ""]) -> tuple:
+        """What `_preempt` reads of a decoding `slot`, in ONE compiled program (jitted per
+        `PagedKV` on first use; `Engine.precompile` compiles it): its `token_ids` row, `length`,
+        written positions (`_written`), PRNG key data and constraint automaton state."""
+        if self._slot_row_jit is None:
+
+            def read(state, slot):
+                gen = state.generation
+                return (
+                    gen.token_ids[slot],
+                    gen.length[slot],
+                    self._written(gen)[slot],
+                    jax.random.key_data(gen.key[slot]),
+                    gen.processor_states[0][slot],
+                )
+
+            self._slot_row_jit = eqx.filter_jit(read)
+        return self._slot_row_jit(state, slot)
+
     def make_room(
         self, state: PagedDecodeState, num_tokens: int
     ) -> tuple[PagedDecodeState, list[Preemption]]:
@@ -567,15 +587,8 @@ class PagedKV:
         prefilling = slot not in self._inserted
         if not prefilling:
             gen = state.generation
-            row, length, written, key, automaton = jax.device_get(
-                (
-                    gen.token_ids[slot],
-                    gen.length[slot],
-                    self._written(gen)[slot],
-                    jax.random.key_data(gen.key[slot]),
-                    gen.processor_states[0][slot],
-                )
-            )
+            read = jax.device_get(self.read_slot(state, jnp.asarray(slot, jnp.int32)))
+            row, length, written, key, automaton = read
             tokens = tuple(int(t) for t in row[: int(length)])
             self.allocator.register_tokens(slot, tokens[: int(written)])
             resume = Resume(

@@ -1,7 +1,8 @@
 """`Engine.precompile` keeps its promise: after it, serving requests of every prompt length
 (short prompts of each prefill bucket, prompts longer than a chunk, sampled and greedy ones, two
 at once) through the orchestrator compiles no program at all, for the lockstep engine, the paged
-one (with its mixed prefill) and the paged speculative one. Counted with JAX's own compile
+one (with its mixed prefill), the paged speculative one, and a paged one whose pool is small
+enough that requests are preempted and resumed. Counted with JAX's own compile
 events (`/jax/core/compile/backend_compile_duration`), which fire for every XLA compilation,
 small host-side operations included. With a paged cache, prompts that share their first block
 with an earlier one (prefilled over the cached block, `PagedKV.prefill_cached`) too."""
@@ -58,10 +59,12 @@ async def _serve(engine, requests):
         ("lockstep", {}),
         ("paged", {"block_size": 8}),
         ("paged speculative", {"block_size": 8, "speculative": "lookup"}),
+        ("paged, preempting", {"block_size": 8, "num_blocks": 7}),
     ],
 )
 def test_after_precompile_serving_compiles_nothing(kind, options):
-    model, tokenizer = tiny(["lockstep", "paged", "paged speculative"].index(kind))
+    kinds = ["lockstep", "paged", "paged speculative", "paged, preempting"]
+    model, tokenizer = tiny(kinds.index(kind))
     if options.get("speculative") == "lookup":
         options = {**options, "speculative": fg.speculative.PromptLookup(num_tokens=3)}
     engine = fg.serving.Engine(
@@ -95,4 +98,6 @@ def test_after_precompile_serving_compiles_nothing(kind, options):
     finally:
         engine.close()
     assert all(len(g) > 0 for g in got), got
+    if "num_blocks" in options:  # 7 blocks of 8 for two slots of up to 43 positions each
+        assert engine.paged.preemptions > 0
     assert COMPILES[0] == before, f"{kind}: {COMPILES[0] - before} compilations after precompile"
