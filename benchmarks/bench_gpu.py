@@ -304,14 +304,15 @@ class Budget:
 
 
 class Ours:
-    """functional_gen on a checkpoint, with the execution plan `plan` and a bf16 KV cache where
-    the installed package has those (each fallback is noted in `notes`)."""
+    """functional_gen on a checkpoint, with the execution plan `plan` and a `kv_cache_dtype` KV
+    cache (bf16 by default) where the installed package has those (each fallback is noted in
+    `notes`)."""
 
-    def __init__(self, path: Path, plan: str, **load_kwargs):
+    def __init__(self, path: Path, plan: str, kv_cache_dtype: str = "bfloat16", **load_kwargs):
         self.notes = []
         try:
             self.model, self.tokenizer = fg.load_model(
-                path, kv_cache_dtype="bfloat16", **load_kwargs
+                path, kv_cache_dtype=kv_cache_dtype, **load_kwargs
             )
         except TypeError as e:
             if "kv_cache_dtype" not in str(e):

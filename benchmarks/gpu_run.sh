@@ -1,5 +1,6 @@
 #!/bin/sh
-# benchmarks/bench_gpu.py on a lent GPU machine (the `device` tool's `run`), in ONE call.
+# benchmarks/bench_gpu.py (or bench_serving_gpu.py, step 3) on a lent GPU machine (the `device`
+# tool's `run`), in ONE call each.
 #
 # That machine (an H200: Python 3.12 at /opt/torch/.venv/bin/python3 with jax 0.11.2 + CUDA 13,
 # torch, transformers 5.17, equinox, jaxtyping, safetensors, tokenizers, numpy, scipy) reaches no
@@ -44,6 +45,24 @@
 #    same option process-wide through XLA_FLAGS instead (the JSON and the table name the
 #    XLA_FLAGS used), to compare.
 #    Add `--prefill-32k` for the 32,768-token prefill on the 8B shape (run last, if time is left).
+#
+# 3. benchmarks/bench_serving_gpu.py (issue 56: our paged serving engine against transformers'
+#    continuous batching on a 512-request trace, the static batch-64 decode rate, the cost of a
+#    speculative verification call) in its own call, after the same `prepare`:
+#
+#        run(command="sh benchmarks/gpu_run.sh device-serving", carry=[".whl", ".gpu-tokenizer"],
+#            timeout_s=580)
+#
+#    The same installation and environment, then
+#        python3 benchmarks/bench_serving_gpu.py --tokenizer .gpu-tokenizer --out $OUT
+#            --budget-s 460 [extra arguments of this script after `device-serving`]
+#    under `timeout 550`, so that $OUT/bench_serving_gpu.json (every figure, saved after each
+#    task), $OUT/bench_serving_gpu.md (the tables) and $OUT/bench_serving_gpu.log come back; the
+#    reply's output_tail ends with the tables. The shapes run in the order given (default
+#    llama-3.1-8b, then llama-3.2-1b), each task by priority, none started past the budget and
+#    each trace run cut at --max-run-s (150 s) or the budget's end: one call is unlikely to
+#    reach the 1B shape. `device-serving --shapes llama-3.2-1b` runs that one alone,
+#    `--only static verify` a subset.
 set -e
 cd "$(dirname "$0")/.."
 case "${1:-}" in
@@ -62,7 +81,8 @@ prepare)
     "$PYTHON" benchmarks/bench_gpu.py --save-tokenizer .gpu-tokenizer
     du -sh .whl .gpu-tokenizer
     ;;
-device)
+device | device-serving)
+    mode="$1"
     shift
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
         --target /tmp/site .whl/*.whl
@@ -71,11 +91,17 @@ device)
     python3 -c "import jax, torch, transformers; print('jax', jax.__version__, jax.devices(), 'torch', torch.__version__, 'transformers', transformers.__version__)"
     # the command is stopped before the call's limit; the JSON already holds what was measured
     set +e
-    timeout 540 python3 benchmarks/bench_gpu.py --tokenizer .gpu-tokenizer --out "$OUT" \
-        --profile --budget-s 400 "$@" 2>&1 | tee "$OUT/bench_gpu.log"
+    if [ "$mode" = device ]; then
+        timeout 540 python3 benchmarks/bench_gpu.py --tokenizer .gpu-tokenizer --out "$OUT" \
+            --profile --budget-s 400 "$@" 2>&1 | tee "$OUT/bench_gpu.log"
+    else
+        timeout 550 python3 benchmarks/bench_serving_gpu.py --tokenizer .gpu-tokenizer \
+            --out "$OUT" --budget-s 460 "$@" 2>&1 | tee "$OUT/bench_serving_gpu.log"
+    fi
     ;;
 *)
-    echo "usage: sh benchmarks/gpu_run.sh prepare | device [bench_gpu.py arguments]" >&2
+    echo "usage: sh benchmarks/gpu_run.sh prepare | device [bench_gpu.py arguments]" \
+        "| device-serving [bench_serving_gpu.py arguments]" >&2
     exit 2
     ;;
 esac
