@@ -748,7 +748,7 @@ class Engine:
                 state = self.insert(self.prefill(request, self.admit(request, 0)), state, 0)
                 self.release(0)
                 self.paged.allocator.prefix_caching = True
-                state = self._precompile_cached(state, n)
+                state = self._precompile_cached(state, n, 1 + lengths.index(n))
 
     def _precompile_preemption(self, state):
         """`precompile`'s preemption: a one-block request inserted into slot 0, preempted there
@@ -784,16 +784,19 @@ class Engine:
         paged.chunks_alone, paged.chunks_mixed = counts  # requests' chunks only
         return self.insert(prefix, state, 0)
 
-    def _precompile_cached(self, state, n: int):
-        """`precompile`'s prefill of `n` uncached tokens over one cached block (a prompt of
-        `block_size + n` zeros, after one that registered its first block), where such a prompt
-        fits `max_len`; `state` with both freed."""
+    def _precompile_cached(self, state, n: int, tail: int):
+        """`precompile`'s prefill of `n` uncached tokens over ONE cached block: a prompt of
+        `block_size` zeros and `n` tokens `tail` (a token no other bucket's prompt uses, so that
+        no block after the first is cached from an earlier one), after a prompt that registered
+        the block of zeros; where such a prompt fits `max_len`. `state` with both freed."""
         bs = self.block_size
-        if self.prefill_width(bs + n) + 1 > self.max_len:
+        if self.prefill_width(bs + n) + 1 > self.max_len or tail >= self.model.vocab_size:
             return state
         hits = self.paged.allocator.prefix_cache_hits
-        for ids in ([0] * (bs + 1), [0] * (bs + n)):  # registers block 0, then reads it
-            state = self.free(self._precompile_insert(state, self.request(ids, 1)), 0)
+        for ids in ([0] * bs + [tail], [0] * bs + [tail] * n):  # registers block 0, reads it
+            state = self._precompile_insert(state, self.request(ids, 1))
+            assert len(ids) == bs + 1 or self.paged.admissions[0].cached_tokens == bs
+            state = self.free(state, 0)
             self.release(0)
         self.paged.allocator.prefix_cache_hits = hits  # requests' hits only
         return state

@@ -68,24 +68,26 @@ def test_after_precompile_serving_compiles_nothing(kind, options):
     if options.get("speculative") == "lookup":
         options = {**options, "speculative": fg.speculative.PromptLookup(num_tokens=3)}
     engine = fg.serving.Engine(
-        model, tokenizer, max_slots=2, max_len=64, num_steps=4, prefill_chunk=16, **options
+        model, tokenizer, max_slots=2, max_len=96, num_steps=4, prefill_chunk=32, **options
     )
     start = COMPILES[0]
     engine.precompile(progress=False)
     assert COMPILES[0] > start  # the events are seen (this model's programs are new)
     rng = np.random.default_rng(0)
-    lengths = [1, 3, 7, 12, 16, 21, 37]  # every bucket up to a chunk, then chunked prompts
+    new = 16 if "num_blocks" in options else 6  # long enough to outgrow the small pool
+    lengths = [1, 3, 7, 12, 16, 21, 30, 37]  # every bucket up to a chunk, then a chunked one
     requests = [
         engine.request(
             rng.integers(2, VOCAB - 2, n).tolist(),
-            6,
+            new,
             **({"temperature": 0.8, "seed": i} if i % 3 == 1 else {}),
         )
         for i, n in enumerate(lengths)
     ]
     if engine.paged is not None:  # prompts sharing their first block, after one that fills it
         shared = rng.integers(2, VOCAB - 2, 8).tolist()
-        tails = [rng.integers(2, VOCAB - 2, n).tolist() for n in (1, 5, 12, 20)]
+        # uncached parts of every bucket up to a chunk (16, 24, 32) and a chunked one
+        tails = [rng.integers(2, VOCAB - 2, n).tolist() for n in (1, 12, 20, 30, 33)]
         later = [engine.request(shared + t, 6) for t in tails]
     before = COMPILES[0]
     try:
@@ -98,6 +100,6 @@ def test_after_precompile_serving_compiles_nothing(kind, options):
     finally:
         engine.close()
     assert all(len(g) > 0 for g in got), got
-    if "num_blocks" in options:  # 7 blocks of 8 for two slots of up to 43 positions each
+    if "num_blocks" in options:  # 7 blocks of 8 for two slots of up to 53 positions each
         assert engine.paged.preemptions > 0
     assert COMPILES[0] == before, f"{kind}: {COMPILES[0] - before} compilations after precompile"
