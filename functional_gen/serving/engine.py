@@ -457,12 +457,13 @@ class Engine:
         positions = np.full((1, width), -1, np.int32)
         token_ids[0, width - n :] = ids
         positions[0, width - n :] = np.arange(n)
-        if n <= self.prefill_chunk:
+        rings = self.paged is None or not self.paged.rings
+        if n <= self.prefill_chunk and rings:
             logits, cache = prefill_jit(self.model, jnp.asarray(token_ids), jnp.asarray(positions))
-        else:
+        else:  # a paged engine's cache keeps every position of every layer (no rings)
             logits, cache = yield from chunked_prefill(
                 self.model,
-                self.model.init_cache(1, width),
+                self.model.init_cache(1, width) if rings else self.paged.prefill_cache(width),
                 token_ids,
                 positions,
                 self.prefill_chunk,

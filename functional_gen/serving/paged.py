@@ -438,6 +438,11 @@ class PagedKV:
         self.shapes = [(x.shape[1], x.shape[3], x.dtype) for x in template.k]
         self.model = model
         """The model of the paged decode and cached-prefix prefill programs (the engine's)."""
+        self.rings = bool(jax.eval_shape(lambda: model.init_cache(1, 1)).ring_layers)
+        """Whether the model's own caches keep sliding-window layers in rings (`KVCache`): a
+        cold prefill then runs over `prefill_cache` instead, so that its blocks hold every
+        position of every layer (a ring keeps only the window's last positions, and a block a
+        later prompt shares must hold all of them)."""
         self._slot_row_jit = None
         self.admissions: dict[int, Admission] = {}
         self.requests: dict[int, Request] = {}
@@ -692,6 +697,19 @@ class PagedKV:
         self.allocator.register(admission)
         self._inserted.add(slot)
         return state
+
+    def prefill_cache(self, width: int) -> KVCache:
+        """An empty one-row cache of `width` slots for a cold prefill whose keys and values go
+        to blocks: the model's `init_cache(1, width)` with its sliding-window layers as full
+        layers (`KVCache.init(..., rings=False)`: the same results, every position kept), so
+        that `insert` writes every position of every layer and the prompt's full blocks can be
+        shared (prefix caching) and registered on preemption. Without rings, `init_cache`'s.
+
+        **Returns:** a `KVCache` of 1 row and `width` slots, no ring layers."""
+        cache = self.model.init_cache(1, width)
+        if not cache.ring_layers:
+            return cache
+        return KVCache.init(self.model.config, 1, width, cache.k[0].dtype, rings=False)
 
     def grow(self, state: PagedDecodeState, num_tokens: int) -> Int[Array, "slots max_blocks"]:
         """Before a dispatch: each busy slot's blocks extended to cover `num_tokens` positions
