@@ -611,6 +611,8 @@ class Engine:
         runs that width's program on their rows (gathered, then written back); the output still
         has a column per slot. With `prefill` (paged cache: a `BlockPrefill` with chunks left),
         its next chunk runs first in the same compiled program (the mixed dispatch). A paged
+        dispatch gathers only each table's first blocks, the smallest bucket of
+        `paged.gather_buckets` that holds the busy slots (`PagedKV.generate`). A paged
         cache with `preemption` needs `make_room` first when its pool may run short.
 
         **Arguments:** `decode_state` (donated).
