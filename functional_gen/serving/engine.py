@@ -612,6 +612,8 @@ class Engine:
         runs that width's program on their rows (gathered, then written back); the output still
         has a column per slot. With `prefill` (paged cache: a `BlockPrefill` with chunks left),
         its next chunk runs first in the same compiled program (the mixed dispatch). A paged
+        dispatch gathers only each table's first blocks, the smallest bucket of
+        `paged.gather_buckets` that holds the busy slots (`PagedKV.generate`). A paged
         cache with `preemption` needs `make_room` first when its pool may run short.
 
         **Arguments:** `decode_state` (donated).
@@ -698,9 +700,11 @@ class Engine:
     def precompile(self, *, progress: bool = True) -> None:
         """Compile every prefill bucket, chunk, insert, the constraint pool's `place` and the
         decode step now (a `tqdm` bar when `progress`), so that no request compiles later. With
-        a paged cache also each bucket's prefill over cached prefix blocks (`prefill_cached`):
-        it leaves one block of `block_size` zero tokens in the prefix cache (evictable, and
-        right for any prompt that starts with those tokens)."""
+        a paged cache also the decode and mixed dispatches of every bucket of
+        `PagedKV.gather_buckets` (over idle slots: no step runs), and each prefill bucket's
+        prefill over cached prefix blocks (`prefill_cached`): it leaves one block of
+        `block_size` zero tokens in the prefix cache (evictable, and right for any prompt that
+        starts with those tokens)."""
         widths = []
         w = bucket_length(1)
         while w <= min(self.prefill_chunk, self.max_len - 1):
@@ -714,14 +718,19 @@ class Engine:
         state = self.init_decode_state()
         jobs = [*lengths, None]
         for n in progress_bar(jobs, desc="compiling", unit="shape") if progress else jobs:
-            if n == "blocks":  # a chunk alone, a mixed dispatch, the insert after them
+            if n == "blocks":  # a mixed dispatch per bucket, a chunk alone, the insert after
                 paged = self.paged
                 counts = paged.chunks_alone, paged.chunks_mixed
                 paged.allocator.prefix_caching = False
-                request = self.request([0] * (self.prefill_chunk + 1), 1)
-                prefill = self.block_prefill(request, self.admit(request, 0))
+                for blocks in paged.gather_buckets:  # a first chunk ends at position 1: any fits
+                    request = self.request([0] * (self.prefill_chunk + 1), 1)
+                    prefill = self.block_prefill(request, self.admit(request, 0))
+                    state, _ = paged.generate(
+                        self, state, self.num_steps, False, prefill, blocks=blocks
+                    )
+                    if blocks != paged.gather_buckets[-1]:
+                        self.release(0)  # never inserted: idle in the state
                 state = self.run_chunk(state, prefill)
-                state, _ = self.generate(state, prefill=prefill)
                 state = self.free(self.insert(self.block_prefix(prefill), state, 0), 0)
                 self.release(0)
                 paged.allocator.prefix_caching = True
@@ -734,7 +743,12 @@ class Engine:
                     distance=np.zeros((s,), np.int32),
                 )
                 state = self.free(self.place(entry, state, 0), 0)
-                state, _ = self.generate(state)
+                if self.paged is None:
+                    state, _ = self.generate(state)
+                for blocks in () if self.paged is None else self.paged.gather_buckets:
+                    state, _ = self.paged.generate(
+                        self, state, self.num_steps, False, blocks=blocks
+                    )
                 if self.preemption:  # what a preemption reads, and a resumed request's insert
                     state = self._precompile_preemption(state)
                 if self.speculation is not None and self.paged is None:  # before a full one

@@ -8,20 +8,25 @@ none): slot `s`'s position `p` lives at `pool[table[s, p // block_size], p % blo
 slot has its own length (its `GenerationState.length`); there is no shared write index, no
 right-alignment and no compaction (the lockstep engine's `compact`).
 
-**Decode.** One `generate` dispatch of `n` steps gathers each slot's blocks through its table
-into a contiguous `KVCache` row (`gather`: `[slots, kv_heads, max_blocks_per_slot * block_size
-+ n, head_dim]`, slot column `c` holding position `c` for `c < length`, position `-1` after),
-runs the engine's ordinary decode loop on it (`programs._generate`: the `n` new tokens go to the
-`n` columns from the longest busy slot's length `L` on, in lockstep, each row with its own RoPE
-position; attention masks by position, so every row reads exactly its own tokens), and scatters
-those `n` columns (`window`: columns `[L, L + n)`) back into the pool (`scatter`: each key and
-value to `table[s, p // block_size], p % block_size`, those of idle rows dropped). Writing from
-`L`, not from the table's end, is what lets the CPU plan's decode attention read only the
-columns up to the step's token (rounded up to one of its `attention_lengths`; the program's
-shapes are the same for every `L`): 4 slots of 40 tokens in tables of 2,048 read 64 columns a
-step, not 2,056. The gather costs one copy of the slots' whole tables per dispatch: the CPU
-form. On a GPU the plan's next step is a paged-attention kernel that reads the
-pool through the table inside attention, not built yet: jax's Pallas
+**Decode.** One `generate` dispatch of `n` steps gathers each slot's first `nb` blocks through
+its table into a contiguous `KVCache` row (`gather`: `[slots, kv_heads, nb * block_size + n,
+head_dim]`, slot column `c` holding position `c` for `c < length`, position `-1` after), runs
+the engine's ordinary decode loop on it (`programs._generate`: the `n` new tokens go to the `n`
+columns from the longest busy slot's length `L` on, in lockstep, each row with its own RoPE
+position; attention masks by position, so every row reads exactly its own tokens), and
+scatters those `n` columns (`window`: columns `[L, L + n)`) back into the pool (`scatter`: each
+key and value to `table[s, p // block_size], p % block_size`, those of idle rows dropped).
+`nb` is the smallest of `PagedKV.gather_buckets` (1/8, 1/4, 1/2 or all of
+`max_blocks_per_slot`) whose blocks hold every busy slot's `length + n` positions (and a mixed
+dispatch's chunk's end), chosen on the host from the lengths `grow` reads anyway, and static:
+one compiled program per bucket, all compiled by `Engine.precompile`. So the gather copies the
+slots' blocks up to the bucket, not their whole tables: 4 slots of 40 tokens in tables of
+2,048 (128 blocks of 16) gather 256 + 8 columns, not 2,056. Writing from `L`, not from the
+gathered blocks' end, lets the CPU plan's decode attention read only the columns up to the
+step's token, rounded up to one of its `attention_lengths` of the gathered width (which has
+the shorter branches from 512 columns on; the program's shapes are the same for every `L`).
+The gather is the CPU form. On a GPU the plan's next step is a paged-attention kernel that
+reads the pool through the table inside attention, not built yet: jax's Pallas
 `jax.experimental.pallas.ops.gpu.paged_attention.paged_attention` (also `ops.tpu`), whose pages
 are `[kv_heads, num_pages, page_size, head_dim]` with per-row `lengths` (the pool would take
 that head-major layout), for one query token per row (decode; a cached-prefix prefill keeps
@@ -39,8 +44,10 @@ prefill time (vLLM's automatic prefix caching).
 **Mixed prefill.** With `Engine(mixed_prefill=True)` (the default), a prompt whose uncached part
 is longer than `prefill_chunk` is a `BlockPrefill` instead: each chunk gathers the slot's
 written positions through its table row, runs over them and scatters its keys and values into
-the slot's blocks (`_paged_chunk`, one fixed shape for every prompt length), either alone or
-first thing inside a decode dispatch (`_paged_mixed`, vLLM's chunked prefill). The slot is idle
+the slot's blocks (`_paged_chunk`, one fixed shape for every prompt length), either alone
+(gathering the slot's whole table row: one row, a small copy beside the chunk's compute) or
+first thing inside a decode dispatch (`_paged_mixed`, vLLM's chunked prefill; the row's blocks
+up to the dispatch's bucket, which holds the chunk's end). The slot is idle
 (`done`) in the decode state until its `insert`, so the decode steps read none of its blocks and
 write none (an idle row's keys go to position `-1`, dropped by `scatter`).
 
@@ -89,6 +96,32 @@ from .programs import (
 )
 from .slots import Request, Resume
 
+GATHER_FRACTIONS = (8, 4, 2, 1)
+"""`gather_buckets`' divisors of a slot's blocks: 1/8, 1/4, 1/2 and all of them."""
+
+
+def gather_buckets(max_blocks: int) -> tuple[int, ...]:
+    """The block counts a paged decode dispatch may gather per slot (`PagedKV.gather_buckets`):
+    `ceil(max_blocks / f)` for `f` in `GATHER_FRACTIONS`, deduplicated, ascending; the last is
+    `max_blocks` (the whole table).
+
+    Why these: each bucket is one more compiled program per dispatch kind (the decode and the
+    mixed program, with or without speculation), compiled by `Engine.precompile`, so the list is
+    short; halving keeps the gathered columns within 2x of the positions the busy slots hold
+    (above an eighth of the table), and an eighth bounds the copy of short slots in a long
+    table at 1/8 of today's. Below that the copy is small beside a decode step's weights, and a
+    gathered cache under 512 columns compiles one attention length anyway
+    (`models.attention.attention_lengths`). `max_blocks=128` (2,048 tokens in blocks of 16):
+    `(16, 32, 64, 128)`; 160 (2,560): `(20, 40, 80, 160)`; 12: `(2, 3, 6, 12)`; 1: `(1,)`.
+    The price is in `Engine.precompile`: test_precompile's tiny paged engine (tables of 12
+    blocks) took 2.5x the CPU seconds to precompile (23 -> 58 s), its speculative one 3.3x
+    (44 -> 145 s), on the loaded 2-core CPU.
+
+    **Arguments:** `max_blocks`: the blocks of a slot's table, a positive integer.
+
+    **Returns:** the bucket sizes in blocks, ascending."""
+    return tuple(sorted({-(-max_blocks // f) for f in GATHER_FRACTIONS}))
+
 
 class PagedCache(eqx.Module):
     """The pools of a paged KV cache and its block tables.
@@ -134,17 +167,21 @@ def gather(
     """The rows' blocks read through `tables` as a contiguous `KVCache` (no rings), written
     from the first column after every gathered one.
 
-    **Arguments:** `tables`: each row's block table (`-1` = none); `lengths`: the positions to
-    read per row (`0` for an idle row); `extra` (static): empty columns after the table's.
+    **Arguments:** `tables`: each row's block table (`-1` = none), or its first `nb` columns
+    (`tables[:, :nb]`: only those blocks are read, the copy costs `nb * block_size` columns per
+    row; a dispatch passes the smallest of `PagedKV.gather_buckets` covering its rows);
+    `lengths`: the positions to read per row (`0` for an idle row; at most `nb * block_size`,
+    larger ones are clipped to it); `extra` (static): empty columns after the table's.
 
-    **Returns:** a `KVCache` of `len(tables)` rows and `max_tokens + extra` columns: column `c <
-    max_tokens` holds position `c` where `c < lengths[row]` (else `-1`, masked; so do the
-    `extra` columns), and the write index (`KVCache.length`, the same for every row) is
-    `max(lengths)` (clipped to `max_tokens`): a model call writes its tokens from there on,
-    and a decode step's attention reads only the columns up to its last token (rounded up to
-    one of the plan's `attention_lengths` on the CPU), not the whole table width. At most
-    `max_tokens + extra - max(lengths)` columns can be written (`window` takes them back)."""
-    rows, width = tables.shape[0], paged.max_tokens
+    **Returns:** a `KVCache` of `len(tables)` rows and `width + extra` columns, `width = nb *
+    block_size`: column `c < width` holds position `c` where `c < lengths[row]` (else `-1`,
+    masked; so do the `extra` columns), and the write index (`KVCache.length`, the same for
+    every row) is `max(lengths)` (clipped to `width`): a model call writes its tokens from
+    there on, and a decode step's attention reads only the columns up to its last token
+    (rounded up to one of the plan's `attention_lengths` of `width + extra` on the CPU), not
+    the whole width. At most `width + extra - max(lengths)` columns can be written (`window`
+    takes them back)."""
+    rows, width = tables.shape[0], tables.shape[1] * paged.block_size
     blocks = jnp.maximum(tables, 0)
 
     def read(pool):  # [blocks, bs, kvh, hd] -> [rows, kvh, width + extra, hd]
@@ -234,12 +271,19 @@ def _paged_generate(
     eos_token_id,
     pad_token_id,
     until_finish: Bool[Array, ""] | None = None,
+    blocks: int | None = None,
 ):
     """`programs._generate` over the slots' gathered blocks, written from the longest busy
     slot's length on (`gather`'s write index), the `num_steps` columns from there scattered
-    back (`window`, `scatter`; see the module docstring)."""
+    back (`window`, `scatter`; see the module docstring).
+
+    **Arguments:** `blocks` (static): the leading blocks of every table gathered (`tables[:,
+    :blocks]`; `None`: all), which must hold every busy slot's positions (`PagedKV.generate`
+    picks the smallest of `PagedKV.gather_buckets` that holds them after the dispatch); the
+    scatter goes through the whole `tables`."""
     gen = state.generation
-    cache = gather(state.paged, tables, jnp.where(gen.done, 0, gen.length), num_steps)
+    lengths = jnp.where(gen.done, 0, gen.length)
+    cache = gather(state.paged, tables[:, :blocks], lengths, num_steps)
     first = cache.length[0]
     inner = DecodeState(dataclasses.replace(gen, cache=cache), state.params, state.pool)
     inner, out = _generate(model, inner, num_steps, limit, eos_token_id, pad_token_id, until_finish)
@@ -279,6 +323,7 @@ def _paged_chunk(
     token_ids: Int[Array, "1 seq"],
     positions: Int[Array, "1 seq"],
     written: Int[Array, ""],
+    blocks: int | None = None,
 ) -> tuple[PagedDecodeState, Float[Array, " vocab"]]:
     """One prefill chunk of the request admitted into `slot`, straight into its blocks
     (`tables`: the allocator's block tables, which become the state's): the slot's first
@@ -287,11 +332,13 @@ def _paged_chunk(
     up to one of the plan's lengths, not the whole table), the model run over `token_ids` /
     `positions` (left padding at position `-1`), and the chunk's keys and values at positions
     `>= written` scattered into the slot's blocks (`window`, `scatter`; the padding is dropped).
+    `blocks` (static): the leading blocks of the row gathered (`None`: all; they must hold the
+    `written` positions: the mixed dispatch passes its bucket, which holds the chunk's end).
 
     **Returns:** the state with the chunk written and the logits after its last token."""
     row = jax.lax.dynamic_slice_in_dim(tables, slot, 1)
     seq = token_ids.shape[1]
-    cache = gather(state.paged, row, written[None], seq)
+    cache = gather(state.paged, row[:, :blocks], written[None], seq)
     first = cache.length[0]
     logits, cache = model(token_ids, positions, cache, logits_to_keep=1)
     paged = scatter(state.paged, window(cache, first, seq), row, written[None])
@@ -300,17 +347,28 @@ def _paged_chunk(
 
 
 def _paged_mixed(
-    model, state: PagedDecodeState, tables: Int[Array, "slots max_blocks"], chunk, *decode
+    model,
+    state: PagedDecodeState,
+    tables: Int[Array, "slots max_blocks"],
+    chunk,
+    num_steps: int,
+    limit,
+    eos_token_id,
+    pad_token_id,
+    until_finish: Bool[Array, ""],
+    blocks: int | None = None,
 ):
     """The mixed dispatch: one prefill chunk (`chunk`: `_paged_chunk`'s `(slot, token_ids,
     positions, written)`) into its slot's blocks, then `_paged_generate`'s decode steps of the
-    busy slots (`decode`: its arguments after `tables`), in ONE program (no host round trip
-    between them). The prefilling slot is idle (`done`) in the decode state, so the decode steps
-    neither read nor write its blocks.
+    busy slots (the arguments after `chunk`: its arguments after `tables`), in ONE program (no
+    host round trip between them). The prefilling slot is idle (`done`) in the decode state, so
+    the decode steps neither read nor write its blocks. Both gather `blocks` (static) leading
+    blocks per table: one bucket holding the chunk's end and every busy slot's positions.
 
     **Returns:** `(state, out, logits)`: `_paged_generate`'s, and the logits after the
     chunk's last token."""
-    state, logits = _paged_chunk(model, state, tables, *chunk)
+    state, logits = _paged_chunk(model, state, tables, *chunk, blocks)
+    decode = (num_steps, limit, eos_token_id, pad_token_id, until_finish, blocks)
     state, out = _paged_generate(model, state, tables, *decode)
     return state, out, logits
 
@@ -355,6 +413,12 @@ class BlockPrefill:
     def pending(self) -> bool:
         """Chunks are left to run."""
         return self.chunks_run < self.num_chunks
+
+    @property
+    def end(self) -> int:
+        """The slot's positions written once the next chunk has run (its last token's position
+        plus one; host data, no transfer): what the mixed dispatch's bucket must hold."""
+        return int(self.positions[0, (self.chunks_run + 1) * self.chunk - 1]) + 1
 
     def take(self) -> tuple:
         """The next chunk as `_paged_chunk`'s `(slot, token_ids, positions, written)` (device
@@ -417,6 +481,10 @@ class PagedKV:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"`{name}` must be a positive integer, got {value!r}")
         self.max_blocks = -(-max_len // block_size)
+        self.gather_buckets = gather_buckets(self.max_blocks)
+        """The block counts a decode dispatch may gather per slot (`gather_buckets`: 1/8, 1/4,
+        1/2 and all of `max_blocks`, ascending); `generate` takes the smallest that holds every
+        busy slot's positions after the dispatch, and `Engine.precompile` compiles each."""
         if num_blocks is None:
             num_blocks = max_slots * self.max_blocks
         self.preemption = bool(preemption)
@@ -720,8 +788,15 @@ class PagedKV:
 
         **Raises:** `RuntimeError` (`preemption` on) when the pool cannot give a busy slot its
         blocks: call `make_room` (`Engine.make_room`) before the dispatch, which preempts."""
+        return self._grow(state, num_tokens)[0]
+
+    def _grow(self, state: PagedDecodeState, num_tokens: int) -> tuple:
+        """`grow`, and the most positions a busy slot holds after the dispatch (`length +
+        num_tokens`, the largest over busy slots; `0` when none is busy), from the same
+        transfer: `(tables, reach)`."""
         length, done = jax.device_get((state.generation.length, state.generation.done))
-        for slot in np.flatnonzero(~done).tolist():
+        busy = np.flatnonzero(~done).tolist()
+        for slot in busy:
             if slot in self.admissions and not self.allocator.extend(
                 slot, int(length[slot]) + num_tokens
             ):
@@ -730,7 +805,14 @@ class PagedKV:
                     "too few free: call Engine.make_room before Engine.generate (it preempts "
                     "the most recently admitted requests)"
                 )
-        return jnp.asarray(self.allocator.block_tables)
+        reach = max((int(length[s]) + num_tokens for s in busy), default=0)
+        return jnp.asarray(self.allocator.block_tables), reach
+
+    def gather_blocks(self, positions: int) -> int:
+        """The smallest of `gather_buckets` whose blocks hold `positions` positions per slot
+        (`nb * block_size >= positions`), the last (every block) when none does."""
+        bs = self.allocator.block_size
+        return next((b for b in self.gather_buckets if b * bs >= positions), self.max_blocks)
 
     def generate(
         self,
@@ -739,21 +821,47 @@ class PagedKV:
         n: int,
         until_finish: bool,
         prefill: BlockPrefill | None = None,
+        *,
+        blocks: int | None = None,
     ):
         """One dispatch of `n` decode steps: each busy slot's blocks extended to cover `n` more
         positions (`n * tokens_per_step` of `programs`; within its reservation), then
         `paged_generate_jit`; with `prefill` (chunks pending) the mixed program
         `paged_mixed_jit`, which runs its next chunk first (counted in `chunks_mixed`).
 
-        **Returns:** `(state, out)`, `out` a `StepOutput`."""
+        The programs gather only the first `gather_blocks(reach)` blocks of every table (a
+        static argument: one compiled program per bucket), `reach` the most positions a busy
+        slot holds after the dispatch (`length + n * tokens_per_step`, from `grow`'s transfer of
+        the lengths) or the chunk's end (`BlockPrefill.end`), whichever is larger; so a dispatch
+        copies each slot's blocks up to that bucket, not its whole table. Run it after
+        `make_room`, which may extend the tables.
+
+        **Arguments:** `blocks` (keyword-only, for `Engine.precompile`): run this bucket of
+        `gather_buckets` instead of the smallest one that fits.
+
+        **Returns:** `(state, out)`, `out` a `StepOutput`.
+
+        **Raises:** `ValueError` for a `blocks` not in `gather_buckets` or smaller than the
+        dispatch needs."""
         fixed, per_step, generate_program, mixed_program = self.programs()
-        tables = self.grow(state, n * per_step)
+        tables, reach = self._grow(state, n * per_step)
+        if prefill is not None:
+            reach = max(reach, prefill.end)
+        need = self.gather_blocks(reach)
+        if blocks is None:
+            blocks = need
+        elif blocks not in self.gather_buckets or blocks < need:
+            raise ValueError(
+                f"`blocks`={blocks!r} must be one of {self.gather_buckets}, at least {need} "
+                f"(the dispatch reaches {reach} positions)"
+            )
         decode = (
             n,
             jnp.asarray(n, jnp.int32),
             engine.eos_token_id,
             engine.pad_token_id,
             jnp.asarray(bool(until_finish)),
+            blocks,
         )
         if prefill is None:
             return generate_program(fixed, state, tables, *decode)

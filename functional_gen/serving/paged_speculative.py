@@ -9,7 +9,9 @@ paged cache.
 **Room.** A verification step writes up to `write_width` columns at the gathered cache's write
 index, and rolls the rejected ones back by position (`speculative.cache.keep_below`: their
 columns get position `-1`; the write index moves back to just after the last live column), so
-the gathered cache gets `num_steps * write_width` empty columns beyond the slots' blocks: the
+the gathered cache gets `num_steps * write_width` empty columns beyond the slots' gathered
+blocks (the first `nb` of each table, `nb` the smallest of `PagedKV.gather_buckets` holding
+every busy slot's `length + num_steps * write_width` positions, as without speculation): the
 dispatch never runs out of room (the search is built without its compaction branch, as in the
 lockstep engine).
 
@@ -68,10 +70,14 @@ def _speculative_generate(
     eos_token_id,
     pad_token_id,
     until_finish: Bool[Array, ""],
+    blocks: int | None = None,
 ) -> tuple[PagedDecodeState, StepOutput]:
     """`serving.speculative._generate` (`fixed`: `(model, spec)`, an `EngineSpeculation`) over
     the slots' gathered blocks with `num_steps * spec.write_width` empty columns, the kept keys
-    and values scattered back into the blocks (see the module docstring).
+    and values scattered back into the blocks (see the module docstring). `blocks` (static):
+    the leading blocks of every table gathered (`tables[:, :blocks]`, `None`: all; they must
+    hold every busy slot's written positions: `PagedKV.generate` picks the bucket); the
+    `extra` columns follow them, and the scatter goes through the whole `tables`.
 
     **Returns:** `(state, out)` as `serving.speculative._generate` returns them (`out`: `[num_steps
     * write_width, slots]` tokens, the guesses each slot verified and accepted)."""
@@ -80,7 +86,7 @@ def _speculative_generate(
     extra = num_steps * spec.write_width
     pending = gen.search_state.pending
     written = jnp.where(gen.done, 0, gen.length - pending.astype(jnp.int32))
-    cache = gather(state.paged, tables, written, extra)  # write index: max(written)
+    cache = gather(state.paged, tables[:, :blocks], written, extra)  # write index: max(written)
     start = cache.length[0]
     inner = DecodeState(dataclasses.replace(gen, cache=cache), state.params, state.pool)
     inner, out = speculative_generate(
@@ -94,15 +100,26 @@ def _speculative_generate(
 
 
 def _speculative_mixed(
-    fixed: tuple, state: PagedDecodeState, tables: Int[Array, "slots max_blocks"], chunk, *decode
+    fixed: tuple,
+    state: PagedDecodeState,
+    tables: Int[Array, "slots max_blocks"],
+    chunk,
+    num_steps: int,
+    limit,
+    eos_token_id,
+    pad_token_id,
+    until_finish: Bool[Array, ""],
+    blocks: int | None = None,
 ):
     """The mixed dispatch with speculation: one prefill chunk (`paged._paged_chunk`'s `(slot,
     token_ids, positions, written)`) into its slot's blocks, then `_speculative_generate`'s steps
-    (`decode`: its arguments after `tables`), in ONE program.
+    (the arguments after `chunk`: its arguments after `tables`), in ONE program; both gather
+    `blocks` (static) leading blocks per table (one bucket holding the chunk's end too).
 
     **Returns:** `(state, out, logits)`, the logits after the chunk's last token."""
     model, _ = fixed
-    state, logits = _paged_chunk(model, state, tables, *chunk)
+    state, logits = _paged_chunk(model, state, tables, *chunk, blocks)
+    decode = (num_steps, limit, eos_token_id, pad_token_id, until_finish, blocks)
     state, out = _speculative_generate(fixed, state, tables, *decode)
     return state, out, logits
 

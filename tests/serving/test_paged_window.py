@@ -7,6 +7,8 @@ rows): the gathered cache's layout and the scatter by hand, the write index of r
 and the tokens of slots of very different lengths sharing dispatches (one near the table's
 end, one short), crossing blocks, against `fg.generate` alone."""
 
+import itertools
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -20,7 +22,8 @@ from functional_gen.serving import paged as paged_module
 from functional_gen.serving.paged import PagedCache, gather, scatter, window
 
 from .test_engine_speculative import PROPOSERS
-from .test_lockstep import alone, prompt, tiny_gemma  # noqa: F401 (a fixture)
+from .test_lockstep import VOCAB, alone, prompt, tiny_gemma  # noqa: F401 (a fixture)
+from .test_paged import sampled_alone
 
 BLOCK = 16
 MAX_LEN = 512
@@ -197,4 +200,110 @@ def test_a_long_and_a_short_slot_share_dispatches_with_generates_tokens(engine, 
         assert len(short) + alone_from + engine.num_steps <= 64  # slot 0 alone: 64 columns,
         assert len(short) + len(got[0]) > 64  # then 128
     assert speculative is None or verified > 0
+    assert paged.allocator.blocks_in_use == 0
+
+
+def test_gather_buckets_are_few_ascending_and_end_at_the_whole_table(engine):
+    """`gather_buckets`: an eighth, a quarter, a half and all of a slot's blocks, rounded up and
+    deduplicated; `gather_blocks` takes the smallest that holds the positions (the whole table
+    past it). This engine's tables of 32 blocks of 16: 64, 128, 256 and 512 positions."""
+    assert paged_module.gather_buckets(32) == (4, 8, 16, 32)
+    assert paged_module.gather_buckets(12) == (2, 3, 6, 12)
+    assert paged_module.gather_buckets(3) == (1, 2, 3)
+    assert paged_module.gather_buckets(1) == (1,)
+    paged = engine.paged
+    assert paged.gather_buckets == (4, 8, 16, 32)
+    got = [paged.gather_blocks(p) for p in (0, 1, 64, 65, 128, 129, 256, 257, 512, 600)]
+    assert got == [4, 4, 4, 8, 8, 16, 16, 32, 32, 32]
+
+
+def _spy_buckets(paged) -> list[int]:
+    """Record the static `blocks` argument (the last one) of every dispatch program `paged`
+    runs, in order (its `programs` wrapped on the instance)."""
+    seen: list[int] = []
+    real = paged.programs
+
+    def programs():
+        fixed, per_step, generate_program, mixed_program = real()
+
+        def spy(program):
+            def call(*args):
+                seen.append(args[-1])
+                return program(*args)
+
+            return call
+
+        return fixed, per_step, spy(generate_program), spy(mixed_program)
+
+    paged.programs = programs
+    return seen
+
+
+@pytest.mark.parametrize("speculative", [None, "prompt_lookup"])
+def test_each_dispatch_gathers_the_smallest_bucket_holding_its_slots(engine, speculative):
+    """A seeded sampled 5-token prompt decodes 80 tokens in slot 0 while a 100-token greedy
+    prompt is prefilled into slot 1 inside its dispatches (2 chunks of 96, ending at positions
+    4 and 100) and decodes 40 tokens: the bucket rises with the chunks and, without
+    speculation, from 8 blocks (128 positions) to 16 while slot 1 decodes (speculating, its 40
+    positions of room per dispatch take it to 16 at once); after slot 1 ends it falls back to
+    what slot 0 needs. Each dispatch's program got the
+    smallest of `gather_buckets` whose blocks hold every busy slot's `length + num_steps x
+    tokens_per_step` and the chunk's end (computed here from the state and the chunk), and
+    each request's tokens equal `fg.generate` alone (with speculation: with the same proposer
+    and seed)."""
+    model, tokenizer = engine.model, engine.tokenizer
+    kwargs = {}
+    if speculative is not None:
+        kwargs["speculative"] = PROPOSERS[speculative](model)
+        engine = fg.serving.Engine(
+            model, tokenizer, max_slots=2, max_len=MAX_LEN, block_size=BLOCK,
+            prefill_chunk=CHUNK, **kwargs,
+        )  # fmt: skip
+    paged = engine.paged
+    seen = _spy_buckets(paged)
+    short, long = prompt(5, 70), prompt(100, 71)
+    requests = [engine.request(short, 80, temperature=0.8, seed=7), engine.request(long, 40)]
+    state = engine.init_decode_state()
+    admission = engine.admit(requests[0], 0)
+    state = engine.insert(engine.prefill(requests[0], admission, state), state, 0)
+    prefill = engine.block_prefill(requests[1], engine.admit(requests[1], 1))
+    assert prefill is not None and prefill.num_chunks == 2
+    reach = engine.num_steps * paged.tokens_per_step
+    got, running, wanted, busy_sets = {0: [], 1: []}, {0}, [], []
+    while running or prefill is not None:
+        if prefill is not None and not prefill.pending:
+            state = engine.insert(engine.block_prefix(prefill), state, 1)
+            running.add(1)
+            prefill = None
+            continue
+        length, done = jax.device_get((state.generation.length, state.generation.done))
+        need = max([int(length[s]) + reach for s in range(2) if not done[s]], default=0)
+        if prefill is not None:  # the chunk's last position, plus one
+            need = max(need, int(prefill.positions[0, (prefill.chunks_run + 1) * CHUNK - 1]) + 1)
+        wanted.append(min(b for b in paged.gather_buckets if b * BLOCK >= min(need, MAX_LEN)))
+        busy_sets.append(frozenset(running))
+        state, out = engine.generate(state, prefill=prefill)
+        for slot in list(running):
+            got[slot] += [t for t in out.token_ids[:, slot].tolist() if t >= 0]
+            if bool(out.done[slot]):
+                running.discard(slot)
+                engine.release(slot)
+        paged.allocator.check()
+    assert seen == wanted, (seen, wanted)
+    assert len(set(seen)) >= 3
+    pairs = itertools.pairwise(zip(seen, busy_sets))
+    assert any(a < b and 0 in p and 0 in q for (a, p), (b, q) in pairs)  # rose under slot 0
+    if speculative is None:  # slot 1 itself crosses from 128 to 256 positions as it decodes
+        both = [b for b, busy in zip(seen, busy_sets) if busy == {0, 1}]
+        assert both[0] == 8 and both[-1] == 16 and both == sorted(both), both
+    if speculative is None:
+        want0 = sampled_alone(model, tokenizer, short, 80, 0.8, 7)
+    else:  # `fg.generate` itself: these random guesses may all be rejected, which is fine here
+        ids = fg.SequenceState.from_token_ids([short], vocab_size=VOCAB, tokenizer=tokenizer)
+        out = fg.generate(model, tokenizer, ids, max_new_tokens=80, temperature=0.8,
+                          do_sample=True, key=jax.random.key(7), **kwargs)  # fmt: skip
+        want0 = [int(t) for t in out.token_ids[0, : int(out.state.arrays.length[0]) - 5]]
+    assert got[0] == want0
+    assert got[1] == alone(model, tokenizer, long, 40)[0]
+    assert len(got[1]) == 40  # no EOS: it reaches position 140
     assert paged.allocator.blocks_in_use == 0

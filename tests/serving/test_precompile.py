@@ -5,7 +5,8 @@ one (with its mixed prefill), the paged speculative one, and a paged one whose p
 enough that requests are preempted and resumed. Counted with JAX's own compile
 events (`/jax/core/compile/backend_compile_duration`), which fire for every XLA compilation,
 small host-side operations included. With a paged cache, prompts that share their first block
-with an earlier one (prefilled over the cached block, `PagedKV.prefill_cached`) too."""
+with an earlier one (prefilled over the cached block, `PagedKV.prefill_cached`) too, and the
+dispatches gather several of `PagedKV.gather_buckets` (each bucket is a program of its own)."""
 
 import asyncio
 
@@ -36,6 +37,28 @@ def tiny(i: int):
     program some other test compiled would hide a gap in `precompile`)."""
     config = tiny_config(vocab_size=VOCAB, num_hidden_layers=1, intermediate_size=72 + 8 * i)
     return fg.LlamaForCausalLM(config, key=jax.random.key(0)), tiny_tokenizer(VOCAB)
+
+
+def _spy_buckets(paged) -> list[int]:
+    """The static `blocks` argument (the last one) of every dispatch program `paged` runs from
+    now on (its `programs` wrapped on the instance)."""
+    seen: list[int] = []
+    real = paged.programs
+
+    def programs():
+        fixed, per_step, *dispatches = real()
+
+        def spy(program):
+            def call(*args):
+                seen.append(args[-1])
+                return program(*args)
+
+            return call
+
+        return fixed, per_step, *(spy(p) for p in dispatches)
+
+    paged.programs = programs
+    return seen
 
 
 async def _serve(engine, requests):
@@ -89,6 +112,7 @@ def test_after_precompile_serving_compiles_nothing(kind, options):
         # uncached parts of every bucket up to a chunk (16, 24, 32) and a chunked one
         tails = [rng.integers(2, VOCAB - 2, n).tolist() for n in (1, 12, 20, 30, 33)]
         later = [engine.request(shared + t, 6) for t in tails]
+    buckets = [] if engine.paged is None else _spy_buckets(engine.paged)
     before = COMPILES[0]
     try:
         got = asyncio.run(_serve(engine, requests))
@@ -102,4 +126,6 @@ def test_after_precompile_serving_compiles_nothing(kind, options):
     assert all(len(g) > 0 for g in got), got
     if "num_blocks" in options:  # 7 blocks of 8 for two slots of up to 53 positions each
         assert engine.paged.preemptions > 0
+    if engine.paged is not None:  # buckets (2, 3, 6, 12) of 8-token blocks
+        assert len(set(buckets)) >= 2, buckets
     assert COMPILES[0] == before, f"{kind}: {COMPILES[0] - before} compilations after precompile"
