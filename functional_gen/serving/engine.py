@@ -36,8 +36,9 @@ after vLLM): no shared write index and no compaction; `admit` takes a request's 
 its prefill and `release` returns them. With `preemption` (the default), blocks follow the
 tokens in use: a request is admitted on its prompt's blocks, takes decode blocks as it grows,
 and `make_room` (before each dispatch) preempts the most recently admitted requests when the
-pool runs out, handing back the requests to queue again (vLLM's recompute preemption). With `speculative` as well, each dispatch speculates
-over the gathered blocks and scatters back only the kept tokens (`serving.paged_speculative`).
+pool runs out, handing back the requests to queue again (vLLM's recompute preemption,
+`serving.preemption`). With `speculative` as well, each dispatch speculates over the gathered
+blocks and scatters back only the kept tokens (`serving.paged_speculative`).
 
 **Shapes.** Prompts are left-padded to `bucket_length` (as `generate` pads them, so the prefill
 computes the same logits), prompts longer than `prefill_chunk` are prefilled in chunks of
@@ -74,7 +75,7 @@ from ..tokenization import Prompt, encode_prompt
 from .blocks import Admission
 from .mesh import check_engine_mesh, place_decode_state, place_proposer
 from .orchestrator import Error, Finished, Orchestrator
-from .paged import BlockPrefill, PagedDecodeState, PagedKV, Preemption
+from .paged import BlockPrefill, PagedDecodeState, PagedKV
 from .paged_speculative import SpeculativePagedKV
 from .phases import PhaseTimer
 from .pool import (
@@ -84,6 +85,7 @@ from .pool import (
     PoolEntry,
     pool_entry,
 )
+from .preemption import Preemption as Preemption, Preemptor
 from .programs import (
     DecodeState as DecodeState,
     Prefix as Prefix,
@@ -195,7 +197,7 @@ class Engine:
       request already holding blocks, takes decode blocks as it grows, and when the pool runs
       out `make_room` preempts the most recently admitted request and hands it back to be
       queued again and recomputed over its prompt and generated tokens, continuing with the
-      same tokens (vLLM's recompute preemption; `serving.paged`). So a pool smaller than
+      same tokens (vLLM's recompute preemption; `serving.preemption`). So a pool smaller than
       `max_slots x max_len` serves as many requests as their actual lengths fit, not as many
       as their worst cases fit; with the default `num_blocks` every slot's worst case fits and
       nothing is ever preempted, so the default changes nothing there. `False`: each admission
@@ -348,6 +350,9 @@ class Engine:
                 else SpeculativePagedKV(*sizes, speculation=self.speculation, **on)
             )
             self.decode_widths = (max_slots,)
+        self.preemptor = Preemptor(self.paged) if self.preemption else None
+        """What `make_room` preempts with (`serving.preemption.Preemptor`, over `paged`), or
+        `None` without a paged cache with `preemption`."""
         self.timer = PhaseTimer()
         """Wall seconds per phase of `generate` ("layout", "compact", "dispatch") and of the
         orchestrator's loop (see `Orchestrator`); `timer.sync = True` attributes device time to
@@ -529,7 +534,7 @@ class Engine:
         `(decode_state, [])`): give every busy slot the blocks for `num_steps` (default
         `self.num_steps`) more steps' writes, oldest admission first, preempting the most
         recently admitted requests (busy, or admitted and not yet inserted) while the pool has
-        too few (`PagedKV.make_room`; vLLM's recompute preemption). A preempted slot's blocks
+        too few (`Preemptor.make_room`; vLLM's recompute preemption). A preempted slot's blocks
         are back and it is idle; `decode_state` is donated when one is freed.
 
         **Returns:** `(decode_state, preemptions)`: each `Preemption` names the `slot` and the
@@ -539,7 +544,7 @@ class Engine:
         if not self.preemption:
             return decode_state, []
         n = self.num_steps if num_steps is None else num_steps
-        return self.paged.make_room(decode_state, n * self.paged.tokens_per_step)
+        return self.preemptor.make_room(decode_state, n * self.paged.tokens_per_step)
 
     def _prefix(self, request: Request, logits, cache) -> Prefix:
         return make_prefix(request, logits, cache, self.max_len, self.pad_token_id)
@@ -767,7 +772,7 @@ class Engine:
 
     def _precompile_preemption(self, state):
         """`precompile`'s preemption: a one-block request inserted into slot 0, preempted there
-        (`PagedKV._preempt`: its row read in one program, its blocks registered and freed), and
+        (`Preemptor.preempt`: its row read in one program, its blocks registered and freed), and
         its resumed request (`Request.resume`) admitted, prefilled and inserted again; `state`
         with both freed, the counters as they were."""
         paged = self.paged
@@ -775,7 +780,7 @@ class Engine:
             return state  # no prompt of a full block and a token fits: nothing can be preempted
         counts = paged.preemptions, paged.allocator.prefix_cache_hits
         state = self._precompile_insert(state, self.request([0] * (self.block_size + 1), 1))
-        resumed = paged._preempt(state, 0).request
+        resumed = self.preemptor.preempt(state, 0).request
         state = self.free(state, 0)
         state = self.free(self._precompile_insert(state, resumed), 0)
         self.release(0)
