@@ -68,7 +68,6 @@ from ..generation.sequence_state import SequenceState
 from ..generation.state import GenerationState
 from ..models.attention import attention_lengths
 from ..models.base import AbstractCausalLM
-from ..progress import progress_bar
 from ..sharding import check_mesh, mesh_of, shard
 from ..structured.automaton import INITIAL
 from ..tokenization import Prompt, encode_prompt
@@ -85,6 +84,7 @@ from .pool import (
     PoolEntry,
     pool_entry,
 )
+from .precompile import precompile as precompile_jobs
 from .preemption import Preemption as Preemption, Preemptor
 from .programs import (
     DecodeState as DecodeState,
@@ -709,117 +709,8 @@ class Engine:
         `PagedKV.gather_buckets` (over idle slots: no step runs), and each prefill bucket's
         prefill over cached prefix blocks (`prefill_cached`): it leaves one block of
         `block_size` zero tokens in the prefix cache (evictable, and right for any prompt that
-        starts with those tokens)."""
-        widths = []
-        w = bucket_length(1)
-        while w <= min(self.prefill_chunk, self.max_len - 1):
-            widths.append(w)
-            w = bucket_length(w + 1)
-        chunked = list(range(2 * self.prefill_chunk, self.max_len, self.prefill_chunk))
-        blocks = self.paged is not None and self.mixed_prefill
-        if blocks:  # long prompts go into their blocks: two programs of fixed shapes
-            chunked = ["blocks"] if chunked else []
-        lengths = widths + chunked
-        state = self.init_decode_state()
-        jobs = [*lengths, None]
-        for n in progress_bar(jobs, desc="compiling", unit="shape") if progress else jobs:
-            if n == "blocks":  # a mixed dispatch per bucket, a chunk alone, the insert after
-                paged = self.paged
-                counts = paged.chunks_alone, paged.chunks_mixed
-                paged.allocator.prefix_caching = False
-                for blocks in paged.gather_buckets:  # a first chunk ends at position 1: any fits
-                    request = self.request([0] * (self.prefill_chunk + 1), 1)
-                    prefill = self.block_prefill(request, self.admit(request, 0))
-                    state, _ = paged.generate(
-                        self, state, self.num_steps, False, prefill, blocks=blocks
-                    )
-                    if blocks != paged.gather_buckets[-1]:
-                        self.release(0)  # never inserted: idle in the state
-                state = self.run_chunk(state, prefill)
-                state = self.free(self.insert(self.block_prefix(prefill), state, 0), 0)
-                self.release(0)
-                paged.allocator.prefix_caching = True
-                paged.chunks_alone, paged.chunks_mixed = counts  # requests' chunks only
-            elif n is None:
-                s, c = self.constraint_states, self.constraint_classes
-                entry = PoolEntry(
-                    token_class=np.zeros((self.model.vocab_size,), np.int32),
-                    transitions=np.zeros((s, c), np.int32),
-                    distance=np.zeros((s,), np.int32),
-                )
-                state = self.free(self.place(entry, state, 0), 0)
-                if self.paged is None:
-                    state, _ = self.generate(state)
-                for blocks in () if self.paged is None else self.paged.gather_buckets:
-                    state, _ = self.paged.generate(
-                        self, state, self.num_steps, False, blocks=blocks
-                    )
-                if self.preemption:  # what a preemption reads, and a resumed request's insert
-                    state = self._precompile_preemption(state)
-                if self.speculation is not None and self.paged is None:  # before a full one
-                    state = squeeze_jit(state)
-                for w in self.decode_widths[:-1]:  # the narrower programs: idle rows, no steps
-                    state, _ = self._dispatch(state, self.num_steps, 1, False, np.arange(w))
-            elif self.paged is None:
-                state = self.insert(self.prefill(self.request([0] * n, 1)), state, 0)
-            else:  # cold, then over a cached block (the uncached part of the same width)
-                self.paged.allocator.prefix_caching = False
-                request = self.request([0] * n, 1)
-                state = self.insert(self.prefill(request, self.admit(request, 0)), state, 0)
-                self.release(0)
-                self.paged.allocator.prefix_caching = True
-                state = self._precompile_cached(state, n, 1 + lengths.index(n))
-
-    def _precompile_preemption(self, state):
-        """`precompile`'s preemption: a one-block request inserted into slot 0, preempted there
-        (`Preemptor.preempt`: its row read in one program, its blocks registered and freed), and
-        its resumed request (`Request.resume`) admitted, prefilled and inserted again; `state`
-        with both freed, the counters as they were."""
-        paged = self.paged
-        if self.prefill_width(self.block_size + 1) + 1 > self.max_len:
-            return state  # no prompt of a full block and a token fits: nothing can be preempted
-        counts = paged.preemptions, paged.allocator.prefix_cache_hits
-        state = self._precompile_insert(state, self.request([0] * (self.block_size + 1), 1))
-        resumed = self.preemptor.preempt(state, 0).request
-        state = self.free(state, 0)
-        state = self.free(self._precompile_insert(state, resumed), 0)
-        self.release(0)
-        paged.preemptions, paged.allocator.prefix_cache_hits = counts
-        return state
-
-    def _precompile_insert(self, state, request: Request):
-        """`request` admitted into slot 0, prefilled as the orchestrator prefills it (its chunks
-        into its blocks when `block_prefill` gives them, else `prefill`) and inserted; the
-        chunk counters as they were."""
-        paged = self.paged
-        counts = paged.chunks_alone, paged.chunks_mixed
-        admission = self.admit(request, 0)
-        chunks = self.block_prefill(request, admission)
-        if chunks is None:
-            prefix = self.prefill(request, admission, state)
-        else:
-            while chunks.pending:
-                state = self.run_chunk(state, chunks)
-            prefix = self.block_prefix(chunks)
-        paged.chunks_alone, paged.chunks_mixed = counts  # requests' chunks only
-        return self.insert(prefix, state, 0)
-
-    def _precompile_cached(self, state, n: int, tail: int):
-        """`precompile`'s prefill of `n` uncached tokens over ONE cached block: a prompt of
-        `block_size` zeros and `n` tokens `tail` (a token no other bucket's prompt uses, so that
-        no block after the first is cached from an earlier one), after a prompt that registered
-        the block of zeros; where such a prompt fits `max_len`. `state` with both freed."""
-        bs = self.block_size
-        if self.prefill_width(bs + n) + 1 > self.max_len or tail >= self.model.vocab_size:
-            return state
-        hits = self.paged.allocator.prefix_cache_hits
-        for ids in ([0] * bs + [tail], [0] * bs + [tail] * n):  # registers block 0, reads it
-            state = self._precompile_insert(state, self.request(ids, 1))
-            assert len(ids) == bs + 1 or self.paged.admissions[0].cached_tokens == bs
-            state = self.free(state, 0)
-            self.release(0)
-        self.paged.allocator.prefix_cache_hits = hits  # requests' hits only
-        return state
+        starts with those tokens). The job list is `serving.precompile`."""
+        precompile_jobs(self, progress=progress)
 
     def generate_alone(
         self, request: Request, constraint
