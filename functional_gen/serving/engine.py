@@ -53,7 +53,6 @@ compiles anything new.
 engine draw the same tokens.
 """
 
-import os
 import time
 from collections.abc import Iterator, Sequence
 
@@ -62,15 +61,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..generation.buckets import bucket_length
-from ..generation.loop import generate as generate_call
 from ..generation.options import GenerationOptions
-from ..generation.sequence_state import SequenceState
 from ..generation.state import GenerationState
 from ..models.attention import attention_lengths
 from ..models.base import AbstractCausalLM
 from ..sharding import check_mesh, mesh_of, shard
 from ..structured.automaton import INITIAL
 from ..tokenization import Prompt, encode_prompt
+from .alone import run_alone
 from .blocks import Admission
 from .mesh import check_engine_mesh, place_decode_state, place_proposer
 from .orchestrator import Error, Finished, Orchestrator
@@ -109,7 +107,6 @@ from .slots import (
     check_served_options,
     checked_request,
     request_knobs,
-    request_processors,
 )
 from .speculative import (
     EngineSpeculation,
@@ -722,41 +719,12 @@ class Engine:
         This is how the server runs the constrained requests that do not fit the constraint
         pool (`constraint_entry` is `None`: pushdown automata, tables larger than the pool): the
         orchestrator runs such a request between two decode dispatches and the other slots wait
-        for it; each new table shape compiles a program.
+        for it; each new table shape compiles a program (`serving.alone.run_alone`).
 
         **Returns:** `(token_ids, logprobs, top_logprobs, finish_reason)` (a `FINISH_REASONS`
         name).
         """
-        processors, sampler = request_processors(request)
-        processors = [constraint, *processors]
-        seed = request.seed
-        if seed is None:
-            seed = int.from_bytes(os.urandom(4), "little")
-        state = SequenceState.from_token_ids(
-            [list(request.token_ids)], vocab_size=self.model.vocab_size, tokenizer=self.tokenizer
-        )
-        result = generate_call(
-            self.model,
-            self.tokenizer,
-            state,
-            processors=processors,
-            sampler=sampler,
-            key=jax.random.key(seed),
-            max_new_tokens=request.max_new_tokens,
-            top_logprobs=self.top_logprobs,
-            logprobs_mode="raw",
-        )
-        n = int(result.state.arrays.length[0]) - len(request.token_ids)
-        ids = [int(t) for t in np.asarray(result.token_ids[0, :n])]
-        lps = [float(x) for x in np.asarray(result.logprobs[0, :n])]
-        tops = [[] for _ in range(n)]
-        if self.top_logprobs:
-            top_ids, top_lps = (
-                np.asarray(result.top_token_ids[0]),
-                np.asarray(result.top_logprobs[0]),
-            )
-            tops = [list(zip(top_ids[j].tolist(), top_lps[j].tolist())) for j in range(n)]
-        return ids, lps, tops, result.finish_reasons[0]
+        return run_alone(self.model, self.tokenizer, request, constraint, self.top_logprobs)
 
     # ---- the orchestrated, asynchronous side -------------------------------------------------
 
