@@ -491,7 +491,8 @@ class PagedKV:
         self.inserted: set[int] = set()
         """The admitted slots whose `insert` ran (the others are still prefilling)."""
         self.preemptions = 0
-        """Requests preempted so far (`Preemptor.make_room`; `/metrics`' `functional_gen_preemptions`)."""
+        """Requests preempted so far (`serving.preemption`; `/metrics`'
+        `functional_gen_preemptions`)."""
         self.prefilled_tokens = 0
         """Prompt tokens prefilled so far (those taken from the prefix cache not counted)."""
         self.waits = 0
