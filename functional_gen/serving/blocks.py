@@ -33,9 +33,10 @@ The allocator follows vLLM's block manager (`vllm/core/block_manager.py`, and th
   beside a watermark that keeps one dispatch of growth for every request already holding blocks
   (`headroom`: so an admission never forces a preemption at the next dispatch). `extend` takes
   blocks as the request grows and returns `False` (taking nothing) when the pool has too few:
-  the engine then preempts the most recently admitted request (`serving.paged.PagedKV.make_room`:
-  `register_tokens` keeps its full blocks in the prefix cache, `free` returns them) and queues it
-  again, to be prefilled over its prompt and the tokens it had generated.
+  the engine then preempts the most recently admitted request
+  (`serving.preemption.Preemptor.make_room`: `register_tokens` keeps its full blocks in the
+  prefix cache, `free` returns them) and queues it again, to be prefilled over its prompt and
+  the tokens it had generated.
 
 Either way an admission that does not fit returns `None`: the request waits in the queue;
 nothing is dropped and no slot's blocks are ever overwritten or taken from it.

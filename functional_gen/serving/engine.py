@@ -36,8 +36,9 @@ after vLLM): no shared write index and no compaction; `admit` takes a request's 
 its prefill and `release` returns them. With `preemption` (the default), blocks follow the
 tokens in use: a request is admitted on its prompt's blocks, takes decode blocks as it grows,
 and `make_room` (before each dispatch) preempts the most recently admitted requests when the
-pool runs out, handing back the requests to queue again (vLLM's recompute preemption). With `speculative` as well, each dispatch speculates
-over the gathered blocks and scatters back only the kept tokens (`serving.paged_speculative`).
+pool runs out, handing back the requests to queue again (vLLM's recompute preemption,
+`serving.preemption`). With `speculative` as well, each dispatch speculates over the gathered
+blocks and scatters back only the kept tokens (`serving.paged_speculative`).
 
 **Shapes.** Prompts are left-padded to `bucket_length` (as `generate` pads them, so the prefill
 computes the same logits), prompts longer than `prefill_chunk` are prefilled in chunks of
@@ -52,7 +53,6 @@ compiles anything new.
 engine draw the same tokens.
 """
 
-import os
 import time
 from collections.abc import Iterator, Sequence
 
@@ -61,20 +61,18 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..generation.buckets import bucket_length
-from ..generation.loop import generate as generate_call
 from ..generation.options import GenerationOptions
-from ..generation.sequence_state import SequenceState
 from ..generation.state import GenerationState
 from ..models.attention import attention_lengths
 from ..models.base import AbstractCausalLM
-from ..progress import progress_bar
 from ..sharding import check_mesh, mesh_of, shard
 from ..structured.automaton import INITIAL
 from ..tokenization import Prompt, encode_prompt
+from .alone import run_alone
 from .blocks import Admission
 from .mesh import check_engine_mesh, place_decode_state, place_proposer
 from .orchestrator import Error, Finished, Orchestrator
-from .paged import BlockPrefill, PagedDecodeState, PagedKV, Preemption
+from .paged import BlockPrefill, PagedDecodeState, PagedKV
 from .paged_speculative import SpeculativePagedKV
 from .phases import PhaseTimer
 from .pool import (
@@ -84,6 +82,8 @@ from .pool import (
     PoolEntry,
     pool_entry,
 )
+from .precompile import precompile as precompile_jobs
+from .preemption import Preemption as Preemption, Preemptor
 from .programs import (
     DecodeState as DecodeState,
     Prefix as Prefix,
@@ -107,7 +107,6 @@ from .slots import (
     check_served_options,
     checked_request,
     request_knobs,
-    request_processors,
 )
 from .speculative import (
     EngineSpeculation,
@@ -195,7 +194,7 @@ class Engine:
       request already holding blocks, takes decode blocks as it grows, and when the pool runs
       out `make_room` preempts the most recently admitted request and hands it back to be
       queued again and recomputed over its prompt and generated tokens, continuing with the
-      same tokens (vLLM's recompute preemption; `serving.paged`). So a pool smaller than
+      same tokens (vLLM's recompute preemption; `serving.preemption`). So a pool smaller than
       `max_slots x max_len` serves as many requests as their actual lengths fit, not as many
       as their worst cases fit; with the default `num_blocks` every slot's worst case fits and
       nothing is ever preempted, so the default changes nothing there. `False`: each admission
@@ -348,6 +347,9 @@ class Engine:
                 else SpeculativePagedKV(*sizes, speculation=self.speculation, **on)
             )
             self.decode_widths = (max_slots,)
+        self.preemptor = Preemptor(self.paged) if self.preemption else None
+        """What `make_room` preempts with (`serving.preemption.Preemptor`, over `paged`), or
+        `None` without a paged cache with `preemption`."""
         self.timer = PhaseTimer()
         """Wall seconds per phase of `generate` ("layout", "compact", "dispatch") and of the
         orchestrator's loop (see `Orchestrator`); `timer.sync = True` attributes device time to
@@ -529,7 +531,7 @@ class Engine:
         `(decode_state, [])`): give every busy slot the blocks for `num_steps` (default
         `self.num_steps`) more steps' writes, oldest admission first, preempting the most
         recently admitted requests (busy, or admitted and not yet inserted) while the pool has
-        too few (`PagedKV.make_room`; vLLM's recompute preemption). A preempted slot's blocks
+        too few (`Preemptor.make_room`; vLLM's recompute preemption). A preempted slot's blocks
         are back and it is idle; `decode_state` is donated when one is freed.
 
         **Returns:** `(decode_state, preemptions)`: each `Preemption` names the `slot` and the
@@ -539,7 +541,7 @@ class Engine:
         if not self.preemption:
             return decode_state, []
         n = self.num_steps if num_steps is None else num_steps
-        return self.paged.make_room(decode_state, n * self.paged.tokens_per_step)
+        return self.preemptor.make_room(decode_state, n * self.paged.tokens_per_step)
 
     def _prefix(self, request: Request, logits, cache) -> Prefix:
         return make_prefix(request, logits, cache, self.max_len, self.pad_token_id)
@@ -704,117 +706,8 @@ class Engine:
         `PagedKV.gather_buckets` (over idle slots: no step runs), and each prefill bucket's
         prefill over cached prefix blocks (`prefill_cached`): it leaves one block of
         `block_size` zero tokens in the prefix cache (evictable, and right for any prompt that
-        starts with those tokens)."""
-        widths = []
-        w = bucket_length(1)
-        while w <= min(self.prefill_chunk, self.max_len - 1):
-            widths.append(w)
-            w = bucket_length(w + 1)
-        chunked = list(range(2 * self.prefill_chunk, self.max_len, self.prefill_chunk))
-        blocks = self.paged is not None and self.mixed_prefill
-        if blocks:  # long prompts go into their blocks: two programs of fixed shapes
-            chunked = ["blocks"] if chunked else []
-        lengths = widths + chunked
-        state = self.init_decode_state()
-        jobs = [*lengths, None]
-        for n in progress_bar(jobs, desc="compiling", unit="shape") if progress else jobs:
-            if n == "blocks":  # a mixed dispatch per bucket, a chunk alone, the insert after
-                paged = self.paged
-                counts = paged.chunks_alone, paged.chunks_mixed
-                paged.allocator.prefix_caching = False
-                for blocks in paged.gather_buckets:  # a first chunk ends at position 1: any fits
-                    request = self.request([0] * (self.prefill_chunk + 1), 1)
-                    prefill = self.block_prefill(request, self.admit(request, 0))
-                    state, _ = paged.generate(
-                        self, state, self.num_steps, False, prefill, blocks=blocks
-                    )
-                    if blocks != paged.gather_buckets[-1]:
-                        self.release(0)  # never inserted: idle in the state
-                state = self.run_chunk(state, prefill)
-                state = self.free(self.insert(self.block_prefix(prefill), state, 0), 0)
-                self.release(0)
-                paged.allocator.prefix_caching = True
-                paged.chunks_alone, paged.chunks_mixed = counts  # requests' chunks only
-            elif n is None:
-                s, c = self.constraint_states, self.constraint_classes
-                entry = PoolEntry(
-                    token_class=np.zeros((self.model.vocab_size,), np.int32),
-                    transitions=np.zeros((s, c), np.int32),
-                    distance=np.zeros((s,), np.int32),
-                )
-                state = self.free(self.place(entry, state, 0), 0)
-                if self.paged is None:
-                    state, _ = self.generate(state)
-                for blocks in () if self.paged is None else self.paged.gather_buckets:
-                    state, _ = self.paged.generate(
-                        self, state, self.num_steps, False, blocks=blocks
-                    )
-                if self.preemption:  # what a preemption reads, and a resumed request's insert
-                    state = self._precompile_preemption(state)
-                if self.speculation is not None and self.paged is None:  # before a full one
-                    state = squeeze_jit(state)
-                for w in self.decode_widths[:-1]:  # the narrower programs: idle rows, no steps
-                    state, _ = self._dispatch(state, self.num_steps, 1, False, np.arange(w))
-            elif self.paged is None:
-                state = self.insert(self.prefill(self.request([0] * n, 1)), state, 0)
-            else:  # cold, then over a cached block (the uncached part of the same width)
-                self.paged.allocator.prefix_caching = False
-                request = self.request([0] * n, 1)
-                state = self.insert(self.prefill(request, self.admit(request, 0)), state, 0)
-                self.release(0)
-                self.paged.allocator.prefix_caching = True
-                state = self._precompile_cached(state, n, 1 + lengths.index(n))
-
-    def _precompile_preemption(self, state):
-        """`precompile`'s preemption: a one-block request inserted into slot 0, preempted there
-        (`PagedKV._preempt`: its row read in one program, its blocks registered and freed), and
-        its resumed request (`Request.resume`) admitted, prefilled and inserted again; `state`
-        with both freed, the counters as they were."""
-        paged = self.paged
-        if self.prefill_width(self.block_size + 1) + 1 > self.max_len:
-            return state  # no prompt of a full block and a token fits: nothing can be preempted
-        counts = paged.preemptions, paged.allocator.prefix_cache_hits
-        state = self._precompile_insert(state, self.request([0] * (self.block_size + 1), 1))
-        resumed = paged._preempt(state, 0).request
-        state = self.free(state, 0)
-        state = self.free(self._precompile_insert(state, resumed), 0)
-        self.release(0)
-        paged.preemptions, paged.allocator.prefix_cache_hits = counts
-        return state
-
-    def _precompile_insert(self, state, request: Request):
-        """`request` admitted into slot 0, prefilled as the orchestrator prefills it (its chunks
-        into its blocks when `block_prefill` gives them, else `prefill`) and inserted; the
-        chunk counters as they were."""
-        paged = self.paged
-        counts = paged.chunks_alone, paged.chunks_mixed
-        admission = self.admit(request, 0)
-        chunks = self.block_prefill(request, admission)
-        if chunks is None:
-            prefix = self.prefill(request, admission, state)
-        else:
-            while chunks.pending:
-                state = self.run_chunk(state, chunks)
-            prefix = self.block_prefix(chunks)
-        paged.chunks_alone, paged.chunks_mixed = counts  # requests' chunks only
-        return self.insert(prefix, state, 0)
-
-    def _precompile_cached(self, state, n: int, tail: int):
-        """`precompile`'s prefill of `n` uncached tokens over ONE cached block: a prompt of
-        `block_size` zeros and `n` tokens `tail` (a token no other bucket's prompt uses, so that
-        no block after the first is cached from an earlier one), after a prompt that registered
-        the block of zeros; where such a prompt fits `max_len`. `state` with both freed."""
-        bs = self.block_size
-        if self.prefill_width(bs + n) + 1 > self.max_len or tail >= self.model.vocab_size:
-            return state
-        hits = self.paged.allocator.prefix_cache_hits
-        for ids in ([0] * bs + [tail], [0] * bs + [tail] * n):  # registers block 0, reads it
-            state = self._precompile_insert(state, self.request(ids, 1))
-            assert len(ids) == bs + 1 or self.paged.admissions[0].cached_tokens == bs
-            state = self.free(state, 0)
-            self.release(0)
-        self.paged.allocator.prefix_cache_hits = hits  # requests' hits only
-        return state
+        starts with those tokens). The job list is `serving.precompile`."""
+        precompile_jobs(self, progress=progress)
 
     def generate_alone(
         self, request: Request, constraint
@@ -826,41 +719,12 @@ class Engine:
         This is how the server runs the constrained requests that do not fit the constraint
         pool (`constraint_entry` is `None`: pushdown automata, tables larger than the pool): the
         orchestrator runs such a request between two decode dispatches and the other slots wait
-        for it; each new table shape compiles a program.
+        for it; each new table shape compiles a program (`serving.alone.run_alone`).
 
         **Returns:** `(token_ids, logprobs, top_logprobs, finish_reason)` (a `FINISH_REASONS`
         name).
         """
-        processors, sampler = request_processors(request)
-        processors = [constraint, *processors]
-        seed = request.seed
-        if seed is None:
-            seed = int.from_bytes(os.urandom(4), "little")
-        state = SequenceState.from_token_ids(
-            [list(request.token_ids)], vocab_size=self.model.vocab_size, tokenizer=self.tokenizer
-        )
-        result = generate_call(
-            self.model,
-            self.tokenizer,
-            state,
-            processors=processors,
-            sampler=sampler,
-            key=jax.random.key(seed),
-            max_new_tokens=request.max_new_tokens,
-            top_logprobs=self.top_logprobs,
-            logprobs_mode="raw",
-        )
-        n = int(result.state.arrays.length[0]) - len(request.token_ids)
-        ids = [int(t) for t in np.asarray(result.token_ids[0, :n])]
-        lps = [float(x) for x in np.asarray(result.logprobs[0, :n])]
-        tops = [[] for _ in range(n)]
-        if self.top_logprobs:
-            top_ids, top_lps = (
-                np.asarray(result.top_token_ids[0]),
-                np.asarray(result.top_logprobs[0]),
-            )
-            tops = [list(zip(top_ids[j].tolist(), top_lps[j].tolist())) for j in range(n)]
-        return ids, lps, tops, result.finish_reasons[0]
+        return run_alone(self.model, self.tokenizer, request, constraint, self.top_logprobs)
 
     # ---- the orchestrated, asynchronous side -------------------------------------------------
 

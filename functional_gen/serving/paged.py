@@ -51,24 +51,10 @@ up to the dispatch's bucket, which holds the chunk's end). The slot is idle
 (`done`) in the decode state until its `insert`, so the decode steps read none of its blocks and
 write none (an idle row's keys go to position `-1`, dropped by `scatter`).
 
-**Preemption** (`Engine(preemption=True)`, the default; vLLM's recompute preemption, Kwon et
-al. 2023 §4.5, and its v1 scheduler, `vllm/v1/core/sched/scheduler.py`). The allocator runs
-`on_demand`: a request is admitted when its prompt's blocks and one dispatch of growth fit
-beside the next dispatch of every request already holding blocks (`BlockAllocator.headroom`),
-and takes its decode blocks as it grows. Before each dispatch the host knows how many positions
-every busy slot may write (`num_steps x tokens_per_step`); `make_room` extends each busy slot's
-table by that many, oldest admission first, and when the pool has too few blocks it preempts
-the most recently admitted request (LIFO, the requesting slot itself last): its full blocks,
-generated ones included, are registered in the prefix cache (`register_tokens`) and all its
-blocks freed, its slot marked idle, and a `Preemption` hands back the `Request` to queue again
-at the FRONT: its prompt followed by the tokens it had generated, with a `Resume` (how many
-were generated, the slot's PRNG key, its automaton state). Readmitted, it is prefilled over
-those tokens (the blocks still cached are taken back by reference, so often only the last
-partial block is recomputed) and continues as it would have: its prompt length, generation
-count (`max_new_tokens`, the penalties' generated tokens, the step keys `fold_in(key, n)`) and
-constraint state are the slot's. The oldest request is never preempted while another holds
-blocks, and alone it fits (`check_fits`), so every request completes. The decision is host
-work between dispatches; no program changes.
+**Preemption** (`Engine(preemption=True)`, the default; vLLM's recompute preemption) is
+`serving.preemption`: the allocator then runs `on_demand` and, before each dispatch, the most
+recently admitted requests give their blocks back when the pool runs short (host work; no
+program changes).
 
 **Speculative decoding** over these blocks (`Engine(block_size=..., speculative=...)`) is
 `serving.paged_speculative`: the same gather and scatter around the speculative steps.
@@ -92,9 +78,8 @@ from .programs import (
     _with_prefix,
     chunked_prefill,
     engine_program,
-    free_jit,
 )
-from .slots import Request, Resume
+from .slots import Request
 
 GATHER_FRACTIONS = (8, 4, 2, 1)
 """`gather_buckets`' divisors of a slot's blocks: 1/8, 1/4, 1/2 and all of them."""
@@ -434,21 +419,6 @@ class BlockPrefill:
         return as32(self.admission.slot), as32(ids), as32(positions), as32(written)
 
 
-@dataclasses.dataclass(frozen=True)
-class Preemption:
-    """A request `PagedKV.make_room` preempted to free its blocks (see the module docstring).
-
-    **Attributes:** `slot` (now free: its blocks are back, and it is idle in the decode state);
-    `request`: what to queue again, at the front, and admit, prefill and insert as any request
-    (for a request that had started decoding: its prompt followed by its `resume.generated`
-    tokens, with the `Resume`; for one preempted before its `insert`: the request it was
-    admitted with, whose prefill is abandoned); `prefilling`: `True` for the latter."""
-
-    slot: int
-    request: Request
-    prefilling: bool
-
-
 class PagedKV:
     """The engine's paged KV cache: the `BlockAllocator` (host) and the programs over a
     `PagedDecodeState` (device). `Engine(block_size=...)` makes one and hands it its calls.
@@ -456,7 +426,7 @@ class PagedKV:
     **Arguments:** `model` (its cache dtype and shapes), `max_slots`, `max_len` (tokens per
     slot), `block_size` (tokens per block), `num_blocks` (blocks per pool; `None`: enough for
     every slot's `max_len`, `max_slots * ceil(max_len / block_size)`), `prefix_caching`;
-    keyword-only `preemption` (`True`: on-demand blocks and `make_room`'s preemption; `False`:
+    keyword-only `preemption` (`True`: on-demand blocks, preempted by `serving.preemption`; `False`:
     every admission reserves its worst case) and `num_steps` (the engine's steps per dispatch:
     admission keeps room for one dispatch, `lookahead`).
 
@@ -488,7 +458,7 @@ class PagedKV:
         if num_blocks is None:
             num_blocks = max_slots * self.max_blocks
         self.preemption = bool(preemption)
-        """On-demand blocks with preemption (`make_room`), or worst-case reservations."""
+        """On-demand blocks with preemption (`serving.preemption`), or worst-case reservations."""
         self.num_steps = num_steps
         self.allocator = BlockAllocator(
             num_blocks,
@@ -511,15 +481,18 @@ class PagedKV:
         cold prefill then runs over `prefill_cache` instead, so that its blocks hold every
         position of every layer (a ring keeps only the window's last positions, and a block a
         later prompt shares must hold all of them)."""
-        self._slot_row_jit = None
         self.admissions: dict[int, Admission] = {}
         self.requests: dict[int, Request] = {}
         """The request each admitted slot holds (what a preemption queues again)."""
-        self._order: dict[int, int] = {}  # slot -> admission number (LIFO preemption)
+        self.order: dict[int, int] = {}
+        """Each admitted slot's admission number (from 0 up): a preemption takes the newest
+        first (`serving.preemption`)."""
         self._admitted = 0
-        self._inserted: set[int] = set()  # admitted slots whose `insert` ran
+        self.inserted: set[int] = set()
+        """The admitted slots whose `insert` ran (the others are still prefilling)."""
         self.preemptions = 0
-        """Requests preempted so far (`make_room`; `/metrics`' `functional_gen_preemptions`)."""
+        """Requests preempted so far (`serving.preemption`; `/metrics`'
+        `functional_gen_preemptions`)."""
         self.prefilled_tokens = 0
         """Prompt tokens prefilled so far (those taken from the prefix cache not counted)."""
         self.waits = 0
@@ -539,8 +512,8 @@ class PagedKV:
         )  # fmt: skip
         self.admissions.clear()
         self.requests.clear()
-        self._order.clear()
-        self._inserted.clear()
+        self.order.clear()
+        self.inserted.clear()
         nb, bs = self.allocator.num_blocks, self.allocator.block_size
 
         def pools():
@@ -575,7 +548,7 @@ class PagedKV:
         else:
             self.admissions[slot] = admission
             self.requests[slot] = request
-            self._order[slot] = self._admitted
+            self.order[slot] = self._admitted
             self._admitted += 1
         return admission
 
@@ -583,97 +556,15 @@ class PagedKV:
         """The request in `slot` ended: its blocks go back (`BlockAllocator.free`)."""
         self.admissions.pop(slot, None)
         self.requests.pop(slot, None)
-        self._order.pop(slot, None)
-        self._inserted.discard(slot)
+        self.order.pop(slot, None)
+        self.inserted.discard(slot)
         self.allocator.free(slot)
 
-    def _written(self, gen) -> Int[Array, " slots"]:
+    def written(self, gen) -> Int[Array, " slots"]:
         """Per slot the positions whose keys and values are in its blocks: its `length` (a
-        decode step feeds the token it takes)."""
+        decode step feeds the token it takes). A preemption registers those blocks
+        (`serving.preemption.Preemptor.read_slot`)."""
         return gen.length
-
-    def read_slot(self, state: PagedDecodeState, slot: Int[Array, ""]) -> tuple:
-        """What `_preempt` reads of a decoding `slot`, in ONE compiled program (jitted per
-        `PagedKV` on first use; `Engine.precompile` compiles it): its `token_ids` row, `length`,
-        written positions (`_written`), PRNG key data and constraint automaton state."""
-        if self._slot_row_jit is None:
-
-            def read(state, slot):
-                gen = state.generation
-                return (
-                    gen.token_ids[slot],
-                    gen.length[slot],
-                    self._written(gen)[slot],
-                    jax.random.key_data(gen.key[slot]),
-                    gen.processor_states[0][slot],
-                )
-
-            self._slot_row_jit = eqx.filter_jit(read)
-        return self._slot_row_jit(state, slot)
-
-    def make_room(
-        self, state: PagedDecodeState, num_tokens: int
-    ) -> tuple[PagedDecodeState, list[Preemption]]:
-        """Before a dispatch (`preemption` on): every busy slot's blocks extended to cover
-        `num_tokens` positions past its length, oldest admission first; when the pool cannot
-        give a slot its blocks, the most recently admitted live request (busy, or admitted and
-        not yet inserted) is preempted (`_preempt`), until it can, or until the slot itself was
-        preempted (vLLM's v1 scheduler). Host work; while the free and cached blocks cover
-        `BlockAllocator.headroom(num_tokens)` (one dispatch of every live slot: a slot grows at
-        most `num_tokens` per dispatch, so its blocks already cover its length) nothing is read
-        and `grow` extends the slots; otherwise one small transfer of the slots' lengths, plus
-        one per preempted slot. `state` is donated when a slot is freed.
-
-        **Returns:** `(state, preemptions)`, the preempted requests newest first (queue each
-        again at the front in this order: the oldest ends up first)."""
-        if not self.preemption:
-            return state, []
-        if self.allocator.headroom(num_tokens) <= self.allocator.available:
-            return state, []  # every live slot's next dispatch fits: `grow` takes the blocks
-        gen = state.generation
-        length, done = jax.device_get((gen.length, gen.done))
-        live = sorted(self.admissions, key=self._order.__getitem__)  # oldest first
-        busy = [s for s in live if s in self._inserted and not done[s]]
-        preempted: list[Preemption] = []
-        gone: set[int] = set()
-        # candidates: live requests not finished (a finished one is released by its caller)
-        candidates = [s for s in live if s not in self._inserted or not done[s]]
-        for slot in busy:
-            if slot in gone:
-                continue
-            while not self.allocator.extend(slot, int(length[slot]) + num_tokens):
-                victim = next(s for s in reversed(candidates) if s not in gone)  # the newest
-                preempted.append(self._preempt(state, victim))
-                gone.add(victim)
-                if victim == slot:
-                    break
-        for p in preempted:
-            if not p.prefilling:
-                state = free_jit(state, jnp.asarray(p.slot, jnp.int32))
-        return state, preempted
-
-    def _preempt(self, state: PagedDecodeState, slot: int) -> Preemption:
-        """Preempt the request in `slot`: for a decoding one, read its tokens, key and automaton
-        state from `state` (one small transfer) and register its full written blocks in the
-        prefix cache; then free its blocks (`release`), counted in `preemptions`."""
-        request = self.requests[slot]
-        prefilling = slot not in self._inserted
-        if not prefilling:
-            gen = state.generation
-            read = jax.device_get(self.read_slot(state, jnp.asarray(slot, jnp.int32)))
-            row, length, written, key, automaton = read
-            tokens = tuple(int(t) for t in row[: int(length)])
-            self.allocator.register_tokens(slot, tokens[: int(written)])
-            resume = Resume(
-                generated=len(tokens) - request.prompt_length,
-                key_data=tuple(int(x) for x in np.ravel(key)),
-                key_impl=str(jax.random.key_impl(gen.key)),
-                constraint_state=int(automaton),
-            )
-            request = dataclasses.replace(request, token_ids=tokens, resume=resume)
-        self.release(slot)
-        self.preemptions += 1
-        return Preemption(slot, request, prefilling)
 
     def check_fits(self, num_tokens: int) -> None:
         """**Raises:** `ValueError` when a request of `num_tokens` positions (prompt plus
@@ -763,7 +654,7 @@ class PagedKV:
             jnp.asarray(admission.cached_tokens, jnp.int32),
         )
         self.allocator.register(admission)
-        self._inserted.add(slot)
+        self.inserted.add(slot)
         return state
 
     def prefill_cache(self, width: int) -> KVCache:
@@ -787,7 +678,8 @@ class PagedKV:
         **Returns:** the block tables, on the device.
 
         **Raises:** `RuntimeError` (`preemption` on) when the pool cannot give a busy slot its
-        blocks: call `make_room` (`Engine.make_room`) before the dispatch, which preempts."""
+        blocks: call `Engine.make_room` (`serving.preemption`) before the dispatch, which
+        preempts."""
         return self._grow(state, num_tokens)[0]
 
     def _grow(self, state: PagedDecodeState, num_tokens: int) -> tuple:
@@ -834,7 +726,7 @@ class PagedKV:
         slot holds after the dispatch (`length + n * tokens_per_step`, from `grow`'s transfer of
         the lengths) or the chunk's end (`BlockPrefill.end`), whichever is larger; so a dispatch
         copies each slot's blocks up to that bucket, not its whole table. Run it after
-        `make_room`, which may extend the tables.
+        `Engine.make_room`, which may extend the tables.
 
         **Arguments:** `blocks` (keyword-only, for `Engine.precompile`): run this bucket of
         `gather_buckets` instead of the smallest one that fits.

@@ -36,11 +36,11 @@ only.
 write_width` more positions (the most a dispatch can keep), never past its prompt plus
 `max_new_tokens` positions (positions past them have no block, and their keys, never read, are
 dropped). With preemption (`Engine(preemption=True)`, the default) the blocks come from the
-pool as the slots grow and `PagedKV.make_room` preempts the most recently admitted requests
+pool as the slots grow and `serving.preemption` preempts the most recently admitted requests
 when the pool cannot give them: the same code as without speculation, with `write_width`
 positions per step (`tokens_per_step`), and a slot's written positions are `length - pending`
-(`_written`: its pending last token is fed again by the prefill of its resumed text). Without
-it, `BlockAllocator.admit` reserves prompt plus `max_new_tokens` positions when it admits a
+(`PagedKV.written`: its pending last token is fed again by the prefill of its resumed text).
+Without it, `BlockAllocator.admit` reserves prompt plus `max_new_tokens` positions when it admits a
 request, and an admission that does not fit waits. A draft model's cache (`DraftModel`,
 `EarlyExit`) is not paged: it lives in the search's carry, as in the lockstep engine, and a slot's
 row is reset at its `insert` (`serving.speculative.reset_jit`).
@@ -161,7 +161,7 @@ class SpeculativePagedKV(PagedKV):
         )
         """The speculative search of every dispatch (`serving.speculative.EngineSpeculation`)."""
 
-    def _written(self, gen) -> Int[Array, " slots"]:
+    def written(self, gen) -> Int[Array, " slots"]:
         """Per slot the positions in its blocks: `length - pending` (a pending last token is not
         in the cache yet)."""
         return gen.length - gen.search_state.pending.astype(jnp.int32)

@@ -18,8 +18,8 @@ from ..reductions import argmax
 
 @dataclasses.dataclass(frozen=True)
 class Resume:
-    """How a preempted request continues (`serving.paged.PagedKV.make_room`, vLLM's recompute
-    preemption): what its slot held that the tokens alone do not give back.
+    """How a preempted request continues (`serving.preemption.Preemptor.make_room`, vLLM's
+    recompute preemption): what its slot held that the tokens alone do not give back.
 
     **Attributes:** `generated`: how many of the resumed `Request.token_ids` (the last ones) the
     request had generated (they count against its `max_new_tokens` and, for the penalties, as

@@ -62,8 +62,8 @@ def test_on_demand_admission_keeps_one_dispatch_of_room_and_extension_fails_clea
 
 
 def _preempting_trace(seed: int, num_blocks=12, block_size=4, slots=4, lookahead=3):
-    """A scheduler over an on-demand allocator, as `PagedKV.make_room` and the orchestrator run
-    it: random arrivals (prompts from a few shared prefixes) admitted first come first served,
+    """A scheduler over an on-demand allocator, as `Preemptor.make_room` and the orchestrator
+    run it: random arrivals (prompts from a few shared prefixes) admitted first come first served,
     each dispatch growing every running request by up to `lookahead` tokens, oldest admission
     first; a request that cannot get its blocks makes the most recently admitted one be
     preempted (its written full blocks registered, freed, queued again at the front with its
@@ -355,7 +355,7 @@ def test_the_orchestrator_queues_preempted_requests_at_the_front_with_their_stre
     its handle and the resumed request to admit; a prefilling victim's prefill is abandoned and
     it goes to the front too; the older victim (the last in the list) ends up first."""
     from functional_gen.serving.orchestrator import Handle, Orchestrator, _Slot
-    from functional_gen.serving.paged import Preemption
+    from functional_gen.serving.preemption import Preemption
 
     loop = asyncio.new_event_loop()
     try:
