@@ -289,7 +289,9 @@ class BlockAllocator:
         """Record the full blocks of `slot` that hold `token_ids` (its first `len(token_ids)`
         positions, all written) in the prefix cache, generated tokens included (vLLM caches
         every full block): called before a preempted request's `free`, so that its readmission
-        over the same tokens takes them back instead of recomputing them. Keys as
+        over the same tokens takes them back instead of recomputing them, and before a finished
+        or cancelled one's (`PagedKV.release`), so that a conversation's next turn, whose prompt
+        repeats this request's prompt and answer, takes them too. Keys as
         `register`'s (`block_key` chain); a key or block already registered is kept."""
         if not self.prefix_caching or not self._live[slot]:
             return

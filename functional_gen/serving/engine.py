@@ -513,11 +513,14 @@ class Engine:
         **Raises:** `ValueError` while chunks are left."""
         return self.paged.prefix(self, prefill)
 
-    def release(self, slot: int) -> None:
+    def release(self, slot: int, token_ids: Sequence[int] | None = None) -> None:
         """Paged cache only: the request in `slot` ended; its blocks return to the pool (a
-        no-op for the lockstep cache)."""
+        no-op for the lockstep cache). `token_ids`: its prompt and generated tokens whose keys
+        and values are written (all but the last generated one): their full blocks stay in the
+        prefix cache for a later prompt that starts with them (a conversation's next turn;
+        `PagedKV.release`). The orchestrator passes them for every request that finishes."""
         if self.paged is not None:
-            self.paged.release(slot)
+            self.paged.release(slot, token_ids)
 
     @property
     def preemption(self) -> bool:

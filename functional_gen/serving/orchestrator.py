@@ -144,15 +144,22 @@ class _Slot:
         self.text = ""
         self.emitted = 0
         self.generated = 0
+        self.token_ids: list[int] = []  # every token generated (across preemptions)
         self.pending_ids: list[int] = []
         self.pending_lps: list[float] = []
         self.pending_top: list[list[tuple[int, float]]] = []
         strings = handle.stop_strings
         self.hold = max((len(s) for s in strings), default=1) - 1
 
+    def written(self) -> list[int]:
+        """The request's tokens whose keys and values its blocks hold: the prompt and every
+        generated token but the last (which no step has fed yet), for `Engine.release`."""
+        return [*self.handle.request.token_ids, *self.token_ids[:-1]]
+
     def push(self, token: int, logprob: float, top: list[tuple[int, float]]) -> bool:
         """Take one token; `True` when the text now holds a stop string."""
         self.generated += 1
+        self.token_ids.append(token)
         self.pending_ids.append(token)
         self.pending_lps.append(logprob)
         self.pending_top.append(top)
@@ -336,7 +343,7 @@ class Orchestrator:
                 state = self.engine.free(state, i)
                 self._slots[i] = None
                 if self.engine.paged is not None:
-                    self.engine.release(i)
+                    self.engine.release(i, slot.written())
         if self._prefilling is not None and self._prefilling[0].cancelled:
             self._prefilling = None
             if self.engine.paged is not None:
@@ -496,7 +503,7 @@ class Orchestrator:
                 slot.handle._put(piece)
             if finished:
                 if self.engine.paged is not None:  # its blocks are back before it is told
-                    self.engine.release(i)
+                    self.engine.release(i, slot.written())  # its blocks stay cached
                 why = "stop_string" if stopped else FINISH_REASONS[int(reason[i])]
                 slot.handle._put(
                     Finished(

@@ -61,7 +61,7 @@ program changes).
 """
 
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import equinox as eqx
 import jax
@@ -552,8 +552,15 @@ class PagedKV:
             self._admitted += 1
         return admission
 
-    def release(self, slot: int) -> None:
-        """The request in `slot` ended: its blocks go back (`BlockAllocator.free`)."""
+    def release(self, slot: int, token_ids: Sequence[int] | None = None) -> None:
+        """The request in `slot` ended: its blocks go back (`BlockAllocator.free`). With
+        `token_ids` (the request's prompt and generated tokens whose keys and values its blocks
+        hold: every token but the last one generated), their full blocks are first registered in
+        the prefix cache (`BlockAllocator.register_tokens`), generated ones included, as vLLM
+        caches every full block: a later prompt that continues this conversation takes them
+        back instead of prefilling them again."""
+        if token_ids is not None:
+            self.allocator.register_tokens(slot, token_ids)
         self.admissions.pop(slot, None)
         self.requests.pop(slot, None)
         self.order.pop(slot, None)

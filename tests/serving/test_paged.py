@@ -248,6 +248,45 @@ def test_prefix_cache_hits_give_the_cold_tokens_and_skip_their_prefill(paged):
     assert alloc.blocks_in_use == 0
 
 
+def test_a_finished_request_leaves_its_generated_blocks_in_the_prefix_cache(paged):
+    """A conversation's next turn through the orchestrator: request A (6-token prompt, 21 new
+    tokens) finishes; its full blocks of written tokens (prompt and generated, all but the last
+    token: 26 positions = 3 blocks of 8) stay cached, so request B, whose prompt is A's prompt,
+    A's answer and 3 more tokens (30), takes those 3 blocks (the prompt alone fills none) and
+    prefills only its last 6 tokens; B's tokens equal `fg.generate`'s cold ones."""
+    model, tokenizer = paged.model, paged.tokenizer
+    engine = fg.serving.Engine(  # `paged`'s shapes: its compiled programs
+        model, tokenizer, max_slots=3, max_len=64, block_size=BLOCK, num_blocks=14
+    )
+    first = prompt(6, 30)
+    answer = alone(model, tokenizer, first, N)[0]
+    assert len(answer) == N  # no EOS: the answer runs 21 positions past the prompt
+    follow = first + answer + prompt(3, 31)
+
+    async def run():
+        loop = asyncio.get_running_loop()
+        got = await tokens(engine.orchestrator.submit(engine.request(first, N), loop=loop))
+        hits, prefilled = engine.paged.allocator.prefix_cache_hits, engine.paged.prefilled_tokens
+        second = await tokens(engine.orchestrator.submit(engine.request(follow, N), loop=loop))
+        return (
+            got,
+            second,
+            engine.paged.allocator.prefix_cache_hits - hits,
+            (engine.paged.prefilled_tokens - prefilled),
+        )
+
+    try:
+        got, second, hits, prefilled = asyncio.run(run())
+    finally:
+        engine.close()
+    assert got == answer
+    assert hits == (len(first) + N - 1) // BLOCK == 3
+    assert prefilled == len(follow) - 3 * BLOCK == 6
+    assert second == alone(model, tokenizer, follow, N)[0]
+    engine.paged.allocator.check()
+    assert engine.paged.allocator.blocks_in_use == 0
+
+
 def test_an_admission_waits_for_blocks_and_completes(paged):
     """Without preemption (`Engine(preemption=False)`: each admission reserves its worst case),
     through the orchestrator: four concurrent requests of 5 blocks each (13-15 + 21 tokens) in
