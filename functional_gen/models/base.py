@@ -121,6 +121,15 @@ class AbstractCausalLM(eqx.Module):
         return ()
 
     @property
+    def paged_decode(self) -> bool:
+        """Whether the serving engine's paged decode hands this model a `PagedKVCache` (its
+        blocks read in place through the tables, as the GPU plan's Pallas kernel does) instead
+        of gathering every slot's blocks into a contiguous `KVCache` first: `False` here (a
+        model must take a `PagedKVCache` in `__call__` to say `True`); `DecoderForCausalLM`:
+        when its plan's `paged_attention` is not `"gather"`."""
+        return False
+
+    @property
     def kv_cache_dtype(self) -> str:
         """The dtype of the key/value buffers of `init_cache`'s caches, by name (`"float32"` or
         `"bfloat16"`; read from the shapes, nothing allocated). `DecoderForCausalLM` stores it

@@ -536,6 +536,14 @@ class DecoderForCausalLM(AbstractCausalLM):
         return self.plan.compiler_options
 
     @property
+    def paged_decode(self) -> bool:
+        """`True` when the plan reads a `PagedKVCache` with a kernel (`ExecutionPlan.
+        paged_attention` `"pallas"` / `"pallas_interpret"`: the GPU plan), so that the serving
+        engine passes its blocks as they are; under `"gather"` (CPU) the engine gathers them
+        once per dispatch, cheaper there than a gather in every layer and step."""
+        return self.plan.paged_attention != "gather"
+
+    @property
     def dtype(self):
         """The dtype of the activations and the logits: always float32 (the weights may be
         stored as bfloat16 or int8, see `weight_format`; the `KVCache` as `kv_cache_dtype`)."""

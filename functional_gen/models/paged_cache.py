@@ -133,11 +133,15 @@ def gather_blocks(
 
 def pallas_blocking(max_blocks: int) -> tuple[int, int]:
     """`(k_splits, pages_per_compute_block)` for the Pallas kernel over tables of `max_blocks`
-    blocks: the most splits of (16, 8, 4, 2, 1) that divide `max_blocks`, then the largest of
-    (8, 4, 2, 1) blocks per compute block that divides a split (the kernel asserts both)."""
-    splits = next(s for s in (16, 8, 4, 2, 1) if max_blocks % s == 0)
-    per = max_blocks // splits
-    return splits, next(c for c in (8, 4, 2, 1) if per % c == 0)
+    blocks, which must divide them (the kernel asserts `max_blocks % k_splits == 0` and
+    `(max_blocks / k_splits) % pages_per_compute_block == 0`): the largest compute block of
+    (8, 4, 2, 1) blocks (the kernel's default is 8), then the most splits of (16, 8, 4, 2, 1)
+    (its default is 16) that allow it. A heuristic, not measured on a GPU yet."""
+    for per in (8, 4, 2, 1):
+        for splits in (16, 8, 4, 2, 1):
+            if max_blocks % splits == 0 and (max_blocks // splits) % per == 0:
+                return splits, per
+    raise AssertionError("unreachable: (1, 1) always divides")
 
 
 def pallas_attention(

@@ -154,7 +154,8 @@ def test_write_gather_and_lengths_by_hand():
 
 
 @pytest.mark.parametrize(
-    "blocks, want", [(4, (4, 1)), (16, (16, 1)), (128, (16, 8)), (12, (4, 1)), (7, (1, 1))]
+    "blocks, want",
+    [(4, (1, 4)), (16, (2, 8)), (128, (16, 8)), (160, (4, 8)), (12, (1, 4)), (7, (1, 1))],
 )
 def test_pallas_blocking_divides_the_tables(blocks, want):
     assert pallas_blocking(blocks) == want
