@@ -29,7 +29,10 @@ so every request makes exactly its output length (checked: "exact" in the JSON).
 **Systems:**
 
 - `ours`: `fg.load_model(path, dtype="bfloat16", kv_cache_dtype="bfloat16")` under the GPU
-  plan (float32 weights and cache under the CPU plan on a CPU), then `fg.serving.Engine(model,
+  plan (float32 weights and cache under the CPU plan on a CPU; the GPU plan's decode reads the
+  paged blocks with jax's Pallas paged-attention kernel, `--paged-attention gather` for the
+  CPU form's gather; a kernel that fails to compile there falls back to the gather, its error
+  in the JSON's `paged_attention_error`), then `fg.serving.Engine(model,
   tokenizer, max_slots=--slots, max_len=..., block_size=16, kv_cache_dtype=...)`, its EOS ids
   emptied (`engine.eos_token_id = ()`), `engine.precompile()` timed before anything is served.
   Then one untimed warm-up request per kind of prefill the trace holds (cold or behind the
@@ -657,6 +660,12 @@ def main(argv=None) -> int:
     parser.add_argument("--slots", type=int, default=64)
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--prefill-chunk", type=int, default=256, help="Engine(prefill_chunk=)")
+    parser.add_argument(
+        "--paged-attention",
+        choices=("gather", "pallas"),
+        help="our engine's ExecutionPlan.paged_attention (default: the plan's, pallas on a GPU; "
+        "a kernel that fails to compile falls back to gather, noted in the JSON)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--moderate-rate",
@@ -824,11 +833,30 @@ def main(argv=None) -> int:
 
         def precompile():
             ours = held["ours"]
-            engine = make_engine(
-                ours.model, ours.tokenizer, args.slots, max_len, args.block_size, dtype, chunk
-            )
+            if args.paged_attention and ours.model.plan.paged_attention != args.paged_attention:
+                plan_now = ours.model.plan.replace(paged_attention=args.paged_attention)
+                ours.model = ours.model.with_plan(plan_now)
+
+            def build():
+                return make_engine(
+                    ours.model, ours.tokenizer, args.slots, max_len, args.block_size, dtype, chunk
+                )
+
+            engine = build()
             t = time.perf_counter()
-            engine.precompile(progress=False)
+            try:
+                engine.precompile(progress=False)
+            except Exception as error:  # the Pallas kernel did not compile: measure the gather
+                if not ours.model.paged_decode:
+                    raise
+                entry["paged_attention_error"] = f"{type(error).__name__}: {error}"[:4000]
+                print(f"  the Pallas paged attention failed ({entry['paged_attention_error'][:300]})"
+                      "; the engine gathers instead", flush=True)  # fmt: skip
+                ours.model = ours.model.with_plan(ours.model.plan.replace(paged_attention="gather"))
+                engine = build()
+                t = time.perf_counter()
+                engine.precompile(progress=False)
+            entry["paged_attention"] = ours.model.plan.paged_attention
             entry["precompile_s"] = time.perf_counter() - t
             start_engine(engine)
             held["engine"] = engine

@@ -7,6 +7,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int, Key, PyTree
 
 from ..models.kv_cache import KVCache
+from ..models.paged_cache import PagedKVCache
 
 FINISH_REASONS = ("", "eos", "length", "stop_string", "constraint")
 """Names of the `GenerationState.finish_reason` codes: 0 = still running, 1 = an EOS token,
@@ -42,7 +43,8 @@ class GenerationState(eqx.Module):
     - `top_token_ids`, `top_logprobs`: `Int/Float[Array, "batch steps k"]`, per generated token
       the `k` most likely tokens and their logprobs, most likely first (`k` is the step's
       `top_logprobs`, may be 0); same distribution as `logprobs`.
-    - `cache`: the model's `KVCache` (rows written in lockstep, see `KVCache`).
+    - `cache`: the model's `KVCache` (rows written in lockstep, see `KVCache`), or inside the
+      serving engine's paged dispatches a `PagedKVCache` (each row at its own length).
     - `processor_states`: tuple, one state per processor, each leaf with a batch axis.
     - `stop_state`: `Int[Array, "batch stops"]`, per row and stop string, how many bytes of it the
       generated text currently ends with (see `functional_gen.generation.stop_strings`).
@@ -66,7 +68,7 @@ class GenerationState(eqx.Module):
     logprobs: Float[Array, "batch steps"]
     top_token_ids: Int[Array, "batch steps k"]
     top_logprobs: Float[Array, "batch steps k"]
-    cache: KVCache
+    cache: KVCache | PagedKVCache
     processor_states: tuple[PyTree, ...]
     stop_state: Int[Array, "batch stops"]
     key: Key[Array, " batch"]

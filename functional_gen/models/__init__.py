@@ -19,4 +19,5 @@ from .config import (
 from .decoder import DecoderForCausalLM as DecoderForCausalLM
 from .execution_plan import ExecutionPlan as ExecutionPlan
 from .kv_cache import KVCache as KVCache
+from .paged_cache import PagedKVCache as PagedKVCache
 from .llama import LlamaForCausalLM as LlamaForCausalLM

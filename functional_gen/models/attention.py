@@ -19,6 +19,14 @@ from jaxtyping import Array, Bool, Float, Int
 
 from .execution_plan import CPU_PLAN, ExecutionPlan
 from .norms import RMSNorm
+from .paged_cache import (
+    PagedLayerCache,
+    check_paged_call,
+    gather_blocks,
+    pallas_attention,
+    write_blocks,
+    written_length,
+)
 from .quantization import Linear
 
 _PREFILL_CHUNK = 128  # smallest query block of prefill attention (tokens)
@@ -316,12 +324,12 @@ class Attention(eqx.Module):
         x: Float[Array, "hidden tokens"],
         positions: Int[Array, "batch seq"],
         rope: tuple[Float[Array, "rotary_dim tokens"], Float[Array, "rotary_dim tokens"]],
-        cache: LayerCache,
+        cache: LayerCache | PagedLayerCache,
         *,
         prefix_length: Int[Array, " batch"] | None = None,
         prefill_chunk: int | None = None,
         plan: ExecutionPlan = CPU_PLAN,
-    ) -> tuple[Float[Array, "hidden tokens"], LayerCache]:
+    ) -> tuple[Float[Array, "hidden tokens"], LayerCache | PagedLayerCache]:
         """Attend from this call's tokens to every valid cache slot, this call's tokens included.
 
         **Arguments:**
@@ -333,6 +341,8 @@ class Attention(eqx.Module):
           global RoPE, or the sliding layers' own (`DecoderModel.rotary_emb_local`); unused when
           `use_rope` is off.
         - `cache`: this layer's `LayerCache`; the new keys/values are written at `write_index`.
+          Or a `PagedLayerCache` (decode over a `PagedKVCache`, `_paged`): each token's key and
+          value go to its own position's block.
         - `prefix_length`: per row, positions below it attend bidirectionally (prefix-LM);
           `None`: causal.
         - `prefill_chunk`: static; when set, the cache holds exactly this call's tokens (slot i =
@@ -373,6 +383,9 @@ class Attention(eqx.Module):
             return jax.lax.optimization_barrier(t)
 
         q = q.reshape(kvh, groups, hd, batch, seq)
+        if isinstance(cache, PagedLayerCache):
+            check_paged_call(prefill_chunk, prefix_length)
+            return self._paged(x, q, to_cache(k), to_cache(v), positions, cache, plan)
         if cache.ring_slots is not None:
             return self._ring(
                 x, q, to_cache(k), to_cache(v), positions, cache, prefix_length, prefill_chunk, plan
@@ -401,6 +414,33 @@ class Attention(eqx.Module):
         out = out.reshape(self.num_heads * hd, batch * seq).astype(x.dtype)
         new_cache = LayerCache(k_cache, v_cache, cache.positions, cache.write_index)
         return self.o_proj(out, plan), new_cache
+
+    def _paged(self, x, q, k_new, v_new, positions, cache: PagedLayerCache, plan):
+        """Decode over a `PagedKVCache` layer (`functional_gen.models.paged_cache`): this call's
+        keys and values written into their blocks (`write_blocks`), then each query attends to
+        its row's positions up to its own through the block tables: with `plan.paged_attention`
+        `"pallas"` (`"pallas_interpret"`), jax's Pallas paged-attention kernel reads the pool
+        in place (`pallas_attention`; a sliding-window layer keeps the gather, the kernel has no
+        window); with `"gather"`, the rows' blocks are gathered and attended as a contiguous
+        cache (`_attend`, masks by position as for a `KVCache`)."""
+        k_pool = write_blocks(cache.k, k_new, cache.block_tables, positions)
+        v_pool = write_blocks(cache.v, v_new, cache.block_tables, positions)
+        length = written_length(cache.length, positions)
+        kvh, groups, hd, batch, seq = q.shape
+        if plan.paged_attention != "gather" and self.sliding_window is None:
+            scale = (self.query_pre_attn_scalar or self.head_dim) ** -0.5
+            heads = q.transpose(3, 4, 0, 1, 2).reshape(batch, seq, kvh * groups, hd) * scale
+            interpret = plan.paged_attention == "pallas_interpret"
+            out = pallas_attention(
+                heads, k_pool, v_pool, cache.block_tables, positions, self.softcap, interpret
+            )
+            out = out.reshape(batch, seq, kvh, groups, hd).transpose(2, 3, 4, 0, 1)
+        else:
+            k_rows, kv_positions = gather_blocks(k_pool, cache.block_tables, length)
+            v_rows, _ = gather_blocks(v_pool, cache.block_tables, length)
+            out = self._attend(q, k_rows, v_rows, kv_positions, positions, None, plan)
+        out = out.reshape(self.num_heads * hd, batch * seq).astype(x.dtype)
+        return self.o_proj(out, plan), PagedLayerCache(k_pool, v_pool, cache.block_tables, length)
 
     def _ring(self, x, q, k_new, v_new, positions, cache, prefix_length, prefill_chunk, plan):
         """Attention of a ring layer (`KVCache.ring_layers`): the keys it may read are this

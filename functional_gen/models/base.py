@@ -18,6 +18,7 @@ import jax
 from jaxtyping import Array, Float, Int
 
 from .kv_cache import KVCache, resolve_kv_cache_dtype
+from .paged_cache import PagedKVCache
 
 
 class AbstractCausalLM(eqx.Module):
@@ -58,13 +59,14 @@ class AbstractCausalLM(eqx.Module):
         self,
         token_ids: Int[Array, "batch seq"],
         positions: Int[Array, "batch seq"],
-        cache: KVCache,
+        cache: KVCache | PagedKVCache,
         *,
         logits_to_keep: int = 0,
         prefix_length: Int[Array, " batch"] | None = None,
-    ) -> tuple[Float[Array, "batch keep vocab"], KVCache]:
+    ) -> tuple[Float[Array, "batch keep vocab"], KVCache | PagedKVCache]:
         """Float32 next-token logits for the last `logits_to_keep` new tokens (`0`: all), and the
-        cache with the new tokens written."""
+        cache with the new tokens written. A `PagedKVCache` (the serving engine's blocks) is taken
+        for decode by models that support it (`DecoderForCausalLM`); others may raise."""
 
     @abc.abstractmethod
     def prefill(
@@ -117,6 +119,15 @@ class AbstractCausalLM(eqx.Module):
         buffers for `while` and conditionals), and a wrapping model (classifier-free guidance's
         `GuidedModel`) returns its inner model's."""
         return ()
+
+    @property
+    def paged_decode(self) -> bool:
+        """Whether the serving engine's paged decode hands this model a `PagedKVCache` (its
+        blocks read in place through the tables, as the GPU plan's Pallas kernel does) instead
+        of gathering every slot's blocks into a contiguous `KVCache` first: `False` here (a
+        model must take a `PagedKVCache` in `__call__` to say `True`); `DecoderForCausalLM`:
+        when its plan's `paged_attention` is not `"gather"`."""
+        return False
 
     @property
     def kv_cache_dtype(self) -> str:

@@ -55,6 +55,7 @@ from .execution_plan import CPU_PLAN, ExecutionPlan, check_plan
 from .families import hf_weights, split_projections
 from .kv_cache import KVCache, resolve_kv_cache_dtype
 from .norms import RMSNorm as RMSNorm
+from .paged_cache import PagedKVCache, PagedLayerCache, check_paged_call
 from .quantization import Embedding, Linear
 
 
@@ -124,12 +125,12 @@ class DecoderLayer(eqx.Module):
         x: Float[Array, "hidden tokens"],
         positions: Int[Array, "batch seq"],
         rope: tuple[Float[Array, "rotary_dim tokens"], Float[Array, "rotary_dim tokens"]],
-        cache: LayerCache,
+        cache: LayerCache | PagedLayerCache,
         *,
         prefix_length: Int[Array, " batch"] | None = None,
         prefill_chunk: int | None = None,
         plan: ExecutionPlan = CPU_PLAN,
-    ) -> tuple[Float[Array, "hidden tokens"], LayerCache]:
+    ) -> tuple[Float[Array, "hidden tokens"], LayerCache | PagedLayerCache]:
         """One block on the feature-major residual stream `x` (`batch * seq` tokens).
 
         **Arguments:** as `Attention.__call__`. **Returns:** `(x, cache)`: the new residual
@@ -174,27 +175,27 @@ class DecoderModel(eqx.Module):
         self,
         token_ids: Int[Array, "batch seq"],
         positions: Int[Array, "batch seq"],
-        cache: KVCache,
+        cache: KVCache | PagedKVCache,
         *,
         prefix_length: Int[Array, " batch"] | None = None,
         prefill_chunk: int | None = None,
         plan: ExecutionPlan = CPU_PLAN,
-    ) -> tuple[Float[Array, "hidden tokens"], KVCache]:
+    ) -> tuple[Float[Array, "hidden tokens"], KVCache | PagedKVCache]:
         """Embed `seq` new tokens per row, run every layer against `cache`, and norm.
 
         **Arguments:** `token_ids`, `positions` (`-1` = padding), `cache` (the new tokens go to
-        slots `[cache.length, cache.length + seq)`), `prefix_length`, `prefill_chunk` and `plan`
-        as in `Attention.__call__` (`plan.scan_min_tokens` also sets when a prefill scans).
+        slots `[cache.length, cache.length + seq)`; a `PagedKVCache`: each to its own position's
+        block, decode only), `prefix_length`, `prefill_chunk` and `plan` as in
+        `Attention.__call__` (`plan.scan_min_tokens` also sets when a prefill scans).
 
         **Returns:** `(hidden, cache)`: the final normed hidden states, feature-major
         `Float[Array, "hidden tokens"]` with `tokens = batch * seq` in row-major order, and the
-        updated `KVCache` (its `length` advanced by `seq`).
+        updated cache (a `KVCache`'s `length` advanced by `seq`; a `PagedKVCache`'s past each
+        row's last position).
+
+        **Raises:** `ValueError` for a `PagedKVCache` with `prefill_chunk` or `prefix_length`.
         """
         _, seq = token_ids.shape
-        write_index = cache.length[0]
-        slot_positions = jax.lax.dynamic_update_slice(
-            cache.positions, positions.astype(jnp.int32), (0, write_index)
-        )
         x = self.embed_tokens(token_ids.reshape(-1))  # [hidden, batch*seq]
         if self.embed_scale is not None:
             # Gemma: `hidden_size**0.5` rounded to the activations' dtype, then multiplied.
@@ -203,6 +204,19 @@ class DecoderModel(eqx.Module):
         local_rope = rope
         if self.rotary_emb_local is not None:
             local_rope = self.rotary_emb_local.cos_sin(positions.reshape(-1))
+        if isinstance(cache, PagedKVCache):
+            check_paged_call(prefill_chunk, prefix_length)
+            new_k, new_v = [], []
+            for i, layer in enumerate(self.layers):
+                local = layer.self_attn.sliding_window is not None
+                x, view = layer(x, positions, (rope, local_rope)[local], cache.layer(i), plan=plan)
+                new_k.append(view.k)
+                new_v.append(view.v)
+            return self.norm(x), cache.advanced(tuple(new_k), tuple(new_v), positions)
+        write_index = cache.length[0]
+        slot_positions = jax.lax.dynamic_update_slice(
+            cache.positions, positions.astype(jnp.int32), (0, write_index)
+        )
         ring = _ring_update(cache, positions)
         tokens = token_ids.size
         period = layer_period(self.layers)
@@ -522,6 +536,14 @@ class DecoderForCausalLM(AbstractCausalLM):
         return self.plan.compiler_options
 
     @property
+    def paged_decode(self) -> bool:
+        """`True` when the plan reads a `PagedKVCache` with a kernel (`ExecutionPlan.
+        paged_attention` `"pallas"` / `"pallas_interpret"`: the GPU plan), so that the serving
+        engine passes its blocks as they are; under `"gather"` (CPU) the engine gathers them
+        once per dispatch, cheaper there than a gather in every layer and step."""
+        return self.plan.paged_attention != "gather"
+
+    @property
     def dtype(self):
         """The dtype of the activations and the logits: always float32 (the weights may be
         stored as bfloat16 or int8, see `weight_format`; the `KVCache` as `kv_cache_dtype`)."""
@@ -570,11 +592,11 @@ class DecoderForCausalLM(AbstractCausalLM):
         self,
         token_ids: Int[Array, "batch seq"],
         positions: Int[Array, "batch seq"],
-        cache: KVCache,
+        cache: KVCache | PagedKVCache,
         *,
         logits_to_keep: int = 0,
         prefix_length: Int[Array, " batch"] | None = None,
-    ) -> tuple[Float[Array, "batch keep vocab"], KVCache]:
+    ) -> tuple[Float[Array, "batch keep vocab"], KVCache | PagedKVCache]:
         """Run the decoder on `seq` new tokens per row, reading and extending `cache`.
 
         Decode passes one token per row; prefill passes the whole (left-padded) prompt (see also
@@ -587,6 +609,8 @@ class DecoderForCausalLM(AbstractCausalLM):
         - `positions`: `Int[Array, "batch seq"]`, their 0-based RoPE positions; `-1` marks padding
           (never attended to).
         - `cache`: the `KVCache` holding the earlier tokens; it must have at least `seq` free slots.
+          Or (decode) a `PagedKVCache` (`functional_gen.models.paged_cache`): every token goes to
+          its own position's block, which its row's table must hold.
         - `logits_to_keep`: static; `0` returns logits for every new token, `n > 0` only for the
           last `n` per row (prefill needs just the last one).
         - `prefix_length`: `Int[Array, " batch"]` or `None`; tokens at positions below it attend

@@ -31,6 +31,9 @@ GPU_BACKENDS = ("gpu", "cuda", "rocm")
 PREFILL_ATTENTION = ("blocks", "dot_product_attention")
 """Accepted values of `ExecutionPlan.prefill_attention`."""
 
+PAGED_ATTENTION = ("gather", "pallas", "pallas_interpret")
+"""Accepted values of `ExecutionPlan.paged_attention`."""
+
 DOT_PRODUCT_ATTENTION_IMPLEMENTATIONS = (None, "xla", "cudnn")
 """Accepted values of `ExecutionPlan.attention_implementation` (`jax.nn.dot_product_attention`'s
 `implementation=`)."""
@@ -112,6 +115,16 @@ class ExecutionPlan:
       bfloat16 compute XLA's CPU backend cannot run the unfenced head at all (the folded dot
       is "UNIMPLEMENTED: Unsupported element type for DotThunk::Execute: BF16 x BF16 = F32"),
       so the GPU plan's bfloat16 path runs on a CPU (tests) with `logits_fence=True`.
+    - `paged_attention`: how a decode step over a `PagedKVCache` (the serving engine's block
+      pool, `functional_gen.models.paged_cache`) reads the keys and values. `"gather"` (CPU):
+      each layer gathers the rows' blocks through their tables into `[rows, kv_heads, blocks *
+      block_size, head_dim]` and attends as over a contiguous cache (XLA's CPU dot reads the
+      copy in place). `"pallas"` (GPU): jax's Pallas paged-attention kernel
+      (`jax.experimental.pallas.ops.gpu.paged_attention`, after vLLM's PagedAttention) reads
+      the pool through the tables inside the kernel, no copy, every row only as far as its
+      own length; a sliding-window layer keeps the gather (the kernel has no window).
+      `"pallas_interpret"`: the same kernel in Pallas's interpret mode (any backend, slow: what
+      the CPU tests of the GPU plan use).
     - `compiler_options`: per-program XLA options, `((name, value), ...)`, for the jitted
       `generate` loop (`jax.jit(..., compiler_options=plan.jit_compiler_options())`). CPU: none.
       GPU: `xla_gpu_enable_command_buffer=GPU_COMMAND_BUFFER`.
@@ -127,6 +140,7 @@ class ExecutionPlan:
     bf16_compute: bool = False
     scan_min_tokens: int | None = None
     logits_fence: bool = True
+    paged_attention: str = "gather"
     compiler_options: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self):
@@ -134,6 +148,11 @@ class ExecutionPlan:
             raise ValueError(
                 f"unknown prefill_attention {self.prefill_attention!r}; expected one of "
                 f"{PREFILL_ATTENTION}"
+            )
+        if self.paged_attention not in PAGED_ATTENTION:
+            raise ValueError(
+                f"unknown paged_attention {self.paged_attention!r}; expected one of "
+                f"{PAGED_ATTENTION}"
             )
         if self.attention_implementation not in DOT_PRODUCT_ATTENTION_IMPLEMENTATIONS:
             raise ValueError(
@@ -189,6 +208,7 @@ class ExecutionPlan:
                 matmul_fences=False,
                 bf16_compute=True,
                 logits_fence=False,
+                paged_attention="pallas",
                 compiler_options=(("xla_gpu_enable_command_buffer", GPU_COMMAND_BUFFER),),
             )
         raise ValueError(

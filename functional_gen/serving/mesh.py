@@ -9,7 +9,7 @@ not divide, e.g. a narrower decode width); the keys and values of the lockstep `
 well, when the heads divide (Megatron-style tensor parallelism keeps each device's heads' keys
 beside its slice of `k_proj`/`v_proj`; else they are replicated over `"model"`, as vLLM
 replicates key/value heads when the tensor-parallel size exceeds them). The paged pools
-(`[blocks, block_size, kv_heads, head_dim]`, `serving.paged`) are shared by every slot: split
+(`[kv_heads, blocks, block_size, head_dim]`, `serving.paged`) are shared by every slot: split
 over `"model"` by heads, replicated over `"data"`.
 
 **Programs** (`program`): each engine program is one `eqx.filter_jit`, GSPMD partitions it (no
@@ -92,7 +92,7 @@ def decode_state_specs(state, mesh: Mesh | AbstractMesh):
         parent = names[-2] if len(names) > 1 else None  # k / v: a tuple of layers
         shape = tuple(leaf.shape)
         if "paged" in names and parent in ("k", "v") and len(shape) == 4:
-            return P(None, None, _axis(mesh, "model", shape[2]))  # pools, shared by every slot
+            return P(_axis(mesh, "model", shape[0]))  # pools, shared by every slot
         rows = _axis(mesh, "data", shape[0]) if shape else None
         if "cache" in names and parent in ("k", "v") and len(shape) >= 4:
             heads = _axis(mesh, "model", shape[-3])

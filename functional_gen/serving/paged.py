@@ -2,9 +2,10 @@
 `serving.blocks` (the host allocator), after vLLM (Kwon et al. 2023, "Efficient Memory
 Management for Large Language Model Serving with PagedAttention").
 
-**Layout.** Per layer ONE pool of keys and one of values, `[num_blocks, block_size, kv_heads,
-head_dim]` (`PagedCache`), and a block table `int32[max_slots, max_blocks_per_slot]` (`-1` =
-none): slot `s`'s position `p` lives at `pool[table[s, p // block_size], p % block_size]`. Every
+**Layout.** Per layer ONE pool of keys and one of values, `[kv_heads, num_blocks, block_size,
+head_dim]` (`PagedCache`; head-major, the layout of jax's Pallas paged-attention kernel), and a
+block table `int32[max_slots, max_blocks_per_slot]` (`-1` = none): slot `s`'s position `p`
+lives at `pool[:, table[s, p // block_size], p % block_size]`. Every
 slot has its own length (its `GenerationState.length`); there is no shared write index, no
 right-alignment and no compaction (the lockstep engine's `compact`).
 
@@ -25,12 +26,14 @@ slots' blocks up to the bucket, not their whole tables: 4 slots of 40 tokens in 
 gathered blocks' end, lets the CPU plan's decode attention read only the columns up to the
 step's token, rounded up to one of its `attention_lengths` of the gathered width (which has
 the shorter branches from 512 columns on; the program's shapes are the same for every `L`).
-The gather is the CPU form. On a GPU the plan's next step is a paged-attention kernel that
-reads the pool through the table inside attention, not built yet: jax's Pallas
-`jax.experimental.pallas.ops.gpu.paged_attention.paged_attention` (also `ops.tpu`), whose pages
-are `[kv_heads, num_pages, page_size, head_dim]` with per-row `lengths` (the pool would take
-that head-major layout), for one query token per row (decode; a cached-prefix prefill keeps
-the gather).
+The gather is the CPU form. Under the GPU plan (`ExecutionPlan.paged_attention="pallas"`,
+`AbstractCausalLM.paged_decode`) a plain decode dispatch gathers nothing: the model takes the
+pools and tables as a `models.paged_cache.PagedKVCache`, each step writes its keys and values
+into their blocks and attends through the tables with jax's Pallas paged-attention kernel
+(`jax.experimental.pallas.ops.gpu.paged_attention`, pages `[kv_heads, num_pages, page_size,
+head_dim]` with per-row lengths: the pools' layout), so the dispatch needs no copy of the
+slots' caches (the gather's copy is as large as the blocks it reads). The mixed dispatch's
+chunk, a cached-prefix prefill and speculative decoding keep the gather.
 
 **Prefill.** A prompt with no cached prefix is prefilled as the lockstep engine prefills it
 (the left-padded bucket, `generate`'s own call), and `insert` scatters its keys and values into
@@ -70,6 +73,7 @@ import numpy as np
 from jaxtyping import Array, Bool, Float, Int
 
 from ..models.kv_cache import KVCache
+from ..models.paged_cache import PagedKVCache
 from .blocks import Admission, BlockAllocator
 from .programs import (
     DecodeState,
@@ -111,24 +115,24 @@ def gather_buckets(max_blocks: int) -> tuple[int, ...]:
 class PagedCache(eqx.Module):
     """The pools of a paged KV cache and its block tables.
 
-    **Attributes:** `k`, `v`: one array per layer, `Float[Array, "blocks block_size kv_heads
-    head_dim"]`; `block_tables`: `Int[Array, "slots max_blocks"]`, the physical block of each
+    **Attributes:** `k`, `v`: one array per layer, `Float[Array, "kv_heads blocks block_size
+    head_dim"]` (`models.paged_cache.PagedKVCache`'s layout); `block_tables`: `Int[Array, "slots max_blocks"]`, the physical block of each
     slot's logical block (`-1` = none; copied from `BlockAllocator.block_tables` before each
     dispatch and insert)."""
 
-    k: tuple[Float[Array, "blocks block_size kv_heads head_dim"], ...]
-    v: tuple[Float[Array, "blocks block_size kv_heads head_dim"], ...]
+    k: tuple[Float[Array, "kv_heads blocks block_size head_dim"], ...]
+    v: tuple[Float[Array, "kv_heads blocks block_size head_dim"], ...]
     block_tables: Int[Array, "slots max_blocks"]
 
     @property
     def block_size(self) -> int:
         """Tokens per block (static)."""
-        return self.k[0].shape[1]
+        return self.k[0].shape[2]
 
     @property
     def num_blocks(self) -> int:
         """Blocks per pool (static)."""
-        return self.k[0].shape[0]
+        return self.k[0].shape[1]
 
     @property
     def max_tokens(self) -> int:
@@ -169,8 +173,9 @@ def gather(
     rows, width = tables.shape[0], tables.shape[1] * paged.block_size
     blocks = jnp.maximum(tables, 0)
 
-    def read(pool):  # [blocks, bs, kvh, hd] -> [rows, kvh, width + extra, hd]
-        x = pool[blocks].reshape(rows, width, *pool.shape[2:]).transpose(0, 2, 1, 3)
+    def read(pool):  # [kvh, blocks, bs, hd] -> [rows, kvh, width + extra, hd]
+        kvh, hd = pool.shape[0], pool.shape[3]
+        x = pool[:, blocks].reshape(kvh, rows, width, hd).transpose(1, 0, 2, 3)
         return jnp.pad(x, ((0, 0), (0, 0), (0, extra), (0, 0)))
 
     lengths = jnp.minimum(lengths.astype(jnp.int32), width)
@@ -236,9 +241,10 @@ def scatter(
 
     def write(i, pool, x):  # x [rows, kvh, cols, hd]; a ring layer's columns are ring slots
         at = ring if i in cache.ring_layers else full
-        flat = pool.reshape(nb * bs, *pool.shape[2:])
-        new = x.transpose(0, 2, 1, 3).reshape(-1, *pool.shape[2:])
-        return flat.at[at].set(new.astype(pool.dtype), mode="drop").reshape(pool.shape)
+        kvh, hd = pool.shape[0], pool.shape[3]
+        flat = pool.reshape(kvh, nb * bs, hd)
+        new = x.transpose(1, 0, 2, 3).reshape(kvh, -1, hd)
+        return flat.at[:, at].set(new.astype(pool.dtype), mode="drop").reshape(pool.shape)
 
     return PagedCache(
         k=tuple(write(i, p, x) for i, (p, x) in enumerate(zip(paged.k, cache.k))),
@@ -260,7 +266,10 @@ def _paged_generate(
 ):
     """`programs._generate` over the slots' gathered blocks, written from the longest busy
     slot's length on (`gather`'s write index), the `num_steps` columns from there scattered
-    back (`window`, `scatter`; see the module docstring).
+    back (`window`, `scatter`; see the module docstring). A model whose plan reads blocks in
+    place (`AbstractCausalLM.paged_decode`: the GPU plan's Pallas kernel) gets the pools and
+    tables as a `PagedKVCache` instead: no gather, no scatter, each step writes its keys into
+    their blocks.
 
     **Arguments:** `blocks` (static): the leading blocks of every table gathered (`tables[:,
     :blocks]`; `None`: all), which must hold every busy slot's positions (`PagedKV.generate`
@@ -268,6 +277,15 @@ def _paged_generate(
     scatter goes through the whole `tables`."""
     gen = state.generation
     lengths = jnp.where(gen.done, 0, gen.length)
+    if model.paged_decode:  # the model reads the blocks in place (the GPU plan's kernel)
+        cache = PagedKVCache(state.paged.k, state.paged.v, tables[:, :blocks], lengths)
+        inner = DecodeState(dataclasses.replace(gen, cache=cache), state.params, state.pool)
+        decode = (num_steps, limit, eos_token_id, pad_token_id, until_finish)
+        inner, out = _generate(model, inner, *decode)
+        new = inner.generation.cache
+        gen = dataclasses.replace(inner.generation, cache=gen.cache)
+        paged = PagedCache(new.k, new.v, tables)
+        return PagedDecodeState(gen, inner.params, inner.pool, paged), out
     cache = gather(state.paged, tables[:, :blocks], lengths, num_steps)
     first = cache.length[0]
     inner = DecodeState(dataclasses.replace(gen, cache=cache), state.params, state.pool)
@@ -433,6 +451,10 @@ class PagedKV:
     **Raises:** `ValueError` for a `block_size` or `num_blocks` that is not a positive integer,
     or a model with key/value branch axes (classifier-free guidance pairs)."""
 
+    reads_in_place = True
+    """Whether the decode dispatch hands a `paged_decode` model the pools and tables as they are
+    (`_paged_generate`); `serving.paged_speculative`'s dispatch always gathers."""
+
     def __init__(
         self,
         model,
@@ -454,7 +476,12 @@ class PagedKV:
         self.gather_buckets = gather_buckets(self.max_blocks)
         """The block counts a decode dispatch may gather per slot (`gather_buckets`: 1/8, 1/4,
         1/2 and all of `max_blocks`, ascending); `generate` takes the smallest that holds every
-        busy slot's positions after the dispatch, and `Engine.precompile` compiles each."""
+        busy slot's positions after the dispatch, and `Engine.precompile` compiles each. Only
+        the whole table when the model reads the blocks in place (`paged_decode`, the GPU
+        plan's kernel: it reads each row only up to its length whatever the table's width, so
+        buckets would only add programs to compile) and the dispatch does not speculate."""
+        if model.paged_decode and self.reads_in_place:
+            self.gather_buckets = (self.max_blocks,)
         if num_blocks is None:
             num_blocks = max_slots * self.max_blocks
         self.preemption = bool(preemption)
@@ -517,7 +544,7 @@ class PagedKV:
         nb, bs = self.allocator.num_blocks, self.allocator.block_size
 
         def pools():
-            return tuple(jnp.zeros((nb, bs, h, d), t) for h, d, t in self.shapes)
+            return tuple(jnp.zeros((h, nb, bs, d), t) for h, d, t in self.shapes)
 
         tables = jnp.asarray(self.allocator.block_tables)
         paged = PagedCache(pools(), pools(), tables)

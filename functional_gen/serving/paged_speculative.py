@@ -137,6 +137,8 @@ class SpeculativePagedKV(PagedKV):
 
     **Raises:** as `PagedKV`."""
 
+    reads_in_place = False  # the verify steps run over gathered blocks
+
     def __init__(
         self,
         model,

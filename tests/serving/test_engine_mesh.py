@@ -170,9 +170,9 @@ def test_engine_on_meshes_of_8_devices():
     # lockstep cache [slots, kv_heads, kv_seq, head_dim]: 8 slots over 4, 2 heads over 2
     s = out["lockstep"]["cache_shape"]
     assert out["lockstep"]["cache_shard"] == [s[0] // 4, s[1] // 2, s[2], s[3]]
-    # paged pool [blocks, block_size, kv_heads, head_dim]: heads over "model", no slot axis
+    # paged pool [kv_heads, blocks, block_size, head_dim]: heads over "model", no slot axis
     s = out["paged"]["cache_shape"]
-    assert out["paged"]["cache_shard"] == [s[0], s[1], s[2] // 2, s[3]]
+    assert out["paged"]["cache_shard"] == [s[0] // 2, s[1], s[2], s[3]]
 
 
 def _mesh(data, model):
@@ -201,7 +201,7 @@ def test_decode_state_layout(tiny):
     assert decode_state_specs(state, _mesh(8, 1)).generation.length == P()  # 4 slots over 8
     paged = fg.serving.Engine(model, tok, max_slots=4, max_len=32, block_size=8)
     specs = decode_state_specs(paged.init_decode_state(), _mesh(4, 2))
-    assert specs.paged.k[0] == P(None, None, "model")
+    assert specs.paged.k[0] == P("model")  # [kv_heads, blocks, block_size, head_dim]
     assert specs.paged.block_tables == P("data")
 
 

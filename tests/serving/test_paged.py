@@ -287,6 +287,41 @@ def test_a_finished_request_leaves_its_generated_blocks_in_the_prefix_cache(page
     assert engine.paged.allocator.blocks_in_use == 0
 
 
+def test_a_plan_that_reads_blocks_in_place_decodes_without_a_gather(paged, monkeypatch):
+    """Under `paged_attention="pallas_interpret"` (the GPU plan's Pallas paged-attention kernel,
+    interpreted on the CPU; the tiny Gemma 3's global layer runs it, its sliding layers gather
+    per layer) the engine hands the model its pools and tables (`paged_decode`): its decode
+    dispatches call the engine's `gather` not once (so one decode program, not one per gather
+    bucket), and greedy and seeded requests across
+    blocks, one arriving mid-run, equal `fg.generate` alone (CPU plan)."""
+    from functional_gen.serving import paged as paged_module
+
+    model = paged.model.with_plan(paged.model.plan.replace(paged_attention="pallas_interpret"))
+    assert model.paged_decode and not paged.model.paged_decode
+    engine = fg.serving.Engine(
+        model, paged.tokenizer, max_slots=3, max_len=64, block_size=BLOCK, num_blocks=14
+    )
+    assert engine.paged.gather_buckets == (8,) != paged.paged.gather_buckets  # one program
+    calls = []
+    original = paged_module.gather
+
+    def counted(*args, **kwargs):
+        calls.append(args[1].shape)
+        return original(*args, **kwargs)
+
+    prompts = [prompt(11, 1), prompt(13, 2), prompt(12, 4)]
+    requests = [engine.request(prompts[0], N), engine.request(prompts[1], N, temperature=0.9,
+                seed=5), engine.request(prompts[2], N)]  # fmt: skip
+    monkeypatch.setattr(paged_module, "gather", counted)
+    got = serve_paged(engine, [(0, 0, requests[0]), (0, 1, requests[1]), (2, 2, requests[2])])
+    assert not calls  # prompts prefilled cold (no cached prefix): nothing gathers
+    model, tokenizer = paged.model, paged.tokenizer
+    assert got[1] == sampled_alone(model, tokenizer, prompts[1], N, 0.9, 5)
+    for i in (0, 2):
+        assert got[i] == alone(model, tokenizer, prompts[i], N)[0], i
+    assert all(len(g) > BLOCK for g in got)
+
+
 def test_an_admission_waits_for_blocks_and_completes(paged):
     """Without preemption (`Engine(preemption=False)`: each admission reserves its worst case),
     through the orchestrator: four concurrent requests of 5 blocks each (13-15 + 21 tokens) in

@@ -51,8 +51,8 @@ def written(state):
 
 
 def pools(state):
-    """The keys' and values' pools of every layer, host numpy `[layers * 2, blocks, block_size,
-    kv_heads, head_dim]`."""
+    """The keys' and values' pools of every layer, host numpy `[layers * 2, kv_heads, blocks,
+    block_size, head_dim]`."""
     return np.stack(jax.device_get([*state.paged.k, *state.paged.v]))
 
 
@@ -104,13 +104,13 @@ def serve(engine, schedule):
         state, out = engine.generate(state)
         after, pool_after = written(state), pools(state)
         tables = alloc.block_tables
-        allowed = np.zeros(pool_after.shape[1:3], bool)  # [blocks, block_size]
+        allowed = np.zeros(pool_after.shape[2:4], bool)  # [blocks, block_size]
         for slot, i in running.items():
             for p in range(before[slot], after[slot]):
                 block, offset = tables[slot, p // BLOCK], p % BLOCK
                 allowed[block, offset] = True
-                kept[i].append((p, pool_after[:, block, offset]))
-        changed = np.any(pool_after != pool_before, axis=(0, 3, 4))
+                kept[i].append((p, pool_after[:, :, block, offset]))
+        changed = np.any(pool_after != pool_before, axis=(0, 1, 4))
         assert not np.any(changed & ~allowed), np.argwhere(changed & ~allowed)
         verified += int(np.sum(out.verified))
         accepted += int(np.sum(out.accepted))

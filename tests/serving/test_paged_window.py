@@ -37,7 +37,7 @@ def test_gather_writes_from_the_longest_row_and_scatter_puts_keys_by_position():
     (positions 5-7 for row 0, 13-15 for row 2, `-1` for the idle row) and taken back with
     `window` land in exactly those positions' blocks, nothing else changes."""
     bs, kvh, hd = 4, 1, 2
-    pool = jnp.arange(10 * bs * kvh * hd, dtype=jnp.float32).reshape(10, bs, kvh, hd)
+    pool = jnp.arange(10 * bs * kvh * hd, dtype=jnp.float32).reshape(kvh, 10, bs, hd)
     tables = jnp.asarray([[3, 1, -1, -1], [-1, -1, -1, -1], [0, 5, 7, 2]], jnp.int32)
     paged = PagedCache((pool,), (-pool,), tables)
     lengths = jnp.asarray([5, 0, 13], jnp.int32)
@@ -49,7 +49,7 @@ def test_gather_writes_from_the_longest_row_and_scatter_puts_keys_by_position():
         np.testing.assert_array_equal(cache.positions[r], np.where(columns < n, columns, -1))
         for c in range(n):
             table = np.asarray(tables)[r]
-            want = np.asarray(pool)[table[c // bs], c % bs]
+            want = np.asarray(pool)[:, table[c // bs], c % bs]
             np.testing.assert_array_equal(cache.k[0][r, :, c], want)
     new = 1000 + jnp.arange(3 * kvh * 3 * hd, dtype=jnp.float32).reshape(3, kvh, 3, hd)
     steps = jnp.asarray([[5, 6, 7], [-1, -1, -1], [13, 14, 15]], jnp.int32)
@@ -63,7 +63,7 @@ def test_gather_writes_from_the_longest_row_and_scatter_puts_keys_by_position():
     want = np.asarray(pool).copy()
     for r, row in ((0, [5, 6, 7]), (2, [13, 14, 15])):
         for j, p in enumerate(row):
-            want[np.asarray(tables)[r, p // bs], p % bs] = np.asarray(new)[r, :, j]
+            want[:, np.asarray(tables)[r, p // bs], p % bs] = np.asarray(new)[r, :, j]
     np.testing.assert_array_equal(out.k[0], want)
     np.testing.assert_array_equal(out.v[0], -want)
 
