@@ -131,6 +131,36 @@ def gather_blocks(
     return x, positions
 
 
+def gather_window_blocks(
+    pool: Float[Array, "kv_heads blocks block_size head_dim"],
+    block_tables: Int[Array, "batch max_blocks"],
+    length: Int[Array, " batch"],
+    positions: Int[Array, "batch seq"],
+    window: int,
+) -> tuple[Float[Array, "batch kv_heads slots head_dim"], Int[Array, "batch slots"]]:
+    """For a sliding-window layer: per row only the blocks that can hold a key its queries see,
+    `span = ceil((seq + window - 2) / block_size) + 1` consecutive logical blocks (at most the
+    table: the most blocks `seq - 1 + window` consecutive positions can touch) from the one
+    holding its earliest query's position minus `window - 1` (so
+    `slots = span * block_size`, whatever the table's width), and each column's position
+    (`-1` past `length` or where the table has no block). The window itself is masked by
+    position in attention (`Attention._allowed`), so the extra columns only cost their read:
+    a 512-token window over 8,192-token tables reads 33 blocks of 16, not 512."""
+    kvh, _, bs, hd = pool.shape
+    rows, mb = block_tables.shape
+    span = min(-(-(positions.shape[1] + window - 2) // bs) + 1, mb)
+    earliest = jnp.min(jnp.where(positions >= 0, positions, jnp.iinfo(jnp.int32).max), axis=1)
+    earliest = jnp.where(jnp.any(positions >= 0, axis=1), earliest, 0)
+    first = jnp.clip((earliest - window + 1) // bs, 0, mb - span)
+    logical = first[:, None] + jnp.arange(span, dtype=jnp.int32)[None]  # [rows, span]
+    blocks = jnp.take_along_axis(block_tables, logical, axis=1)
+    x = pool[:, jnp.maximum(blocks, 0)]  # [kvh, rows, span, bs, hd]
+    x = x.reshape(kvh, rows, span * bs, hd).transpose(1, 0, 2, 3)
+    columns = (logical[:, :, None] * bs + jnp.arange(bs, dtype=jnp.int32)).reshape(rows, -1)
+    held = jnp.repeat(blocks >= 0, bs, axis=1)
+    return x, jnp.where((columns < length[:, None]) & held, columns, -1)
+
+
 def pallas_blocking(max_blocks: int) -> tuple[int, int]:
     """`(k_splits, pages_per_compute_block)` for the Pallas kernel over tables of `max_blocks`
     blocks, which must divide them (the kernel asserts `max_blocks % k_splits == 0` and
@@ -198,6 +228,7 @@ __all__ = [
     "PagedKVCache",
     "PagedLayerCache",
     "gather_blocks",
+    "gather_window_blocks",
     "pallas_attention",
     "pallas_blocking",
     "write_blocks",

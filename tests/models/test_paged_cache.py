@@ -19,6 +19,7 @@ import pytest
 from functional_gen.models import PagedKVCache
 from functional_gen.models.paged_cache import (
     gather_blocks,
+    gather_window_blocks,
     pallas_blocking,
     write_blocks,
     written_length,
@@ -151,6 +152,27 @@ def test_write_gather_and_lengths_by_hand():
     np.testing.assert_array_equal(np.asarray(rows)[0, 0, :, 0], [0, 0, 0, 10, 11, 0, 0, 0])
     assert list(np.asarray(cols[0])) == [0, 1, 2, 3, 4, -1, -1, -1]
     assert list(np.asarray(cols[1])) == [0, 1, 2, 3, 4, 5, -1, -1]
+
+
+def test_a_window_gathers_only_the_blocks_it_can_reach():
+    """Hand-checked, blocks of 4, tables of 6 blocks, window 5, one query per row: a query at
+    position 13 sees positions 9-13, in logical blocks 2-3; `span = ceil(4 / 4) + 1 = 2` blocks
+    from block `(13 - 4) // 4 = 2`: columns hold positions 8-15, those not yet written (14, 15:
+    length 14) at -1. A query at 2 starts at block 0; an idle row (-1) too; a row whose table
+    lacks block 1 marks its columns -1."""
+    pool = jnp.arange(8 * BLOCK, dtype=jnp.float32).reshape(1, 8, BLOCK, 1)
+    tables = jnp.asarray([[5, 4, 3, 2, 1, 0], [6, 7, -1, -1, -1, -1], [0, -1, -1, -1, -1, -1],
+                          [1, -1, -1, -1, -1, -1]], jnp.int32)  # fmt: skip
+    length = jnp.asarray([14, 3, 0, 2], jnp.int32)
+    positions = jnp.asarray([[13], [2], [-1], [1]], jnp.int32)
+    rows, cols = gather_window_blocks(pool, tables, length, positions, window=5)
+    assert rows.shape == (4, 1, 2 * BLOCK, 1)
+    assert list(np.asarray(cols[0])) == [8, 9, 10, 11, 12, 13, -1, -1]
+    want = np.concatenate([np.arange(3 * BLOCK, 4 * BLOCK), np.arange(2 * BLOCK, 3 * BLOCK)])
+    np.testing.assert_array_equal(np.asarray(rows)[0, 0, :, 0], want)  # blocks 3, then 2
+    assert list(np.asarray(cols[1])) == [0, 1, 2, -1, -1, -1, -1, -1]
+    assert list(np.asarray(cols[2])) == [-1] * 8
+    assert list(np.asarray(cols[3])) == [0, 1, -1, -1, -1, -1, -1, -1]
 
 
 @pytest.mark.parametrize(
