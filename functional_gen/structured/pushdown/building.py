@@ -44,6 +44,7 @@ def build_pushdown(
     top: tuple[ByteDFA, Int[np.ndarray, " states"], str] | None = None,
     rules: Sequence[tuple[str, ByteDFA, np.ndarray]] | None = None,
     forks: bool = False,
+    registers: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray] | None] | None = None,
 ) -> PushdownAutomaton:
     """Compile a parsed grammar into a `PushdownAutomaton` (see the module docstring).
 
@@ -61,13 +62,24 @@ def build_pushdown(
     action `FORK - f` and list the ways in `fork_next[f]` / `fork_push[f]` (run with parallel
     stacks, `pushdown.parallel`); every table walk treats such an entry as a rejection, so a
     grammar without such bytes gets exactly the tables it gets without `forks`.
+    `registers`: per rule of `rules`, `None` or the member-set register actions of its
+    transitions, `(reg_clear, reg_set, reg_require)`: `Bool`, `Int` and `UInt32[np.ndarray,
+    "states 256"]` (`json_schema.register_objects.RegisterDFA`); they become the automaton's
+    `reg_clear`, `reg_set` and `reg_require` per (position, byte class), applied to the frame
+    that reads the byte (see `PushdownAutomaton.step`). Only the host walk follows them so far:
+    the token tables ignore the register (a superset of the tokens it allows).
 
     **Raises:** `NotDeterministic` when a byte could be read in two ways (without `forks`), a recursive rule
     matches the empty string or is left-recursive; `GrammarError` for a language without a
     finite sentence (naming the rules that never end), or without one that fits within
     `stack_depth` open calls and can be spelled with the vocabulary's tokens;
-    `ValueError` for `top` and `rules` together or a `calls` table of the wrong width.
+    `ValueError` for `top` and `rules` together, a `calls` table of the wrong width, or
+    `registers` without `rules`, of another length, or with `forks`.
     """
+    if registers is not None and (rules is None or len(registers) != len(rules) or forks):
+        raise ValueError(
+            "build_pushdown: `registers` needs `rules` (one entry per rule) and no `forks`"
+        )
     if top is not None:
         if rules is not None:
             raise ValueError("build_pushdown: give `top` or `rules`, not both")
@@ -88,7 +100,7 @@ def build_pushdown(
         automata = [builder.rule_dfa(spec.rules[spec.start], top=True), *called]
         names = (spec.start, *cut)
     else:
-        automata, names, nc, byte_class = _byte_rule_automata(spec, rules)
+        automata, names, nc, byte_class, actions = _byte_rule_automata(spec, rules, registers)
     offsets = np.cumsum([1] + [a.num_states for a in automata])
     num_positions = int(offsets[-1])
     position_rule = np.zeros(num_positions, np.int32)
@@ -174,6 +186,9 @@ def build_pushdown(
     push = np.zeros((num_positions, nc, max(width, 1)), np.int32)
     for (pos, c), p in pushes.items():
         push[pos, c, : len(p)] = p
+    registered = {}
+    if registers is not None and any(r is not None for r in registers):
+        registered = _register_tables(automata, actions, offsets, nxt, push, position_rule)
 
     # Return sites of each recursive rule (tail calls inherit their caller's sites).
     callables = len(automata) - 1
@@ -335,7 +350,37 @@ def build_pushdown(
         fork_tokens=fork_tokens,
         fork_bytes=fork_bytes,
         fork_reach=fork_reach,
+        **registered,
     )
+
+
+def _register_tables(automata, actions, offsets, nxt, push, position_rule) -> dict:
+    """`reg_clear`, `reg_set`, `reg_require` of `PushdownAutomaton` (`positions x classes`):
+    each (position, class) that reads its byte takes the register actions of the transition
+    that reads it: its own rule's where it reads the byte itself, else (a call, or a tail call)
+    those of the initial state of the rule whose position it moves to, the innermost callee
+    (`actions[a]`: the class-level actions of automaton `a`, `None` for none)."""
+    num_positions, nc = nxt.shape
+    # every automaton's own byte moves and actions, by position
+    own = np.full((num_positions, nc), REJECT, np.int64)
+    every = [np.zeros((num_positions, nc), dtype) for dtype in (bool, np.int32, np.uint32)]
+    for a, dfa in enumerate(automata):
+        lo, hi = int(offsets[a]), int(offsets[a + 1])
+        delta = dfa.delta[:, :nc]
+        own[lo:hi] = np.where(delta != REJECT, delta + lo, REJECT)
+        if actions[a] is not None:
+            for table, values in zip(every, actions[a]):
+                table[lo:hi] = values
+    initial = np.asarray([int(offsets[a]) + dfa.initial for a, dfa in enumerate(automata)])
+    pos, c = np.nonzero(nxt > 0)
+    target = nxt[pos, c]
+    itself = (push[pos, c, 0] == 0) & (own[pos, c] == target)
+    reader = np.where(itself, pos, initial[position_rule[target]])
+    names = ("reg_clear", "reg_set", "reg_require")
+    tables = {name: np.zeros_like(table) for name, table in zip(names, every)}
+    for name, table in zip(names, every):
+        tables[name][pos, c] = table[reader, c]
+    return tables
 
 
 def _fork_tables(fork_ways: list, nxt, byte_class, position_sites, vocabulary: TokenVocabulary):
@@ -483,10 +528,13 @@ def _fork_tokens(nxt, fork_next, byte_class, position_sites, vocabulary: TokenVo
 _CALLED_RULES: dict = {}
 
 
-def _byte_rule_automata(spec: GrammarSpec | None, rules):
+def _byte_rule_automata(spec: GrammarSpec | None, rules, registers=None):
     """The automata of `build_pushdown(rules=...)`: the byte rules' DFAs and the grammar's
-    recursive rules over common byte classes (bytes every DFA and terminal treats alike), each
-    with one call column per callable rule. Returns `(automata, names, classes, byte_class)`."""
+    recursive rules over common byte classes (bytes every DFA, register action and terminal
+    treats alike), each with one call column per callable rule. Returns `(automata, names,
+    classes, byte_class, actions)`, `actions[a]` the register actions of automaton `a` per
+    (state, class) (`registers`' entry at the classes' representative bytes; `None` for the
+    grammar's rules and where `registers` has none)."""
     cut = cut_rules(spec) if spec is not None else []
     if spec is not None:
         # The grammar's own rules do not depend on the byte rules: memoised per grammar (JSON
@@ -512,8 +560,12 @@ def _byte_rule_automata(spec: GrammarSpec | None, rules):
                 f"build_pushdown: the calls of rule {name!r} have shape {calls.shape}, expected "
                 f"{(dfa.num_states, width)} (states x callable rules)"
             )
+    registers = list(registers) if registers is not None else [None] * len(rules)
+    action_rows = [a.astype(np.int64) for r in registers if r is not None for a in r]
     _, byte_class = unique_rows(
-        np.concatenate([grammar_class[None, :], *[dfa.delta for _, dfa, _ in rules]]).T
+        np.concatenate(
+            [grammar_class[None, :], *[dfa.delta for _, dfa, _ in rules], *action_rows]
+        ).T
     )
     representative = np.zeros(int(byte_class.max()) + 1, np.int64)
     representative[byte_class] = np.arange(256)
@@ -543,7 +595,10 @@ def _byte_rule_automata(spec: GrammarSpec | None, rules):
         for _, dfa, calls in rules
     ] + called
     names = tuple(name for name, _, _ in rules) + tuple(cut)
-    return automata, names, representative.size, byte_class
+    actions = [None if r is None else tuple(a[:, representative] for a in r) for r in registers] + [
+        None
+    ] * len(called)
+    return automata, names, representative.size, byte_class, actions
 
 
 def _readable(byte_class, vocabulary: TokenVocabulary | None):

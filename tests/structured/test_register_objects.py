@@ -1,0 +1,270 @@
+"""Objects read in any order with a member-set register (`json_schema.register_objects`, issue
+55): the byte-level automaton and its host walk against a brute-force enumeration of member
+sequences (`test_order_automata`'s oracle), against `jsonschema` on an object far above
+`budgets.ORDER_AUTOMATON_MAX`, and the refusals."""
+
+import itertools
+import json
+import random
+
+import jsonschema
+import numpy as np
+import pytest
+
+from functional_gen.structured.automaton import ConstraintError
+from functional_gen.structured.byte_dfa import ByteDFA, minimize, regex_byte_dfa
+from functional_gen.structured.dfa_operations import numbered_mark_edges
+from functional_gen.structured.grammar_syntax import parse_grammar
+from functional_gen.structured.json_schema import budgets, register_objects
+from functional_gen.structured.json_schema.order_automata import any_order_dfa, any_order_text
+from functional_gen.structured.json_schema.register_objects import (
+    REGISTER_BITS,
+    register_object_dfa,
+)
+from functional_gen.structured.json_schema.rule_plan import RULE_CALL, rule_call
+from functional_gen.structured.pushdown import build_pushdown
+
+from .cases import PUSHDOWN_GRAMMARS
+from .test_order_automata import _expected, _render, _sequences, _text
+from .test_pda import BYTES_ONLY
+
+
+@pytest.mark.parametrize(
+    "required, extra, form",
+    [
+        ([True, False, True, False], False, "exact"),
+        ([True, True, False, False], True, "exact"),
+        ([False, False, False, False], True, "exact"),
+        ([True, True, True, True], False, "exact"),
+        ([True, False, True, True], True, "required"),
+    ],
+)
+def test_register_dfa_is_the_language_of_member_sequences(required, extra, form, monkeypatch):
+    # the same oracle as `any_order_dfa`'s: every order of every subset, a member twice, the
+    # additional member anywhere, random sequences; spaced and compact
+    if form == "required":  # four listed members over the register: only the required tracked
+        monkeypatch.setattr(register_objects, "REGISTER_BITS", 3)
+    text = _text(required, extra)
+    automaton = register_object_dfa(text)
+    reference = any_order_dfa(text, form=form)
+    checked = {True: 0, False: 0}
+    for sequence in _sequences(random.Random(0)):
+        want = _expected(sequence, required, extra, form)
+        for spaced in (False, True):
+            document = _render(sequence, spaced).encode()
+            assert automaton.accepts(document) == want, (document, want)
+            assert reference.matches(document) == want
+        checked[want] += 1
+    assert min(checked.values()) > 20  # both verdicts, many times
+    for bad in ('{"y":"a",}', '{,"y":"a"}', '{"y":"a""n":1}', '{"y":"a"', ' {"y":"a"}'):
+        assert not automaton.accepts(bad.encode()), bad
+    # one copy of the members, not one per set written
+    assert automaton.dfa.num_states < reference.num_states or sum(required) <= 1
+
+
+def test_register_holds_the_members_written():
+    text = _text([True, False, True, False], True)
+    automaton = register_object_dfa(text)
+    assert automaton.tracked == (0, 1, 2, 3) and automaton.required == 0b101
+    for sequence in [[(2, "12"), (0, '"a"')], [(0, '"a"'), (4, '"x1"'), (3, "[]"), (2, "12")]]:
+        _, register = automaton.walk(_render(sequence, True).encode())
+        assert register == sum(1 << j for j, _ in sequence if j < 4)
+    # an object inlined twice in one rule starts afresh at its `{`
+    config = automaton.walk(b'{"n":12,"y":"a"}')
+    assert config[1] == 0b101
+    assert automaton.step((automaton.dfa.initial, config[1]), ord("{"))[1] == 0
+
+
+def _large_schema(n: int, required: int):
+    properties = {f"k{j}": {"type": "integer"} if j % 2 else {"enum": ["a", "b"]} for j in range(n)}
+    return {
+        "type": "object",
+        "properties": properties,
+        "required": [f"k{j}" for j in range(required)],
+        "additionalProperties": False,
+    }
+
+
+def _large_items(n: int, required: int) -> list[tuple[str, bool]]:
+    values = ['"[ab]"', "-?(?:0|[1-9][0-9]*)"]
+    return [(f'"k{j}"[ ]?:[ ]?(?:{values[j % 2]})', j < required) for j in range(n)]
+
+
+def test_register_dfa_of_an_object_far_above_the_set_automata_agrees_with_jsonschema():
+    # 20 members, 15 required (as MaskBench o78043): 2**20 sets for `any_order_dfa`; one copy
+    # of the members here. Random orders of random subsets, valid or not, against jsonschema.
+    n, required = 20, 15
+    assert n > budgets.ORDER_AUTOMATON_MAX
+    schema = _large_schema(n, required)
+    items = _large_items(n, required)
+    automaton = register_object_dfa("(?:" + any_order_text(items, None, "[ ]?") + ")")
+    one_copy = sum(minimize(regex_byte_dfa(regex)).num_states for regex, _ in items)
+    assert automaton.dfa.num_states < 2 * one_copy
+    rng = random.Random(1)
+    verdicts = {True: 0, False: 0}
+    for _ in range(400):
+        keys = rng.sample(range(n), rng.randrange(required - 2, n + 1))
+        if rng.random() < 0.2:
+            keys.append(rng.choice(keys))  # a member twice
+        members = [(f'"k{j}"', str(rng.randrange(-9, 99)) if j % 2 else '"a"') for j in keys]
+        document = "{" + ", ".join(f"{k}: {v}" for k, v in members) + "}"
+        # json.loads keeps the last of a repeated key: a repeated key is invalid by count
+        repeated = len(set(keys)) < len(keys)
+        want = not repeated and jsonschema.Draft202012Validator(schema).is_valid(
+            json.loads(document)
+        )
+        assert automaton.accepts(document.encode()) == want, document
+        verdicts[want] += 1
+    assert min(verdicts.values()) > 50
+    # every order of a valid document's members (a sample of the 15! orders of 15 members)
+    members = [f'"k{j}":{j if j % 2 else chr(34) + "b" + chr(34)}' for j in range(required)]
+    for order in itertools.islice(itertools.permutations(members), 0, 2000, 97):
+        assert automaton.accepts(("{" + ",".join(order) + "}").encode())
+    shuffled = members[:]
+    for _ in range(200):
+        rng.shuffle(shuffled)
+        assert automaton.accepts(("{" + ",".join(shuffled) + "}").encode())
+        assert not automaton.accepts(("{" + ",".join(shuffled[1:]) + "}").encode())
+
+
+def test_register_dfa_refusals():
+    # more required members than a register holds
+    items = [(f'"k{j}":1', True) for j in range(REGISTER_BITS + 1)]
+    with pytest.raises(ConstraintError, match="at most 32"):
+        register_object_dfa("(?:" + any_order_text(items, None, "") + ")")
+    # a member's end that could go on like the separator after it
+    items = [('"a":(?:1|1,)', True), ('"b":2', True)]
+    with pytest.raises(ConstraintError, match="may go on with"):
+        register_object_dfa("(?:" + any_order_text(items, None, "") + ")")
+
+
+# ---------------------------------------------------------------- the pushdown automaton's walk
+
+_TREE_VALUES = {"a": "-?(?:0|[1-9][0-9]*)", "b": '"[ab]"', "c": "true|false"}
+_TREE_SCHEMA = {
+    "type": "object",
+    "properties": {
+        **{f"m{j}": {"type": "integer"} for j in range(9)},
+        "a": {"type": "integer"},
+        "b": {"enum": ["a", "b"]},
+        "c": {"type": "boolean"},
+        "kid": {"$ref": "#"},
+        "kids": {"type": "array", "items": {"$ref": "#"}},
+    },
+    "required": ["a", "b", "m0", "m5"],
+    "additionalProperties": False,
+}
+
+
+def _tree_pushdown(vocabulary=None):
+    """A recursive object of 14 members, 4 required (above `ORDER_AUTOMATON_MAX`): `kid` an
+    object of the same schema, `kids` an array of them (calls of rule 0, the object), read by
+    a `build_pushdown` whose bottom frame is the object's tail call."""
+    call = rule_call(0)
+    integer = "-?(?:0|[1-9][0-9]*)"
+    items = [(f'"m{j}"[ ]?:[ ]?(?:{integer})', j in (0, 5)) for j in range(9)]
+    items += [(f'"{k}"[ ]?:[ ]?(?:{v})', k in "ab") for k, v in _TREE_VALUES.items()]
+    items += [('"kid"[ ]?:[ ]?' + call, False)]
+    items += [(f'"kids"[ ]?:[ ]?\\[(?:{call}(?:[ ]?,[ ]?{call})*)?\\]', False)]
+    tree = register_object_dfa("(?:" + any_order_text(items, None, "[ ]?") + ")")
+    top = regex_byte_dfa(call)
+    top_calls = np.full((top.num_states, 1), -1, np.int32)
+    (q, _, after), *_ = numbered_mark_edges(top.delta, RULE_CALL)
+    top_calls[q, 0] = after
+    top_delta = top.delta.copy()
+    top_delta[:, RULE_CALL] = -1
+    top = ByteDFA(top_delta, top.accepting, top.initial)
+    rules = [("top", top, top_calls), ("tree", tree.dfa, tree.calls)]
+    registers = [None, (tree.reg_clear, tree.reg_set, tree.reg_require)]
+    return build_pushdown(
+        None, vocabulary or BYTES_ONLY, stack_depth=8, rules=rules, registers=registers
+    )
+
+
+def _random_tree(rng, depth: int) -> list:
+    """A random object as `(key, value)` pairs: mostly valid members in a random order, at
+    times a required one left out, a member twice, or a bad value."""
+    keys = ["a", "b", "m0", "m5"] + rng.sample(
+        [f"m{j}" for j in (1, 2, 3, 4, 6, 7, 8)] + ["c", "kid", "kids"], rng.randrange(6)
+    )
+    if depth >= 2:
+        keys = [k for k in keys if not k.startswith("kid")]
+    rng.shuffle(keys)
+    roll = rng.random()
+    if roll < 0.1:
+        keys.pop(rng.randrange(len(keys)))
+    elif roll < 0.2:
+        keys.append(rng.choice(keys))
+    pairs = []
+    for k in keys:
+        if k == "kid":
+            value = _random_tree(rng, depth + 1)
+        elif k == "kids":
+            value = [_random_tree(rng, depth + 1) for _ in range(rng.randrange(3))]
+        elif k == "b":
+            value = rng.choice(["a", "b", "c"] if rng.random() < 0.1 else ["a", "b"])
+        elif k == "c":
+            value = rng.random() < 0.5
+        else:
+            value = rng.randrange(-20, 100)
+        pairs.append((k, value))
+    return pairs
+
+
+def _render_tree(value, spaced: bool) -> str:
+    """JSON text of `_random_tree`'s objects (lists of pairs) and arrays of them."""
+    sep, colon = (", ", ": ") if spaced else (",", ":")
+    if isinstance(value, list) and value and isinstance(value[0], tuple):
+        return "{" + sep.join(f'"{k}"{colon}{_render_tree(v, spaced)}' for k, v in value) + "}"
+    if isinstance(value, list):
+        return "[" + sep.join(_render_tree(v, spaced) for v in value) + "]"
+    return json.dumps(value)
+
+
+def _no_repeated_keys(document: str) -> bool:
+    def hook(pairs):
+        if len({k for k, _ in pairs}) < len(pairs):
+            raise ValueError("repeated key")
+        return dict(pairs)
+
+    try:
+        json.loads(document, object_pairs_hook=hook)
+    except ValueError:
+        return False
+    return True
+
+
+def test_pushdown_walk_with_registers_accepts_exactly_the_valid_nested_objects():
+    # Every frame has its own register: an object inside a member of another (`kid`, `kids`)
+    # starts from none written and gives its caller's register back when it ends.
+    automaton = _tree_pushdown()
+    assert automaton.has_register and automaton.initial_config()[2:] == (0, ())
+    validator = jsonschema.Draft202012Validator(_TREE_SCHEMA)
+    rng = random.Random(3)
+    verdicts = {True: 0, False: 0}
+    for _ in range(300):
+        tree = _random_tree(rng, 0)
+        spaced = rng.random() < 0.5
+        document = _render_tree(tree, spaced)
+        want = _no_repeated_keys(document) and validator.is_valid(json.loads(document))
+        assert automaton.accepts(document.encode()) == want, document
+        verdicts[want] += 1
+    assert min(verdicts.values()) > 50
+    # a member of the outer object repeated after an inner object (the inner frame's register
+    # must not leak into the outer one, nor the outer one into the inner)
+    inner = '{"a":1,"b":"a","m0":0,"m5":5}'
+    assert automaton.accepts(f'{{"a":1,"kid":{inner},"b":"b","m0":1,"m5":2}}'.encode())
+    assert not automaton.accepts(f'{{"a":1,"kid":{inner},"b":"b","m0":1,"m5":2,"a":3}}'.encode())
+    assert automaton.accepts(f'{{"kids":[{inner},{inner}],"a":1,"b":"b","m0":1,"m5":2}}'.encode())
+    config = automaton.walk(f'{{"m5":2,"kid":{inner[:-1]}'.encode())
+    # bits: m0..m8, a, b, c, kid, kids; a member's bit is set at the byte after its value
+    assert config[2] == 1 | 1 << 9 | 1 << 10 and config[3] == (1 << 5,)
+
+
+def test_pushdown_without_registers_is_unchanged():
+    # no `registers`: no register tables, the configurations of before
+    automaton = build_pushdown(parse_grammar(PUSHDOWN_GRAMMARS["json"]), BYTES_ONLY)
+    assert not automaton.has_register and automaton.initial_config() == (automaton.initial, ())
+    assert automaton.reg_set.shape == (0, 0)
+    with pytest.raises(ValueError, match="registers"):
+        build_pushdown(parse_grammar(PUSHDOWN_GRAMMARS["json"]), BYTES_ONLY, registers=[None])
