@@ -268,3 +268,100 @@ def test_pushdown_without_registers_is_unchanged():
     assert automaton.reg_set.shape == (0, 0)
     with pytest.raises(ValueError, match="registers"):
         build_pushdown(parse_grammar(PUSHDOWN_GRAMMARS["json"]), BYTES_ONLY, registers=[None])
+
+
+def _device_configs(walk, documents: list[bytes]):
+    """Every document's configuration after each of its bytes, on the device (a scan over the
+    bytes, padded with a `}` that a dead configuration keeps dead; vmapped over documents)."""
+    import jax
+    import jax.numpy as jnp
+
+    width = max(map(len, documents))
+    data = jnp.asarray([list(d) + [0] * (width - len(d)) for d in documents], jnp.int32)
+
+    def run(row):
+        def body(config, byte):
+            config = walk.byte(config, byte)
+            return config, config
+
+        return jax.lax.scan(body, walk.init(), row)[1]
+
+    return jax.tree.map(np.asarray, jax.jit(jax.vmap(run))(data))
+
+
+def test_device_walk_with_registers_equals_the_host_walk():
+    # byte for byte, the device's (position, stack, register, registers) is the host walk's,
+    # until the host refuses a byte (the device's position is then DEAD, and stays so)
+    from functional_gen.structured.pushdown.register_walk import RegisterWalk
+
+    automaton = _tree_pushdown()
+    walk = RegisterWalk(automaton)
+    rng = random.Random(5)
+    documents = [_render_tree(_random_tree(rng, 0), rng.random() < 0.5) for _ in range(60)]
+    documents += ['{"a":1,"a":2}', '{"kid":{"a":1,"b":"a","m0":0,"m5":5},"kid":{}}', "{}"]
+    documents = [d.encode() for d in documents]
+    pos, stack, sp, register, registers = _device_configs(walk, documents)
+    refused = 0
+    for i, document in enumerate(documents):
+        config = automaton.initial_config()
+        for j, byte in enumerate(document):
+            config = automaton.step(config, byte)
+            if config is None:
+                assert (pos[i, j:] == 0).all(), (document, j)
+                refused += 1
+                break
+            depth = int(sp[i, j])
+            assert int(pos[i, j]) == config[0], (document, j)
+            assert tuple(stack[i, j, :depth].tolist()) == config[1]
+            assert int(register[i, j]) == config[2]
+            assert tuple(registers[i, j, :depth].tolist()) == config[3]
+    assert refused > 10
+
+
+def test_device_token_walk_with_registers_equals_the_host_walk():
+    # whole tokens (the vocabulary's multi-byte ones too) from configurations along documents
+    import jax
+
+    from functional_gen.structured.pushdown.register_walk import RegisterWalk
+
+    automaton = _tree_pushdown()
+    walk = RegisterWalk(automaton)
+    rng = random.Random(6)
+    starts = []
+    for _ in range(20):
+        document = _render_tree(_random_tree(rng, 0), False).encode()
+        for cut in rng.sample(range(len(document)), 5):
+            config = automaton.walk(document[:cut])
+            if config is not None:
+                starts.append(config)
+    tokens = [t for t in range(automaton.vocab_size) if automaton.token_length[t]]
+    token = jax.jit(jax.vmap(jax.vmap(walk.token, (None, 0)), (0, None)))
+    depth = automaton.stack_depth
+
+    def device(config):
+        pos, stack, register, registers = config
+        pad = (0,) * (depth - len(stack))
+        return (
+            np.int32(pos),
+            np.asarray(stack + pad, np.int32),
+            np.int32(len(stack)),
+            np.uint32(register),
+            np.asarray(registers + pad, np.uint32),
+        )
+
+    batch = jax.tree.map(lambda *xs: np.stack(xs), *map(device, starts))
+    after = jax.tree.map(np.asarray, token(batch, np.asarray(tokens, np.int32)))
+    alive = 0
+    for i, config in enumerate(starts):
+        for k, t in enumerate(tokens):
+            data = bytes(automaton.token_bytes[t, : automaton.token_length[t]])
+            want = automaton.walk(data, config)
+            got_pos = int(after[0][i, k])
+            if want is None:
+                assert got_pos == 0
+                continue
+            alive += 1
+            n = int(after[2][i, k])
+            got = (got_pos, tuple(after[1][i, k, :n].tolist()), int(after[3][i, k]))
+            assert got == want[:3] and tuple(after[4][i, k, :n].tolist()) == want[3]
+    assert alive > 100
