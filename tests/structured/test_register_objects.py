@@ -365,3 +365,38 @@ def test_device_token_walk_with_registers_equals_the_host_walk():
             got = (got_pos, tuple(after[1][i, k, :n].tolist()), int(after[3][i, k]))
             assert got == want[:3] and tuple(after[4][i, k, :n].tolist()) == want[3]
     assert alive > 100
+
+
+def test_masks_with_registers_equal_a_brute_force_walk(vocabulary):
+    # At prefixes of valid and invalid documents: the bitmask row (register-blind) with the
+    # one-byte, candidate, best and register tokens walked exactly gives exactly the tokens
+    # whose bytes the host walk reads with the register, after which the text can still end
+    # within the stack (`test_pda`'s brute force; the budget aside: it is not register-aware)
+    from .test_pda import _completable
+
+    automaton = _tree_pushdown(vocabulary)  # SmolLM2's
+    assert automaton.register_tokens.size and automaton.register_bytes >= 1
+    completable = _completable(automaton)
+    rng = random.Random(7)
+    prefixes = [  # where the register refuses tokens that the bitmask row holds
+        b'{"a":1,"b":"a',  # `"}` (m0, m5 missing) and `",` are register tokens
+        b'{"a":1,"b":"b","m0":0,"m5":5,"a":1',  # `a` again: `,` `}` `1,` ... refused
+        b'{"b":"a","m0":0,"m5":5,"kid":{"a":1,"b":"a","m0":0,"m5":5},"b":"a',
+        b'{"kids":[{"a":1,"b":"a","m0":0,"m5":5',  # `}]`, `},` inside the array
+    ]
+    for _ in range(2):
+        document = _render_tree(_random_tree(rng, 0), rng.random() < 0.5).encode()
+        prefixes += [document[:cut] for cut in sorted(rng.sample(range(len(document) + 1), 8))]
+    checked = 0
+    for prefix in prefixes:
+        config = automaton.walk(prefix)
+        if config is not None:
+            want = np.zeros(automaton.vocab_size, bool)
+            for t, data in enumerate(vocabulary.token_bytes):
+                if data:
+                    after = automaton.walk(data, config)
+                    want[t] = after is not None and completable(after[:2])
+            want[list(vocabulary.eos_token_id)] = automaton.can_end(config)
+            np.testing.assert_array_equal(automaton.allowed(config), want, err_msg=repr(prefix))
+            checked += 1
+    assert checked >= 14

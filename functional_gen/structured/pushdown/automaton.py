@@ -92,6 +92,12 @@ class PushdownAutomaton:
       the frame that reads the byte. Empty (`0 x 0`) without a register (`has_register`). So
       far only the host walk (`step` with a configuration `(position, stack, register,
       registers)`) follows them: the token tables and the device ignore them.
+    - `register_tokens`: `Int[np.ndarray, " register_tokens"]`, the tokens whose walk may meet
+      an action that can refuse (a set or a require) and be alive after their last byte
+      (padded with `vocab_size`), `register_bytes` the longest of them, and `register_reach`:
+      `UInt32[np.ndarray, "positions register_words"]`, per position those that may from it
+      (packed as `fork_reach`): `allowed` walks them exactly with the register. Empty without a
+      register.
     """
 
     byte_class: Int[np.ndarray, " 256"]
@@ -137,6 +143,14 @@ class PushdownAutomaton:
         default_factory=lambda: np.zeros((0, 0), np.int32)
     )
     reg_require: UInt32[np.ndarray, "register_positions register_classes"] = dataclasses.field(
+        default_factory=lambda: np.zeros((0, 0), np.uint32)
+    )
+
+    register_tokens: Int[np.ndarray, " register_tokens"] = dataclasses.field(
+        default_factory=lambda: np.zeros(0, np.int32)
+    )
+    register_bytes: int = 0
+    register_reach: UInt32[np.ndarray, "register_positions register_words"] = dataclasses.field(
         default_factory=lambda: np.zeros((0, 0), np.uint32)
     )
 
@@ -186,6 +200,8 @@ class PushdownAutomaton:
                 self.reg_clear,
                 self.reg_set,
                 self.reg_require,
+                self.register_tokens,
+                self.register_reach,
             )
         )
 
@@ -326,13 +342,10 @@ class PushdownAutomaton:
         """The tokens the device allows in `config` with `remaining` tokens left to generate
         (this one included; `None`: no budget, only the stack depth), computed from the tables
         as the device does (bitmask row + one-byte, candidate and best tokens walked exactly),
-        EOS included.
-
-        **Raises:** `NotImplementedError` for a configuration with a register (the token tables
-        do not follow the register yet)."""
-        if len(config) == 4:
-            raise NotImplementedError("the masks of a grammar with registers are not built yet")
-        pos, stack = config
+        EOS included. With a register (`config` of four, see `step`), also the
+        `register_tokens` in `register_reach` of the position walked exactly with it (the
+        budget's `need` does not follow the register yet: it is a lower bound there)."""
+        pos, stack = config[:2]
         budget = UNREACHABLE - 1 if remaining is None else min(remaining - 1, UNREACHABLE - 1)
         room = self.stack_depth - len(stack)
         slot = self.slot_of[self.position_rule[pos], stack[-1] if stack else 0]
@@ -348,6 +361,9 @@ class PushdownAutomaton:
             return after is not None and self.need(after) <= budget
 
         tokens = (*self.byte_tokens, *self.candidates[pos, slot], *self.best_tokens(config))
+        if len(config) == 4:
+            reach = np.unpackbits(self.register_reach[pos].view(np.uint8), bitorder="little")
+            tokens += tuple(self.register_tokens[reach[: self.register_tokens.size] > 0])
         for t in tokens:
             if t < self.vocab_size:
                 bits[t] = exact(t)

@@ -186,9 +186,6 @@ def build_pushdown(
     push = np.zeros((num_positions, nc, max(width, 1)), np.int32)
     for (pos, c), p in pushes.items():
         push[pos, c, : len(p)] = p
-    registered = {}
-    if registers is not None and any(r is not None for r in registers):
-        registered = _register_tables(automata, actions, offsets, nxt, push, position_rule)
 
     # Return sites of each recursive rule (tail calls inherit their caller's sites).
     callables = len(automata) - 1
@@ -271,6 +268,11 @@ def build_pushdown(
         (BOTTOM,) + (() if position_rule[p] == 0 else rule_sites[position_rule[p]])
         for p in range(1, num_positions)
     ]
+
+    registered = {}
+    if registers is not None and any(r is not None for r in registers):
+        registered = _register_tables(automata, actions, offsets, nxt, push, position_rule)
+        registered.update(_register_tokens(registered, nxt, byte_class, position_sites, vocabulary))
 
     initial = int(offsets[0]) + automata[0].initial
     distance = _distances(nxt, push, final, byte_class, vocabulary)
@@ -403,23 +405,50 @@ def _fork_tables(fork_ways: list, nxt, byte_class, position_sites, vocabulary: T
         no_reach = np.zeros((nxt.shape[0], 0), np.uint32)
         return fork_next, fork_push, np.zeros(0, np.int32), 0, no_reach
     tokens, reach = _fork_tokens(nxt, fork_next, byte_class, position_sites, vocabulary)
-    fork_bytes = int(vocabulary.token_length[tokens].max(initial=1))
+    return fork_next, fork_push, *_packed_reach(tokens, reach, vocabulary)
+
+
+def _packed_reach(tokens, reach, vocabulary: TokenVocabulary):
+    """`(padded, longest, packed)` of `_fork_tokens`' `(tokens, reach)`: the tokens padded with
+    `vocab_size` to a bucket of 8, the longest in bytes, and per position the packed bits of
+    those it reaches (bit `j % 32` of word `j // 32`: `padded[j]`)."""
+    longest = int(vocabulary.token_length[tokens].max(initial=1))
     padded = np.full(bucket(tokens.size, 8), vocabulary.vocab_size, np.int32)
     padded[: tokens.size] = tokens
-    bits = np.zeros((nxt.shape[0], -(-padded.size // 32) * 32), bool)
+    bits = np.zeros((reach.shape[0], -(-padded.size // 32) * 32), bool)
     bits[:, : tokens.size] = reach
     packed = np.packbits(bits, axis=1, bitorder="little").view(np.uint32)
-    return fork_next, fork_push, padded, fork_bytes, np.ascontiguousarray(packed)
+    return padded, longest, np.ascontiguousarray(packed)
+
+
+def _register_tokens(tables: dict, nxt, byte_class, position_sites, vocabulary: TokenVocabulary):
+    """`register_tokens`, `register_bytes`, `register_reach` of `PushdownAutomaton`: the tokens
+    whose walk may meet a register action that can refuse (`reg_set`, `reg_require`) and still
+    be alive after their last byte, from some configuration, and per position (packed, as
+    `_packed_reach`) those that may from it. Over any stack (a return may go to any return site
+    of the rule): a superset, checked exactly on the device with the register."""
+    hits = (tables["reg_set"] > 0) | (tables["reg_require"] > 0)
+    tokens, reach = _fork_tokens(
+        nxt, np.zeros((0, 1), np.int32), byte_class, position_sites, vocabulary, hits=hits
+    )
+    names = ("register_tokens", "register_bytes", "register_reach")
+    return dict(zip(names, _packed_reach(tokens, reach, vocabulary)))
 
 
 _REACH_CHUNK = 1024
 """Positions walked together by `_fork_tokens` for `fork_reach`."""
 
 
-def _fork_tokens(nxt, fork_next, byte_class, position_sites, vocabulary: TokenVocabulary):
+def _fork_tokens(
+    nxt, fork_next, byte_class, position_sites, vocabulary: TokenVocabulary, hits=None
+):
     """`(tokens, reach)`: the tokens whose bytes may reach a fork from some configuration
     (`Int32[np.ndarray, " tokens"]`, ascending), and per position which of them may reach a
     fork from it (`Bool[np.ndarray, "positions tokens"]`, position 0 none).
+
+    With `hits` (`Bool[np.ndarray, "positions classes"]`, a grammar without forks): the same
+    for the bytes `hits` marks (`_register_tokens`: the register actions) instead of forks,
+    and only tokens whose walk is still alive after their last byte.
 
     A walk of the vocabulary's trie over *sets* of positions, from every position at once for
     `tokens`, then from each position alone over the trie nodes of `tokens` for `reach`; a
@@ -444,6 +473,8 @@ def _fork_tokens(nxt, fork_next, byte_class, position_sites, vocabulary: TokenVo
 
     memo: dict = {}
 
+    hit_list = hits.tolist() if hits is not None else None
+
     @typing.no_type_check
     def step(sid: int, c: int):
         out, hit, seen = set(), False, set(sets[sid])
@@ -452,7 +483,9 @@ def _fork_tokens(nxt, fork_next, byte_class, position_sites, vocabulary: TokenVo
             p = work.pop()
             act = nxt_list[p][c]
             targets = [act]
-            if act <= FORK:
+            if hit_list is not None:
+                hit = hit or (act > 0 and hit_list[p][c])
+            elif act <= FORK:
                 hit, targets = True, fork_list[FORK - act]
             for t in targets:
                 if t > 0:
@@ -483,6 +516,8 @@ def _fork_tokens(nxt, fork_next, byte_class, position_sites, vocabulary: TokenVo
         sets_of[n] = hit[0]
         forked_list[n] = forked_list[up] or hit[1]
     forked = np.asarray(forked_list, bool)
+    if hits is not None:  # alive after the last byte
+        forked &= np.asarray([len(sets[i]) > 0 for i in sets_of], bool)
     order = np.argsort(trie.token_ids[forked[token_node]], kind="stable")
     tokens = trie.token_ids[forked[token_node]][order].astype(np.int32)
     nodes = token_node[forked[token_node]][order]
@@ -507,7 +542,7 @@ def _fork_tokens(nxt, fork_next, byte_class, position_sites, vocabulary: TokenVo
     reach = np.zeros((nxt.shape[0], tokens.size), bool)
     for lo in range(0, origins.size, _REACH_CHUNK):
         walked = origins[None, lo : lo + _REACH_CHUNK]  # the root's row
-        hits = np.zeros(walked.shape, bool)
+        hit_rows = np.zeros(walked.shape, bool)
         above = np.zeros(1, np.int64)
         for depth, level in enumerate(levels, 1):
             up = np.searchsorted(above, parent[level])
@@ -516,12 +551,14 @@ def _fork_tokens(nxt, fork_next, byte_class, position_sites, vocabulary: TokenVo
             results = [stepped(divmod(k, num_classes)) for k in distinct.tolist()]
             inverse = inverse.reshape(keys.shape)
             walked = np.asarray([r[0] for r in results], np.int64)[inverse]
-            hits = hits[up] | np.asarray([r[1] for r in results], bool)[inverse]
+            hit_rows = hit_rows[up] | np.asarray([r[1] for r in results], bool)[inverse]
             above = level
             here = np.flatnonzero(token_depth == depth)
-            reach[1 + lo : 1 + lo + walked.shape[1], here] = hits[
-                np.searchsorted(level, nodes[here])
-            ].T
+            rows = np.searchsorted(level, nodes[here])
+            reached = hit_rows[rows]
+            if hits is not None:  # alive after the last byte
+                reached = reached & (np.asarray([len(m) for m in sets])[walked[rows]] > 0)
+            reach[1 + lo : 1 + lo + walked.shape[1], here] = reached.T
     return tokens, reach
 
 
