@@ -400,3 +400,56 @@ def test_masks_with_registers_equal_a_brute_force_walk(vocabulary):
             np.testing.assert_array_equal(automaton.allowed(config), want, err_msg=repr(prefix))
             checked += 1
     assert checked >= 14
+
+
+def test_device_mask_with_registers_equals_the_host_tables(vocabulary):
+    # A token walk through the recursive object (SmolLM2's tokens, drawn among the allowed
+    # ones, preferring those the register decides): at each step the jitted `process` keeps
+    # the host walk's configuration (register and saved registers too) and masks exactly the
+    # tokens `allowed` gives; the state keeps its shapes and dtypes.
+    import jax
+    import jax.numpy as jnp
+
+    from functional_gen.structured.pushdown.register_walk import RegisterPushdownConstraint
+
+    from .helpers import context_for
+
+    automaton = _tree_pushdown(vocabulary)
+    processor = RegisterPushdownConstraint(automaton)
+    step = jax.jit(lambda s, logits, c: processor.process(s, logits, c))
+    rng = np.random.default_rng(2)
+    ids = [1, 2, 3]
+    state = processor.init(context_for(ids, 3, max_len=128))
+    shapes = jax.tree.map(lambda x: (x.shape, x.dtype), state)
+    config = automaton.initial_config()
+    register_tokens = set(automaton.register_tokens.tolist())
+    # keys and their first bytes, so that the walk writes members (and repeats some)
+    keys = [t for t, b in enumerate(vocabulary.token_bytes) if b in (b'"a', b'"b', b'"m', b'"k')]
+    refused, dead_ends = 0, []
+    for _ in range(60):
+        state, logits = step(
+            state, jnp.zeros(vocabulary.vocab_size), context_for(ids, 3, max_len=128)
+        )
+        assert jax.tree.map(lambda x: (x.shape, x.dtype), state) == shapes
+        pos, stack, sp, register, registers = (np.asarray(x) for x in state)
+        assert (int(pos), tuple(stack[: int(sp)].tolist())) == config[:2]
+        assert int(register) == config[2] and tuple(registers[: int(sp)].tolist()) == config[3]
+        host = automaton.allowed(config)
+        np.testing.assert_array_equal(np.isfinite(np.asarray(logits)), host)
+        refused += sum(1 for t in register_tokens if t < automaton.vocab_size and not host[t])
+        if not host.any():
+            # a dead end: inside a member written twice (refused at the byte after its value),
+            # which the register-blind budget cannot see yet; device and host agree on it
+            dead_ends.append(b"".join(vocabulary.token_bytes[t] for t in ids[3:]))
+            break
+        preferred = [t for t in keys + sorted(register_tokens) if t < host.size and host[t]]
+        token = (
+            int(rng.choice(preferred))
+            if preferred and rng.random() < 0.6
+            else int(rng.choice(np.flatnonzero(host)))
+        )
+        if token in vocabulary.eos_token_id or len(ids) >= 127:
+            break
+        ids.append(token)
+        config = automaton.walk(vocabulary.token_bytes[token], config)
+    assert refused > 0

@@ -1,9 +1,10 @@
 """The device walk of a pushdown automaton with member-set registers (issue 55): `RegisterWalk`,
-the byte and token steps of `PushdownConstraint` with a register per stack frame.
+the byte and token steps of `PushdownConstraint` with a register per stack frame, and
+`RegisterPushdownConstraint`, the processor that masks with them.
 
-Not used by any processor yet (the masks, candidates and budget of a register grammar are
-still to come): this is the layer that the host walk (`PushdownAutomaton.step` with a
-configuration `(position, stack, register, registers)`) checks, byte for byte.
+No compiled schema uses them yet (the budget of a register grammar is still to come): this is
+the layer that the host walk (`PushdownAutomaton.step` with a configuration `(position, stack,
+register, registers)`, and `PushdownAutomaton.allowed`) checks, byte for byte and mask for mask.
 
 A configuration on the device is `(position, stack, stack_pointer, register, registers)`:
 `Int[Array, ""]`, `Int[Array, " stack_depth"]`, `Int[Array, ""]`, `UInt32[Array, ""]` and
@@ -20,7 +21,9 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Int, Integer, UInt8, UInt32
 
+from ...processors.base import Context
 from .automaton import DEAD, POP, PushdownAutomaton
+from .constraint import PushdownConstraint
 
 
 class RegisterWalk(eqx.Module):
@@ -126,3 +129,54 @@ class RegisterWalk(eqx.Module):
         return jax.lax.while_loop(
             cond, lambda s: (s[0] + 1, self.byte(s[1], row[s[0]])), (0, config)
         )[1]
+
+
+class RegisterPushdownConstraint(PushdownConstraint):
+    """`PushdownConstraint` for a `PushdownAutomaton` with a register (`has_register`): the
+    state per row is `RegisterWalk`'s configuration, `(position, stack, stack_pointer,
+    register, registers)`, the bytes walked by `RegisterWalk.byte`, and the mask is
+    `PushdownConstraint`'s (register-blind bitmask row, exact one-byte, candidate and best
+    tokens) with the `register_tokens` in `register_reach` of the position walked exactly with
+    the register, as `PushdownAutomaton.allowed` does. The budget's `need` is still
+    register-blind (a lower bound): no compiled schema uses this processor yet.
+
+    **Arguments:** as `PushdownConstraint`.
+
+    **Raises:** `ValueError` for an automaton without a register (or a bad `constraint_id`).
+    """
+
+    walk: RegisterWalk
+    register_tokens: Int[Array, " register_tokens"]
+    register_reach: UInt32[Array, "positions register_words"]
+    register_bytes: int = eqx.field(static=True)
+
+    def __init__(self, automaton: PushdownAutomaton, constraint_id=0):
+        if not automaton.has_register:
+            raise ValueError("RegisterPushdownConstraint: the automaton has no register")
+        super().__init__(automaton, constraint_id)
+        self.walk = RegisterWalk(automaton)
+        self.register_tokens = jnp.asarray(automaton.register_tokens, jnp.int32)
+        self.register_reach = jnp.asarray(automaton.register_reach)
+        self.register_bytes = int(automaton.register_bytes)
+
+    def init(self, context: Context):
+        """`RegisterWalk.init()`: the initial position, empty stacks, register 0."""
+        return self.walk.init()
+
+    def _byte(self, config, byte):
+        """`RegisterWalk.byte`."""
+        return self.walk.byte(config, byte)
+
+    def _allowed(self, state, context: Context) -> Bool[Array, " vocab"]:
+        """`PushdownConstraint._allowed`, then the register tokens that may meet a register
+        action from the position walked exactly (within the budget, as the others)."""
+        allowed = super()._allowed(state, context)
+        vocab = self.token_length.shape[0]
+        iota = jnp.arange(self.register_tokens.shape[0])
+        words = self.register_reach[state[0]]
+        reached = ((words[iota >> 5] >> (iota & 31).astype(jnp.uint32)) & 1) > 0
+        tokens = jnp.where(reached, self.register_tokens, vocab)
+        safe = jnp.minimum(tokens, vocab - 1)
+        after = jax.vmap(lambda t: self._token(state, t, self.register_bytes))(safe)
+        ok = (after[0] != DEAD) & (jax.vmap(self._need)(after) <= self._budget(context))
+        return allowed.at[tokens].set(ok, mode="drop")
