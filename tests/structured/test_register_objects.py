@@ -16,6 +16,7 @@ from functional_gen.structured.byte_dfa import ByteDFA, minimize, regex_byte_dfa
 from functional_gen.structured.dfa_operations import numbered_mark_edges
 from functional_gen.structured.grammar_syntax import parse_grammar
 from functional_gen.structured.json_schema import budgets, register_objects
+from functional_gen.structured.json_schema.keys import literal_key
 from functional_gen.structured.json_schema.order_automata import any_order_dfa, any_order_text
 from functional_gen.structured.json_schema.register_objects import (
     REGISTER_BITS,
@@ -60,6 +61,20 @@ def test_register_dfa_is_the_language_of_member_sequences(required, extra, form,
         assert not automaton.accepts(bad.encode()), bad
     # one copy of the members, not one per set written
     assert automaton.dfa.num_states < reference.num_states or sum(required) <= 1
+
+
+def test_register_sets_a_member_at_the_byte_after_its_key():
+    # keys with escapes and regex metacharacters are still read as literal keys; a member
+    # written twice is refused at its key's end, before its value
+    names = ["a", 'q"uote', "back\\slash", "dot.star*", "tab\t", "colon:"]
+    items = [(f"{literal_key(n)}[ ]?:[ ]?(?:[0-9])", True) for n in names]
+    automaton = register_object_dfa("(?:" + any_order_text(items, None, "[ ]?") + ")")
+    members = [f"{json.dumps(n)}: {j}" for j, n in enumerate(names)]
+    assert automaton.accepts(("{" + ", ".join(reversed(members)) + "}").encode())
+    twice = ("{" + members[3] + ", " + json.dumps(names[3])).encode()
+    assert automaton.walk(twice) is not None
+    assert automaton.walk(twice + b":") is None and automaton.walk(twice + b" ") is None
+    assert automaton.walk(twice[: -len(json.dumps(names[3]))] + b'"dot') is not None
 
 
 def test_register_holds_the_members_written():
@@ -132,8 +147,9 @@ def test_register_dfa_refusals():
     items = [(f'"k{j}":1', True) for j in range(REGISTER_BITS + 1)]
     with pytest.raises(ConstraintError, match="at most 32"):
         register_object_dfa("(?:" + any_order_text(items, None, "") + ")")
-    # a member's end that could go on like the separator after it
-    items = [('"a":(?:1|1,)', True), ('"b":2', True)]
+    # a member without a literal key first (its mark at its end) whose end could go on like
+    # the separator after it
+    items = [('(?:"a"):(?:1|1,)', True), ('"b":2', True)]
     with pytest.raises(ConstraintError, match="may go on with"):
         register_object_dfa("(?:" + any_order_text(items, None, "") + ")")
 
@@ -257,8 +273,8 @@ def test_pushdown_walk_with_registers_accepts_exactly_the_valid_nested_objects()
     assert not automaton.accepts(f'{{"a":1,"kid":{inner},"b":"b","m0":1,"m5":2,"a":3}}'.encode())
     assert automaton.accepts(f'{{"kids":[{inner},{inner}],"a":1,"b":"b","m0":1,"m5":2}}'.encode())
     config = automaton.walk(f'{{"m5":2,"kid":{inner[:-1]}'.encode())
-    # bits: m0..m8, a, b, c, kid, kids; a member's bit is set at the byte after its value
-    assert config[2] == 1 | 1 << 9 | 1 << 10 and config[3] == (1 << 5,)
+    # bits: m0..m8, a, b, c, kid, kids; a member's bit is set at the byte after its key
+    assert config[2] == 1 | 1 << 5 | 1 << 9 | 1 << 10 and config[3] == (1 << 5 | 1 << 12,)
 
 
 def test_pushdown_without_registers_is_unchanged():
@@ -380,7 +396,7 @@ def test_masks_with_registers_equal_a_brute_force_walk(vocabulary):
     rng = random.Random(7)
     prefixes = [  # where the register refuses tokens that the bitmask row holds
         b'{"a":1,"b":"a',  # `"}` (m0, m5 missing) and `",` are register tokens
-        b'{"a":1,"b":"b","m0":0,"m5":5,"a":1',  # `a` again: `,` `}` `1,` ... refused
+        b'{"a":1,"b":"b","m0":0,"m5":5,"a"',  # `a` again: `:` `":` ... refused
         b'{"b":"a","m0":0,"m5":5,"kid":{"a":1,"b":"a","m0":0,"m5":5},"b":"a',
         b'{"kids":[{"a":1,"b":"a","m0":0,"m5":5',  # `}]`, `},` inside the array
     ]
@@ -438,7 +454,7 @@ def test_device_mask_with_registers_equals_the_host_tables(vocabulary):
         np.testing.assert_array_equal(np.isfinite(np.asarray(logits)), host)
         refused += sum(1 for t in register_tokens if t < automaton.vocab_size and not host[t])
         if not host.any():
-            # a dead end: inside a member written twice (refused at the byte after its value),
+            # a dead end: the key of a member written twice (refused at the byte after it),
             # which the register-blind budget cannot see yet; device and host agree on it
             dead_ends.append(b"".join(vocabulary.token_bytes[t] for t in ids[3:]))
             break

@@ -3,12 +3,13 @@ the members, whatever their number, and a 32-bit register of the members written
 `order_automata`'s one copy of the members per set written (`2 ** n` sets).
 
 Not wired into compilation yet: this is the byte-level layer (the automaton with its register
-actions, and a host walk that is the reference of the layers above). The design, and what is
-left (the pushdown tables and device walk, masks, budget, wiring), is in the project's issue 55
-notes.
+actions, and a host walk that is the reference of the layers above; `pushdown.build_pushdown(
+registers=)`, `pushdown.register_walk` build on it). What is left (a register-aware token
+budget, then the wiring into `json_schema_compile`) is in the project's issue 55 notes.
 
-The object `{ ws member (ws , ws member)* ws }` becomes ONE regex in which each tracked member
-is followed by a *set mark* (`numbered_mark(SET_MARK, t)` for tracked member `t`) and the `}`
+The object `{ ws member (ws , ws member)* ws }` becomes ONE regex in which each tracked member's
+key is followed by a *set mark* (`numbered_mark(SET_MARK, t)` for tracked member `t`; after the
+whole member where its regex does not start with a literal key, `keys.literal_key`) and the `}`
 is preceded by a *require mark* (`numbered_mark(REQUIRE_MARK, 0)`). Compiled as any rule's
 regex (`regex_byte_dfa`, minimised with the marks as bytes), the marks are then folded into the
 transitions of the next real byte, as `order_automata` joins its sets: a state that reads a mark
@@ -23,12 +24,15 @@ byte moves the automaton on:
 3. `reg_require` (a mask, 0 for none): the byte is refused unless every bit of the mask is set
    (the `}` before a required member was written).
 
-The marks sit at the END of a member (as in `order_automata`, whose object text this reads:
-`any_order_text`), so a repeated member is refused at the first byte after its value; the token
-budget of the layers above must therefore know that a member already set cannot be completed.
+A member written twice is refused at the byte after its key (whitespace or `:`), before its
+value; the prefix up to there is still alive, so the token budget of the layers above must
+know that a key already written cannot be completed (issue 55's notes: the budget). After a
+key, a member's value and what follows carry no member-specific action, so minimisation shares
+the states of equal values and of what follows them across members.
 """
 
 import dataclasses
+import json
 import typing
 
 import numpy as np
@@ -37,6 +41,7 @@ from jaxtyping import Bool, Int, UInt32
 from ..automaton import ConstraintError
 from ..byte_dfa import REJECT, ByteDFA, minimize, reachable_states, regex_byte_dfa, successor_graph
 from ..dfa_operations import numbered_mark, numbered_mark_edges
+from .keys import literal_key
 from .order_automata import _parse
 from .rule_plan import RULE_CALL
 
@@ -120,6 +125,52 @@ class RegisterDFA:
         return config is not None and bool(self.dfa.accepting[config[0]])
 
 
+def _key_length(part: str) -> int | None:
+    """The length of the literal key that starts the member regex `part` (`keys.literal_key`:
+    `regex_syntax.escape` of the key's JSON text), or `None` when it does not start with one."""
+    if not part.startswith('"'):
+        return None
+    i, escaped = 1, False
+    while i < len(part):
+        c = part[i]
+        width = 1
+        if c == "\\":  # a regex escape: one literal character
+            width = 4 if part[i + 1 : i + 2] == "x" else 2
+            c = {"n": "\n", "t": "\t", "r": "\r"}.get(part[i + 1 : i + 2], part[i + 1 : i + 2])
+        elif c in "()[]{}|?*+.^$":
+            return None  # not a literal
+        i += width
+        if escaped:
+            escaped = False
+        elif c == "\\":
+            escaped = True
+        elif c == '"':
+            try:
+                name = json.loads(_unescape(part[:i]))
+            except ValueError:
+                return None
+            return i if isinstance(name, str) and literal_key(name) == part[:i] else None
+    return None
+
+
+def _unescape(regex: str) -> str:
+    """The text of a regex of `regex_syntax.escape`'s form."""
+    out, i = [], 0
+    while i < len(regex):
+        if regex[i] == "\\":
+            n = regex[i + 1]
+            if n == "x":
+                out.append(chr(int(regex[i + 2 : i + 4], 16)))
+                i += 4
+                continue
+            out.append({"n": "\n", "t": "\t", "r": "\r"}.get(n, n))
+            i += 2
+        else:
+            out.append(regex[i])
+            i += 1
+    return "".join(out)
+
+
 def register_object_dfa(regex: str) -> RegisterDFA:
     """The automaton of an object read in any order (`regex`: `order_automata.any_order_text`
     as a rule, `(?:...)`, its markers expanded), with a member-set register (see the module
@@ -143,10 +194,17 @@ def register_object_dfa(regex: str) -> RegisterDFA:
         )
     bit = {j: t for t, j in enumerate(tracked)}
     need = sum(1 << bit[j] for j in required)
-    alternatives = "|".join(
-        f"(?:{part}){numbered_mark(SET_MARK, bit[j]) if j in bit else ''}"
-        for j, part in enumerate(parts)
-    )
+
+    def marked(j: int, part: str) -> str:
+        if j not in bit:
+            return f"(?:{part})"
+        mark = numbered_mark(SET_MARK, bit[j])
+        cut = _key_length(part)
+        if cut is None:  # not a literal key first: the mark after the whole member
+            return f"(?:{part}){mark}"
+        return f"(?:{part[:cut]}{mark}{part[cut:]})"
+
+    alternatives = "|".join(marked(j, part) for j, part in enumerate(parts))
     members = f"(?:{alternatives})(?:{ws},{ws}(?:{alternatives}))*"
     close = f"{numbered_mark(REQUIRE_MARK, 0)}\\}}"
     empty = "|\\}" if not need else ""
