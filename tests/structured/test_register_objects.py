@@ -23,7 +23,7 @@ from functional_gen.structured.json_schema.register_objects import (
     register_object_dfa,
 )
 from functional_gen.structured.json_schema.rule_plan import RULE_CALL, rule_call
-from functional_gen.structured.pushdown import build_pushdown
+from functional_gen.structured.pushdown import UNREACHABLE, build_pushdown
 
 from .cases import PUSHDOWN_GRAMMARS
 from .test_order_automata import _expected, _render, _sequences, _text
@@ -469,3 +469,31 @@ def test_device_mask_with_registers_equals_the_host_tables(vocabulary):
         ids.append(token)
         config = automaton.walk(vocabulary.token_bytes[token], config)
     assert refused > 0
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="issue 55: the token budget is register-blind (need ignores the members written "
+    "and missing); a register-aware need (the design's member costs) makes this pass",
+)
+def test_budget_with_registers_never_leaves_a_row_without_a_token(vocabulary):
+    # The budget's promise (`pushdown.budget`): a configuration whose `need` fits in the
+    # tokens left always has an allowed token (or EOS). With a register it must hold where the
+    # register decides: after a repeated key (its bit set: only `:` goes on, and the register
+    # refuses it), and before `}` with required members missing.
+    automaton = _tree_pushdown(vocabulary)
+    prefixes = [
+        b'{"a":1,"b":"b","m0":0,"m5":5,"a"',  # a member's key again
+        b'{"a":1,"b":"a"',  # m0 and m5 missing: `"}` is the register-blind best
+        b'{"kid":{"a":1,"b":"a","m0":0,"m5":5,"a"',
+    ]
+    stuck = []
+    for prefix in prefixes:
+        config = automaton.walk(prefix)
+        assert config is not None
+        need = automaton.need(config)
+        assert need < UNREACHABLE
+        for remaining in (need, need + 3, 64):
+            if not automaton.allowed(config, remaining).any():
+                stuck.append((prefix, remaining))
+    assert not stuck, stuck
