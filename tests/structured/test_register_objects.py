@@ -172,6 +172,18 @@ _TREE_SCHEMA = {
 }
 
 
+def _top_rule(callables: int):
+    """`(dfa, calls)` of a bottom frame that only (tail-)calls rule 0, with `callables` call
+    columns."""
+    top = regex_byte_dfa(rule_call(0))
+    calls = np.full((top.num_states, callables), -1, np.int32)
+    (q, _, after), *_ = numbered_mark_edges(top.delta, RULE_CALL)
+    calls[q, 0] = after
+    delta = top.delta.copy()
+    delta[:, RULE_CALL] = -1
+    return ByteDFA(delta, top.accepting, top.initial), calls
+
+
 def _tree_pushdown(vocabulary=None):
     """A recursive object of 14 members, 4 required (above `ORDER_AUTOMATON_MAX`): `kid` an
     object of the same schema, `kids` an array of them (calls of rule 0, the object), read by
@@ -183,14 +195,7 @@ def _tree_pushdown(vocabulary=None):
     items += [('"kid"[ ]?:[ ]?' + call, False)]
     items += [(f'"kids"[ ]?:[ ]?\\[(?:{call}(?:[ ]?,[ ]?{call})*)?\\]', False)]
     tree = register_object_dfa("(?:" + any_order_text(items, None, "[ ]?") + ")")
-    top = regex_byte_dfa(call)
-    top_calls = np.full((top.num_states, 1), -1, np.int32)
-    (q, _, after), *_ = numbered_mark_edges(top.delta, RULE_CALL)
-    top_calls[q, 0] = after
-    top_delta = top.delta.copy()
-    top_delta[:, RULE_CALL] = -1
-    top = ByteDFA(top_delta, top.accepting, top.initial)
-    rules = [("top", top, top_calls), ("tree", tree.dfa, tree.calls)]
+    rules = [("top", *_top_rule(1)), ("tree", tree.dfa, tree.calls)]
     registers = [None, (tree.reg_clear, tree.reg_set, tree.reg_require)]
     return build_pushdown(
         None, vocabulary or BYTES_ONLY, stack_depth=8, rules=rules, registers=registers
@@ -497,3 +502,52 @@ def test_budget_with_registers_never_leaves_a_row_without_a_token(vocabulary):
             if not automaton.allowed(config, remaining).any():
                 stuck.append((prefix, remaining))
     assert not stuck, stuck
+
+
+def test_register_object_with_a_free_form_member_calls_the_json_value_rule():
+    # a member whose value is free-form (`FREE_VALUE_CALL`) becomes a call of the grammar's
+    # `value` rule (`value_calls`, the column `rule_automata.rule_edges(free_value=True)`
+    # appends): 12 members, "any" free-form, read in any order through `build_pushdown`
+    from functional_gen.structured.json_schema.free_values import (
+        FREE_VALUE_CALL,
+        free_value_grammar,
+    )
+
+    names = [f"n{j}" for j in range(11)]
+    items = [(f'"{n}"[ ]?:[ ]?(?:[0-9])', j < 3) for j, n in enumerate(names)]
+    items.append(('"any"[ ]?:[ ]?' + FREE_VALUE_CALL, True))
+    obj = register_object_dfa("(?:" + any_order_text(items, None, "[ ]?") + ")")
+    assert obj.calls.shape[1] == 0 and (obj.value_calls >= 0).sum() == 2  # `:` and `: `
+    top, top_calls = _top_rule(2)
+    obj_calls = np.stack([np.full(obj.dfa.num_states, -1, np.int32), obj.value_calls], axis=1)
+    automaton = build_pushdown(
+        free_value_grammar("[ ]?"),
+        BYTES_ONLY,
+        stack_depth=6,
+        rules=[("top", top, top_calls), ("object", obj.dfa, obj_calls)],
+        registers=[None, (obj.reg_clear, obj.reg_set, obj.reg_require)],
+    )
+    schema = {
+        "type": "object",
+        "properties": {**{n: {"enum": list(range(10))} for n in names}, "any": {}},
+        "required": [*names[:3], "any"],
+        "additionalProperties": False,
+    }
+    validator = jsonschema.Draft202012Validator(schema)
+    rng = random.Random(8)
+    free = [{"x": [1, {"y": None}]}, [], "s", 1.5, {"n0": 1, "n0x": True}, [[{}]]]
+    verdicts = {True: 0, False: 0}
+    for _ in range(200):
+        keys = rng.sample([*names, "any"], rng.randrange(3, 13))
+        if rng.random() < 0.2:
+            keys.append(rng.choice(keys))
+        rng.shuffle(keys)
+        members = [
+            f'"{k}": {json.dumps(rng.choice(free)) if k == "any" else rng.randrange(10)}'
+            for k in keys
+        ]
+        document = "{" + ", ".join(members) + "}"
+        want = len(set(keys)) == len(keys) and validator.is_valid(json.loads(document))
+        assert automaton.accepts(document.encode()) == want, document
+        verdicts[want] += 1
+    assert min(verdicts.values()) > 30

@@ -41,6 +41,7 @@ from jaxtyping import Bool, Int, UInt32
 from ..automaton import ConstraintError
 from ..byte_dfa import REJECT, ByteDFA, minimize, reachable_states, regex_byte_dfa, successor_graph
 from ..dfa_operations import numbered_mark, numbered_mark_edges
+from .free_values import FREE_VALUE_CALL
 from .keys import literal_key
 from .order_automata import _parse
 from .rule_plan import RULE_CALL
@@ -68,8 +69,10 @@ class RegisterDFA:
     - `dfa`: the `ByteDFA` (`delta`: `Int[np.ndarray, "states 256"]`), without mark bytes.
     - `calls`: `Int[np.ndarray, "states rules"]`, the state after a call of schema rule `r`
       (`rule_plan.rule_call(r)` in a member's regex) from each state (`REJECT`: none), up to
-      the largest rule called, as `rule_automata.rule_edges` gives them (the free-form
-      value's call byte, `free_values.FREE_VALUE_CALL`, stays a byte).
+      the largest rule called, as `rule_automata.rule_edges` gives them.
+    - `value_calls`: `Int[np.ndarray, " states"]`, the state after a call of the free-form JSON
+      value (`free_values.FREE_VALUE_CALL` in a member's regex; `REJECT`: none), the column
+      that `rule_automata.rule_edges(free_value=True)` appends.
     - `reg_clear`: `Bool[np.ndarray, "states 256"]`, per transition: the register is cleared.
     - `reg_set`: `Int[np.ndarray, "states 256"]`, per transition: `t + 1` to test-and-set bit
       `t`, 0 for none.
@@ -81,6 +84,7 @@ class RegisterDFA:
 
     dfa: ByteDFA
     calls: Int[np.ndarray, "states rules"]
+    value_calls: Int[np.ndarray, " states"]
     reg_clear: Bool[np.ndarray, "states 256"]
     reg_set: Int[np.ndarray, "states 256"]
     reg_require: UInt32[np.ndarray, "states 256"]
@@ -243,6 +247,9 @@ def register_object_dfa(regex: str) -> RegisterDFA:
     calls = np.full((delta.shape[0], 1 + max((r for _, r, _ in edges), default=-1)), REJECT)
     for q, r, after in edges:
         calls[q, r] = after
+    free = FREE_VALUE_CALL.encode("utf-8")[0]
+    calls = np.concatenate([calls, delta[:, free, None]], axis=1)  # the free value: last
+    delta[:, free] = REJECT
     # The mark states are no longer reachable: keep the reachable ones, in order (not
     # minimised again: the register actions would have to be part of the alphabet).
     both = np.concatenate([delta, calls], axis=1)
@@ -253,7 +260,8 @@ def register_object_dfa(regex: str) -> RegisterDFA:
     both = np.where(both[keep] != REJECT, number[both[keep]], REJECT).astype(np.int32)
     return RegisterDFA(
         dfa=ByteDFA(both[:, :256], accepting[keep], int(number[dfa.initial])),
-        calls=both[:, 256:],
+        calls=both[:, 256:-1],
+        value_calls=both[:, -1],
         reg_clear=reg_clear[keep],
         reg_set=reg_set[keep],
         reg_require=reg_require[keep],
