@@ -501,7 +501,7 @@ def test_token_tables_walked_in_chunks_equal_the_reference_walk(
     # A pass with more origins than `_WALK_CHUNK` is walked in chunks and merged (a token's
     # code row the concatenation of its chunks' rows): the tables are exactly the reference's,
     # for each pass and both vocabularies, whether a chunk is one origin or several.
-    from functional_gen.structured.pushdown import token_tables as pda_module
+    from functional_gen.structured.pushdown import token_walk as pda_module
 
     monkeypatch.setattr(pda_module, "_WALK_CHUNK", chunk)
     for vocab in (vocabulary, BYTES_ONLY):
@@ -513,7 +513,7 @@ def test_token_tables_walked_in_chunks_equal_the_reference_walk(
 def test_token_tables_survive_row_hash_collisions(monkeypatch, checked_token_tables):
     # With every weight 1 a row's hash is the sum of its entries: distinct rows collide at
     # once (`(1, 2)` and `(2, 1)`), the walk notices and walks again with random weights.
-    from functional_gen.structured.pushdown import token_tables as pda_module
+    from functional_gen.structured.pushdown import token_walk as pda_module
 
     calls = []
     hashed = pda_module._hashed_rows

@@ -43,7 +43,7 @@ against 52.6 s; small schemas pay up to 15 ms (kb_432 17 -> 30 ms), large open o
 to 2x faster (o41296 1.29 -> 0.63 s). Every valid instance that depth 1 rejected for nesting is
 accepted (o13687, o21865, o12281, kb_688). Depth 1 was the default while the pushdown tables
 cost 60-90 ms more per schema; the token walk that remembers each (function, byte class) step
-(`pushdown.token_tables`) removed that."""
+(`pushdown.token_walk`) removed that."""
 
 
 FREE_VALUE_CALL = "\x01"

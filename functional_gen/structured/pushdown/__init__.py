@@ -1,8 +1,11 @@
 """`PushdownAutomaton`: a context-free grammar run on the device with a bounded stack.
 
-Modules: `automaton` (the tables and constants), `building` (`build_pushdown`), `token_tables`
-(step 3 below), `budget` (the token budget and stack room, step 3 on the device), `constraint`
-(`PushdownConstraint`, the device side).
+Modules: `automaton` (the tables and constants), `building` (`build_pushdown`), `token_walk`
+(the token walk of step 3 below) and `token_tables` (its bitmask rows and candidates), `budget`
+(the token budget and stack room, step 3 on the device), `constraint` (`PushdownConstraint`,
+the device side), `register_walk` (a member-set register per stack frame for objects read in any
+order, `json_schema.register_objects`: the device walk and its processor; no compiled schema
+uses it yet, its token budget is still to come).
 
 The bounded-depth DFA of `functional_gen.structured.grammar` unrolls recursion, and its states
 double with every level of JSON nesting. Here the grammar keeps its recursion: it becomes a

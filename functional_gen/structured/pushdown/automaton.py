@@ -85,6 +85,19 @@ class PushdownAutomaton:
       stack), packed (bit `j % 32` of word `j // 32`: `fork_tokens[j]`), so that the device
       walks over every stack only those of the positions it is at. Empty for a deterministic
       grammar (`num_forks == 0`).
+    - `reg_clear`: `Bool[np.ndarray, "positions classes"]`, `reg_set`: `Int[np.ndarray,
+      "positions classes"]`, `reg_require`: `UInt32[np.ndarray, "positions classes"]`: the
+      member-set register actions of each byte read (`json_schema.register_objects`; clear the
+      register, test-and-set bit `reg_set - 1`, require every bit of `reg_require`), applied to
+      the frame that reads the byte. Empty (`0 x 0`) without a register (`has_register`). So
+      far only the host walk (`step` with a configuration `(position, stack, register,
+      registers)`) follows them: the token tables and the device ignore them.
+    - `register_tokens`: `Int[np.ndarray, " register_tokens"]`, the tokens whose walk may meet
+      an action that can refuse (a set or a require) and be alive after their last byte
+      (padded with `vocab_size`), `register_bytes` the longest of them, and `register_reach`:
+      `UInt32[np.ndarray, "positions register_words"]`, per position those that may from it
+      (packed as `fork_reach`): `allowed` walks them exactly with the register. Empty without a
+      register.
     """
 
     byte_class: Int[np.ndarray, " 256"]
@@ -123,6 +136,28 @@ class PushdownAutomaton:
     fork_reach: UInt32[np.ndarray, "positions fork_words"] = dataclasses.field(
         default_factory=lambda: np.zeros((0, 0), np.uint32)
     )
+    reg_clear: Bool[np.ndarray, "register_positions register_classes"] = dataclasses.field(
+        default_factory=lambda: np.zeros((0, 0), bool)
+    )
+    reg_set: Int[np.ndarray, "register_positions register_classes"] = dataclasses.field(
+        default_factory=lambda: np.zeros((0, 0), np.int32)
+    )
+    reg_require: UInt32[np.ndarray, "register_positions register_classes"] = dataclasses.field(
+        default_factory=lambda: np.zeros((0, 0), np.uint32)
+    )
+
+    register_tokens: Int[np.ndarray, " register_tokens"] = dataclasses.field(
+        default_factory=lambda: np.zeros(0, np.int32)
+    )
+    register_bytes: int = 0
+    register_reach: UInt32[np.ndarray, "register_positions register_words"] = dataclasses.field(
+        default_factory=lambda: np.zeros((0, 0), np.uint32)
+    )
+
+    @property
+    def has_register(self) -> bool:
+        """Whether some byte acts on the member-set register (`reg_set`, `reg_require`)."""
+        return self.reg_set.size > 0
 
     @property
     def num_forks(self) -> int:
@@ -162,6 +197,11 @@ class PushdownAutomaton:
                 self.fork_push,
                 self.fork_tokens,
                 self.fork_reach,
+                self.reg_clear,
+                self.reg_set,
+                self.reg_require,
+                self.register_tokens,
+                self.register_reach,
             )
         )
 
@@ -173,18 +213,49 @@ class PushdownAutomaton:
     @typing.no_type_check
     def step(self, config, byte: int):
         """One byte from `config = (position, stack)` (stack a tuple, top last): the next
-        configuration, or `None` when the byte is not allowed (or the stack overflows)."""
-        pos, stack = config
+        configuration, or `None` when the byte is not allowed (or the stack overflows).
+
+        With a register (`has_register`), `config = (position, stack, register, registers)`:
+        the current frame's register (an int) and the saved register of each frame on the
+        stack (a tuple beside `stack`). A return restores the frame's register; a push saves
+        the current one and the frames it starts run from 0 (those between the caller and the
+        innermost callee too); then the byte's register actions apply to the frame that reads
+        it, and refuse the byte when a bit to set is set already or a required one is not."""
+        pos, stack = config[:2]
+        registers = config[2:]  # () without a register, else (register, saved registers)
         c = self.byte_class[byte]
         while self.next[pos, c] == POP and stack:
             pos, stack = stack[-1], stack[:-1]
+            if registers:
+                registers = (registers[1][-1], registers[1][:-1])
         target = int(self.next[pos, c])
         if target <= 0:
             return None
         pushed = tuple(int(p) for p in self.push[pos, c] if p)
         if len(stack) + len(pushed) > self.stack_depth:
             return None
-        return target, stack + pushed
+        if not registers:
+            return target, stack + pushed
+        register, saved = registers
+        if pushed:
+            saved = saved + (register,) + (0,) * (len(pushed) - 1)
+            register = 0
+        if self.reg_clear[pos, c]:
+            register = 0
+        member = int(self.reg_set[pos, c])
+        if member:
+            if register >> (member - 1) & 1:
+                return None
+            register |= 1 << (member - 1)
+        need = int(self.reg_require[pos, c])
+        if register & need != need:
+            return None
+        return target, stack + pushed, register, saved
+
+    def initial_config(self):
+        """The configuration before any byte: `(initial, ())`, with a register `(initial, (),
+        0, ())` (see `step`)."""
+        return (self.initial, (), 0, ()) if self.has_register else (self.initial, ())
 
     @typing.no_type_check
     def steps(self, config, byte: int) -> list:
@@ -225,8 +296,8 @@ class PushdownAutomaton:
         return configs
 
     def walk(self, data: bytes, config=None):
-        """The configuration after `data` (from the initial one), or `None`."""
-        config = (self.initial, ()) if config is None else config
+        """The configuration after `data` (from the initial one, `initial_config`), or `None`."""
+        config = self.initial_config() if config is None else config
         for b in data:
             config = self.step(config, b)
             if config is None:
@@ -235,7 +306,7 @@ class PushdownAutomaton:
 
     def can_end(self, config) -> bool:
         """Whether generation may end in `config` (the position and every return position final)."""
-        pos, stack = config
+        pos, stack = config[:2]
         return bool(self.final[pos]) and all(self.final[p] for p in stack)
 
     def accepts(self, data: bytes) -> bool:
@@ -245,7 +316,7 @@ class PushdownAutomaton:
 
     def _frames(self, config):
         """`(position, room)` of the current frame and of each frame on the stack, top first."""
-        pos, stack = config
+        pos, stack = config[:2]
         rooms = self.token_distance.shape[1] - 1
         frames = [(pos, self.stack_depth - len(stack))]
         frames += [(p, self.stack_depth - j) for j, p in reversed(list(enumerate(stack)))]
@@ -271,8 +342,10 @@ class PushdownAutomaton:
         """The tokens the device allows in `config` with `remaining` tokens left to generate
         (this one included; `None`: no budget, only the stack depth), computed from the tables
         as the device does (bitmask row + one-byte, candidate and best tokens walked exactly),
-        EOS included."""
-        pos, stack = config
+        EOS included. With a register (`config` of four, see `step`), also the
+        `register_tokens` in `register_reach` of the position walked exactly with it (the
+        budget's `need` does not follow the register yet: it is a lower bound there)."""
+        pos, stack = config[:2]
         budget = UNREACHABLE - 1 if remaining is None else min(remaining - 1, UNREACHABLE - 1)
         room = self.stack_depth - len(stack)
         slot = self.slot_of[self.position_rule[pos], stack[-1] if stack else 0]
@@ -288,6 +361,9 @@ class PushdownAutomaton:
             return after is not None and self.need(after) <= budget
 
         tokens = (*self.byte_tokens, *self.candidates[pos, slot], *self.best_tokens(config))
+        if len(config) == 4:
+            reach = np.unpackbits(self.register_reach[pos].view(np.uint8), bitorder="little")
+            tokens += tuple(self.register_tokens[reach[: self.register_tokens.size] > 0])
         for t in tokens:
             if t < self.vocab_size:
                 bits[t] = exact(t)

@@ -44,6 +44,7 @@ def build_pushdown(
     top: tuple[ByteDFA, Int[np.ndarray, " states"], str] | None = None,
     rules: Sequence[tuple[str, ByteDFA, np.ndarray]] | None = None,
     forks: bool = False,
+    registers: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray] | None] | None = None,
 ) -> PushdownAutomaton:
     """Compile a parsed grammar into a `PushdownAutomaton` (see the module docstring).
 
@@ -61,13 +62,24 @@ def build_pushdown(
     action `FORK - f` and list the ways in `fork_next[f]` / `fork_push[f]` (run with parallel
     stacks, `pushdown.parallel`); every table walk treats such an entry as a rejection, so a
     grammar without such bytes gets exactly the tables it gets without `forks`.
+    `registers`: per rule of `rules`, `None` or the member-set register actions of its
+    transitions, `(reg_clear, reg_set, reg_require)`: `Bool`, `Int` and `UInt32[np.ndarray,
+    "states 256"]` (`json_schema.register_objects.RegisterDFA`); they become the automaton's
+    `reg_clear`, `reg_set` and `reg_require` per (position, byte class), applied to the frame
+    that reads the byte (see `PushdownAutomaton.step`). Only the host walk follows them so far:
+    the token tables ignore the register (a superset of the tokens it allows).
 
     **Raises:** `NotDeterministic` when a byte could be read in two ways (without `forks`), a recursive rule
     matches the empty string or is left-recursive; `GrammarError` for a language without a
     finite sentence (naming the rules that never end), or without one that fits within
     `stack_depth` open calls and can be spelled with the vocabulary's tokens;
-    `ValueError` for `top` and `rules` together or a `calls` table of the wrong width.
+    `ValueError` for `top` and `rules` together, a `calls` table of the wrong width, or
+    `registers` without `rules`, of another length, or with `forks`.
     """
+    if registers is not None and (rules is None or len(registers) != len(rules) or forks):
+        raise ValueError(
+            "build_pushdown: `registers` needs `rules` (one entry per rule) and no `forks`"
+        )
     if top is not None:
         if rules is not None:
             raise ValueError("build_pushdown: give `top` or `rules`, not both")
@@ -88,7 +100,7 @@ def build_pushdown(
         automata = [builder.rule_dfa(spec.rules[spec.start], top=True), *called]
         names = (spec.start, *cut)
     else:
-        automata, names, nc, byte_class = _byte_rule_automata(spec, rules)
+        automata, names, nc, byte_class, actions = _byte_rule_automata(spec, rules, registers)
     offsets = np.cumsum([1] + [a.num_states for a in automata])
     num_positions = int(offsets[-1])
     position_rule = np.zeros(num_positions, np.int32)
@@ -257,6 +269,11 @@ def build_pushdown(
         for p in range(1, num_positions)
     ]
 
+    registered = {}
+    if registers is not None and any(r is not None for r in registers):
+        registered = _register_tables(automata, actions, offsets, nxt, push, position_rule)
+        registered.update(_register_tokens(registered, nxt, byte_class, position_sites, vocabulary))
+
     initial = int(offsets[0]) + automata[0].initial
     distance = _distances(nxt, push, final, byte_class, vocabulary)
     ends = distance
@@ -335,7 +352,37 @@ def build_pushdown(
         fork_tokens=fork_tokens,
         fork_bytes=fork_bytes,
         fork_reach=fork_reach,
+        **registered,
     )
+
+
+def _register_tables(automata, actions, offsets, nxt, push, position_rule) -> dict:
+    """`reg_clear`, `reg_set`, `reg_require` of `PushdownAutomaton` (`positions x classes`):
+    each (position, class) that reads its byte takes the register actions of the transition
+    that reads it: its own rule's where it reads the byte itself, else (a call, or a tail call)
+    those of the initial state of the rule whose position it moves to, the innermost callee
+    (`actions[a]`: the class-level actions of automaton `a`, `None` for none)."""
+    num_positions, nc = nxt.shape
+    # every automaton's own byte moves and actions, by position
+    own = np.full((num_positions, nc), REJECT, np.int64)
+    every = [np.zeros((num_positions, nc), dtype) for dtype in (bool, np.int32, np.uint32)]
+    for a, dfa in enumerate(automata):
+        lo, hi = int(offsets[a]), int(offsets[a + 1])
+        delta = dfa.delta[:, :nc]
+        own[lo:hi] = np.where(delta != REJECT, delta + lo, REJECT)
+        if actions[a] is not None:
+            for table, values in zip(every, actions[a]):
+                table[lo:hi] = values
+    initial = np.asarray([int(offsets[a]) + dfa.initial for a, dfa in enumerate(automata)])
+    pos, c = np.nonzero(nxt > 0)
+    target = nxt[pos, c]
+    itself = (push[pos, c, 0] == 0) & (own[pos, c] == target)
+    reader = np.where(itself, pos, initial[position_rule[target]])
+    names = ("reg_clear", "reg_set", "reg_require")
+    tables = {name: np.zeros_like(table) for name, table in zip(names, every)}
+    for name, table in zip(names, every):
+        tables[name][pos, c] = table[reader, c]
+    return tables
 
 
 def _fork_tables(fork_ways: list, nxt, byte_class, position_sites, vocabulary: TokenVocabulary):
@@ -358,23 +405,50 @@ def _fork_tables(fork_ways: list, nxt, byte_class, position_sites, vocabulary: T
         no_reach = np.zeros((nxt.shape[0], 0), np.uint32)
         return fork_next, fork_push, np.zeros(0, np.int32), 0, no_reach
     tokens, reach = _fork_tokens(nxt, fork_next, byte_class, position_sites, vocabulary)
-    fork_bytes = int(vocabulary.token_length[tokens].max(initial=1))
+    return fork_next, fork_push, *_packed_reach(tokens, reach, vocabulary)
+
+
+def _packed_reach(tokens, reach, vocabulary: TokenVocabulary):
+    """`(padded, longest, packed)` of `_fork_tokens`' `(tokens, reach)`: the tokens padded with
+    `vocab_size` to a bucket of 8, the longest in bytes, and per position the packed bits of
+    those it reaches (bit `j % 32` of word `j // 32`: `padded[j]`)."""
+    longest = int(vocabulary.token_length[tokens].max(initial=1))
     padded = np.full(bucket(tokens.size, 8), vocabulary.vocab_size, np.int32)
     padded[: tokens.size] = tokens
-    bits = np.zeros((nxt.shape[0], -(-padded.size // 32) * 32), bool)
+    bits = np.zeros((reach.shape[0], -(-padded.size // 32) * 32), bool)
     bits[:, : tokens.size] = reach
     packed = np.packbits(bits, axis=1, bitorder="little").view(np.uint32)
-    return fork_next, fork_push, padded, fork_bytes, np.ascontiguousarray(packed)
+    return padded, longest, np.ascontiguousarray(packed)
+
+
+def _register_tokens(tables: dict, nxt, byte_class, position_sites, vocabulary: TokenVocabulary):
+    """`register_tokens`, `register_bytes`, `register_reach` of `PushdownAutomaton`: the tokens
+    whose walk may meet a register action that can refuse (`reg_set`, `reg_require`) and still
+    be alive after their last byte, from some configuration, and per position (packed, as
+    `_packed_reach`) those that may from it. Over any stack (a return may go to any return site
+    of the rule): a superset, checked exactly on the device with the register."""
+    hits = (tables["reg_set"] > 0) | (tables["reg_require"] > 0)
+    tokens, reach = _fork_tokens(
+        nxt, np.zeros((0, 1), np.int32), byte_class, position_sites, vocabulary, hits=hits
+    )
+    names = ("register_tokens", "register_bytes", "register_reach")
+    return dict(zip(names, _packed_reach(tokens, reach, vocabulary)))
 
 
 _REACH_CHUNK = 1024
 """Positions walked together by `_fork_tokens` for `fork_reach`."""
 
 
-def _fork_tokens(nxt, fork_next, byte_class, position_sites, vocabulary: TokenVocabulary):
+def _fork_tokens(
+    nxt, fork_next, byte_class, position_sites, vocabulary: TokenVocabulary, hits=None
+):
     """`(tokens, reach)`: the tokens whose bytes may reach a fork from some configuration
     (`Int32[np.ndarray, " tokens"]`, ascending), and per position which of them may reach a
     fork from it (`Bool[np.ndarray, "positions tokens"]`, position 0 none).
+
+    With `hits` (`Bool[np.ndarray, "positions classes"]`, a grammar without forks): the same
+    for the bytes `hits` marks (`_register_tokens`: the register actions) instead of forks,
+    and only tokens whose walk is still alive after their last byte.
 
     A walk of the vocabulary's trie over *sets* of positions, from every position at once for
     `tokens`, then from each position alone over the trie nodes of `tokens` for `reach`; a
@@ -399,6 +473,8 @@ def _fork_tokens(nxt, fork_next, byte_class, position_sites, vocabulary: TokenVo
 
     memo: dict = {}
 
+    hit_list = hits.tolist() if hits is not None else None
+
     @typing.no_type_check
     def step(sid: int, c: int):
         out, hit, seen = set(), False, set(sets[sid])
@@ -407,7 +483,9 @@ def _fork_tokens(nxt, fork_next, byte_class, position_sites, vocabulary: TokenVo
             p = work.pop()
             act = nxt_list[p][c]
             targets = [act]
-            if act <= FORK:
+            if hit_list is not None:
+                hit = hit or (act > 0 and hit_list[p][c])
+            elif act <= FORK:
                 hit, targets = True, fork_list[FORK - act]
             for t in targets:
                 if t > 0:
@@ -438,6 +516,8 @@ def _fork_tokens(nxt, fork_next, byte_class, position_sites, vocabulary: TokenVo
         sets_of[n] = hit[0]
         forked_list[n] = forked_list[up] or hit[1]
     forked = np.asarray(forked_list, bool)
+    if hits is not None:  # alive after the last byte
+        forked &= np.asarray([len(sets[i]) > 0 for i in sets_of], bool)
     order = np.argsort(trie.token_ids[forked[token_node]], kind="stable")
     tokens = trie.token_ids[forked[token_node]][order].astype(np.int32)
     nodes = token_node[forked[token_node]][order]
@@ -462,7 +542,7 @@ def _fork_tokens(nxt, fork_next, byte_class, position_sites, vocabulary: TokenVo
     reach = np.zeros((nxt.shape[0], tokens.size), bool)
     for lo in range(0, origins.size, _REACH_CHUNK):
         walked = origins[None, lo : lo + _REACH_CHUNK]  # the root's row
-        hits = np.zeros(walked.shape, bool)
+        hit_rows = np.zeros(walked.shape, bool)
         above = np.zeros(1, np.int64)
         for depth, level in enumerate(levels, 1):
             up = np.searchsorted(above, parent[level])
@@ -471,22 +551,27 @@ def _fork_tokens(nxt, fork_next, byte_class, position_sites, vocabulary: TokenVo
             results = [stepped(divmod(k, num_classes)) for k in distinct.tolist()]
             inverse = inverse.reshape(keys.shape)
             walked = np.asarray([r[0] for r in results], np.int64)[inverse]
-            hits = hits[up] | np.asarray([r[1] for r in results], bool)[inverse]
+            hit_rows = hit_rows[up] | np.asarray([r[1] for r in results], bool)[inverse]
             above = level
             here = np.flatnonzero(token_depth == depth)
-            reach[1 + lo : 1 + lo + walked.shape[1], here] = hits[
-                np.searchsorted(level, nodes[here])
-            ].T
+            rows = np.searchsorted(level, nodes[here])
+            reached = hit_rows[rows]
+            if hits is not None:  # alive after the last byte
+                reached = reached & (np.asarray([len(m) for m in sets])[walked[rows]] > 0)
+            reach[1 + lo : 1 + lo + walked.shape[1], here] = reached.T
     return tokens, reach
 
 
 _CALLED_RULES: dict = {}
 
 
-def _byte_rule_automata(spec: GrammarSpec | None, rules):
+def _byte_rule_automata(spec: GrammarSpec | None, rules, registers=None):
     """The automata of `build_pushdown(rules=...)`: the byte rules' DFAs and the grammar's
-    recursive rules over common byte classes (bytes every DFA and terminal treats alike), each
-    with one call column per callable rule. Returns `(automata, names, classes, byte_class)`."""
+    recursive rules over common byte classes (bytes every DFA, register action and terminal
+    treats alike), each with one call column per callable rule. Returns `(automata, names,
+    classes, byte_class, actions)`, `actions[a]` the register actions of automaton `a` per
+    (state, class) (`registers`' entry at the classes' representative bytes; `None` for the
+    grammar's rules and where `registers` has none)."""
     cut = cut_rules(spec) if spec is not None else []
     if spec is not None:
         # The grammar's own rules do not depend on the byte rules: memoised per grammar (JSON
@@ -512,8 +597,12 @@ def _byte_rule_automata(spec: GrammarSpec | None, rules):
                 f"build_pushdown: the calls of rule {name!r} have shape {calls.shape}, expected "
                 f"{(dfa.num_states, width)} (states x callable rules)"
             )
+    registers = list(registers) if registers is not None else [None] * len(rules)
+    action_rows = [a.astype(np.int64) for r in registers if r is not None for a in r]
     _, byte_class = unique_rows(
-        np.concatenate([grammar_class[None, :], *[dfa.delta for _, dfa, _ in rules]]).T
+        np.concatenate(
+            [grammar_class[None, :], *[dfa.delta for _, dfa, _ in rules], *action_rows]
+        ).T
     )
     representative = np.zeros(int(byte_class.max()) + 1, np.int64)
     representative[byte_class] = np.arange(256)
@@ -543,7 +632,10 @@ def _byte_rule_automata(spec: GrammarSpec | None, rules):
         for _, dfa, calls in rules
     ] + called
     names = tuple(name for name, _, _ in rules) + tuple(cut)
-    return automata, names, representative.size, byte_class
+    actions = [None if r is None else tuple(a[:, representative] for a in r) for r in registers] + [
+        None
+    ] * len(called)
+    return automata, names, representative.size, byte_class, actions
 
 
 def _readable(byte_class, vocabulary: TokenVocabulary | None):

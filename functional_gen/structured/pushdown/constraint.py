@@ -136,14 +136,14 @@ class PushdownConstraint(AbstractLogitsProcessor):
     def _frames(self, config):
         """The free stack slots of the current frame (a scalar) and of each stack entry's frame
         (`[stack_depth]`), clamped to the columns of `token_distance`."""
-        _, _, sp = config
+        _, _, sp = config[:3]
         last = self.token_distance.shape[1] - 1
         below = self.stack_depth - jnp.arange(self.stack_depth)
         return jnp.minimum(self.stack_depth - sp, last), jnp.minimum(below, last)
 
     def _stack_need(self, config) -> Int[Array, ""]:
         """`PushdownAutomaton.need` less the current frame's: the stack's frames."""
-        _, stack, sp = config
+        _, stack, sp = config[:3]
         on_stack = jnp.arange(self.stack_depth) < sp
         _, rooms = self._frames(config)
         return jnp.where(on_stack, self.token_distance[stack, rooms], 0).sum()
@@ -156,7 +156,7 @@ class PushdownConstraint(AbstractLogitsProcessor):
     def _best_tokens(self, config) -> Int[Array, " 2"]:
         """`PushdownAutomaton.best_tokens`: the current frame's best token and that of the
         first frame from the top whose rule cannot end (`vocab` where none)."""
-        pos, stack, sp = config
+        pos, stack, sp = config[:3]
         room, rooms = self._frames(config)
         waiting = (jnp.arange(self.stack_depth) < sp) & ~self.final[stack]
         j = jnp.max(jnp.where(waiting, jnp.arange(self.stack_depth), -1))
@@ -184,7 +184,7 @@ class PushdownConstraint(AbstractLogitsProcessor):
     def _allowed(self, state, context: Context) -> Bool[Array, " vocab"]:
         """The tokens allowed from one configuration (the mask of step 2 and the budget of step
         3), the end-of-generation ids not yet set."""
-        pos, _, sp = state
+        pos, _, sp = state[:3]
         vocab = self.token_length.shape[0]
         room = self.stack_depth - sp
         slot = self._slot(state)
@@ -207,7 +207,7 @@ class PushdownConstraint(AbstractLogitsProcessor):
     def _slot(self, state) -> Int[Array, ""]:
         """The slot of one configuration: its position's column for the return position on
         top of its stack (0: the stack is empty)."""
-        _, stack, sp = state
+        _, stack, sp = state[:3]
         top = jnp.where(sp > 0, stack[jnp.maximum(sp - 1, 0)], 0)
         return self.slot_of[self.position_rule[state[0]], top]
 
@@ -229,7 +229,7 @@ class PushdownConstraint(AbstractLogitsProcessor):
     def _can_end(self, state) -> Bool[Array, ""]:
         """Whether generation may end in the configuration (its position and every return
         position on its stack may end)."""
-        pos, stack, sp = state
+        pos, stack, sp = state[:3]
         on_stack = jnp.arange(self.stack_depth) < sp
         return self.final[pos] & jnp.all(jnp.where(on_stack, self.final[stack], True))
 
@@ -248,5 +248,5 @@ class PushdownConstraint(AbstractLogitsProcessor):
 
 def state_stack(state) -> list[int]:
     """The return positions on a row's stack, bottom first (host helper for drawings)."""
-    _, stack, sp = state
+    _, stack, sp = state[:3]
     return [int(v) for v in np.asarray(stack)[: int(sp)]]
