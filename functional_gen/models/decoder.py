@@ -57,6 +57,7 @@ from .kv_cache import KVCache, resolve_kv_cache_dtype
 from .norms import RMSNorm as RMSNorm
 from .paged_cache import PagedKVCache, PagedLayerCache, check_paged_call
 from .quantization import Embedding, Linear
+from .weight_tree import fill_weights, path_name
 
 
 class MLP(eqx.Module):
@@ -736,50 +737,7 @@ class DecoderForCausalLM(AbstractCausalLM):
             quantization=quantization,
             plan=plan,
         )
-        leaves, treedef = jax.tree_util.tree_flatten_with_path(skeleton)
-        names = [_path_name(path) for path, _ in leaves]
-        computed = {"model.rotary_emb.inv_freq", "model.rotary_emb_local.inv_freq"}
-        scales = {n for n in names if n.endswith(".scale")}  # int8 scales: computed if absent
-        expected = set(names) - computed - scales
-        ignorable = {"lm_head.weight", "lm_head.scale"} if config.tie_word_embeddings else set()
-        ignorable |= {n for n in weights if n.endswith("rotary_emb.inv_freq")}
-        missing = sorted(expected - set(weights))
-        unexpected = sorted(set(weights) - expected - ignorable - scales)
-        if missing or unexpected:
-            raise ValueError(
-                "checkpoint weights do not match the config: "
-                f"missing {missing[:8]}{' ...' if len(missing) > 8 else ''}, "
-                f"unexpected {unexpected[:8]}{' ...' if len(unexpected) > 8 else ''}"
-            )
-        quantized = {}  # name of a scale -> the scale computed with its weight
-        arrays = []
-        for name, (_, spec) in zip(names, leaves):
-            if name in computed:
-                local = name == "model.rotary_emb_local.inv_freq"
-                arrays.append(jnp.asarray(config.rope_inv_freq(local=local)))
-                continue
-            if name in scales:
-                arrays.append(jnp.asarray(quantized.pop(name), dtype=jnp.float32))
-                continue
-            w = weights[name]
-            if tuple(w.shape) != tuple(spec.shape):
-                raise ValueError(
-                    f"weight {name!r} has shape {tuple(w.shape)}, expected {tuple(spec.shape)} "
-                    "from the config"
-                )
-            if spec.dtype == jnp.int8:
-                scale_name = name.removesuffix("weight") + "scale"
-                if np.dtype(w.dtype) == np.int8:
-                    if scale_name not in weights:
-                        raise ValueError(f"int8 weight {name!r} comes without {scale_name!r}")
-                    scale = weights[scale_name]
-                else:
-                    w, scale = _quantization.quantize_int8(np.asarray(w))
-                quantized[scale_name] = scale
-            elif np.dtype(w.dtype) == np.int8:
-                raise ValueError(f"weight {name!r} is int8 but the model is not quantized")
-            arrays.append(jnp.asarray(w, dtype=spec.dtype))
-        return jax.tree_util.tree_unflatten(treedef, arrays)
+        return fill_weights(skeleton, config, weights)
 
     def first_layers(self, num_layers: int) -> "DecoderForCausalLM":
         """The model truncated to its first `num_layers` decoder layers, with the same final norm,
@@ -821,7 +779,7 @@ class DecoderForCausalLM(AbstractCausalLM):
         `model.rotary_emb_local.inv_freq` are left out.
         """
         leaves = jax.tree_util.tree_flatten_with_path(self)[0]
-        out = {_path_name(path): leaf for path, leaf in leaves}
+        out = {path_name(path): leaf for path, leaf in leaves}
         out.pop("model.rotary_emb.inv_freq", None)
         out.pop("model.rotary_emb_local.inv_freq", None)
         c = self.config
@@ -831,18 +789,6 @@ class DecoderForCausalLM(AbstractCausalLM):
             c.num_attention_heads * c.head_dim,
             c.num_key_value_heads * c.head_dim,
         )
-
-
-def _path_name(path) -> str:
-    parts = []
-    for entry in path:
-        if isinstance(entry, jax.tree_util.GetAttrKey):
-            parts.append(entry.name)
-        elif isinstance(entry, jax.tree_util.SequenceKey):
-            parts.append(str(entry.idx))
-        else:  # pragma: no cover - the module tree has only attributes and tuples
-            raise TypeError(f"unexpected path entry {entry!r}")
-    return ".".join(parts)
 
 
 def num_parameters(model: DecoderForCausalLM) -> int:
