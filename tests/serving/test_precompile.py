@@ -12,9 +12,10 @@ Two paged engines, not three: the paged one preempts (a pool of 7 blocks), since
 whose default pool holds every slot's worst case runs the same programs (of another pool size)
 and the same host paths minus the preemptions, so it would check nothing the preempting one
 does not. It keeps the default four gather buckets; the speculative one, whose programs
-compile slowest (5-12 s each on the 2-core machine: 4 buckets x 2 dispatch kinds were ~60 of
-its ~75 s), keeps the last two (`gather_buckets[-2:]`, still ending at the whole table, both
-used by its requests): precompile's bucket loop is one for every paged kind."""
+compile slowest (4 buckets x 2 dispatch kinds were 8 compilations of 5-12 s each on the loaded
+2-core machine, most of its 64 CPU s), keeps the last two (`gather_buckets[-2:]`, still ending
+at the whole table, both used by its requests): precompile's bucket loop is one for every
+paged kind."""
 
 import asyncio
 
