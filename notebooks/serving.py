@@ -20,6 +20,9 @@
 #
 # - draws slot occupancy over time for static and continuous batching on the same requests;
 # - runs the engine's three pure functions (`prefill`, `insert`, `generate`) on a toy model;
+# - keeps the KV cache in blocks (a paged cache): the blocks a trace of requests holds against
+#   a reservation per slot, a shared system prompt taken from the prefix cache, and a pool too
+#   small for every request, where requests are preempted and resumed with the same tokens;
 # - streams a few requests at once through the real engine (`engine.stream`), as the
 #   OpenAI-compatible server (`functional-gen serve`) does, and draws their timeline.
 #
@@ -151,6 +154,199 @@ for name, eng in (("all 4 rows", wide), ("1 row", narrow)):
     columns[name] = np.asarray(out.token_ids)
     print(f"{name}:\n{columns[name]}")
 assert (columns["all 4 rows"] == columns["1 row"]).all()
+
+# %% [markdown]
+# ## A paged KV cache
+#
+# The engines above give every slot a [KV cache](../../concepts/wording/#kv-cache) row of
+# `max_len` positions, whether its request uses 6 of them or all: the cache is `max_slots x
+# max_len` from the start. `Engine(..., block_size=8)` keeps the keys and values in **blocks**
+# of 8 positions instead, one pool of blocks per layer, as vLLM does (PagedAttention): each
+# slot has a block table (its positions' blocks, in order), a request takes blocks as it grows
+# and gives them back when it ends. A caller of the three functions makes three calls more:
+# `admit` takes a request's blocks before its `prefill` (`None`: the pool is full, the request
+# waits), `release` returns them when it ends, and `make_room` before each `generate` gives the
+# busy slots their next blocks (it matters when the pool is small, below). `serve` drives a
+# trace of requests through those calls, first come first served, as the server's loop does,
+# and records after each dispatch how many blocks are in use.
+
+
+# %%
+def serve(engine, trace):
+    """Run `trace` (`(dispatch, request)`: the request arrives before that dispatch) through a
+    paged engine. **Returns:** per request its tokens; per dispatch the blocks in use and the
+    busy slots; the dispatches at which a request was preempted."""
+    state = engine.init_decode_state()
+    queue, running, got = [], {}, {i: [] for i in range(len(trace))}
+    blocks, busy, preempted = [], [], []
+    dispatch = 0
+    while dispatch <= max(d for d, _ in trace) or queue or running:
+        queue += [(i, r) for i, (d, r) in enumerate(trace) if d == dispatch]
+        while queue and len(running) < engine.max_slots:  # admit into free slots, in order
+            slot = min(set(range(engine.max_slots)) - set(running))
+            i, request = queue[0]
+            admission = engine.admit(request, slot)
+            if admission is None:  # no blocks for it now: it waits at the head of the queue
+                break
+            state = engine.insert(engine.prefill(request, admission, state), state, slot)
+            running[slot] = queue.pop(0)[0]
+        state, preemptions = engine.make_room(state)
+        for p in preemptions:  # (see "Preemption" below) back to the front of the queue
+            queue.insert(0, (running.pop(p.slot), p.request))
+            preempted.append(dispatch)
+        state, out = engine.generate(state)
+        blocks.append(engine.paged.allocator.blocks_in_use)
+        busy.append(len(running))
+        for slot, i in list(running.items()):
+            got[i] += [t for t in out.token_ids[:, slot].tolist() if t >= 0]
+            if bool(out.done[slot]):
+                del running[slot]
+                engine.release(slot)
+        dispatch += 1
+    return [got[i] for i in range(len(trace))], np.array(blocks), np.array(busy), preempted
+
+
+def alone(ids, max_new_tokens, temperature=None, seed=0):
+    """`fg.generate`'s tokens for the prompt `ids` alone (sampled with `key(seed)` when
+    `temperature` is given). Always 40 new tokens, cut to `max_new_tokens` (one compiled program
+    for every request: the first tokens of a longer run are those of a shorter one)."""
+    state = fg.SequenceState.from_token_ids([list(ids)], vocab_size=tiny.vocab_size)
+    sampling = {} if temperature is None else dict(temperature=temperature, do_sample=True)
+    out = fg.generate(tiny, None, state, max_new_tokens=40, key=jax.random.key(seed), **sampling)
+    k = int(out.state.arrays.length[0]) - len(ids)  # up to its EOS, if it took one
+    return [int(t) for t in out.token_ids[0, : min(k, max_new_tokens)]]
+
+
+# %% [markdown]
+# The trace is the twelve requests of the first plot (their arrival step and length), with
+# prompts of 2 to 8 random tokens; every third request samples at temperature 1 with a seed of
+# its own. The paged engine has 4 slots of 64 positions (8 blocks each) and a pool of 16
+# blocks, half of what the 4 slots' `max_len` would take (`num_blocks`; by default the pool
+# holds them all). Each request's tokens are those of `fg.generate` on its prompt alone.
+
+# %%
+paged = fg.serving.Engine(
+    tiny, None, max_slots=4, max_len=64, num_steps=4, block_size=8, num_blocks=16
+)
+prompts = [rng.integers(2, 100, rng.integers(2, 9)).tolist() for _ in range(12)]
+knobs = [dict(temperature=1.0, seed=i) if i % 3 == 2 else {} for i in range(12)]
+trace = [
+    (int(a) // paged.num_steps, paged.request(p, int(n), **k))  # arrival step -> dispatch
+    for a, p, n, k in zip(arrivals, prompts, lengths, knobs)
+]
+tokens, blocks, busy, preempted = serve(paged, trace)
+longest = [alone(p, 40, **k) for p, k in zip(prompts, knobs)]  # (used again below)
+assert tokens == [full[:n] for full, n in zip(longest, lengths)]
+assert not preempted  # this trace fits the pool (see "Preemption" below for one that does not)
+print("pool:", paged.paged.allocator.num_blocks, "blocks of", paged.block_size, "positions")
+print("tokens equal fg.generate alone for all", len(tokens), "requests")
+
+# %% [markdown]
+# How many blocks that trace held, dispatch by dispatch, against what the same busy slots
+# would hold if each reserved its worst case (`max_len`: 8 blocks per busy slot), and what
+# the engines above hold all the time (`max_slots x max_len`, 32 blocks' worth):
+
+# %%
+per_slot = paged.max_len // paged.block_size
+fig, ax = plt.subplots(figsize=(10, 3))
+ax.axhline(paged.max_slots * per_slot, color="grey", ls=":", label="max_slots x max_len")
+ax.step(range(len(blocks)), busy * per_slot, where="post", label="busy slots x max_len")
+ax.step(range(len(blocks)), blocks, where="post", label="paged: blocks in use")
+ax.set_ylim(0, paged.max_slots * per_slot + 2)
+ax.set_xlabel("dispatch (4 decode steps)")
+ax.set_ylabel("blocks of 8 positions")
+ax.set_title("KV cache held for the same twelve requests")
+ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8)
+plt.tight_layout()
+plt.show()
+print(
+    f"paged: {blocks.mean():.1f} blocks on average, worst-case reservation: "
+    f"{(busy * per_slot).mean():.1f}"
+)
+
+# %% [markdown]
+# The paged cache holds what the requests have written (rounded up to a block) plus the next
+# dispatch's room: here about 40% of what a reservation of `max_len` per busy slot would hold,
+# and never more than the 16 blocks of its pool, where those reservations would need 32. In the
+# same memory, more than twice as many requests can run. On the CPU each dispatch gathers
+# the busy slots' blocks into a contiguous cache and scatters the new keys back; a
+# paged-attention kernel that reads the blocks in place is the GPU's next step (see [the
+# serving page](../../serving/#paged-kv-cache)).
+#
+# ### Prefix caching
+#
+# Requests to one application often start with the same system prompt. A full block is keyed
+# by the hash of its tokens and of every block before it (vLLM's hash chain), so a later prompt
+# that starts with the same blocks takes them by reference: their keys and values are not
+# computed again, only the rest of the prompt is prefilled. Blocks nobody uses stay cached until
+# the pool needs them, least recently used first. Six requests share a 24-token system prompt
+# (3 blocks) and differ after it:
+
+# %%
+system = rng.integers(2, 100, 24).tolist()
+questions = [rng.integers(2, 100, rng.integers(3, 8)).tolist() for _ in range(6)]
+hits, prefilled = paged.paged.allocator.prefix_cache_hits, paged.paged.prefilled_tokens
+shared = [(i, paged.request(system + q, 8)) for i, q in enumerate(questions)]
+tokens, _, _, _ = serve(paged, shared)
+assert tokens == [alone(system + q, 8) for q in questions]
+prompt_tokens = sum(len(system) + len(q) for q in questions)
+print("prefix-cache hits (blocks):", paged.paged.allocator.prefix_cache_hits - hits)
+print(f"prompt tokens prefilled: {paged.paged.prefilled_tokens - prefilled} of {prompt_tokens}")
+
+# %% [markdown]
+# The first request computes the system prompt; each of the five after it takes its 3 blocks
+# from the cache (15 hits) and prefills only its own few tokens, and the tokens are still those
+# of `fg.generate` alone. (A prompt's last token is always computed, for its next-token
+# logits.) A long prompt whose uncached part exceeds `prefill_chunk` is prefilled chunk by
+# chunk straight into its blocks, each chunk inside the next decode dispatch of the other slots
+# (chunked prefill; the same tokens again).
+#
+# ### Preemption: when the pool runs out
+#
+# Taking blocks as requests grow lets the pool be smaller than `max_slots x max_len`, as this
+# one is; then requests can outgrow it. With `block_size` the engine **preempts** by default
+# (`Engine(preemption=True)`, vLLM's recompute preemption). A request is admitted when its
+# prompt's blocks and one dispatch of growth fit; before each dispatch `make_room` gives every
+# busy slot its next blocks, oldest request first, and when the pool runs out it preempts the
+# most recently admitted request: its full blocks go to the prefix cache, all its blocks are
+# freed, and it comes back as a request to queue again at the front, its prompt followed by
+# the tokens it had generated (with its PRNG key and step count). Readmitted, it takes back the
+# blocks still cached, prefills the rest and goes on where it stopped. The twelve prompts
+# again, all arriving at once this time and each asking for 40 tokens (5 to 6 blocks each):
+
+# %%
+preemptions = paged.paged.preemptions
+burst = [(0, paged.request(p, 40, **k)) for p, k in zip(prompts, knobs)]
+tokens, blocks, busy, preempted = serve(paged, burst)
+assert tokens == longest  # sampled requests too: each resumes with its own key
+print("preemptions:", paged.paged.preemptions - preemptions, "at dispatches", preempted)
+
+pool = paged.paged.allocator.num_blocks
+fig, (top, bottom) = plt.subplots(2, 1, figsize=(10, 4), sharex=True, height_ratios=(2, 1))
+top.axhline(pool, color="grey", ls=":", label="pool")
+top.step(range(len(blocks)), blocks, where="post", color="tab:orange", label="blocks in use")
+top.plot(preempted, [pool + 1] * len(preempted), "v", color="tab:red", label="a preemption")
+top.set_ylim(0, pool + 2.5)
+top.set_ylabel("blocks")
+top.set_title(f"Twelve requests at once in {pool} blocks: preempted and resumed")
+top.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8)
+bottom.step(range(len(busy)), busy, where="post", color="tab:green")
+bottom.set_ylim(0, paged.max_slots + 0.5)
+bottom.set_ylabel("busy slots")
+bottom.set_xlabel("dispatch (4 decode steps)")
+plt.tight_layout()
+plt.show()
+
+# %% [markdown]
+# The pool stays nearly full; requests that do not fit wait, or are preempted and recomputed
+# later, yet every request's tokens, the sampled ones included, equal `fg.generate` alone.
+# Without preemption (`Engine(preemption=False)`) each admission would reserve its worst case
+# (prompt plus `max_new_tokens`) and wait until that fits: never preempted, fewer requests
+# running at once. A request that could not fit even alone (more blocks than the whole pool)
+# is refused when it is made. A direct user of `admit` / `generate`, as `serve` is, must call
+# `make_room` before each `generate` and queue what it hands back (`generate` raises when a
+# slot cannot get its blocks); the orchestrator behind `engine.stream` and the server does it.
+
 
 # %% [markdown]
 # ## Streams on the real engine
