@@ -28,9 +28,12 @@
 #   the GPU plan of the same model (`fg.models.ExecutionPlan`);
 # - draws the roofline of batch size against tokens/s from the measurements on one H200, with
 #   the bandwidth bound;
-# - says why the two plans differ.
+# - says why the two plans differ;
+# - reads the serving engine's paged KV cache through its block tables with the GPU plan's
+#   Pallas kernel (interpreted on the CPU) and checks it against the contiguous cache.
 #
-# Everything here runs on a CPU: the GPU plan is traced, not run.
+# Everything here runs on a CPU: the GPU plan is traced, not run (the paged-attention kernel
+# runs in Pallas's interpret mode).
 
 # %%
 import collections
@@ -240,6 +243,70 @@ for label, (params, ours, _) in shapes.items():
 # - **Compiler options.** The GPU plan asks XLA, per compiled program, to record `while` loops
 #   and conditionals into command buffers, so that the whole `generate` loop replays as CUDA
 #   graphs instead of returning to the host each iteration.
+
+# %% [markdown]
+# ## Paged attention: the serving engine's blocks read in place
+#
+# The serving engine (`fg.serving.Engine(..., block_size=16)`) keeps every request's keys and
+# values in fixed-size blocks of one pool per layer, with a block table per request, as vLLM
+# does ([Serving many callers](../serving/)). Attention must then read each row's keys through
+# its table. The CPU plan gathers the busy rows' blocks into a contiguous copy once per
+# dispatch (XLA's CPU dot reads the copy in place); on a GPU that copy is as large as the
+# blocks it reads, and its two extra passes cost bandwidth, so the GPU plan
+# (`ExecutionPlan.paged_attention="pallas"`) hands the model the pools and tables as a
+# `fg.models.PagedKVCache` and attends with jax's Pallas paged-attention kernel, which reads
+# the blocks where they are. On a CPU the same kernel runs in Pallas's interpret mode
+# (`"pallas_interpret"`): slow, but the same arithmetic. Below, the first two layers of the
+# default model read a 24-token prompt from blocks of 4 scattered over a pool, under both
+# forms, against the contiguous cache's logits.
+
+# %%
+small = model.first_layers(2)
+text = (
+    "The capital of France is Paris, the capital of Italy is Rome, the capital of Spain is "
+    "Madrid, and the capital of Portugal is"
+)
+prompt = jnp.asarray(tokenizer(text)["input_ids"][:24])[None]
+n = prompt.shape[1]
+assert n == 24
+positions = jnp.arange(n, dtype=jnp.int32)[None]
+reference = eqx.filter_jit(lambda m: m.prefill(prompt, positions, max_len=n, logits_to_keep=0)[0])(
+    small
+)
+
+block, blocks = 4, 16
+table = np.random.default_rng(0).permutation(blocks)[: -(-n // block)]  # scattered physical blocks
+tables = jnp.full((1, 8), -1, jnp.int32).at[0, : table.size].set(table)
+pools = tuple(
+    jnp.zeros((config.num_key_value_heads, blocks, block, config.head_dim)) for _ in range(2)
+)
+paged = fg.models.PagedKVCache(pools, pools, tables, jnp.zeros((1,), jnp.int32))
+for form in ("gather", "pallas_interpret"):
+    plan = small.plan.replace(paged_attention=form)
+    logits, after = eqx.filter_jit(lambda m, c: m(prompt, positions, c))(
+        small.with_plan(plan), paged
+    )
+    error = float(jnp.abs(logits - reference).max())
+    print(
+        f"{form:>16}: logits within {error:.1e} of the contiguous cache; length {int(after.length[0])}"
+    )
+
+# %% [markdown]
+# Where the prompt's keys went: each of the 24 positions in the physical block its table names
+# (a white cell: a block no row holds). Any free block serves; that is what lets memory follow
+# the tokens in use.
+
+# %%
+owner = np.full((blocks, block), np.nan)
+for j, physical in enumerate(table):
+    owner[physical] = np.arange(j * block, (j + 1) * block)
+owner[owner >= n] = np.nan
+fig, ax = plt.subplots(figsize=(7, 2.2))
+ax.imshow(owner.T, cmap="viridis", aspect="auto")
+ax.set_xlabel("physical block of the pool")
+ax.set_ylabel("offset in block")
+ax.set_title("prompt position held by each slot of the pool (colour: 0 dark, 23 light)")
+plt.show()
 
 # %% [markdown]
 # ## Next
