@@ -51,12 +51,37 @@ class PagedKVCache(eqx.Module):
       none (a position there is neither written nor read).
     - `length`: `Int[Array, " batch"]`: per row, the positions written so far (`[0, length)`,
       each in its block); a call moves it to one past the last position it wrote.
+
+    **Raises:** `ValueError` (at construction, before any compilation) naming the mismatch: no
+    layers, `k` and `v` of different layer counts or shapes, a pool that is not 4-D or whose
+    blocks differ from the first layer's, tables that are not 2-D, or `length` not one per row.
     """
 
     k: tuple[Float[Array, "kv_heads blocks block_size head_dim"], ...]
     v: tuple[Float[Array, "kv_heads blocks block_size head_dim"], ...]
     block_tables: Int[Array, "batch max_blocks"]
     length: Int[Array, " batch"]
+
+    def __check_init__(self):
+        if not self.k or len(self.k) != len(self.v):
+            raise ValueError(
+                f"a PagedKVCache needs one key and one value pool per layer, got {len(self.k)} "
+                f"key and {len(self.v)} value pools"
+            )
+        first = tuple(self.k[0].shape)
+        for i, (k, v) in enumerate(zip(self.k, self.v)):
+            if len(k.shape) != 4 or tuple(v.shape) != tuple(k.shape) or k.shape[1:3] != first[1:3]:
+                raise ValueError(
+                    f"layer {i}: key pool {tuple(k.shape)} and value pool {tuple(v.shape)}; "
+                    "expected equal [kv_heads, num_blocks, block_size, head_dim] pools with "
+                    f"layer 0's blocks ({first[1]} of {first[2]})"
+                )
+        tables, length = tuple(self.block_tables.shape), tuple(self.length.shape)
+        if len(tables) != 2 or length != tables[:1]:
+            raise ValueError(
+                f"block_tables {tables} and length {length}: expected [batch, max_blocks] "
+                "tables and one length per row"
+            )
 
     @property
     def block_size(self) -> int:

@@ -13,6 +13,7 @@ queries), Gemma 3 (sliding-window layers: the kernel's plan keeps the gather the
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import jaxtyping
 import numpy as np
 import pytest
 
@@ -193,3 +194,21 @@ def test_a_paged_cache_refuses_prefill_chunks_and_prefix_lm():
     ids, pos = jnp.zeros((1, 2), jnp.int32), jnp.arange(2, dtype=jnp.int32)[None]
     with pytest.raises(ValueError, match="decode calls only"):
         model(ids, pos, cache, prefix_length=jnp.asarray([1], jnp.int32))
+
+
+def test_a_paged_cache_of_mismatched_parts_is_refused_by_name():
+    pool, tables, length = jnp.zeros((2, 6, 4, 8)), jnp.zeros((3, 2), jnp.int32), jnp.zeros(3)
+    with pytest.raises(ValueError, match="one key and one value pool per layer, got 2 key and 1"):
+        PagedKVCache((pool, pool), (pool,), tables, length.astype(jnp.int32))
+    # beartype checks one random item of a tuple: the tests' jaxtyping may refuse it first
+    with pytest.raises(
+        (ValueError, jaxtyping.TypeCheckError),
+        match=r"layer 1: key pool \(2, 6, 2, 8\)|Type-check error",
+    ):
+        PagedKVCache(
+            (pool, jnp.zeros((2, 6, 2, 8))), (pool, pool), tables, length.astype(jnp.int32)
+        )
+    # one length too few: the tests' jaxtyping checks (the `batch` dimension) refuse it before
+    # `__check_init__` does (its ValueError is what a user without them gets)
+    with pytest.raises((ValueError, jaxtyping.TypeCheckError), match="length"):
+        PagedKVCache((pool,), (pool,), tables, jnp.zeros(2, jnp.int32))
