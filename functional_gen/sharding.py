@@ -27,6 +27,7 @@ from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
 from .models.decoder import DecoderForCausalLM
 from .models.kv_cache import KVCache
+from .models.weight_tree import path_name
 
 DEFAULT_RULES: tuple[tuple[str, P], ...] = (
     # the decoder's fused modules (`functional_gen.models.families.fused`): by output rows
@@ -176,7 +177,7 @@ def shard(model, mesh, rules=None):
     def place(path, leaf):
         if not isinstance(leaf, (jax.Array, np.ndarray)):
             return leaf
-        name = _name(path)
+        name = path_name(path)
         spec = partition_spec(name, tuple(leaf.shape), mesh, rules)
         return _put(leaf, NamedSharding(mesh, spec))
 
@@ -240,20 +241,6 @@ def replicate(tree, mesh: Mesh):
     )
 
 
-def _name(path) -> str:
-    parts = []
-    for entry in path:
-        if isinstance(entry, jax.tree_util.GetAttrKey):
-            parts.append(entry.name)
-        elif isinstance(entry, jax.tree_util.SequenceKey):
-            parts.append(str(entry.idx))
-        elif isinstance(entry, jax.tree_util.DictKey):
-            parts.append(str(entry.key))
-        else:
-            parts.append(str(entry))
-    return ".".join(parts)
-
-
 COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
 
 
@@ -297,7 +284,7 @@ def plan(config, mesh_shape: tuple[int, int], batch: int, max_len: int, dtype="b
     def annotate(path, leaf):
         if not is_struct(leaf):
             return leaf
-        spec = partition_spec(_name(path), tuple(leaf.shape), mesh)
+        spec = partition_spec(path_name(path), tuple(leaf.shape), mesh)
         return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=NamedSharding(mesh, spec))
 
     abstract = jax.tree_util.tree_map_with_path(annotate, skeleton, is_leaf=is_struct)

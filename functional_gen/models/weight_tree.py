@@ -15,18 +15,19 @@ from . import quantization as _quantization
 
 
 def path_name(path) -> str:
-    """The dotted Hugging Face name of a module-tree path (`jax.tree_util` keys: attributes
-    and tuple indices), e.g. `model.layers.0.mlp.gate_up_proj.weight`.
-
-    **Raises:** `TypeError` for any other kind of path entry."""
+    """The dotted name of a pytree path (`jax.tree_util` keys): attributes and tuple indices as
+    in a module tree's Hugging Face names (`model.layers.0.mlp.gate_up_proj.weight`), dict keys
+    by their key, any other entry by its `str` (the sharding rules match these names too)."""
     parts = []
     for entry in path:
         if isinstance(entry, jax.tree_util.GetAttrKey):
             parts.append(entry.name)
         elif isinstance(entry, jax.tree_util.SequenceKey):
             parts.append(str(entry.idx))
-        else:  # pragma: no cover - the module tree has only attributes and tuples
-            raise TypeError(f"unexpected path entry {entry!r}")
+        elif isinstance(entry, jax.tree_util.DictKey):
+            parts.append(str(entry.key))
+        else:
+            parts.append(str(entry))
     return ".".join(parts)
 
 
