@@ -37,14 +37,17 @@ def _text(required: list[bool], extra: bool) -> str:
 def _expected(sequence, required: list[bool], extra: bool, form: str) -> bool:
     """Whether an object of the members `sequence` (`(index, value)`, index 4 the additional
     member) is in the form's language: good values only, every required member, each tracked
-    one (every listed one in the exact form, the required ones in the other) at most once."""
+    one (every listed one in the exact form, the required ones in the `"required"` form, none
+    in `"repeat"`, `register_objects`' language) at most once."""
     for j, value in sequence:
         if j < len(MEMBERS) and value != MEMBERS[j][2][0]:
             return False
         if j == len(MEMBERS) and (not extra or value != '"x1"'):
             return False
     listed = [j for j, _ in sequence if j < len(MEMBERS)]
-    tracked = [j for j in range(len(MEMBERS)) if form == "exact" or required[j]]
+    tracked = [
+        j for j in range(len(MEMBERS)) if form == "exact" or (form == "required" and required[j])
+    ]
     if any(listed.count(j) > 1 for j in tracked):
         return False
     return all(j in listed for j in range(len(MEMBERS)) if required[j])

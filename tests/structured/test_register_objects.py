@@ -15,7 +15,7 @@ from functional_gen.structured.automaton import ConstraintError
 from functional_gen.structured.byte_dfa import ByteDFA, minimize, regex_byte_dfa
 from functional_gen.structured.dfa_operations import numbered_mark_edges
 from functional_gen.structured.grammar_syntax import parse_grammar
-from functional_gen.structured.json_schema import budgets, register_objects
+from functional_gen.structured.json_schema import budgets
 from functional_gen.structured.json_schema.keys import literal_key
 from functional_gen.structured.json_schema.order_automata import any_order_dfa, any_order_text
 from functional_gen.structured.json_schema.register_objects import (
@@ -31,32 +31,32 @@ from .test_pda import BYTES_ONLY
 
 
 @pytest.mark.parametrize(
-    "required, extra, form",
+    "required, extra",
     [
-        ([True, False, True, False], False, "exact"),
-        ([True, True, False, False], True, "exact"),
-        ([False, False, False, False], True, "exact"),
-        ([True, True, True, True], False, "exact"),
-        ([True, False, True, True], True, "required"),
+        ([True, False, True, False], False),
+        ([True, True, False, False], True),
+        ([False, False, False, False], True),
+        ([True, True, True, True], False),
+        ([True, False, True, True], True),
     ],
 )
-def test_register_dfa_is_the_language_of_member_sequences(required, extra, form, monkeypatch):
-    # the same oracle as `any_order_dfa`'s: every order of every subset, a member twice, the
-    # additional member anywhere, random sequences; spaced and compact
-    if form == "required":  # four listed members over the register: only the required tracked
-        monkeypatch.setattr(register_objects, "REGISTER_BITS", 3)
+def test_register_dfa_is_the_language_of_member_sequences(required, extra):
+    # the same oracle as `any_order_dfa`'s (every order of every subset, a member twice, the
+    # additional member anywhere, random sequences; spaced and compact), in the register's
+    # language: every required member at least once, a listed one any number of times
     text = _text(required, extra)
     automaton = register_object_dfa(text)
-    reference = any_order_dfa(text, form=form)
+    reference = any_order_dfa(text, form="exact")
     checked = {True: 0, False: 0}
+    repeats = 0
     for sequence in _sequences(random.Random(0)):
-        want = _expected(sequence, required, extra, form)
+        want = _expected(sequence, required, extra, "repeat")
         for spaced in (False, True):
             document = _render(sequence, spaced).encode()
             assert automaton.accepts(document) == want, (document, want)
-            assert reference.matches(document) == want
+        repeats += want and not _expected(sequence, required, extra, "exact")
         checked[want] += 1
-    assert min(checked.values()) > 20  # both verdicts, many times
+    assert min(checked.values()) > 20 and repeats > 20  # both verdicts, and repeats, many times
     for bad in ('{"y":"a",}', '{,"y":"a"}', '{"y":"a""n":1}', '{"y":"a"', ' {"y":"a"}'):
         assert not automaton.accepts(bad.encode()), bad
     # one copy of the members, not one per set written
@@ -64,29 +64,30 @@ def test_register_dfa_is_the_language_of_member_sequences(required, extra, form,
 
 
 def test_register_sets_a_member_at_the_byte_after_its_key():
-    # keys with escapes and regex metacharacters are still read as literal keys; a member
-    # written twice is refused at its key's end, before its value
+    # keys with escapes and regex metacharacters are still read as literal keys: a member's
+    # bit is set at the byte after its key (whitespace or `:`), and `}` waits for every bit
     names = ["a", 'q"uote', "back\\slash", "dot.star*", "tab\t", "colon:"]
     items = [(f"{literal_key(n)}[ ]?:[ ]?(?:[0-9])", True) for n in names]
     automaton = register_object_dfa("(?:" + any_order_text(items, None, "[ ]?") + ")")
     members = [f"{json.dumps(n)}: {j}" for j, n in enumerate(names)]
     assert automaton.accepts(("{" + ", ".join(reversed(members)) + "}").encode())
-    twice = ("{" + members[3] + ", " + json.dumps(names[3])).encode()
-    assert automaton.walk(twice) is not None
-    assert automaton.walk(twice + b":") is None and automaton.walk(twice + b" ") is None
-    assert automaton.walk(twice[: -len(json.dumps(names[3]))] + b'"dot') is not None
+    key = ("{" + members[0] + ", " + json.dumps(names[3])).encode()
+    assert automaton.walk(key)[1] == 1
+    assert automaton.walk(key + b":")[1] == 1 | 1 << 3 == automaton.walk(key + b" ")[1]
+    assert not automaton.accepts(("{" + ", ".join(members[1:]) + "}").encode())
+    assert automaton.accepts(("{" + ", ".join(members + members[2:4]) + "}").encode())
 
 
 def test_register_holds_the_members_written():
     text = _text([True, False, True, False], True)
     automaton = register_object_dfa(text)
-    assert automaton.tracked == (0, 1, 2, 3) and automaton.required == 0b101
-    for sequence in [[(2, "12"), (0, '"a"')], [(0, '"a"'), (4, '"x1"'), (3, "[]"), (2, "12")]]:
-        _, register = automaton.walk(_render(sequence, True).encode())
-        assert register == sum(1 << j for j, _ in sequence if j < 4)
+    assert automaton.tracked == (0, 2) and automaton.required == 0b11  # the required members
+    for sequence in [[(2, "12")], [(0, '"a"'), (4, '"x1"'), (3, "[]"), (1, "true")]]:
+        _, register = automaton.walk(_render(sequence, True)[:-1].encode())
+        assert register == sum(1 << automaton.tracked.index(j) for j, _ in sequence if j in (0, 2))
     # an object inlined twice in one rule starts afresh at its `{`
     config = automaton.walk(b'{"n":12,"y":"a"}')
-    assert config[1] == 0b101
+    assert config[1] == 0b11
     assert automaton.step((automaton.dfa.initial, config[1]), ord("{"))[1] == 0
 
 
@@ -123,11 +124,9 @@ def test_register_dfa_of_an_object_far_above_the_set_automata_agrees_with_jsonsc
             keys.append(rng.choice(keys))  # a member twice
         members = [(f'"k{j}"', str(rng.randrange(-9, 99)) if j % 2 else '"a"') for j in keys]
         document = "{" + ", ".join(f"{k}: {v}" for k, v in members) + "}"
-        # json.loads keeps the last of a repeated key: a repeated key is invalid by count
-        repeated = len(set(keys)) < len(keys)
-        want = not repeated and jsonschema.Draft202012Validator(schema).is_valid(
-            json.loads(document)
-        )
+        # json.loads keeps the last of a repeated key (valid for the key: the register's
+        # language lets a listed member repeat)
+        want = jsonschema.Draft202012Validator(schema).is_valid(json.loads(document))
         assert automaton.accepts(document.encode()) == want, document
         verdicts[want] += 1
     assert min(verdicts.values()) > 50
@@ -242,19 +241,6 @@ def _render_tree(value, spaced: bool) -> str:
     return json.dumps(value)
 
 
-def _no_repeated_keys(document: str) -> bool:
-    def hook(pairs):
-        if len({k for k, _ in pairs}) < len(pairs):
-            raise ValueError("repeated key")
-        return dict(pairs)
-
-    try:
-        json.loads(document, object_pairs_hook=hook)
-    except ValueError:
-        return False
-    return True
-
-
 def test_pushdown_walk_with_registers_accepts_exactly_the_valid_nested_objects():
     # Every frame has its own register: an object inside a member of another (`kid`, `kids`)
     # starts from none written and gives its caller's register back when it ends.
@@ -267,19 +253,20 @@ def test_pushdown_walk_with_registers_accepts_exactly_the_valid_nested_objects()
         tree = _random_tree(rng, 0)
         spaced = rng.random() < 0.5
         document = _render_tree(tree, spaced)
-        want = _no_repeated_keys(document) and validator.is_valid(json.loads(document))
+        want = validator.is_valid(json.loads(document))
         assert automaton.accepts(document.encode()) == want, document
         verdicts[want] += 1
-    assert min(verdicts.values()) > 50
-    # a member of the outer object repeated after an inner object (the inner frame's register
-    # must not leak into the outer one, nor the outer one into the inner)
+    assert min(verdicts.values()) > 30
+    # the inner frame's register must not leak into the outer one, nor the outer one into the
+    # inner: members written inside `kid` do not count for the outer object
     inner = '{"a":1,"b":"a","m0":0,"m5":5}'
     assert automaton.accepts(f'{{"a":1,"kid":{inner},"b":"b","m0":1,"m5":2}}'.encode())
-    assert not automaton.accepts(f'{{"a":1,"kid":{inner},"b":"b","m0":1,"m5":2,"a":3}}'.encode())
+    assert not automaton.accepts(f'{{"kid":{inner},"b":"b","m0":1,"m5":2}}'.encode())
+    assert not automaton.accepts(b'{"a":1,"b":"b","m0":1,"m5":2,"kid":{"a":1}}')
     assert automaton.accepts(f'{{"kids":[{inner},{inner}],"a":1,"b":"b","m0":1,"m5":2}}'.encode())
     config = automaton.walk(f'{{"m5":2,"kid":{inner[:-1]}'.encode())
-    # bits: m0..m8, a, b, c, kid, kids; a member's bit is set at the byte after its key
-    assert config[2] == 1 | 1 << 5 | 1 << 9 | 1 << 10 and config[3] == (1 << 5 | 1 << 12,)
+    # bits: the required m0, m5, a, b; a member's bit is set at the byte after its key
+    assert config[2] == 0b1111 and config[3] == (0b10,)
 
 
 def test_pushdown_without_registers_is_unchanged():
@@ -446,7 +433,7 @@ def test_device_mask_with_registers_equals_the_host_tables(vocabulary):
     register_tokens = set(automaton.register_tokens.tolist())
     # keys and their first bytes, so that the walk writes members (and repeats some)
     keys = [t for t, b in enumerate(vocabulary.token_bytes) if b in (b'"a', b'"b', b'"m', b'"k')]
-    refused, dead_ends = 0, []
+    refused = 0
     for _ in range(60):
         state, logits = step(
             state, jnp.zeros(vocabulary.vocab_size), context_for(ids, 3, max_len=128)
@@ -458,11 +445,7 @@ def test_device_mask_with_registers_equals_the_host_tables(vocabulary):
         host = automaton.allowed(config)
         np.testing.assert_array_equal(np.isfinite(np.asarray(logits)), host)
         refused += sum(1 for t in register_tokens if t < automaton.vocab_size and not host[t])
-        if not host.any():
-            # a dead end: the key of a member written twice (refused at the byte after it),
-            # which the register-blind budget cannot see yet; device and host agree on it
-            dead_ends.append(b"".join(vocabulary.token_bytes[t] for t in ids[3:]))
-            break
+        assert host.any(), b"".join(vocabulary.token_bytes[t] for t in ids[3:])  # no dead end
         preferred = [t for t in keys + sorted(register_tokens) if t < host.size and host[t]]
         token = (
             int(rng.choice(preferred))
@@ -547,7 +530,7 @@ def test_register_object_with_a_free_form_member_calls_the_json_value_rule():
             for k in keys
         ]
         document = "{" + ", ".join(members) + "}"
-        want = len(set(keys)) == len(keys) and validator.is_valid(json.loads(document))
+        want = validator.is_valid(json.loads(document))  # the last of a repeated key kept
         assert automaton.accepts(document.encode()) == want, document
         verdicts[want] += 1
     assert min(verdicts.values()) > 30

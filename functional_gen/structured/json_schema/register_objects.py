@@ -1,34 +1,37 @@
 """Objects read in any order with a member-set *register* (issue 55): one loop automaton over
-the members, whatever their number, and a 32-bit register of the members written, instead of
-`order_automata`'s one copy of the members per set written (`2 ** n` sets).
+the members, whatever their number, and a 32-bit register of the required members written,
+instead of `order_automata`'s one copy of the members per set written (`2 ** n` sets).
 
-Not wired into compilation yet: this is the byte-level layer (the automaton with its register
-actions, and a host walk that is the reference of the layers above; `pushdown.build_pushdown(
-registers=)`, `pushdown.register_walk` build on it). What is left (a register-aware token
-budget, then the wiring into `json_schema_compile`) is in the project's issue 55 notes.
+`rule_automata` builds an object with it where `order_automata.any_order_dfa` cannot (more
+members than `budgets.ORDER_AUTOMATON_MAX` to track); `pushdown.build_pushdown(registers=)`
+turns its actions into the automaton's tables, `pushdown.register_walk` walks them on the
+device, and `pushdown.register_budget` counts its tokens.
 
-The object `{ ws member (ws , ws member)* ws }` becomes ONE regex in which each tracked member's
-key is followed by a *set mark* (`numbered_mark(SET_MARK, t)` for tracked member `t`; after the
-whole member where its regex does not start with a literal key, `keys.literal_key`) and the `}`
-is preceded by a *require mark* (`numbered_mark(REQUIRE_MARK, 0)`). Compiled as any rule's
-regex (`regex_byte_dfa`, minimised with the marks as bytes), the marks are then folded into the
-transitions of the next real byte, as `order_automata` joins its sets: a state that reads a mark
-takes the byte row of the state after it, and those transitions carry the mark's action. Each
-transition `(state, byte)` then has three register actions, applied in this order before the
-byte moves the automaton on:
+The object `{ ws member (ws , ws member)* ws }` becomes ONE regex in which each required
+member's key is followed by a *set mark* (`numbered_mark(SET_MARK, t)` for required member
+`t`; after the whole member where its regex does not start with a literal key,
+`keys.literal_key`) and the `}` is preceded by a *require mark* (`numbered_mark(REQUIRE_MARK,
+0)`). Compiled as any rule's regex (`regex_byte_dfa`, minimised with the marks as bytes), the
+marks are then folded into the transitions of the next real byte, as `order_automata` joins its
+sets: a state that reads a mark takes the byte row of the state after it, and those
+transitions carry the mark's action. Each transition `(state, byte)` then has three register
+actions, applied in this order before the byte moves the automaton on:
 
 1. `reg_clear`: the register is set to 0 (the object's `{`: an object inlined twice in one rule
    starts afresh);
-2. `reg_set` (`t + 1`, 0 for none): test-and-set bit `t`; the byte is refused when the bit is
-   already set (a member written twice);
+2. `reg_set` (`t + 1`, 0 for none): bit `t` is set (a member written again sets it again);
 3. `reg_require` (a mask, 0 for none): the byte is refused unless every bit of the mask is set
    (the `}` before a required member was written).
 
-A member written twice is refused at the byte after its key (whitespace or `:`), before its
-value; the prefix up to there is still alive, so the token budget of the layers above must
-know that a key already written cannot be completed (issue 55's notes: the budget). After a
-key, a member's value and what follows carry no member-specific action, so minimisation shares
-the states of equal values and of what follows them across members.
+**The language** is JSON Schema's, but for one thing: a listed member may be written more than
+once (the last one is the one a JSON parser keeps: RFC 8259 says the names of an object SHOULD
+be unique, not MUST; every value written is valid for its key). Refusing a repeat would need a
+test on the register at every key byte (a key whose every completion was written is a dead
+end), which no bitmask row can hold: every token that spells a key would have to be walked
+exactly on the device. Only `}` depends on the register, so the tokens the device checks
+exactly are the few that read a `}` of such an object (`pushdown.building._register_tokens`).
+`order_automata.any_order_dfa`'s `"exact"` form (up to `ORDER_AUTOMATON_MAX` listed members)
+refuses repeats; its `"required"` form, as this one, lets optional members repeat.
 """
 
 import dataclasses
@@ -74,12 +77,12 @@ class RegisterDFA:
       value (`free_values.FREE_VALUE_CALL` in a member's regex; `REJECT`: none), the column
       that `rule_automata.rule_edges(free_value=True)` appends.
     - `reg_clear`: `Bool[np.ndarray, "states 256"]`, per transition: the register is cleared.
-    - `reg_set`: `Int[np.ndarray, "states 256"]`, per transition: `t + 1` to test-and-set bit
-      `t`, 0 for none.
+    - `reg_set`: `Int[np.ndarray, "states 256"]`, per transition: `t + 1` to set bit `t`, 0
+      for none.
     - `reg_require`: `UInt32[np.ndarray, "states 256"]`, per transition: the bits that must be
       set (0: none).
-    - `tracked`: the member indices (of the object text's members) tracked, bit `t` the
-      member `tracked[t]`; `required`: the mask of the required members' bits.
+    - `tracked`: the member indices (of the object text's members) tracked, the required ones:
+      bit `t` is the member `tracked[t]`; `required`: the mask of their bits.
     """
 
     dfa: ByteDFA
@@ -104,10 +107,7 @@ class RegisterDFA:
             register = 0
         member = int(self.reg_set[state, byte])
         if member:
-            bit = 1 << (member - 1)
-            if register & bit:
-                return None
-            register |= bit
+            register |= 1 << (member - 1)
         need = int(self.reg_require[state, byte])
         if register & need != need:
             return None
@@ -178,19 +178,16 @@ def _unescape(regex: str) -> str:
 def register_object_dfa(regex: str) -> RegisterDFA:
     """The automaton of an object read in any order (`regex`: `order_automata.any_order_text`
     as a rule, `(?:...)`, its markers expanded), with a member-set register (see the module
-    docstring): `{`, whitespace, the members separated by `,` (whitespace around it), every
-    listed member at most once and every required one, additional members anywhere, then `}`
-    (JSON Schema's language, as `any_order_dfa`'s `"exact"` form). With more than
-    `REGISTER_BITS` listed members only the required ones are tracked (an optional member may
-    then repeat, as `any_order_dfa`'s `"required"` form).
+    docstring): `{`, whitespace, the members separated by `,` (whitespace around it), each
+    required member at least once, any listed member any number of times (see the module
+    docstring), additional members anywhere, then `}`.
 
     **Raises:** `ConstraintError` when more than `REGISTER_BITS` members are required, or when a
     member's end could go on like what follows it (its mark's row would clash: a complete JSON
     value never goes on with whitespace, `,` or `}`)."""
     flags, ws, parts = _parse(regex)
-    listed = [j for j, f in enumerate(flags) if f in "ro"]
     required = [j for j, f in enumerate(flags) if f == "r"]
-    tracked = listed if len(listed) <= REGISTER_BITS else required
+    tracked = required
     if len(tracked) > REGISTER_BITS:
         raise ConstraintError(
             f"an object of {len(required)} required members: a register tracks at most "

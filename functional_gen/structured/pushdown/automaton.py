@@ -220,7 +220,7 @@ class PushdownAutomaton:
         stack (a tuple beside `stack`). A return restores the frame's register; a push saves
         the current one and the frames it starts run from 0 (those between the caller and the
         innermost callee too); then the byte's register actions apply to the frame that reads
-        it, and refuse the byte when a bit to set is set already or a required one is not."""
+        it (set a bit; refuse the byte when a required bit is not set)."""
         pos, stack = config[:2]
         registers = config[2:]  # () without a register, else (register, saved registers)
         c = self.byte_class[byte]
@@ -244,8 +244,6 @@ class PushdownAutomaton:
             register = 0
         member = int(self.reg_set[pos, c])
         if member:
-            if register >> (member - 1) & 1:
-                return None
             register |= 1 << (member - 1)
         need = int(self.reg_require[pos, c])
         if register & need != need:

@@ -423,11 +423,11 @@ def _packed_reach(tokens, reach, vocabulary: TokenVocabulary):
 
 def _register_tokens(tables: dict, nxt, byte_class, position_sites, vocabulary: TokenVocabulary):
     """`register_tokens`, `register_bytes`, `register_reach` of `PushdownAutomaton`: the tokens
-    whose walk may meet a register action that can refuse (`reg_set`, `reg_require`) and still
+    whose walk may meet the register action that can refuse (`reg_require`) and still
     be alive after their last byte, from some configuration, and per position (packed, as
     `_packed_reach`) those that may from it. Over any stack (a return may go to any return site
     of the rule): a superset, checked exactly on the device with the register."""
-    hits = (tables["reg_set"] > 0) | (tables["reg_require"] > 0)
+    hits = tables["reg_require"] > 0
     tokens, reach = _fork_tokens(
         nxt, np.zeros((0, 1), np.int32), byte_class, position_sites, vocabulary, hits=hits
     )

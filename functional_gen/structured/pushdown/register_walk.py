@@ -109,11 +109,10 @@ class RegisterWalk(eqx.Module):
             jnp.left_shift(jnp.uint32(1), jnp.maximum(member - 1, 0).astype(jnp.uint32)),
             jnp.uint32(0),
         )
-        repeated = (register & bit) != 0
         register = register | bit
         need = self.reg_require[pos, c]
         missing = (register & need) != need
-        alive = alive & ~repeated & ~missing
+        alive = alive & ~missing
         return jnp.where(alive, target, DEAD).astype(jnp.int32), stack, sp, register, registers
 
     def token(self, config, token_id: Integer[Array, ""]):
