@@ -410,11 +410,13 @@ def test_masks_with_registers_equal_a_brute_force_walk(vocabulary):
     assert checked >= 14
 
 
-def test_device_mask_with_registers_equals_the_host_tables(vocabulary):
+@pytest.mark.parametrize("slack", [None, 6])
+def test_device_mask_with_registers_equals_the_host_tables(vocabulary, slack):
     # A token walk through the recursive object (SmolLM2's tokens, drawn among the allowed
     # ones, preferring those the register decides): at each step the jitted `process` keeps
     # the host walk's configuration (register and saved registers too) and masks exactly the
-    # tokens `allowed` gives; the state keeps its shapes and dtypes.
+    # tokens `allowed` gives, without a budget and with `max_new_tokens` the start's need plus
+    # `slack` (the register-aware need and gate, then); the state keeps its shapes and dtypes.
     import jax
     import jax.numpy as jnp
 
@@ -427,6 +429,8 @@ def test_device_mask_with_registers_equals_the_host_tables(vocabulary):
     step = jax.jit(lambda s, logits, c: processor.process(s, logits, c))
     rng = np.random.default_rng(2)
     ids = [1, 2, 3]
+    budget = None if slack is None else automaton.need(automaton.initial_config()) + slack
+    limit = {} if budget is None else {"max_new_tokens": budget}
     state = processor.init(context_for(ids, 3, max_len=128))
     shapes = jax.tree.map(lambda x: (x.shape, x.dtype), state)
     config = automaton.initial_config()
@@ -436,13 +440,13 @@ def test_device_mask_with_registers_equals_the_host_tables(vocabulary):
     refused = 0
     for _ in range(60):
         state, logits = step(
-            state, jnp.zeros(vocabulary.vocab_size), context_for(ids, 3, max_len=128)
+            state, jnp.zeros(vocabulary.vocab_size), context_for(ids, 3, max_len=128, **limit)
         )
         assert jax.tree.map(lambda x: (x.shape, x.dtype), state) == shapes
         pos, stack, sp, register, registers = (np.asarray(x) for x in state)
         assert (int(pos), tuple(stack[: int(sp)].tolist())) == config[:2]
         assert int(register) == config[2] and tuple(registers[: int(sp)].tolist()) == config[3]
-        host = automaton.allowed(config)
+        host = automaton.allowed(config, None if budget is None else budget - (len(ids) - 3))
         np.testing.assert_array_equal(np.isfinite(np.asarray(logits)), host)
         refused += sum(1 for t in register_tokens if t < automaton.vocab_size and not host[t])
         assert host.any(), b"".join(vocabulary.token_bytes[t] for t in ids[3:])  # no dead end
@@ -459,32 +463,105 @@ def test_device_mask_with_registers_equals_the_host_tables(vocabulary):
     assert refused > 0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 55: the token budget is register-blind (need ignores the members written "
-    "and missing); a register-aware need (the design's member costs) makes this pass",
-)
-def test_budget_with_registers_never_leaves_a_row_without_a_token(vocabulary):
-    # The budget's promise (`pushdown.budget`): a configuration whose `need` fits in the
-    # tokens left always has an allowed token (or EOS). With a register it must hold where the
-    # register decides: after a repeated key (its bit set: only `:` goes on, and the register
-    # refuses it), and before `}` with required members missing.
-    automaton = _tree_pushdown(vocabulary)
+def _budget_configs(automaton, rng, documents: int = 3):
+    """Configurations along documents of the tree schema: where the register decides (a
+    member's key again, `}` with required members missing, inside a member of an array of
+    objects), and random prefixes of random documents."""
     prefixes = [
         b'{"a":1,"b":"b","m0":0,"m5":5,"a"',  # a member's key again
         b'{"a":1,"b":"a"',  # m0 and m5 missing: `"}` is the register-blind best
         b'{"kid":{"a":1,"b":"a","m0":0,"m5":5,"a"',
+        b'{"kids":[{"a":1,"b":"a","m0":0,"m5":5',
+        b'{"m0":1,"kids":[{"a":1,"b":"a","m0":0,"m5":5}],"b":"a',
     ]
-    stuck = []
-    for prefix in prefixes:
-        config = automaton.walk(prefix)
-        assert config is not None
+    for _ in range(documents):
+        document = _render_tree(_random_tree(rng, 0), rng.random() < 0.5).encode()
+        prefixes += [document[:cut] for cut in sorted(rng.sample(range(len(document) + 1), 4))]
+    configs = [automaton.walk(p) for p in prefixes]
+    return [(p, c) for p, c in zip(prefixes, configs) if c is not None]
+
+
+def test_budget_with_registers_keeps_its_promise(vocabulary):
+    # The budget's promise (`pushdown.budget`, `pushdown.register_budget`): in a configuration
+    # whose `need` fits in the tokens left, some token (or EOS) is allowed, and every token
+    # allowed (the bitmask row's too, behind its gate) leaves a configuration whose `need` fits
+    # in the tokens left after it; where the register decides above all.
+    automaton = _tree_pushdown(vocabulary)
+    assert automaton.counts_registers
+    configs = _budget_configs(automaton, random.Random(11))
+    eos = list(vocabulary.eos_token_id)
+    checked = 0
+    for prefix, config in configs:
         need = automaton.need(config)
-        assert need < UNREACHABLE
-        for remaining in (need, need + 3, 64):
-            if not automaton.allowed(config, remaining).any():
-                stuck.append((prefix, remaining))
-    assert not stuck, stuck
+        assert need < UNREACHABLE, prefix
+        # the fewest tokens left with which the bitmask row is used whole (its gate)
+        pos, stack = config[:2]
+        slot = automaton.slot_of[automaton.position_rule[pos], stack[-1] if stack else 0]
+        top, room = automaton._frames(config)[0]
+        gate = need - automaton.frame_need(top, room, config[2]) + 1
+        gate += automaton._frame_cost(config, slot)
+        for remaining in (need, need + 1, need + 4, max(gate, need)):
+            allowed = automaton.allowed(config, remaining)
+            assert allowed.any(), (prefix, remaining)
+            allowed[eos] = False
+            for t in np.flatnonzero(allowed):
+                after = automaton.walk(vocabulary.token_bytes[t], config)
+                assert after is not None and automaton.need(after) <= remaining - 1, (
+                    prefix,
+                    remaining,
+                    vocabulary.token_bytes[t],
+                )
+                checked += 1
+    assert checked > 250
+
+
+def test_register_budget_counts_the_members_missing(vocabulary):
+    # hand-checked: one more required member missing costs at least one token more, and the
+    # need of an object with all its required members written is the register-blind one
+    automaton = _tree_pushdown(vocabulary)
+    start = automaton.walk(b"{")
+    some = automaton.walk(b'{"a":1')
+    most = automaton.walk(b'{"a":1,"b":"a","m0":0')
+    every = automaton.walk(b'{"a":1,"b":"a","m0":0,"m5":5')
+    needs = [automaton.need(c) for c in (start, some, most, every)]
+    assert needs[0] > needs[1] > needs[2] > needs[3] >= 1, needs
+    row = automaton.register_index[every[0]]
+    assert needs[3] == automaton.register_distance[row, -1]
+    # `}` closes it: a token that reads it is allowed at once, even at one token left
+    allowed = automaton.allowed(every, 2)
+    closing = [t for t in np.flatnonzero(allowed) if vocabulary.token_bytes[t].endswith(b"}")]
+    assert closing and not automaton.allowed(most, needs[2] - 1)[closing].any()
+
+
+@pytest.mark.parametrize("slack", [0, 3, 30])
+def test_random_generation_within_the_budget_with_registers(vocabulary, slack):
+    # Walks of random allowed tokens from the start with `max_new_tokens = need + slack`: none
+    # is ever left without a token, each ends (EOS allowed) within its tokens, and its text is
+    # a valid object of the schema (jsonschema), the register-sensitive tokens preferred.
+    automaton = _tree_pushdown(vocabulary)
+    validator = jsonschema.Draft202012Validator(_TREE_SCHEMA)
+    rng = np.random.default_rng(slack)
+    eos = set(vocabulary.eos_token_id)
+    register_tokens = set(automaton.register_tokens.tolist())
+    for _ in range(3):
+        config = automaton.initial_config()
+        budget = automaton.need(config) + slack
+        text = b""
+        for used in range(budget + 1):
+            allowed = automaton.allowed(config, budget - used)
+            assert allowed.any(), (text, budget - used)
+            choices = np.flatnonzero(allowed)
+            preferred = [t for t in choices if t in register_tokens]
+            if any(t in eos for t in choices) and rng.random() < 0.2:
+                break
+            pool = [t for t in choices if t not in eos] or list(choices)
+            token = int(rng.choice(preferred if preferred and rng.random() < 0.5 else pool))
+            if token in eos:
+                break
+            text += vocabulary.token_bytes[token]
+            config = automaton.walk(vocabulary.token_bytes[token], config)
+        assert automaton.can_end(config) and used <= budget, text
+        assert validator.is_valid(json.loads(text)), text
 
 
 def test_register_object_with_a_free_form_member_calls_the_json_value_rule():

@@ -4,8 +4,8 @@ Modules: `automaton` (the tables and constants), `building` (`build_pushdown`), 
 (the token walk of step 3 below) and `token_tables` (its bitmask rows and candidates), `budget`
 (the token budget and stack room, step 3 on the device), `constraint` (`PushdownConstraint`,
 the device side), `register_walk` (a member-set register per stack frame for objects read in any
-order, `json_schema.register_objects`: the device walk and its processor; no compiled schema
-uses it yet, its token budget is still to come).
+order, `json_schema.register_objects`: the device walk and its processor) and `register_budget`
+(the token budget of those frames: the members still missing counted).
 
 The bounded-depth DFA of `functional_gen.structured.grammar` unrolls recursion, and its states
 double with every level of JSON nesting. Here the grammar keeps its recursion: it becomes a

@@ -88,16 +88,27 @@ class PushdownAutomaton:
     - `reg_clear`: `Bool[np.ndarray, "positions classes"]`, `reg_set`: `Int[np.ndarray,
       "positions classes"]`, `reg_require`: `UInt32[np.ndarray, "positions classes"]`: the
       member-set register actions of each byte read (`json_schema.register_objects`; clear the
-      register, test-and-set bit `reg_set - 1`, require every bit of `reg_require`), applied to
-      the frame that reads the byte. Empty (`0 x 0`) without a register (`has_register`). So
-      far only the host walk (`step` with a configuration `(position, stack, register,
-      registers)`) follows them: the token tables and the device ignore them.
+      register, set bit `reg_set - 1`, require every bit of `reg_require`), applied to the
+      frame that reads the byte. Empty (`0 x 0`) without a register (`has_register`). The
+      host walk (`step` with a configuration `(position, stack, register, registers)`) and the
+      device (`pushdown.register_walk`) follow them; the bitmask rows ignore them (a superset).
     - `register_tokens`: `Int[np.ndarray, " register_tokens"]`, the tokens whose walk may meet
-      an action that can refuse (a set or a require) and be alive after their last byte
+      the action that can refuse (a require) and be alive after their last byte
       (padded with `vocab_size`), `register_bytes` the longest of them, and `register_reach`:
       `UInt32[np.ndarray, "positions register_words"]`, per position those that may from it
       (packed as `fork_reach`): `allowed` walks them exactly with the register. Empty without a
       register.
+    - the register budget (`pushdown.register_budget`; empty without a rule that has required
+      members, `counts_registers`): `register_index` (`[positions]`, each position's row among
+      the register frames' positions, -1 none), `register_object` (`[rows]`, its object),
+      `register_required` (`[objects]`, the required bits), `register_distance` (`Z`: the
+      tokens that end the frame once every required member is written), `value_distance`
+      (`A`: to a complete member value without writing one), `member_distance` (`D`, `[rows,
+      bits, rooms]`: the same through writing required member `j`), `member_cost` (`c`,
+      `[objects, bits, rooms]`), `close_cost` (`E`, `[objects, rooms]`), all per room as
+      `token_distance` (whose register rows hold the bound whatever the register), and
+      `register_cost` (`[positions, slots]`: `token_cost` of a register frame with members
+      missing, to which the gate adds their `member_cost` and `close_cost`).
     """
 
     byte_class: Int[np.ndarray, " 256"]
@@ -153,11 +164,44 @@ class PushdownAutomaton:
     register_reach: UInt32[np.ndarray, "register_positions register_words"] = dataclasses.field(
         default_factory=lambda: np.zeros((0, 0), np.uint32)
     )
+    register_index: Int[np.ndarray, " register_positions"] = dataclasses.field(
+        default_factory=lambda: np.zeros(0, np.int32)
+    )
+    register_object: Int[np.ndarray, " register_rows"] = dataclasses.field(
+        default_factory=lambda: np.zeros(0, np.int32)
+    )
+    register_required: UInt32[np.ndarray, " objects"] = dataclasses.field(
+        default_factory=lambda: np.zeros(0, np.uint32)
+    )
+    register_distance: Int[np.ndarray, "register_rows register_rooms"] = dataclasses.field(
+        default_factory=lambda: np.zeros((0, 1), np.int32)
+    )
+    value_distance: Int[np.ndarray, "register_rows register_rooms"] = dataclasses.field(
+        default_factory=lambda: np.zeros((0, 1), np.int32)
+    )
+    member_distance: Int[np.ndarray, "register_rows bits register_rooms"] = dataclasses.field(
+        default_factory=lambda: np.zeros((0, 1, 1), np.int32)
+    )
+    member_cost: Int[np.ndarray, "objects bits register_rooms"] = dataclasses.field(
+        default_factory=lambda: np.zeros((0, 1, 1), np.int32)
+    )
+    close_cost: Int[np.ndarray, "objects register_rooms"] = dataclasses.field(
+        default_factory=lambda: np.zeros((0, 1), np.int32)
+    )
+    register_cost: Int[np.ndarray, "register_positions register_slots"] = dataclasses.field(
+        default_factory=lambda: np.zeros((0, 0), np.int32)
+    )
 
     @property
     def has_register(self) -> bool:
         """Whether some byte acts on the member-set register (`reg_set`, `reg_require`)."""
         return self.reg_set.size > 0
+
+    @property
+    def counts_registers(self) -> bool:
+        """Whether some frame's budget depends on its register (a rule with required members:
+        the `register_budget` tables are filled)."""
+        return self.register_index.size > 0
 
     @property
     def num_forks(self) -> int:
@@ -202,6 +246,15 @@ class PushdownAutomaton:
                 self.reg_require,
                 self.register_tokens,
                 self.register_reach,
+                self.register_index,
+                self.register_object,
+                self.register_required,
+                self.register_distance,
+                self.value_distance,
+                self.member_distance,
+                self.member_cost,
+                self.close_cost,
+                self.register_cost,
             )
         )
 
@@ -320,11 +373,68 @@ class PushdownAutomaton:
         frames += [(p, self.stack_depth - j) for j, p in reversed(list(enumerate(stack)))]
         return [(int(p), min(r, rooms)) for p, r in frames]
 
+    @typing.no_type_check
+    def _registers(self, config) -> list[int]:
+        """The register of each frame of `_frames(config)` (top first; zeros without one)."""
+        if len(config) < 4:
+            return [0] * (1 + len(config[1]))
+        return [int(config[2]), *(int(r) for r in reversed(config[3]))]
+
+    @typing.no_type_check
+    def _missing(self, pos: int, register: int) -> int:
+        """The required members of `pos`'s register frame not in `register` (0 where the
+        frame's rest does not depend on it: no register frame, or after its `}`)."""
+        if not self.counts_registers or self.register_index[pos] < 0 or self.final[pos]:
+            return 0
+        row = self.register_index[pos]
+        return int(self.register_required[self.register_object[row]]) & ~register
+
+    @typing.no_type_check
+    def frame_need(self, pos: int, room: int, register: int = 0) -> int:
+        """The tokens that end the frame at `pos` with `room` free slots (a column of
+        `token_distance`) and its `register`: `token_distance` outside the register frames,
+        `register_budget`'s `F(pos, missing)` in them."""
+        missing = self._missing(pos, register)
+        if not self.counts_registers or self.register_index[pos] < 0:
+            return int(self.token_distance[pos, room])
+        row = int(self.register_index[pos])
+        if not missing:
+            return int(self.register_distance[row, room])
+        obj = int(self.register_object[row])
+        bits = [(missing >> j) & 1 for j in range(self.member_cost.shape[1])]
+        costs = [int(c) for c in self.member_cost[obj, :, room]]
+        through = min(
+            (int(d) - b * c for d, b, c in zip(self.member_distance[row, :, room], bits, costs)),
+            default=UNREACHABLE,
+        )
+        rest = min(int(self.value_distance[row, room]), through)
+        total = sum(b * c for b, c in zip(bits, costs)) + int(self.close_cost[obj, room]) + rest
+        return min(total, UNREACHABLE)
+
     def need(self, config) -> int:
         """An upper bound on the tokens that end the text from `config` within the stack depth:
-        `token_distance` of the position and of each return position on the stack, each at the
-        free slots it runs with (`UNREACHABLE` or more: none fits; see `pushdown.budget`)."""
-        return sum(int(self.token_distance[p, r]) for p, r in self._frames(config))
+        `frame_need` of the position and of each return position on the stack, each at the
+        free slots it runs with and with its register (`UNREACHABLE` or more: none fits; see
+        `pushdown.budget` and `pushdown.register_budget`)."""
+        frames = self._frames(config)
+        registers = self._registers(config)
+        return sum(self.frame_need(p, r, g) for (p, r), g in zip(frames, registers))
+
+    @typing.no_type_check
+    def _frame_cost(self, config, slot: int) -> int:
+        """The most tokens a bitmask token of `config`'s row may leave to end the current frame
+        and those it enters (`token_cost`; in a register frame with required members missing,
+        the missing members' `member_cost`, `close_cost` and `register_cost`)."""
+        pos = config[0]
+        missing = self._missing(pos, self._registers(config)[0])
+        if not missing:
+            return int(self.token_cost[pos, slot])
+        room = self._frames(config)[0][1]
+        obj = int(self.register_object[self.register_index[pos]])
+        members = sum(
+            int(c) for j, c in enumerate(self.member_cost[obj, :, room]) if missing >> j & 1
+        )
+        return members + int(self.close_cost[obj, room]) + int(self.register_cost[pos, slot])
 
     def best_tokens(self, config) -> list[int]:
         """The tokens that the device checks exactly because they may be the only ones that keep
@@ -341,16 +451,17 @@ class PushdownAutomaton:
         (this one included; `None`: no budget, only the stack depth), computed from the tables
         as the device does (bitmask row + one-byte, candidate and best tokens walked exactly),
         EOS included. With a register (`config` of four, see `step`), also the
-        `register_tokens` in `register_reach` of the position walked exactly with it (the
-        budget's `need` does not follow the register yet: it is a lower bound there)."""
+        `register_tokens` in `register_reach` of the position walked exactly with it, and the
+        budget's `need` follows the registers (`frame_need`)."""
         pos, stack = config[:2]
         budget = UNREACHABLE - 1 if remaining is None else min(remaining - 1, UNREACHABLE - 1)
         room = self.stack_depth - len(stack)
         slot = self.slot_of[self.position_rule[pos], stack[-1] if stack else 0]
         row = self.masks[self.mask_row[pos, slot, min(room, self.mask_row.shape[2] - 1)]]
         bits = np.unpackbits(row.view(np.uint8), bitorder="little")[: self.vocab_size].astype(bool)
-        below = self.need(config) - int(self.token_distance[self._frames(config)[0]])
-        if below + int(self.token_cost[pos, slot]) > budget:
+        top, top_room = self._frames(config)[0]
+        below = self.need(config) - self.frame_need(top, top_room, self._registers(config)[0])
+        if below + self._frame_cost(config, slot) > budget:
             bits[:] = False  # near the end of the budget: exact checks only
 
         def exact(t) -> bool:

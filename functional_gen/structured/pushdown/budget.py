@@ -41,20 +41,32 @@ import numpy as np
 
 from ..byte_dfa import ragged_rows
 from .automaton import MAX_LEVELS, UNREACHABLE
+from .register_budget import RegisterFrames, register_room, register_tables
 from .token_tables import TokenMoves
 
 
 def token_budget(
-    moves: TokenMoves, final, num_slots: int, stack_depth: int, vocab_size: int, num_positions: int
+    moves: TokenMoves,
+    final,
+    num_slots: int,
+    stack_depth: int,
+    vocab_size: int,
+    num_positions: int,
+    registers: RegisterFrames | None = None,
 ):
     """The token-level budget tables of a pushdown automaton (see the module docstring).
 
     **Arguments:** `moves` from `token_tables`; `final`: `Bool[np.ndarray, " positions"]`;
-    `num_slots`, `stack_depth`, `vocab_size`, `num_positions`.
+    `num_slots`, `stack_depth`, `vocab_size`, `num_positions`; `registers`: the register
+    frames (`register_budget.register_frames`), whose positions get `register_budget`'s tables
+    instead: their `token_distance` is the bound `U` whatever the register, computed room by
+    room before the other positions' (their best token: none, the one-byte tokens are).
 
-    **Returns:** `(token_distance, best_token, token_cost)`: `Int[np.ndarray, "positions
-    rooms"]` twice (`UNREACHABLE` where no completion fits; `vocab_size` where there is no best
-    token: the rule may end, or cannot), and `Int[np.ndarray, "positions slots"]`, all int32.
+    **Returns:** `(token_distance, best_token, token_cost, register)`: `Int[np.ndarray,
+    "positions rooms"]` twice (`UNREACHABLE` where no completion fits; `vocab_size` where there
+    is no best token: the rule may end, or cannot), `Int[np.ndarray, "positions slots"]`, all
+    int32, and without `registers` `None`, else a dict of the register tables (`RegisterTables`'
+    fields, see `register_tables`).
     """
     ext_info, sets = moves.ext_info, moves.sets
     # Ids of the states and set members that matter, with their positions, pushes and peaks.
@@ -88,6 +100,10 @@ def token_budget(
     edge_source = source[keep][order]
     edge_state = edge_state[order]
     edge_token = moves.token[inside][keep][order]
+    if registers is not None:  # the register positions' distances are `register_room`'s
+        mine = registers.index[edge_source] < 0
+        edge_source, edge_state, edge_token = edge_source[mine], edge_state[mine], edge_token[mine]
+    rooms: list = []
     distance, best = _token_distances(
         edge_source,
         pos[edge_state],
@@ -98,17 +114,48 @@ def token_budget(
         final,
         stack_depth,
         vocab_size,
+        registers,
+        rooms,
     )
     token_cost = _bitmask_costs(
         moves, ids, pos, pushed, count, below, distance, num_slots, num_positions
     )
-    return distance, best, token_cost
+    if registers is None:
+        return distance, best, token_cost, None
+    tables = register_tables(registers, rooms[: distance.shape[1]])
+    frame = distance.copy()
+    frame[registers.positions] = tables["register_distance"]
+    token_cost = _bitmask_costs(
+        moves, ids, pos, pushed, count, below, distance, num_slots, num_positions, frame, registers
+    )
+    value, member = tables["value_distance"], tables["member_distance"]
+    through = np.minimum(value, member.min(axis=1, initial=UNREACHABLE))
+    done = registers.final[:, None]  # after the `}`: nothing is missing
+    frame[registers.positions] = np.where(done, tables["register_distance"], through)
+    tables["register_cost"] = _bitmask_costs(
+        moves, ids, pos, pushed, count, below, distance, num_slots, num_positions, frame, registers
+    )
+    return distance, best, token_cost, tables
 
 
-def _token_distances(source, target, pushed, count, peak, token, final, stack_depth, vocab_size):
+def _token_distances(
+    source,
+    target,
+    pushed,
+    count,
+    peak,
+    token,
+    final,
+    stack_depth,
+    vocab_size,
+    registers=None,
+    rooms=None,
+):
     """`(token_distance, best_token)` from the edges (sorted by `source`): the fixed point of
     the module docstring, a worklist per room column as `building._distances` (only the edges
-    whose target or pushed positions changed are evaluated again)."""
+    whose target or pushed positions changed are evaluated again). With `registers`, each
+    room's register positions are pinned first to `register_budget.register_room`'s bound `U`
+    (its tables appended to `rooms`), from the rooms below."""
     n = final.size
     e = source.size
     start = np.where(final, 0, UNREACHABLE).astype(np.int64)
@@ -121,6 +168,8 @@ def _token_distances(source, target, pushed, count, peak, token, final, stack_de
     users_ptr = np.searchsorted(users[order], np.arange(n + 1))
     by = by[order]
     most = int(peak.max(initial=0))
+    if registers is not None:  # the register frames' moves read the rooms below too
+        most = max(most, int(registers.pushes.max(initial=0)))
     grid = np.zeros((min(stack_depth, 8) + 1, n), np.int64)
     lanes = np.arange(pushed.shape[1])
 
@@ -137,6 +186,10 @@ def _token_distances(source, target, pushed, count, peak, token, final, stack_de
         if room >= grid.shape[0]:
             grid = np.concatenate([grid, np.zeros_like(grid)])
         grid[room] = start if room == 0 else grid[room - 1]
+        if registers is not None:
+            tables = register_room(registers, grid, room)
+            rooms.append(tables)
+            grid[room, registers.positions] = tables.upper
         usable = peak <= room
         active = np.flatnonzero(usable)
         while active.size:
@@ -163,7 +216,9 @@ def _token_distances(source, target, pushed, count, peak, token, final, stack_de
         best[src] = token[hit[first]]
         bests.append(best)
         steady = room >= most and all(
-            np.array_equal(grid[room], grid[r]) for r in range(room - most, room)
+            np.array_equal(grid[room], grid[r])
+            and (registers is None or rooms[room].same(rooms[r]))
+            for r in range(room - most, room)
         )
         if steady or room == stack_depth:
             columns = room - most + 1 if steady else room + 1
@@ -173,8 +228,23 @@ def _token_distances(source, target, pushed, count, peak, token, final, stack_de
     return distance, np.stack(bests[:columns], axis=1).astype(np.int32)
 
 
-def _bitmask_costs(moves, ids, pos, pushed, count, below, distance, num_slots, num_positions):
-    """`token_cost` per (position, slot) (see the module docstring)."""
+def _bitmask_costs(
+    moves,
+    ids,
+    pos,
+    pushed,
+    count,
+    below,
+    distance,
+    num_slots,
+    num_positions,
+    frame=None,
+    registers=None,
+):
+    """`token_cost` per (position, slot) (see the module docstring). With `frame` (a table as
+    `distance`) and `registers`: a token from a register position that stays in its frame
+    (no return below it) reads `frame` where the frame goes on (its end position, or the first
+    return position it pushes), `distance` elsewhere."""
     columns = distance.shape[1]
     top = columns + MAX_LEVELS - 2  # the costs stop changing beyond
     rooms = np.arange(top + 1)
@@ -191,10 +261,21 @@ def _bitmask_costs(moves, ids, pos, pushed, count, below, distance, num_slots, n
     # first, then `k` pushes)
     k, m = count[member], -below[member]
     at_room = np.clip(rooms[None, :] + (m - k)[:, None], 0, columns - 1)
+    in_frame = np.zeros(member.size, bool)
+    if frame is not None:
+        start = pos[np.searchsorted(ids, origin[rows])]
+        in_frame = (registers.index[start] >= 0) & (m == 0)
     cost = distance[pos[member][:, None], at_room].astype(np.int64)
+    if frame is not None:
+        own = frame[pos[member][:, None], at_room]
+        cost = np.where((in_frame & (k == 0))[:, None], own, cost)
     for i in range(pushed.shape[1]):
         r = np.clip(rooms[None, :] + (m - i)[:, None], 0, columns - 1)
-        cost = cost + np.where((i < k)[:, None], distance[pushed[member, i][:, None], r], 0)
+        at = pushed[member, i][:, None]
+        term = distance[at, r]
+        if frame is not None and i == 0:
+            term = np.where((in_frame & (k > 0))[:, None], frame[at, r], term)
+        cost = cost + np.where((i < k)[:, None], term, 0)
     cost = np.minimum(cost, UNREACHABLE)
     cost = np.where(rooms[None, :] >= level[rows][:, None], cost, 0)  # not in the row there
     # the costliest per origin, over every room

@@ -25,6 +25,7 @@ from .automaton import (
     PushdownAutomaton,
 )
 from .budget import token_budget
+from .register_budget import register_frames
 from .token_tables import token_byte_matrix, token_tables, unique_rows
 
 # Nested helpers that run per byte, state or schema node are `@typing.no_type_check`: the
@@ -66,8 +67,10 @@ def build_pushdown(
     transitions, `(reg_clear, reg_set, reg_require)`: `Bool`, `Int` and `UInt32[np.ndarray,
     "states 256"]` (`json_schema.register_objects.RegisterDFA`); they become the automaton's
     `reg_clear`, `reg_set` and `reg_require` per (position, byte class), applied to the frame
-    that reads the byte (see `PushdownAutomaton.step`). Only the host walk follows them so far:
-    the token tables ignore the register (a superset of the tokens it allows).
+    that reads the byte (see `PushdownAutomaton.step`); the bitmask rows ignore the register (a
+    superset of the tokens it allows), the tokens that may read a `}` it decides are walked
+    exactly (`register_tokens`), and the budget counts the members missing
+    (`register_budget`).
 
     **Raises:** `NotDeterministic` when a byte could be read in two ways (without `forks`), a recursive rule
     matches the empty string or is left-recursive; `GrammarError` for a language without a
@@ -301,9 +304,28 @@ def build_pushdown(
         distance,
         min_room,
     )
-    token_distance, best_token, token_cost = token_budget(
-        moves, final, mask_row.shape[1], stack_depth, vocabulary.vocab_size, num_positions
+    frames = None
+    if registered:
+        frames = register_frames(
+            nxt,
+            push,
+            final,
+            _readable(byte_class, vocabulary),
+            position_rule,
+            registered["reg_set"],
+            registered["reg_require"],
+        )
+    token_distance, best_token, token_cost, register_budget = token_budget(
+        moves,
+        final,
+        mask_row.shape[1],
+        stack_depth,
+        vocabulary.vocab_size,
+        num_positions,
+        frames,
     )
+    if register_budget is not None:
+        registered.update(register_budget)
     if token_distance[initial, -1] >= UNREACHABLE:
         raise GrammarError(
             f"no sentence of the grammar fits within stack_depth={stack_depth} open calls "

@@ -2,9 +2,9 @@
 the byte and token steps of `PushdownConstraint` with a register per stack frame, and
 `RegisterPushdownConstraint`, the processor that masks with them.
 
-No compiled schema uses them yet (the budget of a register grammar is still to come): this is
-the layer that the host walk (`PushdownAutomaton.step` with a configuration `(position, stack,
-register, registers)`, and `PushdownAutomaton.allowed`) checks, byte for byte and mask for mask.
+The host walk (`PushdownAutomaton.step` with a configuration `(position, stack, register,
+registers)`, and `PushdownAutomaton.allowed`, `need`) is its reference, byte for byte and mask
+for mask; the budget's tables are `pushdown.register_budget`'s.
 
 A configuration on the device is `(position, stack, stack_pointer, register, registers)`:
 `Int[Array, ""]`, `Int[Array, " stack_depth"]`, `Int[Array, ""]`, `UInt32[Array, ""]` and
@@ -12,17 +12,18 @@ A configuration on the device is `(position, stack, stack_pointer, register, reg
 return position). Per byte: the returns (`POP`) restore the popped frame's register; the pushes
 save the current register beside the first return position pushed (0 beside the others) and
 start the innermost callee at 0; then the byte's register actions (`reg_clear`, `reg_set`,
-`reg_require` per position and byte class) apply to the frame that reads it, and a set bit
-already set or a required bit not set kills the configuration (position `DEAD`).
+`reg_require` per position and byte class) apply to the frame that reads it, and a required
+bit not set kills the configuration (position `DEAD`).
 """
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jaxtyping import Array, Bool, Int, Integer, UInt8, UInt32
 
 from ...processors.base import Context
-from .automaton import DEAD, POP, PushdownAutomaton
+from .automaton import DEAD, POP, UNREACHABLE, PushdownAutomaton
 from .constraint import PushdownConstraint
 
 
@@ -75,7 +76,8 @@ class RegisterWalk(eqx.Module):
 
     def byte(self, config, byte: Integer[Array, ""]):
         """One byte from `config` (see the module docstring); position `DEAD` when the byte is
-        not allowed, the stack would overflow or the register refuses it."""
+        not allowed, the stack would overflow or the register refuses it (a `}` before every
+        required member)."""
         pos, stack, sp, register, registers = config
         c = self.byte_class[byte]
 
@@ -136,8 +138,9 @@ class RegisterPushdownConstraint(PushdownConstraint):
     register, registers)`, the bytes walked by `RegisterWalk.byte`, and the mask is
     `PushdownConstraint`'s (register-blind bitmask row, exact one-byte, candidate and best
     tokens) with the `register_tokens` in `register_reach` of the position walked exactly with
-    the register, as `PushdownAutomaton.allowed` does. The budget's `need` is still
-    register-blind (a lower bound): no compiled schema uses this processor yet.
+    the register, as `PushdownAutomaton.allowed` does. The budget's `need` follows each frame's
+    register (`PushdownAutomaton.frame_need`, `pushdown.register_budget`), and so does the
+    bitmask row's gate (`PushdownAutomaton._frame_cost`).
 
     **Arguments:** as `PushdownConstraint`.
 
@@ -147,6 +150,15 @@ class RegisterPushdownConstraint(PushdownConstraint):
     walk: RegisterWalk
     register_tokens: Int[Array, " register_tokens"]
     register_reach: UInt32[Array, "positions register_words"]
+    register_index: Int[Array, " positions"]
+    register_object: Int[Array, " register_rows"]
+    register_required: UInt32[Array, " objects"]
+    register_distance: Int[Array, "register_rows rooms"]
+    value_distance: Int[Array, "register_rows rooms"]
+    member_distance: Int[Array, "register_rows bits rooms"]
+    member_cost: Int[Array, "objects bits rooms"]
+    close_cost: Int[Array, "objects rooms"]
+    register_cost: Int[Array, "positions slots"]
     register_bytes: int = eqx.field(static=True)
 
     def __init__(self, automaton: PushdownAutomaton, constraint_id=0):
@@ -157,6 +169,96 @@ class RegisterPushdownConstraint(PushdownConstraint):
         self.register_tokens = jnp.asarray(automaton.register_tokens, jnp.int32)
         self.register_reach = jnp.asarray(automaton.register_reach)
         self.register_bytes = int(automaton.register_bytes)
+        a = automaton
+        if a.counts_registers:
+            tables = (
+                a.register_index,
+                a.register_object,
+                a.register_required,
+                a.register_distance,
+                a.value_distance,
+                a.member_distance,
+                a.member_cost,
+                a.close_cost,
+                a.register_cost,
+            )
+        else:  # no required member anywhere: every frame reads `token_distance`
+            rooms = a.token_distance.shape[1]
+            tables = (
+                np.full(a.num_positions, -1, np.int32),
+                np.zeros(1, np.int32),
+                np.zeros(1, np.uint32),
+                np.zeros((1, rooms), np.int32),
+                np.zeros((1, rooms), np.int32),
+                np.zeros((1, 1, rooms), np.int32),
+                np.zeros((1, 1, rooms), np.int32),
+                np.zeros((1, rooms), np.int32),
+                np.zeros_like(a.token_cost),
+            )
+        (
+            self.register_index,
+            self.register_object,
+            self.register_required,
+            self.register_distance,
+            self.value_distance,
+            self.member_distance,
+            self.member_cost,
+            self.close_cost,
+            self.register_cost,
+        ) = (jnp.asarray(t) for t in tables)
+
+    def _missing(self, pos, register):
+        """The required members of `pos`'s register frame not in `register` (0 outside the
+        register frames and after an object's `}`); any shape."""
+        row = jnp.maximum(self.register_index[pos], 0)
+        required = self.register_required[self.register_object[row]]
+        inside = (self.register_index[pos] >= 0) & ~self.final[pos]
+        return jnp.where(inside, required & ~register, jnp.uint32(0))
+
+    def _frame_need(self, pos, room, register):
+        """`PushdownAutomaton.frame_need` for scalars or arrays of one shape."""
+        row = jnp.maximum(self.register_index[pos], 0)
+        obj = self.register_object[row]
+        missing = self._missing(pos, register)
+        lanes = jnp.arange(self.member_cost.shape[1], dtype=jnp.uint32)
+        bit = ((missing[..., None] >> lanes) & 1).astype(jnp.int32)
+        costs = self.member_cost[obj, :, room]  # [..., bits]: the advanced indices first
+        members = self.member_distance[row, :, room]
+        through = jnp.min(members - bit * costs, axis=-1)
+        rest = jnp.minimum(self.value_distance[row, room], through)
+        total = (bit * costs).sum(axis=-1) + self.close_cost[obj, room] + rest
+        inside = jnp.where(
+            missing == 0, self.register_distance[row, room], jnp.minimum(total, UNREACHABLE)
+        )
+        return jnp.where(self.register_index[pos] >= 0, inside, self.token_distance[pos, room])
+
+    def _stack_need(self, config) -> Int[Array, ""]:
+        """`PushdownAutomaton.need` less the current frame's: the stack's frames, each with
+        its saved register."""
+        _, stack, sp, _, registers = config
+        on_stack = jnp.arange(self.stack_depth) < sp
+        _, rooms = self._frames(config)
+        return jnp.where(on_stack, self._frame_need(stack, rooms, registers), 0).sum()
+
+    def _need(self, config) -> Int[Array, ""]:
+        """`PushdownAutomaton.need`: the frame needs of the position and of the stack."""
+        room, _ = self._frames(config)
+        return self._frame_need(config[0], room, config[3]) + self._stack_need(config)
+
+    def _bitmask_fits(self, state, context: Context) -> Bool[Array, ""]:
+        """`PushdownConstraint._bitmask_fits` with the register frame's gate
+        (`PushdownAutomaton._frame_cost`)."""
+        pos, register = state[0], state[3]
+        slot = self._slot(state)
+        room, _ = self._frames(state)
+        missing = self._missing(pos, register)
+        obj = self.register_object[jnp.maximum(self.register_index[pos], 0)]
+        lanes = jnp.arange(self.member_cost.shape[1], dtype=jnp.uint32)
+        bit = ((missing >> lanes) & 1).astype(jnp.int32)
+        members = (bit * self.member_cost[obj, :, room]).sum()
+        gated = members + self.close_cost[obj, room] + self.register_cost[pos, slot]
+        cost = jnp.where(missing == 0, self.token_cost[pos, slot], gated)
+        return self._stack_need(state) + cost <= self._budget(context)
 
     def init(self, context: Context):
         """`RegisterWalk.init()`: the initial position, empty stacks, register 0."""
