@@ -266,7 +266,10 @@ class AbstractConstraint(AbstractLogitsProcessor):
         register, `(position, stack[depth], stack_pointer, register, registers[depth])`).
         """
         if self.pushdown is not None:
-            return self.pushdown.process(state, logits, context)
+            # the row's own id: this processor's `constraint_id` is a per-row field (vmapped
+            # with the rows); the pushdown's copy inside `tables` is not, and holds every row's
+            pushdown = eqx.tree_at(lambda p: p.constraint_id, self.pushdown, self.constraint_id)
+            return pushdown.process(state, logits, context)
         token_class = self.token_class[jnp.maximum(self.constraint_id, 0)]  # [vocab of the tables]
         return automaton_step(
             token_class,
