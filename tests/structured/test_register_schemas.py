@@ -234,6 +234,47 @@ def test_nested_wide_objects_keep_a_register_per_frame(tokenizer, vocabulary):
         assert refused_at(automaton, ids, eos) is not None
 
 
+def test_a_recursive_wide_object_takes_every_order(tokenizer, vocabulary):
+    # a recursive object (its rule called for `kid` and the items of `kids`: the recursive
+    # grammar form, `compiling._recursive_grammar`) of 14 members, 11 required
+    schema = {
+        "type": "object",
+        "properties": {
+            **{f"m{j}": {"type": "integer"} for j in range(12)},
+            "kid": {"$ref": "#"},
+            "kids": {"type": "array", "items": {"$ref": "#"}},
+        },
+        "required": [f"m{j}" for j in range(11)],
+        "additionalProperties": False,
+    }
+    automaton, said = _compile(schema, vocabulary)
+    assert automaton.has_register and not [m for m in said if ORDER_WARNING in m], said
+    validator = jsonschema.Draft202012Validator(schema)
+    eos = vocabulary.eos_token_id[0]
+    rng = random.Random(0)
+
+    def tree(depth: int) -> dict:
+        node = {f"m{j}": rng.randrange(9) for j in range(12) if j < 11 or rng.random() < 0.5}
+        if depth < 2 and rng.random() < 0.7:
+            node["kid"] = tree(depth + 1)
+        if depth < 2 and rng.random() < 0.5:
+            node["kids"] = [tree(depth + 1) for _ in range(rng.randrange(3))]
+        items = list(node.items())
+        rng.shuffle(items)
+        return dict(items)
+
+    for _ in range(3):
+        document = tree(0)
+        assert validator.is_valid(document)
+        text = json.dumps(document, separators=(",", ":"))
+        assert refused_at(automaton, tokenizer.encode(text, add_special_tokens=False), eos) is None
+        bad = json.loads(text)
+        bad["kid"] = {k: v for k, v in tree(1).items() if k != "m3"}  # a nested one incomplete
+        text = json.dumps(bad, separators=(",", ":"))
+        where = refused_at(automaton, tokenizer.encode(text, add_special_tokens=False), eos)
+        assert where is not None, text
+
+
 def test_objects_within_the_set_automata_and_beyond_the_register_keep_their_forms(vocabulary):
     # up to `ORDER_AUTOMATON_MAX` members tracked: `any_order_dfa` (no register, cheaper
     # masks); more than `REGISTER_BITS` required members: the listed order, as before
