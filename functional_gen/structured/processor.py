@@ -38,12 +38,13 @@ from collections.abc import Callable, Sequence
 import equinox as eqx
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, Bool, Float, Int
+from jaxtyping import Array, Bool, Float, Int, UInt32
 
 from ..processors.base import AbstractLogitsProcessor, Context, per_row_field
 from .automaton import DEAD, INFINITE_DISTANCE, INITIAL, TokenAutomaton
 from .buckets import bucket
 from .pushdown import DEFAULT_NUM_STACKS, ParallelPushdownConstraint, PushdownConstraint
+from .pushdown.register_walk import RegisterPushdownConstraint
 
 
 def _concatenate(automata: Sequence[TokenAutomaton]):
@@ -137,10 +138,14 @@ def pushdown_tables(
     """The tables that run a `PushdownAutomaton` (`structured.pushdown`) for the rows of
     `constraint_id`; the token-automaton tables then hold one constraint that allows nothing
     and are not used. `token_recipe`: see `ConstraintTables`. An automaton with forks runs as a
-    `ParallelPushdownConstraint` with `num_stacks` configurations per row; one without, as a
-    `PushdownConstraint` (`num_stacks` unused)."""
+    `ParallelPushdownConstraint` with `num_stacks` configurations per row; one with a
+    member-set register (`has_register`: a JSON Schema object read in any order, issue 55) as a
+    `RegisterPushdownConstraint` (its state per row `(position, stack, stack_pointer, register,
+    registers)`); any other as a `PushdownConstraint` (`num_stacks` unused)."""
     if automaton.num_forks:
         pushdown = ParallelPushdownConstraint(automaton, constraint_id, num_stacks)
+    elif automaton.has_register:
+        pushdown = RegisterPushdownConstraint(automaton, constraint_id)
     else:
         pushdown = PushdownConstraint(automaton, constraint_id)
     return ConstraintTables(
@@ -219,7 +224,8 @@ class AbstractConstraint(AbstractLogitsProcessor):
 
     def init(self, context: Context):
         """The initial automaton state of the row's constraint (an int32 scalar per row), or
-        the pushdown automaton's `(position, stack, stack_pointer)`."""
+        the pushdown automaton's `(position, stack, stack_pointer)` (with a register, also
+        `register, registers`)."""
         if self.pushdown is not None:
             return self.pushdown.init(context)
         return self.initial_state[jnp.maximum(self.constraint_id, 0)].astype(jnp.int32)
@@ -228,13 +234,27 @@ class AbstractConstraint(AbstractLogitsProcessor):
         self,
         state: Int[Array, ""]
         | tuple[Int[Array, ""], Int[Array, " depth"], Int[Array, ""]]
-        | tuple[Int[Array, " stacks"], Int[Array, "stacks depth"], Int[Array, " stacks"]],
+        | tuple[Int[Array, " stacks"], Int[Array, "stacks depth"], Int[Array, " stacks"]]
+        | tuple[
+            Int[Array, ""],
+            Int[Array, " depth"],
+            Int[Array, ""],
+            UInt32[Array, ""],
+            UInt32[Array, " depth"],
+        ],
         logits: Float[Array, " vocab"],
         context: Context,
     ) -> tuple[
         Int[Array, ""]
         | tuple[Int[Array, ""], Int[Array, " depth"], Int[Array, ""]]
-        | tuple[Int[Array, " stacks"], Int[Array, "stacks depth"], Int[Array, " stacks"]],
+        | tuple[Int[Array, " stacks"], Int[Array, "stacks depth"], Int[Array, " stacks"]]
+        | tuple[
+            Int[Array, ""],
+            Int[Array, " depth"],
+            Int[Array, ""],
+            UInt32[Array, ""],
+            UInt32[Array, " depth"],
+        ],
         Float[Array, " vocab"],
     ]:
         """Advance on the previous token, then mask every token that leaves the language or the
@@ -242,10 +262,14 @@ class AbstractConstraint(AbstractLogitsProcessor):
 
         **Returns:** `(state, logits)`, the state like the one given: an int32 scalar, or for a
         pushdown automaton `(position, stack[depth], stack_pointer)` (with forks, one of each
-        per parallel stack: `[stacks]`, `[stacks, depth]`, `[stacks]`).
+        per parallel stack: `[stacks]`, `[stacks, depth]`, `[stacks]`; with a member-set
+        register, `(position, stack[depth], stack_pointer, register, registers[depth])`).
         """
         if self.pushdown is not None:
-            return self.pushdown.process(state, logits, context)
+            # the row's own id: this processor's `constraint_id` is a per-row field (vmapped
+            # with the rows); the pushdown's copy inside `tables` is not, and holds every row's
+            pushdown = eqx.tree_at(lambda p: p.constraint_id, self.pushdown, self.constraint_id)
+            return pushdown.process(state, logits, context)
         token_class = self.token_class[jnp.maximum(self.constraint_id, 0)]  # [vocab of the tables]
         return automaton_step(
             token_class,

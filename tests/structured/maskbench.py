@@ -20,7 +20,7 @@ def refused_at(automaton, token_ids, eos_token_id: int) -> int | None:
     row plus the tokens walked exactly, stack included; no token budget), the step the
     automaton's own (`next_state`, or the pushdown walk of the token's bytes)."""
     pushdown = hasattr(automaton, "stack_depth")
-    state = (automaton.initial, ()) if pushdown else 1
+    state = automaton.initial_config() if pushdown else 1  # with a register: 4 entries
     for i, t in enumerate(token_ids):
         if not automaton.allowed(state)[t]:
             return i

@@ -198,12 +198,12 @@ def test_in_place_of_a_single_regex_the_grammar_form_may_be_larger(small_rules, 
 def test_a_free_value_call_beside_its_first_byte_is_refused_at_once():
     # `"` both read (a string) and a call of the JSON value rule at one state: no plan of the
     # other rules changes that, so the rule is refused as soon as its automaton is built
-    dfa, calls = js.rule_automata.rule_edges(
+    dfa, calls, _ = js.rule_automata.rule_edges(
         '(?:\\[(?:"a"|' + escape(js.FREE_VALUE_CALL) + ")\\])", 0, True
     )
     with pytest.raises(NotDeterministic, match="in rule 'rule3' the byte b'\"'"):
         js.rule_automata.check_value_calls(dfa, calls, "rule3")
-    dfa, calls = js.rule_automata.rule_edges(
+    dfa, calls, _ = js.rule_automata.rule_edges(
         "(?:\\[" + escape(js.FREE_VALUE_CALL) + "\\])", 0, True
     )
     js.rule_automata.check_value_calls(dfa, calls, "rule3")  # the call alone: one byte chooses
@@ -485,7 +485,7 @@ def test_shared_tails_on_hand_built_automata(monkeypatch):
     monkeypatch.setattr(js.budgets, "MIN_SHARED_TAIL", 2)
 
     def automaton(regex, rules):
-        return js.rule_automata.rule_edges(regex, rules, False)
+        return js.rule_automata.rule_edges(regex, rules, False)[:2]
 
     root = automaton(f"(?:{js.rule_plan.rule_call(0)}|{js.rule_plan.rule_call(1)})!", 2)
     first = automaton("a+xyzxyz", 2)
@@ -1342,7 +1342,8 @@ def test_rule_edges_are_memoised_by_text_whatever_the_number_of_rules():
     js.rule_automata._RULE_EDGES.clear()
     memo = {rules: js.rule_automata.rule_edges(regex, rules, True) for rules in (5, 2)}
     for rules in (2, 5):
-        (dfa, calls), (again, calls_again) = fresh[rules], memo[rules]
+        (dfa, calls, register), (again, calls_again, _) = fresh[rules], memo[rules]
+        assert register is None
         np.testing.assert_array_equal(dfa.delta, again.delta)
         np.testing.assert_array_equal(calls, calls_again)
         assert calls.shape == (dfa.num_states, rules + 1)
@@ -1451,7 +1452,7 @@ def test_a_free_value_competing_with_regular_text_is_read_in_place(schema, docum
 
 
 def test_inline_value_calls_leaves_an_automaton_without_competing_calls_as_it_is():
-    dfa, calls = js.rule_automata.rule_edges(
+    dfa, calls, _ = js.rule_automata.rule_edges(
         js.free_value(1, innermost=escape(js.FREE_VALUE_CALL)), 0, True
     )
     new_dfa, new_calls = js.rule_automata.inline_value_calls(
@@ -1470,7 +1471,9 @@ def test_rules_with_competing_calls_read_in_place_are_memoised():
     first = js.rule_automata.inlined_rule_edges(regex, 2, ws)
     assert js.rule_automata.inlined_rule_edges(regex, 2, ws) is first
     assert len(js.rule_automata._INLINED_RULE_EDGES) == 1
-    fresh = js.rule_automata.inline_value_calls(*js.rule_automata.rule_edges(regex, 2, True), ws)
+    fresh = js.rule_automata.inline_value_calls(
+        *js.rule_automata.rule_edges(regex, 2, True)[:2], ws
+    )
     assert (
         fresh[0].num_states != js.rule_automata.rule_edges(regex, 2, True)[0].num_states
     )  # read in place

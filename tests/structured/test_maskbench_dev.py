@@ -17,6 +17,8 @@ from functional_gen.structured.json_schema import (
     UnsupportedSchemaError,
     budgets,
     json_schema_compile,
+    register_objects,
+    rule_automata,
 )
 from functional_gen.structured.json_schema.free_values import CALL
 from functional_gen.structured.json_schema.rewriter import CALL_WEIGHT, rewrite
@@ -234,9 +236,9 @@ SEVEN_REQUIRED_SCHEMA = {
 
 
 def test_an_object_kept_in_one_order_is_said(tokenizer, vocabulary, monkeypatch):
-    """Where no automaton of every order fits (here: at most 3 members tracked), the object keeps
-    the listed order, and a `UserWarning` says so, once, naming the object: nothing is refused
-    silently. (Where the returned automaton reads every order, no attempt's warning stands:
+    """Where no automaton of every order fits (here: at most 3 members tracked by the set
+    automata, and by a register), the object keeps the listed order, and a `UserWarning` says
+    so, once, naming the object: nothing is refused silently. (Where the returned automaton reads every order, no attempt's warning stands:
     `_order_fixed_as_a_regex`.)"""
     document = {
         "brand": "Nike",
@@ -251,9 +253,16 @@ def test_an_object_kept_in_one_order_is_said(tokenizer, vocabulary, monkeypatch)
     reordered = json.dumps(dict(reversed(document.items())), separators=(",", ":"))
     eos = vocabulary.eos_token_id[0]
     monkeypatch.setattr(budgets, "ORDER_AUTOMATON_MAX", 3)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        automaton = json_schema_compile(SEVEN_REQUIRED_SCHEMA, vocabulary, cache=False)
+    monkeypatch.setattr(register_objects, "REGISTER_BITS", 3)
+    rule_automata._RULE_EDGES.clear()  # (memoised rule automata of the real limits)
+    rule_automata._INLINED_RULE_EDGES.clear()
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            automaton = json_schema_compile(SEVEN_REQUIRED_SCHEMA, vocabulary, cache=False)
+    finally:
+        rule_automata._RULE_EDGES.clear()
+        rule_automata._INLINED_RULE_EDGES.clear()
     said = [str(w.message) for w in caught if "keep their members in the order" in str(w.message)]
     assert len(said) == 1 and "1 object(s)" in said[0] and ": #;" in said[0], said
     assert refused_at(automaton, tokenizer.encode(listed, add_special_tokens=False), eos) is None

@@ -406,6 +406,37 @@ def test_json_schema_pushdown_rows_end_valid_within_max_new_tokens(random_model,
         jsonschema.validate(json.loads(text), schema)
 
 
+def test_a_pushdown_constraint_beside_an_unconstrained_row(random_model, tokenizer):
+    # `[constraint, None]` compiles one pushdown automaton with a `constraint_id` per row: each
+    # row masks with its own id (the processor's per-row field, vmapped with the rows; the
+    # pushdown's copy inside the tables holds them all: a broadcasting error before), so the
+    # constrained row is valid and the free row is the same as generated without any processor
+    import json
+
+    import jsonschema
+
+    schema = {
+        "type": "object",
+        "properties": {"name": {"type": "string"}, "tags": {"type": "array"}},
+        "required": ["name"],
+    }
+    kwargs = dict(max_new_tokens=16, sampler=fg.samplers.Multinomial(), key=jax.random.key(1))
+    free = fg.generate(random_model, tokenizer, ["a", "b"], **kwargs)
+    for processor in (
+        fg.processors.JsonSchema([schema, None], tokenizer, free_form_depth=None),
+        fg.processors.Grammar([JSON_GRAMMAR, None], tokenizer),
+    ):
+        assert processor.pushdown is not None
+        assert processor.constraint_id.tolist() == [0, -1]
+        result = fg.generate(random_model, tokenizer, ["a", "b"], processors=[processor], **kwargs)
+        assert result.texts[1] == free.texts[1]
+        assert result.finish_reasons[0] in ("eos", "length")
+        if isinstance(processor, fg.processors.JsonSchema):
+            jsonschema.validate(json.loads(result.texts[0]), schema)
+        else:
+            lark.Lark(JSON_GRAMMAR, parser="earley").parse(result.texts[0])
+
+
 def test_json_schema_compile_without_cache_builds_the_pushdown_afresh(vocabulary):
     # `cache=False` promises a fresh build: the in-process memo of pushdown automata is neither
     # read nor filled (it used to return the memoised automaton in ~2 ms).

@@ -375,18 +375,21 @@ def _recursive_grammar(schema, vocabulary, stack_depth: int, options: dict):
                     "free_form_depth": None if isinstance(depth, FreeValueCall) else depth,
                 }
                 automaton = None
-                if rewritten[0].order_fixed:
+                for by_automata in (True, False) if rewritten[0].order_fixed else ():
                     # members in any order where one regex could not track them (as
-                    # `_any_order_grammar` does for the other schemas)
+                    # `_any_order_grammar` does for the other schemas): objects read by
+                    # automata built from their members (with a register where their sets are
+                    # too many), else without them
                     again = rewrite(
                         schema,
                         **{**options, "free_form_depth": depth},
                         counted_strings=True,
                         recursive=True,
                         order_calls=True,
+                        order_by_automata=by_automata,
                     )
                     if len(again[0].order_fixed) < len(rewritten[0].order_fixed):
-                        # refused: the form below, as before
+                        # refused: the next rewrite, then the form below, as before
                         with contextlib.suppress(ConstraintError, NotDeterministic):
                             automaton = json_schema_grammar(
                                 schema,
@@ -395,6 +398,8 @@ def _recursive_grammar(schema, vocabulary, stack_depth: int, options: dict):
                                 _rewritten=again,
                                 **grammar_options,
                             )
+                    if automaton is not None or not again[0].order_automata:
+                        break
                 if automaton is None:
                     automaton = json_schema_grammar(
                         schema,

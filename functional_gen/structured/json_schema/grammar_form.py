@@ -73,7 +73,9 @@ def _reach(dfa: ByteDFA, calls: np.ndarray, start: int) -> np.ndarray:
     return seen
 
 
-def _shared_tails(automata: list, rules: int, free_value: bool) -> tuple[list, int]:
+def _shared_tails(
+    automata: list, rules: int, free_value: bool, registers: list | None = None
+) -> tuple[list, int]:
     """Fewer positions for a grammar form: a tail that several automata share (states whose
     residual languages, up to the end of their rule, are equal: the properties after a
     recursive one in each unrolled copy of a recursive definition, an object's last members in
@@ -88,9 +90,15 @@ def _shared_tails(automata: list, rules: int, free_value: bool) -> tuple[list, i
     languages make the language the same; an accepting block is never a tail (a rule may not
     match the empty string).
 
+    An automaton with a member-set register (`registers`) takes no part: its register tables
+    are indexed by its states, and its residual languages are not those of its bytes alone (the
+    register refuses some), so none of its states is a tail, nor the rule another tail calls;
+    it is kept as it is (only its call columns grow with the new rules).
+
     **Arguments:** `automata`: `(dfa, calls)` per regex of the grammar form, the root first,
     rule `i` at `1 + i` (as `rule_edges` gives them); `rules`: the schema rules; `free_value`:
-    whether the last call column is the free-form JSON value.
+    whether the last call column is the free-form JSON value; `registers`: per automaton, its
+    register actions or `None` (`rule_edges`' third element; `None`: no automaton has any).
 
     **Returns:** `(automata, rules)`, the new rules after the old ones (their call columns
     inserted before the free-form value's).
@@ -103,8 +111,12 @@ def _shared_tails(automata: list, rules: int, free_value: bool) -> tuple[list, i
         offsets = np.cumsum([0] + [dfa.num_states for dfa, _ in automata])
         owner = np.repeat(np.arange(len(automata)), np.diff(offsets))
         accepting = np.concatenate([dfa.accepting for dfa, _ in automata])
+        candidate = ~accepting
+        for a, register in enumerate(registers or []):
+            if register is not None:
+                candidate[offsets[a] : offsets[a + 1]] = False
         members: dict[int, list[int]] = {}
-        for state in np.flatnonzero(~accepting):
+        for state in np.flatnonzero(candidate):
             members.setdefault(int(blocks[state]), []).append(int(state))
         # Only entries are candidates: the blocks below a shared block are shared too (as
         # often or more), so a block is looked at when it is a state's first shared one, where
@@ -289,11 +301,12 @@ def json_schema_grammar(
                     )
                 built[a] = dfas[text, len(rules), value]
                 if call in text:
-                    check_value_calls(*built[a], "schema" if a == 0 else f"rule{a - 1}")
-                positions = sum(dfa.num_states for dfa, _ in built.values())
+                    check_value_calls(*built[a][:2], "schema" if a == 0 else f"rule{a - 1}")
+                positions = sum(entry[0].num_states for entry in built.values())
                 if positions > max_before_tails:  # refused before the other rules
                     raise TooManyPositions(positions, len(rules), max_positions)
-        automata = [built[a] for a in range(len(every))]
+        automata = [built[a][:2] for a in range(len(every))]
+        registers = [built[a][2] for a in range(len(every))]
         bad = nondeterministic_calls(automata, len(rules))
         if not bad:
             if rewriter.recursive:
@@ -315,18 +328,21 @@ def json_schema_grammar(
         raise TooManyPositions(
             sum(dfa.num_states for dfa, _ in automata), len(automata) - 1, max_positions
         )
-    automata, _ = _shared_tails(automata, len(rules), value)
+    automata, _ = _shared_tails(automata, len(rules), value, registers)
     positions = sum(dfa.num_states for dfa, _ in automata)
     if positions > max_positions:
         raise TooManyPositions(positions, len(automata) - 1, max_positions)
 
     def build(automata: list):
         names = ["schema"] + [f"rule{i}" for i in range(len(automata) - 1)]
+        # the rules `_shared_tails` added (after the others) have no register
+        every_register = registers + [None] * (len(automata) - len(registers))
         return build_pushdown(
             free_value_grammar(ws) if value else None,
             vocabulary,
             stack_depth=stack_depth,
             rules=[(name, dfa, calls) for name, (dfa, calls) in zip(names, automata)],
+            registers=every_register if any(r is not None for r in registers) else None,
             description=f"json schema {describe(schema)} (grammar, {len(automata) - 1} rules)",
         )
 

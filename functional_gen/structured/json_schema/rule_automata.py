@@ -1,6 +1,16 @@
 """The grammar form's automata: each rule's byte automaton with its call edges
 (`rule_edges`, cached, built ahead on threads), free-value calls inlined where one byte cannot
 choose them, and the checks that every rule is productive and its calls deterministic.
+
+An object read in any order whose member sets are too many for `order_automata.any_order_dfa`
+(more than `ORDER_AUTOMATON_MAX` tracked, or over the positions budget) is built by
+`register_objects.register_object_dfa` instead: one loop over its members and a member-set
+register (issue 55). Its rule then carries the register actions `(reg_clear, reg_set,
+reg_require)` per (state, byte) beside its automaton (the third element of `rule_edges`'
+result), which `grammar_form` hands to `build_pushdown(registers=)`. Those tables are indexed by
+the automaton's states, so such an automaton is never minimised, merged or renumbered after it
+is built (`inline_value_calls` leaves it as it is; `grammar_form._shared_tails` takes no tail
+from it and makes no other state a call of it).
 """
 
 import collections
@@ -11,7 +21,7 @@ import typing
 
 import numpy as np
 
-from ..automaton import unique_columns
+from ..automaton import ConstraintError, unique_columns
 from ..byte_dfa import (
     REJECT,
     ByteDFA,
@@ -26,9 +36,11 @@ from ..regex_syntax import escape
 from . import budgets
 from .errors import (
     RecursionRefused,
+    TooManyPositions,
 )
 from .free_values import FREE_VALUE_CALL, free_value
 from .order_automata import any_order_dfa, is_any_order_text
+from .register_objects import register_object_dfa
 from .rewriter import Rewriter
 from .rule_plan import RULE_CALL
 
@@ -36,20 +48,31 @@ _VALUE_FIRST = np.zeros(256, bool)
 _VALUE_FIRST[list(b'{["-0123456789tfn')] = True  # the first bytes of any JSON value
 
 
+Register = tuple[np.ndarray, np.ndarray, np.ndarray]
+"""A rule's member-set register actions, `(reg_clear, reg_set, reg_require)`: `Bool`, `Int` and
+`UInt32[np.ndarray, "states 256"]` (`register_objects.RegisterDFA`'s fields of those names),
+row `q` the actions of state `q`'s transitions."""
+
+
 def rule_automaton(rewriter: Rewriter, text: str, rules: int, free_value: bool):
     """`rule_edges(text, rules, free_value)`, or for a rule that is a string given as an
     automaton (its text the placeholder of `Rewriter.dfa_texts`) that automaton, without
-    calls."""
+    calls or register: `(dfa, calls, register)`."""
     dfa = rewriter.dfa_texts.get(text[3:-1]) if text.startswith("(?:") else None
     if dfa is None:
         return rule_edges(text, rules, free_value)
-    return dfa, np.full((dfa.num_states, rules + free_value), REJECT, np.int32)
+    return dfa, np.full((dfa.num_states, rules + free_value), REJECT, np.int32), None
 
 
-def rule_edges(regex: str, rules: int, free_value: bool) -> tuple[ByteDFA, np.ndarray]:
+def rule_edges(
+    regex: str, rules: int, free_value: bool
+) -> tuple[ByteDFA, np.ndarray, "Register | None"]:
     """The minimal byte DFA of a grammar-form regex with its calls as call columns: `(dfa,
-    calls)`, `calls[q, r]` the state after a call of rule `r` from `q` (`REJECT`: none); the
-    callables are the `rules` schema rules, then the free-form JSON value when `free_value`.
+    calls, register)`, `calls[q, r]` the state after a call of rule `r` from `q` (`REJECT`:
+    none); the callables are the `rules` schema rules, then the free-form JSON value when
+    `free_value`. `register`: `None`, or for an object read in any order with a member-set
+    register (`_rule_edges_of`) its actions per (state, byte) (`Register`; then `dfa` is not
+    minimal and must not be minimised: the actions are not part of its alphabet).
     Memoised by `(regex, free_value)` (`_RULE_EDGES`): the attempts of one compile (the call,
     then depth 1; each plan after a ban; the recursive form, then unrolled) rebuild most rules
     with the same text (MaskBench bamboo-spec: 321 rule automata, 115 distinct texts)."""
@@ -62,32 +85,42 @@ def rule_edges(regex: str, rules: int, free_value: bool) -> tuple[ByteDFA, np.nd
             hit = _rule_edges_of(regex, free_value)
         _RULE_EDGES[regex, free_value] = hit
         _RULE_EDGES.move_to_end((regex, free_value))
-        while sum(dfa.num_states for dfa, _, _ in _RULE_EDGES.values()) > budgets.RULE_EDGES_STATES:
+        while (
+            sum(entry[0].num_states for entry in _RULE_EDGES.values()) > budgets.RULE_EDGES_STATES
+        ):
             _RULE_EDGES.popitem(last=False)
     else:
         _RULE_EDGES.move_to_end((regex, free_value))
-    dfa, rule_calls, value_calls = hit
+    dfa, rule_calls, value_calls, register = hit
     if rule_calls.shape[1] > rules:
         raise RuntimeError(f"internal error: a rule regex calls rule {rule_calls.shape[1] - 1}")
     calls = np.full((dfa.num_states, rules + free_value), REJECT, np.int32)
     calls[:, : rule_calls.shape[1]] = rule_calls
     if free_value:
         calls[:, rules] = value_calls
-    return dfa, calls
+    return dfa, calls, register
 
 
-def inlined_rule_edges(regex: str, rules: int, ws: str) -> tuple[ByteDFA, np.ndarray]:
+def inlined_rule_edges(
+    regex: str, rules: int, ws: str
+) -> tuple[ByteDFA, np.ndarray, "Register | None"]:
     """`rule_edges(regex, rules, True)` with the free-form value's calls that compete read in
-    place (`inline_value_calls` with whitespace `ws`). Memoised by its arguments
+    place (`inline_value_calls` with whitespace `ws`): `(dfa, calls, register)`. An automaton
+    with a register is left as it is (its register tables are indexed by its states, which the
+    subset construction would renumber): a call that competes there stays, and
+    `check_value_calls` refuses it. Memoised by its arguments
     (`_INLINED_RULE_EDGES`, least recently used dropped past `RULE_EDGES_STATES` states): the
     attempts of one compile build many rules again with the same text (MaskBench o7573: each of
     9 rules twice, up to 10,900 sets of states each; its refusal 5.6 -> 4.5 s)."""
     key = (regex, rules, ws)
     hit = _INLINED_RULE_EDGES.get(key)
     if hit is None:
-        hit = _INLINED_RULE_EDGES[key] = inline_value_calls(*rule_edges(regex, rules, True), ws)
+        dfa, calls, register = rule_edges(regex, rules, True)
+        if register is None:
+            dfa, calls = inline_value_calls(dfa, calls, ws)
+        hit = _INLINED_RULE_EDGES[key] = (dfa, calls, register)
         while (
-            sum(dfa.num_states for dfa, _ in _INLINED_RULE_EDGES.values())
+            sum(entry[0].num_states for entry in _INLINED_RULE_EDGES.values())
             > budgets.RULE_EDGES_STATES
         ):
             _INLINED_RULE_EDGES.popitem(last=False)
@@ -157,11 +190,26 @@ def build_ahead(regexes: list[str], free_value: bool):
 
 
 def _rule_edges_of(regex: str, free_value: bool):
-    """`(dfa, rule_calls, value_calls)` for `rule_edges`: the call columns of the rules that
-    `regex` calls (`rule_calls[:, r]`, up to its largest rule called) and, when `free_value`,
-    of the free-form value (`value_calls`, else `None`). An object read in any order by its
-    automaton (`order_automata.is_any_order_text`) is built by `any_order_dfa`."""
-    dfa = any_order_dfa(regex) if is_any_order_text(regex) else minimize(regex_byte_dfa(regex))
+    """`(dfa, rule_calls, value_calls, register)` for `rule_edges`: the call columns of the
+    rules that `regex` calls (`rule_calls[:, r]`, up to its largest rule called) and, when
+    `free_value`, of the free-form value (`value_calls`, else `None`). An object read in any
+    order by its automaton (`order_automata.is_any_order_text`) is built by `any_order_dfa`
+    (`register` `None`), or where that refuses it as too large (`TooManyPositions`: more
+    members to track than `ORDER_AUTOMATON_MAX`, or too many states) by `_register_edges_of`;
+    other regexes have no register.
+
+    **Raises:** `TooManyPositions` (`any_order_dfa`'s) when the register cannot hold the object
+    either (more than `REGISTER_BITS` required members); `ConstraintError` as `any_order_dfa`."""
+    if is_any_order_text(regex):
+        try:
+            dfa = any_order_dfa(regex)
+        except TooManyPositions as too_many:
+            registered = _register_edges_of(regex, free_value)
+            if registered is None:
+                raise too_many from None
+            return registered
+    else:
+        dfa = minimize(regex_byte_dfa(regex))
     delta = dfa.delta.copy()
     edges = numbered_mark_edges(delta, RULE_CALL)  # (state, rule, state after the call)
     delta[:, RULE_CALL] = REJECT
@@ -180,6 +228,27 @@ def _rule_edges_of(regex: str, free_value: bool):
         ByteDFA(joined.delta[:, :256], joined.accepting, joined.initial),
         columns[:, : columns.shape[1] - free_value],
         columns[:, -1] if free_value else None,
+        None,
+    )
+
+
+def _register_edges_of(regex: str, free_value: bool):
+    """`_rule_edges_of`'s result for an object read in any order with a member-set register
+    (`register_object_dfa`): its automaton and call columns as they are built (not minimised:
+    the register actions are indexed by its states), its register actions the fourth element.
+    `None` when the register cannot hold it (`ConstraintError`: more required members than
+    `REGISTER_BITS`, or a member's end that could go on like what follows it)."""
+    try:
+        built = register_object_dfa(regex)
+    except ConstraintError:
+        return None
+    if not free_value and (built.value_calls != REJECT).any():
+        raise RuntimeError("internal error: an object calls a free-form value outside its grammar")
+    return (
+        built.dfa,
+        built.calls,
+        built.value_calls if free_value else None,
+        (built.reg_clear, built.reg_set, built.reg_require),
     )
 
 
@@ -273,7 +342,7 @@ def inline_value_calls(
     if not ((dfa.delta[states] != REJECT) & _VALUE_FIRST).any():
         return dfa, calls
 
-    level_dfa, _, level_value = _rule_edges_of(
+    level_dfa, _, level_value, _ = _rule_edges_of(
         free_value(1, ws, innermost=escape(FREE_VALUE_CALL)), True
     )
     n, width = dfa.num_states, 256 + calls.shape[1] - 1  # symbols: bytes, then rule calls
