@@ -440,6 +440,135 @@ if reason == "eos":
     print("lark parses it")
 
 # %% [markdown]
+# ## Objects in any order: a register of the members written
+#
+# JSON Schema does not order an object's members, and real documents often list them in
+# another order than the schema's `properties`. An automaton that takes them in any order *and*
+# refuses the `}` until every required member has come must remember which members it has
+# seen: one copy of the members per set written, `2 ** n` copies. Up to ten members that is
+# affordable; an object of 14 members, 9 of them required, would need about 170,000 states.
+#
+# Beyond that, the frame of the pushdown automaton that reads the object carries a 32-bit
+# **register**: the byte after a required member's key sets its bit, the object's `}` is
+# refused until every required bit is set, and a call into a nested object saves the register
+# beside its return position (each object has its own). Only the tokens that read such a `}`
+# depend on the register, so the device walks just those exactly; every other token comes from
+# the register-blind bitmask rows. (A listed member may be written twice: a JSON parser keeps
+# the last value, which is valid for its key, and refusing it would make every token that
+# spells a key depend on the register.)
+
+# %%
+from functional_gen.structured.json_schema import json_schema_compile  # noqa: E402
+
+wide = {
+    "type": "object",
+    "properties": {
+        "id": {"type": "integer", "minimum": 0},
+        "name": {"type": "string", "maxLength": 12},
+        "names": {"type": "array", "items": {"type": "string", "maxLength": 8}, "maxItems": 2},
+        "colour": {"enum": ["red", "green", "blue"]},
+        "active": {"type": "boolean"},
+        "size": {"type": "integer", "minimum": 1, "maximum": 9},
+        "kind": {"enum": ["cat", "dog"]},
+        "age": {"type": "integer", "minimum": 0, "maximum": 30},
+        "owner": {
+            "type": "object",
+            "properties": {"name": {"type": "string", "maxLength": 12}},
+            "required": ["name"],
+            "additionalProperties": False,
+        },
+        "tag": {"type": "string", "maxLength": 6},
+        "title": {"type": "string", "maxLength": 6},
+        "total": {"type": "integer"},
+        "weight": {"type": "integer"},
+        "notes": {"type": "string", "maxLength": 6},
+    },
+    "required": ["id", "name", "colour", "active", "size", "kind", "age", "owner", "tag"],
+    "additionalProperties": False,
+}
+wide_automaton = json_schema_compile(wide, vocabulary)
+print(wide_automaton)
+print("reads a register:", wide_automaton.has_register)
+print(
+    "tokens walked exactly with the register:",
+    int((wide_automaton.register_tokens < wide_automaton.vocab_size).sum()),
+)
+order = b'{"tag":"a","age":3,"size":2,"kind":"cat","owner":{"name":"Ann"},"colour":"red","active":true,"name":"Tom","id":7}'
+print("a document in another order:", wide_automaton.accepts(order))
+print("one required member missing:", wide_automaton.accepts(order.replace(b',"id":7', b"")))
+
+# %% [markdown]
+# The token budget has to follow the register too. `max_new_tokens` is a promise that the
+# row ends inside the language; a row 20 tokens from its end with five required members
+# missing must be steered to write them, not offered a `}` it can never read. The *need* of a
+# register frame therefore counts the tokens of every required member still missing (the most
+# one more member takes, from any place a value ends), plus what finishes the current value and
+# closes the object; it is an upper bound, and the token the mask always keeps lowers it by at
+# least one (`pushdown.register_budget`). Inside such an object it is counted in one-byte
+# tokens (the device always checks those exactly), so it is about one per byte there: this
+# object's shortest documents are about 40 of SmolLM2's tokens but over 100 bytes. We give the
+# model only a dozen tokens more than that bound, then walk its tokens on the host and draw the
+# need beside the tokens left.
+
+# %%
+start = wide_automaton.initial_config()
+shortest = wide_automaton.need(start)
+budget = shortest + 12
+result = fg.generate(
+    model,
+    tokenizer,
+    [[{"role": "user", "content": "Describe a pet as JSON."}]],
+    max_new_tokens=budget,
+    processors=[fg.processors.JsonSchema(wide, tokenizer)],
+    sampler=fg.samplers.Multinomial(),
+    key=jax.random.key(SEED),
+)
+print(result.finish_reasons[0], result.texts[0])
+document = json.loads(result.texts[0])
+assert set(wide["required"]) <= set(document) <= set(wide["properties"])
+
+
+def members_missing(config) -> int:
+    """Required members of the outermost object not yet written: its frame is the register
+    frame nearest the bottom of the stack (`frames` lists them top first)."""
+    held = [g for p, _, g in wide_automaton.frames(config) if wide_automaton.register_index[p] >= 0]
+    return len(wide["required"]) - (bin(held[-1]).count("1") if held else 0)
+
+
+config, needs, missing = start, [], []
+for token in np.asarray(result.token_ids[0])[: result.num_tokens[0]]:
+    needs.append(wide_automaton.need(config))
+    missing.append(members_missing(config))
+    if int(token) in vocabulary.eos_token_id:
+        break
+    config = wide_automaton.walk(vocabulary.token_bytes[int(token)], config)
+left = [budget - i for i in range(len(needs))]
+assert all(n <= r for n, r in zip(needs, left))
+
+fig, ax = plt.subplots(figsize=(9, 3.4))
+ax.plot(left, label="tokens left (max_new_tokens - generated)", color="gray", ls="--")
+ax.plot(needs, label="need: tokens that still end the document", color="C0")
+ax.set_xlabel("tokens generated")
+ax.set_ylabel("tokens")
+twin = ax.twinx()
+twin.step(range(len(missing)), missing, where="post", color="C3", alpha=0.6)
+twin.set_ylabel("required members missing", color="C3")
+ax.legend(loc="upper right", fontsize=8)
+ax.set_title(
+    f"A 14-member object under a tight budget ({budget} tokens; need {shortest} at the start)"
+)
+plt.show()
+
+# %% [markdown]
+# The need (blue) never rises above the tokens left (dashed): where they meet, only tokens
+# that keep the document finishable remain, and the row ends with a valid object inside
+# `max_new_tokens`. Each step down in the red line is a required member's key: that member no
+# longer has to be written, and the need falls with it (the member's cost leaves the sum while
+# the rest of its value comes in). Counting in tokens rather than bytes inside these objects
+# (each member's cheapest *tokens*, and a best token per member checked on the device) would
+# bring the bound down to the tokens a document really takes.
+
+# %% [markdown]
 # ## Next
 #
 # [Model families](../model_families/): Llama, Qwen3, Gemma 3 and Phi-3 in one decoder, and

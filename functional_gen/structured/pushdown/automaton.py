@@ -380,6 +380,12 @@ class PushdownAutomaton:
             return [0] * (1 + len(config[1]))
         return [int(config[2]), *(int(r) for r in reversed(config[3]))]
 
+    def frames(self, config) -> list[tuple[int, int, int]]:
+        """`(position, room, register)` of the current frame and of each frame on the stack
+        (its return position), top first: `room` the free stack slots it runs with (a column
+        of `token_distance`), `register` its member-set register (0 without one)."""
+        return [(p, r, g) for (p, r), g in zip(self._frames(config), self._registers(config))]
+
     @typing.no_type_check
     def _missing(self, pos: int, register: int) -> int:
         """The required members of `pos`'s register frame not in `register` (0 where the
