@@ -53,7 +53,7 @@ INITIAL = 1
 INFINITE_DISTANCE = int(np.iinfo(np.int32).max)
 """`distance` of states that cannot reach an accepting state (and of the dead state)."""
 
-_FORMAT_VERSION = 2  # bump when the cached layout or the compilation changes
+_FORMAT_VERSION = 3  # bump when the cached layout or the compilation changes (3: register objects)
 
 
 class ConstraintError(ValueError):

@@ -106,9 +106,13 @@ class PushdownAutomaton:
       (`A`: to a complete member value without writing one), `member_distance` (`D`, `[rows,
       bits, rooms]`: the same through writing required member `j`), `member_cost` (`c`,
       `[objects, bits, rooms]`), `close_cost` (`E`, `[objects, rooms]`), all per room as
-      `token_distance` (whose register rows hold the bound whatever the register), and
-      `register_cost` (`[positions, slots]`: `token_cost` of a register frame with members
-      missing, to which the gate adds their `member_cost` and `close_cost`).
+      `token_distance` (whose register rows hold the bound whatever the register), and per
+      (position, slot, free slots `min(room, cost_rooms - 1)`) the gates of the bitmask row:
+      `room_token_cost` (`token_cost` per room, register frames with nothing missing) and
+      `register_cost` (a register frame with members missing, to which the gate adds their
+      `member_cost` and `close_cost`). Per room because the rows' levels are register-blind: a
+      token may be in a row at a room where what it enters cannot end, which must not close
+      the row at the rooms where it can.
     """
 
     byte_class: Int[np.ndarray, " 256"]
@@ -188,8 +192,11 @@ class PushdownAutomaton:
     close_cost: Int[np.ndarray, "objects register_rooms"] = dataclasses.field(
         default_factory=lambda: np.zeros((0, 1), np.int32)
     )
-    register_cost: Int[np.ndarray, "register_positions register_slots"] = dataclasses.field(
-        default_factory=lambda: np.zeros((0, 0), np.int32)
+    room_token_cost: Int[np.ndarray, "register_positions register_slots cost_rooms"] = (
+        dataclasses.field(default_factory=lambda: np.zeros((0, 0, 1), np.int32))
+    )
+    register_cost: Int[np.ndarray, "register_positions register_slots cost_rooms"] = (
+        dataclasses.field(default_factory=lambda: np.zeros((0, 0, 1), np.int32))
     )
 
     @property
@@ -254,6 +261,7 @@ class PushdownAutomaton:
                 self.member_distance,
                 self.member_cost,
                 self.close_cost,
+                self.room_token_cost,
                 self.register_cost,
             )
         )
@@ -432,15 +440,18 @@ class PushdownAutomaton:
         and those it enters (`token_cost`; in a register frame with required members missing,
         the missing members' `member_cost`, `close_cost` and `register_cost`)."""
         pos = config[0]
+        if not self.counts_registers:
+            return int(self.token_cost[pos, slot])
+        free = min(self.stack_depth - len(config[1]), self.register_cost.shape[2] - 1)
         missing = self._missing(pos, self._registers(config)[0])
         if not missing:
-            return int(self.token_cost[pos, slot])
+            return int(self.room_token_cost[pos, slot, free])
         room = self._frames(config)[0][1]
         obj = int(self.register_object[self.register_index[pos]])
         members = sum(
             int(c) for j, c in enumerate(self.member_cost[obj, :, room]) if missing >> j & 1
         )
-        return members + int(self.close_cost[obj, room]) + int(self.register_cost[pos, slot])
+        return members + int(self.close_cost[obj, room]) + int(self.register_cost[pos, slot, free])
 
     def best_tokens(self, config) -> list[int]:
         """The tokens that the device checks exactly because they may be the only ones that keep

@@ -125,7 +125,7 @@ def token_budget(
     tables = register_tables(registers, rooms[: distance.shape[1]])
     frame = distance.copy()
     frame[registers.positions] = tables["register_distance"]
-    token_cost = _bitmask_costs(
+    tables["room_token_cost"] = _bitmask_costs(
         moves, ids, pos, pushed, count, below, distance, num_slots, num_positions, frame, registers
     )
     value, member = tables["value_distance"], tables["member_distance"]
@@ -244,7 +244,8 @@ def _bitmask_costs(
     """`token_cost` per (position, slot) (see the module docstring). With `frame` (a table as
     `distance`) and `registers`: a token from a register position that stays in its frame
     (no return below it) reads `frame` where the frame goes on (its end position, or the first
-    return position it pushes), `distance` elsewhere."""
+    return position it pushes), `distance` elsewhere; and the costs are per room too
+    (`[positions, slots, rooms]`, room `min(free slots, columns + MAX_LEVELS - 2)`)."""
     columns = distance.shape[1]
     top = columns + MAX_LEVELS - 2  # the costs stop changing beyond
     rooms = np.arange(top + 1)
@@ -278,16 +279,17 @@ def _bitmask_costs(
         cost = cost + np.where((i < k)[:, None], term, 0)
     cost = np.minimum(cost, UNREACHABLE)
     cost = np.where(rooms[None, :] >= level[rows][:, None], cost, 0)  # not in the row there
-    # the costliest per origin, over every room
-    costliest = cost.max(axis=1, initial=0)
+    # the costliest per origin, over every room (per room with `frame`: a register frame's
+    # costs may be out of reach at a room where its token is in the row, the levels being
+    # register-blind, and must not close the row at the rooms where they are not)
+    costliest = cost if frame is not None else cost.max(axis=1, initial=0)
     origin_of = origin[rows]
-    per_origin = np.zeros(0, np.int64)
     origins, inverse = np.unique(origin_of, return_inverse=True)
-    per_origin = np.zeros(origins.size, np.int64)
+    per_origin = np.zeros((origins.size, *costliest.shape[1:]), np.int64)
     np.maximum.at(per_origin, inverse.reshape(-1), costliest)
     at = np.minimum(np.searchsorted(origins, moves.pair_origin), max(origins.size - 1, 0))
     found = origins.size > 0
-    token_cost = np.zeros((num_positions, num_slots), np.int32)
+    token_cost = np.zeros((num_positions, num_slots, *costliest.shape[1:]), np.int32)
     if found:
         hit = origins[at] == moves.pair_origin
         token_cost[moves.pair_position[hit], moves.pair_slot[hit]] = per_origin[at[hit]]

@@ -158,7 +158,8 @@ class RegisterPushdownConstraint(PushdownConstraint):
     member_distance: Int[Array, "register_rows bits rooms"]
     member_cost: Int[Array, "objects bits rooms"]
     close_cost: Int[Array, "objects rooms"]
-    register_cost: Int[Array, "positions slots"]
+    room_token_cost: Int[Array, "positions slots cost_rooms"]
+    register_cost: Int[Array, "positions slots cost_rooms"]
     register_bytes: int = eqx.field(static=True)
 
     def __init__(self, automaton: PushdownAutomaton, constraint_id=0):
@@ -180,6 +181,7 @@ class RegisterPushdownConstraint(PushdownConstraint):
                 a.member_distance,
                 a.member_cost,
                 a.close_cost,
+                a.room_token_cost,
                 a.register_cost,
             )
         else:  # no required member anywhere: every frame reads `token_distance`
@@ -193,7 +195,8 @@ class RegisterPushdownConstraint(PushdownConstraint):
                 np.zeros((1, 1, rooms), np.int32),
                 np.zeros((1, 1, rooms), np.int32),
                 np.zeros((1, rooms), np.int32),
-                np.zeros_like(a.token_cost),
+                a.token_cost[:, :, None],
+                np.zeros_like(a.token_cost)[:, :, None],
             )
         (
             self.register_index,
@@ -204,6 +207,7 @@ class RegisterPushdownConstraint(PushdownConstraint):
             self.member_distance,
             self.member_cost,
             self.close_cost,
+            self.room_token_cost,
             self.register_cost,
         ) = (jnp.asarray(t) for t in tables)
 
@@ -256,8 +260,9 @@ class RegisterPushdownConstraint(PushdownConstraint):
         lanes = jnp.arange(self.member_cost.shape[1], dtype=jnp.uint32)
         bit = ((missing >> lanes) & 1).astype(jnp.int32)
         members = (bit * self.member_cost[obj, :, room]).sum()
-        gated = members + self.close_cost[obj, room] + self.register_cost[pos, slot]
-        cost = jnp.where(missing == 0, self.token_cost[pos, slot], gated)
+        free = jnp.minimum(self.stack_depth - state[2], self.register_cost.shape[2] - 1)
+        gated = members + self.close_cost[obj, room] + self.register_cost[pos, slot, free]
+        cost = jnp.where(missing == 0, self.room_token_cost[pos, slot, free], gated)
         return self._stack_need(state) + cost <= self._budget(context)
 
     def init(self, context: Context):
