@@ -106,7 +106,11 @@ users' regexes instead of copied into them; only terminals (strings with pattern
 lengths, number ranges, keys) and small subschemas stay inlined regexes. A call site where one
 byte cannot choose between two rules (an `anyOf` of two objects) inlines them there. A tail that
 several rules' automata share (the members after a recursive property, in each unrolled copy of
-the definition) becomes one more rule that each of them tail-calls (`_shared_tails`). The
+the definition) becomes one more rule that each of them tail-calls (`_shared_tails`). An
+object whose members one regex cannot track in any order is a rule whose automaton is built
+from its members: one copy of them per set written (`order_automata`), or, for more members
+than those sets can track, one copy and a register of the members written (`register_objects`,
+run by `pushdown.register_walk`: a `}` before every required member is refused). The
 grammar form is refused (`ConstraintError`, at once) when its rules' automata have more than
 `MAX_GRAMMAR_POSITIONS` states in all: the pushdown token tables would take too long.
 

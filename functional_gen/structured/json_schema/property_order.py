@@ -528,7 +528,9 @@ PROPERTY_ORDERS = ("any", "schema", "schema_or_required_first")
   kept an order, `json_schema_compile` first tries the grammar form with large member
   values as rule calls (`Rewriter.order_calls`, `ORDER_CALL_FORMS`), and there builds the
   automaton of each object that still does not fit from its members directly
-  (`order_automata`: up to `ORDER_AUTOMATON_MAX` members tracked, within the positions).
+  (`order_automata`: up to `ORDER_AUTOMATON_MAX` members tracked, within the positions;
+  beyond, one loop over the members with a register of those written, `register_objects`,
+  up to `REGISTER_BITS` required members: issue 55).
 - `"schema"`: always the order of `properties` (then the additional members), as
   llguidance, outlines and XGrammar generate; smaller automata, but a valid document whose
   members come in another order is refused.
