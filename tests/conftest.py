@@ -15,6 +15,8 @@ try:
 except ImportError:  # pytest-xdist is a test dependency (pyproject's addopts pass `-n 2`)
     LoadFileScheduling = None
 
+from .oracle_cache import TORCH_GGUF_CACHE
+
 # seconds per test file, printed at the end of every run (tests/file_times.py)
 pytest_plugins = ("tests.file_times", "tests.fast_compile")
 
@@ -58,12 +60,19 @@ TORCH_THREADS_IN_A_WORKER = "1"
 
 def pytest_configure(config):
     """In the controller (or a run without workers): create this run's compilation cache
-    directory and put it in the environment that the workers and subprocesses inherit. In a
-    pytest-xdist worker: PyTorch on one thread (`TORCH_THREADS_IN_A_WORKER`)."""
+    directory and its cache of transformers' GGUF oracles (`oracle_cache.TORCH_GGUF_CACHE`) and put
+    them in the environment that the workers and subprocesses inherit. In a pytest-xdist worker:
+    PyTorch on one thread (`TORCH_THREADS_IN_A_WORKER`)."""
     if hasattr(config, "workerinput"):
         # before anything imports torch (nothing has yet): torch sizes its thread pool from it
         os.environ.setdefault("OMP_NUM_THREADS", TORCH_THREADS_IN_A_WORKER)
         return
+    if not os.environ.get(TORCH_GGUF_CACHE):
+        # the transformers oracles built from GGUF files, shared by the workers
+        # (`oracle_cache.torch_model_from_gguf`)
+        directory = tempfile.mkdtemp(prefix="functional_gen-test-torch-gguf-")
+        _OWN_COMPILATION_CACHE.append(directory)
+        os.environ[TORCH_GGUF_CACHE] = directory
     if os.environ.get("JAX_COMPILATION_CACHE_DIR"):
         return
     if os.environ.get("FUNCTIONAL_GEN_TEST_COMPILATION_CACHE", "").strip().lower() in (
@@ -92,7 +101,7 @@ def pytest_configure(config):
 
 
 def pytest_unconfigure(config):
-    """Delete the compilation cache directory that `pytest_configure` made."""
+    """Delete the cache directories that `pytest_configure` made."""
     while _OWN_COMPILATION_CACHE:
         shutil.rmtree(_OWN_COMPILATION_CACHE.pop(), ignore_errors=True)
 
@@ -153,22 +162,21 @@ def default_model():
 @pytest.fixture(scope="session")
 def torch_default_model():
     """transformers' PyTorch model and tokenizer built from the same GGUF file (the oracle; the
-    file parsed with `open_gguf`'s reader class, `transformers_reads_gguf_with_plain_arrays`)."""
+    file parsed with `open_gguf`'s reader class, `transformers_reads_gguf_with_plain_arrays`;
+    the model built once per run: tests/oracle_cache.py)."""
     torch = pytest.importorskip("torch")
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
     from functional_gen.loading import default_gguf_path
 
     from .helpers import transformers_reads_gguf_with_plain_arrays
+    from .oracle_cache import torch_model_from_gguf
 
     torch.set_num_threads(min(2, torch.get_num_threads()))
     path = default_gguf_path()
     with transformers_reads_gguf_with_plain_arrays():
         tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-        model = AutoModelForCausalLM.from_pretrained(
-            str(path.parent), gguf_file=path.name, dtype=torch.float32
-        ).eval()
-    return model, tokenizer
+    return torch_model_from_gguf(path, dtype=torch.float32), tokenizer
 
 
 @pytest.fixture(scope="session")

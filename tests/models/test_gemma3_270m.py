@@ -65,14 +65,22 @@ def test_24_greedy_tokens_equal_transformers(gemma, torch_gemma):
     assert ours == theirs
 
 
-def test_int8_keeps_top1_agreement_on_a_2048_token_text(gemma):
+def test_int8_keeps_top1_agreement_on_a_1024_token_text(gemma):
+    """int8 weights requantized from the file's blocks against our float32 model on 1,024 tokens
+    of English prose shipped with Python (the Language Reference's "Execution model" chapter):
+    top-1 agreement of at least 97%, perplexity within 2%. 1,024 tokens are twice the local
+    layers' 512-token window, so both kinds of layer read long contexts. Measured on this text
+    (both models' predictions over 2,048 tokens): agreement 0.988 on the first 256 tokens, 0.984
+    on 512, 0.989 on 1,024 and 0.986 on 2,048, perplexity ratio 0.998-1.000 on each: the
+    threshold is 6 standard errors of the agreement below it at 1,024 tokens as at 2,048 (this
+    test's length until 2026-12-03: the two models' scores took twice the CPU time)."""
     from pydoc_data.topics import topics
 
     model, tokenizer = gemma
     int8, _ = fg.load_model("gemma-3-270m", quantization="int8")
     assert int8.weight_format == "int8"
-    ids = tokenizer(topics["execmodel"])["input_ids"][: 2048 + 1]
-    assert len(ids) == 2049
+    ids = tokenizer(topics["execmodel"])["input_ids"][: 1024 + 1]
+    assert len(ids) == 1025
     stats = compare_models(model, int8, ids, chunk=256)
     assert stats["top1_agreement"] >= 0.97, stats
     assert stats["perplexity_ratio"] < 1.02, stats
