@@ -46,6 +46,23 @@ from .buckets import bucket
 from .pushdown import DEFAULT_NUM_STACKS, ParallelPushdownConstraint, PushdownConstraint
 from .pushdown.register_walk import RegisterPushdownConstraint
 
+ConstraintState = (
+    Int[Array, ""]
+    | tuple[Int[Array, ""], Int[Array, " depth"], Int[Array, ""]]
+    | tuple[Int[Array, " stacks"], Int[Array, "stacks depth"], Int[Array, " stacks"]]
+    | tuple[
+        Int[Array, ""],
+        Int[Array, " depth"],
+        Int[Array, ""],
+        UInt32[Array, ""],
+        UInt32[Array, " depth"],
+    ]
+)
+"""A row's constraint state: a token automaton's state (an int32 scalar); a pushdown
+automaton's `(position, stack[depth], stack_pointer)`; with forks (parallel stacks) one of each
+per stack (`[stacks]`, `[stacks, depth]`, `[stacks]`); with a member-set register,
+`(position, stack[depth], stack_pointer, register, registers[depth])`."""
+
 
 def _concatenate(automata: Sequence[TokenAutomaton]):
     """One state space for several automata: automaton `k`'s state `s >= 1` becomes
@@ -232,31 +249,10 @@ class AbstractConstraint(AbstractLogitsProcessor):
 
     def process(
         self,
-        state: Int[Array, ""]
-        | tuple[Int[Array, ""], Int[Array, " depth"], Int[Array, ""]]
-        | tuple[Int[Array, " stacks"], Int[Array, "stacks depth"], Int[Array, " stacks"]]
-        | tuple[
-            Int[Array, ""],
-            Int[Array, " depth"],
-            Int[Array, ""],
-            UInt32[Array, ""],
-            UInt32[Array, " depth"],
-        ],
+        state: ConstraintState,
         logits: Float[Array, " vocab"],
         context: Context,
-    ) -> tuple[
-        Int[Array, ""]
-        | tuple[Int[Array, ""], Int[Array, " depth"], Int[Array, ""]]
-        | tuple[Int[Array, " stacks"], Int[Array, "stacks depth"], Int[Array, " stacks"]]
-        | tuple[
-            Int[Array, ""],
-            Int[Array, " depth"],
-            Int[Array, ""],
-            UInt32[Array, ""],
-            UInt32[Array, " depth"],
-        ],
-        Float[Array, " vocab"],
-    ]:
+    ) -> tuple[ConstraintState, Float[Array, " vocab"]]:
         """Advance on the previous token, then mask every token that leaves the language or the
         budget (`-inf`). Unconstrained rows (`constraint_id < 0`) pass through unchanged.
 

@@ -1516,6 +1516,32 @@ def test_a_single_conditional_on_an_unlisted_string_is_exact():
     _assert_regex_decides_as_jsonschema(schema, documents)
 
 
+def test_several_conditionals_on_an_unlisted_string_are_exact():
+    # JSON Schema Store's typo3.json: one `if` per value of a `type` property that lists no
+    # values of its own: a branch per value the `if`s test, and one with every `else` for any
+    # other string (a `not` of the listed strings), beside the absent and non-object branches
+    schema = {
+        "type": "object",
+        "properties": {"kind": {"type": "string"}, "x": {"type": "integer"}, "y": {}},
+        "allOf": [
+            {"if": {"properties": {"kind": {"const": "a"}}}, "then": {"required": ["x"]}},
+            {
+                "if": {"properties": {"kind": {"enum": ["b", "c"]}}, "required": ["kind"]},
+                "then": {"required": ["y"]},
+                "else": {"properties": {"y": False}},
+            },
+            {"if": {"properties": {"kind": {"const": "c"}}}, "then": {"properties": {"x": False}}},
+        ],
+    }
+    documents = [
+        {k: {"kind": kind, "x": 1, "y": None}[k] for k in keys}
+        for r in range(4)
+        for keys in itertools.combinations(["kind", "x", "y"], r)
+        for kind in ("a", "b", "c", "d", "ab", "")
+    ]
+    _assert_regex_decides_as_jsonschema(schema, documents + [{"kind": 1}, "x", 1])
+
+
 def test_conditionals_that_cannot_be_exact_are_still_refused():
     two_properties = {
         "type": "object",

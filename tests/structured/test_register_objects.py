@@ -497,9 +497,9 @@ def test_budget_with_registers_keeps_its_promise(vocabulary):
         # the fewest tokens left with which the bitmask row is used whole (its gate)
         pos, stack = config[:2]
         slot = automaton.slot_of[automaton.position_rule[pos], stack[-1] if stack else 0]
-        top, room = automaton._frames(config)[0]
-        gate = need - automaton.frame_need(top, room, config[2]) + 1
-        gate += automaton._frame_cost(config, slot)
+        top, room, register = automaton.frames(config)[0]
+        gate = need - automaton.frame_need(top, room, register) + 1
+        gate += automaton.frame_cost(config, slot)
         for remaining in (need, need + 1, need + 4, max(gate, need)):
             allowed = automaton.allowed(config, remaining)
             assert allowed.any(), (prefix, remaining)

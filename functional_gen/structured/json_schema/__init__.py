@@ -68,8 +68,9 @@ does `prefixItems`; from 2019-09 `dependencies` asserts nothing, and in 2020-12 
 `not` (except where its complement is a schema, `negation`: a type, or `required` names of
 which one must then be absent; and a `not` of listed strings, which excludes them, in every
 JSON spelling, from the node's strings), `if`/`then`/`else` (except a discriminated union,
-`conditionals_as_branches`: every `if` tests one property, whose own
-schema lists its values, against listed values; or a single `if` whose complement is a schema;
+`conditionals_as_branches`: every `if` tests one property against listed values, and the
+property's own schema lists its values or, for strings, the other values take every `else`; or a
+single `if` whose complement is a schema;
 `then`/`else` without `if` assert nothing and are ignored), `dependentSchemas`,
 `dependencies` whose value is a schema, `contains` beside item counts, `maxContains`,
 `multipleOf` whose remainders no compact regex writes (7, 9, 11, 12, 13, 16, ... on an

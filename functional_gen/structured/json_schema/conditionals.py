@@ -150,7 +150,10 @@ def conditionals_as_branches(node: dict) -> dict:
     `allOf: [{if: {properties: {type: {const: "a"}}}, then: A}, ...]`) and the property's own
     schema lists its values: one branch per group of values that select the same `then`/`else`
     parts, one where the property is absent, one for values that are not objects (where an
-    `if` of `properties` holds vacuously). A single `if` whose complement is a schema
+    `if` of `properties` holds vacuously). Where the property's own schema does not list its
+    values (`{"type": "string"}`), the groups are those of the values the `if`s list, and one
+    more branch has every `else` part for the property with any other value (`not` of the
+    listed values: compiled for strings, `excluded_strings`; JSON Schema Store's typo3.json). A single `if` whose complement is a schema
     (`negation`) becomes `anyOf: [allOf: [if, then], allOf: [not if, else]]`. `then`/`else`
     without `if` assert nothing (JSON Schema 2020-12 core §10.2.2) and are dropped. Otherwise
     `node` is returned with its conditionals, which the rewrite then refuses."""
@@ -189,14 +192,25 @@ def conditionals_as_branches(node: dict) -> dict:
     listed = listed_values(own) if isinstance(own, Mapping) else None
     if isinstance(listed, Mapping) and "const" in listed and len(listed) == 1:
         listed = {"enum": [listed["const"]]}
-    if not isinstance(listed, Mapping) or set(listed) != {"enum"}:
+    open_values = not isinstance(listed, Mapping) or set(listed) != {"enum"}
+    if open_values and len(conditionals) == 1:
         # values beyond the listed ones: a single `if` takes the complement of its test
-        negated = _discriminator_negation(conditionals[0][0]) if len(conditionals) == 1 else None
+        negated = _discriminator_negation(conditionals[0][0])
         if negated is None:
             return node
         condition, then, otherwise = conditionals[0]
         branches = [{"allOf": [condition, then]}, {"allOf": [negated, otherwise]}]
         return {**rest, "allOf": [*kept, {"anyOf": branches}]}
+    tested = []  # open values: those the `if`s list, in order, then "none of them" below
+    if open_values:
+        for condition, _, _ in conditionals:
+            schema = condition["properties"][name]
+            values = [schema["const"]] if "const" in schema else schema["enum"]
+            keys = {canonical(v) for v in tested}
+            tested += [v for v in values if canonical(v) not in keys]
+        if not tested:
+            return node
+        listed = {"enum": tested}
 
     @typing.no_type_check
     def branch(base: dict, selected) -> dict:
@@ -215,6 +229,11 @@ def conditionals_as_branches(node: dict) -> dict:
         branch({"type": "object", "required": [name], "properties": {name: {"enum": v}}}, s)
         for s, v in groups.items()
     ]
+    if open_values:  # the property with a value no `if` lists: every `else`
+        other = {"not": {"enum": tested}}
+        branches.append(
+            branch({"type": "object", "required": [name], "properties": {name: other}}, set())
+        )
     # the property absent: an `if` without `required` holds; not an object: one without
     # `"type": "object"` holds
     absent = {i for i, f in enumerate(found) if not f[2]}

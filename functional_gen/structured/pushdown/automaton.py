@@ -435,10 +435,17 @@ class PushdownAutomaton:
         return sum(self.frame_need(p, r, g) for (p, r), g in zip(frames, registers))
 
     @typing.no_type_check
-    def _frame_cost(self, config, slot: int) -> int:
+    def frame_cost(self, config, slot: int) -> int:
         """The most tokens a bitmask token of `config`'s row may leave to end the current frame
         and those it enters (`token_cost`; in a register frame with required members missing,
-        the missing members' `member_cost`, `close_cost` and `register_cost`)."""
+        the missing members' `member_cost`, `close_cost` and `register_cost`): the bitmask row
+        is used whole when the stack's frames' `frame_need` (all but the current frame's) plus
+        this fits in the tokens left after the next, as `allowed` and the device do.
+
+        **Arguments:** `config` as `walk` returns it (with or without a register); `slot` the
+        row's slot (`slot_of[position_rule[position], top return position or 0]`).
+
+        **Returns:** tokens (`UNREACHABLE` or more: the row is never used whole)."""
         pos = config[0]
         if not self.counts_registers:
             return int(self.token_cost[pos, slot])
@@ -478,7 +485,7 @@ class PushdownAutomaton:
         bits = np.unpackbits(row.view(np.uint8), bitorder="little")[: self.vocab_size].astype(bool)
         top, top_room = self._frames(config)[0]
         below = self.need(config) - self.frame_need(top, top_room, self._registers(config)[0])
-        if below + self._frame_cost(config, slot) > budget:
+        if below + self.frame_cost(config, slot) > budget:
             bits[:] = False  # near the end of the budget: exact checks only
 
         def exact(t) -> bool:

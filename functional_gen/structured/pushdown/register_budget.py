@@ -259,6 +259,20 @@ def frame_need(frames: RegisterFrames, member_cost, close_cost, zero, value, mem
     return np.where(done, zero[rows], np.minimum(total, UNREACHABLE))
 
 
+REGISTER_BUDGET_TABLES = (
+    "register_index",
+    "register_object",
+    "register_required",
+    "register_distance",
+    "value_distance",
+    "member_distance",
+    "member_cost",
+    "close_cost",
+)
+"""The names of `register_tables`' tables, the `PushdownAutomaton` fields (and
+`RegisterPushdownConstraint` fields) they fill, in this order."""
+
+
 def register_tables(frames: RegisterFrames, rooms: list) -> dict:
     """The register tables of `PushdownAutomaton` from `register_room`'s tables of each room
     column kept (`rooms`, room 0 first), int32 (uint32 for the bit masks):
@@ -270,13 +284,14 @@ def register_tables(frames: RegisterFrames, rooms: list) -> dict:
     def stack(name, axis=-1):
         return np.stack([getattr(t, name) for t in rooms], axis=axis).astype(np.int32)
 
-    return {
-        "register_index": frames.index.astype(np.int32),
-        "register_object": frames.object.astype(np.int32),
-        "register_required": frames.required.astype(np.uint32),
-        "register_distance": stack("zero"),
-        "value_distance": stack("value"),
-        "member_distance": stack("member"),
-        "member_cost": stack("member_cost"),
-        "close_cost": stack("close_cost"),
-    }
+    tables = (
+        frames.index.astype(np.int32),
+        frames.object.astype(np.int32),
+        frames.required.astype(np.uint32),
+        stack("zero"),
+        stack("value"),
+        stack("member"),
+        stack("member_cost"),
+        stack("close_cost"),
+    )
+    return dict(zip(REGISTER_BUDGET_TABLES, tables, strict=True))

@@ -25,6 +25,7 @@ from jaxtyping import Array, Bool, Int, Integer, UInt8, UInt32
 from ...processors.base import Context
 from .automaton import DEAD, POP, UNREACHABLE, PushdownAutomaton
 from .constraint import PushdownConstraint
+from .register_budget import REGISTER_BUDGET_TABLES
 
 
 class RegisterWalk(eqx.Module):
@@ -140,7 +141,7 @@ class RegisterPushdownConstraint(PushdownConstraint):
     tokens) with the `register_tokens` in `register_reach` of the position walked exactly with
     the register, as `PushdownAutomaton.allowed` does. The budget's `need` follows each frame's
     register (`PushdownAutomaton.frame_need`, `pushdown.register_budget`), and so does the
-    bitmask row's gate (`PushdownAutomaton._frame_cost`).
+    bitmask row's gate (`PushdownAutomaton.frame_cost`).
 
     **Arguments:** as `PushdownConstraint`.
 
@@ -171,19 +172,9 @@ class RegisterPushdownConstraint(PushdownConstraint):
         self.register_reach = jnp.asarray(automaton.register_reach)
         self.register_bytes = int(automaton.register_bytes)
         a = automaton
+        names = REGISTER_BUDGET_TABLES + ("room_token_cost", "register_cost")
         if a.counts_registers:
-            tables = (
-                a.register_index,
-                a.register_object,
-                a.register_required,
-                a.register_distance,
-                a.value_distance,
-                a.member_distance,
-                a.member_cost,
-                a.close_cost,
-                a.room_token_cost,
-                a.register_cost,
-            )
+            tables = tuple(getattr(a, name) for name in names)
         else:  # no required member anywhere: every frame reads `token_distance`
             rooms = a.token_distance.shape[1]
             tables = (
@@ -198,18 +189,8 @@ class RegisterPushdownConstraint(PushdownConstraint):
                 a.token_cost[:, :, None],
                 np.zeros_like(a.token_cost)[:, :, None],
             )
-        (
-            self.register_index,
-            self.register_object,
-            self.register_required,
-            self.register_distance,
-            self.value_distance,
-            self.member_distance,
-            self.member_cost,
-            self.close_cost,
-            self.room_token_cost,
-            self.register_cost,
-        ) = (jnp.asarray(t) for t in tables)
+        for name, table in zip(names, tables, strict=True):
+            setattr(self, name, jnp.asarray(table))
 
     def _missing(self, pos, register):
         """The required members of `pos`'s register frame not in `register` (0 outside the
@@ -251,7 +232,7 @@ class RegisterPushdownConstraint(PushdownConstraint):
 
     def _bitmask_fits(self, state, context: Context) -> Bool[Array, ""]:
         """`PushdownConstraint._bitmask_fits` with the register frame's gate
-        (`PushdownAutomaton._frame_cost`)."""
+        (`PushdownAutomaton.frame_cost`)."""
         pos, register = state[0], state[3]
         slot = self._slot(state)
         room, _ = self._frames(state)
