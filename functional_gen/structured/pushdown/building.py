@@ -76,7 +76,8 @@ def build_pushdown(
     matches the empty string or is left-recursive; `GrammarError` for a language without a
     finite sentence (naming the rules that never end), or without one that fits within
     `stack_depth` open calls and can be spelled with the vocabulary's tokens;
-    `ValueError` for `top` and `rules` together, a `calls` table of the wrong width, or
+    `TooManyCandidates` (a `ConstraintError`) when the stack-dependent tokens would fill a
+    table over `MAX_CANDIDATE_TABLE` bytes; `ValueError` for `top` and `rules` together, a `calls` table of the wrong width, or
     `registers` without `rules`, of another length, or with `forks`.
     """
     if registers is not None and (rules is None or len(registers) != len(rules) or forks):

@@ -12,7 +12,7 @@ from ..buckets import bucket
 from ..byte_dfa import ragged_rows
 from ..vocabulary import TokenVocabulary
 from ..vocabulary_tables import cached_tables
-from .automaton import MAX_LEVELS
+from .automaton import MAX_CANDIDATE_TABLE, MAX_LEVELS, TooManyCandidates
 from .token_walk import _CANDIDATE, _NEVER, TokenWalk
 
 _BYTE_MATRICES: dict = {}
@@ -218,6 +218,9 @@ def _tables(walker: TokenWalk):
     )
     per_class = np.bincount(cand_class, minlength=num_classes_t)
     width = bucket(int(per_class.max(initial=0)), 8)
+    if num_positions * num_slots * width * 4 > MAX_CANDIDATE_TABLE:
+        most = int(per_class.max(initial=0))
+        raise TooManyCandidates(num_positions, num_slots, width, most, MAX_CANDIDATE_TABLE)
     class_candidates = np.full((num_classes_t, width), vocab, np.int32)
     slot = np.arange(cand_class.size) - (np.cumsum(per_class) - per_class)[cand_class]
     class_candidates[cand_class, slot] = cand_token
@@ -276,7 +279,11 @@ def token_tables(
     state). Each token then has a *code* per origin (its bitmask level, candidate, or never)
     from its node's function; sources with the same codes are one *class*, and the bitmask rows
     and candidate lists are built per class. The result is identical to the per-origin walk
-    (`tests/structured/pda_reference.py`, the oracle of the tests)."""
+    (`tests/structured/pda_reference.py`, the oracle of the tests).
+
+    **Raises:** `TooManyCandidates` when the `candidates` table (positions x slots x the most
+    candidates of a (position, slot), padded, int32) would exceed `MAX_CANDIDATE_TABLE` bytes,
+    before it is allocated."""
     walker = TokenWalk(
         nxt,
         push,
