@@ -637,3 +637,32 @@ def test_distances_equal_a_plain_fixed_point(source, vocabulary):
         pda = build_pushdown(parse_grammar(grammar), vocabulary)
     assert isinstance(pda, PushdownAutomaton)
     np.testing.assert_array_equal(pda.distance, _plain_distances(pda, vocabulary))
+
+
+def test_a_candidate_table_over_the_limit_is_refused_before_it_is_allocated(monkeypatch):
+    # MaskBench o57110 needed a 4,726 x 96 x 49,152 int32 candidate table (83 GiB: one byte
+    # class had 48,786 stack-dependent tokens) and died with a MemoryError; now the table's size
+    # is checked first and refused with its numbers (a ConstraintError, which the JSON Schema
+    # compiler catches to try its next form).
+    from functional_gen.structured.pushdown import TooManyCandidates, token_tables
+
+    grammar = parse_grammar(PUSHDOWN_GRAMMARS["json"])
+    pda = build_pushdown(grammar, BYTES_ONLY, stack_depth=4)
+    positions, slots, width = pda.candidates.shape
+    size = positions * slots * width * 4
+    monkeypatch.setattr(token_tables, "MAX_CANDIDATE_TABLE", size)
+    build_pushdown(grammar, BYTES_ONLY, stack_depth=4)  # at the limit: built
+    monkeypatch.setattr(token_tables, "MAX_CANDIDATE_TABLE", size - 1)
+    allocated = []
+    full = np.full
+
+    def watched(shape, *args, **kwargs):
+        if tuple(np.atleast_1d(shape)) == (positions, slots, width):
+            allocated.append(shape)
+        return full(shape, *args, **kwargs)
+
+    monkeypatch.setattr(token_tables.np, "full", watched)
+    with pytest.raises(TooManyCandidates, match=f"{positions} positions x {slots} slots x 8 "):
+        build_pushdown(grammar, BYTES_ONLY, stack_depth=4)
+    assert not allocated
+    assert isinstance(TooManyCandidates(1, 1, 8, 3, 0), fg.structured.ConstraintError)

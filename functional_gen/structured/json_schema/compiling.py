@@ -12,7 +12,7 @@ from ..byte_dfa import (
     lift,
     regex_automaton,
 )
-from ..pushdown import DEFAULT_STACK_DEPTH, NotDeterministic
+from ..pushdown import DEFAULT_STACK_DEPTH, NotDeterministic, TooManyCandidates
 from ..regex_syntax import escape
 from ..vocabulary import TokenVocabulary
 from . import budgets
@@ -116,7 +116,8 @@ def json_schema_compile(
             return ordered
 
     def nest_instead(
-        error: NotDeterministic | TooManyPositions | RegexTooLarge, dropped_warned=False
+        error: NotDeterministic | TooManyPositions | TooManyCandidates | RegexTooLarge,
+        dropped_warned=False,
     ):
         """A free-form value's call competes with other text for its first byte deeper than
         `inline_value_calls` reads it in place (`error` a `NotDeterministic`), or the grammar
@@ -208,7 +209,7 @@ def json_schema_compile(
                 _over_regex=full is not None,
                 **options,
             )
-        except (TooManyPositions, NotDeterministic, RegexTooLarge) as e:
+        except (TooManyPositions, TooManyCandidates, NotDeterministic, RegexTooLarge) as e:
             if full is not None:
                 pass  # the single regex is within `SINGLE_REGEX`: compiled below
             elif call is None:

@@ -96,6 +96,7 @@ from .automaton import POP as POP
 from .automaton import UNREACHABLE as UNREACHABLE
 from .automaton import NotDeterministic as NotDeterministic
 from .automaton import PushdownAutomaton as PushdownAutomaton
+from .automaton import TooManyCandidates as TooManyCandidates
 from .building import build_pushdown as build_pushdown
 from .constraint import PushdownConstraint as PushdownConstraint
 from .constraint import state_stack as state_stack

@@ -10,6 +10,7 @@ import typing
 import numpy as np
 from jaxtyping import Bool, Int, UInt8, UInt32
 
+from ..automaton import ConstraintError
 from ..grammar_syntax import GrammarError
 
 DEAD = 0
@@ -32,6 +33,30 @@ UNREACHABLE = 1 << 20
 stack's worth of them sums without overflow in int32)."""
 BOTTOM = -1
 """A return site meaning: the rule may be the bottom frame (a return from it fails)."""
+MAX_CANDIDATE_TABLE = 1 << 28
+"""Most bytes of the `candidates` table (int32 per position, slot and candidate: 256 MiB),
+checked before it is allocated (`TooManyCandidates`). MaskBench Github_hard o57110 needed
+4,726 x 96 x 49,152 (83 GiB: a byte class with 48,786 stack-dependent tokens) and died with a
+`MemoryError`; not measured further."""
+
+
+class TooManyCandidates(ConstraintError):
+    """A pushdown automaton whose stack-dependent tokens (candidates) would fill a table over
+    `MAX_CANDIDATE_TABLE` bytes: refused before the table is allocated.
+
+    **Attributes:** `positions`, `slots`, `width` (candidates per (position, slot), padded),
+    `most` (the largest number of candidates of one (position, slot)), `limit` (bytes).
+    """
+
+    def __init__(self, positions: int, slots: int, width: int, most: int, limit: int):
+        self.positions, self.slots, self.width = positions, slots, width
+        self.most, self.limit = most, limit
+        size = positions * slots * width * 4
+        super().__init__(
+            f"the pushdown automaton's candidate table would be {positions:,} positions x "
+            f"{slots:,} slots x {width:,} candidates ({size / 2**20:,.0f} MiB; the limit is "
+            f"{limit / 2**20:,.0f} MiB): {most:,} tokens depend on the stack at one position"
+        )
 
 
 class NotDeterministic(GrammarError):

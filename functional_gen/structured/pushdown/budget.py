@@ -117,8 +117,9 @@ def token_budget(
         registers,
         rooms,
     )
+    rows = _cost_rows(moves, ids, pos)
     token_cost = _bitmask_costs(
-        moves, ids, pos, pushed, count, below, distance, num_slots, num_positions
+        moves, rows, pos, pushed, count, below, distance, num_slots, num_positions
     )
     if registers is None:
         return distance, best, token_cost, None
@@ -126,14 +127,14 @@ def token_budget(
     frame = distance.copy()
     frame[registers.positions] = tables["register_distance"]
     tables["room_token_cost"] = _bitmask_costs(
-        moves, ids, pos, pushed, count, below, distance, num_slots, num_positions, frame, registers
+        moves, rows, pos, pushed, count, below, distance, num_slots, num_positions, frame, registers
     )
     value, member = tables["value_distance"], tables["member_distance"]
     through = np.minimum(value, member.min(axis=1, initial=UNREACHABLE))
     done = registers.final[:, None]  # after the `}`: nothing is missing
     frame[registers.positions] = np.where(done, tables["register_distance"], through)
     tables["register_cost"] = _bitmask_costs(
-        moves, ids, pos, pushed, count, below, distance, num_slots, num_positions, frame, registers
+        moves, rows, pos, pushed, count, below, distance, num_slots, num_positions, frame, registers
     )
     return distance, best, token_cost, tables
 
@@ -228,9 +229,37 @@ def _token_distances(
     return distance, np.stack(bests[:columns], axis=1).astype(np.int32)
 
 
+def _cost_rows(moves, ids, pos) -> dict:
+    """The (move, member) rows that `_bitmask_costs` reduces, computed once per `token_budget`:
+    for each bitmask move (peak below `MAX_LEVELS`) and each member of its state (itself, or
+    its set's members), sorted by origin: `member` (an index into `ids`) and `level` per row,
+    `starts` (the first row of each origin), `origins` (their ids, ascending) and `start` (their
+    positions)."""
+    sure = moves.peak < MAX_LEVELS  # `peak`: the state's bitmask level
+    origin, state, level = moves.origin[sure], moves.state[sure], moves.peak[sure]
+    set_sizes = np.asarray([len(m) for m in moves.sets] + [1], np.int64)
+    set_ptr = np.concatenate([[0], np.cumsum(set_sizes)])
+    set_flat = np.concatenate([*moves.sets, np.zeros(1, np.int64)]).astype(np.int64)
+    which = np.where(state < 0, -1 - state, len(moves.sets))
+    rows, index = ragged_rows(set_ptr, which)
+    member = np.searchsorted(ids, np.where(state[rows] < 0, set_flat[index], state[rows]))
+    origin_of = origin[rows]
+    order = np.argsort(origin_of, kind="stable")
+    origin_of = origin_of[order]
+    starts = np.flatnonzero(np.diff(origin_of, prepend=-1))
+    origins = origin_of[starts]
+    return {
+        "member": member[order],
+        "level": level[rows][order],
+        "starts": starts,
+        "origins": origins,
+        "start": pos[np.searchsorted(ids, origins)],
+    }
+
+
 def _bitmask_costs(
     moves,
-    ids,
+    rows: dict,
     pos,
     pushed,
     count,
@@ -241,56 +270,52 @@ def _bitmask_costs(
     frame=None,
     registers=None,
 ):
-    """`token_cost` per (position, slot) (see the module docstring). With `frame` (a table as
-    `distance`) and `registers`: a token from a register position that stays in its frame
-    (no return below it) reads `frame` where the frame goes on (its end position, or the first
-    return position it pushes), `distance` elsewhere; and the costs are per room too
-    (`[positions, slots, rooms]`, room `min(free slots, columns + MAX_LEVELS - 2)`)."""
+    """`token_cost` per (position, slot) (see the module docstring), over `rows`
+    (`_cost_rows`). With `frame` (a table as `distance`) and `registers`: a token from a
+    register position that stays in its frame (no return below it) reads `frame` where the frame
+    goes on (its end position, or the first return position it pushes), `distance` elsewhere;
+    and the costs are per room too (`[positions, slots, rooms]`, room `min(free slots, columns +
+    MAX_LEVELS - 2)`). A member's cost at each room depends only on the member (and, with
+    `frame`, whether the token stays in a register frame): tabled per member (`ids`), then
+    gathered per row."""
     columns = distance.shape[1]
     top = columns + MAX_LEVELS - 2  # the costs stop changing beyond
     rooms = np.arange(top + 1)
-    sure = moves.peak < MAX_LEVELS  # `peak`: the state's bitmask level
-    origin, state, level = moves.origin[sure], moves.state[sure], moves.peak[sure]
-    # the members of each state: itself, or its set's members
-    set_sizes = np.asarray([len(m) for m in moves.sets] + [1], np.int64)
-    set_ptr = np.concatenate([[0], np.cumsum(set_sizes)])
-    set_flat = np.concatenate([*moves.sets, np.zeros(1, np.int64)]).astype(np.int64)
-    which = np.where(state < 0, -1 - state, len(moves.sets))
-    rows, index = ragged_rows(set_ptr, which)
-    member = np.searchsorted(ids, np.where(state[rows] < 0, set_flat[index], state[rows]))
     # each member's cost at each room: its frames at the rooms they run with (`-below` returns
-    # first, then `k` pushes)
-    k, m = count[member], -below[member]
+    # first, then `k` pushes); with `frame`, a second table for the tokens in a register frame
+    k, m = count, -below
     at_room = np.clip(rooms[None, :] + (m - k)[:, None], 0, columns - 1)
-    in_frame = np.zeros(member.size, bool)
-    if frame is not None:
-        start = pos[np.searchsorted(ids, origin[rows])]
-        in_frame = (registers.index[start] >= 0) & (m == 0)
-    cost = distance[pos[member][:, None], at_room].astype(np.int64)
-    if frame is not None:
-        own = frame[pos[member][:, None], at_room]
-        cost = np.where((in_frame & (k == 0))[:, None], own, cost)
+    cost = distance[pos[:, None], at_room].astype(np.int64)
+    own = None
+    if frame is not None:  # the member's frame goes on at its end or at its first push
+        own = np.where((k == 0)[:, None], frame[pos[:, None], at_room], cost)
     for i in range(pushed.shape[1]):
         r = np.clip(rooms[None, :] + (m - i)[:, None], 0, columns - 1)
-        at = pushed[member, i][:, None]
-        term = distance[at, r]
-        if frame is not None and i == 0:
-            term = np.where((in_frame & (k > 0))[:, None], frame[at, r], term)
-        cost = cost + np.where((i < k)[:, None], term, 0)
-    cost = np.minimum(cost, UNREACHABLE)
-    cost = np.where(rooms[None, :] >= level[rows][:, None], cost, 0)  # not in the row there
+        at = pushed[:, i][:, None]
+        pushing = (i < k)[:, None]
+        term = np.where(pushing, distance[at, r], 0)
+        if own is not None:
+            own = own + (np.where(pushing, frame[at, r], 0) if i == 0 else term)
+        cost = cost + term
+    member, level = rows["member"], rows["level"]
+    if own is not None:  # rows in a register frame: no return below the start
+        origin_in = registers.index[rows["start"]] >= 0
+        in_frame = np.repeat(origin_in, np.diff(rows["starts"], append=member.size))
+        in_frame &= m[member] == 0
+        picked = np.where(in_frame[:, None], own[member], cost[member])
+    else:
+        picked = cost[member]
+    picked = np.minimum(picked, UNREACHABLE)
+    picked = np.where(rooms[None, :] >= level[:, None], picked, 0)  # not in the row there
     # the costliest per origin, over every room (per room with `frame`: a register frame's
     # costs may be out of reach at a room where its token is in the row, the levels being
     # register-blind, and must not close the row at the rooms where they are not)
-    costliest = cost if frame is not None else cost.max(axis=1, initial=0)
-    origin_of = origin[rows]
-    origins, inverse = np.unique(origin_of, return_inverse=True)
-    per_origin = np.zeros((origins.size, *costliest.shape[1:]), np.int64)
-    np.maximum.at(per_origin, inverse.reshape(-1), costliest)
-    at = np.minimum(np.searchsorted(origins, moves.pair_origin), max(origins.size - 1, 0))
-    found = origins.size > 0
+    costliest = picked if frame is not None else picked.max(axis=1, initial=0)
+    origins = rows["origins"]
     token_cost = np.zeros((num_positions, num_slots, *costliest.shape[1:]), np.int32)
-    if found:
+    if origins.size:
+        per_origin = np.maximum(np.maximum.reduceat(costliest, rows["starts"], axis=0), 0)
+        at = np.minimum(np.searchsorted(origins, moves.pair_origin), origins.size - 1)
         hit = origins[at] == moves.pair_origin
         token_cost[moves.pair_position[hit], moves.pair_slot[hit]] = per_origin[at[hit]]
     return token_cost

@@ -12,7 +12,7 @@ from ..buckets import bucket
 from ..byte_dfa import ragged_rows
 from ..vocabulary import TokenVocabulary
 from ..vocabulary_tables import cached_tables
-from .automaton import MAX_LEVELS
+from .automaton import MAX_CANDIDATE_TABLE, MAX_LEVELS, TooManyCandidates
 from .token_walk import _CANDIDATE, _NEVER, TokenWalk
 
 _BYTE_MATRICES: dict = {}
@@ -113,29 +113,34 @@ def _tables(walker: TokenWalk):
     # Pass 1: each position, whatever is on the stack. Tokens from a position that never
     # returns below its rule do not depend on the stack: their result holds for every slot.
     positions = np.arange(1, num_positions)
-    code1, codes1, returned, cost1 = walk(
-        np.asarray([intern((int(p), (), 0, 0, None)) for p in positions], np.int64), prune=True
+    first_ids = np.asarray([intern((p, (), 0, 0, None)) for p in positions.tolist()], np.int64)
+    code1, codes1, returned, cost1 = walk(first_ids, prune=True)
+    # Pass 2: the positions that do return, once per slot (the top of the stack known). The
+    # (position, slot) pairs as arrays, position by position (a list of tuples took 0.7 s for
+    # 500,000 pairs: MaskBench o65002, 6,802 positions x 73 slots).
+    counts = np.asarray([len(position_slots[p]) for p in range(num_positions)], np.int64)
+    counts[0] = 0
+    origin_position = np.repeat(np.arange(num_positions, dtype=np.int64), counts)
+    origin_slot = np.arange(origin_position.size) - np.repeat(np.cumsum(counts) - counts, counts)
+    again = np.flatnonzero(returned[origin_position - 1])
+    again_ids = np.asarray(
+        [
+            intern((p, (), 0, 0, site))
+            for p in (1 + np.flatnonzero(returned)).tolist()
+            for site in position_slots[p]
+        ],
+        np.int64,
     )
-    # Pass 2: the positions that do return, once per slot (the top of the stack known).
-    pairs = [
-        (p, k, site) for p in range(1, num_positions) for k, site in enumerate(position_slots[p])
-    ]
-    origin_position = np.array([p for p, _, _ in pairs], np.int64)
-    origin_slot = np.array([k for _, k, _ in pairs], np.int64)
-    again = [i for i, (p, _, _) in enumerate(pairs) if returned[p - 1]]
-    code2, codes2, _, cost2 = walk(
-        np.asarray([intern((pairs[i][0], (), 0, 0, pairs[i][2])) for i in again], np.int64),
-        prune=False,
-    )
+    code2, codes2, _, cost2 = walk(again_ids, prune=False)
     # Sources: the pass-1 positions that never returned (shared by their slots), then the
     # pass-2 origins. A token's code row is the pair of its rows in the two passes.
     kept = np.flatnonzero(~returned)
     first_source = np.full(positions.size, -1, np.int64)
     first_source[kept] = np.arange(kept.size)
-    source_of = np.empty(len(pairs), np.int64)
+    source_of = np.empty(origin_position.size, np.int64)
     fixed = ~returned[origin_position - 1]
     source_of[fixed] = first_source[origin_position[fixed] - 1]
-    source_of[np.asarray(again, np.int64)] = kept.size + np.arange(len(again))
+    source_of[again] = kept.size + np.arange(again.size)
     pair_key = code1 * codes2.shape[1] + code2
     if codes1.shape[1] * codes2.shape[1] <= 8 * pair_key.size:  # a presence table, no sort
         seen = np.zeros(codes1.shape[1] * codes2.shape[1], bool)
@@ -218,6 +223,9 @@ def _tables(walker: TokenWalk):
     )
     per_class = np.bincount(cand_class, minlength=num_classes_t)
     width = bucket(int(per_class.max(initial=0)), 8)
+    if num_positions * num_slots * width * 4 > MAX_CANDIDATE_TABLE:
+        most = int(per_class.max(initial=0))
+        raise TooManyCandidates(num_positions, num_slots, width, most, MAX_CANDIDATE_TABLE)
     class_candidates = np.full((num_classes_t, width), vocab, np.int32)
     slot = np.arange(cand_class.size) - (np.cumsum(per_class) - per_class)[cand_class]
     class_candidates[cand_class, slot] = cand_token
@@ -226,9 +234,8 @@ def _tables(walker: TokenWalk):
     lengths = vocabulary.token_length
     candidate_bytes = int(lengths[cand_token].max(initial=1))
     # The walk's origin of each (position, slot): pass 2's where the position returns.
-    pair_origin = np.asarray([intern((p, (), 0, 0, None)) for p, _, _ in pairs], np.int64)
-    for i in again:
-        pair_origin[i] = intern((pairs[i][0], (), 0, 0, pairs[i][2]))
+    pair_origin = first_ids[origin_position - 1]
+    pair_origin[again] = again_ids
     found = [np.concatenate(part) for part in zip(*walker.moves)] if walker.moves else None
     found = found or [np.zeros(0, np.int64)] * 4
     moves = TokenMoves(
@@ -276,7 +283,11 @@ def token_tables(
     state). Each token then has a *code* per origin (its bitmask level, candidate, or never)
     from its node's function; sources with the same codes are one *class*, and the bitmask rows
     and candidate lists are built per class. The result is identical to the per-origin walk
-    (`tests/structured/pda_reference.py`, the oracle of the tests)."""
+    (`tests/structured/pda_reference.py`, the oracle of the tests).
+
+    **Raises:** `TooManyCandidates` when the `candidates` table (positions x slots x the most
+    candidates of a (position, slot), padded, int32) would exceed `MAX_CANDIDATE_TABLE` bytes,
+    before it is allocated."""
     walker = TokenWalk(
         nxt,
         push,
