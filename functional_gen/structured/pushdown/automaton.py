@@ -117,6 +117,11 @@ class PushdownAutomaton:
       frame that reads the byte. Empty (`0 x 0`) without a register (`has_register`). The
       host walk (`step` with a configuration `(position, stack, register, registers)`) and the
       device (`pushdown.register_walk`) follow them; the bitmask rows ignore them (a superset).
+    - `reg_limit`: `Int[np.ndarray, "positions classes"]`, the character counter of a counter
+      frame (`json_schema.counter_strings`, WIP): `N > 0` on a byte that starts a character of
+      a string of at most `N`; it adds 1 to the frame's register and is refused past `N`.
+      Empty (`0 x 0`) where the automaton was built without it. NOT yet on the device
+      (`pushdown.register_walk` ignores it) nor in `allowed`'s bitmask rows.
     - `register_tokens`: `Int[np.ndarray, " register_tokens"]`, the tokens whose walk may meet
       the action that can refuse (a require) and be alive after their last byte
       (padded with `vocab_size`), `register_bytes` the longest of them, and `register_reach`:
@@ -184,6 +189,9 @@ class PushdownAutomaton:
     )
     reg_require: UInt32[np.ndarray, "register_positions register_classes"] = dataclasses.field(
         default_factory=lambda: np.zeros((0, 0), np.uint32)
+    )
+    reg_limit: Int[np.ndarray, "register_positions register_classes"] = dataclasses.field(
+        default_factory=lambda: np.zeros((0, 0), np.int32)
     )
 
     register_tokens: Int[np.ndarray, " register_tokens"] = dataclasses.field(
@@ -276,6 +284,7 @@ class PushdownAutomaton:
                 self.reg_clear,
                 self.reg_set,
                 self.reg_require,
+                self.reg_limit,
                 self.register_tokens,
                 self.register_reach,
                 self.register_index,
@@ -334,6 +343,12 @@ class PushdownAutomaton:
         need = int(self.reg_require[pos, c])
         if register & need != need:
             return None
+        if self.reg_limit.size:
+            limit = int(self.reg_limit[pos, c])
+            if limit:  # a counter frame: the byte starts a character
+                register += 1
+                if register > limit:
+                    return None
         return target, stack + pushed, register, saved
 
     def initial_config(self):

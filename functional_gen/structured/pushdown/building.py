@@ -45,7 +45,7 @@ def build_pushdown(
     top: tuple[ByteDFA, Int[np.ndarray, " states"], str] | None = None,
     rules: Sequence[tuple[str, ByteDFA, np.ndarray]] | None = None,
     forks: bool = False,
-    registers: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray] | None] | None = None,
+    registers: Sequence[tuple[np.ndarray, ...] | None] | None = None,
 ) -> PushdownAutomaton:
     """Compile a parsed grammar into a `PushdownAutomaton` (see the module docstring).
 
@@ -65,8 +65,9 @@ def build_pushdown(
     grammar without such bytes gets exactly the tables it gets without `forks`.
     `registers`: per rule of `rules`, `None` or the member-set register actions of its
     transitions, `(reg_clear, reg_set, reg_require)`: `Bool`, `Int` and `UInt32[np.ndarray,
-    "states 256"]` (`json_schema.register_objects.RegisterDFA`); they become the automaton's
-    `reg_clear`, `reg_set` and `reg_require` per (position, byte class), applied to the frame
+    "states 256"]` (`json_schema.register_objects.RegisterDFA`), and optionally a fourth,
+    `reg_limit` (`Int`, a counter rule's: `json_schema.counter_strings`); they become the automaton's
+    `reg_clear`, `reg_set`, `reg_require` (and `reg_limit`) per (position, byte class), applied to the frame
     that reads the byte (see `PushdownAutomaton.step`); the bitmask rows ignore the register (a
     superset of the tokens it allows), the tokens that may read a `}` it decides are walked
     exactly (`register_tokens`), and the budget counts the members missing
@@ -84,6 +85,11 @@ def build_pushdown(
         raise ValueError(
             "build_pushdown: `registers` needs `rules` (one entry per rule) and no `forks`"
         )
+    if registers is not None:  # a fourth table, `reg_limit` (a counter rule), zeros if absent
+        registers = [
+            r if r is None or len(r) == 4 else (*r, np.zeros(r[0].shape, np.int32))
+            for r in registers
+        ]
     if top is not None:
         if rules is not None:
             raise ValueError("build_pushdown: give `top` or `rules`, not both")
@@ -380,7 +386,8 @@ def build_pushdown(
 
 
 def _register_tables(automata, actions, offsets, nxt, push, position_rule) -> dict:
-    """`reg_clear`, `reg_set`, `reg_require` of `PushdownAutomaton` (`positions x classes`):
+    """`reg_clear`, `reg_set`, `reg_require`, `reg_limit` of `PushdownAutomaton` (`positions x
+    classes`):
     each (position, class) that reads its byte takes the register actions of the transition
     that reads it: its own rule's where it reads the byte itself, else (a call, or a tail call)
     those of the initial state of the rule whose position it moves to, the innermost callee
@@ -388,20 +395,21 @@ def _register_tables(automata, actions, offsets, nxt, push, position_rule) -> di
     num_positions, nc = nxt.shape
     # every automaton's own byte moves and actions, by position
     own = np.full((num_positions, nc), REJECT, np.int64)
-    every = [np.zeros((num_positions, nc), dtype) for dtype in (bool, np.int32, np.uint32)]
+    dtypes = (bool, np.int32, np.uint32, np.int32)
+    every = [np.zeros((num_positions, nc), dtype) for dtype in dtypes]
     for a, dfa in enumerate(automata):
         lo, hi = int(offsets[a]), int(offsets[a + 1])
         delta = dfa.delta[:, :nc]
         own[lo:hi] = np.where(delta != REJECT, delta + lo, REJECT)
         if actions[a] is not None:
-            for table, values in zip(every, actions[a]):
+            for table, values in zip(every, actions[a], strict=True):
                 table[lo:hi] = values
     initial = np.asarray([int(offsets[a]) + dfa.initial for a, dfa in enumerate(automata)])
     pos, c = np.nonzero(nxt > 0)
     target = nxt[pos, c]
     itself = (push[pos, c, 0] == 0) & (own[pos, c] == target)
     reader = np.where(itself, pos, initial[position_rule[target]])
-    names = ("reg_clear", "reg_set", "reg_require")
+    names = ("reg_clear", "reg_set", "reg_require", "reg_limit")
     tables = {name: np.zeros_like(table) for name, table in zip(names, every)}
     for name, table in zip(names, every):
         tables[name][pos, c] = table[reader, c]

@@ -1,0 +1,110 @@
+"""The counter register of long plain strings (issue 55, WIP: the host side,
+`json_schema.counter_strings` and `PushdownAutomaton.step`'s `reg_limit`), on a small limit,
+against `jsonschema`'s `maxLength` (code points)."""
+
+import itertools
+import json
+
+import jsonschema
+import numpy as np
+import pytest
+
+from functional_gen.structured.byte_dfa import REJECT, ByteDFA, minimize, regex_byte_dfa
+from functional_gen.structured.dfa_operations import numbered_mark_edges
+from functional_gen.structured.json_schema.counter_strings import counter_string_dfa
+from functional_gen.structured.json_schema.rule_plan import RULE_CALL, rule_call
+from functional_gen.structured.pushdown import build_pushdown
+
+from .test_pda import BYTES_ONLY
+
+LIMIT = 5
+CHARACTERS = ["a", " ", "é", "中", "😀", "\n", '"', "\\", "/", "\t"]
+"""Characters of the strings written (multi-byte UTF-8 and escaped ones among them)."""
+
+
+def _rule(regex: str, callables: int):
+    """`(dfa, calls)` of a grammar-form regex calling rules `0 .. callables - 1`."""
+    dfa = minimize(regex_byte_dfa(regex))
+    calls = np.full((dfa.num_states, callables), REJECT, np.int32)
+    for q, r, after in numbered_mark_edges(dfa.delta, RULE_CALL):
+        calls[q, r] = after
+    delta = dfa.delta.copy()
+    delta[:, RULE_CALL] = REJECT
+    return ByteDFA(delta, dfa.accepting, dfa.initial), calls
+
+
+def _strings(limit: int):
+    """Strings of 0 to `limit + 2` characters of `CHARACTERS`, a few of each length."""
+    for n in range(limit + 3):
+        for k, chars in enumerate(itertools.product(CHARACTERS, repeat=n)):
+            if k % 997 == 0 or n <= 2:
+                yield "".join(chars)
+
+
+def test_counter_dfa_counts_code_points_as_jsonschema_does():
+    counter = counter_string_dfa(LIMIT)
+    validator = jsonschema.Draft202012Validator({"type": "string", "maxLength": LIMIT})
+    seen = {True: 0, False: 0}
+    for s in _strings(LIMIT):
+        for text in {json.dumps(s), json.dumps(s, ensure_ascii=False)}:
+            if "\\u" in text:  # ANY_STRING has no \u escapes
+                continue
+            want = validator.is_valid(json.loads(text))
+            assert counter.accepts(text.encode("utf-8")) == want, text
+            seen[want] += 1
+    assert seen[True] > 50 and seen[False] > 50
+    # exactly the limit, and one more, of each kind of character
+    for c in CHARACTERS:
+        text = json.dumps(c * LIMIT, ensure_ascii=False).encode("utf-8")
+        assert counter.accepts(text)
+        assert not counter.accepts(json.dumps(c * (LIMIT + 1), ensure_ascii=False).encode())
+
+
+def test_a_surrogate_pair_escape_is_one_code_point_in_jsonschema():
+    # Not in ANY_STRING (no \u escapes), but if they are added the pair must count once.
+    value = json.loads('"\\ud83d\\ude00"')
+    assert len(value) == 1
+    assert jsonschema.Draft202012Validator({"maxLength": 1}).is_valid(value)
+    assert not counter_string_dfa(LIMIT).accepts(b'"\\ud83d\\ude00"')
+
+
+def _array_pushdown(limit: int):
+    """A bottom frame `[ s (, s)* ]` of calls of a counter rule of `limit` characters."""
+    call = rule_call(0)
+    top = _rule(f"\\[(?:{call}(?:,{call})*)?\\]", 1)
+    counter = counter_string_dfa(limit)
+    rules = [("top", *top), ("string", counter.dfa, np.zeros((counter.dfa.num_states, 1), int) - 1)]
+    return build_pushdown(
+        None, BYTES_ONLY, stack_depth=4, rules=rules, registers=[None, counter.registers]
+    )
+
+
+def test_pushdown_step_counts_each_frame_as_jsonschema_does():
+    automaton = _array_pushdown(LIMIT)
+    assert automaton.has_register and automaton.reg_limit.max() == LIMIT
+    assert not automaton.counts_registers  # no token need from maxLength
+    schema = {"type": "array", "items": {"type": "string", "maxLength": LIMIT}}
+    validator = jsonschema.Draft202012Validator(schema)
+    strings = [s for s in _strings(LIMIT) if "\\u" not in json.dumps(s, ensure_ascii=False)]
+    strings = strings[::7] + ["a" * LIMIT, "a" * (LIMIT + 1), "😀" * LIMIT, "\\" * (LIMIT + 1)]
+    for k in range(len(strings)):
+        items = [strings[k], strings[(k * 5 + 3) % len(strings)]][: 1 + k % 2]
+        text = json.dumps(items, ensure_ascii=False, separators=(",", ":"))
+        want = validator.is_valid(items)
+        assert automaton.accepts(text.encode("utf-8")) == want, text
+    # a long first string does not count against the second (each call starts at 0)
+    full = json.dumps(["é" * LIMIT, "中" * LIMIT], ensure_ascii=False, separators=(",", ":"))
+    assert automaton.accepts(full.encode("utf-8"))
+    config = automaton.walk(b'["abc')
+    assert config is not None and config[2] == 3 and config[3] == (0,)
+
+
+@pytest.mark.parametrize("limit", [1, 3])
+def test_counter_refuses_the_byte_past_the_limit(limit):
+    automaton = _array_pushdown(limit)
+    config = automaton.walk(b'["' + b"x" * limit)
+    assert config is not None
+    assert automaton.step(config, ord("x")) is None
+    assert automaton.step(config, ord("\\")) is None  # an escape starts a character
+    assert automaton.step(config, 0xC3) is None  # so does a UTF-8 lead byte
+    assert automaton.step(config, ord('"')) is not None  # closing writes none
