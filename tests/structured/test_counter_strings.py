@@ -2,6 +2,7 @@
 `json_schema.counter_strings` and `PushdownAutomaton.step`'s `reg_limit`), on a small limit,
 against `jsonschema`'s `maxLength` (code points)."""
 
+import copy
 import itertools
 import json
 
@@ -14,10 +15,20 @@ from functional_gen.structured.dfa_operations import numbered_mark_edges
 from functional_gen.structured.json_schema.counter_strings import counter_string_dfa
 from functional_gen.structured.json_schema.rule_plan import RULE_CALL, rule_call
 from functional_gen.structured.pushdown import build_pushdown
+from functional_gen.structured.vocabulary import TokenVocabulary
 
-from .test_pda import BYTES_ONLY
+from .test_pda import BYTES_ONLY, _completable
 
 LIMIT = 5
+SINGLE_BYTES = TokenVocabulary(tuple(bytes([b]) for b in range(256)) + (None,), (256,), "bytes")
+LONG_TOKENS = TokenVocabulary(
+    tuple(bytes([b]) for b in range(256))
+    + (b"aaa", b"aaaaaa", "é中".encode(), b"\\n\\t", b'a"', b'a","b', b'","', b'"ab', b'"]')
+    + (b'["', "😀".encode(), None),
+    (267,),
+    "bytes-and-strings",
+)
+"""Tokens that write several characters inside a string, or leave it (6 bytes at most)."""
 CHARACTERS = ["a", " ", "é", "中", "😀", "\n", '"', "\\", "/", "\t"]
 """Characters of the strings written (multi-byte UTF-8 and escaped ones among them)."""
 
@@ -68,14 +79,14 @@ def test_a_surrogate_pair_escape_is_one_code_point_in_jsonschema():
     assert not counter_string_dfa(LIMIT).accepts(b'"\\ud83d\\ude00"')
 
 
-def _array_pushdown(limit: int):
+def _array_pushdown(limit: int, vocabulary=BYTES_ONLY):
     """A bottom frame `[ s (, s)* ]` of calls of a counter rule of `limit` characters."""
     call = rule_call(0)
     top = _rule(f"\\[(?:{call}(?:,{call})*)?\\]", 1)
     counter = counter_string_dfa(limit)
     rules = [("top", *top), ("string", counter.dfa, np.zeros((counter.dfa.num_states, 1), int) - 1)]
     return build_pushdown(
-        None, BYTES_ONLY, stack_depth=4, rules=rules, registers=[None, counter.registers]
+        None, vocabulary, stack_depth=4, rules=rules, registers=[None, counter.registers]
     )
 
 
@@ -101,10 +112,44 @@ def test_pushdown_step_counts_each_frame_as_jsonschema_does():
 
 @pytest.mark.parametrize("limit", [1, 3])
 def test_counter_refuses_the_byte_past_the_limit(limit):
-    automaton = _array_pushdown(limit)
+    automaton = _array_pushdown(limit, SINGLE_BYTES)
     config = automaton.walk(b'["' + b"x" * limit)
     assert config is not None
     assert automaton.step(config, ord("x")) is None
     assert automaton.step(config, ord("\\")) is None  # an escape starts a character
     assert automaton.step(config, 0xC3) is None  # so does a UTF-8 lead byte
     assert automaton.step(config, ord('"')) is not None  # closing writes none
+
+
+def test_a_token_longer_than_the_limit_is_refused_at_build_time():
+    with pytest.raises(ValueError, match="could pass the limit"):
+        _array_pushdown(3)  # BYTES_ONLY has `null`, 4 bytes
+
+
+def test_masks_with_a_counter_equal_a_brute_force_walk():
+    # In a counter frame the register-blind bitmask row keeps only the tokens whose characters
+    # (`counted`) fit in what is left of the limit; the result is exactly the tokens whose
+    # bytes the host walk reads (with the counter), after which the text can still end.
+    limit = 6
+    automaton = _array_pushdown(limit, LONG_TOKENS)
+    assert automaton.counted.shape == (automaton.counter_row.max() + 1, automaton.vocab_size)
+    completable = _completable(automaton)
+    prefixes = [b"[", b'["', b'["a', b'["aaa', b'["aaaaa', b'["aaaaaa', b'["\\', b'["\\n']
+    prefixes += [b'["\xc3', b'["\xc3\xa9\xc3\xa9', b'["aaaaaa","', b'["aaaaaa","a', b'["a"']
+    prefixes += ['["é中😀a'.encode(), '["é中😀aa'.encode(), b'["\\n\\t\\n\\t"]']
+    refused = 0
+    for prefix in prefixes:
+        config = automaton.walk(prefix)
+        assert config is not None, prefix
+        want = np.zeros(automaton.vocab_size, bool)
+        for t, data in enumerate(LONG_TOKENS.token_bytes):
+            if data:
+                after = automaton.walk(data, config)
+                want[t] = after is not None and completable(after[:2])
+        want[list(LONG_TOKENS.eos_token_id)] = automaton.can_end(config)
+        got = automaton.allowed(config)
+        np.testing.assert_array_equal(got, want, err_msg=repr(prefix))
+        no_counter = copy.copy(automaton)  # not `dataclasses.replace` (its type check)
+        object.__setattr__(no_counter, "counter_row", np.full(automaton.num_positions, -1))
+        refused += int((no_counter.allowed(config) & ~got).sum())
+    assert refused >= 10  # the counter's compare refuses bitmask tokens

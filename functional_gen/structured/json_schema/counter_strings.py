@@ -24,7 +24,7 @@ they are ever added, the surrogate pair `\\ud83d\\ude00` is ONE code point (json
 surrogate, not from the loop state, so counting "from the loop state only" stays right if the
 regex spells the pair as one alternative.
 
-**Plan** (what is done is marked DONE; see the session report in `/work/counter_plan.md`):
+**Plan** (what is done is marked DONE, tested in `tests/structured/test_counter_strings.py`):
 
 1. DONE `counter_string_dfa(limit)` (this module): the rule's DFA and its four action tables.
 2. DONE `pushdown.automaton.PushdownAutomaton`: field `reg_limit` (`Int[positions, classes]`,
@@ -32,13 +32,15 @@ regex spells the pair as one alternative.
 3. DONE `pushdown.building.build_pushdown(registers=)`: an entry may have a fourth table
    (`reg_limit`); `_byte_rule_automata` splits byte classes on it; `_register_tables` maps it
    to positions as the other three (`reader`: a call's first byte takes the callee's action).
-4. TODO the mask: `_counter_tokens` in `pushdown.building`: `counted[counter_row(pos), t]`
+4. DONE (host) the mask: `_counter_tables` in `pushdown.building`: `counted[counter_row[pos], t]`
    (int16 `[counter positions, vocab]`, from each position of a counter rule the characters
    token `t` writes before it leaves the string; `counter_row[pos]` -1 outside), and
    `PushdownAutomaton.allowed` ANDs `counted[row, t] <= reg_limit_of_rule - register` into the
    register-blind bitmask row where the current frame is a counter frame (tokens that enter a
    string from outside write at most ~16 characters, fewer than N >= 5,333: no check needed).
    The candidate / best / one-byte tokens are walked exactly by `step`, so they already count.
+   `build_pushdown` refuses a limit under the longest token (`ValueError`): a token entering
+   the string from outside is then never checked (JSON Schema's limits are >= 5,333).
 5. TODO the device: `RegisterWalk` reads `reg_limit` (`register + 1`, `DEAD` past it),
    `RegisterPushdownConstraint._allowed` ANDs the `counted` compare (one gather of a
    `[vocab]` int16 row and one compare per step); tests: device walk == host walk, masks ==

@@ -121,7 +121,12 @@ class PushdownAutomaton:
       frame (`json_schema.counter_strings`, WIP): `N > 0` on a byte that starts a character of
       a string of at most `N`; it adds 1 to the frame's register and is refused past `N`.
       Empty (`0 x 0`) where the automaton was built without it. NOT yet on the device
-      (`pushdown.register_walk` ignores it) nor in `allowed`'s bitmask rows.
+      (`pushdown.register_walk` ignores it).
+    - `counter_row`: `Int[np.ndarray, " positions"]`, the row of each position of a counter
+      rule (-1 elsewhere; empty without one), `counter_limit`: `Int[np.ndarray, " rows"]`, its
+      rule's limit, `counted`: `Int16[np.ndarray, "rows vocab"]`, the characters each token
+      writes from the position before it leaves the string: `allowed` keeps a bitmask token in
+      a counter frame only where `counted <= counter_limit - register`.
     - `register_tokens`: `Int[np.ndarray, " register_tokens"]`, the tokens whose walk may meet
       the action that can refuse (a require) and be alive after their last byte
       (padded with `vocab_size`), `register_bytes` the longest of them, and `register_reach`:
@@ -192,6 +197,15 @@ class PushdownAutomaton:
     )
     reg_limit: Int[np.ndarray, "register_positions register_classes"] = dataclasses.field(
         default_factory=lambda: np.zeros((0, 0), np.int32)
+    )
+    counter_row: Int[np.ndarray, " counter_positions"] = dataclasses.field(
+        default_factory=lambda: np.zeros(0, np.int32)
+    )
+    counter_limit: Int[np.ndarray, " counter_rows"] = dataclasses.field(
+        default_factory=lambda: np.zeros(0, np.int32)
+    )
+    counted: Int[np.ndarray, "counter_rows counter_vocab"] = dataclasses.field(
+        default_factory=lambda: np.zeros((0, 0), np.int16)
     )
 
     register_tokens: Int[np.ndarray, " register_tokens"] = dataclasses.field(
@@ -285,6 +299,9 @@ class PushdownAutomaton:
                 self.reg_set,
                 self.reg_require,
                 self.reg_limit,
+                self.counter_row,
+                self.counter_limit,
+                self.counted,
                 self.register_tokens,
                 self.register_reach,
                 self.register_index,
@@ -527,6 +544,9 @@ class PushdownAutomaton:
         below = self.need(config) - self.frame_need(top, top_room, self._registers(config)[0])
         if below + self.frame_cost(config, slot) > budget:
             bits[:] = False  # near the end of the budget: exact checks only
+        if self.counter_row.size and self.counter_row[pos] >= 0:  # a counter frame
+            counter = self.counter_row[pos]
+            bits &= self.counted[counter] <= int(self.counter_limit[counter]) - int(config[2])
 
         def exact(t) -> bool:
             data = bytes(self.token_bytes[t, : self.token_length[t]])

@@ -283,6 +283,9 @@ def build_pushdown(
     if registers is not None and any(r is not None for r in registers):
         registered = _register_tables(automata, actions, offsets, nxt, push, position_rule)
         registered.update(_register_tokens(registered, nxt, byte_class, position_sites, vocabulary))
+        registered.update(
+            _counter_tables(registered, nxt, push, position_rule, byte_class, vocabulary)
+        )
 
     initial = int(offsets[0]) + automata[0].initial
     distance = _distances(nxt, push, final, byte_class, vocabulary)
@@ -464,6 +467,45 @@ def _register_tokens(tables: dict, nxt, byte_class, position_sites, vocabulary: 
     )
     names = ("register_tokens", "register_bytes", "register_reach")
     return dict(zip(names, _packed_reach(tokens, reach, vocabulary)))
+
+
+def _counter_tables(tables: dict, nxt, push, position_rule, byte_class, vocabulary) -> dict:
+    """`counter_row`, `counter_limit`, `counted` of `PushdownAutomaton` for the counter rules
+    (rules with a `reg_limit`, `json_schema.counter_strings`; `{}` without one): per position of
+    such a rule its row (`-1` elsewhere), per row its rule's limit, and per row and token the
+    characters the token writes from that position before it leaves the rule (its bytes read
+    by the rule itself, no call nor return; `Int16`). A token that enters a counter rule from
+    outside writes fewer characters than its bytes, so none exceeds the limit when no token is
+    longer than it: refused otherwise (`ValueError`)."""
+    limit = tables["reg_limit"]
+    if not (limit > 0).any():
+        return {}
+    rules = np.unique(position_rule[np.flatnonzero((limit > 0).any(axis=1))])
+    positions = np.flatnonzero(np.isin(position_rule, rules))
+    positions = positions[positions > 0]
+    row_of = np.full(nxt.shape[0], -1, np.int32)
+    row_of[positions] = np.arange(positions.size)
+    rule_limit = {int(r): int(limit[position_rule == r].max()) for r in rules}
+    counter_limit = np.asarray([rule_limit[int(r)] for r in position_rule[positions]], np.int32)
+    token_bytes, token_length = token_byte_matrix(vocabulary)
+    if int(token_length.max(initial=0)) > int(counter_limit.min()):
+        raise ValueError(
+            f"a counter string of at most {int(counter_limit.min())} characters with tokens of "
+            f"up to {int(token_length.max())} bytes: a token entering it could pass the limit"
+        )
+    classes = byte_class[token_bytes]  # [vocab, max_bytes]
+    counted = np.zeros((positions.size, token_length.size), np.int16)
+    for row, start in enumerate(positions):
+        pos = np.full(token_length.size, start, np.int64)
+        alive = np.ones(token_length.size, bool)
+        for j in range(classes.shape[1]):
+            c = classes[:, j]
+            target = nxt[pos, c]
+            alive &= (j < token_length) & (target > 0) & (push[pos, c, 0] == 0)
+            alive &= position_rule[np.maximum(target, 0)] == position_rule[start]
+            counted[row] += alive & (limit[pos, c] > 0)
+            pos = np.where(alive, target, pos)
+    return {"counter_row": row_of, "counter_limit": counter_limit, "counted": counted}
 
 
 _REACH_CHUNK = 1024
