@@ -153,3 +153,82 @@ def test_masks_with_a_counter_equal_a_brute_force_walk():
         object.__setattr__(no_counter, "counter_row", np.full(automaton.num_positions, -1))
         refused += int((no_counter.allowed(config) & ~got).sum())
     assert refused >= 10  # the counter's compare refuses bitmask tokens
+
+
+def _documents(limit: int) -> list[bytes]:
+    """Arrays of strings around the limit (each kind of character), valid or not."""
+    strings = [c * n for c in ("a", "é", "中", "😀", "\n", '"') for n in (0, limit, limit + 1)]
+    documents = [[s] for s in strings] + [[strings[k], strings[-k]] for k in range(1, 9)]
+    return [json.dumps(d, ensure_ascii=False, separators=(",", ":")).encode() for d in documents]
+
+
+def test_device_walk_with_a_counter_equals_the_host_walk():
+    # byte for byte, the device's configuration (the counter in the register) is the host's,
+    # until the host refuses a byte (the device's position is then DEAD)
+    from functional_gen.structured.pushdown.register_walk import RegisterWalk
+
+    from .test_register_objects import _device_configs
+
+    automaton = _array_pushdown(LIMIT)
+    documents = _documents(LIMIT)
+    pos, stack, sp, register, registers = _device_configs(RegisterWalk(automaton), documents)
+    refused = 0
+    for i, document in enumerate(documents):
+        config = automaton.initial_config()
+        for j, byte in enumerate(document):
+            config = automaton.step(config, byte)
+            if config is None:
+                assert (pos[i, j:] == 0).all(), (document, j)
+                refused += 1
+                break
+            depth = int(sp[i, j])
+            assert int(pos[i, j]) == config[0], (document, j)
+            assert tuple(stack[i, j, :depth].tolist()) == config[1]
+            assert int(register[i, j]) == config[2], (document, j)
+            assert tuple(registers[i, j, :depth].tolist()) == config[3]
+    assert refused >= 8
+
+
+def test_device_mask_with_a_counter_equals_the_host_mask():
+    # A token walk into long strings (preferring the tokens that write most characters): at
+    # each step the jitted `process` keeps the host walk's configuration and masks exactly the
+    # tokens `allowed` gives (the counter's compare on the bitmask row included).
+    import jax
+    import jax.numpy as jnp
+
+    from functional_gen.structured.pushdown.register_walk import RegisterPushdownConstraint
+
+    from .helpers import context_for
+
+    automaton = _array_pushdown(6, LONG_TOKENS)
+    processor = RegisterPushdownConstraint(automaton)
+    step = jax.jit(lambda s, logits, c: processor.process(s, logits, c))
+    rng = np.random.default_rng(3)
+    ids = [1, 2, 3]
+    state = processor.init(context_for(ids, 3, max_len=96))
+    shapes = jax.tree.map(lambda x: (x.shape, x.dtype), state)
+    config = automaton.initial_config()
+    long = [t for t, b in enumerate(LONG_TOKENS.token_bytes) if b and len(b) >= 3]
+    refused = 0
+    for _ in range(40):
+        state, logits = step(
+            state, jnp.zeros(automaton.vocab_size), context_for(ids, 3, max_len=96)
+        )
+        assert jax.tree.map(lambda x: (x.shape, x.dtype), state) == shapes
+        pos, stack, sp, register, registers = (np.asarray(x) for x in state)
+        assert (int(pos), tuple(stack[: int(sp)].tolist()), int(register)) == config[:3]
+        assert tuple(registers[: int(sp)].tolist()) == config[3]
+        host = automaton.allowed(config)
+        np.testing.assert_array_equal(np.isfinite(np.asarray(logits)), host)
+        refused += sum(1 for t in long if not host[t])
+        preferred = [t for t in long if host[t]]
+        token = int(
+            rng.choice(preferred)
+            if preferred and rng.random() < 0.7
+            else rng.choice(np.flatnonzero(host))
+        )
+        if token in LONG_TOKENS.eos_token_id or len(ids) >= 95:
+            break
+        ids.append(token)
+        config = automaton.walk(LONG_TOKENS.token_bytes[token], config)
+    assert refused > 0

@@ -1,6 +1,6 @@
 """Plain JSON strings with a large `maxLength` by a per-frame *counter register* (issue 55, WIP:
-the host side only). A byte DFA needs about `budgets.PLAIN_STRING_STATES` (12) states per
-character of `maxLength`, so `strings.rewrite_string` refuses a plain string over
+the pushdown side; not yet reachable from a JSON Schema). A byte DFA needs about
+`budgets.PLAIN_STRING_STATES` (12) states per character of `maxLength`, so `strings.rewrite_string` refuses a plain string over
 `budgets.MAX_STRING_STATES / 12` (about 5,333) characters. Instead, such a string becomes its
 own grammar-form rule, a *counter rule*: `"`, `formats.ANY_STRING`'s body looping, `"`, whose
 frame's register counts the characters written, and a byte that starts a character past the
@@ -41,10 +41,10 @@ regex spells the pair as one alternative.
    The candidate / best / one-byte tokens are walked exactly by `step`, so they already count.
    `build_pushdown` refuses a limit under the longest token (`ValueError`): a token entering
    the string from outside is then never checked (JSON Schema's limits are >= 5,333).
-5. TODO the device: `RegisterWalk` reads `reg_limit` (`register + 1`, `DEAD` past it),
-   `RegisterPushdownConstraint._allowed` ANDs the `counted` compare (one gather of a
-   `[vocab]` int16 row and one compare per step); tests: device walk == host walk, masks ==
-   `allowed` (as `test_register_objects`' device tests).
+5. DONE (tested on CPU JAX, not on a GPU) the device: `RegisterWalk` reads `reg_limit` (`register + 1`, `DEAD` past it),
+   `RegisterPushdownConstraint._counter_fits` (a hook of `PushdownConstraint._allowed`, ANDed
+   into the bitmask row) is the `counted` compare (one gather of a `[vocab]` int16 row and one
+   compare per step); tests: device walk == host walk, masks == `allowed`.
 6. TODO the JSON Schema side: `strings.rewrite_string` returns a counter marker (the limit
    in it) instead of refusing over `MAX_STRING_STATES` (a plain string only: no `pattern`,
    `format`, `minLength`; `minLength` would need a `reg_require`-like "at least" action on the

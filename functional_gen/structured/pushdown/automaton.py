@@ -120,8 +120,8 @@ class PushdownAutomaton:
     - `reg_limit`: `Int[np.ndarray, "positions classes"]`, the character counter of a counter
       frame (`json_schema.counter_strings`, WIP): `N > 0` on a byte that starts a character of
       a string of at most `N`; it adds 1 to the frame's register and is refused past `N`.
-      Empty (`0 x 0`) where the automaton was built without it. NOT yet on the device
-      (`pushdown.register_walk` ignores it).
+      Empty (`0 x 0`) where the automaton was built without it; `pushdown.register_walk`
+      follows it on the device.
     - `counter_row`: `Int[np.ndarray, " positions"]`, the row of each position of a counter
       rule (-1 elsewhere; empty without one), `counter_limit`: `Int[np.ndarray, " rows"]`, its
       rule's limit, `counted`: `Int16[np.ndarray, "rows vocab"]`, the characters each token
