@@ -1,7 +1,8 @@
 """Plain JSON strings with a large `maxLength` by a per-frame *counter register* (issue 55, WIP:
 the pushdown side; not yet reachable from a JSON Schema). A byte DFA needs about
-`budgets.PLAIN_STRING_STATES` (12) states per character of `maxLength`, so `strings.rewrite_string` refuses a plain string over
-`budgets.MAX_STRING_STATES / 12` (about 5,333) characters. Instead, such a string becomes its
+`budgets.PLAIN_STRING_STATES` (12) states per character of `maxLength`, so
+`strings.rewrite_string` refuses a plain string over `budgets.MAX_STRING_STATES / 12` (about
+5,333) characters. Instead, such a string becomes its
 own grammar-form rule, a *counter rule*: `"`, `formats.ANY_STRING`'s body looping, `"`, whose
 frame's register counts the characters written, and a byte that starts a character past the
 limit `N` is refused.
@@ -51,6 +52,38 @@ regex spells the pair as one alternative.
    closing `"`), `grammar_form` plans it as its own rule (never inlined: its actions are
    indexed by its states, as `rule_automata._register_edges_of`'s), `_rule_edges_of` builds
    it with `counter_string_dfa`, `processor.py` picks `RegisterPushdownConstraint`.
+   The natural hook is `strings.dfa_terminal`'s (`Rewriter.dfa_terminals` / `dfa_texts`, a
+   placeholder made a rule by `rule_plan._dfa_rule`, built by `rule_automata.rule_automaton`):
+   a counter placeholder whose `rule_automaton` returns `(dfa, calls, counter.registers)`.
+   BUT `json_schema_compile` splices `dfa_terminals` into the token-DFA form: a counter
+   terminal must never be spliced (its 12-state DFA has no limit), so the DFA form must refuse
+   it and fall back to the grammar form. Not done: that is where to start.
+
+**Open problems** (found while building steps 1-5):
+
+- `processor.py` needs no change: `has_register` is true for a counter rule (its `reg_set`
+  table exists), so `RegisterPushdownConstraint` runs it; the state keeps its five leaves
+  (the counter is the frame's `uint32` register), so `SequenceState` forks and reorders
+  need nothing.
+- `build_pushdown` refuses `registers` with `forks`: a schema that needs parallel stacks and
+  has a long string cannot compile (as for register objects); `grammar_form` never asks for
+  forks with registers.
+- `grammar_form._shared_tails` and `inlined_rule_edges` already leave automata with a
+  register alone (their tables are indexed by states): a counter rule is never a shared tail
+  nor inlined. A counter rule starts with `"`: called where another string may start (an
+  `anyOf` of it and an enum) the call is not deterministic (`_dfa_rule`'s "banned" error).
+- `counted` is `counter positions x vocab` int16 per counter rule (12 positions: 3 MiB for
+  128k tokens); its rows do not depend on the limit, so rules of different limits could share
+  them (a per-position limit instead of per-row) - not done. `_counter_tables` walks every
+  token from every counter position with numpy (12 x longest token passes over the vocabulary;
+  not timed on a real vocabulary).
+- `PushdownAutomaton`'s jaxtyping dims: `register_index` is `register_positions`, as `reg_clear`
+  is, but is empty where no rule has a required member while `reg_clear` is not, so
+  `dataclasses.replace` of an automaton with a counter (or any register without required
+  members) fails its type check (the tests copy it with `copy.copy` instead). Pre-existing;
+  rename `register_index`'s dim.
+- `minLength` on a long string would need a `reg_require`-like "at least" test on the closing
+  `"` (and a budget: `minLength - register` characters still to write), not planned.
 """
 
 import dataclasses
