@@ -55,9 +55,10 @@ regex spells the pair as one alternative.
    The natural hook is `strings.dfa_terminal`'s (`Rewriter.dfa_terminals` / `dfa_texts`, a
    placeholder made a rule by `rule_plan._dfa_rule`, built by `rule_automata.rule_automaton`):
    a counter placeholder whose `rule_automaton` returns `(dfa, calls, counter.registers)`.
-   BUT `json_schema_compile` splices `dfa_terminals` into the token-DFA form: a counter
-   terminal must never be spliced (its 12-state DFA has no limit), so the DFA form must refuse
-   it and fall back to the grammar form. Not done: that is where to start.
+   BUT the token-DFA form splices `dfa_texts` into the schema's DFA (`regex_form.spliced_dfa`;
+   `compiling.py` counts their states first): a counter terminal must never be spliced (its
+   12-state DFA has no limit), so that form must refuse it (as `regex_form`'s
+   `_refuse_dfa_terminals` does for the regex form) and fall back to the grammar form. Not done: that is where to start.
 
 **Open problems** (found while building steps 1-5):
 
