@@ -117,6 +117,16 @@ class PushdownAutomaton:
       frame that reads the byte. Empty (`0 x 0`) without a register (`has_register`). The
       host walk (`step` with a configuration `(position, stack, register, registers)`) and the
       device (`pushdown.register_walk`) follow them; the bitmask rows ignore them (a superset).
+    - `reg_limit`: `Int[np.ndarray, "positions classes"]`, the character counter of a counter
+      frame (`json_schema.counter_strings`, WIP): `N > 0` on a byte that starts a character of
+      a string of at most `N`; it adds 1 to the frame's register and is refused past `N`.
+      Empty (`0 x 0`) where the automaton was built without it; `pushdown.register_walk`
+      follows it on the device.
+    - `counter_row`: `Int[np.ndarray, " positions"]`, the row of each position of a counter
+      rule (-1 elsewhere; empty without one), `counter_limit`: `Int[np.ndarray, " rows"]`, its
+      rule's limit, `counted`: `Int16[np.ndarray, "rows vocab"]`, the characters each token
+      writes from the position before it leaves the string: `allowed` keeps a bitmask token in
+      a counter frame only where `counted <= counter_limit - register`.
     - `register_tokens`: `Int[np.ndarray, " register_tokens"]`, the tokens whose walk may meet
       the action that can refuse (a require) and be alive after their last byte
       (padded with `vocab_size`), `register_bytes` the longest of them, and `register_reach`:
@@ -184,6 +194,18 @@ class PushdownAutomaton:
     )
     reg_require: UInt32[np.ndarray, "register_positions register_classes"] = dataclasses.field(
         default_factory=lambda: np.zeros((0, 0), np.uint32)
+    )
+    reg_limit: Int[np.ndarray, "register_positions register_classes"] = dataclasses.field(
+        default_factory=lambda: np.zeros((0, 0), np.int32)
+    )
+    counter_row: Int[np.ndarray, " counter_positions"] = dataclasses.field(
+        default_factory=lambda: np.zeros(0, np.int32)
+    )
+    counter_limit: Int[np.ndarray, " counter_rows"] = dataclasses.field(
+        default_factory=lambda: np.zeros(0, np.int32)
+    )
+    counted: Int[np.ndarray, "counter_rows counter_vocab"] = dataclasses.field(
+        default_factory=lambda: np.zeros((0, 0), np.int16)
     )
 
     register_tokens: Int[np.ndarray, " register_tokens"] = dataclasses.field(
@@ -276,6 +298,10 @@ class PushdownAutomaton:
                 self.reg_clear,
                 self.reg_set,
                 self.reg_require,
+                self.reg_limit,
+                self.counter_row,
+                self.counter_limit,
+                self.counted,
                 self.register_tokens,
                 self.register_reach,
                 self.register_index,
@@ -334,6 +360,12 @@ class PushdownAutomaton:
         need = int(self.reg_require[pos, c])
         if register & need != need:
             return None
+        if self.reg_limit.size:
+            limit = int(self.reg_limit[pos, c])
+            if limit:  # a counter frame: the byte starts a character
+                register += 1
+                if register > limit:
+                    return None
         return target, stack + pushed, register, saved
 
     def initial_config(self):
@@ -512,6 +544,9 @@ class PushdownAutomaton:
         below = self.need(config) - self.frame_need(top, top_room, self._registers(config)[0])
         if below + self.frame_cost(config, slot) > budget:
             bits[:] = False  # near the end of the budget: exact checks only
+        if self.counter_row.size and self.counter_row[pos] >= 0:  # a counter frame
+            counter = self.counter_row[pos]
+            bits &= self.counted[counter] <= int(self.counter_limit[counter]) - int(config[2])
 
         def exact(t) -> bool:
             data = bytes(self.token_bytes[t, : self.token_length[t]])

@@ -45,7 +45,7 @@ def build_pushdown(
     top: tuple[ByteDFA, Int[np.ndarray, " states"], str] | None = None,
     rules: Sequence[tuple[str, ByteDFA, np.ndarray]] | None = None,
     forks: bool = False,
-    registers: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray] | None] | None = None,
+    registers: Sequence[tuple[np.ndarray, ...] | None] | None = None,
 ) -> PushdownAutomaton:
     """Compile a parsed grammar into a `PushdownAutomaton` (see the module docstring).
 
@@ -65,8 +65,9 @@ def build_pushdown(
     grammar without such bytes gets exactly the tables it gets without `forks`.
     `registers`: per rule of `rules`, `None` or the member-set register actions of its
     transitions, `(reg_clear, reg_set, reg_require)`: `Bool`, `Int` and `UInt32[np.ndarray,
-    "states 256"]` (`json_schema.register_objects.RegisterDFA`); they become the automaton's
-    `reg_clear`, `reg_set` and `reg_require` per (position, byte class), applied to the frame
+    "states 256"]` (`json_schema.register_objects.RegisterDFA`), and optionally a fourth,
+    `reg_limit` (`Int`, a counter rule's: `json_schema.counter_strings`); they become the automaton's
+    `reg_clear`, `reg_set`, `reg_require` (and `reg_limit`) per (position, byte class), applied to the frame
     that reads the byte (see `PushdownAutomaton.step`); the bitmask rows ignore the register (a
     superset of the tokens it allows), the tokens that may read a `}` it decides are walked
     exactly (`register_tokens`), and the budget counts the members missing
@@ -84,6 +85,11 @@ def build_pushdown(
         raise ValueError(
             "build_pushdown: `registers` needs `rules` (one entry per rule) and no `forks`"
         )
+    if registers is not None:  # a fourth table, `reg_limit` (a counter rule), zeros if absent
+        registers = [
+            r if r is None or len(r) == 4 else (*r, np.zeros(r[0].shape, np.int32))
+            for r in registers
+        ]
     if top is not None:
         if rules is not None:
             raise ValueError("build_pushdown: give `top` or `rules`, not both")
@@ -277,6 +283,9 @@ def build_pushdown(
     if registers is not None and any(r is not None for r in registers):
         registered = _register_tables(automata, actions, offsets, nxt, push, position_rule)
         registered.update(_register_tokens(registered, nxt, byte_class, position_sites, vocabulary))
+        registered.update(
+            _counter_tables(registered, nxt, push, position_rule, byte_class, vocabulary)
+        )
 
     initial = int(offsets[0]) + automata[0].initial
     distance = _distances(nxt, push, final, byte_class, vocabulary)
@@ -380,7 +389,8 @@ def build_pushdown(
 
 
 def _register_tables(automata, actions, offsets, nxt, push, position_rule) -> dict:
-    """`reg_clear`, `reg_set`, `reg_require` of `PushdownAutomaton` (`positions x classes`):
+    """`reg_clear`, `reg_set`, `reg_require`, `reg_limit` of `PushdownAutomaton` (`positions x
+    classes`):
     each (position, class) that reads its byte takes the register actions of the transition
     that reads it: its own rule's where it reads the byte itself, else (a call, or a tail call)
     those of the initial state of the rule whose position it moves to, the innermost callee
@@ -388,20 +398,21 @@ def _register_tables(automata, actions, offsets, nxt, push, position_rule) -> di
     num_positions, nc = nxt.shape
     # every automaton's own byte moves and actions, by position
     own = np.full((num_positions, nc), REJECT, np.int64)
-    every = [np.zeros((num_positions, nc), dtype) for dtype in (bool, np.int32, np.uint32)]
+    dtypes = (bool, np.int32, np.uint32, np.int32)
+    every = [np.zeros((num_positions, nc), dtype) for dtype in dtypes]
     for a, dfa in enumerate(automata):
         lo, hi = int(offsets[a]), int(offsets[a + 1])
         delta = dfa.delta[:, :nc]
         own[lo:hi] = np.where(delta != REJECT, delta + lo, REJECT)
         if actions[a] is not None:
-            for table, values in zip(every, actions[a]):
+            for table, values in zip(every, actions[a], strict=True):
                 table[lo:hi] = values
     initial = np.asarray([int(offsets[a]) + dfa.initial for a, dfa in enumerate(automata)])
     pos, c = np.nonzero(nxt > 0)
     target = nxt[pos, c]
     itself = (push[pos, c, 0] == 0) & (own[pos, c] == target)
     reader = np.where(itself, pos, initial[position_rule[target]])
-    names = ("reg_clear", "reg_set", "reg_require")
+    names = ("reg_clear", "reg_set", "reg_require", "reg_limit")
     tables = {name: np.zeros_like(table) for name, table in zip(names, every)}
     for name, table in zip(names, every):
         tables[name][pos, c] = table[reader, c]
@@ -456,6 +467,45 @@ def _register_tokens(tables: dict, nxt, byte_class, position_sites, vocabulary: 
     )
     names = ("register_tokens", "register_bytes", "register_reach")
     return dict(zip(names, _packed_reach(tokens, reach, vocabulary)))
+
+
+def _counter_tables(tables: dict, nxt, push, position_rule, byte_class, vocabulary) -> dict:
+    """`counter_row`, `counter_limit`, `counted` of `PushdownAutomaton` for the counter rules
+    (rules with a `reg_limit`, `json_schema.counter_strings`; `{}` without one): per position of
+    such a rule its row (`-1` elsewhere), per row its rule's limit, and per row and token the
+    characters the token writes from that position before it leaves the rule (its bytes read
+    by the rule itself, no call nor return; `Int16`). A token that enters a counter rule from
+    outside writes fewer characters than its bytes, so none exceeds the limit when no token is
+    longer than it: refused otherwise (`ValueError`)."""
+    limit = tables["reg_limit"]
+    if not (limit > 0).any():
+        return {}
+    rules = np.unique(position_rule[np.flatnonzero((limit > 0).any(axis=1))])
+    positions = np.flatnonzero(np.isin(position_rule, rules))
+    positions = positions[positions > 0]
+    row_of = np.full(nxt.shape[0], -1, np.int32)
+    row_of[positions] = np.arange(positions.size)
+    rule_limit = {int(r): int(limit[position_rule == r].max()) for r in rules}
+    counter_limit = np.asarray([rule_limit[int(r)] for r in position_rule[positions]], np.int32)
+    token_bytes, token_length = token_byte_matrix(vocabulary)
+    if int(token_length.max(initial=0)) > int(counter_limit.min()):
+        raise ValueError(
+            f"a counter string of at most {int(counter_limit.min())} characters with tokens of "
+            f"up to {int(token_length.max())} bytes: a token entering it could pass the limit"
+        )
+    classes = byte_class[token_bytes]  # [vocab, max_bytes]
+    counted = np.zeros((positions.size, token_length.size), np.int16)
+    for row, start in enumerate(positions):
+        pos = np.full(token_length.size, start, np.int64)
+        alive = np.ones(token_length.size, bool)
+        for j in range(classes.shape[1]):
+            c = classes[:, j]
+            target = nxt[pos, c]
+            alive &= (j < token_length) & (target > 0) & (push[pos, c, 0] == 0)
+            alive &= position_rule[np.maximum(target, 0)] == position_rule[start]
+            counted[row] += alive & (limit[pos, c] > 0)
+            pos = np.where(alive, target, pos)
+    return {"counter_row": row_of, "counter_limit": counter_limit, "counted": counted}
 
 
 _REACH_CHUNK = 1024

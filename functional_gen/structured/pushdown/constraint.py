@@ -191,7 +191,7 @@ class PushdownConstraint(AbstractLogitsProcessor):
         words = self.masks[self.mask_row[pos, slot, jnp.minimum(room, self.mask_row.shape[2] - 1)]]
         iota = jnp.arange(vocab)
         allowed = ((words[iota >> 5] >> (iota & 31).astype(jnp.uint32)) & 1).astype(bool)
-        allowed = allowed & self._bitmask_fits(state, context)
+        allowed = allowed & self._bitmask_fits(state, context) & self._counter_fits(state)
         budget = self._budget(context)
 
         def exact(allowed, tokens, num_bytes):
@@ -210,6 +210,11 @@ class PushdownConstraint(AbstractLogitsProcessor):
         _, stack, sp = state[:3]
         top = jnp.where(sp > 0, stack[jnp.maximum(sp - 1, 0)], 0)
         return self.slot_of[self.position_rule[state[0]], top]
+
+    def _counter_fits(self, state) -> Bool[Array, "..."]:
+        """The bitmask tokens that a counter frame's register keeps (`RegisterPushdownConstraint`:
+        `counted <= limit - register`, a `[vocab]` array); here every one (a scalar)."""
+        return jnp.ones((), bool)
 
     def _bitmask_fits(self, state, context: Context) -> Bool[Array, ""]:
         """Whether one configuration's bitmask row holds within the budget (step 3): a token

@@ -42,6 +42,7 @@ class RegisterWalk(eqx.Module):
     reg_clear: Bool[Array, "positions classes"]
     reg_set: Int[Array, "positions classes"]
     reg_require: UInt32[Array, "positions classes"]
+    reg_limit: UInt32[Array, "positions classes"]
     token_bytes: UInt8[Array, "vocab max_bytes"]
     token_length: Int[Array, " vocab"]
     initial: Int[Array, ""]
@@ -59,6 +60,8 @@ class RegisterWalk(eqx.Module):
         self.reg_require = jnp.asarray(
             a.reg_require if has else jnp.zeros(shape, jnp.uint32), jnp.uint32
         )
+        limit = a.reg_limit if has and a.reg_limit.size else np.zeros(shape, np.uint32)
+        self.reg_limit = jnp.asarray(limit, jnp.uint32)
         self.token_bytes = jnp.asarray(a.token_bytes)
         self.token_length = jnp.asarray(a.token_length)
         self.initial = jnp.asarray(a.initial, jnp.int32)
@@ -116,6 +119,9 @@ class RegisterWalk(eqx.Module):
         need = self.reg_require[pos, c]
         missing = (register & need) != need
         alive = alive & ~missing
+        limit = self.reg_limit[pos, c]  # a counter frame: the byte starts a character
+        register = register + (limit > 0).astype(jnp.uint32)
+        alive = alive & ~((limit > 0) & (register > limit))
         return jnp.where(alive, target, DEAD).astype(jnp.int32), stack, sp, register, registers
 
     def token(self, config, token_id: Integer[Array, ""]):
@@ -161,6 +167,9 @@ class RegisterPushdownConstraint(PushdownConstraint):
     close_cost: Int[Array, "objects rooms"]
     room_token_cost: Int[Array, "positions slots cost_rooms"]
     register_cost: Int[Array, "positions slots cost_rooms"]
+    counter_row: Int[Array, " positions"]
+    counter_limit: Int[Array, " counter_rows"]
+    counted: Int[Array, "counter_rows counter_vocab"]
     register_bytes: int = eqx.field(static=True)
 
     def __init__(self, automaton: PushdownAutomaton, constraint_id=0):
@@ -191,6 +200,22 @@ class RegisterPushdownConstraint(PushdownConstraint):
             )
         for name, table in zip(names, tables, strict=True):
             setattr(self, name, jnp.asarray(table))
+        if a.counter_row.size:
+            counter = (a.counter_row, a.counter_limit, a.counted)
+        else:  # no counter frame: placeholders (`counted` broadcasts over the vocabulary)
+            counter = (np.full(a.num_positions, -1, np.int32), np.zeros(1, np.int32))
+            counter += (np.zeros((1, 1), np.int16),)
+        for name, table in zip(("counter_row", "counter_limit", "counted"), counter):
+            setattr(self, name, jnp.asarray(table))
+
+    def _counter_fits(self, state) -> Bool[Array, "..."]:
+        """In a counter frame, the bitmask tokens whose characters (`counted`) fit in what its
+        limit leaves (`counter_limit - register`), as `PushdownAutomaton.allowed`; elsewhere
+        every one."""
+        row = self.counter_row[state[0]]
+        safe = jnp.maximum(row, 0)
+        left = self.counter_limit[safe] - state[3].astype(jnp.int32)
+        return (row < 0) | (self.counted[safe].astype(jnp.int32) <= left)
 
     def _missing(self, pos, register):
         """The required members of `pos`'s register frame not in `register` (0 outside the

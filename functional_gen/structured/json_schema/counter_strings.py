@@ -1,0 +1,170 @@
+"""Plain JSON strings with a large `maxLength` by a per-frame *counter register* (issue 55, WIP:
+the pushdown side; not yet reachable from a JSON Schema). A byte DFA needs about
+`budgets.PLAIN_STRING_STATES` (12) states per character of `maxLength`, so
+`strings.rewrite_string` refuses a plain string over `budgets.MAX_STRING_STATES / 12` (about
+5,333) characters. Instead, such a string becomes its
+own grammar-form rule, a *counter rule*: `"`, `formats.ANY_STRING`'s body looping, `"`, whose
+frame's register counts the characters written, and a byte that starts a character past the
+limit `N` is refused.
+
+**Register actions** (`PushdownAutomaton.step`, beside the member-set register's `reg_clear`,
+`reg_set`, `reg_require` of `register_objects`): one more table, `reg_limit[position, class]`,
+`N` on a transition that starts a character (from the body's loop state: an ASCII byte other
+than `"`, a UTF-8 lead byte, the `\\` of an escape), 0 elsewhere. Such a byte adds 1 to the
+frame's register (after the `reg_clear` of the opening `"`, so a tail-called string starts at
+0 too) and is refused when the register then exceeds `N`. The register is saved on push and
+restored on pop as the member-set register is, so a counter frame inside an object read in any
+order (or a string inside a string's caller) keeps each frame's count. A counter rule has no
+`reg_require`: `register_budget.register_frames` does not see it, and the budget (`need`) is
+`token_distance`'s: the string may close at any time, `maxLength` adds no token need.
+
+JSON Schema counts code points (`len` of the decoded `str`): `é`, `中`, `😀` (one UTF-8 lead
+byte each) and an escape `\\n` are one character each. `ANY_STRING` has no `\\u` escapes; if
+they are ever added, the surrogate pair `\\ud83d\\ude00` is ONE code point (jsonschema: `len`
+1) and its low half's `\\` must not count: the low half is then read from a state after a high
+surrogate, not from the loop state, so counting "from the loop state only" stays right if the
+regex spells the pair as one alternative.
+
+**Plan** (what is done is marked DONE, tested in `tests/structured/test_counter_strings.py`):
+
+1. DONE `counter_string_dfa(limit)` (this module): the rule's DFA and its four action tables.
+2. DONE `pushdown.automaton.PushdownAutomaton`: field `reg_limit` (`Int[positions, classes]`,
+   empty without a register), `step` counts and refuses past the limit, `nbytes` counts it.
+3. DONE `pushdown.building.build_pushdown(registers=)`: an entry may have a fourth table
+   (`reg_limit`); `_byte_rule_automata` splits byte classes on it; `_register_tables` maps it
+   to positions as the other three (`reader`: a call's first byte takes the callee's action).
+4. DONE (host) the mask: `_counter_tables` in `pushdown.building`: `counted[counter_row[pos], t]`
+   (int16 `[counter positions, vocab]`, from each position of a counter rule the characters
+   token `t` writes before it leaves the string; `counter_row[pos]` -1 outside), and
+   `PushdownAutomaton.allowed` ANDs `counted[row, t] <= reg_limit_of_rule - register` into the
+   register-blind bitmask row where the current frame is a counter frame (tokens that enter a
+   string from outside write at most ~16 characters, fewer than N >= 5,333: no check needed).
+   The candidate / best / one-byte tokens are walked exactly by `step`, so they already count.
+   `build_pushdown` refuses a limit under the longest token (`ValueError`): a token entering
+   the string from outside is then never checked (JSON Schema's limits are >= 5,333).
+5. DONE (tested on CPU JAX, not on a GPU) the device: `RegisterWalk` reads `reg_limit` (`register + 1`, `DEAD` past it),
+   `RegisterPushdownConstraint._counter_fits` (a hook of `PushdownConstraint._allowed`, ANDed
+   into the bitmask row) is the `counted` compare (one gather of a `[vocab]` int16 row and one
+   compare per step); tests: device walk == host walk, masks == `allowed`.
+6. TODO the JSON Schema side: `strings.rewrite_string` returns a counter marker (the limit
+   in it) instead of refusing over `MAX_STRING_STATES` (a plain string only: no `pattern`,
+   `format`, `minLength`; `minLength` would need a `reg_require`-like "at least" action on the
+   closing `"`), `grammar_form` plans it as its own rule (never inlined: its actions are
+   indexed by its states, as `rule_automata._register_edges_of`'s), `_rule_edges_of` builds
+   it with `counter_string_dfa`, `processor.py` picks `RegisterPushdownConstraint`.
+   The natural hook is `strings.dfa_terminal`'s (`Rewriter.dfa_terminals` / `dfa_texts`, a
+   placeholder made a rule by `rule_plan._dfa_rule`, built by `rule_automata.rule_automaton`):
+   a counter placeholder whose `rule_automaton` returns `(dfa, calls, counter.registers)`.
+   BUT the token-DFA form splices `dfa_texts` into the schema's DFA (`regex_form.spliced_dfa`;
+   `compiling.py` counts their states first): a counter terminal must never be spliced (its
+   12-state DFA has no limit), so that form must refuse it (as `regex_form`'s
+   `_refuse_dfa_terminals` does for the regex form) and fall back to the grammar form. Not done: that is where to start.
+
+**Open problems** (found while building steps 1-5):
+
+- `processor.py` needs no change: `has_register` is true for a counter rule (its `reg_set`
+  table exists), so `RegisterPushdownConstraint` runs it; the state keeps its five leaves
+  (the counter is the frame's `uint32` register), so `SequenceState` forks and reorders
+  need nothing.
+- `build_pushdown` refuses `registers` with `forks`: a schema that needs parallel stacks and
+  has a long string cannot compile (as for register objects); `grammar_form` never asks for
+  forks with registers.
+- `grammar_form._shared_tails` and `inlined_rule_edges` already leave automata with a
+  register alone (their tables are indexed by states): a counter rule is never a shared tail
+  nor inlined. A counter rule starts with `"`: called where another string may start (an
+  `anyOf` of it and an enum) the call is not deterministic (`_dfa_rule`'s "banned" error).
+- `counted` is `counter positions x vocab` int16 per counter rule (12 positions: 3 MiB for
+  128k tokens); its rows do not depend on the limit, so rules of different limits could share
+  them (a per-position limit instead of per-row) - not done. `_counter_tables` walks every
+  token from every counter position with numpy (12 x longest token passes over the vocabulary;
+  not timed on a real vocabulary).
+- `PushdownAutomaton`'s jaxtyping dims: `register_index` is `register_positions`, as `reg_clear`
+  is, but is empty where no rule has a required member while `reg_clear` is not, so
+  `dataclasses.replace` of an automaton with a counter (or any register without required
+  members) fails its type check (the tests copy it with `copy.copy` instead). Pre-existing;
+  rename `register_index`'s dim.
+- `minLength` on a long string would need a `reg_require`-like "at least" test on the closing
+  `"` (and a budget: `minLength - register` characters still to write), not planned.
+"""
+
+import dataclasses
+
+import numpy as np
+from jaxtyping import Bool, Int, UInt32
+
+from ..byte_dfa import REJECT, ByteDFA, minimize, regex_byte_dfa
+from ..formats import ANY_STRING
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class CounterDFA:
+    """A JSON string's byte DFA (`"`, `ANY_STRING`'s body, `"`) with a character counter (see
+    the module docstring), and a host-side walk (the reference of the pushdown tables).
+
+    **Attributes:** `dfa` (`ByteDFA`), `limit` (`N`, the most characters), and per (state,
+    byte) `reg_clear` (`Bool`, the opening `"`), `reg_set` (`Int`, zeros), `reg_require`
+    (`UInt32`, zeros), `reg_limit` (`Int`, `N` where the byte starts a character, else 0).
+    """
+
+    dfa: ByteDFA
+    limit: int
+    reg_clear: Bool[np.ndarray, "states 256"]
+    reg_set: Int[np.ndarray, "states 256"]
+    reg_require: UInt32[np.ndarray, "states 256"]
+    reg_limit: Int[np.ndarray, "states 256"]
+
+    @property
+    def registers(self) -> tuple:
+        """The entry of `build_pushdown(registers=)` for this rule."""
+        return self.reg_clear, self.reg_set, self.reg_require, self.reg_limit
+
+    def walk(self, data: bytes):
+        """`(state, characters)` after `data`, or `None` when a byte is refused."""
+        state, count = self.dfa.initial, 0
+        for b in data:
+            target = int(self.dfa.delta[state, b])
+            if target == REJECT:
+                return None
+            if self.reg_clear[state, b]:
+                count = 0
+            if self.reg_limit[state, b]:
+                count += 1
+                if count > self.reg_limit[state, b]:
+                    return None
+            state = target
+        return state, count
+
+    def accepts(self, data: bytes) -> bool:
+        """Whether `data` is a whole JSON string of at most `limit` characters."""
+        end = self.walk(data)
+        return end is not None and bool(self.dfa.accepting[end[0]])
+
+
+def counter_string_dfa(limit: int) -> CounterDFA:
+    """The counter rule of a plain JSON string of at most `limit` characters (see the module
+    docstring).
+
+    **Raises:** `ValueError` for a `limit` under 1 (`maxLength` 0 is the DFA `""`)."""
+    if limit < 1:
+        raise ValueError(f"counter_string_dfa: limit {limit} < 1")
+    dfa = minimize(regex_byte_dfa(f'"{ANY_STRING}"'))
+    delta = dfa.delta
+    quote = ord('"')
+    body = int(delta[dfa.initial, quote])
+    if body == REJECT:
+        raise RuntimeError("internal error: a JSON string's DFA does not start with '\"'")
+    shape = delta.shape
+    reg_clear = np.zeros(shape, bool)
+    reg_clear[dfa.initial, quote] = True
+    reg_limit = np.zeros(shape, np.int32)
+    starts = delta[body] != REJECT
+    starts[quote] = False  # the closing quote writes no character
+    reg_limit[body, starts] = limit
+    return CounterDFA(
+        dfa=dfa,
+        limit=int(limit),
+        reg_clear=reg_clear,
+        reg_set=np.zeros(shape, np.int32),
+        reg_require=np.zeros(shape, np.uint32),
+        reg_limit=reg_limit,
+    )

@@ -1,0 +1,234 @@
+"""The counter register of long plain strings (issue 55, WIP: the host side,
+`json_schema.counter_strings` and `PushdownAutomaton.step`'s `reg_limit`), on a small limit,
+against `jsonschema`'s `maxLength` (code points)."""
+
+import copy
+import itertools
+import json
+
+import jsonschema
+import numpy as np
+import pytest
+
+from functional_gen.structured.byte_dfa import REJECT, ByteDFA, minimize, regex_byte_dfa
+from functional_gen.structured.dfa_operations import numbered_mark_edges
+from functional_gen.structured.json_schema.counter_strings import counter_string_dfa
+from functional_gen.structured.json_schema.rule_plan import RULE_CALL, rule_call
+from functional_gen.structured.pushdown import build_pushdown
+from functional_gen.structured.vocabulary import TokenVocabulary
+
+from .test_pda import BYTES_ONLY, _completable
+
+LIMIT = 5
+SINGLE_BYTES = TokenVocabulary(tuple(bytes([b]) for b in range(256)) + (None,), (256,), "bytes")
+LONG_TOKENS = TokenVocabulary(
+    tuple(bytes([b]) for b in range(256))
+    + (b"aaa", b"aaaaaa", "é中".encode(), b"\\n\\t", b'a"', b'a","b', b'","', b'"ab', b'"]')
+    + (b'["', "😀".encode(), None),
+    (267,),
+    "bytes-and-strings",
+)
+"""Tokens that write several characters inside a string, or leave it (6 bytes at most)."""
+CHARACTERS = ["a", " ", "é", "中", "😀", "\n", '"', "\\", "/", "\t"]
+"""Characters of the strings written (multi-byte UTF-8 and escaped ones among them)."""
+
+
+def _rule(regex: str, callables: int):
+    """`(dfa, calls)` of a grammar-form regex calling rules `0 .. callables - 1`."""
+    dfa = minimize(regex_byte_dfa(regex))
+    calls = np.full((dfa.num_states, callables), REJECT, np.int32)
+    for q, r, after in numbered_mark_edges(dfa.delta, RULE_CALL):
+        calls[q, r] = after
+    delta = dfa.delta.copy()
+    delta[:, RULE_CALL] = REJECT
+    return ByteDFA(delta, dfa.accepting, dfa.initial), calls
+
+
+def _strings(limit: int):
+    """Strings of 0 to `limit + 2` characters of `CHARACTERS`, a few of each length."""
+    for n in range(limit + 3):
+        for k, chars in enumerate(itertools.product(CHARACTERS, repeat=n)):
+            if k % 997 == 0 or n <= 2:
+                yield "".join(chars)
+
+
+def test_counter_dfa_counts_code_points_as_jsonschema_does():
+    counter = counter_string_dfa(LIMIT)
+    validator = jsonschema.Draft202012Validator({"type": "string", "maxLength": LIMIT})
+    seen = {True: 0, False: 0}
+    for s in _strings(LIMIT):
+        for text in {json.dumps(s), json.dumps(s, ensure_ascii=False)}:
+            if "\\u" in text:  # ANY_STRING has no \u escapes
+                continue
+            want = validator.is_valid(json.loads(text))
+            assert counter.accepts(text.encode("utf-8")) == want, text
+            seen[want] += 1
+    assert seen[True] > 50 and seen[False] > 50
+    # exactly the limit, and one more, of each kind of character
+    for c in CHARACTERS:
+        text = json.dumps(c * LIMIT, ensure_ascii=False).encode("utf-8")
+        assert counter.accepts(text)
+        assert not counter.accepts(json.dumps(c * (LIMIT + 1), ensure_ascii=False).encode())
+
+
+def test_a_surrogate_pair_escape_is_one_code_point_in_jsonschema():
+    # Not in ANY_STRING (no \u escapes), but if they are added the pair must count once.
+    value = json.loads('"\\ud83d\\ude00"')
+    assert len(value) == 1
+    assert jsonschema.Draft202012Validator({"maxLength": 1}).is_valid(value)
+    assert not counter_string_dfa(LIMIT).accepts(b'"\\ud83d\\ude00"')
+
+
+def _array_pushdown(limit: int, vocabulary=BYTES_ONLY):
+    """A bottom frame `[ s (, s)* ]` of calls of a counter rule of `limit` characters."""
+    call = rule_call(0)
+    top = _rule(f"\\[(?:{call}(?:,{call})*)?\\]", 1)
+    counter = counter_string_dfa(limit)
+    rules = [("top", *top), ("string", counter.dfa, np.zeros((counter.dfa.num_states, 1), int) - 1)]
+    return build_pushdown(
+        None, vocabulary, stack_depth=4, rules=rules, registers=[None, counter.registers]
+    )
+
+
+def test_pushdown_step_counts_each_frame_as_jsonschema_does():
+    automaton = _array_pushdown(LIMIT)
+    assert automaton.has_register and automaton.reg_limit.max() == LIMIT
+    assert not automaton.counts_registers  # no token need from maxLength
+    schema = {"type": "array", "items": {"type": "string", "maxLength": LIMIT}}
+    validator = jsonschema.Draft202012Validator(schema)
+    strings = [s for s in _strings(LIMIT) if "\\u" not in json.dumps(s, ensure_ascii=False)]
+    strings = strings[::7] + ["a" * LIMIT, "a" * (LIMIT + 1), "😀" * LIMIT, "\\" * (LIMIT + 1)]
+    for k in range(len(strings)):
+        items = [strings[k], strings[(k * 5 + 3) % len(strings)]][: 1 + k % 2]
+        text = json.dumps(items, ensure_ascii=False, separators=(",", ":"))
+        want = validator.is_valid(items)
+        assert automaton.accepts(text.encode("utf-8")) == want, text
+    # a long first string does not count against the second (each call starts at 0)
+    full = json.dumps(["é" * LIMIT, "中" * LIMIT], ensure_ascii=False, separators=(",", ":"))
+    assert automaton.accepts(full.encode("utf-8"))
+    config = automaton.walk(b'["abc')
+    assert config is not None and config[2] == 3 and config[3] == (0,)
+
+
+@pytest.mark.parametrize("limit", [1, 3])
+def test_counter_refuses_the_byte_past_the_limit(limit):
+    automaton = _array_pushdown(limit, SINGLE_BYTES)
+    config = automaton.walk(b'["' + b"x" * limit)
+    assert config is not None
+    assert automaton.step(config, ord("x")) is None
+    assert automaton.step(config, ord("\\")) is None  # an escape starts a character
+    assert automaton.step(config, 0xC3) is None  # so does a UTF-8 lead byte
+    assert automaton.step(config, ord('"')) is not None  # closing writes none
+
+
+def test_a_token_longer_than_the_limit_is_refused_at_build_time():
+    with pytest.raises(ValueError, match="could pass the limit"):
+        _array_pushdown(3)  # BYTES_ONLY has `null`, 4 bytes
+
+
+def test_masks_with_a_counter_equal_a_brute_force_walk():
+    # In a counter frame the register-blind bitmask row keeps only the tokens whose characters
+    # (`counted`) fit in what is left of the limit; the result is exactly the tokens whose
+    # bytes the host walk reads (with the counter), after which the text can still end.
+    limit = 6
+    automaton = _array_pushdown(limit, LONG_TOKENS)
+    assert automaton.counted.shape == (automaton.counter_row.max() + 1, automaton.vocab_size)
+    completable = _completable(automaton)
+    prefixes = [b"[", b'["', b'["a', b'["aaa', b'["aaaaa', b'["aaaaaa', b'["\\', b'["\\n']
+    prefixes += [b'["\xc3', b'["\xc3\xa9\xc3\xa9', b'["aaaaaa","', b'["aaaaaa","a', b'["a"']
+    prefixes += ['["é中😀a'.encode(), '["é中😀aa'.encode(), b'["\\n\\t\\n\\t"]']
+    refused = 0
+    for prefix in prefixes:
+        config = automaton.walk(prefix)
+        assert config is not None, prefix
+        want = np.zeros(automaton.vocab_size, bool)
+        for t, data in enumerate(LONG_TOKENS.token_bytes):
+            if data:
+                after = automaton.walk(data, config)
+                want[t] = after is not None and completable(after[:2])
+        want[list(LONG_TOKENS.eos_token_id)] = automaton.can_end(config)
+        got = automaton.allowed(config)
+        np.testing.assert_array_equal(got, want, err_msg=repr(prefix))
+        no_counter = copy.copy(automaton)  # not `dataclasses.replace` (its type check)
+        object.__setattr__(no_counter, "counter_row", np.full(automaton.num_positions, -1))
+        refused += int((no_counter.allowed(config) & ~got).sum())
+    assert refused >= 10  # the counter's compare refuses bitmask tokens
+
+
+def _documents(limit: int) -> list[bytes]:
+    """Arrays of strings around the limit (each kind of character), valid or not."""
+    strings = [c * n for c in ("a", "é", "中", "😀", "\n", '"') for n in (0, limit, limit + 1)]
+    documents = [[s] for s in strings] + [[strings[k], strings[-k]] for k in range(1, 9)]
+    return [json.dumps(d, ensure_ascii=False, separators=(",", ":")).encode() for d in documents]
+
+
+def test_device_walk_with_a_counter_equals_the_host_walk():
+    # byte for byte, the device's configuration (the counter in the register) is the host's,
+    # until the host refuses a byte (the device's position is then DEAD)
+    from functional_gen.structured.pushdown.register_walk import RegisterWalk
+
+    from .test_register_objects import _device_configs
+
+    automaton = _array_pushdown(LIMIT)
+    documents = _documents(LIMIT)
+    pos, stack, sp, register, registers = _device_configs(RegisterWalk(automaton), documents)
+    refused = 0
+    for i, document in enumerate(documents):
+        config = automaton.initial_config()
+        for j, byte in enumerate(document):
+            config = automaton.step(config, byte)
+            if config is None:
+                assert (pos[i, j:] == 0).all(), (document, j)
+                refused += 1
+                break
+            depth = int(sp[i, j])
+            assert int(pos[i, j]) == config[0], (document, j)
+            assert tuple(stack[i, j, :depth].tolist()) == config[1]
+            assert int(register[i, j]) == config[2], (document, j)
+            assert tuple(registers[i, j, :depth].tolist()) == config[3]
+    assert refused >= 8
+
+
+def test_device_mask_with_a_counter_equals_the_host_mask():
+    # A token walk into long strings (preferring the tokens that write most characters): at
+    # each step the jitted `process` keeps the host walk's configuration and masks exactly the
+    # tokens `allowed` gives (the counter's compare on the bitmask row included).
+    import jax
+    import jax.numpy as jnp
+
+    from functional_gen.structured.pushdown.register_walk import RegisterPushdownConstraint
+
+    from .helpers import context_for
+
+    automaton = _array_pushdown(6, LONG_TOKENS)
+    processor = RegisterPushdownConstraint(automaton)
+    step = jax.jit(lambda s, logits, c: processor.process(s, logits, c))
+    rng = np.random.default_rng(3)
+    ids = [1, 2, 3]
+    state = processor.init(context_for(ids, 3, max_len=96))
+    shapes = jax.tree.map(lambda x: (x.shape, x.dtype), state)
+    config = automaton.initial_config()
+    long = [t for t, b in enumerate(LONG_TOKENS.token_bytes) if b and len(b) >= 3]
+    refused = 0
+    for _ in range(40):
+        state, logits = step(
+            state, jnp.zeros(automaton.vocab_size), context_for(ids, 3, max_len=96)
+        )
+        assert jax.tree.map(lambda x: (x.shape, x.dtype), state) == shapes
+        pos, stack, sp, register, registers = (np.asarray(x) for x in state)
+        assert (int(pos), tuple(stack[: int(sp)].tolist()), int(register)) == config[:3]
+        assert tuple(registers[: int(sp)].tolist()) == config[3]
+        host = automaton.allowed(config)
+        np.testing.assert_array_equal(np.isfinite(np.asarray(logits)), host)
+        refused += sum(1 for t in long if not host[t])
+        preferred = [t for t in long if host[t]]
+        token = int(
+            rng.choice(preferred)
+            if preferred and rng.random() < 0.7
+            else rng.choice(np.flatnonzero(host))
+        )
+        if token in LONG_TOKENS.eos_token_id or len(ids) >= 95:
+            break
+        ids.append(token)
+        config = automaton.walk(LONG_TOKENS.token_bytes[token], config)
+    assert refused > 0
