@@ -210,7 +210,7 @@ def test_greedy_generation_equals_transformers(
     import torch
 
     model, tokenizer = default_model
-    hf, _ = torch_default_model
+    hf = torch_default_model
     ids = torch.tensor([roman_prompt_ids])
     with torch.no_grad():
         out = hf.generate(

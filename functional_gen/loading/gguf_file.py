@@ -28,6 +28,7 @@ import functools
 import json
 import os
 import re
+import typing
 from pathlib import Path
 
 import equinox as eqx
@@ -319,6 +320,9 @@ def gguf_reader_class() -> type:
     """
     from gguf import GGUFReader
 
+    # `data` is read once or more per metadata value (247,312 times for SmolLM2's file): not
+    # wrapped by jaxtyping's checks in the tests (`@typing.no_type_check`)
+    @typing.no_type_check
     class PlainArrayGGUFReader(GGUFReader):
         @property
         def data(self):

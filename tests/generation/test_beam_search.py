@@ -298,7 +298,7 @@ def test_beam_search_equals_transformers_on_the_default_model(
     default_model, torch_default_model, num_beams, num_return
 ):
     model, tokenizer = default_model
-    hf, _ = torch_default_model
+    hf = torch_default_model
     prompts = [
         tokenizer(t)["input_ids"]
         for t in ["The capital of France is", "Once upon a time, in a land far"]

@@ -80,7 +80,7 @@ def ours():
 def oracles(ours, torch_default_model):
     """Log-softmax of transformers' logits at each of our 32 steps: float32, emulated, bfloat16."""
     prompt, tokens, _, _, _ = ours
-    model = copy.deepcopy(torch_default_model[0])  # the session's float32 oracle stays as it is
+    model = copy.deepcopy(torch_default_model)  # the session's float32 oracle stays as it is
     ids = torch.tensor([prompt + tokens[:-1]])
 
     def logprobs(**kw):

@@ -98,7 +98,7 @@ def test_forced_prefill_equals_one_pass():
 @pytest.mark.slow
 def test_prefix_lm_on_the_default_model(default_model, torch_default_model, roman_prompt_ids):
     model, _ = default_model
-    hf, _ = torch_default_model
+    hf = torch_default_model
     ids = np.asarray([roman_prompt_ids[:20]])
     expected = hf_logits_with_mask(hf, ids, prefix_lm_mask([12], 20))
     logits, _ = model.prefill(
@@ -171,7 +171,7 @@ def test_prompt_logprobs_equal_transformers():
 def test_top_logprobs_equal_transformers_output_scores(default_model, torch_default_model):
     torch = pytest.importorskip("torch")
     model, tokenizer = default_model
-    hf, _ = torch_default_model
+    hf = torch_default_model
     prompt = "The capital of France is"
     ours = fg.generate(model, tokenizer, prompt, max_new_tokens=6, top_logprobs=5, eos_token_id=())
     ids = torch.as_tensor([tokenizer(prompt)["input_ids"]])

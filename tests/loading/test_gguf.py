@@ -191,7 +191,7 @@ def test_default_gguf_weights_equal_transformers_bit_for_bit(torch_default_model
     """Our gguf-py dequantisation + Q/K un-permutation reproduces transformers' GGUF loading."""
     from functional_gen.loading import default_gguf_path
 
-    hf, _ = torch_default_model
+    hf = torch_default_model
     config, weights = read_gguf(default_gguf_path())
     expected = {k: v.numpy() for k, v in hf.state_dict().items()}
     assert set(weights) - {"lm_head.weight"} == set(expected) - {"lm_head.weight"}

@@ -255,7 +255,7 @@ def test_default_model_logits_match_transformers(
 ):
     """SmolLM2-135M-Instruct: our logits on a 32-token prompt equal transformers' to 1e-3."""
     model, _ = default_model
-    hf, _ = torch_default_model
+    hf = torch_default_model
     expected = torch_logits(hf, [roman_prompt_ids])
     ids = jnp.asarray([roman_prompt_ids])
     logits, _ = model(ids, jnp.arange(32)[None], model.init_cache(1, 32))

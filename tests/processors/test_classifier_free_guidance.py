@@ -386,7 +386,7 @@ def test_default_model_equals_transformers(default_model, torch_default_model):
     per-row scales and per-row negative prompts (a row's negative prompt equal to its prompt's
     last token is transformers' default): 24 identical greedy tokens and scores to 1e-4."""
     model, tokenizer = default_model
-    hf, _ = torch_default_model
+    hf = torch_default_model
     prompts = [tokenizer(p)["input_ids"] for p in DEFAULT_PROMPTS]
     negative = tokenizer("A very happy event happened,")["input_ids"]
     cases = [(prompts[0], 1.5, None), (prompts[1], 3.0, negative), (prompts[2], 0.0, negative)]

@@ -318,9 +318,15 @@ class PushdownAutomaton:
         )
 
     # ------------------------------------------------------------------ host reference
-    # (`step`, `steps` and `_ways` run once per byte: `@typing.no_type_check`, as the per-byte
-    # helpers of `functional_gen.structured`; a 145 kB walk spent most of its time in jaxtyping's
-    # wrapper of `step`)
+    # (`step`, `steps` and `_ways` run once per byte, the private helpers of `walk`, `need`,
+    # `can_end` and `allowed` once per token or frame: `@typing.no_type_check`, as the per-byte
+    # helpers of `functional_gen.structured`; the public methods keep jaxtyping's checks of
+    # their arguments and results, once per call. A 145 kB walk spent most of its time in
+    # jaxtyping's wrapper of `step`; tests/structured/test_register_schemas.py (MaskBench's rule,
+    # `maskbench.refused_at`, on wide objects) took 113 s of CPU alone with the helpers checked,
+    # 83 s without: six million wrapped calls, and a function nested in `allowed` (wrapped anew,
+    # ~2.6 ms, at every call). Checked properties (`vocab_size`, `counts_registers`) are not
+    # read in these loops either.)
 
     @typing.no_type_check
     def step(self, config, byte: int):
@@ -413,7 +419,11 @@ class PushdownAutomaton:
 
     def walk(self, data: bytes, config=None):
         """The configuration after `data` (from the initial one, `initial_config`), or `None`."""
-        config = self.initial_config() if config is None else config
+        return self._walk(data, self.initial_config() if config is None else config)
+
+    @typing.no_type_check
+    def _walk(self, data, config):
+        """`walk` from `config`."""
         for b in data:
             config = self.step(config, b)
             if config is None:
@@ -422,14 +432,20 @@ class PushdownAutomaton:
 
     def can_end(self, config) -> bool:
         """Whether generation may end in `config` (the position and every return position final)."""
+        return self._can_end(config)
+
+    @typing.no_type_check
+    def _can_end(self, config) -> bool:
+        """`can_end`."""
         pos, stack = config[:2]
         return bool(self.final[pos]) and all(self.final[p] for p in stack)
 
     def accepts(self, data: bytes) -> bool:
         """Whether the automaton accepts `data` as a whole text."""
-        config = self.walk(data)
-        return config is not None and self.can_end(config)
+        config = self._walk(data, self.initial_config())
+        return config is not None and self._can_end(config)
 
+    @typing.no_type_check
     def _frames(self, config):
         """`(position, room)` of the current frame and of each frame on the stack, top first."""
         pos, stack = config[:2]
@@ -455,7 +471,7 @@ class PushdownAutomaton:
     def _missing(self, pos: int, register: int) -> int:
         """The required members of `pos`'s register frame not in `register` (0 where the
         frame's rest does not depend on it: no register frame, or after its `}`)."""
-        if not self.counts_registers or self.register_index[pos] < 0 or self.final[pos]:
+        if not self.register_index.size or self.register_index[pos] < 0 or self.final[pos]:
             return 0
         row = self.register_index[pos]
         return int(self.register_required[self.register_object[row]]) & ~register
@@ -466,7 +482,7 @@ class PushdownAutomaton:
         `token_distance`) and its `register`: `token_distance` outside the register frames,
         `register_budget`'s `F(pos, missing)` in them."""
         missing = self._missing(pos, register)
-        if not self.counts_registers or self.register_index[pos] < 0:
+        if not self.register_index.size or self.register_index[pos] < 0:
             return int(self.token_distance[pos, room])
         row = int(self.register_index[pos])
         if not missing:
@@ -487,6 +503,11 @@ class PushdownAutomaton:
         `frame_need` of the position and of each return position on the stack, each at the
         free slots it runs with and with its register (`UNREACHABLE` or more: none fits; see
         `pushdown.budget` and `pushdown.register_budget`)."""
+        return self._need(config)
+
+    @typing.no_type_check
+    def _need(self, config) -> int:
+        """`need`."""
         frames = self._frames(config)
         registers = self._registers(config)
         return sum(self.frame_need(p, r, g) for (p, r), g in zip(frames, registers))
@@ -504,7 +525,7 @@ class PushdownAutomaton:
 
         **Returns:** tokens (`UNREACHABLE` or more: the row is never used whole)."""
         pos = config[0]
-        if not self.counts_registers:
+        if not self.register_index.size:  # `counts_registers` (a checked property: per token)
             return int(self.token_cost[pos, slot])
         free = min(self.stack_depth - len(config[1]), self.register_cost.shape[2] - 1)
         missing = self._missing(pos, self._registers(config)[0])
@@ -521,10 +542,15 @@ class PushdownAutomaton:
         """The tokens that the device checks exactly because they may be the only ones that keep
         `need` within the budget: the best token of the current frame and of the first frame
         from the top whose rule cannot end yet (`vocab_size` where none)."""
+        return self._best_tokens(config)
+
+    @typing.no_type_check
+    def _best_tokens(self, config) -> list[int]:
+        """`best_tokens`."""
         frames = self._frames(config)
         below = [f for f in frames[1:] if not self.final[f[0]]]
         tokens = [int(self.best_token[frames[0]])]
-        tokens.append(int(self.best_token[below[0]]) if below else self.vocab_size)
+        tokens.append(int(self.best_token[below[0]]) if below else self.token_length.shape[0])
         return tokens
 
     def allowed(self, config, remaining: int | None = None) -> Bool[np.ndarray, " vocab"]:
@@ -539,29 +565,32 @@ class PushdownAutomaton:
         room = self.stack_depth - len(stack)
         slot = self.slot_of[self.position_rule[pos], stack[-1] if stack else 0]
         row = self.masks[self.mask_row[pos, slot, min(room, self.mask_row.shape[2] - 1)]]
-        bits = np.unpackbits(row.view(np.uint8), bitorder="little")[: self.vocab_size].astype(bool)
+        vocab = self.vocab_size
+        bits = np.unpackbits(row.view(np.uint8), bitorder="little")[:vocab].astype(bool)
         top, top_room = self._frames(config)[0]
-        below = self.need(config) - self.frame_need(top, top_room, self._registers(config)[0])
+        below = self._need(config) - self.frame_need(top, top_room, self._registers(config)[0])
         if below + self.frame_cost(config, slot) > budget:
             bits[:] = False  # near the end of the budget: exact checks only
         if self.counter_row.size and self.counter_row[pos] >= 0:  # a counter frame
             counter = self.counter_row[pos]
             bits &= self.counted[counter] <= int(self.counter_limit[counter]) - int(config[2])
-
-        def exact(t) -> bool:
-            data = bytes(self.token_bytes[t, : self.token_length[t]])
-            after = self.walk(data, config)
-            return after is not None and self.need(after) <= budget
-
-        tokens = (*self.byte_tokens, *self.candidates[pos, slot], *self.best_tokens(config))
+        tokens = (*self.byte_tokens, *self.candidates[pos, slot], *self._best_tokens(config))
         if len(config) == 4:
             reach = np.unpackbits(self.register_reach[pos].view(np.uint8), bitorder="little")
             tokens += tuple(self.register_tokens[reach[: self.register_tokens.size] > 0])
         for t in tokens:
-            if t < self.vocab_size:
-                bits[t] = exact(t)
-        bits[list(self.eos_token_id)] = self.can_end(config)
+            if t < vocab:
+                bits[t] = self._exact(t, config, budget)
+        bits[list(self.eos_token_id)] = self._can_end(config)
         return bits
+
+    @typing.no_type_check
+    def _exact(self, t, config, budget) -> bool:
+        """Whether token `t` can be read from `config` and leave at most `budget` tokens to end
+        the text (`need`): `allowed`'s exact check."""
+        data = bytes(self.token_bytes[t, : self.token_length[t]])
+        after = self._walk(data, config)
+        return after is not None and self._need(after) <= budget
 
     def __repr__(self):
         return (
