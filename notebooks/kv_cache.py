@@ -315,8 +315,9 @@ for text in forks.texts:
 # this process or another; a model with another config refuses it.
 
 # %%
-# (the state of `first` above: its continuation `more` is the reference, and the loaded
-# state has its shapes, so continuing it reuses that call's compiled program)
+# (the state of `first` above: its continuation `more` is the reference; the loaded state has
+# the same arrays and shapes but not the settings of the call that made it, so continuing it
+# compiles a program of its own, a few seconds here, and gives the same tokens)
 with tempfile.TemporaryDirectory() as folder:
     path = Path(folder) / "chat.safetensors"
     first.state.save(path)
