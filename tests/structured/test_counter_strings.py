@@ -259,6 +259,7 @@ counter needs a limit no shorter than the longest token (SmolLM2's: 81 bytes).""
 def _counter_budgets(monkeypatch):
     """`MAX_STRING_STATES` and `COUNTED_STRING_MIN` lowered so that a plain string of
     `COUNTED` characters takes the counter path, as one of over ~5,333 does."""
+    monkeypatch.setattr(budgets, "COUNTER_STRINGS", True)
     monkeypatch.setattr(budgets, "COUNTED_STRING_MIN", COUNTED // 2)
     monkeypatch.setattr(budgets, "MAX_STRING_STATES", budgets.PLAIN_STRING_STATES * COUNTED - 1)
     PUSHDOWN_CACHE.clear()

@@ -119,7 +119,8 @@ def rewrite_string(rewriter: "Rewriter", node: dict, path: str):
     if rewriter.counted_strings and max(lengths.values(), default=0) > budgets.COUNTED_STRING_MIN:
         keyword = "maxLength" if "maxLength" in lengths else "minLength"
         states = budgets.PLAIN_STRING_STATES * max(lengths.values())
-        if states > budgets.MAX_STRING_STATES and set(lengths) == {"maxLength"}:
+        counter = budgets.COUNTER_STRINGS and set(lengths) == {"maxLength"}
+        if states > budgets.MAX_STRING_STATES and counter:
             return counter_terminal(rewriter, lengths["maxLength"], path)
         if states > budgets.MAX_STRING_STATES:  # refused before building it
             rewriter.refuse(
