@@ -1,22 +1,36 @@
-"""The counter register of long plain strings (issue 55, WIP: the host side,
-`json_schema.counter_strings` and `PushdownAutomaton.step`'s `reg_limit`), on a small limit,
-against `jsonschema`'s `maxLength` (code points)."""
+"""The counter register of long plain strings (issue 55: `json_schema.counter_strings`,
+`PushdownAutomaton.step`'s `reg_limit`, the device walk and mask, and a schema's long plain
+string compiled as a counter rule), on a small limit, against `jsonschema`'s `maxLength`
+(code points)."""
 
 import copy
 import itertools
 import json
+import warnings
 
 import jsonschema
 import numpy as np
 import pytest
 
+import functional_gen as fg
 from functional_gen.structured.byte_dfa import REJECT, ByteDFA, minimize, regex_byte_dfa
 from functional_gen.structured.dfa_operations import numbered_mark_edges
+from functional_gen.structured.json_schema import budgets
+from functional_gen.structured.json_schema.compiling import json_schema_compile
 from functional_gen.structured.json_schema.counter_strings import counter_string_dfa
+from functional_gen.structured.json_schema.errors import UnsupportedSchemaError
+from functional_gen.structured.json_schema.pushdown_form import PUSHDOWN_CACHE
+from functional_gen.structured.json_schema.regex_form import (
+    counter_placeholders,
+    spliced_dfa,
+)
+from functional_gen.structured.json_schema.rewriter import rewrite
 from functional_gen.structured.json_schema.rule_plan import RULE_CALL, rule_call
-from functional_gen.structured.pushdown import build_pushdown
+from functional_gen.structured.pushdown import PushdownAutomaton, build_pushdown
+from functional_gen.structured.pushdown.register_walk import RegisterPushdownConstraint
 from functional_gen.structured.vocabulary import TokenVocabulary
 
+from .maskbench import refused_at
 from .test_pda import BYTES_ONLY, _completable
 
 LIMIT = 5
@@ -232,3 +246,100 @@ def test_device_mask_with_a_counter_equals_the_host_mask():
         ids.append(token)
         config = automaton.walk(LONG_TOKENS.token_bytes[token], config)
     assert refused > 0
+
+
+# ------------------------------------------------ from a JSON Schema (`json_schema_compile`)
+
+COUNTED = 100
+"""A `maxLength` made a counter rule by lowering the thresholds (`_counter_budgets`): the
+counter needs a limit no shorter than the longest token (SmolLM2's: 81 bytes)."""
+
+
+@pytest.fixture
+def _counter_budgets(monkeypatch):
+    """`MAX_STRING_STATES` and `COUNTED_STRING_MIN` lowered so that a plain string of
+    `COUNTED` characters takes the counter path, as one of over ~5,333 does."""
+    monkeypatch.setattr(budgets, "COUNTER_STRINGS", True)
+    monkeypatch.setattr(budgets, "COUNTED_STRING_MIN", COUNTED // 2)
+    monkeypatch.setattr(budgets, "MAX_STRING_STATES", budgets.PLAIN_STRING_STATES * COUNTED - 1)
+    PUSHDOWN_CACHE.clear()
+    yield
+    PUSHDOWN_CACHE.clear()
+
+
+def _compiled(schema, vocabulary):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        automaton = json_schema_compile(schema, vocabulary, cache=False)
+    return automaton, [str(w.message) for w in caught]
+
+
+def _values(n: int):
+    """Strings of `n` characters: ASCII, multi-byte UTF-8 and escaped characters."""
+    return ["a" * n, ("é中 x\n" * n)[:n], "😀" * n, ('"\\/\t' * n)[:n]]
+
+
+@pytest.mark.usefixtures("_counter_budgets")
+def test_a_long_plain_string_compiles_as_a_counter_rule(tokenizer, vocabulary):
+    string = {"type": "string", "maxLength": COUNTED}
+    wide = {
+        "type": "object",
+        "properties": {
+            "id": {"type": "integer"},
+            "text": string,
+            "tag": {"type": "string", "maxLength": 3},
+            "more": {"type": "array", "items": string, "maxItems": 2},
+        },
+        "required": ["id", "text"],
+        "additionalProperties": False,
+    }
+    eos = vocabulary.eos_token_id[0]
+    for schema in (string, wide):
+        automaton, said = _compiled(schema, vocabulary)
+        assert isinstance(automaton, PushdownAutomaton) and automaton.has_register, said
+        assert not said
+        validator = jsonschema.Draft202012Validator(schema)
+        seen = {True: 0, False: 0}
+        # (few documents: the host's `allowed` over SmolLM2's vocabulary is slow)
+        for n in (0, COUNTED, COUNTED + 1) if schema is string else (COUNTED, COUNTED + 1):
+            for value in _values(n)[:: 1 if schema is string else 2]:
+                document = (
+                    value
+                    if schema is string
+                    else {"id": 7, "text": value, "tag": "ab", "more": ["x", value]}
+                )
+                valid = validator.is_valid(document)
+                assert valid == (n <= COUNTED)
+                text = json.dumps(document, ensure_ascii=False, separators=(",", ":"))
+                ids = tokenizer.encode(text, add_special_tokens=False)
+                assert (refused_at(automaton, ids, eos) is None) == valid, (n, text[:40])
+                seen[valid] += 1
+        assert seen[True] and seen[False]
+
+
+@pytest.mark.usefixtures("_counter_budgets")
+def test_a_counter_rule_runs_on_the_register_constraint(tokenizer):
+    processor = fg.processors.JsonSchema({"type": "string", "maxLength": COUNTED}, tokenizer)
+    assert isinstance(processor.tables.pushdown, RegisterPushdownConstraint)
+
+
+@pytest.mark.usefixtures("_counter_budgets")
+def test_a_counter_rule_is_never_spliced(vocabulary):
+    schema = {"type": "object", "properties": {"s": {"type": "string", "maxLength": COUNTED}}}
+    rewriter, regex = rewrite(schema, counted_strings=True)
+    full = rewriter.substitute(regex)
+    assert rewriter.counter_texts and counter_placeholders(rewriter, full)
+    with pytest.raises(UnsupportedSchemaError, match="counted by a register"):
+        spliced_dfa(rewriter, full)
+    # called where another string may start: the grammar form cannot choose it, refused
+    either = {"anyOf": [{"type": "string", "maxLength": COUNTED}, {"enum": ["x", 1]}]}
+    with pytest.raises(UnsupportedSchemaError, match="maxLength"):
+        json_schema_compile(either, vocabulary, cache=False)
+
+
+@pytest.mark.usefixtures("_counter_budgets")
+def test_a_long_string_with_a_min_length_is_still_refused(vocabulary):
+    schema = {"type": "string", "minLength": 2, "maxLength": COUNTED}
+    with pytest.raises(UnsupportedSchemaError, match="needs an automaton of about") as info:
+        json_schema_compile(schema, vocabulary, cache=False)
+    assert info.value.keyword == "maxLength"

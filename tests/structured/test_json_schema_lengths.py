@@ -13,6 +13,7 @@ import pytest
 
 from functional_gen.structured import UnsupportedSchemaError, json_schema as js, json_schema_regex
 from functional_gen.structured.formats import EMAIL
+from functional_gen.structured.json_schema import budgets
 from functional_gen.structured.pushdown import PushdownAutomaton
 from functional_gen.structured.vocabulary import TokenVocabulary
 
@@ -295,8 +296,19 @@ def test_long_plain_string_is_a_counted_automaton_as_exact_as_the_regex():
     assert seen[0] and seen[1]
 
 
-def test_plain_string_over_the_counter_limit_is_refused_or_dropped():
+def test_plain_string_over_the_counter_limit_is_a_counter_rule(monkeypatch):
+    # over `MAX_STRING_STATES` a plain string is a counter rule (issue 55: a register counts
+    # its characters, `counter_strings`; `COUNTER_STRINGS`, off by default: refused then);
+    # with a `minLength` too it is refused or dropped
     schema = {"type": "string", "maxLength": 8192}
+    with pytest.raises(UnsupportedSchemaError, match="states"):
+        js.json_schema_compile(schema, BYTES, cache=False)
+    monkeypatch.setattr(budgets, "COUNTER_STRINGS", True)
+    automaton = js.json_schema_compile(schema, BYTES, cache=False)
+    assert isinstance(automaton, PushdownAutomaton) and automaton.has_register
+    assert _accepts(automaton, json.dumps("é" * 8192, ensure_ascii=False))
+    assert not _accepts(automaton, json.dumps("x" * 8193))
+    schema = {"type": "string", "minLength": 1, "maxLength": 8192}
     with pytest.raises(UnsupportedSchemaError, match="states") as info:
         js.json_schema_compile(schema, BYTES, cache=False)
     assert info.value.keyword == "maxLength"

@@ -124,6 +124,16 @@ own (`Rewriter.repeat_weight`): strings of the same bounds become one rule of th
 when they are used in several places, and their counted repeats count in the choice of that
 form."""
 
+# Turns on the counter rules of long plain strings (issue 55, not yet the default); measured: o9784 times out with it on.
+COUNTER_STRINGS = False
+"""Whether a plain string whose `maxLength` is over what `MAX_STRING_STATES` allows compiles as a
+counter rule of the grammar form (`counter_strings`: a per-frame register counts its
+characters) instead of being refused. Off by default until the grammar form's fallback stops
+blowing up on MaskBench o9784 (with it on: over 120 s in `minimize` of a rule's regex after the
+first grammar form fails, against a 1.5 s refusal; o6176 and o9862 compile, 2.8 s each, every
+test instance right)."""
+
+
 # Sets the length bound from which a plain string is an automaton; measured: maxLength 2,000 4.0 -> 1.6 s, 5,000 30 -> 5.3 s (fafeaa7).
 COUNTED_STRING_MIN = 256
 """A plain string (no `pattern` or `format`) whose `minLength` or `maxLength` is larger is

@@ -38,7 +38,7 @@ from .pushdown_form import PUSHDOWN_CACHE, pushdown_of_regex
 from .references import (
     inline_references,
 )
-from .regex_form import dfa_placeholders, spliced_dfa, spliced_too_large
+from .regex_form import counter_placeholders, dfa_placeholders, spliced_dfa, spliced_too_large
 from .rewriter import Rewriter, rewrite, warn_dropped, warn_order_fixed
 
 _FALLBACK_DEPTHS = (2, 1)
@@ -172,6 +172,8 @@ def json_schema_compile(
             full = None  # the grammar form calls both
     except RegexTooLarge:
         full = None
+    if full is not None and counter_placeholders(rewriter, full):
+        full = None  # a counter rule (a long plain string): only the grammar form calls it
     weight = rewriter.weight(regex)
     if full is not None and weight > budgets.SINGLE_REGEX_WEIGHT:
         full = None  # its counted copies written out are too many states for outlines-core

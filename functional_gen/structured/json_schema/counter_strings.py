@@ -1,8 +1,7 @@
-"""Plain JSON strings with a large `maxLength` by a per-frame *counter register* (issue 55, WIP:
-the pushdown side; not yet reachable from a JSON Schema). A byte DFA needs about
-`budgets.PLAIN_STRING_STATES` (12) states per character of `maxLength`, so
-`strings.rewrite_string` refuses a plain string over `budgets.MAX_STRING_STATES / 12` (about
-5,333) characters. Instead, such a string becomes its
+"""Plain JSON strings with a large `maxLength` by a per-frame *counter register* (issue 55).
+A byte DFA needs about `budgets.PLAIN_STRING_STATES` (12) states per character of
+`maxLength`, so a plain string over `budgets.MAX_STRING_STATES / 12` (about 5,333) characters
+cannot be a counted automaton. Instead (`strings.counter_terminal`), such a string becomes its
 own grammar-form rule, a *counter rule*: `"`, `formats.ANY_STRING`'s body looping, `"`, whose
 frame's register counts the characters written, and a byte that starts a character past the
 limit `N` is refused.
@@ -46,21 +45,33 @@ regex spells the pair as one alternative.
    `RegisterPushdownConstraint._counter_fits` (a hook of `PushdownConstraint._allowed`, ANDed
    into the bitmask row) is the `counted` compare (one gather of a `[vocab]` int16 row and one
    compare per step); tests: device walk == host walk, masks == `allowed`.
-6. TODO the JSON Schema side: `strings.rewrite_string` returns a counter marker (the limit
-   in it) instead of refusing over `MAX_STRING_STATES` (a plain string only: no `pattern`,
-   `format`, `minLength`; `minLength` would need a `reg_require`-like "at least" action on the
-   closing `"`), `grammar_form` plans it as its own rule (never inlined: its actions are
-   indexed by its states, as `rule_automata._register_edges_of`'s), `_rule_edges_of` builds
-   it with `counter_string_dfa`, `processor.py` picks `RegisterPushdownConstraint`.
-   The natural hook is `strings.dfa_terminal`'s (`Rewriter.dfa_terminals` / `dfa_texts`, a
-   placeholder made a rule by `rule_plan._dfa_rule`, built by `rule_automata.rule_automaton`):
-   a counter placeholder whose `rule_automaton` returns `(dfa, calls, counter.registers)`.
-   BUT the token-DFA form splices `dfa_texts` into the schema's DFA (`regex_form.spliced_dfa`;
-   `compiling.py` counts their states first): a counter terminal must never be spliced (its
-   12-state DFA has no limit), so that form must refuse it (as `regex_form`'s
-   `_refuse_dfa_terminals` does for the regex form) and fall back to the grammar form. Not done: that is where to start.
+6. DONE the JSON Schema side: `strings.rewrite_string` calls `strings.counter_terminal` over
+   `MAX_STRING_STATES` for a plain string with `maxLength` alone (no `pattern`, `format`,
+   `minLength`: those are refused as before; `minLength` would need a `reg_require`-like "at
+   least" action on the closing `"`): a `dfa_terminal` placeholder whose quoted DFA is
+   `counter_string_dfa(limit).dfa` (`Rewriter.dfa_texts`) and whose `CounterDFA` is in
+   `Rewriter.counter_texts`. `rule_plan._dfa_rule` makes it a rule (never inlined; its call
+   banned where another string may start: refused, "the grammar form cannot choose it"),
+   `rule_automata.rule_automaton` returns `(dfa, calls, counter.registers)`, and
+   `processor.py` picks `RegisterPushdownConstraint` (`has_register`). The token-DFA form never
+   splices it: `compiling.json_schema_compile` drops the single regex when it holds a counter
+   placeholder (`regex_form.counter_placeholders`), and `spliced_dfa` / `spliced_too_large`
+   refuse one; `strings.string_automaton` does not return its (limitless) DFA, so `not` /
+   exact `oneOf` refuse it instead of losing the limit. Tests (thresholds lowered to a
+   `maxLength` of 100): `tests/structured/test_counter_strings.py`, through SmolLM2's tokens.
+   Not run on a GPU.
 
-**Open problems** (found while building steps 1-5):
+**Open problems** (found while building steps 1-6):
+
+- MaskBench Github_medium o9784 (`maxLength` 32,767 and 8,192 plain, beside 2,000 / 4,096
+  ones): refused in 1.5 s before step 6 (the 32,767 string), now past the benchmark's 120 s
+  timeout: the long strings no longer stop the compile, and the grammar form fails once, then
+  `nest_instead` retries and spends the time in `minimize` of a rule's regex
+  (`rule_automata._rule_edges_of`). Not analysed yet. Snowplow sp_2_Normalized is refused as
+  before: its 4,096-character string is under `MAX_STRING_STATES` (a 49,155-state automaton),
+  so it is no counter rule, and over the grammar form's positions; making strings over
+  `MAX_POSITIONS_BEFORE_TAILS / 12` counters too would lose the token-DFA form's splice of
+  them (MaskBench o1052's 5,000 characters compile that way), not done.
 
 - `processor.py` needs no change: `has_register` is true for a counter rule (its `reg_set`
   table exists), so `RegisterPushdownConstraint` runs it; the state keeps its five leaves

@@ -102,6 +102,7 @@ def spliced_too_large(
     placeholders = dfa_placeholders(rewriter, regex)
     if not placeholders:
         return None
+    _refuse_counters(rewriter, placeholders)
     sizes = {p: rewriter.dfa_texts[p].num_states for p in placeholders}
     estimate = weight // budgets.WEIGHT_PER_STATE + sum(sizes.values())
     if estimate <= budgets.MAX_SPLICED_STATES:
@@ -131,6 +132,7 @@ def spliced_dfa(rewriter: "Rewriter", regex: str) -> ByteDFA:
     another way (an `anyOf` of it and another string: the splice would not be deterministic).
     """
     placeholders = dfa_placeholders(rewriter, regex)
+    _refuse_counters(rewriter, placeholders)
     text = regex
     for i, placeholder in enumerate(placeholders):
         text = text.replace(placeholder, rule_call(i))
@@ -183,6 +185,25 @@ def spliced_dfa(rewriter: "Rewriter", regex: str) -> ByteDFA:
     # Not minimised: the pieces are, and Moore's refinement takes one round per counted
     # character (seconds for a counter of a thousand).
     return trim(spliced)
+
+
+def counter_placeholders(rewriter: "Rewriter", regex: str) -> list[str]:
+    """The placeholders of counter rules (`Rewriter.counter_texts`) in `regex`."""
+    return [p for p in rewriter.counter_texts if p in regex]
+
+
+def _refuse_counters(rewriter: "Rewriter", placeholders: list[str]) -> None:
+    """`UnsupportedSchemaError` when one of `placeholders` is a counter rule: its DFA has no
+    limit (the register counts), so it is never spliced into a token automaton."""
+    for placeholder in placeholders:
+        if placeholder in rewriter.counter_texts:
+            path, keyword = _terminal_origin(rewriter, placeholder)
+            raise UnsupportedSchemaError(
+                keyword,
+                path,
+                "a string this long is counted by a register: only the grammar form calls it, "
+                "and it could not be built for this schema",
+            )
 
 
 def _refuse_dfa_terminals(rewriter: "Rewriter", regex: str) -> None:

@@ -189,6 +189,10 @@ class Rewriter:
         none."""
         self.dfa_texts: dict[str, ByteDFA] = {}
         """The quoted string DFA of each placeholder of `dfa_terminals`."""
+        self.counter_texts: dict = {}
+        """The counter rule (`counter_strings.CounterDFA`) of each placeholder of `dfa_texts`
+        that is a long plain string counted by a register (`strings.counter_terminal`): its
+        DFA in `dfa_texts` has no limit, so only the grammar form may call it."""
         self.inexact: dict[str, str] = {}
         """Markers of objects whose regex may accept the text of an object it does not admit
         or refuse one it admits (read in one order, a key written twice: `object_regex`'s

@@ -57,11 +57,14 @@ row `q` the actions of state `q`'s transitions."""
 def rule_automaton(rewriter: Rewriter, text: str, rules: int, free_value: bool):
     """`rule_edges(text, rules, free_value)`, or for a rule that is a string given as an
     automaton (its text the placeholder of `Rewriter.dfa_texts`) that automaton, without
-    calls or register: `(dfa, calls, register)`."""
+    calls, with the four register tables of a counter rule (`Rewriter.counter_texts`,
+    `CounterDFA.registers`), else no register: `(dfa, calls, register)`."""
     dfa = rewriter.dfa_texts.get(text[3:-1]) if text.startswith("(?:") else None
     if dfa is None:
         return rule_edges(text, rules, free_value)
-    return dfa, np.full((dfa.num_states, rules + free_value), REJECT, np.int32), None
+    counter = rewriter.counter_texts.get(text[3:-1])  # a counter rule: its register actions
+    registers = None if counter is None else counter.registers
+    return dfa, np.full((dfa.num_states, rules + free_value), REJECT, np.int32), registers
 
 
 def rule_edges(

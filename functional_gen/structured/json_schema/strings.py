@@ -26,6 +26,7 @@ from ..patterns import (
     length_bounded_dfa,
 )
 from . import budgets
+from .counter_strings import counter_string_dfa
 from .errors import (
     UnsupportedSchemaError,
 )
@@ -118,6 +119,9 @@ def rewrite_string(rewriter: "Rewriter", node: dict, path: str):
     if rewriter.counted_strings and max(lengths.values(), default=0) > budgets.COUNTED_STRING_MIN:
         keyword = "maxLength" if "maxLength" in lengths else "minLength"
         states = budgets.PLAIN_STRING_STATES * max(lengths.values())
+        counter = budgets.COUNTER_STRINGS and set(lengths) == {"maxLength"}
+        if states > budgets.MAX_STRING_STATES and counter:
+            return counter_terminal(rewriter, lengths["maxLength"], path)
         if states > budgets.MAX_STRING_STATES:  # refused before building it
             rewriter.refuse(
                 keyword,
@@ -183,6 +187,20 @@ def dfa_terminal(
     return marker
 
 
+def counter_terminal(rewriter: "Rewriter", limit: int, path: str) -> dict:
+    """A marker for a plain string of at most `limit` characters too long for a counted
+    automaton: a *counter rule* (`counter_strings.counter_string_dfa`, its quoted DFA in
+    `Rewriter.dfa_texts` and its register actions in `Rewriter.counter_texts`), which only the
+    grammar form calls (`rule_automata.rule_automaton`); the token-DFA form refuses to splice
+    it (`regex_form.spliced_dfa`)."""
+    counter = counter_string_dfa(limit)
+    marker = dfa_terminal(
+        rewriter, counter.dfa, f"counter\0{limit}", path, "maxLength", quoted=True
+    )
+    rewriter.counter_texts[rewriter.dfa_terminals[marker["const"]][0]] = counter
+    return marker
+
+
 def excluding(rewriter: "Rewriter", terminal, excluded: list[str], path: str):
     """The string `terminal` (what `_string` returned) without the values `excluded`: the
     difference of its automaton and that of every JSON spelling of them
@@ -193,6 +211,11 @@ def excluding(rewriter: "Rewriter", terminal, excluded: list[str], path: str):
     if terminal == {"type": "string"}:  # any string: a regex does it
         return rewriter.marker(other_strings_regex(excluded))
     regex = rewriter.substitute(rewriter.regex_of(terminal))
+    if any(placeholder in regex for placeholder in rewriter.counter_texts):
+        rewriter.refuse(
+            "not", path, f"the strings other than {excluded} of a string counted by a register"
+        )
+        return terminal
     strings = string_automaton(rewriter, regex)
     source = f"not\0{regex}\0{json.dumps(excluded)}"
     try:
@@ -213,6 +236,8 @@ def string_automaton(rewriter: "Rewriter", regex: str) -> ByteDFA | None:
     inner = regex
     while inner not in rewriter.dfa_texts and inner.startswith("(?:") and inner.endswith(")"):
         inner = inner[3:-1]
+    if inner in rewriter.counter_texts:  # its DFA alone has no limit: not the strings
+        return None
     return rewriter.dfa_texts.get(inner)
 
 
