@@ -32,7 +32,7 @@ regex spells the pair as one alternative.
 3. DONE `pushdown.building.build_pushdown(registers=)`: an entry may have a fourth table
    (`reg_limit`); `_byte_rule_automata` splits byte classes on it; `_register_tables` maps it
    to positions as the other three (`reader`: a call's first byte takes the callee's action).
-4. DONE (host) the mask: `_counter_tables` in `pushdown.building`: `counted[counter_row[pos], t]`
+4. DONE (host) the mask: `counter_tables` in `pushdown.exact_tokens`: `counted[counter_row[pos], t]`
    (int16 `[counter positions, vocab]`, from each position of a counter rule the characters
    token `t` writes before it leaves the string; `counter_row[pos]` -1 outside), and
    `PushdownAutomaton.allowed` ANDs `counted[row, t] <= reg_limit_of_rule - register` into the
@@ -86,7 +86,7 @@ regex spells the pair as one alternative.
   `anyOf` of it and an enum) the call is not deterministic (`_dfa_rule`'s "banned" error).
 - `counted` is `counter positions x vocab` int16 per counter rule (12 positions: 3 MiB for
   128k tokens); its rows do not depend on the limit, so rules of different limits could share
-  them (a per-position limit instead of per-row) - not done. `_counter_tables` walks every
+  them (a per-position limit instead of per-row) - not done. `counter_tables` walks every
   token from every counter position with numpy (12 x longest token passes over the vocabulary;
   not timed on a real vocabulary).
 - `PushdownAutomaton`'s jaxtyping dims: `register_index` is `register_positions`, as `reg_clear`

@@ -29,7 +29,7 @@ be unique, not MUST; every value written is valid for its key). Refusing a repea
 test on the register at every key byte (a key whose every completion was written is a dead
 end), which no bitmask row can hold: every token that spells a key would have to be walked
 exactly on the device. Only `}` depends on the register, so the tokens the device checks
-exactly are the few that read a `}` of such an object (`pushdown.building._register_tokens`).
+exactly are the few that read a `}` of such an object (`pushdown.exact_tokens.register_token_tables`).
 `order_automata.any_order_dfa`'s `"exact"` form (up to `ORDER_AUTOMATON_MAX` listed members)
 refuses repeats; its `"required"` form, as this one, lets optional members repeat.
 """
