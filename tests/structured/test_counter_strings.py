@@ -343,3 +343,37 @@ def test_a_long_string_with_a_min_length_is_still_refused(vocabulary):
     with pytest.raises(UnsupportedSchemaError, match="needs an automaton of about") as info:
         json_schema_compile(schema, vocabulary, cache=False)
     assert info.value.keyword == "maxLength"
+
+
+@pytest.mark.usefixtures("_counter_budgets")
+def test_the_fallback_never_writes_a_counter_rule_as_a_repeat(monkeypatch):
+    # MaskBench o9784's shape: a counter string beside an array of 1,000 24-digit ids, whose
+    # 28,003 states make the grammar form too large; `nest_instead`'s fallback must not try
+    # the call form again from an uncounted rewrite, where the counter string is a regex
+    # repeat (`{0,32767}` there: 220 s in `minimize` before the same refusal)
+    from functional_gen.structured.json_schema import rule_automata
+    from functional_gen.structured.json_schema.errors import TooManyPositions
+
+    ids = {"type": "string", "pattern": "^[a-f0-9]{24}$"}
+    schema = {
+        "type": "object",
+        "properties": {
+            "ids": {"type": "array", "items": ids, "maxItems": 1000},
+            "description": {"type": "string", "maxLength": COUNTED},
+        },
+        "additionalProperties": False,
+    }
+    built: list[str] = []
+    real = rule_automata._rule_edges_of
+
+    def recorded(regex, free_value):
+        built.append(regex)
+        return real(regex, free_value)
+
+    monkeypatch.setattr(rule_automata, "_rule_edges_of", recorded)
+    with (
+        pytest.warns(UserWarning, match="free-form values nest at most"),
+        pytest.raises(TooManyPositions),
+    ):
+        json_schema_compile(schema, BYTES_ONLY, cache=False)
+    assert built and not [regex for regex in built if f",{COUNTED}}}" in regex]

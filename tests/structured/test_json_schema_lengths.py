@@ -298,16 +298,17 @@ def test_long_plain_string_is_a_counted_automaton_as_exact_as_the_regex():
 
 def test_plain_string_over_the_counter_limit_is_a_counter_rule(monkeypatch):
     # over `MAX_STRING_STATES` a plain string is a counter rule (issue 55: a register counts
-    # its characters, `counter_strings`; `COUNTER_STRINGS`, off by default: refused then);
-    # with a `minLength` too it is refused or dropped
+    # its characters, `counter_strings`; with `COUNTER_STRINGS` off: refused); with a
+    # `minLength` too it is refused or dropped
     schema = {"type": "string", "maxLength": 8192}
-    with pytest.raises(UnsupportedSchemaError, match="states"):
-        js.json_schema_compile(schema, BYTES, cache=False)
-    monkeypatch.setattr(budgets, "COUNTER_STRINGS", True)
     automaton = js.json_schema_compile(schema, BYTES, cache=False)
     assert isinstance(automaton, PushdownAutomaton) and automaton.has_register
     assert _accepts(automaton, json.dumps("é" * 8192, ensure_ascii=False))
     assert not _accepts(automaton, json.dumps("x" * 8193))
+    monkeypatch.setattr(budgets, "COUNTER_STRINGS", False)
+    with pytest.raises(UnsupportedSchemaError, match="states"):
+        js.json_schema_compile(schema, BYTES, cache=False)
+    monkeypatch.setattr(budgets, "COUNTER_STRINGS", True)
     schema = {"type": "string", "minLength": 1, "maxLength": 8192}
     with pytest.raises(UnsupportedSchemaError, match="states") as info:
         js.json_schema_compile(schema, BYTES, cache=False)

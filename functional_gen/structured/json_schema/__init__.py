@@ -53,8 +53,7 @@ maxLength 300 63,212; refused with the sizes: the same with maxLength 400, a rep
 characters. A plain string (no `pattern` or `format`) with a bound over `COUNTED_STRING_MIN`
 (256) characters takes the same path in `json_schema_compile` (12 states per character: cheaper
 than outlines-core's counted repeat, whose DFA takes 30 s for maxLength 5,000); over
-`MAX_STRING_STATES` states (maxLength 5,333) it is refused at once; with `budgets.COUNTER_STRINGS`
-(off by default: MaskBench o9784's grammar form then takes minutes) and `maxLength` alone it is a
+`MAX_STRING_STATES` states (maxLength 5,333) with `maxLength` alone it is a
 *counter rule* of the grammar form (`counter_strings`: a per-frame register counts its characters, run by
 `RegisterPushdownConstraint`; never spliced into a token automaton nor a regex), MaskBench's
 larger bounds (8,192; 32,767: 75 schemas; 65,535: 46); with a `minLength` too it is refused at

@@ -124,14 +124,14 @@ own (`Rewriter.repeat_weight`): strings of the same bounds become one rule of th
 when they are used in several places, and their counted repeats count in the choice of that
 form."""
 
-# Turns on the counter rules of long plain strings (issue 55, not yet the default); measured: o9784 times out with it on.
-COUNTER_STRINGS = False
+# Turns on the counter rules of long plain strings (issue 55); measured: MaskBench o6176, o9862 compile (2.8 s), o9784 refused in 2.5 s.
+COUNTER_STRINGS = True
 """Whether a plain string whose `maxLength` is over what `MAX_STRING_STATES` allows compiles as a
 counter rule of the grammar form (`counter_strings`: a per-frame register counts its
-characters) instead of being refused. Off by default until the grammar form's fallback stops
-blowing up on MaskBench o9784 (with it on: over 120 s in `minimize` of a rule's regex after the
-first grammar form fails, against a 1.5 s refusal; o6176 and o9862 compile, 2.8 s each, every
-test instance right)."""
+characters) instead of being refused (`False`: refused, as before 2026-12-03). On since the
+grammar form's fallback (`nest_instead`) no longer retries the call form from an uncounted
+rewrite, which wrote such a string as a regex repeat (MaskBench o9784: 220 s in `minimize`, now
+refused in 2.5 s: its 1,000 24-digit ids are 28,003 positions)."""
 
 
 # Sets the length bound from which a plain string is an automaton; measured: maxLength 2,000 4.0 -> 1.6 s, 5,000 30 -> 5.3 s (fafeaa7).

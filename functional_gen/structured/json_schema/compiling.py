@@ -94,6 +94,8 @@ def json_schema_compile(
     depth, as `JsonSchema` does.)
     """
     token_only = options.pop("_token_automaton_only", False)
+    # `nest_instead`'s compile: the call form was tried and failed (not tried again below)
+    call_form_failed = options.pop("_call_form_failed", False)
     if not cache:
         PUSHDOWN_CACHE.clear()
     if options.get("max_recursion_depth") is None:
@@ -151,6 +153,7 @@ def json_schema_compile(
                         stack_depth=stack_depth,
                         **{**options, "free_form_depth": depth},
                         **({"_token_automaton_only": True} if deeper else {}),
+                        _call_form_failed=True,
                     )
             except (ConstraintError, NotDeterministic):
                 if deeper:  # too large that deep: the last depth's result or refusal stands
@@ -185,11 +188,15 @@ def json_schema_compile(
         if not cache:
             PUSHDOWN_CACHE.clear()
         hopeless = _strings_too_large(rewriter, regex, full is not None)
-        if free and call is None and hopeless is None:
+        if free and call is None and hopeless is None and not call_form_failed:
             # The grammar form is a pushdown automaton already: its free-form values are a call
             # of the JSON value rule, nested as deep as the stack, at no cost over depth 1
             # (15 MaskBench grammar forms: positions -54 each, compile times within noise;
-            # Kubernetes kb_972's valid instance with a deeper value accepted).
+            # Kubernetes kb_972's valid instance with a deeper value accepted). Not after
+            # `nest_instead`: the call form failed already; tried again from an uncounted
+            # rewrite, its long strings would be regex repeats, not the automata and counter
+            # rules the failed form had (MaskBench o9784 with `COUNTER_STRINGS`: a rule with a
+            # `{0,32767}` repeat, 220 s in `minimize` before its refusal).
             try:
                 return json_schema_grammar(
                     schema,

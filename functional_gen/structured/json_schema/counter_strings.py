@@ -63,11 +63,14 @@ regex spells the pair as one alternative.
 
 **Open problems** (found while building steps 1-6):
 
-- MaskBench Github_medium o9784 (`maxLength` 32,767 and 8,192 plain, beside 2,000 / 4,096
-  ones): refused in 1.5 s before step 6 (the 32,767 string), now past the benchmark's 120 s
-  timeout: the long strings no longer stop the compile, and the grammar form fails once, then
-  `nest_instead` retries and spends the time in `minimize` of a rule's regex
-  (`rule_automata._rule_edges_of`). Not analysed yet. Snowplow sp_2_Normalized is refused as
+- FIXED MaskBench Github_medium o9784 (a `maxLength` 32,767 plain string beside 1,024-character
+  ones and an array of 1,000 24-digit ids): refused in 1.5 s before step 6 (the 32,767 string),
+  then past the benchmark's 120 s timeout: its grammar form is too large (the ids' array is
+  28,003 positions), and `nest_instead`'s fallback compile tried the call form again from an
+  uncounted rewrite (`compiling.json_schema_compile`), where the string is a `{0,32767}` regex
+  repeat: 220 s in `minimize`. The fallback no longer retries the call form
+  (`_call_form_failed`): refused in 2.5 s (`budgets.COUNTER_STRINGS` on since).
+- Snowplow sp_2_Normalized is refused as
   before: its 4,096-character string is under `MAX_STRING_STATES` (a 49,155-state automaton),
   so it is no counter rule, and over the grammar form's positions; making strings over
   `MAX_POSITIONS_BEFORE_TAILS / 12` counters too would lose the token-DFA form's splice of
