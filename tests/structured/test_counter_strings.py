@@ -66,9 +66,12 @@ def _strings(limit: int):
                 yield "".join(chars)
 
 
-def test_counter_dfa_counts_code_points_as_jsonschema_does():
-    counter = counter_string_dfa(LIMIT)
-    validator = jsonschema.Draft202012Validator({"type": "string", "maxLength": LIMIT})
+@pytest.mark.parametrize("minimum", [0, 1, 3])
+def test_counter_dfa_counts_code_points_as_jsonschema_does(minimum):
+    counter = counter_string_dfa(LIMIT, minimum)
+    validator = jsonschema.Draft202012Validator(
+        {"type": "string", "minLength": minimum, "maxLength": LIMIT}
+    )
     seen = {True: 0, False: 0}
     for s in _strings(LIMIT):
         for text in {json.dumps(s), json.dumps(s, ensure_ascii=False)}:
@@ -78,11 +81,22 @@ def test_counter_dfa_counts_code_points_as_jsonschema_does():
             assert counter.accepts(text.encode("utf-8")) == want, text
             seen[want] += 1
     assert seen[True] > 50 and seen[False] > 50
-    # exactly the limit, and one more, of each kind of character
+    # exactly the limit, and one more, of each kind of character; the minimum, and one less
     for c in CHARACTERS:
         text = json.dumps(c * LIMIT, ensure_ascii=False).encode("utf-8")
         assert counter.accepts(text)
         assert not counter.accepts(json.dumps(c * (LIMIT + 1), ensure_ascii=False).encode())
+        assert counter.accepts(json.dumps(c * minimum, ensure_ascii=False).encode())
+        if minimum:
+            assert not counter.accepts(json.dumps(c * (minimum - 1), ensure_ascii=False).encode())
+    # the chain's characters are not counted: the loop counts the rest
+    assert counter.reg_limit.max() == LIMIT - minimum
+
+
+def test_counter_dfa_refuses_bounds_it_cannot_count():
+    for limit, minimum in ((0, 0), (5, 5), (5, 7), (5, -1)):
+        with pytest.raises(ValueError, match="counter_string_dfa"):
+            counter_string_dfa(limit, minimum)
 
 
 def test_a_surrogate_pair_escape_is_one_code_point_in_jsonschema():
@@ -93,22 +107,25 @@ def test_a_surrogate_pair_escape_is_one_code_point_in_jsonschema():
     assert not counter_string_dfa(LIMIT).accepts(b'"\\ud83d\\ude00"')
 
 
-def _array_pushdown(limit: int, vocabulary=BYTES_ONLY):
-    """A bottom frame `[ s (, s)* ]` of calls of a counter rule of `limit` characters."""
+def _array_pushdown(limit: int, vocabulary=BYTES_ONLY, minimum: int = 0):
+    """A bottom frame `[ s (, s)* ]` of calls of a counter rule of `minimum` to `limit`
+    characters."""
     call = rule_call(0)
     top = _rule(f"\\[(?:{call}(?:,{call})*)?\\]", 1)
-    counter = counter_string_dfa(limit)
+    counter = counter_string_dfa(limit, minimum)
     rules = [("top", *top), ("string", counter.dfa, np.zeros((counter.dfa.num_states, 1), int) - 1)]
     return build_pushdown(
         None, vocabulary, stack_depth=4, rules=rules, registers=[None, counter.registers]
     )
 
 
-def test_pushdown_step_counts_each_frame_as_jsonschema_does():
-    automaton = _array_pushdown(LIMIT)
-    assert automaton.has_register and automaton.reg_limit.max() == LIMIT
+@pytest.mark.parametrize("minimum", [0, 2])
+def test_pushdown_step_counts_each_frame_as_jsonschema_does(minimum):
+    automaton = _array_pushdown(LIMIT, SINGLE_BYTES, minimum)
+    assert automaton.has_register and automaton.reg_limit.max() == LIMIT - minimum
     assert not automaton.counts_registers  # no token need from maxLength
-    schema = {"type": "array", "items": {"type": "string", "maxLength": LIMIT}}
+    string = {"type": "string", "minLength": minimum, "maxLength": LIMIT}
+    schema = {"type": "array", "items": string}
     validator = jsonschema.Draft202012Validator(schema)
     strings = [s for s in _strings(LIMIT) if "\\u" not in json.dumps(s, ensure_ascii=False)]
     strings = strings[::7] + ["a" * LIMIT, "a" * (LIMIT + 1), "😀" * LIMIT, "\\" * (LIMIT + 1)]
@@ -121,7 +138,7 @@ def test_pushdown_step_counts_each_frame_as_jsonschema_does():
     full = json.dumps(["é" * LIMIT, "中" * LIMIT], ensure_ascii=False, separators=(",", ":"))
     assert automaton.accepts(full.encode("utf-8"))
     config = automaton.walk(b'["abc')
-    assert config is not None and config[2] == 3 and config[3] == (0,)
+    assert config is not None and config[2] == 3 - minimum and config[3] == (0,)
 
 
 @pytest.mark.parametrize("limit", [1, 3])
@@ -140,21 +157,29 @@ def test_a_token_longer_than_the_limit_is_refused_at_build_time():
         _array_pushdown(3)  # BYTES_ONLY has `null`, 4 bytes
 
 
-def test_masks_with_a_counter_equal_a_brute_force_walk():
+@pytest.mark.parametrize("minimum", [0, 2])
+def test_masks_with_a_counter_equal_a_brute_force_walk(minimum):
     # In a counter frame the register-blind bitmask row keeps only the tokens whose characters
     # (`counted`) fit in what is left of the limit; the result is exactly the tokens whose
-    # bytes the host walk reads (with the counter), after which the text can still end.
-    limit = 6
-    automaton = _array_pushdown(limit, LONG_TOKENS)
+    # bytes the host walk reads (with the counter), after which the text can still end. With
+    # a minimum, the chain before the counted loop has no `counted` row (the register is 0
+    # there): the masks from it are still exact.
+    limit = 6 + minimum
+    automaton = _array_pushdown(limit, LONG_TOKENS, minimum)
     assert automaton.counted.shape == (automaton.counter_row.max() + 1, automaton.vocab_size)
+    opened = automaton.walk(b'["')[0]  # the loop's position, or the chain's first
+    assert (automaton.counter_row[opened] >= 0) == (minimum == 0)
     completable = _completable(automaton)
     prefixes = [b"[", b'["', b'["a', b'["aaa', b'["aaaaa', b'["aaaaaa', b'["\\', b'["\\n']
     prefixes += [b'["\xc3', b'["\xc3\xa9\xc3\xa9', b'["aaaaaa","', b'["aaaaaa","a', b'["a"']
     prefixes += ['["é中😀a'.encode(), '["é中😀aa'.encode(), b'["\\n\\t\\n\\t"]']
     refused = 0
+    prefixes += [b'["aaaaaaaa', b'["aaaaaaaa","a']
     for prefix in prefixes:
         config = automaton.walk(prefix)
-        assert config is not None, prefix
+        if config is None:  # a string shorter than the minimum closed, or one past the limit
+            assert minimum or prefix.count(b"a") > limit, prefix
+            continue
         want = np.zeros(automaton.vocab_size, bool)
         for t, data in enumerate(LONG_TOKENS.token_bytes):
             if data:
@@ -298,23 +323,29 @@ def test_a_long_plain_string_compiles_as_a_counter_rule(tokenizer, vocabulary):
         automaton, said = _compiled(schema, vocabulary)
         assert isinstance(automaton, PushdownAutomaton) and automaton.has_register, said
         assert not said
-        validator = jsonschema.Draft202012Validator(schema)
-        seen = {True: 0, False: 0}
         # (few documents: the host's `allowed` over SmolLM2's vocabulary is slow)
-        for n in (0, COUNTED, COUNTED + 1) if schema is string else (COUNTED, COUNTED + 1):
-            for value in _values(n)[:: 1 if schema is string else 2]:
-                document = (
-                    value
-                    if schema is string
-                    else {"id": 7, "text": value, "tag": "ab", "more": ["x", value]}
-                )
-                valid = validator.is_valid(document)
-                assert valid == (n <= COUNTED)
-                text = json.dumps(document, ensure_ascii=False, separators=(",", ":"))
-                ids = tokenizer.encode(text, add_special_tokens=False)
-                assert (refused_at(automaton, ids, eos) is None) == valid, (n, text[:40])
-                seen[valid] += 1
-        assert seen[True] and seen[False]
+        documents = [
+            value
+            if schema is string
+            else {"id": 7, "text": value, "tag": "ab", "more": ["x", value]}
+            for n in ((0, COUNTED, COUNTED + 1) if schema is string else (COUNTED, COUNTED + 1))
+            for value in _values(n)[:: 1 if schema is string else 2]
+        ]
+        _tokens_decide_as_jsonschema(automaton, schema, documents, tokenizer, eos)
+
+
+def _tokens_decide_as_jsonschema(automaton, schema, documents, tokenizer, eos: int):
+    """Each document's own tokens, then EOS, pass `automaton`'s masks exactly when `jsonschema`
+    says it is valid; both kinds among them."""
+    validator = jsonschema.Draft202012Validator(schema)
+    seen = {True: 0, False: 0}
+    for document in documents:
+        valid = validator.is_valid(document)
+        text = json.dumps(document, ensure_ascii=False, separators=(",", ":"))
+        ids = tokenizer.encode(text, add_special_tokens=False)
+        assert (refused_at(automaton, ids, eos) is None) == valid, text[:40]
+        seen[valid] += 1
+    assert seen[True] and seen[False]
 
 
 @pytest.mark.usefixtures("_counter_budgets")
@@ -338,9 +369,24 @@ def test_a_counter_rule_is_never_spliced(vocabulary):
 
 
 @pytest.mark.usefixtures("_counter_budgets")
-def test_a_long_string_with_a_min_length_is_still_refused(vocabulary):
+def test_a_long_string_with_a_min_length_is_a_counter_rule_after_a_chain(tokenizer, vocabulary):
+    # `minLength` up to `COUNTER_MIN_LENGTH`: the first characters are a chain of states,
+    # then the counted loop; tokens of the string's own tokenization pass exactly when
+    # jsonschema says the document is valid
     schema = {"type": "string", "minLength": 2, "maxLength": COUNTED}
-    with pytest.raises(UnsupportedSchemaError, match="needs an automaton of about") as info:
+    automaton, said = _compiled(schema, vocabulary)
+    assert isinstance(automaton, PushdownAutomaton) and automaton.has_register, said
+    assert int(automaton.reg_limit.max()) == COUNTED - 2
+    documents = [value for n in (0, 1, 2, COUNTED, COUNTED + 1) for value in _values(n)[::2]]
+    eos = vocabulary.eos_token_id[0]
+    _tokens_decide_as_jsonschema(automaton, schema, documents, tokenizer, eos)
+
+
+@pytest.mark.usefixtures("_counter_budgets")
+def test_a_long_string_with_a_larger_min_length_is_still_refused(vocabulary):
+    minimum = budgets.COUNTER_MIN_LENGTH + 1
+    schema = {"type": "string", "minLength": minimum, "maxLength": COUNTED}
+    with pytest.raises(UnsupportedSchemaError, match="a `minLength` of at most") as info:
         json_schema_compile(schema, vocabulary, cache=False)
     assert info.value.keyword == "maxLength"
 

@@ -299,7 +299,7 @@ def test_long_plain_string_is_a_counted_automaton_as_exact_as_the_regex():
 def test_plain_string_over_the_counter_limit_is_a_counter_rule(monkeypatch):
     # over `MAX_STRING_STATES` a plain string is a counter rule (issue 55: a register counts
     # its characters, `counter_strings`; with `COUNTER_STRINGS` off: refused); with a
-    # `minLength` too it is refused or dropped
+    # `minLength` of at most `COUNTER_MIN_LENGTH` too, and over it it is refused or dropped
     schema = {"type": "string", "maxLength": 8192}
     automaton = js.json_schema_compile(schema, BYTES, cache=False)
     assert isinstance(automaton, PushdownAutomaton) and automaton.has_register
@@ -310,6 +310,12 @@ def test_plain_string_over_the_counter_limit_is_a_counter_rule(monkeypatch):
         js.json_schema_compile(schema, BYTES, cache=False)
     monkeypatch.setattr(budgets, "COUNTER_STRINGS", True)
     schema = {"type": "string", "minLength": 1, "maxLength": 8192}
+    automaton = js.json_schema_compile(schema, BYTES, cache=False)
+    assert automaton.has_register and not _accepts(automaton, '""')
+    assert _accepts(automaton, json.dumps("x" * 8192)) and not _accepts(
+        automaton, '"' + "x" * 8193 + '"'
+    )
+    schema = {"type": "string", "minLength": budgets.COUNTER_MIN_LENGTH + 1, "maxLength": 8192}
     with pytest.raises(UnsupportedSchemaError, match="states") as info:
         js.json_schema_compile(schema, BYTES, cache=False)
     assert info.value.keyword == "maxLength"

@@ -53,11 +53,13 @@ maxLength 300 63,212; refused with the sizes: the same with maxLength 400, a rep
 characters. A plain string (no `pattern` or `format`) with a bound over `COUNTED_STRING_MIN`
 (256) characters takes the same path in `json_schema_compile` (12 states per character: cheaper
 than outlines-core's counted repeat, whose DFA takes 30 s for maxLength 5,000); over
-`MAX_STRING_STATES` states (maxLength 5,333) with `maxLength` alone it is a
+`MAX_STRING_STATES` states (maxLength 5,333) with a `maxLength` it is a
 *counter rule* of the grammar form (`counter_strings`: a per-frame register counts its characters, run by
 `RegisterPushdownConstraint`; never spliced into a token automaton nor a regex), MaskBench's
-larger bounds (8,192; 32,767: 75 schemas; 65,535: 46); with a `minLength` too it is refused at
-once, as it is where the grammar form cannot be built (the string called where another string
+larger bounds (8,192; 32,767: 75 schemas; 65,535: 46), with a `minLength` of at most
+`budgets.COUNTER_MIN_LENGTH` (64) as a chain of states before the counted loop; with a larger
+`minLength`, or a `minLength` alone, it is refused at once, as it is where the grammar form
+cannot be built (the string called where another string
 may start: an `anyOf` of it and an enum).
 
 Keywords: unknown keywords are annotations and are ignored (JSON Schema 2020-12 core §4.3.1,

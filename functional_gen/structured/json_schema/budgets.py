@@ -134,6 +134,15 @@ rewrite, which wrote such a string as a regex repeat (MaskBench o9784: 220 s in 
 refused in 2.5 s: its 1,000 24-digit ids are 28,003 positions)."""
 
 
+# Bounds the `minLength` of a counter rule's string (characters); MaskBench: 0 (45 schemas), 1 (18), 4 (7), 50 (9), 500 (1).
+COUNTER_MIN_LENGTH = 64
+"""Most `minLength` beside a `maxLength` that makes a plain string a counter rule
+(`counter_strings.counter_string_dfa(limit, minimum)`): its first `minimum` characters are a
+chain of about 12 states each in the rule, not counted by the register (and no row of
+`PushdownAutomaton.counted`); over it the string is refused, as without `COUNTER_STRINGS`.
+Measured: minLength 50 is a 503-state rule."""
+
+
 # Sets the length bound from which a plain string is an automaton; measured: maxLength 2,000 4.0 -> 1.6 s, 5,000 30 -> 5.3 s (fafeaa7).
 COUNTED_STRING_MIN = 256
 """A plain string (no `pattern` or `format`) whose `minLength` or `maxLength` is larger is

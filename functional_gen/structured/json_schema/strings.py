@@ -119,15 +119,26 @@ def rewrite_string(rewriter: "Rewriter", node: dict, path: str):
     if rewriter.counted_strings and max(lengths.values(), default=0) > budgets.COUNTED_STRING_MIN:
         keyword = "maxLength" if "maxLength" in lengths else "minLength"
         states = budgets.PLAIN_STRING_STATES * max(lengths.values())
-        counter = budgets.COUNTER_STRINGS and set(lengths) == {"maxLength"}
+        minimum = lengths.get("minLength", 0)
+        counter = (
+            budgets.COUNTER_STRINGS
+            and "maxLength" in lengths
+            and minimum <= budgets.COUNTER_MIN_LENGTH
+        )
         if states > budgets.MAX_STRING_STATES and counter:
-            return counter_terminal(rewriter, lengths["maxLength"], path)
+            return counter_terminal(rewriter, lengths["maxLength"], path, minimum)
         if states > budgets.MAX_STRING_STATES:  # refused before building it
+            counted = (
+                f"; a counter rule takes a `maxLength` with a `minLength` of at most "
+                f"{budgets.COUNTER_MIN_LENGTH}"
+                if budgets.COUNTER_STRINGS
+                else ""
+            )
             rewriter.refuse(
                 keyword,
                 path,
                 f"a string of {lengths} needs an automaton of about {states:,} states (the "
-                f"limit is {budgets.MAX_STRING_STATES:,})",
+                f"limit is {budgets.MAX_STRING_STATES:,}){counted}",
             )
             return {"type": "string"}
         terminal = bounded_string(rewriter, ANY_STRING, lengths, path, keyword)
@@ -187,15 +198,15 @@ def dfa_terminal(
     return marker
 
 
-def counter_terminal(rewriter: "Rewriter", limit: int, path: str) -> dict:
-    """A marker for a plain string of at most `limit` characters too long for a counted
+def counter_terminal(rewriter: "Rewriter", limit: int, path: str, minimum: int = 0) -> dict:
+    """A marker for a plain string of `minimum` to `limit` characters too long for a counted
     automaton: a *counter rule* (`counter_strings.counter_string_dfa`, its quoted DFA in
     `Rewriter.dfa_texts` and its register actions in `Rewriter.counter_texts`), which only the
     grammar form calls (`rule_automata.rule_automaton`); the token-DFA form refuses to splice
     it (`regex_form.spliced_dfa`)."""
-    counter = counter_string_dfa(limit)
+    counter = counter_string_dfa(limit, minimum)
     marker = dfa_terminal(
-        rewriter, counter.dfa, f"counter\0{limit}", path, "maxLength", quoted=True
+        rewriter, counter.dfa, f"counter\0{limit}\0{minimum}", path, "maxLength", quoted=True
     )
     rewriter.counter_texts[rewriter.dfa_terminals[marker["const"]][0]] = counter
     return marker

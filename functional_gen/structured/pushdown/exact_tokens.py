@@ -74,7 +74,8 @@ def register_token_tables(
 def counter_tables(tables: dict, nxt, push, position_rule, byte_class, vocabulary) -> dict:
     """`counter_row`, `counter_limit`, `counted` of `PushdownAutomaton` for the counter rules
     (rules with a `reg_limit`, `json_schema.counter_strings`; `{}` without one): per position of
-    such a rule its row (`-1` elsewhere), per row its rule's limit, and per row and token the
+    such a rule where the register may be over 0 (`_counted_positions`) its row (`-1`
+    elsewhere), per row its rule's limit, and per row and token the
     characters the token writes from that position before it leaves the rule (its bytes read
     by the rule itself, no call nor return; `Int16`). A token that enters a counter rule from
     outside writes fewer characters than its bytes, so none exceeds the limit when no token is
@@ -83,8 +84,7 @@ def counter_tables(tables: dict, nxt, push, position_rule, byte_class, vocabular
     if not (limit > 0).any():
         return {}
     rules = np.unique(position_rule[np.flatnonzero((limit > 0).any(axis=1))])
-    positions = np.flatnonzero(np.isin(position_rule, rules))
-    positions = positions[positions > 0]
+    positions = _counted_positions(limit, nxt, push, position_rule)
     row_of = np.full(nxt.shape[0], -1, np.int32)
     row_of[positions] = np.arange(positions.size)
     rule_limit = {int(r): int(limit[position_rule == r].max()) for r in rules}
@@ -108,6 +108,26 @@ def counter_tables(tables: dict, nxt, push, position_rule, byte_class, vocabular
             counted[row] += alive & (limit[pos, c] > 0)
             pos = np.where(alive, target, pos)
     return {"counter_row": row_of, "counter_limit": counter_limit, "counted": counted}
+
+
+def _counted_positions(limit, nxt, push, position_rule) -> np.ndarray:
+    """The positions of counter rules where the register may be over 0 (ascending): those with
+    a counting transition and every position their rule reaches after one (its bytes, no call
+    nor return). Before the first counted character (the opening `"`, a `minLength` chain of
+    `counter_string_dfa`) the register is 0, and a token writes fewer characters than the
+    limit (`counter_tables` checks that), so those positions need no row."""
+    seen = np.zeros(nxt.shape[0], bool)
+    sources, classes = np.nonzero(limit > 0)
+    frontier = np.unique(np.concatenate([sources, nxt[sources, classes]]))
+    while frontier.size:
+        frontier = frontier[(frontier > 0) & ~seen[frontier]]
+        seen[frontier] = True
+        rule = position_rule[frontier][:, None]
+        after = nxt[frontier]
+        inside = (after > 0) & (push[frontier, :, 0] == 0)
+        inside &= position_rule[np.maximum(after, 0)] == rule
+        frontier = np.unique(after[inside])
+    return np.flatnonzero(seen)
 
 
 _REACH_CHUNK = 1024
