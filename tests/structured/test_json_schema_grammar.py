@@ -1170,13 +1170,14 @@ def test_a_large_item_count_calls_the_item_once_per_copy():
 
 
 def test_equal_string_automata_are_quoted_once(monkeypatch):
-    # o39210 has 398 strings of three length bounds; quoting each again took 8.6 s
+    # o39210 has 398 strings of three length bounds; quoting each again took 8.6 s. A
+    # `minLength` over `COUNTER_MIN_LENGTH` keeps them spliced automata, not counter rules.
     quoted, original = [], js.strings._quoted
     monkeypatch.setattr(js.strings, "_quoted", lambda body: quoted.append(body) or original(body))
     schema = {
         "type": "object",
         "properties": {
-            name: {"type": "string", "minLength": 1, "maxLength": 512} for name in "abc"
+            name: {"type": "string", "minLength": 100, "maxLength": 512} for name in "abc"
         },
     }
     rewriter, _ = js.rewriter.rewrite(
@@ -1185,7 +1186,14 @@ def test_equal_string_automata_are_quoted_once(monkeypatch):
     assert len(quoted) == 1 and len(rewriter.dfa_texts) == 1
     automaton = js.json_schema_compile(schema, BYTES, cache=False)
     validator = jsonschema.Draft202012Validator(schema)
-    for document in ({"a": "x", "c": "y" * 512}, {"b": ""}, {"a": "é" * 513}, {"c": "é" * 512}):
+    documents = (
+        {"a": "x" * 100, "c": "y" * 512},
+        {"b": "é" * 100},
+        {"b": "é" * 99},
+        {"a": "é" * 513},
+        {"c": "é" * 512},
+    )
+    for document in documents:
         text = json.dumps(document, ensure_ascii=False).encode()
         assert automaton.accepts(text) == validator.is_valid(document), document
 
@@ -1279,12 +1287,13 @@ def test_an_anyOf_branch_of_a_whole_type_absorbs_the_others_of_that_type():
 
 BIO = {
     "type": "object",
-    "properties": {"bio": {"type": "string", "maxLength": 300}, "extra": {}},
+    "properties": {"bio": {"type": "string", "minLength": 100, "maxLength": 300}, "extra": {}},
     "required": ["bio"],
     "additionalProperties": False,
 }
-"""A counted string given as an automaton (over `COUNTED_STRING_MIN` characters) beside a
-free-form value: the grammar form calls both."""
+"""A counted string given as an automaton (over `COUNTED_STRING_MIN` characters; its `minLength`
+over `COUNTER_MIN_LENGTH`, so not a counter rule) beside a free-form value: the grammar form calls
+both."""
 
 
 def test_a_string_automaton_over_the_positions_limit_skips_every_grammar_form(monkeypatch):
@@ -1313,7 +1322,7 @@ def test_a_string_automaton_over_the_positions_limit_skips_every_grammar_form(mo
     assert not built
     assert not isinstance(automaton, PushdownAutomaton)
     validator = jsonschema.Draft202012Validator(BIO)
-    for bio in ("", "é" * 150 + "a" * 150, "\\n" * 300, "a" * 301, "é" * 301):
+    for bio in ("", "a" * 99, "é" * 150 + "a" * 150, "\\n" * 300, "a" * 301, "é" * 301):
         for extra in ([], {"a": 1, "b": None}, "x"):  # depth 1: the fallback's nesting
             document = {"bio": json.loads(f'"{bio}"'), "extra": extra}
             text = json.dumps(document, separators=(",", ":"), ensure_ascii=False).encode()

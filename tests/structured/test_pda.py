@@ -487,13 +487,14 @@ def test_json_schema_processor_runs_the_pushdown_automaton(tokenizer):
 
 
 def test_pushdown_too_large_falls_back_to_the_nested_free_value(vocabulary):
-    # A 1,000-character string is a spliced automaton of about 12,000 states: beside a free-form
-    # value that needs the grammar form, whose positions are limited to 10,000. The schema then
-    # compiles with free values nested 2 levels, as `free_form_depth=2` does (MaskBench o82710
-    # and o6237 failed instead; until 2026-11-25 the fallback nested them 1 level).
+    # A 1,000-character string is a spliced automaton of about 12,000 states (its `minLength`
+    # over `COUNTER_MIN_LENGTH`: not a counter rule): beside a free-form value that needs the
+    # grammar form, whose positions are limited to 10,000. The schema then compiles with free
+    # values nested 2 levels, as `free_form_depth=2` does (MaskBench o82710 and o6237 failed
+    # instead; until 2026-11-25 the fallback nested them 1 level).
     schema = {
         "type": "object",
-        "properties": {"text": {"type": "string", "maxLength": 1000}},
+        "properties": {"text": {"type": "string", "minLength": 100, "maxLength": 1000}},
         "additionalProperties": True,
     }
     with pytest.warns(

@@ -50,17 +50,20 @@ interface (`json_schema_regex`, `JsonSchema` with one schema per row) refuses it
 `^[a-zA-Z0-9\\-]+(\\s[a-zA-Z0-9\\-]+)*$` with maxLength 64 is 437 states, `format: email` with
 maxLength 1,024 is 18,309 (the schema compiles in about 6 s), a `{0,29}`-word pattern with
 maxLength 300 63,212; refused with the sizes: the same with maxLength 400, a repeat to 32,745
-characters. A plain string (no `pattern` or `format`) with a bound over `COUNTED_STRING_MIN`
-(256) characters takes the same path in `json_schema_compile` (12 states per character: cheaper
-than outlines-core's counted repeat, whose DFA takes 30 s for maxLength 5,000); over
-`MAX_STRING_STATES` states (maxLength 5,333) with a `maxLength` it is a
-*counter rule* of the grammar form (`counter_strings`: a per-frame register counts its characters, run by
-`RegisterPushdownConstraint`; never spliced into a token automaton nor a regex), MaskBench's
-larger bounds (8,192; 32,767: 75 schemas; 65,535: 46), with a `minLength` of at most
-`budgets.COUNTER_MIN_LENGTH` (64) as a chain of states before the counted loop; with a larger
-`minLength`, or a `minLength` alone, it is refused at once, as it is where the grammar form
-cannot be built (the string called where another string
-may start: an `anyOf` of it and an enum).
+characters. A plain string (no `pattern` or `format`) with a `maxLength` over `COUNTED_STRING_MIN`
+(256) characters and a `minLength` of at most `budgets.COUNTER_MIN_LENGTH` (64) is a *counter
+rule* of the grammar form in `json_schema_compile` (`counter_strings`: a per-frame register
+counts its characters, run by `RegisterPushdownConstraint`; a `minLength` is a chain of states
+before the counted loop; never spliced into a token automaton nor a regex): MaskBench's bounds
+of 300-2,000 (which spliced automata of 12 states per character made 30,000-66,000-state token
+automata) and the larger ones (8,192; 32,767: 75 schemas; 65,535: 46). It is refused where the
+grammar form cannot call it (called where another string may start: an `anyOf` of it and an
+enum), and, with a `ValueError` from `build_pushdown`, where a token of the vocabulary is longer
+than `maxLength - minLength` bytes (a token entering the string could pass the limit unseen;
+SmolLM2's longest is 81 bytes, Gemma 3's 48). Any other plain string with a bound over
+`COUNTED_STRING_MIN` takes the path of the strings above (12 states per character: cheaper than
+outlines-core's counted repeat, whose DFA takes 30 s for maxLength 5,000), refused at once over
+`MAX_STRING_STATES` states (a `minLength` alone, or over 64 beside a `maxLength` over 5,333).
 
 Keywords: unknown keywords are annotations and are ignored (JSON Schema 2020-12 core §4.3.1,
 as every validator does: `id`, `_format`, `javaName`, ...), and so is a `format` that JSON

@@ -124,11 +124,16 @@ own (`Rewriter.repeat_weight`): strings of the same bounds become one rule of th
 when they are used in several places, and their counted repeats count in the choice of that
 form."""
 
-# Turns on the counter rules of long plain strings (issue 55); measured: MaskBench o6176, o9862 compile (2.8 s), o9784 refused in 2.5 s.
+# Turns on the counter rules of long plain strings (issue 55); measured: MaskBench o6176, o9862 compile (2.8 s), o9784 refused in 2.5 s, o69969 4.8 -> 2.6 s.
 COUNTER_STRINGS = True
-"""Whether a plain string whose `maxLength` is over what `MAX_STRING_STATES` allows compiles as a
-counter rule of the grammar form (`counter_strings`: a per-frame register counts its
-characters) instead of being refused (`False`: refused, as before 2026-12-03). On since the
+"""Whether a plain string whose `maxLength` is over `COUNTED_STRING_MIN` (with a `minLength` of
+at most `COUNTER_MIN_LENGTH`) compiles as a counter rule of the grammar form (`counter_strings`:
+a per-frame register counts its characters) instead of a spliced automaton of 12 states per
+character, refused over what `MAX_STRING_STATES` allows (`False`: as before 2026-12-03). Counter
+rules for every such string, not only those over `MAX_STRING_STATES`, since 2026-12-04
+(MaskBench: o69969's 55,314-state token automaton became a 3,335-position grammar, 4.8 -> 2.6 s;
+o54613's valid documents in another member order, 2/4 -> 4/4 accepted; Snowplow sp_2 and sp_7
+(4,096 characters) compile instead of being refused). On since the
 grammar form's fallback (`nest_instead`) no longer retries the call form from an uncounted
 rewrite, which wrote such a string as a regex repeat (MaskBench o9784: 220 s in `minimize`, now
 refused in 2.5 s: its 1,000 24-digit ids are 28,003 positions)."""
@@ -139,14 +144,16 @@ COUNTER_MIN_LENGTH = 64
 """Most `minLength` beside a `maxLength` that makes a plain string a counter rule
 (`counter_strings.counter_string_dfa(limit, minimum)`): its first `minimum` characters are a
 chain of about 12 states each in the rule, not counted by the register (and no row of
-`PushdownAutomaton.counted`); over it the string is refused, as without `COUNTER_STRINGS`.
+`PushdownAutomaton.counted`); over it the string is a spliced automaton, as without
+`COUNTER_STRINGS` (refused over `MAX_STRING_STATES`).
 Measured: minLength 50 is a 503-state rule."""
 
 
 # Sets the length bound from which a plain string is an automaton; measured: maxLength 2,000 4.0 -> 1.6 s, 5,000 30 -> 5.3 s (fafeaa7).
 COUNTED_STRING_MIN = 256
-"""A plain string (no `pattern` or `format`) whose `minLength` or `maxLength` is larger is
-compiled by `json_schema_compile` as a string automaton (`patterns.length_bounded_dfa`, spliced),
+"""A plain string (no `pattern` or `format`) whose `maxLength` is larger is a counter rule
+(`COUNTER_STRINGS`, with a `minLength` up to `COUNTER_MIN_LENGTH`); otherwise, with a larger
+`minLength` or `maxLength`, it is compiled by `json_schema_compile` as a string automaton (`patterns.length_bounded_dfa`, spliced),
 not as outlines-core's counted repeat `"[^"...]{0,N}"`, whose regex -> DFA and minimisation
 grow quadratically (a schema with one such string, maxLength 2,000: 4.0 s; 5,000: 30 s; as an
 automaton 0.6 and 3.5 s)."""

@@ -1,7 +1,9 @@
 """Plain JSON strings with a large `maxLength` by a per-frame *counter register* (issue 55).
 A byte DFA needs about `budgets.PLAIN_STRING_STATES` (12) states per character of
 `maxLength`, so a plain string over `budgets.MAX_STRING_STATES / 12` (about 5,333) characters
-cannot be a counted automaton. Instead (`strings.counter_terminal`), such a string becomes its
+cannot be a counted automaton, and one of a few hundred is a spliced automaton of tens of
+thousands of states. Instead (`strings.counter_terminal`), a plain string with a `maxLength`
+over `budgets.COUNTED_STRING_MIN` (256) becomes its
 own grammar-form rule, a *counter rule*: `"`, `formats.ANY_STRING`'s body looping, `"`, whose
 frame's register counts the characters written, and a byte that starts a character past the
 limit `N` is refused.
@@ -37,17 +39,18 @@ regex spells the pair as one alternative.
    token `t` writes before it leaves the string; `counter_row[pos]` -1 outside), and
    `PushdownAutomaton.allowed` ANDs `counted[row, t] <= reg_limit_of_rule - register` into the
    register-blind bitmask row where the current frame is a counter frame (tokens that enter a
-   string from outside write at most ~16 characters, fewer than N >= 5,333: no check needed).
+   string from outside write fewer characters than their bytes, fewer than N: no check needed).
    The candidate / best / one-byte tokens are walked exactly by `step`, so they already count.
    `build_pushdown` refuses a limit under the longest token (`ValueError`): a token entering
-   the string from outside is then never checked (JSON Schema's limits are >= 5,333).
+   the string from outside is then never checked (N is at least 257 - 64 = 193; SmolLM2's
+   longest token is 81 bytes, Gemma 3's 48).
 5. DONE (tested on CPU JAX, not on a GPU) the device: `RegisterWalk` reads `reg_limit` (`register + 1`, `DEAD` past it),
    `RegisterPushdownConstraint._counter_fits` (a hook of `PushdownConstraint._allowed`, ANDed
    into the bitmask row) is the `counted` compare (one gather of a `[vocab]` int16 row and one
    compare per step); tests: device walk == host walk, masks == `allowed`.
-6. DONE the JSON Schema side: `strings.rewrite_string` calls `strings.counter_terminal` over
-   `MAX_STRING_STATES` for a plain string with a `maxLength` (no `pattern` nor `format`:
-   those are refused as before) and a `minLength` of at most `budgets.COUNTER_MIN_LENGTH`:
+6. DONE the JSON Schema side: `strings.rewrite_string` calls `strings.counter_terminal` for
+   a plain string with a `maxLength` over `COUNTED_STRING_MIN` (no `pattern` nor `format`:
+   those are spliced automata, refused over `MAX_STRING_STATES`, as before) and a `minLength` of at most `budgets.COUNTER_MIN_LENGTH`:
    a `dfa_terminal` placeholder whose quoted DFA is `counter_string_dfa(limit, minimum).dfa`
    (`Rewriter.dfa_texts`) and whose `CounterDFA` is in
    `Rewriter.counter_texts`. `rule_plan._dfa_rule` makes it a rule (never inlined; its call
@@ -70,11 +73,12 @@ regex spells the pair as one alternative.
   uncounted rewrite (`compiling.json_schema_compile`), where the string is a `{0,32767}` regex
   repeat: 220 s in `minimize`. The fallback no longer retries the call form
   (`_call_form_failed`): refused in 2.5 s (`budgets.COUNTER_STRINGS` on since).
-- Snowplow sp_2_Normalized is refused as
-  before: its 4,096-character string is under `MAX_STRING_STATES` (a 49,155-state automaton),
-  so it is no counter rule, and over the grammar form's positions; making strings over
-  `MAX_POSITIONS_BEFORE_TAILS / 12` counters too would lose the token-DFA form's splice of
-  them (MaskBench o1052's 5,000 characters compile that way), not done.
+- FIXED Snowplow sp_2_Normalized was refused: its 4,096-character string was under
+  `MAX_STRING_STATES` (a 49,155-state spliced automaton), so no counter rule, and over the
+  grammar form's positions. Since 2026-12-04 every plain string with a `maxLength` over
+  `COUNTED_STRING_MIN` is a counter rule: sp_2 and sp_7 compile (1,217 and 2,080 positions, 5-6
+  s), MaskBench o69969 4.8 -> 2.6 s, o54613's valid documents in another member order accepted
+  (the grammar form reads its object in any order; the spliced token automaton fixed one).
 
 - `processor.py` needs no change: `has_register` is true for a counter rule (its `reg_set`
   table exists), so `RegisterPushdownConstraint` runs it; the state keeps its five leaves

@@ -125,7 +125,7 @@ def rewrite_string(rewriter: "Rewriter", node: dict, path: str):
             and "maxLength" in lengths
             and minimum <= budgets.COUNTER_MIN_LENGTH
         )
-        if states > budgets.MAX_STRING_STATES and counter:
+        if counter:  # never spliced: a counter rule is a few hundred states at most
             return counter_terminal(rewriter, lengths["maxLength"], path, minimum)
         if states > budgets.MAX_STRING_STATES:  # refused before building it
             counted = (
