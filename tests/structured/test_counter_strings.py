@@ -30,7 +30,7 @@ from functional_gen.structured.pushdown import PushdownAutomaton, build_pushdown
 from functional_gen.structured.pushdown.register_walk import RegisterPushdownConstraint
 from functional_gen.structured.vocabulary import TokenVocabulary
 
-from .maskbench import refused_at
+from .maskbench import refused_at, tokens_pass
 from .test_pda import BYTES_ONLY, _completable
 
 LIMIT = 5
@@ -423,3 +423,31 @@ def test_the_fallback_never_writes_a_counter_rule_as_a_repeat(monkeypatch):
     ):
         json_schema_compile(schema, BYTES_ONLY, cache=False)
     assert built and not [regex for regex in built if f",{COUNTED}}}" in regex]
+
+
+@pytest.mark.usefixtures("_counter_budgets")
+def test_a_token_longer_than_the_count_keeps_the_counted_byte_automaton(monkeypatch):
+    # A counter never checks a token that enters the string from outside, so where the
+    # vocabulary has a token longer than `maxLength - minLength` bytes the string is the
+    # counted byte automaton instead (before: `build_pushdown`'s ValueError)
+    long_token = b"a" * (COUNTED + 20)
+    vocabulary = TokenVocabulary(
+        tuple(bytes([b]) for b in range(256)) + (long_token, b'"' + long_token, None),
+        (258,),
+        "bytes-and-a-long-token",
+    )
+    schema = {"type": "string", "maxLength": COUNTED}
+    with pytest.raises(UnsupportedSchemaError, match=rf"longest token \({COUNTED + 21} bytes\)"):
+        json_schema_compile(schema, vocabulary, cache=False)  # over the lowered state limit
+    monkeypatch.setattr(budgets, "MAX_STRING_STATES", 64_000)
+    automaton, said = _compiled(schema, vocabulary)
+    assert not getattr(automaton, "has_register", False), said
+    validator = jsonschema.Draft202012Validator(schema)
+    for n in (0, COUNTED, COUNTED + 1, COUNTED + 21):
+        text = json.dumps("a" * n).encode()
+        assert tokens_pass(automaton, list(text), 258) == validator.is_valid("a" * n), n
+    # the long tokens: one that fits is not refused for entering the string, then too long
+    assert tokens_pass(automaton, [ord('"'), 256, ord('"')], 258) is False  # 120 characters
+    assert refused_at(automaton, [257], 258) == 0
+    # with tokens no longer than the count, the same string is a counter rule
+    assert _compiled(schema, BYTES_ONLY)[0].has_register

@@ -58,9 +58,9 @@ before the counted loop; never spliced into a token automaton nor a regex): Mask
 of 300-2,000 (which spliced automata of 12 states per character made 30,000-66,000-state token
 automata) and the larger ones (8,192; 32,767: 75 schemas; 65,535: 46). It is refused where the
 grammar form cannot call it (called where another string may start: an `anyOf` of it and an
-enum), and, with a `ValueError` from `build_pushdown`, where a token of the vocabulary is longer
-than `maxLength - minLength` bytes (a token entering the string could pass the limit unseen;
-SmolLM2's longest is 81 bytes, Gemma 3's 48). Any other plain string with a bound over
+enum). Where a token of the vocabulary is longer than `maxLength - minLength` bytes, the string
+is no counter rule (a token entering the string would pass the limit unseen; SmolLM2's longest
+is 81 bytes, Gemma 3's 48: `counter_strings.LONGEST_TOKEN`). Any other plain string with a bound over
 `COUNTED_STRING_MIN` takes the path of the strings above (12 states per character: cheaper than
 outlines-core's counted repeat, whose DFA takes 30 s for maxLength 5,000), refused at once over
 `MAX_STRING_STATES` states (a `minLength` alone, or over 64 beside a `maxLength` over 5,333).

@@ -43,7 +43,8 @@ regex spells the pair as one alternative.
    The candidate / best / one-byte tokens are walked exactly by `step`, so they already count.
    `build_pushdown` refuses a limit under the longest token (`ValueError`): a token entering
    the string from outside is then never checked (N is at least 257 - 64 = 193; SmolLM2's
-   longest token is 81 bytes, Gemma 3's 48).
+   longest token is 81 bytes, Gemma 3's 48; a string whose N is under the vocabulary's longest
+   token is no counter rule: `LONGEST_TOKEN`).
 5. DONE (tested on CPU JAX, not on a GPU) the device: `RegisterWalk` reads `reg_limit` (`register + 1`, `DEAD` past it),
    `RegisterPushdownConstraint._counter_fits` (a hook of `PushdownConstraint._allowed`, ANDed
    into the bitmask row) is the `counted` compare (one gather of a `[vocab]` int16 row and one
@@ -110,13 +111,45 @@ regex spells the pair as one alternative.
   loop and its multi-byte states), not to the chain's.
 """
 
+import contextlib
+import contextvars
 import dataclasses
+import functools
 
 import numpy as np
 from jaxtyping import Bool, Int, UInt32
 
 from ..byte_dfa import REJECT, ByteDFA, minimize, regex_byte_dfa
 from ..formats import ANY_STRING
+
+LONGEST_TOKEN: contextvars.ContextVar[int] = contextvars.ContextVar("longest_token", default=0)
+"""Bytes of the longest token of the vocabulary a schema is being compiled for (set by
+`counting_for`; 0 outside a compile, as `json_schema_regex` has no vocabulary). A plain string
+is a counter rule only where `maxLength - minLength` is at least this: a token entering the
+string from outside is never checked against the counter (`pushdown.exact_tokens.counter_tables`
+refuses a shorter limit), so such a string keeps the counted byte automaton."""
+
+
+@contextlib.contextmanager
+def counting_for(vocabulary):
+    """`LONGEST_TOKEN` set to `vocabulary`'s longest token (bytes) inside the `with` block."""
+    reset = LONGEST_TOKEN.set(int(vocabulary.token_length.max(initial=0)))
+    try:
+        yield
+    finally:
+        LONGEST_TOKEN.reset(reset)
+
+
+def compiles_for_vocabulary(compile_function):
+    """`compile_function(schema, vocabulary, ...)` run inside `counting_for(vocabulary)`: the
+    schema compilers that take a vocabulary (`json_schema_compile`, `json_schema_grammar`)."""
+
+    @functools.wraps(compile_function)
+    def compiling(schema, vocabulary, *args, **kwargs):
+        with counting_for(vocabulary):
+            return compile_function(schema, vocabulary, *args, **kwargs)
+
+    return compiling
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

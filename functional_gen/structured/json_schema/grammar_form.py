@@ -16,6 +16,7 @@ from ..pushdown import DEFAULT_STACK_DEPTH, NotDeterministic, PushdownAutomaton,
 from ..regex_syntax import escape
 from ..vocabulary import TokenVocabulary
 from . import budgets
+from .counter_strings import compiles_for_vocabulary
 from .errors import (
     TooManyPositions,
     describe,
@@ -213,6 +214,7 @@ def _extract_tail(automata: list, rules: int, free_value: bool, states, owner, o
     return new, int(callee == rules)
 
 
+@compiles_for_vocabulary
 def json_schema_grammar(
     schema,
     vocabulary: TokenVocabulary,

@@ -26,7 +26,7 @@ from ..patterns import (
     length_bounded_dfa,
 )
 from . import budgets
-from .counter_strings import counter_string_dfa
+from .counter_strings import LONGEST_TOKEN, counter_string_dfa
 from .errors import (
     UnsupportedSchemaError,
 )
@@ -124,13 +124,15 @@ def rewrite_string(rewriter: "Rewriter", node: dict, path: str):
             budgets.COUNTER_STRINGS
             and "maxLength" in lengths
             and minimum <= budgets.COUNTER_MIN_LENGTH
+            and lengths["maxLength"] - minimum >= LONGEST_TOKEN.get()
         )
         if counter:  # never spliced: a counter rule is a few hundred states at most
             return counter_terminal(rewriter, lengths["maxLength"], path, minimum)
         if states > budgets.MAX_STRING_STATES:  # refused before building it
             counted = (
                 f"; a counter rule takes a `maxLength` with a `minLength` of at most "
-                f"{budgets.COUNTER_MIN_LENGTH}"
+                f"{budgets.COUNTER_MIN_LENGTH}, and `maxLength - minLength` of at least the "
+                f"vocabulary's longest token ({LONGEST_TOKEN.get()} bytes)"
                 if budgets.COUNTER_STRINGS
                 else ""
             )
