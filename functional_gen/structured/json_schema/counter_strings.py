@@ -121,6 +121,7 @@ from jaxtyping import Bool, Int, UInt32
 
 from ..byte_dfa import REJECT, ByteDFA, minimize, regex_byte_dfa
 from ..formats import ANY_STRING
+from ..vocabulary import TokenVocabulary
 
 LONGEST_TOKEN: contextvars.ContextVar[int] = contextvars.ContextVar("longest_token", default=0)
 """Bytes of the longest token of the vocabulary a schema is being compiled for (set by
@@ -131,8 +132,10 @@ refuses a shorter limit), so such a string keeps the counted byte automaton."""
 
 
 @contextlib.contextmanager
-def counting_for(vocabulary):
-    """`LONGEST_TOKEN` set to `vocabulary`'s longest token (bytes) inside the `with` block."""
+def counting_for(vocabulary: TokenVocabulary):
+    """`LONGEST_TOKEN` set to `vocabulary`'s longest token (bytes, `TokenVocabulary.token_length`)
+    inside the `with` block, and reset after it (nested compiles restore the outer value).
+    Raises nothing of its own."""
     reset = LONGEST_TOKEN.set(int(vocabulary.token_length.max(initial=0)))
     try:
         yield
